@@ -1,0 +1,136 @@
+//! Bearer-token authority: each configured token maps to the projects it may
+//! use, or to `admin` (everything, including the global namespace). With no
+//! tokens configured the host runs open, for development.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use crate::config::TokenConfig;
+use crate::error::ApiError;
+use crate::stream::Namespace;
+
+/// Who a request acts as.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Caller {
+    /// An admin token, or any request when the host runs open.
+    Admin,
+    /// A token limited to these projects.
+    Projects(Arc<HashSet<String>>),
+}
+
+impl Caller {
+    pub fn is_admin(&self) -> bool {
+        matches!(self, Caller::Admin)
+    }
+
+    /// Checks that the caller may use streams of `namespace`.
+    pub fn may_use(&self, namespace: &Namespace) -> Result<(), ApiError> {
+        match (self, namespace) {
+            (Caller::Admin, _) => Ok(()),
+            (Caller::Projects(ps), Namespace::Project(p)) if ps.contains(p) => Ok(()),
+            (Caller::Projects(_), Namespace::Project(p)) => Err(ApiError::forbidden(format!(
+                "this token may not use project {p:?}"
+            ))),
+            (Caller::Projects(_), Namespace::Global) => Err(ApiError::forbidden(
+                "the global namespace needs an admin token",
+            )),
+        }
+    }
+
+    /// Checks that the caller is an admin; `what` names the operation.
+    pub fn require_admin(&self, what: &str) -> Result<(), ApiError> {
+        if self.is_admin() {
+            Ok(())
+        } else {
+            Err(ApiError::forbidden(format!("{what} needs an admin token")))
+        }
+    }
+}
+
+/// The token table.
+#[derive(Debug, Clone)]
+pub struct Auth {
+    tokens: HashMap<String, Caller>,
+}
+
+impl Auth {
+    pub fn new(tokens: &[TokenConfig]) -> Auth {
+        let tokens = tokens
+            .iter()
+            .map(|t| {
+                let caller = if t.admin {
+                    Caller::Admin
+                } else {
+                    Caller::Projects(Arc::new(t.projects.iter().cloned().collect()))
+                };
+                (t.token.clone(), caller)
+            })
+            .collect();
+        Auth { tokens }
+    }
+
+    /// Whether the host runs without tokens.
+    pub fn is_open(&self) -> bool {
+        self.tokens.is_empty()
+    }
+
+    /// Resolves an `Authorization` header value.
+    pub fn authenticate(&self, header: Option<&str>) -> Result<Caller, ApiError> {
+        if self.is_open() {
+            return Ok(Caller::Admin);
+        }
+        let header = header.ok_or_else(|| {
+            ApiError::unauthorized("missing Authorization header: send \"Bearer <token>\"")
+        })?;
+        let token = header.strip_prefix("Bearer ").ok_or_else(|| {
+            ApiError::unauthorized("the Authorization header must read \"Bearer <token>\"")
+        })?;
+        self.tokens
+            .get(token.trim())
+            .cloned()
+            .ok_or_else(|| ApiError::unauthorized("unknown token"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn auth() -> Auth {
+        Auth::new(&[
+            TokenConfig {
+                token: "a".into(),
+                projects: vec!["acme".into()],
+                admin: false,
+            },
+            TokenConfig {
+                token: "root".into(),
+                projects: vec![],
+                admin: true,
+            },
+        ])
+    }
+
+    #[test]
+    fn tokens_map_to_projects_or_admin() {
+        let a = auth();
+        let acme = a.authenticate(Some("Bearer a")).unwrap();
+        assert!(acme.may_use(&Namespace::Project("acme".into())).is_ok());
+        assert_eq!(
+            acme.may_use(&Namespace::Project("other".into()))
+                .unwrap_err()
+                .status,
+            403
+        );
+        assert_eq!(acme.may_use(&Namespace::Global).unwrap_err().status, 403);
+        assert!(a.authenticate(Some("Bearer root")).unwrap().is_admin());
+        assert_eq!(a.authenticate(None).unwrap_err().status, 401);
+        assert_eq!(a.authenticate(Some("Bearer nope")).unwrap_err().status, 401);
+        assert_eq!(a.authenticate(Some("Basic a")).unwrap_err().status, 401);
+    }
+
+    #[test]
+    fn open_mode_admits_everyone() {
+        assert!(Auth::new(&[]).authenticate(None).unwrap().is_admin());
+    }
+}

@@ -1,0 +1,42 @@
+//! The injected clock. Pure code takes timestamps as arguments; the edges ask
+//! a [`Clock`] for them, so tests can drive time.
+
+use chrono::{DateTime, SecondsFormat, Utc};
+
+/// A source of wall-clock time.
+pub trait Clock: Send + Sync + 'static {
+    /// Milliseconds since the Unix epoch.
+    fn now_ms(&self) -> i64;
+}
+
+/// The system's clock.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now_ms(&self) -> i64 {
+        Utc::now().timestamp_millis()
+    }
+}
+
+/// Formats epoch milliseconds as RFC 3339 UTC with milliseconds
+/// (`2026-11-30T04:39:01.123Z`), the API's timestamp format.
+pub fn format_timestamp(ms: i64) -> String {
+    DateTime::<Utc>::from_timestamp_millis(ms)
+        .unwrap_or_default()
+        .to_rfc3339_opts(SecondsFormat::Millis, true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timestamps_have_milliseconds_and_z() {
+        assert_eq!(format_timestamp(0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(
+            format_timestamp(1_795_927_141_123),
+            "2026-11-29T04:39:01.123Z"
+        );
+    }
+}

@@ -1,0 +1,224 @@
+//! Server configuration: a TOML file with kebab-case keys (see API.md), every
+//! key with a default, unknown keys and bad values refused at start.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use serde::Deserialize;
+
+use crate::stream::validate_project;
+
+/// How hard a commit is pushed to disk before it is acknowledged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum Durability {
+    /// `synchronous=FULL`: fsync before every acknowledgement.
+    #[default]
+    Full,
+    /// `synchronous=NORMAL`: WAL is fsync'd at checkpoints only; a power loss
+    /// may lose the last acknowledged commits (a process crash does not).
+    Normal,
+}
+
+/// The whole server configuration.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
+pub struct Config {
+    /// Address to listen on (`127.0.0.1:7410`).
+    pub listen: SocketAddr,
+    /// Directory holding `streamhost.db` (`./streamhost-data`).
+    pub data_dir: PathBuf,
+    pub durability: Durability,
+    /// Largest request body accepted, in bytes (8 MiB); larger gets `413`.
+    pub max_body_bytes: usize,
+    pub delivery: DeliveryConfig,
+    pub processors: ProcessorsConfig,
+    pub tokens: Vec<TokenConfig>,
+}
+
+/// Delivery timing for durable subscriptions.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
+pub struct DeliveryConfig {
+    /// Attempts before `subscription-delivery-halted` (15).
+    pub max_attempts: u32,
+    /// Backoff of attempt n: `min(max, base * 2^(n-1))` ±20 % (1000 ms).
+    pub backoff_base_ms: u64,
+    /// Longest backoff (30 min).
+    pub backoff_max_ms: u64,
+    /// Deadline of one receiver call (20 s).
+    pub timeout_ms: u64,
+}
+
+/// Processor runtime settings.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
+pub struct ProcessorsConfig {
+    /// Idle time after which a processor instance is torn down (5 min).
+    pub idle_teardown_ms: u64,
+}
+
+/// A bearer token and what it may touch.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub struct TokenConfig {
+    pub token: String,
+    #[serde(default)]
+    pub projects: Vec<String>,
+    #[serde(default)]
+    pub admin: bool,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            listen: SocketAddr::from(([127, 0, 0, 1], 7410)),
+            data_dir: PathBuf::from("./streamhost-data"),
+            durability: Durability::Full,
+            max_body_bytes: 8 * 1024 * 1024,
+            delivery: DeliveryConfig::default(),
+            processors: ProcessorsConfig::default(),
+            tokens: Vec::new(),
+        }
+    }
+}
+
+impl Default for DeliveryConfig {
+    fn default() -> Self {
+        DeliveryConfig {
+            max_attempts: 15,
+            backoff_base_ms: 1000,
+            backoff_max_ms: 30 * 60 * 1000,
+            timeout_ms: 20_000,
+        }
+    }
+}
+
+impl Default for ProcessorsConfig {
+    fn default() -> Self {
+        ProcessorsConfig {
+            idle_teardown_ms: 5 * 60 * 1000,
+        }
+    }
+}
+
+impl Config {
+    /// Parses and validates a TOML document.
+    pub fn from_toml(text: &str) -> Result<Config> {
+        let config: Config = toml::from_str(text).map_err(|e| anyhow::anyhow!("{e}"))?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Reads, parses and validates a config file.
+    pub fn load(path: &Path) -> Result<Config> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("reading config file {}", path.display()))?;
+        Config::from_toml(&text).with_context(|| format!("in config file {}", path.display()))
+    }
+
+    /// Checks values that parse but make no sense.
+    pub fn validate(&self) -> Result<()> {
+        if self.max_body_bytes == 0 {
+            bail!("max-body-bytes must be at least 1, got 0");
+        }
+        let d = &self.delivery;
+        if d.max_attempts == 0 {
+            bail!("delivery.max-attempts must be at least 1, got 0");
+        }
+        if d.backoff_base_ms == 0 {
+            bail!("delivery.backoff-base-ms must be at least 1, got 0");
+        }
+        if d.backoff_max_ms < d.backoff_base_ms {
+            bail!(
+                "delivery.backoff-max-ms ({}) is below delivery.backoff-base-ms ({})",
+                d.backoff_max_ms,
+                d.backoff_base_ms
+            );
+        }
+        if d.timeout_ms == 0 {
+            bail!("delivery.timeout-ms must be at least 1, got 0");
+        }
+        if self.processors.idle_teardown_ms == 0 {
+            bail!("processors.idle-teardown-ms must be at least 1, got 0");
+        }
+        let mut seen = std::collections::HashSet::new();
+        for (i, t) in self.tokens.iter().enumerate() {
+            if t.token.trim().is_empty() {
+                bail!("tokens[{i}].token is empty");
+            }
+            if !seen.insert(&t.token) {
+                bail!("tokens[{i}].token is listed twice");
+            }
+            if !t.admin && t.projects.is_empty() {
+                bail!("tokens[{i}] grants nothing: give it projects or admin = true");
+            }
+            for p in &t.projects {
+                validate_project(p)
+                    .map_err(|e| anyhow::anyhow!("tokens[{i}].projects: {}", e.message))?;
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_file_gives_defaults() {
+        assert_eq!(Config::from_toml("").unwrap(), Config::default());
+    }
+
+    #[test]
+    fn the_api_md_example_parses() {
+        let c = Config::from_toml(
+            r#"
+listen = "127.0.0.1:7410"
+data-dir = "./streamhost-data"
+durability = "full"
+
+[delivery]
+max-attempts = 15
+backoff-base-ms = 1000
+backoff-max-ms = 1800000
+timeout-ms = 20000
+
+[processors]
+idle-teardown-ms = 300000
+
+[[tokens]]
+token = "s3cret-acme"
+projects = ["acme"]
+
+[[tokens]]
+token = "s3cret-admin"
+admin = true
+"#,
+        )
+        .unwrap();
+        assert_eq!(c.tokens.len(), 2);
+        assert!(c.tokens[1].admin);
+        assert_eq!(c.delivery.max_attempts, 15);
+    }
+
+    #[test]
+    fn unknown_keys_and_bad_values_are_named() {
+        let e = Config::from_toml("listn = \"x\"").unwrap_err().to_string();
+        assert!(e.contains("listn"), "{e}");
+        let e = Config::from_toml("durability = \"sometimes\"")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("sometimes"), "{e}");
+        let e = Config::from_toml("[delivery]\nmax-attempts = 0")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("max-attempts"), "{e}");
+        let e = Config::from_toml("[[tokens]]\ntoken = \"t\"\nprojects = [\"Bad\"]")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("Bad"), "{e}");
+    }
+}

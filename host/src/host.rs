@@ -1,0 +1,70 @@
+//! The host: storage, stream actors, auth and metrics wired together from a
+//! [`Config`]. This is the embedding API: open a host, then serve it over HTTP
+//! or call it directly.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use tokio::net::TcpListener;
+
+use crate::auth::Auth;
+use crate::clock::{Clock, SystemClock};
+use crate::config::Config;
+use crate::metrics::Metrics;
+use crate::storage::Storage;
+use crate::stream::Streams;
+
+/// A running streamhost. Cheap to clone.
+#[derive(Clone)]
+pub struct Host {
+    pub config: Arc<Config>,
+    pub streams: Streams,
+    pub auth: Arc<Auth>,
+    pub metrics: Metrics,
+}
+
+impl Host {
+    /// Opens the data directory and starts the storage writer. Must be called
+    /// inside a Tokio runtime.
+    pub fn open(config: Config) -> Result<Host> {
+        Self::open_with_clock(config, Arc::new(SystemClock))
+    }
+
+    /// As [`Host::open`], with an injected clock.
+    pub fn open_with_clock(config: Config, clock: Arc<dyn Clock>) -> Result<Host> {
+        config.validate()?;
+        let metrics = Metrics::new();
+        let storage = Storage::open(&config.data_dir, config.durability, metrics.clone())
+            .context("opening storage")?;
+        let streams = Streams::new(crate::stream::ActorContext {
+            storage,
+            clock,
+            metrics: metrics.clone(),
+        });
+        Ok(Host {
+            auth: Arc::new(Auth::new(&config.tokens)),
+            config: Arc::new(config),
+            streams,
+            metrics,
+        })
+    }
+
+    /// Serves the HTTP API on `listener` until `shutdown` resolves.
+    pub async fn serve(
+        self,
+        listener: TcpListener,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<()> {
+        if self.auth.is_open() {
+            tracing::warn!(
+                "no tokens configured: the server runs open, every request acts as admin"
+            );
+        }
+        let app = crate::http::router(self);
+        axum::serve(listener, app)
+            .with_graceful_shutdown(shutdown)
+            .await
+            .context("serving HTTP")
+    }
+}

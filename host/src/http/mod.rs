@@ -1,0 +1,266 @@
+//! The HTTP API of `API.md`: routing of `{stream}:method` URLs, auth, JSON
+//! bodies and errors. Domain rules live in `stream`; this layer only parses,
+//! authorizes and renders.
+
+mod query;
+
+use axum::body::{to_bytes, Body};
+use axum::extract::State;
+use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{any, get};
+use axum::Router;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use serde_json::json;
+
+use crate::auth::Caller;
+use crate::error::ApiError;
+use crate::host::Host;
+use crate::stream::{validate_project, AppendInput, Authority, Namespace, StreamAddress};
+
+/// Builds the router of the whole API.
+pub fn router(host: Host) -> Router {
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/metrics", get(metrics))
+        .route("/v1/projects/{project}/streams/{*rest}", any(stream_route))
+        .route("/v1/global/streams/{*rest}", any(stream_route))
+        .fallback(fallback)
+        .with_state(host)
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let body = json!({"error": {"code": self.code, "message": self.message}});
+        let mut response = (
+            status,
+            [(header::CONTENT_TYPE, "application/json")],
+            body.to_string(),
+        )
+            .into_response();
+        if let Some(s) = self.retry_after_s {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(s));
+        }
+        response
+    }
+}
+
+fn ok_json<T: Serialize>(value: &T) -> Response {
+    match serde_json::to_vec(value) {
+        Ok(body) => (
+            StatusCode::OK,
+            [(header::CONTENT_TYPE, "application/json")],
+            body,
+        )
+            .into_response(),
+        Err(e) => ApiError::internal(format!("serializing the answer failed: {e}")).into_response(),
+    }
+}
+
+async fn healthz() -> Response {
+    ok_json(&json!({"status": "ok"}))
+}
+
+async fn metrics(State(host): State<Host>, headers: HeaderMap) -> Response {
+    let caller = match authenticate(&host, &headers) {
+        Ok(c) => c,
+        Err(e) => return e.into_response(),
+    };
+    if let Err(e) = caller.require_admin("GET /metrics") {
+        return e.into_response();
+    }
+    (
+        StatusCode::OK,
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        host.metrics.render(),
+    )
+        .into_response()
+}
+
+async fn fallback(method: Method, uri: Uri) -> Response {
+    ApiError::not_found("not-found", format!("no route for {method} {}", uri.path()))
+        .into_response()
+}
+
+fn authenticate(host: &Host, headers: &HeaderMap) -> Result<Caller, ApiError> {
+    let header =
+        match headers.get(header::AUTHORIZATION) {
+            None => None,
+            Some(v) => Some(v.to_str().map_err(|_| {
+                ApiError::unauthorized("the Authorization header is not valid text")
+            })?),
+        };
+    host.auth.authenticate(header)
+}
+
+/// A parsed `{stream}:method` URL.
+#[derive(Debug, PartialEq, Eq)]
+struct StreamTarget {
+    address: StreamAddress,
+    method: String,
+}
+
+/// Splits `/v1/projects/{p}/streams{path}:{method}` (or the global form).
+fn parse_stream_url(raw: &str) -> Result<StreamTarget, ApiError> {
+    let (namespace, rest) = if let Some(rest) = raw.strip_prefix("/v1/projects/") {
+        let (project, rest) = rest.split_once('/').unwrap_or((rest, ""));
+        validate_project(project)?;
+        let rest = rest.strip_prefix("streams").unwrap_or(rest);
+        (Namespace::Project(project.to_string()), rest)
+    } else if let Some(rest) = raw.strip_prefix("/v1/global/streams") {
+        (Namespace::Global, rest)
+    } else {
+        return Err(ApiError::not_found(
+            "not-found",
+            format!("no route for {raw}"),
+        ));
+    };
+    let Some((path, method)) = rest.rsplit_once(':') else {
+        return Err(ApiError::invalid(format!(
+            "{raw:?} names no method: append :append, :events, :state, :runtime or :reset to the stream path"
+        )));
+    };
+    let path = if path.is_empty() { "/" } else { path };
+    Ok(StreamTarget {
+        address: StreamAddress::new(namespace, path)?,
+        method: method.to_string(),
+    })
+}
+
+async fn stream_route(
+    State(host): State<Host>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    match stream_call(&host, method, &uri, &headers, body).await {
+        Ok(r) => r,
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn stream_call(
+    host: &Host,
+    method: Method,
+    uri: &Uri,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let caller = authenticate(host, headers)?;
+    let target = parse_stream_url(uri.path())?;
+    caller.may_use(&target.address.namespace)?;
+    let address = &target.address;
+    let streams = &host.streams;
+    match (target.method.as_str(), &method) {
+        ("append", &Method::POST) => {
+            let input: AppendInput = read_json(host, body).await?;
+            let out = streams.append(address, input, Authority::Public).await?;
+            Ok(ok_json(&out))
+        }
+        ("events", &Method::GET) => {
+            let query = query::read_query(uri.query())?;
+            Ok(ok_json(&streams.read(address, query).await?))
+        }
+        ("state", &Method::GET) => {
+            query::no_query(uri.query())?;
+            Ok(ok_json(&streams.state(address).await?))
+        }
+        ("runtime", &Method::GET) => {
+            query::no_query(uri.query())?;
+            // Existence check; runtime state fills in as subscriptions and
+            // connections arrive.
+            streams.state(address).await?;
+            Ok(ok_json(&json!({"subscriptions": {}, "connections": {}})))
+        }
+        ("reset", &Method::POST) => {
+            caller.require_admin(&format!("resetting stream {:?}", address.path))?;
+            streams.reset(address).await?;
+            Ok(ok_json(&json!({"status": "reset"})))
+        }
+        ("append" | "reset", _) | ("events" | "state" | "runtime", _) => Err(ApiError::new(
+            405,
+            "method-not-allowed",
+            format!("{method} is not allowed on :{}", target.method),
+        )),
+        (other, _) => Err(ApiError::not_found(
+            "method-not-found",
+            format!("unknown stream method {:?}", format!(":{other}")),
+        )),
+    }
+}
+
+/// Reads a JSON body within the configured limit, naming the path of any
+/// field that does not fit.
+async fn read_json<T: DeserializeOwned>(host: &Host, body: Body) -> Result<T, ApiError> {
+    let limit = host.config.max_body_bytes;
+    let bytes = to_bytes(body, limit).await.map_err(|_| {
+        ApiError::too_large(format!("request body is over the limit of {limit} bytes"))
+    })?;
+    parse_json(&bytes)
+}
+
+/// Parses a JSON body into `T`; errors name the offending field's path.
+pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Err(ApiError::invalid(
+            "request body is empty: send a JSON object",
+        ));
+    }
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    let value = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+        let path = e.path().to_string();
+        if path == "." {
+            ApiError::invalid(format!("invalid JSON body: {}", e.inner()))
+        } else {
+            ApiError::invalid(format!("invalid JSON body at {path}: {}", e.inner()))
+        }
+    })?;
+    de.end()
+        .map_err(|e| ApiError::invalid(format!("invalid JSON body: {e}")))?;
+    Ok(value)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stream_urls() {
+        let t = parse_stream_url("/v1/projects/acme/streams/orders/eu:append").unwrap();
+        assert_eq!(t.address.path, "/orders/eu");
+        assert_eq!(t.method, "append");
+        let t = parse_stream_url("/v1/projects/acme/streams/:append").unwrap();
+        assert_eq!(t.address.path, "/");
+        let t = parse_stream_url("/v1/global/streams/a/./b/../c:events").unwrap();
+        assert_eq!(
+            (t.address.namespace, t.address.path.as_str()),
+            (Namespace::Global, "/a/c")
+        );
+        let e = parse_stream_url("/v1/projects/acme/streams/a:b/c:append").unwrap_err();
+        assert!(e.message.contains("a:b"), "{}", e.message);
+        let e = parse_stream_url("/v1/projects/Acme/streams/a:append").unwrap_err();
+        assert!(e.message.contains("Acme"), "{}", e.message);
+        assert!(parse_stream_url("/v1/projects/acme/streams/a").is_err());
+    }
+
+    #[test]
+    fn json_errors_name_the_field() {
+        let e =
+            parse_json::<AppendInput>(br#"{"events": [{"type": "a", "offset": -1}]}"#).unwrap_err();
+        assert!(e.message.contains("events[0].offset"), "{}", e.message);
+        let e = parse_json::<AppendInput>(br#"{"events": [], "bogus": 1}"#).unwrap_err();
+        assert!(e.message.contains("bogus"), "{}", e.message);
+        let e = parse_json::<AppendInput>(br#"{"events": [{"type": 5}]}"#).unwrap_err();
+        assert!(e.message.contains("events[0].type"), "{}", e.message);
+        assert!(parse_json::<AppendInput>(b"{").is_err());
+        assert!(parse_json::<AppendInput>(b"").is_err());
+    }
+}

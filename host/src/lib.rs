@@ -1,0 +1,23 @@
+//! streamhost: durable event streams on SQLite, served over HTTP.
+//!
+//! Start reading at [`host::Host`], which wires the parts together from a
+//! [`config::Config`]. A request travels `http` → [`stream::Streams`] (the
+//! registry) → the stream's actor (`stream/actor.rs`), which plans appends
+//! with the pure [`stream::plan_append`] and reducer ([`stream::CoreState`]),
+//! then commits them through the group-commit writer in [`storage`].
+//! `ARCHITECTURE.md` at the repository root is the map.
+
+pub mod auth;
+pub mod cli;
+pub mod clock;
+pub mod config;
+pub mod error;
+pub mod host;
+pub mod http;
+pub mod metrics;
+pub mod storage;
+pub mod stream;
+
+pub use config::Config;
+pub use error::ApiError;
+pub use host::Host;

@@ -1,0 +1,19 @@
+//! The `streamhost` binary: see `streamhost --help`.
+
+use clap::Parser;
+use tracing_subscriber::EnvFilter;
+
+#[tokio::main]
+async fn main() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = streamhost::cli::Cli::parse();
+    if let Err(e) = streamhost::cli::run(cli).await {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}

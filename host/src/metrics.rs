@@ -1,0 +1,101 @@
+//! Prometheus metrics served at `GET /metrics`: appends, commit latency and
+//! group sizes.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+/// The host's metrics. Cheap to clone.
+#[derive(Clone)]
+pub struct Metrics {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    registry: Registry,
+    append_requests: Family<Vec<(String, String)>, Counter>,
+    events_committed: Counter,
+    commit_seconds: Histogram,
+    commit_writes: Histogram,
+    commit_events: Histogram,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let mut registry = Registry::with_prefix("streamhost");
+        let append_requests = Family::<Vec<(String, String)>, Counter>::default();
+        registry.register(
+            "append_requests",
+            "Append requests answered, by outcome (ok or the error code)",
+            append_requests.clone(),
+        );
+        let events_committed = Counter::default();
+        registry.register(
+            "events_committed",
+            "Durable events committed to the log",
+            events_committed.clone(),
+        );
+        let commit_seconds = Histogram::new(exponential_buckets(0.000_05, 2.0, 16));
+        registry.register(
+            "commit_duration_seconds",
+            "Time of one group-commit transaction, fsync included",
+            commit_seconds.clone(),
+        );
+        let commit_writes = Histogram::new(exponential_buckets(1.0, 2.0, 13));
+        registry.register(
+            "commit_group_writes",
+            "Writes (stream rounds) coalesced into one transaction",
+            commit_writes.clone(),
+        );
+        let commit_events = Histogram::new(exponential_buckets(1.0, 2.0, 16));
+        registry.register(
+            "commit_group_events",
+            "Events committed by one transaction",
+            commit_events.clone(),
+        );
+        Metrics {
+            inner: Arc::new(Inner {
+                registry,
+                append_requests,
+                events_committed,
+                commit_seconds,
+                commit_writes,
+                commit_events,
+            }),
+        }
+    }
+
+    /// Counts one answered append request (`outcome`: `ok` or an error code).
+    pub fn append_answered(&self, outcome: &str) {
+        self.inner
+            .append_requests
+            .get_or_create(&vec![("outcome".to_string(), outcome.to_string())])
+            .inc();
+    }
+
+    /// Records one group-commit transaction.
+    pub fn observe_commit(&self, elapsed: Duration, writes: usize, events: usize) {
+        self.inner.commit_seconds.observe(elapsed.as_secs_f64());
+        self.inner.commit_writes.observe(writes as f64);
+        self.inner.commit_events.observe(events as f64);
+        self.inner.events_committed.inc_by(events as u64);
+    }
+
+    /// The Prometheus text exposition.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        encode(&mut out, &self.inner.registry).expect("writing to a String cannot fail");
+        out
+    }
+}

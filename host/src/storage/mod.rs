@@ -1,0 +1,212 @@
+//! Storage: one SQLite database per data directory (WAL). All SQL lives here.
+//!
+//! Writes go through one writer thread that coalesces the commits of all
+//! streams into one transaction (group commit, see [`writer`]); reads use a
+//! small pool of read connections, which WAL lets run beside the writer.
+//!
+//! **Architecture Invariant:** a write is answered only after the transaction
+//! that holds it has committed (and, with `durability = "full"`, been fsync'd).
+
+mod writer;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use anyhow::{Context, Result};
+use rusqlite::{params, Connection, OpenFlags, OptionalExtension};
+
+use crate::config::Durability;
+use crate::metrics::Metrics;
+pub use writer::{CommitError, NewStream, StoredEvent, StreamCommit, StreamRef, WriteOp};
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS streams (
+    id           INTEGER PRIMARY KEY,
+    project      TEXT NOT NULL,   -- '' for the global namespace
+    path         TEXT NOT NULL,
+    stream_id    TEXT NOT NULL,
+    created_at   TEXT NOT NULL,
+    head_offset  INTEGER NOT NULL, -- highest offset assigned, ephemeral ones included
+    state_json   TEXT NOT NULL,    -- cached core state, verified against the log on load
+    state_offset INTEGER NOT NULL, -- the last committed offset folded into state_json
+    UNIQUE (project, path)
+);
+CREATE TABLE IF NOT EXISTS events (
+    stream          INTEGER NOT NULL,
+    offset          INTEGER NOT NULL,
+    type            TEXT NOT NULL,
+    idempotency_key TEXT,
+    body            TEXT NOT NULL  -- the committed event as served, JSON
+);
+CREATE UNIQUE INDEX IF NOT EXISTS events_by_offset ON events (stream, offset);
+CREATE UNIQUE INDEX IF NOT EXISTS events_by_key ON events (stream, idempotency_key)
+    WHERE idempotency_key IS NOT NULL;
+";
+
+/// A stream's row as loaded at startup of its actor.
+#[derive(Debug, Clone)]
+pub struct StreamRow {
+    pub row_id: i64,
+    pub stream_id: String,
+    pub created_at: String,
+    pub head_offset: u64,
+    pub state_json: String,
+    pub state_offset: u64,
+    /// The highest committed offset in the log.
+    pub log_head: u64,
+}
+
+/// Handle to the database: the group-commit writer and the read pool.
+#[derive(Clone)]
+pub struct Storage {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    db_path: PathBuf,
+    writer: writer::WriterHandle,
+    readers: Mutex<Vec<Connection>>,
+}
+
+/// Read connections kept for reuse.
+const READERS_KEPT_MAX: usize = 16;
+
+impl Storage {
+    /// Opens (creating if needed) `streamhost.db` in `data_dir` and starts the
+    /// writer thread.
+    pub fn open(data_dir: &Path, durability: Durability, metrics: Metrics) -> Result<Storage> {
+        std::fs::create_dir_all(data_dir)
+            .with_context(|| format!("creating data dir {}", data_dir.display()))?;
+        let db_path = data_dir.join("streamhost.db");
+        let conn = Connection::open(&db_path)
+            .with_context(|| format!("opening database {}", db_path.display()))?;
+        conn.pragma_update(None, "journal_mode", "WAL")
+            .context("enabling WAL")?;
+        let sync = match durability {
+            Durability::Full => "FULL",
+            Durability::Normal => "NORMAL",
+        };
+        conn.pragma_update(None, "synchronous", sync)
+            .context("setting synchronous")?;
+        conn.busy_timeout(std::time::Duration::from_secs(10))?;
+        conn.execute_batch(SCHEMA).context("creating schema")?;
+        let writer = writer::WriterHandle::start(conn, metrics)?;
+        Ok(Storage {
+            inner: Arc::new(Inner {
+                db_path,
+                writer,
+                readers: Mutex::new(Vec::new()),
+            }),
+        })
+    }
+
+    /// Queues a write for the next group commit; the answer arrives after the
+    /// transaction that holds it has committed.
+    pub fn submit(&self, op: WriteOp) -> tokio::sync::oneshot::Receiver<Result<i64, CommitError>> {
+        self.inner.writer.submit(op)
+    }
+
+    fn with_reader<T>(&self, f: impl FnOnce(&Connection) -> Result<T>) -> Result<T> {
+        let conn = self.inner.readers.lock().expect("reader pool").pop();
+        let conn = match conn {
+            Some(c) => c,
+            None => {
+                let c = Connection::open_with_flags(
+                    &self.inner.db_path,
+                    OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+                )
+                .with_context(|| format!("opening reader on {}", self.inner.db_path.display()))?;
+                c.busy_timeout(std::time::Duration::from_secs(10))?;
+                c
+            }
+        };
+        let out = f(&conn);
+        let mut pool = self.inner.readers.lock().expect("reader pool");
+        if pool.len() < READERS_KEPT_MAX {
+            pool.push(conn);
+        }
+        out
+    }
+
+    /// Loads a stream's row, or `None` when the stream does not exist.
+    pub fn load_stream(&self, project: &str, path: &str) -> Result<Option<StreamRow>> {
+        self.with_reader(|c| {
+            let row = c
+                .prepare_cached(
+                    "SELECT id, stream_id, created_at, head_offset, state_json, state_offset
+                     FROM streams WHERE project = ?1 AND path = ?2",
+                )?
+                .query_row(params![project, path], |r| {
+                    Ok(StreamRow {
+                        row_id: r.get(0)?,
+                        stream_id: r.get(1)?,
+                        created_at: r.get(2)?,
+                        head_offset: r.get::<_, i64>(3)? as u64,
+                        state_json: r.get(4)?,
+                        state_offset: r.get::<_, i64>(5)? as u64,
+                        log_head: 0,
+                    })
+                })
+                .optional()
+                .with_context(|| format!("loading stream {path:?} of {project:?}"))?;
+            let Some(mut row) = row else { return Ok(None) };
+            row.log_head = c
+                .prepare_cached("SELECT COALESCE(MAX(offset), 0) FROM events WHERE stream = ?1")?
+                .query_row([row.row_id], |r| r.get::<_, i64>(0))? as u64;
+            Ok(Some(row))
+        })
+    }
+
+    /// Committed event bodies with offsets in `(after_offset, up_to_offset]`,
+    /// at most `limit`, in order.
+    pub fn events_after(
+        &self,
+        row_id: i64,
+        after_offset: u64,
+        limit: usize,
+        up_to_offset: u64,
+    ) -> Result<Vec<(u64, String)>> {
+        self.with_reader(|c| {
+            let mut stmt = c.prepare_cached(
+                "SELECT offset, body FROM events WHERE stream = ?1 AND offset > ?2 AND offset <= ?4
+                 ORDER BY offset LIMIT ?3",
+            )?;
+            let rows = stmt
+                .query_map(
+                    params![
+                        row_id,
+                        after_offset as i64,
+                        limit as i64,
+                        up_to_offset.min(i64::MAX as u64) as i64
+                    ],
+                    |r| Ok((r.get::<_, i64>(0)? as u64, r.get::<_, String>(1)?)),
+                )?
+                .collect::<rusqlite::Result<Vec<_>>>()
+                .context("reading events")?;
+            Ok(rows)
+        })
+    }
+
+    /// Committed event bodies holding the given idempotency keys, by key.
+    pub fn events_by_keys(&self, row_id: i64, keys: &[&str]) -> Result<HashMap<String, String>> {
+        if keys.is_empty() {
+            return Ok(HashMap::new());
+        }
+        self.with_reader(|c| {
+            let mut stmt = c.prepare_cached(
+                "SELECT body FROM events WHERE stream = ?1 AND idempotency_key = ?2",
+            )?;
+            let mut found = HashMap::new();
+            for key in keys {
+                if let Some(body) = stmt
+                    .query_row(params![row_id, key], |r| r.get::<_, String>(0))
+                    .optional()?
+                {
+                    found.insert(key.to_string(), body);
+                }
+            }
+            Ok(found)
+        })
+    }
+}

@@ -1,0 +1,241 @@
+//! The group-commit writer: one thread owns the write connection, takes every
+//! queued write (from any stream), commits them in one transaction and only
+//! then answers each of them. Each write runs in its own savepoint, so one
+//! failing write does not take the others down.
+
+use std::fmt;
+use std::sync::mpsc;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use rusqlite::{params, Connection};
+use tokio::sync::oneshot;
+
+use crate::metrics::Metrics;
+
+/// Most writes coalesced into one transaction.
+pub const GROUP_WRITES_MAX: usize = 4096;
+
+/// A stream that a commit writes to.
+#[derive(Debug, Clone)]
+pub enum StreamRef {
+    /// An existing stream row; `expected_head` is its head before this commit
+    /// (checked, so a lost commit can never leave a gap in the offsets).
+    Existing { row_id: i64, expected_head: u64 },
+    /// A stream this commit creates.
+    New(NewStream),
+}
+
+/// Identity of a stream being created.
+#[derive(Debug, Clone)]
+pub struct NewStream {
+    pub project: String,
+    pub path: String,
+    pub stream_id: String,
+    pub created_at: String,
+}
+
+/// One committed event as stored.
+#[derive(Debug, Clone)]
+pub struct StoredEvent {
+    pub offset: u64,
+    pub event_type: String,
+    pub idempotency_key: Option<String>,
+    pub body: String,
+}
+
+/// One actor round: events appended to one stream plus its new head and state.
+#[derive(Debug, Clone)]
+pub struct StreamCommit {
+    pub stream: StreamRef,
+    pub events: Vec<StoredEvent>,
+    pub head_offset: u64,
+    pub state_json: String,
+    pub state_offset: u64,
+}
+
+/// A write for the group-commit writer.
+#[derive(Debug, Clone)]
+pub enum WriteOp {
+    Commit(StreamCommit),
+    /// Wipe a stream: its events and its row.
+    Reset {
+        row_id: i64,
+    },
+}
+
+/// Why a write did not commit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CommitError(pub String);
+
+impl fmt::Display for CommitError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+struct Job {
+    op: WriteOp,
+    reply: oneshot::Sender<Result<i64, CommitError>>,
+}
+
+pub(super) struct WriterHandle {
+    tx: mpsc::Sender<Job>,
+}
+
+impl WriterHandle {
+    pub(super) fn start(conn: Connection, metrics: Metrics) -> Result<WriterHandle> {
+        let (tx, rx) = mpsc::channel::<Job>();
+        std::thread::Builder::new()
+            .name("streamhost-writer".into())
+            .spawn(move || run(conn, rx, metrics))
+            .context("starting the writer thread")?;
+        Ok(WriterHandle { tx })
+    }
+
+    pub(super) fn submit(&self, op: WriteOp) -> oneshot::Receiver<Result<i64, CommitError>> {
+        let (reply, rx) = oneshot::channel();
+        if let Err(mpsc::SendError(job)) = self.tx.send(Job { op, reply }) {
+            let _ = job
+                .reply
+                .send(Err(CommitError("the storage writer has stopped".into())));
+        }
+        rx
+    }
+}
+
+fn run(conn: Connection, rx: mpsc::Receiver<Job>, metrics: Metrics) {
+    while let Ok(first) = rx.recv() {
+        let mut jobs = vec![first];
+        while jobs.len() < GROUP_WRITES_MAX {
+            match rx.try_recv() {
+                Ok(job) => jobs.push(job),
+                Err(_) => break,
+            }
+        }
+        let events: usize = jobs
+            .iter()
+            .map(|j| match &j.op {
+                WriteOp::Commit(c) => c.events.len(),
+                WriteOp::Reset { .. } => 0,
+            })
+            .sum();
+        let span = tracing::debug_span!("commit", writes = jobs.len(), events).entered();
+        let started = Instant::now();
+        let results = commit_group(&conn, &jobs);
+        let elapsed = started.elapsed();
+        let committed: usize = jobs
+            .iter()
+            .zip(&results)
+            .filter(|(_, r)| r.is_ok())
+            .map(|(j, _)| match &j.op {
+                WriteOp::Commit(c) => c.events.len(),
+                WriteOp::Reset { .. } => 0,
+            })
+            .sum();
+        metrics.observe_commit(elapsed, jobs.len(), committed);
+        tracing::debug!(elapsed_us = elapsed.as_micros() as u64, "group committed");
+        drop(span);
+        for (job, result) in jobs.into_iter().zip(results) {
+            let _ = job.reply.send(result);
+        }
+    }
+}
+
+fn commit_group(conn: &Connection, jobs: &[Job]) -> Vec<Result<i64, CommitError>> {
+    let fail_all = |e: &dyn fmt::Display| -> Vec<Result<i64, CommitError>> {
+        jobs.iter()
+            .map(|_| Err(CommitError(format!("transaction failed: {e}"))))
+            .collect()
+    };
+    if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
+        return fail_all(&e);
+    }
+    let mut results = Vec::with_capacity(jobs.len());
+    for job in jobs {
+        if let Err(e) = conn.execute_batch("SAVEPOINT op") {
+            let _ = conn.execute_batch("ROLLBACK");
+            return fail_all(&e);
+        }
+        match apply(conn, &job.op) {
+            Ok(row_id) => {
+                let _ = conn.execute_batch("RELEASE op");
+                results.push(Ok(row_id));
+            }
+            Err(e) => {
+                tracing::error!(error = %format!("{e:#}"), "write rolled back");
+                let _ = conn.execute_batch("ROLLBACK TO op; RELEASE op");
+                results.push(Err(CommitError(format!("{e:#}"))));
+            }
+        }
+    }
+    if let Err(e) = conn.execute_batch("COMMIT") {
+        tracing::error!(error = %e, "group commit failed");
+        let _ = conn.execute_batch("ROLLBACK");
+        return fail_all(&e);
+    }
+    results
+}
+
+fn apply(conn: &Connection, op: &WriteOp) -> Result<i64> {
+    match op {
+        WriteOp::Commit(c) => {
+            let row_id = match &c.stream {
+                StreamRef::New(n) => {
+                    conn.prepare_cached(
+                        "INSERT INTO streams (project, path, stream_id, created_at, head_offset, state_json, state_offset)
+                         VALUES (?1, ?2, ?3, ?4, 0, '', 0)",
+                    )?
+                    .execute(params![n.project, n.path, n.stream_id, n.created_at])
+                    .with_context(|| format!("creating stream {:?} in {:?}", n.path, n.project))?;
+                    conn.last_insert_rowid()
+                }
+                StreamRef::Existing {
+                    row_id,
+                    expected_head,
+                } => {
+                    let head: i64 = conn
+                        .prepare_cached("SELECT head_offset FROM streams WHERE id = ?1")?
+                        .query_row([row_id], |r| r.get(0))
+                        .with_context(|| format!("stream row {row_id} is missing"))?;
+                    anyhow::ensure!(
+                        head as u64 == *expected_head,
+                        "stream row {row_id} has head offset {head}, expected {expected_head}"
+                    );
+                    *row_id
+                }
+            };
+            let mut insert = conn.prepare_cached(
+                "INSERT INTO events (stream, offset, type, idempotency_key, body) VALUES (?1, ?2, ?3, ?4, ?5)",
+            )?;
+            for e in &c.events {
+                insert
+                    .execute(params![
+                        row_id,
+                        e.offset as i64,
+                        e.event_type,
+                        e.idempotency_key,
+                        e.body
+                    ])
+                    .with_context(|| format!("inserting the event at offset {}", e.offset))?;
+            }
+            conn.prepare_cached(
+                "UPDATE streams SET head_offset = ?2, state_json = ?3, state_offset = ?4 WHERE id = ?1",
+            )?
+            .execute(params![
+                row_id,
+                c.head_offset as i64,
+                c.state_json,
+                c.state_offset as i64
+            ])?;
+            Ok(row_id)
+        }
+        WriteOp::Reset { row_id } => {
+            conn.prepare_cached("DELETE FROM events WHERE stream = ?1")?
+                .execute([row_id])?;
+            conn.prepare_cached("DELETE FROM streams WHERE id = ?1")?
+                .execute([row_id])?;
+            Ok(*row_id)
+        }
+    }
+}

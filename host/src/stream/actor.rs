@@ -1,0 +1,639 @@
+//! The stream actor: the one writer of one stream.
+//!
+//! It owns the stream's committed core state and its ephemeral buffer. Append
+//! requests that arrive while a commit is in flight queue up and are planned
+//! together as the next round, which is submitted as one write to the
+//! group-commit writer; every request of the round is answered once that write
+//! has committed. Reads are answered from committed state at any time.
+//!
+//! **Architecture Invariant:** an append is acknowledged only after its
+//! commit. A round that fails to commit answers every request with an error
+//! and makes the actor reload its state from the log before the next round.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use serde::Serialize;
+use serde_json::value::RawValue;
+use tokio::sync::{mpsc, oneshot};
+
+use super::address::StreamAddress;
+use super::append::{plan_append, AppendContext, AppendPlan, Authority};
+use super::event::{AppendInput, Event};
+use super::state::CoreState;
+use crate::clock::{format_timestamp, Clock};
+use crate::error::ApiError;
+use crate::metrics::Metrics;
+use crate::storage::{
+    CommitError, NewStream, Storage, StoredEvent, StreamCommit, StreamRef, StreamRow, WriteOp,
+};
+
+/// Bytes of ephemeral events kept per stream; the oldest are evicted first.
+pub const EPHEMERAL_BYTES_MAX: usize = 10 * 1024 * 1024;
+/// Most append requests planned into one round.
+pub const ROUND_REQUESTS_MAX: usize = 1024;
+/// Largest page of a read.
+pub const READ_LIMIT_MAX: usize = 500;
+
+/// The answer to an append.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AppendOutput {
+    pub stream_id: String,
+    pub stream_created_at: String,
+    pub events: Vec<Event>,
+}
+
+/// A page of events.
+#[derive(Debug, Clone, Copy)]
+pub struct ReadQuery {
+    pub after_offset: u64,
+    pub limit: usize,
+    pub include_ephemeral: bool,
+}
+
+/// The answer to a read; events are the stored JSON, served as is.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ReadOutput {
+    pub stream_id: String,
+    pub stream_created_at: String,
+    pub max_offset: u64,
+    pub events: Vec<Box<RawValue>>,
+}
+
+type Reply<T> = oneshot::Sender<Result<T, ApiError>>;
+
+/// A message to a stream actor.
+pub enum Command {
+    Append {
+        input: AppendInput,
+        authority: Authority,
+        reply: Reply<AppendOutput>,
+    },
+    Read {
+        query: ReadQuery,
+        reply: Reply<ReadOutput>,
+    },
+    State {
+        reply: Reply<CoreState>,
+    },
+    Reset {
+        reply: Reply<()>,
+    },
+}
+
+enum Pending {
+    Append {
+        input: AppendInput,
+        authority: Authority,
+        reply: Reply<AppendOutput>,
+    },
+    Reset {
+        reply: Reply<()>,
+    },
+}
+
+struct Loaded {
+    row_id: i64,
+    state: CoreState,
+    /// The last committed (durable) offset folded into `state`.
+    state_offset: u64,
+}
+
+/// A write waiting for its commit.
+enum InFlight {
+    Round {
+        outcomes: Vec<(Reply<AppendOutput>, Result<AppendPlan, ApiError>)>,
+        next_state: CoreState,
+        state_offset: u64,
+    },
+    Reset {
+        reply: Reply<()>,
+    },
+}
+
+struct EphemeralBuffer {
+    events: VecDeque<(Event, usize)>,
+    bytes: usize,
+}
+
+impl EphemeralBuffer {
+    fn push(&mut self, event: Event) {
+        let size = serde_json::to_string(&event).map(|s| s.len()).unwrap_or(0);
+        self.events.push_back((event, size));
+        self.bytes += size;
+        while self.bytes > EPHEMERAL_BYTES_MAX {
+            match self.events.pop_front() {
+                Some((_, s)) => self.bytes -= s,
+                None => break,
+            }
+        }
+    }
+
+    fn after(&self, offset: u64, limit: usize) -> Vec<Event> {
+        self.events
+            .iter()
+            .map(|(e, _)| e)
+            .filter(|e| e.offset > offset)
+            .take(limit)
+            .cloned()
+            .collect()
+    }
+
+    fn clear(&mut self) {
+        self.events.clear();
+        self.bytes = 0;
+    }
+}
+
+/// Everything an actor needs from the host.
+#[derive(Clone)]
+pub struct ActorContext {
+    pub storage: Storage,
+    pub clock: Arc<dyn Clock>,
+    pub metrics: Metrics,
+}
+
+/// Starts the actor of `address`; it runs until every sender is dropped.
+pub fn spawn(address: StreamAddress, ctx: ActorContext, rx: mpsc::Receiver<Command>) {
+    let actor = Actor {
+        address,
+        ctx,
+        stream: None,
+        ephemeral: EphemeralBuffer {
+            events: VecDeque::new(),
+            bytes: 0,
+        },
+        queue: VecDeque::new(),
+        reload_needed: true,
+    };
+    tokio::spawn(actor.run(rx));
+}
+
+struct Actor {
+    address: StreamAddress,
+    ctx: ActorContext,
+    stream: Option<Loaded>,
+    ephemeral: EphemeralBuffer,
+    queue: VecDeque<Pending>,
+    reload_needed: bool,
+}
+
+enum Wake {
+    Command(Option<Command>),
+    Committed(Result<Result<i64, CommitError>, oneshot::error::RecvError>),
+}
+
+impl Actor {
+    async fn run(mut self, mut rx: mpsc::Receiver<Command>) {
+        let mut in_flight: Option<(InFlight, oneshot::Receiver<Result<i64, CommitError>>)> = None;
+        let mut closed = false;
+        loop {
+            if in_flight.is_none() {
+                in_flight = self.start_next();
+            }
+            if closed && in_flight.is_none() && self.queue.is_empty() {
+                return;
+            }
+            let wake = match in_flight.as_mut() {
+                Some((_, commit)) if !closed => tokio::select! {
+                    cmd = rx.recv() => Wake::Command(cmd),
+                    result = commit => Wake::Committed(result),
+                },
+                Some((_, commit)) => Wake::Committed(commit.await),
+                None => Wake::Command(rx.recv().await),
+            };
+            match wake {
+                Wake::Command(Some(cmd)) => self.accept(cmd),
+                Wake::Command(None) => closed = true,
+                Wake::Committed(result) => {
+                    let (round, _) = in_flight.take().expect("a commit was in flight");
+                    let result = result.unwrap_or_else(|_| {
+                        Err(CommitError("the storage writer dropped the commit".into()))
+                    });
+                    self.finish(round, result);
+                }
+            }
+        }
+    }
+
+    fn accept(&mut self, cmd: Command) {
+        match cmd {
+            Command::Append {
+                input,
+                authority,
+                reply,
+            } => self.queue.push_back(Pending::Append {
+                input,
+                authority,
+                reply,
+            }),
+            Command::Reset { reply } => self.queue.push_back(Pending::Reset { reply }),
+            Command::State { reply } => {
+                let result = self.ensure_loaded().and_then(|()| {
+                    self.stream
+                        .as_ref()
+                        .map(|s| s.state.clone())
+                        .ok_or_else(|| self.not_found())
+                });
+                let _ = reply.send(result);
+            }
+            Command::Read { query, reply } => match self.ensure_loaded() {
+                Ok(()) => self.read(query, reply),
+                Err(e) => {
+                    let _ = reply.send(Err(e));
+                }
+            },
+        }
+    }
+
+    /// Loads the stream when it is not loaded (first use, or after a failed commit).
+    fn ensure_loaded(&mut self) -> Result<(), ApiError> {
+        if !self.reload_needed {
+            return Ok(());
+        }
+        self.reload().map_err(|e| {
+            tracing::error!(stream = %self.address, error = %format!("{e:#}"), "loading stream failed");
+            ApiError::internal(format!("loading the stream failed: {e:#}"))
+        })
+    }
+
+    fn not_found(&self) -> ApiError {
+        let where_ = match self.address.namespace.project_id() {
+            Some(p) => format!("in project {p:?}"),
+            None => "in the global namespace".to_string(),
+        };
+        ApiError::not_found(
+            "stream-not-found",
+            format!("stream {:?} does not exist {where_}", self.address.path),
+        )
+    }
+
+    /// (Re)loads the stream from storage: the cached state is used when it
+    /// matches the log's head, otherwise the log is folded again.
+    fn reload(&mut self) -> Result<()> {
+        let ns = self.address.namespace.storage_key().to_string();
+        let row = self.ctx.storage.load_stream(&ns, &self.address.path)?;
+        self.stream = match row {
+            None => None,
+            Some(row) => Some(self.load_row(row)?),
+        };
+        self.reload_needed = false;
+        Ok(())
+    }
+
+    fn load_row(&self, row: StreamRow) -> Result<Loaded> {
+        if row.state_offset == row.log_head {
+            if let Ok(state) = serde_json::from_str::<CoreState>(&row.state_json) {
+                if state.stream_id == row.stream_id {
+                    return Ok(Loaded {
+                        row_id: row.row_id,
+                        state: CoreState {
+                            max_offset: state.max_offset.max(row.head_offset),
+                            ..state
+                        },
+                        state_offset: row.state_offset,
+                    });
+                }
+            }
+        }
+        tracing::warn!(stream = %self.address, "cached state does not match the log; folding the log again");
+        let mut state: Option<CoreState> = None;
+        let mut after = 0;
+        loop {
+            let page =
+                self.ctx
+                    .storage
+                    .events_after(row.row_id, after, READ_LIMIT_MAX, u64::MAX)?;
+            let Some((last, _)) = page.last() else { break };
+            after = *last;
+            for (offset, body) in &page {
+                let event: Event = serde_json::from_str(body)
+                    .with_context(|| format!("parsing the stored event at offset {offset}"))?;
+                match &mut state {
+                    None => state = Some(CoreState::from_created(&event)),
+                    Some(s) => s.reduce(&event),
+                }
+            }
+        }
+        let mut state = state.context("a stream row without a created event")?;
+        state.max_offset = state.max_offset.max(row.head_offset);
+        Ok(Loaded {
+            row_id: row.row_id,
+            state,
+            state_offset: row.log_head,
+        })
+    }
+
+    fn read(&self, query: ReadQuery, reply: Reply<ReadOutput>) {
+        let Some(stream) = &self.stream else {
+            let _ = reply.send(Err(self.not_found()));
+            return;
+        };
+        let storage = self.ctx.storage.clone();
+        let row_id = stream.row_id;
+        let head = stream.state.max_offset;
+        let stream_id = stream.state.stream_id.clone();
+        let created_at = stream.state.created_at.clone();
+        let ephemeral = if query.include_ephemeral {
+            self.ephemeral.after(query.after_offset, query.limit)
+        } else {
+            Vec::new()
+        };
+        tokio::task::spawn_blocking(move || {
+            let result = storage
+                .events_after(row_id, query.after_offset, query.limit, head)
+                .map_err(|e| ApiError::internal(format!("reading events failed: {e:#}")))
+                .and_then(|durable| merge_page(durable, ephemeral, query.limit))
+                .map(|events| ReadOutput {
+                    stream_id,
+                    stream_created_at: created_at,
+                    max_offset: head,
+                    events,
+                });
+            let _ = reply.send(result);
+        });
+    }
+
+    /// Starts the next write, answering queued work that needs none.
+    fn start_next(&mut self) -> Option<(InFlight, oneshot::Receiver<Result<i64, CommitError>>)> {
+        loop {
+            let front = self.queue.pop_front()?;
+            if self.reload_needed {
+                if let Err(e) = self.reload() {
+                    let err = ApiError::internal(format!("loading the stream failed: {e:#}"));
+                    self.fail_pending(front, err.clone());
+                    while let Some(p) = self.queue.pop_front() {
+                        self.fail_pending(p, err.clone());
+                    }
+                    return None;
+                }
+            }
+            match front {
+                Pending::Reset { reply } => match &self.stream {
+                    None => {
+                        self.ephemeral.clear();
+                        let _ = reply.send(Ok(()));
+                    }
+                    Some(s) => {
+                        let rx = self.ctx.storage.submit(WriteOp::Reset { row_id: s.row_id });
+                        return Some((InFlight::Reset { reply }, rx));
+                    }
+                },
+                first @ Pending::Append { .. } => {
+                    let mut round = vec![first];
+                    while round.len() < ROUND_REQUESTS_MAX {
+                        match self.queue.front() {
+                            Some(Pending::Append { .. }) => {
+                                round.push(self.queue.pop_front().expect("front exists"))
+                            }
+                            _ => break,
+                        }
+                    }
+                    if let Some(started) = self.start_round(round) {
+                        return Some(started);
+                    }
+                }
+            }
+        }
+    }
+
+    fn fail_pending(&self, p: Pending, err: ApiError) {
+        match p {
+            Pending::Append { reply, .. } => {
+                self.ctx.metrics.append_answered(err.code);
+                let _ = reply.send(Err(err));
+            }
+            Pending::Reset { reply } => {
+                let _ = reply.send(Err(err));
+            }
+        }
+    }
+
+    /// Plans a round of appends; returns the commit to wait for, or `None`
+    /// when every request was answered without one.
+    fn start_round(
+        &mut self,
+        round: Vec<Pending>,
+    ) -> Option<(InFlight, oneshot::Receiver<Result<i64, CommitError>>)> {
+        let _span = tracing::debug_span!("append", stream = %self.address, requests = round.len())
+            .entered();
+        let committed_by_key = match self.lookup_keys(&round) {
+            Ok(found) => found,
+            Err(e) => {
+                let err = ApiError::internal(format!("reading idempotency keys failed: {e:#}"));
+                for p in round {
+                    self.fail_pending(p, err.clone());
+                }
+                return None;
+            }
+        };
+        let now = format_timestamp(self.ctx.clock.now_ms());
+        let project_id = self.address.namespace.project_id().map(str::to_string);
+        let path = self.address.path.clone();
+        let mut new_stream_id = || uuid::Uuid::new_v4().to_string();
+        let mut ctx = AppendContext {
+            project_id: project_id.as_deref(),
+            path: &path,
+            now: &now,
+            new_stream_id: &mut new_stream_id,
+            committed_by_key: &committed_by_key,
+        };
+        let mut state = self.stream.as_ref().map(|s| s.state.clone());
+        let mut round_keys = HashMap::new();
+        let mut outcomes = Vec::with_capacity(round.len());
+        let mut new_events: Vec<Event> = Vec::new();
+        for p in round {
+            let Pending::Append {
+                input,
+                authority,
+                reply,
+            } = p
+            else {
+                unreachable!("a round holds appends only")
+            };
+            let outcome = plan_append(&mut state, &mut round_keys, &input, authority, &mut ctx);
+            if let Ok(plan) = &outcome {
+                new_events.extend(plan.new_events.iter().cloned());
+            }
+            outcomes.push((reply, outcome));
+        }
+        let next_state = match state {
+            Some(s) if !new_events.is_empty() => s,
+            _ => {
+                // Nothing to commit: rejections and replays of committed events.
+                let state = self.stream.as_ref().map(|s| &s.state);
+                for (reply, outcome) in outcomes {
+                    self.answer(reply, outcome, state);
+                }
+                return None;
+            }
+        };
+        let durable: Vec<StoredEvent> = new_events
+            .iter()
+            .filter(|e| !e.ephemeral)
+            .map(|e| StoredEvent {
+                offset: e.offset,
+                event_type: e.event_type.clone(),
+                idempotency_key: e.idempotency_key.clone(),
+                body: serde_json::to_string(e).expect("events serialize"),
+            })
+            .collect();
+        let state_offset = durable
+            .last()
+            .map(|e| e.offset)
+            .or(self.stream.as_ref().map(|s| s.state_offset))
+            .unwrap_or(0);
+        let stream_ref = match &self.stream {
+            Some(s) => StreamRef::Existing {
+                row_id: s.row_id,
+                expected_head: s.state.max_offset,
+            },
+            None => StreamRef::New(NewStream {
+                project: self.address.namespace.storage_key().to_string(),
+                path: self.address.path.clone(),
+                stream_id: next_state.stream_id.clone(),
+                created_at: next_state.created_at.clone(),
+            }),
+        };
+        let rx = self.ctx.storage.submit(WriteOp::Commit(StreamCommit {
+            stream: stream_ref,
+            events: durable,
+            head_offset: next_state.max_offset,
+            state_json: next_state.serialized(),
+            state_offset,
+        }));
+        Some((
+            InFlight::Round {
+                outcomes,
+                next_state,
+                state_offset,
+            },
+            rx,
+        ))
+    }
+
+    fn lookup_keys(&self, round: &[Pending]) -> Result<HashMap<String, Event>> {
+        let Some(stream) = &self.stream else {
+            return Ok(HashMap::new());
+        };
+        let keys: Vec<&str> = round
+            .iter()
+            .filter_map(|p| match p {
+                Pending::Append { input, .. } => Some(input),
+                Pending::Reset { .. } => None,
+            })
+            .flat_map(|i| i.events.iter().filter_map(|e| e.idempotency_key.as_deref()))
+            .collect();
+        let bodies = self.ctx.storage.events_by_keys(stream.row_id, &keys)?;
+        bodies
+            .into_iter()
+            .map(|(k, body)| {
+                let event: Event = serde_json::from_str(&body)
+                    .with_context(|| format!("parsing the stored event of key {k:?}"))?;
+                Ok((k, event))
+            })
+            .collect()
+    }
+
+    fn answer(
+        &self,
+        reply: Reply<AppendOutput>,
+        outcome: Result<AppendPlan, ApiError>,
+        state: Option<&CoreState>,
+    ) {
+        let result = outcome.and_then(|plan| {
+            let state =
+                state.ok_or_else(|| ApiError::internal("a planned append without a stream"))?;
+            Ok(AppendOutput {
+                stream_id: state.stream_id.clone(),
+                stream_created_at: state.created_at.clone(),
+                events: plan.events,
+            })
+        });
+        self.ctx.metrics.append_answered(match &result {
+            Ok(_) => "ok",
+            Err(e) => e.code,
+        });
+        let _ = reply.send(result);
+    }
+
+    fn finish(&mut self, in_flight: InFlight, result: Result<i64, CommitError>) {
+        match in_flight {
+            InFlight::Round {
+                outcomes,
+                next_state,
+                state_offset,
+            } => match result {
+                Ok(row_id) => {
+                    for (_, outcome) in &outcomes {
+                        if let Ok(plan) = outcome {
+                            for e in plan.new_events.iter().filter(|e| e.ephemeral) {
+                                self.ephemeral.push(e.clone());
+                            }
+                        }
+                    }
+                    self.stream = Some(Loaded {
+                        row_id,
+                        state: next_state,
+                        state_offset,
+                    });
+                    let state = self.stream.as_ref().map(|s| &s.state);
+                    for (reply, outcome) in outcomes {
+                        self.answer(reply, outcome, state);
+                    }
+                }
+                Err(e) => {
+                    tracing::error!(stream = %self.address, error = %e, "append round failed to commit");
+                    self.reload_needed = true;
+                    let err = ApiError::internal(format!("commit failed: {e}"));
+                    for (reply, _) in outcomes {
+                        self.ctx.metrics.append_answered(err.code);
+                        let _ = reply.send(Err(err.clone()));
+                    }
+                }
+            },
+            InFlight::Reset { reply } => match result {
+                Ok(_) => {
+                    self.stream = None;
+                    self.ephemeral.clear();
+                    let _ = reply.send(Ok(()));
+                }
+                Err(e) => {
+                    self.reload_needed = true;
+                    let _ = reply.send(Err(ApiError::internal(format!("reset failed: {e}"))));
+                }
+            },
+        }
+    }
+}
+
+/// Merges a page of stored events with buffered ephemeral ones, by offset.
+fn merge_page(
+    durable: Vec<(u64, String)>,
+    ephemeral: Vec<Event>,
+    limit: usize,
+) -> Result<Vec<Box<RawValue>>, ApiError> {
+    let mut out = Vec::with_capacity(limit.min(durable.len() + ephemeral.len()));
+    let mut durable = durable.into_iter().peekable();
+    let mut ephemeral = ephemeral.into_iter().peekable();
+    while out.len() < limit {
+        let take_durable = match (durable.peek(), ephemeral.peek()) {
+            (None, None) => break,
+            (Some(_), None) => true,
+            (None, Some(_)) => false,
+            (Some((d, _)), Some(e)) => *d < e.offset,
+        };
+        let raw = if take_durable {
+            let (_, body) = durable.next().expect("peeked");
+            RawValue::from_string(body)
+        } else {
+            let e = ephemeral.next().expect("peeked");
+            RawValue::from_string(serde_json::to_string(&e).expect("events serialize"))
+        };
+        out.push(raw.map_err(|e| ApiError::internal(format!("a stored event is not JSON: {e}")))?);
+    }
+    Ok(out)
+}

@@ -1,0 +1,516 @@
+//! Append planning: the pure decision of what one `:append` request commits.
+//!
+//! Given the stream's tentative state, the request, who is asking and the
+//! committed events that hold the request's idempotency keys, [`plan_append`]
+//! either rejects the request (nothing changes) or returns the events to
+//! commit and the answer for each input event. No IO happens here.
+
+use std::collections::HashMap;
+
+use serde_json::{json, Map};
+
+use super::event::{is_stream_control_type, types, AppendInput, Event, EventInput};
+use super::state::{CoreState, STATE_BYTES_MAX};
+use crate::error::ApiError;
+
+/// Most events in one append request.
+pub const APPEND_EVENTS_MAX: usize = 1000;
+/// Longest event type, in bytes.
+pub const TYPE_BYTES_MAX: usize = 512;
+/// Longest idempotency key, in bytes.
+pub const IDEMPOTENCY_KEY_BYTES_MAX: usize = 512;
+/// Seconds a caller should wait before retrying an append to a paused stream.
+pub const PAUSED_RETRY_AFTER_S: u32 = 5;
+
+/// Who is appending.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Authority {
+    /// An API caller: may not append platform-authored types or provenance.
+    Public,
+    /// The host itself (copy delivery, halts, audits).
+    Platform,
+}
+
+/// What a request needs from its surroundings.
+pub struct AppendContext<'a> {
+    pub project_id: Option<&'a str>,
+    pub path: &'a str,
+    /// `createdAt` for the events of this request.
+    pub now: &'a str,
+    /// Makes the `streamId` of a stream this request creates.
+    pub new_stream_id: &'a mut dyn FnMut() -> String,
+    /// Committed events holding idempotency keys of this request, by key.
+    pub committed_by_key: &'a HashMap<String, Event>,
+}
+
+/// The outcome of a request that passed every check.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AppendPlan {
+    /// The answer: one event per input event, new or the original of a replay.
+    pub events: Vec<Event>,
+    /// Events to commit (durable) or buffer (ephemeral), in offset order,
+    /// including a `created` event when this request creates the stream.
+    pub new_events: Vec<Event>,
+}
+
+/// Plans one request against `state` (`None`: the stream does not exist yet).
+///
+/// On success `state` holds the state after the request and `round_keys` the
+/// keys it used; on error neither changed.
+pub fn plan_append(
+    state: &mut Option<CoreState>,
+    round_keys: &mut HashMap<String, Event>,
+    input: &AppendInput,
+    authority: Authority,
+    ctx: &mut AppendContext<'_>,
+) -> Result<AppendPlan, ApiError> {
+    if input.events.is_empty() {
+        return Err(ApiError::invalid(
+            "events is empty: send at least one event",
+        ));
+    }
+    if input.events.len() > APPEND_EVENTS_MAX {
+        return Err(ApiError::too_large(format!(
+            "{} events in one append, over the limit of {APPEND_EVENTS_MAX}",
+            input.events.len()
+        )));
+    }
+    for (i, e) in input.events.iter().enumerate() {
+        validate_input(i, e, authority)?;
+    }
+    if let Some(expected) = &input.expected_stream_id {
+        match state {
+            Some(s) if &s.stream_id == expected => {}
+            Some(s) => {
+                return Err(ApiError::conflict(
+                    "stream-id-changed",
+                    format!(
+                        "expectedStreamId {expected:?} does not match this stream's streamId {:?}",
+                        s.stream_id
+                    ),
+                ))
+            }
+            None => {
+                return Err(ApiError::conflict(
+                    "stream-id-changed",
+                    format!(
+                        "expectedStreamId {expected:?} does not match: the stream does not exist"
+                    ),
+                ))
+            }
+        }
+    }
+
+    let mut next = state.clone();
+    let mut new_keys: Vec<(String, Event)> = Vec::new();
+    let mut plan = AppendPlan {
+        events: Vec::with_capacity(input.events.len()),
+        new_events: Vec::new(),
+    };
+    let mut created = false;
+
+    for (i, e) in input.events.iter().enumerate() {
+        if let Some(key) = &e.idempotency_key {
+            let original = new_keys
+                .iter()
+                .rev()
+                .find(|(k, _)| k == key)
+                .map(|(_, ev)| ev)
+                .or_else(|| round_keys.get(key))
+                .or_else(|| ctx.committed_by_key.get(key));
+            if let Some(original) = original {
+                if is_same_event(original, e) {
+                    plan.events.push(original.clone());
+                    continue;
+                }
+                return Err(ApiError::conflict(
+                    "idempotency-conflict",
+                    format!(
+                        "idempotency key {key:?} is already used by the event at offset {} with a different type, payload, metadata or ephemeral flag",
+                        original.offset
+                    ),
+                ));
+            }
+        }
+
+        let current = match &mut next {
+            Some(s) => s,
+            None => {
+                let created_event = created_event(ctx);
+                next = Some(CoreState::from_created(&created_event));
+                plan.new_events.push(created_event);
+                created = true;
+                next.as_mut().expect("just set")
+            }
+        };
+
+        if current.paused && !is_stream_control_type(&e.event_type) {
+            return Err(ApiError::unavailable(
+                "stream-paused",
+                format!(
+                    "stream paused: {}",
+                    current.pause_reason.as_deref().unwrap_or("paused")
+                ),
+                PAUSED_RETRY_AFTER_S,
+            ));
+        }
+        let offset = current.max_offset + 1;
+        if let Some(expected) = e.offset {
+            if expected != offset {
+                return Err(ApiError::conflict(
+                    "offset-conflict",
+                    format!("events[{i}]: expected next offset {expected}, found {offset}"),
+                ));
+            }
+        }
+        let event = Event {
+            offset,
+            event_type: e.event_type.clone(),
+            payload: e.payload.clone().unwrap_or_default(),
+            metadata: e.metadata.clone().filter(|m| !m.is_empty()),
+            idempotency_key: e.idempotency_key.clone(),
+            created_at: ctx.now.to_string(),
+            source: e.source.clone().filter(|s| !s.copied_from.is_empty()),
+            ephemeral: e.ephemeral.unwrap_or(false),
+        };
+        current.reduce(&event);
+        if let Some(key) = &event.idempotency_key {
+            new_keys.push((key.clone(), event.clone()));
+        }
+        plan.events.push(event.clone());
+        plan.new_events.push(event);
+    }
+
+    if let Some(s) = &next {
+        if !plan.new_events.is_empty() {
+            let bytes = s.serialized().len();
+            if bytes > STATE_BYTES_MAX {
+                return Err(ApiError::too_large(format!(
+                    "this append would grow the stream's core state to {bytes} bytes, over the {STATE_BYTES_MAX}-byte limit"
+                )));
+            }
+        }
+    }
+    debug_assert!(!created || plan.new_events.first().map(|e| e.offset) == Some(1));
+    *state = next;
+    round_keys.extend(new_keys);
+    Ok(plan)
+}
+
+fn created_event(ctx: &mut AppendContext<'_>) -> Event {
+    let stream_id = (ctx.new_stream_id)();
+    let payload = json!({
+        "projectId": ctx.project_id,
+        "path": ctx.path,
+        "streamId": stream_id,
+    });
+    Event {
+        offset: 1,
+        event_type: types::CREATED.to_string(),
+        payload: payload.as_object().cloned().expect("object"),
+        metadata: None,
+        idempotency_key: None,
+        created_at: ctx.now.to_string(),
+        source: None,
+        ephemeral: false,
+    }
+}
+
+/// Whether a retried input matches the event that holds its key.
+fn is_same_event(original: &Event, input: &EventInput) -> bool {
+    let empty = Map::new();
+    original.event_type == input.event_type
+        && original.payload == *input.payload.as_ref().unwrap_or(&empty)
+        && original.metadata.as_ref().unwrap_or(&empty) == input.metadata.as_ref().unwrap_or(&empty)
+        && original.ephemeral == input.ephemeral.unwrap_or(false)
+}
+
+/// Checks one input event on its own (no state needed).
+fn validate_input(i: usize, e: &EventInput, authority: Authority) -> Result<(), ApiError> {
+    let t = &e.event_type;
+    if t.trim().is_empty() {
+        return Err(ApiError::invalid(format!("events[{i}].type is empty")));
+    }
+    if t.len() > TYPE_BYTES_MAX {
+        return Err(ApiError::invalid(format!(
+            "events[{i}].type is {} bytes, over the {TYPE_BYTES_MAX}-byte limit",
+            t.len()
+        )));
+    }
+    if t.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err(ApiError::invalid(format!(
+            "events[{i}].type {t:?} contains whitespace or control characters"
+        )));
+    }
+    if let Some(key) = &e.idempotency_key {
+        if key.trim().is_empty() {
+            return Err(ApiError::invalid(format!(
+                "events[{i}].idempotencyKey is empty"
+            )));
+        }
+        if key.len() > IDEMPOTENCY_KEY_BYTES_MAX {
+            return Err(ApiError::invalid(format!(
+                "events[{i}].idempotencyKey is {} bytes, over the {IDEMPOTENCY_KEY_BYTES_MAX}-byte limit",
+                key.len()
+            )));
+        }
+    }
+    if e.offset == Some(0) {
+        return Err(ApiError::invalid(format!(
+            "events[{i}].offset 0 is invalid: offsets start at 1"
+        )));
+    }
+    let ephemeral = e.ephemeral.unwrap_or(false);
+    if ephemeral && e.idempotency_key.is_some() {
+        return Err(ApiError::invalid(format!(
+            "events[{i}] is ephemeral and may not carry an idempotencyKey"
+        )));
+    }
+    if ephemeral && is_stream_control_type(t) {
+        return Err(ApiError::invalid(format!(
+            "events[{i}] of type {t:?} may not be ephemeral: control events are always durable"
+        )));
+    }
+    let copied = e.source.as_ref().is_some_and(|s| !s.copied_from.is_empty());
+    if authority == Authority::Public {
+        if copied {
+            return Err(ApiError::platform_authored(format!(
+                "events[{i}] carries source.copiedFrom, which is platform-authored"
+            )));
+        }
+        if types::PLATFORM_AUTHORED.contains(&t.as_str()) {
+            return Err(ApiError::platform_authored(format!(
+                "events[{i}] of type {t:?} is platform-authored"
+            )));
+        }
+    }
+    if is_stream_control_type(t)
+        && !types::PUBLIC_CONTROL.contains(&t.as_str())
+        && !types::PLATFORM_AUTHORED.contains(&t.as_str())
+    {
+        return Err(ApiError::invalid(format!(
+            "events[{i}].type {t:?} is not a known events.iterate.com/stream/ type"
+        )));
+    }
+    if t == types::PAUSED && !copied {
+        if let Some(reason) = e.payload.as_ref().and_then(|p| p.get("reason")) {
+            if !reason.is_string() {
+                return Err(ApiError::invalid(format!(
+                    "events[{i}].payload.reason must be a string, got {reason}"
+                )));
+            }
+        }
+    }
+    if ephemeral && e.source.is_some() {
+        return Err(ApiError::invalid(format!(
+            "events[{i}] is ephemeral and may not carry a source"
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::{json, Value};
+
+    fn input(v: Value) -> AppendInput {
+        serde_json::from_value(v).unwrap()
+    }
+
+    struct Fixture {
+        state: Option<CoreState>,
+        round_keys: HashMap<String, Event>,
+        committed: HashMap<String, Event>,
+        ids: u32,
+    }
+
+    impl Fixture {
+        fn new() -> Self {
+            Fixture {
+                state: None,
+                round_keys: HashMap::new(),
+                committed: HashMap::new(),
+                ids: 0,
+            }
+        }
+
+        fn append(&mut self, v: Value, authority: Authority) -> Result<AppendPlan, ApiError> {
+            let mut ids = self.ids;
+            let mut new_id = || {
+                ids += 1;
+                format!("sid-{ids}")
+            };
+            let committed = self.committed.clone();
+            let mut ctx = AppendContext {
+                project_id: Some("acme"),
+                path: "/a",
+                now: "2026-11-30T00:00:00.000Z",
+                new_stream_id: &mut new_id,
+                committed_by_key: &committed,
+            };
+            let r = plan_append(
+                &mut self.state,
+                &mut self.round_keys,
+                &input(v),
+                authority,
+                &mut ctx,
+            );
+            self.ids = ids;
+            r
+        }
+    }
+
+    #[test]
+    fn first_append_creates_the_stream_at_offset_one() {
+        let mut f = Fixture::new();
+        let plan = f
+            .append(json!({"events": [{"type": "x.y/a"}]}), Authority::Public)
+            .unwrap();
+        assert_eq!(plan.new_events.len(), 2);
+        assert_eq!(plan.new_events[0].event_type, types::CREATED);
+        assert_eq!(plan.new_events[0].payload["streamId"], "sid-1");
+        assert_eq!(plan.events[0].offset, 2);
+        assert_eq!(f.state.as_ref().unwrap().max_offset, 2);
+    }
+
+    #[test]
+    fn a_rejected_request_changes_nothing_not_even_creation() {
+        let mut f = Fixture::new();
+        let err = f
+            .append(
+                json!({"events": [{"type": "x.y/a"}, {"type": "x.y/b", "offset": 7}]}),
+                Authority::Public,
+            )
+            .unwrap_err();
+        assert_eq!(err.code, "offset-conflict");
+        assert_eq!(err.message, "events[1]: expected next offset 7, found 3");
+        assert!(f.state.is_none());
+    }
+
+    #[test]
+    fn idempotent_replay_and_conflict() {
+        let mut f = Fixture::new();
+        let first = f
+            .append(
+                json!({"events": [{"type": "x.y/a", "idempotencyKey": "k", "payload": {"n": 1}}]}),
+                Authority::Public,
+            )
+            .unwrap();
+        let again = f
+            .append(
+                json!({"events": [{"type": "x.y/a", "idempotencyKey": "k", "payload": {"n": 1}}]}),
+                Authority::Public,
+            )
+            .unwrap();
+        assert_eq!(again.events, first.events);
+        assert!(again.new_events.is_empty());
+        let err = f
+            .append(
+                json!({"events": [{"type": "x.y/a", "idempotencyKey": "k", "payload": {"n": 2}}]}),
+                Authority::Public,
+            )
+            .unwrap_err();
+        assert_eq!(err.code, "idempotency-conflict");
+        assert!(err.message.contains("\"k\"") && err.message.contains("offset 2"));
+    }
+
+    #[test]
+    fn platform_authored_rules() {
+        let mut f = Fixture::new();
+        let err = f
+            .append(
+                json!({"events": [{"type": types::CREATED}]}),
+                Authority::Public,
+            )
+            .unwrap_err();
+        assert_eq!((err.status, err.code), (403, "platform-authored"));
+        let hop = json!({"projectId": "acme", "path": "/s", "streamId": "x", "streamCreatedAt": "t",
+            "offset": 2, "type": "x.y/a", "createdAt": "t", "subscriptionKey": "k",
+            "cursorChangedAtSourceOffset": 1});
+        let copied = json!({"events": [{"type": "x.y/a", "source": {"copiedFrom": [hop]}}]});
+        assert_eq!(
+            f.append(copied.clone(), Authority::Public)
+                .unwrap_err()
+                .status,
+            403
+        );
+        let plan = f.append(copied, Authority::Platform).unwrap();
+        assert!(plan.events[0].is_copy());
+    }
+
+    #[test]
+    fn paused_stream_rejects_data_but_accepts_control() {
+        let mut f = Fixture::new();
+        f.append(
+            json!({"events": [{"type": types::PAUSED, "payload": {"reason": "deploy"}}]}),
+            Authority::Public,
+        )
+        .unwrap();
+        let err = f
+            .append(json!({"events": [{"type": "x.y/a"}]}), Authority::Public)
+            .unwrap_err();
+        assert_eq!((err.status, err.code), (503, "stream-paused"));
+        assert_eq!(err.message, "stream paused: deploy");
+        f.append(
+            json!({"events": [{"type": types::RESUMED}]}),
+            Authority::Public,
+        )
+        .unwrap();
+        f.append(json!({"events": [{"type": "x.y/a"}]}), Authority::Public)
+            .unwrap();
+    }
+
+    #[test]
+    fn ephemeral_rules() {
+        let mut f = Fixture::new();
+        let plan = f
+            .append(
+                json!({"events": [{"type": "x.y/a", "ephemeral": true}]}),
+                Authority::Public,
+            )
+            .unwrap();
+        assert!(plan.events[0].ephemeral);
+        assert_eq!(f.state.as_ref().unwrap().event_count, 1);
+        assert_eq!(f.state.as_ref().unwrap().max_offset, 2);
+        for bad in [
+            json!({"events": [{"type": "x.y/a", "ephemeral": true, "idempotencyKey": "k"}]}),
+            json!({"events": [{"type": types::PAUSED, "ephemeral": true}]}),
+        ] {
+            assert_eq!(f.append(bad, Authority::Public).unwrap_err().status, 400);
+        }
+    }
+
+    #[test]
+    fn state_bound_is_enforced_before_commit() {
+        let mut f = Fixture::new();
+        let reason = "r".repeat(STATE_BYTES_MAX);
+        let err = f
+            .append(
+                json!({"events": [{"type": types::PAUSED, "payload": {"reason": reason}}]}),
+                Authority::Public,
+            )
+            .unwrap_err();
+        assert_eq!(err.status, 413);
+        assert!(f.state.is_none());
+    }
+
+    #[test]
+    fn expected_stream_id() {
+        let mut f = Fixture::new();
+        let err = f
+            .append(
+                json!({"events": [{"type": "x.y/a"}], "expectedStreamId": "sid-9"}),
+                Authority::Public,
+            )
+            .unwrap_err();
+        assert_eq!(err.code, "stream-id-changed");
+        f.append(json!({"events": [{"type": "x.y/a"}]}), Authority::Public)
+            .unwrap();
+        f.append(
+            json!({"events": [{"type": "x.y/a"}], "expectedStreamId": "sid-1"}),
+            Authority::Public,
+        )
+        .unwrap();
+    }
+}

@@ -1,0 +1,20 @@
+//! Streams: addresses, events, the pure reducer and append planning, and the
+//! actor that is the one writer of each stream.
+
+mod actor;
+mod address;
+mod append;
+mod event;
+mod registry;
+mod state;
+
+pub use actor::ActorContext;
+pub use actor::{AppendOutput, ReadOutput, ReadQuery, EPHEMERAL_BYTES_MAX, READ_LIMIT_MAX};
+pub use address::{canonicalize_path, validate_project, Namespace, StreamAddress, PATH_BYTES_MAX};
+pub use append::{plan_append, AppendContext, AppendPlan, Authority, APPEND_EVENTS_MAX};
+pub use event::{
+    is_stream_control_type, types, AppendInput, CopiedFrom, Event, EventInput, EventSource,
+    STREAM_TYPE_PREFIX,
+};
+pub use registry::Streams;
+pub use state::{CoreState, Inbound, Outbound, Subscriptions, STATE_BYTES_MAX};

@@ -1,0 +1,203 @@
+//! The reduced core state of a stream and the pure reducer that folds every
+//! committed event into it.
+//!
+//! **Invariant:** the core state equals the fold of the stream's committed
+//! events, except `maxOffset`, which also counts the offsets that ephemeral
+//! events consumed (offsets are never reused, so the head is part of the state).
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use super::event::{types, Event};
+
+/// Largest serialized core state, in bytes. An append that would grow the
+/// state past this is rejected before it commits.
+pub const STATE_BYTES_MAX: usize = 1024 * 1024;
+
+/// The reduced core state (`GET {stream}:state`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CoreState {
+    pub project_id: Option<String>,
+    pub path: String,
+    pub stream_id: String,
+    pub created_at: String,
+    pub event_count: u64,
+    pub max_offset: u64,
+    pub paused: bool,
+    pub pause_reason: Option<String>,
+    pub subscriptions: Subscriptions,
+}
+
+/// Subscription state: inbound fence records and outbound subscriptions.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Subscriptions {
+    pub inbound: Inbound,
+    pub outbound: Outbound,
+}
+
+/// Passive fence records kept by a receiving stream, by source path and key.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Inbound {
+    pub by_source_path: BTreeMap<String, BTreeMap<String, Value>>,
+}
+
+/// Durable subscriptions stored on a source stream, by key.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Outbound {
+    pub by_key: BTreeMap<String, Value>,
+}
+
+impl CoreState {
+    /// The state right after the `created` event at offset 1.
+    pub fn from_created(created: &Event) -> CoreState {
+        let text = |key: &str| {
+            created
+                .payload
+                .get(key)
+                .and_then(Value::as_str)
+                .map(str::to_string)
+        };
+        CoreState {
+            project_id: text("projectId"),
+            path: text("path").unwrap_or_default(),
+            stream_id: text("streamId").unwrap_or_default(),
+            created_at: created.created_at.clone(),
+            event_count: 1,
+            max_offset: created.offset,
+            paused: false,
+            pause_reason: None,
+            subscriptions: Subscriptions::default(),
+        }
+    }
+
+    /// Folds one event into the state. Ephemeral events only move the head;
+    /// copied events are inert data (no control behaviour on this stream).
+    pub fn reduce(&mut self, event: &Event) {
+        self.max_offset = self.max_offset.max(event.offset);
+        if event.ephemeral {
+            return;
+        }
+        self.event_count += 1;
+        if event.is_copy() {
+            return;
+        }
+        match event.event_type.as_str() {
+            types::PAUSED => {
+                self.paused = true;
+                self.pause_reason = Some(pause_reason(&event.payload));
+            }
+            types::RESUMED => {
+                self.paused = false;
+                self.pause_reason = None;
+            }
+            _ => {}
+        }
+    }
+
+    /// The serialized size in bytes.
+    pub fn serialized(&self) -> String {
+        serde_json::to_string(self).expect("core state serializes")
+    }
+}
+
+/// The reason recorded by a `paused` event (`payload.reason`, or a default).
+pub fn pause_reason(payload: &Map<String, Value>) -> String {
+    payload
+        .get("reason")
+        .and_then(Value::as_str)
+        .unwrap_or("paused by request")
+        .to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn event(offset: u64, event_type: &str, payload: Value) -> Event {
+        Event {
+            offset,
+            event_type: event_type.into(),
+            payload: payload.as_object().cloned().unwrap(),
+            metadata: None,
+            idempotency_key: None,
+            created_at: "2026-11-30T00:00:00.000Z".into(),
+            source: None,
+            ephemeral: false,
+        }
+    }
+
+    fn created() -> CoreState {
+        CoreState::from_created(&event(
+            1,
+            types::CREATED,
+            json!({"projectId": "acme", "path": "/a", "streamId": "sid"}),
+        ))
+    }
+
+    #[test]
+    fn created_sets_identity_and_empty_subscriptions() {
+        let s = created();
+        let v = serde_json::to_value(&s).unwrap();
+        assert_eq!(v["projectId"], "acme");
+        assert_eq!(v["path"], "/a");
+        assert_eq!(v["streamId"], "sid");
+        assert_eq!(v["eventCount"], 1);
+        assert_eq!(v["maxOffset"], 1);
+        assert_eq!(v["paused"], false);
+        assert_eq!(v["pauseReason"], Value::Null);
+        assert_eq!(
+            v["subscriptions"],
+            json!({"inbound": {"bySourcePath": {}}, "outbound": {"byKey": {}}})
+        );
+    }
+
+    #[test]
+    fn pause_and_resume() {
+        let mut s = created();
+        s.reduce(&event(2, types::PAUSED, json!({"reason": "maintenance"})));
+        assert!(s.paused);
+        assert_eq!(s.pause_reason.as_deref(), Some("maintenance"));
+        s.reduce(&event(3, types::RESUMED, json!({})));
+        assert!(!s.paused);
+        assert_eq!(s.pause_reason, None);
+        assert_eq!((s.event_count, s.max_offset), (3, 3));
+    }
+
+    #[test]
+    fn ephemeral_moves_only_the_head() {
+        let mut s = created();
+        let mut e = event(2, "x.y/z", json!({}));
+        e.ephemeral = true;
+        s.reduce(&e);
+        assert_eq!((s.event_count, s.max_offset), (1, 2));
+    }
+
+    #[test]
+    fn copied_control_events_are_inert() {
+        let mut s = created();
+        let mut e = event(2, types::PAUSED, json!({"reason": "r"}));
+        e.source = Some(super::super::event::EventSource {
+            copied_from: vec![super::super::event::CopiedFrom {
+                project_id: Some("acme".into()),
+                path: "/src".into(),
+                stream_id: "other".into(),
+                stream_created_at: "t".into(),
+                offset: 9,
+                event_type: types::PAUSED.into(),
+                created_at: "t".into(),
+                subscription_key: "k".into(),
+                cursor_changed_at_source_offset: 3,
+            }],
+        });
+        s.reduce(&e);
+        assert!(!s.paused);
+        assert_eq!(s.event_count, 2);
+    }
+}
