@@ -1,1 +1,10 @@
+//! End-to-end tests: each starts the real `streamhost` binary on a loopback
+//! port with a temp data dir and talks to it over HTTP.
 
+mod auth;
+mod bad_input;
+mod cli;
+mod concurrency;
+mod crash;
+mod streams;
+mod support;

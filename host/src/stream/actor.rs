@@ -106,7 +106,7 @@ struct Loaded {
 enum InFlight {
     Round {
         outcomes: Vec<(Reply<AppendOutput>, Result<AppendPlan, ApiError>)>,
-        next_state: CoreState,
+        next_state: Box<CoreState>,
         state_offset: u64,
     },
     Reset {
@@ -508,7 +508,7 @@ impl Actor {
         Some((
             InFlight::Round {
                 outcomes,
-                next_state,
+                next_state: Box::new(next_state),
                 state_offset,
             },
             rx,
@@ -577,7 +577,7 @@ impl Actor {
                     }
                     self.stream = Some(Loaded {
                         row_id,
-                        state: next_state,
+                        state: *next_state,
                         state_offset,
                     });
                     let state = self.stream.as_ref().map(|s| &s.state);

@@ -1,0 +1,270 @@
+//! Test support: the real `streamhost` binary on a loopback port with a temp
+//! data dir, a JSON client, and a raw HTTP/1.1 client for URLs that a URL
+//! library would normalize.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use tempfile::TempDir;
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_streamhost");
+
+/// A config with one project token, one admin token.
+pub const TOKENS: &str = r#"
+[[tokens]]
+token = "t-acme"
+projects = ["acme"]
+
+[[tokens]]
+token = "t-admin"
+admin = true
+"#;
+
+/// A running server process; killed when dropped.
+pub struct Server {
+    child: Option<Child>,
+    pub url: String,
+    pub dir: TempDir,
+    config: Option<PathBuf>,
+    extra_args: Vec<String>,
+    starts: u32,
+    pub token: Option<String>,
+    client: reqwest::Client,
+}
+
+impl Server {
+    /// Starts a server in open mode.
+    pub fn start() -> Server {
+        Self::start_with(None, &[])
+    }
+
+    /// Starts a server with the given config file text and extra flags.
+    pub fn start_with(config: Option<&str>, extra_args: &[&str]) -> Server {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let config = config.map(|text| {
+            let p = dir.path().join("streamhost.toml");
+            std::fs::write(&p, text).expect("writing config");
+            p
+        });
+        let mut s = Server {
+            child: None,
+            url: String::new(),
+            dir,
+            config,
+            extra_args: extra_args.iter().map(|s| s.to_string()).collect(),
+            starts: 0,
+            token: None,
+            client: reqwest::Client::new(),
+        };
+        s.spawn();
+        s
+    }
+
+    pub fn data_dir(&self) -> PathBuf {
+        self.dir.path().join("data")
+    }
+
+    fn spawn(&mut self) {
+        self.starts += 1;
+        let log =
+            std::fs::File::create(self.dir.path().join(format!("server-{}.log", self.starts)))
+                .expect("log file");
+        let mut cmd = Command::new(BIN);
+        cmd.arg("serve")
+            .arg("--listen")
+            .arg("127.0.0.1:0")
+            .arg("--data-dir")
+            .arg(self.data_dir());
+        if let Some(c) = &self.config {
+            cmd.arg("--config").arg(c);
+        }
+        cmd.args(&self.extra_args)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::piped())
+            .stderr(log);
+        let mut child = cmd.spawn().expect("spawning streamhost");
+        let stdout = child.stdout.take().expect("stdout");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if let Some(url) = line.strip_prefix("streamhost listening on ") {
+                    let _ = tx.send(url.to_string());
+                }
+            }
+        });
+        match rx.recv_timeout(Duration::from_secs(60)) {
+            Ok(url) => self.url = url,
+            Err(_) => {
+                let _ = child.kill();
+                panic!("server did not start; log:\n{}", self.log());
+            }
+        }
+        self.child = Some(child);
+    }
+
+    /// The server's stderr of its latest start.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join(format!("server-{}.log", self.starts)))
+            .unwrap_or_default()
+    }
+
+    /// SIGKILLs the server.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Kills (SIGKILL) and starts again on the same data dir; the port changes.
+    pub fn restart(&mut self) {
+        self.kill();
+        self.spawn();
+    }
+
+    fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
+        let mut r = self.client.request(method, format!("{}{}", self.url, path));
+        if let Some(t) = &self.token {
+            r = r.bearer_auth(t);
+        }
+        r
+    }
+
+    pub async fn post(&self, path: &str, body: Value) -> (u16, Value) {
+        respond(self.request(reqwest::Method::POST, path).json(&body)).await
+    }
+
+    pub async fn get(&self, path: &str) -> (u16, Value) {
+        respond(self.request(reqwest::Method::GET, path)).await
+    }
+
+    pub async fn post_as(&self, token: Option<&str>, path: &str, body: Value) -> (u16, Value) {
+        let mut r = self
+            .client
+            .post(format!("{}{}", self.url, path))
+            .json(&body);
+        if let Some(t) = token {
+            r = r.bearer_auth(t);
+        }
+        respond(r).await
+    }
+
+    pub async fn get_as(&self, token: Option<&str>, path: &str) -> (u16, Value) {
+        let mut r = self.client.get(format!("{}{}", self.url, path));
+        if let Some(t) = token {
+            r = r.bearer_auth(t);
+        }
+        respond(r).await
+    }
+
+    /// Every committed event of a stream, following pages.
+    pub async fn all_events(&self, stream: &str) -> Vec<Value> {
+        let mut out = Vec::new();
+        let mut after = 0;
+        loop {
+            let (status, page) = self
+                .get(&format!("{stream}:events?afterOffset={after}&limit=500"))
+                .await;
+            assert_eq!(status, 200, "{page}");
+            let events = page["events"].as_array().unwrap().clone();
+            if events.is_empty() {
+                return out;
+            }
+            after = events.last().unwrap()["offset"].as_u64().unwrap();
+            out.extend(events);
+        }
+    }
+
+    /// Sends a request byte for byte (no URL normalization).
+    pub fn raw(&self, method: &str, path: &str, body: &[u8]) -> (u16, Value) {
+        let host = self.url.trim_start_matches("http://");
+        let mut s = TcpStream::connect(host).expect("connect");
+        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        let mut head = format!(
+            "{method} {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n",
+            body.len()
+        );
+        if let Some(t) = &self.token {
+            head.push_str(&format!("Authorization: Bearer {t}\r\n"));
+        }
+        head.push_str("\r\n");
+        s.write_all(head.as_bytes()).unwrap();
+        // The server may answer (413) before reading a large body.
+        let _ = s.write_all(body);
+        let mut response = Vec::new();
+        let _ = s.read_to_end(&mut response);
+        let text = String::from_utf8_lossy(&response);
+        let status: u16 = text
+            .split_whitespace()
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| panic!("no status in {text:?}"));
+        let body = text.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or("");
+        (status, serde_json::from_str(body).unwrap_or(Value::Null))
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+async fn respond(r: reqwest::RequestBuilder) -> (u16, Value) {
+    let response = r.send().await.expect("request");
+    let status = response.status().as_u16();
+    let text = response.text().await.expect("body");
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(Value::String(text)),
+    )
+}
+
+/// Asserts an error answer: status, code, and that the message names `mention`.
+#[track_caller]
+pub fn assert_error(answer: &(u16, Value), status: u16, code: &str, mention: &str) {
+    let (s, body) = answer;
+    assert_eq!(*s, status, "{body}");
+    assert_eq!(body["error"]["code"], code, "{body}");
+    let message = body["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains(mention),
+        "message {message:?} should name {mention:?}"
+    );
+}
+
+/// Polls `check` until it returns true or `timeout` passes.
+pub async fn wait_for(what: &str, timeout: Duration, mut check: impl AsyncFnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if check().await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("timed out after {timeout:?} waiting for {what}");
+}
+
+/// Runs the binary as a client command and returns (success, stdout, stderr).
+pub fn run_cli(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(BIN)
+        .args(args)
+        .output()
+        .expect("running streamhost");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// A path under the temp dir, for files tests write.
+pub fn file_in(dir: &Path, name: &str) -> PathBuf {
+    dir.join(name)
+}
