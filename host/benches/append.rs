@@ -1,1 +1,288 @@
-fn main() {}
+//! Append throughput benchmark: `cargo bench -p streamhost --bench append`.
+//!
+//! Runs the host in-process on a loopback port (real HTTP, real SQLite in a
+//! temp dir) and reports, in one run: the disk's raw fsync rate, events/s for
+//! single-event appends with 1 and 64 clients, and batched appends (100 per
+//! call, 16 clients, over 1 and 100 streams), with `durability` full and
+//! normal. Each figure is the median of several runs, shown beside its ratio
+//! to the fsync rate measured in the same run, since machines are noisy.
+//!
+//! Options (after `--`): `--seconds S` per run (default 2), `--runs N` (3).
+
+use std::io::Write;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use streamhost::config::{Config, Durability};
+use streamhost::Host;
+
+struct Options {
+    seconds: f64,
+    runs: usize,
+}
+
+fn options() -> Options {
+    let args: Vec<String> = std::env::args().collect();
+    let value = |name: &str| {
+        args.iter()
+            .position(|a| a == name)
+            .and_then(|i| args.get(i + 1))
+            .and_then(|v| v.parse::<f64>().ok())
+    };
+    Options {
+        seconds: value("--seconds").unwrap_or(2.0),
+        runs: value("--runs").unwrap_or(3.0) as usize,
+    }
+}
+
+/// fdatasync calls per second on a 4 KiB append-only file in `dir`.
+fn fsync_rate(dir: &std::path::Path, seconds: f64) -> f64 {
+    let path = dir.join("fsync-probe");
+    let mut f = std::fs::File::create(&path).expect("probe file");
+    let block = [7u8; 4096];
+    let start = Instant::now();
+    let mut n = 0u64;
+    while start.elapsed().as_secs_f64() < seconds {
+        f.write_all(&block).unwrap();
+        f.sync_data().unwrap();
+        n += 1;
+    }
+    let rate = n as f64 / start.elapsed().as_secs_f64();
+    let _ = std::fs::remove_file(&path);
+    rate
+}
+
+#[derive(Clone, Copy)]
+struct Scenario {
+    name: &'static str,
+    clients: usize,
+    /// 0: `GET /healthz` instead of an append (the HTTP floor).
+    events_per_call: usize,
+    streams: usize,
+}
+
+/// What one run measured.
+struct Run {
+    /// Events (or requests, for the HTTP floor) per second.
+    rate: f64,
+    /// Mean events per group-commit transaction.
+    events_per_commit: f64,
+    /// Mean time of one group-commit transaction, in microseconds.
+    commit_us: f64,
+}
+
+const FLOOR: &[Scenario] = &[
+    Scenario {
+        name: "GET /healthz, 1 client",
+        clients: 1,
+        events_per_call: 0,
+        streams: 1,
+    },
+    Scenario {
+        name: "GET /healthz, 64 clients",
+        clients: 64,
+        events_per_call: 0,
+        streams: 1,
+    },
+];
+
+const SCENARIOS: &[Scenario] = &[
+    Scenario {
+        name: "single event, 1 client",
+        clients: 1,
+        events_per_call: 1,
+        streams: 1,
+    },
+    Scenario {
+        name: "single event, 64 clients, 1 stream",
+        clients: 64,
+        events_per_call: 1,
+        streams: 1,
+    },
+    Scenario {
+        name: "single event, 64 clients, 64 streams",
+        clients: 64,
+        events_per_call: 1,
+        streams: 64,
+    },
+    Scenario {
+        name: "batch of 100, 16 clients, 1 stream",
+        clients: 16,
+        events_per_call: 100,
+        streams: 1,
+    },
+    Scenario {
+        name: "batch of 100, 16 clients, 100 streams",
+        clients: 16,
+        events_per_call: 100,
+        streams: 100,
+    },
+];
+
+/// Mean of a Prometheus histogram in the host's metrics text.
+fn histogram_mean(metrics: &str, name: &str) -> f64 {
+    let value = |suffix: &str| {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{name}_{suffix} ")))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    let count = value("count");
+    if count == 0.0 {
+        0.0
+    } else {
+        value("sum") / count
+    }
+}
+
+/// One run of `scenario`.
+async fn run_once(scenario: Scenario, durability: Durability, seconds: f64) -> Run {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = Config {
+        data_dir: dir.path().to_path_buf(),
+        durability,
+        ..Config::default()
+    };
+    let host = Host::open(config).expect("open host");
+    let metrics = host.metrics.clone();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(host.serve(listener, async {
+        let _ = stop_rx.await;
+    }));
+
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(256)
+        .build()
+        .unwrap();
+    let events = Arc::new(AtomicU64::new(0));
+    let measuring = Arc::new(AtomicBool::new(false));
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut tasks = Vec::new();
+    for c in 0..scenario.clients {
+        let (client, url, events, measuring, stop) = (
+            client.clone(),
+            url.clone(),
+            events.clone(),
+            measuring.clone(),
+            stop.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            let floor = scenario.events_per_call == 0;
+            let batch: Vec<_> = (0..scenario.events_per_call)
+                .map(|i| json!({"type": "bench.example/appended", "payload": {"client": c, "i": i, "pad": "0123456789abcdef"}}))
+                .collect();
+            let body = serde_json::to_vec(&json!({ "events": batch })).unwrap();
+            let mut n = 0usize;
+            while !stop.load(Ordering::Relaxed) {
+                let stream = (c + n * scenario.clients) % scenario.streams;
+                n += 1;
+                let request = if floor {
+                    client.get(format!("{url}/healthz"))
+                } else {
+                    client
+                        .post(format!("{url}/v1/projects/bench/streams/s{stream}:append"))
+                        .header("content-type", "application/json")
+                        .body(body.clone())
+                };
+                let r = request.send().await.expect("request");
+                assert_eq!(r.status(), 200, "request failed");
+                let _ = r.bytes().await;
+                if measuring.load(Ordering::Relaxed) {
+                    let counted = scenario.events_per_call.max(1) as u64;
+                    events.fetch_add(counted, Ordering::Relaxed);
+                }
+            }
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await; // warm-up
+    measuring.store(true, Ordering::Relaxed);
+    let start = Instant::now();
+    tokio::time::sleep(Duration::from_secs_f64(seconds)).await;
+    measuring.store(false, Ordering::Relaxed);
+    let elapsed = start.elapsed().as_secs_f64();
+    stop.store(true, Ordering::Relaxed);
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let _ = stop_tx.send(());
+    let _ = server.await;
+    Run {
+        rate: events.load(Ordering::Relaxed) as f64 / elapsed,
+        events_per_commit: histogram_mean(&metrics.render(), "streamhost_commit_group_events"),
+        commit_us: histogram_mean(&metrics.render(), "streamhost_commit_duration_seconds") * 1e6,
+    }
+}
+
+fn median(mut xs: Vec<f64>) -> f64 {
+    xs.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    xs[xs.len() / 2]
+}
+
+fn main() {
+    let opts = options();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let probe_dir = tempfile::tempdir().unwrap();
+    eprintln!("measuring the raw fsync rate ...");
+    let fsyncs = median(
+        (0..opts.runs)
+            .map(|_| fsync_rate(probe_dir.path(), 1.0))
+            .collect(),
+    );
+    println!("raw fsync rate (4 KiB write + fdatasync): {fsyncs:.0}/s  (= the one-fsync-per-append ceiling)");
+    println!();
+    println!(
+        "{:<40} {:>8} {:>12} {:>10} {:>14} {:>10}",
+        "scenario", "durab.", "events/s", "÷ fsync/s", "events/commit", "commit µs"
+    );
+    for s in FLOOR {
+        eprintln!("running {} ...", s.name);
+        let runs: Vec<Run> = (0..opts.runs)
+            .map(|_| rt.block_on(run_once(*s, Durability::Full, opts.seconds)))
+            .collect();
+        let rate = median(runs.iter().map(|r| r.rate).collect());
+        println!(
+            "{:<40} {:>8} {:>12.0} {:>10} {:>14}",
+            s.name, "-", rate, "(req/s)", "-"
+        );
+    }
+    let mut full = Vec::new();
+    for durability in [Durability::Full, Durability::Normal] {
+        for (i, s) in SCENARIOS.iter().enumerate() {
+            eprintln!("running {} ({durability:?}) ...", s.name);
+            let runs: Vec<Run> = (0..opts.runs)
+                .map(|_| rt.block_on(run_once(*s, durability, opts.seconds)))
+                .collect();
+            let rate = median(runs.iter().map(|r| r.rate).collect());
+            let per_commit = median(runs.iter().map(|r| r.events_per_commit).collect());
+            let commit_us = median(runs.iter().map(|r| r.commit_us).collect());
+            let label = if durability == Durability::Full {
+                "full"
+            } else {
+                "normal"
+            };
+            let vs_full = if durability == Durability::Normal {
+                format!("  (normal/full {:.2})", rate / full[i])
+            } else {
+                full.push(rate);
+                String::new()
+            };
+            println!(
+                "{:<40} {:>8} {:>12.0} {:>9.1}× {:>14.1} {:>10.0}{vs_full}",
+                s.name,
+                label,
+                rate,
+                rate / fsyncs,
+                per_commit,
+                commit_us
+            );
+        }
+    }
+}
