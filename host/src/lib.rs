@@ -14,6 +14,7 @@ pub mod config;
 pub mod error;
 pub mod host;
 pub mod http;
+pub mod jsonata;
 pub mod metrics;
 pub mod storage;
 pub mod stream;

@@ -1,0 +1,215 @@
+//! JSONata filters and transforms, over the `jsonata-core` engine (pinned).
+//!
+//! Expressions are compiled once and cached by their text; evaluation runs on
+//! an already-parsed event with a timeout and a stack-depth limit, and a panic
+//! inside the engine becomes an error, never a crash.
+
+use std::collections::HashMap;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::{Arc, Mutex};
+
+use jsonata_core::ast::AstNode;
+use jsonata_core::evaluator::{Context, Evaluator, EvaluatorOptions};
+use jsonata_core::value::JValue;
+use serde_json::Value;
+
+/// Longest expression accepted, in bytes.
+pub const EXPRESSION_BYTES_MAX: usize = 4096;
+/// Wall-clock limit of one evaluation.
+pub const EVALUATION_TIMEOUT_MS: u64 = 100;
+/// Evaluation stack-depth limit.
+pub const EVALUATION_DEPTH_MAX: usize = 500;
+/// Compiled expressions kept in the cache; the cache is cleared when full.
+const CACHE_ENTRIES_MAX: usize = 4096;
+
+/// A compiled expression. Cheap to clone.
+#[derive(Clone)]
+pub struct Expression {
+    source: Arc<str>,
+    ast: Arc<AstNode>,
+}
+
+impl std::fmt::Debug for Expression {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Expression({:?})", self.source)
+    }
+}
+
+fn cache() -> &'static Mutex<HashMap<String, Expression>> {
+    static CACHE: std::sync::OnceLock<Mutex<HashMap<String, Expression>>> =
+        std::sync::OnceLock::new();
+    CACHE.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+/// Splits an engine message `"S0211: text"` into its code and text.
+fn split_code(message: &str) -> (String, String) {
+    let bytes = message.as_bytes();
+    let coded = bytes.len() > 6
+        && bytes[0].is_ascii_uppercase()
+        && bytes[1..5].iter().all(u8::is_ascii_digit)
+        && bytes[5] == b':';
+    if coded {
+        (message[..5].to_string(), message[6..].trim().to_string())
+    } else {
+        ("S0201".to_string(), message.to_string())
+    }
+}
+
+fn parse(text: &str) -> Result<AstNode, String> {
+    match catch_unwind(AssertUnwindSafe(|| jsonata_core::parser::parse(text))) {
+        Ok(Ok(ast)) => Ok(ast),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Err("S0201: the JSONata parser failed on this expression".to_string()),
+    }
+}
+
+fn is_end_of_input(message: &str) -> bool {
+    message.starts_with("S0207")
+        || message.starts_with("S0101")
+        || message.starts_with("S0105")
+        || message.contains("Unclosed comment")
+}
+
+/// The position (characters from the start) where a parse error occurs: the
+/// shortest prefix whose error is not "unexpected end of input". The engine
+/// reports no position itself.
+fn error_position(text: &str) -> usize {
+    let chars: Vec<(usize, char)> = text.char_indices().collect();
+    for (n, (i, c)) in chars.iter().enumerate() {
+        let end = i + c.len_utf8();
+        if let Err(m) = parse(&text[..end]) {
+            if !is_end_of_input(&m) {
+                return n + 1;
+            }
+        }
+    }
+    chars.len()
+}
+
+/// Compiles `text`, using the cache. Errors read
+/// `invalid JSONata expression (<code>, position <n>): <message>`.
+pub fn compile(text: &str) -> Result<Expression, String> {
+    if let Some(e) = cache().lock().expect("jsonata cache").get(text) {
+        return Ok(e.clone());
+    }
+    if text.len() > EXPRESSION_BYTES_MAX {
+        return Err(format!(
+            "invalid JSONata expression: {} bytes, over the {EXPRESSION_BYTES_MAX}-byte limit",
+            text.len()
+        ));
+    }
+    if text.trim().is_empty() {
+        return Err("invalid JSONata expression (S0207, position 0): the expression is empty".into());
+    }
+    let ast = parse(text).map_err(|m| {
+        let (code, message) = split_code(&m);
+        format!(
+            "invalid JSONata expression ({code}, position {}): {message}",
+            error_position(text)
+        )
+    })?;
+    let e = Expression {
+        source: text.into(),
+        ast: Arc::new(ast),
+    };
+    let mut cache = cache().lock().expect("jsonata cache");
+    if cache.len() >= CACHE_ENTRIES_MAX {
+        cache.clear();
+    }
+    cache.insert(text.to_string(), e.clone());
+    Ok(e)
+}
+
+/// An input converted once for the engine; evaluate several expressions on it.
+pub struct Input(JValue);
+
+impl Input {
+    pub fn new(value: &Value) -> Input {
+        Input(JValue::from(value.clone()))
+    }
+}
+
+impl Expression {
+    /// The expression's text.
+    pub fn source(&self) -> &str {
+        &self.source
+    }
+
+    fn evaluate_raw(&self, input: &Input) -> Result<JValue, String> {
+        let options = EvaluatorOptions {
+            timeout_ms: Some(EVALUATION_TIMEOUT_MS),
+            max_stack_depth: Some(EVALUATION_DEPTH_MAX),
+            ..EvaluatorOptions::default()
+        };
+        let ast = &self.ast;
+        match catch_unwind(AssertUnwindSafe(|| {
+            Evaluator::with_options(Context::new(), options).evaluate(ast, &input.0)
+        })) {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => Err(e.message().to_string()),
+            Err(_) => Err("the JSONata evaluator panicked".to_string()),
+        }
+    }
+
+    /// Evaluates to JSON; `None` when the result is undefined.
+    pub fn evaluate(&self, input: &Input) -> Result<Option<Value>, String> {
+        let v = self.evaluate_raw(input)?;
+        if matches!(v, JValue::Undefined) {
+            return Ok(None);
+        }
+        Ok(Some(Value::from(&v)))
+    }
+
+    /// A condition matches only when it evaluates to exactly `true`.
+    pub fn matches(&self, input: &Input) -> Result<bool, String> {
+        Ok(matches!(self.evaluate_raw(input)?, JValue::Bool(true)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn event() -> Input {
+        Input::new(&json!({"type": "x.y/order", "payload": {"region": "eu", "total": 120}}))
+    }
+
+    #[test]
+    fn conditions_match_only_exactly_true() {
+        assert!(compile("payload.region = 'eu'").unwrap().matches(&event()).unwrap());
+        assert!(!compile("payload.total > 200").unwrap().matches(&event()).unwrap());
+        // Truthy but not `true`.
+        assert!(!compile("payload.region").unwrap().matches(&event()).unwrap());
+        assert!(!compile("1").unwrap().matches(&event()).unwrap());
+        assert!(!compile("payload.missing").unwrap().matches(&event()).unwrap());
+    }
+
+    #[test]
+    fn transforms_build_json() {
+        let t = compile(r#"{"type": "x.y/summary", "payload": {"r": payload.region}}"#).unwrap();
+        assert_eq!(
+            t.evaluate(&event()).unwrap(),
+            Some(json!({"type": "x.y/summary", "payload": {"r": "eu"}}))
+        );
+        assert_eq!(compile("payload.nothing").unwrap().evaluate(&event()).unwrap(), None);
+    }
+
+    #[test]
+    fn parse_errors_carry_code_and_position() {
+        let e = compile("payload.total > ").unwrap_err();
+        assert!(e.starts_with("invalid JSONata expression (S0207, position 16)"), "{e}");
+        let e = compile("payload.x = = 3").unwrap_err();
+        assert!(e.starts_with("invalid JSONata expression (S0211, position 13)") || e.contains("position 13"), "{e}");
+        assert!(compile("").is_err());
+    }
+
+    #[test]
+    fn evaluation_errors_and_runaway_expressions_are_errors() {
+        assert!(compile("$number('x')").unwrap().evaluate(&event()).is_err());
+        let runaway = compile("($f := function($n) { $f($n + 1) }; $f(0))").unwrap();
+        assert!(runaway.evaluate(&event()).is_err());
+        let slow = compile("$count([1..10000000].($ * 2))").unwrap();
+        assert!(slow.evaluate(&event()).is_err(), "bounded by the timeout");
+    }
+}
