@@ -99,7 +99,9 @@ pub fn compile(text: &str) -> Result<Expression, String> {
         ));
     }
     if text.trim().is_empty() {
-        return Err("invalid JSONata expression (S0207, position 0): the expression is empty".into());
+        return Err(
+            "invalid JSONata expression (S0207, position 0): the expression is empty".into(),
+        );
     }
     let ast = parse(text).map_err(|m| {
         let (code, message) = split_code(&m);
@@ -177,12 +179,24 @@ mod tests {
 
     #[test]
     fn conditions_match_only_exactly_true() {
-        assert!(compile("payload.region = 'eu'").unwrap().matches(&event()).unwrap());
-        assert!(!compile("payload.total > 200").unwrap().matches(&event()).unwrap());
+        assert!(compile("payload.region = 'eu'")
+            .unwrap()
+            .matches(&event())
+            .unwrap());
+        assert!(!compile("payload.total > 200")
+            .unwrap()
+            .matches(&event())
+            .unwrap());
         // Truthy but not `true`.
-        assert!(!compile("payload.region").unwrap().matches(&event()).unwrap());
+        assert!(!compile("payload.region")
+            .unwrap()
+            .matches(&event())
+            .unwrap());
         assert!(!compile("1").unwrap().matches(&event()).unwrap());
-        assert!(!compile("payload.missing").unwrap().matches(&event()).unwrap());
+        assert!(!compile("payload.missing")
+            .unwrap()
+            .matches(&event())
+            .unwrap());
     }
 
     #[test]
@@ -192,15 +206,28 @@ mod tests {
             t.evaluate(&event()).unwrap(),
             Some(json!({"type": "x.y/summary", "payload": {"r": "eu"}}))
         );
-        assert_eq!(compile("payload.nothing").unwrap().evaluate(&event()).unwrap(), None);
+        assert_eq!(
+            compile("payload.nothing")
+                .unwrap()
+                .evaluate(&event())
+                .unwrap(),
+            None
+        );
     }
 
     #[test]
     fn parse_errors_carry_code_and_position() {
         let e = compile("payload.total > ").unwrap_err();
-        assert!(e.starts_with("invalid JSONata expression (S0207, position 16)"), "{e}");
+        assert!(
+            e.starts_with("invalid JSONata expression (S0207, position 16)"),
+            "{e}"
+        );
         let e = compile("payload.x = = 3").unwrap_err();
-        assert!(e.starts_with("invalid JSONata expression (S0211, position 13)") || e.contains("position 13"), "{e}");
+        assert!(
+            e.starts_with("invalid JSONata expression (S0211, position 13)")
+                || e.contains("position 13"),
+            "{e}"
+        );
         assert!(compile("").is_err());
     }
 

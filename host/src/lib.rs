@@ -14,10 +14,12 @@ pub mod config;
 pub mod error;
 pub mod host;
 pub mod http;
+pub mod itx;
 pub mod jsonata;
 pub mod metrics;
 pub mod storage;
 pub mod stream;
+pub mod subscription;
 
 pub use config::Config;
 pub use error::ApiError;

@@ -19,7 +19,7 @@ use serde_json::value::RawValue;
 use tokio::sync::{mpsc, oneshot};
 
 use super::address::StreamAddress;
-use super::append::{plan_append, AppendContext, AppendPlan, Authority};
+use super::append::{configure_offsets, plan_append, AppendContext, AppendPlan, Authority};
 use super::event::{AppendInput, Event};
 use super::state::CoreState;
 use crate::clock::{format_timestamp, Clock};
@@ -430,11 +430,23 @@ impl Actor {
                 return None;
             }
         };
+        let committed_by_offset = match self.lookup_configures(&round) {
+            Ok(found) => found,
+            Err(e) => {
+                let err = ApiError::internal(format!("reading configure events failed: {e:#}"));
+                for p in round {
+                    self.fail_pending(p, err.clone());
+                }
+                return None;
+            }
+        };
         let now = format_timestamp(self.ctx.clock.now_ms());
         let project_id = self.address.namespace.project_id().map(str::to_string);
         let path = self.address.path.clone();
         let mut new_stream_id = || uuid::Uuid::new_v4().to_string();
         let mut ctx = AppendContext {
+            namespace: &self.address.namespace,
+            committed_by_offset: &committed_by_offset,
             project_id: project_id.as_deref(),
             path: &path,
             now: &now,
@@ -536,6 +548,32 @@ impl Actor {
                 Ok((k, event))
             })
             .collect()
+    }
+
+    fn lookup_configures(&self, round: &[Pending]) -> Result<HashMap<u64, Event>> {
+        let Some(stream) = &self.stream else {
+            return Ok(HashMap::new());
+        };
+        let mut found = HashMap::new();
+        for p in round {
+            if let Pending::Append { input, .. } = p {
+                for offset in configure_offsets(Some(&stream.state), input) {
+                    if found.contains_key(&offset) {
+                        continue;
+                    }
+                    if let Some((_, body)) = self
+                        .ctx
+                        .storage
+                        .events_after(stream.row_id, offset - 1, 1, offset)?
+                        .into_iter()
+                        .next()
+                    {
+                        found.insert(offset, serde_json::from_str(&body)?);
+                    }
+                }
+            }
+        }
+        Ok(found)
     }
 
     fn answer(

@@ -12,6 +12,9 @@ use serde_json::{json, Map};
 use super::event::{is_stream_control_type, types, AppendInput, Event, EventInput};
 use super::state::{CoreState, STATE_BYTES_MAX};
 use crate::error::ApiError;
+use crate::subscription::{
+    parse_payload, validate_control, ControlContext, Receiver, SubscriptionConfig,
+};
 
 /// Most events in one append request.
 pub const APPEND_EVENTS_MAX: usize = 1000;
@@ -33,6 +36,7 @@ pub enum Authority {
 
 /// What a request needs from its surroundings.
 pub struct AppendContext<'a> {
+    pub namespace: &'a crate::stream::Namespace,
     pub project_id: Option<&'a str>,
     pub path: &'a str,
     /// `createdAt` for the events of this request.
@@ -41,6 +45,41 @@ pub struct AppendContext<'a> {
     pub new_stream_id: &'a mut dyn FnMut() -> String,
     /// Committed events holding idempotency keys of this request, by key.
     pub committed_by_key: &'a HashMap<String, Event>,
+    /// Committed `subscription-configured` events this request may repeat, by
+    /// offset (see [`configure_offsets`]).
+    pub committed_by_offset: &'a HashMap<u64, Event>,
+}
+
+/// Offsets of the committed configure events that the configure events of
+/// `input` would repeat: the actor loads these before planning so an
+/// identical re-configure can answer with the existing event.
+pub fn configure_offsets(state: Option<&CoreState>, input: &AppendInput) -> Vec<u64> {
+    let Some(state) = state else {
+        return Vec::new();
+    };
+    input
+        .events
+        .iter()
+        .filter(|e| e.event_type == types::SUBSCRIPTION_CONFIGURED && e.source.is_none())
+        .filter_map(|e| e.payload.as_ref()?.get("subscriptionKey")?.as_str())
+        .filter_map(|k| state.subscriptions.outbound.by_key.get(k.trim()))
+        .map(|s| s.configured_at_offset)
+        .collect()
+}
+
+/// The stored form of a configuration: effective key trimmed, receiving
+/// path canonical.
+fn normalized_config(payload: &Map<String, serde_json::Value>) -> Option<SubscriptionConfig> {
+    let mut config: SubscriptionConfig = parse_payload("payload", payload).ok()?;
+    config.subscription_key = config.subscription_key.map(|k| k.trim().to_string());
+    if let Receiver::CopyToStream {
+        receiving_stream_path,
+        ..
+    } = &mut config.receiver
+    {
+        *receiving_stream_path = super::address::canonicalize_path(receiving_stream_path).ok()?;
+    }
+    Some(config)
 }
 
 /// The outcome of a request that passed every check.
@@ -144,6 +183,26 @@ pub fn plan_append(
             }
         };
 
+        let copied = e.source.as_ref().is_some_and(|s| !s.copied_from.is_empty());
+        if !copied && is_stream_control_type(&e.event_type) {
+            if e.event_type == types::SUBSCRIPTION_CONFIGURED {
+                if let Some(original) =
+                    identical_configure(current, e, ctx.committed_by_offset, &plan)
+                {
+                    plan.events.push(original);
+                    continue;
+                }
+            }
+            validate_control(
+                i,
+                e,
+                current,
+                &ControlContext {
+                    namespace: ctx.namespace,
+                    path: ctx.path,
+                },
+            )?;
+        }
         if current.paused && !is_stream_control_type(&e.event_type) {
             return Err(ApiError::unavailable(
                 "stream-paused",
@@ -197,6 +256,28 @@ pub fn plan_append(
     Ok(plan)
 }
 
+/// The existing configure event when `e` configures an existing key with an
+/// identical configuration.
+fn identical_configure(
+    state: &CoreState,
+    e: &EventInput,
+    committed_by_offset: &HashMap<u64, Event>,
+    plan: &AppendPlan,
+) -> Option<Event> {
+    let payload = e.payload.as_ref()?;
+    let config = normalized_config(payload)?;
+    let key = config.subscription_key.as_ref()?;
+    let existing = state.subscriptions.outbound.by_key.get(key)?;
+    if existing.configuration != config {
+        return None;
+    }
+    let offset = existing.configured_at_offset;
+    committed_by_offset
+        .get(&offset)
+        .or_else(|| plan.new_events.iter().find(|n| n.offset == offset))
+        .cloned()
+}
+
 fn created_event(ctx: &mut AppendContext<'_>) -> Event {
     let stream_id = (ctx.new_stream_id)();
     let payload = json!({
@@ -248,7 +329,7 @@ fn validate_input(i: usize, e: &EventInput, authority: Authority) -> Result<(), 
                 "events[{i}].idempotencyKey is empty"
             )));
         }
-        if key.len() > IDEMPOTENCY_KEY_BYTES_MAX {
+        if key.len() > IDEMPOTENCY_KEY_BYTES_MAX && authority == Authority::Public {
             return Err(ApiError::invalid(format!(
                 "events[{i}].idempotencyKey is {} bytes, over the {IDEMPOTENCY_KEY_BYTES_MAX}-byte limit",
                 key.len()
@@ -285,6 +366,7 @@ fn validate_input(i: usize, e: &EventInput, authority: Authority) -> Result<(), 
         }
     }
     if is_stream_control_type(t)
+        && !copied
         && !types::PUBLIC_CONTROL.contains(&t.as_str())
         && !types::PLATFORM_AUTHORED.contains(&t.as_str())
     {
@@ -342,7 +424,11 @@ mod tests {
                 format!("sid-{ids}")
             };
             let committed = self.committed.clone();
+            let by_offset = HashMap::new();
+            let namespace = crate::stream::Namespace::Project("acme".into());
             let mut ctx = AppendContext {
+                namespace: &namespace,
+                committed_by_offset: &by_offset,
                 project_id: Some("acme"),
                 path: "/a",
                 now: "2026-11-30T00:00:00.000Z",

@@ -11,6 +11,11 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use super::event::{types, Event};
+use crate::subscription::{
+    parse_payload, CursorSet, DeliveryHalted, InboundRecord, OutboundSubscription,
+    SubscriptionConfig, SubscriptionCursorSet, SubscriptionDeliveryHalted,
+    SubscriptionDeliveryResumed, SubscriptionRemoved, GENERATED_KEY_PREFIX, INBOUND_RECORDS_MAX,
+};
 
 /// Largest serialized core state, in bytes. An append that would grow the
 /// state past this is rejected before it commits.
@@ -43,14 +48,14 @@ pub struct Subscriptions {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Inbound {
-    pub by_source_path: BTreeMap<String, BTreeMap<String, Value>>,
+    pub by_source_path: BTreeMap<String, BTreeMap<String, InboundRecord>>,
 }
 
 /// Durable subscriptions stored on a source stream, by key.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Outbound {
-    pub by_key: BTreeMap<String, Value>,
+    pub by_key: BTreeMap<String, OutboundSubscription>,
 }
 
 impl CoreState {
@@ -85,9 +90,107 @@ impl CoreState {
         }
         self.event_count += 1;
         if event.is_copy() {
+            self.record_inbound(event);
             return;
         }
+        let p = &event.payload;
         match event.event_type.as_str() {
+            types::SUBSCRIPTION_CONFIGURED => {
+                let Ok(mut config) = parse_payload::<SubscriptionConfig>("payload", p) else {
+                    return;
+                };
+                let explicit = config
+                    .subscription_key
+                    .as_ref()
+                    .map(|k| k.trim().to_string());
+                let generated = match &explicit {
+                    None => true,
+                    Some(k) => {
+                        k.starts_with(GENERATED_KEY_PREFIX)
+                            && self
+                                .subscriptions
+                                .outbound
+                                .by_key
+                                .get(k)
+                                .is_some_and(|s| s.subscription_key_was_generated == Some(true))
+                    }
+                };
+                let key =
+                    explicit.unwrap_or_else(|| format!("{GENERATED_KEY_PREFIX}{}", event.offset));
+                config.subscription_key = Some(key.clone());
+                if let crate::subscription::Receiver::CopyToStream {
+                    receiving_stream_path,
+                    ..
+                } = &mut config.receiver
+                {
+                    if let Ok(c) = super::address::canonicalize_path(receiving_stream_path) {
+                        *receiving_stream_path = c;
+                    }
+                }
+                self.subscriptions.outbound.by_key.insert(
+                    key,
+                    OutboundSubscription {
+                        configuration: config,
+                        configured_at_offset: event.offset,
+                        configured_at: event.created_at.clone(),
+                        subscription_key_was_generated: generated.then_some(true),
+                        cursor_set: None,
+                        delivery_halted: None,
+                    },
+                );
+            }
+            types::SUBSCRIPTION_REMOVED => {
+                if let Ok(r) = parse_payload::<SubscriptionRemoved>("payload", p) {
+                    self.subscriptions
+                        .outbound
+                        .by_key
+                        .remove(&r.subscription_key);
+                }
+            }
+            types::SUBSCRIPTION_CURSOR_SET => {
+                if let Ok(c) = parse_payload::<SubscriptionCursorSet>("payload", p) {
+                    if let Some(s) = self
+                        .subscriptions
+                        .outbound
+                        .by_key
+                        .get_mut(&c.subscription_key)
+                    {
+                        s.cursor_set = Some(CursorSet {
+                            after_offset: c.after_offset,
+                            set_at_source_offset: event.offset,
+                        });
+                    }
+                }
+            }
+            types::SUBSCRIPTION_DELIVERY_HALTED => {
+                if let Ok(h) = parse_payload::<SubscriptionDeliveryHalted>("payload", p) {
+                    if let Some(s) = self
+                        .subscriptions
+                        .outbound
+                        .by_key
+                        .get_mut(&h.subscription_key)
+                    {
+                        s.delivery_halted = Some(DeliveryHalted {
+                            reason: "delivery-failed".into(),
+                            after_offset: h.after_offset,
+                            attempts: h.attempts,
+                            error: h.error,
+                        });
+                    }
+                }
+            }
+            types::SUBSCRIPTION_DELIVERY_RESUMED => {
+                if let Ok(r) = parse_payload::<SubscriptionDeliveryResumed>("payload", p) {
+                    if let Some(s) = self
+                        .subscriptions
+                        .outbound
+                        .by_key
+                        .get_mut(&r.subscription_key)
+                    {
+                        s.delivery_halted = None;
+                    }
+                }
+            }
             types::PAUSED => {
                 self.paused = true;
                 self.pause_reason = Some(pause_reason(&event.payload));
@@ -100,9 +203,68 @@ impl CoreState {
         }
     }
 
+    /// Updates the passive fence record from a committed copy's last hop.
+    fn record_inbound(&mut self, event: &Event) {
+        let Some(hop) = event.source.as_ref().and_then(|s| s.copied_from.last()) else {
+            return;
+        };
+        let inbound = &mut self.subscriptions.inbound.by_source_path;
+        let exists = inbound
+            .get(&hop.path)
+            .is_some_and(|m| m.contains_key(&hop.subscription_key));
+        if !exists {
+            let records: usize = inbound.values().map(|m| m.len()).sum();
+            if records >= INBOUND_RECORDS_MAX {
+                evict_oldest(inbound);
+            }
+        }
+        let record = inbound
+            .entry(hop.path.clone())
+            .or_default()
+            .entry(hop.subscription_key.clone())
+            .or_insert_with(|| InboundRecord {
+                stream_id: hop.stream_id.clone(),
+                stream_created_at: hop.stream_created_at.clone(),
+                cursor_changed_at_source_offset: hop.cursor_changed_at_source_offset,
+                num_events_received: 0,
+                last_event_received_at: None,
+            });
+        let stamp = crate::subscription::Stamp {
+            stream_created_at: hop.stream_created_at.clone(),
+            stream_id: hop.stream_id.clone(),
+            cursor_changed_at_source_offset: hop.cursor_changed_at_source_offset,
+        };
+        if stamp.compare(&record.stamp()) == std::cmp::Ordering::Greater {
+            record.stream_id = stamp.stream_id;
+            record.stream_created_at = stamp.stream_created_at;
+            record.cursor_changed_at_source_offset = stamp.cursor_changed_at_source_offset;
+        }
+        record.num_events_received += 1;
+        record.last_event_received_at = Some(event.created_at.clone());
+    }
+
     /// The serialized size in bytes.
     pub fn serialized(&self) -> String {
         serde_json::to_string(self).expect("core state serializes")
+    }
+}
+
+/// Drops the inbound record with the oldest `lastEventReceivedAt`.
+fn evict_oldest(inbound: &mut BTreeMap<String, BTreeMap<String, InboundRecord>>) {
+    let oldest = inbound
+        .iter()
+        .flat_map(|(path, m)| {
+            m.iter()
+                .map(move |(k, r)| (r.last_event_received_at.clone(), path.clone(), k.clone()))
+        })
+        .min();
+    if let Some((_, path, key)) = oldest {
+        if let Some(m) = inbound.get_mut(&path) {
+            m.remove(&key);
+            if m.is_empty() {
+                inbound.remove(&path);
+            }
+        }
     }
 }
 

@@ -1,0 +1,86 @@
+//! ITX expressions: a JSON array of steps, each a property name or a call
+//! `[method, ...args]`, ending in a property that names the method to call.
+//! This module validates their shape; resolution and calls come with the
+//! components runtime.
+
+use serde_json::Value;
+
+/// Property names that may never appear in an expression.
+pub const RESERVED_PROPERTY_NAMES: &[&str] = &["__proto__", "constructor", "prototype"];
+/// Most steps in one expression.
+pub const STEPS_MAX: usize = 32;
+
+/// Checks an expression's shape; `at` names it in errors (`payload.receiver.expression`).
+pub fn validate_expression(at: &str, expression: &Value) -> Result<(), String> {
+    let steps = expression
+        .as_array()
+        .ok_or_else(|| format!("{at} must be a JSON array of steps, got {expression}"))?;
+    if steps.is_empty() {
+        return Err(format!(
+            "{at} is empty: it needs at least one property step"
+        ));
+    }
+    if steps.len() > STEPS_MAX {
+        return Err(format!(
+            "{at} has {} steps, over the limit of {STEPS_MAX}",
+            steps.len()
+        ));
+    }
+    for (i, step) in steps.iter().enumerate() {
+        let name = match step {
+            Value::String(s) => s.as_str(),
+            Value::Array(call) => match call.first() {
+                Some(Value::String(m)) => m.as_str(),
+                _ => {
+                    return Err(format!(
+                        "{at}[{i}] is a call step and must start with a method name, got {step}"
+                    ))
+                }
+            },
+            other => {
+                return Err(format!(
+                    "{at}[{i}] must be a property name or a call [method, ...args], got {other}"
+                ))
+            }
+        };
+        if name.is_empty() {
+            return Err(format!("{at}[{i}] names an empty property"));
+        }
+        if RESERVED_PROPERTY_NAMES.contains(&name) {
+            return Err(format!(
+                "{at}[{i}] uses the reserved property name {name:?}"
+            ));
+        }
+    }
+    if !steps.last().is_some_and(Value::is_string) {
+        return Err(format!(
+            "{at} must end with a property step naming the method, got {}",
+            steps.last().expect("non-empty")
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn shapes() {
+        assert!(validate_expression(
+            "e",
+            &json!(["components", ["get", "billing"], "process-event-batch"])
+        )
+        .is_ok());
+        let e = validate_expression("e", &json!(["components", ["get", "billing"]])).unwrap_err();
+        assert!(e.contains("property step"), "{e}");
+        let e = validate_expression("e", &json!(["components", "__proto__", "x"])).unwrap_err();
+        assert!(e.contains("\"__proto__\""), "{e}");
+        let e = validate_expression("e", &json!([["constructor"], "x"])).unwrap_err();
+        assert!(e.contains("constructor"), "{e}");
+        assert!(validate_expression("e", &json!([])).is_err());
+        assert!(validate_expression("e", &json!("x")).is_err());
+        assert!(validate_expression("e", &json!([1, "x"])).is_err());
+    }
+}

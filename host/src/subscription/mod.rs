@@ -1,0 +1,383 @@
+//! Durable subscriptions: the `subscription-configured` payload union, the
+//! reduced outbound and inbound records, stamps, and the validation of the
+//! subscription control events (all pure).
+
+mod validate;
+
+use std::cmp::Ordering;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+pub use validate::{validate_control, ControlContext};
+
+/// Prefix of generated subscription keys (`subscription:<offset>`).
+pub const GENERATED_KEY_PREFIX: &str = "subscription:";
+/// Longest subscription key, in characters.
+pub const KEY_CHARS_MAX: usize = 500;
+/// Copy subscriptions from one source to one receiving stream.
+pub const COPY_SUBSCRIPTIONS_PER_RECEIVER_MAX: usize = 64;
+/// Inbound fence records kept by a receiving stream.
+pub const INBOUND_RECORDS_MAX: usize = 1000;
+/// Hops a copied event may carry before it is dropped.
+pub const COPY_HOPS_MAX: usize = 32;
+
+/// The payload of `subscription-configured` (and, with the effective key
+/// filled in, the stored configuration).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SubscriptionConfig {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subscription_key: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub filter: Option<Filter>,
+    pub receiver: Receiver,
+}
+
+/// Which events a subscription selects.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Filter {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub event_types: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub jsonata_condition: Option<String>,
+}
+
+/// Where reading begins.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Start {
+    Beginning,
+    Now,
+}
+
+/// What happens when one event keeps failing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum OnFailingEvent {
+    Halt,
+    Skip,
+}
+
+/// Delivery settings of push receivers.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Delivery {
+    pub start: Start,
+    pub on_failing_event: OnFailingEvent,
+}
+
+/// The receiver union, tagged by `action`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(
+    tag = "action",
+    rename_all = "kebab-case",
+    rename_all_fields = "camelCase",
+    deny_unknown_fields
+)]
+pub enum Receiver {
+    ProcessorWake {
+        expression: Value,
+    },
+    CopyToStream {
+        receiving_stream_path: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        jsonata_transform: Option<String>,
+        delivery: Delivery,
+    },
+    ItxCall {
+        expression: Value,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        jsonata_transform: Option<String>,
+        delivery: Delivery,
+    },
+    WebhookPost {
+        url: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        jsonata_transform: Option<String>,
+        delivery: Delivery,
+    },
+}
+
+impl Receiver {
+    /// The action name as on the wire.
+    pub fn action(&self) -> &'static str {
+        match self {
+            Receiver::ProcessorWake { .. } => "processor-wake",
+            Receiver::CopyToStream { .. } => "copy-to-stream",
+            Receiver::ItxCall { .. } => "itx-call",
+            Receiver::WebhookPost { .. } => "webhook-post",
+        }
+    }
+
+    /// Delivery settings; `None` for processor-wake (its cursor is the
+    /// processor's checkpoint).
+    pub fn delivery(&self) -> Option<&Delivery> {
+        match self {
+            Receiver::ProcessorWake { .. } => None,
+            Receiver::CopyToStream { delivery, .. }
+            | Receiver::ItxCall { delivery, .. }
+            | Receiver::WebhookPost { delivery, .. } => Some(delivery),
+        }
+    }
+
+    pub fn jsonata_transform(&self) -> Option<&str> {
+        match self {
+            Receiver::ProcessorWake { .. } => None,
+            Receiver::CopyToStream {
+                jsonata_transform, ..
+            }
+            | Receiver::ItxCall {
+                jsonata_transform, ..
+            }
+            | Receiver::WebhookPost {
+                jsonata_transform, ..
+            } => jsonata_transform.as_deref(),
+        }
+    }
+}
+
+/// `subscriptions.outbound.byKey[key]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct OutboundSubscription {
+    pub configuration: SubscriptionConfig,
+    pub configured_at_offset: u64,
+    pub configured_at: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subscription_key_was_generated: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cursor_set: Option<CursorSet>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delivery_halted: Option<DeliveryHalted>,
+}
+
+impl OutboundSubscription {
+    /// The config generation: the offset of the configure or cursor-set event
+    /// that started the current delivery run.
+    pub fn generation(&self) -> u64 {
+        match &self.cursor_set {
+            Some(c) if c.set_at_source_offset > self.configured_at_offset => c.set_at_source_offset,
+            _ => self.configured_at_offset,
+        }
+    }
+
+    /// The exclusive offset the current run starts after.
+    pub fn start_cursor(&self) -> u64 {
+        match &self.cursor_set {
+            Some(c) if c.set_at_source_offset > self.configured_at_offset => c.after_offset,
+            _ => match self.configuration.receiver.delivery().map(|d| d.start) {
+                Some(Start::Beginning) => 0,
+                _ => self.configured_at_offset,
+            },
+        }
+    }
+}
+
+/// An explicit cursor position.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CursorSet {
+    pub after_offset: u64,
+    pub set_at_source_offset: u64,
+}
+
+/// The durable halt fact.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DeliveryHalted {
+    pub reason: String,
+    pub after_offset: u64,
+    pub attempts: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// Payload of `subscription-removed`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SubscriptionRemoved {
+    pub subscription_key: String,
+    pub reason: RemovedReason,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RemovedReason {
+    Requested,
+}
+
+/// Payload of `subscription-cursor-set`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SubscriptionCursorSet {
+    pub subscription_key: String,
+    pub after_offset: u64,
+}
+
+/// Payload of `subscription-delivery-halted`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SubscriptionDeliveryHalted {
+    pub subscription_key: String,
+    pub reason: HaltReason,
+    pub after_offset: u64,
+    pub attempts: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum HaltReason {
+    DeliveryFailed,
+}
+
+/// Payload of `subscription-delivery-resumed`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SubscriptionDeliveryResumed {
+    pub subscription_key: String,
+}
+
+/// `subscriptions.inbound.bySourcePath[path][key]`: the passive fence record.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct InboundRecord {
+    pub stream_id: String,
+    pub stream_created_at: String,
+    pub cursor_changed_at_source_offset: u64,
+    pub num_events_received: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_event_received_at: Option<String>,
+}
+
+/// The stamp of a delivery run: source lifetime and config generation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stamp {
+    pub stream_created_at: String,
+    pub stream_id: String,
+    pub cursor_changed_at_source_offset: u64,
+}
+
+impl Stamp {
+    /// Orders stamps by `streamCreatedAt`, then `streamId`, then
+    /// `cursorChangedAtSourceOffset`.
+    pub fn compare(&self, other: &Stamp) -> Ordering {
+        self.stream_created_at
+            .cmp(&other.stream_created_at)
+            .then_with(|| self.stream_id.cmp(&other.stream_id))
+            .then_with(|| {
+                self.cursor_changed_at_source_offset
+                    .cmp(&other.cursor_changed_at_source_offset)
+            })
+    }
+}
+
+impl InboundRecord {
+    pub fn stamp(&self) -> Stamp {
+        Stamp {
+            stream_created_at: self.stream_created_at.clone(),
+            stream_id: self.stream_id.clone(),
+            cursor_changed_at_source_offset: self.cursor_changed_at_source_offset,
+        }
+    }
+}
+
+/// Parses a payload with errors that name the field path (`at` prefixes it).
+pub fn parse_payload<T: serde::de::DeserializeOwned>(
+    at: &str,
+    payload: &serde_json::Map<String, Value>,
+) -> Result<T, String> {
+    let value = Value::Object(payload.clone());
+    serde_path_to_error::deserialize(value).map_err(|e| {
+        let path = e.path().to_string();
+        if path == "." {
+            format!("{at}: {}", e.inner())
+        } else {
+            format!("{at}.{path}: {}", e.inner())
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn stamp(created: &str, id: &str, generation: u64) -> Stamp {
+        Stamp {
+            stream_created_at: created.into(),
+            stream_id: id.into(),
+            cursor_changed_at_source_offset: generation,
+        }
+    }
+
+    #[test]
+    fn stamps_order_by_lifetime_then_generation() {
+        let a = stamp("2026-11-30T00:00:00.000Z", "b", 5);
+        assert_eq!(
+            a.compare(&stamp("2026-11-30T00:00:00.000Z", "b", 5)),
+            Ordering::Equal
+        );
+        assert_eq!(
+            a.compare(&stamp("2026-11-30T00:00:00.000Z", "b", 9)),
+            Ordering::Less
+        );
+        assert_eq!(
+            a.compare(&stamp("2026-11-30T00:00:00.000Z", "a", 9)),
+            Ordering::Greater
+        );
+        assert_eq!(
+            a.compare(&stamp("2026-11-30T00:00:01.000Z", "a", 1)),
+            Ordering::Less
+        );
+    }
+
+    #[test]
+    fn the_seed_union_parses_and_rejects_unknown_fields() {
+        let ok: SubscriptionConfig = serde_json::from_value(json!({
+            "subscriptionKey": "k",
+            "filter": {"eventTypes": ["a"], "jsonataCondition": "true"},
+            "receiver": {"action": "copy-to-stream", "receivingStreamPath": "/r",
+                         "delivery": {"start": "now", "onFailingEvent": "halt"}}
+        }))
+        .unwrap();
+        assert_eq!(ok.receiver.action(), "copy-to-stream");
+        assert_eq!(
+            serde_json::to_value(&ok.receiver).unwrap()["receivingStreamPath"],
+            "/r"
+        );
+        for bad in [
+            json!({"receiver": {"action": "copy-to-stream", "receivingStreamPath": "/r", "extra": 1,
+                                "delivery": {"start": "now", "onFailingEvent": "halt"}}}),
+            json!({"receiver": {"action": "teleport"}}),
+            json!({"receiver": {"action": "processor-wake", "expression": ["a"], "jsonataTransform": "x"}}),
+            json!({"receiver": {"action": "processor-wake", "expression": ["a"]}, "colour": 1}),
+        ] {
+            assert!(
+                serde_json::from_value::<SubscriptionConfig>(bad.clone()).is_err(),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn generation_and_start_cursor() {
+        let mut s: OutboundSubscription = serde_json::from_value(json!({
+            "configuration": {"receiver": {"action": "copy-to-stream", "receivingStreamPath": "/r",
+                              "delivery": {"start": "now", "onFailingEvent": "halt"}}},
+            "configuredAtOffset": 7, "configuredAt": "t"
+        }))
+        .unwrap();
+        assert_eq!((s.generation(), s.start_cursor()), (7, 7));
+        s.cursor_set = Some(CursorSet {
+            after_offset: 2,
+            set_at_source_offset: 9,
+        });
+        assert_eq!((s.generation(), s.start_cursor()), (9, 2));
+    }
+}

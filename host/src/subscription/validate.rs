@@ -1,0 +1,214 @@
+//! Validation of subscription control events against the source's state.
+//! Everything here runs before the event commits; a rejection commits nothing.
+
+use serde_json::Value;
+
+use super::*;
+use crate::error::ApiError;
+use crate::stream::{canonicalize_path, types, CoreState, EventInput, Namespace};
+
+/// The stream a control event is appended to.
+pub struct ControlContext<'a> {
+    pub namespace: &'a Namespace,
+    pub path: &'a str,
+}
+
+fn invalid(message: String) -> ApiError {
+    ApiError::invalid(message)
+}
+
+fn missing_key(key: &str) -> ApiError {
+    ApiError::not_found(
+        "subscription-not-found",
+        format!("subscription {key:?} does not exist"),
+    )
+}
+
+/// Checks one control event (`events[i]`) against the tentative `state`.
+pub fn validate_control(
+    i: usize,
+    input: &EventInput,
+    state: &CoreState,
+    ctx: &ControlContext<'_>,
+) -> Result<(), ApiError> {
+    let at = format!("events[{i}].payload");
+    let empty = serde_json::Map::new();
+    let payload = input.payload.as_ref().unwrap_or(&empty);
+    let by_key = &state.subscriptions.outbound.by_key;
+    match input.event_type.as_str() {
+        types::SUBSCRIPTION_CONFIGURED => validate_configured(&at, payload, state, ctx),
+        types::SUBSCRIPTION_REMOVED => {
+            let p: SubscriptionRemoved = parse_payload(&at, payload).map_err(invalid)?;
+            by_key
+                .get(&p.subscription_key)
+                .ok_or_else(|| missing_key(&p.subscription_key))?;
+            Ok(())
+        }
+        types::SUBSCRIPTION_CURSOR_SET => {
+            let p: SubscriptionCursorSet = parse_payload(&at, payload).map_err(invalid)?;
+            let sub = by_key
+                .get(&p.subscription_key)
+                .ok_or_else(|| missing_key(&p.subscription_key))?;
+            if sub.configuration.receiver.delivery().is_none() {
+                return Err(invalid(format!(
+                    "subscription {:?} is a processor-wake subscription: its cursor is the processor's checkpoint, not set on the source",
+                    p.subscription_key
+                )));
+            }
+            if p.after_offset > state.max_offset {
+                return Err(invalid(format!(
+                    "afterOffset {} is beyond this stream's current maximum offset {}",
+                    p.after_offset, state.max_offset
+                )));
+            }
+            Ok(())
+        }
+        types::SUBSCRIPTION_DELIVERY_RESUMED => {
+            let p: SubscriptionDeliveryResumed = parse_payload(&at, payload).map_err(invalid)?;
+            by_key
+                .get(&p.subscription_key)
+                .ok_or_else(|| missing_key(&p.subscription_key))?;
+            Ok(())
+        }
+        types::SUBSCRIPTION_DELIVERY_HALTED => {
+            let p: SubscriptionDeliveryHalted = parse_payload(&at, payload).map_err(invalid)?;
+            by_key
+                .get(&p.subscription_key)
+                .ok_or_else(|| missing_key(&p.subscription_key))?;
+            Ok(())
+        }
+        _ => Ok(()),
+    }
+}
+
+fn validate_configured(
+    at: &str,
+    payload: &serde_json::Map<String, Value>,
+    state: &CoreState,
+    ctx: &ControlContext<'_>,
+) -> Result<(), ApiError> {
+    // Clear words for the combinations the union forbids.
+    if let Some(receiver) = payload.get("receiver").and_then(Value::as_object) {
+        let action = receiver.get("action").and_then(Value::as_str).unwrap_or("");
+        if action == "processor-wake" && receiver.contains_key("jsonataTransform") {
+            return Err(invalid(format!(
+                "{at}.receiver: processor-wake never accepts a jsonataTransform: a processor's state must equal the fold of its stream's committed events"
+            )));
+        }
+        let on_failing = receiver
+            .get("delivery")
+            .and_then(|d| d.get("onFailingEvent"))
+            .and_then(Value::as_str);
+        if action == "copy-to-stream" && on_failing == Some("skip") {
+            return Err(invalid(format!(
+                "{at}.receiver.delivery.onFailingEvent: copy-to-stream cannot skip a failing event (only \"halt\"): a copy may not leave a hole in the receiving stream"
+            )));
+        }
+    }
+    let config: SubscriptionConfig = parse_payload(at, payload).map_err(invalid)?;
+    let by_key = &state.subscriptions.outbound.by_key;
+    if let Some(raw) = &config.subscription_key {
+        let key = raw.trim();
+        let chars = key.chars().count();
+        if chars == 0 || chars > KEY_CHARS_MAX {
+            return Err(invalid(format!(
+                "{at}.subscriptionKey {raw:?} must be 1 to {KEY_CHARS_MAX} characters after trimming"
+            )));
+        }
+        if key.starts_with(GENERATED_KEY_PREFIX) && !by_key.contains_key(key) {
+            return Err(invalid(format!(
+                "{at}.subscriptionKey {key:?} uses the reserved {GENERATED_KEY_PREFIX:?} prefix and names no existing subscription"
+            )));
+        }
+    }
+    if let Some(filter) = &config.filter {
+        if let Some(types) = &filter.event_types {
+            if let Some(t) = types.iter().find(|t| t.trim().is_empty()) {
+                return Err(invalid(format!(
+                    "{at}.filter.eventTypes holds an empty type {t:?}"
+                )));
+            }
+        }
+        if let Some(c) = &filter.jsonata_condition {
+            crate::jsonata::compile(c).map_err(|e| {
+                ApiError::new(
+                    400,
+                    "invalid-jsonata",
+                    format!("{at}.filter.jsonataCondition: {e}"),
+                )
+            })?;
+        }
+    }
+    if let Some(t) = config.receiver.jsonata_transform() {
+        crate::jsonata::compile(t).map_err(|e| {
+            ApiError::new(
+                400,
+                "invalid-jsonata",
+                format!("{at}.receiver.jsonataTransform: {e}"),
+            )
+        })?;
+    }
+    match &config.receiver {
+        Receiver::CopyToStream {
+            receiving_stream_path,
+            ..
+        } => {
+            let target = canonicalize_path(receiving_stream_path).map_err(|e| {
+                invalid(format!("{at}.receiver.receivingStreamPath: {}", e.message))
+            })?;
+            if target == ctx.path {
+                return Err(invalid(format!(
+                    "a stream cannot receive events from itself: receivingStreamPath {receiving_stream_path:?} is {:?}",
+                    ctx.path
+                )));
+            }
+            let effective = effective_key(&config);
+            let same_receiver = by_key
+                .iter()
+                .filter(|(k, s)| {
+                    Some(k.as_str()) != effective.as_deref()
+                        && matches!(&s.configuration.receiver,
+                            Receiver::CopyToStream { receiving_stream_path, .. }
+                                if canonicalize_path(receiving_stream_path).ok().as_deref() == Some(target.as_str()))
+                })
+                .count();
+            if same_receiver >= COPY_SUBSCRIPTIONS_PER_RECEIVER_MAX {
+                return Err(invalid(format!(
+                    "a source may configure at most {COPY_SUBSCRIPTIONS_PER_RECEIVER_MAX} subscriptions for one receiving stream ({target:?})"
+                )));
+            }
+        }
+        Receiver::ItxCall { expression, .. } => {
+            crate::itx::validate_expression(&format!("{at}.receiver.expression"), expression)
+                .map_err(|m| ApiError::new(400, "invalid-expression", m))?;
+        }
+        Receiver::ProcessorWake { expression } => {
+            crate::itx::validate_expression(&format!("{at}.receiver.expression"), expression)
+                .map_err(|m| ApiError::new(400, "invalid-expression", m))?;
+        }
+        Receiver::WebhookPost { url, .. } => {
+            if matches!(ctx.namespace, Namespace::Global) {
+                return Err(invalid(
+                    "webhook subscriptions require a project stream, not a global one".into(),
+                ));
+            }
+            let parsed = reqwest::Url::parse(url).map_err(|e| {
+                invalid(format!("{at}.receiver.url {url:?} is not a valid URL: {e}"))
+            })?;
+            if !matches!(parsed.scheme(), "http" | "https") || parsed.host_str().is_none() {
+                return Err(invalid(format!(
+                    "{at}.receiver.url {url:?} must be an http or https URL with a host"
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The explicit key of a configuration, trimmed (`None` when keyless).
+pub fn effective_key(config: &SubscriptionConfig) -> Option<String> {
+    config
+        .subscription_key
+        .as_ref()
+        .map(|k| k.trim().to_string())
+}
