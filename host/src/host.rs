@@ -37,11 +37,22 @@ impl Host {
         let metrics = Metrics::new();
         let storage = Storage::open(&config.data_dir, config.durability, metrics.clone())
             .context("opening storage")?;
-        let streams = Streams::new(crate::stream::ActorContext {
-            storage,
-            clock,
-            metrics: metrics.clone(),
-        });
+        let waking = storage
+            .streams_with_cursors()
+            .context("listing streams with subscriptions")?;
+        let streams = Streams::new(storage, clock, metrics.clone(), config.delivery.clone());
+        // Streams with subscriptions resume delivering without waiting for a touch.
+        for (project, path) in waking {
+            let namespace = if project.is_empty() {
+                crate::stream::Namespace::Global
+            } else {
+                crate::stream::Namespace::Project(project)
+            };
+            if let Ok(address) = crate::stream::StreamAddress::new(namespace, &path) {
+                let streams = streams.clone();
+                tokio::spawn(async move { streams.wake(&address).await });
+            }
+        }
         Ok(Host {
             auth: Arc::new(Auth::new(&config.tokens)),
             config: Arc::new(config),

@@ -175,10 +175,7 @@ async fn stream_call(
         }
         ("runtime", &Method::GET) => {
             query::no_query(uri.query())?;
-            // Existence check; runtime state fills in as subscriptions and
-            // connections arrive.
-            streams.state(address).await?;
-            Ok(ok_json(&json!({"subscriptions": {}, "connections": {}})))
+            Ok(ok_json(&streams.runtime(address).await?))
         }
         ("reset", &Method::POST) => {
             caller.require_admin(&format!("resetting stream {:?}", address.path))?;

@@ -18,7 +18,9 @@ use rusqlite::{params, Connection, OpenFlags, OptionalExtension};
 
 use crate::config::Durability;
 use crate::metrics::Metrics;
-pub use writer::{CommitError, NewStream, StoredEvent, StreamCommit, StreamRef, WriteOp};
+pub use writer::{
+    CommitError, CursorRow, NewStream, StoredEvent, StreamCommit, StreamRef, WriteOp,
+};
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS streams (
@@ -42,6 +44,14 @@ CREATE TABLE IF NOT EXISTS events (
 CREATE UNIQUE INDEX IF NOT EXISTS events_by_offset ON events (stream, offset);
 CREATE UNIQUE INDEX IF NOT EXISTS events_by_key ON events (stream, idempotency_key)
     WHERE idempotency_key IS NOT NULL;
+-- Delivery cursors of push subscriptions: a repairable cache of core state.
+CREATE TABLE IF NOT EXISTS subscription_cursors (
+    stream              INTEGER NOT NULL,
+    subscription_key    TEXT NOT NULL,
+    generation          INTEGER NOT NULL, -- cursorChangedAtSourceOffset of the run
+    acknowledged_offset INTEGER NOT NULL,
+    PRIMARY KEY (stream, subscription_key)
+);
 ";
 
 /// A stream's row as loaded at startup of its actor.
@@ -184,6 +194,43 @@ impl Storage {
                 )?
                 .collect::<rusqlite::Result<Vec<_>>>()
                 .context("reading events")?;
+            Ok(rows)
+        })
+    }
+
+    /// The cursor rows of a stream.
+    pub fn load_cursors(&self, row_id: i64) -> Result<Vec<CursorRow>> {
+        self.with_reader(|c| {
+            let mut stmt = c.prepare_cached(
+                "SELECT subscription_key, generation, acknowledged_offset
+                 FROM subscription_cursors WHERE stream = ?1",
+            )?;
+            let rows = stmt
+                .query_map([row_id], |r| {
+                    Ok(CursorRow {
+                        subscription_key: r.get(0)?,
+                        generation: r.get::<_, i64>(1)? as u64,
+                        acknowledged_offset: r.get::<_, i64>(2)? as u64,
+                    })
+                })?
+                .collect::<rusqlite::Result<Vec<_>>>()
+                .context("reading cursor rows")?;
+            Ok(rows)
+        })
+    }
+
+    /// Streams (project key, path) that have subscription cursors: their
+    /// actors are woken at startup so deliveries resume.
+    pub fn streams_with_cursors(&self) -> Result<Vec<(String, String)>> {
+        self.with_reader(|c| {
+            let mut stmt = c.prepare(
+                "SELECT DISTINCT s.project, s.path FROM subscription_cursors c
+                 JOIN streams s ON s.id = c.stream",
+            )?;
+            let rows = stmt
+                .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+                .collect::<rusqlite::Result<Vec<_>>>()
+                .context("listing streams with subscriptions")?;
             Ok(rows)
         })
     }

@@ -44,7 +44,16 @@ pub struct StoredEvent {
     pub body: String,
 }
 
-/// One actor round: events appended to one stream plus its new head and state.
+/// One subscription cursor row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CursorRow {
+    pub subscription_key: String,
+    pub generation: u64,
+    pub acknowledged_offset: u64,
+}
+
+/// One actor round: events appended to one stream plus its new head and
+/// state, and the cursor rows repaired from that state.
 #[derive(Debug, Clone)]
 pub struct StreamCommit {
     pub stream: StreamRef,
@@ -52,15 +61,22 @@ pub struct StreamCommit {
     pub head_offset: u64,
     pub state_json: String,
     pub state_offset: u64,
+    pub cursors: Vec<CursorRow>,
+    pub removed_cursors: Vec<String>,
 }
 
 /// A write for the group-commit writer.
 #[derive(Debug, Clone)]
 pub enum WriteOp {
     Commit(StreamCommit),
-    /// Wipe a stream: its events and its row.
+    /// Wipe a stream: its events, cursors and row.
     Reset {
         row_id: i64,
+    },
+    /// Move delivery cursors forward.
+    Cursors {
+        row_id: i64,
+        cursors: Vec<CursorRow>,
     },
 }
 
@@ -117,7 +133,7 @@ fn run(conn: Connection, rx: mpsc::Receiver<Job>, metrics: Metrics) {
             .iter()
             .map(|j| match &j.op {
                 WriteOp::Commit(c) => c.events.len(),
-                WriteOp::Reset { .. } => 0,
+                WriteOp::Reset { .. } | WriteOp::Cursors { .. } => 0,
             })
             .sum();
         let span = tracing::debug_span!("commit", writes = jobs.len(), events).entered();
@@ -130,7 +146,7 @@ fn run(conn: Connection, rx: mpsc::Receiver<Job>, metrics: Metrics) {
             .filter(|(_, r)| r.is_ok())
             .map(|(j, _)| match &j.op {
                 WriteOp::Commit(c) => c.events.len(),
-                WriteOp::Reset { .. } => 0,
+                WriteOp::Reset { .. } | WriteOp::Cursors { .. } => 0,
             })
             .sum();
         metrics.observe_commit(elapsed, jobs.len(), committed);
@@ -228,14 +244,52 @@ fn apply(conn: &Connection, op: &WriteOp) -> Result<i64> {
                 c.state_json,
                 c.state_offset as i64
             ])?;
+            upsert_cursors(conn, row_id, &c.cursors)?;
+            let mut delete = conn.prepare_cached(
+                "DELETE FROM subscription_cursors WHERE stream = ?1 AND subscription_key = ?2",
+            )?;
+            for key in &c.removed_cursors {
+                delete.execute(params![row_id, key])?;
+            }
             Ok(row_id)
+        }
+        WriteOp::Cursors { row_id, cursors } => {
+            upsert_cursors(conn, *row_id, cursors)?;
+            Ok(*row_id)
         }
         WriteOp::Reset { row_id } => {
             conn.prepare_cached("DELETE FROM events WHERE stream = ?1")?
+                .execute([row_id])?;
+            conn.prepare_cached("DELETE FROM subscription_cursors WHERE stream = ?1")?
                 .execute([row_id])?;
             conn.prepare_cached("DELETE FROM streams WHERE id = ?1")?
                 .execute([row_id])?;
             Ok(*row_id)
         }
     }
+}
+
+fn upsert_cursors(conn: &Connection, row_id: i64, cursors: &[CursorRow]) -> Result<()> {
+    let mut upsert = conn.prepare_cached(
+        "INSERT INTO subscription_cursors (stream, subscription_key, generation, acknowledged_offset)
+         VALUES (?1, ?2, ?3, ?4)
+         ON CONFLICT (stream, subscription_key)
+         DO UPDATE SET generation = excluded.generation, acknowledged_offset = excluded.acknowledged_offset",
+    )?;
+    for c in cursors {
+        upsert
+            .execute(params![
+                row_id,
+                c.subscription_key,
+                c.generation as i64,
+                c.acknowledged_offset as i64
+            ])
+            .with_context(|| {
+                format!(
+                    "writing the cursor of subscription {:?}",
+                    c.subscription_key
+                )
+            })?;
+    }
+    Ok(())
 }

@@ -2,7 +2,7 @@
 //! on first use, and forwards requests to it.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 
 use tokio::sync::{mpsc, oneshot};
 
@@ -11,7 +11,12 @@ use super::address::StreamAddress;
 use super::append::Authority;
 use super::event::AppendInput;
 use super::state::CoreState;
+use crate::clock::Clock;
+use crate::config::DeliveryConfig;
+use crate::delivery::copy::{CopyBatch, CopyOutcome};
 use crate::error::ApiError;
+use crate::metrics::Metrics;
+use crate::storage::Storage;
 
 /// Requests queued per actor before senders wait (backpressure).
 pub const MAILBOX_CAPACITY: usize = 4096;
@@ -19,27 +24,53 @@ pub const MAILBOX_CAPACITY: usize = 4096;
 /// All stream actors of a host. Cheap to clone.
 #[derive(Clone)]
 pub struct Streams {
+    inner: Arc<Inner>,
+}
+
+/// A weak handle to the registry, held by actors.
+#[derive(Clone)]
+pub struct StreamsRef(Weak<Inner>);
+
+impl StreamsRef {
+    pub fn upgrade(&self) -> Option<Streams> {
+        self.0.upgrade().map(|inner| Streams { inner })
+    }
+}
+
+struct Inner {
     ctx: ActorContext,
-    actors: Arc<Mutex<HashMap<StreamAddress, mpsc::Sender<Command>>>>,
+    actors: Mutex<HashMap<StreamAddress, mpsc::Sender<Command>>>,
 }
 
 impl Streams {
-    pub fn new(ctx: ActorContext) -> Streams {
-        Streams {
-            ctx,
-            actors: Arc::new(Mutex::new(HashMap::new())),
-        }
+    pub fn new(
+        storage: Storage,
+        clock: Arc<dyn Clock>,
+        metrics: Metrics,
+        delivery: DeliveryConfig,
+    ) -> Streams {
+        let inner = Arc::new_cyclic(|weak| Inner {
+            ctx: ActorContext {
+                storage,
+                clock,
+                metrics,
+                delivery,
+                streams: StreamsRef(weak.clone()),
+            },
+            actors: Mutex::new(HashMap::new()),
+        });
+        Streams { inner }
     }
 
     fn sender(&self, address: &StreamAddress) -> mpsc::Sender<Command> {
-        let mut actors = self.actors.lock().expect("actor registry");
+        let mut actors = self.inner.actors.lock().expect("actor registry");
         if let Some(tx) = actors.get(address) {
             if !tx.is_closed() {
                 return tx.clone();
             }
         }
         let (tx, rx) = mpsc::channel(MAILBOX_CAPACITY);
-        actor::spawn(address.clone(), self.ctx.clone(), rx);
+        actor::spawn(address.clone(), self.inner.ctx.clone(), &tx, rx);
         actors.insert(address.clone(), tx.clone());
         tx
     }
@@ -76,6 +107,19 @@ impl Streams {
         .await
     }
 
+    /// Delivers a copy batch to a receiving stream.
+    pub async fn deliver(
+        &self,
+        receiver: &StreamAddress,
+        batch: CopyBatch,
+    ) -> Result<CopyOutcome, ApiError> {
+        self.call(receiver, |reply| Command::Deliver {
+            batch: Box::new(batch),
+            reply,
+        })
+        .await
+    }
+
     /// Reads a page of events.
     pub async fn read(
         &self,
@@ -91,8 +135,18 @@ impl Streams {
         self.call(address, |reply| Command::State { reply }).await
     }
 
+    /// Runtime state: subscription delivery progress and connections.
+    pub async fn runtime(&self, address: &StreamAddress) -> Result<serde_json::Value, ApiError> {
+        self.call(address, |reply| Command::Runtime { reply }).await
+    }
+
     /// Wipes a stream; the next touch starts a new lifetime.
     pub async fn reset(&self, address: &StreamAddress) -> Result<(), ApiError> {
         self.call(address, |reply| Command::Reset { reply }).await
+    }
+
+    /// Loads a stream's actor so its deliveries resume.
+    pub async fn wake(&self, address: &StreamAddress) {
+        let _ = self.sender(address).send(Command::Wake).await;
     }
 }

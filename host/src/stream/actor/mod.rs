@@ -21,13 +21,21 @@ use tokio::sync::{mpsc, oneshot};
 use super::address::StreamAddress;
 use super::append::{configure_offsets, plan_append, AppendContext, AppendPlan, Authority};
 use super::event::{AppendInput, Event};
+use super::registry::StreamsRef;
 use super::state::CoreState;
 use crate::clock::{format_timestamp, Clock};
+use crate::config::DeliveryConfig;
+use crate::delivery::copy::{plan_copy, CopyBatch, CopyOutcome};
+use crate::delivery::runtime::SubscriptionRuntime;
 use crate::error::ApiError;
 use crate::metrics::Metrics;
 use crate::storage::{
-    CommitError, NewStream, Storage, StoredEvent, StreamCommit, StreamRef, StreamRow, WriteOp,
+    CommitError, CursorRow, NewStream, Storage, StoredEvent, StreamCommit, StreamRef, StreamRow,
+    WriteOp,
 };
+
+mod delivery;
+pub use delivery::DeliveryDone;
 
 /// Bytes of ephemeral events kept per stream; the oldest are evicted first.
 pub const EPHEMERAL_BYTES_MAX: usize = 10 * 1024 * 1024;
@@ -82,17 +90,40 @@ pub enum Command {
     Reset {
         reply: Reply<()>,
     },
+    /// A copy batch from a source's subscription (platform authority).
+    Deliver {
+        batch: Box<CopyBatch>,
+        reply: Reply<CopyOutcome>,
+    },
+    /// Runtime state (`:runtime`).
+    Runtime {
+        reply: Reply<serde_json::Value>,
+    },
+    /// Load the stream and resume its deliveries (sent at startup).
+    Wake,
+    /// The result of a delivery this actor started.
+    DeliveryDone(Box<DeliveryDone>),
 }
 
 enum Pending {
     Append {
         input: AppendInput,
         authority: Authority,
-        reply: Reply<AppendOutput>,
+        reply: Option<Reply<AppendOutput>>,
+    },
+    Deliver {
+        batch: Box<CopyBatch>,
+        reply: Reply<CopyOutcome>,
     },
     Reset {
         reply: Reply<()>,
     },
+}
+
+/// Who waits for the outcome of one planned request.
+enum Answer {
+    Append(Option<Reply<AppendOutput>>),
+    Deliver(Reply<CopyOutcome>, CopyOutcome),
 }
 
 struct Loaded {
@@ -105,12 +136,16 @@ struct Loaded {
 /// A write waiting for its commit.
 enum InFlight {
     Round {
-        outcomes: Vec<(Reply<AppendOutput>, Result<AppendPlan, ApiError>)>,
+        outcomes: Vec<(Answer, Result<AppendPlan, ApiError>)>,
         next_state: Box<CoreState>,
         state_offset: u64,
+        cursors: Vec<CursorRow>,
     },
     Reset {
         reply: Reply<()>,
+    },
+    Cursors {
+        cursors: Vec<CursorRow>,
     },
 }
 
@@ -154,10 +189,18 @@ pub struct ActorContext {
     pub storage: Storage,
     pub clock: Arc<dyn Clock>,
     pub metrics: Metrics,
+    pub delivery: DeliveryConfig,
+    /// The registry, to deliver to other streams (weak: no ownership cycle).
+    pub streams: StreamsRef,
 }
 
 /// Starts the actor of `address`; it runs until every sender is dropped.
-pub fn spawn(address: StreamAddress, ctx: ActorContext, rx: mpsc::Receiver<Command>) {
+pub fn spawn(
+    address: StreamAddress,
+    ctx: ActorContext,
+    tx: &mpsc::Sender<Command>,
+    rx: mpsc::Receiver<Command>,
+) {
     let actor = Actor {
         address,
         ctx,
@@ -168,6 +211,10 @@ pub fn spawn(address: StreamAddress, ctx: ActorContext, rx: mpsc::Receiver<Comma
         },
         queue: VecDeque::new(),
         reload_needed: true,
+        deliveries: HashMap::new(),
+        self_tx: tx.downgrade(),
+        next_delivery_id: 0,
+        recent_commits: VecDeque::new(),
     };
     tokio::spawn(actor.run(rx));
 }
@@ -179,11 +226,21 @@ struct Actor {
     ephemeral: EphemeralBuffer,
     queue: VecDeque<Pending>,
     reload_needed: bool,
+    /// Delivery state of the push subscriptions of this (source) stream.
+    deliveries: HashMap<String, SubscriptionRuntime>,
+    self_tx: mpsc::WeakSender<Command>,
+    next_delivery_id: u64,
+    /// Commit instants of recent durable events, for delivery latency.
+    recent_commits: VecDeque<(u64, std::time::Instant)>,
 }
+
+/// Commit instants kept for latency measurement.
+const RECENT_COMMITS_MAX: usize = 65_536;
 
 enum Wake {
     Command(Option<Command>),
     Committed(Result<Result<i64, CommitError>, oneshot::error::RecvError>),
+    Timer,
 }
 
 impl Actor {
@@ -194,16 +251,29 @@ impl Actor {
             if in_flight.is_none() {
                 in_flight = self.start_next();
             }
+            self.pump_deliveries();
             if closed && in_flight.is_none() && self.queue.is_empty() {
                 return;
             }
-            let wake = match in_flight.as_mut() {
-                Some((_, commit)) if !closed => tokio::select! {
-                    cmd = rx.recv() => Wake::Command(cmd),
+            let timer = self.next_delivery_timer();
+            let wake = {
+                let commit = async {
+                    match in_flight.as_mut() {
+                        Some((_, rx)) => rx.await,
+                        None => std::future::pending().await,
+                    }
+                };
+                let sleep = async {
+                    match timer {
+                        Some(at) => tokio::time::sleep_until(at).await,
+                        None => std::future::pending().await,
+                    }
+                };
+                tokio::select! {
+                    cmd = rx.recv(), if !closed => Wake::Command(cmd),
                     result = commit => Wake::Committed(result),
-                },
-                Some((_, commit)) => Wake::Committed(commit.await),
-                None => Wake::Command(rx.recv().await),
+                    _ = sleep => Wake::Timer,
+                }
             };
             match wake {
                 Wake::Command(Some(cmd)) => self.accept(cmd),
@@ -215,6 +285,7 @@ impl Actor {
                     });
                     self.finish(round, result);
                 }
+                Wake::Timer => {}
             }
         }
     }
@@ -228,9 +299,25 @@ impl Actor {
             } => self.queue.push_back(Pending::Append {
                 input,
                 authority,
-                reply,
+                reply: Some(reply),
             }),
             Command::Reset { reply } => self.queue.push_back(Pending::Reset { reply }),
+            Command::Deliver { batch, reply } => {
+                self.queue.push_back(Pending::Deliver { batch, reply })
+            }
+            Command::Runtime { reply } => {
+                let result = self.ensure_loaded().and_then(|()| match &self.stream {
+                    Some(_) => Ok(self.runtime_json()),
+                    None => Err(self.not_found()),
+                });
+                let _ = reply.send(result);
+            }
+            Command::Wake => {
+                if let Err(e) = self.ensure_loaded() {
+                    tracing::error!(stream = %self.address, error = %e, "waking stream failed");
+                }
+            }
+            Command::DeliveryDone(done) => self.delivery_done(*done),
             Command::State { reply } => {
                 let result = self.ensure_loaded().and_then(|()| {
                     self.stream
@@ -280,6 +367,12 @@ impl Actor {
             None => None,
             Some(row) => Some(self.load_row(row)?),
         };
+        self.deliveries.clear();
+        if let Some(stream) = &self.stream {
+            let rows = self.ctx.storage.load_cursors(stream.row_id)?;
+            let state = stream.state.clone();
+            self.repair_deliveries(&state, &rows);
+        }
         self.reload_needed = false;
         Ok(())
     }
@@ -360,7 +453,9 @@ impl Actor {
     /// Starts the next write, answering queued work that needs none.
     fn start_next(&mut self) -> Option<(InFlight, oneshot::Receiver<Result<i64, CommitError>>)> {
         loop {
-            let front = self.queue.pop_front()?;
+            let Some(front) = self.queue.pop_front() else {
+                return self.start_cursor_write();
+            };
             if self.reload_needed {
                 if let Err(e) = self.reload() {
                     let err = ApiError::internal(format!("loading the stream failed: {e:#}"));
@@ -382,11 +477,11 @@ impl Actor {
                         return Some((InFlight::Reset { reply }, rx));
                     }
                 },
-                first @ Pending::Append { .. } => {
+                first @ (Pending::Append { .. } | Pending::Deliver { .. }) => {
                     let mut round = vec![first];
                     while round.len() < ROUND_REQUESTS_MAX {
                         match self.queue.front() {
-                            Some(Pending::Append { .. }) => {
+                            Some(Pending::Append { .. } | Pending::Deliver { .. }) => {
                                 round.push(self.queue.pop_front().expect("front exists"))
                             }
                             _ => break,
@@ -404,6 +499,11 @@ impl Actor {
         match p {
             Pending::Append { reply, .. } => {
                 self.ctx.metrics.append_answered(err.code);
+                if let Some(reply) = reply {
+                    let _ = reply.send(Err(err));
+                }
+            }
+            Pending::Deliver { reply, .. } => {
                 let _ = reply.send(Err(err));
             }
             Pending::Reset { reply } => {
@@ -458,19 +558,27 @@ impl Actor {
         let mut outcomes = Vec::with_capacity(round.len());
         let mut new_events: Vec<Event> = Vec::new();
         for p in round {
-            let Pending::Append {
-                input,
-                authority,
-                reply,
-            } = p
-            else {
-                unreachable!("a round holds appends only")
+            let (answer, outcome) = match p {
+                Pending::Append {
+                    input,
+                    authority,
+                    reply,
+                } => (
+                    Answer::Append(reply),
+                    plan_append(&mut state, &mut round_keys, &input, authority, &mut ctx),
+                ),
+                Pending::Deliver { batch, reply } => {
+                    match plan_copy(&mut state, &mut round_keys, &self.address, &batch, &mut ctx) {
+                        Ok((plan, outcome)) => (Answer::Deliver(reply, outcome), Ok(plan)),
+                        Err(e) => (Answer::Deliver(reply, CopyOutcome::default()), Err(e)),
+                    }
+                }
+                Pending::Reset { .. } => unreachable!("a round holds appends and deliveries only"),
             };
-            let outcome = plan_append(&mut state, &mut round_keys, &input, authority, &mut ctx);
             if let Ok(plan) = &outcome {
                 new_events.extend(plan.new_events.iter().cloned());
             }
-            outcomes.push((reply, outcome));
+            outcomes.push((answer, outcome));
         }
         let next_state = match state {
             Some(s) if !new_events.is_empty() => s,
@@ -510,18 +618,22 @@ impl Actor {
                 created_at: next_state.created_at.clone(),
             }),
         };
+        let (cursors, removed_cursors) = self.cursor_rows_for(&next_state);
         let rx = self.ctx.storage.submit(WriteOp::Commit(StreamCommit {
             stream: stream_ref,
             events: durable,
             head_offset: next_state.max_offset,
             state_json: next_state.serialized(),
             state_offset,
+            cursors: cursors.clone(),
+            removed_cursors,
         }));
         Some((
             InFlight::Round {
                 outcomes,
                 next_state: Box::new(next_state),
                 state_offset,
+                cursors,
             },
             rx,
         ))
@@ -535,7 +647,7 @@ impl Actor {
             .iter()
             .filter_map(|p| match p {
                 Pending::Append { input, .. } => Some(input),
-                Pending::Reset { .. } => None,
+                Pending::Reset { .. } | Pending::Deliver { .. } => None,
             })
             .flat_map(|i| i.events.iter().filter_map(|e| e.idempotency_key.as_deref()))
             .collect();
@@ -578,24 +690,39 @@ impl Actor {
 
     fn answer(
         &self,
-        reply: Reply<AppendOutput>,
+        answer: Answer,
         outcome: Result<AppendPlan, ApiError>,
         state: Option<&CoreState>,
     ) {
-        let result = outcome.and_then(|plan| {
-            let state =
-                state.ok_or_else(|| ApiError::internal("a planned append without a stream"))?;
-            Ok(AppendOutput {
-                stream_id: state.stream_id.clone(),
-                stream_created_at: state.created_at.clone(),
-                events: plan.events,
-            })
-        });
-        self.ctx.metrics.append_answered(match &result {
-            Ok(_) => "ok",
-            Err(e) => e.code,
-        });
-        let _ = reply.send(result);
+        match answer {
+            Answer::Append(reply) => {
+                let result = outcome.and_then(|plan| {
+                    let state = state
+                        .ok_or_else(|| ApiError::internal("a planned append without a stream"))?;
+                    Ok(AppendOutput {
+                        stream_id: state.stream_id.clone(),
+                        stream_created_at: state.created_at.clone(),
+                        events: plan.events,
+                    })
+                });
+                self.ctx.metrics.append_answered(match &result {
+                    Ok(_) => "ok",
+                    Err(e) => e.code,
+                });
+                match (reply, result) {
+                    (Some(reply), result) => {
+                        let _ = reply.send(result);
+                    }
+                    (None, Err(e)) => {
+                        tracing::warn!(stream = %self.address, error = %e, "platform append rejected");
+                    }
+                    (None, Ok(_)) => {}
+                }
+            }
+            Answer::Deliver(reply, copy_outcome) => {
+                let _ = reply.send(outcome.map(|_| copy_outcome));
+            }
+        }
     }
 
     fn finish(&mut self, in_flight: InFlight, result: Result<i64, CommitError>) {
@@ -604,38 +731,66 @@ impl Actor {
                 outcomes,
                 next_state,
                 state_offset,
+                cursors,
             } => match result {
                 Ok(row_id) => {
+                    let now = std::time::Instant::now();
                     for (_, outcome) in &outcomes {
                         if let Ok(plan) = outcome {
-                            for e in plan.new_events.iter().filter(|e| e.ephemeral) {
-                                self.ephemeral.push(e.clone());
+                            for e in &plan.new_events {
+                                if e.ephemeral {
+                                    self.ephemeral.push(e.clone());
+                                } else {
+                                    self.recent_commits.push_back((e.offset, now));
+                                }
                             }
                         }
+                    }
+                    while self.recent_commits.len() > RECENT_COMMITS_MAX {
+                        self.recent_commits.pop_front();
                     }
                     self.stream = Some(Loaded {
                         row_id,
                         state: *next_state,
                         state_offset,
                     });
-                    let state = self.stream.as_ref().map(|s| &s.state);
-                    for (reply, outcome) in outcomes {
-                        self.answer(reply, outcome, state);
+                    let state = self.stream.as_ref().map(|s| s.state.clone());
+                    if let Some(state) = &state {
+                        self.repair_deliveries(state, &cursors);
+                    }
+                    for (answer, outcome) in outcomes {
+                        self.answer(answer, outcome, state.as_ref());
                     }
                 }
                 Err(e) => {
                     tracing::error!(stream = %self.address, error = %e, "append round failed to commit");
                     self.reload_needed = true;
                     let err = ApiError::internal(format!("commit failed: {e}"));
-                    for (reply, _) in outcomes {
-                        self.ctx.metrics.append_answered(err.code);
-                        let _ = reply.send(Err(err.clone()));
+                    for (answer, _) in outcomes {
+                        self.answer(answer, Err(err.clone()), None);
                     }
+                }
+            },
+            InFlight::Cursors { cursors } => match result {
+                Ok(_) => {
+                    for c in cursors {
+                        if let Some(rt) = self.deliveries.get_mut(&c.subscription_key) {
+                            if rt.generation == c.generation {
+                                rt.durable_cursor = rt.durable_cursor.max(c.acknowledged_offset);
+                            }
+                        }
+                    }
+                }
+                Err(e) => {
+                    tracing::error!(stream = %self.address, error = %e, "cursor write failed");
+                    self.reload_needed = true;
                 }
             },
             InFlight::Reset { reply } => match result {
                 Ok(_) => {
                     self.stream = None;
+                    self.deliveries.clear();
+                    self.recent_commits.clear();
                     self.ephemeral.clear();
                     let _ = reply.send(Ok(()));
                 }

@@ -1,0 +1,275 @@
+//! The `copy-to-stream` receiver, on the receiving side: the stamp fence, the
+//! hop bound and cycle drop with its audit line, the JSONata transform, and
+//! the provenance hop, turned into one all-or-nothing platform append.
+
+use std::collections::HashMap;
+
+use serde::Serialize;
+use serde_json::{json, Map, Value};
+
+use crate::error::ApiError;
+use crate::stream::{
+    plan_append, types, AppendContext, AppendInput, AppendPlan, Authority, CopiedFrom, CoreState,
+    Event, EventInput, EventSource, StreamAddress,
+};
+use crate::subscription::{Stamp, COPY_HOPS_MAX};
+
+/// `payload.reason` of the drop audit; such events are never copied onward.
+pub const DROP_AUDIT_REASON: &str = "copy-dropped";
+
+/// The source of a delivery.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SourceInfo {
+    pub project_id: Option<String>,
+    pub path: String,
+    pub stream_id: String,
+    pub stream_created_at: String,
+}
+
+/// One batch of matching source events for a receiving stream.
+#[derive(Debug, Clone)]
+pub struct CopyBatch {
+    pub source: SourceInfo,
+    pub subscription_key: String,
+    /// The config generation (`cursorChangedAtSourceOffset`) of the run.
+    pub generation: u64,
+    pub transform: Option<String>,
+    pub events: Vec<Event>,
+}
+
+impl CopyBatch {
+    pub fn stamp(&self) -> Stamp {
+        Stamp {
+            stream_created_at: self.source.stream_created_at.clone(),
+            stream_id: self.source.stream_id.clone(),
+            cursor_changed_at_source_offset: self.generation,
+        }
+    }
+}
+
+/// What the receiver did with a batch.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CopyOutcome {
+    pub appended: usize,
+    pub dropped: usize,
+}
+
+/// Whether a stored event is a drop audit line (never copied onward).
+pub fn is_drop_audit(event_type: &str, payload: &Map<String, Value>) -> bool {
+    event_type == types::ERROR_OCCURRED
+        && payload.get("reason").and_then(Value::as_str) == Some(DROP_AUDIT_REASON)
+}
+
+/// The idempotency key of a copy: one per (subscription key, config
+/// generation, source lifetime, source offset), so retries of a run collapse
+/// and a new run copies again.
+pub fn copy_identity(batch: &CopyBatch, offset: u64) -> String {
+    format!(
+        "copy:{}:{}:{}:{}:{}:{}",
+        batch.source.project_id.as_deref().unwrap_or(""),
+        batch.source.path,
+        batch.source.stream_id,
+        batch.generation,
+        batch.subscription_key,
+        offset
+    )
+}
+
+/// Plans the receiving side of a copy batch against the receiver's tentative
+/// state; on success returns the append plan and what was appended or dropped.
+pub fn plan_copy(
+    state: &mut Option<CoreState>,
+    round_keys: &mut HashMap<String, Event>,
+    receiver: &StreamAddress,
+    batch: &CopyBatch,
+    ctx: &mut AppendContext<'_>,
+) -> Result<(AppendPlan, CopyOutcome), ApiError> {
+    if let Some(s) = state {
+        if let Some(record) = s
+            .subscriptions
+            .inbound
+            .by_source_path
+            .get(&batch.source.path)
+            .and_then(|m| m.get(&batch.subscription_key))
+        {
+            if batch.stamp().compare(&record.stamp()) == std::cmp::Ordering::Less {
+                return Err(ApiError::conflict(
+                    "stale-delivery",
+                    format!(
+                        "stream {:?} already accepted a newer delivery from {:?} subscription {:?} (stream {} created {}, generation {}) than this one (stream {} created {}, generation {})",
+                        receiver.path,
+                        batch.source.path,
+                        batch.subscription_key,
+                        record.stream_id,
+                        record.stream_created_at,
+                        record.cursor_changed_at_source_offset,
+                        batch.source.stream_id,
+                        batch.source.stream_created_at,
+                        batch.generation
+                    ),
+                ));
+            }
+        }
+    }
+    let receiver_project = receiver.namespace.project_id();
+    let transform = match &batch.transform {
+        Some(t) => Some(crate::jsonata::compile(t).map_err(|e| {
+            ApiError::new(422, "transform-failed", format!("jsonataTransform: {e}"))
+        })?),
+        None => None,
+    };
+    let mut inputs = Vec::with_capacity(batch.events.len() + 1);
+    let mut dropped: Vec<(u64, &'static str)> = Vec::new();
+    for event in &batch.events {
+        let hops = event
+            .source
+            .as_ref()
+            .map(|s| s.copied_from.clone())
+            .unwrap_or_default();
+        if hops
+            .iter()
+            .any(|h| h.path == receiver.path && h.project_id.as_deref() == receiver_project)
+        {
+            dropped.push((event.offset, "its copy chain already holds this stream"));
+            continue;
+        }
+        if hops.len() >= COPY_HOPS_MAX {
+            dropped.push((event.offset, "its copy chain reached the 32-hop bound"));
+            continue;
+        }
+        let (event_type, payload, metadata) = match &transform {
+            None => (
+                event.event_type.clone(),
+                event.payload.clone(),
+                event.metadata.clone(),
+            ),
+            Some(t) => transformed(t, event, &batch.subscription_key)?,
+        };
+        let mut copied_from = hops;
+        copied_from.push(CopiedFrom {
+            project_id: batch.source.project_id.clone(),
+            path: batch.source.path.clone(),
+            stream_id: batch.source.stream_id.clone(),
+            stream_created_at: batch.source.stream_created_at.clone(),
+            offset: event.offset,
+            event_type: event.event_type.clone(),
+            created_at: event.created_at.clone(),
+            subscription_key: batch.subscription_key.clone(),
+            cursor_changed_at_source_offset: batch.generation,
+        });
+        inputs.push(EventInput {
+            event_type,
+            payload: Some(payload),
+            metadata,
+            idempotency_key: Some(copy_identity(batch, event.offset)),
+            ephemeral: None,
+            offset: None,
+            source: Some(EventSource { copied_from }),
+        });
+    }
+    if let (Some(first), Some(last)) = (dropped.first(), dropped.last()) {
+        let message = format!(
+            "dropped {} copied event(s) from {:?} subscription {:?} (source offsets {}-{}): {}",
+            dropped.len(),
+            batch.source.path,
+            batch.subscription_key,
+            first.0,
+            last.0,
+            first.1
+        );
+        let payload = json!({
+            "message": message,
+            "reason": DROP_AUDIT_REASON,
+            "sourcePath": batch.source.path,
+            "subscriptionKey": batch.subscription_key,
+            "count": dropped.len(),
+            "fromOffset": first.0,
+            "toOffset": last.0,
+        });
+        inputs.push(EventInput {
+            event_type: types::ERROR_OCCURRED.to_string(),
+            payload: payload.as_object().cloned(),
+            metadata: None,
+            idempotency_key: Some(format!(
+                "copy-drop:{}:{}-{}",
+                copy_identity(batch, first.0),
+                first.0,
+                last.0
+            )),
+            ephemeral: None,
+            offset: None,
+            source: None,
+        });
+    }
+    let outcome = CopyOutcome {
+        appended: inputs.len() - usize::from(!dropped.is_empty()),
+        dropped: dropped.len(),
+    };
+    if inputs.is_empty() {
+        return Ok((
+            AppendPlan {
+                events: Vec::new(),
+                new_events: Vec::new(),
+            },
+            outcome,
+        ));
+    }
+    let input = AppendInput {
+        events: inputs,
+        expected_stream_id: None,
+    };
+    let plan = plan_append(state, round_keys, &input, Authority::Platform, ctx)?;
+    Ok((plan, outcome))
+}
+
+/// Applies a transform: the result must be an object of `type`, `payload`,
+/// `metadata`, each optional; omitted fields copy verbatim.
+fn transformed(
+    t: &crate::jsonata::Expression,
+    event: &Event,
+    key: &str,
+) -> Result<(String, Map<String, Value>, Option<Map<String, Value>>), ApiError> {
+    let fail = |m: String| {
+        ApiError::new(
+            422,
+            "transform-failed",
+            format!(
+                "subscription {key:?} jsonataTransform failed on offset {}: {m}",
+                event.offset
+            ),
+        )
+    };
+    let value = serde_json::to_value(event).map_err(|e| fail(e.to_string()))?;
+    let out = t
+        .evaluate(&crate::jsonata::Input::new(&value))
+        .map_err(fail)?;
+    let Some(Value::Object(out)) = out else {
+        return Err(fail(format!(
+            "the result must be an object of type, payload and metadata, got {}",
+            out.map(|v| v.to_string())
+                .unwrap_or_else(|| "nothing".into())
+        )));
+    };
+    let mut event_type = event.event_type.clone();
+    let mut payload = event.payload.clone();
+    let mut metadata = event.metadata.clone();
+    for (k, v) in out {
+        match (k.as_str(), v) {
+            ("type", Value::String(s)) if !s.trim().is_empty() => event_type = s,
+            ("payload", Value::Object(m)) => payload = m,
+            ("metadata", Value::Object(m)) => metadata = Some(m),
+            (field @ ("type" | "payload" | "metadata"), v) => {
+                return Err(fail(format!(
+                    "the result's {field} has the wrong type: {v}"
+                )))
+            }
+            (other, _) => {
+                return Err(fail(format!(
+                    "the result has {other:?}; only type, payload and metadata may be set"
+                )))
+            }
+        }
+    }
+    Ok((event_type, payload, metadata))
+}

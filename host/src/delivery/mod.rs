@@ -1,0 +1,241 @@
+//! The delivery engine's pure decisions, shared by every receiver kind: batch
+//! size (isolate-or-progress), retry with backoff, halt, skip. Time and
+//! randomness come in as arguments so the decisions are unit-testable.
+//!
+//! The engine itself runs in the source stream's actor (`stream/actor.rs`):
+//! deliveries are tasks whose results come back to the actor as messages, and
+//! never run inside an append.
+
+pub mod copy;
+pub mod runtime;
+
+use crate::config::DeliveryConfig;
+use crate::subscription::OnFailingEvent;
+
+/// Most events in one delivered batch.
+pub const BATCH_EVENTS_MAX: usize = 1000;
+/// Approximate byte bound of one batch; the first event always goes.
+pub const BATCH_BYTES_MAX: usize = 1024 * 1024;
+/// Failures of the same event, delivered alone, before it is skipped (skip policy).
+pub const EVENT_ATTEMPTS_BEFORE_SKIP: u32 = 3;
+/// Skips with no success between them before the subscription halts.
+pub const SKIPS_BEFORE_HALT: u32 = 3;
+/// Backoff jitter: ±20 %.
+pub const BACKOFF_JITTER: f64 = 0.2;
+
+/// A failed delivery attempt.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Failure {
+    pub message: String,
+    /// `false`: retrying cannot help (the subscription halts at once).
+    pub retryable: bool,
+    /// The offset of the one event the attempt carried, when it carried one.
+    pub single_offset: Option<u64>,
+}
+
+/// What to do after a failure.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Decision {
+    /// Try again at this time (epoch ms).
+    Retry { at_ms: i64 },
+    /// Append `subscription-delivery-halted`.
+    Halt,
+    /// Record the failing event with `error-occurred` and move past it.
+    Skip { offset: u64 },
+}
+
+/// Retry state of one delivery run (reset when a new run starts).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RunState {
+    /// Consecutive failed attempts.
+    pub attempt: u32,
+    /// Batches of one event until the next success.
+    pub isolating: bool,
+    /// The event that failed alone, and how often.
+    pub failing_event: Option<(u64, u32)>,
+    /// Skips since the last success.
+    pub skips_since_success: u32,
+}
+
+impl RunState {
+    /// Events the next batch may carry.
+    pub fn batch_limit(&self) -> usize {
+        if self.isolating {
+            1
+        } else {
+            BATCH_EVENTS_MAX
+        }
+    }
+
+    /// A successful delivery: full batches again, counters cleared.
+    pub fn on_success(&mut self) {
+        *self = RunState::default();
+    }
+
+    /// A failed delivery. `jitter` is uniform in `[-1, 1]`.
+    pub fn on_failure(
+        &mut self,
+        failure: &Failure,
+        policy: &DeliveryConfig,
+        on_failing_event: OnFailingEvent,
+        now_ms: i64,
+        jitter: f64,
+    ) -> Decision {
+        self.attempt += 1;
+        self.isolating = true;
+        if let Some(offset) = failure.single_offset {
+            self.failing_event = match self.failing_event {
+                Some((o, n)) if o == offset => Some((o, n + 1)),
+                _ => Some((offset, 1)),
+            };
+        }
+        if !failure.retryable {
+            return Decision::Halt;
+        }
+        if on_failing_event == OnFailingEvent::Skip {
+            if let Some((offset, n)) = self.failing_event {
+                if n >= EVENT_ATTEMPTS_BEFORE_SKIP {
+                    if self.skips_since_success + 1 >= SKIPS_BEFORE_HALT {
+                        return Decision::Halt;
+                    }
+                    self.skips_since_success += 1;
+                    self.attempt = 0;
+                    self.failing_event = None;
+                    return Decision::Skip { offset };
+                }
+            }
+        }
+        if self.attempt >= policy.max_attempts {
+            return Decision::Halt;
+        }
+        Decision::Retry {
+            at_ms: now_ms + backoff_ms(policy, self.attempt, jitter) as i64,
+        }
+    }
+}
+
+/// Backoff before attempt `n + 1` after `n` failures:
+/// `min(max, base * 2^(n-1))` scaled by `1 + 0.2 * jitter`.
+pub fn backoff_ms(policy: &DeliveryConfig, failures: u32, jitter: f64) -> u64 {
+    let exp = failures.saturating_sub(1).min(40);
+    let raw = policy
+        .backoff_base_ms
+        .saturating_mul(1u64 << exp)
+        .min(policy.backoff_max_ms);
+    let jitter = jitter.clamp(-1.0, 1.0) * BACKOFF_JITTER;
+    (raw as f64 * (1.0 + jitter)).round().max(0.0) as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy() -> DeliveryConfig {
+        DeliveryConfig {
+            max_attempts: 4,
+            backoff_base_ms: 100,
+            backoff_max_ms: 1000,
+            timeout_ms: 50,
+        }
+    }
+
+    fn failure(single: Option<u64>) -> Failure {
+        Failure {
+            message: "boom".into(),
+            retryable: true,
+            single_offset: single,
+        }
+    }
+
+    #[test]
+    fn backoff_doubles_up_to_the_max_with_jitter() {
+        let p = policy();
+        assert_eq!(backoff_ms(&p, 1, 0.0), 100);
+        assert_eq!(backoff_ms(&p, 2, 0.0), 200);
+        assert_eq!(backoff_ms(&p, 4, 0.0), 800);
+        assert_eq!(backoff_ms(&p, 5, 0.0), 1000);
+        assert_eq!(backoff_ms(&p, 60, 0.0), 1000);
+        assert_eq!(backoff_ms(&p, 1, 1.0), 120);
+        assert_eq!(backoff_ms(&p, 1, -1.0), 80);
+    }
+
+    #[test]
+    fn failures_isolate_then_halt_after_max_attempts() {
+        let p = policy();
+        let mut s = RunState::default();
+        assert_eq!(s.batch_limit(), BATCH_EVENTS_MAX);
+        assert_eq!(
+            s.on_failure(&failure(None), &p, OnFailingEvent::Halt, 1000, 0.0),
+            Decision::Retry { at_ms: 1100 }
+        );
+        assert_eq!(s.batch_limit(), 1, "isolate after any failure");
+        assert_eq!(
+            s.on_failure(&failure(Some(5)), &p, OnFailingEvent::Halt, 2000, 0.0),
+            Decision::Retry { at_ms: 2200 }
+        );
+        s.on_failure(&failure(Some(5)), &p, OnFailingEvent::Halt, 3000, 0.0);
+        assert_eq!(
+            s.on_failure(&failure(Some(5)), &p, OnFailingEvent::Halt, 4000, 0.0),
+            Decision::Halt
+        );
+    }
+
+    #[test]
+    fn success_restores_full_batches() {
+        let p = policy();
+        let mut s = RunState::default();
+        s.on_failure(&failure(None), &p, OnFailingEvent::Halt, 0, 0.0);
+        s.on_success();
+        assert_eq!(s, RunState::default());
+        assert_eq!(s.batch_limit(), BATCH_EVENTS_MAX);
+    }
+
+    #[test]
+    fn non_retryable_failures_halt_at_once() {
+        let mut s = RunState::default();
+        let f = Failure {
+            retryable: false,
+            ..failure(None)
+        };
+        assert_eq!(
+            s.on_failure(&f, &policy(), OnFailingEvent::Skip, 0, 0.0),
+            Decision::Halt
+        );
+    }
+
+    #[test]
+    fn skip_policy_skips_an_event_that_fails_alone_three_times_and_halts_after_three_skips() {
+        let p = DeliveryConfig {
+            max_attempts: 100,
+            ..policy()
+        };
+        let mut s = RunState::default();
+        for round in 0..2u64 {
+            let offset = 10 + round;
+            assert!(matches!(
+                s.on_failure(&failure(Some(offset)), &p, OnFailingEvent::Skip, 0, 0.0),
+                Decision::Retry { .. }
+            ));
+            s.on_failure(&failure(Some(offset)), &p, OnFailingEvent::Skip, 0, 0.0);
+            assert_eq!(
+                s.on_failure(&failure(Some(offset)), &p, OnFailingEvent::Skip, 0, 0.0),
+                Decision::Skip { offset }
+            );
+        }
+        s.on_failure(&failure(Some(12)), &p, OnFailingEvent::Skip, 0, 0.0);
+        s.on_failure(&failure(Some(12)), &p, OnFailingEvent::Skip, 0, 0.0);
+        assert_eq!(
+            s.on_failure(&failure(Some(12)), &p, OnFailingEvent::Skip, 0, 0.0),
+            Decision::Halt,
+            "a third skip with no success between halts"
+        );
+        // With halt policy the same event never skips.
+        let mut h = RunState::default();
+        for _ in 0..3 {
+            assert!(matches!(
+                h.on_failure(&failure(Some(1)), &p, OnFailingEvent::Halt, 0, 0.0),
+                Decision::Retry { .. }
+            ));
+        }
+    }
+}

@@ -1,0 +1,434 @@
+//! The delivery engine inside a source stream's actor: repairing delivery
+//! state from core state after every commit, starting deliveries as tasks,
+//! and applying their results. Decisions are the pure ones of `delivery`.
+//!
+//! **Architecture Invariant:** delivery never runs inside an append. A
+//! delivery is a task; its result comes back as a message, and a result from
+//! an older run (the cursor or configuration changed since) is ignored.
+
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use super::{Actor, Command, Pending};
+use crate::delivery::copy::{CopyBatch, SourceInfo};
+use crate::delivery::runtime::{select_batch, CompiledFilter, InFlight, SubscriptionRuntime};
+use crate::delivery::{Decision, Failure};
+use crate::storage::{CursorRow, WriteOp};
+use crate::stream::{types, AppendInput, Authority, CoreState, EventInput, StreamAddress};
+use crate::subscription::{OutboundSubscription, Receiver};
+
+/// Stored events read per delivery attempt.
+const SCAN_EVENTS_MAX: usize = 1000;
+
+/// The result of one delivery attempt, sent back to the source's actor.
+#[derive(Debug)]
+pub struct DeliveryDone {
+    pub key: String,
+    pub generation: u64,
+    pub id: u64,
+    pub duration: Duration,
+    pub result: Result<Delivered, Failure>,
+}
+
+/// A successful attempt.
+#[derive(Debug)]
+pub struct Delivered {
+    /// The cursor after this attempt.
+    pub through: u64,
+    /// Offsets delivered to the receiver.
+    pub offsets: Vec<u64>,
+    pub bytes: usize,
+}
+
+/// Push subscriptions have a cursor on the source; processor-wake does not.
+fn has_source_cursor(sub: &OutboundSubscription) -> bool {
+    sub.configuration.receiver.delivery().is_some()
+}
+
+fn jitter() -> f64 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    (nanos % 2001) as f64 / 1000.0 - 1.0
+}
+
+impl Actor {
+    /// Brings delivery state in line with `state`: a new generation starts a
+    /// new run at its start cursor (or the committed row of that run), a
+    /// removed subscription loses its state, halts and resumes are applied.
+    pub(super) fn repair_deliveries(&mut self, state: &CoreState, rows: &[CursorRow]) {
+        let by_key = &state.subscriptions.outbound.by_key;
+        self.deliveries
+            .retain(|k, _| by_key.get(k).is_some_and(has_source_cursor));
+        for (key, sub) in by_key.iter().filter(|(_, s)| has_source_cursor(s)) {
+            let generation = sub.generation();
+            let halted = sub.delivery_halted.is_some();
+            let row = rows
+                .iter()
+                .find(|r| r.subscription_key == *key && r.generation == generation);
+            match self.deliveries.get_mut(key) {
+                Some(rt) if rt.generation == generation => {
+                    if let Some(row) = row {
+                        rt.durable_cursor = rt.durable_cursor.max(row.acknowledged_offset);
+                    }
+                    if rt.halted && !halted {
+                        // Resumed: restart at the existing cursor.
+                        rt.run.attempt = 0;
+                        rt.next_attempt_at_ms = 0;
+                    }
+                    if halted {
+                        rt.fact_pending = false;
+                        rt.in_flight = None;
+                    }
+                    rt.halted = halted;
+                }
+                _ => {
+                    let (cursor, durable) = match row {
+                        Some(r) => (r.acknowledged_offset, r.acknowledged_offset),
+                        None => (sub.start_cursor(), 0),
+                    };
+                    self.deliveries.insert(
+                        key.clone(),
+                        SubscriptionRuntime::new(generation, cursor, durable, halted),
+                    );
+                }
+            }
+        }
+    }
+
+    /// Cursor rows to write with a round that leads to `next`: new runs at
+    /// their start, advanced cursors, and removed subscriptions.
+    pub(super) fn cursor_rows_for(&self, next: &CoreState) -> (Vec<CursorRow>, Vec<String>) {
+        let by_key = &next.subscriptions.outbound.by_key;
+        let mut rows = Vec::new();
+        for (key, sub) in by_key.iter().filter(|(_, s)| has_source_cursor(s)) {
+            let generation = sub.generation();
+            match self.deliveries.get(key) {
+                Some(rt) if rt.generation == generation => {
+                    if rt.cursor != rt.durable_cursor {
+                        rows.push(CursorRow {
+                            subscription_key: key.clone(),
+                            generation,
+                            acknowledged_offset: rt.cursor,
+                        });
+                    }
+                }
+                _ => rows.push(CursorRow {
+                    subscription_key: key.clone(),
+                    generation,
+                    acknowledged_offset: sub.start_cursor(),
+                }),
+            }
+        }
+        let removed = self
+            .deliveries
+            .keys()
+            .filter(|k| !by_key.get(*k).is_some_and(has_source_cursor))
+            .cloned()
+            .collect();
+        (rows, removed)
+    }
+
+    /// A write of advanced cursors, when there is nothing else to commit.
+    pub(super) fn start_cursor_write(
+        &mut self,
+    ) -> Option<(
+        super::InFlight,
+        tokio::sync::oneshot::Receiver<Result<i64, crate::storage::CommitError>>,
+    )> {
+        let stream = self.stream.as_ref()?;
+        if self.reload_needed {
+            return None;
+        }
+        let cursors: Vec<CursorRow> = self
+            .deliveries
+            .iter()
+            .filter(|(_, rt)| rt.cursor != rt.durable_cursor)
+            .map(|(k, rt)| CursorRow {
+                subscription_key: k.clone(),
+                generation: rt.generation,
+                acknowledged_offset: rt.cursor,
+            })
+            .collect();
+        if cursors.is_empty() {
+            return None;
+        }
+        let rx = self.ctx.storage.submit(WriteOp::Cursors {
+            row_id: stream.row_id,
+            cursors: cursors.clone(),
+        });
+        Some((super::InFlight::Cursors { cursors }, rx))
+    }
+
+    /// When the next backoff ends, for the actor's timer.
+    pub(super) fn next_delivery_timer(&self) -> Option<tokio::time::Instant> {
+        let head = self.stream.as_ref()?.state_offset;
+        let now_ms = self.ctx.clock.now_ms();
+        let at = self
+            .deliveries
+            .values()
+            .filter(|rt| {
+                !rt.halted && !rt.fact_pending && rt.in_flight.is_none() && rt.cursor < head
+            })
+            .map(|rt| rt.next_attempt_at_ms)
+            .min()?;
+        let wait_ms = (at - now_ms).max(1) as u64;
+        Some(tokio::time::Instant::now() + Duration::from_millis(wait_ms))
+    }
+
+    /// Starts every delivery that is due.
+    pub(super) fn pump_deliveries(&mut self) {
+        if self.reload_needed {
+            return;
+        }
+        let Some(stream) = &self.stream else { return };
+        let head = stream.state_offset;
+        let now_ms = self.ctx.clock.now_ms();
+        let due: Vec<String> = self
+            .deliveries
+            .iter()
+            .filter(|(_, rt)| rt.is_due(now_ms, head))
+            .map(|(k, _)| k.clone())
+            .collect();
+        for key in due {
+            self.start_delivery(&key, head, now_ms);
+        }
+    }
+
+    fn start_delivery(&mut self, key: &str, head: u64, now_ms: i64) {
+        let Some(stream) = &self.stream else { return };
+        let Some(sub) = stream.state.subscriptions.outbound.by_key.get(key) else {
+            return;
+        };
+        // Only copy-to-stream delivers so far; ITX calls and webhooks keep
+        // their cursor until their receivers exist.
+        let Receiver::CopyToStream {
+            receiving_stream_path,
+            jsonata_transform,
+            ..
+        } = &sub.configuration.receiver
+        else {
+            return;
+        };
+        let Ok(receiver) =
+            StreamAddress::new(self.address.namespace.clone(), receiving_stream_path)
+        else {
+            return;
+        };
+        let filter = CompiledFilter::for_subscription(sub);
+        let source = SourceInfo {
+            project_id: stream.state.project_id.clone(),
+            path: stream.state.path.clone(),
+            stream_id: stream.state.stream_id.clone(),
+            stream_created_at: stream.state.created_at.clone(),
+        };
+        let row_id = stream.row_id;
+        let transform = jsonata_transform.clone();
+        let timeout_ms = self.ctx.delivery.timeout_ms;
+        let Some(rt) = self.deliveries.get_mut(key) else {
+            return;
+        };
+        self.next_delivery_id += 1;
+        let id = self.next_delivery_id;
+        rt.in_flight = Some(InFlight {
+            id,
+            deadline_ms: now_ms + timeout_ms as i64,
+            started: Instant::now(),
+        });
+        let (generation, cursor, limit) = (rt.generation, rt.cursor, rt.run.batch_limit());
+        let storage = self.ctx.storage.clone();
+        let streams = self.ctx.streams.clone();
+        let self_tx = self.self_tx.clone();
+        let key = key.to_string();
+        tokio::spawn(async move {
+            let started = Instant::now();
+            let label = format!("copy to {:?}", receiver.path);
+            let attempt = async {
+                let filter = filter.map_err(|m| Failure {
+                    message: m,
+                    retryable: false,
+                    single_offset: None,
+                })?;
+                let stored = tokio::task::spawn_blocking(move || {
+                    storage.events_after(row_id, cursor, SCAN_EVENTS_MAX, head)
+                })
+                .await
+                .map_err(|e| e.to_string())
+                .and_then(|r| r.map_err(|e| format!("{e:#}")))
+                .map_err(|m| Failure {
+                    message: format!("reading the source failed: {m}"),
+                    retryable: true,
+                    single_offset: None,
+                })?;
+                let selection = select_batch(&key, &stored, &filter, limit, cursor)?;
+                let offsets: Vec<u64> = selection.events.iter().map(|e| e.offset).collect();
+                if selection.events.is_empty() {
+                    return Ok(Delivered {
+                        through: selection.through,
+                        offsets,
+                        bytes: 0,
+                    });
+                }
+                let single_offset = (offsets.len() == 1).then(|| offsets[0]);
+                let streams = streams.upgrade().ok_or_else(|| Failure {
+                    message: "the host is shutting down".into(),
+                    retryable: true,
+                    single_offset,
+                })?;
+                let batch = CopyBatch {
+                    source,
+                    subscription_key: key.clone(),
+                    generation,
+                    transform,
+                    events: selection.events,
+                };
+                match streams.deliver(&receiver, batch).await {
+                    Ok(_) => Ok(Delivered {
+                        through: selection.through,
+                        offsets,
+                        bytes: selection.bytes,
+                    }),
+                    Err(e) => Err(Failure {
+                        message: format!("{label} failed: {}", e.message),
+                        retryable: e.code != "stale-delivery",
+                        single_offset,
+                    }),
+                }
+            };
+            let result =
+                match tokio::time::timeout(Duration::from_millis(timeout_ms), attempt).await {
+                    Ok(r) => r,
+                    Err(_) => Err(Failure {
+                        message: format!("{label} timed out after {timeout_ms}ms"),
+                        retryable: true,
+                        single_offset: None,
+                    }),
+                };
+            let done = DeliveryDone {
+                key,
+                generation,
+                id,
+                duration: started.elapsed(),
+                result,
+            };
+            if let Some(tx) = self_tx.upgrade() {
+                let _ = tx.send(Command::DeliveryDone(Box::new(done))).await;
+            }
+        });
+    }
+
+    /// Applies a delivery result, unless it belongs to an older run.
+    pub(super) fn delivery_done(&mut self, done: DeliveryDone) {
+        let now_ms = self.ctx.clock.now_ms();
+        let Some(stream) = &self.stream else { return };
+        let Some(sub) = stream.state.subscriptions.outbound.by_key.get(&done.key) else {
+            return;
+        };
+        let on_failing_event = match sub.configuration.receiver.delivery() {
+            Some(d) => d.on_failing_event,
+            None => return,
+        };
+        let Some(rt) = self.deliveries.get_mut(&done.key) else {
+            return;
+        };
+        if rt.generation != done.generation || rt.in_flight.as_ref().map(|f| f.id) != Some(done.id)
+        {
+            tracing::debug!(stream = %self.address, key = %done.key, "ignoring a stale delivery result");
+            return;
+        }
+        rt.in_flight = None;
+        rt.delivery_duration_ms
+            .record(done.duration.as_secs_f64() * 1000.0);
+        match done.result {
+            Ok(d) => {
+                rt.cursor = rt.cursor.max(d.through);
+                rt.run.on_success();
+                rt.last_error = None;
+                rt.bytes_sent += d.bytes as u64;
+                let now = Instant::now();
+                for offset in d.offsets {
+                    if let Ok(i) = self
+                        .recent_commits
+                        .binary_search_by_key(&offset, |(o, _)| *o)
+                    {
+                        let at = self.recent_commits[i].1;
+                        rt.completion_latency_ms
+                            .record(now.duration_since(at).as_secs_f64() * 1000.0);
+                    }
+                }
+            }
+            Err(failure) => {
+                tracing::warn!(stream = %self.address, key = %done.key, error = %failure.message, attempt = rt.run.attempt + 1, "delivery failed");
+                let decision = rt.run.on_failure(
+                    &failure,
+                    &self.ctx.delivery,
+                    on_failing_event,
+                    now_ms,
+                    jitter(),
+                );
+                rt.last_error = Some(failure.message.clone());
+                match decision {
+                    Decision::Retry { at_ms } => rt.next_attempt_at_ms = at_ms,
+                    Decision::Halt => {
+                        rt.fact_pending = true;
+                        let payload = json!({
+                            "subscriptionKey": done.key,
+                            "reason": "delivery-failed",
+                            "afterOffset": rt.cursor,
+                            "attempts": rt.run.attempt,
+                            "error": failure.message,
+                        });
+                        self.append_fact(types::SUBSCRIPTION_DELIVERY_HALTED, payload);
+                    }
+                    Decision::Skip { offset } => {
+                        let attempts = crate::delivery::EVENT_ATTEMPTS_BEFORE_SKIP;
+                        rt.cursor = rt.cursor.max(offset);
+                        rt.next_attempt_at_ms = 0;
+                        let message = format!(
+                            "subscription {:?} skipped failing event at offset {offset} after {attempts} event-specific attempts: {}",
+                            done.key, failure.message
+                        );
+                        self.append_fact(
+                            types::ERROR_OCCURRED,
+                            json!({"message": message, "subscriptionKey": done.key, "offset": offset}),
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    /// Queues a platform-authored event on this stream.
+    fn append_fact(&mut self, event_type: &str, payload: Value) {
+        let input = AppendInput {
+            events: vec![EventInput {
+                event_type: event_type.to_string(),
+                payload: payload.as_object().cloned(),
+                metadata: None,
+                idempotency_key: None,
+                ephemeral: None,
+                offset: None,
+                source: None,
+            }],
+            expected_stream_id: None,
+        };
+        self.queue.push_back(Pending::Append {
+            input,
+            authority: Authority::Platform,
+            reply: None,
+        });
+    }
+
+    /// The `:runtime` answer.
+    pub(super) fn runtime_json(&self) -> Value {
+        let head = self.stream.as_ref().map(|s| s.state_offset).unwrap_or(0);
+        let subscriptions: serde_json::Map<String, Value> = self
+            .deliveries
+            .iter()
+            .map(|(k, rt)| (k.clone(), rt.to_json(head)))
+            .collect();
+        json!({"subscriptions": subscriptions, "connections": {}})
+    }
+}
