@@ -7,4 +7,5 @@ mod cli;
 mod concurrency;
 mod crash;
 mod streams;
+mod subscriptions;
 mod support;

@@ -3,6 +3,7 @@
 //! authorizes and renders.
 
 mod query;
+mod subscriptions;
 
 use axum::body::{to_bytes, Body};
 use axum::extract::State;
@@ -182,7 +183,47 @@ async fn stream_call(
             streams.reset(address).await?;
             Ok(ok_json(&json!({"status": "reset"})))
         }
-        ("append" | "reset", _) | ("events" | "state" | "runtime", _) => Err(ApiError::new(
+        ("subscribeToEventsFrom", &Method::POST) => {
+            let input = read_json(host, body).await?;
+            Ok(ok_json(
+                &subscriptions::subscribe(streams, address, input).await?,
+            ))
+        }
+        ("unsubscribeFromEvents", &Method::POST) => {
+            let input = read_json(host, body).await?;
+            Ok(ok_json(
+                &subscriptions::unsubscribe(streams, address, input).await?,
+            ))
+        }
+        ("setSubscriptionCursor", &Method::POST) => {
+            let input = read_json(host, body).await?;
+            Ok(ok_json(
+                &subscriptions::set_cursor(streams, address, input).await?,
+            ))
+        }
+        ("resumeSubscription", &Method::POST) => {
+            let input = read_json(host, body).await?;
+            Ok(ok_json(
+                &subscriptions::resume(streams, address, input).await?,
+            ))
+        }
+        ("setSubscriptionCursorAndResume", &Method::POST) => {
+            let input = read_json(host, body).await?;
+            Ok(ok_json(
+                &subscriptions::set_cursor_and_resume(streams, address, input).await?,
+            ))
+        }
+        (
+            "append"
+            | "reset"
+            | "subscribeToEventsFrom"
+            | "unsubscribeFromEvents"
+            | "setSubscriptionCursor"
+            | "resumeSubscription"
+            | "setSubscriptionCursorAndResume",
+            _,
+        )
+        | ("events" | "state" | "runtime", _) => Err(ApiError::new(
             405,
             "method-not-allowed",
             format!("{method} is not allowed on :{}", target.method),
