@@ -159,12 +159,32 @@ impl Expression {
         if matches!(v, JValue::Undefined) {
             return Ok(None);
         }
-        Ok(Some(Value::from(&v)))
+        Ok(Some(integral_numbers(Value::from(&v))))
     }
 
     /// A condition matches only when it evaluates to exactly `true`.
     pub fn matches(&self, input: &Input) -> Result<bool, String> {
         Ok(matches!(self.evaluate_raw(input)?, JValue::Bool(true)))
+    }
+}
+
+/// JSONata numbers are doubles; like JavaScript's `JSON.stringify`, write
+/// integral ones as integers (`6`, not `6.0`).
+fn integral_numbers(v: Value) -> Value {
+    match v {
+        Value::Number(n) => match n.as_f64() {
+            Some(f) if n.is_f64() && f.fract() == 0.0 && f.abs() < 9_007_199_254_740_992.0 => {
+                Value::from(f as i64)
+            }
+            _ => Value::Number(n),
+        },
+        Value::Array(items) => Value::Array(items.into_iter().map(integral_numbers).collect()),
+        Value::Object(map) => Value::Object(
+            map.into_iter()
+                .map(|(k, v)| (k, integral_numbers(v)))
+                .collect(),
+        ),
+        other => other,
     }
 }
 
