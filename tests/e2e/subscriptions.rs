@@ -450,7 +450,7 @@ async fn a_failing_receiver_halts_with_a_durable_fact_and_resume_delivers_the_he
 }
 
 /// Waits for a copy of type `t` on `path` and returns all such copies.
-async fn wait_for_type(s: &Server, path: &str, t: &str) -> Vec<Value> {
+pub async fn wait_for_type(s: &Server, path: &str, t: &str) -> Vec<Value> {
     wait_for(
         &format!("a {t} on {path}"),
         Duration::from_secs(20),

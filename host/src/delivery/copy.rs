@@ -76,6 +76,48 @@ pub fn copy_identity(batch: &CopyBatch, offset: u64) -> String {
     )
 }
 
+/// Why a copy of `event` to `receiver` is dropped: its chain already holds
+/// the receiver, or has reached the hop bound.
+fn drop_reason(event: &Event, receiver: &StreamAddress) -> Option<&'static str> {
+    let hops = event
+        .source
+        .as_ref()
+        .map(|s| s.copied_from.as_slice())
+        .unwrap_or(&[]);
+    let project = receiver.namespace.project_id();
+    if hops
+        .iter()
+        .any(|h| h.path == receiver.path && h.project_id.as_deref() == project)
+    {
+        Some("its copy chain already holds this stream")
+    } else if hops.len() >= COPY_HOPS_MAX {
+        Some("its copy chain reached the 32-hop bound")
+    } else {
+        None
+    }
+}
+
+fn drop_audit_identity(batch: &CopyBatch, first: u64, last: u64) -> String {
+    format!("copy-drop:{}:{first}-{last}", copy_identity(batch, first))
+}
+
+/// Every idempotency key that planning `batch` may use, so the receiver can
+/// look up the committed events that hold them first.
+pub fn batch_keys(batch: &CopyBatch, receiver: &StreamAddress) -> Vec<String> {
+    let mut keys = Vec::with_capacity(batch.events.len() + 1);
+    let mut dropped = Vec::new();
+    for e in &batch.events {
+        match drop_reason(e, receiver) {
+            Some(_) => dropped.push(e.offset),
+            None => keys.push(copy_identity(batch, e.offset)),
+        }
+    }
+    if let (Some(first), Some(last)) = (dropped.first(), dropped.last()) {
+        keys.push(drop_audit_identity(batch, *first, *last));
+    }
+    keys
+}
+
 /// Plans the receiving side of a copy batch against the receiver's tentative
 /// state; on success returns the append plan and what was appended or dropped.
 pub fn plan_copy(
@@ -112,7 +154,6 @@ pub fn plan_copy(
             }
         }
     }
-    let receiver_project = receiver.namespace.project_id();
     let transform = match &batch.transform {
         Some(t) => Some(crate::jsonata::compile(t).map_err(|e| {
             ApiError::new(422, "transform-failed", format!("jsonataTransform: {e}"))
@@ -122,22 +163,15 @@ pub fn plan_copy(
     let mut inputs = Vec::with_capacity(batch.events.len() + 1);
     let mut dropped: Vec<(u64, &'static str)> = Vec::new();
     for event in &batch.events {
+        if let Some(reason) = drop_reason(event, receiver) {
+            dropped.push((event.offset, reason));
+            continue;
+        }
         let hops = event
             .source
             .as_ref()
             .map(|s| s.copied_from.clone())
             .unwrap_or_default();
-        if hops
-            .iter()
-            .any(|h| h.path == receiver.path && h.project_id.as_deref() == receiver_project)
-        {
-            dropped.push((event.offset, "its copy chain already holds this stream"));
-            continue;
-        }
-        if hops.len() >= COPY_HOPS_MAX {
-            dropped.push((event.offset, "its copy chain reached the 32-hop bound"));
-            continue;
-        }
         let (event_type, payload, metadata) = match &transform {
             None => (
                 event.event_type.clone(),
@@ -191,12 +225,7 @@ pub fn plan_copy(
             event_type: types::ERROR_OCCURRED.to_string(),
             payload: payload.as_object().cloned(),
             metadata: None,
-            idempotency_key: Some(format!(
-                "copy-drop:{}:{}-{}",
-                copy_identity(batch, first.0),
-                first.0,
-                last.0
-            )),
+            idempotency_key: Some(drop_audit_identity(batch, first.0, last.0)),
             ephemeral: None,
             offset: None,
             source: None,

@@ -643,14 +643,22 @@ impl Actor {
         let Some(stream) = &self.stream else {
             return Ok(HashMap::new());
         };
-        let keys: Vec<&str> = round
-            .iter()
-            .filter_map(|p| match p {
-                Pending::Append { input, .. } => Some(input),
-                Pending::Reset { .. } | Pending::Deliver { .. } => None,
-            })
-            .flat_map(|i| i.events.iter().filter_map(|e| e.idempotency_key.as_deref()))
-            .collect();
+        let mut keys: Vec<String> = Vec::new();
+        for p in round {
+            match p {
+                Pending::Append { input, .. } => keys.extend(
+                    input
+                        .events
+                        .iter()
+                        .filter_map(|e| e.idempotency_key.clone()),
+                ),
+                Pending::Deliver { batch, .. } => {
+                    keys.extend(crate::delivery::copy::batch_keys(batch, &self.address))
+                }
+                Pending::Reset { .. } => {}
+            }
+        }
+        let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
         let bodies = self.ctx.storage.events_by_keys(stream.row_id, &keys)?;
         bodies
             .into_iter()
