@@ -9,5 +9,6 @@ mod copy_chains;
 mod crash;
 mod fence;
 mod streams;
+mod subscription_bad_input;
 mod subscriptions;
 mod support;
