@@ -6,6 +6,7 @@ mod bad_input;
 mod cli;
 mod concurrency;
 mod copy_chains;
+mod copy_crash;
 mod crash;
 mod fence;
 mod streams;

@@ -252,13 +252,16 @@ pub fn plan_copy(
     Ok((plan, outcome))
 }
 
+/// A transformed event body: type, payload, metadata.
+type Shaped = (String, Map<String, Value>, Option<Map<String, Value>>);
+
 /// Applies a transform: the result must be an object of `type`, `payload`,
 /// `metadata`, each optional; omitted fields copy verbatim.
 fn transformed(
     t: &crate::jsonata::Expression,
     event: &Event,
     key: &str,
-) -> Result<(String, Map<String, Value>, Option<Map<String, Value>>), ApiError> {
+) -> Result<Shaped, ApiError> {
     let fail = |m: String| {
         ApiError::new(
             422,

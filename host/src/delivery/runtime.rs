@@ -193,7 +193,7 @@ pub fn select_batch(
         let mut matches = filter
             .event_types
             .as_ref()
-            .is_none_or(|ts| ts.iter().any(|t| *t == event.event_type));
+            .is_none_or(|ts| ts.contains(&event.event_type));
         if matches && filter.skip_drop_audits && is_drop_audit(&event.event_type, &event.payload) {
             matches = false;
         }
@@ -316,7 +316,7 @@ mod tests {
             json!({"reason": "copy-dropped"}),
         );
         let f = CompiledFilter::new(None, true).unwrap();
-        let s = select_batch("k", &[audit.clone()], &f, 1000, 6).unwrap();
+        let s = select_batch("k", std::slice::from_ref(&audit), &f, 1000, 6).unwrap();
         assert!(s.events.is_empty());
         assert_eq!(s.through, 7);
         let s = select_batch(
