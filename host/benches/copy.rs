@@ -58,10 +58,12 @@ async fn subscribe(host: &Host, source: &StreamAddress, key: &str, receiver: &st
     host.streams
         .append(
             source,
-            input(json!({"events": [{"type": "events.iterate.com/stream/subscription-configured",
+            input(
+                json!({"events": [{"type": "events.iterate.com/stream/subscription-configured",
                 "payload": {"subscriptionKey": key, "filter": {"eventTypes": ["bench.example/e"]},
                     "receiver": {"action": "copy-to-stream", "receivingStreamPath": receiver,
-                                 "delivery": {"start": start, "onFailingEvent": "halt"}}}}]})),
+                                 "delivery": {"start": start, "onFailingEvent": "halt"}}}}]}),
+            ),
             Authority::Public,
         )
         .await
@@ -73,7 +75,10 @@ async fn caught_up(host: &Host, source: &StreamAddress, head: u64) {
     loop {
         let rt = host.streams.runtime(source).await.unwrap();
         let subs = rt["subscriptions"].as_object().unwrap();
-        if subs.values().all(|s| s["acknowledgedOffset"].as_u64() == Some(head)) {
+        if subs
+            .values()
+            .all(|s| s["acknowledgedOffset"].as_u64() == Some(head))
+        {
             return;
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
@@ -93,7 +98,11 @@ async fn latency(rate: f64, seconds: f64) -> (usize, Value) {
         tick.tick().await;
         let out = host
             .streams
-            .append(&src, input(json!({"events": [{"type": "bench.example/e", "payload": {"n": n}}]})), Authority::Public)
+            .append(
+                &src,
+                input(json!({"events": [{"type": "bench.example/e", "payload": {"n": n}}]})),
+                Authority::Public,
+            )
             .await
             .unwrap();
         head = out.events[0].offset;
@@ -122,7 +131,14 @@ async fn throughput(subscriptions: usize, events: usize) -> f64 {
     }
     let start = Instant::now();
     for i in 0..subscriptions {
-        subscribe(&host, &src, &format!("k{i}"), &format!("/throughput/dst{i}"), "beginning").await;
+        subscribe(
+            &host,
+            &src,
+            &format!("k{i}"),
+            &format!("/throughput/dst{i}"),
+            "beginning",
+        )
+        .await;
         head += 1;
     }
     caught_up(&host, &src, head).await;
@@ -133,10 +149,16 @@ fn main() {
     let rate = arg("--rate", 500.0);
     let seconds = arg("--seconds", 4.0);
     let events = arg("--events", 20000.0) as usize;
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
     let probe = tempfile::tempdir().unwrap();
     let fsyncs = fsync_rate(probe.path());
-    println!("raw fsync rate (4 KiB write + fdatasync): {fsyncs:.0}/s ({:.3} ms each)", 1000.0 / fsyncs);
+    println!(
+        "raw fsync rate (4 KiB write + fdatasync): {fsyncs:.0}/s ({:.3} ms each)",
+        1000.0 / fsyncs
+    );
     println!();
 
     eprintln!("steady appends at {rate}/s for {seconds} s ...");
@@ -146,7 +168,10 @@ fn main() {
         stats["p50"], stats["p99"], stats["max"]
     );
     println!();
-    println!("{:<36} {:>14} {:>12}", "copy throughput", "copies/s", "÷ fsync/s");
+    println!(
+        "{:<36} {:>14} {:>12}",
+        "copy throughput", "copies/s", "÷ fsync/s"
+    );
     for (subs, n) in [(1, events), (100, events / 10)] {
         eprintln!("{subs} subscription(s) catching up on {n} events ...");
         let rate = rt.block_on(throughput(subs, n));

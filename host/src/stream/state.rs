@@ -362,4 +362,185 @@ mod tests {
         assert!(!s.paused);
         assert_eq!(s.event_count, 2);
     }
+
+    fn configure(offset: u64, payload: Value) -> Event {
+        event(offset, types::SUBSCRIPTION_CONFIGURED, payload)
+    }
+
+    fn copy_receiver() -> Value {
+        json!({"action": "copy-to-stream", "receivingStreamPath": "/r/./x",
+               "delivery": {"start": "now", "onFailingEvent": "halt"}})
+    }
+
+    #[test]
+    fn subscription_configure_keys_and_generation_flags() {
+        let mut s = created();
+        s.reduce(&configure(2, json!({"receiver": copy_receiver()})));
+        s.reduce(&configure(
+            3,
+            json!({"subscriptionKey": " k ", "receiver": copy_receiver()}),
+        ));
+        let by_key = &s.subscriptions.outbound.by_key;
+        let generated = &by_key["subscription:2"];
+        assert_eq!(generated.subscription_key_was_generated, Some(true));
+        assert_eq!(
+            generated.configuration.subscription_key.as_deref(),
+            Some("subscription:2")
+        );
+        assert_eq!(
+            (
+                generated.configured_at_offset,
+                generated.configured_at.as_str()
+            ),
+            (2, "2026-11-30T00:00:00.000Z")
+        );
+        let explicit = &by_key["k"];
+        assert_eq!(explicit.subscription_key_was_generated, None);
+        let v = serde_json::to_value(explicit).unwrap();
+        assert_eq!(
+            v["configuration"]["receiver"]["receivingStreamPath"],
+            "/r/x"
+        );
+        assert!(v.get("subscriptionKeyWasGenerated").is_none());
+        // Replacing a generated key keeps the flag; the entry is replaced whole.
+        s.reduce(&event(
+            4,
+            types::SUBSCRIPTION_CURSOR_SET,
+            json!({"subscriptionKey": "subscription:2", "afterOffset": 1}),
+        ));
+        s.reduce(&configure(5, json!({"subscriptionKey": "subscription:2", "description": "d", "receiver": copy_receiver()})));
+        let replaced = &s.subscriptions.outbound.by_key["subscription:2"];
+        assert_eq!(replaced.subscription_key_was_generated, Some(true));
+        assert_eq!(replaced.cursor_set, None, "configure clears cursorSet");
+        assert_eq!(replaced.configured_at_offset, 5);
+    }
+
+    #[test]
+    fn cursor_set_halt_resume_and_remove() {
+        let mut s = created();
+        s.reduce(&configure(
+            2,
+            json!({"subscriptionKey": "k", "receiver": copy_receiver()}),
+        ));
+        s.reduce(&event(
+            3,
+            types::SUBSCRIPTION_CURSOR_SET,
+            json!({"subscriptionKey": "k", "afterOffset": 1}),
+        ));
+        let k = &s.subscriptions.outbound.by_key["k"];
+        assert_eq!(
+            k.cursor_set,
+            Some(crate::subscription::CursorSet {
+                after_offset: 1,
+                set_at_source_offset: 3
+            })
+        );
+        assert_eq!((k.generation(), k.start_cursor()), (3, 1));
+        s.reduce(&event(
+            4,
+            types::SUBSCRIPTION_DELIVERY_HALTED,
+            json!({"subscriptionKey": "k",
+            "reason": "delivery-failed", "afterOffset": 2, "attempts": 15, "error": "boom"}),
+        ));
+        let halted = s.subscriptions.outbound.by_key["k"]
+            .delivery_halted
+            .clone()
+            .unwrap();
+        assert_eq!(
+            (
+                halted.after_offset,
+                halted.attempts,
+                halted.error.as_deref()
+            ),
+            (2, 15, Some("boom"))
+        );
+        s.reduce(&event(
+            5,
+            types::SUBSCRIPTION_DELIVERY_RESUMED,
+            json!({"subscriptionKey": "k"}),
+        ));
+        assert_eq!(s.subscriptions.outbound.by_key["k"].delivery_halted, None);
+        assert_eq!(
+            s.subscriptions.outbound.by_key["k"].generation(),
+            3,
+            "resume keeps the run"
+        );
+        s.reduce(&event(
+            6,
+            types::SUBSCRIPTION_REMOVED,
+            json!({"subscriptionKey": "k", "reason": "requested"}),
+        ));
+        assert!(s.subscriptions.outbound.by_key.is_empty());
+    }
+
+    fn copied(offset: u64, path: &str, key: &str, generation: u64, at: &str) -> Event {
+        let mut e = event(offset, "x.y/a", json!({}));
+        e.created_at = at.into();
+        e.source = Some(super::super::event::EventSource {
+            copied_from: vec![super::super::event::CopiedFrom {
+                project_id: Some("acme".into()),
+                path: path.into(),
+                stream_id: "sid".into(),
+                stream_created_at: "2026-11-30T00:00:00.000Z".into(),
+                offset: 9,
+                event_type: "x.y/a".into(),
+                created_at: "t".into(),
+                subscription_key: key.into(),
+                cursor_changed_at_source_offset: generation,
+            }],
+        });
+        e
+    }
+
+    #[test]
+    fn inbound_records_follow_the_newest_stamp_and_count() {
+        let mut s = created();
+        s.reduce(&copied(2, "/src", "k", 5, "2026-11-30T00:00:01.000Z"));
+        s.reduce(&copied(3, "/src", "k", 7, "2026-11-30T00:00:02.000Z"));
+        s.reduce(&copied(4, "/src", "k", 5, "2026-11-30T00:00:03.000Z"));
+        let r = &s.subscriptions.inbound.by_source_path["/src"]["k"];
+        assert_eq!(
+            r.cursor_changed_at_source_offset, 7,
+            "an older stamp never moves the record back"
+        );
+        assert_eq!(r.num_events_received, 3);
+        assert_eq!(
+            r.last_event_received_at.as_deref(),
+            Some("2026-11-30T00:00:03.000Z")
+        );
+    }
+
+    #[test]
+    fn inbound_records_are_bounded_evicting_the_oldest() {
+        let mut s = created();
+        for i in 0..crate::subscription::INBOUND_RECORDS_MAX as u64 {
+            s.reduce(&copied(
+                2 + i,
+                "/src",
+                &format!("k{i}"),
+                1,
+                &format!("2026-11-30T00:00:00.{:03}Z", 999 - (i % 1000)),
+            ));
+        }
+        let total = |s: &CoreState| {
+            s.subscriptions
+                .inbound
+                .by_source_path
+                .values()
+                .map(|m| m.len())
+                .sum::<usize>()
+        };
+        assert_eq!(total(&s), 1000);
+        // k999 has the oldest lastEventReceivedAt (…00.000Z).
+        s.reduce(&copied(
+            5000,
+            "/other",
+            "new",
+            1,
+            "2026-11-30T00:00:09.000Z",
+        ));
+        assert_eq!(total(&s), 1000);
+        assert!(!s.subscriptions.inbound.by_source_path["/src"].contains_key("k999"));
+        assert!(s.subscriptions.inbound.by_source_path["/other"].contains_key("new"));
+    }
 }
