@@ -5,6 +5,7 @@ mod auth;
 mod bad_input;
 mod cli;
 mod concurrency;
+mod connections;
 mod copy_chains;
 mod copy_crash;
 mod crash;

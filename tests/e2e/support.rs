@@ -268,3 +268,100 @@ pub fn run_cli(args: &[&str]) -> (bool, String, String) {
 pub fn file_in(dir: &Path, name: &str) -> PathBuf {
     dir.join(name)
 }
+
+/// A minimal server-sent-events client over a streaming HTTP response.
+pub struct SseClient {
+    response: reqwest::Response,
+    buffer: String,
+}
+
+impl SseClient {
+    /// Opens `path`; a non-200 answer comes back as `(status, json)`.
+    pub async fn open(server: &Server, path: &str) -> Result<SseClient, (u16, Value)> {
+        let mut r = reqwest::Client::new().get(format!("{}{}", server.url, path));
+        if let Some(t) = &server.token {
+            r = r.bearer_auth(t);
+        }
+        let response = r.send().await.expect("connect");
+        let status = response.status().as_u16();
+        if status != 200 {
+            let text = response.text().await.unwrap_or_default();
+            return Err((
+                status,
+                serde_json::from_str(&text).unwrap_or(Value::String(text)),
+            ));
+        }
+        let content_type = response
+            .headers()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_string();
+        assert!(
+            content_type.starts_with("text/event-stream"),
+            "{content_type}"
+        );
+        Ok(SseClient {
+            response,
+            buffer: String::new(),
+        })
+    }
+
+    /// The next message `(event, data)`, skipping comments; `None` when the
+    /// stream ends or `timeout` passes first.
+    pub async fn next_within(&mut self, timeout: Duration) -> Option<(String, Value)> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            while let Some(end) = self.buffer.find("\n\n") {
+                let message: String = self.buffer[..end].to_string();
+                self.buffer.drain(..end + 2);
+                let mut event = String::from("message");
+                let mut data = String::new();
+                for line in message.lines() {
+                    if let Some(v) = line.strip_prefix("event:") {
+                        event = v.trim().to_string();
+                    } else if let Some(v) = line.strip_prefix("data:") {
+                        data.push_str(v.strip_prefix(' ').unwrap_or(v));
+                    }
+                }
+                if data.is_empty() {
+                    continue; // a keep-alive comment
+                }
+                return Some((
+                    event,
+                    serde_json::from_str(&data).expect("SSE data is JSON"),
+                ));
+            }
+            let chunk = tokio::time::timeout_at(deadline, self.response.chunk())
+                .await
+                .ok()?;
+            match chunk {
+                Ok(Some(bytes)) => self.buffer.push_str(&String::from_utf8_lossy(&bytes)),
+                _ => return None,
+            }
+        }
+    }
+
+    /// The next `batch` message; panics on anything else or after 10 s.
+    pub async fn batch(&mut self) -> Value {
+        match self.next_within(Duration::from_secs(10)).await {
+            Some((event, data)) if event == "batch" => data,
+            other => panic!("expected a batch, got {other:?}"),
+        }
+    }
+
+    /// Offsets of the events in the next batch.
+    pub async fn batch_offsets(&mut self) -> Vec<u64> {
+        offsets(&self.batch().await)
+    }
+}
+
+/// Offsets of a batch's events.
+pub fn offsets(batch: &Value) -> Vec<u64> {
+    batch["events"]
+        .as_array()
+        .expect("events")
+        .iter()
+        .map(|e| e["offset"].as_u64().unwrap())
+        .collect()
+}

@@ -2,6 +2,7 @@
 //! bodies and errors. Domain rules live in `stream`; this layer only parses,
 //! authorizes and renders.
 
+mod connections;
 mod query;
 mod subscriptions;
 
@@ -183,6 +184,17 @@ async fn stream_call(
             streams.reset(address).await?;
             Ok(ok_json(&json!({"status": "reset"})))
         }
+        ("connect", &Method::GET) => {
+            let params = query::connect_query(uri.query())?;
+            let feed = streams.connect(address, params.clone()).await?;
+            Ok(connections::sse(feed, params))
+        }
+        ("waitForEvent", &Method::POST) => {
+            let input = read_json(host, body).await?;
+            Ok(ok_json(
+                &connections::wait_for_event(streams, address, input).await?,
+            ))
+        }
         ("subscribeToEventsFrom", &Method::POST) => {
             let input = read_json(host, body).await?;
             Ok(ok_json(
@@ -223,7 +235,7 @@ async fn stream_call(
             | "setSubscriptionCursorAndResume",
             _,
         )
-        | ("events" | "state" | "runtime", _) => Err(ApiError::new(
+        | ("events" | "state" | "runtime" | "connect", _) => Err(ApiError::new(
             405,
             "method-not-allowed",
             format!("{method} is not allowed on :{}", target.method),

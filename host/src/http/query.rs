@@ -1,19 +1,90 @@
 //! Query-string parsing with errors that name the bad parameter and value.
 
+use crate::connection::ConnectParams;
+use crate::delivery::runtime::CompiledFilter;
 use crate::error::ApiError;
 use crate::stream::{ReadQuery, READ_LIMIT_MAX};
+use crate::subscription::Filter;
 
-fn pairs(query: Option<&str>) -> impl Iterator<Item = (&str, &str)> {
-    query
-        .unwrap_or("")
-        .split('&')
-        .filter(|p| !p.is_empty())
-        .map(|p| p.split_once('=').unwrap_or((p, "")))
+fn offset(name: &str, value: &str) -> Result<u64, ApiError> {
+    value
+        .parse::<u64>()
+        .map_err(|_| ApiError::invalid(format!("{name} {value:?} is not a non-negative integer")))
+}
+
+fn positive(name: &str, value: &str) -> Result<usize, ApiError> {
+    value
+        .parse::<usize>()
+        .ok()
+        .filter(|n| *n >= 1)
+        .ok_or_else(|| ApiError::invalid(format!("{name} {value:?} is not a positive integer")))
+}
+
+fn boolean(name: &str, value: &str) -> Result<bool, ApiError> {
+    match value {
+        "true" => Ok(true),
+        "false" => Ok(false),
+        other => Err(ApiError::invalid(format!(
+            "{name} {other:?} is not true or false"
+        ))),
+    }
+}
+
+/// Parses the parameters of `:connect`.
+pub fn connect_query(query: Option<&str>) -> Result<ConnectParams, ApiError> {
+    let mut p = ConnectParams::default();
+    let mut filter = Filter {
+        event_types: None,
+        jsonata_condition: None,
+    };
+    for (name, value) in decoded(query) {
+        let v = value.as_str();
+        match name.as_str() {
+            "connectionKey" => p.connection_key = Some(value.clone()),
+            "replayAfterOffset" => p.replay_after_offset = Some(offset(&name, v)?),
+            "expectedStreamId" => p.expected_stream_id = Some(value.clone()),
+            "maxReplayOffsetGap" => p.max_replay_offset_gap = Some(offset(&name, v)?),
+            "eventTypes" => {
+                filter.event_types = Some(
+                    v.split(',')
+                        .map(str::trim)
+                        .filter(|t| !t.is_empty())
+                        .map(str::to_string)
+                        .collect(),
+                )
+            }
+            "jsonataCondition" => filter.jsonata_condition = Some(value.clone()),
+            "events" => p.events = boolean(&name, v)?,
+            "state" => p.state = boolean(&name, v)?,
+            "maxDeliveryEvents" => p.max_delivery_events = positive(&name, v)?,
+            "maxDeliveryBytes" => p.max_delivery_bytes = positive(&name, v)?,
+            other => {
+                return Err(ApiError::invalid(format!(
+                    "unknown query parameter {other:?} for :connect"
+                )))
+            }
+        }
+    }
+    if !p.events && !p.state {
+        return Err(ApiError::invalid(
+            "events=false with state=false would send nothing: ask for events, state or both",
+        ));
+    }
+    p.filter = CompiledFilter::new(Some(&filter), false)
+        .map_err(|m| ApiError::new(400, "invalid-jsonata", format!("jsonataCondition: {m}")))?;
+    Ok(p)
+}
+
+/// The query's name/value pairs, percent-decoded.
+fn decoded(query: Option<&str>) -> Vec<(String, String)> {
+    form_urlencoded::parse(query.unwrap_or("").as_bytes())
+        .map(|(k, v)| (k.into_owned(), v.into_owned()))
+        .collect()
 }
 
 /// Rejects any query parameter.
 pub fn no_query(query: Option<&str>) -> Result<(), ApiError> {
-    match pairs(query).next() {
+    match decoded(query).first() {
         None => Ok(()),
         Some((name, _)) => Err(ApiError::invalid(format!(
             "unknown query parameter {name:?}"
@@ -28,15 +99,10 @@ pub fn read_query(query: Option<&str>) -> Result<ReadQuery, ApiError> {
         limit: READ_LIMIT_MAX,
         include_ephemeral: false,
     };
-    for (name, value) in pairs(query) {
-        match name {
-            "afterOffset" => {
-                q.after_offset = value.parse::<u64>().map_err(|_| {
-                    ApiError::invalid(format!(
-                        "afterOffset {value:?} is not a non-negative integer"
-                    ))
-                })?
-            }
+    for (name, value) in decoded(query) {
+        let value = value.as_str();
+        match name.as_str() {
+            "afterOffset" => q.after_offset = offset("afterOffset", value)?,
             "limit" => {
                 q.limit = value
                     .parse::<usize>()
@@ -48,17 +114,7 @@ pub fn read_query(query: Option<&str>) -> Result<ReadQuery, ApiError> {
                         ))
                     })?
             }
-            "includeEphemeral" => {
-                q.include_ephemeral = match value {
-                    "true" => true,
-                    "false" => false,
-                    other => {
-                        return Err(ApiError::invalid(format!(
-                            "includeEphemeral {other:?} is not true or false"
-                        )))
-                    }
-                }
-            }
+            "includeEphemeral" => q.include_ephemeral = boolean("includeEphemeral", value)?,
             other => {
                 return Err(ApiError::invalid(format!(
                     "unknown query parameter {other:?} for :events"

@@ -36,6 +36,8 @@ pub enum Authority {
 
 /// What a request needs from its surroundings.
 pub struct AppendContext<'a> {
+    /// Keys of the stream's live connections.
+    pub connection_keys: &'a [String],
     pub namespace: &'a crate::stream::Namespace,
     pub project_id: Option<&'a str>,
     pub path: &'a str,
@@ -200,6 +202,7 @@ pub fn plan_append(
                 &ControlContext {
                     namespace: ctx.namespace,
                     path: ctx.path,
+                    connection_keys: ctx.connection_keys,
                 },
             )?;
         }
@@ -427,6 +430,7 @@ mod tests {
             let by_offset = HashMap::new();
             let namespace = crate::stream::Namespace::Project("acme".into());
             let mut ctx = AppendContext {
+                connection_keys: &[],
                 namespace: &namespace,
                 committed_by_offset: &by_offset,
                 project_id: Some("acme"),

@@ -145,6 +145,19 @@ impl Streams {
         self.call(address, |reply| Command::Reset { reply }).await
     }
 
+    /// Opens a live connection; its feed yields the replay, then live events.
+    pub async fn connect(
+        &self,
+        address: &StreamAddress,
+        params: crate::connection::ConnectParams,
+    ) -> Result<crate::connection::feed::Feed, ApiError> {
+        self.call(address, |reply| Command::Connect {
+            params: Box::new(params),
+            reply,
+        })
+        .await
+    }
+
     /// Loads a stream's actor so its deliveries resume.
     pub async fn wake(&self, address: &StreamAddress) {
         let _ = self.sender(address).send(Command::Wake).await;

@@ -11,6 +11,8 @@ use crate::stream::{canonicalize_path, types, CoreState, EventInput, Namespace};
 pub struct ControlContext<'a> {
     pub namespace: &'a Namespace,
     pub path: &'a str,
+    /// Keys of the stream's live connections.
+    pub connection_keys: &'a [String],
 }
 
 fn invalid(message: String) -> ApiError {
@@ -120,6 +122,13 @@ fn validate_configured(
                 "{at}.subscriptionKey {key:?} uses the reserved {GENERATED_KEY_PREFIX:?} prefix and names no existing subscription"
             )));
         }
+    }
+    let key = effective_key(&config)
+        .unwrap_or_else(|| format!("{GENERATED_KEY_PREFIX}{}", state.max_offset + 1));
+    if ctx.connection_keys.contains(&key) {
+        return Err(invalid(format!(
+            "subscription key {key:?} is already used by a live session connection"
+        )));
     }
     if let Some(filter) = &config.filter {
         if let Some(types) = &filter.event_types {

@@ -401,7 +401,7 @@ impl Actor {
     }
 
     /// Queues a platform-authored event on this stream.
-    fn append_fact(&mut self, event_type: &str, payload: Value) {
+    pub(super) fn append_fact(&mut self, event_type: &str, payload: Value) {
         let input = AppendInput {
             events: vec![EventInput {
                 event_type: event_type.to_string(),
@@ -429,6 +429,6 @@ impl Actor {
             .iter()
             .map(|(k, rt)| (k.clone(), rt.to_json(head)))
             .collect();
-        json!({"subscriptions": subscriptions, "connections": {}})
+        json!({"subscriptions": subscriptions, "connections": self.connections_json()})
     }
 }

@@ -34,6 +34,7 @@ use crate::storage::{
     WriteOp,
 };
 
+mod connections;
 mod delivery;
 pub use delivery::DeliveryDone;
 
@@ -103,6 +104,18 @@ pub enum Command {
     Wake,
     /// The result of a delivery this actor started.
     DeliveryDone(Box<DeliveryDone>),
+    /// Open a live connection.
+    Connect {
+        params: Box<crate::connection::ConnectParams>,
+        reply: Reply<crate::connection::feed::Feed>,
+    },
+    /// A connection's consumer ended it.
+    ConnectionEnded {
+        key: String,
+        id: u64,
+        reason: crate::connection::CloseReason,
+        error: Option<String>,
+    },
 }
 
 enum Pending {
@@ -215,6 +228,8 @@ pub fn spawn(
         self_tx: tx.downgrade(),
         next_delivery_id: 0,
         recent_commits: VecDeque::new(),
+        connections: HashMap::new(),
+        next_connection_id: 0,
     };
     tokio::spawn(actor.run(rx));
 }
@@ -232,6 +247,9 @@ struct Actor {
     next_delivery_id: u64,
     /// Commit instants of recent durable events, for delivery latency.
     recent_commits: VecDeque<(u64, std::time::Instant)>,
+    /// Live connections by key.
+    connections: HashMap<String, connections::Conn>,
+    next_connection_id: u64,
 }
 
 /// Commit instants kept for latency measurement.
@@ -318,6 +336,13 @@ impl Actor {
                 }
             }
             Command::DeliveryDone(done) => self.delivery_done(*done),
+            Command::Connect { params, reply } => self.connect(*params, reply),
+            Command::ConnectionEnded {
+                key,
+                id,
+                reason,
+                error,
+            } => self.connection_ended(&key, id, reason, error),
             Command::State { reply } => {
                 let result = self.ensure_loaded().and_then(|()| {
                     self.stream
@@ -544,7 +569,9 @@ impl Actor {
         let project_id = self.address.namespace.project_id().map(str::to_string);
         let path = self.address.path.clone();
         let mut new_stream_id = || uuid::Uuid::new_v4().to_string();
+        let connection_keys = self.connection_keys();
         let mut ctx = AppendContext {
+            connection_keys: &connection_keys,
             namespace: &self.address.namespace,
             committed_by_offset: &committed_by_offset,
             project_id: project_id.as_deref(),
@@ -766,6 +793,12 @@ impl Actor {
                     if let Some(state) = &state {
                         self.repair_deliveries(state, &cursors);
                     }
+                    let committed: Vec<Event> = outcomes
+                        .iter()
+                        .filter_map(|(_, o)| o.as_ref().ok())
+                        .flat_map(|p| p.new_events.iter().cloned())
+                        .collect();
+                    self.fan_out(&committed);
                     for (answer, outcome) in outcomes {
                         self.answer(answer, outcome, state.as_ref());
                     }
@@ -796,6 +829,7 @@ impl Actor {
             },
             InFlight::Reset { reply } => match result {
                 Ok(_) => {
+                    self.drop_connections();
                     self.stream = None;
                     self.deliveries.clear();
                     self.recent_commits.clear();
