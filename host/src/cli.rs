@@ -28,6 +28,8 @@ pub enum Command {
     Events(EventsArgs),
     /// Print a stream's reduced core state.
     State(StateArgs),
+    /// Print a stream's events as they arrive, one JSON line each.
+    Tail(TailArgs),
 }
 
 #[derive(Debug, Args)]
@@ -110,6 +112,21 @@ pub struct EventsArgs {
 }
 
 #[derive(Debug, Args)]
+pub struct TailArgs {
+    #[command(flatten)]
+    pub target: Target,
+    /// Replay the events after this offset first.
+    #[arg(long)]
+    pub after: Option<u64>,
+    /// Only events of this type (repeatable).
+    #[arg(long = "type")]
+    pub event_types: Vec<String>,
+    /// Only events for which this JSONata condition is true.
+    #[arg(long = "where")]
+    pub condition: Option<String>,
+}
+
+#[derive(Debug, Args)]
 pub struct StateArgs {
     #[command(flatten)]
     pub target: Target,
@@ -147,7 +164,70 @@ pub async fn run(cli: Cli) -> Result<()> {
             request(&a.target, reqwest::Method::GET, "events", &query, None).await
         }
         Command::State(a) => request(&a.target, reqwest::Method::GET, "state", "", None).await,
+        Command::Tail(a) => tail(a).await,
     }
+}
+
+async fn tail(a: TailArgs) -> Result<()> {
+    let mut query = form_urlencoded::Serializer::new(String::new());
+    query.append_pair("state", "false");
+    if let Some(after) = a.after {
+        query.append_pair("replayAfterOffset", &after.to_string());
+    }
+    if !a.event_types.is_empty() {
+        query.append_pair("eventTypes", &a.event_types.join(","));
+    }
+    if let Some(c) = &a.condition {
+        query.append_pair("jsonataCondition", c);
+    }
+    let url = stream_url(&a.target, "connect", &format!("?{}", query.finish()))?;
+    let mut req = reqwest::Client::new().get(&url);
+    if let Some(t) = &a.target.token {
+        req = req.bearer_auth(t);
+    }
+    let mut response = req
+        .send()
+        .await
+        .with_context(|| format!("connecting to {url}"))?;
+    if !response.status().is_success() {
+        let status = response.status();
+        bail!("{status}: {}", response.text().await.unwrap_or_default());
+    }
+    let mut buffer = String::new();
+    use std::io::Write;
+    let stdout = std::io::stdout();
+    while let Some(chunk) = response.chunk().await.context("reading the stream")? {
+        buffer.push_str(&String::from_utf8_lossy(&chunk));
+        while let Some(end) = buffer.find("\n\n") {
+            let message: String = buffer.drain(..end + 2).collect();
+            let mut event = "message";
+            let mut data = String::new();
+            for line in message.lines() {
+                if let Some(v) = line.strip_prefix("event:") {
+                    event = if v.trim() == "closed" {
+                        "closed"
+                    } else {
+                        "batch"
+                    };
+                } else if let Some(v) = line.strip_prefix("data:") {
+                    data.push_str(v.trim_start());
+                }
+            }
+            if data.is_empty() {
+                continue;
+            }
+            let v: Value = serde_json::from_str(&data).context("a message that is not JSON")?;
+            if event == "closed" {
+                bail!("the server closed the connection: {v}");
+            }
+            let mut out = stdout.lock();
+            for e in v["events"].as_array().into_iter().flatten() {
+                writeln!(out, "{e}")?;
+            }
+            out.flush()?;
+        }
+    }
+    Ok(())
 }
 
 fn parse_object(flag: &str, text: &str) -> Result<Value> {
@@ -204,6 +284,28 @@ async fn shutdown_signal() {
         _ = term => {},
     }
     tracing::info!("shutting down");
+}
+
+fn stream_url(target: &Target, stream_method: &str, query: &str) -> Result<String> {
+    let namespace = match (&target.project, target.global) {
+        (Some(p), false) => format!("projects/{p}"),
+        (None, true) => "global".to_string(),
+        _ => {
+            bail!("name the stream's namespace: --project NAME (or STREAMHOST_PROJECT) or --global")
+        }
+    };
+    if !target.stream.starts_with('/') {
+        bail!("stream path {:?} must start with \"/\"", target.stream);
+    }
+    let path = if target.stream == "/" {
+        ""
+    } else {
+        &target.stream
+    };
+    Ok(format!(
+        "{}/v1/{namespace}/streams{path}:{stream_method}{query}",
+        target.url.trim_end_matches('/')
+    ))
 }
 
 async fn request(

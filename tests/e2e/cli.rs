@@ -94,3 +94,61 @@ fn bad_config_stops_the_server_naming_the_key_or_value() {
         );
     }
 }
+
+#[tokio::test]
+async fn tail_prints_matching_events_as_they_arrive() {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+
+    let s = Server::start();
+    s.post(
+        "/v1/projects/acme/streams/t:append",
+        serde_json::json!({"events": [
+            {"type": "x.y/a", "payload": {"n": 1}}, {"type": "x.y/b", "payload": {"n": 2}}
+        ]}),
+    )
+    .await;
+    let mut child = Command::new(BIN)
+        .args([
+            "tail",
+            "--url",
+            &s.url,
+            "--project",
+            "acme",
+            "/t",
+            "--after",
+            "0",
+            "--type",
+            "x.y/a",
+            "--where",
+            "payload.n > 0",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let next = || -> Value {
+        let line = rx
+            .recv_timeout(std::time::Duration::from_secs(20))
+            .expect("a line from tail");
+        serde_json::from_str(&line).unwrap()
+    };
+    assert_eq!(next()["payload"]["n"], 1, "replayed");
+    s.post(
+        "/v1/projects/acme/streams/t:append",
+        serde_json::json!({"events": [
+            {"type": "x.y/a", "payload": {"n": -1}}, {"type": "x.y/a", "payload": {"n": 3}}
+        ]}),
+    )
+    .await;
+    assert_eq!(next()["payload"]["n"], 3, "live, filtered");
+    let _ = child.kill();
+    let _ = child.wait();
+}
