@@ -1,0 +1,82 @@
+//! A deliberately misbehaving processor for the host's containment tests.
+//! It implements the WIT interface directly (not through the SDK's fold) so
+//! it can return anything. The event type picks the misbehaviour; other
+//! events are counted.
+
+use streamhost_guest::bindings::exports::streamhost::processor::processor::{
+    Announcement, Batch, Failure, Folded, Guest,
+};
+
+fn recurse(n: u64) -> u64 {
+    let pad = std::hint::black_box([n; 64]);
+    if n == u64::MAX {
+        return 0;
+    }
+    recurse(n + 1).wrapping_add(pad[(n % 64) as usize])
+}
+
+pub struct Hostile;
+
+impl Guest for Hostile {
+    fn describe() -> Announcement {
+        Announcement {
+            slug: "hostile".into(),
+            version: "1.0.0".into(),
+            consumes: Vec::new(),
+        }
+    }
+
+    fn initial_state() -> String {
+        "{\"events\":0}".into()
+    }
+
+    fn fold(state: String, batch: Batch) -> Result<Folded, Failure> {
+        let mut events: u64 = serde_json::from_str::<serde_json::Value>(&state)
+            .ok()
+            .and_then(|v| v["events"].as_u64())
+            .unwrap_or(0);
+        for e in &batch.events {
+            match e.type_.as_str() {
+                "hostile/loop" => loop {
+                    std::hint::black_box(&events);
+                },
+                "hostile/grow" => {
+                    let mut hoard: Vec<Vec<u8>> = Vec::new();
+                    loop {
+                        hoard.push(vec![1u8; 1 << 20]);
+                        std::hint::black_box(&hoard);
+                    }
+                }
+                "hostile/stack" => {
+                    std::hint::black_box(recurse(0));
+                }
+                "hostile/trap" => panic!("the hostile guest traps on purpose"),
+                "hostile/fail" => {
+                    return Err(Failure {
+                        message: "the hostile guest fails on purpose".into(),
+                        retryable: true,
+                    })
+                }
+                "hostile/invalid-json" => {
+                    return Ok(Folded {
+                        state: "{not json".into(),
+                        effects: Vec::new(),
+                    })
+                }
+                "hostile/huge" => {
+                    return Ok(Folded {
+                        state: format!("{{\"blob\":\"{}\"}}", "x".repeat(100 * 1024 * 1024)),
+                        effects: Vec::new(),
+                    })
+                }
+                _ => events += 1,
+            }
+        }
+        Ok(Folded {
+            state: format!("{{\"events\":{events}}}"),
+            effects: Vec::new(),
+        })
+    }
+}
+
+streamhost_guest::bindings::export_stream_processor!(Hostile with_types_in streamhost_guest::bindings);

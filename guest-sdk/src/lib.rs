@@ -1,0 +1,207 @@
+//! streamhost-guest: write a streamhost processor in Rust.
+//!
+//! A processor is a serde state type, a fold over the stream's events, and
+//! one macro call; the WIT bindings stay hidden. Build it with
+//! `cargo build --release --target wasm32-wasip2` and deploy the `.wasm`.
+//!
+//! ```ignore
+//! use streamhost_guest::{Context, Event, Failure, Processor};
+//!
+//! #[derive(Default, serde::Serialize, serde::Deserialize)]
+//! struct Count { events: u64 }
+//!
+//! struct Counter;
+//! impl Processor for Counter {
+//!     type State = Count;
+//!     const SLUG: &'static str = "counter";
+//!     const VERSION: &'static str = "1.0.0";
+//!     const CONSUMES: &'static [&'static str] = &[];
+//!     fn fold(state: &mut Count, _event: &Event, _ctx: &mut Context) -> Result<(), Failure> {
+//!         state.events += 1;
+//!         Ok(())
+//!     }
+//! }
+//! streamhost_guest::processor!(Counter);
+//! ```
+
+#[doc(hidden)]
+pub mod bindings {
+    wit_bindgen::generate!({
+        path: "../wit",
+        world: "stream-processor",
+        pub_export_macro: true,
+        export_macro_name: "export_stream_processor",
+        default_bindings_module: "streamhost_guest::bindings",
+    });
+}
+
+use bindings::exports::streamhost::processor::processor as wit;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use serde_json::Value;
+
+pub use serde;
+pub use serde_json;
+
+/// The stream being folded.
+pub use wit::StreamInfo;
+
+/// One committed event, with its payload parsed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Event {
+    pub offset: u64,
+    pub event_type: String,
+    pub payload: Value,
+    pub metadata: Option<Value>,
+    pub created_at: String,
+    pub idempotency_key: Option<String>,
+}
+
+impl Event {
+    /// The payload as a typed value.
+    pub fn payload_as<T: DeserializeOwned>(&self) -> Result<T, Failure> {
+        serde_json::from_value(self.payload.clone()).map_err(|e| {
+            Failure::fatal(format!(
+                "the payload of the {} event at offset {} does not fit: {e}",
+                self.event_type, self.offset
+            ))
+        })
+    }
+}
+
+/// A failed fold. Retryable failures are retried with backoff; others halt.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Failure {
+    pub message: String,
+    pub retryable: bool,
+}
+
+impl Failure {
+    pub fn retryable(message: impl Into<String>) -> Failure {
+        Failure { message: message.into(), retryable: true }
+    }
+
+    pub fn fatal(message: impl Into<String>) -> Failure {
+        Failure { message: message.into(), retryable: false }
+    }
+}
+
+/// What a fold may use besides the state: the stream, and effects to run
+/// after the fold commits.
+pub struct Context<'a> {
+    pub stream: &'a StreamInfo,
+    effects: Vec<wit::Effect>,
+}
+
+impl Context<'_> {
+    /// Append an event to a stream of the same project after the commit.
+    pub fn append(&mut self, key: impl Into<String>, stream_path: &str, event_type: &str, payload: &impl Serialize) {
+        self.effects.push(wit::Effect {
+            key: key.into(),
+            target: wit::EffectTarget::Append(wit::AppendEffect {
+                stream_path: stream_path.to_string(),
+                type_: event_type.to_string(),
+                payload: serde_json::to_string(payload).unwrap_or_else(|_| "null".into()),
+                metadata: None,
+            }),
+        });
+    }
+
+    /// POST a JSON body to a URL after the commit.
+    pub fn webhook(&mut self, key: impl Into<String>, url: &str, body: &impl Serialize) {
+        self.effects.push(wit::Effect {
+            key: key.into(),
+            target: wit::EffectTarget::Webhook(wit::WebhookEffect {
+                url: url.to_string(),
+                body: serde_json::to_string(body).unwrap_or_else(|_| "null".into()),
+            }),
+        });
+    }
+}
+
+/// A processor: a state type and a fold.
+pub trait Processor {
+    /// The state, stored as JSON between batches.
+    type State: Serialize + DeserializeOwned + Default;
+    const SLUG: &'static str;
+    const VERSION: &'static str;
+    /// Event types to fold; empty means all.
+    const CONSUMES: &'static [&'static str];
+
+    fn fold(state: &mut Self::State, event: &Event, ctx: &mut Context) -> Result<(), Failure>;
+}
+
+#[doc(hidden)]
+pub fn __describe<P: Processor>() -> wit::Announcement {
+    wit::Announcement {
+        slug: P::SLUG.to_string(),
+        version: P::VERSION.to_string(),
+        consumes: P::CONSUMES.iter().map(|s| s.to_string()).collect(),
+    }
+}
+
+#[doc(hidden)]
+pub fn __initial_state<P: Processor>() -> String {
+    serde_json::to_string(&P::State::default()).expect("the default state serializes")
+}
+
+fn wit_failure(f: Failure) -> wit::Failure {
+    wit::Failure { message: f.message, retryable: f.retryable }
+}
+
+#[doc(hidden)]
+pub fn __fold<P: Processor>(state: String, batch: wit::Batch) -> Result<wit::Folded, wit::Failure> {
+    let mut s: P::State = serde_json::from_str(&state).map_err(|e| {
+        wit_failure(Failure::fatal(format!("the stored state does not fit this processor: {e}")))
+    })?;
+    let mut ctx = Context { stream: &batch.stream, effects: Vec::new() };
+    for e in &batch.events {
+        let parse = |what: &str, text: &str| {
+            serde_json::from_str::<Value>(text).map_err(|err| {
+                wit_failure(Failure::fatal(format!("the {what} of the event at offset {} is not JSON: {err}", e.offset)))
+            })
+        };
+        let event = Event {
+            offset: e.offset,
+            event_type: e.type_.clone(),
+            payload: parse("payload", &e.payload)?,
+            metadata: e.metadata.as_deref().map(|m| parse("metadata", m)).transpose()?,
+            created_at: e.created_at.clone(),
+            idempotency_key: e.idempotency_key.clone(),
+        };
+        P::fold(&mut s, &event, &mut ctx).map_err(wit_failure)?;
+    }
+    let effects = ctx.effects;
+    let state = serde_json::to_string(&s)
+        .map_err(|e| wit_failure(Failure::fatal(format!("the state does not serialize: {e}"))))?;
+    Ok(wit::Folded { state, effects })
+}
+
+/// Exports a [`Processor`] as the component's `processor` interface.
+#[macro_export]
+macro_rules! processor {
+    ($processor:ty) => {
+        #[doc(hidden)]
+        pub struct __StreamhostProcessor;
+
+        impl $crate::bindings::exports::streamhost::processor::processor::Guest for __StreamhostProcessor {
+            fn describe() -> $crate::bindings::exports::streamhost::processor::processor::Announcement {
+                $crate::__describe::<$processor>()
+            }
+            fn initial_state() -> ::std::string::String {
+                $crate::__initial_state::<$processor>()
+            }
+            fn fold(
+                state: ::std::string::String,
+                batch: $crate::bindings::exports::streamhost::processor::processor::Batch,
+            ) -> ::core::result::Result<
+                $crate::bindings::exports::streamhost::processor::processor::Folded,
+                $crate::bindings::exports::streamhost::processor::processor::Failure,
+            > {
+                $crate::__fold::<$processor>(state, batch)
+            }
+        }
+
+        $crate::bindings::export_stream_processor!(__StreamhostProcessor with_types_in $crate::bindings);
+    };
+}
