@@ -40,7 +40,15 @@ impl Host {
         let waking = storage
             .streams_with_cursors()
             .context("listing streams with subscriptions")?;
-        let streams = Streams::new(storage, clock, metrics.clone(), config.delivery.clone());
+        let runtime = crate::processor::runtime::Runtime::new(config.data_dir.join("compiled"))
+            .context("starting the wasm runtime")?;
+        let streams = Streams::new(
+            storage,
+            clock,
+            metrics.clone(),
+            config.delivery.clone(),
+            runtime,
+        );
         // Streams with subscriptions resume delivering without waiting for a touch.
         for (project, path) in waking {
             let namespace = if project.is_empty() {

@@ -61,6 +61,25 @@ pub fn validate_expression(at: &str, expression: &Value) -> Result<(), String> {
     Ok(())
 }
 
+/// The component a `processor-wake` expression names:
+/// `["components", ["get", NAME], "wake"]`.
+pub fn wake_component(expression: &Value) -> Result<String, String> {
+    let steps = expression.as_array().map(Vec::as_slice).unwrap_or(&[]);
+    match steps {
+        [Value::String(root), Value::Array(get), Value::String(method)]
+            if root == "components" && method == "wake" =>
+        {
+            match get.as_slice() {
+                [Value::String(g), Value::String(name)] if g == "get" => Ok(name.clone()),
+                _ => Err(format!("expected [\"get\", NAME] as the second step, got {}", Value::Array(get.clone()))),
+            }
+        }
+        _ => Err(format!(
+            "a processor-wake expression must read [\"components\", [\"get\", NAME], \"wake\"], got {expression}"
+        )),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -19,6 +19,7 @@ pub mod http;
 pub mod itx;
 pub mod jsonata;
 pub mod metrics;
+pub mod processor;
 pub mod storage;
 pub mod stream;
 pub mod subscription;

@@ -10,6 +10,8 @@ mod copy_chains;
 mod copy_crash;
 mod crash;
 mod fence;
+mod hostile;
+mod processors;
 mod streams;
 mod subscription_bad_input;
 mod subscriptions;

@@ -365,3 +365,46 @@ pub fn offsets(batch: &Value) -> Vec<u64> {
         .map(|e| e["offset"].as_u64().unwrap())
         .collect()
 }
+
+/// The bytes of a processor guest from `examples/processors`, built for
+/// wasm32-wasip2 (once per test run; cargo skips the work when up to date).
+pub fn guest(name: &str) -> Vec<u8> {
+    static BUILT: std::sync::OnceLock<()> = std::sync::OnceLock::new();
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/processors");
+    BUILT.get_or_init(|| {
+        let out = Command::new(env!("CARGO"))
+            .args(["build", "--release", "--target", "wasm32-wasip2"])
+            .current_dir(&root)
+            .env_remove("CARGO_TARGET_DIR")
+            .output()
+            .expect("running cargo for the guests");
+        assert!(
+            out.status.success(),
+            "building the guests failed (is the wasm32-wasip2 target installed? `rustup target add wasm32-wasip2`):\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    });
+    let file = root.join(format!(
+        "target/wasm32-wasip2/release/{}.wasm",
+        name.replace('-', "_")
+    ));
+    std::fs::read(&file).unwrap_or_else(|e| panic!("reading {}: {e}", file.display()))
+}
+
+impl Server {
+    /// Deploys a component; returns (status, body).
+    pub async fn deploy(&self, project: &str, name: &str, bytes: Vec<u8>) -> (u16, Value) {
+        let mut r = self
+            .client
+            .put(format!(
+                "{}/v1/projects/{project}/components/{name}",
+                self.url
+            ))
+            .header("content-type", "application/wasm")
+            .body(bytes);
+        if let Some(t) = &self.token {
+            r = r.bearer_auth(t);
+        }
+        respond(r).await
+    }
+}

@@ -76,6 +76,11 @@ pub struct SubscriptionRuntime {
     pub bytes_sent: u64,
     pub completion_latency_ms: LatencyStats,
     pub delivery_duration_ms: LatencyStats,
+    /// For processor-wake subscriptions: the component woken. Its cursor is
+    /// the processor's checkpoint, not a cursor row.
+    pub processor: Option<String>,
+    /// When the last delivery succeeded, ms since the epoch.
+    pub last_delivery_ms: Option<i64>,
 }
 
 impl SubscriptionRuntime {
@@ -94,6 +99,8 @@ impl SubscriptionRuntime {
             bytes_sent: 0,
             completion_latency_ms: LatencyStats::default(),
             delivery_duration_ms: LatencyStats::default(),
+            processor: None,
+            last_delivery_ms: None,
         }
     }
 
@@ -120,6 +127,8 @@ impl SubscriptionRuntime {
             "bytesSent": self.bytes_sent,
             "completionLatencyMs": self.completion_latency_ms.to_json(),
             "deliveryDurationMs": self.delivery_duration_ms.to_json(),
+            "processor": self.processor,
+            "lastDeliveryAt": self.last_delivery_ms,
         })
     }
 }

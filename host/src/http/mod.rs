@@ -2,6 +2,7 @@
 //! bodies and errors. Domain rules live in `stream`; this layer only parses,
 //! authorizes and renders.
 
+mod components;
 mod connections;
 mod query;
 mod subscriptions;
@@ -28,6 +29,11 @@ pub fn router(host: Host) -> Router {
         .route("/metrics", get(metrics))
         .route("/v1/projects/{project}/streams/{*rest}", any(stream_route))
         .route("/v1/global/streams/{*rest}", any(stream_route))
+        .route("/v1/projects/{project}/components", get(list_components))
+        .route(
+            "/v1/projects/{project}/components/{name}",
+            axum::routing::put(deploy_component),
+        )
         .fallback(fallback)
         .with_state(host)
 }
@@ -84,6 +90,47 @@ async fn metrics(State(host): State<Host>, headers: HeaderMap) -> Response {
         host.metrics.render(),
     )
         .into_response()
+}
+
+async fn list_components(
+    State(host): State<Host>,
+    axum::extract::Path(project): axum::extract::Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    let result = async {
+        let caller = authenticate(&host, &headers)?;
+        let namespace = Namespace::project(&project)?;
+        caller.may_use(&namespace)?;
+        components::list(&host, &project).await
+    }
+    .await;
+    match result {
+        Ok(v) => ok_json(&v),
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn deploy_component(
+    State(host): State<Host>,
+    axum::extract::Path((project, name)): axum::extract::Path<(String, String)>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let result = async {
+        let caller = authenticate(&host, &headers)?;
+        let namespace = Namespace::project(&project)?;
+        caller.may_use(&namespace)?;
+        let limit = components::COMPONENT_BYTES_MAX;
+        let bytes = to_bytes(body, limit).await.map_err(|_| {
+            ApiError::too_large(format!("the component is over the limit of {limit} bytes"))
+        })?;
+        components::deploy(&host, &project, &name, bytes.to_vec()).await
+    }
+    .await;
+    match result {
+        Ok(v) => ok_json(&v),
+        Err(e) => e.into_response(),
+    }
 }
 
 async fn fallback(method: Method, uri: Uri) -> Response {
@@ -194,6 +241,16 @@ async fn stream_call(
             Ok(ok_json(
                 &connections::wait_for_event(streams, address, input).await?,
             ))
+        }
+        (m, &Method::GET) if m.starts_with("processors/") => {
+            let component = &m["processors/".len()..];
+            Ok(ok_json(
+                &components::processor(host, address, component).await?,
+            ))
+        }
+        ("verifyProcessor", &Method::POST) => {
+            let input = read_json(host, body).await?;
+            Ok(ok_json(&components::verify(host, address, input).await?))
         }
         ("subscribeToEventsFrom", &Method::POST) => {
             let input = read_json(host, body).await?;

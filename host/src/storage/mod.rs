@@ -19,7 +19,8 @@ use rusqlite::{params, Connection, OpenFlags, OptionalExtension};
 use crate::config::Durability;
 use crate::metrics::Metrics;
 pub use writer::{
-    CommitError, CursorRow, NewStream, StoredEvent, StreamCommit, StreamRef, WriteOp,
+    Checkpoint, CommitError, CursorRow, Deployment, NewStream, StoredEvent, StreamCommit,
+    StreamRef, WriteOp,
 };
 
 const SCHEMA: &str = "
@@ -52,7 +53,60 @@ CREATE TABLE IF NOT EXISTS subscription_cursors (
     acknowledged_offset INTEGER NOT NULL,
     PRIMARY KEY (stream, subscription_key)
 );
+-- Deployed components: the current digest per (project, name); bytes by digest.
+CREATE TABLE IF NOT EXISTS components (
+    project     TEXT NOT NULL,
+    name        TEXT NOT NULL,
+    digest      TEXT NOT NULL,
+    exports     TEXT NOT NULL, -- JSON array of exported function names
+    deployed_at TEXT NOT NULL,
+    PRIMARY KEY (project, name)
+);
+CREATE TABLE IF NOT EXISTS component_blobs (
+    digest TEXT PRIMARY KEY,
+    bytes  BLOB NOT NULL
+);
+-- Processor instances: checkpoint and state, committed together.
+CREATE TABLE IF NOT EXISTS processor_checkpoints (
+    stream            INTEGER NOT NULL,
+    component         TEXT NOT NULL,
+    stream_id         TEXT NOT NULL,
+    checkpoint_offset INTEGER NOT NULL,
+    state             TEXT NOT NULL,
+    digest            TEXT NOT NULL,
+    updated_at        TEXT NOT NULL,
+    PRIMARY KEY (stream, component)
+);
+-- Effects returned by folds, committed with their checkpoint (the outbox).
+CREATE TABLE IF NOT EXISTS processor_effects (
+    stream            INTEGER NOT NULL,
+    component         TEXT NOT NULL,
+    checkpoint_offset INTEGER NOT NULL,
+    effect_key        TEXT NOT NULL,
+    effect            TEXT NOT NULL, -- JSON
+    PRIMARY KEY (stream, component, effect_key)
+);
 ";
+
+/// A deployed component.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ComponentRow {
+    pub name: String,
+    pub digest: String,
+    pub exports: Vec<String>,
+    pub deployed_at: String,
+}
+
+/// A processor instance's checkpoint.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CheckpointRow {
+    pub stream_id: String,
+    pub checkpoint_offset: u64,
+    pub state: String,
+    pub digest: String,
+    pub updated_at: String,
+}
 
 /// A stream's row as loaded at startup of its actor.
 #[derive(Debug, Clone)]
@@ -235,6 +289,79 @@ impl Storage {
         })
     }
 
+    /// The deployed component `name` of `project`.
+    pub fn component(&self, project: &str, name: &str) -> Result<Option<ComponentRow>> {
+        self.with_reader(|c| {
+            let row = c
+                .prepare_cached(
+                    "SELECT name, digest, exports, deployed_at FROM components WHERE project = ?1 AND name = ?2",
+                )?
+                .query_row(params![project, name], component_row)
+                .optional()?;
+            Ok(row)
+        })
+    }
+
+    /// Every deployed component of `project`, by name.
+    pub fn components(&self, project: &str) -> Result<Vec<ComponentRow>> {
+        self.with_reader(|c| {
+            let mut stmt = c.prepare_cached(
+                "SELECT name, digest, exports, deployed_at FROM components WHERE project = ?1 ORDER BY name",
+            )?;
+            let rows = stmt
+                .query_map([project], component_row)?
+                .collect::<rusqlite::Result<Vec<_>>>()?;
+            Ok(rows)
+        })
+    }
+
+    /// The bytes of a component by digest.
+    pub fn component_bytes(&self, digest: &str) -> Result<Vec<u8>> {
+        self.with_reader(|c| {
+            c.prepare_cached("SELECT bytes FROM component_blobs WHERE digest = ?1")?
+                .query_row([digest], |r| r.get(0))
+                .with_context(|| format!("loading component {digest}"))
+        })
+    }
+
+    /// A processor instance's checkpoint.
+    pub fn checkpoint(&self, row_id: i64, component: &str) -> Result<Option<CheckpointRow>> {
+        self.with_reader(|c| {
+            let row = c
+                .prepare_cached(
+                    "SELECT stream_id, checkpoint_offset, state, digest, updated_at
+                     FROM processor_checkpoints WHERE stream = ?1 AND component = ?2",
+                )?
+                .query_row(params![row_id, component], |r| {
+                    Ok(CheckpointRow {
+                        stream_id: r.get(0)?,
+                        checkpoint_offset: r.get::<_, i64>(1)? as u64,
+                        state: r.get(2)?,
+                        digest: r.get(3)?,
+                        updated_at: r.get(4)?,
+                    })
+                })
+                .optional()?;
+            Ok(row)
+        })
+    }
+
+    /// Effects stored by a processor instance, in checkpoint order.
+    pub fn effects(&self, row_id: i64, component: &str) -> Result<Vec<(u64, String, String)>> {
+        self.with_reader(|c| {
+            let mut stmt = c.prepare_cached(
+                "SELECT checkpoint_offset, effect_key, effect FROM processor_effects
+                 WHERE stream = ?1 AND component = ?2 ORDER BY checkpoint_offset, rowid",
+            )?;
+            let rows = stmt
+                .query_map(params![row_id, component], |r| {
+                    Ok((r.get::<_, i64>(0)? as u64, r.get(1)?, r.get(2)?))
+                })?
+                .collect::<rusqlite::Result<Vec<_>>>()?;
+            Ok(rows)
+        })
+    }
+
     /// Committed event bodies holding the given idempotency keys, by key.
     pub fn events_by_keys(&self, row_id: i64, keys: &[&str]) -> Result<HashMap<String, String>> {
         if keys.is_empty() {
@@ -256,4 +383,14 @@ impl Storage {
             Ok(found)
         })
     }
+}
+
+fn component_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<ComponentRow> {
+    let exports: String = r.get(2)?;
+    Ok(ComponentRow {
+        name: r.get(0)?,
+        digest: r.get(1)?,
+        exports: serde_json::from_str(&exports).unwrap_or_default(),
+        deployed_at: r.get(3)?,
+    })
 }

@@ -8,7 +8,7 @@ use std::sync::mpsc;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
-use rusqlite::{params, Connection};
+use rusqlite::{params, Connection, OptionalExtension};
 use tokio::sync::oneshot;
 
 use crate::metrics::Metrics;
@@ -78,6 +78,38 @@ pub enum WriteOp {
         row_id: i64,
         cursors: Vec<CursorRow>,
     },
+    /// Deploy (or replace) a component.
+    Deploy(Deployment),
+    /// A processor's new checkpoint, state and effects.
+    Checkpoint(Checkpoint),
+}
+
+/// A component deployment.
+#[derive(Debug, Clone)]
+pub struct Deployment {
+    pub project: String,
+    pub name: String,
+    pub digest: String,
+    pub exports: Vec<String>,
+    pub bytes: Vec<u8>,
+    pub deployed_at: String,
+}
+
+/// A processor checkpoint to commit: the state after folding through
+/// `offset`, the effects of that batch, and the digest that made them.
+#[derive(Debug, Clone)]
+pub struct Checkpoint {
+    pub row_id: i64,
+    pub component: String,
+    pub stream_id: String,
+    /// The checkpoint this batch started from (`None`: a fresh instance);
+    /// checked so two writers can never interleave.
+    pub previous_offset: Option<(String, u64)>,
+    pub offset: u64,
+    pub state: String,
+    pub digest: String,
+    pub effects: Vec<(String, String)>,
+    pub updated_at: String,
 }
 
 /// Why a write did not commit.
@@ -133,7 +165,7 @@ fn run(conn: Connection, rx: mpsc::Receiver<Job>, metrics: Metrics) {
             .iter()
             .map(|j| match &j.op {
                 WriteOp::Commit(c) => c.events.len(),
-                WriteOp::Reset { .. } | WriteOp::Cursors { .. } => 0,
+                _ => 0,
             })
             .sum();
         let span = tracing::debug_span!("commit", writes = jobs.len(), events).entered();
@@ -146,7 +178,7 @@ fn run(conn: Connection, rx: mpsc::Receiver<Job>, metrics: Metrics) {
             .filter(|(_, r)| r.is_ok())
             .map(|(j, _)| match &j.op {
                 WriteOp::Commit(c) => c.events.len(),
-                WriteOp::Reset { .. } | WriteOp::Cursors { .. } => 0,
+                _ => 0,
             })
             .sum();
         metrics.observe_commit(elapsed, jobs.len(), committed);
@@ -257,10 +289,79 @@ fn apply(conn: &Connection, op: &WriteOp) -> Result<i64> {
             upsert_cursors(conn, *row_id, cursors)?;
             Ok(*row_id)
         }
+        WriteOp::Deploy(d) => {
+            conn.prepare_cached(
+                "INSERT OR IGNORE INTO component_blobs (digest, bytes) VALUES (?1, ?2)",
+            )?
+            .execute(params![d.digest, d.bytes])?;
+            conn.prepare_cached(
+                "INSERT INTO components (project, name, digest, exports, deployed_at) VALUES (?1, ?2, ?3, ?4, ?5)
+                 ON CONFLICT (project, name) DO UPDATE SET digest = excluded.digest,
+                     exports = excluded.exports, deployed_at = excluded.deployed_at",
+            )?
+            .execute(params![
+                d.project,
+                d.name,
+                d.digest,
+                serde_json::to_string(&d.exports)?,
+                d.deployed_at
+            ])?;
+            Ok(0)
+        }
+        WriteOp::Checkpoint(c) => {
+            let current: Option<(String, i64)> = conn
+                .prepare_cached(
+                    "SELECT stream_id, checkpoint_offset FROM processor_checkpoints WHERE stream = ?1 AND component = ?2",
+                )?
+                .query_row(params![c.row_id, c.component], |r| Ok((r.get(0)?, r.get(1)?)))
+                .optional()?;
+            let current = current.map(|(id, o)| (id, o as u64));
+            anyhow::ensure!(
+                current == c.previous_offset,
+                "the checkpoint of processor {:?} moved (expected {:?}, found {:?})",
+                c.component,
+                c.previous_offset,
+                current
+            );
+            conn.prepare_cached(
+                "INSERT INTO processor_checkpoints (stream, component, stream_id, checkpoint_offset, state, digest, updated_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
+                 ON CONFLICT (stream, component) DO UPDATE SET stream_id = excluded.stream_id,
+                     checkpoint_offset = excluded.checkpoint_offset, state = excluded.state,
+                     digest = excluded.digest, updated_at = excluded.updated_at",
+            )?
+            .execute(params![
+                c.row_id,
+                c.component,
+                c.stream_id,
+                c.offset as i64,
+                c.state,
+                c.digest,
+                c.updated_at
+            ])?;
+            if c.previous_offset.is_none() {
+                conn.prepare_cached(
+                    "DELETE FROM processor_effects WHERE stream = ?1 AND component = ?2",
+                )?
+                .execute(params![c.row_id, c.component])?;
+            }
+            let mut insert = conn.prepare_cached(
+                "INSERT OR IGNORE INTO processor_effects (stream, component, checkpoint_offset, effect_key, effect)
+                 VALUES (?1, ?2, ?3, ?4, ?5)",
+            )?;
+            for (key, effect) in &c.effects {
+                insert.execute(params![c.row_id, c.component, c.offset as i64, key, effect])?;
+            }
+            Ok(c.row_id)
+        }
         WriteOp::Reset { row_id } => {
             conn.prepare_cached("DELETE FROM events WHERE stream = ?1")?
                 .execute([row_id])?;
             conn.prepare_cached("DELETE FROM subscription_cursors WHERE stream = ?1")?
+                .execute([row_id])?;
+            conn.prepare_cached("DELETE FROM processor_checkpoints WHERE stream = ?1")?
+                .execute([row_id])?;
+            conn.prepare_cached("DELETE FROM processor_effects WHERE stream = ?1")?
                 .execute([row_id])?;
             conn.prepare_cached("DELETE FROM streams WHERE id = ?1")?
                 .execute([row_id])?;

@@ -48,6 +48,7 @@ impl Streams {
         clock: Arc<dyn Clock>,
         metrics: Metrics,
         delivery: DeliveryConfig,
+        runtime: Arc<crate::processor::runtime::Runtime>,
     ) -> Streams {
         let inner = Arc::new_cyclic(|weak| Inner {
             ctx: ActorContext {
@@ -55,6 +56,7 @@ impl Streams {
                 clock,
                 metrics,
                 delivery,
+                runtime,
                 streams: StreamsRef(weak.clone()),
             },
             actors: Mutex::new(HashMap::new()),
@@ -156,6 +158,16 @@ impl Streams {
             reply,
         })
         .await
+    }
+
+    /// The storage handle (for reads that need no actor).
+    pub fn storage(&self) -> &Storage {
+        &self.inner.ctx.storage
+    }
+
+    /// The wasm runtime.
+    pub fn wasm_runtime(&self) -> &Arc<crate::processor::runtime::Runtime> {
+        &self.inner.ctx.runtime
     }
 
     /// Loads a stream's actor so its deliveries resume.

@@ -194,6 +194,18 @@ fn validate_configured(
         Receiver::ProcessorWake { expression } => {
             crate::itx::validate_expression(&format!("{at}.receiver.expression"), expression)
                 .map_err(|m| ApiError::new(400, "invalid-expression", m))?;
+            crate::itx::wake_component(expression).map_err(|m| {
+                ApiError::new(
+                    400,
+                    "invalid-expression",
+                    format!("{at}.receiver.expression: {m}"),
+                )
+            })?;
+            if matches!(ctx.namespace, Namespace::Global) {
+                return Err(invalid(
+                    "processor-wake subscriptions require a project stream (components belong to projects)".into(),
+                ));
+            }
         }
         Receiver::WebhookPost { url, .. } => {
             if matches!(ctx.namespace, Namespace::Global) {

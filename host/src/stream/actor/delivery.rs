@@ -46,6 +46,19 @@ fn has_source_cursor(sub: &OutboundSubscription) -> bool {
     sub.configuration.receiver.delivery().is_some()
 }
 
+/// The component a processor-wake subscription wakes.
+fn woken_component(sub: &OutboundSubscription) -> Option<String> {
+    match &sub.configuration.receiver {
+        Receiver::ProcessorWake { expression } => crate::itx::wake_component(expression).ok(),
+        _ => None,
+    }
+}
+
+/// Subscriptions the engine drives: push receivers and processor wakes.
+fn is_driven(sub: &OutboundSubscription) -> bool {
+    has_source_cursor(sub) || woken_component(sub).is_some()
+}
+
 fn jitter() -> f64 {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -61,8 +74,9 @@ impl Actor {
     pub(super) fn repair_deliveries(&mut self, state: &CoreState, rows: &[CursorRow]) {
         let by_key = &state.subscriptions.outbound.by_key;
         self.deliveries
-            .retain(|k, _| by_key.get(k).is_some_and(has_source_cursor));
-        for (key, sub) in by_key.iter().filter(|(_, s)| has_source_cursor(s)) {
+            .retain(|k, _| by_key.get(k).is_some_and(is_driven));
+        let row_id = self.stream.as_ref().map(|s| s.row_id);
+        for (key, sub) in by_key.iter().filter(|(_, s)| is_driven(s)) {
             let generation = sub.generation();
             let halted = sub.delivery_halted.is_some();
             let row = rows
@@ -85,6 +99,21 @@ impl Actor {
                     rt.halted = halted;
                 }
                 _ => {
+                    if let Some(component) = woken_component(sub) {
+                        // The processor's checkpoint is its cursor.
+                        let checkpoint = row_id
+                            .and_then(|id| {
+                                self.ctx.storage.checkpoint(id, &component).ok().flatten()
+                            })
+                            .filter(|c| c.stream_id == state.stream_id)
+                            .map(|c| c.checkpoint_offset)
+                            .unwrap_or(0);
+                        let mut rt =
+                            SubscriptionRuntime::new(generation, checkpoint, checkpoint, halted);
+                        rt.processor = Some(component);
+                        self.deliveries.insert(key.clone(), rt);
+                        continue;
+                    }
                     let (cursor, durable) = match row {
                         Some(r) => (r.acknowledged_offset, r.acknowledged_offset),
                         None => (sub.start_cursor(), 0),
@@ -103,8 +132,23 @@ impl Actor {
     pub(super) fn cursor_rows_for(&self, next: &CoreState) -> (Vec<CursorRow>, Vec<String>) {
         let by_key = &next.subscriptions.outbound.by_key;
         let mut rows = Vec::new();
-        for (key, sub) in by_key.iter().filter(|(_, s)| has_source_cursor(s)) {
+        for (key, sub) in by_key.iter().filter(|(_, s)| is_driven(s)) {
             let generation = sub.generation();
+            if !has_source_cursor(sub) {
+                // A processor wake: a marker row, so the stream wakes at startup.
+                if self
+                    .deliveries
+                    .get(key)
+                    .is_none_or(|rt| rt.generation != generation)
+                {
+                    rows.push(CursorRow {
+                        subscription_key: key.clone(),
+                        generation,
+                        acknowledged_offset: 0,
+                    });
+                }
+                continue;
+            }
             match self.deliveries.get(key) {
                 Some(rt) if rt.generation == generation => {
                     if rt.cursor != rt.durable_cursor {
@@ -125,7 +169,7 @@ impl Actor {
         let removed = self
             .deliveries
             .keys()
-            .filter(|k| !by_key.get(*k).is_some_and(has_source_cursor))
+            .filter(|k| !by_key.get(*k).is_some_and(is_driven))
             .cloned()
             .collect();
         (rows, removed)
@@ -145,7 +189,7 @@ impl Actor {
         let cursors: Vec<CursorRow> = self
             .deliveries
             .iter()
-            .filter(|(_, rt)| rt.cursor != rt.durable_cursor)
+            .filter(|(_, rt)| rt.processor.is_none() && rt.cursor != rt.durable_cursor)
             .map(|(k, rt)| CursorRow {
                 subscription_key: k.clone(),
                 generation: rt.generation,
@@ -202,8 +246,11 @@ impl Actor {
         let Some(sub) = stream.state.subscriptions.outbound.by_key.get(key) else {
             return;
         };
-        // Only copy-to-stream delivers so far; ITX calls and webhooks keep
-        // their cursor until their receivers exist.
+        if let Receiver::ProcessorWake { .. } = &sub.configuration.receiver {
+            self.start_wake(key, head, now_ms);
+            return;
+        }
+        // ITX calls and webhooks keep their cursor until their receivers exist.
         let Receiver::CopyToStream {
             receiving_stream_path,
             jsonata_transform,
@@ -319,6 +366,108 @@ impl Actor {
         });
     }
 
+    /// Starts one wake of a processor-wake subscription's component.
+    fn start_wake(&mut self, key: &str, head: u64, now_ms: i64) {
+        let Some(stream) = &self.stream else { return };
+        let Some(sub) = stream.state.subscriptions.outbound.by_key.get(key) else {
+            return;
+        };
+        let Some(rt) = self.deliveries.get_mut(key) else {
+            return;
+        };
+        let Some(component) = rt.processor.clone() else {
+            return;
+        };
+        let Some(project) = self.address.namespace.project_id().map(str::to_string) else {
+            return;
+        };
+        let filter = CompiledFilter::new(sub.configuration.filter.as_ref(), false);
+        let timeout_ms = self.ctx.delivery.timeout_ms;
+        self.next_delivery_id += 1;
+        let id = self.next_delivery_id;
+        rt.in_flight = Some(InFlight {
+            id,
+            deadline_ms: now_ms + timeout_ms as i64,
+            started: Instant::now(),
+        });
+        let generation = rt.generation;
+        let limit = rt.run.batch_limit();
+        let job_stream = crate::processor::runtime::StreamInfo {
+            project_id: stream.state.project_id.clone(),
+            path: stream.state.path.clone(),
+            stream_id: stream.state.stream_id.clone(),
+            stream_created_at: stream.state.created_at.clone(),
+            max_offset: head,
+        };
+        let (storage, runtime, row_id) = (
+            self.ctx.storage.clone(),
+            self.ctx.runtime.clone(),
+            stream.row_id,
+        );
+        let self_tx = self.self_tx.clone();
+        let key = key.to_string();
+        tokio::spawn(async move {
+            let started = Instant::now();
+            let result = async {
+                let filter = filter.map_err(|m| Failure {
+                    message: m,
+                    retryable: false,
+                    single_offset: None,
+                })?;
+                let job = crate::processor::wake::WakeJob {
+                    storage: storage.clone(),
+                    runtime,
+                    row_id,
+                    project,
+                    component: component.clone(),
+                    stream: job_stream,
+                    head,
+                    limit,
+                    filter,
+                    timeout_ms,
+                    now_ms,
+                };
+                let woken = tokio::task::spawn_blocking(move || crate::processor::wake::wake(job))
+                    .await
+                    .map_err(|e| Failure {
+                        message: format!("processor {component:?} wake panicked: {e}"),
+                        retryable: true,
+                        single_offset: None,
+                    })??;
+                let through = woken.checkpoint.offset;
+                let bytes = woken.checkpoint.state.len();
+                storage
+                    .submit(WriteOp::Checkpoint(woken.checkpoint))
+                    .await
+                    .map_err(|_| "the storage writer stopped".to_string())
+                    .and_then(|r| r.map_err(|e| e.to_string()))
+                    .map_err(|m| Failure {
+                        message: format!(
+                            "committing the checkpoint of processor {component:?} failed: {m}"
+                        ),
+                        retryable: true,
+                        single_offset: None,
+                    })?;
+                Ok(Delivered {
+                    through,
+                    offsets: woken.offsets,
+                    bytes,
+                })
+            }
+            .await;
+            let done = DeliveryDone {
+                key,
+                generation,
+                id,
+                duration: started.elapsed(),
+                result,
+            };
+            if let Some(tx) = self_tx.upgrade() {
+                let _ = tx.send(Command::DeliveryDone(Box::new(done))).await;
+            }
+        });
+    }
+
     /// Applies a delivery result, unless it belongs to an older run.
     pub(super) fn delivery_done(&mut self, done: DeliveryDone) {
         let now_ms = self.ctx.clock.now_ms();
@@ -326,10 +475,13 @@ impl Actor {
         let Some(sub) = stream.state.subscriptions.outbound.by_key.get(&done.key) else {
             return;
         };
-        let on_failing_event = match sub.configuration.receiver.delivery() {
-            Some(d) => d.on_failing_event,
-            None => return,
-        };
+        let on_failing_event = sub
+            .configuration
+            .receiver
+            .delivery()
+            .map_or(crate::subscription::OnFailingEvent::Halt, |d| {
+                d.on_failing_event
+            });
         let Some(rt) = self.deliveries.get_mut(&done.key) else {
             return;
         };
@@ -344,6 +496,11 @@ impl Actor {
         match done.result {
             Ok(d) => {
                 rt.cursor = rt.cursor.max(d.through);
+                if rt.processor.is_some() {
+                    // Committed with the processor's state already.
+                    rt.durable_cursor = rt.cursor;
+                }
+                rt.last_delivery_ms = Some(now_ms);
                 rt.run.on_success();
                 rt.last_error = None;
                 rt.bytes_sent += d.bytes as u64;

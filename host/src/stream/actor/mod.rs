@@ -205,6 +205,8 @@ pub struct ActorContext {
     pub delivery: DeliveryConfig,
     /// The registry, to deliver to other streams (weak: no ownership cycle).
     pub streams: StreamsRef,
+    /// The wasm runtime that processor-wake subscriptions call.
+    pub runtime: Arc<crate::processor::runtime::Runtime>,
 }
 
 /// Starts the actor of `address`; it runs until every sender is dropped.

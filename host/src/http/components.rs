@@ -1,0 +1,292 @@
+//! Components (`PUT`/`GET /v1/projects/{p}/components`) and processor
+//! instances (`GET {stream}:processors/{component}`, `POST {stream}:verifyProcessor`).
+
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use crate::clock::format_timestamp;
+use crate::error::ApiError;
+use crate::host::Host;
+use crate::processor::runtime::{Batch, Determinism, Event as WitEvent, StreamInfo};
+use crate::storage::{Deployment, WriteOp};
+use crate::stream::{validate_project, StreamAddress};
+use crate::subscription::Receiver;
+
+/// Largest component accepted, in bytes.
+pub const COMPONENT_BYTES_MAX: usize = 64 * 1024 * 1024;
+
+fn invalid_component(m: String) -> ApiError {
+    ApiError::new(400, "invalid-component", m)
+}
+
+/// Component names follow project names: `[a-z0-9][a-z0-9-]{0,62}`.
+fn validate_name(name: &str) -> Result<(), ApiError> {
+    validate_project(name).map_err(|_| {
+        ApiError::invalid(format!(
+            "component name {name:?} is invalid: it must match [a-z0-9][a-z0-9-]{{0,62}}"
+        ))
+    })
+}
+
+/// `PUT /v1/projects/{project}/components/{name}`.
+pub async fn deploy(
+    host: &Host,
+    project: &str,
+    name: &str,
+    bytes: Vec<u8>,
+) -> Result<Value, ApiError> {
+    validate_name(name)?;
+    let runtime = host.streams.wasm_runtime().clone();
+    let checked = bytes.clone();
+    let exports = tokio::task::spawn_blocking(move || runtime.validate(&checked).map(|(_, e)| e))
+        .await
+        .map_err(|e| ApiError::internal(format!("validating the component panicked: {e}")))?
+        .map_err(invalid_component)?;
+    let digest = crate::processor::runtime::digest(&bytes);
+    let deployment = Deployment {
+        project: project.to_string(),
+        name: name.to_string(),
+        digest: digest.clone(),
+        exports: exports.clone(),
+        bytes,
+        deployed_at: format_timestamp(chrono::Utc::now().timestamp_millis()),
+    };
+    host.streams
+        .storage()
+        .submit(WriteOp::Deploy(deployment))
+        .await
+        .map_err(|_| ApiError::internal("the storage writer stopped"))?
+        .map_err(|e| ApiError::internal(format!("storing the component failed: {e}")))?;
+    Ok(json!({"name": name, "digest": digest, "exports": exports}))
+}
+
+/// `GET /v1/projects/{project}/components`.
+pub async fn list(host: &Host, project: &str) -> Result<Value, ApiError> {
+    let storage = host.streams.storage().clone();
+    let project = project.to_string();
+    let rows = tokio::task::spawn_blocking(move || storage.components(&project))
+        .await
+        .map_err(|e| ApiError::internal(e.to_string()))?
+        .map_err(|e| ApiError::internal(format!("listing components failed: {e:#}")))?;
+    Ok(json!({ "components": rows }))
+}
+
+/// The subscription of `stream` that wakes `component`, with its filter.
+fn wake_subscription(
+    state: &crate::stream::CoreState,
+    component: &str,
+) -> Option<crate::subscription::OutboundSubscription> {
+    state
+        .subscriptions
+        .outbound
+        .by_key
+        .values()
+        .find(|s| match &s.configuration.receiver {
+            Receiver::ProcessorWake { expression } => {
+                crate::itx::wake_component(expression).ok().as_deref() == Some(component)
+            }
+            _ => false,
+        })
+        .cloned()
+}
+
+/// `GET {stream}:processors/{component}`.
+pub async fn processor(
+    host: &Host,
+    address: &StreamAddress,
+    component: &str,
+) -> Result<Value, ApiError> {
+    let state = host.streams.state(address).await?;
+    let runtime = host.streams.runtime(address).await?;
+    let storage = host.streams.storage().clone();
+    let ns = address.namespace.storage_key().to_string();
+    let path = address.path.clone();
+    let name = component.to_string();
+    let (row, checkpoint) = tokio::task::spawn_blocking(move || -> anyhow::Result<_> {
+        let row = storage.load_stream(&ns, &path)?;
+        let checkpoint = match &row {
+            Some(r) => storage.checkpoint(r.row_id, &name)?,
+            None => None,
+        };
+        Ok((row, checkpoint))
+    })
+    .await
+    .map_err(|e| ApiError::internal(e.to_string()))?
+    .map_err(|e| ApiError::internal(format!("reading the checkpoint failed: {e:#}")))?;
+    let _ = row;
+    let subscription = wake_subscription(&state, component);
+    let checkpoint = checkpoint.filter(|c| c.stream_id == state.stream_id);
+    if subscription.is_none() && checkpoint.is_none() {
+        return Err(ApiError::not_found(
+            "processor-not-found",
+            format!(
+                "processor {component:?} has no instance on stream {:?}",
+                address.path
+            ),
+        ));
+    }
+    let rt = runtime["subscriptions"]
+        .as_object()
+        .and_then(|subs| subs.values().find(|r| r["processor"] == component).cloned())
+        .unwrap_or(Value::Null);
+    let idle_ms = host.config.processors.idle_teardown_ms as i64;
+    let now = chrono::Utc::now().timestamp_millis();
+    let status = if rt["halted"] == true {
+        "halted"
+    } else if rt["attempt"].as_u64().unwrap_or(0) > 0 {
+        "failing"
+    } else if !rt["inFlightDeadlineAt"].is_null() {
+        "active"
+    } else if rt["lastDeliveryAt"]
+        .as_i64()
+        .is_some_and(|t| now - t < idle_ms)
+    {
+        "active"
+    } else {
+        "idle"
+    };
+    Ok(json!({
+        "component": component,
+        "digest": checkpoint.as_ref().map(|c| c.digest.clone()),
+        "streamId": state.stream_id,
+        "checkpointOffset": checkpoint.as_ref().map_or(0, |c| c.checkpoint_offset),
+        "state": checkpoint.as_ref().and_then(|c| serde_json::from_str::<Value>(&c.state).ok()),
+        "status": status,
+        "lastError": rt["lastError"],
+        "updatedAt": checkpoint.as_ref().map(|c| c.updated_at.clone()),
+    }))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct VerifyInput {
+    pub component: String,
+}
+
+/// `POST {stream}:verifyProcessor`: refolds the processor from offset 0 in
+/// fresh instances with the digest of its checkpoint and compares the state.
+pub async fn verify(
+    host: &Host,
+    address: &StreamAddress,
+    input: VerifyInput,
+) -> Result<Value, ApiError> {
+    let state = host.streams.state(address).await?;
+    let storage = host.streams.storage().clone();
+    let runtime = host.streams.wasm_runtime().clone();
+    let ns = address.namespace.storage_key().to_string();
+    let path = address.path.clone();
+    let component = input.component.clone();
+    let timeout_ms = host.config.delivery.timeout_ms;
+    let filter = wake_subscription(&state, &component).and_then(|s| s.configuration.filter);
+    let out = tokio::task::spawn_blocking(move || -> Result<Value, ApiError> {
+        let internal = |e: anyhow::Error| ApiError::internal(format!("{e:#}"));
+        let row = storage
+            .load_stream(&ns, &path)
+            .map_err(internal)?
+            .ok_or_else(|| {
+                ApiError::not_found(
+                    "stream-not-found",
+                    format!("stream {path:?} does not exist"),
+                )
+            })?;
+        let checkpoint = storage
+            .checkpoint(row.row_id, &component)
+            .map_err(internal)?
+            .filter(|c| c.stream_id == state.stream_id)
+            .ok_or_else(|| {
+                ApiError::not_found(
+                    "processor-not-found",
+                    format!("processor {component:?} has no checkpoint on stream {path:?}"),
+                )
+            })?;
+        let digest = checkpoint.digest.clone();
+        let bytes_storage = storage.clone();
+        let prepared = runtime
+            .prepare(&checkpoint.digest, move || {
+                bytes_storage.component_bytes(&digest)
+            })
+            .map_err(internal)?;
+        let guest = |e: crate::processor::runtime::GuestError| {
+            ApiError::new(
+                422,
+                "processor-failed",
+                format!("processor {component:?}: {e}"),
+            )
+        };
+        let announcement = runtime
+            .describe(&component, &prepared, timeout_ms)
+            .map_err(guest)?;
+        let mut compiled = crate::delivery::runtime::CompiledFilter::new(filter.as_ref(), false)
+            .map_err(ApiError::invalid)?;
+        if !announcement.consumes.is_empty() {
+            compiled.event_types = Some(match compiled.event_types.take() {
+                None => announcement.consumes.clone(),
+                Some(t) => t
+                    .into_iter()
+                    .filter(|x| announcement.consumes.contains(x))
+                    .collect(),
+            });
+        }
+        let mut folded = runtime
+            .initial_state(&component, &prepared, timeout_ms)
+            .map_err(guest)?;
+        let mut cursor = 0;
+        while cursor < checkpoint.checkpoint_offset {
+            let stored = storage
+                .events_after(row.row_id, cursor, 1000, checkpoint.checkpoint_offset)
+                .map_err(internal)?;
+            let selection =
+                crate::delivery::runtime::select_batch("verify", &stored, &compiled, 1000, cursor)
+                    .map_err(|f| ApiError::new(422, "processor-failed", f.message))?;
+            if selection.through == cursor {
+                break;
+            }
+            if !selection.events.is_empty() {
+                let batch = Batch {
+                    stream: StreamInfo {
+                        project_id: state.project_id.clone(),
+                        path: state.path.clone(),
+                        stream_id: state.stream_id.clone(),
+                        stream_created_at: state.created_at.clone(),
+                        max_offset: checkpoint.checkpoint_offset,
+                    },
+                    events: selection
+                        .events
+                        .iter()
+                        .map(|e| WitEvent {
+                            offset: e.offset,
+                            type_: e.event_type.clone(),
+                            payload: Value::Object(e.payload.clone()).to_string(),
+                            metadata: e
+                                .metadata
+                                .as_ref()
+                                .map(|m| Value::Object(m.clone()).to_string()),
+                            created_at: e.created_at.clone(),
+                            idempotency_key: e.idempotency_key.clone(),
+                        })
+                        .collect(),
+                    scanned_through_offset: selection.through,
+                };
+                let d = Determinism::for_batch(&state.stream_id, batch.events[0].offset, 0);
+                folded = runtime
+                    .fold(&component, &prepared, &folded, &batch, d, timeout_ms)
+                    .map_err(guest)?
+                    .state;
+            }
+            cursor = selection.through;
+        }
+        let stored: Value = serde_json::from_str(&checkpoint.state).unwrap_or(Value::Null);
+        let refolded: Value = serde_json::from_str(&folded).unwrap_or(Value::Null);
+        Ok(json!({
+            "component": component,
+            "digest": checkpoint.digest,
+            "checkpointOffset": checkpoint.checkpoint_offset,
+            "matches": stored == refolded,
+            "storedState": stored,
+            "refoldedState": refolded,
+        }))
+    })
+    .await
+    .map_err(|e| ApiError::internal(e.to_string()))??;
+    Ok(out)
+}

@@ -1,0 +1,419 @@
+//! The wasmtime runtime for processor components: one engine (pooling
+//! allocator, copy-on-write memory, epoch interruption), components compiled
+//! once per digest and cached on disk, an `InstancePre` per component, and a
+//! fresh store per call with memory and time limits. Guests get WASI only,
+//! with deterministic clocks and random, no filesystem, network or
+//! environment; their stdout/stderr go to tracing.
+
+use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use anyhow::{Context as _, Result};
+use wasmtime::component::{Component, Linker, ResourceTable};
+use wasmtime::{
+    Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Store, StoreLimits,
+    StoreLimitsBuilder,
+};
+use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
+use wasmtime_wasi::{HostMonotonicClock, HostWallClock, WasiCtx, WasiCtxView, WasiView};
+
+mod bindings {
+    wasmtime::component::bindgen!({
+        path: "../wit",
+        world: "stream-processor",
+    });
+}
+
+pub use bindings::exports::streamhost::processor::processor::{
+    Announcement, AppendEffect, Batch, Effect, EffectTarget, Event, Failure, Folded, ItxEffect,
+    StreamInfo, WebhookEffect,
+};
+use bindings::StreamProcessorPre;
+
+/// The interface a processor component must export.
+pub const PROCESSOR_INTERFACE: &str = "streamhost:processor/processor@0.1.0";
+/// Linear memory a guest may use.
+pub const GUEST_MEMORY_BYTES_MAX: usize = 256 * 1024 * 1024;
+/// Bytes of guest stdout/stderr kept per call.
+const GUEST_OUTPUT_BYTES_MAX: usize = 64 * 1024;
+/// Epoch tick; call deadlines are counted in ticks.
+const EPOCH_TICK_MS: u64 = 5;
+
+/// Why a guest call did not return a value.
+#[derive(Debug, Clone, PartialEq)]
+pub enum GuestError {
+    /// The guest trapped (including running out of memory or stack).
+    Trap(String),
+    /// The call ran past its deadline.
+    Timeout(u64),
+    /// The guest returned `failure`.
+    Failure { message: String, retryable: bool },
+}
+
+impl std::fmt::Display for GuestError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            GuestError::Trap(m) => write!(f, "the guest trapped: {m}"),
+            GuestError::Timeout(ms) => write!(f, "the guest timed out after {ms}ms"),
+            GuestError::Failure { message, .. } => write!(f, "the processor failed: {message}"),
+        }
+    }
+}
+
+/// What makes a call deterministic: the clock value and the random seed.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Determinism {
+    /// Wall-clock time the guest sees, ms since the epoch.
+    pub wall_clock_ms: i64,
+    /// Seed of the guest's random bytes.
+    pub seed: [u8; 32],
+}
+
+impl Determinism {
+    /// Seeded from the stream id and the batch's first offset.
+    pub fn for_batch(stream_id: &str, offset: u64, wall_clock_ms: i64) -> Determinism {
+        use sha2::Digest;
+        let mut h = sha2::Sha256::new();
+        h.update(stream_id.as_bytes());
+        h.update(offset.to_le_bytes());
+        Determinism {
+            wall_clock_ms,
+            seed: h.finalize().into(),
+        }
+    }
+}
+
+struct FixedWallClock(Duration);
+
+impl HostWallClock for FixedWallClock {
+    fn resolution(&self) -> Duration {
+        Duration::from_millis(1)
+    }
+    fn now(&self) -> Duration {
+        self.0
+    }
+}
+
+struct FixedMonotonicClock;
+
+impl HostMonotonicClock for FixedMonotonicClock {
+    fn resolution(&self) -> u64 {
+        1_000_000
+    }
+    fn now(&self) -> u64 {
+        0
+    }
+}
+
+/// The data of one guest store.
+pub struct GuestData {
+    wasi: WasiCtx,
+    table: ResourceTable,
+    limits: StoreLimits,
+}
+
+impl WasiView for GuestData {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView {
+            ctx: &mut self.wasi,
+            table: &mut self.table,
+        }
+    }
+}
+
+/// A compiled, linked processor component.
+pub struct Prepared {
+    pub digest: String,
+    pre: StreamProcessorPre<GuestData>,
+    announcement: OnceLock<Announcement>,
+}
+
+/// The runtime. Cheap to share (`Arc`).
+pub struct Runtime {
+    engine: Engine,
+    linker: Linker<GuestData>,
+    cache_dir: PathBuf,
+    prepared: Mutex<HashMap<String, Arc<Prepared>>>,
+    compatibility: String,
+}
+
+impl Runtime {
+    /// Builds the engine and starts its epoch ticker. `cache_dir` holds
+    /// compiled components.
+    pub fn new(cache_dir: PathBuf) -> Result<Arc<Runtime>> {
+        let mut config = Config::new();
+        config.epoch_interruption(true);
+        config.max_wasm_stack(1024 * 1024);
+        let mut pool = PoolingAllocationConfig::default();
+        pool.total_component_instances(200)
+            .total_core_instances(400)
+            .total_memories(400)
+            .total_tables(400)
+            .max_memory_size(GUEST_MEMORY_BYTES_MAX);
+        config.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
+        let engine = Engine::new(&config)
+            .map_err(anyhow::Error::from)
+            .context("creating the wasm engine")?;
+        let mut linker = Linker::new(&engine);
+        wasmtime_wasi::p2::add_to_linker_sync(&mut linker)
+            .map_err(anyhow::Error::from)
+            .context("linking WASI")?;
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        engine.precompile_compatibility_hash().hash(&mut hasher);
+        let compatibility = format!("{:016x}", hasher.finish());
+        std::fs::create_dir_all(&cache_dir)
+            .with_context(|| format!("creating {}", cache_dir.display()))?;
+        let ticker = engine.weak();
+        std::thread::Builder::new()
+            .name("streamhost-epoch".into())
+            .spawn(move || loop {
+                std::thread::sleep(Duration::from_millis(EPOCH_TICK_MS));
+                match ticker.upgrade() {
+                    Some(e) => e.increment_epoch(),
+                    None => return,
+                }
+            })
+            .context("starting the epoch ticker")?;
+        Ok(Arc::new(Runtime {
+            engine,
+            linker,
+            cache_dir,
+            prepared: Mutex::new(HashMap::new()),
+            compatibility,
+        }))
+    }
+
+    /// Compiles `bytes` and checks that it is a processor component; returns
+    /// the exported function names.
+    pub fn validate(&self, bytes: &[u8]) -> Result<(Component, Vec<String>), String> {
+        let component = Component::new(&self.engine, bytes).map_err(|e| {
+            format!(
+                "the body is not a valid WebAssembly component: {}",
+                root_cause(&e)
+            )
+        })?;
+        let exports = exported_functions(&self.engine, &component);
+        let pre = self.linker.instantiate_pre(&component).map_err(|e| {
+            format!(
+                "the component cannot be linked (guests may import only WASI): {}",
+                root_cause(&e)
+            )
+        })?;
+        StreamProcessorPre::new(pre).map_err(|e| {
+            format!(
+                "the component does not export the {PROCESSOR_INTERFACE} interface: {}",
+                root_cause(&e)
+            )
+        })?;
+        Ok((component, exports))
+    }
+
+    fn cache_path(&self, digest: &str) -> PathBuf {
+        self.cache_dir
+            .join(format!("{digest}-{}.cwasm", self.compatibility))
+    }
+
+    /// The prepared component of `digest`, compiling `bytes()` on first use
+    /// (or loading the compiled form from the disk cache).
+    pub fn prepare(
+        &self,
+        digest: &str,
+        bytes: impl FnOnce() -> Result<Vec<u8>>,
+    ) -> Result<Arc<Prepared>> {
+        if let Some(p) = self.prepared.lock().expect("prepared").get(digest) {
+            return Ok(p.clone());
+        }
+        let path = self.cache_path(digest);
+        // SAFETY: files in the cache directory are written only by
+        // `Component::serialize` of this engine configuration (the file name
+        // carries the engine's compatibility hash).
+        let cached = if path.exists() {
+            unsafe { Component::deserialize_file(&self.engine, &path) }.ok()
+        } else {
+            None
+        };
+        let component = match cached {
+            Some(c) => c,
+            None => {
+                let bytes = bytes()?;
+                let c = Component::new(&self.engine, &bytes)
+                    .map_err(anyhow::Error::from)
+                    .context("compiling the component")?;
+                if let Ok(serialized) = c.serialize() {
+                    let tmp = path.with_extension("tmp");
+                    if std::fs::write(&tmp, serialized).is_ok() {
+                        let _ = std::fs::rename(&tmp, &path);
+                    }
+                }
+                c
+            }
+        };
+        let pre = StreamProcessorPre::new(self.linker.instantiate_pre(&component)?)?;
+        let prepared = Arc::new(Prepared {
+            digest: digest.to_string(),
+            pre,
+            announcement: OnceLock::new(),
+        });
+        self.prepared
+            .lock()
+            .expect("prepared")
+            .insert(digest.to_string(), prepared.clone());
+        Ok(prepared)
+    }
+
+    fn store(
+        &self,
+        name: &str,
+        d: Determinism,
+        timeout_ms: u64,
+    ) -> (Store<GuestData>, MemoryOutputPipe, MemoryOutputPipe) {
+        let stdout = MemoryOutputPipe::new(GUEST_OUTPUT_BYTES_MAX);
+        let stderr = MemoryOutputPipe::new(GUEST_OUTPUT_BYTES_MAX);
+        let wasi = WasiCtx::builder()
+            .stdout(stdout.clone())
+            .stderr(stderr.clone())
+            .wall_clock(FixedWallClock(Duration::from_millis(
+                d.wall_clock_ms.max(0) as u64,
+            )))
+            .monotonic_clock(FixedMonotonicClock)
+            .secure_random(wasmtime_wasi::Deterministic::new(d.seed.to_vec()))
+            .insecure_random(wasmtime_wasi::Deterministic::new(
+                d.seed.iter().rev().copied().collect(),
+            ))
+            .insecure_random_seed(u128::from_le_bytes(
+                d.seed[..16].try_into().expect("16 bytes"),
+            ))
+            .build();
+        let limits = StoreLimitsBuilder::new()
+            .memory_size(GUEST_MEMORY_BYTES_MAX)
+            .trap_on_grow_failure(true)
+            .build();
+        let mut store = Store::new(
+            &self.engine,
+            GuestData {
+                wasi,
+                table: ResourceTable::new(),
+                limits,
+            },
+        );
+        store.limiter(|g| &mut g.limits);
+        store.set_epoch_deadline(timeout_ms.div_ceil(EPOCH_TICK_MS).max(1));
+        store.epoch_deadline_trap();
+        let _ = name;
+        (store, stdout, stderr)
+    }
+
+    fn call<T>(
+        &self,
+        name: &str,
+        p: &Prepared,
+        d: Determinism,
+        timeout_ms: u64,
+        f: impl FnOnce(&mut Store<GuestData>, &bindings::StreamProcessor) -> wasmtime::Result<T>,
+    ) -> Result<T, GuestError> {
+        let (mut store, stdout, stderr) = self.store(name, d, timeout_ms);
+        let result = p
+            .pre
+            .instantiate(&mut store)
+            .and_then(|instance| f(&mut store, &instance));
+        for (stream, pipe) in [("stdout", &stdout), ("stderr", &stderr)] {
+            let bytes = pipe.contents();
+            for line in String::from_utf8_lossy(&bytes)
+                .lines()
+                .filter(|l| !l.is_empty())
+            {
+                tracing::info!(processor = name, stream, "{line}");
+            }
+        }
+        result.map_err(|e| match e.downcast_ref::<wasmtime::Trap>() {
+            Some(wasmtime::Trap::Interrupt) => GuestError::Timeout(timeout_ms),
+            _ => GuestError::Trap(format!("{e:#}")),
+        })
+    }
+
+    /// The processor's announcement (cached per digest).
+    pub fn describe(
+        &self,
+        name: &str,
+        p: &Prepared,
+        timeout_ms: u64,
+    ) -> Result<Announcement, GuestError> {
+        if let Some(a) = p.announcement.get() {
+            return Ok(a.clone());
+        }
+        let a = self.call(name, p, Determinism::default(), timeout_ms, |s, i| {
+            i.streamhost_processor_processor().call_describe(s)
+        })?;
+        let _ = p.announcement.set(a.clone());
+        Ok(a)
+    }
+
+    /// The processor's state before any event.
+    pub fn initial_state(
+        &self,
+        name: &str,
+        p: &Prepared,
+        timeout_ms: u64,
+    ) -> Result<String, GuestError> {
+        self.call(name, p, Determinism::default(), timeout_ms, |s, i| {
+            i.streamhost_processor_processor().call_initial_state(s)
+        })
+    }
+
+    /// Folds one batch.
+    pub fn fold(
+        &self,
+        name: &str,
+        p: &Prepared,
+        state: &str,
+        batch: &Batch,
+        d: Determinism,
+        timeout_ms: u64,
+    ) -> Result<Folded, GuestError> {
+        let state = state.to_string();
+        let out = self.call(name, p, d, timeout_ms, |s, i| {
+            i.streamhost_processor_processor()
+                .call_fold(s, &state, batch)
+        })?;
+        out.map_err(|f| GuestError::Failure {
+            message: f.message,
+            retryable: f.retryable,
+        })
+    }
+}
+
+fn root_cause(e: &wasmtime::Error) -> String {
+    format!("{e:#}")
+}
+
+/// Names of the functions a component exports (top level and in exported
+/// instances), WIT spelling.
+fn exported_functions(engine: &Engine, component: &Component) -> Vec<String> {
+    use wasmtime::component::types::ComponentItem;
+    let mut out = Vec::new();
+    for (name, item) in component.component_type().exports(engine) {
+        match item.ty {
+            ComponentItem::ComponentFunc(_) => out.push(name.to_string()),
+            ComponentItem::ComponentInstance(inst) => {
+                for (f, item) in inst.exports(engine) {
+                    if matches!(item.ty, ComponentItem::ComponentFunc(_)) {
+                        out.push(f.to_string());
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+/// A digest of component bytes: `sha256:<hex>`.
+pub fn digest(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    let hash = sha2::Sha256::digest(bytes);
+    let hex: String = hash.iter().map(|b| format!("{b:02x}")).collect();
+    format!("sha256:{hex}")
+}

@@ -1,0 +1,242 @@
+//! One wake of a processor instance: load its checkpoint and component, read
+//! the events after the checkpoint (the subscription's filter ∩ the
+//! processor's `consumes`), fold them, and produce the checkpoint to commit.
+//! Runs on a blocking thread; the caller commits the checkpoint.
+
+use std::sync::Arc;
+
+use serde_json::Value;
+
+use super::runtime::{Batch, Determinism, Event as WitEvent, GuestError, Runtime, StreamInfo};
+use crate::clock::format_timestamp;
+use crate::delivery::runtime::{select_batch, CompiledFilter};
+use crate::delivery::Failure;
+use crate::storage::{Checkpoint, Storage};
+
+/// Largest processor state, in bytes.
+pub const PROCESSOR_STATE_BYTES_MAX: usize = 16 * 1024 * 1024;
+/// Stored events read per wake.
+const SCAN_EVENTS_MAX: usize = 1000;
+
+/// Everything one wake needs.
+pub struct WakeJob {
+    pub storage: Storage,
+    pub runtime: Arc<Runtime>,
+    pub row_id: i64,
+    pub project: String,
+    pub component: String,
+    pub stream: StreamInfo,
+    /// The last committed durable offset of the stream.
+    pub head: u64,
+    pub limit: usize,
+    pub filter: CompiledFilter,
+    pub timeout_ms: u64,
+    pub now_ms: i64,
+}
+
+/// A wake that produced a checkpoint to commit.
+pub struct Woken {
+    pub checkpoint: Checkpoint,
+    pub offsets: Vec<u64>,
+}
+
+fn failure(message: String, retryable: bool) -> Failure {
+    Failure {
+        message,
+        retryable,
+        single_offset: None,
+    }
+}
+
+/// Where the processor's checkpoint starts: `(previous, offset, state)`.
+fn start(
+    job: &WakeJob,
+    prepared: &super::runtime::Prepared,
+) -> Result<(Option<(String, u64)>, u64, String), Failure> {
+    let row = job
+        .storage
+        .checkpoint(job.row_id, &job.component)
+        .map_err(|e| failure(format!("reading the checkpoint failed: {e:#}"), true))?;
+    match row {
+        Some(c) if c.stream_id == job.stream.stream_id => Ok((
+            Some((c.stream_id, c.checkpoint_offset)),
+            c.checkpoint_offset,
+            c.state,
+        )),
+        other => {
+            // A new source lifetime (or a first wake): start from nothing.
+            let state = job
+                .runtime
+                .initial_state(&job.component, prepared, job.timeout_ms)
+                .map_err(|e| guest_failure(&job.component, "initial-state", e))?;
+            Ok((other.map(|c| (c.stream_id, c.checkpoint_offset)), 0, state))
+        }
+    }
+}
+
+fn guest_failure(component: &str, call: &str, e: GuestError) -> Failure {
+    let retryable = match &e {
+        GuestError::Failure { retryable, .. } => *retryable,
+        GuestError::Trap(_) | GuestError::Timeout(_) => true,
+    };
+    failure(format!("processor {component:?} {call}: {e}"), retryable)
+}
+
+/// Runs one wake (blocking).
+pub fn wake(job: WakeJob) -> Result<Woken, Failure> {
+    let row = job
+        .storage
+        .component(&job.project, &job.component)
+        .map_err(|e| {
+            failure(
+                format!("reading component {:?} failed: {e:#}", job.component),
+                true,
+            )
+        })?
+        .ok_or_else(|| {
+            failure(
+                format!("component {:?} is not deployed", job.component),
+                true,
+            )
+        })?;
+    let storage = job.storage.clone();
+    let digest = row.digest.clone();
+    let prepared = job
+        .runtime
+        .prepare(&row.digest, move || storage.component_bytes(&digest))
+        .map_err(|e| {
+            failure(
+                format!("loading component {:?} failed: {e:#}", job.component),
+                true,
+            )
+        })?;
+    let announcement = job
+        .runtime
+        .describe(&job.component, &prepared, job.timeout_ms)
+        .map_err(|e| guest_failure(&job.component, "describe", e))?;
+    let (previous, checkpoint, state) = start(&job, &prepared)?;
+    let stored = job
+        .storage
+        .events_after(job.row_id, checkpoint, SCAN_EVENTS_MAX, job.head)
+        .map_err(|e| failure(format!("reading the stream failed: {e:#}"), true))?;
+    let mut filter = job.filter.clone();
+    if !announcement.consumes.is_empty() {
+        filter.event_types = Some(match filter.event_types.take() {
+            None => announcement.consumes.clone(),
+            Some(types) => types
+                .into_iter()
+                .filter(|t| announcement.consumes.contains(t))
+                .collect(),
+        });
+    }
+    let selection = select_batch(
+        &format!("processor {}", job.component),
+        &stored,
+        &filter,
+        job.limit,
+        checkpoint,
+    )?;
+    let offsets: Vec<u64> = selection.events.iter().map(|e| e.offset).collect();
+    let mut new_state = state.clone();
+    let mut effects = Vec::new();
+    if !selection.events.is_empty() {
+        let batch = Batch {
+            stream: job.stream.clone(),
+            events: selection
+                .events
+                .iter()
+                .map(|e| WitEvent {
+                    offset: e.offset,
+                    type_: e.event_type.clone(),
+                    payload: Value::Object(e.payload.clone()).to_string(),
+                    metadata: e
+                        .metadata
+                        .as_ref()
+                        .map(|m| Value::Object(m.clone()).to_string()),
+                    created_at: e.created_at.clone(),
+                    idempotency_key: e.idempotency_key.clone(),
+                })
+                .collect(),
+            scanned_through_offset: selection.through,
+        };
+        let last_created =
+            chrono::DateTime::parse_from_rfc3339(&batch.events[batch.events.len() - 1].created_at)
+                .map(|t| t.timestamp_millis())
+                .unwrap_or(0);
+        let determinism = Determinism::for_batch(&job.stream.stream_id, offsets[0], last_created);
+        let folded = job
+            .runtime
+            .fold(
+                &job.component,
+                &prepared,
+                &state,
+                &batch,
+                determinism,
+                job.timeout_ms,
+            )
+            .map_err(|e| {
+                let mut f = guest_failure(&job.component, "fold", e);
+                f.single_offset = (offsets.len() == 1).then(|| offsets[0]);
+                f.message = format!(
+                    "{}; reproduce with: {}",
+                    f.message,
+                    super::wave::fold_command(&format!("{}.wasm", job.component), &state, &batch)
+                );
+                f
+            })?;
+        if folded.state.len() > PROCESSOR_STATE_BYTES_MAX {
+            return Err(failure(
+                format!(
+                    "processor {:?} returned a state of {} bytes, over the {PROCESSOR_STATE_BYTES_MAX}-byte limit",
+                    job.component,
+                    folded.state.len()
+                ),
+                false,
+            ));
+        }
+        if let Err(e) = serde_json::from_str::<Value>(&folded.state) {
+            return Err(failure(
+                format!(
+                    "processor {:?} returned a state that is not JSON: {e}",
+                    job.component
+                ),
+                false,
+            ));
+        }
+        new_state = folded.state;
+        for effect in &folded.effects {
+            effects.push((effect.key.clone(), effect_json(effect).to_string()));
+        }
+    }
+    Ok(Woken {
+        checkpoint: Checkpoint {
+            row_id: job.row_id,
+            component: job.component.clone(),
+            stream_id: job.stream.stream_id.clone(),
+            previous_offset: previous,
+            offset: selection.through,
+            state: new_state,
+            digest: prepared.digest.clone(),
+            effects,
+            updated_at: format_timestamp(job.now_ms),
+        },
+        offsets,
+    })
+}
+
+/// An effect as stored in the outbox.
+fn effect_json(e: &super::runtime::Effect) -> Value {
+    use super::runtime::EffectTarget;
+    let parse = |s: &str| serde_json::from_str::<Value>(s).unwrap_or(Value::String(s.to_string()));
+    match &e.target {
+        EffectTarget::Append(a) => serde_json::json!({"key": e.key, "append": {
+            "streamPath": a.stream_path, "type": a.type_, "payload": parse(&a.payload),
+            "metadata": a.metadata.as_deref().map(parse)}}),
+        EffectTarget::Webhook(w) => {
+            serde_json::json!({"key": e.key, "webhook": {"url": w.url, "body": parse(&w.body)}})
+        }
+        EffectTarget::Itx(i) => {
+            serde_json::json!({"key": e.key, "itx": {"expression": parse(&i.expression), "args": parse(&i.args)}})
+        }
+    }
+}

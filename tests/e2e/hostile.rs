@@ -1,0 +1,111 @@
+//! Hostile guests are contained: each misbehaviour ends in a durable halt
+//! (after retries, or at once when retrying cannot help), and the host keeps
+//! serving other streams.
+
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use crate::processors::PROC;
+use crate::support::{guest, wait_for, Server};
+
+async fn halted_with(kind: &str) -> (Value, Value) {
+    let s = Server::start_with(Some(PROC), &[]);
+    let (status, out) = s.deploy("acme", "hostile", guest("hostile")).await;
+    assert_eq!(status, 200, "{out}");
+    let stream = format!("/v1/projects/acme/streams/{kind}");
+    s.post(
+        &format!("{stream}:append"),
+        json!({"events": [{"type": "events.iterate.com/stream/subscription-configured",
+            "payload": {"subscriptionKey": "h", "receiver": {"action": "processor-wake",
+                "expression": ["components", ["get", "hostile"], "wake"]}}}]}),
+    )
+    .await;
+    s.post(
+        &format!("{stream}:append"),
+        json!({"events": [{"type": format!("hostile/{kind}")}]}),
+    )
+    .await;
+    wait_for(
+        &format!("the {kind} guest to halt"),
+        Duration::from_secs(60),
+        async || {
+            let (_, st) = s.get(&format!("{stream}:state")).await;
+            st["subscriptions"]["outbound"]["byKey"]["h"]
+                .get("deliveryHalted")
+                .is_some()
+        },
+    )
+    .await;
+    // The host still serves other streams.
+    let (status, _) = s
+        .post(
+            "/v1/projects/acme/streams/other:append",
+            json!({"events": [{"type": "x.y/a"}]}),
+        )
+        .await;
+    assert_eq!(status, 200);
+    assert_eq!(s.get("/healthz").await.0, 200);
+    let (_, st) = s.get(&format!("{stream}:state")).await;
+    let halted = st["subscriptions"]["outbound"]["byKey"]["h"]["deliveryHalted"].clone();
+    let (_, p) = s.get(&format!("{stream}:processors/hostile")).await;
+    (halted, p)
+}
+
+fn error(halted: &Value) -> &str {
+    halted["error"].as_str().unwrap_or_default()
+}
+
+#[tokio::test]
+async fn a_guest_that_loops_forever_times_out() {
+    let (halted, p) = halted_with("loop").await;
+    assert!(
+        error(&halted).contains("timed out after 1000ms"),
+        "{halted}"
+    );
+    assert_eq!(halted["attempts"], 3);
+    assert_eq!(p["status"], "halted");
+}
+
+#[tokio::test]
+async fn a_guest_that_grows_memory_without_bound_traps() {
+    let (halted, _) = halted_with("grow").await;
+    assert!(error(&halted).contains("the guest trapped"), "{halted}");
+}
+
+#[tokio::test]
+async fn a_guest_that_overflows_its_stack_traps() {
+    let (halted, _) = halted_with("stack").await;
+    assert!(error(&halted).contains("the guest trapped"), "{halted}");
+}
+
+#[tokio::test]
+async fn a_guest_that_traps_halts_with_a_wasmtime_repro_command() {
+    let (halted, _) = halted_with("trap").await;
+    let e = error(&halted);
+    assert!(e.contains("the guest trapped"), "{halted}");
+    assert!(
+        e.contains("reproduce with: wasmtime run --invoke 'fold("),
+        "{e}"
+    );
+}
+
+#[tokio::test]
+async fn invalid_json_state_halts_at_once() {
+    let (halted, _) = halted_with("invalid-json").await;
+    assert!(
+        error(&halted).contains("returned a state that is not JSON"),
+        "{halted}"
+    );
+    assert_eq!(halted["attempts"], 1, "retrying cannot help");
+}
+
+#[tokio::test]
+async fn a_100_mb_state_halts_at_once() {
+    let (halted, _) = halted_with("huge").await;
+    assert!(
+        error(&halted).contains("over the 16777216-byte limit"),
+        "{halted}"
+    );
+    assert_eq!(halted["attempts"], 1);
+}

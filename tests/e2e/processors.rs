@@ -1,0 +1,300 @@
+//! Wasm processors end to end: real guest components built from
+//! `examples/processors`, run by the real server.
+
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use crate::support::{assert_error, guest, wait_for, Server};
+
+pub const PROC: &str = r#"
+[delivery]
+max-attempts = 3
+backoff-base-ms = 10
+backoff-max-ms = 40
+timeout-ms = 1000
+
+[processors]
+idle-teardown-ms = 300
+"#;
+
+const S: &str = "/v1/projects/acme/streams/orders";
+
+fn wake(component: &str, key: &str, filter: Option<Value>) -> Value {
+    let mut payload = json!({"subscriptionKey": key,
+        "receiver": {"action": "processor-wake", "expression": ["components", ["get", component], "wake"]}});
+    if let Some(f) = filter {
+        payload["filter"] = f;
+    }
+    json!({"events": [{"type": "events.iterate.com/stream/subscription-configured", "payload": payload}]})
+}
+
+async fn append(s: &Server, stream: &str, events: Value) -> Value {
+    let (status, out) = s
+        .post(&format!("{stream}:append"), json!({ "events": events }))
+        .await;
+    assert_eq!(status, 200, "{out}");
+    out
+}
+
+/// Waits until the processor's checkpoint reaches the stream's durable head.
+pub async fn caught_up(s: &Server, stream: &str, component: &str) -> Value {
+    wait_for(
+        &format!("{component} to catch up on {stream}"),
+        Duration::from_secs(30),
+        async || {
+            let events = s.all_events(stream).await;
+            let head = events
+                .last()
+                .map(|e| e["offset"].clone())
+                .unwrap_or(json!(0));
+            let (status, p) = s.get(&format!("{stream}:processors/{component}")).await;
+            status == 200 && p["checkpointOffset"] == head
+        },
+    )
+    .await;
+    s.get(&format!("{stream}:processors/{component}")).await.1
+}
+
+/// The counter's fold of the stream's durable events, computed here.
+async fn expected_count(s: &Server, stream: &str) -> Value {
+    let events = s.all_events(stream).await;
+    let sum: i64 = events
+        .iter()
+        .map(|e| e["payload"]["n"].as_i64().unwrap_or(0))
+        .sum();
+    json!({"events": events.len(), "sum": sum, "last_offset": events.last().unwrap()["offset"]})
+}
+
+#[tokio::test]
+async fn deploy_validates_components_and_lists_them() {
+    let s = Server::start();
+    let (status, out) = s.deploy("acme", "counter", guest("counter")).await;
+    assert_eq!(status, 200, "{out}");
+    assert_eq!(out["name"], "counter");
+    assert!(out["digest"].as_str().unwrap().starts_with("sha256:"));
+    let exports: Vec<&str> = out["exports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e.as_str().unwrap())
+        .collect();
+    for f in ["describe", "initial-state", "fold"] {
+        assert!(exports.contains(&f), "{exports:?}");
+    }
+    let (_, list) = s.get("/v1/projects/acme/components").await;
+    assert_eq!(list["components"][0]["name"], "counter");
+    assert_eq!(list["components"][0]["digest"], out["digest"]);
+
+    assert_error(
+        &s.deploy("acme", "junk", b"not wasm at all".to_vec()).await,
+        400,
+        "invalid-component",
+        "not a valid WebAssembly component",
+    );
+    // A core module is not a component.
+    assert_error(
+        &s.deploy("acme", "core", b"\0asm\x01\0\0\0".to_vec()).await,
+        400,
+        "invalid-component",
+        "not a valid WebAssembly component",
+    );
+    // An empty component exports no processor interface.
+    assert_error(
+        &s.deploy("acme", "empty", b"\0asm\x0d\0\x01\0".to_vec())
+            .await,
+        400,
+        "invalid-component",
+        "streamhost:processor/processor@0.1.0",
+    );
+    assert_error(
+        &s.deploy("acme", "Bad Name", guest("counter")).await,
+        400,
+        "invalid-request",
+        "\"Bad Name\"",
+    );
+    let (_, list) = s.get("/v1/projects/acme/components").await;
+    assert_eq!(
+        list["components"].as_array().unwrap().len(),
+        1,
+        "nothing stored for rejected bodies"
+    );
+}
+
+#[tokio::test]
+async fn the_counter_state_equals_the_fold_and_never_sees_ephemeral_events() {
+    let s = Server::start_with(Some(PROC), &[]);
+    s.deploy("acme", "counter", guest("counter")).await;
+    append(&s, S, json!([{"type": "x.y/n", "payload": {"n": 5}}])).await;
+    s.post(&format!("{S}:append"), wake("counter", "count", None))
+        .await;
+    append(
+        &s,
+        S,
+        json!([
+            {"type": "x.y/n", "payload": {"n": 7}},
+            {"type": "x.y/n", "payload": {"n": 1000}, "ephemeral": true},
+            {"type": "x.y/other", "payload": {"n": -2}},
+        ]),
+    )
+    .await;
+    let p = caught_up(&s, S, "counter").await;
+    assert_eq!(p["state"], expected_count(&s, S).await);
+    assert_eq!(
+        p["state"]["sum"], 10,
+        "the ephemeral 1000 never reached the processor"
+    );
+    assert_eq!(p["component"], "counter");
+    let (_, list) = s.get("/v1/projects/acme/components").await;
+    assert_eq!(p["digest"], list["components"][0]["digest"]);
+    let (_, v) = s
+        .post(
+            &format!("{S}:verifyProcessor"),
+            json!({"component": "counter"}),
+        )
+        .await;
+    assert_eq!(v["matches"], true, "{v}");
+    assert_eq!(v["refoldedState"], p["state"]);
+    assert_error(
+        &s.get(&format!("{S}:processors/nobody")).await,
+        404,
+        "processor-not-found",
+        "\"nobody\"",
+    );
+}
+
+#[tokio::test]
+async fn consumes_intersects_the_stored_filter() {
+    let s = Server::start_with(Some(PROC), &[]);
+    s.deploy("acme", "totals", guest("order-totals")).await;
+    s.post(
+        &format!("{S}:append"),
+        wake(
+            "totals",
+            "totals",
+            Some(json!({"jsonataCondition": "payload.region != 'us'"})),
+        ),
+    )
+    .await;
+    append(
+        &s,
+        S,
+        json!([
+            {"type": "events.example/order-created", "payload": {"region": "eu", "total": 10}},
+            {"type": "events.example/order-created", "payload": {"region": "us", "total": 99}},
+            {"type": "events.example/order-shipped", "payload": {"region": "eu", "total": 1000}},
+            {"type": "events.example/order-created", "payload": {"region": "eu", "total": 5}},
+            {"type": "events.example/order-created", "payload": {"region": "ap", "total": 1}},
+        ]),
+    )
+    .await;
+    let p = caught_up(&s, S, "totals").await;
+    assert_eq!(
+        p["state"],
+        json!({"regions": {"ap": {"orders": 1, "total": 1.0}, "eu": {"orders": 2, "total": 15.0}}})
+    );
+}
+
+#[tokio::test]
+async fn idle_processors_are_woken_again_by_the_next_append() {
+    let s = Server::start_with(Some(PROC), &[]);
+    s.deploy("acme", "counter", guest("counter")).await;
+    s.post(&format!("{S}:append"), wake("counter", "count", None))
+        .await;
+    caught_up(&s, S, "counter").await;
+    wait_for(
+        "the processor to go idle",
+        Duration::from_secs(10),
+        async || s.get(&format!("{S}:processors/counter")).await.1["status"] == "idle",
+    )
+    .await;
+    append(&s, S, json!([{"type": "x.y/n", "payload": {"n": 3}}])).await;
+    let p = caught_up(&s, S, "counter").await;
+    assert_eq!(p["state"]["sum"], 3);
+    assert_eq!(p["status"], "active");
+}
+
+#[tokio::test]
+async fn a_reset_source_starts_the_processor_from_nothing() {
+    let s = Server::start_with(Some(PROC), &[]);
+    s.deploy("acme", "counter", guest("counter")).await;
+    s.post(&format!("{S}:append"), wake("counter", "count", None))
+        .await;
+    append(
+        &s,
+        S,
+        json!([{"type": "x.y/n", "payload": {"n": 40}}, {"type": "x.y/n", "payload": {"n": 2}}]),
+    )
+    .await;
+    let before = caught_up(&s, S, "counter").await;
+    assert_eq!(before["state"]["sum"], 42);
+    let (status, _) = s.post(&format!("{S}:reset"), json!({})).await;
+    assert_eq!(status, 200);
+    s.post(&format!("{S}:append"), wake("counter", "count", None))
+        .await;
+    append(&s, S, json!([{"type": "x.y/n", "payload": {"n": 1}}])).await;
+    let after = caught_up(&s, S, "counter").await;
+    assert_ne!(after["streamId"], before["streamId"]);
+    assert_eq!(after["state"], expected_count(&s, S).await);
+    assert_eq!(after["state"]["sum"], 1);
+}
+
+#[tokio::test]
+async fn a_replaced_component_takes_over_at_a_checkpoint_boundary() {
+    let s = Server::start_with(Some(PROC), &[]);
+    let (_, v1) = s.deploy("acme", "counter", guest("counter")).await;
+    s.post(&format!("{S}:append"), wake("counter", "count", None))
+        .await;
+    append(&s, S, json!([{"type": "x.y/n", "payload": {"n": 1}}])).await;
+    let first = caught_up(&s, S, "counter").await;
+    assert_eq!(first["digest"], v1["digest"]);
+    let folded_before = first["state"]["events"].as_u64().unwrap();
+    // The replacement keeps counting `events` but knows nothing of `sum`.
+    let (_, v2) = s.deploy("acme", "counter", guest("hostile")).await;
+    assert_ne!(v2["digest"], v1["digest"]);
+    append(
+        &s,
+        S,
+        json!([{"type": "x.y/n", "payload": {"n": 1}}, {"type": "x.y/n", "payload": {"n": 1}}]),
+    )
+    .await;
+    let second = caught_up(&s, S, "counter").await;
+    assert_eq!(
+        second["digest"], v2["digest"],
+        "the checkpoint records the digest it was made with"
+    );
+    assert_eq!(second["state"], json!({"events": folded_before + 2}));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn state_equals_the_fold_of_the_log_across_sigkills() {
+    let mut s = Server::start_with(Some(PROC), &[]);
+    s.deploy("acme", "counter", guest("counter")).await;
+    s.post(&format!("{S}:append"), wake("counter", "count", None))
+        .await;
+    let mut appended = 0;
+    for round in 0..4 {
+        for i in 0..50 {
+            let (status, _) = s
+                .post(&format!("{S}:append"), json!({"events": [{"type": "x.y/n", "payload": {"n": i}, "idempotencyKey": format!("r{round}-{i}")}]}))
+                .await;
+            assert_eq!(status, 200);
+            appended += 1;
+        }
+        s.restart();
+    }
+    assert_eq!(appended, 200);
+    let p = caught_up(&s, S, "counter").await;
+    assert_eq!(
+        p["state"],
+        expected_count(&s, S).await,
+        "no event folded twice or skipped"
+    );
+    let (_, v) = s
+        .post(
+            &format!("{S}:verifyProcessor"),
+            json!({"component": "counter"}),
+        )
+        .await;
+    assert_eq!(v["matches"], true, "{v}");
+}
