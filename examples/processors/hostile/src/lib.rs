@@ -64,10 +64,18 @@ impl Guest for Hostile {
                     })
                 }
                 "hostile/huge" => {
+                    // A valid JSON state of 100 MB, built in place.
+                    let size = 100 * 1024 * 1024;
+                    let mut state = String::with_capacity(size + 16);
+                    state.push_str("{\"blob\":\"");
+                    while state.len() < size {
+                        state.push_str("xxxxxxxxxxxxxxxx");
+                    }
+                    state.push_str("\"}");
                     return Ok(Folded {
-                        state: format!("{{\"blob\":\"{}\"}}", "x".repeat(100 * 1024 * 1024)),
+                        state,
                         effects: Vec::new(),
-                    })
+                    });
                 }
                 _ => events += 1,
             }
