@@ -84,10 +84,45 @@ async fn a_guest_that_traps_halts_with_a_wasmtime_repro_command() {
     let (halted, _) = halted_with("trap").await;
     let e = error(&halted);
     assert!(e.contains("the guest trapped"), "{halted}");
-    assert!(
-        e.contains("reproduce with: wasmtime run --invoke 'fold("),
-        "{e}"
-    );
+    let command = e.split("reproduce with: ").nth(1).expect("a repro command");
+    assert!(command.starts_with("wasmtime run --invoke 'fold("), "{command}");
+    assert_valid_wave_fold_call(command);
+}
+
+/// Parses the `--invoke` argument of a repro command as WAVE against the
+/// `fold` function type of the real component, as the wasmtime CLI does.
+pub fn assert_valid_wave_fold_call(command: &str) {
+    use wasmtime::component::types::ComponentItem;
+    use wasmtime::component::wasm_wave::untyped::UntypedFuncCall;
+    use wasmtime::component::{Component, Type, Val};
+
+    let quoted = command
+        .strip_prefix("wasmtime run --invoke '")
+        .and_then(|r| r.rsplit_once("' "))
+        .map(|(call, _file)| call.replace("'\\''", "'"))
+        .expect("an --invoke argument in single quotes");
+    let engine = wasmtime::Engine::default();
+    let component = Component::new(&engine, guest("hostile")).unwrap();
+    let ty = component.component_type();
+    let fold = ty
+        .exports(&engine)
+        .find_map(|(name, item)| match item.ty {
+            ComponentItem::ComponentInstance(i) if name.starts_with("streamhost:processor/processor") => {
+                i.exports(&engine).find_map(|(f, item)| match item.ty {
+                    ComponentItem::ComponentFunc(func) if f == "fold" => Some(func),
+                    _ => None,
+                })
+            }
+            _ => None,
+        })
+        .expect("the component exports fold");
+    let params: Vec<Type> = fold.params().map(|(_, t)| t).collect();
+    let call = UntypedFuncCall::parse(&quoted).unwrap_or_else(|e| panic!("not WAVE: {e}: {quoted}"));
+    assert_eq!(call.name(), "fold");
+    let values: Vec<Val> = call
+        .to_wasm_params(params.iter())
+        .unwrap_or_else(|e| panic!("WAVE does not fit fold's parameters: {e}: {quoted}"));
+    assert_eq!(values.len(), 2);
 }
 
 #[tokio::test]
