@@ -30,6 +30,50 @@ pub enum Command {
     State(StateArgs),
     /// Print a stream's events as they arrive, one JSON line each.
     Tail(TailArgs),
+    /// Deploy (or replace) a component in a project.
+    Deploy(DeployArgs),
+    /// Refold a processor from offset 0 and compare with its stored state.
+    Verify(VerifyArgs),
+    /// Fold a processor component over a JSONL file of events, offline.
+    Fold(FoldArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct DeployArgs {
+    #[arg(long, env = "STREAMHOST_URL", default_value = "http://127.0.0.1:7410")]
+    pub url: String,
+    #[arg(long, env = "STREAMHOST_TOKEN")]
+    pub token: Option<String>,
+    #[arg(long, env = "STREAMHOST_PROJECT")]
+    pub project: String,
+    /// Component name.
+    pub name: String,
+    /// The component (.wasm).
+    pub file: PathBuf,
+}
+
+#[derive(Debug, Args)]
+pub struct VerifyArgs {
+    #[command(flatten)]
+    pub target: Target,
+    /// The processor's component name.
+    pub component: String,
+}
+
+#[derive(Debug, Args)]
+pub struct FoldArgs {
+    /// The processor component (.wasm).
+    pub component: PathBuf,
+    /// Events, one JSON object per line (`type`, `payload`, optional
+    /// `offset`, `metadata`, `createdAt`, `idempotencyKey`).
+    #[arg(long)]
+    pub events: PathBuf,
+    /// Start from this state (JSON) instead of the processor's initial state.
+    #[arg(long)]
+    pub state: Option<PathBuf>,
+    /// Deadline of one guest call, in ms.
+    #[arg(long, default_value_t = 20_000)]
+    pub timeout_ms: u64,
 }
 
 #[derive(Debug, Args)]
@@ -165,7 +209,151 @@ pub async fn run(cli: Cli) -> Result<()> {
         }
         Command::State(a) => request(&a.target, reqwest::Method::GET, "state", "", None).await,
         Command::Tail(a) => tail(a).await,
+        Command::Deploy(a) => deploy(a).await,
+        Command::Verify(a) => verify(a).await,
+        Command::Fold(a) => tokio::task::spawn_blocking(move || fold_offline(a)).await?,
     }
+}
+
+async fn verify(a: VerifyArgs) -> Result<()> {
+    let body = json!({ "component": a.component });
+    let url = stream_url(&a.target, "verifyProcessor", "")?;
+    let mut req = reqwest::Client::new().post(&url).json(&body);
+    if let Some(t) = &a.target.token {
+        req = req.bearer_auth(t);
+    }
+    let response = req
+        .send()
+        .await
+        .with_context(|| format!("requesting {url}"))?;
+    let status = response.status();
+    let v: Value = response.json().await.context("reading the answer")?;
+    println!("{}", serde_json::to_string_pretty(&v)?);
+    if !status.is_success() {
+        bail!("{status}");
+    }
+    if v["matches"] != true {
+        bail!("the stored state differs from the refold");
+    }
+    Ok(())
+}
+
+async fn deploy(a: DeployArgs) -> Result<()> {
+    let bytes = std::fs::read(&a.file).with_context(|| format!("reading {}", a.file.display()))?;
+    let url = format!(
+        "{}/v1/projects/{}/components/{}",
+        a.url.trim_end_matches('/'),
+        a.project,
+        a.name
+    );
+    let mut req = reqwest::Client::new()
+        .put(&url)
+        .header("content-type", "application/wasm")
+        .body(bytes);
+    if let Some(t) = &a.token {
+        req = req.bearer_auth(t);
+    }
+    let response = req
+        .send()
+        .await
+        .with_context(|| format!("requesting {url}"))?;
+    let status = response.status();
+    let text = response.text().await?;
+    if !status.is_success() {
+        bail!("{status}: {text}");
+    }
+    println!("{text}");
+    Ok(())
+}
+
+/// `streamhost fold`: folds a component over a JSONL file, offline.
+fn fold_offline(a: FoldArgs) -> Result<()> {
+    use crate::processor::runtime::{Batch, Determinism, Event, Runtime, StreamInfo};
+    let bytes = std::fs::read(&a.component)
+        .with_context(|| format!("reading {}", a.component.display()))?;
+    let runtime = Runtime::new(std::env::temp_dir().join("streamhost-fold-cache"))?;
+    runtime.validate(&bytes).map_err(anyhow::Error::msg)?;
+    let digest = crate::processor::runtime::digest(&bytes);
+    let prepared = runtime.prepare(&digest, || Ok(bytes.clone()))?;
+    let name = a
+        .component
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "processor".into());
+    let announcement = runtime
+        .describe(&name, &prepared, a.timeout_ms)
+        .map_err(|e| anyhow::anyhow!("describe: {e}"))?;
+    let mut state = match &a.state {
+        Some(p) => {
+            std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?
+        }
+        None => runtime
+            .initial_state(&name, &prepared, a.timeout_ms)
+            .map_err(|e| anyhow::anyhow!("initial-state: {e}"))?,
+    };
+    let text = std::fs::read_to_string(&a.events)
+        .with_context(|| format!("reading {}", a.events.display()))?;
+    let mut events = Vec::new();
+    for (i, line) in text
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+    {
+        let v: Value = serde_json::from_str(line)
+            .with_context(|| format!("{} line {}: not JSON", a.events.display(), i + 1))?;
+        let event_type = v["type"]
+            .as_str()
+            .with_context(|| format!("{} line {}: no \"type\"", a.events.display(), i + 1))?
+            .to_string();
+        if !announcement.consumes.is_empty() && !announcement.consumes.contains(&event_type) {
+            continue;
+        }
+        events.push(Event {
+            offset: v["offset"].as_u64().unwrap_or(i as u64 + 1),
+            type_: event_type,
+            payload: v.get("payload").cloned().unwrap_or(json!({})).to_string(),
+            metadata: v
+                .get("metadata")
+                .filter(|m| !m.is_null())
+                .map(|m| m.to_string()),
+            created_at: v["createdAt"]
+                .as_str()
+                .unwrap_or("1970-01-01T00:00:00.000Z")
+                .to_string(),
+            idempotency_key: v["idempotencyKey"].as_str().map(str::to_string),
+        });
+    }
+    for chunk in events.chunks(1000) {
+        let batch = Batch {
+            stream: StreamInfo {
+                project_id: None,
+                path: "/offline".into(),
+                stream_id: "offline".into(),
+                stream_created_at: "1970-01-01T00:00:00.000Z".into(),
+                max_offset: chunk.last().map_or(0, |e| e.offset),
+            },
+            events: chunk.to_vec(),
+            scanned_through_offset: chunk.last().map_or(0, |e| e.offset),
+        };
+        let d = Determinism::for_batch("offline", chunk[0].offset, 0);
+        match runtime.fold(&name, &prepared, &state, &batch, d, a.timeout_ms) {
+            Ok(folded) => state = folded.state,
+            Err(e) => bail!(
+                "fold failed: {e}\nreproduce with: {}",
+                crate::processor::wave::fold_command(
+                    &a.component.display().to_string(),
+                    &state,
+                    &batch
+                )
+            ),
+        }
+    }
+    let pretty = serde_json::from_str::<Value>(&state)
+        .ok()
+        .and_then(|v| serde_json::to_string_pretty(&v).ok())
+        .unwrap_or(state);
+    println!("{pretty}");
+    Ok(())
 }
 
 async fn tail(a: TailArgs) -> Result<()> {

@@ -152,3 +152,113 @@ async fn tail_prints_matching_events_as_they_arrive() {
     let _ = child.kill();
     let _ = child.wait();
 }
+
+#[test]
+fn fold_folds_offline_and_prints_a_wave_repro_command_on_failure() {
+    let dir = tempfile::tempdir().unwrap();
+    let counter = dir.path().join("counter.wasm");
+    std::fs::write(&counter, crate::support::guest("counter")).unwrap();
+    let events = dir.path().join("events.jsonl");
+    std::fs::write(
+        &events,
+        "{\"type\": \"x.y/n\", \"payload\": {\"n\": 2}}\n\n{\"type\": \"x.y/n\", \"payload\": {\"n\": 3}, \"offset\": 7}\n",
+    )
+    .unwrap();
+    let (ok, out, err) = run_cli(&[
+        "fold",
+        counter.to_str().unwrap(),
+        "--events",
+        events.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    let state: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(
+        state,
+        serde_json::json!({"events": 2, "sum": 5, "last_offset": 7})
+    );
+    let start = dir.path().join("state.json");
+    std::fs::write(&start, out).unwrap();
+    let (ok, out, _) = run_cli(&[
+        "fold",
+        counter.to_str().unwrap(),
+        "--events",
+        events.to_str().unwrap(),
+        "--state",
+        start.to_str().unwrap(),
+    ]);
+    assert!(ok);
+    assert_eq!(serde_json::from_str::<Value>(&out).unwrap()["sum"], 10);
+
+    let hostile = dir.path().join("hostile.wasm");
+    std::fs::write(&hostile, crate::support::guest("hostile")).unwrap();
+    let bad = dir.path().join("bad.jsonl");
+    std::fs::write(
+        &bad,
+        "{\"type\": \"hostile/trap\", \"payload\": {\"why\": \"it's 'quoted'\"}}\n",
+    )
+    .unwrap();
+    let (ok, _, err) = run_cli(&[
+        "fold",
+        hostile.to_str().unwrap(),
+        "--events",
+        bad.to_str().unwrap(),
+    ]);
+    assert!(!ok);
+    assert!(err.contains("the guest trapped"), "{err}");
+    let command = err
+        .split("reproduce with: ")
+        .nth(1)
+        .expect("a repro command")
+        .trim();
+    assert!(
+        command.ends_with(&format!(" {}", hostile.display())),
+        "{command}"
+    );
+    crate::hostile::assert_valid_wave_fold_call(command);
+
+    let (ok, _, err) = run_cli(&[
+        "fold",
+        events.to_str().unwrap(),
+        "--events",
+        events.to_str().unwrap(),
+    ]);
+    assert!(!ok);
+    assert!(err.contains("not a valid WebAssembly component"), "{err}");
+}
+
+#[tokio::test]
+async fn deploy_and_verify_commands() {
+    let s = Server::start();
+    let dir = tempfile::tempdir().unwrap();
+    let counter = dir.path().join("counter.wasm");
+    std::fs::write(&counter, crate::support::guest("counter")).unwrap();
+    let (ok, out, err) = run_cli(&[
+        "deploy",
+        "--url",
+        &s.url,
+        "--project",
+        "acme",
+        "counter",
+        counter.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    assert!(out.contains("sha256:"), "{out}");
+    s.post("/v1/projects/acme/streams/v:append", serde_json::json!({"events": [
+        {"type": "events.iterate.com/stream/subscription-configured", "payload": {"subscriptionKey": "c",
+            "receiver": {"action": "processor-wake", "expression": ["components", ["get", "counter"], "wake"]}}},
+        {"type": "x.y/n", "payload": {"n": 4}}
+    ]}))
+    .await;
+    crate::processors::caught_up(&s, "/v1/projects/acme/streams/v", "counter").await;
+    let (ok, out, err) = run_cli(&[
+        "verify",
+        "--url",
+        &s.url,
+        "--project",
+        "acme",
+        "/v",
+        "counter",
+    ]);
+    assert!(ok, "{out}{err}");
+    assert!(out.contains("\"matches\": true"), "{out}");
+}

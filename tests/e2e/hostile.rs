@@ -85,7 +85,10 @@ async fn a_guest_that_traps_halts_with_a_wasmtime_repro_command() {
     let e = error(&halted);
     assert!(e.contains("the guest trapped"), "{halted}");
     let command = e.split("reproduce with: ").nth(1).expect("a repro command");
-    assert!(command.starts_with("wasmtime run --invoke 'fold("), "{command}");
+    assert!(
+        command.starts_with("wasmtime run --invoke 'fold("),
+        "{command}"
+    );
     assert_valid_wave_fold_call(command);
 }
 
@@ -107,7 +110,9 @@ pub fn assert_valid_wave_fold_call(command: &str) {
     let fold = ty
         .exports(&engine)
         .find_map(|(name, item)| match item.ty {
-            ComponentItem::ComponentInstance(i) if name.starts_with("streamhost:processor/processor") => {
+            ComponentItem::ComponentInstance(i)
+                if name.starts_with("streamhost:processor/processor") =>
+            {
                 i.exports(&engine).find_map(|(f, item)| match item.ty {
                     ComponentItem::ComponentFunc(func) if f == "fold" => Some(func),
                     _ => None,
@@ -117,7 +122,8 @@ pub fn assert_valid_wave_fold_call(command: &str) {
         })
         .expect("the component exports fold");
     let params: Vec<Type> = fold.params().map(|(_, t)| t).collect();
-    let call = UntypedFuncCall::parse(&quoted).unwrap_or_else(|e| panic!("not WAVE: {e}: {quoted}"));
+    let call =
+        UntypedFuncCall::parse(&quoted).unwrap_or_else(|e| panic!("not WAVE: {e}: {quoted}"));
     assert_eq!(call.name(), "fold");
     let values: Vec<Val> = call
         .to_wasm_params(params.iter())
