@@ -202,6 +202,9 @@ macro_rules! processor {
             }
         }
 
+        // Exported only when built for wasm: natively the processor is a
+        // plain Rust library (tests, benchmarks).
+        #[cfg(target_arch = "wasm32")]
         $crate::bindings::export_stream_processor!(__StreamhostProcessor with_types_in $crate::bindings);
     };
 }

@@ -1,0 +1,198 @@
+//! Processor benchmark: `cargo bench -p streamhost --bench processor`.
+//!
+//! Reports, in one run:
+//! - wake latency: load the checkpoint and component, instantiate, fold one
+//!   event, commit checkpoint + state (p50, p99), with `durability = normal`
+//!   (no fsync) and `full`, and the disk's raw fsync rate measured alone;
+//! - instantiate + one fold call alone (p50);
+//! - fold throughput of the Wasm counter in batches of 1000 events against
+//!   the same fold (the counter crate and the SDK's per-event work) compiled
+//!   natively, as a ratio.
+//!
+//! Needs the guests built: `cargo build --release --target wasm32-wasip2
+//! --manifest-path examples/processors/Cargo.toml` (scripts/test does it).
+
+use std::io::Write;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use streamhost::config::Durability;
+use streamhost::processor::runtime::{Batch, Determinism, Event, Runtime, StreamInfo};
+use streamhost::processor::wake::{wake, WakeJob};
+use streamhost::storage::{Deployment, WriteOp};
+use streamhost::stream::{AppendInput, Authority, Namespace, StreamAddress};
+use streamhost::{Config, Host};
+
+const ITERATIONS: usize = 400;
+
+fn percentile(mut v: Vec<f64>, q: f64) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[((v.len() - 1) as f64 * q).round() as usize]
+}
+
+fn counter_wasm() -> Vec<u8> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/processors/target/wasm32-wasip2/release/counter.wasm");
+    std::fs::read(&path).unwrap_or_else(|e| {
+        panic!("{}: {e}; build the guests first (see the top of this file)", path.display())
+    })
+}
+
+fn fsync_rate(dir: &Path) -> f64 {
+    let mut f = std::fs::File::create(dir.join("fsync-probe")).unwrap();
+    let start = Instant::now();
+    let mut n = 0;
+    while start.elapsed() < Duration::from_secs(1) {
+        f.write_all(&[1u8; 4096]).unwrap();
+        f.sync_data().unwrap();
+        n += 1;
+    }
+    n as f64 / start.elapsed().as_secs_f64()
+}
+
+fn stream_info() -> StreamInfo {
+    StreamInfo {
+        project_id: Some("bench".into()),
+        path: "/p".into(),
+        stream_id: "sid".into(),
+        stream_created_at: "2026-11-30T00:00:00.000Z".into(),
+        max_offset: 0,
+    }
+}
+
+/// Wake latencies (ms) over `ITERATIONS` single-event wakes.
+async fn wake_latency(durability: Durability) -> Vec<f64> {
+    let dir = tempfile::tempdir().unwrap();
+    let host = Host::open(Config { data_dir: dir.path().to_path_buf(), durability, ..Config::default() }).unwrap();
+    let bytes = counter_wasm();
+    let digest = streamhost::processor::runtime::digest(&bytes);
+    let storage = host.streams.storage().clone();
+    storage
+        .submit(WriteOp::Deploy(Deployment {
+            project: "bench".into(),
+            name: "counter".into(),
+            digest,
+            exports: vec![],
+            bytes,
+            deployed_at: "2026-11-30T00:00:00.000Z".into(),
+        }))
+        .await
+        .unwrap()
+        .unwrap();
+    let address = StreamAddress::new(Namespace::project("bench").unwrap(), "/p").unwrap();
+    let mut samples = Vec::new();
+    for i in 0..ITERATIONS + 20 {
+        let input: AppendInput = serde_json::from_value(json!({"events": [{"type": "x.y/n", "payload": {"n": i}}]})).unwrap();
+        let out = host.streams.append(&address, input, Authority::Public).await.unwrap();
+        let head = out.events[0].offset;
+        let row = storage.load_stream("bench", "/p").unwrap().unwrap();
+        let job = WakeJob {
+            storage: storage.clone(),
+            runtime: host.streams.wasm_runtime().clone(),
+            row_id: row.row_id,
+            project: "bench".into(),
+            component: "counter".into(),
+            stream: StreamInfo { stream_id: out.stream_id.clone(), max_offset: head, ..stream_info() },
+            head,
+            limit: 1000,
+            filter: Default::default(),
+            timeout_ms: 20_000,
+            now_ms: 0,
+        };
+        let start = Instant::now();
+        let woken = tokio::task::block_in_place(|| wake(job)).expect("wake");
+        storage.submit(WriteOp::Checkpoint(woken.checkpoint)).await.unwrap().unwrap();
+        if i >= 20 {
+            samples.push(start.elapsed().as_secs_f64() * 1000.0);
+        }
+    }
+    samples
+}
+
+fn events(n: usize) -> Vec<Event> {
+    (0..n)
+        .map(|i| Event {
+            offset: i as u64 + 2,
+            type_: "x.y/n".into(),
+            payload: json!({"n": i, "region": "eu"}).to_string(),
+            metadata: None,
+            created_at: "2026-11-30T00:00:00.000Z".into(),
+            idempotency_key: None,
+        })
+        .collect()
+}
+
+/// The native fold: the SDK's per-batch work around the counter's own fold.
+fn native_fold(state: &str, batch: &[Event]) -> String {
+    let mut s: counter::Count = serde_json::from_str(state).unwrap();
+    for e in batch {
+        let event = streamhost_guest::Event {
+            offset: e.offset,
+            event_type: e.type_.clone(),
+            payload: serde_json::from_str::<Value>(&e.payload).unwrap(),
+            metadata: None,
+            created_at: e.created_at.clone(),
+            idempotency_key: e.idempotency_key.clone(),
+        };
+        counter::Counter::apply(&mut s, &event);
+    }
+    serde_json::to_string(&s).unwrap()
+}
+
+fn main() {
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+    let probe = tempfile::tempdir().unwrap();
+    let fsyncs = fsync_rate(probe.path());
+    println!("raw fsync rate (4 KiB write + fdatasync): {fsyncs:.0}/s ({:.3} ms each)", 1000.0 / fsyncs);
+    println!();
+    for (label, durability) in [("normal (no fsync)", Durability::Normal), ("full (fsync)", Durability::Full)] {
+        eprintln!("wake latency, {label} ...");
+        let s = rt.block_on(wake_latency(durability));
+        println!(
+            "wake (load + instantiate + fold 1 event + commit), {label:<18}: p50 {:>7.1} µs, p99 {:>7.1} µs  (aim: p50 ≤ 300 µs without fsync)",
+            percentile(s.clone(), 0.5) * 1000.0,
+            percentile(s, 0.99) * 1000.0
+        );
+    }
+
+    let cache = tempfile::tempdir().unwrap();
+    let runtime = Runtime::new(cache.path().to_path_buf()).unwrap();
+    let bytes = counter_wasm();
+    let digest = streamhost::processor::runtime::digest(&bytes);
+    let prepared = runtime.prepare(&digest, || Ok(bytes.clone())).unwrap();
+    let initial = runtime.initial_state("counter", &prepared, 20_000).unwrap();
+    let one = Batch { stream: stream_info(), events: events(1), scanned_through_offset: 2 };
+    let mut call = Vec::new();
+    for _ in 0..ITERATIONS {
+        let start = Instant::now();
+        runtime.fold("counter", &prepared, &initial, &one, Determinism::default(), 20_000).unwrap();
+        call.push(start.elapsed().as_secs_f64() * 1e6);
+    }
+    println!("instantiate + fold 1 event (no storage):                  p50 {:>7.1} µs", percentile(call, 0.5));
+    println!();
+
+    let batch_events = events(1000);
+    let batch = Batch { stream: stream_info(), events: batch_events.clone(), scanned_through_offset: 1001 };
+    let mut wasm = Vec::new();
+    let mut native = Vec::new();
+    let mut wasm_state = String::new();
+    let mut native_state = String::new();
+    for _ in 0..30 {
+        let start = Instant::now();
+        wasm_state = runtime.fold("counter", &prepared, &initial, &batch, Determinism::default(), 20_000).unwrap().state;
+        wasm.push(1000.0 / start.elapsed().as_secs_f64());
+        let start = Instant::now();
+        native_state = native_fold(&initial, &batch_events);
+        native.push(1000.0 / start.elapsed().as_secs_f64());
+    }
+    assert_eq!(
+        serde_json::from_str::<Value>(&wasm_state).unwrap(),
+        serde_json::from_str::<Value>(&native_state).unwrap(),
+        "the Wasm and native folds agree"
+    );
+    let (w, n) = (percentile(wasm, 0.5), percentile(native, 0.5));
+    println!("fold throughput, batches of 1000 events (median of 30):");
+    println!("  wasm counter  {w:>12.0} events/s  (includes instantiation and copying the batch in)");
+    println!("  native        {n:>12.0} events/s");
+    println!("  wasm / native {:>12.2}  (aim: ≥ 0.50)", w / n);
+}
