@@ -37,6 +37,8 @@ use bindings::StreamProcessorPre;
 pub const PROCESSOR_INTERFACE: &str = "streamhost:processor/processor@0.1.0";
 /// Linear memory a guest may use.
 pub const GUEST_MEMORY_BYTES_MAX: usize = 256 * 1024 * 1024;
+/// Virtual address space reserved per guest memory.
+const MEMORY_RESERVATION_BYTES: u64 = 4 << 30;
 /// Bytes of guest stdout/stderr kept per call.
 const GUEST_OUTPUT_BYTES_MAX: usize = 64 * 1024;
 /// Epoch tick; call deadlines are counted in ticks.
@@ -147,12 +149,15 @@ impl Runtime {
         let mut config = Config::new();
         config.epoch_interruption(true);
         config.max_wasm_stack(1024 * 1024);
+        // 4 GiB reservations (virtual, no commit) let cranelift elide bounds
+        // checks; the store limiter caps what a guest may actually use.
+        config.memory_reservation(MEMORY_RESERVATION_BYTES);
         let mut pool = PoolingAllocationConfig::default();
         pool.total_component_instances(200)
             .total_core_instances(400)
             .total_memories(400)
             .total_tables(400)
-            .max_memory_size(GUEST_MEMORY_BYTES_MAX);
+            .max_memory_size(MEMORY_RESERVATION_BYTES as usize);
         config.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
         let engine = Engine::new(&config)
             .map_err(anyhow::Error::from)
