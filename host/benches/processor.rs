@@ -32,9 +32,13 @@ fn percentile(mut v: Vec<f64>, q: f64) -> f64 {
 }
 
 fn counter_wasm() -> Vec<u8> {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/processors/target/wasm32-wasip2/release/counter.wasm");
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../examples/processors/target/wasm32-wasip2/release/counter.wasm");
     std::fs::read(&path).unwrap_or_else(|e| {
-        panic!("{}: {e}; build the guests first (see the top of this file)", path.display())
+        panic!(
+            "{}: {e}; build the guests first (see the top of this file)",
+            path.display()
+        )
     })
 }
 
@@ -63,7 +67,12 @@ fn stream_info() -> StreamInfo {
 /// Wake latencies (ms) over `ITERATIONS` single-event wakes.
 async fn wake_latency(durability: Durability) -> Vec<f64> {
     let dir = tempfile::tempdir().unwrap();
-    let host = Host::open(Config { data_dir: dir.path().to_path_buf(), durability, ..Config::default() }).unwrap();
+    let host = Host::open(Config {
+        data_dir: dir.path().to_path_buf(),
+        durability,
+        ..Config::default()
+    })
+    .unwrap();
     let bytes = counter_wasm();
     let digest = streamhost::processor::runtime::digest(&bytes);
     let storage = host.streams.storage().clone();
@@ -82,8 +91,14 @@ async fn wake_latency(durability: Durability) -> Vec<f64> {
     let address = StreamAddress::new(Namespace::project("bench").unwrap(), "/p").unwrap();
     let mut samples = Vec::new();
     for i in 0..ITERATIONS + 20 {
-        let input: AppendInput = serde_json::from_value(json!({"events": [{"type": "x.y/n", "payload": {"n": i}}]})).unwrap();
-        let out = host.streams.append(&address, input, Authority::Public).await.unwrap();
+        let input: AppendInput =
+            serde_json::from_value(json!({"events": [{"type": "x.y/n", "payload": {"n": i}}]}))
+                .unwrap();
+        let out = host
+            .streams
+            .append(&address, input, Authority::Public)
+            .await
+            .unwrap();
         let head = out.events[0].offset;
         let row = storage.load_stream("bench", "/p").unwrap().unwrap();
         let job = WakeJob {
@@ -92,7 +107,11 @@ async fn wake_latency(durability: Durability) -> Vec<f64> {
             row_id: row.row_id,
             project: "bench".into(),
             component: "counter".into(),
-            stream: StreamInfo { stream_id: out.stream_id.clone(), max_offset: head, ..stream_info() },
+            stream: StreamInfo {
+                stream_id: out.stream_id.clone(),
+                max_offset: head,
+                ..stream_info()
+            },
             head,
             limit: 1000,
             filter: Default::default(),
@@ -101,7 +120,11 @@ async fn wake_latency(durability: Durability) -> Vec<f64> {
         };
         let start = Instant::now();
         let woken = tokio::task::block_in_place(|| wake(job)).expect("wake");
-        storage.submit(WriteOp::Checkpoint(woken.checkpoint)).await.unwrap().unwrap();
+        storage
+            .submit(WriteOp::Checkpoint(woken.checkpoint))
+            .await
+            .unwrap()
+            .unwrap();
         if i >= 20 {
             samples.push(start.elapsed().as_secs_f64() * 1000.0);
         }
@@ -140,12 +163,21 @@ fn native_fold(state: &str, batch: &[Event]) -> String {
 }
 
 fn main() {
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
     let probe = tempfile::tempdir().unwrap();
     let fsyncs = fsync_rate(probe.path());
-    println!("raw fsync rate (4 KiB write + fdatasync): {fsyncs:.0}/s ({:.3} ms each)", 1000.0 / fsyncs);
+    println!(
+        "raw fsync rate (4 KiB write + fdatasync): {fsyncs:.0}/s ({:.3} ms each)",
+        1000.0 / fsyncs
+    );
     println!();
-    for (label, durability) in [("normal (no fsync)", Durability::Normal), ("full (fsync)", Durability::Full)] {
+    for (label, durability) in [
+        ("normal (no fsync)", Durability::Normal),
+        ("full (fsync)", Durability::Full),
+    ] {
         eprintln!("wake latency, {label} ...");
         let s = rt.block_on(wake_latency(durability));
         println!(
@@ -161,25 +193,55 @@ fn main() {
     let digest = streamhost::processor::runtime::digest(&bytes);
     let prepared = runtime.prepare(&digest, || Ok(bytes.clone())).unwrap();
     let initial = runtime.initial_state("counter", &prepared, 20_000).unwrap();
-    let one = Batch { stream: stream_info(), events: events(1), scanned_through_offset: 2 };
+    let one = Batch {
+        stream: stream_info(),
+        events: events(1),
+        scanned_through_offset: 2,
+    };
     let mut call = Vec::new();
     for _ in 0..ITERATIONS {
         let start = Instant::now();
-        runtime.fold("counter", &prepared, &initial, &one, Determinism::default(), 20_000).unwrap();
+        runtime
+            .fold(
+                "counter",
+                &prepared,
+                &initial,
+                &one,
+                Determinism::default(),
+                20_000,
+            )
+            .unwrap();
         call.push(start.elapsed().as_secs_f64() * 1e6);
     }
-    println!("instantiate + fold 1 event (no storage):                  p50 {:>7.1} µs", percentile(call, 0.5));
+    println!(
+        "instantiate + fold 1 event (no storage):                  p50 {:>7.1} µs",
+        percentile(call, 0.5)
+    );
     println!();
 
     let batch_events = events(1000);
-    let batch = Batch { stream: stream_info(), events: batch_events.clone(), scanned_through_offset: 1001 };
+    let batch = Batch {
+        stream: stream_info(),
+        events: batch_events.clone(),
+        scanned_through_offset: 1001,
+    };
     let mut wasm = Vec::new();
     let mut native = Vec::new();
     let mut wasm_state = String::new();
     let mut native_state = String::new();
     for _ in 0..30 {
         let start = Instant::now();
-        wasm_state = runtime.fold("counter", &prepared, &initial, &batch, Determinism::default(), 20_000).unwrap().state;
+        wasm_state = runtime
+            .fold(
+                "counter",
+                &prepared,
+                &initial,
+                &batch,
+                Determinism::default(),
+                20_000,
+            )
+            .unwrap()
+            .state;
         wasm.push(1000.0 / start.elapsed().as_secs_f64());
         let start = Instant::now();
         native_state = native_fold(&initial, &batch_events);
@@ -197,17 +259,31 @@ fn main() {
         .join("../examples/processors/target/wasm32-wasip2/release/hostile.wasm");
     let hostile_bytes = std::fs::read(hostile_path).unwrap();
     let hostile = runtime
-        .prepare(&streamhost::processor::runtime::digest(&hostile_bytes), || Ok(hostile_bytes.clone()))
+        .prepare(
+            &streamhost::processor::runtime::digest(&hostile_bytes),
+            || Ok(hostile_bytes.clone()),
+        )
         .unwrap();
     let mut transfer = Vec::new();
     for _ in 0..30 {
         let start = Instant::now();
-        runtime.fold("hostile", &hostile, "{\"events\":0}", &batch, Determinism::default(), 20_000).unwrap();
+        runtime
+            .fold(
+                "hostile",
+                &hostile,
+                "{\"events\":0}",
+                &batch,
+                Determinism::default(),
+                20_000,
+            )
+            .unwrap();
         transfer.push(1000.0 / start.elapsed().as_secs_f64());
     }
     let (w, n) = (percentile(wasm, 0.5), percentile(native, 0.5));
     println!("fold throughput, batches of 1000 events (median of 30):");
-    println!("  wasm counter  {w:>12.0} events/s  (includes instantiation and copying the batch in)");
+    println!(
+        "  wasm counter  {w:>12.0} events/s  (includes instantiation and copying the batch in)"
+    );
     println!("  native        {n:>12.0} events/s");
     println!("  wasm / native {:>12.2}  (aim: ≥ 0.50)", w / n);
     println!(

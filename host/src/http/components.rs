@@ -135,11 +135,10 @@ pub async fn processor(
         "halted"
     } else if rt["attempt"].as_u64().unwrap_or(0) > 0 {
         "failing"
-    } else if !rt["inFlightDeadlineAt"].is_null() {
-        "active"
-    } else if rt["lastDeliveryAt"]
-        .as_i64()
-        .is_some_and(|t| now - t < idle_ms)
+    } else if !rt["inFlightDeadlineAt"].is_null()
+        || rt["lastDeliveryAt"]
+            .as_i64()
+            .is_some_and(|t| now - t < idle_ms)
     {
         "active"
     } else {

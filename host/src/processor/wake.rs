@@ -48,11 +48,12 @@ fn failure(message: String, retryable: bool) -> Failure {
     }
 }
 
-/// Where the processor's checkpoint starts: `(previous, offset, state)`.
-fn start(
-    job: &WakeJob,
-    prepared: &super::runtime::Prepared,
-) -> Result<(Option<(String, u64)>, u64, String), Failure> {
+/// Where a wake starts: the stored checkpoint it replaces (stream id,
+/// offset), the offset to read after, and the state.
+type Start = (Option<(String, u64)>, u64, String);
+
+/// Where the processor's checkpoint starts.
+fn start(job: &WakeJob, prepared: &super::runtime::Prepared) -> Result<Start, Failure> {
     let row = job
         .storage
         .checkpoint(job.row_id, &job.component)
