@@ -78,11 +78,17 @@ pub struct Failure {
 
 impl Failure {
     pub fn retryable(message: impl Into<String>) -> Failure {
-        Failure { message: message.into(), retryable: true }
+        Failure {
+            message: message.into(),
+            retryable: true,
+        }
     }
 
     pub fn fatal(message: impl Into<String>) -> Failure {
-        Failure { message: message.into(), retryable: false }
+        Failure {
+            message: message.into(),
+            retryable: false,
+        }
     }
 }
 
@@ -95,7 +101,13 @@ pub struct Context<'a> {
 
 impl Context<'_> {
     /// Append an event to a stream of the same project after the commit.
-    pub fn append(&mut self, key: impl Into<String>, stream_path: &str, event_type: &str, payload: &impl Serialize) {
+    pub fn append(
+        &mut self,
+        key: impl Into<String>,
+        stream_path: &str,
+        event_type: &str,
+        payload: &impl Serialize,
+    ) {
         self.effects.push(wit::Effect {
             key: key.into(),
             target: wit::EffectTarget::Append(wit::AppendEffect {
@@ -146,26 +158,41 @@ pub fn __initial_state<P: Processor>() -> String {
 }
 
 fn wit_failure(f: Failure) -> wit::Failure {
-    wit::Failure { message: f.message, retryable: f.retryable }
+    wit::Failure {
+        message: f.message,
+        retryable: f.retryable,
+    }
 }
 
 #[doc(hidden)]
 pub fn __fold<P: Processor>(state: String, batch: wit::Batch) -> Result<wit::Folded, wit::Failure> {
     let mut s: P::State = serde_json::from_str(&state).map_err(|e| {
-        wit_failure(Failure::fatal(format!("the stored state does not fit this processor: {e}")))
+        wit_failure(Failure::fatal(format!(
+            "the stored state does not fit this processor: {e}"
+        )))
     })?;
-    let mut ctx = Context { stream: &batch.stream, effects: Vec::new() };
+    let mut ctx = Context {
+        stream: &batch.stream,
+        effects: Vec::new(),
+    };
     for e in &batch.events {
         let parse = |what: &str, text: &str| {
             serde_json::from_str::<Value>(text).map_err(|err| {
-                wit_failure(Failure::fatal(format!("the {what} of the event at offset {} is not JSON: {err}", e.offset)))
+                wit_failure(Failure::fatal(format!(
+                    "the {what} of the event at offset {} is not JSON: {err}",
+                    e.offset
+                )))
             })
         };
         let event = Event {
             offset: e.offset,
             event_type: e.type_.clone(),
             payload: parse("payload", &e.payload)?,
-            metadata: e.metadata.as_deref().map(|m| parse("metadata", m)).transpose()?,
+            metadata: e
+                .metadata
+                .as_deref()
+                .map(|m| parse("metadata", m))
+                .transpose()?,
             created_at: e.created_at.clone(),
             idempotency_key: e.idempotency_key.clone(),
         };
