@@ -16,3 +16,4 @@ mod streams;
 mod subscription_bad_input;
 mod subscriptions;
 mod support;
+mod webhooks;

@@ -253,11 +253,11 @@ pub fn plan_copy(
 }
 
 /// A transformed event body: type, payload, metadata.
-type Shaped = (String, Map<String, Value>, Option<Map<String, Value>>);
+pub(crate) type Shaped = (String, Map<String, Value>, Option<Map<String, Value>>);
 
 /// Applies a transform: the result must be an object of `type`, `payload`,
 /// `metadata`, each optional; omitted fields copy verbatim.
-fn transformed(
+pub(crate) fn transformed(
     t: &crate::jsonata::Expression,
     event: &Event,
     key: &str,

@@ -8,6 +8,7 @@
 
 pub mod copy;
 pub mod runtime;
+pub mod webhook;
 
 use crate::config::DeliveryConfig;
 use crate::subscription::OnFailingEvent;

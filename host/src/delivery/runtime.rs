@@ -81,6 +81,8 @@ pub struct SubscriptionRuntime {
     pub processor: Option<String>,
     /// When the last delivery succeeded, ms since the epoch.
     pub last_delivery_ms: Option<i64>,
+    /// The skip counters changed since the cursor row was written.
+    pub counters_dirty: bool,
 }
 
 impl SubscriptionRuntime {
@@ -101,6 +103,7 @@ impl SubscriptionRuntime {
             delivery_duration_ms: LatencyStats::default(),
             processor: None,
             last_delivery_ms: None,
+            counters_dirty: false,
         }
     }
 

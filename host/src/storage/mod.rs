@@ -51,6 +51,9 @@ CREATE TABLE IF NOT EXISTS subscription_cursors (
     subscription_key    TEXT NOT NULL,
     generation          INTEGER NOT NULL, -- cursorChangedAtSourceOffset of the run
     acknowledged_offset INTEGER NOT NULL,
+    failing_offset      INTEGER,          -- skip policy: the event failing alone ...
+    failing_attempts    INTEGER NOT NULL DEFAULT 0, -- ... how often ...
+    skips               INTEGER NOT NULL DEFAULT 0, -- ... and skips since the last success
     PRIMARY KEY (stream, subscription_key)
 );
 -- Deployed components: the current digest per (project, name); bytes by digest.
@@ -256,7 +259,8 @@ impl Storage {
     pub fn load_cursors(&self, row_id: i64) -> Result<Vec<CursorRow>> {
         self.with_reader(|c| {
             let mut stmt = c.prepare_cached(
-                "SELECT subscription_key, generation, acknowledged_offset
+                "SELECT subscription_key, generation, acknowledged_offset, failing_offset,
+                        failing_attempts, skips
                  FROM subscription_cursors WHERE stream = ?1",
             )?;
             let rows = stmt
@@ -265,6 +269,9 @@ impl Storage {
                         subscription_key: r.get(0)?,
                         generation: r.get::<_, i64>(1)? as u64,
                         acknowledged_offset: r.get::<_, i64>(2)? as u64,
+                        failing_offset: r.get::<_, Option<i64>>(3)?.map(|o| o as u64),
+                        failing_attempts: r.get::<_, i64>(4)? as u32,
+                        skips: r.get::<_, i64>(5)? as u32,
                     })
                 })?
                 .collect::<rusqlite::Result<Vec<_>>>()

@@ -50,6 +50,10 @@ pub struct CursorRow {
     pub subscription_key: String,
     pub generation: u64,
     pub acknowledged_offset: u64,
+    /// Skip policy counters, kept across restarts.
+    pub failing_offset: Option<u64>,
+    pub failing_attempts: u32,
+    pub skips: u32,
 }
 
 /// One actor round: events appended to one stream plus its new head and
@@ -372,10 +376,13 @@ fn apply(conn: &Connection, op: &WriteOp) -> Result<i64> {
 
 fn upsert_cursors(conn: &Connection, row_id: i64, cursors: &[CursorRow]) -> Result<()> {
     let mut upsert = conn.prepare_cached(
-        "INSERT INTO subscription_cursors (stream, subscription_key, generation, acknowledged_offset)
-         VALUES (?1, ?2, ?3, ?4)
+        "INSERT INTO subscription_cursors (stream, subscription_key, generation, acknowledged_offset,
+                                           failing_offset, failing_attempts, skips)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
          ON CONFLICT (stream, subscription_key)
-         DO UPDATE SET generation = excluded.generation, acknowledged_offset = excluded.acknowledged_offset",
+         DO UPDATE SET generation = excluded.generation, acknowledged_offset = excluded.acknowledged_offset,
+             failing_offset = excluded.failing_offset, failing_attempts = excluded.failing_attempts,
+             skips = excluded.skips",
     )?;
     for c in cursors {
         upsert
@@ -383,7 +390,10 @@ fn upsert_cursors(conn: &Connection, row_id: i64, cursors: &[CursorRow]) -> Resu
                 row_id,
                 c.subscription_key,
                 c.generation as i64,
-                c.acknowledged_offset as i64
+                c.acknowledged_offset as i64,
+                c.failing_offset.map(|o| o as i64),
+                c.failing_attempts as i64,
+                c.skips as i64
             ])
             .with_context(|| {
                 format!(

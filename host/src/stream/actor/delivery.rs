@@ -59,6 +59,30 @@ fn is_driven(sub: &OutboundSubscription) -> bool {
     has_source_cursor(sub) || woken_component(sub).is_some()
 }
 
+/// The cursor row of a run that starts now.
+fn fresh_row(key: &str, generation: u64, cursor: u64) -> CursorRow {
+    CursorRow {
+        subscription_key: key.to_string(),
+        generation,
+        acknowledged_offset: cursor,
+        failing_offset: None,
+        failing_attempts: 0,
+        skips: 0,
+    }
+}
+
+/// The cursor row of a running subscription, skip counters included.
+fn cursor_row(key: &str, rt: &SubscriptionRuntime) -> CursorRow {
+    CursorRow {
+        subscription_key: key.to_string(),
+        generation: rt.generation,
+        acknowledged_offset: rt.cursor,
+        failing_offset: rt.run.failing_event.map(|(o, _)| o),
+        failing_attempts: rt.run.failing_event.map_or(0, |(_, n)| n),
+        skips: rt.run.skips_since_success,
+    }
+}
+
 fn jitter() -> f64 {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -86,6 +110,7 @@ impl Actor {
                 Some(rt) if rt.generation == generation => {
                     if let Some(row) = row {
                         rt.durable_cursor = rt.durable_cursor.max(row.acknowledged_offset);
+                        rt.counters_dirty = false;
                     }
                     if rt.halted && !halted {
                         // Resumed: restart at the existing cursor.
@@ -118,10 +143,14 @@ impl Actor {
                         Some(r) => (r.acknowledged_offset, r.acknowledged_offset),
                         None => (sub.start_cursor(), 0),
                     };
-                    self.deliveries.insert(
-                        key.clone(),
-                        SubscriptionRuntime::new(generation, cursor, durable, halted),
-                    );
+                    let mut rt = SubscriptionRuntime::new(generation, cursor, durable, halted);
+                    if let Some(r) = row {
+                        // The skip counters survive restarts.
+                        rt.run.failing_event = r.failing_offset.map(|o| (o, r.failing_attempts));
+                        rt.run.skips_since_success = r.skips;
+                        rt.run.isolating = r.failing_offset.is_some();
+                    }
+                    self.deliveries.insert(key.clone(), rt);
                 }
             }
         }
@@ -141,29 +170,17 @@ impl Actor {
                     .get(key)
                     .is_none_or(|rt| rt.generation != generation)
                 {
-                    rows.push(CursorRow {
-                        subscription_key: key.clone(),
-                        generation,
-                        acknowledged_offset: 0,
-                    });
+                    rows.push(fresh_row(key, generation, 0));
                 }
                 continue;
             }
             match self.deliveries.get(key) {
                 Some(rt) if rt.generation == generation => {
-                    if rt.cursor != rt.durable_cursor {
-                        rows.push(CursorRow {
-                            subscription_key: key.clone(),
-                            generation,
-                            acknowledged_offset: rt.cursor,
-                        });
+                    if rt.cursor != rt.durable_cursor || rt.counters_dirty {
+                        rows.push(cursor_row(key, rt));
                     }
                 }
-                _ => rows.push(CursorRow {
-                    subscription_key: key.clone(),
-                    generation,
-                    acknowledged_offset: sub.start_cursor(),
-                }),
+                _ => rows.push(fresh_row(key, generation, sub.start_cursor())),
             }
         }
         let removed = self
@@ -189,12 +206,10 @@ impl Actor {
         let cursors: Vec<CursorRow> = self
             .deliveries
             .iter()
-            .filter(|(_, rt)| rt.processor.is_none() && rt.cursor != rt.durable_cursor)
-            .map(|(k, rt)| CursorRow {
-                subscription_key: k.clone(),
-                generation: rt.generation,
-                acknowledged_offset: rt.cursor,
+            .filter(|(_, rt)| {
+                rt.processor.is_none() && (rt.cursor != rt.durable_cursor || rt.counters_dirty)
             })
+            .map(|(k, rt)| cursor_row(k, rt))
             .collect();
         if cursors.is_empty() {
             return None;
@@ -250,7 +265,11 @@ impl Actor {
             self.start_wake(key, head, now_ms);
             return;
         }
-        // ITX calls and webhooks keep their cursor until their receivers exist.
+        if let Receiver::WebhookPost { .. } = &sub.configuration.receiver {
+            self.start_webhook(key, head, now_ms);
+            return;
+        }
+        // ITX calls keep their cursor until their receiver exists.
         let Receiver::CopyToStream {
             receiving_stream_path,
             jsonata_transform,
@@ -353,6 +372,121 @@ impl Actor {
                         single_offset: None,
                     }),
                 };
+            let done = DeliveryDone {
+                key,
+                generation,
+                id,
+                duration: started.elapsed(),
+                result,
+            };
+            if let Some(tx) = self_tx.upgrade() {
+                let _ = tx.send(Command::DeliveryDone(Box::new(done))).await;
+            }
+        });
+    }
+
+    /// Starts one webhook POST (always a single event).
+    fn start_webhook(&mut self, key: &str, head: u64, now_ms: i64) {
+        let Some(stream) = &self.stream else { return };
+        let Some(sub) = stream.state.subscriptions.outbound.by_key.get(key) else {
+            return;
+        };
+        let Receiver::WebhookPost {
+            url,
+            jsonata_transform,
+            ..
+        } = &sub.configuration.receiver
+        else {
+            return;
+        };
+        let filter = CompiledFilter::for_subscription(sub);
+        let (url, transform) = (url.clone(), jsonata_transform.clone());
+        let configured_at = sub.configured_at_offset;
+        let (project_id, path, stream_id, created_at) = (
+            stream.state.project_id.clone(),
+            stream.state.path.clone(),
+            stream.state.stream_id.clone(),
+            stream.state.created_at.clone(),
+        );
+        let row_id = stream.row_id;
+        let timeout_ms = self.ctx.delivery.timeout_ms;
+        let Some(rt) = self.deliveries.get_mut(key) else {
+            return;
+        };
+        self.next_delivery_id += 1;
+        let id = self.next_delivery_id;
+        rt.in_flight = Some(InFlight {
+            id,
+            deadline_ms: now_ms + timeout_ms as i64,
+            started: Instant::now(),
+        });
+        let (generation, cursor, failing) = (rt.generation, rt.cursor, rt.run.failing_event);
+        let storage = self.ctx.storage.clone();
+        let self_tx = self.self_tx.clone();
+        let key = key.to_string();
+        tokio::spawn(async move {
+            let started = Instant::now();
+            let result = async {
+                let filter = filter.map_err(|m| Failure {
+                    message: m,
+                    retryable: false,
+                    single_offset: None,
+                })?;
+                let (stored, configured) = tokio::task::spawn_blocking(move || {
+                    let stored = storage.events_after(row_id, cursor, SCAN_EVENTS_MAX, head)?;
+                    let configured = storage.events_after(
+                        row_id,
+                        configured_at.saturating_sub(1),
+                        1,
+                        configured_at,
+                    )?;
+                    anyhow::Ok((stored, configured))
+                })
+                .await
+                .map_err(|e| e.to_string())
+                .and_then(|r| r.map_err(|e| format!("{e:#}")))
+                .map_err(|m| Failure {
+                    message: format!("reading the source failed: {m}"),
+                    retryable: true,
+                    single_offset: None,
+                })?;
+                let selection = select_batch(&key, &stored, &filter, 1, cursor)?;
+                let Some(event) = selection.events.first() else {
+                    return Ok(Delivered {
+                        through: selection.through,
+                        offsets: Vec::new(),
+                        bytes: 0,
+                    });
+                };
+                let configured_event: Value = configured
+                    .first()
+                    .and_then(|(_, body)| serde_json::from_str(body).ok())
+                    .unwrap_or(Value::Null);
+                let attempt = match failing {
+                    Some((o, n)) if o == event.offset => n + 1,
+                    _ => 1,
+                };
+                let posted =
+                    crate::delivery::webhook::posted_event(event, transform.as_deref(), &key)?;
+                let envelope = crate::delivery::webhook::Envelope {
+                    project_id: project_id.as_deref(),
+                    path: &path,
+                    stream_id: &stream_id,
+                    stream_created_at: &created_at,
+                    subscription_key: &key,
+                    generation,
+                    attempt,
+                    configured_event: &configured_event,
+                };
+                let body = crate::delivery::webhook::body(&envelope, &posted, event.offset);
+                crate::delivery::webhook::post(&url, &body, timeout_ms, event.offset).await?;
+                Ok(Delivered {
+                    through: selection.through,
+                    offsets: vec![event.offset],
+                    bytes: selection.bytes,
+                })
+            }
+            .await;
             let done = DeliveryDone {
                 key,
                 generation,
@@ -501,7 +635,15 @@ impl Actor {
                     rt.durable_cursor = rt.cursor;
                 }
                 rt.last_delivery_ms = Some(now_ms);
-                rt.run.on_success();
+                // Passing over events that do not match is progress, not a
+                // receiver's success: it neither ends isolation nor resets
+                // the skip counters.
+                if !d.offsets.is_empty() {
+                    if rt.run.failing_event.is_some() || rt.run.skips_since_success > 0 {
+                        rt.counters_dirty = true;
+                    }
+                    rt.run.on_success();
+                }
                 rt.last_error = None;
                 rt.bytes_sent += d.bytes as u64;
                 let now = Instant::now();
@@ -526,6 +668,7 @@ impl Actor {
                     jitter(),
                 );
                 rt.last_error = Some(failure.message.clone());
+                rt.counters_dirty = true;
                 match decision {
                     Decision::Retry { at_ms } => rt.next_attempt_at_ms = at_ms,
                     Decision::Halt => {

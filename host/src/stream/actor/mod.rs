@@ -820,6 +820,12 @@ impl Actor {
                         if let Some(rt) = self.deliveries.get_mut(&c.subscription_key) {
                             if rt.generation == c.generation {
                                 rt.durable_cursor = rt.durable_cursor.max(c.acknowledged_offset);
+                                if rt.run.failing_event
+                                    == c.failing_offset.map(|o| (o, c.failing_attempts))
+                                    && rt.run.skips_since_success == c.skips
+                                {
+                                    rt.counters_dirty = false;
+                                }
                             }
                         }
                     }

@@ -1,0 +1,219 @@
+//! Webhook delivery to a real loopback HTTP receiver.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::routing::post;
+use axum::{Json, Router};
+use serde_json::{json, Value};
+
+use crate::subscriptions::{FAST, P};
+use crate::support::{wait_for, Server};
+
+/// A receiver that records every POST and answers 422 to events whose
+/// payload says `"bad": true`.
+struct Receiver {
+    url: String,
+    posts: Arc<Mutex<Vec<Value>>>,
+}
+
+async fn receiver() -> Receiver {
+    let posts: Arc<Mutex<Vec<Value>>> = Arc::default();
+    async fn hook(
+        State(posts): State<Arc<Mutex<Vec<Value>>>>,
+        Json(body): Json<Value>,
+    ) -> (StatusCode, &'static str) {
+        let bad = body["event"]["payload"]["bad"] == true;
+        posts.lock().unwrap().push(body);
+        if bad {
+            (StatusCode::UNPROCESSABLE_ENTITY, "bad event")
+        } else {
+            (StatusCode::OK, "ok")
+        }
+    }
+    let app = Router::new()
+        .route("/hook", post(hook))
+        .with_state(posts.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/hook", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    Receiver { url, posts }
+}
+
+fn webhook(url: &str, on_failing: &str, transform: Option<&str>) -> Value {
+    let mut receiver = json!({"action": "webhook-post", "url": url,
+        "delivery": {"start": "now", "onFailingEvent": on_failing}});
+    if let Some(t) = transform {
+        receiver["jsonataTransform"] = json!(t);
+    }
+    json!({"events": [{"type": "events.iterate.com/stream/subscription-configured",
+        "payload": {"subscriptionKey": "hook", "filter": {"eventTypes": ["x.y/e"]}, "receiver": receiver}}]})
+}
+
+async fn append(s: &Server, events: Value) {
+    let (status, out) = s
+        .post(&format!("{P}/src:append"), json!({ "events": events }))
+        .await;
+    assert_eq!(status, 200, "{out}");
+}
+
+#[tokio::test]
+async fn webhooks_arrive_in_order_one_per_post_with_the_envelope() {
+    let r = receiver().await;
+    let s = Server::start_with(Some(FAST), &[]);
+    let (_, configured) = s
+        .post(
+            &format!("{P}/src:append"),
+            webhook(
+                &r.url,
+                "halt",
+                Some("{\"payload\": {\"doubled\": payload.n * 2}}"),
+            ),
+        )
+        .await;
+    append(&s, json!([
+        {"type": "x.y/e", "payload": {"n": 1}}, {"type": "x.y/skip-me"}, {"type": "x.y/e", "payload": {"n": 2}},
+        {"type": "x.y/e", "payload": {"n": 3}, "ephemeral": true}, {"type": "x.y/e", "payload": {"n": 4}},
+    ]))
+    .await;
+    let posts = r.posts.clone();
+    wait_for("three webhooks", Duration::from_secs(20), async || {
+        posts.lock().unwrap().len() >= 3
+    })
+    .await;
+    let (_, state) = s.get(&format!("{P}/src:state")).await;
+    let got = r.posts.lock().unwrap().clone();
+    assert_eq!(got.len(), 3, "{got:#?}");
+    let offsets: Vec<_> = got
+        .iter()
+        .map(|p| p["event"]["offset"].as_u64().unwrap())
+        .collect();
+    assert_eq!(
+        offsets,
+        vec![3, 5, 7],
+        "in order, one event per POST, no ephemeral event"
+    );
+    let first = &got[0];
+    assert_eq!(
+        first["event"]["payload"],
+        json!({"doubled": 2}),
+        "the transform shapes the posted event"
+    );
+    assert_eq!(first["event"]["type"], "x.y/e");
+    assert_eq!(first["projectId"], "acme");
+    assert_eq!(first["path"], "/src");
+    assert_eq!(first["streamId"], state["streamId"]);
+    assert_eq!(first["streamCreatedAt"], state["createdAt"]);
+    assert_eq!(first["subscriptionKey"], "hook");
+    assert_eq!(first["cursorChangedAtSourceOffset"], 2);
+    assert_eq!(first["attempt"], 1);
+    assert!(first["deliveryId"].as_str().unwrap().ends_with(":3"));
+    assert_eq!(first["configuredEvent"], configured["events"][0]);
+    assert!(
+        first.get("state").is_none(),
+        "no reduced state in the envelope"
+    );
+}
+
+#[tokio::test]
+async fn skip_policy_attempts_a_failing_event_three_times_then_skips_it() {
+    let r = receiver().await;
+    let s = Server::start_with(Some(FAST), &[]);
+    s.post(&format!("{P}/src:append"), webhook(&r.url, "skip", None))
+        .await;
+    append(&s, json!([{"type": "x.y/e", "payload": {"bad": true}}, {"type": "x.y/e", "payload": {"n": 2}}])).await;
+    let posts = r.posts.clone();
+    wait_for(
+        "the next event after the skip",
+        Duration::from_secs(20),
+        async || {
+            posts
+                .lock()
+                .unwrap()
+                .iter()
+                .any(|p| p["event"]["payload"]["n"] == 2)
+        },
+    )
+    .await;
+    let got = r.posts.lock().unwrap().clone();
+    let seen: Vec<(u64, u64)> = got
+        .iter()
+        .map(|p| {
+            (
+                p["event"]["offset"].as_u64().unwrap(),
+                p["attempt"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(seen, vec![(3, 1), (3, 2), (3, 3), (4, 1)]);
+    assert!(
+        got[..3]
+            .iter()
+            .all(|p| p["deliveryId"] == got[0]["deliveryId"]),
+        "one delivery id across retries"
+    );
+    let events = s.all_events(&format!("{P}/src")).await;
+    let skipped = events
+        .iter()
+        .find(|e| e["type"] == "events.iterate.com/stream/error-occurred")
+        .expect("a skip line");
+    let message = skipped["payload"]["message"].as_str().unwrap();
+    assert!(
+        message.starts_with("subscription \"hook\" skipped failing event at offset 3 after 3 event-specific attempts: webhook responded 422 bad event"),
+        "{message}"
+    );
+}
+
+#[tokio::test]
+async fn three_skips_in_a_row_halt_even_across_a_restart() {
+    let r = receiver().await;
+    let mut s = Server::start_with(Some(FAST), &[]);
+    s.post(&format!("{P}/src:append"), webhook(&r.url, "skip", None))
+        .await;
+    append(
+        &s,
+        json!([{"type": "x.y/e", "payload": {"bad": true, "i": 1}}]),
+    )
+    .await;
+    wait_for("the first skip", Duration::from_secs(20), async || {
+        s.all_events(&format!("{P}/src"))
+            .await
+            .iter()
+            .any(|e| e["type"] == "events.iterate.com/stream/error-occurred")
+    })
+    .await;
+    s.restart();
+    append(
+        &s,
+        json!([
+            {"type": "x.y/e", "payload": {"bad": true, "i": 2}},
+            {"type": "x.y/e", "payload": {"bad": true, "i": 3}},
+            {"type": "x.y/e", "payload": {"n": 4}},
+        ]),
+    )
+    .await;
+    wait_for("the halt", Duration::from_secs(20), async || {
+        let (_, st) = s.get(&format!("{P}/src:state")).await;
+        st["subscriptions"]["outbound"]["byKey"]["hook"]
+            .get("deliveryHalted")
+            .is_some()
+    })
+    .await;
+    let got = r.posts.lock().unwrap().clone();
+    assert!(
+        got.iter().all(|p| p["event"]["payload"]["n"] != 4),
+        "nothing after the halt is delivered"
+    );
+    let skips = s
+        .all_events(&format!("{P}/src"))
+        .await
+        .iter()
+        .filter(|e| e["type"] == "events.iterate.com/stream/error-occurred")
+        .count();
+    assert_eq!(
+        skips, 2,
+        "the third failing event halts instead of being skipped"
+    );
+}
