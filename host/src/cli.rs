@@ -272,7 +272,14 @@ fn fold_offline(a: FoldArgs) -> Result<()> {
     let bytes = std::fs::read(&a.component)
         .with_context(|| format!("reading {}", a.component.display()))?;
     let runtime = Runtime::new(std::env::temp_dir().join("streamhost-fold-cache"))?;
-    runtime.validate(&bytes).map_err(anyhow::Error::msg)?;
+    let (_, is_processor) = runtime.validate(&bytes).map_err(anyhow::Error::msg)?;
+    if !is_processor {
+        bail!(
+            "{} is not a processor: it does not export {}",
+            a.component.display(),
+            crate::processor::runtime::PROCESSOR_INTERFACE
+        );
+    }
     let digest = crate::processor::runtime::digest(&bytes);
     let prepared = runtime.prepare(&digest, || Ok(bytes.clone()))?;
     let name = a

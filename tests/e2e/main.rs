@@ -11,6 +11,7 @@ mod copy_crash;
 mod crash;
 mod fence;
 mod hostile;
+mod itx;
 mod processors;
 mod streams;
 mod subscription_bad_input;

@@ -38,7 +38,7 @@ pub async fn deploy(
     validate_name(name)?;
     let runtime = host.streams.wasm_runtime().clone();
     let checked = bytes.clone();
-    let exports = tokio::task::spawn_blocking(move || runtime.validate(&checked).map(|(_, e)| e))
+    let exports = tokio::task::spawn_blocking(move || runtime.validate(&checked).map(|(e, _)| e))
         .await
         .map_err(|e| ApiError::internal(format!("validating the component panicked: {e}")))?
         .map_err(invalid_component)?;

@@ -4,6 +4,7 @@
 
 mod components;
 mod connections;
+pub mod itx;
 mod query;
 mod subscriptions;
 
@@ -30,6 +31,7 @@ pub fn router(host: Host) -> Router {
         .route("/v1/projects/{project}/streams/{*rest}", any(stream_route))
         .route("/v1/global/streams/{*rest}", any(stream_route))
         .route("/v1/projects/{project}/components", get(list_components))
+        .route("/v1/projects/{project}/itx", axum::routing::post(itx_call))
         .route(
             "/v1/projects/{project}/components/{name}",
             axum::routing::put(deploy_component),
@@ -102,6 +104,26 @@ async fn list_components(
         let namespace = Namespace::project(&project)?;
         caller.may_use(&namespace)?;
         components::list(&host, &project).await
+    }
+    .await;
+    match result {
+        Ok(v) => ok_json(&v),
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn itx_call(
+    State(host): State<Host>,
+    axum::extract::Path(project): axum::extract::Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let result = async {
+        let caller = authenticate(&host, &headers)?;
+        let namespace = Namespace::project(&project)?;
+        caller.may_use(&namespace)?;
+        let input = read_json(&host, body).await?;
+        itx::itx(&host, &project, input).await
     }
     .await;
     match result {

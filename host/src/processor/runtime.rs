@@ -126,11 +126,27 @@ impl WasiView for GuestData {
     }
 }
 
-/// A compiled, linked processor component.
+/// A compiled, linked component (a processor, or any ITX-callable one).
 pub struct Prepared {
     pub digest: String,
-    pre: StreamProcessorPre<GuestData>,
+    component: Component,
+    instance_pre: wasmtime::component::InstancePre<GuestData>,
+    /// Present when the component exports the processor interface.
+    processor: Option<StreamProcessorPre<GuestData>>,
     announcement: OnceLock<Announcement>,
+}
+
+/// Why a dynamic (ITX) call did not return a value.
+#[derive(Debug, Clone, PartialEq)]
+pub enum CallError {
+    /// No exported function of that name.
+    NoSuchFunction(String),
+    /// An argument does not fit its WIT type.
+    Argument(crate::itx::value::Mismatch),
+    /// The guest trapped or timed out.
+    Guest(GuestError),
+    /// The function returned `result::err`; the error value as JSON.
+    Err(serde_json::Value),
 }
 
 /// The runtime. Cheap to share (`Arc`).
@@ -191,9 +207,10 @@ impl Runtime {
         }))
     }
 
-    /// Compiles `bytes` and checks that it is a processor component; returns
-    /// the exported function names.
-    pub fn validate(&self, bytes: &[u8]) -> Result<(Component, Vec<String>), String> {
+    /// Compiles `bytes`, checks that it is a component that links with WASI
+    /// alone and exports functions; returns the exported function names and
+    /// whether it is a processor.
+    pub fn validate(&self, bytes: &[u8]) -> Result<(Vec<String>, bool), String> {
         let component = Component::new(&self.engine, bytes).map_err(|e| {
             format!(
                 "the body is not a valid WebAssembly component: {}",
@@ -207,13 +224,13 @@ impl Runtime {
                 root_cause(&e)
             )
         })?;
-        StreamProcessorPre::new(pre).map_err(|e| {
-            format!(
-                "the component does not export the {PROCESSOR_INTERFACE} interface: {}",
-                root_cause(&e)
-            )
-        })?;
-        Ok((component, exports))
+        let processor = StreamProcessorPre::new(pre).is_ok();
+        if exports.is_empty() {
+            return Err(format!(
+                "the component exports no functions: a processor must export the {PROCESSOR_INTERFACE} interface"
+            ));
+        }
+        Ok((exports, processor))
     }
 
     fn cache_path(&self, digest: &str) -> PathBuf {
@@ -256,10 +273,13 @@ impl Runtime {
                 c
             }
         };
-        let pre = StreamProcessorPre::new(self.linker.instantiate_pre(&component)?)?;
+        let instance_pre = self.linker.instantiate_pre(&component)?;
+        let processor = StreamProcessorPre::new(instance_pre.clone()).ok();
         let prepared = Arc::new(Prepared {
             digest: digest.to_string(),
-            pre,
+            component,
+            instance_pre,
+            processor,
             announcement: OnceLock::new(),
         });
         self.prepared
@@ -311,19 +331,16 @@ impl Runtime {
         (store, stdout, stderr)
     }
 
-    fn call<T>(
+    /// Runs `f` in a fresh store, logging the guest's output.
+    fn run<T>(
         &self,
         name: &str,
-        p: &Prepared,
         d: Determinism,
         timeout_ms: u64,
-        f: impl FnOnce(&mut Store<GuestData>, &bindings::StreamProcessor) -> wasmtime::Result<T>,
+        f: impl FnOnce(&mut Store<GuestData>) -> wasmtime::Result<T>,
     ) -> Result<T, GuestError> {
         let (mut store, stdout, stderr) = self.store(name, d, timeout_ms);
-        let result = p
-            .pre
-            .instantiate(&mut store)
-            .and_then(|instance| f(&mut store, &instance));
+        let result = f(&mut store);
         for (stream, pipe) in [("stdout", &stdout), ("stderr", &stderr)] {
             let bytes = pipe.contents();
             for line in String::from_utf8_lossy(&bytes)
@@ -337,6 +354,123 @@ impl Runtime {
             Some(wasmtime::Trap::Interrupt) => GuestError::Timeout(timeout_ms),
             _ => GuestError::Trap(format!("{e:#}")),
         })
+    }
+
+    fn call<T>(
+        &self,
+        name: &str,
+        p: &Prepared,
+        d: Determinism,
+        timeout_ms: u64,
+        f: impl FnOnce(&mut Store<GuestData>, &bindings::StreamProcessor) -> wasmtime::Result<T>,
+    ) -> Result<T, GuestError> {
+        let Some(pre) = &p.processor else {
+            return Err(GuestError::Failure {
+                message: format!("component {name:?} is not a processor: it does not export {PROCESSOR_INTERFACE}"),
+                retryable: false,
+            });
+        };
+        self.run(name, d, timeout_ms, |store| {
+            let instance = pre.instantiate(&mut *store)?;
+            f(store, &instance)
+        })
+    }
+
+    /// Finds an exported function by WIT name or camelCase spelling.
+    fn find_function(
+        &self,
+        p: &Prepared,
+        function: &str,
+    ) -> Option<wasmtime::component::ComponentExportIndex> {
+        use wasmtime::component::types::ComponentItem;
+        let matches = |wit: &str| wit == function || crate::itx::value::camel(wit) == function;
+        for (name, item) in p.component.component_type().exports(&self.engine) {
+            match item.ty {
+                ComponentItem::ComponentFunc(_) if matches(name) => {
+                    return p.component.get_export_index(None, name);
+                }
+                ComponentItem::ComponentInstance(inst) => {
+                    for (f, item) in inst.exports(&self.engine) {
+                        if matches!(item.ty, ComponentItem::ComponentFunc(_)) && matches(f) {
+                            let instance = p.component.get_export_index(None, name)?;
+                            return p.component.get_export_index(Some(&instance), f);
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        None
+    }
+
+    /// Calls an exported function with JSON arguments mapped onto its WIT
+    /// parameter types; the result maps back to JSON. A top-level
+    /// `result<T, E>` answers `T`, or `CallError::Err(E)`.
+    pub fn call_function(
+        &self,
+        name: &str,
+        p: &Prepared,
+        function: &str,
+        args: &[serde_json::Value],
+        timeout_ms: u64,
+        opts: crate::itx::value::ToVal,
+    ) -> Result<serde_json::Value, CallError> {
+        use crate::itx::value::{to_json, to_val, Mismatch};
+        use wasmtime::component::Val;
+        let index = self
+            .find_function(p, function)
+            .ok_or_else(|| CallError::NoSuchFunction(function.to_string()))?;
+        let mut argument_error = None;
+        let out = self
+            .run(name, Determinism::default(), timeout_ms, |store| {
+                let instance = p.instance_pre.instantiate(&mut *store)?;
+                let func = instance
+                    .get_func(&mut *store, &index)
+                    .ok_or_else(|| wasmtime::Error::msg("the export is not a function"))?;
+                let ty = func.ty(&*store);
+                let params: Vec<_> = ty.params().map(|(_, t)| t).collect();
+                if params.len() != args.len() {
+                    argument_error = Some(Mismatch {
+                        path: "args".into(),
+                        message: format!(
+                            "{function} takes {} argument(s), got {}",
+                            params.len(),
+                            args.len()
+                        ),
+                    });
+                    return Ok(None);
+                }
+                let mut values = Vec::with_capacity(args.len());
+                for (i, (arg, t)) in args.iter().zip(&params).enumerate() {
+                    match to_val(arg, t, &format!("args[{i}]"), opts) {
+                        Ok(v) => values.push(v),
+                        Err(m) => {
+                            argument_error = Some(m);
+                            return Ok(None);
+                        }
+                    }
+                }
+                let mut results = vec![Val::Bool(false); ty.results().len()];
+                func.call(&mut *store, &values, &mut results)?;
+                Ok(Some(results))
+            })
+            .map_err(CallError::Guest)?;
+        let Some(results) = out else {
+            return Err(CallError::Argument(
+                argument_error.expect("set with the early return"),
+            ));
+        };
+        match results.as_slice() {
+            [] => Ok(serde_json::Value::Null),
+            [Val::Result(Ok(v))] => {
+                Ok(v.as_deref().map(to_json).unwrap_or(serde_json::Value::Null))
+            }
+            [Val::Result(Err(e))] => Err(CallError::Err(
+                e.as_deref().map(to_json).unwrap_or(serde_json::Value::Null),
+            )),
+            [one] => Ok(to_json(one)),
+            many => Ok(serde_json::Value::Array(many.iter().map(to_json).collect())),
+        }
     }
 
     /// The processor's announcement (cached per digest).

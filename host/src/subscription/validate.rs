@@ -190,6 +190,14 @@ fn validate_configured(
         Receiver::ItxCall { expression, .. } => {
             crate::itx::validate_expression(&format!("{at}.receiver.expression"), expression)
                 .map_err(|m| ApiError::new(400, "invalid-expression", m))?;
+            crate::itx::resolve(expression).map_err(|m| {
+                ApiError::new(400, "invalid-expression", format!("{at}.receiver.{m}"))
+            })?;
+            if matches!(ctx.namespace, Namespace::Global) {
+                return Err(invalid(
+                    "itx-call subscriptions require a project stream (components belong to projects)".into(),
+                ));
+            }
         }
         Receiver::ProcessorWake { expression } => {
             crate::itx::validate_expression(&format!("{at}.receiver.expression"), expression)

@@ -3,6 +3,8 @@
 //! This module validates their shape; resolution and calls come with the
 //! components runtime.
 
+pub mod value;
+
 use serde_json::Value;
 
 /// Property names that may never appear in an expression.
@@ -59,6 +61,56 @@ pub fn validate_expression(at: &str, expression: &Value) -> Result<(), String> {
         ));
     }
     Ok(())
+}
+
+/// What an expression resolves to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    /// An exported function of a deployed component of the project.
+    ComponentFunction { component: String, function: String },
+}
+
+/// Where resolution stands after some steps. Adding a root or a step kind is
+/// one variant and one match arm.
+enum Node {
+    Root,
+    Components,
+    Component(String),
+    Function(String, String),
+}
+
+/// Resolves an expression against the project root
+/// `{"components": {get(name) -> component}}`.
+pub fn resolve(expression: &Value) -> Result<Target, String> {
+    validate_expression("expression", expression)?;
+    let steps = expression.as_array().expect("validated");
+    let mut node = Node::Root;
+    for (i, step) in steps.iter().enumerate() {
+        node =
+            match (node, step) {
+                (Node::Root, Value::String(s)) if s == "components" => Node::Components,
+                (Node::Root, Value::String(s)) => return Err(format!(
+                    "expression[{i}]: unknown root property {s:?} (the root has \"components\")"
+                )),
+                (Node::Components, Value::Array(call)) => match call.as_slice() {
+                    [Value::String(m), Value::String(name)] if m == "get" => {
+                        Node::Component(name.clone())
+                    }
+                    _ => return Err(format!(
+                        "expression[{i}]: components has one method, [\"get\", NAME], got {step}"
+                    )),
+                },
+                (Node::Component(c), Value::String(f)) => Node::Function(c, f.clone()),
+                (_, step) => return Err(format!("expression[{i}]: {step} does not apply here")),
+            };
+    }
+    match node {
+        Node::Function(component, function) => Ok(Target::ComponentFunction {
+            component,
+            function,
+        }),
+        _ => Err("the expression must end with a property naming a function".into()),
+    }
 }
 
 /// The component a `processor-wake` expression names:
