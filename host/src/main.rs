@@ -10,6 +10,7 @@ async fn main() {
             EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let cli = streamhost::cli::Cli::parse();
     if let Err(e) = streamhost::cli::run(cli).await {

@@ -166,3 +166,115 @@ async fn errors_name_the_argument_path_and_expected_type() {
     // The host keeps serving.
     assert_eq!(s.post(itx, call("add", json!([1, 1]))).await.1["result"], 2);
 }
+
+fn itx_subscription(on_failing: &str) -> Value {
+    json!({"events": [{"type": "events.iterate.com/stream/subscription-configured", "payload": {
+        "subscriptionKey": "itx", "filter": {"eventTypes": ["x.y/e"]},
+        "receiver": {"action": "itx-call", "expression": ["components", ["get", "kinds"], "processEventBatch"],
+                     "delivery": {"start": "now", "onFailingEvent": on_failing}}}}]})
+}
+
+/// The batches the kinds guest printed: (delivery id, offsets).
+fn batches(log: &str) -> Vec<(String, String)> {
+    log.lines()
+        .filter_map(|l| {
+            let rest = l.split("itx batch delivery-id=").nth(1)?;
+            let (id, rest) = rest.split_once(' ')?;
+            let offsets = rest.split("offsets=").nth(1)?.split(' ').next()?;
+            Some((id.to_string(), offsets.to_string()))
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn an_itx_receiver_gets_awaited_batches_and_skips_an_event_after_three_lone_attempts() {
+    // Enough attempts that the skip policy, not the retry bound, decides.
+    let config = "[delivery]\nmax-attempts = 8\nbackoff-base-ms = 5\nbackoff-max-ms = 20\ntimeout-ms = 5000\n";
+    let s = Server::start_with(Some(config), &[]);
+    s.deploy("acme", "kinds", guest("kinds")).await;
+    let src = "/v1/projects/acme/streams/itx-src";
+    s.post(&format!("{src}:append"), itx_subscription("skip"))
+        .await;
+    s.post(
+        &format!("{src}:append"),
+        json!({"events": [
+            {"type": "x.y/e", "payload": {"n": 1}}, {"type": "x.y/e", "payload": {"bad": true}},
+            {"type": "x.y/e", "payload": {"n": 3}},
+        ]}),
+    )
+    .await;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !batches(&s.log()).iter().any(|(_, o)| o == "5") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no batch with offset 5; log:\n{}",
+            s.log()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let seen = batches(&s.log());
+    let offsets: Vec<&str> = seen.iter().map(|(_, o)| o.as_str()).collect();
+    assert_eq!(offsets[0], "3,4,5", "a full batch first: {offsets:?}");
+    assert_eq!(
+        offsets.iter().filter(|o| **o == "4").count(),
+        3,
+        "the failing event alone, exactly 3 times: {offsets:?}"
+    );
+    assert_eq!(*offsets.last().unwrap(), "5");
+    let (state, _) = (s.get(&format!("{src}:state")).await.1, ());
+    assert!(seen[0].0.starts_with(state["streamId"].as_str().unwrap()));
+    assert!(seen[0].0.ends_with(":3-5"), "{:?}", seen[0]);
+    let events = s.all_events(src).await;
+    let skip = events
+        .iter()
+        .find(|e| e["type"] == "events.iterate.com/stream/error-occurred")
+        .expect("a skip line");
+    assert!(skip["payload"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("skipped failing event at offset 4 after 3 event-specific attempts"));
+}
+
+#[tokio::test]
+async fn a_non_retryable_failure_halts_at_once() {
+    let s = Server::start_with(Some(crate::subscriptions::FAST), &[]);
+    s.deploy("acme", "kinds", guest("kinds")).await;
+    let src = "/v1/projects/acme/streams/itx-fatal";
+    s.post(&format!("{src}:append"), itx_subscription("skip"))
+        .await;
+    s.post(
+        &format!("{src}:append"),
+        json!({"events": [{"type": "x.y/e", "payload": {"fatal": true}}]}),
+    )
+    .await;
+    crate::support::wait_for("the halt", std::time::Duration::from_secs(20), async || {
+        s.get(&format!("{src}:state")).await.1["subscriptions"]["outbound"]["byKey"]["itx"]
+            .get("deliveryHalted")
+            .is_some()
+    })
+    .await;
+    let (_, st) = s.get(&format!("{src}:state")).await;
+    let halted = &st["subscriptions"]["outbound"]["byKey"]["itx"]["deliveryHalted"];
+    assert_eq!(halted["attempts"], 1);
+    assert!(
+        halted["error"]
+            .as_str()
+            .unwrap()
+            .contains("event 3 is fatal"),
+        "{halted}"
+    );
+    let (_, rt) = s.get(&format!("{src}:runtime")).await;
+    assert!(rt["subscriptions"]["itx"]["lastError"]
+        .as_str()
+        .unwrap()
+        .contains("is fatal"));
+    // Configure-time checks: unknown roots are refused.
+    let mut bad = itx_subscription("halt");
+    bad["events"][0]["payload"]["receiver"]["expression"] = json!(["workers", ["get", "w"], "run"]);
+    assert_error(
+        &s.post(&format!("{src}:append"), bad).await,
+        400,
+        "invalid-expression",
+        "unknown root property \"workers\"",
+    );
+}

@@ -27,11 +27,9 @@ pub fn call(
     function: &str,
     args: &[Value],
     timeout_ms: u64,
-    opts: crate::itx::value::ToVal,
 ) -> Result<Value, ApiError> {
     let internal = |e: anyhow::Error| ApiError::internal(format!("{e:#}"));
-    let row = storage
-        .component(project, component)
+    let (prepared, row) = crate::processor::deployed(storage, runtime, project, component)
         .map_err(internal)?
         .ok_or_else(|| {
             ApiError::not_found(
@@ -39,13 +37,15 @@ pub fn call(
                 format!("component {component:?} is not deployed in project {project:?}"),
             )
         })?;
-    let digest = row.digest.clone();
-    let bytes_storage = storage.clone();
-    let prepared = runtime
-        .prepare(&row.digest, move || bytes_storage.component_bytes(&digest))
-        .map_err(internal)?;
     runtime
-        .call_function(component, &prepared, function, args, timeout_ms, opts)
+        .call_function(
+            component,
+            &prepared,
+            function,
+            args,
+            timeout_ms,
+            Default::default(),
+        )
         .map_err(|e| match e {
             CallError::NoSuchFunction(f) => ApiError::not_found(
                 "function-not-found",
@@ -85,7 +85,6 @@ pub async fn itx(host: &Host, project: &str, input: ItxInput) -> Result<Value, A
             &function,
             &input.args,
             timeout_ms,
-            Default::default(),
         )
     })
     .await

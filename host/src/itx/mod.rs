@@ -86,23 +86,26 @@ pub fn resolve(expression: &Value) -> Result<Target, String> {
     let steps = expression.as_array().expect("validated");
     let mut node = Node::Root;
     for (i, step) in steps.iter().enumerate() {
-        node =
-            match (node, step) {
-                (Node::Root, Value::String(s)) if s == "components" => Node::Components,
-                (Node::Root, Value::String(s)) => return Err(format!(
+        node = match (node, step) {
+            (Node::Root, Value::String(s)) if s == "components" => Node::Components,
+            (Node::Root, Value::String(s)) => {
+                return Err(format!(
                     "expression[{i}]: unknown root property {s:?} (the root has \"components\")"
-                )),
-                (Node::Components, Value::Array(call)) => match call.as_slice() {
-                    [Value::String(m), Value::String(name)] if m == "get" => {
-                        Node::Component(name.clone())
-                    }
-                    _ => return Err(format!(
+                ))
+            }
+            (Node::Components, Value::Array(call)) => match call.as_slice() {
+                [Value::String(m), Value::String(name)] if m == "get" => {
+                    Node::Component(name.clone())
+                }
+                _ => {
+                    return Err(format!(
                         "expression[{i}]: components has one method, [\"get\", NAME], got {step}"
-                    )),
-                },
-                (Node::Component(c), Value::String(f)) => Node::Function(c, f.clone()),
-                (_, step) => return Err(format!("expression[{i}]: {step} does not apply here")),
-            };
+                    ))
+                }
+            },
+            (Node::Component(c), Value::String(f)) => Node::Function(c, f.clone()),
+            (_, step) => return Err(format!("expression[{i}]: {step} does not apply here")),
+        };
     }
     match node {
         Node::Function(component, function) => Ok(Target::ComponentFunction {

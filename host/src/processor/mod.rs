@@ -10,3 +10,24 @@
 pub mod runtime;
 pub mod wake;
 pub mod wave;
+
+use std::sync::Arc;
+
+use crate::storage::{ComponentRow, Storage};
+
+/// The deployed component `name` of `project`, compiled and linked (cached
+/// per digest); `None` when it is not deployed.
+pub fn deployed(
+    storage: &Storage,
+    runtime: &runtime::Runtime,
+    project: &str,
+    name: &str,
+) -> anyhow::Result<Option<(Arc<runtime::Prepared>, ComponentRow)>> {
+    let Some(row) = storage.component(project, name)? else {
+        return Ok(None);
+    };
+    let digest = row.digest.clone();
+    let bytes_storage = storage.clone();
+    let prepared = runtime.prepare(&row.digest, move || bytes_storage.component_bytes(&digest))?;
+    Ok(Some((prepared, row)))
+}

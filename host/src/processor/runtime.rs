@@ -425,7 +425,7 @@ impl Runtime {
             .run(name, Determinism::default(), timeout_ms, |store| {
                 let instance = p.instance_pre.instantiate(&mut *store)?;
                 let func = instance
-                    .get_func(&mut *store, &index)
+                    .get_func(&mut *store, index)
                     .ok_or_else(|| wasmtime::Error::msg("the export is not a function"))?;
                 let ty = func.ty(&*store);
                 let params: Vec<_> = ty.params().map(|(_, t)| t).collect();

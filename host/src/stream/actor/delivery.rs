@@ -269,7 +269,10 @@ impl Actor {
             self.start_webhook(key, head, now_ms);
             return;
         }
-        // ITX calls keep their cursor until their receiver exists.
+        if let Receiver::ItxCall { .. } = &sub.configuration.receiver {
+            self.start_itx(key, head, now_ms);
+            return;
+        }
         let Receiver::CopyToStream {
             receiving_stream_path,
             jsonata_transform,
@@ -372,6 +375,178 @@ impl Actor {
                         single_offset: None,
                     }),
                 };
+            let done = DeliveryDone {
+                key,
+                generation,
+                id,
+                duration: started.elapsed(),
+                result,
+            };
+            if let Some(tx) = self_tx.upgrade() {
+                let _ = tx.send(Command::DeliveryDone(Box::new(done))).await;
+            }
+        });
+    }
+
+    /// Starts one awaited ITX call with a batch.
+    fn start_itx(&mut self, key: &str, head: u64, now_ms: i64) {
+        let Some(stream) = &self.stream else { return };
+        let Some(sub) = stream.state.subscriptions.outbound.by_key.get(key) else {
+            return;
+        };
+        let Receiver::ItxCall {
+            expression,
+            jsonata_transform,
+            ..
+        } = &sub.configuration.receiver
+        else {
+            return;
+        };
+        let Ok(crate::itx::Target::ComponentFunction {
+            component,
+            function,
+        }) = crate::itx::resolve(expression)
+        else {
+            return;
+        };
+        let Some(project) = self.address.namespace.project_id().map(str::to_string) else {
+            return;
+        };
+        let filter = CompiledFilter::for_subscription(sub);
+        let transform = jsonata_transform.clone();
+        let stream_json = json!({
+            "projectId": stream.state.project_id,
+            "path": stream.state.path,
+            "streamId": stream.state.stream_id,
+            "streamCreatedAt": stream.state.created_at,
+            "maxOffset": head,
+        });
+        let stream_id = stream.state.stream_id.clone();
+        let row_id = stream.row_id;
+        let timeout_ms = self.ctx.delivery.timeout_ms;
+        let Some(rt) = self.deliveries.get_mut(key) else {
+            return;
+        };
+        self.next_delivery_id += 1;
+        let id = self.next_delivery_id;
+        rt.in_flight = Some(InFlight {
+            id,
+            deadline_ms: now_ms + timeout_ms as i64,
+            started: Instant::now(),
+        });
+        let (generation, cursor, limit) = (rt.generation, rt.cursor, rt.run.batch_limit());
+        let (storage, runtime) = (self.ctx.storage.clone(), self.ctx.runtime.clone());
+        let self_tx = self.self_tx.clone();
+        let key = key.to_string();
+        tokio::spawn(async move {
+            let started = Instant::now();
+            let result = async {
+                let filter = filter.map_err(|m| Failure {
+                    message: m,
+                    retryable: false,
+                    single_offset: None,
+                })?;
+                let reader = storage.clone();
+                let stored = tokio::task::spawn_blocking(move || {
+                    reader.events_after(row_id, cursor, SCAN_EVENTS_MAX, head)
+                })
+                .await
+                .map_err(|e| e.to_string())
+                .and_then(|r| r.map_err(|e| format!("{e:#}")))
+                .map_err(|m| Failure {
+                    message: format!("reading the source failed: {m}"),
+                    retryable: true,
+                    single_offset: None,
+                })?;
+                let selection = select_batch(&key, &stored, &filter, limit, cursor)?;
+                let offsets: Vec<u64> = selection.events.iter().map(|e| e.offset).collect();
+                if selection.events.is_empty() {
+                    return Ok(Delivered {
+                        through: selection.through,
+                        offsets,
+                        bytes: 0,
+                    });
+                }
+                let single_offset = (offsets.len() == 1).then(|| offsets[0]);
+                let mut events = Vec::with_capacity(selection.events.len());
+                for e in &selection.events {
+                    let posted =
+                        crate::delivery::webhook::posted_event(e, transform.as_deref(), &key)?;
+                    events.push(json!({
+                        "offset": e.offset,
+                        "type": posted["type"],
+                        "payload": posted["payload"].to_string(),
+                        "metadata": posted.get("metadata").map(|m| m.to_string()),
+                        "createdAt": e.created_at,
+                        "idempotencyKey": e.idempotency_key,
+                    }));
+                }
+                let delivery_id = format!(
+                    "{stream_id}:{key}:{generation}:{}-{}",
+                    offsets[0],
+                    offsets[offsets.len() - 1]
+                );
+                let batch = json!({
+                    "stream": stream_json,
+                    "events": events,
+                    "scannedThroughOffset": selection.through,
+                    "deliveryId": delivery_id,
+                });
+                let label = format!("itx call {component}.{function}");
+                let called = tokio::task::spawn_blocking(move || {
+                    use crate::processor::runtime::CallError;
+                    let (prepared, _) =
+                        crate::processor::deployed(&storage, &runtime, &project, &component)
+                            .map_err(|e| {
+                                (
+                                    format!("loading component {component:?} failed: {e:#}"),
+                                    true,
+                                )
+                            })?
+                            .ok_or_else(|| {
+                                (format!("component {component:?} is not deployed"), true)
+                            })?;
+                    let opts = crate::itx::value::ToVal {
+                        ignore_unknown_fields: true,
+                    };
+                    runtime
+                        .call_function(&component, &prepared, &function, &[batch], timeout_ms, opts)
+                        .map_err(|e| match e {
+                            CallError::Err(v) => (
+                                v["message"]
+                                    .as_str()
+                                    .map(str::to_string)
+                                    .unwrap_or_else(|| v.to_string()),
+                                v["retryable"].as_bool().unwrap_or(true),
+                            ),
+                            CallError::Argument(m) => (
+                                format!("the batch does not fit the function's parameter: {m}"),
+                                false,
+                            ),
+                            CallError::NoSuchFunction(f) => (
+                                format!("component {component:?} exports no function {f:?}"),
+                                true,
+                            ),
+                            CallError::Guest(g) => (g.to_string(), true),
+                        })
+                })
+                .await
+                .map_err(|e| (format!("the call panicked: {e}"), true))
+                .and_then(|r| r);
+                match called {
+                    Ok(_) => Ok(Delivered {
+                        through: selection.through,
+                        offsets,
+                        bytes: selection.bytes,
+                    }),
+                    Err((message, retryable)) => Err(Failure {
+                        message: format!("{label} failed: {message}"),
+                        retryable,
+                        single_offset,
+                    }),
+                }
+            }
+            .await;
             let done = DeliveryDone {
                 key,
                 generation,
