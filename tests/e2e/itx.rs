@@ -6,7 +6,7 @@ use serde_json::{json, Value};
 use crate::support::{assert_error, guest, Server};
 
 async fn deployed() -> Server {
-    let s = Server::start();
+    let s = Server::start_with(Some("[delivery]\ntimeout-ms = 500\n"), &[]);
     let (status, out) = s.deploy("acme", "kinds", guest("kinds")).await;
     assert_eq!(status, 200, "{out}");
     s

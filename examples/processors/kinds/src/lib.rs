@@ -31,6 +31,13 @@ impl Guest for Kinds {
         panic!("boom")
     }
 
+    fn spin() -> u32 {
+        let mut n: u32 = 0;
+        loop {
+            n = std::hint::black_box(n.wrapping_add(1));
+        }
+    }
+
     fn process_event_batch(batch: Batch) -> Result<(), Failure> {
         let offsets: Vec<String> = batch.events.iter().map(|e| e.offset.to_string()).collect();
         // The host logs guest stdout; the tests read it to see each batch.
