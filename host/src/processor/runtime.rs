@@ -376,6 +376,22 @@ impl Runtime {
         })
     }
 
+    /// Runs `f` with a fresh instance of `p` in a fresh store (the same
+    /// limits and WASI context as every call): for typed calls through
+    /// `bindgen!` bindings, as the benchmarks do.
+    pub fn with_instance<T>(
+        &self,
+        name: &str,
+        p: &Prepared,
+        timeout_ms: u64,
+        f: impl FnOnce(&mut Store<GuestData>, &wasmtime::component::Instance) -> wasmtime::Result<T>,
+    ) -> Result<T, GuestError> {
+        self.run(name, Determinism::default(), timeout_ms, |store| {
+            let instance = p.instance_pre.instantiate(&mut *store)?;
+            f(store, &instance)
+        })
+    }
+
     /// Finds an exported function by WIT name or camelCase spelling.
     fn find_function(
         &self,

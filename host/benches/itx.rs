@@ -1,0 +1,199 @@
+//! ITX benchmark: `cargo bench -p streamhost --bench itx`.
+//!
+//! Reports, in one run:
+//! - the overhead of a direct ITX call over HTTP (`POST /itx` → guest →
+//!   answer) for a trivial function, p50 and p99;
+//! - the dynamic JSON ↔ WIT call (the path ITX takes) against a typed
+//!   `bindgen!` call of the same function, `echo-everything`, which takes and
+//!   returns a record of every WIT type kind; both instantiate a fresh store
+//!   per call, as the host does. The ratio is typed time / dynamic time.
+//!
+//! Needs the guests built (see `scripts/test`).
+
+use std::path::Path;
+use std::time::Instant;
+
+use serde_json::{json, Value};
+use streamhost::processor::runtime::Runtime;
+use streamhost::storage::{Deployment, WriteOp};
+use streamhost::{Config, Host};
+
+mod typed {
+    wasmtime::component::bindgen!({
+        path: "../examples/processors/kinds/wit",
+        world: "kinds-world",
+    });
+}
+
+use typed::exports::example::kinds::kinds::{Color, Everything, Perms, Point, Shape};
+
+const CALLS: usize = 2000;
+
+fn percentile(mut v: Vec<f64>, q: f64) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[((v.len() - 1) as f64 * q).round() as usize]
+}
+
+fn kinds_wasm() -> Vec<u8> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../examples/processors/target/wasm32-wasip2/release/kinds.wasm");
+    std::fs::read(&path)
+        .unwrap_or_else(|e| panic!("{}: {e}; build the guests first", path.display()))
+}
+
+fn everything_json() -> Value {
+    json!({
+        "flag": true, "tiny": -8, "small": 8, "short": -16, "ushort": 16, "int": -32, "uint": 32,
+        "big": 64, "neg": -64, "ratio": 1.5, "precise": 2.25, "letter": "x", "name": "streamhost",
+        "items": [1, 2, 3, 4, 5, 6, 7, 8], "pair": ["p", 7],
+        "point": {"x": 1, "y": 2, "labelText": "origin"}, "color": "green", "shape": {"circle": 2.5},
+        "maybe": "some", "outcome": {"ok": 3}, "perms": ["read", "exec"]
+    })
+}
+
+fn everything_typed() -> Everything {
+    Everything {
+        flag: true,
+        tiny: -8,
+        small: 8,
+        short: -16,
+        ushort: 16,
+        int: -32,
+        uint: 32,
+        big: 64,
+        neg: -64,
+        ratio: 1.5,
+        precise: 2.25,
+        letter: 'x',
+        name: "streamhost".into(),
+        items: vec![1, 2, 3, 4, 5, 6, 7, 8],
+        pair: ("p".into(), 7),
+        point: Point {
+            x: 1,
+            y: 2,
+            label_text: "origin".into(),
+        },
+        color: Color::Green,
+        shape: Shape::Circle(2.5),
+        maybe: Some("some".into()),
+        outcome: Ok(3),
+        perms: Perms::READ | Perms::EXEC,
+    }
+}
+
+async fn http_overhead() -> Vec<f64> {
+    let dir = tempfile::tempdir().unwrap();
+    let host = Host::open(Config {
+        data_dir: dir.path().to_path_buf(),
+        ..Config::default()
+    })
+    .unwrap();
+    let bytes = kinds_wasm();
+    host.streams
+        .storage()
+        .submit(WriteOp::Deploy(Deployment {
+            project: "bench".into(),
+            name: "kinds".into(),
+            digest: streamhost::processor::runtime::digest(&bytes),
+            exports: vec![],
+            bytes,
+            deployed_at: "2026-11-30T00:00:00.000Z".into(),
+        }))
+        .await
+        .unwrap()
+        .unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!(
+        "http://{}/v1/projects/bench/itx",
+        listener.local_addr().unwrap()
+    );
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(host.serve(listener, async {
+        let _ = stopped.await;
+    }));
+    let client = reqwest::Client::new();
+    let body = json!({"expression": ["components", ["get", "kinds"], "add"], "args": [1, 2]});
+    let mut samples = Vec::new();
+    for i in 0..CALLS + 50 {
+        let start = Instant::now();
+        let r: Value = client
+            .post(&url)
+            .json(&body)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(r["result"], 3);
+        if i >= 50 {
+            samples.push(start.elapsed().as_secs_f64() * 1e6);
+        }
+    }
+    let _ = stop.send(());
+    samples
+}
+
+fn main() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    eprintln!("ITX over HTTP ...");
+    let http = rt.block_on(http_overhead());
+    println!(
+        "ITX call over HTTP (POST /itx add(1, 2), fresh instance per call): p50 {:.1} µs, p99 {:.1} µs",
+        percentile(http.clone(), 0.5),
+        percentile(http, 0.99)
+    );
+
+    let cache = tempfile::tempdir().unwrap();
+    let runtime = Runtime::new(cache.path().to_path_buf()).unwrap();
+    let bytes = kinds_wasm();
+    let prepared = runtime
+        .prepare(&streamhost::processor::runtime::digest(&bytes), || {
+            Ok(bytes.clone())
+        })
+        .unwrap();
+    let args = [everything_json()];
+    let expected = everything_typed();
+    let mut dynamic = Vec::new();
+    let mut typed_calls = Vec::new();
+    for i in 0..CALLS + 50 {
+        let start = Instant::now();
+        let out = runtime
+            .call_function(
+                "kinds",
+                &prepared,
+                "echo-everything",
+                &args,
+                20_000,
+                Default::default(),
+            )
+            .unwrap();
+        let d = start.elapsed().as_secs_f64() * 1e6;
+        assert_eq!(out, args[0]);
+        let start = Instant::now();
+        let back = runtime
+            .with_instance("kinds", &prepared, 20_000, |store, instance| {
+                let world = typed::KindsWorld::new(&mut *store, instance)?;
+                world
+                    .example_kinds_kinds()
+                    .call_echo_everything(&mut *store, &expected)
+            })
+            .unwrap();
+        let t = start.elapsed().as_secs_f64() * 1e6;
+        assert_eq!(back.name, expected.name);
+        if i >= 50 {
+            dynamic.push(d);
+            typed_calls.push(t);
+        }
+    }
+    let (d, t) = (percentile(dynamic, 0.5), percentile(typed_calls, 0.5));
+    println!("echo-everything, dynamic JSON <-> WIT (the ITX path): p50 {d:.1} µs");
+    println!("echo-everything, typed bindgen! call:                p50 {t:.1} µs");
+    println!(
+        "typed / dynamic: {:.2} (1.0 = the dynamic path costs nothing extra)",
+        t / d
+    );
+}
