@@ -57,6 +57,17 @@ pub struct InFlight {
     pub started: Instant,
 }
 
+impl InFlight {
+    /// Attempt `id`, starting at `now_ms`, due back within `timeout_ms`.
+    pub fn starting(id: u64, now_ms: i64, timeout_ms: u64) -> InFlight {
+        InFlight {
+            id,
+            deadline_ms: now_ms + timeout_ms as i64,
+            started: Instant::now(),
+        }
+    }
+}
+
 /// Delivery state of one push subscription on its source stream.
 #[derive(Debug, Clone)]
 pub struct SubscriptionRuntime {

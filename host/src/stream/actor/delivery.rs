@@ -41,6 +41,46 @@ pub struct Delivered {
     pub bytes: usize,
 }
 
+/// Sends an attempt's result back to the actor that started it.
+async fn report(
+    self_tx: &tokio::sync::mpsc::WeakSender<Command>,
+    key: String,
+    generation: u64,
+    id: u64,
+    started: Instant,
+    result: Result<Delivered, Failure>,
+) {
+    let done = DeliveryDone {
+        key,
+        generation,
+        id,
+        duration: started.elapsed(),
+        result,
+    };
+    if let Some(tx) = self_tx.upgrade() {
+        let _ = tx.send(Command::DeliveryDone(Box::new(done))).await;
+    }
+}
+
+/// Stored events after `cursor` (at most [`SCAN_EVENTS_MAX`], up to `head`),
+/// read on a blocking thread.
+async fn read_after(
+    storage: crate::storage::Storage,
+    row_id: i64,
+    cursor: u64,
+    head: u64,
+) -> Result<Vec<(u64, String)>, Failure> {
+    tokio::task::spawn_blocking(move || storage.events_after(row_id, cursor, SCAN_EVENTS_MAX, head))
+        .await
+        .map_err(|e| e.to_string())
+        .and_then(|r| r.map_err(|e| format!("{e:#}")))
+        .map_err(|m| Failure {
+            message: format!("reading the source failed: {m}"),
+            retryable: true,
+            single_offset: None,
+        })
+}
+
 /// Push subscriptions have a cursor on the source; processor-wake does not.
 fn has_source_cursor(sub: &OutboundSubscription) -> bool {
     sub.configuration.receiver.delivery().is_some()
@@ -301,11 +341,7 @@ impl Actor {
         };
         self.next_delivery_id += 1;
         let id = self.next_delivery_id;
-        rt.in_flight = Some(InFlight {
-            id,
-            deadline_ms: now_ms + timeout_ms as i64,
-            started: Instant::now(),
-        });
+        rt.in_flight = Some(InFlight::starting(id, now_ms, timeout_ms));
         let (generation, cursor, limit) = (rt.generation, rt.cursor, rt.run.batch_limit());
         let storage = self.ctx.storage.clone();
         let streams = self.ctx.streams.clone();
@@ -320,17 +356,7 @@ impl Actor {
                     retryable: false,
                     single_offset: None,
                 })?;
-                let stored = tokio::task::spawn_blocking(move || {
-                    storage.events_after(row_id, cursor, SCAN_EVENTS_MAX, head)
-                })
-                .await
-                .map_err(|e| e.to_string())
-                .and_then(|r| r.map_err(|e| format!("{e:#}")))
-                .map_err(|m| Failure {
-                    message: format!("reading the source failed: {m}"),
-                    retryable: true,
-                    single_offset: None,
-                })?;
+                let stored = read_after(storage, row_id, cursor, head).await?;
                 let selection = select_batch(&key, &stored, &filter, limit, cursor)?;
                 let offsets: Vec<u64> = selection.events.iter().map(|e| e.offset).collect();
                 if selection.events.is_empty() {
@@ -375,16 +401,7 @@ impl Actor {
                         single_offset: None,
                     }),
                 };
-            let done = DeliveryDone {
-                key,
-                generation,
-                id,
-                duration: started.elapsed(),
-                result,
-            };
-            if let Some(tx) = self_tx.upgrade() {
-                let _ = tx.send(Command::DeliveryDone(Box::new(done))).await;
-            }
+            report(&self_tx, key, generation, id, started, result).await;
         });
     }
 
@@ -429,11 +446,7 @@ impl Actor {
         };
         self.next_delivery_id += 1;
         let id = self.next_delivery_id;
-        rt.in_flight = Some(InFlight {
-            id,
-            deadline_ms: now_ms + timeout_ms as i64,
-            started: Instant::now(),
-        });
+        rt.in_flight = Some(InFlight::starting(id, now_ms, timeout_ms));
         let (generation, cursor, limit) = (rt.generation, rt.cursor, rt.run.batch_limit());
         let (storage, runtime) = (self.ctx.storage.clone(), self.ctx.runtime.clone());
         let self_tx = self.self_tx.clone();
@@ -446,18 +459,7 @@ impl Actor {
                     retryable: false,
                     single_offset: None,
                 })?;
-                let reader = storage.clone();
-                let stored = tokio::task::spawn_blocking(move || {
-                    reader.events_after(row_id, cursor, SCAN_EVENTS_MAX, head)
-                })
-                .await
-                .map_err(|e| e.to_string())
-                .and_then(|r| r.map_err(|e| format!("{e:#}")))
-                .map_err(|m| Failure {
-                    message: format!("reading the source failed: {m}"),
-                    retryable: true,
-                    single_offset: None,
-                })?;
+                let stored = read_after(storage.clone(), row_id, cursor, head).await?;
                 let selection = select_batch(&key, &stored, &filter, limit, cursor)?;
                 let offsets: Vec<u64> = selection.events.iter().map(|e| e.offset).collect();
                 if selection.events.is_empty() {
@@ -547,16 +549,7 @@ impl Actor {
                 }
             }
             .await;
-            let done = DeliveryDone {
-                key,
-                generation,
-                id,
-                duration: started.elapsed(),
-                result,
-            };
-            if let Some(tx) = self_tx.upgrade() {
-                let _ = tx.send(Command::DeliveryDone(Box::new(done))).await;
-            }
+            report(&self_tx, key, generation, id, started, result).await;
         });
     }
 
@@ -590,11 +583,7 @@ impl Actor {
         };
         self.next_delivery_id += 1;
         let id = self.next_delivery_id;
-        rt.in_flight = Some(InFlight {
-            id,
-            deadline_ms: now_ms + timeout_ms as i64,
-            started: Instant::now(),
-        });
+        rt.in_flight = Some(InFlight::starting(id, now_ms, timeout_ms));
         let (generation, cursor, failing) = (rt.generation, rt.cursor, rt.run.failing_event);
         let storage = self.ctx.storage.clone();
         let self_tx = self.self_tx.clone();
@@ -662,16 +651,7 @@ impl Actor {
                 })
             }
             .await;
-            let done = DeliveryDone {
-                key,
-                generation,
-                id,
-                duration: started.elapsed(),
-                result,
-            };
-            if let Some(tx) = self_tx.upgrade() {
-                let _ = tx.send(Command::DeliveryDone(Box::new(done))).await;
-            }
+            report(&self_tx, key, generation, id, started, result).await;
         });
     }
 
@@ -694,11 +674,7 @@ impl Actor {
         let timeout_ms = self.ctx.delivery.timeout_ms;
         self.next_delivery_id += 1;
         let id = self.next_delivery_id;
-        rt.in_flight = Some(InFlight {
-            id,
-            deadline_ms: now_ms + timeout_ms as i64,
-            started: Instant::now(),
-        });
+        rt.in_flight = Some(InFlight::starting(id, now_ms, timeout_ms));
         let generation = rt.generation;
         let limit = rt.run.batch_limit();
         let job_stream = crate::processor::runtime::StreamInfo {
@@ -764,16 +740,7 @@ impl Actor {
                 })
             }
             .await;
-            let done = DeliveryDone {
-                key,
-                generation,
-                id,
-                duration: started.elapsed(),
-                result,
-            };
-            if let Some(tx) = self_tx.upgrade() {
-                let _ = tx.send(Command::DeliveryDone(Box::new(done))).await;
-            }
+            report(&self_tx, key, generation, id, started, result).await;
         });
     }
 
