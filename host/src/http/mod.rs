@@ -94,22 +94,31 @@ async fn metrics(State(host): State<Host>, headers: HeaderMap) -> Response {
         .into_response()
 }
 
+/// Checks that the request may use `project`.
+fn authorize_project(host: &Host, headers: &HeaderMap, project: &str) -> Result<(), ApiError> {
+    let caller = authenticate(host, headers)?;
+    caller.may_use(&Namespace::project(project)?)
+}
+
+/// A JSON answer or an error.
+fn answer(result: Result<serde_json::Value, ApiError>) -> Response {
+    match result {
+        Ok(v) => ok_json(&v),
+        Err(e) => e.into_response(),
+    }
+}
+
 async fn list_components(
     State(host): State<Host>,
     axum::extract::Path(project): axum::extract::Path<String>,
     headers: HeaderMap,
 ) -> Response {
     let result = async {
-        let caller = authenticate(&host, &headers)?;
-        let namespace = Namespace::project(&project)?;
-        caller.may_use(&namespace)?;
+        authorize_project(&host, &headers, &project)?;
         components::list(&host, &project).await
     }
     .await;
-    match result {
-        Ok(v) => ok_json(&v),
-        Err(e) => e.into_response(),
-    }
+    answer(result)
 }
 
 async fn itx_call(
@@ -119,17 +128,12 @@ async fn itx_call(
     body: Body,
 ) -> Response {
     let result = async {
-        let caller = authenticate(&host, &headers)?;
-        let namespace = Namespace::project(&project)?;
-        caller.may_use(&namespace)?;
+        authorize_project(&host, &headers, &project)?;
         let input = read_json(&host, body).await?;
         itx::itx(&host, &project, input).await
     }
     .await;
-    match result {
-        Ok(v) => ok_json(&v),
-        Err(e) => e.into_response(),
-    }
+    answer(result)
 }
 
 async fn deploy_component(
@@ -139,9 +143,7 @@ async fn deploy_component(
     body: Body,
 ) -> Response {
     let result = async {
-        let caller = authenticate(&host, &headers)?;
-        let namespace = Namespace::project(&project)?;
-        caller.may_use(&namespace)?;
+        authorize_project(&host, &headers, &project)?;
         let limit = components::COMPONENT_BYTES_MAX;
         let bytes = to_bytes(body, limit).await.map_err(|_| {
             ApiError::too_large(format!("the component is over the limit of {limit} bytes"))
@@ -149,10 +151,7 @@ async fn deploy_component(
         components::deploy(&host, &project, &name, bytes.to_vec()).await
     }
     .await;
-    match result {
-        Ok(v) => ok_json(&v),
-        Err(e) => e.into_response(),
-    }
+    answer(result)
 }
 
 async fn fallback(method: Method, uri: Uri) -> Response {
@@ -307,6 +306,8 @@ async fn stream_call(
         (
             "append"
             | "reset"
+            | "waitForEvent"
+            | "verifyProcessor"
             | "subscribeToEventsFrom"
             | "unsubscribeFromEvents"
             | "setSubscriptionCursor"
