@@ -278,3 +278,36 @@ async fn a_non_retryable_failure_halts_at_once() {
         "unknown root property \"workers\"",
     );
 }
+
+#[tokio::test]
+async fn the_transform_shapes_each_event_of_an_itx_batch() {
+    let s = Server::start_with(Some(crate::subscriptions::FAST), &[]);
+    s.deploy("acme", "kinds", guest("kinds")).await;
+    let src = "/v1/projects/acme/streams/itx-transform";
+    let mut sub = itx_subscription("halt");
+    // The guest fails on `"bad": true`; the transform replaces the payload,
+    // so a bad event reaches the guest clean.
+    sub["events"][0]["payload"]["receiver"]["jsonataTransform"] =
+        json!("{\"payload\": {\"was\": payload.n}}");
+    let (status, out) = s.post(&format!("{src}:append"), sub).await;
+    assert_eq!(status, 200, "{out}");
+    s.post(
+        &format!("{src}:append"),
+        json!({"events": [{"type": "x.y/e", "payload": {"bad": true, "n": 7}}]}),
+    )
+    .await;
+    crate::support::wait_for(
+        "the transformed event to be acknowledged",
+        std::time::Duration::from_secs(20),
+        async || {
+            s.get(&format!("{src}:runtime")).await.1["subscriptions"]["itx"]["acknowledgedOffset"]
+                == 3
+        },
+    )
+    .await;
+    let (_, rt) = s.get(&format!("{src}:runtime")).await;
+    assert_eq!(
+        rt["subscriptions"]["itx"]["attempt"], 0,
+        "delivered at the first attempt: {rt}"
+    );
+}
