@@ -102,6 +102,8 @@ async fn http_overhead() -> Vec<f64> {
         .await
         .unwrap()
         .unwrap();
+    let host_storage = Some(host.streams.storage().clone());
+    let host_runtime = host.streams.wasm_runtime().clone();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!(
         "http://{}/v1/projects/bench/itx",
@@ -130,6 +132,59 @@ async fn http_overhead() -> Vec<f64> {
             samples.push(start.elapsed().as_secs_f64() * 1e6);
         }
     }
+    let mut lookups = Vec::new();
+    for _ in 0..500 {
+        let start = Instant::now();
+        let found = tokio::task::block_in_place(|| {
+            streamhost::processor::deployed(
+                host_storage.as_ref().unwrap(),
+                &host_runtime,
+                "bench",
+                "kinds",
+            )
+        });
+        assert!(found.unwrap().is_some());
+        lookups.push(start.elapsed().as_secs_f64() * 1e6);
+    }
+    println!(
+        "component lookup (SQLite row + prepared cache): p50 {:.1} µs",
+        percentile(lookups, 0.5)
+    );
+    // Floors: the same client and server with no work behind the request.
+    let base = url.trim_end_matches("/v1/projects/bench/itx").to_string();
+    let mut get = Vec::new();
+    let mut post = Vec::new();
+    for i in 0..CALLS + 50 {
+        let start = Instant::now();
+        client
+            .get(format!("{base}/healthz"))
+            .send()
+            .await
+            .unwrap()
+            .bytes()
+            .await
+            .unwrap();
+        let g = start.elapsed().as_secs_f64() * 1e6;
+        let start = Instant::now();
+        let r = client
+            .post(format!("{base}/nowhere"))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 404);
+        r.bytes().await.unwrap();
+        let p = start.elapsed().as_secs_f64() * 1e6;
+        if i >= 50 {
+            get.push(g);
+            post.push(p);
+        }
+    }
+    println!(
+        "HTTP floors, same client: GET /healthz p50 {:.1} µs, POST of the same JSON to a 404 route p50 {:.1} µs",
+        percentile(get, 0.5),
+        percentile(post, 0.5)
+    );
     let _ = stop.send(());
     samples
 }
@@ -140,7 +195,10 @@ fn main() {
         .build()
         .unwrap();
     eprintln!("ITX over HTTP ...");
-    let http = rt.block_on(http_overhead());
+    // The client runs as a task on the runtime's workers, like the server:
+    // a client on the blocking `block_on` thread pays a cross-thread wake-up
+    // per request that the server does not cause.
+    let http = rt.block_on(async { tokio::spawn(http_overhead()).await.unwrap() });
     println!(
         "ITX call over HTTP (POST /itx add(1, 2), fresh instance per call): p50 {:.1} µs, p99 {:.1} µs",
         percentile(http.clone(), 0.5),
@@ -155,6 +213,28 @@ fn main() {
             Ok(bytes.clone())
         })
         .unwrap();
+    let mut direct = Vec::new();
+    for i in 0..CALLS + 50 {
+        let start = Instant::now();
+        let out = runtime
+            .call_function(
+                "kinds",
+                &prepared,
+                "add",
+                &[json!(1), json!(2)],
+                20_000,
+                Default::default(),
+            )
+            .unwrap();
+        assert_eq!(out, 3);
+        if i >= 50 {
+            direct.push(start.elapsed().as_secs_f64() * 1e6);
+        }
+    }
+    println!(
+        "the same add(1, 2) called directly (fresh instance, no HTTP):      p50 {:.1} µs",
+        percentile(direct, 0.5)
+    );
     let args = [everything_json()];
     let expected = everything_typed();
     let mut dynamic = Vec::new();

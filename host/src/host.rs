@@ -81,6 +81,12 @@ impl Host {
             );
         }
         let app = crate::http::router(self);
+        // Answers are small and latency-bound: send them without Nagle's delay.
+        let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+            if let Err(e) = tcp.set_nodelay(true) {
+                tracing::warn!(error = %e, "setting TCP_NODELAY failed");
+            }
+        });
         axum::serve(listener, app)
             .with_graceful_shutdown(shutdown)
             .await
