@@ -7,7 +7,7 @@ use serde_json::{json, Value};
 use crate::clock::format_timestamp;
 use crate::error::ApiError;
 use crate::host::Host;
-use crate::processor::runtime::{Batch, Determinism, Event as WitEvent, StreamInfo};
+use crate::processor::runtime::{Batch, Determinism, StreamInfo};
 use crate::storage::{Deployment, WriteOp};
 use crate::stream::{validate_project, StreamAddress};
 use crate::subscription::Receiver;
@@ -215,17 +215,11 @@ pub async fn verify(
         let announcement = runtime
             .describe(&component, &prepared, timeout_ms)
             .map_err(guest)?;
-        let mut compiled = crate::delivery::runtime::CompiledFilter::new(filter.as_ref(), false)
-            .map_err(ApiError::invalid)?;
-        if !announcement.consumes.is_empty() {
-            compiled.event_types = Some(match compiled.event_types.take() {
-                None => announcement.consumes.clone(),
-                Some(t) => t
-                    .into_iter()
-                    .filter(|x| announcement.consumes.contains(x))
-                    .collect(),
-            });
-        }
+        let compiled = crate::processor::wake::consumed(
+            crate::delivery::runtime::CompiledFilter::new(filter.as_ref(), false)
+                .map_err(ApiError::invalid)?,
+            &announcement,
+        );
         let mut folded = runtime
             .initial_state(&component, &prepared, timeout_ms)
             .map_err(guest)?;
@@ -252,17 +246,7 @@ pub async fn verify(
                     events: selection
                         .events
                         .iter()
-                        .map(|e| WitEvent {
-                            offset: e.offset,
-                            type_: e.event_type.clone(),
-                            payload: Value::Object(e.payload.clone()).to_string(),
-                            metadata: e
-                                .metadata
-                                .as_ref()
-                                .map(|m| Value::Object(m.clone()).to_string()),
-                            created_at: e.created_at.clone(),
-                            idempotency_key: e.idempotency_key.clone(),
-                        })
+                        .map(crate::processor::wake::wit_event)
                         .collect(),
                     scanned_through_offset: selection.through,
                 };

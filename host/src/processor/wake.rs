@@ -83,31 +83,51 @@ fn guest_failure(component: &str, call: &str, e: GuestError) -> Failure {
     failure(format!("processor {component:?} {call}: {e}"), retryable)
 }
 
+/// The subscription's filter narrowed to the event types the processor
+/// announces it consumes (none announced: all).
+pub fn consumed(
+    mut filter: CompiledFilter,
+    announcement: &super::runtime::Announcement,
+) -> CompiledFilter {
+    if !announcement.consumes.is_empty() {
+        filter.event_types = Some(match filter.event_types.take() {
+            None => announcement.consumes.clone(),
+            Some(types) => types
+                .into_iter()
+                .filter(|t| announcement.consumes.contains(t))
+                .collect(),
+        });
+    }
+    filter
+}
+
+/// A committed event as the processor's WIT `event` record.
+pub fn wit_event(e: &crate::stream::Event) -> WitEvent {
+    WitEvent {
+        offset: e.offset,
+        type_: e.event_type.clone(),
+        payload: Value::Object(e.payload.clone()).to_string(),
+        metadata: e
+            .metadata
+            .as_ref()
+            .map(|m| Value::Object(m.clone()).to_string()),
+        created_at: e.created_at.clone(),
+        idempotency_key: e.idempotency_key.clone(),
+    }
+}
+
 /// Runs one wake (blocking).
 pub fn wake(job: WakeJob) -> Result<Woken, Failure> {
-    let row = job
-        .storage
-        .component(&job.project, &job.component)
+    let (prepared, _) = super::deployed(&job.storage, &job.runtime, &job.project, &job.component)
         .map_err(|e| {
             failure(
-                format!("reading component {:?} failed: {e:#}", job.component),
+                format!("loading component {:?} failed: {e:#}", job.component),
                 true,
             )
         })?
         .ok_or_else(|| {
             failure(
                 format!("component {:?} is not deployed", job.component),
-                true,
-            )
-        })?;
-    let storage = job.storage.clone();
-    let digest = row.digest.clone();
-    let prepared = job
-        .runtime
-        .prepare(&row.digest, move || storage.component_bytes(&digest))
-        .map_err(|e| {
-            failure(
-                format!("loading component {:?} failed: {e:#}", job.component),
                 true,
             )
         })?;
@@ -120,16 +140,7 @@ pub fn wake(job: WakeJob) -> Result<Woken, Failure> {
         .storage
         .events_after(job.row_id, checkpoint, SCAN_EVENTS_MAX, job.head)
         .map_err(|e| failure(format!("reading the stream failed: {e:#}"), true))?;
-    let mut filter = job.filter.clone();
-    if !announcement.consumes.is_empty() {
-        filter.event_types = Some(match filter.event_types.take() {
-            None => announcement.consumes.clone(),
-            Some(types) => types
-                .into_iter()
-                .filter(|t| announcement.consumes.contains(t))
-                .collect(),
-        });
-    }
+    let filter = consumed(job.filter.clone(), &announcement);
     let selection = select_batch(
         &format!("processor {}", job.component),
         &stored,
@@ -143,21 +154,7 @@ pub fn wake(job: WakeJob) -> Result<Woken, Failure> {
     if !selection.events.is_empty() {
         let batch = Batch {
             stream: job.stream.clone(),
-            events: selection
-                .events
-                .iter()
-                .map(|e| WitEvent {
-                    offset: e.offset,
-                    type_: e.event_type.clone(),
-                    payload: Value::Object(e.payload.clone()).to_string(),
-                    metadata: e
-                        .metadata
-                        .as_ref()
-                        .map(|m| Value::Object(m.clone()).to_string()),
-                    created_at: e.created_at.clone(),
-                    idempotency_key: e.idempotency_key.clone(),
-                })
-                .collect(),
+            events: selection.events.iter().map(wit_event).collect(),
             scanned_through_offset: selection.through,
         };
         let last_created =
