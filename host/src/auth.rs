@@ -2,7 +2,7 @@
 //! use, or to `admin` (everything, including the global namespace). With no
 //! tokens configured the host runs open, for development.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use crate::config::TokenConfig;
@@ -47,10 +47,29 @@ impl Caller {
     }
 }
 
-/// The token table.
-#[derive(Debug, Clone)]
+/// The token table: sha256 digests of the tokens, never the tokens
+/// themselves, compared in constant time.
+#[derive(Clone)]
 pub struct Auth {
-    tokens: HashMap<String, Caller>,
+    tokens: Vec<([u8; 32], Caller)>,
+}
+
+impl std::fmt::Debug for Auth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Auth")
+            .field("tokens", &self.tokens.len())
+            .finish()
+    }
+}
+
+fn digest(token: &str) -> [u8; 32] {
+    <sha2::Sha256 as sha2::Digest>::digest(token.as_bytes()).into()
+}
+
+/// Equality whose time does not depend on where the inputs differ.
+fn constant_time_eq(a: &[u8; 32], b: &[u8; 32]) -> bool {
+    let diff = a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y));
+    std::hint::black_box(diff) == 0
 }
 
 impl Auth {
@@ -63,7 +82,7 @@ impl Auth {
                 } else {
                     Caller::Projects(Arc::new(t.projects.iter().cloned().collect()))
                 };
-                (t.token.clone(), caller)
+                (digest(&t.token), caller)
             })
             .collect();
         Auth { tokens }
@@ -85,10 +104,16 @@ impl Auth {
         let token = header.strip_prefix("Bearer ").ok_or_else(|| {
             ApiError::unauthorized("the Authorization header must read \"Bearer <token>\"")
         })?;
-        self.tokens
-            .get(token.trim())
-            .cloned()
-            .ok_or_else(|| ApiError::unauthorized("unknown token"))
+        // Every entry is compared, so the time taken tells nothing about
+        // which token (or which prefix of one) matched.
+        let presented = digest(token.trim());
+        let mut found = None;
+        for (d, caller) in &self.tokens {
+            if constant_time_eq(d, &presented) && found.is_none() {
+                found = Some(caller.clone());
+            }
+        }
+        found.ok_or_else(|| ApiError::unauthorized("unknown token"))
     }
 }
 
@@ -127,6 +152,21 @@ mod tests {
         assert_eq!(a.authenticate(None).unwrap_err().status, 401);
         assert_eq!(a.authenticate(Some("Bearer nope")).unwrap_err().status, 401);
         assert_eq!(a.authenticate(Some("Basic a")).unwrap_err().status, 401);
+    }
+
+    #[test]
+    fn debug_shows_no_token() {
+        let shown = format!("{:?}", auth());
+        assert!(!shown.contains("root"), "{shown}");
+    }
+
+    #[test]
+    fn constant_time_eq_compares_every_byte() {
+        let a = digest("x");
+        let mut b = a;
+        assert!(constant_time_eq(&a, &b));
+        b[31] ^= 1;
+        assert!(!constant_time_eq(&a, &b));
     }
 
     #[test]

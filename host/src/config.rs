@@ -34,7 +34,35 @@ pub struct Config {
     pub max_body_bytes: usize,
     pub delivery: DeliveryConfig,
     pub processors: ProcessorsConfig,
+    pub webhooks: WebhooksConfig,
+    pub limits: LimitsConfig,
     pub tokens: Vec<TokenConfig>,
+}
+
+/// Where webhooks may go.
+#[derive(Debug, Clone, PartialEq, Deserialize, Default)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
+pub struct WebhooksConfig {
+    /// Refuse targets on loopback, private, link-local and other
+    /// non-public addresses, checked after DNS resolution (false).
+    pub deny_private_networks: bool,
+}
+
+/// Memory bounds.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
+pub struct LimitsConfig {
+    /// A stream actor with no live connection, no pending or scheduled
+    /// delivery and no request for this long is released (60 s).
+    pub idle_stream_ms: u64,
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        LimitsConfig {
+            idle_stream_ms: 60_000,
+        }
+    }
 }
 
 /// Delivery timing for durable subscriptions.
@@ -59,8 +87,8 @@ pub struct ProcessorsConfig {
     pub idle_teardown_ms: u64,
 }
 
-/// A bearer token and what it may touch.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+/// A bearer token and what it may touch. `Debug` never shows the token.
+#[derive(Clone, PartialEq, Deserialize)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields)]
 pub struct TokenConfig {
     pub token: String,
@@ -68,6 +96,16 @@ pub struct TokenConfig {
     pub projects: Vec<String>,
     #[serde(default)]
     pub admin: bool,
+}
+
+impl std::fmt::Debug for TokenConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TokenConfig")
+            .field("token", &"<redacted>")
+            .field("projects", &self.projects)
+            .field("admin", &self.admin)
+            .finish()
+    }
 }
 
 impl Default for Config {
@@ -79,6 +117,8 @@ impl Default for Config {
             max_body_bytes: 8 * 1024 * 1024,
             delivery: DeliveryConfig::default(),
             processors: ProcessorsConfig::default(),
+            webhooks: WebhooksConfig::default(),
+            limits: LimitsConfig::default(),
             tokens: Vec::new(),
         }
     }
@@ -140,6 +180,9 @@ impl Config {
         if d.timeout_ms == 0 {
             bail!("delivery.timeout-ms must be at least 1, got 0");
         }
+        if self.limits.idle_stream_ms == 0 {
+            bail!("limits.idle-stream-ms must be at least 1, got 0");
+        }
         if self.processors.idle_teardown_ms == 0 {
             bail!("processors.idle-teardown-ms must be at least 1, got 0");
         }
@@ -189,6 +232,12 @@ timeout-ms = 20000
 [processors]
 idle-teardown-ms = 300000
 
+[webhooks]
+deny-private-networks = true
+
+[limits]
+idle-stream-ms = 60000
+
 [[tokens]]
 token = "s3cret-acme"
 projects = ["acme"]
@@ -202,6 +251,16 @@ admin = true
         assert_eq!(c.tokens.len(), 2);
         assert!(c.tokens[1].admin);
         assert_eq!(c.delivery.max_attempts, 15);
+        assert!(c.webhooks.deny_private_networks);
+        assert_eq!(c.limits.idle_stream_ms, 60_000);
+    }
+
+    #[test]
+    fn debug_never_shows_a_token() {
+        let c = Config::from_toml("[[tokens]]\ntoken = \"s3cret-xyz\"\nadmin = true").unwrap();
+        let shown = format!("{c:?}");
+        assert!(!shown.contains("s3cret-xyz"), "{shown}");
+        assert!(shown.contains("<redacted>"), "{shown}");
     }
 
     #[test]

@@ -42,13 +42,13 @@ impl Host {
             .context("listing streams with subscriptions")?;
         let runtime = crate::processor::runtime::Runtime::new(config.data_dir.join("compiled"))
             .context("starting the wasm runtime")?;
-        let streams = Streams::new(
-            storage,
-            clock,
-            metrics.clone(),
-            config.delivery.clone(),
-            runtime,
-        );
+        let settings = crate::stream::StreamSettings {
+            delivery: config.delivery.clone(),
+            webhooks: crate::executor::webhook::Client::new(config.webhooks.deny_private_networks)
+                .context("building the webhook client")?,
+            idle_stream_ms: config.limits.idle_stream_ms,
+        };
+        let streams = Streams::new(storage, clock, metrics.clone(), settings, runtime);
         // Streams with subscriptions resume delivering without waiting for a touch.
         for (project, path) in waking {
             let namespace = if project.is_empty() {

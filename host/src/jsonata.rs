@@ -65,25 +65,62 @@ fn parse(text: &str) -> Result<AstNode, String> {
 
 fn is_end_of_input(message: &str) -> bool {
     message.starts_with("S0207")
+        || message.starts_with("S0203")
         || message.starts_with("S0101")
         || message.starts_with("S0105")
         || message.contains("Unclosed comment")
 }
 
+/// Character counts at which `text` may be cut without splitting a name,
+/// keyword or number (cutting `and` to `a` would read as a name, and `1.5`
+/// to `1.` as a bad number: errors the whole text does not have).
+fn token_ends(text: &str) -> Vec<usize> {
+    let word = |c: char| c.is_alphanumeric() || c == '_' || c == '$';
+    let chars: Vec<char> = text.chars().collect();
+    (0..chars.len())
+        .filter(|&i| {
+            let (c, next) = (chars[i], chars.get(i + 1).copied());
+            let splits_word = word(c) && next.is_some_and(word);
+            let splits_number = (c.is_ascii_digit() && next == Some('.'))
+                || (c == '.' && i > 0 && chars[i - 1].is_ascii_digit());
+            !splits_word && !splits_number
+        })
+        .map(|i| i + 1)
+        .collect()
+}
+
+/// Whether the first `n` characters of `text` have an error other than
+/// "unexpected end of input".
+fn prefix_fails(text: &str, n: usize) -> bool {
+    let end = text.char_indices().nth(n).map_or(text.len(), |(i, _)| i);
+    matches!(parse(&text[..end]), Err(m) if !is_end_of_input(&m))
+}
+
 /// The position (characters from the start) where a parse error occurs: the
-/// shortest prefix whose error is not "unexpected end of input". The engine
-/// reports no position itself.
+/// shortest prefix, cut at a token end, whose error is not "unexpected end
+/// of input". The engine reports no position itself. Once such a prefix
+/// fails, longer ones fail too (more text cannot repair it), so it is found
+/// by bisection: O(log n) parses, not one per character.
 fn error_position(text: &str) -> usize {
-    let chars: Vec<(usize, char)> = text.char_indices().collect();
-    for (n, (i, c)) in chars.iter().enumerate() {
-        let end = i + c.len_utf8();
-        if let Err(m) = parse(&text[..end]) {
-            if !is_end_of_input(&m) {
-                return n + 1;
-            }
+    let ends = token_ends(text);
+    let total = text.chars().count();
+    let Some(&last) = ends.last() else {
+        return total;
+    };
+    if !prefix_fails(text, last) {
+        return total;
+    }
+    // Invariant: `ends[hi]` fails; every end before `ends[lo]` does not.
+    let (mut lo, mut hi) = (0, ends.len() - 1);
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        if prefix_fails(text, ends[mid]) {
+            hi = mid;
+        } else {
+            lo = mid + 1;
         }
     }
-    chars.len()
+    ends[hi]
 }
 
 /// Compiles `text`, using the cache. Errors read
@@ -249,6 +286,38 @@ mod tests {
             "{e}"
         );
         assert!(compile("").is_err());
+    }
+
+    /// A scan of every token end, the oracle of the bisection.
+    fn error_position_linear(text: &str) -> usize {
+        token_ends(text)
+            .into_iter()
+            .find(|&n| prefix_fails(text, n))
+            .unwrap_or(text.chars().count())
+    }
+
+    #[test]
+    fn bisection_finds_the_position_the_linear_scan_finds() {
+        for text in [
+            "payload.total > ",
+            "payload.x = = 3",
+            "a.b.c ) + 1",
+            "payload.é = = \"ü\"",
+            "$sum(payload.items.(price * qty)",
+            "type = 'x' and and payload.n > 1",
+            "((1 + 2) * 3))",
+            "[1, 2,, 3]",
+            "{\"a\": 1 \"b\": 2}",
+            "payload.n >= 1e3 ]",
+        ] {
+            assert_eq!(error_position(text), error_position_linear(text), "{text}");
+        }
+        // `and` is also a field name: the error is at `payload`.
+        assert_eq!(error_position("type = 'x' and and payload.n > 1"), 26);
+        assert_eq!(error_position("payload.n > 1.5 )"), 17);
+        // A long expression costs O(log n) parses.
+        let long = format!("{} ) ", "payload.a + ".repeat(100));
+        assert_eq!(error_position(&long), error_position_linear(&long));
     }
 
     #[test]

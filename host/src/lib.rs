@@ -14,6 +14,8 @@ pub mod config;
 pub mod connection;
 pub mod delivery;
 pub mod error;
+pub mod executor;
+pub mod filter;
 pub mod host;
 pub mod http;
 pub mod itx;

@@ -1,5 +1,5 @@
 //! Prometheus metrics served at `GET /metrics`: appends, commit latency and
-//! group sizes.
+//! group sizes, stream actors in memory and stream loads.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -7,6 +7,7 @@ use std::time::Duration;
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
@@ -23,6 +24,8 @@ struct Inner {
     commit_seconds: Histogram,
     commit_writes: Histogram,
     commit_events: Histogram,
+    stream_actors: Gauge,
+    stream_loads: Family<Vec<(String, String)>, Counter>,
 }
 
 impl Default for Metrics {
@@ -64,8 +67,22 @@ impl Metrics {
             "Events committed by one transaction",
             commit_events.clone(),
         );
+        let stream_actors = Gauge::default();
+        registry.register(
+            "stream_actors",
+            "Stream actors in memory (idle ones are released)",
+            stream_actors.clone(),
+        );
+        let stream_loads = Family::<Vec<(String, String)>, Counter>::default();
+        registry.register(
+            "stream_loads",
+            "Loads of a stream into its actor, by outcome (ok or failed)",
+            stream_loads.clone(),
+        );
         Metrics {
             inner: Arc::new(Inner {
+                stream_actors,
+                stream_loads,
                 registry,
                 append_requests,
                 events_committed,
@@ -90,6 +107,20 @@ impl Metrics {
         self.inner.commit_writes.observe(writes as f64);
         self.inner.commit_events.observe(events as f64);
         self.inner.events_committed.inc_by(events as u64);
+    }
+
+    /// A stream actor started (`+1`) or was released (`-1`).
+    pub fn stream_actors_add(&self, n: i64) {
+        self.inner.stream_actors.inc_by(n);
+    }
+
+    /// Counts one load of a stream into its actor.
+    pub fn stream_loaded(&self, ok: bool) {
+        let outcome = if ok { "ok" } else { "failed" };
+        self.inner
+            .stream_loads
+            .get_or_create(&vec![("outcome".to_string(), outcome.to_string())])
+            .inc();
     }
 
     /// The Prometheus text exposition.

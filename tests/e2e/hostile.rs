@@ -81,15 +81,69 @@ async fn a_guest_that_overflows_its_stack_traps() {
 
 #[tokio::test]
 async fn a_guest_that_traps_halts_with_a_wasmtime_repro_command() {
-    let (halted, _) = halted_with("trap").await;
+    let (halted, p) = halted_with("trap").await;
     let e = error(&halted);
     assert!(e.contains("the guest trapped"), "{halted}");
-    let command = e.split("reproduce with: ").nth(1).expect("a repro command");
+    // The halt fact stays small: the repro (the whole state and batch) is
+    // the processor's last failure.
+    assert!(!e.contains("wasmtime run"), "{halted}");
+    assert!(e.contains("lastFailure"), "{halted}");
+    let failure = &p["lastFailure"];
+    assert!(
+        failure["message"]
+            .as_str()
+            .unwrap()
+            .contains("the guest trapped"),
+        "{p}"
+    );
+    assert_eq!(failure["offset"], 3, "{p}");
+    let command = failure["repro"].as_str().expect("a repro command");
     assert!(
         command.starts_with("wasmtime run --invoke 'fold("),
         "{command}"
     );
     assert_valid_wave_fold_call(command);
+}
+
+#[tokio::test]
+async fn a_halt_fact_stays_small_while_last_failure_keeps_the_whole_repro() {
+    // The repro quotes the state and the batch: with a 64 KiB payload it is
+    // far larger than a fact may be (4 KiB).
+    let s = Server::start_with(Some(PROC), &[]);
+    let (status, out) = s.deploy("acme", "hostile", guest("hostile")).await;
+    assert_eq!(status, 200, "{out}");
+    let stream = "/v1/projects/acme/streams/big";
+    s.post(
+        &format!("{stream}:append"),
+        json!({"events": [{"type": "events.iterate.com/stream/subscription-configured",
+            "payload": {"subscriptionKey": "h", "receiver": {"action": "processor-wake",
+                "expression": ["components", ["get", "hostile"], "wake"]}}}]}),
+    )
+    .await;
+    let (status, out) = s
+        .post(
+            &format!("{stream}:append"),
+            json!({"events": [{"type": "hostile/trap", "payload": {"blob": "x".repeat(64 * 1024)}}]}),
+        )
+        .await;
+    assert_eq!(status, 200, "{out}");
+    wait_for("the halt", Duration::from_secs(60), async || {
+        let (_, st) = s.get(&format!("{stream}:state")).await;
+        st["subscriptions"]["outbound"]["byKey"]["h"]
+            .get("deliveryHalted")
+            .is_some()
+    })
+    .await;
+    let (_, st) = s.get(&format!("{stream}:state")).await;
+    let halted = &st["subscriptions"]["outbound"]["byKey"]["h"]["deliveryHalted"];
+    assert!(error(halted).len() <= 4096, "{}", error(halted).len());
+    let (_, p) = s.get(&format!("{stream}:processors/hostile")).await;
+    let repro = p["lastFailure"]["repro"].as_str().expect("a repro");
+    assert!(
+        repro.len() > 64 * 1024,
+        "the repro is whole: {}",
+        repro.len()
+    );
 }
 
 /// Parses the `--invoke` argument of a repro command as WAVE against the

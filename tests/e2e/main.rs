@@ -12,6 +12,8 @@ mod crash;
 mod fence;
 mod hostile;
 mod itx;
+mod memory;
+mod migrations;
 mod processors;
 mod streams;
 mod subscription_bad_input;

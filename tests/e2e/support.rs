@@ -45,7 +45,21 @@ impl Server {
 
     /// Starts a server with the given config file text and extra flags.
     pub fn start_with(config: Option<&str>, extra_args: &[&str]) -> Server {
+        Self::start_on(None, config, extra_args)
+    }
+
+    /// Starts a server whose data dir begins as a copy of the files in
+    /// `data_from` (a committed fixture), if given.
+    pub fn start_on(data_from: Option<&Path>, config: Option<&str>, extra_args: &[&str]) -> Server {
         let dir = tempfile::tempdir().expect("temp dir");
+        if let Some(from) = data_from {
+            let data = dir.path().join("data");
+            std::fs::create_dir_all(&data).expect("creating the data dir");
+            for entry in std::fs::read_dir(from).expect("reading the fixture") {
+                let entry = entry.expect("a fixture file");
+                std::fs::copy(entry.path(), data.join(entry.file_name())).expect("copying");
+            }
+        }
         let config = config.map(|text| {
             let p = dir.path().join("streamhost.toml");
             std::fs::write(&p, text).expect("writing config");
@@ -112,6 +126,27 @@ impl Server {
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join(format!("server-{}.log", self.starts)))
             .unwrap_or_default()
+    }
+
+    /// The server process's resident set size, in bytes (Linux).
+    pub fn rss_bytes(&self) -> u64 {
+        let pid = self.child.as_ref().expect("running").id();
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
+        let kb: u64 = status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse().ok())
+            .expect("VmRSS");
+        kb * 1024
+    }
+
+    /// Stops the server with SIGTERM and waits for it to exit.
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = Command::new("kill").arg(c.id().to_string()).status();
+            let _ = c.wait();
+        }
     }
 
     /// SIGKILLs the server.
@@ -262,6 +297,13 @@ pub fn run_cli(args: &[&str]) -> (bool, String, String) {
         String::from_utf8_lossy(&out.stdout).into_owned(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
+}
+
+/// A committed fixture directory under `tests/fixtures`.
+pub fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/fixtures")
+        .join(name)
 }
 
 /// A path under the temp dir, for files tests write.

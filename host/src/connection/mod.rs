@@ -11,8 +11,8 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
-use crate::delivery::runtime::CompiledFilter;
 use crate::error::ApiError;
+use crate::filter::CompiledFilter;
 use crate::stream::CoreState;
 
 /// Batches queued per connection; a client that lets them pile up is closed.

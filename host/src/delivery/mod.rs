@@ -1,13 +1,18 @@
-//! The delivery engine's pure decisions, shared by every receiver kind: batch
-//! size (isolate-or-progress), retry with backoff, halt, skip. Time and
-//! randomness come in as arguments so the decisions are unit-testable.
-//!
-//! The engine itself runs in the source stream's actor (`stream/actor.rs`):
-//! deliveries are tasks whose results come back to the actor as messages, and
-//! never run inside an append.
+//! The delivery engine's pure half, shared by every receiver kind: batch
+//! size (isolate-or-progress), retry with backoff, halt, skip (here); the
+//! receiver parsed once per run (`target.rs`); which runs are due and what a
+//! report does (`schedule.rs`); the selection of a batch from the log
+//! (`select.rs`); the copy receiver's side (`copy.rs`) and the webhook
+//! envelope (`webhook.rs`). Time and randomness come in as arguments so the
+//! decisions are unit-testable. Nothing here does IO: jobs run in
+//! `crate::executor`, and the engine lives in the source stream's actor
+//! (`stream/actor/delivery.rs`).
 
 pub mod copy;
 pub mod runtime;
+pub mod schedule;
+pub mod select;
+pub mod target;
 pub mod webhook;
 
 use crate::config::DeliveryConfig;
@@ -32,6 +37,21 @@ pub struct Failure {
     pub retryable: bool,
     /// The offset of the one event the attempt carried, when it carried one.
     pub single_offset: Option<u64>,
+    /// What reproduces the failure (a processor's `wasmtime` command):
+    /// kept with the processor's last failure, not in the halt fact.
+    pub detail: Option<String>,
+}
+
+impl Failure {
+    /// A failure with no single offset and no detail.
+    pub fn new(message: impl Into<String>, retryable: bool) -> Failure {
+        Failure {
+            message: message.into(),
+            retryable,
+            single_offset: None,
+            detail: None,
+        }
+    }
 }
 
 /// What to do after a failure.
@@ -145,6 +165,7 @@ mod tests {
             message: "boom".into(),
             retryable: true,
             single_offset: single,
+            detail: None,
         }
     }
 

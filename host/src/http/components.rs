@@ -102,18 +102,19 @@ pub async fn processor(
     let ns = address.namespace.storage_key().to_string();
     let path = address.path.clone();
     let name = component.to_string();
-    let (row, checkpoint) = tokio::task::spawn_blocking(move || -> anyhow::Result<_> {
+    let (checkpoint, last_failure) = tokio::task::spawn_blocking(move || -> anyhow::Result<_> {
         let row = storage.load_stream(&ns, &path)?;
-        let checkpoint = match &row {
-            Some(r) => storage.checkpoint(r.row_id, &name)?,
-            None => None,
-        };
-        Ok((row, checkpoint))
+        Ok(match &row {
+            Some(r) => (
+                storage.checkpoint(r.row_id, &name)?,
+                storage.processor_failure(r.row_id, &name)?,
+            ),
+            None => (None, None),
+        })
     })
     .await
     .map_err(|e| ApiError::internal(e.to_string()))?
     .map_err(|e| ApiError::internal(format!("reading the checkpoint failed: {e:#}")))?;
-    let _ = row;
     let subscription = wake_subscription(&state, component);
     let checkpoint = checkpoint.filter(|c| c.stream_id == state.stream_id);
     if subscription.is_none() && checkpoint.is_none() {
@@ -152,6 +153,14 @@ pub async fn processor(
         "state": checkpoint.as_ref().and_then(|c| serde_json::from_str::<Value>(&c.state).ok()),
         "status": status,
         "lastError": rt["lastError"],
+        "lastFailure": last_failure
+            .filter(|f| f.stream_id == state.stream_id)
+            .map(|f| json!({
+                "failedAt": f.failed_at,
+                "offset": f.offset,
+                "message": f.message,
+                "repro": f.repro,
+            })),
         "updatedAt": checkpoint.as_ref().map(|c| c.updated_at.clone()),
     }))
 }
@@ -216,7 +225,7 @@ pub async fn verify(
             .describe(&component, &prepared, timeout_ms)
             .map_err(guest)?;
         let compiled = crate::processor::wake::consumed(
-            crate::delivery::runtime::CompiledFilter::new(filter.as_ref(), false)
+            crate::filter::CompiledFilter::new(filter.as_ref(), false)
                 .map_err(ApiError::invalid)?,
             &announcement,
         );
@@ -229,7 +238,7 @@ pub async fn verify(
                 .events_after(row.row_id, cursor, 1000, checkpoint.checkpoint_offset)
                 .map_err(internal)?;
             let selection =
-                crate::delivery::runtime::select_batch("verify", &stored, &compiled, 1000, cursor)
+                crate::delivery::select::select_batch("verify", &stored, &compiled, 1000, cursor)
                     .map_err(|f| ApiError::new(422, "processor-failed", f.message))?;
             if selection.through == cursor {
                 break;

@@ -17,8 +17,8 @@ use crate::connection::{
     matches, split_batches, wait_timeout_message, Batch, CloseReason, ConnectParams, LiveEvent,
     WAIT_RECENT_TYPES_MAX,
 };
-use crate::delivery::runtime::CompiledFilter;
 use crate::error::ApiError;
+use crate::filter::CompiledFilter;
 use crate::stream::{types, StreamAddress, Streams};
 use crate::subscription::Filter;
 

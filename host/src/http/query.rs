@@ -1,8 +1,8 @@
 //! Query-string parsing with errors that name the bad parameter and value.
 
 use crate::connection::ConnectParams;
-use crate::delivery::runtime::CompiledFilter;
 use crate::error::ApiError;
+use crate::filter::CompiledFilter;
 use crate::stream::{ReadQuery, READ_LIMIT_MAX};
 use crate::subscription::Filter;
 

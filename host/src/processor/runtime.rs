@@ -5,7 +5,6 @@
 //! with deterministic clocks and random, no filesystem, network or
 //! environment; their stdout/stderr go to tracing.
 
-use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -154,7 +153,7 @@ pub struct Runtime {
     engine: Engine,
     linker: Linker<GuestData>,
     cache_dir: PathBuf,
-    prepared: Mutex<HashMap<String, Arc<Prepared>>>,
+    prepared: Mutex<super::cache::Lru<String, Arc<Prepared>>>,
     compatibility: String,
 }
 
@@ -182,9 +181,11 @@ impl Runtime {
         wasmtime_wasi::p2::add_to_linker_sync(&mut linker)
             .map_err(anyhow::Error::from)
             .context("linking WASI")?;
-        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        // A stable key (sha256), unlike `DefaultHasher`, whose output may
+        // change between Rust releases.
+        let mut hasher = Sha256Hasher(sha2::Sha256::default());
         engine.precompile_compatibility_hash().hash(&mut hasher);
-        let compatibility = format!("{:016x}", hasher.finish());
+        let compatibility = hasher.hex16();
         std::fs::create_dir_all(&cache_dir)
             .with_context(|| format!("creating {}", cache_dir.display()))?;
         let ticker = engine.weak();
@@ -202,7 +203,10 @@ impl Runtime {
             engine,
             linker,
             cache_dir,
-            prepared: Mutex::new(HashMap::new()),
+            prepared: Mutex::new(super::cache::Lru::new(
+                super::cache::PREPARED_COMPONENTS_MAX,
+                super::cache::PREPARED_BYTES_MAX,
+            )),
             compatibility,
         }))
     }
@@ -245,8 +249,13 @@ impl Runtime {
         digest: &str,
         bytes: impl FnOnce() -> Result<Vec<u8>>,
     ) -> Result<Arc<Prepared>> {
-        if let Some(p) = self.prepared.lock().expect("prepared").get(digest) {
-            return Ok(p.clone());
+        if let Some(p) = self
+            .prepared
+            .lock()
+            .expect("prepared")
+            .get(&digest.to_string())
+        {
+            return Ok(p);
         }
         let path = self.cache_path(digest);
         // SAFETY: files in the cache directory are written only by
@@ -265,9 +274,14 @@ impl Runtime {
                     .map_err(anyhow::Error::from)
                     .context("compiling the component")?;
                 if let Ok(serialized) = c.serialize() {
-                    let tmp = path.with_extension("tmp");
-                    if std::fs::write(&tmp, serialized).is_ok() {
-                        let _ = std::fs::rename(&tmp, &path);
+                    // A temp file of this call's own, so concurrent prepares
+                    // never feed each other's half-written files to
+                    // `deserialize_file`; the rename is atomic.
+                    let tmp = unique_temp_path(&path);
+                    if std::fs::write(&tmp, serialized).is_ok()
+                        && std::fs::rename(&tmp, &path).is_err()
+                    {
+                        let _ = std::fs::remove_file(&tmp);
                     }
                 }
                 c
@@ -282,11 +296,19 @@ impl Runtime {
             processor,
             announcement: OnceLock::new(),
         });
+        let range = prepared.component.image_range();
+        let bytes = (range.end as usize).saturating_sub(range.start as usize);
         self.prepared
             .lock()
             .expect("prepared")
-            .insert(digest.to_string(), prepared.clone());
+            .insert(digest.to_string(), prepared.clone(), bytes);
         Ok(prepared)
+    }
+
+    /// Prepared components held in memory, and their compiled bytes.
+    pub fn prepared_usage(&self) -> (usize, usize) {
+        let lru = self.prepared.lock().expect("prepared");
+        (lru.len(), lru.bytes())
     }
 
     fn store(
@@ -571,4 +593,31 @@ pub fn digest(bytes: &[u8]) -> String {
     let hash = sha2::Sha256::digest(bytes);
     let hex: String = hash.iter().map(|b| format!("{b:02x}")).collect();
     format!("sha256:{hex}")
+}
+
+/// A `Hasher` over sha256, for keys that must be stable across builds.
+struct Sha256Hasher(sha2::Sha256);
+
+impl Hasher for Sha256Hasher {
+    fn write(&mut self, bytes: &[u8]) {
+        sha2::Digest::update(&mut self.0, bytes);
+    }
+    fn finish(&self) -> u64 {
+        let digest = sha2::Digest::finalize(self.0.clone());
+        u64::from_be_bytes(digest[..8].try_into().expect("8 bytes"))
+    }
+}
+
+impl Sha256Hasher {
+    /// The first 16 hex digits of the digest.
+    fn hex16(&self) -> String {
+        format!("{:016x}", self.finish())
+    }
+}
+
+/// A temp file beside `path` that no other call uses at the same time.
+fn unique_temp_path(path: &std::path::Path) -> PathBuf {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    path.with_extension(format!("{}.{n}.tmp", std::process::id()))
 }

@@ -9,8 +9,9 @@ use serde_json::Value;
 
 use super::runtime::{Batch, Determinism, Event as WitEvent, GuestError, Runtime, StreamInfo};
 use crate::clock::format_timestamp;
-use crate::delivery::runtime::{select_batch, CompiledFilter};
+use crate::delivery::select::select_batch;
 use crate::delivery::Failure;
+use crate::filter::CompiledFilter;
 use crate::storage::{Checkpoint, Storage};
 
 /// Largest processor state, in bytes.
@@ -45,6 +46,7 @@ fn failure(message: String, retryable: bool) -> Failure {
         message,
         retryable,
         single_offset: None,
+        detail: None,
     }
 }
 
@@ -175,11 +177,13 @@ pub fn wake(job: WakeJob) -> Result<Woken, Failure> {
             .map_err(|e| {
                 let mut f = guest_failure(&job.component, "fold", e);
                 f.single_offset = (offsets.len() == 1).then(|| offsets[0]);
-                f.message = format!(
-                    "{}; reproduce with: {}",
-                    f.message,
-                    super::wave::fold_command(&format!("{}.wasm", job.component), &state, &batch)
-                );
+                // The repro holds the whole state and batch: it goes with the
+                // processor's last failure, not into the halt fact.
+                f.detail = Some(super::wave::fold_command(
+                    &format!("{}.wasm", job.component),
+                    &state,
+                    &batch,
+                ));
                 f
             })?;
         if folded.state.len() > PROCESSOR_STATE_BYTES_MAX {

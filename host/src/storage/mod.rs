@@ -7,6 +7,7 @@
 //! **Architecture Invariant:** a write is answered only after the transaction
 //! that holds it has committed (and, with `durability = "full"`, been fsync'd).
 
+mod schema;
 mod writer;
 
 use std::collections::HashMap;
@@ -19,77 +20,9 @@ use rusqlite::{params, Connection, OpenFlags, OptionalExtension};
 use crate::config::Durability;
 use crate::metrics::Metrics;
 pub use writer::{
-    Checkpoint, CommitError, CursorRow, Deployment, NewStream, StoredEvent, StreamCommit,
-    StreamRef, WriteOp,
+    Checkpoint, CommitError, CursorRow, Deployment, NewStream, ProcessorFailure, StoredEvent,
+    StreamCommit, StreamRef, WriteOp,
 };
-
-const SCHEMA: &str = "
-CREATE TABLE IF NOT EXISTS streams (
-    id           INTEGER PRIMARY KEY,
-    project      TEXT NOT NULL,   -- '' for the global namespace
-    path         TEXT NOT NULL,
-    stream_id    TEXT NOT NULL,
-    created_at   TEXT NOT NULL,
-    head_offset  INTEGER NOT NULL, -- highest offset assigned, ephemeral ones included
-    state_json   TEXT NOT NULL,    -- cached core state, verified against the log on load
-    state_offset INTEGER NOT NULL, -- the last committed offset folded into state_json
-    UNIQUE (project, path)
-);
-CREATE TABLE IF NOT EXISTS events (
-    stream          INTEGER NOT NULL,
-    offset          INTEGER NOT NULL,
-    type            TEXT NOT NULL,
-    idempotency_key TEXT,
-    body            TEXT NOT NULL  -- the committed event as served, JSON
-);
-CREATE UNIQUE INDEX IF NOT EXISTS events_by_offset ON events (stream, offset);
-CREATE UNIQUE INDEX IF NOT EXISTS events_by_key ON events (stream, idempotency_key)
-    WHERE idempotency_key IS NOT NULL;
--- Delivery cursors of push subscriptions: a repairable cache of core state.
-CREATE TABLE IF NOT EXISTS subscription_cursors (
-    stream              INTEGER NOT NULL,
-    subscription_key    TEXT NOT NULL,
-    generation          INTEGER NOT NULL, -- cursorChangedAtSourceOffset of the run
-    acknowledged_offset INTEGER NOT NULL,
-    failing_offset      INTEGER,          -- skip policy: the event failing alone ...
-    failing_attempts    INTEGER NOT NULL DEFAULT 0, -- ... how often ...
-    skips               INTEGER NOT NULL DEFAULT 0, -- ... and skips since the last success
-    PRIMARY KEY (stream, subscription_key)
-);
--- Deployed components: the current digest per (project, name); bytes by digest.
-CREATE TABLE IF NOT EXISTS components (
-    project     TEXT NOT NULL,
-    name        TEXT NOT NULL,
-    digest      TEXT NOT NULL,
-    exports     TEXT NOT NULL, -- JSON array of exported function names
-    deployed_at TEXT NOT NULL,
-    PRIMARY KEY (project, name)
-);
-CREATE TABLE IF NOT EXISTS component_blobs (
-    digest TEXT PRIMARY KEY,
-    bytes  BLOB NOT NULL
-);
--- Processor instances: checkpoint and state, committed together.
-CREATE TABLE IF NOT EXISTS processor_checkpoints (
-    stream            INTEGER NOT NULL,
-    component         TEXT NOT NULL,
-    stream_id         TEXT NOT NULL,
-    checkpoint_offset INTEGER NOT NULL,
-    state             TEXT NOT NULL,
-    digest            TEXT NOT NULL,
-    updated_at        TEXT NOT NULL,
-    PRIMARY KEY (stream, component)
-);
--- Effects returned by folds, committed with their checkpoint (the outbox).
-CREATE TABLE IF NOT EXISTS processor_effects (
-    stream            INTEGER NOT NULL,
-    component         TEXT NOT NULL,
-    checkpoint_offset INTEGER NOT NULL,
-    effect_key        TEXT NOT NULL,
-    effect            TEXT NOT NULL, -- JSON
-    PRIMARY KEY (stream, component, effect_key)
-);
-";
 
 /// A deployed component.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
@@ -157,7 +90,8 @@ impl Storage {
         conn.pragma_update(None, "synchronous", sync)
             .context("setting synchronous")?;
         conn.busy_timeout(std::time::Duration::from_secs(10))?;
-        conn.execute_batch(SCHEMA).context("creating schema")?;
+        schema::migrate(&conn)
+            .with_context(|| format!("migrating the schema of {}", db_path.display()))?;
         let writer = writer::WriterHandle::start(conn, metrics)?;
         Ok(Storage {
             inner: Arc::new(Inner {
@@ -346,6 +280,34 @@ impl Storage {
                         state: r.get(2)?,
                         digest: r.get(3)?,
                         updated_at: r.get(4)?,
+                    })
+                })
+                .optional()?;
+            Ok(row)
+        })
+    }
+
+    /// The last failure of a processor instance.
+    pub fn processor_failure(
+        &self,
+        row_id: i64,
+        component: &str,
+    ) -> Result<Option<ProcessorFailure>> {
+        self.with_reader(|c| {
+            let row = c
+                .prepare_cached(
+                    "SELECT stream_id, failed_at, offset, message, repro
+                     FROM processor_failures WHERE stream = ?1 AND component = ?2",
+                )?
+                .query_row(params![row_id, component], |r| {
+                    Ok(ProcessorFailure {
+                        row_id,
+                        component: component.to_string(),
+                        stream_id: r.get(0)?,
+                        failed_at: r.get(1)?,
+                        offset: r.get::<_, Option<i64>>(2)?.map(|o| o as u64),
+                        message: r.get(3)?,
+                        repro: r.get(4)?,
                     })
                 })
                 .optional()?;

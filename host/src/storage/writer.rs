@@ -86,6 +86,21 @@ pub enum WriteOp {
     Deploy(Deployment),
     /// A processor's new checkpoint, state and effects.
     Checkpoint(Checkpoint),
+    /// The last failure of a processor instance, in full.
+    ProcessorFailure(ProcessorFailure),
+}
+
+/// A processor instance's failure, kept whole (the halt fact carries a
+/// capped message).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProcessorFailure {
+    pub row_id: i64,
+    pub component: String,
+    pub stream_id: String,
+    pub failed_at: String,
+    pub offset: Option<u64>,
+    pub message: String,
+    pub repro: Option<String>,
 }
 
 /// A component deployment.
@@ -358,6 +373,25 @@ fn apply(conn: &Connection, op: &WriteOp) -> Result<i64> {
             }
             Ok(c.row_id)
         }
+        WriteOp::ProcessorFailure(f) => {
+            conn.prepare_cached(
+                "INSERT INTO processor_failures (stream, component, stream_id, failed_at, offset, message, repro)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
+                 ON CONFLICT (stream, component) DO UPDATE SET stream_id = excluded.stream_id,
+                     failed_at = excluded.failed_at, offset = excluded.offset,
+                     message = excluded.message, repro = excluded.repro",
+            )?
+            .execute(params![
+                f.row_id,
+                f.component,
+                f.stream_id,
+                f.failed_at,
+                f.offset.map(|o| o as i64),
+                f.message,
+                f.repro
+            ])?;
+            Ok(f.row_id)
+        }
         WriteOp::Reset { row_id } => {
             conn.prepare_cached("DELETE FROM events WHERE stream = ?1")?
                 .execute([row_id])?;
@@ -366,6 +400,8 @@ fn apply(conn: &Connection, op: &WriteOp) -> Result<i64> {
             conn.prepare_cached("DELETE FROM processor_checkpoints WHERE stream = ?1")?
                 .execute([row_id])?;
             conn.prepare_cached("DELETE FROM processor_effects WHERE stream = ?1")?
+                .execute([row_id])?;
+            conn.prepare_cached("DELETE FROM processor_failures WHERE stream = ?1")?
                 .execute([row_id])?;
             conn.prepare_cached("DELETE FROM streams WHERE id = ?1")?
                 .execute([row_id])?;

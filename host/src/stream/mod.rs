@@ -16,5 +16,5 @@ pub use event::{
     is_stream_control_type, types, AppendInput, CopiedFrom, Event, EventInput, EventSource,
     STREAM_TYPE_PREFIX,
 };
-pub use registry::Streams;
+pub use registry::{StreamSettings, Streams, StreamsRef};
 pub use state::{CoreState, Inbound, Outbound, Subscriptions, STATE_BYTES_MAX};

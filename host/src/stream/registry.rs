@@ -1,5 +1,7 @@
 //! The registry of stream actors: finds the actor of an address, starting it
-//! on first use, and forwards requests to it.
+//! on first use, and forwards requests to it. An idle actor leaves the
+//! registry by itself ([`Streams::release`]); a request that raced with its
+//! release is handed to the stream's next actor, so none is lost.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
@@ -20,6 +22,15 @@ use crate::storage::Storage;
 
 /// Requests queued per actor before senders wait (backpressure).
 pub const MAILBOX_CAPACITY: usize = 4096;
+
+/// What every stream actor is configured with.
+#[derive(Clone)]
+pub struct StreamSettings {
+    pub delivery: DeliveryConfig,
+    pub webhooks: crate::executor::webhook::Client,
+    /// `[limits] idle-stream-ms`.
+    pub idle_stream_ms: u64,
+}
 
 /// All stream actors of a host. Cheap to clone.
 #[derive(Clone)]
@@ -47,21 +58,79 @@ impl Streams {
         storage: Storage,
         clock: Arc<dyn Clock>,
         metrics: Metrics,
-        delivery: DeliveryConfig,
+        settings: StreamSettings,
         runtime: Arc<crate::processor::runtime::Runtime>,
     ) -> Streams {
         let inner = Arc::new_cyclic(|weak| Inner {
             ctx: ActorContext {
+                executors: crate::executor::Executors {
+                    storage: storage.clone(),
+                    streams: StreamsRef(weak.clone()),
+                    runtime: runtime.clone(),
+                    webhooks: settings.webhooks,
+                },
                 storage,
                 clock,
                 metrics,
-                delivery,
+                delivery: settings.delivery,
                 runtime,
                 streams: StreamsRef(weak.clone()),
+                idle_stream_ms: settings.idle_stream_ms,
             },
             actors: Mutex::new(HashMap::new()),
         });
         Streams { inner }
+    }
+
+    /// Stream actors in memory.
+    pub fn actors_in_memory(&self) -> usize {
+        self.inner.actors.lock().expect("actor registry").len()
+    }
+
+    /// Removes the actor `me` of `address` from the registry, unless a
+    /// message is waiting in its mailbox. Called by the actor itself when it
+    /// is idle; once it returns `true`, no new request can reach `me`.
+    pub(super) fn release(
+        &self,
+        address: &StreamAddress,
+        me: &mpsc::Sender<Command>,
+        rx: &mpsc::Receiver<Command>,
+    ) -> bool {
+        let mut actors = self.inner.actors.lock().expect("actor registry");
+        if !rx.is_empty() {
+            return false;
+        }
+        match actors.get(address) {
+            Some(tx) if tx.same_channel(me) => {
+                actors.remove(address);
+                self.inner.ctx.metrics.stream_actors_add(-1);
+                if actors.capacity() > 64 && actors.len() < actors.capacity() / 4 {
+                    actors.shrink_to_fit();
+                }
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Hands a message that reached a released actor to the stream's
+    /// current actor.
+    pub(super) async fn forward(&self, address: &StreamAddress, cmd: Command) {
+        let _ = self.send(address, cmd).await;
+    }
+
+    /// Sends to the actor of `address`; when that actor has just released
+    /// itself, to its successor.
+    async fn send(&self, address: &StreamAddress, mut cmd: Command) -> Result<(), ApiError> {
+        for _ in 0..8 {
+            match self.sender(address).send(cmd).await {
+                Ok(()) => return Ok(()),
+                Err(mpsc::error::SendError(back)) => cmd = back,
+            }
+        }
+        Err(ApiError::internal(format!(
+            "the actor of stream {address} stopped"
+        )))
     }
 
     fn sender(&self, address: &StreamAddress) -> mpsc::Sender<Command> {
@@ -70,9 +139,12 @@ impl Streams {
             if !tx.is_closed() {
                 return tx.clone();
             }
+            // Its actor ended without releasing itself: replaced below.
+            self.inner.ctx.metrics.stream_actors_add(-1);
         }
         let (tx, rx) = mpsc::channel(MAILBOX_CAPACITY);
         actor::spawn(address.clone(), self.inner.ctx.clone(), &tx, rx);
+        self.inner.ctx.metrics.stream_actors_add(1);
         actors.insert(address.clone(), tx.clone());
         tx
     }
@@ -83,10 +155,7 @@ impl Streams {
         make: impl FnOnce(oneshot::Sender<Result<T, ApiError>>) -> Command,
     ) -> Result<T, ApiError> {
         let (reply, rx) = oneshot::channel();
-        self.sender(address)
-            .send(make(reply))
-            .await
-            .map_err(|_| ApiError::internal(format!("the actor of stream {address} stopped")))?;
+        self.send(address, make(reply)).await?;
         rx.await.map_err(|_| {
             ApiError::internal(format!(
                 "the actor of stream {address} stopped before answering"
@@ -172,6 +241,6 @@ impl Streams {
 
     /// Loads a stream's actor so its deliveries resume.
     pub async fn wake(&self, address: &StreamAddress) {
-        let _ = self.sender(address).send(Command::Wake).await;
+        let _ = self.send(address, Command::Wake).await;
     }
 }

@@ -34,8 +34,8 @@ impl Actor {
         let _ = reply.send(result);
     }
 
+    /// Registers a connection; the stream is loaded already.
     fn try_connect(&mut self, params: ConnectParams) -> Result<Feed, ApiError> {
-        self.ensure_loaded()?;
         let Some(stream) = &self.stream else {
             return Err(self.not_found());
         };

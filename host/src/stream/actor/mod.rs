@@ -8,7 +8,18 @@
 //!
 //! **Architecture Invariant:** an append is acknowledged only after its
 //! commit. A round that fails to commit answers every request with an error
-//! and makes the actor reload its state from the log before the next round.
+//! and makes the actor reload its state from the log, at once (retried with
+//! backoff while storage keeps failing), before the next round.
+//!
+//! **Architecture Invariant:** the actor never blocks an async worker: its
+//! SQLite reads (load, refold, idempotency and configure lookups) run on
+//! blocking threads, which the actor awaits.
+//!
+//! Lifecycle: the registry starts an actor on first use; the actor loads
+//! its stream, serves, and releases itself (see `Streams::release`) once it
+//! has been idle for `[limits] idle-stream-ms` with no live connection, no
+//! delivery in flight, due or scheduled, and nothing to write; an actor
+//! whose stream does not exist releases itself as soon as it has answered.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -26,7 +37,7 @@ use super::state::CoreState;
 use crate::clock::{format_timestamp, Clock};
 use crate::config::DeliveryConfig;
 use crate::delivery::copy::{plan_copy, CopyBatch, CopyOutcome};
-use crate::delivery::runtime::SubscriptionRuntime;
+use crate::delivery::schedule::Deliveries;
 use crate::error::ApiError;
 use crate::metrics::Metrics;
 use crate::storage::{
@@ -36,7 +47,7 @@ use crate::storage::{
 
 mod connections;
 mod delivery;
-pub use delivery::DeliveryDone;
+use crate::delivery::schedule::DeliveryDone;
 
 /// Bytes of ephemeral events kept per stream; the oldest are evicted first.
 pub const EPHEMERAL_BYTES_MAX: usize = 10 * 1024 * 1024;
@@ -44,6 +55,10 @@ pub const EPHEMERAL_BYTES_MAX: usize = 10 * 1024 * 1024;
 pub const ROUND_REQUESTS_MAX: usize = 1024;
 /// Largest page of a read.
 pub const READ_LIMIT_MAX: usize = 500;
+/// First wait before loading again after a failed load or commit; doubles
+/// up to [`RELOAD_BACKOFF_MAX_MS`].
+const RELOAD_BACKOFF_BASE_MS: u64 = 50;
+const RELOAD_BACKOFF_MAX_MS: u64 = 5_000;
 
 /// The answer to an append.
 #[derive(Debug, Clone, Serialize)]
@@ -123,6 +138,9 @@ enum Pending {
         input: AppendInput,
         authority: Authority,
         reply: Option<Reply<AppendOutput>>,
+        /// For a platform fact of a delivery run: the run (key, generation),
+        /// told when the fact does not commit.
+        run: Option<(String, u64)>,
     },
     Deliver {
         batch: Box<CopyBatch>,
@@ -135,7 +153,7 @@ enum Pending {
 
 /// Who waits for the outcome of one planned request.
 enum Answer {
-    Append(Option<Reply<AppendOutput>>),
+    Append(Option<Reply<AppendOutput>>, Option<(String, u64)>),
     Deliver(Reply<CopyOutcome>, CopyOutcome),
 }
 
@@ -207,6 +225,10 @@ pub struct ActorContext {
     pub streams: StreamsRef,
     /// The wasm runtime that processor-wake subscriptions call.
     pub runtime: Arc<crate::processor::runtime::Runtime>,
+    /// What runs delivery jobs.
+    pub executors: crate::executor::Executors,
+    /// Idle time after which an actor releases itself.
+    pub idle_stream_ms: u64,
 }
 
 /// Starts the actor of `address`; it runs until every sender is dropped.
@@ -226,9 +248,11 @@ pub fn spawn(
         },
         queue: VecDeque::new(),
         reload_needed: true,
-        deliveries: HashMap::new(),
+        reload_failures: 0,
+        reload_at: None,
+        last_request: tokio::time::Instant::now(),
+        deliveries: Deliveries::default(),
         self_tx: tx.downgrade(),
-        next_delivery_id: 0,
         recent_commits: VecDeque::new(),
         connections: HashMap::new(),
         next_connection_id: 0,
@@ -243,10 +267,15 @@ struct Actor {
     ephemeral: EphemeralBuffer,
     queue: VecDeque<Pending>,
     reload_needed: bool,
-    /// Delivery state of the push subscriptions of this (source) stream.
-    deliveries: HashMap<String, SubscriptionRuntime>,
+    /// Failed loads in a row (for the reload backoff).
+    reload_failures: u32,
+    /// When to load again after a failure (`None`: at the next use).
+    reload_at: Option<tokio::time::Instant>,
+    /// When the last request arrived (for idle release).
+    last_request: tokio::time::Instant,
+    /// Delivery runs of the subscriptions of this (source) stream.
+    deliveries: Deliveries,
     self_tx: mpsc::WeakSender<Command>,
-    next_delivery_id: u64,
     /// Commit instants of recent durable events, for delivery latency.
     recent_commits: VecDeque<(u64, std::time::Instant)>,
     /// Live connections by key.
@@ -268,14 +297,28 @@ impl Actor {
         let mut in_flight: Option<(InFlight, oneshot::Receiver<Result<i64, CommitError>>)> = None;
         let mut closed = false;
         loop {
+            if self.reload_needed
+                && self
+                    .reload_at
+                    .is_some_and(|at| at <= tokio::time::Instant::now())
+            {
+                let _ = self.ensure_loaded().await;
+            }
             if in_flight.is_none() {
-                in_flight = self.start_next();
+                in_flight = self.start_next().await;
             }
             self.pump_deliveries();
             if closed && in_flight.is_none() && self.queue.is_empty() {
                 return;
             }
-            let timer = self.next_delivery_timer();
+            if in_flight.is_none() && self.may_release() {
+                let idle_for = self.last_request.elapsed().as_millis() as u64;
+                let missing = !self.reload_needed && self.stream.is_none();
+                if (missing || idle_for >= self.ctx.idle_stream_ms) && self.release(&mut rx) {
+                    return;
+                }
+            }
+            let timer = self.next_timer(in_flight.is_some());
             let wake = {
                 let commit = async {
                     match in_flight.as_mut() {
@@ -296,7 +339,15 @@ impl Actor {
                 }
             };
             match wake {
-                Wake::Command(Some(cmd)) => self.accept(cmd),
+                Wake::Command(Some(cmd)) => {
+                    if !matches!(
+                        cmd,
+                        Command::DeliveryDone(_) | Command::ConnectionEnded { .. }
+                    ) {
+                        self.last_request = tokio::time::Instant::now();
+                    }
+                    self.accept(cmd).await
+                }
                 Wake::Command(None) => closed = true,
                 Wake::Committed(result) => {
                     let (round, _) = in_flight.take().expect("a commit was in flight");
@@ -310,7 +361,68 @@ impl Actor {
         }
     }
 
-    fn accept(&mut self, cmd: Command) {
+    /// When the actor must wake with no message: the next delivery retry or
+    /// deadline, a reload after a failure, or the end of the idle period.
+    fn next_timer(&self, committing: bool) -> Option<tokio::time::Instant> {
+        let now = tokio::time::Instant::now();
+        let now_ms = self.ctx.clock.now_ms();
+        let delivery = self
+            .next_delivery_at_ms()
+            .map(|at| now + std::time::Duration::from_millis((at - now_ms).max(1) as u64));
+        let reload = if self.reload_needed {
+            self.reload_at
+        } else {
+            None
+        };
+        let idle = (!committing && self.may_release())
+            .then(|| self.last_request + std::time::Duration::from_millis(self.ctx.idle_stream_ms));
+        [delivery, reload, idle].into_iter().flatten().min()
+    }
+
+    /// Whether nothing keeps the actor in memory but recent use: no queued
+    /// work, no live connection, no delivery in flight, due, scheduled or
+    /// with a cursor to write, and a loaded (or missing) stream.
+    fn may_release(&self) -> bool {
+        if self.reload_needed || !self.queue.is_empty() || !self.connections.is_empty() {
+            return false;
+        }
+        match &self.stream {
+            None => true,
+            Some(s) => self.deliveries.is_quiet(s.state_offset),
+        }
+    }
+
+    /// Leaves the registry; messages that raced in are handed on to the
+    /// stream's next actor. `false` when the registry is gone or a message
+    /// is waiting.
+    fn release(&mut self, rx: &mut mpsc::Receiver<Command>) -> bool {
+        let Some(streams) = self.ctx.streams.upgrade() else {
+            return false;
+        };
+        let Some(me) = self.self_tx.upgrade() else {
+            return false;
+        };
+        if !streams.release(&self.address, &me, rx) {
+            return false;
+        }
+        drop(me);
+        rx.close();
+        let mut late = Vec::new();
+        while let Ok(cmd) = rx.try_recv() {
+            late.push(cmd);
+        }
+        if !late.is_empty() {
+            let address = self.address.clone();
+            tokio::spawn(async move {
+                for cmd in late {
+                    streams.forward(&address, cmd).await;
+                }
+            });
+        }
+        true
+    }
+
+    async fn accept(&mut self, cmd: Command) {
         match cmd {
             Command::Append {
                 input,
@@ -320,25 +432,37 @@ impl Actor {
                 input,
                 authority,
                 reply: Some(reply),
+                run: None,
             }),
             Command::Reset { reply } => self.queue.push_back(Pending::Reset { reply }),
             Command::Deliver { batch, reply } => {
                 self.queue.push_back(Pending::Deliver { batch, reply })
             }
             Command::Runtime { reply } => {
-                let result = self.ensure_loaded().and_then(|()| match &self.stream {
-                    Some(_) => Ok(self.runtime_json()),
-                    None => Err(self.not_found()),
-                });
+                let result = self
+                    .ensure_loaded()
+                    .await
+                    .and_then(|()| match &self.stream {
+                        Some(_) => Ok(self.runtime_json()),
+                        None => Err(self.not_found()),
+                    });
                 let _ = reply.send(result);
             }
             Command::Wake => {
-                if let Err(e) = self.ensure_loaded() {
+                if let Err(e) = self.ensure_loaded().await {
                     tracing::error!(stream = %self.address, error = %e, "waking stream failed");
                 }
             }
             Command::DeliveryDone(done) => self.delivery_done(*done),
-            Command::Connect { params, reply } => self.connect(*params, reply),
+            Command::Connect { params, reply } => {
+                let loaded = self.ensure_loaded().await;
+                match loaded {
+                    Ok(()) => self.connect(*params, reply),
+                    Err(e) => {
+                        let _ = reply.send(Err(e));
+                    }
+                }
+            }
             Command::ConnectionEnded {
                 key,
                 id,
@@ -346,7 +470,7 @@ impl Actor {
                 error,
             } => self.connection_ended(&key, id, reason, error),
             Command::State { reply } => {
-                let result = self.ensure_loaded().and_then(|()| {
+                let result = self.ensure_loaded().await.and_then(|()| {
                     self.stream
                         .as_ref()
                         .map(|s| s.state.clone())
@@ -354,7 +478,7 @@ impl Actor {
                 });
                 let _ = reply.send(result);
             }
-            Command::Read { query, reply } => match self.ensure_loaded() {
+            Command::Read { query, reply } => match self.ensure_loaded().await {
                 Ok(()) => self.read(query, reply),
                 Err(e) => {
                     let _ = reply.send(Err(e));
@@ -363,15 +487,46 @@ impl Actor {
         }
     }
 
-    /// Loads the stream when it is not loaded (first use, or after a failed commit).
-    fn ensure_loaded(&mut self) -> Result<(), ApiError> {
+    /// Loads the stream when it is not loaded (first use, or after a failed
+    /// commit), on a blocking thread. A failure schedules the next attempt
+    /// with backoff, so stalled deliveries resume without a request.
+    async fn ensure_loaded(&mut self) -> Result<(), ApiError> {
         if !self.reload_needed {
             return Ok(());
         }
-        self.reload().map_err(|e| {
-            tracing::error!(stream = %self.address, error = %format!("{e:#}"), "loading stream failed");
-            ApiError::internal(format!("loading the stream failed: {e:#}"))
-        })
+        let storage = self.ctx.storage.clone();
+        let address = self.address.clone();
+        let loaded = tokio::task::spawn_blocking(move || load(&storage, &address))
+            .await
+            .map_err(|e| anyhow::anyhow!("the load task failed: {e}"))
+            .and_then(|r| r);
+        self.ctx.metrics.stream_loaded(loaded.is_ok());
+        match loaded {
+            Ok(loaded) => {
+                self.apply_load(loaded);
+                self.reload_failures = 0;
+                self.reload_at = None;
+                Ok(())
+            }
+            Err(e) => {
+                self.reload_failures = self.reload_failures.saturating_add(1);
+                let wait = RELOAD_BACKOFF_BASE_MS
+                    .saturating_mul(1 << self.reload_failures.min(16).saturating_sub(1))
+                    .min(RELOAD_BACKOFF_MAX_MS);
+                self.reload_at =
+                    Some(tokio::time::Instant::now() + std::time::Duration::from_millis(wait));
+                tracing::error!(stream = %self.address, error = %format!("{e:#}"), retry_in_ms = wait, "loading stream failed");
+                Err(ApiError::internal(format!(
+                    "loading the stream failed: {e:#}"
+                )))
+            }
+        }
+    }
+
+    /// Marks the stream for loading again, at once.
+    fn reload_soon(&mut self) {
+        self.reload_needed = true;
+        self.reload_at = Some(tokio::time::Instant::now());
     }
 
     fn not_found(&self) -> ApiError {
@@ -385,66 +540,16 @@ impl Actor {
         )
     }
 
-    /// (Re)loads the stream from storage: the cached state is used when it
-    /// matches the log's head, otherwise the log is folded again.
-    fn reload(&mut self) -> Result<()> {
-        let ns = self.address.namespace.storage_key().to_string();
-        let row = self.ctx.storage.load_stream(&ns, &self.address.path)?;
-        self.stream = match row {
-            None => None,
-            Some(row) => Some(self.load_row(row)?),
-        };
-        self.deliveries.clear();
-        if let Some(stream) = &self.stream {
-            let rows = self.ctx.storage.load_cursors(stream.row_id)?;
-            let state = stream.state.clone();
-            self.repair_deliveries(&state, &rows);
+    /// Takes over what [`load`] read: the stream, and its delivery runs.
+    fn apply_load(&mut self, loaded: Option<LoadedStream>) {
+        self.deliveries.runs.clear();
+        self.stream = None;
+        if let Some(l) = loaded {
+            let state = l.stream.state.clone();
+            self.stream = Some(l.stream);
+            self.repair_deliveries(&state, &l.cursors, &l.checkpoints);
         }
         self.reload_needed = false;
-        Ok(())
-    }
-
-    fn load_row(&self, row: StreamRow) -> Result<Loaded> {
-        if row.state_offset == row.log_head {
-            if let Ok(state) = serde_json::from_str::<CoreState>(&row.state_json) {
-                if state.stream_id == row.stream_id {
-                    return Ok(Loaded {
-                        row_id: row.row_id,
-                        state: CoreState {
-                            max_offset: state.max_offset.max(row.head_offset),
-                            ..state
-                        },
-                        state_offset: row.state_offset,
-                    });
-                }
-            }
-        }
-        tracing::warn!(stream = %self.address, "cached state does not match the log; folding the log again");
-        let mut state: Option<CoreState> = None;
-        let mut after = 0;
-        loop {
-            let page =
-                self.ctx
-                    .storage
-                    .events_after(row.row_id, after, READ_LIMIT_MAX, u64::MAX)?;
-            let Some((last, _)) = page.last() else { break };
-            after = *last;
-            for (offset, body) in &page {
-                let event: Event = serde_json::from_str(body)
-                    .with_context(|| format!("parsing the stored event at offset {offset}"))?;
-                match &mut state {
-                    None => state = Some(CoreState::from_created(&event)),
-                    Some(s) => s.reduce(&event),
-                }
-            }
-        }
-        let mut state = state.context("a stream row without a created event")?;
-        state.max_offset = state.max_offset.max(row.head_offset);
-        Ok(Loaded {
-            row_id: row.row_id,
-            state,
-            state_offset: row.log_head,
-        })
     }
 
     fn read(&self, query: ReadQuery, reply: Reply<ReadOutput>) {
@@ -478,14 +583,15 @@ impl Actor {
     }
 
     /// Starts the next write, answering queued work that needs none.
-    fn start_next(&mut self) -> Option<(InFlight, oneshot::Receiver<Result<i64, CommitError>>)> {
+    async fn start_next(
+        &mut self,
+    ) -> Option<(InFlight, oneshot::Receiver<Result<i64, CommitError>>)> {
         loop {
             let Some(front) = self.queue.pop_front() else {
                 return self.start_cursor_write();
             };
             if self.reload_needed {
-                if let Err(e) = self.reload() {
-                    let err = ApiError::internal(format!("loading the stream failed: {e:#}"));
+                if let Err(err) = self.ensure_loaded().await {
                     self.fail_pending(front, err.clone());
                     while let Some(p) = self.queue.pop_front() {
                         self.fail_pending(p, err.clone());
@@ -514,7 +620,7 @@ impl Actor {
                             _ => break,
                         }
                     }
-                    if let Some(started) = self.start_round(round) {
+                    if let Some(started) = self.start_round(round).await {
                         return Some(started);
                     }
                 }
@@ -522,10 +628,13 @@ impl Actor {
         }
     }
 
-    fn fail_pending(&self, p: Pending, err: ApiError) {
+    fn fail_pending(&mut self, p: Pending, err: ApiError) {
         match p {
-            Pending::Append { reply, .. } => {
+            Pending::Append { reply, run, .. } => {
                 self.ctx.metrics.append_answered(err.code);
+                if let Some(run) = &run {
+                    self.run_fact_failed(run);
+                }
                 if let Some(reply) = reply {
                     let _ = reply.send(Err(err));
                 }
@@ -541,32 +650,22 @@ impl Actor {
 
     /// Plans a round of appends; returns the commit to wait for, or `None`
     /// when every request was answered without one.
-    fn start_round(
+    async fn start_round(
         &mut self,
         round: Vec<Pending>,
     ) -> Option<(InFlight, oneshot::Receiver<Result<i64, CommitError>>)> {
+        let (committed_by_key, committed_by_offset) = match self.lookups(&round).await {
+            Ok(found) => found,
+            Err(e) => {
+                let err = ApiError::internal(format!("reading the stream failed: {e:#}"));
+                for p in round {
+                    self.fail_pending(p, err.clone());
+                }
+                return None;
+            }
+        };
         let _span = tracing::debug_span!("append", stream = %self.address, requests = round.len())
             .entered();
-        let committed_by_key = match self.lookup_keys(&round) {
-            Ok(found) => found,
-            Err(e) => {
-                let err = ApiError::internal(format!("reading idempotency keys failed: {e:#}"));
-                for p in round {
-                    self.fail_pending(p, err.clone());
-                }
-                return None;
-            }
-        };
-        let committed_by_offset = match self.lookup_configures(&round) {
-            Ok(found) => found,
-            Err(e) => {
-                let err = ApiError::internal(format!("reading configure events failed: {e:#}"));
-                for p in round {
-                    self.fail_pending(p, err.clone());
-                }
-                return None;
-            }
-        };
         let now = format_timestamp(self.ctx.clock.now_ms());
         let project_id = self.address.namespace.project_id().map(str::to_string);
         let path = self.address.path.clone();
@@ -592,8 +691,9 @@ impl Actor {
                     input,
                     authority,
                     reply,
+                    run,
                 } => (
-                    Answer::Append(reply),
+                    Answer::Append(reply, run),
                     plan_append(&mut state, &mut round_keys, &input, authority, &mut ctx),
                 ),
                 Pending::Deliver { batch, reply } => {
@@ -614,8 +714,12 @@ impl Actor {
             _ => {
                 // Nothing to commit: rejections and replays of committed events.
                 let state = self.stream.as_ref().map(|s| &s.state);
-                for (reply, outcome) in outcomes {
-                    self.answer(reply, outcome, state);
+                let failed: Vec<_> = outcomes
+                    .into_iter()
+                    .filter_map(|(reply, outcome)| self.answer(reply, outcome, state))
+                    .collect();
+                for run in &failed {
+                    self.run_fact_failed(run);
                 }
                 return None;
             }
@@ -668,71 +772,80 @@ impl Actor {
         ))
     }
 
-    fn lookup_keys(&self, round: &[Pending]) -> Result<HashMap<String, Event>> {
+    /// Committed events the round's planning needs: those holding its
+    /// idempotency keys, and the configure events it refers to. Read on a
+    /// blocking thread, and only when the round names any.
+    async fn lookups(
+        &self,
+        round: &[Pending],
+    ) -> Result<(HashMap<String, Event>, HashMap<u64, Event>)> {
         let Some(stream) = &self.stream else {
-            return Ok(HashMap::new());
+            return Ok((HashMap::new(), HashMap::new()));
         };
         let mut keys: Vec<String> = Vec::new();
+        let mut offsets: Vec<u64> = Vec::new();
         for p in round {
             match p {
-                Pending::Append { input, .. } => keys.extend(
-                    input
-                        .events
-                        .iter()
-                        .filter_map(|e| e.idempotency_key.clone()),
-                ),
+                Pending::Append { input, .. } => {
+                    keys.extend(
+                        input
+                            .events
+                            .iter()
+                            .filter_map(|e| e.idempotency_key.clone()),
+                    );
+                    offsets.extend(configure_offsets(Some(&stream.state), input));
+                }
                 Pending::Deliver { batch, .. } => {
                     keys.extend(crate::delivery::copy::batch_keys(batch, &self.address))
                 }
                 Pending::Reset { .. } => {}
             }
         }
-        let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
-        let bodies = self.ctx.storage.events_by_keys(stream.row_id, &keys)?;
-        bodies
-            .into_iter()
-            .map(|(k, body)| {
-                let event: Event = serde_json::from_str(&body)
-                    .with_context(|| format!("parsing the stored event of key {k:?}"))?;
-                Ok((k, event))
-            })
-            .collect()
-    }
-
-    fn lookup_configures(&self, round: &[Pending]) -> Result<HashMap<u64, Event>> {
-        let Some(stream) = &self.stream else {
-            return Ok(HashMap::new());
-        };
-        let mut found = HashMap::new();
-        for p in round {
-            if let Pending::Append { input, .. } = p {
-                for offset in configure_offsets(Some(&stream.state), input) {
-                    if found.contains_key(&offset) {
-                        continue;
-                    }
-                    if let Some((_, body)) = self
-                        .ctx
-                        .storage
-                        .events_after(stream.row_id, offset - 1, 1, offset)?
-                        .into_iter()
-                        .next()
-                    {
-                        found.insert(offset, serde_json::from_str(&body)?);
-                    }
+        if keys.is_empty() && offsets.is_empty() {
+            return Ok((HashMap::new(), HashMap::new()));
+        }
+        offsets.sort_unstable();
+        offsets.dedup();
+        let storage = self.ctx.storage.clone();
+        let row_id = stream.row_id;
+        tokio::task::spawn_blocking(move || {
+            let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+            let by_key = storage
+                .events_by_keys(row_id, &keys)
+                .context("reading idempotency keys")?
+                .into_iter()
+                .map(|(k, body)| {
+                    let event: Event = serde_json::from_str(&body)
+                        .with_context(|| format!("parsing the stored event of key {k:?}"))?;
+                    Ok((k, event))
+                })
+                .collect::<Result<HashMap<_, _>>>()?;
+            let mut by_offset = HashMap::new();
+            for offset in offsets {
+                let found = storage
+                    .events_after(row_id, offset - 1, 1, offset)
+                    .context("reading configure events")?;
+                if let Some((_, body)) = found.into_iter().next() {
+                    by_offset.insert(offset, serde_json::from_str(&body)?);
                 }
             }
-        }
-        Ok(found)
+            Ok((by_key, by_offset))
+        })
+        .await
+        .map_err(|e| anyhow::anyhow!("the lookup task failed: {e}"))?
     }
 
+    /// Answers one planned request; returns the delivery run whose fact
+    /// did not make it, if any.
+    #[must_use]
     fn answer(
         &self,
         answer: Answer,
         outcome: Result<AppendPlan, ApiError>,
         state: Option<&CoreState>,
-    ) {
+    ) -> Option<(String, u64)> {
         match answer {
-            Answer::Append(reply) => {
+            Answer::Append(reply, run) => {
                 let result = outcome.and_then(|plan| {
                     let state = state
                         .ok_or_else(|| ApiError::internal("a planned append without a stream"))?;
@@ -752,17 +865,33 @@ impl Actor {
                     }
                     (None, Err(e)) => {
                         tracing::warn!(stream = %self.address, error = %e, "platform append rejected");
+                        return run;
                     }
                     (None, Ok(_)) => {}
                 }
+                None
             }
             Answer::Deliver(reply, copy_outcome) => {
                 let _ = reply.send(outcome.map(|_| copy_outcome));
+                None
             }
         }
     }
 
     fn finish(&mut self, in_flight: InFlight, result: Result<i64, CommitError>) {
+        let mut failed = Vec::new();
+        self.finish_write(in_flight, result, &mut failed);
+        for run in &failed {
+            self.run_fact_failed(run);
+        }
+    }
+
+    fn finish_write(
+        &mut self,
+        in_flight: InFlight,
+        result: Result<i64, CommitError>,
+        failed: &mut Vec<(String, u64)>,
+    ) {
         match in_flight {
             InFlight::Round {
                 outcomes,
@@ -793,7 +922,7 @@ impl Actor {
                     });
                     let state = self.stream.as_ref().map(|s| s.state.clone());
                     if let Some(state) = &state {
-                        self.repair_deliveries(state, &cursors);
+                        self.repair_deliveries(state, &cursors, &HashMap::new());
                     }
                     let committed: Vec<Event> = outcomes
                         .iter()
@@ -802,22 +931,22 @@ impl Actor {
                         .collect();
                     self.fan_out(&committed);
                     for (answer, outcome) in outcomes {
-                        self.answer(answer, outcome, state.as_ref());
+                        failed.extend(self.answer(answer, outcome, state.as_ref()));
                     }
                 }
                 Err(e) => {
                     tracing::error!(stream = %self.address, error = %e, "append round failed to commit");
-                    self.reload_needed = true;
+                    self.reload_soon();
                     let err = ApiError::internal(format!("commit failed: {e}"));
                     for (answer, _) in outcomes {
-                        self.answer(answer, Err(err.clone()), None);
+                        failed.extend(self.answer(answer, Err(err.clone()), None));
                     }
                 }
             },
             InFlight::Cursors { cursors } => match result {
                 Ok(_) => {
                     for c in cursors {
-                        if let Some(rt) = self.deliveries.get_mut(&c.subscription_key) {
+                        if let Some(rt) = self.deliveries.runs.get_mut(&c.subscription_key) {
                             if rt.generation == c.generation {
                                 rt.durable_cursor = rt.durable_cursor.max(c.acknowledged_offset);
                                 if rt.run.failing_event
@@ -832,25 +961,101 @@ impl Actor {
                 }
                 Err(e) => {
                     tracing::error!(stream = %self.address, error = %e, "cursor write failed");
-                    self.reload_needed = true;
+                    self.reload_soon();
                 }
             },
             InFlight::Reset { reply } => match result {
                 Ok(_) => {
                     self.drop_connections();
                     self.stream = None;
-                    self.deliveries.clear();
+                    self.deliveries.runs.clear();
                     self.recent_commits.clear();
                     self.ephemeral.clear();
                     let _ = reply.send(Ok(()));
                 }
                 Err(e) => {
-                    self.reload_needed = true;
+                    self.reload_soon();
                     let _ = reply.send(Err(ApiError::internal(format!("reset failed: {e}"))));
                 }
             },
         }
     }
+}
+
+/// What [`load`] reads for an actor.
+struct LoadedStream {
+    stream: Loaded,
+    cursors: Vec<CursorRow>,
+    /// Checkpoint offsets of the processors woken by the stream's
+    /// subscriptions, for this source lifetime.
+    checkpoints: HashMap<String, u64>,
+}
+
+/// Loads a stream from storage (blocking: run it on a blocking thread): the
+/// cached state is used when it matches the log's head, otherwise the log is
+/// folded again; then its cursor rows and processor checkpoints.
+fn load(storage: &Storage, address: &StreamAddress) -> Result<Option<LoadedStream>> {
+    let ns = address.namespace.storage_key().to_string();
+    let Some(row) = storage.load_stream(&ns, &address.path)? else {
+        return Ok(None);
+    };
+    let stream = load_row(storage, address, row)?;
+    let cursors = storage.load_cursors(stream.row_id)?;
+    let mut checkpoints = HashMap::new();
+    for sub in stream.state.subscriptions.outbound.by_key.values() {
+        if let Some(component) = delivery::woken_component(sub) {
+            if let Some(c) = storage.checkpoint(stream.row_id, &component)? {
+                if c.stream_id == stream.state.stream_id {
+                    checkpoints.insert(component, c.checkpoint_offset);
+                }
+            }
+        }
+    }
+    Ok(Some(LoadedStream {
+        stream,
+        cursors,
+        checkpoints,
+    }))
+}
+
+fn load_row(storage: &Storage, address: &StreamAddress, row: StreamRow) -> Result<Loaded> {
+    if row.state_offset == row.log_head {
+        if let Ok(state) = serde_json::from_str::<CoreState>(&row.state_json) {
+            if state.stream_id == row.stream_id {
+                return Ok(Loaded {
+                    row_id: row.row_id,
+                    state: CoreState {
+                        max_offset: state.max_offset.max(row.head_offset),
+                        ..state
+                    },
+                    state_offset: row.state_offset,
+                });
+            }
+        }
+    }
+    tracing::warn!(stream = %address, "cached state does not match the log; folding the log again");
+    let mut state: Option<CoreState> = None;
+    let mut after = 0;
+    loop {
+        let page = storage.events_after(row.row_id, after, READ_LIMIT_MAX, u64::MAX)?;
+        let Some((last, _)) = page.last() else { break };
+        after = *last;
+        for (offset, body) in &page {
+            let event: Event = serde_json::from_str(body)
+                .with_context(|| format!("parsing the stored event at offset {offset}"))?;
+            match &mut state {
+                None => state = Some(CoreState::from_created(&event)),
+                Some(s) => s.reduce(&event),
+            }
+        }
+    }
+    let mut state = state.context("a stream row without a created event")?;
+    state.max_offset = state.max_offset.max(row.head_offset);
+    Ok(Loaded {
+        row_id: row.row_id,
+        state,
+        state_offset: row.log_head,
+    })
 }
 
 /// Merges a page of stored events with buffered ephemeral ones, by offset.

@@ -1,0 +1,107 @@
+//! Sends a batch to an exported function of a deployed component (an awaited
+//! ITX call). The function takes the batch and returns `result<_, failure>`.
+
+use serde_json::json;
+
+use super::{blocking, Executors, Source};
+use crate::delivery::schedule::Job;
+use crate::delivery::select::Selection;
+use crate::delivery::target::Target;
+use crate::delivery::webhook::posted_event;
+use crate::delivery::Failure;
+use crate::processor::runtime::CallError;
+
+pub async fn send(
+    exec: &Executors,
+    job: &Job,
+    source: &Source,
+    selection: Selection,
+) -> Result<(), Failure> {
+    let Target::Itx {
+        project,
+        component,
+        function,
+        transform,
+    } = job.route.target.clone()
+    else {
+        unreachable!("an itx job");
+    };
+    let label = job.route.target.label();
+    let (storage, runtime) = (exec.storage.clone(), exec.runtime.clone());
+    let (key, generation, head, timeout_ms) =
+        (job.key.clone(), job.generation, job.head, job.timeout_ms);
+    let info = source.info.clone();
+    // Transforms and the call itself run on a blocking thread.
+    let called = blocking(move || {
+        let offsets: Vec<u64> = selection.events.iter().map(|e| e.offset).collect();
+        let mut events = Vec::with_capacity(selection.events.len());
+        for e in &selection.events {
+            let posted = posted_event(e, transform.as_ref(), &key)?;
+            events.push(json!({
+                "offset": e.offset,
+                "type": posted["type"],
+                "payload": posted["payload"].to_string(),
+                "metadata": posted.get("metadata").map(|m| m.to_string()),
+                "createdAt": e.created_at,
+                "idempotencyKey": e.idempotency_key,
+            }));
+        }
+        let delivery_id = format!(
+            "{}:{key}:{generation}:{}-{}",
+            info.stream_id,
+            offsets[0],
+            offsets[offsets.len() - 1]
+        );
+        let batch = json!({
+            "stream": {
+                "projectId": info.project_id,
+                "path": info.path,
+                "streamId": info.stream_id,
+                "streamCreatedAt": info.stream_created_at,
+                "maxOffset": head,
+            },
+            "events": events,
+            "scannedThroughOffset": selection.through,
+            "deliveryId": delivery_id,
+        });
+        let (prepared, _) = crate::processor::deployed(&storage, &runtime, &project, &component)
+            .map_err(|e| {
+                Failure::new(
+                    format!("loading component {component:?} failed: {e:#}"),
+                    true,
+                )
+            })?
+            .ok_or_else(|| {
+                Failure::new(format!("component {component:?} is not deployed"), true)
+            })?;
+        let opts = crate::itx::value::ToVal {
+            ignore_unknown_fields: true,
+        };
+        runtime
+            .call_function(&component, &prepared, &function, &[batch], timeout_ms, opts)
+            .map(|_| ())
+            .map_err(|e| match e {
+                CallError::Err(v) => Failure::new(
+                    v["message"]
+                        .as_str()
+                        .map(str::to_string)
+                        .unwrap_or_else(|| v.to_string()),
+                    v["retryable"].as_bool().unwrap_or(true),
+                ),
+                CallError::Argument(m) => Failure::new(
+                    format!("the batch does not fit the function's parameter: {m}"),
+                    false,
+                ),
+                CallError::NoSuchFunction(f) => Failure::new(
+                    format!("component {component:?} exports no function {f:?}"),
+                    true,
+                ),
+                CallError::Guest(g) => Failure::new(g.to_string(), true),
+            })
+    })
+    .await;
+    called.map_err(|mut f| {
+        f.message = format!("{label} failed: {}", f.message);
+        f
+    })
+}

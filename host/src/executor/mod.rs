@@ -1,0 +1,162 @@
+//! The executing half of the delivery engine: carries out a [`Job`] that a
+//! stream actor decided (`delivery::schedule`). One pipeline for every
+//! target: read the log after the cursor and select the batch (on a
+//! blocking thread: SQLite and JSONata never run on an async worker), send
+//! it (one module per target: `copy`, `webhook`, `itx`, `wake`), enforce the
+//! job's deadline, and report. A send that panics or misses its deadline is
+//! reported as a failure, so the actor always hears back.
+//!
+//! Effects of processors (the outbox) will run through the same executors.
+
+pub mod copy;
+pub mod itx;
+pub mod wake;
+pub mod webhook;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::delivery::copy::SourceInfo;
+use crate::delivery::schedule::{Delivered, DeliveryDone, Job};
+use crate::delivery::select::{select_batch, Selection};
+use crate::delivery::target::Target;
+use crate::delivery::Failure;
+use crate::processor::runtime::Runtime;
+use crate::storage::Storage;
+use crate::stream::StreamsRef;
+
+/// Stored events read per attempt.
+pub const SCAN_EVENTS_MAX: usize = 1000;
+
+/// What executors use: storage, the stream registry (copies), the wasm
+/// runtime (ITX, wakes) and the webhook client. Cheap to clone.
+#[derive(Clone)]
+pub struct Executors {
+    pub storage: Storage,
+    pub streams: StreamsRef,
+    pub runtime: Arc<Runtime>,
+    pub webhooks: webhook::Client,
+}
+
+/// The source stream of a job, as of when it was decided.
+#[derive(Debug, Clone)]
+pub struct Source {
+    pub row_id: i64,
+    pub info: SourceInfo,
+}
+
+/// Runs `job` as a task; `report` receives its result exactly once.
+pub fn spawn<R, F>(exec: &Executors, job: Job, source: Arc<Source>, report: R)
+where
+    R: FnOnce(DeliveryDone) -> F + Send + 'static,
+    F: Future<Output = ()> + Send,
+{
+    let exec = exec.clone();
+    tokio::spawn(async move {
+        let started = Instant::now();
+        let label = job.route.target.label();
+        let wait = Duration::from_millis((job.deadline_ms - job.now_ms).max(0) as u64);
+        let (key, generation, id, timeout_ms) =
+            (job.key.clone(), job.generation, job.id, job.timeout_ms);
+        let attempt = tokio::spawn(execute(exec, job, source));
+        let abort = attempt.abort_handle();
+        let result = match tokio::time::timeout(wait, attempt).await {
+            Ok(Ok(result)) => result,
+            Ok(Err(e)) if e.is_panic() => Err(Failure::new(
+                format!("{label} panicked: {}", panic_text(e.into_panic())),
+                true,
+            )),
+            Ok(Err(e)) => Err(Failure::new(format!("{label} was cancelled: {e}"), true)),
+            Err(_) => {
+                abort.abort();
+                Err(Failure::new(
+                    format!("{label} timed out after {timeout_ms}ms"),
+                    true,
+                ))
+            }
+        };
+        report(DeliveryDone {
+            key,
+            generation,
+            id,
+            duration: started.elapsed(),
+            result,
+        })
+        .await;
+    });
+}
+
+fn panic_text(payload: Box<dyn std::any::Any + Send>) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".into())
+}
+
+/// One attempt: read → select → send.
+async fn execute(exec: Executors, job: Job, source: Arc<Source>) -> Result<Delivered, Failure> {
+    if let Target::Wake { .. } = &job.route.target {
+        // A wake reads after the processor's checkpoint, not a cursor.
+        return wake::send(&exec, &job, &source).await;
+    }
+    let selection = read_and_select(&exec.storage, &job, source.row_id).await?;
+    let offsets: Vec<u64> = selection.events.iter().map(|e| e.offset).collect();
+    if offsets.is_empty() {
+        // Nothing matched: passing over is progress.
+        return Ok(Delivered {
+            through: selection.through,
+            offsets,
+            bytes: 0,
+        });
+    }
+    let single_offset = (offsets.len() == 1).then(|| offsets[0]);
+    let (through, bytes) = (selection.through, selection.bytes);
+    let sent = match &job.route.target {
+        Target::Copy { .. } => copy::send(&exec, &job, &source, selection).await,
+        Target::Webhook { .. } => webhook::send(&exec, &job, &source, selection).await,
+        Target::Itx { .. } => itx::send(&exec, &job, &source, selection).await,
+        Target::Wake { .. } => unreachable!("handled above"),
+    };
+    match sent {
+        Ok(()) => Ok(Delivered {
+            through,
+            offsets,
+            bytes,
+        }),
+        Err(mut f) => {
+            f.single_offset = f.single_offset.or(single_offset);
+            Err(f)
+        }
+    }
+}
+
+/// Stored events after the job's cursor, selected by its filter, on a
+/// blocking thread.
+async fn read_and_select(storage: &Storage, job: &Job, row_id: i64) -> Result<Selection, Failure> {
+    let storage = storage.clone();
+    let (key, route, cursor, head, limit) = (
+        job.key.clone(),
+        job.route.clone(),
+        job.cursor,
+        job.head,
+        job.limit,
+    );
+    blocking(move || {
+        let stored = storage
+            .events_after(row_id, cursor, SCAN_EVENTS_MAX, head)
+            .map_err(|e| Failure::new(format!("reading the source failed: {e:#}"), true))?;
+        select_batch(&key, &stored, &route.filter, limit, cursor)
+    })
+    .await
+}
+
+/// Runs `f` on a blocking thread; a panic there is a retryable failure.
+pub(crate) async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, Failure> + Send + 'static,
+) -> Result<T, Failure> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| Failure::new(format!("a blocking task failed: {e}"), true))?
+}

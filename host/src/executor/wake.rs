@@ -1,0 +1,83 @@
+//! Wakes a processor: folds the events after its checkpoint (on a blocking
+//! thread, `processor/wake.rs`) and commits the new checkpoint, state and
+//! effects in one transaction. A failure is kept whole, with its `wasmtime`
+//! repro command, as the processor's last failure
+//! (`:processors/{component}` → `lastFailure`); the halt fact carries only
+//! the capped message.
+
+use super::{blocking, Executors, Source};
+use crate::clock::format_timestamp;
+use crate::delivery::schedule::{Delivered, Job};
+use crate::delivery::target::Target;
+use crate::delivery::Failure;
+use crate::processor::runtime::StreamInfo;
+use crate::processor::wake::{wake, WakeJob};
+use crate::storage::{ProcessorFailure, WriteOp};
+
+pub async fn send(exec: &Executors, job: &Job, source: &Source) -> Result<Delivered, Failure> {
+    let Target::Wake { project, component } = &job.route.target else {
+        unreachable!("a wake job");
+    };
+    let wake_job = WakeJob {
+        storage: exec.storage.clone(),
+        runtime: exec.runtime.clone(),
+        row_id: source.row_id,
+        project: project.clone(),
+        component: component.clone(),
+        stream: StreamInfo {
+            project_id: source.info.project_id.clone(),
+            path: source.info.path.clone(),
+            stream_id: source.info.stream_id.clone(),
+            stream_created_at: source.info.stream_created_at.clone(),
+            max_offset: job.head,
+        },
+        head: job.head,
+        limit: job.limit,
+        filter: job.route.filter.clone(),
+        timeout_ms: job.timeout_ms,
+        now_ms: job.now_ms,
+    };
+    let result = async {
+        let woken = blocking(move || wake(wake_job)).await?;
+        let through = woken.checkpoint.offset;
+        let bytes = woken.checkpoint.state.len();
+        exec.storage
+            .submit(WriteOp::Checkpoint(woken.checkpoint))
+            .await
+            .map_err(|_| "the storage writer stopped".to_string())
+            .and_then(|r| r.map_err(|e| e.to_string()))
+            .map_err(|m| {
+                Failure::new(
+                    format!("committing the checkpoint of processor {component:?} failed: {m}"),
+                    true,
+                )
+            })?;
+        Ok(Delivered {
+            through,
+            offsets: woken.offsets,
+            bytes,
+        })
+    }
+    .await;
+    let Err(mut failure) = result else {
+        return result;
+    };
+    let record = ProcessorFailure {
+        row_id: source.row_id,
+        component: component.clone(),
+        stream_id: source.info.stream_id.clone(),
+        failed_at: format_timestamp(job.now_ms),
+        offset: failure.single_offset,
+        message: failure.message.clone(),
+        repro: failure.detail.take(),
+    };
+    if record.repro.is_some() {
+        failure.message = format!(
+            "{}; the command that reproduces it is the processor's lastFailure.repro",
+            failure.message
+        );
+    }
+    // Best effort: the failure itself is what the run reports.
+    let _ = exec.storage.submit(WriteOp::ProcessorFailure(record)).await;
+    Err(failure)
+}

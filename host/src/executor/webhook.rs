@@ -1,0 +1,312 @@
+//! Sends one event as a webhook POST (the envelope is `delivery/webhook.rs`).
+//! Any 2xx acknowledges. Redirects are never followed (a 3xx is a failure
+//! like any other non-2xx answer). With `[webhooks] deny-private-networks`,
+//! targets on loopback, private, link-local and other non-public addresses
+//! are refused after DNS resolution, and the connection only ever goes to
+//! the addresses that passed the check.
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::Value;
+
+use super::{blocking, Executors, Source};
+use crate::delivery::schedule::Job;
+use crate::delivery::select::Selection;
+use crate::delivery::target::Target;
+use crate::delivery::webhook::{body, posted_event, Envelope};
+use crate::delivery::Failure;
+
+/// Bytes of a failing receiver's answer quoted in the error.
+const RESPONSE_QUOTE_BYTES_MAX: usize = 200;
+
+/// The HTTP client of webhooks, built once per host from its configuration.
+#[derive(Clone)]
+pub struct Client {
+    http: reqwest::Client,
+    deny_private_networks: bool,
+}
+
+impl Client {
+    pub fn new(deny_private_networks: bool) -> anyhow::Result<Client> {
+        let mut builder = reqwest::Client::builder()
+            .user_agent(concat!("streamhost/", env!("CARGO_PKG_VERSION")))
+            .redirect(reqwest::redirect::Policy::none());
+        if deny_private_networks {
+            builder = builder.dns_resolver(Arc::new(PublicOnly));
+        }
+        Ok(Client {
+            http: builder.build()?,
+            deny_private_networks,
+        })
+    }
+
+    /// POSTs one body; any 2xx acknowledges.
+    pub async fn post(&self, url: &str, body: &Value, timeout_ms: u64) -> Result<(), Failure> {
+        if self.deny_private_networks {
+            check_target(url).await?;
+        }
+        let fail = |message: String| Failure::new(message, true);
+        let response = self
+            .http
+            .post(url)
+            .timeout(Duration::from_millis(timeout_ms))
+            .json(body)
+            .send()
+            .await
+            .map_err(|e| {
+                if e.is_timeout() {
+                    fail(format!(
+                        "webhook POST to {url} timed out after {timeout_ms}ms"
+                    ))
+                } else {
+                    fail(format!("webhook POST to {url} failed: {}", error_chain(&e)))
+                }
+            })?;
+        let status = response.status();
+        if status.is_success() {
+            return Ok(());
+        }
+        if status.is_redirection() {
+            let location = response
+                .headers()
+                .get(reqwest::header::LOCATION)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("nowhere")
+                .to_string();
+            return Err(fail(format!(
+                "webhook responded {} redirecting to {location}: redirects are not followed",
+                status.as_u16()
+            )));
+        }
+        let mut text = response.text().await.unwrap_or_default();
+        if text.len() > RESPONSE_QUOTE_BYTES_MAX {
+            let mut end = RESPONSE_QUOTE_BYTES_MAX;
+            while !text.is_char_boundary(end) {
+                end -= 1;
+            }
+            text.truncate(end);
+        }
+        Err(fail(format!(
+            "webhook responded {} {}",
+            status.as_u16(),
+            text.trim()
+        )))
+    }
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}
+
+/// Sends the one event of `selection`.
+pub async fn send(
+    exec: &Executors,
+    job: &Job,
+    source: &Source,
+    selection: Selection,
+) -> Result<(), Failure> {
+    let Target::Webhook {
+        url,
+        transform,
+        configured_at,
+    } = &job.route.target
+    else {
+        unreachable!("a webhook job");
+    };
+    let event = selection
+        .events
+        .into_iter()
+        .next()
+        .expect("a non-empty selection");
+    let offset = event.offset;
+    let attempt = match job.failing {
+        Some((o, n)) if o == offset => n + 1,
+        _ => 1,
+    };
+    let (storage, row_id, configured_at) = (exec.storage.clone(), source.row_id, *configured_at);
+    let (transform, key, generation, info) = (
+        transform.clone(),
+        job.key.clone(),
+        job.generation,
+        source.info.clone(),
+    );
+    // The configure event's read and the transform run off the async workers.
+    let body = blocking(move || {
+        let configured = storage
+            .events_after(row_id, configured_at.saturating_sub(1), 1, configured_at)
+            .map_err(|e| Failure::new(format!("reading the source failed: {e:#}"), true))?;
+        let configured_event: Value = configured
+            .first()
+            .and_then(|(_, body)| serde_json::from_str(body).ok())
+            .unwrap_or(Value::Null);
+        let posted = posted_event(&event, transform.as_ref(), &key)?;
+        let envelope = Envelope {
+            project_id: info.project_id.as_deref(),
+            path: &info.path,
+            stream_id: &info.stream_id,
+            stream_created_at: &info.stream_created_at,
+            subscription_key: &key,
+            generation,
+            attempt,
+            configured_event: &configured_event,
+        };
+        Ok(body(&envelope, &posted, offset))
+    })
+    .await?;
+    exec.webhooks.post(url, &body, job.timeout_ms).await
+}
+
+/// Refuses a URL whose host is, or resolves to, a non-public address.
+async fn check_target(url: &str) -> Result<(), Failure> {
+    let refuse = |m: String| Failure::new(m, false);
+    let parsed =
+        reqwest::Url::parse(url).map_err(|e| refuse(format!("webhook url {url:?}: {e}")))?;
+    let host = parsed
+        .host_str()
+        .ok_or_else(|| refuse(format!("webhook url {url:?} has no host")))?;
+    let port = parsed.port_or_known_default().unwrap_or(443);
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    let addrs: Vec<SocketAddr> = match host.parse::<IpAddr>() {
+        Ok(ip) => vec![SocketAddr::new(ip, port)],
+        Err(_) => tokio::net::lookup_host((host, port))
+            .await
+            .map_err(|e| Failure::new(format!("resolving {host:?} failed: {e}"), true))?
+            .collect(),
+    };
+    if let Some(bad) = addrs.iter().find(|a| !is_public(a.ip())) {
+        return Err(refuse(format!(
+            "webhook target {url} resolves to {}, {}: [webhooks] deny-private-networks refuses it",
+            bad.ip(),
+            kind(bad.ip())
+        )));
+    }
+    Ok(())
+}
+
+/// A resolver that answers only public addresses, so a DNS answer that
+/// changes after [`check_target`] cannot reach a private network.
+struct PublicOnly;
+
+impl reqwest::dns::Resolve for PublicOnly {
+    fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
+        let host = name.as_str().to_string();
+        Box::pin(async move {
+            let all: Vec<SocketAddr> = tokio::net::lookup_host((host.as_str(), 0)).await?.collect();
+            let public: Vec<SocketAddr> =
+                all.iter().copied().filter(|a| is_public(a.ip())).collect();
+            if public.is_empty() {
+                let e: Box<dyn std::error::Error + Send + Sync> = format!(
+                    "{host} resolves to no public address ([webhooks] deny-private-networks)"
+                )
+                .into();
+                return Err(e);
+            }
+            let addrs: reqwest::dns::Addrs = Box::new(public.into_iter());
+            Ok(addrs)
+        })
+    }
+}
+
+/// Whether `ip` is a public unicast address.
+pub fn is_public(ip: IpAddr) -> bool {
+    kind(ip) == "a public address"
+}
+
+/// What kind of address `ip` is, for messages.
+fn kind(ip: IpAddr) -> &'static str {
+    match ip {
+        IpAddr::V4(v4) => {
+            let o = v4.octets();
+            if v4.is_loopback() {
+                "a loopback address"
+            } else if v4.is_private() {
+                "a private address"
+            } else if v4.is_link_local() {
+                "a link-local address"
+            } else if v4.is_unspecified() || o[0] == 0 {
+                "an unspecified address"
+            } else if v4.is_broadcast() || v4.is_multicast() || o[0] >= 240 {
+                "a broadcast, multicast or reserved address"
+            } else if o[0] == 100 && (o[1] & 0xc0) == 64 {
+                "a shared (carrier-grade NAT) address"
+            } else if o[0] == 198 && (o[1] & 0xfe) == 18 {
+                "a benchmarking address"
+            } else {
+                "a public address"
+            }
+        }
+        IpAddr::V6(v6) => {
+            if let Some(v4) = v6.to_ipv4_mapped() {
+                return kind(IpAddr::V4(v4));
+            }
+            let first = v6.segments()[0];
+            if v6.is_loopback() {
+                "a loopback address"
+            } else if v6.is_unspecified() {
+                "an unspecified address"
+            } else if (first & 0xfe00) == 0xfc00 {
+                "a private (unique local) address"
+            } else if (first & 0xffc0) == 0xfe80 {
+                "a link-local address"
+            } else if v6.is_multicast() {
+                "a broadcast, multicast or reserved address"
+            } else {
+                "a public address"
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn non_public_addresses_are_recognised() {
+        for private in [
+            "127.0.0.1",
+            "10.1.2.3",
+            "172.16.0.1",
+            "192.168.1.1",
+            "169.254.169.254",
+            "0.0.0.0",
+            "100.64.0.1",
+            "255.255.255.255",
+            "::1",
+            "::",
+            "fd00::1",
+            "fe80::1",
+            "::ffff:127.0.0.1",
+            "::ffff:10.0.0.1",
+        ] {
+            assert!(!is_public(private.parse().unwrap()), "{private}");
+        }
+        for public in ["1.1.1.1", "93.184.216.34", "2606:4700::1111", "172.32.0.1"] {
+            assert!(is_public(public.parse().unwrap()), "{public}");
+        }
+    }
+
+    #[tokio::test]
+    async fn literal_and_resolved_private_targets_are_refused_at_once() {
+        let e = check_target("http://127.0.0.1:9/hook").await.unwrap_err();
+        assert!(!e.retryable);
+        assert!(
+            e.message.contains("127.0.0.1, a loopback address"),
+            "{}",
+            e.message
+        );
+        let e = check_target("http://[::1]:9/hook").await.unwrap_err();
+        assert!(e.message.contains("::1"), "{}", e.message);
+        let e = check_target("http://localhost:9/hook").await.unwrap_err();
+        assert!(e.message.contains("loopback"), "{}", e.message);
+    }
+}

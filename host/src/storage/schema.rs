@@ -1,0 +1,222 @@
+//! The schema and its migrations.
+//!
+//! The database records its schema version in `PRAGMA user_version`; opening
+//! applies every migration after it, in order, each in its own transaction
+//! with the version bump. A database newer than this build is refused.
+//!
+//! Migration 1 is the schema as it stood before versioning (every statement
+//! `IF NOT EXISTS`, so a data dir written then opens unchanged); columns that
+//! were added to it later without a version are added when missing.
+
+use anyhow::{bail, Context, Result};
+use rusqlite::Connection;
+
+/// One step of the schema: applied once, in order.
+struct Migration {
+    /// What it does, for errors and logs.
+    name: &'static str,
+    apply: fn(&Connection) -> Result<()>,
+}
+
+/// Every migration; the schema version is the number applied.
+const MIGRATIONS: &[Migration] = &[
+    Migration {
+        name: "initial schema: streams, events, cursors, components, checkpoints, effects",
+        apply: initial,
+    },
+    Migration {
+        name: "processor_failures: the last failure of a processor instance, in full",
+        apply: processor_failures,
+    },
+];
+
+/// The schema version this build writes.
+pub const SCHEMA_VERSION: u32 = MIGRATIONS.len() as u32;
+
+const INITIAL: &str = r"
+CREATE TABLE IF NOT EXISTS streams (
+    id           INTEGER PRIMARY KEY,
+    project      TEXT NOT NULL,   -- '' for the global namespace
+    path         TEXT NOT NULL,
+    stream_id    TEXT NOT NULL,
+    created_at   TEXT NOT NULL,
+    head_offset  INTEGER NOT NULL, -- highest offset assigned, ephemeral ones included
+    state_json   TEXT NOT NULL,    -- cached core state, verified against the log on load
+    state_offset INTEGER NOT NULL, -- the last committed offset folded into state_json
+    UNIQUE (project, path)
+);
+CREATE TABLE IF NOT EXISTS events (
+    stream          INTEGER NOT NULL,
+    offset          INTEGER NOT NULL,
+    type            TEXT NOT NULL,
+    idempotency_key TEXT,
+    body            TEXT NOT NULL  -- the committed event as served, JSON
+);
+CREATE UNIQUE INDEX IF NOT EXISTS events_by_offset ON events (stream, offset);
+CREATE UNIQUE INDEX IF NOT EXISTS events_by_key ON events (stream, idempotency_key)
+    WHERE idempotency_key IS NOT NULL;
+-- Delivery cursors of push subscriptions: a repairable cache of core state.
+CREATE TABLE IF NOT EXISTS subscription_cursors (
+    stream              INTEGER NOT NULL,
+    subscription_key    TEXT NOT NULL,
+    generation          INTEGER NOT NULL, -- cursorChangedAtSourceOffset of the run
+    acknowledged_offset INTEGER NOT NULL,
+    failing_offset      INTEGER,          -- skip policy: the event failing alone ...
+    failing_attempts    INTEGER NOT NULL DEFAULT 0, -- ... how often ...
+    skips               INTEGER NOT NULL DEFAULT 0, -- ... and skips since the last success
+    PRIMARY KEY (stream, subscription_key)
+);
+-- Deployed components: the current digest per (project, name); bytes by digest.
+CREATE TABLE IF NOT EXISTS components (
+    project     TEXT NOT NULL,
+    name        TEXT NOT NULL,
+    digest      TEXT NOT NULL,
+    exports     TEXT NOT NULL, -- JSON array of exported function names
+    deployed_at TEXT NOT NULL,
+    PRIMARY KEY (project, name)
+);
+CREATE TABLE IF NOT EXISTS component_blobs (
+    digest TEXT PRIMARY KEY,
+    bytes  BLOB NOT NULL
+);
+-- Processor instances: checkpoint and state, committed together.
+CREATE TABLE IF NOT EXISTS processor_checkpoints (
+    stream            INTEGER NOT NULL,
+    component         TEXT NOT NULL,
+    stream_id         TEXT NOT NULL,
+    checkpoint_offset INTEGER NOT NULL,
+    state             TEXT NOT NULL,
+    digest            TEXT NOT NULL,
+    updated_at        TEXT NOT NULL,
+    PRIMARY KEY (stream, component)
+);
+-- Effects returned by folds, committed with their checkpoint (the outbox).
+CREATE TABLE IF NOT EXISTS processor_effects (
+    stream            INTEGER NOT NULL,
+    component         TEXT NOT NULL,
+    checkpoint_offset INTEGER NOT NULL,
+    effect_key        TEXT NOT NULL,
+    effect            TEXT NOT NULL, -- JSON
+    PRIMARY KEY (stream, component, effect_key)
+);
+";
+
+fn initial(conn: &Connection) -> Result<()> {
+    conn.execute_batch(INITIAL)?;
+    // Added to migration 1's table before versioning existed.
+    for (column, decl) in [
+        ("failing_offset", "INTEGER"),
+        ("failing_attempts", "INTEGER NOT NULL DEFAULT 0"),
+        ("skips", "INTEGER NOT NULL DEFAULT 0"),
+    ] {
+        if !has_column(conn, "subscription_cursors", column)? {
+            conn.execute_batch(&format!(
+                "ALTER TABLE subscription_cursors ADD COLUMN {column} {decl}"
+            ))?;
+        }
+    }
+    Ok(())
+}
+
+fn processor_failures(conn: &Connection) -> Result<()> {
+    conn.execute_batch(
+        "CREATE TABLE processor_failures (
+            stream     INTEGER NOT NULL,
+            component  TEXT NOT NULL,
+            stream_id  TEXT NOT NULL,
+            failed_at  TEXT NOT NULL,
+            offset     INTEGER,          -- the event that failed alone, if one did
+            message    TEXT NOT NULL,    -- the whole message, uncapped
+            repro      TEXT,             -- the wasmtime command that reproduces the call
+            PRIMARY KEY (stream, component)
+        );",
+    )?;
+    Ok(())
+}
+
+fn has_column(conn: &Connection, table: &str, column: &str) -> Result<bool> {
+    let mut stmt = conn.prepare(&format!("PRAGMA table_info({table})"))?;
+    let names = stmt
+        .query_map([], |r| r.get::<_, String>(1))?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    Ok(names.iter().any(|n| n == column))
+}
+
+/// The schema version recorded in the database.
+pub fn version(conn: &Connection) -> Result<u32> {
+    Ok(conn.pragma_query_value(None, "user_version", |r| r.get::<_, u32>(0))?)
+}
+
+/// Brings the database to [`SCHEMA_VERSION`].
+pub fn migrate(conn: &Connection) -> Result<()> {
+    let current = version(conn).context("reading user_version")?;
+    if current > SCHEMA_VERSION {
+        bail!(
+            "the database has schema version {current}, newer than this build's {SCHEMA_VERSION}: \
+             run a newer streamhost on it"
+        );
+    }
+    for (i, m) in MIGRATIONS.iter().enumerate().skip(current as usize) {
+        let to = i as u32 + 1;
+        conn.execute_batch("BEGIN IMMEDIATE")?;
+        let applied =
+            (m.apply)(conn).and_then(|()| Ok(conn.pragma_update(None, "user_version", to)?));
+        match applied {
+            Ok(()) => conn.execute_batch("COMMIT")?,
+            Err(e) => {
+                let _ = conn.execute_batch("ROLLBACK");
+                return Err(e.context(format!("schema migration {to} ({})", m.name)));
+            }
+        }
+        tracing::info!(version = to, migration = m.name, "schema migrated");
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_new_database_gets_every_migration_and_reopening_changes_nothing() {
+        let conn = Connection::open_in_memory().unwrap();
+        migrate(&conn).unwrap();
+        assert_eq!(version(&conn).unwrap(), SCHEMA_VERSION);
+        assert!(has_column(&conn, "processor_failures", "repro").unwrap());
+        migrate(&conn).unwrap();
+        assert_eq!(version(&conn).unwrap(), SCHEMA_VERSION);
+    }
+
+    #[test]
+    fn a_database_from_before_the_skip_counters_gains_them() {
+        let conn = Connection::open_in_memory().unwrap();
+        conn.execute_batch(
+            "CREATE TABLE subscription_cursors (stream INTEGER NOT NULL, subscription_key TEXT NOT NULL,
+             generation INTEGER NOT NULL, acknowledged_offset INTEGER NOT NULL,
+             PRIMARY KEY (stream, subscription_key));
+             INSERT INTO subscription_cursors VALUES (1, 'k', 3, 7);",
+        )
+        .unwrap();
+        migrate(&conn).unwrap();
+        let row: (i64, i64) = conn
+            .query_row(
+                "SELECT acknowledged_offset, skips FROM subscription_cursors",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .unwrap();
+        assert_eq!(row, (7, 0));
+    }
+
+    #[test]
+    fn a_newer_database_is_refused_naming_both_versions() {
+        let conn = Connection::open_in_memory().unwrap();
+        conn.pragma_update(None, "user_version", SCHEMA_VERSION + 1)
+            .unwrap();
+        let err = migrate(&conn).unwrap_err().to_string();
+        assert!(
+            err.contains(&format!("schema version {}", SCHEMA_VERSION + 1)),
+            "{err}"
+        );
+    }
+}

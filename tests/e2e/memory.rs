@@ -1,0 +1,103 @@
+//! Bounded memory: reads of missing streams leave nothing behind, and idle
+//! stream actors are released (`[limits] idle-stream-ms`), so the server's
+//! resident memory does not grow with the number of streams touched.
+
+use std::time::Duration;
+
+use futures_util::stream::{self, StreamExt};
+use serde_json::json;
+
+use crate::support::{wait_for, Server};
+
+const MB: u64 = 1024 * 1024;
+const CONCURRENCY: usize = 16;
+
+/// The `streamhost_stream_actors` gauge.
+async fn actors(s: &Server) -> u64 {
+    let response = reqwest::get(format!("{}/metrics", s.url))
+        .await
+        .expect("metrics");
+    let text = response.text().await.expect("metrics text");
+    text.lines()
+        .find_map(|l| l.strip_prefix("streamhost_stream_actors "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no streamhost_stream_actors in {text}"))
+}
+
+async fn read_missing(s: &Server, prefix: &str, n: usize) {
+    stream::iter(0..n)
+        .for_each_concurrent(CONCURRENCY, |i| async move {
+            let (status, out) = s
+                .get(&format!("/v1/projects/acme/streams/{prefix}/{i}:state"))
+                .await;
+            assert_eq!(status, 404, "{out}");
+        })
+        .await;
+}
+
+async fn append_each(s: &Server, prefix: &str, n: usize) {
+    stream::iter(0..n)
+        .for_each_concurrent(CONCURRENCY, |i| async move {
+            let (status, out) = s
+                .post(
+                    &format!("/v1/projects/acme/streams/{prefix}/{i}:append"),
+                    json!({"events": [{"type": "x.y/once", "payload": {"i": i}}]}),
+                )
+                .await;
+            assert_eq!(status, 200, "{out}");
+        })
+        .await;
+}
+
+async fn all_released(s: &Server) {
+    wait_for(
+        "idle actors to be released",
+        Duration::from_secs(60),
+        async || actors(s).await == 0,
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn rss_stays_bounded_under_missing_reads_and_many_idle_streams() {
+    let s = Server::start_with(
+        Some("[limits]\nidle-stream-ms = 300\n"),
+        &["--durability", "normal"],
+    );
+    // Warm up: the allocator's pools, the reader pool, the HTTP stack.
+    read_missing(&s, "warm-missing", 2_000).await;
+    append_each(&s, "warm", 2_000).await;
+    all_released(&s).await;
+    let baseline = s.rss_bytes();
+
+    read_missing(&s, "missing", 20_000).await;
+    all_released(&s).await;
+    let after_reads = s.rss_bytes();
+    assert!(
+        after_reads < baseline + 8 * MB,
+        "20 000 reads of missing streams grew RSS by {} KiB (from {} KiB)",
+        (after_reads.saturating_sub(baseline)) / 1024,
+        baseline / 1024
+    );
+
+    append_each(&s, "once", 20_000).await;
+    all_released(&s).await;
+    let after_idle = s.rss_bytes();
+    assert!(
+        after_idle < baseline + 24 * MB,
+        "20 000 idle streams hold {} KiB over the baseline ({} KiB)",
+        (after_idle.saturating_sub(baseline)) / 1024,
+        baseline / 1024
+    );
+
+    eprintln!(
+        "RSS: baseline {} KiB, after 20 000 missing reads {} KiB, after 20 000 idle streams {} KiB",
+        baseline / 1024,
+        after_reads / 1024,
+        after_idle / 1024
+    );
+    // A released stream comes back whole on its next use.
+    let (status, state) = s.get("/v1/projects/acme/streams/once/7:state").await;
+    assert_eq!(status, 200, "{state}");
+    assert_eq!(state["maxOffset"], 2);
+}
