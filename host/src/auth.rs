@@ -6,7 +6,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use crate::config::TokenConfig;
-use crate::error::ApiError;
+use crate::error::Error;
 use crate::stream::Namespace;
 
 /// Who a request acts as.
@@ -24,25 +24,25 @@ impl Caller {
     }
 
     /// Checks that the caller may use streams of `namespace`.
-    pub fn may_use(&self, namespace: &Namespace) -> Result<(), ApiError> {
+    pub fn may_use(&self, namespace: &Namespace) -> Result<(), Error> {
         match (self, namespace) {
             (Caller::Admin, _) => Ok(()),
             (Caller::Projects(ps), Namespace::Project(p)) if ps.contains(p) => Ok(()),
-            (Caller::Projects(_), Namespace::Project(p)) => Err(ApiError::forbidden(format!(
+            (Caller::Projects(_), Namespace::Project(p)) => Err(Error::forbidden(format!(
                 "this token may not use project {p:?}"
             ))),
-            (Caller::Projects(_), Namespace::Global) => Err(ApiError::forbidden(
+            (Caller::Projects(_), Namespace::Global) => Err(Error::forbidden(
                 "the global namespace needs an admin token",
             )),
         }
     }
 
     /// Checks that the caller is an admin; `what` names the operation.
-    pub fn require_admin(&self, what: &str) -> Result<(), ApiError> {
+    pub fn require_admin(&self, what: &str) -> Result<(), Error> {
         if self.is_admin() {
             Ok(())
         } else {
-            Err(ApiError::forbidden(format!("{what} needs an admin token")))
+            Err(Error::forbidden(format!("{what} needs an admin token")))
         }
     }
 }
@@ -94,15 +94,15 @@ impl Auth {
     }
 
     /// Resolves an `Authorization` header value.
-    pub fn authenticate(&self, header: Option<&str>) -> Result<Caller, ApiError> {
+    pub fn authenticate(&self, header: Option<&str>) -> Result<Caller, Error> {
         if self.is_open() {
             return Ok(Caller::Admin);
         }
         let header = header.ok_or_else(|| {
-            ApiError::unauthorized("missing Authorization header: send \"Bearer <token>\"")
+            Error::unauthorized("missing Authorization header: send \"Bearer <token>\"")
         })?;
         let token = header.strip_prefix("Bearer ").ok_or_else(|| {
-            ApiError::unauthorized("the Authorization header must read \"Bearer <token>\"")
+            Error::unauthorized("the Authorization header must read \"Bearer <token>\"")
         })?;
         // Every entry is compared, so the time taken tells nothing about
         // which token (or which prefix of one) matched.
@@ -113,13 +113,14 @@ impl Auth {
                 found = Some(caller.clone());
             }
         }
-        found.ok_or_else(|| ApiError::unauthorized("unknown token"))
+        found.ok_or_else(|| Error::unauthorized("unknown token"))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::ErrorKind;
 
     fn auth() -> Auth {
         Auth::new(&[
@@ -144,14 +145,26 @@ mod tests {
         assert_eq!(
             acme.may_use(&Namespace::Project("other".into()))
                 .unwrap_err()
-                .status,
-            403
+                .kind,
+            ErrorKind::Forbidden
         );
-        assert_eq!(acme.may_use(&Namespace::Global).unwrap_err().status, 403);
+        assert_eq!(
+            acme.may_use(&Namespace::Global).unwrap_err().kind,
+            ErrorKind::Forbidden
+        );
         assert!(a.authenticate(Some("Bearer root")).unwrap().is_admin());
-        assert_eq!(a.authenticate(None).unwrap_err().status, 401);
-        assert_eq!(a.authenticate(Some("Bearer nope")).unwrap_err().status, 401);
-        assert_eq!(a.authenticate(Some("Basic a")).unwrap_err().status, 401);
+        assert_eq!(
+            a.authenticate(None).unwrap_err().kind,
+            ErrorKind::Unauthorized
+        );
+        assert_eq!(
+            a.authenticate(Some("Bearer nope")).unwrap_err().kind,
+            ErrorKind::Unauthorized
+        );
+        assert_eq!(
+            a.authenticate(Some("Basic a")).unwrap_err().kind,
+            ErrorKind::Unauthorized
+        );
     }
 
     #[test]

@@ -78,7 +78,7 @@ pub struct FoldArgs {
 
 #[derive(Debug, Args)]
 pub struct ServeArgs {
-    /// TOML config file (see API.md); flags override it.
+    /// TOML config file (see the README, "Using it"); flags override it.
     #[arg(long)]
     pub config: Option<PathBuf>,
     /// Directory for the database [default: ./streamhost-data].
@@ -510,25 +510,7 @@ async fn request(
     query: &str,
     body: Option<Value>,
 ) -> Result<()> {
-    let namespace = match (&target.project, target.global) {
-        (Some(p), false) => format!("projects/{p}"),
-        (None, true) => "global".to_string(),
-        _ => {
-            bail!("name the stream's namespace: --project NAME (or STREAMHOST_PROJECT) or --global")
-        }
-    };
-    if !target.stream.starts_with('/') {
-        bail!("stream path {:?} must start with \"/\"", target.stream);
-    }
-    let path = if target.stream == "/" {
-        ""
-    } else {
-        &target.stream
-    };
-    let url = format!(
-        "{}/v1/{namespace}/streams{path}:{stream_method}{query}",
-        target.url.trim_end_matches('/')
-    );
+    let url = stream_url(target, stream_method, query)?;
     let client = reqwest::Client::new();
     let mut req = client.request(method, &url);
     if let Some(t) = &target.token {

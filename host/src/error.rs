@@ -1,82 +1,118 @@
-//! API errors: an HTTP status, a kebab-case code and one human sentence that
-//! names the offending value. Every layer returns these; `http` renders them as
-//! `{"error": {"code", "message"}}`.
+//! Domain errors: what kind of failure, a kebab-case code and one human
+//! sentence that names the offending value. Every layer below the HTTP edge
+//! returns these; `http/error.rs` maps each kind to an HTTP status and
+//! renders `{"error": {"code", "message"}}`.
 
 use std::fmt;
 
-/// An error that reaches a caller. `status` is the HTTP status code.
+/// What kind of failure an [`Error`] is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// The request is malformed or names a bad value.
+    Invalid,
+    /// No valid credentials.
+    Unauthorized,
+    /// The caller may not do this.
+    Forbidden,
+    /// The thing named does not exist.
+    NotFound,
+    /// The request conflicts with the current state (a fence, a stale write).
+    Conflict,
+    /// Over a size bound.
+    TooLarge,
+    /// Well-formed, but it could not be carried out (a transform or a guest failed).
+    Unprocessable,
+    /// Waited for something that did not come.
+    Timeout,
+    /// Temporarily refused (paused, at capacity): retry later.
+    Unavailable,
+    /// A failure of the host itself (storage, a lost task).
+    Internal,
+}
+
+/// An error that reaches a caller.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ApiError {
-    pub status: u16,
+pub struct Error {
+    pub kind: ErrorKind,
     pub code: &'static str,
     pub message: String,
-    /// Seconds for the `retry-after` header of `503` answers.
+    /// Seconds to wait before retrying an [`ErrorKind::Unavailable`].
     pub retry_after_s: Option<u32>,
 }
 
-impl ApiError {
-    pub fn new(status: u16, code: &'static str, message: impl Into<String>) -> Self {
-        ApiError {
-            status,
+impl Error {
+    pub fn new(kind: ErrorKind, code: &'static str, message: impl Into<String>) -> Self {
+        Error {
+            kind,
             code,
             message: message.into(),
             retry_after_s: None,
         }
     }
 
-    /// `400 invalid-request`.
+    /// `invalid-request`.
     pub fn invalid(message: impl Into<String>) -> Self {
-        Self::new(400, "invalid-request", message)
+        Self::new(ErrorKind::Invalid, "invalid-request", message)
     }
 
-    /// `401 unauthorized`.
+    /// An invalid value with its own code (`invalid-expression`, ...).
+    pub fn invalid_with(code: &'static str, message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::Invalid, code, message)
+    }
+
+    /// `unauthorized`.
     pub fn unauthorized(message: impl Into<String>) -> Self {
-        Self::new(401, "unauthorized", message)
+        Self::new(ErrorKind::Unauthorized, "unauthorized", message)
     }
 
-    /// `403 forbidden`.
+    /// `forbidden`.
     pub fn forbidden(message: impl Into<String>) -> Self {
-        Self::new(403, "forbidden", message)
+        Self::new(ErrorKind::Forbidden, "forbidden", message)
     }
 
-    /// `403 platform-authored`.
+    /// `platform-authored`: a type only the platform may append.
     pub fn platform_authored(message: impl Into<String>) -> Self {
-        Self::new(403, "platform-authored", message)
+        Self::new(ErrorKind::Forbidden, "platform-authored", message)
     }
 
-    /// `404` with the given code (`stream-not-found`, `not-found`, ...).
+    /// Not found, with the given code (`stream-not-found`, `not-found`, ...).
     pub fn not_found(code: &'static str, message: impl Into<String>) -> Self {
-        Self::new(404, code, message)
+        Self::new(ErrorKind::NotFound, code, message)
     }
 
-    /// `409` with the given conflict code.
+    /// A conflict with the given code.
     pub fn conflict(code: &'static str, message: impl Into<String>) -> Self {
-        Self::new(409, code, message)
+        Self::new(ErrorKind::Conflict, code, message)
     }
 
-    /// `413 too-large`.
+    /// `too-large`.
     pub fn too_large(message: impl Into<String>) -> Self {
-        Self::new(413, "too-large", message)
+        Self::new(ErrorKind::TooLarge, "too-large", message)
     }
 
-    /// `503` with a `retry-after` header.
+    /// Could not be carried out, with the given code (`transform-failed`, ...).
+    pub fn unprocessable(code: &'static str, message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::Unprocessable, code, message)
+    }
+
+    /// Temporarily refused; retry after `retry_after_s`.
     pub fn unavailable(code: &'static str, message: impl Into<String>, retry_after_s: u32) -> Self {
-        ApiError {
+        Error {
             retry_after_s: Some(retry_after_s),
-            ..Self::new(503, code, message)
+            ..Self::new(ErrorKind::Unavailable, code, message)
         }
     }
 
-    /// `500 internal` for failures of the host itself (storage, a lost task).
+    /// `internal`: a failure of the host itself (storage, a lost task).
     pub fn internal(message: impl Into<String>) -> Self {
-        Self::new(500, "internal", message)
+        Self::new(ErrorKind::Internal, "internal", message)
     }
 }
 
-impl fmt::Display for ApiError {
+impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} {}: {}", self.status, self.code, self.message)
+        write!(f, "{}: {}", self.code, self.message)
     }
 }
 
-impl std::error::Error for ApiError {}
+impl std::error::Error for Error {}

@@ -2,7 +2,7 @@
 //!
 //! Start reading at [`host::Host`], which wires the parts together from a
 //! [`config::Config`]. A request travels `http` → [`stream::Streams`] (the
-//! registry) → the stream's actor (`stream/actor.rs`), which plans appends
+//! registry) → the stream's actor (`stream/actor/`), which plans appends
 //! with the pure [`stream::plan_append`] and reducer ([`stream::CoreState`]),
 //! then commits them through the group-commit writer in [`storage`].
 //! `ARCHITECTURE.md` at the repository root is the map.
@@ -27,5 +27,6 @@ pub mod stream;
 pub mod subscription;
 
 pub use config::Config;
-pub use error::ApiError;
+pub use error::{Error, ErrorKind};
 pub use host::Host;
+pub use http::error::ApiError;

@@ -104,6 +104,7 @@ async fn older_stamps_are_rejected_and_equal_ones_deduplicated() {
         generation,
         transform: None,
         events: vec![event.clone()],
+        shaped: None,
     };
 
     // A delayed batch of the older configuration.
@@ -112,7 +113,10 @@ async fn older_stamps_are_rejected_and_equal_ones_deduplicated() {
         .deliver(&dst, batch(gen1, source.clone()))
         .await
         .unwrap_err();
-    assert_eq!((stale.status, stale.code), (409, "stale-delivery"));
+    assert_eq!(
+        (stale.kind, stale.code),
+        (streamhost::ErrorKind::Conflict, "stale-delivery")
+    );
     assert!(
         stale.message.contains("already accepted a newer delivery"),
         "{}",

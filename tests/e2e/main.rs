@@ -15,6 +15,7 @@ mod itx;
 mod memory;
 mod migrations;
 mod processors;
+mod storage_failures;
 mod streams;
 mod subscription_bad_input;
 mod subscriptions;

@@ -13,10 +13,16 @@ use crate::subscriptions::{FAST, P};
 use crate::support::{wait_for, Server};
 
 /// A receiver that records every POST and answers 422 to events whose
-/// payload says `"bad": true`.
+/// payload says `"bad": true`. `/redirect` answers 307 to `/hook`.
 struct Receiver {
     url: String,
     posts: Arc<Mutex<Vec<Value>>>,
+}
+
+impl Receiver {
+    fn redirect_url(&self) -> String {
+        self.url.replace("/hook", "/redirect")
+    }
 }
 
 async fn receiver() -> Receiver {
@@ -33,8 +39,12 @@ async fn receiver() -> Receiver {
             (StatusCode::OK, "ok")
         }
     }
+    async fn redirect() -> (StatusCode, [(&'static str, &'static str); 1]) {
+        (StatusCode::TEMPORARY_REDIRECT, [("location", "/hook")])
+    }
     let app = Router::new()
         .route("/hook", post(hook))
+        .route("/redirect", post(redirect))
         .with_state(posts.clone());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}/hook", listener.local_addr().unwrap());
@@ -216,4 +226,64 @@ async fn three_skips_in_a_row_halt_even_across_a_restart() {
         skips, 2,
         "the third failing event halts instead of being skipped"
     );
+}
+
+async fn halted(s: &Server) -> Value {
+    wait_for("the halt", Duration::from_secs(20), async || {
+        let (_, st) = s.get(&format!("{P}/src:state")).await;
+        st["subscriptions"]["outbound"]["byKey"]["hook"]
+            .get("deliveryHalted")
+            .is_some()
+    })
+    .await;
+    let (_, st) = s.get(&format!("{P}/src:state")).await;
+    st["subscriptions"]["outbound"]["byKey"]["hook"]["deliveryHalted"].clone()
+}
+
+#[tokio::test]
+async fn redirects_are_never_followed() {
+    let r = receiver().await;
+    let s = Server::start_with(Some(FAST), &[]);
+    s.post(
+        &format!("{P}/src:append"),
+        webhook(&r.redirect_url(), "halt", None),
+    )
+    .await;
+    append(&s, json!([{"type": "x.y/e", "payload": {"n": 1}}])).await;
+    let halt = halted(&s).await;
+    let error = halt["error"].as_str().unwrap();
+    assert!(
+        error.contains("webhook responded 307 redirecting to /hook: redirects are not followed"),
+        "{halt}"
+    );
+    assert_eq!(halt["attempts"], 3, "{halt}");
+    assert!(
+        r.posts.lock().unwrap().is_empty(),
+        "the redirect's target got nothing"
+    );
+}
+
+#[tokio::test]
+async fn deny_private_networks_refuses_loopback_targets_after_resolution() {
+    let r = receiver().await;
+    let config = format!("{FAST}\n[webhooks]\ndeny-private-networks = true\n");
+    for (url, named) in [
+        (r.url.clone(), "127.0.0.1, a loopback address"),
+        (
+            r.url.replace("127.0.0.1", "localhost"),
+            "a loopback address",
+        ),
+    ] {
+        let s = Server::start_with(Some(&config), &[]);
+        s.post(&format!("{P}/src:append"), webhook(&url, "skip", None))
+            .await;
+        append(&s, json!([{"type": "x.y/e", "payload": {"n": 1}}])).await;
+        let halt = halted(&s).await;
+        let error = halt["error"].as_str().unwrap();
+        assert!(error.contains(named), "{url}: {halt}");
+        assert!(error.contains("deny-private-networks"), "{halt}");
+        assert_eq!(halt["attempts"], 1, "refused at once: {halt}");
+    }
+    assert!(r.posts.lock().unwrap().is_empty(), "nothing was posted");
+    // The default lets loopback targets through (the other tests here).
 }

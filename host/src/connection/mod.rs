@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
-use crate::error::ApiError;
+use crate::error::Error;
 use crate::filter::CompiledFilter;
 use crate::stream::CoreState;
 
@@ -80,10 +80,10 @@ impl Default for ConnectParams {
 
 /// Checks a connection's coordinates against the stream; runs before an
 /// existing connection with the same key is replaced.
-pub fn validate_coordinates(params: &ConnectParams, state: &CoreState) -> Result<(), ApiError> {
+pub fn validate_coordinates(params: &ConnectParams, state: &CoreState) -> Result<(), Error> {
     if let Some(expected) = &params.expected_stream_id {
         if *expected != state.stream_id {
-            return Err(ApiError::conflict(
+            return Err(Error::conflict(
                 "stream-id-changed",
                 format!(
                     "expectedStreamId {expected:?} does not match this stream's streamId {:?}",
@@ -94,7 +94,7 @@ pub fn validate_coordinates(params: &ConnectParams, state: &CoreState) -> Result
     }
     if let Some(after) = params.replay_after_offset {
         if after > state.max_offset {
-            return Err(ApiError::invalid(format!(
+            return Err(Error::invalid(format!(
                 "replayAfterOffset {after} is beyond this stream's current maximum offset {}",
                 state.max_offset
             )));
@@ -102,7 +102,7 @@ pub fn validate_coordinates(params: &ConnectParams, state: &CoreState) -> Result
         if let Some(gap_max) = params.max_replay_offset_gap {
             let gap = state.max_offset - after;
             if gap > gap_max {
-                return Err(ApiError::invalid(format!(
+                return Err(Error::invalid(format!(
                     "the replay gap of {gap} offsets (after {after}, head {}) is over maxReplayOffsetGap {gap_max}",
                     state.max_offset
                 )));

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use serde::Serialize;
 use serde_json::{json, Map, Value};
 
-use crate::error::ApiError;
+use crate::error::Error;
 use crate::stream::{
     plan_append, types, AppendContext, AppendInput, AppendPlan, Authority, CopiedFrom, CoreState,
     Event, EventInput, EventSource, StreamAddress,
@@ -35,9 +35,30 @@ pub struct CopyBatch {
     pub generation: u64,
     pub transform: Option<String>,
     pub events: Vec<Event>,
+    /// The transform's output for each event, computed by the sender (off
+    /// the receiving actor, see [`CopyBatch::shape`]); `None`: the receiver
+    /// applies the transform itself.
+    pub shaped: Option<Vec<Result<Shaped, Error>>>,
 }
 
 impl CopyBatch {
+    /// Applies the transform to every event now, so the receiving actor
+    /// only takes the results (JSONata stays off the actor). Run it on a
+    /// blocking thread. A failure to compile is left for the receiver to
+    /// report.
+    pub fn shape(&mut self) {
+        let Some(text) = &self.transform else { return };
+        let Ok(t) = crate::jsonata::compile(text) else {
+            return;
+        };
+        self.shaped = Some(
+            self.events
+                .iter()
+                .map(|e| transformed(&t, e, &self.subscription_key))
+                .collect(),
+        );
+    }
+
     pub fn stamp(&self) -> Stamp {
         Stamp {
             stream_created_at: self.source.stream_created_at.clone(),
@@ -126,7 +147,7 @@ pub fn plan_copy(
     receiver: &StreamAddress,
     batch: &CopyBatch,
     ctx: &mut AppendContext<'_>,
-) -> Result<(AppendPlan, CopyOutcome), ApiError> {
+) -> Result<(AppendPlan, CopyOutcome), Error> {
     if let Some(s) = state {
         if let Some(record) = s
             .subscriptions
@@ -136,7 +157,7 @@ pub fn plan_copy(
             .and_then(|m| m.get(&batch.subscription_key))
         {
             if batch.stamp().compare(&record.stamp()) == std::cmp::Ordering::Less {
-                return Err(ApiError::conflict(
+                return Err(Error::conflict(
                     "stale-delivery",
                     format!(
                         "stream {:?} already accepted a newer delivery from {:?} subscription {:?} (stream {} created {}, generation {}) than this one (stream {} created {}, generation {})",
@@ -154,15 +175,15 @@ pub fn plan_copy(
             }
         }
     }
-    let transform = match &batch.transform {
-        Some(t) => Some(crate::jsonata::compile(t).map_err(|e| {
-            ApiError::new(422, "transform-failed", format!("jsonataTransform: {e}"))
+    let transform = match (&batch.transform, &batch.shaped) {
+        (Some(t), None) => Some(crate::jsonata::compile(t).map_err(|e| {
+            Error::unprocessable("transform-failed", format!("jsonataTransform: {e}"))
         })?),
-        None => None,
+        _ => None,
     };
     let mut inputs = Vec::with_capacity(batch.events.len() + 1);
     let mut dropped: Vec<(u64, &'static str)> = Vec::new();
-    for event in &batch.events {
+    for (i, event) in batch.events.iter().enumerate() {
         if let Some(reason) = drop_reason(event, receiver) {
             dropped.push((event.offset, reason));
             continue;
@@ -172,13 +193,15 @@ pub fn plan_copy(
             .as_ref()
             .map(|s| s.copied_from.clone())
             .unwrap_or_default();
-        let (event_type, payload, metadata) = match &transform {
-            None => (
+        let shaped = batch.shaped.as_ref().and_then(|s| s.get(i));
+        let (event_type, payload, metadata) = match (shaped, &transform) {
+            (Some(shaped), _) => shaped.clone()?,
+            (None, Some(t)) => transformed(t, event, &batch.subscription_key)?,
+            (None, None) => (
                 event.event_type.clone(),
                 event.payload.clone(),
                 event.metadata.clone(),
             ),
-            Some(t) => transformed(t, event, &batch.subscription_key)?,
         };
         let mut copied_from = hops;
         copied_from.push(CopiedFrom {
@@ -253,7 +276,7 @@ pub fn plan_copy(
 }
 
 /// A transformed event body: type, payload, metadata.
-pub(crate) type Shaped = (String, Map<String, Value>, Option<Map<String, Value>>);
+pub type Shaped = (String, Map<String, Value>, Option<Map<String, Value>>);
 
 /// Applies a transform: the result must be an object of `type`, `payload`,
 /// `metadata`, each optional; omitted fields copy verbatim.
@@ -261,10 +284,9 @@ pub(crate) fn transformed(
     t: &crate::jsonata::Expression,
     event: &Event,
     key: &str,
-) -> Result<Shaped, ApiError> {
+) -> Result<Shaped, Error> {
     let fail = |m: String| {
-        ApiError::new(
-            422,
+        Error::unprocessable(
             "transform-failed",
             format!(
                 "subscription {key:?} jsonataTransform failed on offset {}: {m}",

@@ -1,37 +1,39 @@
 //! Sends a copy batch to the receiving stream's actor, which checks the
 //! fence, drops cycles, transforms and appends (`delivery/copy.rs`).
 
-use super::{Executors, Source};
+use super::Attempt;
 use crate::delivery::copy::CopyBatch;
-use crate::delivery::schedule::Job;
 use crate::delivery::select::Selection;
-use crate::delivery::target::Target;
 use crate::delivery::Failure;
+use crate::stream::StreamAddress;
 
 pub async fn send(
-    exec: &Executors,
-    job: &Job,
-    source: &Source,
+    Attempt { exec, job, source }: Attempt<'_>,
     selection: Selection,
+    receiver: &StreamAddress,
+    transform: Option<String>,
 ) -> Result<(), Failure> {
-    let Target::Copy {
-        receiver,
-        transform,
-    } = &job.route.target
-    else {
-        unreachable!("a copy job");
-    };
     let streams = exec
         .streams
         .upgrade()
         .ok_or_else(|| Failure::new("the host is shutting down", true))?;
-    let batch = CopyBatch {
+    let mut batch = CopyBatch {
         source: source.info.clone(),
         subscription_key: job.key.clone(),
         generation: job.generation,
-        transform: transform.clone(),
+        transform,
         events: selection.events,
+        shaped: None,
     };
+    if batch.transform.is_some() {
+        // The transform runs here, on a blocking thread, not in the
+        // receiving stream's actor.
+        batch = super::blocking(move || {
+            batch.shape();
+            Ok(batch)
+        })
+        .await?;
+    }
     streams
         .deliver(receiver, batch)
         .await

@@ -3,29 +3,32 @@
 
 use serde_json::json;
 
-use super::{blocking, Executors, Source};
-use crate::delivery::schedule::Job;
+use super::{blocking, Attempt};
 use crate::delivery::select::Selection;
-use crate::delivery::target::Target;
 use crate::delivery::webhook::posted_event;
 use crate::delivery::Failure;
+use crate::jsonata::Expression;
 use crate::processor::runtime::CallError;
 
+/// The function an ITX job calls, and the transform of its events.
+pub struct Call {
+    pub project: String,
+    pub component: String,
+    pub function: String,
+    pub transform: Option<Expression>,
+}
+
 pub async fn send(
-    exec: &Executors,
-    job: &Job,
-    source: &Source,
+    Attempt { exec, job, source }: Attempt<'_>,
     selection: Selection,
+    call: Call,
 ) -> Result<(), Failure> {
-    let Target::Itx {
+    let Call {
         project,
         component,
         function,
         transform,
-    } = job.route.target.clone()
-    else {
-        unreachable!("an itx job");
-    };
+    } = call;
     let label = job.route.target.label();
     let (storage, runtime) = (exec.storage.clone(), exec.runtime.clone());
     let (key, generation, head, timeout_ms) =

@@ -39,6 +39,14 @@ pub struct Executors {
     pub webhooks: webhook::Client,
 }
 
+/// What a target's `send` works with.
+#[derive(Clone, Copy)]
+pub struct Attempt<'a> {
+    pub exec: &'a Executors,
+    pub job: &'a Job,
+    pub source: &'a Source,
+}
+
 /// The source stream of a job, as of when it was decided.
 #[derive(Debug, Clone)]
 pub struct Source {
@@ -97,9 +105,9 @@ fn panic_text(payload: Box<dyn std::any::Any + Send>) -> String {
 
 /// One attempt: read → select → send.
 async fn execute(exec: Executors, job: Job, source: Arc<Source>) -> Result<Delivered, Failure> {
-    if let Target::Wake { .. } = &job.route.target {
+    if let Target::Wake { project, component } = &job.route.target {
         // A wake reads after the processor's checkpoint, not a cursor.
-        return wake::send(&exec, &job, &source).await;
+        return wake::send(&exec, &job, &source, project, component).await;
     }
     let selection = read_and_select(&exec.storage, &job, source.row_id).await?;
     let offsets: Vec<u64> = selection.events.iter().map(|e| e.offset).collect();
@@ -113,10 +121,35 @@ async fn execute(exec: Executors, job: Job, source: Arc<Source>) -> Result<Deliv
     }
     let single_offset = (offsets.len() == 1).then(|| offsets[0]);
     let (through, bytes) = (selection.through, selection.bytes);
+    let attempt = Attempt {
+        exec: &exec,
+        job: &job,
+        source: &source,
+    };
     let sent = match &job.route.target {
-        Target::Copy { .. } => copy::send(&exec, &job, &source, selection).await,
-        Target::Webhook { .. } => webhook::send(&exec, &job, &source, selection).await,
-        Target::Itx { .. } => itx::send(&exec, &job, &source, selection).await,
+        Target::Copy {
+            receiver,
+            transform,
+        } => copy::send(attempt, selection, receiver, transform.clone()).await,
+        Target::Webhook {
+            url,
+            transform,
+            configured_at,
+        } => webhook::send(attempt, selection, url, transform.clone(), *configured_at).await,
+        Target::Itx {
+            project,
+            component,
+            function,
+            transform,
+        } => {
+            let call = itx::Call {
+                project: project.clone(),
+                component: component.clone(),
+                function: function.clone(),
+                transform: transform.clone(),
+            };
+            itx::send(attempt, selection, call).await
+        }
         Target::Wake { .. } => unreachable!("handled above"),
     };
     match sent {

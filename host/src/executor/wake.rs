@@ -8,22 +8,24 @@
 use super::{blocking, Executors, Source};
 use crate::clock::format_timestamp;
 use crate::delivery::schedule::{Delivered, Job};
-use crate::delivery::target::Target;
 use crate::delivery::Failure;
 use crate::processor::runtime::StreamInfo;
 use crate::processor::wake::{wake, WakeJob};
 use crate::storage::{ProcessorFailure, WriteOp};
 
-pub async fn send(exec: &Executors, job: &Job, source: &Source) -> Result<Delivered, Failure> {
-    let Target::Wake { project, component } = &job.route.target else {
-        unreachable!("a wake job");
-    };
+pub async fn send(
+    exec: &Executors,
+    job: &Job,
+    source: &Source,
+    project: &str,
+    component: &str,
+) -> Result<Delivered, Failure> {
     let wake_job = WakeJob {
         storage: exec.storage.clone(),
         runtime: exec.runtime.clone(),
         row_id: source.row_id,
-        project: project.clone(),
-        component: component.clone(),
+        project: project.to_string(),
+        component: component.to_string(),
         stream: StreamInfo {
             project_id: source.info.project_id.clone(),
             path: source.info.path.clone(),
@@ -64,7 +66,7 @@ pub async fn send(exec: &Executors, job: &Job, source: &Source) -> Result<Delive
     };
     let record = ProcessorFailure {
         row_id: source.row_id,
-        component: component.clone(),
+        component: component.to_string(),
         stream_id: source.info.stream_id.clone(),
         failed_at: format_timestamp(job.now_ms),
         offset: failure.single_offset,

@@ -11,12 +11,11 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use super::{blocking, Executors, Source};
-use crate::delivery::schedule::Job;
+use super::{blocking, Attempt};
 use crate::delivery::select::Selection;
-use crate::delivery::target::Target;
 use crate::delivery::webhook::{body, posted_event, Envelope};
 use crate::delivery::Failure;
+use crate::jsonata::Expression;
 
 /// Bytes of a failing receiver's answer quoted in the error.
 const RESPONSE_QUOTE_BYTES_MAX: usize = 200;
@@ -109,19 +108,12 @@ fn error_chain(e: &dyn std::error::Error) -> String {
 
 /// Sends the one event of `selection`.
 pub async fn send(
-    exec: &Executors,
-    job: &Job,
-    source: &Source,
+    Attempt { exec, job, source }: Attempt<'_>,
     selection: Selection,
+    url: &str,
+    transform: Option<Expression>,
+    configured_at: u64,
 ) -> Result<(), Failure> {
-    let Target::Webhook {
-        url,
-        transform,
-        configured_at,
-    } = &job.route.target
-    else {
-        unreachable!("a webhook job");
-    };
     let event = selection
         .events
         .into_iter()
@@ -132,13 +124,8 @@ pub async fn send(
         Some((o, n)) if o == offset => n + 1,
         _ => 1,
     };
-    let (storage, row_id, configured_at) = (exec.storage.clone(), source.row_id, *configured_at);
-    let (transform, key, generation, info) = (
-        transform.clone(),
-        job.key.clone(),
-        job.generation,
-        source.info.clone(),
-    );
+    let (storage, row_id) = (exec.storage.clone(), source.row_id);
+    let (key, generation, info) = (job.key.clone(), job.generation, source.info.clone());
     // The configure event's read and the transform run off the async workers.
     let body = blocking(move || {
         let configured = storage

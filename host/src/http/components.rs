@@ -4,8 +4,8 @@
 use serde::Deserialize;
 use serde_json::{json, Value};
 
+use super::error::ApiError;
 use crate::clock::format_timestamp;
-use crate::error::ApiError;
 use crate::host::Host;
 use crate::processor::runtime::{Batch, Determinism, StreamInfo};
 use crate::storage::{Deployment, WriteOp};

@@ -12,12 +12,12 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
+use super::error::ApiError;
 use crate::connection::feed::{Feed, FeedItem};
 use crate::connection::{
     matches, split_batches, wait_timeout_message, Batch, CloseReason, ConnectParams, LiveEvent,
     WAIT_RECENT_TYPES_MAX,
 };
-use crate::error::ApiError;
 use crate::filter::CompiledFilter;
 use crate::stream::{types, StreamAddress, Streams};
 use crate::subscription::Filter;

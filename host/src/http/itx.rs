@@ -4,7 +4,7 @@
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use crate::error::ApiError;
+use super::error::ApiError;
 use crate::host::Host;
 use crate::itx::{resolve, Target};
 use crate::processor::runtime::{CallError, Runtime};

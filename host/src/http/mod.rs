@@ -1,16 +1,17 @@
-//! The HTTP API of `API.md`: routing of `{stream}:method` URLs, auth, JSON
+//! The HTTP API: routing of `{stream}:method` URLs, auth, JSON
 //! bodies and errors. Domain rules live in `stream`; this layer only parses,
 //! authorizes and renders.
 
 mod components;
 mod connections;
+pub mod error;
 pub mod itx;
 mod query;
 mod subscriptions;
 
 use axum::body::{to_bytes, Body};
 use axum::extract::State;
-use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode, Uri};
+use axum::http::{header, HeaderMap, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{any, get};
 use axum::Router;
@@ -19,9 +20,9 @@ use serde::Serialize;
 use serde_json::json;
 
 use crate::auth::Caller;
-use crate::error::ApiError;
 use crate::host::Host;
 use crate::stream::{validate_project, AppendInput, Authority, Namespace, StreamAddress};
+use error::ApiError;
 
 /// Builds the router of the whole API.
 pub fn router(host: Host) -> Router {
@@ -38,25 +39,6 @@ pub fn router(host: Host) -> Router {
         )
         .fallback(fallback)
         .with_state(host)
-}
-
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        let body = json!({"error": {"code": self.code, "message": self.message}});
-        let mut response = (
-            status,
-            [(header::CONTENT_TYPE, "application/json")],
-            body.to_string(),
-        )
-            .into_response();
-        if let Some(s) = self.retry_after_s {
-            response
-                .headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from(s));
-        }
-        response
-    }
 }
 
 fn ok_json<T: Serialize>(value: &T) -> Response {
@@ -81,7 +63,7 @@ async fn metrics(State(host): State<Host>, headers: HeaderMap) -> Response {
         Err(e) => return e.into_response(),
     };
     if let Err(e) = caller.require_admin("GET /metrics") {
-        return e.into_response();
+        return ApiError::from(e).into_response();
     }
     (
         StatusCode::OK,
@@ -97,7 +79,7 @@ async fn metrics(State(host): State<Host>, headers: HeaderMap) -> Response {
 /// Checks that the request may use `project`.
 fn authorize_project(host: &Host, headers: &HeaderMap, project: &str) -> Result<(), ApiError> {
     let caller = authenticate(host, headers)?;
-    caller.may_use(&Namespace::project(project)?)
+    Ok(caller.may_use(&Namespace::project(project)?)?)
 }
 
 /// A JSON answer or an error.
@@ -167,7 +149,7 @@ fn authenticate(host: &Host, headers: &HeaderMap) -> Result<Caller, ApiError> {
                 ApiError::unauthorized("the Authorization header is not valid text")
             })?),
         };
-    host.auth.authenticate(header)
+    Ok(host.auth.authenticate(header)?)
 }
 
 /// A parsed `{stream}:method` URL.

@@ -1,7 +1,7 @@
 //! Query-string parsing with errors that name the bad parameter and value.
 
+use super::error::ApiError;
 use crate::connection::ConnectParams;
-use crate::error::ApiError;
 use crate::filter::CompiledFilter;
 use crate::stream::{ReadQuery, READ_LIMIT_MAX};
 use crate::subscription::Filter;

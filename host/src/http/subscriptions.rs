@@ -7,7 +7,7 @@
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
-use crate::error::ApiError;
+use super::error::ApiError;
 use crate::stream::{types, AppendInput, Authority, Event, EventInput, StreamAddress, Streams};
 use crate::subscription::{Filter, Receiver, Start, GENERATED_KEY_PREFIX};
 
@@ -158,7 +158,7 @@ pub async fn unsubscribe(
     let state = match streams.state(&source).await {
         Ok(s) => s,
         Err(e) if e.code == "stream-not-found" => return Ok(absent),
-        Err(e) => return Err(e),
+        Err(e) => return Err(e.into()),
     };
     let key = input.subscription_key.trim();
     let Some(sub) = state.subscriptions.outbound.by_key.get(key) else {
@@ -202,22 +202,29 @@ pub async fn unsubscribe(
     }
 }
 
+fn cursor_set(input: &CursorInput) -> EventInput {
+    event(
+        types::SUBSCRIPTION_CURSOR_SET,
+        json!({"subscriptionKey": input.subscription_key, "afterOffset": input.after_offset}),
+        None,
+    )
+}
+
+fn resumed(subscription_key: &str) -> EventInput {
+    event(
+        types::SUBSCRIPTION_DELIVERY_RESUMED,
+        json!({"subscriptionKey": subscription_key}),
+        None,
+    )
+}
+
 /// `POST {source}:setSubscriptionCursor`.
 pub async fn set_cursor(
     streams: &Streams,
     source: &StreamAddress,
     input: CursorInput,
 ) -> Result<Value, ApiError> {
-    let events = append(
-        streams,
-        source,
-        vec![event(
-            types::SUBSCRIPTION_CURSOR_SET,
-            json!({"subscriptionKey": input.subscription_key, "afterOffset": input.after_offset}),
-            None,
-        )],
-    )
-    .await?;
+    let events = append(streams, source, vec![cursor_set(&input)]).await?;
     Ok(json!({"subscriptionCursorSetEvent": events[0]}))
 }
 
@@ -227,16 +234,7 @@ pub async fn resume(
     source: &StreamAddress,
     input: KeyInput,
 ) -> Result<Value, ApiError> {
-    let events = append(
-        streams,
-        source,
-        vec![event(
-            types::SUBSCRIPTION_DELIVERY_RESUMED,
-            json!({"subscriptionKey": input.subscription_key}),
-            None,
-        )],
-    )
-    .await?;
+    let events = append(streams, source, vec![resumed(&input.subscription_key)]).await?;
     Ok(json!({"subscriptionDeliveryResumedEvent": events[0]}))
 }
 
@@ -249,18 +247,7 @@ pub async fn set_cursor_and_resume(
     let events = append(
         streams,
         source,
-        vec![
-            event(
-                types::SUBSCRIPTION_CURSOR_SET,
-                json!({"subscriptionKey": input.subscription_key, "afterOffset": input.after_offset}),
-                None,
-            ),
-            event(
-                types::SUBSCRIPTION_DELIVERY_RESUMED,
-                json!({"subscriptionKey": input.subscription_key}),
-                None,
-            ),
-        ],
+        vec![cursor_set(&input), resumed(&input.subscription_key)],
     )
     .await?;
     Ok(json!({"cursorSet": events[0], "resumed": events[1]}))

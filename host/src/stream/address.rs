@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-use crate::error::ApiError;
+use crate::error::Error;
 
 /// Longest canonical stream path, in bytes.
 pub const PATH_BYTES_MAX: usize = 512;
@@ -17,7 +17,7 @@ pub enum Namespace {
 
 impl Namespace {
     /// Validates a project name against `[a-z0-9][a-z0-9-]{0,62}`.
-    pub fn project(name: &str) -> Result<Namespace, ApiError> {
+    pub fn project(name: &str) -> Result<Namespace, Error> {
         validate_project(name)?;
         Ok(Namespace::Project(name.to_string()))
     }
@@ -37,7 +37,7 @@ impl Namespace {
 }
 
 /// Checks a project name: `[a-z0-9][a-z0-9-]{0,62}`.
-pub fn validate_project(name: &str) -> Result<(), ApiError> {
+pub fn validate_project(name: &str) -> Result<(), Error> {
     let bytes = name.as_bytes();
     let ok = !bytes.is_empty()
         && bytes.len() <= 63
@@ -48,7 +48,7 @@ pub fn validate_project(name: &str) -> Result<(), ApiError> {
     if ok {
         Ok(())
     } else {
-        Err(ApiError::invalid(format!(
+        Err(Error::invalid(format!(
             "project name {name:?} is invalid: it must match [a-z0-9][a-z0-9-]{{0,62}}"
         )))
     }
@@ -65,7 +65,7 @@ pub struct StreamAddress {
 
 impl StreamAddress {
     /// Builds an address from a raw path, canonicalizing it.
-    pub fn new(namespace: Namespace, raw_path: &str) -> Result<StreamAddress, ApiError> {
+    pub fn new(namespace: Namespace, raw_path: &str) -> Result<StreamAddress, Error> {
         Ok(StreamAddress {
             namespace,
             path: canonicalize_path(raw_path)?,
@@ -96,9 +96,9 @@ fn segment_char_ok(b: u8) -> bool {
 /// assert_eq!(canonicalize_path("/a/./b/../c/").unwrap(), "/a/c");
 /// assert!(canonicalize_path("/a/../../b").is_err());
 /// ```
-pub fn canonicalize_path(raw: &str) -> Result<String, ApiError> {
+pub fn canonicalize_path(raw: &str) -> Result<String, Error> {
     if !raw.starts_with('/') {
-        return Err(ApiError::invalid(format!(
+        return Err(Error::invalid(format!(
             "stream path {raw:?} must start with \"/\""
         )));
     }
@@ -108,14 +108,14 @@ pub fn canonicalize_path(raw: &str) -> Result<String, ApiError> {
             "" | "." => {}
             ".." => {
                 if segments.pop().is_none() {
-                    return Err(ApiError::invalid(format!(
+                    return Err(Error::invalid(format!(
                         "stream path {raw:?} climbs above the root with \"..\""
                     )));
                 }
             }
             s => {
                 if !s.bytes().all(segment_char_ok) {
-                    return Err(ApiError::invalid(format!(
+                    return Err(Error::invalid(format!(
                         "stream path segment {s:?} in {raw:?} is invalid: segments match [A-Za-z0-9._~-]+"
                     )));
                 }
@@ -125,7 +125,7 @@ pub fn canonicalize_path(raw: &str) -> Result<String, ApiError> {
     }
     let path = format!("/{}", segments.join("/"));
     if path.len() > PATH_BYTES_MAX {
-        return Err(ApiError::invalid(format!(
+        return Err(Error::invalid(format!(
             "stream path is {} bytes, over the {PATH_BYTES_MAX}-byte limit",
             path.len()
         )));

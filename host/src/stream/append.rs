@@ -11,7 +11,7 @@ use serde_json::{json, Map};
 
 use super::event::{is_stream_control_type, types, AppendInput, Event, EventInput};
 use super::state::{CoreState, STATE_BYTES_MAX};
-use crate::error::ApiError;
+use crate::error::Error;
 use crate::subscription::{
     parse_payload, validate_control, ControlContext, Receiver, SubscriptionConfig,
 };
@@ -104,14 +104,12 @@ pub fn plan_append(
     input: &AppendInput,
     authority: Authority,
     ctx: &mut AppendContext<'_>,
-) -> Result<AppendPlan, ApiError> {
+) -> Result<AppendPlan, Error> {
     if input.events.is_empty() {
-        return Err(ApiError::invalid(
-            "events is empty: send at least one event",
-        ));
+        return Err(Error::invalid("events is empty: send at least one event"));
     }
     if input.events.len() > APPEND_EVENTS_MAX {
-        return Err(ApiError::too_large(format!(
+        return Err(Error::too_large(format!(
             "{} events in one append, over the limit of {APPEND_EVENTS_MAX}",
             input.events.len()
         )));
@@ -123,7 +121,7 @@ pub fn plan_append(
         match state {
             Some(s) if &s.stream_id == expected => {}
             Some(s) => {
-                return Err(ApiError::conflict(
+                return Err(Error::conflict(
                     "stream-id-changed",
                     format!(
                         "expectedStreamId {expected:?} does not match this stream's streamId {:?}",
@@ -132,7 +130,7 @@ pub fn plan_append(
                 ))
             }
             None => {
-                return Err(ApiError::conflict(
+                return Err(Error::conflict(
                     "stream-id-changed",
                     format!(
                         "expectedStreamId {expected:?} does not match: the stream does not exist"
@@ -164,7 +162,7 @@ pub fn plan_append(
                     plan.events.push(original.clone());
                     continue;
                 }
-                return Err(ApiError::conflict(
+                return Err(Error::conflict(
                     "idempotency-conflict",
                     format!(
                         "idempotency key {key:?} is already used by the event at offset {} with a different type, payload, metadata or ephemeral flag",
@@ -207,7 +205,7 @@ pub fn plan_append(
             )?;
         }
         if current.paused && !is_stream_control_type(&e.event_type) {
-            return Err(ApiError::unavailable(
+            return Err(Error::unavailable(
                 "stream-paused",
                 format!(
                     "stream paused: {}",
@@ -219,7 +217,7 @@ pub fn plan_append(
         let offset = current.max_offset + 1;
         if let Some(expected) = e.offset {
             if expected != offset {
-                return Err(ApiError::conflict(
+                return Err(Error::conflict(
                     "offset-conflict",
                     format!("events[{i}]: expected next offset {expected}, found {offset}"),
                 ));
@@ -247,7 +245,7 @@ pub fn plan_append(
         if !plan.new_events.is_empty() {
             let bytes = s.serialized().len();
             if bytes > STATE_BYTES_MAX {
-                return Err(ApiError::too_large(format!(
+                return Err(Error::too_large(format!(
                     "this append would grow the stream's core state to {bytes} bytes, over the {STATE_BYTES_MAX}-byte limit"
                 )));
             }
@@ -310,60 +308,60 @@ fn is_same_event(original: &Event, input: &EventInput) -> bool {
 }
 
 /// Checks one input event on its own (no state needed).
-fn validate_input(i: usize, e: &EventInput, authority: Authority) -> Result<(), ApiError> {
+fn validate_input(i: usize, e: &EventInput, authority: Authority) -> Result<(), Error> {
     let t = &e.event_type;
     if t.trim().is_empty() {
-        return Err(ApiError::invalid(format!("events[{i}].type is empty")));
+        return Err(Error::invalid(format!("events[{i}].type is empty")));
     }
     if t.len() > TYPE_BYTES_MAX {
-        return Err(ApiError::invalid(format!(
+        return Err(Error::invalid(format!(
             "events[{i}].type is {} bytes, over the {TYPE_BYTES_MAX}-byte limit",
             t.len()
         )));
     }
     if t.chars().any(|c| c.is_whitespace() || c.is_control()) {
-        return Err(ApiError::invalid(format!(
+        return Err(Error::invalid(format!(
             "events[{i}].type {t:?} contains whitespace or control characters"
         )));
     }
     if let Some(key) = &e.idempotency_key {
         if key.trim().is_empty() {
-            return Err(ApiError::invalid(format!(
+            return Err(Error::invalid(format!(
                 "events[{i}].idempotencyKey is empty"
             )));
         }
         if key.len() > IDEMPOTENCY_KEY_BYTES_MAX && authority == Authority::Public {
-            return Err(ApiError::invalid(format!(
+            return Err(Error::invalid(format!(
                 "events[{i}].idempotencyKey is {} bytes, over the {IDEMPOTENCY_KEY_BYTES_MAX}-byte limit",
                 key.len()
             )));
         }
     }
     if e.offset == Some(0) {
-        return Err(ApiError::invalid(format!(
+        return Err(Error::invalid(format!(
             "events[{i}].offset 0 is invalid: offsets start at 1"
         )));
     }
     let ephemeral = e.ephemeral.unwrap_or(false);
     if ephemeral && e.idempotency_key.is_some() {
-        return Err(ApiError::invalid(format!(
+        return Err(Error::invalid(format!(
             "events[{i}] is ephemeral and may not carry an idempotencyKey"
         )));
     }
     if ephemeral && is_stream_control_type(t) {
-        return Err(ApiError::invalid(format!(
+        return Err(Error::invalid(format!(
             "events[{i}] of type {t:?} may not be ephemeral: control events are always durable"
         )));
     }
     let copied = e.source.as_ref().is_some_and(|s| !s.copied_from.is_empty());
     if authority == Authority::Public {
         if copied {
-            return Err(ApiError::platform_authored(format!(
+            return Err(Error::platform_authored(format!(
                 "events[{i}] carries source.copiedFrom, which is platform-authored"
             )));
         }
         if types::PLATFORM_AUTHORED.contains(&t.as_str()) {
-            return Err(ApiError::platform_authored(format!(
+            return Err(Error::platform_authored(format!(
                 "events[{i}] of type {t:?} is platform-authored"
             )));
         }
@@ -373,21 +371,21 @@ fn validate_input(i: usize, e: &EventInput, authority: Authority) -> Result<(), 
         && !types::PUBLIC_CONTROL.contains(&t.as_str())
         && !types::PLATFORM_AUTHORED.contains(&t.as_str())
     {
-        return Err(ApiError::invalid(format!(
+        return Err(Error::invalid(format!(
             "events[{i}].type {t:?} is not a known events.iterate.com/stream/ type"
         )));
     }
     if t == types::PAUSED && !copied {
         if let Some(reason) = e.payload.as_ref().and_then(|p| p.get("reason")) {
             if !reason.is_string() {
-                return Err(ApiError::invalid(format!(
+                return Err(Error::invalid(format!(
                     "events[{i}].payload.reason must be a string, got {reason}"
                 )));
             }
         }
     }
     if ephemeral && e.source.is_some() {
-        return Err(ApiError::invalid(format!(
+        return Err(Error::invalid(format!(
             "events[{i}] is ephemeral and may not carry a source"
         )));
     }
@@ -397,6 +395,7 @@ fn validate_input(i: usize, e: &EventInput, authority: Authority) -> Result<(), 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::ErrorKind;
     use serde_json::{json, Value};
 
     fn input(v: Value) -> AppendInput {
@@ -420,7 +419,7 @@ mod tests {
             }
         }
 
-        fn append(&mut self, v: Value, authority: Authority) -> Result<AppendPlan, ApiError> {
+        fn append(&mut self, v: Value, authority: Authority) -> Result<AppendPlan, Error> {
             let mut ids = self.ids;
             let mut new_id = || {
                 ids += 1;
@@ -514,7 +513,10 @@ mod tests {
                 Authority::Public,
             )
             .unwrap_err();
-        assert_eq!((err.status, err.code), (403, "platform-authored"));
+        assert_eq!(
+            (err.kind, err.code),
+            (ErrorKind::Forbidden, "platform-authored")
+        );
         let hop = json!({"projectId": "acme", "path": "/s", "streamId": "x", "streamCreatedAt": "t",
             "offset": 2, "type": "x.y/a", "createdAt": "t", "subscriptionKey": "k",
             "cursorChangedAtSourceOffset": 1});
@@ -522,8 +524,8 @@ mod tests {
         assert_eq!(
             f.append(copied.clone(), Authority::Public)
                 .unwrap_err()
-                .status,
-            403
+                .kind,
+            ErrorKind::Forbidden
         );
         let plan = f.append(copied, Authority::Platform).unwrap();
         assert!(plan.events[0].is_copy());
@@ -540,7 +542,10 @@ mod tests {
         let err = f
             .append(json!({"events": [{"type": "x.y/a"}]}), Authority::Public)
             .unwrap_err();
-        assert_eq!((err.status, err.code), (503, "stream-paused"));
+        assert_eq!(
+            (err.kind, err.code),
+            (ErrorKind::Unavailable, "stream-paused")
+        );
         assert_eq!(err.message, "stream paused: deploy");
         f.append(
             json!({"events": [{"type": types::RESUMED}]}),
@@ -567,7 +572,10 @@ mod tests {
             json!({"events": [{"type": "x.y/a", "ephemeral": true, "idempotencyKey": "k"}]}),
             json!({"events": [{"type": types::PAUSED, "ephemeral": true}]}),
         ] {
-            assert_eq!(f.append(bad, Authority::Public).unwrap_err().status, 400);
+            assert_eq!(
+                f.append(bad, Authority::Public).unwrap_err().kind,
+                ErrorKind::Invalid
+            );
         }
     }
 
@@ -581,7 +589,7 @@ mod tests {
                 Authority::Public,
             )
             .unwrap_err();
-        assert_eq!(err.status, 413);
+        assert_eq!(err.kind, ErrorKind::TooLarge);
         assert!(f.state.is_none());
     }
 

@@ -16,7 +16,7 @@ use super::state::CoreState;
 use crate::clock::Clock;
 use crate::config::DeliveryConfig;
 use crate::delivery::copy::{CopyBatch, CopyOutcome};
-use crate::error::ApiError;
+use crate::error::Error;
 use crate::metrics::Metrics;
 use crate::storage::Storage;
 
@@ -121,14 +121,14 @@ impl Streams {
 
     /// Sends to the actor of `address`; when that actor has just released
     /// itself, to its successor.
-    async fn send(&self, address: &StreamAddress, mut cmd: Command) -> Result<(), ApiError> {
+    async fn send(&self, address: &StreamAddress, mut cmd: Command) -> Result<(), Error> {
         for _ in 0..8 {
             match self.sender(address).send(cmd).await {
                 Ok(()) => return Ok(()),
                 Err(mpsc::error::SendError(back)) => cmd = back,
             }
         }
-        Err(ApiError::internal(format!(
+        Err(Error::internal(format!(
             "the actor of stream {address} stopped"
         )))
     }
@@ -152,12 +152,12 @@ impl Streams {
     async fn call<T>(
         &self,
         address: &StreamAddress,
-        make: impl FnOnce(oneshot::Sender<Result<T, ApiError>>) -> Command,
-    ) -> Result<T, ApiError> {
+        make: impl FnOnce(oneshot::Sender<Result<T, Error>>) -> Command,
+    ) -> Result<T, Error> {
         let (reply, rx) = oneshot::channel();
         self.send(address, make(reply)).await?;
         rx.await.map_err(|_| {
-            ApiError::internal(format!(
+            Error::internal(format!(
                 "the actor of stream {address} stopped before answering"
             ))
         })?
@@ -169,7 +169,7 @@ impl Streams {
         address: &StreamAddress,
         input: AppendInput,
         authority: Authority,
-    ) -> Result<AppendOutput, ApiError> {
+    ) -> Result<AppendOutput, Error> {
         self.call(address, |reply| Command::Append {
             input,
             authority,
@@ -183,7 +183,7 @@ impl Streams {
         &self,
         receiver: &StreamAddress,
         batch: CopyBatch,
-    ) -> Result<CopyOutcome, ApiError> {
+    ) -> Result<CopyOutcome, Error> {
         self.call(receiver, |reply| Command::Deliver {
             batch: Box::new(batch),
             reply,
@@ -196,23 +196,23 @@ impl Streams {
         &self,
         address: &StreamAddress,
         query: ReadQuery,
-    ) -> Result<ReadOutput, ApiError> {
+    ) -> Result<ReadOutput, Error> {
         self.call(address, |reply| Command::Read { query, reply })
             .await
     }
 
     /// The reduced core state.
-    pub async fn state(&self, address: &StreamAddress) -> Result<CoreState, ApiError> {
+    pub async fn state(&self, address: &StreamAddress) -> Result<CoreState, Error> {
         self.call(address, |reply| Command::State { reply }).await
     }
 
     /// Runtime state: subscription delivery progress and connections.
-    pub async fn runtime(&self, address: &StreamAddress) -> Result<serde_json::Value, ApiError> {
+    pub async fn runtime(&self, address: &StreamAddress) -> Result<serde_json::Value, Error> {
         self.call(address, |reply| Command::Runtime { reply }).await
     }
 
     /// Wipes a stream; the next touch starts a new lifetime.
-    pub async fn reset(&self, address: &StreamAddress) -> Result<(), ApiError> {
+    pub async fn reset(&self, address: &StreamAddress) -> Result<(), Error> {
         self.call(address, |reply| Command::Reset { reply }).await
     }
 
@@ -221,7 +221,7 @@ impl Streams {
         &self,
         address: &StreamAddress,
         params: crate::connection::ConnectParams,
-    ) -> Result<crate::connection::feed::Feed, ApiError> {
+    ) -> Result<crate::connection::feed::Feed, Error> {
         self.call(address, |reply| Command::Connect {
             params: Box::new(params),
             reply,

@@ -4,7 +4,7 @@
 use serde_json::Value;
 
 use super::*;
-use crate::error::ApiError;
+use crate::error::Error;
 use crate::stream::{canonicalize_path, types, CoreState, EventInput, Namespace};
 
 /// The stream a control event is appended to.
@@ -15,12 +15,12 @@ pub struct ControlContext<'a> {
     pub connection_keys: &'a [String],
 }
 
-fn invalid(message: String) -> ApiError {
-    ApiError::invalid(message)
+fn invalid(message: String) -> Error {
+    Error::invalid(message)
 }
 
-fn missing_key(key: &str) -> ApiError {
-    ApiError::not_found(
+fn missing_key(key: &str) -> Error {
+    Error::not_found(
         "subscription-not-found",
         format!("subscription {key:?} does not exist"),
     )
@@ -32,7 +32,7 @@ pub fn validate_control(
     input: &EventInput,
     state: &CoreState,
     ctx: &ControlContext<'_>,
-) -> Result<(), ApiError> {
+) -> Result<(), Error> {
     let at = format!("events[{i}].payload");
     let empty = serde_json::Map::new();
     let payload = input.payload.as_ref().unwrap_or(&empty);
@@ -88,7 +88,7 @@ fn validate_configured(
     payload: &serde_json::Map<String, Value>,
     state: &CoreState,
     ctx: &ControlContext<'_>,
-) -> Result<(), ApiError> {
+) -> Result<(), Error> {
     // Clear words for the combinations the union forbids.
     if let Some(receiver) = payload.get("receiver").and_then(Value::as_object) {
         let action = receiver.get("action").and_then(Value::as_str).unwrap_or("");
@@ -140,8 +140,7 @@ fn validate_configured(
         }
         if let Some(c) = &filter.jsonata_condition {
             crate::jsonata::compile(c).map_err(|e| {
-                ApiError::new(
-                    400,
+                Error::invalid_with(
                     "invalid-jsonata",
                     format!("{at}.filter.jsonataCondition: {e}"),
                 )
@@ -150,8 +149,7 @@ fn validate_configured(
     }
     if let Some(t) = config.receiver.jsonata_transform() {
         crate::jsonata::compile(t).map_err(|e| {
-            ApiError::new(
-                400,
+            Error::invalid_with(
                 "invalid-jsonata",
                 format!("{at}.receiver.jsonataTransform: {e}"),
             )
@@ -189,9 +187,9 @@ fn validate_configured(
         }
         Receiver::ItxCall { expression, .. } => {
             crate::itx::validate_expression(&format!("{at}.receiver.expression"), expression)
-                .map_err(|m| ApiError::new(400, "invalid-expression", m))?;
+                .map_err(|m| Error::invalid_with("invalid-expression", m))?;
             crate::itx::resolve(expression).map_err(|m| {
-                ApiError::new(400, "invalid-expression", format!("{at}.receiver.{m}"))
+                Error::invalid_with("invalid-expression", format!("{at}.receiver.{m}"))
             })?;
             if matches!(ctx.namespace, Namespace::Global) {
                 return Err(invalid(
@@ -201,10 +199,9 @@ fn validate_configured(
         }
         Receiver::ProcessorWake { expression } => {
             crate::itx::validate_expression(&format!("{at}.receiver.expression"), expression)
-                .map_err(|m| ApiError::new(400, "invalid-expression", m))?;
+                .map_err(|m| Error::invalid_with("invalid-expression", m))?;
             crate::itx::wake_component(expression).map_err(|m| {
-                ApiError::new(
-                    400,
+                Error::invalid_with(
                     "invalid-expression",
                     format!("{at}.receiver.expression: {m}"),
                 )

@@ -15,7 +15,7 @@ use crate::connection::feed::{ConnMsg, Feed, Guard, Replay};
 use crate::connection::{
     validate_coordinates, CloseReason, ConnectParams, LiveEvent, CONNECTION_BUFFER_BATCHES,
 };
-use crate::error::ApiError;
+use crate::error::Error;
 use crate::stream::{types, Event};
 use crate::subscription::KEY_CHARS_MAX;
 
@@ -35,7 +35,7 @@ impl Actor {
     }
 
     /// Registers a connection; the stream is loaded already.
-    fn try_connect(&mut self, params: ConnectParams) -> Result<Feed, ApiError> {
+    fn try_connect(&mut self, params: ConnectParams) -> Result<Feed, Error> {
         let Some(stream) = &self.stream else {
             return Err(self.not_found());
         };
@@ -44,7 +44,7 @@ impl Actor {
             Some(k) => {
                 let k = k.trim().to_string();
                 if k.is_empty() || k.chars().count() > KEY_CHARS_MAX {
-                    return Err(ApiError::invalid(format!(
+                    return Err(Error::invalid(format!(
                         "connectionKey {k:?} must be 1 to {KEY_CHARS_MAX} characters"
                     )));
                 }
@@ -59,7 +59,7 @@ impl Actor {
             .by_key
             .contains_key(&key)
         {
-            return Err(ApiError::invalid(format!(
+            return Err(Error::invalid(format!(
                 "connection key {key:?} is already used by a durable subscription"
             )));
         }

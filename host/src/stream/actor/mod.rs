@@ -38,7 +38,7 @@ use crate::clock::{format_timestamp, Clock};
 use crate::config::DeliveryConfig;
 use crate::delivery::copy::{plan_copy, CopyBatch, CopyOutcome};
 use crate::delivery::schedule::Deliveries;
-use crate::error::ApiError;
+use crate::error::Error;
 use crate::metrics::Metrics;
 use crate::storage::{
     CommitError, CursorRow, NewStream, Storage, StoredEvent, StreamCommit, StreamRef, StreamRow,
@@ -55,10 +55,21 @@ pub const EPHEMERAL_BYTES_MAX: usize = 10 * 1024 * 1024;
 pub const ROUND_REQUESTS_MAX: usize = 1024;
 /// Largest page of a read.
 pub const READ_LIMIT_MAX: usize = 500;
-/// First wait before loading again after a failed load or commit; doubles
-/// up to [`RELOAD_BACKOFF_MAX_MS`].
+/// Wait before loading again after the second storage failure in a row (the
+/// first reloads at once); doubles up to [`RELOAD_BACKOFF_MAX_MS`].
 const RELOAD_BACKOFF_BASE_MS: u64 = 50;
 const RELOAD_BACKOFF_MAX_MS: u64 = 5_000;
+
+/// Wait before the next load after `failures` storage failures (failed
+/// loads or writes) in a row: 0, 50, 100, 200 ... 5000 ms.
+fn reload_backoff_ms(failures: u32) -> u64 {
+    match failures {
+        0 | 1 => 0,
+        n => RELOAD_BACKOFF_BASE_MS
+            .saturating_mul(1 << (n - 2).min(16))
+            .min(RELOAD_BACKOFF_MAX_MS),
+    }
+}
 
 /// The answer to an append.
 #[derive(Debug, Clone, Serialize)]
@@ -87,7 +98,7 @@ pub struct ReadOutput {
     pub events: Vec<Box<RawValue>>,
 }
 
-type Reply<T> = oneshot::Sender<Result<T, ApiError>>;
+type Reply<T> = oneshot::Sender<Result<T, Error>>;
 
 /// A message to a stream actor.
 pub enum Command {
@@ -167,7 +178,7 @@ struct Loaded {
 /// A write waiting for its commit.
 enum InFlight {
     Round {
-        outcomes: Vec<(Answer, Result<AppendPlan, ApiError>)>,
+        outcomes: Vec<(Answer, Result<AppendPlan, Error>)>,
         next_state: Box<CoreState>,
         state_offset: u64,
         cursors: Vec<CursorRow>,
@@ -248,7 +259,7 @@ pub fn spawn(
         },
         queue: VecDeque::new(),
         reload_needed: true,
-        reload_failures: 0,
+        storage_failures: 0,
         reload_at: None,
         last_request: tokio::time::Instant::now(),
         deliveries: Deliveries::default(),
@@ -267,8 +278,9 @@ struct Actor {
     ephemeral: EphemeralBuffer,
     queue: VecDeque<Pending>,
     reload_needed: bool,
-    /// Failed loads in a row (for the reload backoff).
-    reload_failures: u32,
+    /// Storage failures (loads or writes) since the last committed write,
+    /// for the reload backoff.
+    storage_failures: u32,
     /// When to load again after a failure (`None`: at the next use).
     reload_at: Option<tokio::time::Instant>,
     /// When the last request arrived (for idle release).
@@ -490,7 +502,7 @@ impl Actor {
     /// Loads the stream when it is not loaded (first use, or after a failed
     /// commit), on a blocking thread. A failure schedules the next attempt
     /// with backoff, so stalled deliveries resume without a request.
-    async fn ensure_loaded(&mut self) -> Result<(), ApiError> {
+    async fn ensure_loaded(&mut self) -> Result<(), Error> {
         if !self.reload_needed {
             return Ok(());
         }
@@ -504,37 +516,39 @@ impl Actor {
         match loaded {
             Ok(loaded) => {
                 self.apply_load(loaded);
-                self.reload_failures = 0;
                 self.reload_at = None;
                 Ok(())
             }
             Err(e) => {
-                self.reload_failures = self.reload_failures.saturating_add(1);
-                let wait = RELOAD_BACKOFF_BASE_MS
-                    .saturating_mul(1 << self.reload_failures.min(16).saturating_sub(1))
-                    .min(RELOAD_BACKOFF_MAX_MS);
-                self.reload_at =
-                    Some(tokio::time::Instant::now() + std::time::Duration::from_millis(wait));
+                let wait = self.storage_failed();
                 tracing::error!(stream = %self.address, error = %format!("{e:#}"), retry_in_ms = wait, "loading stream failed");
-                Err(ApiError::internal(format!(
-                    "loading the stream failed: {e:#}"
-                )))
+                Err(Error::internal(format!("loading the stream failed: {e:#}")))
             }
         }
     }
 
-    /// Marks the stream for loading again, at once.
-    fn reload_soon(&mut self) {
+    /// A load or write failed: the stream is loaded again after the
+    /// backoff (at once after a first failure). Returns the wait in ms.
+    fn storage_failed(&mut self) -> u64 {
+        self.storage_failures = self.storage_failures.saturating_add(1);
+        let wait = reload_backoff_ms(self.storage_failures);
         self.reload_needed = true;
-        self.reload_at = Some(tokio::time::Instant::now());
+        self.reload_at = Some(tokio::time::Instant::now() + std::time::Duration::from_millis(wait));
+        wait
     }
 
-    fn not_found(&self) -> ApiError {
+    /// A write failed to commit: the actor's state may be ahead of the log.
+    fn reload_soon(&mut self) {
+        let wait = self.storage_failed();
+        tracing::warn!(stream = %self.address, retry_in_ms = wait, "reloading the stream after a failed write");
+    }
+
+    fn not_found(&self) -> Error {
         let where_ = match self.address.namespace.project_id() {
             Some(p) => format!("in project {p:?}"),
             None => "in the global namespace".to_string(),
         };
-        ApiError::not_found(
+        Error::not_found(
             "stream-not-found",
             format!("stream {:?} does not exist {where_}", self.address.path),
         )
@@ -570,7 +584,7 @@ impl Actor {
         tokio::task::spawn_blocking(move || {
             let result = storage
                 .events_after(row_id, query.after_offset, query.limit, head)
-                .map_err(|e| ApiError::internal(format!("reading events failed: {e:#}")))
+                .map_err(|e| Error::internal(format!("reading events failed: {e:#}")))
                 .and_then(|durable| merge_page(durable, ephemeral, query.limit))
                 .map(|events| ReadOutput {
                     stream_id,
@@ -628,7 +642,7 @@ impl Actor {
         }
     }
 
-    fn fail_pending(&mut self, p: Pending, err: ApiError) {
+    fn fail_pending(&mut self, p: Pending, err: Error) {
         match p {
             Pending::Append { reply, run, .. } => {
                 self.ctx.metrics.append_answered(err.code);
@@ -657,7 +671,7 @@ impl Actor {
         let (committed_by_key, committed_by_offset) = match self.lookups(&round).await {
             Ok(found) => found,
             Err(e) => {
-                let err = ApiError::internal(format!("reading the stream failed: {e:#}"));
+                let err = Error::internal(format!("reading the stream failed: {e:#}"));
                 for p in round {
                     self.fail_pending(p, err.clone());
                 }
@@ -841,14 +855,14 @@ impl Actor {
     fn answer(
         &self,
         answer: Answer,
-        outcome: Result<AppendPlan, ApiError>,
+        outcome: Result<AppendPlan, Error>,
         state: Option<&CoreState>,
     ) -> Option<(String, u64)> {
         match answer {
             Answer::Append(reply, run) => {
                 let result = outcome.and_then(|plan| {
                     let state = state
-                        .ok_or_else(|| ApiError::internal("a planned append without a stream"))?;
+                        .ok_or_else(|| Error::internal("a planned append without a stream"))?;
                     Ok(AppendOutput {
                         stream_id: state.stream_id.clone(),
                         stream_created_at: state.created_at.clone(),
@@ -879,6 +893,9 @@ impl Actor {
     }
 
     fn finish(&mut self, in_flight: InFlight, result: Result<i64, CommitError>) {
+        if result.is_ok() {
+            self.storage_failures = 0;
+        }
         let mut failed = Vec::new();
         self.finish_write(in_flight, result, &mut failed);
         for run in &failed {
@@ -937,7 +954,7 @@ impl Actor {
                 Err(e) => {
                     tracing::error!(stream = %self.address, error = %e, "append round failed to commit");
                     self.reload_soon();
-                    let err = ApiError::internal(format!("commit failed: {e}"));
+                    let err = Error::internal(format!("commit failed: {e}"));
                     for (answer, _) in outcomes {
                         failed.extend(self.answer(answer, Err(err.clone()), None));
                     }
@@ -975,7 +992,7 @@ impl Actor {
                 }
                 Err(e) => {
                     self.reload_soon();
-                    let _ = reply.send(Err(ApiError::internal(format!("reset failed: {e}"))));
+                    let _ = reply.send(Err(Error::internal(format!("reset failed: {e}"))));
                 }
             },
         }
@@ -1063,7 +1080,7 @@ fn merge_page(
     durable: Vec<(u64, String)>,
     ephemeral: Vec<Event>,
     limit: usize,
-) -> Result<Vec<Box<RawValue>>, ApiError> {
+) -> Result<Vec<Box<RawValue>>, Error> {
     let mut out = Vec::with_capacity(limit.min(durable.len() + ephemeral.len()));
     let mut durable = durable.into_iter().peekable();
     let mut ephemeral = ephemeral.into_iter().peekable();
@@ -1081,7 +1098,22 @@ fn merge_page(
             let e = ephemeral.next().expect("peeked");
             RawValue::from_string(serde_json::to_string(&e).expect("events serialize"))
         };
-        out.push(raw.map_err(|e| ApiError::internal(format!("a stored event is not JSON: {e}")))?);
+        out.push(raw.map_err(|e| Error::internal(format!("a stored event is not JSON: {e}")))?);
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reloads_start_at_once_then_back_off_to_a_bound() {
+        let waits: Vec<u64> = (1..=10).map(reload_backoff_ms).collect();
+        assert_eq!(
+            waits,
+            vec![0, 50, 100, 200, 400, 800, 1600, 3200, 5000, 5000]
+        );
+        assert_eq!(reload_backoff_ms(u32::MAX), RELOAD_BACKOFF_MAX_MS);
+    }
 }

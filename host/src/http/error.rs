@@ -1,0 +1,134 @@
+//! HTTP errors: a domain [`Error`] mapped to its HTTP status (the one place
+//! that knows the statuses), or an error of the HTTP layer itself; rendered
+//! as `{"error": {"code", "message"}}`, with `retry-after` on `503`.
+
+use std::fmt;
+
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+
+use crate::error::{Error, ErrorKind};
+
+/// An error that reaches a caller. `status` is the HTTP status code.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiError {
+    pub status: u16,
+    pub code: &'static str,
+    pub message: String,
+    /// Seconds for the `retry-after` header of `503` answers.
+    pub retry_after_s: Option<u32>,
+}
+
+impl ApiError {
+    pub fn new(status: u16, code: &'static str, message: impl Into<String>) -> Self {
+        ApiError {
+            status,
+            code,
+            message: message.into(),
+            retry_after_s: None,
+        }
+    }
+
+    /// `400 invalid-request`.
+    pub fn invalid(message: impl Into<String>) -> Self {
+        Self::new(400, "invalid-request", message)
+    }
+
+    /// `401 unauthorized`.
+    pub fn unauthorized(message: impl Into<String>) -> Self {
+        Self::new(401, "unauthorized", message)
+    }
+
+    /// `403 forbidden`.
+    pub fn forbidden(message: impl Into<String>) -> Self {
+        Self::new(403, "forbidden", message)
+    }
+
+    /// `403 platform-authored`.
+    pub fn platform_authored(message: impl Into<String>) -> Self {
+        Self::new(403, "platform-authored", message)
+    }
+
+    /// `404` with the given code (`stream-not-found`, `not-found`, ...).
+    pub fn not_found(code: &'static str, message: impl Into<String>) -> Self {
+        Self::new(404, code, message)
+    }
+
+    /// `409` with the given conflict code.
+    pub fn conflict(code: &'static str, message: impl Into<String>) -> Self {
+        Self::new(409, code, message)
+    }
+
+    /// `413 too-large`.
+    pub fn too_large(message: impl Into<String>) -> Self {
+        Self::new(413, "too-large", message)
+    }
+
+    /// `503` with a `retry-after` header.
+    pub fn unavailable(code: &'static str, message: impl Into<String>, retry_after_s: u32) -> Self {
+        ApiError {
+            retry_after_s: Some(retry_after_s),
+            ..Self::new(503, code, message)
+        }
+    }
+
+    /// `500 internal` for failures of the host itself (storage, a lost task).
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self::new(500, "internal", message)
+    }
+}
+
+/// The HTTP status of each kind of domain error.
+pub fn status_of(kind: ErrorKind) -> u16 {
+    match kind {
+        ErrorKind::Invalid => 400,
+        ErrorKind::Unauthorized => 401,
+        ErrorKind::Forbidden => 403,
+        ErrorKind::NotFound => 404,
+        ErrorKind::Timeout => 408,
+        ErrorKind::Conflict => 409,
+        ErrorKind::TooLarge => 413,
+        ErrorKind::Unprocessable => 422,
+        ErrorKind::Internal => 500,
+        ErrorKind::Unavailable => 503,
+    }
+}
+
+impl From<Error> for ApiError {
+    fn from(e: Error) -> Self {
+        ApiError {
+            status: status_of(e.kind),
+            code: e.code,
+            message: e.message,
+            retry_after_s: e.retry_after_s,
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let body = json!({"error": {"code": self.code, "message": self.message}});
+        let mut response = (
+            status,
+            [(header::CONTENT_TYPE, "application/json")],
+            body.to_string(),
+        )
+            .into_response();
+        if let Some(s) = self.retry_after_s {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(s));
+        }
+        response
+    }
+}
+
+impl fmt::Display for ApiError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {}: {}", self.status, self.code, self.message)
+    }
+}
+
+impl std::error::Error for ApiError {}
