@@ -7,7 +7,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use crate::processors::PROC;
-use crate::support::{guest, wait_for, Server};
+use crate::support::{guest, Server};
 
 async fn halted_with(kind: &str) -> (Value, Value) {
     let s = Server::start_with(Some(PROC), &[]);
@@ -26,17 +26,7 @@ async fn halted_with(kind: &str) -> (Value, Value) {
         json!({"events": [{"type": format!("hostile/{kind}")}]}),
     )
     .await;
-    wait_for(
-        &format!("the {kind} guest to halt"),
-        Duration::from_secs(60),
-        async || {
-            let (_, st) = s.get(&format!("{stream}:state")).await;
-            st["subscriptions"]["outbound"]["byKey"]["h"]
-                .get("deliveryHalted")
-                .is_some()
-        },
-    )
-    .await;
+    let halted = s.wait_halted(&stream, "h", Duration::from_secs(60)).await;
     // The host still serves other streams.
     let (status, _) = s
         .post(
@@ -46,8 +36,6 @@ async fn halted_with(kind: &str) -> (Value, Value) {
         .await;
     assert_eq!(status, 200);
     assert_eq!(s.get("/healthz").await.0, 200);
-    let (_, st) = s.get(&format!("{stream}:state")).await;
-    let halted = st["subscriptions"]["outbound"]["byKey"]["h"]["deliveryHalted"].clone();
     let (_, p) = s.get(&format!("{stream}:processors/hostile")).await;
     (halted, p)
 }
@@ -127,15 +115,7 @@ async fn a_halt_fact_stays_small_while_last_failure_keeps_the_whole_repro() {
         )
         .await;
     assert_eq!(status, 200, "{out}");
-    wait_for("the halt", Duration::from_secs(60), async || {
-        let (_, st) = s.get(&format!("{stream}:state")).await;
-        st["subscriptions"]["outbound"]["byKey"]["h"]
-            .get("deliveryHalted")
-            .is_some()
-    })
-    .await;
-    let (_, st) = s.get(&format!("{stream}:state")).await;
-    let halted = &st["subscriptions"]["outbound"]["byKey"]["h"]["deliveryHalted"];
+    let halted = &s.wait_halted(stream, "h", Duration::from_secs(60)).await;
     assert!(error(halted).len() <= 4096, "{}", error(halted).len());
     let (_, p) = s.get(&format!("{stream}:processors/hostile")).await;
     let repro = p["lastFailure"]["repro"].as_str().expect("a repro");

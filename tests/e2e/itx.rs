@@ -247,14 +247,9 @@ async fn a_non_retryable_failure_halts_at_once() {
         json!({"events": [{"type": "x.y/e", "payload": {"fatal": true}}]}),
     )
     .await;
-    crate::support::wait_for("the halt", std::time::Duration::from_secs(20), async || {
-        s.get(&format!("{src}:state")).await.1["subscriptions"]["outbound"]["byKey"]["itx"]
-            .get("deliveryHalted")
-            .is_some()
-    })
-    .await;
-    let (_, st) = s.get(&format!("{src}:state")).await;
-    let halted = &st["subscriptions"]["outbound"]["byKey"]["itx"]["deliveryHalted"];
+    let halted = &s
+        .wait_halted(src, "itx", std::time::Duration::from_secs(20))
+        .await;
     assert_eq!(halted["attempts"], 1);
     assert!(
         halted["error"]

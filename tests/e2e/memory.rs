@@ -12,18 +12,6 @@ use crate::support::{wait_for, Server};
 const MB: u64 = 1024 * 1024;
 const CONCURRENCY: usize = 16;
 
-/// The `streamhost_stream_actors` gauge.
-async fn actors(s: &Server) -> u64 {
-    let response = reqwest::get(format!("{}/metrics", s.url))
-        .await
-        .expect("metrics");
-    let text = response.text().await.expect("metrics text");
-    text.lines()
-        .find_map(|l| l.strip_prefix("streamhost_stream_actors "))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no streamhost_stream_actors in {text}"))
-}
-
 async fn read_missing(s: &Server, prefix: &str, n: usize) {
     stream::iter(0..n)
         .for_each_concurrent(CONCURRENCY, |i| async move {
@@ -53,7 +41,7 @@ async fn all_released(s: &Server) {
     wait_for(
         "idle actors to be released",
         Duration::from_secs(60),
-        async || actors(s).await == 0,
+        async || s.metric("streamhost_stream_actors ").await == 0,
     )
     .await;
 }

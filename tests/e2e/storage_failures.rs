@@ -50,20 +50,6 @@ fn cursor_row(c: &Connection, key: &str) -> Option<u64> {
     .map(|o| o as u64)
 }
 
-/// The sum of a counter's samples in the Prometheus text, by prefix.
-async fn metric(s: &Server, prefix: &str) -> u64 {
-    let text = reqwest::get(format!("{}/metrics", s.url))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    text.lines()
-        .filter(|l| l.starts_with(prefix))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum::<f64>() as u64
-}
-
 #[tokio::test]
 async fn a_failed_cursor_write_reloads_with_backoff_and_resumes_without_a_request() {
     let s = Server::start_with(Some(CONFIG), &[]);
@@ -100,12 +86,12 @@ async fn a_failed_cursor_write_reloads_with_backoff_and_resumes_without_a_reques
         .await;
     assert_eq!(status, 200, "{out}");
     let loads = "streamhost_stream_loads_total{outcome=\"ok\"}";
-    let before = metric(&s, loads).await;
+    let before = s.metric(loads).await;
     let started = Instant::now();
     wait_for(
         "five reloads after failed cursor writes",
         Duration::from_secs(20),
-        async || metric(&s, loads).await >= before + 5,
+        async || s.metric(loads).await >= before + 5,
     )
     .await;
     // No spin: the reloads back off (0, 50, 100, 200, 400 ms ...).
@@ -114,7 +100,11 @@ async fn a_failed_cursor_write_reloads_with_backoff_and_resumes_without_a_reques
         "five reloads took only {:?}",
         started.elapsed()
     );
-    assert_eq!(cursor_row(&c, "k"), Some(head), "no cursor write got through");
+    assert_eq!(
+        cursor_row(&c, "k"),
+        Some(head),
+        "no cursor write got through"
+    );
 
     // Storage recovers: with no request to /src, the cursor is written.
     switch(&c, false);
@@ -160,7 +150,7 @@ async fn a_halt_fact_that_fails_to_commit_is_decided_again_and_lands() {
     wait_for(
         "two rejected halt facts",
         Duration::from_secs(20),
-        async || metric(&s, rejected).await >= 2,
+        async || s.metric(rejected).await >= 2,
     )
     .await;
     let (_, st) = s.get(&format!("{P}/src:state")).await;
@@ -171,13 +161,8 @@ async fn a_halt_fact_that_fails_to_commit_is_decided_again_and_lands() {
         "{st}"
     );
     switch(&c, false);
-    wait_for("the halt to land", Duration::from_secs(20), async || {
-        let (_, st) = s.get(&format!("{P}/src:state")).await;
-        st["subscriptions"]["outbound"]["byKey"]["hook"]
-            .get("deliveryHalted")
-            .is_some()
-    })
-    .await;
+    s.wait_halted(&format!("{P}/src"), "hook", Duration::from_secs(20))
+        .await;
     let events = s.all_events(&format!("{P}/src")).await;
     let halts = events
         .iter()

@@ -392,15 +392,9 @@ async fn a_failing_receiver_halts_with_a_durable_fact_and_resume_delivers_the_he
     .await;
     s.post(&format!("{P}/src:append"), ev("x.y/held", json!({})))
         .await;
-    wait_for("the halt fact", Duration::from_secs(20), async || {
-        let (_, st) = s.get(&format!("{P}/src:state")).await;
-        st["subscriptions"]["outbound"]["byKey"]["k"]
-            .get("deliveryHalted")
-            .is_some()
-    })
-    .await;
-    let (_, st) = s.get(&format!("{P}/src:state")).await;
-    let halted = &st["subscriptions"]["outbound"]["byKey"]["k"]["deliveryHalted"];
+    let halted = &s
+        .wait_halted(&format!("{P}/src"), "k", Duration::from_secs(20))
+        .await;
     assert_eq!(halted["reason"], "delivery-failed");
     assert_eq!(halted["attempts"], 3);
     assert_eq!(halted["afterOffset"], 2);
@@ -483,15 +477,9 @@ async fn a_throwing_filter_halts_and_never_advances_past_later_events() {
         ]}),
     )
     .await;
-    wait_for("the halt", Duration::from_secs(20), async || {
-        let (_, st) = s.get(&format!("{P}/src:state")).await;
-        st["subscriptions"]["outbound"]["byKey"]["k"]
-            .get("deliveryHalted")
-            .is_some()
-    })
-    .await;
-    let (_, st) = s.get(&format!("{P}/src:state")).await;
-    let halted = &st["subscriptions"]["outbound"]["byKey"]["k"]["deliveryHalted"];
+    let halted = &s
+        .wait_halted(&format!("{P}/src"), "k", Duration::from_secs(20))
+        .await;
     assert!(
         halted["error"]
             .as_str()

@@ -434,6 +434,37 @@ pub fn guest(name: &str) -> Vec<u8> {
 }
 
 impl Server {
+    /// Waits (up to `timeout`) until subscription `key` on `stream` (an API
+    /// path such as `/v1/projects/acme/streams/src`) has halted; returns its
+    /// `deliveryHalted` record.
+    pub async fn wait_halted(&self, stream: &str, key: &str, timeout: Duration) -> Value {
+        let halted = async || {
+            let (_, st) = self.get(&format!("{stream}:state")).await;
+            st["subscriptions"]["outbound"]["byKey"][key]
+                .get("deliveryHalted")
+                .cloned()
+        };
+        wait_for(
+            &format!("subscription {key:?} on {stream} to halt"),
+            timeout,
+            async || halted().await.is_some(),
+        )
+        .await;
+        halted().await.expect("halted")
+    }
+
+    /// The sum of the samples of the Prometheus lines that start with
+    /// `prefix` (a metric name, with labels if wanted) at `GET /metrics`.
+    pub async fn metric(&self, prefix: &str) -> u64 {
+        let (status, text) = self.get("/metrics").await;
+        assert_eq!(status, 200, "{text}");
+        let text = text.as_str().expect("metrics are text");
+        text.lines()
+            .filter(|l| l.starts_with(prefix))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>() as u64
+    }
+
     /// Deploys a component; returns (status, body).
     pub async fn deploy(&self, project: &str, name: &str, bytes: Vec<u8>) -> (u16, Value) {
         let mut r = self

@@ -204,13 +204,7 @@ async fn three_skips_in_a_row_halt_even_across_a_restart() {
         ]),
     )
     .await;
-    wait_for("the halt", Duration::from_secs(20), async || {
-        let (_, st) = s.get(&format!("{P}/src:state")).await;
-        st["subscriptions"]["outbound"]["byKey"]["hook"]
-            .get("deliveryHalted")
-            .is_some()
-    })
-    .await;
+    halted(&s).await;
     let got = r.posts.lock().unwrap().clone();
     assert!(
         got.iter().all(|p| p["event"]["payload"]["n"] != 4),
@@ -229,15 +223,8 @@ async fn three_skips_in_a_row_halt_even_across_a_restart() {
 }
 
 async fn halted(s: &Server) -> Value {
-    wait_for("the halt", Duration::from_secs(20), async || {
-        let (_, st) = s.get(&format!("{P}/src:state")).await;
-        st["subscriptions"]["outbound"]["byKey"]["hook"]
-            .get("deliveryHalted")
-            .is_some()
-    })
-    .await;
-    let (_, st) = s.get(&format!("{P}/src:state")).await;
-    st["subscriptions"]["outbound"]["byKey"]["hook"]["deliveryHalted"].clone()
+    s.wait_halted(&format!("{P}/src"), "hook", Duration::from_secs(20))
+        .await
 }
 
 #[tokio::test]

@@ -432,6 +432,39 @@ mod tests {
     }
 
     #[test]
+    fn a_webhook_job_carries_one_event_and_gets_a_grace_period() {
+        let mut d = Deliveries::default();
+        let webhook = Route {
+            target: Target::Webhook {
+                url: "http://example.com/hook".into(),
+                transform: None,
+                configured_at: 2,
+            },
+            ..route(OnFailingEvent::Halt)
+        };
+        d.runs.insert(
+            "w".into(),
+            SubscriptionRuntime::new(2, Ok(webhook), 2, 2, false),
+        );
+        d.runs.insert(
+            "c".into(),
+            SubscriptionRuntime::new(2, Ok(route(OnFailingEvent::Halt)), 2, 2, false),
+        );
+        let (jobs, _) = d.due(0, 50, 100);
+        let limits: Vec<(&str, usize, i64)> = jobs
+            .iter()
+            .map(|j| (j.key.as_str(), j.limit, j.deadline_ms))
+            .collect();
+        assert_eq!(
+            limits,
+            vec![
+                ("c", crate::delivery::BATCH_EVENTS_MAX, 100),
+                ("w", 1, 100 + DEADLINE_GRACE_MS)
+            ]
+        );
+    }
+
+    #[test]
     fn halt_text_is_capped() {
         let mut d = Deliveries::default();
         d.runs.insert(

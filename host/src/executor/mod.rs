@@ -67,23 +67,7 @@ where
         let wait = Duration::from_millis((job.deadline_ms - job.now_ms).max(0) as u64);
         let (key, generation, id, timeout_ms) =
             (job.key.clone(), job.generation, job.id, job.timeout_ms);
-        let attempt = tokio::spawn(execute(exec, job, source));
-        let abort = attempt.abort_handle();
-        let result = match tokio::time::timeout(wait, attempt).await {
-            Ok(Ok(result)) => result,
-            Ok(Err(e)) if e.is_panic() => Err(Failure::new(
-                format!("{label} panicked: {}", panic_text(e.into_panic())),
-                true,
-            )),
-            Ok(Err(e)) => Err(Failure::new(format!("{label} was cancelled: {e}"), true)),
-            Err(_) => {
-                abort.abort();
-                Err(Failure::new(
-                    format!("{label} timed out after {timeout_ms}ms"),
-                    true,
-                ))
-            }
-        };
+        let result = guarded(&label, wait, timeout_ms, execute(exec, job, source)).await;
         report(DeliveryDone {
             key,
             generation,
@@ -93,6 +77,34 @@ where
         })
         .await;
     });
+}
+
+/// Runs `attempt` as a task of its own and waits at most `wait` for it: a
+/// panic becomes a retryable failure, and so does the deadline (the task is
+/// then aborted). Whatever happens, there is a result to report.
+pub async fn guarded<T: Send + 'static>(
+    label: &str,
+    wait: Duration,
+    timeout_ms: u64,
+    attempt: impl Future<Output = Result<T, Failure>> + Send + 'static,
+) -> Result<T, Failure> {
+    let task = tokio::spawn(attempt);
+    let abort = task.abort_handle();
+    match tokio::time::timeout(wait, task).await {
+        Ok(Ok(result)) => result,
+        Ok(Err(e)) if e.is_panic() => Err(Failure::new(
+            format!("{label} panicked: {}", panic_text(e.into_panic())),
+            true,
+        )),
+        Ok(Err(e)) => Err(Failure::new(format!("{label} was cancelled: {e}"), true)),
+        Err(_) => {
+            abort.abort();
+            Err(Failure::new(
+                format!("{label} timed out after {timeout_ms}ms"),
+                true,
+            ))
+        }
+    }
 }
 
 fn panic_text(payload: Box<dyn std::any::Any + Send>) -> String {
@@ -192,4 +204,56 @@ pub(crate) async fn blocking<T: Send + 'static>(
     tokio::task::spawn_blocking(f)
         .await
         .map_err(|e| Failure::new(format!("a blocking task failed: {e}"), true))?
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_panicking_attempt_reports_a_retryable_failure() {
+        let result: Result<(), Failure> =
+            guarded("copy to \"/x\"", Duration::from_secs(5), 5000, async {
+                panic!("the receiver exploded")
+            })
+            .await;
+        let failure = result.unwrap_err();
+        assert!(failure.retryable);
+        assert_eq!(
+            failure.message,
+            "copy to \"/x\" panicked: the receiver exploded"
+        );
+    }
+
+    #[tokio::test]
+    async fn an_attempt_past_its_deadline_is_aborted_and_reports() {
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let result: Result<(), Failure> = guarded(
+            "webhook POST",
+            Duration::from_millis(100),
+            100,
+            async move {
+                // Never finishes; dropping `tx` tells the test it was aborted.
+                let _tx = tx;
+                std::future::pending::<()>().await;
+                Ok(())
+            },
+        )
+        .await;
+        let failure = result.unwrap_err();
+        assert_eq!(failure.message, "webhook POST timed out after 100ms");
+        assert!(failure.retryable);
+        assert!(rx.await.is_err(), "the attempt's task was aborted");
+    }
+
+    #[tokio::test]
+    async fn a_finished_attempt_passes_its_result_through() {
+        let ok = guarded("x", Duration::from_secs(1), 1000, async { Ok(7) }).await;
+        assert_eq!(ok.unwrap(), 7);
+        let err: Result<u8, Failure> = guarded("x", Duration::from_secs(1), 1000, async {
+            Err(Failure::new("no", false))
+        })
+        .await;
+        assert!(!err.unwrap_err().retryable);
+    }
 }

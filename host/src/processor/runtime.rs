@@ -621,3 +621,26 @@ fn unique_temp_path(path: &std::path::Path) -> PathBuf {
     let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     path.with_extension(format!("{}.{n}.tmp", std::process::id()))
 }
+
+#[cfg(test)]
+mod cache_file_tests {
+    use super::*;
+
+    #[test]
+    fn temp_files_are_unique_per_call_and_beside_the_target() {
+        let path = std::path::Path::new("/cache/abc-0123.cwasm");
+        let a = unique_temp_path(path);
+        let b = unique_temp_path(path);
+        assert_ne!(a, b);
+        assert_eq!(a.parent(), path.parent());
+        assert!(a.to_str().unwrap().ends_with(".tmp"));
+    }
+
+    #[test]
+    fn the_compatibility_key_is_a_stable_sha256() {
+        let mut h = Sha256Hasher(sha2::Sha256::default());
+        h.write(b"streamhost");
+        // The first 8 bytes of sha256("streamhost"): the same in every build.
+        assert_eq!(h.hex16(), "ff69f8d82bdeb25d");
+    }
+}

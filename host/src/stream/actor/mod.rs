@@ -302,12 +302,19 @@ enum Wake {
     Command(Option<Command>),
     Committed(Result<Result<i64, CommitError>, oneshot::error::RecvError>),
     Timer,
+    Idle,
 }
 
 impl Actor {
     async fn run(mut self, mut rx: mpsc::Receiver<Command>) {
         let mut in_flight: Option<(InFlight, oneshot::Receiver<Result<i64, CommitError>>)> = None;
         let mut closed = false;
+        // One idle timer for the actor's life, moved on only when it fires
+        // (not at every request: arming a timer per message costs the timer
+        // wheel dearly under load).
+        let idle_ms = std::time::Duration::from_millis(self.ctx.idle_stream_ms);
+        let idle = tokio::time::sleep(idle_ms);
+        tokio::pin!(idle);
         loop {
             if self.reload_needed
                 && self
@@ -330,7 +337,8 @@ impl Actor {
                     return;
                 }
             }
-            let timer = self.next_timer(in_flight.is_some());
+            let timer = self.next_timer();
+            let idle_armed = in_flight.is_none() && self.may_release();
             let wake = {
                 let commit = async {
                     match in_flight.as_mut() {
@@ -348,6 +356,7 @@ impl Actor {
                     cmd = rx.recv(), if !closed => Wake::Command(cmd),
                     result = commit => Wake::Committed(result),
                     _ = sleep => Wake::Timer,
+                    _ = &mut idle, if idle_armed => Wake::Idle,
                 }
             };
             match wake {
@@ -369,13 +378,21 @@ impl Actor {
                     self.finish(round, result);
                 }
                 Wake::Timer => {}
+                Wake::Idle => {
+                    // Checked at the top of the loop; wake again when the
+                    // latest request has been idle for the whole period.
+                    let now = tokio::time::Instant::now();
+                    let at = (self.last_request + idle_ms)
+                        .max(now + std::time::Duration::from_millis(1));
+                    idle.as_mut().reset(at);
+                }
             }
         }
     }
 
     /// When the actor must wake with no message: the next delivery retry or
-    /// deadline, a reload after a failure, or the end of the idle period.
-    fn next_timer(&self, committing: bool) -> Option<tokio::time::Instant> {
+    /// deadline, or a reload after a failure. (The idle timer is apart.)
+    fn next_timer(&self) -> Option<tokio::time::Instant> {
         let now = tokio::time::Instant::now();
         let now_ms = self.ctx.clock.now_ms();
         let delivery = self
@@ -386,9 +403,7 @@ impl Actor {
         } else {
             None
         };
-        let idle = (!committing && self.may_release())
-            .then(|| self.last_request + std::time::Duration::from_millis(self.ctx.idle_stream_ms));
-        [delivery, reload, idle].into_iter().flatten().min()
+        [delivery, reload].into_iter().flatten().min()
     }
 
     /// Whether nothing keeps the actor in memory but recent use: no queued
