@@ -215,17 +215,26 @@ pub async fn run(cli: Cli) -> Result<()> {
     }
 }
 
+/// Sends `req` to `url` with the bearer `token`, if any.
+async fn send(
+    req: reqwest::RequestBuilder,
+    url: &str,
+    token: Option<&str>,
+) -> Result<reqwest::Response> {
+    let req = match token {
+        Some(t) => req.bearer_auth(t),
+        None => req,
+    };
+    req.send()
+        .await
+        .with_context(|| format!("requesting {url}"))
+}
+
 async fn verify(a: VerifyArgs) -> Result<()> {
     let body = json!({ "component": a.component });
     let url = stream_url(&a.target, "verifyProcessor", "")?;
-    let mut req = reqwest::Client::new().post(&url).json(&body);
-    if let Some(t) = &a.target.token {
-        req = req.bearer_auth(t);
-    }
-    let response = req
-        .send()
-        .await
-        .with_context(|| format!("requesting {url}"))?;
+    let req = reqwest::Client::new().post(&url).json(&body);
+    let response = send(req, &url, a.target.token.as_deref()).await?;
     let status = response.status();
     let v: Value = response.json().await.context("reading the answer")?;
     println!("{}", serde_json::to_string_pretty(&v)?);
@@ -246,17 +255,11 @@ async fn deploy(a: DeployArgs) -> Result<()> {
         a.project,
         a.name
     );
-    let mut req = reqwest::Client::new()
+    let req = reqwest::Client::new()
         .put(&url)
         .header("content-type", "application/wasm")
         .body(bytes);
-    if let Some(t) = &a.token {
-        req = req.bearer_auth(t);
-    }
-    let response = req
-        .send()
-        .await
-        .with_context(|| format!("requesting {url}"))?;
+    let response = send(req, &url, a.token.as_deref()).await?;
     let status = response.status();
     let text = response.text().await?;
     if !status.is_success() {
@@ -376,14 +379,8 @@ async fn tail(a: TailArgs) -> Result<()> {
         query.append_pair("jsonataCondition", c);
     }
     let url = stream_url(&a.target, "connect", &format!("?{}", query.finish()))?;
-    let mut req = reqwest::Client::new().get(&url);
-    if let Some(t) = &a.target.token {
-        req = req.bearer_auth(t);
-    }
-    let mut response = req
-        .send()
-        .await
-        .with_context(|| format!("connecting to {url}"))?;
+    let req = reqwest::Client::new().get(&url);
+    let mut response = send(req, &url, a.target.token.as_deref()).await?;
     if !response.status().is_success() {
         let status = response.status();
         bail!("{status}: {}", response.text().await.unwrap_or_default());
@@ -511,18 +508,11 @@ async fn request(
     body: Option<Value>,
 ) -> Result<()> {
     let url = stream_url(target, stream_method, query)?;
-    let client = reqwest::Client::new();
-    let mut req = client.request(method, &url);
-    if let Some(t) = &target.token {
-        req = req.bearer_auth(t);
-    }
+    let mut req = reqwest::Client::new().request(method, &url);
     if let Some(b) = body {
         req = req.json(&b);
     }
-    let response = req
-        .send()
-        .await
-        .with_context(|| format!("requesting {url}"))?;
+    let response = send(req, &url, target.token.as_deref()).await?;
     let status = response.status();
     let text = response.text().await.context("reading the answer")?;
     let pretty = serde_json::from_str::<Value>(&text)

@@ -464,8 +464,8 @@ mod tests {
         );
     }
 
-    #[test]
-    fn halt_text_is_capped() {
+    /// One run `k` (generation 1) whose first failure halts it.
+    fn one_run_halting_at_first_failure() -> (Deliveries, DeliveryConfig) {
         let mut d = Deliveries::default();
         d.runs.insert(
             "k".into(),
@@ -475,6 +475,12 @@ mod tests {
             max_attempts: 1,
             ..policy()
         };
+        (d, p)
+    }
+
+    #[test]
+    fn halt_text_is_capped() {
+        let (mut d, p) = one_run_halting_at_first_failure();
         let (jobs, _) = d.due(0, 5, 100);
         let long = Failure {
             message: "é".repeat(100_000),
@@ -488,15 +494,7 @@ mod tests {
 
     #[test]
     fn a_failed_fact_lets_the_run_decide_again_later() {
-        let mut d = Deliveries::default();
-        d.runs.insert(
-            "k".into(),
-            SubscriptionRuntime::new(1, Ok(route(OnFailingEvent::Halt)), 0, 0, false),
-        );
-        let p = DeliveryConfig {
-            max_attempts: 1,
-            ..policy()
-        };
+        let (mut d, p) = one_run_halting_at_first_failure();
         let (jobs, _) = d.due(0, 5, 100);
         assert!(d
             .complete(done(&jobs[0], Err(failure(None))), 0, 0.0, &p, |_| None)
