@@ -50,7 +50,16 @@ impl StreamsRef {
 
 struct Inner {
     ctx: ActorContext,
-    actors: Mutex<HashMap<StreamAddress, mpsc::Sender<Command>>>,
+    actors: Mutex<HashMap<StreamAddress, Entry>>,
+    /// Whether the idle sweep runs (started with the first actor).
+    sweeping: std::sync::atomic::AtomicBool,
+}
+
+/// An actor in the registry.
+struct Entry {
+    tx: mpsc::Sender<Command>,
+    /// When a request was last routed to it.
+    last_used: std::time::Instant,
 }
 
 impl Streams {
@@ -78,8 +87,44 @@ impl Streams {
                 idle_stream_ms: settings.idle_stream_ms,
             },
             actors: Mutex::new(HashMap::new()),
+            sweeping: std::sync::atomic::AtomicBool::new(false),
         });
         Streams { inner }
+    }
+
+    /// Every half idle period, asks the actors that no request reached for
+    /// the whole period whether they may go (`Command::IdleCheck`). One
+    /// timer for the host, not one per actor; ends with the registry.
+    fn start_idle_sweep(&self) {
+        use std::sync::atomic::Ordering;
+        if self.inner.sweeping.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let weak = Arc::downgrade(&self.inner);
+        let idle = std::time::Duration::from_millis(self.inner.ctx.idle_stream_ms);
+        let period = (idle / 2).max(std::time::Duration::from_millis(10));
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(period);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                let Some(inner) = weak.upgrade() else { return };
+                let now = std::time::Instant::now();
+                let idle_ones: Vec<mpsc::Sender<Command>> = inner
+                    .actors
+                    .lock()
+                    .expect("actor registry")
+                    .values()
+                    .filter(|e| now.duration_since(e.last_used) >= idle)
+                    .map(|e| e.tx.clone())
+                    .collect();
+                drop(inner);
+                for tx in idle_ones {
+                    // A full mailbox is a busy actor: not idle.
+                    let _ = tx.try_send(Command::IdleCheck);
+                }
+            }
+        });
     }
 
     /// Stream actors in memory.
@@ -101,7 +146,7 @@ impl Streams {
             return false;
         }
         match actors.get(address) {
-            Some(tx) if tx.same_channel(me) => {
+            Some(e) if e.tx.same_channel(me) => {
                 actors.remove(address);
                 self.inner.ctx.metrics.stream_actors_add(-1);
                 if actors.capacity() > 64 && actors.len() < actors.capacity() / 4 {
@@ -134,10 +179,12 @@ impl Streams {
     }
 
     fn sender(&self, address: &StreamAddress) -> mpsc::Sender<Command> {
+        let now = std::time::Instant::now();
         let mut actors = self.inner.actors.lock().expect("actor registry");
-        if let Some(tx) = actors.get(address) {
-            if !tx.is_closed() {
-                return tx.clone();
+        if let Some(e) = actors.get_mut(address) {
+            if !e.tx.is_closed() {
+                e.last_used = now;
+                return e.tx.clone();
             }
             // Its actor ended without releasing itself: replaced below.
             self.inner.ctx.metrics.stream_actors_add(-1);
@@ -145,7 +192,15 @@ impl Streams {
         let (tx, rx) = mpsc::channel(MAILBOX_CAPACITY);
         actor::spawn(address.clone(), self.inner.ctx.clone(), &tx, rx);
         self.inner.ctx.metrics.stream_actors_add(1);
-        actors.insert(address.clone(), tx.clone());
+        actors.insert(
+            address.clone(),
+            Entry {
+                tx: tx.clone(),
+                last_used: now,
+            },
+        );
+        drop(actors);
+        self.start_idle_sweep();
         tx
     }
 

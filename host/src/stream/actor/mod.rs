@@ -18,8 +18,9 @@
 //! Lifecycle: the registry starts an actor on first use; the actor loads
 //! its stream, serves, and releases itself (see `Streams::release`) once it
 //! has been idle for `[limits] idle-stream-ms` with no live connection, no
-//! delivery in flight, due or scheduled, and nothing to write; an actor
-//! whose stream does not exist releases itself as soon as it has answered.
+//! delivery in flight, due or scheduled, and nothing to write (the
+//! registry's sweep sends `IdleCheck` to wake it for that); an actor whose
+//! stream does not exist releases itself as soon as it has answered.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -128,6 +129,9 @@ pub enum Command {
     },
     /// Load the stream and resume its deliveries (sent at startup).
     Wake,
+    /// The registry saw no request for the idle period: release the actor
+    /// if nothing else keeps it.
+    IdleCheck,
     /// The result of a delivery this actor started.
     DeliveryDone(Box<DeliveryDone>),
     /// Open a live connection.
@@ -302,19 +306,12 @@ enum Wake {
     Command(Option<Command>),
     Committed(Result<Result<i64, CommitError>, oneshot::error::RecvError>),
     Timer,
-    Idle,
 }
 
 impl Actor {
     async fn run(mut self, mut rx: mpsc::Receiver<Command>) {
         let mut in_flight: Option<(InFlight, oneshot::Receiver<Result<i64, CommitError>>)> = None;
         let mut closed = false;
-        // One idle timer for the actor's life, moved on only when it fires
-        // (not at every request: arming a timer per message costs the timer
-        // wheel dearly under load).
-        let idle_ms = std::time::Duration::from_millis(self.ctx.idle_stream_ms);
-        let idle = tokio::time::sleep(idle_ms);
-        tokio::pin!(idle);
         loop {
             if self.reload_needed
                 && self
@@ -338,7 +335,6 @@ impl Actor {
                 }
             }
             let timer = self.next_timer();
-            let idle_armed = in_flight.is_none() && self.may_release();
             let wake = {
                 let commit = async {
                     match in_flight.as_mut() {
@@ -356,14 +352,15 @@ impl Actor {
                     cmd = rx.recv(), if !closed => Wake::Command(cmd),
                     result = commit => Wake::Committed(result),
                     _ = sleep => Wake::Timer,
-                    _ = &mut idle, if idle_armed => Wake::Idle,
                 }
             };
             match wake {
                 Wake::Command(Some(cmd)) => {
                     if !matches!(
                         cmd,
-                        Command::DeliveryDone(_) | Command::ConnectionEnded { .. }
+                        Command::DeliveryDone(_)
+                            | Command::ConnectionEnded { .. }
+                            | Command::IdleCheck
                     ) {
                         self.last_request = tokio::time::Instant::now();
                     }
@@ -378,20 +375,13 @@ impl Actor {
                     self.finish(round, result);
                 }
                 Wake::Timer => {}
-                Wake::Idle => {
-                    // Checked at the top of the loop; wake again when the
-                    // latest request has been idle for the whole period.
-                    let now = tokio::time::Instant::now();
-                    let at = (self.last_request + idle_ms)
-                        .max(now + std::time::Duration::from_millis(1));
-                    idle.as_mut().reset(at);
-                }
             }
         }
     }
 
     /// When the actor must wake with no message: the next delivery retry or
-    /// deadline, or a reload after a failure. (The idle timer is apart.)
+    /// deadline, or a reload after a failure. (Idleness is the registry's
+    /// sweep: no timer per actor.)
     fn next_timer(&self) -> Option<tokio::time::Instant> {
         let now = tokio::time::Instant::now();
         let now_ms = self.ctx.clock.now_ms();
@@ -481,6 +471,8 @@ impl Actor {
                 }
             }
             Command::DeliveryDone(done) => self.delivery_done(*done),
+            // The loop's top decides (idle long enough, nothing pending).
+            Command::IdleCheck => {}
             Command::Connect { params, reply } => {
                 let loaded = self.ensure_loaded().await;
                 match loaded {
