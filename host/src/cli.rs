@@ -42,7 +42,7 @@ pub enum Command {
 pub struct DeployArgs {
     #[arg(long, env = "STREAMHOST_URL", default_value = "http://127.0.0.1:7410")]
     pub url: String,
-    #[arg(long, env = "STREAMHOST_TOKEN")]
+    #[arg(long, env = "STREAMHOST_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
     #[arg(long, env = "STREAMHOST_PROJECT")]
     pub project: String,
@@ -109,7 +109,7 @@ pub struct Target {
     #[arg(long, env = "STREAMHOST_URL", default_value = "http://127.0.0.1:7410")]
     pub url: String,
     /// Bearer token.
-    #[arg(long, env = "STREAMHOST_TOKEN")]
+    #[arg(long, env = "STREAMHOST_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
     /// Project of the stream.
     #[arg(long, env = "STREAMHOST_PROJECT", conflicts_with = "global")]
@@ -215,7 +215,8 @@ pub async fn run(cli: Cli) -> Result<()> {
     }
 }
 
-/// Sends `req` to `url` with the bearer `token`, if any.
+/// Sends `req` to `url` with the bearer `token`, if any. A server that
+/// cannot be reached is one line naming the URL, with a hint.
 async fn send(
     req: reqwest::RequestBuilder,
     url: &str,
@@ -225,9 +226,33 @@ async fn send(
         Some(t) => req.bearer_auth(t),
         None => req,
     };
-    req.send()
-        .await
-        .with_context(|| format!("requesting {url}"))
+    req.send().await.map_err(|e| {
+        if e.is_connect() {
+            anyhow::anyhow!(
+                "cannot reach the server at {url} (is it running? set --url or STREAMHOST_URL)"
+            )
+        } else {
+            anyhow::Error::new(e).context(format!("requesting {url}"))
+        }
+    })
+}
+
+/// Writes one line to stdout. A closed pipe (`streamhost events ... | head`)
+/// comes back as an error that `main` ends quietly on ([`is_broken_pipe`]).
+fn print_line(text: &str) -> Result<()> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{text}")?;
+    out.flush()?;
+    Ok(())
+}
+
+/// Whether `e` is stdout closing under us: the command ends quietly.
+pub fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
 }
 
 async fn verify(a: VerifyArgs) -> Result<()> {
@@ -237,7 +262,7 @@ async fn verify(a: VerifyArgs) -> Result<()> {
     let response = send(req, &url, a.target.token.as_deref()).await?;
     let status = response.status();
     let v: Value = response.json().await.context("reading the answer")?;
-    println!("{}", serde_json::to_string_pretty(&v)?);
+    print_line(&serde_json::to_string_pretty(&v)?)?;
     if !status.is_success() {
         bail!("{status}");
     }
@@ -265,8 +290,7 @@ async fn deploy(a: DeployArgs) -> Result<()> {
     if !status.is_success() {
         bail!("{status}: {text}");
     }
-    println!("{text}");
-    Ok(())
+    print_line(&text)
 }
 
 /// `streamhost fold`: folds a component over a JSONL file, offline.
@@ -362,8 +386,7 @@ fn fold_offline(a: FoldArgs) -> Result<()> {
         .ok()
         .and_then(|v| serde_json::to_string_pretty(&v).ok())
         .unwrap_or(state);
-    println!("{pretty}");
-    Ok(())
+    print_line(&pretty)
 }
 
 async fn tail(a: TailArgs) -> Result<()> {
@@ -520,8 +543,7 @@ async fn request(
         .and_then(|v| serde_json::to_string_pretty(&v).ok())
         .unwrap_or(text);
     if status.is_success() {
-        println!("{pretty}");
-        Ok(())
+        print_line(&pretty)
     } else {
         bail!("{status}: {pretty}")
     }

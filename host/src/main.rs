@@ -14,6 +14,9 @@ async fn main() {
         .init();
     let cli = streamhost::cli::Cli::parse();
     if let Err(e) = streamhost::cli::run(cli).await {
+        if streamhost::cli::is_broken_pipe(&e) {
+            return; // `| head` closed stdout: nothing more to say.
+        }
         eprintln!("error: {e:#}");
         std::process::exit(1);
     }

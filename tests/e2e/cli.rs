@@ -262,3 +262,60 @@ async fn deploy_and_verify_commands() {
     assert!(ok, "{out}{err}");
     assert!(out.contains("\"matches\": true"), "{out}");
 }
+
+#[tokio::test]
+async fn a_closed_pipe_ends_a_command_quietly() {
+    let s = Server::start();
+    // More output than a pipe holds (64 KiB), so the command is still
+    // writing when the reader goes away.
+    let events: Vec<Value> = (0..100)
+        .map(|i| serde_json::json!({"type": "x.y/big", "payload": {"i": i, "pad": "x".repeat(2000)}}))
+        .collect();
+    let (status, out) = s
+        .post(
+            "/v1/projects/acme/streams/cli/big:append",
+            serde_json::json!({ "events": events }),
+        )
+        .await;
+    assert_eq!(status, 200, "{out}");
+    let mut child = Command::new(BIN)
+        .args(["events", "--url", &s.url, "--project", "acme", "/cli/big"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take()); // `| head` that has read enough
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{:?}: {err}", out.status);
+    assert!(err.trim().is_empty(), "nothing on stderr: {err}");
+}
+
+#[test]
+fn help_never_shows_the_token() {
+    for command in ["events", "deploy", "append", "tail"] {
+        let out = Command::new(BIN)
+            .args([command, "--help"])
+            .env("STREAMHOST_TOKEN", "s3cret-token-value")
+            .output()
+            .unwrap();
+        let help = String::from_utf8_lossy(&out.stdout);
+        assert!(help.contains("STREAMHOST_TOKEN"), "{help}");
+        assert!(!help.contains("s3cret-token-value"), "{command}: {help}");
+    }
+}
+
+#[test]
+fn an_unreachable_server_is_one_line_with_a_hint() {
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", closed.local_addr().unwrap());
+    drop(closed);
+    let (ok, _, err) = run_cli(&["events", "--url", &url, "--project", "acme", "/x"]);
+    assert!(!ok);
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(err.contains(&url), "{err}");
+    assert!(
+        err.contains("is it running? set --url or STREAMHOST_URL"),
+        "{err}"
+    );
+}
