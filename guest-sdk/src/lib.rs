@@ -1,8 +1,10 @@
 //! streamhost-guest: write a streamhost processor in Rust.
 //!
 //! A processor is a serde state type, a fold over the stream's events, and
-//! one macro call; the WIT bindings stay hidden. Build it with
-//! `cargo build --release --target wasm32-wasip2` and deploy the `.wasm`.
+//! one macro call; the WIT bindings stay hidden. The crate needs
+//! `[lib] crate-type = ["cdylib"]` (without it cargo writes no `.wasm`).
+//! Build it with `cargo build --release --target wasm32-wasip2` and deploy
+//! `target/wasm32-wasip2/release/<crate>.wasm`.
 //!
 //! ```ignore
 //! use streamhost_guest::{Context, Event, Failure, Processor};

@@ -90,15 +90,31 @@ async fn deploy_validates_components_and_lists_them() {
         &s.deploy("acme", "junk", b"not wasm at all".to_vec()).await,
         400,
         "invalid-component",
-        "not a valid WebAssembly component",
+        "not a valid WebAssembly component: it is not WebAssembly (15 bytes starting 6e 6f 74",
     );
-    // A core module is not a component.
-    assert_error(
-        &s.deploy("acme", "core", b"\0asm\x01\0\0\0".to_vec()).await,
-        400,
-        "invalid-component",
-        "not a valid WebAssembly component",
-    );
+    // A core module is not a component; an rlib is what a crate without
+    // crate-type = ["cdylib"] leaves. Each says how to build a component.
+    for (name, bytes, what) in [
+        (
+            "core",
+            b"\0asm\x01\0\0\0".to_vec(),
+            "it is a core WebAssembly module",
+        ),
+        (
+            "rlib",
+            b"!<arch>\n/               0".to_vec(),
+            "it is an rlib",
+        ),
+    ] {
+        let answer = s.deploy("acme", name, bytes).await;
+        assert_error(&answer, 400, "invalid-component", what);
+        assert_error(
+            &answer,
+            400,
+            "invalid-component",
+            "cargo build --release --target wasm32-wasip2",
+        );
+    }
     // An empty component exports no processor interface.
     assert_error(
         &s.deploy("acme", "empty", b"\0asm\x0d\0\x01\0".to_vec())

@@ -215,6 +215,11 @@ impl Runtime {
     /// alone and exports functions; returns the exported function names and
     /// whether it is a processor.
     pub fn validate(&self, bytes: &[u8]) -> Result<(Vec<String>, bool), String> {
+        if let Some(what) = not_a_component(bytes) {
+            return Err(format!(
+                "the body is not a valid WebAssembly component: {what}. {BUILD_HINT}"
+            ));
+        }
         let component = Component::new(&self.engine, bytes).map_err(|e| {
             format!(
                 "the body is not a valid WebAssembly component: {}",
@@ -595,6 +600,40 @@ pub fn digest(bytes: &[u8]) -> String {
     format!("sha256:{hex}")
 }
 
+/// How a processor or ITX component is built.
+pub const BUILD_HINT: &str = "Build a component with `crate-type = [\"cdylib\"]` in the crate's [lib] and `cargo build --release --target wasm32-wasip2`, then send target/wasm32-wasip2/release/<crate>.wasm";
+
+/// What `bytes` are when they are plainly not a component: an rlib, a core
+/// module, or not WebAssembly at all (`None`: a component header).
+pub fn not_a_component(bytes: &[u8]) -> Option<String> {
+    const WASM_MAGIC: &[u8] = b"\0asm";
+    if bytes.starts_with(b"!<arch>\n") {
+        return Some(
+            "it is an rlib (a Rust library archive): the crate lacks crate-type = [\"cdylib\"]"
+                .into(),
+        );
+    }
+    if !bytes.starts_with(WASM_MAGIC) {
+        let head: Vec<String> = bytes.iter().take(8).map(|b| format!("{b:02x}")).collect();
+        return Some(format!(
+            "it is not WebAssembly ({} bytes starting {}, not 00 61 73 6d)",
+            bytes.len(),
+            if head.is_empty() {
+                "with nothing".to_string()
+            } else {
+                head.join(" ")
+            }
+        ));
+    }
+    match bytes.get(4..8) {
+        // version 1, layer 0: a core module.
+        Some([1, 0, 0, 0]) => Some(
+            "it is a core WebAssembly module, not a component (wasm32-unknown-unknown and wasm32-wasip1 build core modules)".into(),
+        ),
+        _ => None,
+    }
+}
+
 /// A `Hasher` over sha256, for keys that must be stable across builds.
 struct Sha256Hasher(sha2::Sha256);
 
@@ -625,6 +664,22 @@ fn unique_temp_path(path: &std::path::Path) -> PathBuf {
 #[cfg(test)]
 mod cache_file_tests {
     use super::*;
+
+    #[test]
+    fn plainly_wrong_bodies_say_what_they_are() {
+        let rlib = not_a_component(b"!<arch>\n/               0").unwrap();
+        assert!(rlib.contains("rlib"), "{rlib}");
+        let core = not_a_component(b"\0asm\x01\0\0\0").unwrap();
+        assert!(core.contains("core WebAssembly module"), "{core}");
+        let junk = not_a_component(b"not wasm").unwrap();
+        assert!(junk.contains("6e 6f 74 20 77 61 73 6d"), "{junk}");
+        assert!(not_a_component(b"").unwrap().contains("0 bytes"));
+        assert_eq!(
+            not_a_component(b"\0asm\x0d\0\x01\0"),
+            None,
+            "a component header"
+        );
+    }
 
     #[test]
     fn temp_files_are_unique_per_call_and_beside_the_target() {
