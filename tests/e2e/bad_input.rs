@@ -115,6 +115,12 @@ async fn bad_paths_and_project_names_are_refused() {
             ":explode",
         ),
         (
+            "/v1/projects/acme/streams/a:apend".into(),
+            404,
+            "method-not-found",
+            "(did you mean :append?); stream methods: :append, :events",
+        ),
+        (
             "/v1/projects/acme/nothing".into(),
             404,
             "not-found",

@@ -304,9 +304,52 @@ async fn stream_call(
         )),
         (other, _) => Err(ApiError::not_found(
             "method-not-found",
-            format!("unknown stream method {:?}", format!(":{other}")),
+            unknown_method_message(other),
         )),
     }
+}
+
+/// Every stream method, as routed above.
+pub const STREAM_METHODS: &[&str] = &[
+    "append",
+    "events",
+    "state",
+    "runtime",
+    "connect",
+    "waitForEvent",
+    "reset",
+    "subscribeToEventsFrom",
+    "unsubscribeFromEvents",
+    "setSubscriptionCursor",
+    "resumeSubscription",
+    "setSubscriptionCursorAndResume",
+    "processors/{component}",
+    "verifyProcessor",
+];
+
+/// "unknown stream method", the closest method when one is close, and the
+/// whole list.
+fn unknown_method_message(method: &str) -> String {
+    let closest = STREAM_METHODS
+        .iter()
+        .map(|m| {
+            (
+                strsim::levenshtein(&method.to_lowercase(), &m.to_lowercase()),
+                m,
+            )
+        })
+        .min_by_key(|(d, _)| *d)
+        .filter(|(d, m)| *d <= 2.max(m.len() / 4));
+    let hint = match closest {
+        Some((_, m)) => format!(" (did you mean :{m}?)"),
+        None => String::new(),
+    };
+    let all: Vec<String> = STREAM_METHODS.iter().map(|m| format!(":{m}")).collect();
+    format!(
+        "unknown stream method {:?}{hint}; stream methods: {}",
+        format!(":{method}"),
+        all.join(", ")
+    )
 }
 
 /// Reads a JSON body within the configured limit, naming the path of any
@@ -343,6 +386,20 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_unknown_method_names_the_closest_and_lists_all() {
+        let m = unknown_method_message("apend");
+        assert!(
+            m.starts_with("unknown stream method \":apend\" (did you mean :append?)"),
+            "{m}"
+        );
+        assert!(m.contains(":waitForEvent") && m.contains(":connect"), "{m}");
+        let m = unknown_method_message("waitforevent");
+        assert!(m.contains("did you mean :waitForEvent?"), "{m}");
+        let m = unknown_method_message("frobnicate");
+        assert!(!m.contains("did you mean"), "{m}");
+    }
 
     #[test]
     fn stream_urls() {
