@@ -26,6 +26,8 @@ pub enum Command {
     Append(AppendArgs),
     /// Read a page of a stream's events.
     Events(EventsArgs),
+    /// List the streams of a project (or the global namespace), in path order.
+    Streams(StreamsArgs),
     /// Print a stream's reduced core state.
     State(StateArgs),
     /// Print a stream's events as they arrive, one JSON line each.
@@ -102,21 +104,40 @@ fn parse_durability(s: &str) -> Result<Durability, String> {
     }
 }
 
-/// Where a client command sends its request.
+/// The server and namespace a client command talks to.
 #[derive(Debug, Args)]
-pub struct Target {
+pub struct Server {
     /// Server URL.
     #[arg(long, env = "STREAMHOST_URL", default_value = "http://127.0.0.1:7410")]
     pub url: String,
     /// Bearer token.
     #[arg(long, env = "STREAMHOST_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
-    /// Project of the stream.
+    /// Project of the stream(s).
     #[arg(long, env = "STREAMHOST_PROJECT", conflicts_with = "global")]
     pub project: Option<String>,
     /// Use the deployment-wide namespace instead of a project.
     #[arg(long)]
     pub global: bool,
+}
+
+impl Server {
+    /// `{url}/v1/projects/{p}` or `{url}/v1/global`.
+    fn namespace_url(&self) -> Result<String> {
+        let namespace = match (&self.project, self.global) {
+            (Some(p), false) => format!("projects/{p}"),
+            (None, true) => "global".to_string(),
+            _ => bail!("name the namespace: --project NAME (or STREAMHOST_PROJECT) or --global"),
+        };
+        Ok(format!("{}/v1/{namespace}", self.url.trim_end_matches('/')))
+    }
+}
+
+/// Where a client command sends its request: a stream.
+#[derive(Debug, Args)]
+pub struct Target {
+    #[command(flatten)]
+    pub server: Server,
     /// Stream path, such as /orders/eu.
     pub stream: String,
 }
@@ -153,6 +174,21 @@ pub struct EventsArgs {
     pub limit: usize,
     #[arg(long)]
     pub include_ephemeral: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct StreamsArgs {
+    #[command(flatten)]
+    pub server: Server,
+    /// Only paths that start with this (such as /orders).
+    #[arg(long, default_value = "/")]
+    pub prefix: String,
+    /// Start after this path (the `nextAfterPath` of the previous page).
+    #[arg(long)]
+    pub after_path: Option<String>,
+    /// Streams per page (1 to 1000).
+    #[arg(long, default_value_t = 100)]
+    pub limit: usize,
 }
 
 #[derive(Debug, Args)]
@@ -208,6 +244,7 @@ pub async fn run(cli: Cli) -> Result<()> {
             request(&a.target, reqwest::Method::GET, "events", &query, None).await
         }
         Command::State(a) => request(&a.target, reqwest::Method::GET, "state", "", None).await,
+        Command::Streams(a) => list_streams(a).await,
         Command::Tail(a) => tail(a).await,
         Command::Deploy(a) => deploy(a).await,
         Command::Verify(a) => verify(a).await,
@@ -255,11 +292,23 @@ pub fn is_broken_pipe(e: &anyhow::Error) -> bool {
     })
 }
 
+async fn list_streams(a: StreamsArgs) -> Result<()> {
+    let mut query = form_urlencoded::Serializer::new(String::new());
+    query.append_pair("prefix", &a.prefix);
+    query.append_pair("limit", &a.limit.to_string());
+    if let Some(after) = &a.after_path {
+        query.append_pair("afterPath", after);
+    }
+    let url = format!("{}/streams?{}", a.server.namespace_url()?, query.finish());
+    let req = reqwest::Client::new().get(&url);
+    print_answer(send(req, &url, a.server.token.as_deref()).await?).await
+}
+
 async fn verify(a: VerifyArgs) -> Result<()> {
     let body = json!({ "component": a.component });
     let url = stream_url(&a.target, "verifyProcessor", "")?;
     let req = reqwest::Client::new().post(&url).json(&body);
-    let response = send(req, &url, a.target.token.as_deref()).await?;
+    let response = send(req, &url, a.target.server.token.as_deref()).await?;
     let status = response.status();
     let v: Value = response.json().await.context("reading the answer")?;
     print_line(&serde_json::to_string_pretty(&v)?)?;
@@ -403,7 +452,7 @@ async fn tail(a: TailArgs) -> Result<()> {
     }
     let url = stream_url(&a.target, "connect", &format!("?{}", query.finish()))?;
     let req = reqwest::Client::new().get(&url);
-    let mut response = send(req, &url, a.target.token.as_deref()).await?;
+    let mut response = send(req, &url, a.target.server.token.as_deref()).await?;
     if !response.status().is_success() {
         let status = response.status();
         bail!("{status}: {}", response.text().await.unwrap_or_default());
@@ -502,13 +551,6 @@ async fn shutdown_signal() {
 }
 
 fn stream_url(target: &Target, stream_method: &str, query: &str) -> Result<String> {
-    let namespace = match (&target.project, target.global) {
-        (Some(p), false) => format!("projects/{p}"),
-        (None, true) => "global".to_string(),
-        _ => {
-            bail!("name the stream's namespace: --project NAME (or STREAMHOST_PROJECT) or --global")
-        }
-    };
     if !target.stream.starts_with('/') {
         bail!("stream path {:?} must start with \"/\"", target.stream);
     }
@@ -518,8 +560,8 @@ fn stream_url(target: &Target, stream_method: &str, query: &str) -> Result<Strin
         &target.stream
     };
     Ok(format!(
-        "{}/v1/{namespace}/streams{path}:{stream_method}{query}",
-        target.url.trim_end_matches('/')
+        "{}/streams{path}:{stream_method}{query}",
+        target.server.namespace_url()?
     ))
 }
 
@@ -535,7 +577,11 @@ async fn request(
     if let Some(b) = body {
         req = req.json(&b);
     }
-    let response = send(req, &url, target.token.as_deref()).await?;
+    print_answer(send(req, &url, target.server.token.as_deref()).await?).await
+}
+
+/// Prints a JSON answer pretty; a failure status is the command's error.
+async fn print_answer(response: reqwest::Response) -> Result<()> {
     let status = response.status();
     let text = response.text().await.context("reading the answer")?;
     let pretty = serde_json::from_str::<Value>(&text)

@@ -568,3 +568,92 @@ async fn health_and_metrics() {
         assert!(text.contains(name), "metrics lack {name:?}:\n{text}");
     }
 }
+
+#[tokio::test]
+async fn streams_list_in_path_order_with_prefix_and_pages() {
+    let mut s = Server::start_with(Some(crate::support::TOKENS), &[]);
+    s.token = Some("t-acme".into());
+    for path in ["/orders/us", "/orders/eu", "/other", "/orders/eu/returns"] {
+        let (status, out) = s
+            .post(
+                &format!("/v1/projects/acme/streams{path}:append"),
+                json!({"events": [{"type": "x.y/a"}]}),
+            )
+            .await;
+        assert_eq!(status, 200, "{out}");
+    }
+    s.post(
+        "/v1/projects/acme/streams/orders/eu:append",
+        json!({"events": [{"type": "events.iterate.com/stream/paused", "payload": {"reason": "audit"}}]}),
+    )
+    .await;
+    let (status, page) = s
+        .get("/v1/projects/acme/streams?prefix=/orders&limit=2")
+        .await;
+    assert_eq!(status, 200, "{page}");
+    let paths: Vec<&str> = page["streams"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["path"].as_str().unwrap())
+        .collect();
+    assert_eq!(paths, vec!["/orders/eu", "/orders/eu/returns"]);
+    assert_eq!(page["nextAfterPath"], "/orders/eu/returns");
+    let eu = &page["streams"][0];
+    let (_, state) = s.get("/v1/projects/acme/streams/orders/eu:state").await;
+    assert_eq!(eu["streamId"], state["streamId"]);
+    assert_eq!(eu["createdAt"], state["createdAt"]);
+    assert_eq!(eu["maxOffset"], 3);
+    assert_eq!(eu["eventCount"], 3);
+    assert_eq!(eu["paused"], true);
+    assert_eq!(eu["subscriptions"], 0);
+    let (_, rest) = s
+        .get("/v1/projects/acme/streams?prefix=/orders&limit=2&afterPath=/orders/eu/returns")
+        .await;
+    assert_eq!(rest["streams"].as_array().unwrap().len(), 1);
+    assert_eq!(rest["streams"][0]["path"], "/orders/us");
+    assert_eq!(rest["nextAfterPath"], Value::Null);
+    let (_, all) = s.get("/v1/projects/acme/streams").await;
+    assert_eq!(all["streams"].as_array().unwrap().len(), 4);
+
+    assert_error(
+        &s.get("/v1/projects/acme/streams?limit=0").await,
+        400,
+        "invalid-request",
+        "limit \"0\"",
+    );
+    assert_error(
+        &s.get("/v1/projects/other/streams").await,
+        403,
+        "forbidden",
+        "other",
+    );
+    assert_error(
+        &s.get("/v1/global/streams").await,
+        403,
+        "forbidden",
+        "admin",
+    );
+    s.token = Some("t-admin".into());
+    let (status, global) = s.get("/v1/global/streams").await;
+    assert_eq!(status, 200, "{global}");
+    assert_eq!(global["streams"], json!([]));
+
+    // The CLI lists the same page.
+    let (ok, out, err) = crate::support::run_cli(&[
+        "streams",
+        "--url",
+        &s.url,
+        "--token",
+        "t-acme",
+        "--project",
+        "acme",
+        "--prefix",
+        "/orders",
+        "--limit",
+        "2",
+    ]);
+    assert!(ok, "{err}");
+    let cli: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(cli["nextAfterPath"], "/orders/eu/returns");
+}

@@ -7,6 +7,7 @@ mod connections;
 pub mod error;
 pub mod itx;
 mod query;
+mod streams;
 mod subscriptions;
 
 use axum::body::{to_bytes, Body};
@@ -31,6 +32,8 @@ pub fn router(host: Host) -> Router {
         .route("/metrics", get(metrics))
         .route("/v1/projects/{project}/streams/{*rest}", any(stream_route))
         .route("/v1/global/streams/{*rest}", any(stream_route))
+        .route("/v1/projects/{project}/streams", get(list_project_streams))
+        .route("/v1/global/streams", get(list_global_streams))
         .route("/v1/projects/{project}/components", get(list_components))
         .route("/v1/projects/{project}/itx", axum::routing::post(itx_call))
         .route(
@@ -101,6 +104,36 @@ async fn list_components(
     }
     .await;
     answer(result)
+}
+
+async fn list_project_streams(
+    State(host): State<Host>,
+    axum::extract::Path(project): axum::extract::Path<String>,
+    uri: Uri,
+    headers: HeaderMap,
+) -> Response {
+    let result = async {
+        let namespace = Namespace::project(&project)?;
+        list_streams(&host, &headers, &uri, namespace).await
+    }
+    .await;
+    answer(result)
+}
+
+async fn list_global_streams(State(host): State<Host>, uri: Uri, headers: HeaderMap) -> Response {
+    answer(list_streams(&host, &headers, &uri, Namespace::Global).await)
+}
+
+async fn list_streams(
+    host: &Host,
+    headers: &HeaderMap,
+    uri: &Uri,
+    namespace: Namespace,
+) -> Result<serde_json::Value, ApiError> {
+    let caller = authenticate(host, headers)?;
+    caller.may_use(&namespace)?;
+    let q = query::list_query(uri.query())?;
+    streams::list(host, &namespace, q).await
 }
 
 async fn itx_call(

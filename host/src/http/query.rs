@@ -125,9 +125,84 @@ pub fn read_query(query: Option<&str>) -> Result<ReadQuery, ApiError> {
     Ok(q)
 }
 
+/// Most streams in one page of the stream list.
+pub const LIST_LIMIT_MAX: usize = 1000;
+
+/// The parameters of a stream list.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ListQuery {
+    pub prefix: String,
+    pub after_path: Option<String>,
+    pub limit: usize,
+}
+
+/// Parses `prefix`, `afterPath` and `limit` of `GET .../streams`.
+pub fn list_query(query: Option<&str>) -> Result<ListQuery, ApiError> {
+    let mut q = ListQuery {
+        prefix: "/".into(),
+        after_path: None,
+        limit: 100,
+    };
+    for (name, value) in decoded(query) {
+        match name.as_str() {
+            "prefix" => {
+                if !value.starts_with('/') {
+                    return Err(ApiError::invalid(format!(
+                        "prefix {value:?} must start with \"/\""
+                    )));
+                }
+                q.prefix = value;
+            }
+            "afterPath" => q.after_path = Some(value),
+            "limit" => {
+                q.limit = value
+                    .parse::<usize>()
+                    .ok()
+                    .filter(|l| (1..=LIST_LIMIT_MAX).contains(l))
+                    .ok_or_else(|| {
+                        ApiError::invalid(format!(
+                            "limit {value:?} is not an integer from 1 to {LIST_LIMIT_MAX}"
+                        ))
+                    })?
+            }
+            other => {
+                return Err(ApiError::invalid(format!(
+                "unknown query parameter {other:?} for the stream list (prefix, afterPath, limit)"
+            )))
+            }
+        }
+    }
+    Ok(q)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn list_queries() {
+        assert_eq!(
+            list_query(None).unwrap(),
+            ListQuery {
+                prefix: "/".into(),
+                after_path: None,
+                limit: 100
+            }
+        );
+        let q = list_query(Some("prefix=%2Forders&afterPath=%2Forders%2Feu&limit=2")).unwrap();
+        assert_eq!(q.prefix, "/orders");
+        assert_eq!(q.after_path.as_deref(), Some("/orders/eu"));
+        assert_eq!(q.limit, 2);
+        for (bad, named) in [
+            ("limit=0", "\"0\""),
+            ("limit=1001", "\"1001\""),
+            ("prefix=orders", "\"orders\""),
+            ("x=1", "\"x\""),
+        ] {
+            let e = list_query(Some(bad)).unwrap_err();
+            assert!(e.message.contains(named), "{bad}: {}", e.message);
+        }
+    }
 
     #[test]
     fn read_queries() {

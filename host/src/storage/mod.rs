@@ -48,6 +48,7 @@ pub struct CheckpointRow {
 #[derive(Debug, Clone)]
 pub struct StreamRow {
     pub row_id: i64,
+    pub path: String,
     pub stream_id: String,
     pub created_at: String,
     pub head_offset: u64,
@@ -141,6 +142,7 @@ impl Storage {
                 .query_row(params![project, path], |r| {
                     Ok(StreamRow {
                         row_id: r.get(0)?,
+                        path: path.to_string(),
                         stream_id: r.get(1)?,
                         created_at: r.get(2)?,
                         head_offset: r.get::<_, i64>(3)? as u64,
@@ -156,6 +158,44 @@ impl Storage {
                 .prepare_cached("SELECT COALESCE(MAX(offset), 0) FROM events WHERE stream = ?1")?
                 .query_row([row.row_id], |r| r.get::<_, i64>(0))? as u64;
             Ok(Some(row))
+        })
+    }
+
+    /// Streams of a namespace (`project` key) whose path starts with
+    /// `prefix`, after `after_path`, in path order, at most `limit`.
+    pub fn list_streams(
+        &self,
+        project: &str,
+        prefix: &str,
+        after_path: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<StreamRow>> {
+        self.with_reader(|c| {
+            let mut stmt = c.prepare_cached(
+                "SELECT id, path, stream_id, created_at, head_offset, state_json, state_offset
+                 FROM streams
+                 WHERE project = ?1 AND substr(path, 1, length(?2)) = ?2 AND path > ?3
+                 ORDER BY path LIMIT ?4",
+            )?;
+            let rows = stmt
+                .query_map(
+                    params![project, prefix, after_path.unwrap_or(""), limit as i64],
+                    |r| {
+                        Ok(StreamRow {
+                            row_id: r.get(0)?,
+                            path: r.get(1)?,
+                            stream_id: r.get(2)?,
+                            created_at: r.get(3)?,
+                            head_offset: r.get::<_, i64>(4)? as u64,
+                            state_json: r.get(5)?,
+                            state_offset: r.get::<_, i64>(6)? as u64,
+                            log_head: 0,
+                        })
+                    },
+                )?
+                .collect::<rusqlite::Result<Vec<_>>>()
+                .context("listing streams")?;
+            Ok(rows)
         })
     }
 
