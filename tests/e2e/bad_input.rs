@@ -25,6 +25,10 @@ async fn bad_bodies_name_the_bad_value() {
         (b"{\"events\": [", "invalid JSON body"),
         (b"", "empty"),
         (b"[1, 2]", "invalid JSON body"),
+        (
+            br#"{"events": [{"type": "x.y/a",}]}"#,
+            "invalid JSON body: trailing comma at line 1 column 30",
+        ),
         (br#"{"events": [{"type": "x.y/a"}], "extra": 1}"#, "extra"),
         (br#"{"events": [{"type": "x.y/a", "colour": "red"}]}"#, "colour"),
         (br#"{"events": [{"type": 7}]}"#, "events[0].type"),

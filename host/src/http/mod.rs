@@ -405,7 +405,10 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     let mut de = serde_json::Deserializer::from_slice(bytes);
     let value = serde_path_to_error::deserialize(&mut de).map_err(|e| {
         let path = e.path().to_string();
-        if path == "." {
+        // A syntax error is about the text (its line and column say where),
+        // not about a field: the path there may be half-read (`events[0].?`).
+        let syntax = !matches!(e.inner().classify(), serde_json::error::Category::Data);
+        if path == "." || syntax {
             ApiError::invalid(format!("invalid JSON body: {}", e.inner()))
         } else {
             ApiError::invalid(format!("invalid JSON body at {path}: {}", e.inner()))
@@ -419,6 +422,30 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn syntax_errors_give_line_and_column_and_no_half_read_path() {
+        let e =
+            parse_json::<serde_json::Value>(b"{\"events\": [{\"type\": \"x.y/a\",}]}").unwrap_err();
+        assert_eq!(
+            e.message,
+            "invalid JSON body: trailing comma at line 1 column 30"
+        );
+        let e = parse_json::<serde_json::Value>(b"{\"a\": 1,\n}").unwrap_err();
+        assert_eq!(
+            e.message,
+            "invalid JSON body: trailing comma at line 2 column 1"
+        );
+        // A data error still names its field.
+        let e =
+            parse_json::<crate::stream::AppendInput>(b"{\"events\": [{\"type\": 7}]}").unwrap_err();
+        assert!(
+            e.message
+                .starts_with("invalid JSON body at events[0].type: "),
+            "{}",
+            e.message
+        );
+    }
 
     #[test]
     fn an_unknown_method_names_the_closest_and_lists_all() {
