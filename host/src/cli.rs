@@ -34,6 +34,9 @@ pub enum Command {
     Tail(TailArgs),
     /// Deploy (or replace) a component in a project.
     Deploy(DeployArgs),
+    /// Deployed components.
+    #[command(subcommand)]
+    Component(ComponentCommand),
     /// Refold a processor from offset 0 and compare with its stored state.
     Verify(VerifyArgs),
     /// Fold a processor component over a JSONL file of events, offline.
@@ -52,6 +55,30 @@ pub struct DeployArgs {
     pub name: String,
     /// The component (.wasm).
     pub file: PathBuf,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ComponentCommand {
+    /// Download a deployed component's .wasm (to run a repro command locally).
+    Get(ComponentGetArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ComponentGetArgs {
+    /// Server URL.
+    #[arg(long, env = "STREAMHOST_URL", default_value = "http://127.0.0.1:7410")]
+    pub url: String,
+    /// Bearer token.
+    #[arg(long, env = "STREAMHOST_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+    /// Project of the component.
+    #[arg(long, env = "STREAMHOST_PROJECT")]
+    pub project: String,
+    /// Component name.
+    pub name: String,
+    /// Where to write it (default: NAME.wasm in the current directory).
+    #[arg(long, short)]
+    pub output: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -247,6 +274,7 @@ pub async fn run(cli: Cli) -> Result<()> {
         Command::Streams(a) => list_streams(a).await,
         Command::Tail(a) => tail(a).await,
         Command::Deploy(a) => deploy(a).await,
+        Command::Component(ComponentCommand::Get(a)) => component_get(a).await,
         Command::Verify(a) => verify(a).await,
         Command::Fold(a) => tokio::task::spawn_blocking(move || fold_offline(a)).await?,
     }
@@ -302,6 +330,34 @@ async fn list_streams(a: StreamsArgs) -> Result<()> {
     let url = format!("{}/streams?{}", a.server.namespace_url()?, query.finish());
     let req = reqwest::Client::new().get(&url);
     print_answer(send(req, &url, a.server.token.as_deref()).await?).await
+}
+
+async fn component_get(a: ComponentGetArgs) -> Result<()> {
+    let url = format!(
+        "{}/v1/projects/{}/components/{}",
+        a.url.trim_end_matches('/'),
+        a.project,
+        a.name
+    );
+    let req = reqwest::Client::new()
+        .get(&url)
+        .header("accept", "application/wasm");
+    let response = send(req, &url, a.token.as_deref()).await?;
+    let status = response.status();
+    if !status.is_success() {
+        let text = response.text().await.unwrap_or_default();
+        bail!("{status}: {text}");
+    }
+    let bytes = response.bytes().await.context("reading the component")?;
+    let path = a
+        .output
+        .unwrap_or_else(|| PathBuf::from(format!("{}.wasm", a.name)));
+    std::fs::write(&path, &bytes).with_context(|| format!("writing {}", path.display()))?;
+    print_line(&format!(
+        "wrote {} bytes to {}",
+        bytes.len(),
+        path.display()
+    ))
 }
 
 async fn verify(a: VerifyArgs) -> Result<()> {

@@ -314,3 +314,58 @@ async fn state_equals_the_fold_of_the_log_across_sigkills() {
         .await;
     assert_eq!(v["matches"], true, "{v}");
 }
+
+#[tokio::test]
+async fn a_deployed_component_can_be_downloaded() {
+    let s = Server::start();
+    let bytes = guest("counter");
+    let (status, deployed) = s.deploy("acme", "counter", bytes.clone()).await;
+    assert_eq!(status, 200, "{deployed}");
+
+    let (status, row) = s.get("/v1/projects/acme/components/counter").await;
+    assert_eq!(status, 200, "{row}");
+    assert_eq!(row["name"], "counter");
+    assert_eq!(row["digest"], deployed["digest"]);
+
+    let response = reqwest::Client::new()
+        .get(format!("{}/v1/projects/acme/components/counter", s.url))
+        .header("accept", "application/wasm")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(
+        response.headers()["content-type"],
+        "application/wasm",
+        "the bytes themselves"
+    );
+    assert_eq!(response.bytes().await.unwrap().to_vec(), bytes);
+
+    assert_error(
+        &s.get("/v1/projects/acme/components/nope").await,
+        404,
+        "component-not-found",
+        "\"nope\"",
+    );
+
+    // The CLI writes the same bytes to a file.
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("counter.wasm");
+    let (ok, printed, err) = crate::support::run_cli(&[
+        "component",
+        "get",
+        "--url",
+        &s.url,
+        "--project",
+        "acme",
+        "counter",
+        "--output",
+        out.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    assert!(
+        printed.contains(&format!("wrote {} bytes", bytes.len())),
+        "{printed}"
+    );
+    assert_eq!(std::fs::read(&out).unwrap(), bytes);
+}

@@ -71,6 +71,37 @@ pub async fn list(host: &Host, project: &str) -> Result<Value, ApiError> {
     Ok(json!({ "components": rows }))
 }
 
+/// A deployed component: its row, and its bytes when `with_bytes`.
+pub async fn get(
+    host: &Host,
+    project: &str,
+    name: &str,
+    with_bytes: bool,
+) -> Result<(crate::storage::ComponentRow, Option<Vec<u8>>), ApiError> {
+    let storage = host.streams.storage().clone();
+    let (project, name) = (project.to_string(), name.to_string());
+    let found = tokio::task::spawn_blocking(move || -> anyhow::Result<_> {
+        let Some(row) = storage.component(&project, &name)? else {
+            return Ok(Err((project, name)));
+        };
+        let bytes = if with_bytes {
+            Some(storage.component_bytes(&row.digest)?)
+        } else {
+            None
+        };
+        Ok(Ok((row, bytes)))
+    })
+    .await
+    .map_err(|e| ApiError::internal(e.to_string()))?
+    .map_err(|e| ApiError::internal(format!("reading the component failed: {e:#}")))?;
+    found.map_err(|(project, name)| {
+        ApiError::not_found(
+            "component-not-found",
+            format!("component {name:?} is not deployed in project {project:?}"),
+        )
+    })
+}
+
 /// The subscription of `stream` that wakes `component`, with its filter.
 fn wake_subscription(
     state: &crate::stream::CoreState,

@@ -38,7 +38,7 @@ pub fn router(host: Host) -> Router {
         .route("/v1/projects/{project}/itx", axum::routing::post(itx_call))
         .route(
             "/v1/projects/{project}/components/{name}",
-            axum::routing::put(deploy_component),
+            axum::routing::put(deploy_component).get(get_component),
         )
         .fallback(fallback)
         .with_state(host)
@@ -167,6 +167,34 @@ async fn deploy_component(
     }
     .await;
     answer(result)
+}
+
+/// `GET .../components/{name}`: the component's row as JSON, or its bytes
+/// with `accept: application/wasm` (to run a repro command locally).
+async fn get_component(
+    State(host): State<Host>,
+    axum::extract::Path((project, name)): axum::extract::Path<(String, String)>,
+    headers: HeaderMap,
+) -> Response {
+    let wants_wasm = headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.contains("application/wasm"));
+    let result = async {
+        authorize_project(&host, &headers, &project)?;
+        components::get(&host, &project, &name, wants_wasm).await
+    }
+    .await;
+    match result {
+        Ok((_, Some(bytes))) => (
+            StatusCode::OK,
+            [(header::CONTENT_TYPE, "application/wasm")],
+            bytes,
+        )
+            .into_response(),
+        Ok((row, None)) => ok_json(&row),
+        Err(e) => e.into_response(),
+    }
 }
 
 async fn fallback(method: Method, uri: Uri) -> Response {
