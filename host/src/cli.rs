@@ -43,16 +43,37 @@ pub enum Command {
     Fold(FoldArgs),
 }
 
+/// A component of a project on a server.
 #[derive(Debug, Args)]
-pub struct DeployArgs {
+pub struct ComponentRef {
+    /// Server URL.
     #[arg(long, env = "STREAMHOST_URL", default_value = "http://127.0.0.1:7410")]
     pub url: String,
+    /// Bearer token.
     #[arg(long, env = "STREAMHOST_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
+    /// Project of the component.
     #[arg(long, env = "STREAMHOST_PROJECT")]
     pub project: String,
     /// Component name.
     pub name: String,
+}
+
+impl ComponentRef {
+    fn url(&self) -> String {
+        format!(
+            "{}/v1/projects/{}/components/{}",
+            self.url.trim_end_matches('/'),
+            self.project,
+            self.name
+        )
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct DeployArgs {
+    #[command(flatten)]
+    pub component: ComponentRef,
     /// The component (.wasm).
     pub file: PathBuf,
 }
@@ -65,17 +86,8 @@ pub enum ComponentCommand {
 
 #[derive(Debug, Args)]
 pub struct ComponentGetArgs {
-    /// Server URL.
-    #[arg(long, env = "STREAMHOST_URL", default_value = "http://127.0.0.1:7410")]
-    pub url: String,
-    /// Bearer token.
-    #[arg(long, env = "STREAMHOST_TOKEN", hide_env_values = true)]
-    pub token: Option<String>,
-    /// Project of the component.
-    #[arg(long, env = "STREAMHOST_PROJECT")]
-    pub project: String,
-    /// Component name.
-    pub name: String,
+    #[command(flatten)]
+    pub component: ComponentRef,
     /// Where to write it (default: NAME.wasm in the current directory).
     #[arg(long, short)]
     pub output: Option<PathBuf>,
@@ -333,16 +345,11 @@ async fn list_streams(a: StreamsArgs) -> Result<()> {
 }
 
 async fn component_get(a: ComponentGetArgs) -> Result<()> {
-    let url = format!(
-        "{}/v1/projects/{}/components/{}",
-        a.url.trim_end_matches('/'),
-        a.project,
-        a.name
-    );
+    let url = a.component.url();
     let req = reqwest::Client::new()
         .get(&url)
         .header("accept", "application/wasm");
-    let response = send(req, &url, a.token.as_deref()).await?;
+    let response = send(req, &url, a.component.token.as_deref()).await?;
     let status = response.status();
     if !status.is_success() {
         let text = response.text().await.unwrap_or_default();
@@ -351,7 +358,7 @@ async fn component_get(a: ComponentGetArgs) -> Result<()> {
     let bytes = response.bytes().await.context("reading the component")?;
     let path = a
         .output
-        .unwrap_or_else(|| PathBuf::from(format!("{}.wasm", a.name)));
+        .unwrap_or_else(|| PathBuf::from(format!("{}.wasm", a.component.name)));
     std::fs::write(&path, &bytes).with_context(|| format!("writing {}", path.display()))?;
     print_line(&format!(
         "wrote {} bytes to {}",
@@ -379,17 +386,12 @@ async fn verify(a: VerifyArgs) -> Result<()> {
 
 async fn deploy(a: DeployArgs) -> Result<()> {
     let bytes = std::fs::read(&a.file).with_context(|| format!("reading {}", a.file.display()))?;
-    let url = format!(
-        "{}/v1/projects/{}/components/{}",
-        a.url.trim_end_matches('/'),
-        a.project,
-        a.name
-    );
+    let url = a.component.url();
     let req = reqwest::Client::new()
         .put(&url)
         .header("content-type", "application/wasm")
         .body(bytes);
-    let response = send(req, &url, a.token.as_deref()).await?;
+    let response = send(req, &url, a.component.token.as_deref()).await?;
     let status = response.status();
     let text = response.text().await?;
     if !status.is_success() {

@@ -9,11 +9,13 @@ use serde_json::{json, Value};
 use crate::processors::PROC;
 use crate::support::{guest, Server};
 
-async fn halted_with(kind: &str) -> (Value, Value) {
+/// A server with the hostile guest deployed and woken (subscription "h")
+/// by the stream at `path`; returns the server and the stream's API path.
+async fn hostile_on(path: &str) -> (Server, String) {
     let s = Server::start_with(Some(PROC), &[]);
     let (status, out) = s.deploy("acme", "hostile", guest("hostile")).await;
     assert_eq!(status, 200, "{out}");
-    let stream = format!("/v1/projects/acme/streams/{kind}");
+    let stream = format!("/v1/projects/acme/streams{path}");
     s.post(
         &format!("{stream}:append"),
         json!({"events": [{"type": "events.iterate.com/stream/subscription-configured",
@@ -21,6 +23,11 @@ async fn halted_with(kind: &str) -> (Value, Value) {
                 "expression": ["components", ["get", "hostile"], "wake"]}}}]}),
     )
     .await;
+    (s, stream)
+}
+
+async fn halted_with(kind: &str) -> (Value, Value) {
+    let (s, stream) = hostile_on(&format!("/{kind}")).await;
     s.post(
         &format!("{stream}:append"),
         json!({"events": [{"type": format!("hostile/{kind}")}]}),
@@ -97,17 +104,8 @@ async fn a_guest_that_traps_halts_with_a_wasmtime_repro_command() {
 async fn a_halt_fact_stays_small_while_last_failure_keeps_the_whole_repro() {
     // The repro quotes the state and the batch: with a 64 KiB payload it is
     // far larger than a fact may be (4 KiB).
-    let s = Server::start_with(Some(PROC), &[]);
-    let (status, out) = s.deploy("acme", "hostile", guest("hostile")).await;
-    assert_eq!(status, 200, "{out}");
-    let stream = "/v1/projects/acme/streams/big";
-    s.post(
-        &format!("{stream}:append"),
-        json!({"events": [{"type": "events.iterate.com/stream/subscription-configured",
-            "payload": {"subscriptionKey": "h", "receiver": {"action": "processor-wake",
-                "expression": ["components", ["get", "hostile"], "wake"]}}}]}),
-    )
-    .await;
+    let (s, stream) = hostile_on("/big").await;
+    let stream = stream.as_str();
     let (status, out) = s
         .post(
             &format!("{stream}:append"),

@@ -79,22 +79,21 @@ pub async fn get(
     with_bytes: bool,
 ) -> Result<(crate::storage::ComponentRow, Option<Vec<u8>>), ApiError> {
     let storage = host.streams.storage().clone();
-    let (project, name) = (project.to_string(), name.to_string());
-    let found = tokio::task::spawn_blocking(move || -> anyhow::Result<_> {
-        let Some(row) = storage.component(&project, &name)? else {
-            return Ok(Err((project, name)));
+    let (p, n) = (project.to_string(), name.to_string());
+    tokio::task::spawn_blocking(move || -> anyhow::Result<_> {
+        let Some(row) = storage.component(&p, &n)? else {
+            return Ok(None);
         };
-        let bytes = if with_bytes {
-            Some(storage.component_bytes(&row.digest)?)
-        } else {
-            None
+        let bytes = match with_bytes {
+            true => Some(storage.component_bytes(&row.digest)?),
+            false => None,
         };
-        Ok(Ok((row, bytes)))
+        Ok(Some((row, bytes)))
     })
     .await
     .map_err(|e| ApiError::internal(e.to_string()))?
-    .map_err(|e| ApiError::internal(format!("reading the component failed: {e:#}")))?;
-    found.map_err(|(project, name)| {
+    .map_err(|e| ApiError::internal(format!("reading the component failed: {e:#}")))?
+    .ok_or_else(|| {
         ApiError::not_found(
             "component-not-found",
             format!("component {name:?} is not deployed in project {project:?}"),

@@ -20,6 +20,17 @@ fn positive(name: &str, value: &str) -> Result<usize, ApiError> {
         .ok_or_else(|| ApiError::invalid(format!("{name} {value:?} is not a positive integer")))
 }
 
+/// A page size from 1 to `max`.
+fn limit(value: &str, max: usize) -> Result<usize, ApiError> {
+    value
+        .parse::<usize>()
+        .ok()
+        .filter(|l| (1..=max).contains(l))
+        .ok_or_else(|| {
+            ApiError::invalid(format!("limit {value:?} is not an integer from 1 to {max}"))
+        })
+}
+
 fn boolean(name: &str, value: &str) -> Result<bool, ApiError> {
     match value {
         "true" => Ok(true),
@@ -103,17 +114,7 @@ pub fn read_query(query: Option<&str>) -> Result<ReadQuery, ApiError> {
         let value = value.as_str();
         match name.as_str() {
             "afterOffset" => q.after_offset = offset("afterOffset", value)?,
-            "limit" => {
-                q.limit = value
-                    .parse::<usize>()
-                    .ok()
-                    .filter(|l| (1..=READ_LIMIT_MAX).contains(l))
-                    .ok_or_else(|| {
-                        ApiError::invalid(format!(
-                            "limit {value:?} is not an integer from 1 to {READ_LIMIT_MAX}"
-                        ))
-                    })?
-            }
+            "limit" => q.limit = limit(value, READ_LIMIT_MAX)?,
             "includeEphemeral" => q.include_ephemeral = boolean("includeEphemeral", value)?,
             other => {
                 return Err(ApiError::invalid(format!(
@@ -154,17 +155,7 @@ pub fn list_query(query: Option<&str>) -> Result<ListQuery, ApiError> {
                 q.prefix = value;
             }
             "afterPath" => q.after_path = Some(value),
-            "limit" => {
-                q.limit = value
-                    .parse::<usize>()
-                    .ok()
-                    .filter(|l| (1..=LIST_LIMIT_MAX).contains(l))
-                    .ok_or_else(|| {
-                        ApiError::invalid(format!(
-                            "limit {value:?} is not an integer from 1 to {LIST_LIMIT_MAX}"
-                        ))
-                    })?
-            }
+            "limit" => q.limit = limit(&value, LIST_LIMIT_MAX)?,
             other => {
                 return Err(ApiError::invalid(format!(
                 "unknown query parameter {other:?} for the stream list (prefix, afterPath, limit)"
