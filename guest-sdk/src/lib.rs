@@ -121,6 +121,24 @@ impl Context<'_> {
         });
     }
 
+    /// Call an ITX expression (`["components", ["get", NAME], FUNCTION]`)
+    /// with JSON arguments after the commit; the result is kept with the
+    /// effect.
+    pub fn itx(
+        &mut self,
+        key: impl Into<String>,
+        expression: &impl Serialize,
+        args: &impl Serialize,
+    ) {
+        self.effects.push(wit::Effect {
+            key: key.into(),
+            target: wit::EffectTarget::Itx(wit::ItxEffect {
+                expression: serde_json::to_string(expression).unwrap_or_else(|_| "null".into()),
+                args: serde_json::to_string(args).unwrap_or_else(|_| "null".into()),
+            }),
+        });
+    }
+
     /// POST a JSON body to a URL after the commit.
     pub fn webhook(&mut self, key: impl Into<String>, url: &str, body: &impl Serialize) {
         self.effects.push(wit::Effect {

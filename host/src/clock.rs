@@ -27,6 +27,15 @@ pub fn format_timestamp(ms: i64) -> String {
         .to_rfc3339_opts(SecondsFormat::Millis, true)
 }
 
+/// Backoff jitter, uniform enough in `[-1, 1]`, from the clock's nanoseconds.
+pub fn jitter() -> f64 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    (nanos % 2001) as f64 / 1000.0 - 1.0
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

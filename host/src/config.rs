@@ -34,6 +34,7 @@ pub struct Config {
     pub max_body_bytes: usize,
     pub delivery: DeliveryConfig,
     pub processors: ProcessorsConfig,
+    pub effects: EffectsConfig,
     pub webhooks: WebhooksConfig,
     pub limits: LimitsConfig,
     pub tokens: Vec<TokenConfig>,
@@ -87,6 +88,29 @@ pub struct ProcessorsConfig {
     pub idle_teardown_ms: u64,
 }
 
+/// The processor outbox's executors.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
+pub struct EffectsConfig {
+    /// Executions of one effect before it is `failed` (15).
+    pub max_attempts: u32,
+    /// A `running` effect whose executor vanished is retried after this
+    /// (30 s); longer than `delivery.timeout-ms`, which bounds one execution.
+    pub lease_ms: u64,
+    /// Effects executing at once (16).
+    pub concurrency: usize,
+}
+
+impl Default for EffectsConfig {
+    fn default() -> Self {
+        EffectsConfig {
+            max_attempts: 15,
+            lease_ms: 30_000,
+            concurrency: 16,
+        }
+    }
+}
+
 /// A bearer token and what it may touch. `Debug` never shows the token.
 #[derive(Clone, PartialEq, Deserialize)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields)]
@@ -117,6 +141,7 @@ impl Default for Config {
             max_body_bytes: 8 * 1024 * 1024,
             delivery: DeliveryConfig::default(),
             processors: ProcessorsConfig::default(),
+            effects: EffectsConfig::default(),
             webhooks: WebhooksConfig::default(),
             limits: LimitsConfig::default(),
             tokens: Vec::new(),
@@ -186,6 +211,21 @@ impl Config {
         if self.processors.idle_teardown_ms == 0 {
             bail!("processors.idle-teardown-ms must be at least 1, got 0");
         }
+        let e = &self.effects;
+        if e.max_attempts == 0 {
+            bail!("effects.max-attempts must be at least 1, got 0");
+        }
+        if e.concurrency == 0 {
+            bail!("effects.concurrency must be at least 1, got 0");
+        }
+        if e.lease_ms <= d.timeout_ms {
+            bail!(
+                "effects.lease-ms ({}) must be longer than delivery.timeout-ms ({}), \
+                 which bounds one execution: a shorter lease would run an effect twice at once",
+                e.lease_ms,
+                d.timeout_ms
+            );
+        }
         let mut seen = std::collections::HashSet::new();
         for (i, t) in self.tokens.iter().enumerate() {
             if t.token.trim().is_empty() {
@@ -232,6 +272,11 @@ timeout-ms = 20000
 [processors]
 idle-teardown-ms = 300000
 
+[effects]
+max-attempts = 15
+lease-ms = 30000
+concurrency = 16
+
 [webhooks]
 deny-private-networks = true
 
@@ -253,6 +298,7 @@ admin = true
         assert_eq!(c.delivery.max_attempts, 15);
         assert!(c.webhooks.deny_private_networks);
         assert_eq!(c.limits.idle_stream_ms, 60_000);
+        assert_eq!(c.effects, EffectsConfig::default());
     }
 
     #[test]
@@ -279,5 +325,9 @@ admin = true
             .unwrap_err()
             .to_string();
         assert!(e.contains("Bad"), "{e}");
+        let e = Config::from_toml("[delivery]\ntimeout-ms = 5000\n[effects]\nlease-ms = 5000")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("effects.lease-ms (5000)"), "{e}");
     }
 }

@@ -48,7 +48,15 @@ impl Host {
                 .context("building the webhook client")?,
             idle_stream_ms: config.limits.idle_stream_ms,
         };
-        let streams = Streams::new(storage, clock, metrics.clone(), settings, runtime);
+        let streams = Streams::new(storage, clock.clone(), metrics.clone(), settings, runtime);
+        crate::executor::effect::start(
+            streams.executors().clone(),
+            crate::executor::effect::Settings {
+                effects: config.effects.clone(),
+                delivery: config.delivery.clone(),
+                clock,
+            },
+        );
         // Streams with subscriptions resume delivering without waiting for a touch.
         for (project, path) in waking {
             let namespace = if project.is_empty() {

@@ -13,6 +13,7 @@ pub mod clock;
 pub mod config;
 pub mod connection;
 pub mod delivery;
+pub mod effect;
 pub mod error;
 pub mod executor;
 pub mod filter;

@@ -1,5 +1,5 @@
 //! Prometheus metrics served at `GET /metrics`: appends, commit latency and
-//! group sizes, stream actors in memory and stream loads.
+//! group sizes, stream actors in memory, stream loads and effect executions.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -26,6 +26,7 @@ struct Inner {
     commit_events: Histogram,
     stream_actors: Gauge,
     stream_loads: Family<Vec<(String, String)>, Counter>,
+    effect_executions: Family<Vec<(String, String)>, Counter>,
 }
 
 impl Default for Metrics {
@@ -79,8 +80,15 @@ impl Metrics {
             "Loads of a stream into its actor, by outcome (ok or failed)",
             stream_loads.clone(),
         );
+        let effect_executions = Family::<Vec<(String, String)>, Counter>::default();
+        registry.register(
+            "effect_executions",
+            "Executions of processor effects, by what followed (succeeded, retry or failed)",
+            effect_executions.clone(),
+        );
         Metrics {
             inner: Arc::new(Inner {
+                effect_executions,
                 stream_actors,
                 stream_loads,
                 registry,
@@ -119,6 +127,14 @@ impl Metrics {
         let outcome = if ok { "ok" } else { "failed" };
         self.inner
             .stream_loads
+            .get_or_create(&vec![("outcome".to_string(), outcome.to_string())])
+            .inc();
+    }
+
+    /// Counts one effect execution by what followed it.
+    pub fn effect_executed(&self, outcome: &str) {
+        self.inner
+            .effect_executions
             .get_or_create(&vec![("outcome".to_string(), outcome.to_string())])
             .inc();
     }

@@ -222,7 +222,7 @@ pub fn plan_copy(
             idempotency_key: Some(copy_identity(batch, event.offset)),
             ephemeral: None,
             offset: None,
-            source: Some(EventSource { copied_from }),
+            source: Some(EventSource::copied(copied_from)),
         });
     }
     if let (Some(first), Some(last)) = (dropped.first(), dropped.last()) {

@@ -6,9 +6,12 @@
 //! job's deadline, and report. A send that panics or misses its deadline is
 //! reported as a failure, so the actor always hears back.
 //!
-//! Effects of processors (the outbox) will run through the same executors.
+//! Effects of processors (the outbox) are not delivery jobs: `effect.rs`
+//! leases them from storage and runs them with the same parts (the webhook
+//! client, appends through stream actors, the wasm runtime, `guarded`).
 
 pub mod copy;
+pub mod effect;
 pub mod itx;
 pub mod wake;
 pub mod webhook;
@@ -29,14 +32,18 @@ use crate::stream::StreamsRef;
 /// Stored events read per attempt.
 pub const SCAN_EVENTS_MAX: usize = 1000;
 
-/// What executors use: storage, the stream registry (copies), the wasm
-/// runtime (ITX, wakes) and the webhook client. Cheap to clone.
+/// What executors use: storage, the stream registry (copies, effect
+/// appends), the wasm runtime (ITX, wakes), the webhook client, the effect
+/// worker's bell and metrics. Cheap to clone.
 #[derive(Clone)]
 pub struct Executors {
     pub storage: Storage,
     pub streams: StreamsRef,
     pub runtime: Arc<Runtime>,
     pub webhooks: webhook::Client,
+    /// Wakes the effect worker when effects commit or are retried.
+    pub effects: effect::EffectsBell,
+    pub metrics: crate::metrics::Metrics,
 }
 
 /// What a target's `send` works with.

@@ -42,6 +42,7 @@ pub async fn send(
     let result = async {
         let woken = blocking(move || wake(wake_job)).await?;
         let through = woken.checkpoint.offset;
+        let has_effects = !woken.checkpoint.effects.is_empty();
         let bytes = woken.checkpoint.state.len();
         exec.storage
             .submit(WriteOp::Checkpoint(woken.checkpoint))
@@ -54,6 +55,9 @@ pub async fn send(
                     true,
                 )
             })?;
+        if has_effects {
+            exec.effects.ring();
+        }
         Ok(Delivered {
             through,
             offsets: woken.offsets,

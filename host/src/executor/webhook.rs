@@ -41,32 +41,48 @@ impl Client {
         })
     }
 
-    /// POSTs one body; any 2xx acknowledges.
+    /// POSTs one body; any 2xx acknowledges, every failure is retryable
+    /// (a subscription's skip and halt policy decides what follows).
     pub async fn post(&self, url: &str, body: &Value, timeout_ms: u64) -> Result<(), Failure> {
+        self.post_keyed(url, body, timeout_ms, None)
+            .await
+            .map_err(|(failure, _)| failure)
+    }
+
+    /// POSTs one body, with an `idempotency-key` header when given. A
+    /// failure comes with the status the receiver answered, if it answered.
+    pub async fn post_keyed(
+        &self,
+        url: &str,
+        body: &Value,
+        timeout_ms: u64,
+        idempotency_key: Option<&str>,
+    ) -> Result<(), (Failure, Option<u16>)> {
         if self.deny_private_networks {
-            check_target(url).await?;
+            check_target(url).await.map_err(|f| (f, None))?;
         }
         let fail = |message: String| Failure::new(message, true);
-        let response = self
+        let mut request = self
             .http
             .post(url)
             .timeout(Duration::from_millis(timeout_ms))
-            .json(body)
-            .send()
-            .await
-            .map_err(|e| {
-                if e.is_timeout() {
-                    fail(format!(
-                        "webhook POST to {url} timed out after {timeout_ms}ms"
-                    ))
-                } else {
-                    fail(format!("webhook POST to {url} failed: {}", error_chain(&e)))
-                }
-            })?;
+            .json(body);
+        if let Some(key) = idempotency_key {
+            request = request.header("idempotency-key", key);
+        }
+        let response = request.send().await.map_err(|e| {
+            let message = if e.is_timeout() {
+                format!("webhook POST to {url} timed out after {timeout_ms}ms")
+            } else {
+                format!("webhook POST to {url} failed: {}", error_chain(&e))
+            };
+            (fail(message), None)
+        })?;
         let status = response.status();
         if status.is_success() {
             return Ok(());
         }
+        let code = Some(status.as_u16());
         if status.is_redirection() {
             let location = response
                 .headers()
@@ -74,10 +90,13 @@ impl Client {
                 .and_then(|v| v.to_str().ok())
                 .unwrap_or("nowhere")
                 .to_string();
-            return Err(fail(format!(
-                "webhook responded {} redirecting to {location}: redirects are not followed",
-                status.as_u16()
-            )));
+            return Err((
+                fail(format!(
+                    "webhook responded {} redirecting to {location}: redirects are not followed",
+                    status.as_u16()
+                )),
+                code,
+            ));
         }
         let mut text = response.text().await.unwrap_or_default();
         if text.len() > RESPONSE_QUOTE_BYTES_MAX {
@@ -87,11 +106,14 @@ impl Client {
             }
             text.truncate(end);
         }
-        Err(fail(format!(
-            "webhook responded {} {}",
-            status.as_u16(),
-            text.trim()
-        )))
+        Err((
+            fail(format!(
+                "webhook responded {} {}",
+                status.as_u16(),
+                text.trim()
+            )),
+            code,
+        ))
     }
 }
 

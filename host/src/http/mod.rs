@@ -4,6 +4,7 @@
 
 mod components;
 mod connections;
+mod effects;
 pub mod error;
 pub mod itx;
 mod query;
@@ -36,6 +37,8 @@ pub fn router(host: Host) -> Router {
         .route("/v1/global/streams", get(list_global_streams))
         .route("/v1/projects/{project}/components", get(list_components))
         .route("/v1/projects/{project}/itx", axum::routing::post(itx_call))
+        .route("/v1/projects/{project}/effects", get(list_effects))
+        .route("/v1/projects/{project}/effects/{id}", any(effect_route))
         .route(
             "/v1/projects/{project}/components/{name}",
             axum::routing::put(deploy_component).get(get_component),
@@ -101,6 +104,43 @@ async fn list_components(
     let result = async {
         authorize_project(&host, &headers, &project)?;
         components::list(&host, &project).await
+    }
+    .await;
+    answer(result)
+}
+
+async fn list_effects(
+    State(host): State<Host>,
+    axum::extract::Path(project): axum::extract::Path<String>,
+    uri: Uri,
+    headers: HeaderMap,
+) -> Response {
+    let result = async {
+        authorize_project(&host, &headers, &project)?;
+        effects::list(&host, &project, uri.query()).await
+    }
+    .await;
+    answer(result)
+}
+
+/// `GET .../effects/{id}`, `POST .../effects/{id}:retry|cancel`.
+async fn effect_route(
+    State(host): State<Host>,
+    axum::extract::Path((project, id)): axum::extract::Path<(String, String)>,
+    method: Method,
+    headers: HeaderMap,
+) -> Response {
+    let result = async {
+        authorize_project(&host, &headers, &project)?;
+        match (id.split_once(':'), &method) {
+            (None, &Method::GET) => effects::get(&host, &project, &id).await,
+            (Some((id, action)), &Method::POST) => effects::act(&host, &project, id, action).await,
+            _ => Err(ApiError::new(
+                405,
+                "method-not-allowed",
+                format!("{method} is not allowed here: GET an effect, POST its :retry or :cancel"),
+            )),
+        }
     }
     .await;
     answer(result)

@@ -2,7 +2,10 @@
 
 use super::error::ApiError;
 use crate::connection::ConnectParams;
+use crate::effect::Status;
 use crate::filter::CompiledFilter;
+use crate::storage::EffectQuery;
+use crate::stream::canonicalize_path;
 use crate::stream::{ReadQuery, READ_LIMIT_MAX};
 use crate::subscription::Filter;
 
@@ -166,6 +169,44 @@ pub fn list_query(query: Option<&str>) -> Result<ListQuery, ApiError> {
     Ok(q)
 }
 
+/// Most effects in one page of the effect list.
+pub const EFFECT_LIMIT_MAX: usize = 500;
+
+/// Parses `stream`, `component`, `status`, `afterId` and `limit` of
+/// `GET /v1/projects/{p}/effects`.
+pub fn effect_query(project: &str, query: Option<&str>) -> Result<EffectQuery, ApiError> {
+    let mut q = EffectQuery {
+        project: project.to_string(),
+        limit: 100,
+        ..EffectQuery::default()
+    };
+    for (name, value) in decoded(query) {
+        match name.as_str() {
+            "stream" => q.path = Some(canonicalize_path(&value)?),
+            "component" => q.component = Some(value),
+            "status" => {
+                let status = Status::parse(&value).ok_or_else(|| {
+                    let all: Vec<&str> = Status::ALL.iter().map(|s| s.as_str()).collect();
+                    ApiError::invalid(format!(
+                        "status {value:?} is not an effect status ({})",
+                        all.join(", ")
+                    ))
+                })?;
+                q.status = Some(status.as_str().to_string());
+            }
+            "afterId" => q.after_id = offset("afterId", &value)? as i64,
+            "limit" => q.limit = limit(&value, EFFECT_LIMIT_MAX)?,
+            other => {
+                return Err(ApiError::invalid(format!(
+                    "unknown query parameter {other:?} for the effect list \
+                     (stream, component, status, afterId, limit)"
+                )))
+            }
+        }
+    }
+    Ok(q)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -191,6 +232,30 @@ mod tests {
             ("x=1", "\"x\""),
         ] {
             let e = list_query(Some(bad)).unwrap_err();
+            assert!(e.message.contains(named), "{bad}: {}", e.message);
+        }
+    }
+
+    #[test]
+    fn effect_queries() {
+        let q = effect_query(
+            "acme",
+            Some("stream=%2Forders%2F.%2Feu&component=totals&status=failed&afterId=7&limit=2"),
+        )
+        .unwrap();
+        assert_eq!(q.path.as_deref(), Some("/orders/eu"));
+        assert_eq!(q.component.as_deref(), Some("totals"));
+        assert_eq!(q.status.as_deref(), Some("failed"));
+        assert_eq!((q.after_id, q.limit), (7, 2));
+        assert_eq!(effect_query("acme", None).unwrap().limit, 100);
+        for (bad, named) in [
+            ("status=done", "\"done\""),
+            ("limit=501", "\"501\""),
+            ("afterId=x", "\"x\""),
+            ("stream=%2Fa%20b", "/a b"),
+            ("x=1", "\"x\""),
+        ] {
+            let e = effect_query("acme", Some(bad)).unwrap_err();
             assert!(e.message.contains(named), "{bad}: {}", e.message);
         }
     }

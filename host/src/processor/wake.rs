@@ -11,8 +11,9 @@ use super::runtime::{Batch, Determinism, Event as WitEvent, GuestError, Runtime,
 use crate::clock::format_timestamp;
 use crate::delivery::select::select_batch;
 use crate::delivery::Failure;
+use crate::effect::{parse, Returned};
 use crate::filter::CompiledFilter;
-use crate::storage::{Checkpoint, Storage};
+use crate::storage::{Checkpoint, NewEffect, Storage};
 
 /// Largest processor state, in bytes.
 pub const PROCESSOR_STATE_BYTES_MAX: usize = 16 * 1024 * 1024;
@@ -206,9 +207,7 @@ pub fn wake(job: WakeJob) -> Result<Woken, Failure> {
             ));
         }
         new_state = folded.state;
-        for effect in &folded.effects {
-            effects.push((effect.key.clone(), effect_json(effect).to_string()));
-        }
+        effects = checked_effects(&job.component, &folded.effects, selection.through)?;
     }
     Ok(Woken {
         checkpoint: Checkpoint {
@@ -221,24 +220,58 @@ pub fn wake(job: WakeJob) -> Result<Woken, Failure> {
             digest: prepared.digest.clone(),
             effects,
             updated_at: format_timestamp(job.now_ms),
+            now_ms: job.now_ms,
+            project: job.project.clone(),
+            path: job.stream.path.clone(),
         },
         offsets,
     })
 }
 
-/// An effect as stored in the outbox.
-fn effect_json(e: &super::runtime::Effect) -> Value {
+/// The effects a fold returned, checked and in their stored form; a bad one
+/// fails the fold (not retryable: the same events give the same effects),
+/// naming it.
+pub fn checked_effects(
+    component: &str,
+    returned: &[super::runtime::Effect],
+    checkpoint_offset: u64,
+) -> Result<Vec<NewEffect>, Failure> {
     use super::runtime::EffectTarget;
-    let parse = |s: &str| serde_json::from_str::<Value>(s).unwrap_or(Value::String(s.to_string()));
-    match &e.target {
-        EffectTarget::Append(a) => serde_json::json!({"key": e.key, "append": {
-            "streamPath": a.stream_path, "type": a.type_, "payload": parse(&a.payload),
-            "metadata": a.metadata.as_deref().map(parse)}}),
-        EffectTarget::Webhook(w) => {
-            serde_json::json!({"key": e.key, "webhook": {"url": w.url, "body": parse(&w.body)}})
-        }
-        EffectTarget::Itx(i) => {
-            serde_json::json!({"key": e.key, "itx": {"expression": parse(&i.expression), "args": parse(&i.args)}})
+    let mut seen = std::collections::HashSet::new();
+    let mut effects = Vec::with_capacity(returned.len());
+    for (i, e) in returned.iter().enumerate() {
+        let at = format!("effects[{i}]");
+        let parsed = match &e.target {
+            EffectTarget::Append(a) => Returned::Append {
+                stream_path: &a.stream_path,
+                event_type: &a.type_,
+                payload: &a.payload,
+                metadata: a.metadata.as_deref(),
+            },
+            EffectTarget::Webhook(w) => Returned::Webhook {
+                url: &w.url,
+                body: &w.body,
+            },
+            EffectTarget::Itx(x) => Returned::Itx {
+                expression: &x.expression,
+                args: &x.args,
+            },
+        };
+        let target = parse(&at, &e.key, parsed).map_err(|m| {
+            failure(
+                format!("processor {component:?} returned a bad effect: {m}"),
+                false,
+            )
+        })?;
+        // The first of two effects with one key in a batch wins, as a later
+        // batch's would be ignored.
+        if seen.insert(e.key.as_str()) {
+            effects.push(NewEffect {
+                key: e.key.clone(),
+                target: target.to_json().to_string(),
+                checkpoint_offset,
+            });
         }
     }
+    Ok(effects)
 }

@@ -7,6 +7,7 @@
 //! **Architecture Invariant:** a write is answered only after the transaction
 //! that holds it has committed (and, with `durability = "full"`, been fsync'd).
 
+mod effects;
 mod schema;
 mod writer;
 
@@ -19,6 +20,7 @@ use rusqlite::{params, Connection, OpenFlags, OptionalExtension};
 
 use crate::config::Durability;
 use crate::metrics::Metrics;
+pub use effects::{EffectOp, EffectQuery, EffectRow, EffectSource, NewEffect};
 pub use writer::{
     Checkpoint, CommitError, CursorRow, Deployment, NewStream, ProcessorFailure, StoredEvent,
     StreamCommit, StreamRef, WriteOp,
@@ -352,22 +354,6 @@ impl Storage {
                 })
                 .optional()?;
             Ok(row)
-        })
-    }
-
-    /// Effects stored by a processor instance, in checkpoint order.
-    pub fn effects(&self, row_id: i64, component: &str) -> Result<Vec<(u64, String, String)>> {
-        self.with_reader(|c| {
-            let mut stmt = c.prepare_cached(
-                "SELECT checkpoint_offset, effect_key, effect FROM processor_effects
-                 WHERE stream = ?1 AND component = ?2 ORDER BY checkpoint_offset, rowid",
-            )?;
-            let rows = stmt
-                .query_map(params![row_id, component], |r| {
-                    Ok((r.get::<_, i64>(0)? as u64, r.get(1)?, r.get(2)?))
-                })?
-                .collect::<rusqlite::Result<Vec<_>>>()?;
-            Ok(rows)
         })
     }
 

@@ -28,6 +28,10 @@ const MIGRATIONS: &[Migration] = &[
         name: "processor_failures: the last failure of a processor instance, in full",
         apply: processor_failures,
     },
+    Migration {
+        name: "effects: the processor outbox keyed by effect identity, and component versions",
+        apply: effects_and_versions,
+    },
 ];
 
 /// The schema version this build writes.
@@ -134,6 +138,55 @@ fn processor_failures(conn: &Connection) -> Result<()> {
     Ok(())
 }
 
+/// The outbox as it runs: one row per effect identity (project, source path,
+/// component, key), surviving a reset of its source stream, with its lease
+/// and settlement. `due_at_ms` is when a `pending` effect may run next, or
+/// when a `running` effect's lease expires. Effects stored before they ran
+/// (schema 2) are kept `cancelled`, with a note: `:retry` runs one.
+fn effects_and_versions(conn: &Connection) -> Result<()> {
+    conn.execute_batch(
+        "CREATE TABLE effects (
+            id                INTEGER PRIMARY KEY AUTOINCREMENT,
+            project           TEXT NOT NULL,   -- '' for the global namespace
+            path              TEXT NOT NULL,   -- the source stream
+            stream_id         TEXT NOT NULL,   -- its lifetime that produced the effect
+            component         TEXT NOT NULL,
+            effect_key        TEXT NOT NULL,
+            checkpoint_offset INTEGER NOT NULL,
+            target            TEXT NOT NULL,   -- JSON {\"append\"|\"webhook\"|\"itx\": {...}}
+            status            TEXT NOT NULL,   -- pending | running | succeeded | failed | cancelled
+            attempts          INTEGER NOT NULL DEFAULT 0,
+            due_at_ms         INTEGER NOT NULL,
+            last_error        TEXT,
+            result            TEXT,            -- JSON, what an itx call returned
+            retries           INTEGER NOT NULL DEFAULT 0, -- :retry calls, for the error line's key
+            created_at        TEXT NOT NULL,
+            settled_at        TEXT,
+            UNIQUE (project, path, component, effect_key)
+        );
+        CREATE INDEX effects_due ON effects (status, due_at_ms);
+        CREATE INDEX effects_by_stream ON effects (project, path, component, id);
+        INSERT OR IGNORE INTO effects (project, path, stream_id, component, effect_key,
+                checkpoint_offset, target, status, due_at_ms, last_error, created_at, settled_at)
+            SELECT s.project, s.path, s.stream_id, e.component, e.effect_key, e.checkpoint_offset,
+                   json_remove(e.effect, '$.key'), 'cancelled', 0,
+                   'stored before effects ran (schema 2); :retry runs it',
+                   strftime('%Y-%m-%dT%H:%M:%fZ', 'now'), strftime('%Y-%m-%dT%H:%M:%fZ', 'now')
+            FROM processor_effects e JOIN streams s ON s.id = e.stream;
+        DROP TABLE processor_effects;
+        CREATE TABLE component_versions (
+            project     TEXT NOT NULL,
+            name        TEXT NOT NULL,
+            digest      TEXT NOT NULL,
+            deployed_at TEXT NOT NULL
+        );
+        CREATE INDEX component_versions_by_name ON component_versions (project, name);
+        INSERT INTO component_versions (project, name, digest, deployed_at)
+            SELECT project, name, digest, deployed_at FROM components;",
+    )?;
+    Ok(())
+}
+
 fn has_column(conn: &Connection, table: &str, column: &str) -> Result<bool> {
     let mut stmt = conn.prepare(&format!("PRAGMA table_info({table})"))?;
     let names = stmt
@@ -183,6 +236,7 @@ mod tests {
         migrate(&conn).unwrap();
         assert_eq!(version(&conn).unwrap(), SCHEMA_VERSION);
         assert!(has_column(&conn, "processor_failures", "repro").unwrap());
+        assert!(has_column(&conn, "effects", "due_at_ms").unwrap());
         migrate(&conn).unwrap();
         assert_eq!(version(&conn).unwrap(), SCHEMA_VERSION);
     }
@@ -206,6 +260,40 @@ mod tests {
             )
             .unwrap();
         assert_eq!(row, (7, 0));
+    }
+
+    #[test]
+    fn effects_stored_before_they_ran_are_kept_cancelled_and_versions_start_from_the_deployed_ones()
+    {
+        let conn = Connection::open_in_memory().unwrap();
+        for m in &MIGRATIONS[..2] {
+            (m.apply)(&conn).unwrap();
+        }
+        conn.pragma_update(None, "user_version", 2).unwrap();
+        conn.execute_batch(
+            "INSERT INTO streams VALUES (1, 'acme', '/orders', 'sid', 't', 3, '', 0);
+             INSERT INTO processor_effects VALUES (1, 'totals', 3, 'k1',
+                 '{\"key\":\"k1\",\"webhook\":{\"url\":\"http://x\",\"body\":{}}}');
+             INSERT INTO components VALUES ('acme', 'totals', 'sha256:ab', '[]', 't0');",
+        )
+        .unwrap();
+        migrate(&conn).unwrap();
+        let (path, key, status, target): (String, String, String, String) = conn
+            .query_row(
+                "SELECT path, effect_key, status, target FROM effects",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
+            )
+            .unwrap();
+        assert_eq!(
+            (path.as_str(), key.as_str(), status.as_str()),
+            ("/orders", "k1", "cancelled")
+        );
+        assert_eq!(target, r#"{"webhook":{"url":"http://x","body":{}}}"#);
+        let digest: String = conn
+            .query_row("SELECT digest FROM component_versions", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(digest, "sha256:ab");
     }
 
     #[test]

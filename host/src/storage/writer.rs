@@ -11,6 +11,7 @@ use anyhow::{Context, Result};
 use rusqlite::{params, Connection, OptionalExtension};
 use tokio::sync::oneshot;
 
+use super::effects::{EffectOp, EffectSource, NewEffect};
 use crate::metrics::Metrics;
 
 /// Most writes coalesced into one transaction.
@@ -88,6 +89,8 @@ pub enum WriteOp {
     Checkpoint(Checkpoint),
     /// The last failure of a processor instance, in full.
     ProcessorFailure(ProcessorFailure),
+    /// Outbox bookkeeping: backfill, lease, settle, retry, cancel.
+    Effect(EffectOp),
 }
 
 /// A processor instance's failure, kept whole (the halt fact carries a
@@ -119,6 +122,10 @@ pub struct Deployment {
 #[derive(Debug, Clone)]
 pub struct Checkpoint {
     pub row_id: i64,
+    /// The processor's namespace ('' for global) and source path: with the
+    /// component and key, the identity of each effect.
+    pub project: String,
+    pub path: String,
     pub component: String,
     pub stream_id: String,
     /// The checkpoint this batch started from (`None`: a fresh instance);
@@ -127,8 +134,9 @@ pub struct Checkpoint {
     pub offset: u64,
     pub state: String,
     pub digest: String,
-    pub effects: Vec<(String, String)>,
+    pub effects: Vec<NewEffect>,
     pub updated_at: String,
+    pub now_ms: i64,
 }
 
 /// Why a write did not commit.
@@ -358,18 +366,14 @@ fn apply(conn: &Connection, op: &WriteOp) -> Result<i64> {
                 c.digest,
                 c.updated_at
             ])?;
-            if c.previous_offset.is_none() {
-                conn.prepare_cached(
-                    "DELETE FROM processor_effects WHERE stream = ?1 AND component = ?2",
-                )?
-                .execute(params![c.row_id, c.component])?;
-            }
-            let mut insert = conn.prepare_cached(
-                "INSERT OR IGNORE INTO processor_effects (stream, component, checkpoint_offset, effect_key, effect)
-                 VALUES (?1, ?2, ?3, ?4, ?5)",
-            )?;
-            for (key, effect) in &c.effects {
-                insert.execute(params![c.row_id, c.component, c.offset as i64, key, effect])?;
+            if !c.effects.is_empty() {
+                let source = EffectSource {
+                    project: c.project.clone(),
+                    path: c.path.clone(),
+                    stream_id: c.stream_id.clone(),
+                    component: c.component.clone(),
+                };
+                super::effects::insert(conn, &source, &c.effects, c.now_ms, &c.updated_at)?;
             }
             Ok(c.row_id)
         }
@@ -392,14 +396,13 @@ fn apply(conn: &Connection, op: &WriteOp) -> Result<i64> {
             ])?;
             Ok(f.row_id)
         }
+        WriteOp::Effect(op) => super::effects::apply(conn, op),
         WriteOp::Reset { row_id } => {
             conn.prepare_cached("DELETE FROM events WHERE stream = ?1")?
                 .execute([row_id])?;
             conn.prepare_cached("DELETE FROM subscription_cursors WHERE stream = ?1")?
                 .execute([row_id])?;
             conn.prepare_cached("DELETE FROM processor_checkpoints WHERE stream = ?1")?
-                .execute([row_id])?;
-            conn.prepare_cached("DELETE FROM processor_effects WHERE stream = ?1")?
                 .execute([row_id])?;
             conn.prepare_cached("DELETE FROM processor_failures WHERE stream = ?1")?
                 .execute([row_id])?;

@@ -32,6 +32,9 @@ pub enum Authority {
     Public,
     /// The host itself (copy delivery, halts, audits).
     Platform,
+    /// A processor effect: the public rules on types, plus `source.effect`
+    /// and the platform's long idempotency keys.
+    Effect,
 }
 
 /// What a request needs from its surroundings.
@@ -230,7 +233,7 @@ pub fn plan_append(
             metadata: e.metadata.clone().filter(|m| !m.is_empty()),
             idempotency_key: e.idempotency_key.clone(),
             created_at: ctx.now.to_string(),
-            source: e.source.clone().filter(|s| !s.copied_from.is_empty()),
+            source: e.source.clone().filter(|s| !s.is_empty()),
             ephemeral: e.ephemeral.unwrap_or(false),
         };
         current.reduce(&event);
@@ -354,17 +357,21 @@ fn validate_input(i: usize, e: &EventInput, authority: Authority) -> Result<(), 
         )));
     }
     let copied = e.source.as_ref().is_some_and(|s| !s.copied_from.is_empty());
-    if authority == Authority::Public {
-        if copied {
-            return Err(Error::platform_authored(format!(
-                "events[{i}] carries source.copiedFrom, which is platform-authored"
-            )));
-        }
-        if types::PLATFORM_AUTHORED.contains(&t.as_str()) {
-            return Err(Error::platform_authored(format!(
-                "events[{i}] of type {t:?} is platform-authored"
-            )));
-        }
+    let from_effect = e.source.as_ref().is_some_and(|s| s.effect.is_some());
+    if authority != Authority::Platform && copied {
+        return Err(Error::platform_authored(format!(
+            "events[{i}] carries source.copiedFrom, which is platform-authored"
+        )));
+    }
+    if authority == Authority::Public && from_effect {
+        return Err(Error::platform_authored(format!(
+            "events[{i}] carries source.effect, which is platform-authored"
+        )));
+    }
+    if authority != Authority::Platform && types::PLATFORM_AUTHORED.contains(&t.as_str()) {
+        return Err(Error::platform_authored(format!(
+            "events[{i}] of type {t:?} is platform-authored"
+        )));
     }
     if is_stream_control_type(t)
         && !copied

@@ -66,11 +66,42 @@ pub struct CopiedFrom {
     pub cursor_changed_at_source_offset: u64,
 }
 
-/// Where an event came from, when the platform copied it.
+/// The processor effect that appended an event.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct EffectOrigin {
+    /// The processor's source stream.
+    pub path: String,
+    pub stream_id: String,
+    pub component: String,
+    pub key: String,
+    pub checkpoint_offset: u64,
+}
+
+/// Where an event came from, when the platform copied it or a processor
+/// effect appended it. Only the platform sets it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct EventSource {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub copied_from: Vec<CopiedFrom>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub effect: Option<EffectOrigin>,
+}
+
+impl EventSource {
+    /// Copy provenance only.
+    pub fn copied(copied_from: Vec<CopiedFrom>) -> EventSource {
+        EventSource {
+            copied_from,
+            effect: None,
+        }
+    }
+
+    /// Whether it says anything.
+    pub fn is_empty(&self) -> bool {
+        self.copied_from.is_empty() && self.effect.is_none()
+    }
 }
 
 /// A committed (or ephemeral) event as stored and served.

@@ -13,8 +13,8 @@ pub use actor::{AppendOutput, ReadOutput, ReadQuery, EPHEMERAL_BYTES_MAX, READ_L
 pub use address::{canonicalize_path, validate_project, Namespace, StreamAddress, PATH_BYTES_MAX};
 pub use append::{plan_append, AppendContext, AppendPlan, Authority, APPEND_EVENTS_MAX};
 pub use event::{
-    is_stream_control_type, types, AppendInput, CopiedFrom, Event, EventInput, EventSource,
-    STREAM_TYPE_PREFIX,
+    is_stream_control_type, types, AppendInput, CopiedFrom, EffectOrigin, Event, EventInput,
+    EventSource, STREAM_TYPE_PREFIX,
 };
 pub use registry::{StreamSettings, Streams, StreamsRef};
 pub use state::{CoreState, Inbound, Outbound, Subscriptions, STATE_BYTES_MAX};

@@ -77,6 +77,8 @@ impl Streams {
                     streams: StreamsRef(weak.clone()),
                     runtime: runtime.clone(),
                     webhooks: settings.webhooks,
+                    effects: Default::default(),
+                    metrics: metrics.clone(),
                 },
                 storage,
                 clock,
@@ -287,6 +289,11 @@ impl Streams {
     /// The storage handle (for reads that need no actor).
     pub fn storage(&self) -> &Storage {
         &self.inner.ctx.storage
+    }
+
+    /// What delivery jobs and effects execute with.
+    pub fn executors(&self) -> &crate::executor::Executors {
+        &self.inner.ctx.executors
     }
 
     /// The wasm runtime.

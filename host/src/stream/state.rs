@@ -345,8 +345,8 @@ mod tests {
     fn copied_control_events_are_inert() {
         let mut s = created();
         let mut e = event(2, types::PAUSED, json!({"reason": "r"}));
-        e.source = Some(super::super::event::EventSource {
-            copied_from: vec![super::super::event::CopiedFrom {
+        e.source = Some(super::super::event::EventSource::copied(vec![
+            super::super::event::CopiedFrom {
                 project_id: Some("acme".into()),
                 path: "/src".into(),
                 stream_id: "other".into(),
@@ -356,8 +356,8 @@ mod tests {
                 created_at: "t".into(),
                 subscription_key: "k".into(),
                 cursor_changed_at_source_offset: 3,
-            }],
-        });
+            },
+        ]));
         s.reduce(&e);
         assert!(!s.paused);
         assert_eq!(s.event_count, 2);
@@ -476,8 +476,8 @@ mod tests {
     fn copied(offset: u64, path: &str, key: &str, generation: u64, at: &str) -> Event {
         let mut e = event(offset, "x.y/a", json!({}));
         e.created_at = at.into();
-        e.source = Some(super::super::event::EventSource {
-            copied_from: vec![super::super::event::CopiedFrom {
+        e.source = Some(super::super::event::EventSource::copied(vec![
+            super::super::event::CopiedFrom {
                 project_id: Some("acme".into()),
                 path: path.into(),
                 stream_id: "sid".into(),
@@ -487,8 +487,8 @@ mod tests {
                 created_at: "t".into(),
                 subscription_key: key.into(),
                 cursor_changed_at_source_offset: generation,
-            }],
-        });
+            },
+        ]));
         e
     }
 

@@ -66,13 +66,7 @@ fn cursor_row(key: &str, rt: &SubscriptionRuntime) -> CursorRow {
     }
 }
 
-pub(super) fn jitter() -> f64 {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.subsec_nanos())
-        .unwrap_or(0);
-    (nanos % 2001) as f64 / 1000.0 - 1.0
-}
+pub(super) use crate::clock::jitter;
 
 impl Actor {
     /// Brings delivery state in line with `state`: a new generation starts a

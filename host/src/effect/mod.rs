@@ -1,0 +1,548 @@
+//! Effects: the processor outbox, pure half. A fold returns effects; they
+//! are checked here (`parse`), committed with the checkpoint that produced
+//! them, and run after the commit by `executor::effect`, which leases them,
+//! executes their target and settles them with [`settle`]. An effect's
+//! identity is (project, source path, component, key): a second effect with
+//! the same identity is ignored by the store.
+
+use serde_json::{json, Map, Value};
+
+use crate::config::DeliveryConfig;
+use crate::delivery::backoff_ms;
+use crate::stream::canonicalize_path;
+
+/// Largest effect key, in bytes.
+pub const KEY_BYTES_MAX: usize = 512;
+/// Largest `lastError` kept, in bytes.
+pub const ERROR_TEXT_BYTES_MAX: usize = 4096;
+
+/// What an effect does.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Target {
+    /// Append one event to `stream_path` in the processor's namespace.
+    Append {
+        stream_path: String,
+        event_type: String,
+        payload: Map<String, Value>,
+        metadata: Option<Map<String, Value>>,
+    },
+    /// POST `body` to `url`.
+    Webhook { url: String, body: Value },
+    /// Call an ITX expression with arguments.
+    Itx { expression: Value, args: Vec<Value> },
+}
+
+impl Target {
+    /// The stored and served form: `{"append": {...}}` and so on, fields in
+    /// camelCase, JSON fields parsed.
+    pub fn to_json(&self) -> Value {
+        match self {
+            Target::Append {
+                stream_path,
+                event_type,
+                payload,
+                metadata,
+            } => json!({"append": {"streamPath": stream_path, "type": event_type,
+                "payload": payload, "metadata": metadata}}),
+            Target::Webhook { url, body } => json!({"webhook": {"url": url, "body": body}}),
+            Target::Itx { expression, args } => {
+                json!({"itx": {"expression": expression, "args": args}})
+            }
+        }
+    }
+
+    /// Reads the stored form back.
+    pub fn from_json(v: &Value) -> Result<Target, String> {
+        let object = |v: &Value, at: &str| -> Result<Map<String, Value>, String> {
+            v.as_object()
+                .cloned()
+                .ok_or_else(|| format!("{at} must be a JSON object, got {v}"))
+        };
+        if let Some(a) = v.get("append") {
+            return Ok(Target::Append {
+                stream_path: a["streamPath"].as_str().unwrap_or_default().to_string(),
+                event_type: a["type"].as_str().unwrap_or_default().to_string(),
+                payload: object(&a["payload"], "append.payload")?,
+                metadata: match &a["metadata"] {
+                    Value::Null => None,
+                    m => Some(object(m, "append.metadata")?),
+                },
+            });
+        }
+        if let Some(w) = v.get("webhook") {
+            return Ok(Target::Webhook {
+                url: w["url"].as_str().unwrap_or_default().to_string(),
+                body: w["body"].clone(),
+            });
+        }
+        if let Some(i) = v.get("itx") {
+            return Ok(Target::Itx {
+                expression: i["expression"].clone(),
+                args: i["args"].as_array().cloned().unwrap_or_default(),
+            });
+        }
+        Err(format!("unknown effect target {v}"))
+    }
+
+    /// `append`, `webhook` or `itx`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Target::Append { .. } => "append",
+            Target::Webhook { .. } => "webhook",
+            Target::Itx { .. } => "itx",
+        }
+    }
+}
+
+/// An effect as a fold returned it, its JSON fields still text.
+#[derive(Debug, Clone)]
+pub enum Returned<'a> {
+    Append {
+        stream_path: &'a str,
+        event_type: &'a str,
+        payload: &'a str,
+        metadata: Option<&'a str>,
+    },
+    Webhook {
+        url: &'a str,
+        body: &'a str,
+    },
+    Itx {
+        expression: &'a str,
+        args: &'a str,
+    },
+}
+
+/// Checks an effect a fold returned (`at` names it: `effects[2]`), so a bad
+/// one fails the fold with its value named instead of failing later.
+pub fn parse(at: &str, key: &str, returned: Returned<'_>) -> Result<Target, String> {
+    if key.trim().is_empty() {
+        return Err(format!("{at}.key is empty"));
+    }
+    if key.len() > KEY_BYTES_MAX {
+        return Err(format!(
+            "{at}.key is {} bytes, over the {KEY_BYTES_MAX}-byte limit",
+            key.len()
+        ));
+    }
+    let json_of = |field: &str, text: &str| -> Result<Value, String> {
+        serde_json::from_str(text)
+            .map_err(|e| format!("{at}.{field} is not JSON ({e}): {}", preview(text)))
+    };
+    let object_of = |field: &str, text: &str| -> Result<Map<String, Value>, String> {
+        match json_of(field, text)? {
+            Value::Object(m) => Ok(m),
+            other => Err(format!("{at}.{field} must be a JSON object, got {other}")),
+        }
+    };
+    match returned {
+        Returned::Append {
+            stream_path,
+            event_type,
+            payload,
+            metadata,
+        } => {
+            let path = canonicalize_path(stream_path)
+                .map_err(|e| format!("{at}.stream-path {stream_path:?}: {}", e.message))?;
+            if event_type.trim().is_empty() {
+                return Err(format!("{at}.type is empty"));
+            }
+            Ok(Target::Append {
+                stream_path: path,
+                event_type: event_type.to_string(),
+                payload: object_of("payload", payload)?,
+                metadata: metadata.map(|m| object_of("metadata", m)).transpose()?,
+            })
+        }
+        Returned::Webhook { url, body } => {
+            let parsed = reqwest::Url::parse(url).map_err(|e| format!("{at}.url {url:?}: {e}"))?;
+            if !matches!(parsed.scheme(), "http" | "https") {
+                return Err(format!("{at}.url {url:?} must be http or https"));
+            }
+            Ok(Target::Webhook {
+                url: url.to_string(),
+                body: json_of("body", body)?,
+            })
+        }
+        Returned::Itx { expression, args } => {
+            let expression = json_of("expression", expression)?;
+            crate::itx::resolve(&expression)
+                .map_err(|e| format!("{at}.expression {expression}: {e}"))?;
+            let args = match json_of("args", args)? {
+                Value::Array(a) => a,
+                other => return Err(format!("{at}.args must be a JSON array, got {other}")),
+            };
+            Ok(Target::Itx { expression, args })
+        }
+    }
+}
+
+fn preview(text: &str) -> String {
+    let mut end = text.len().min(80);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    if end < text.len() {
+        format!("{:?}…", &text[..end])
+    } else {
+        format!("{text:?}")
+    }
+}
+
+/// The idempotency key of an `append` effect's event.
+pub fn append_idempotency_key(component: &str, source_path: &str, key: &str) -> String {
+    format!("effect:{component}:{source_path}:{key}")
+}
+
+/// The idempotency key of the `error-occurred` line of a failed effect: one
+/// line per failure, whatever the number of times settling it is repeated.
+pub fn error_line_key(id: i64, retries: u32) -> String {
+    format!("effect-failed:{id}:{retries}")
+}
+
+/// Where an effect is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Status {
+    Pending,
+    Running,
+    Succeeded,
+    Failed,
+    Cancelled,
+}
+
+impl Status {
+    pub const ALL: [Status; 5] = [
+        Status::Pending,
+        Status::Running,
+        Status::Succeeded,
+        Status::Failed,
+        Status::Cancelled,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Pending => "pending",
+            Status::Running => "running",
+            Status::Succeeded => "succeeded",
+            Status::Failed => "failed",
+            Status::Cancelled => "cancelled",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Status> {
+        Status::ALL.into_iter().find(|x| x.as_str() == s)
+    }
+
+    /// `:retry` applies.
+    pub fn retryable(self) -> bool {
+        matches!(self, Status::Failed | Status::Cancelled)
+    }
+
+    /// `:cancel` applies.
+    pub fn cancellable(self) -> bool {
+        matches!(self, Status::Pending | Status::Failed)
+    }
+}
+
+/// What one execution came to.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outcome {
+    /// Done; an ITX call's result is kept.
+    Succeeded { result: Option<Value> },
+    /// Not done; `retryable: false` fails the effect at once.
+    Failed { message: String, retryable: bool },
+}
+
+/// How an effect is settled after an execution.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Settlement {
+    Succeeded {
+        result: Option<Value>,
+    },
+    /// Pending again, not before `at_ms`.
+    Retry {
+        at_ms: i64,
+        error: String,
+    },
+    /// Terminal: the error line goes to the source stream.
+    Failed {
+        error: String,
+    },
+}
+
+/// Decides the settlement of an execution that was attempt number
+/// `attempts` (1-based). `jitter` is uniform in `[-1, 1]`.
+pub fn settle(
+    outcome: Outcome,
+    attempts: u32,
+    max_attempts: u32,
+    backoff: &DeliveryConfig,
+    now_ms: i64,
+    jitter: f64,
+) -> Settlement {
+    match outcome {
+        Outcome::Succeeded { result } => Settlement::Succeeded { result },
+        Outcome::Failed { message, retryable } => {
+            let error = cap(&message);
+            if retryable && attempts < max_attempts {
+                Settlement::Retry {
+                    at_ms: now_ms + backoff_ms(backoff, attempts, jitter) as i64,
+                    error,
+                }
+            } else {
+                Settlement::Failed { error }
+            }
+        }
+    }
+}
+
+/// `message` cut to [`ERROR_TEXT_BYTES_MAX`] at a character boundary.
+pub fn cap(message: &str) -> String {
+    if message.len() <= ERROR_TEXT_BYTES_MAX {
+        return message.to_string();
+    }
+    let mut end = ERROR_TEXT_BYTES_MAX - 3;
+    while !message.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}...", &message[..end])
+}
+
+/// The payload of the `error-occurred` line a failed effect appends to its
+/// processor's source stream.
+pub fn error_line(
+    id: i64,
+    component: &str,
+    key: &str,
+    attempts: u32,
+    error: &str,
+) -> Map<String, Value> {
+    let mut line = Map::new();
+    line.insert(
+        "message".into(),
+        Value::String(format!(
+            "effect {key:?} of processor {component:?} failed after {attempts} attempt(s): {error}"
+        )),
+    );
+    line.insert(
+        "effect".into(),
+        json!({"id": id, "component": component, "key": key}),
+    );
+    line
+}
+
+/// Whether a webhook effect that got `status` (none: no answer, a network
+/// error or the timeout) may succeed if tried again: 408, 429 and 5xx may;
+/// any other answer fails the effect at once.
+pub fn webhook_retryable(status: Option<u16>) -> bool {
+    match status {
+        None => true,
+        Some(s) => s == 408 || s == 429 || (500..600).contains(&s),
+    }
+}
+
+impl Settlement {
+    /// For metrics and logs.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Settlement::Succeeded { .. } => "succeeded",
+            Settlement::Retry { .. } => "retry",
+            Settlement::Failed { .. } => "failed",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy() -> DeliveryConfig {
+        DeliveryConfig {
+            max_attempts: 15,
+            backoff_base_ms: 1000,
+            backoff_max_ms: 60_000,
+            timeout_ms: 1000,
+        }
+    }
+
+    #[test]
+    fn a_retryable_failure_backs_off_until_the_last_attempt_fails_it() {
+        let failed = || Outcome::Failed {
+            message: "503".into(),
+            retryable: true,
+        };
+        assert_eq!(
+            settle(failed(), 1, 3, &policy(), 10_000, 0.0),
+            Settlement::Retry {
+                at_ms: 11_000,
+                error: "503".into()
+            }
+        );
+        assert_eq!(
+            settle(failed(), 2, 3, &policy(), 10_000, 0.0),
+            Settlement::Retry {
+                at_ms: 12_000,
+                error: "503".into()
+            }
+        );
+        assert_eq!(
+            settle(failed(), 3, 3, &policy(), 10_000, 0.0),
+            Settlement::Failed {
+                error: "503".into()
+            }
+        );
+    }
+
+    #[test]
+    fn a_non_retryable_failure_fails_at_once_and_success_keeps_the_result() {
+        let outcome = Outcome::Failed {
+            message: "404 Not Found".into(),
+            retryable: false,
+        };
+        assert_eq!(
+            settle(outcome, 1, 15, &policy(), 0, 0.0),
+            Settlement::Failed {
+                error: "404 Not Found".into()
+            }
+        );
+        let ok = Outcome::Succeeded {
+            result: Some(json!({"ok": 1})),
+        };
+        assert_eq!(
+            settle(ok, 7, 15, &policy(), 0, 0.0),
+            Settlement::Succeeded {
+                result: Some(json!({"ok": 1}))
+            }
+        );
+    }
+
+    #[test]
+    fn returned_effects_are_checked_naming_the_bad_value() {
+        let bad_path = parse(
+            "effects[0]",
+            "k",
+            Returned::Append {
+                stream_path: "/a/b c",
+                event_type: "x.y/z",
+                payload: "{}",
+                metadata: None,
+            },
+        )
+        .unwrap_err();
+        assert!(
+            bad_path.starts_with("effects[0].stream-path \"/a/b c\""),
+            "{bad_path}"
+        );
+        let bad_payload = parse(
+            "effects[1]",
+            "k",
+            Returned::Append {
+                stream_path: "/out",
+                event_type: "x.y/z",
+                payload: "[1]",
+                metadata: None,
+            },
+        )
+        .unwrap_err();
+        assert_eq!(
+            bad_payload,
+            "effects[1].payload must be a JSON object, got [1]"
+        );
+        let bad_url = parse(
+            "effects[2]",
+            "k",
+            Returned::Webhook {
+                url: "ftp://x",
+                body: "{}",
+            },
+        )
+        .unwrap_err();
+        assert_eq!(bad_url, "effects[2].url \"ftp://x\" must be http or https");
+        let bad_itx = parse(
+            "effects[3]",
+            "k",
+            Returned::Itx {
+                expression: "[\"components\"]",
+                args: "[]",
+            },
+        )
+        .unwrap_err();
+        assert!(bad_itx.starts_with("effects[3].expression"), "{bad_itx}");
+        let empty_key = parse(
+            "effects[4]",
+            " ",
+            Returned::Webhook {
+                url: "http://x",
+                body: "{}",
+            },
+        )
+        .unwrap_err();
+        assert_eq!(empty_key, "effects[4].key is empty");
+    }
+
+    #[test]
+    fn a_target_survives_its_stored_form() {
+        let target = parse(
+            "e",
+            "k",
+            Returned::Append {
+                stream_path: "/out/./x",
+                event_type: "x.y/z",
+                payload: "{\"n\":1}",
+                metadata: Some("{\"m\":true}"),
+            },
+        )
+        .unwrap();
+        let stored = target.to_json();
+        assert_eq!(stored["append"]["streamPath"], "/out/x");
+        assert_eq!(Target::from_json(&stored).unwrap(), target);
+        let itx = parse(
+            "e",
+            "k",
+            Returned::Itx {
+                expression: "[\"components\", [\"get\", \"c\"], \"f\"]",
+                args: "[1, \"two\"]",
+            },
+        )
+        .unwrap();
+        assert_eq!(Target::from_json(&itx.to_json()).unwrap(), itx);
+    }
+
+    #[test]
+    fn webhook_statuses_that_may_pass_later_are_retried() {
+        for retried in [None, Some(408), Some(429), Some(500), Some(503), Some(599)] {
+            assert!(webhook_retryable(retried), "{retried:?}");
+        }
+        for failed in [
+            Some(301),
+            Some(400),
+            Some(401),
+            Some(404),
+            Some(409),
+            Some(422),
+        ] {
+            assert!(!webhook_retryable(failed), "{failed:?}");
+        }
+    }
+
+    #[test]
+    fn the_error_line_names_the_effect() {
+        let line = error_line(7, "order-totals", "ship-1", 3, "webhook responded 404");
+        assert_eq!(
+            line["message"],
+            "effect \"ship-1\" of processor \"order-totals\" failed after 3 attempt(s): webhook responded 404"
+        );
+        assert_eq!(
+            line["effect"],
+            json!({"id": 7, "component": "order-totals", "key": "ship-1"})
+        );
+    }
+
+    #[test]
+    fn long_errors_are_capped_at_a_character_boundary() {
+        let long = "é".repeat(ERROR_TEXT_BYTES_MAX);
+        let capped = cap(&long);
+        assert!(capped.len() <= ERROR_TEXT_BYTES_MAX);
+        assert!(capped.ends_with("..."));
+    }
+}

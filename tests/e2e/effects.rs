@@ -1,0 +1,514 @@
+//! The processor outbox end to end: the `effector` guest returns the effects
+//! its events ask for; the real server commits them with the checkpoint and
+//! runs them against a real loopback HTTP receiver, other streams and an
+//! ITX component.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::routing::post;
+use axum::{Json, Router};
+use serde_json::{json, Value};
+
+use crate::support::{assert_error, guest, wait_for, Server};
+
+pub const EFFECTS: &str = r#"
+[delivery]
+max-attempts = 3
+backoff-base-ms = 10
+backoff-max-ms = 40
+timeout-ms = 1000
+
+[effects]
+max-attempts = 3
+lease-ms = 1500
+concurrency = 8
+"#;
+
+const SRC: &str = "/v1/projects/acme/streams/orders";
+const FX: &str = "/v1/projects/acme/effects";
+
+/// One POST the receiver got.
+#[derive(Debug, Clone)]
+struct Post {
+    path: String,
+    key: Option<String>,
+    body: Value,
+}
+
+/// A loopback receiver: `/ok/*` answers 200, `/gone/*` 404, `/busy/*` 503.
+struct Receiver {
+    base: String,
+    posts: Arc<Mutex<Vec<Post>>>,
+}
+
+impl Receiver {
+    async fn start() -> Receiver {
+        let posts: Arc<Mutex<Vec<Post>>> = Arc::default();
+        async fn hook(
+            State(posts): State<Arc<Mutex<Vec<Post>>>>,
+            Path((kind, rest)): Path<(String, String)>,
+            headers: HeaderMap,
+            Json(body): Json<Value>,
+        ) -> StatusCode {
+            let key = headers
+                .get("idempotency-key")
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string);
+            posts.lock().unwrap().push(Post {
+                path: format!("/{kind}/{rest}"),
+                key,
+                body,
+            });
+            match kind.as_str() {
+                "ok" => StatusCode::OK,
+                "gone" => StatusCode::NOT_FOUND,
+                _ => StatusCode::SERVICE_UNAVAILABLE,
+            }
+        }
+        let app = Router::new()
+            .route("/{kind}/{*rest}", post(hook))
+            .with_state(posts.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        Receiver { base, posts }
+    }
+
+    fn posts_to(&self, path: &str) -> Vec<Post> {
+        let posts = self.posts.lock().unwrap();
+        posts.iter().filter(|p| p.path == path).cloned().collect()
+    }
+}
+
+/// Deploys the effector and wakes it on `stream` (an API path).
+pub async fn effector_on(s: &Server, stream: &str) {
+    let (status, out) = s.deploy("acme", "effector", guest("effector")).await;
+    assert_eq!(status, 200, "{out}");
+    let (status, out) = s
+        .post(
+            &format!("{stream}:append"),
+            json!({"events": [{"type": "events.iterate.com/stream/subscription-configured",
+                "payload": {"subscriptionKey": "fx", "receiver": {"action": "processor-wake",
+                    "expression": ["components", ["get", "effector"], "wake"]}}}]}),
+        )
+        .await;
+    assert_eq!(status, 200, "{out}");
+}
+
+/// Appends one `effects-requested` event asking for `effects`.
+pub async fn request(s: &Server, stream: &str, effects: Value) -> u64 {
+    let (status, out) = s
+        .post(
+            &format!("{stream}:append"),
+            json!({"events": [{"type": "events.example/effects-requested",
+                "payload": {"effects": effects}}]}),
+        )
+        .await;
+    assert_eq!(status, 200, "{out}");
+    out["events"][0]["offset"].as_u64().unwrap()
+}
+
+/// Every effect of the project, following pages.
+async fn all_effects(s: &Server, filter: &str) -> Vec<Value> {
+    let mut out = Vec::new();
+    let mut after = 0;
+    loop {
+        let (status, page) = s
+            .get(&format!("{FX}?afterId={after}&limit=2{filter}"))
+            .await;
+        assert_eq!(status, 200, "{page}");
+        out.extend(page["effects"].as_array().unwrap().iter().cloned());
+        match page["nextAfterId"].as_i64() {
+            Some(next) => after = next,
+            None => return out,
+        }
+    }
+}
+
+/// Waits until the effect with `key` has `status`; returns it.
+async fn settled(s: &Server, key: &str, status: &str) -> Value {
+    let find = async || {
+        all_effects(s, "")
+            .await
+            .into_iter()
+            .find(|e| e["key"] == key)
+    };
+    wait_for(
+        &format!("effect {key:?} to be {status}"),
+        Duration::from_secs(30),
+        async || find().await.is_some_and(|e| e["status"] == status),
+    )
+    .await;
+    find().await.unwrap()
+}
+
+fn error_lines(events: &[Value]) -> Vec<Value> {
+    events
+        .iter()
+        .filter(|e| e["type"] == "events.iterate.com/stream/error-occurred")
+        .cloned()
+        .collect()
+}
+
+#[tokio::test]
+async fn append_effects_run_once_after_the_commit_and_repeated_identities_are_ignored() {
+    let s = Server::start_with(Some(EFFECTS), &[]);
+    effector_on(&s, SRC).await;
+    let first = request(
+        &s,
+        SRC,
+        json!([{"key": "a", "append": {"streamPath": "/out", "type": "x.y/done", "payload": {"n": 1}}},
+               {"key": "b", "append": {"streamPath": "/out", "type": "x.y/done", "payload": {"n": 2}}}]),
+    )
+    .await;
+    // The same identity again, with another payload: ignored.
+    request(
+        &s,
+        SRC,
+        json!([{"key": "a", "append": {"streamPath": "/out", "type": "x.y/done", "payload": {"n": 99}}}]),
+    )
+    .await;
+    let a = settled(&s, "a", "succeeded").await;
+    settled(&s, "b", "succeeded").await;
+    assert_eq!(a["attempts"], 1, "{a}");
+    assert_eq!(a["component"], "effector");
+    assert_eq!(a["stream"], "/orders");
+    // The checkpoint of the batch that returned it: the event's, or a
+    // later one when the second event was folded in the same batch.
+    let checkpoint = a["checkpointOffset"].as_u64().unwrap();
+    assert!((first..=first + 1).contains(&checkpoint), "{a}");
+    assert_eq!(a["target"]["append"]["payload"], json!({"n": 1}));
+    assert!(
+        a["settledAt"].is_string() && a["nextAttemptAt"].is_null(),
+        "{a}"
+    );
+    assert_eq!(all_effects(&s, "").await.len(), 2);
+
+    let out = s.all_events("/v1/projects/acme/streams/out").await;
+    let done: Vec<&Value> = out.iter().filter(|e| e["type"] == "x.y/done").collect();
+    assert_eq!(done.len(), 2, "{out:?}");
+    let a_event = done
+        .iter()
+        .find(|e| e["idempotencyKey"] == "effect:effector:/orders:a")
+        .expect("the event of effect \"a\"");
+    assert_eq!(a_event["payload"], json!({"n": 1}));
+    let origin = &a_event["source"]["effect"];
+    assert_eq!(origin["path"], "/orders");
+    assert_eq!(origin["component"], "effector");
+    assert_eq!(origin["key"], "a");
+    assert_eq!(origin["checkpointOffset"], checkpoint);
+    let (_, state) = s.get(&format!("{SRC}:state")).await;
+    assert_eq!(origin["streamId"], state["streamId"]);
+
+    // source.effect is platform-authored.
+    let forged = s
+        .post(
+            "/v1/projects/acme/streams/out:append",
+            json!({"events": [{"type": "x.y/done", "source": {"effect": origin}}]}),
+        )
+        .await;
+    assert_error(&forged, 403, "platform-authored", "source.effect");
+
+    // Filters and one effect by id.
+    let by_stream = all_effects(&s, "&stream=/orders&component=effector&status=succeeded").await;
+    assert_eq!(by_stream.len(), 2);
+    assert!(all_effects(&s, "&status=failed").await.is_empty());
+    let (status, one) = s.get(&format!("{FX}/{}", a["id"])).await;
+    assert_eq!((status, &one), (200, &a));
+    assert_error(
+        &s.get(&format!("{FX}/999999")).await,
+        404,
+        "effect-not-found",
+        "999999",
+    );
+    assert_error(
+        &s.get(&format!("{FX}?status=done")).await,
+        400,
+        "invalid-request",
+        "\"done\"",
+    );
+}
+
+#[tokio::test]
+async fn webhook_effects_carry_their_id_and_a_4xx_fails_at_once_with_one_error_line() {
+    let r = Receiver::start().await;
+    let s = Server::start_with(Some(EFFECTS), &[]);
+    effector_on(&s, SRC).await;
+    request(
+        &s,
+        SRC,
+        json!([{"key": "ok", "webhook": {"url": format!("{}/ok/1", r.base), "body": {"hello": 1}}},
+               {"key": "gone", "webhook": {"url": format!("{}/gone/1", r.base), "body": {}}},
+               {"key": "busy", "webhook": {"url": format!("{}/busy/1", r.base), "body": {}}}]),
+    )
+    .await;
+    let ok = settled(&s, "ok", "succeeded").await;
+    let posts = r.posts_to("/ok/1");
+    assert_eq!(posts.len(), 1);
+    assert_eq!(posts[0].key.as_deref(), Some(ok["id"].to_string().as_str()));
+    assert_eq!(posts[0].body, json!({"hello": 1}));
+
+    let gone = settled(&s, "gone", "failed").await;
+    assert_eq!(gone["attempts"], 1, "a 404 is not retried: {gone}");
+    assert!(
+        gone["lastError"].as_str().unwrap().contains("404"),
+        "{gone}"
+    );
+    assert_eq!(r.posts_to("/gone/1").len(), 1);
+    let busy = settled(&s, "busy", "failed").await;
+    assert_eq!(
+        busy["attempts"], 3,
+        "a 503 is retried up to max-attempts: {busy}"
+    );
+    assert_eq!(r.posts_to("/busy/1").len(), 3);
+
+    let lines = error_lines(&s.all_events(SRC).await);
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    let gone_line = lines
+        .iter()
+        .find(|l| l["payload"]["effect"]["key"] == "gone")
+        .expect("the line of \"gone\"");
+    assert_eq!(
+        gone_line["payload"]["effect"],
+        json!({"id": gone["id"], "component": "effector", "key": "gone"})
+    );
+    let message = gone_line["payload"]["message"].as_str().unwrap();
+    assert!(
+        message.starts_with(
+            "effect \"gone\" of processor \"effector\" failed after 1 attempt(s): webhook responded 404"
+        ),
+        "{message}"
+    );
+
+    // :retry runs a failed effect again (attempts reset); it fails again
+    // and says so in a second line.
+    let (status, retried) = s
+        .post(&format!("{FX}/{}:retry", gone["id"]), json!({}))
+        .await;
+    assert_eq!(status, 200, "{retried}");
+    assert_eq!(retried["attempts"], 0);
+    wait_for(
+        "the retried effect to run",
+        Duration::from_secs(30),
+        async || r.posts_to("/gone/1").len() == 2,
+    )
+    .await;
+    settled(&s, "gone", "failed").await;
+    wait_for("a second error line", Duration::from_secs(30), async || {
+        error_lines(&s.all_events(SRC).await).len() == 3
+    })
+    .await;
+
+    // Conflicts.
+    assert_error(
+        &s.post(&format!("{FX}/{}:retry", ok["id"]), json!({})).await,
+        409,
+        "effect-not-retryable",
+        "succeeded",
+    );
+    assert_error(
+        &s.post(&format!("{FX}/{}:cancel", ok["id"]), json!({}))
+            .await,
+        409,
+        "effect-not-cancellable",
+        "succeeded",
+    );
+    let (status, cancelled) = s
+        .post(&format!("{FX}/{}:cancel", busy["id"]), json!({}))
+        .await;
+    assert_eq!((status, &cancelled["status"]), (200, &json!("cancelled")));
+    assert_error(
+        &s.post(&format!("{FX}/{}:cancel", busy["id"]), json!({}))
+            .await,
+        409,
+        "effect-not-cancellable",
+        "cancelled",
+    );
+    assert_error(
+        &s.post(&format!("{FX}/{}:explode", busy["id"]), json!({}))
+            .await,
+        404,
+        "method-not-found",
+        "explode",
+    );
+}
+
+#[tokio::test]
+async fn a_pending_effect_can_be_cancelled_and_a_cancelled_one_retried_at_once() {
+    let r = Receiver::start().await;
+    // A long backoff keeps the failed first attempt's effect pending.
+    let config = EFFECTS
+        .replace("backoff-base-ms = 10", "backoff-base-ms = 60000")
+        .replace("backoff-max-ms = 40", "backoff-max-ms = 60000");
+    let s = Server::start_with(Some(&config), &[]);
+    effector_on(&s, SRC).await;
+    request(
+        &s,
+        SRC,
+        json!([{"key": "later", "webhook": {"url": format!("{}/busy/2", r.base), "body": {}}}]),
+    )
+    .await;
+    let pending = settled(&s, "later", "pending").await;
+    assert_eq!(pending["attempts"], 1, "{pending}");
+    assert!(pending["nextAttemptAt"].is_string(), "{pending}");
+    let (status, cancelled) = s
+        .post(&format!("{FX}/{}:cancel", pending["id"]), json!({}))
+        .await;
+    assert_eq!((status, &cancelled["status"]), (200, &json!("cancelled")));
+    let (status, again) = s
+        .post(&format!("{FX}/{}:retry", pending["id"]), json!({}))
+        .await;
+    assert_eq!((status, &again["status"]), (200, &json!("pending")));
+    // Pending, or already running again: either way not retryable.
+    assert_error(
+        &s.post(&format!("{FX}/{}:retry", pending["id"]), json!({}))
+            .await,
+        409,
+        "effect-not-retryable",
+        &format!("effect {} is ", pending["id"]),
+    );
+    // The retry runs at once, despite the long backoff.
+    wait_for(
+        "the retried effect to run",
+        Duration::from_secs(30),
+        async || r.posts_to("/busy/2").len() == 2,
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn itx_effects_keep_their_result_and_bad_effects_fail_the_fold() {
+    let s = Server::start_with(Some(EFFECTS), &[]);
+    let (status, out) = s.deploy("acme", "kinds", guest("kinds")).await;
+    assert_eq!(status, 200, "{out}");
+    effector_on(&s, SRC).await;
+    request(
+        &s,
+        SRC,
+        json!([{"key": "sum", "itx": {"expression": ["components", ["get", "kinds"], "add"], "args": [2, 3]}}]),
+    )
+    .await;
+    let sum = settled(&s, "sum", "succeeded").await;
+    assert_eq!(sum["result"], 5, "{sum}");
+    assert_eq!(
+        sum["target"]["itx"]["expression"],
+        json!(["components", ["get", "kinds"], "add"])
+    );
+
+    // An effect the host cannot run fails the fold, naming it.
+    request(
+        &s,
+        SRC,
+        json!([{"key": "bad", "append": {"streamPath": "/has space", "type": "x.y/z"}}]),
+    )
+    .await;
+    let halted = s.wait_halted(SRC, "fx", Duration::from_secs(30)).await;
+    let text = halted.to_string();
+    assert!(
+        text.contains("returned a bad effect: effects[0].stream-path")
+            && text.contains("/has space"),
+        "{halted}"
+    );
+    assert!(all_effects(&s, "").await.iter().all(|e| e["key"] != "bad"));
+}
+
+/// Appends `key` until the server acknowledges it.
+async fn append_until_acked(client: &reqwest::Client, url: &RwLock<String>, body: &Value) {
+    loop {
+        let base = url.read().unwrap().clone();
+        if let Ok(r) = client
+            .post(format!("{base}{SRC}:append"))
+            .json(body)
+            .send()
+            .await
+        {
+            if r.status() == 200 {
+                return;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn under_sigkill_every_effect_of_every_acknowledged_event_runs_and_none_twice() {
+    const ORDERS: usize = 120;
+    const KILLS: usize = 3;
+    let r = Receiver::start().await;
+    let mut s = Server::start_with(Some(EFFECTS), &[]);
+    effector_on(&s, SRC).await;
+    let url = Arc::new(RwLock::new(s.url.clone()));
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let appender = {
+        let (url, client, base) = (url.clone(), client.clone(), r.base.clone());
+        tokio::spawn(async move {
+            for i in 0..ORDERS {
+                let body = json!({"events": [{"type": "events.example/effects-requested",
+                    "idempotencyKey": format!("order-{i}"),
+                    "payload": {"effects": [
+                        {"key": format!("copy-{i}"), "append": {"streamPath": "/out", "type": "x.y/copied", "payload": {"i": i}}},
+                        {"key": format!("post-{i}"), "webhook": {"url": format!("{base}/ok/{i}"), "body": {"i": i}}}]}}]});
+                append_until_acked(&client, &url, &body).await;
+            }
+        })
+    };
+    for k in 0..KILLS {
+        // Let some work through, then SIGKILL in the middle of it.
+        let seen = r.posts.lock().unwrap().len();
+        wait_for(
+            "effects to run before the kill",
+            Duration::from_secs(60),
+            async || r.posts.lock().unwrap().len() > seen + 5 || appender.is_finished(),
+        )
+        .await;
+        s.restart();
+        *url.write().unwrap() = s.url.clone();
+        eprintln!("kill {} done", k + 1);
+    }
+    appender.await.unwrap();
+    wait_for(
+        "every effect to succeed",
+        Duration::from_secs(120),
+        async || {
+            let all = all_effects(&s, "").await;
+            all.len() == 2 * ORDERS && all.iter().all(|e| e["status"] == "succeeded")
+        },
+    )
+    .await;
+    // Appends: one event per effect (the receiving stream dedups by key).
+    let out = s.all_events("/v1/projects/acme/streams/out").await;
+    let mut copies: HashMap<u64, usize> = HashMap::new();
+    for e in out.iter().filter(|e| e["type"] == "x.y/copied") {
+        *copies
+            .entry(e["payload"]["i"].as_u64().unwrap())
+            .or_default() += 1;
+    }
+    assert_eq!(copies.len(), ORDERS, "every order's append effect ran");
+    assert!(copies.values().all(|n| *n == 1), "{copies:?}");
+    // Webhooks: at least once; after dedup by idempotency-key, exactly the
+    // set of effects, each key always with its own body.
+    let posts = r.posts.lock().unwrap().clone();
+    let ids: HashMap<String, Value> = all_effects(&s, "&status=succeeded")
+        .await
+        .into_iter()
+        .filter(|e| e["target"]["webhook"].is_object())
+        .map(|e| (e["id"].to_string(), e["target"]["webhook"]["body"].clone()))
+        .collect();
+    let keys: HashSet<String> = posts.iter().filter_map(|p| p.key.clone()).collect();
+    assert_eq!(keys.len(), ORDERS);
+    assert_eq!(keys, ids.keys().cloned().collect::<HashSet<_>>());
+    for p in &posts {
+        assert_eq!(&p.body, &ids[p.key.as_ref().unwrap()], "{p:?}");
+    }
+    eprintln!(
+        "{} webhook posts for {ORDERS} effects across {KILLS} kills",
+        posts.len()
+    );
+}
