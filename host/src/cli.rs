@@ -39,35 +39,114 @@ pub enum Command {
     Component(ComponentCommand),
     /// Refold a processor from offset 0 and compare with its stored state.
     Verify(VerifyArgs),
+    /// Create a processor's effects for past events (its state does not change).
+    Backfill(BackfillArgs),
+    /// The processor outbox: effects and their execution.
+    #[command(subcommand)]
+    Effects(EffectsCommand),
     /// Fold a processor component over a JSONL file of events, offline.
     Fold(FoldArgs),
 }
 
-/// A component of a project on a server.
+/// A project on a server.
 #[derive(Debug, Args)]
-pub struct ComponentRef {
+pub struct Project {
     /// Server URL.
     #[arg(long, env = "STREAMHOST_URL", default_value = "http://127.0.0.1:7410")]
     pub url: String,
     /// Bearer token.
     #[arg(long, env = "STREAMHOST_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
-    /// Project of the component.
+    /// The project.
     #[arg(long, env = "STREAMHOST_PROJECT")]
     pub project: String,
+}
+
+impl Project {
+    /// `{url}/v1/projects/{project}/{rest}`.
+    fn url(&self, rest: &str) -> String {
+        format!(
+            "{}/v1/projects/{}/{rest}",
+            self.url.trim_end_matches('/'),
+            self.project
+        )
+    }
+}
+
+/// A component of a project on a server.
+#[derive(Debug, Args)]
+pub struct ComponentRef {
+    #[command(flatten)]
+    pub project: Project,
     /// Component name.
     pub name: String,
 }
 
 impl ComponentRef {
     fn url(&self) -> String {
-        format!(
-            "{}/v1/projects/{}/components/{}",
-            self.url.trim_end_matches('/'),
-            self.project,
-            self.name
-        )
+        self.project.url(&format!("components/{}", self.name))
     }
+}
+
+#[derive(Debug, Subcommand)]
+pub enum EffectsCommand {
+    /// List effects, oldest first (a page; --after-id continues).
+    Ls(EffectsLsArgs),
+    /// One effect, with its target, attempts, last error and result.
+    Show(EffectArgs),
+    /// Run a failed or cancelled effect again (attempts reset).
+    Retry(EffectArgs),
+    /// Cancel a pending or failed effect.
+    Cancel(EffectArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct EffectsLsArgs {
+    #[command(flatten)]
+    pub project: Project,
+    /// Only effects of processors on this source stream (such as /orders).
+    #[arg(long)]
+    pub stream: Option<String>,
+    /// Only effects of this processor component.
+    #[arg(long)]
+    pub component: Option<String>,
+    /// Only effects in this status: pending, running, succeeded, failed, cancelled.
+    #[arg(long)]
+    pub status: Option<String>,
+    /// Start after this effect id (the `nextAfterId` of the previous page).
+    #[arg(long)]
+    pub after_id: Option<u64>,
+    /// Effects per page (1 to 500).
+    #[arg(long, default_value_t = 100)]
+    pub limit: usize,
+}
+
+#[derive(Debug, Args)]
+pub struct EffectArgs {
+    #[command(flatten)]
+    pub project: Project,
+    /// The effect id.
+    pub id: u64,
+}
+
+#[derive(Debug, Args)]
+pub struct BackfillArgs {
+    #[command(flatten)]
+    pub target: Target,
+    /// The processor's component name (one processor: there is no backfill of all).
+    pub component: String,
+    /// Fold the events after this offset.
+    #[arg(long, default_value_t = 0)]
+    pub after_offset: u64,
+    /// ... through this offset (default: the stream's head).
+    #[arg(long)]
+    pub through_offset: Option<u64>,
+    /// Only events of this type (repeatable).
+    #[arg(long = "type")]
+    pub event_types: Vec<String>,
+    /// Only events for which this JSONata condition is true.
+    #[arg(long = "where")]
+    pub condition: Option<String>,
 }
 
 #[derive(Debug, Args)]
@@ -288,6 +367,8 @@ pub async fn run(cli: Cli) -> Result<()> {
         Command::Deploy(a) => deploy(a).await,
         Command::Component(ComponentCommand::Get(a)) => component_get(a).await,
         Command::Verify(a) => verify(a).await,
+        Command::Backfill(a) => backfill(a).await,
+        Command::Effects(c) => effects(c).await,
         Command::Fold(a) => tokio::task::spawn_blocking(move || fold_offline(a)).await?,
     }
 }
@@ -349,7 +430,7 @@ async fn component_get(a: ComponentGetArgs) -> Result<()> {
     let req = reqwest::Client::new()
         .get(&url)
         .header("accept", "application/wasm");
-    let response = send(req, &url, a.component.token.as_deref()).await?;
+    let response = send(req, &url, a.component.project.token.as_deref()).await?;
     let status = response.status();
     if !status.is_success() {
         let text = response.text().await.unwrap_or_default();
@@ -365,6 +446,118 @@ async fn component_get(a: ComponentGetArgs) -> Result<()> {
         bytes.len(),
         path.display()
     ))
+}
+
+async fn effects(command: EffectsCommand) -> Result<()> {
+    let client = reqwest::Client::new();
+    let (project, req, url) = match &command {
+        EffectsCommand::Ls(a) => {
+            let mut query = form_urlencoded::Serializer::new(String::new());
+            query.append_pair("limit", &a.limit.to_string());
+            for (name, value) in [
+                ("stream", &a.stream),
+                ("component", &a.component),
+                ("status", &a.status),
+            ] {
+                if let Some(v) = value {
+                    query.append_pair(name, v);
+                }
+            }
+            if let Some(after) = a.after_id {
+                query.append_pair("afterId", &after.to_string());
+            }
+            let url = a.project.url(&format!("effects?{}", query.finish()));
+            (&a.project, client.get(&url), url)
+        }
+        EffectsCommand::Show(a) => {
+            let url = a.project.url(&format!("effects/{}", a.id));
+            (&a.project, client.get(&url), url)
+        }
+        EffectsCommand::Retry(a) | EffectsCommand::Cancel(a) => {
+            let action = if matches!(command, EffectsCommand::Retry(_)) {
+                "retry"
+            } else {
+                "cancel"
+            };
+            let url = a.project.url(&format!("effects/{}:{action}", a.id));
+            (&a.project, client.post(&url).json(&json!({})), url)
+        }
+    };
+    print_answer(send(req, &url, project.token.as_deref()).await?).await
+}
+
+/// `streamhost backfill`: streams the server's progress lines and draws
+/// them as a bar on a terminal (or prints them as lines otherwise).
+async fn backfill(a: BackfillArgs) -> Result<()> {
+    use std::io::{IsTerminal, Write};
+    let mut body = json!({"component": a.component, "afterOffset": a.after_offset});
+    if let Some(t) = a.through_offset {
+        body["throughOffset"] = json!(t);
+    }
+    if !a.event_types.is_empty() {
+        body["eventTypes"] = json!(a.event_types);
+    }
+    if let Some(c) = &a.condition {
+        body["jsonataCondition"] = json!(c);
+    }
+    let url = stream_url(&a.target, "backfillProcessor", "")?;
+    let req = reqwest::Client::new()
+        .post(&url)
+        .header("accept", "application/x-ndjson")
+        .json(&body);
+    let mut response = send(req, &url, a.target.server.token.as_deref()).await?;
+    if !response.status().is_success() {
+        return print_answer(response).await;
+    }
+    let terminal = std::io::stderr().is_terminal();
+    let mut buffer = String::new();
+    while let Some(chunk) = response.chunk().await.context("reading the answer")? {
+        buffer.push_str(&String::from_utf8_lossy(&chunk));
+        while let Some(end) = buffer.find('\n') {
+            let line: String = buffer.drain(..=end).collect();
+            let v: Value = serde_json::from_str(line.trim()).context("a line that is not JSON")?;
+            if let Some(p) = v.get("progress") {
+                let text = progress_text(p);
+                let mut err = std::io::stderr().lock();
+                if terminal {
+                    write!(err, "\r{text}")?;
+                } else {
+                    writeln!(err, "{text}")?;
+                }
+                err.flush()?;
+            } else if let Some(result) = v.get("result") {
+                if terminal {
+                    eprintln!();
+                }
+                return print_line(&serde_json::to_string_pretty(result)?);
+            } else if let Some(error) = v.get("error") {
+                if terminal {
+                    eprintln!();
+                }
+                bail!(
+                    "backfill failed ({}): {}",
+                    error["code"].as_str().unwrap_or("error"),
+                    error["message"].as_str().unwrap_or_default()
+                );
+            }
+        }
+    }
+    bail!("the server ended the answer before the backfill's result")
+}
+
+/// One progress line: a bar of the offsets scanned, and the counts.
+fn progress_text(p: &Value) -> String {
+    let through = p["throughOffset"].as_u64().unwrap_or(0);
+    let head = p["headOffset"].as_u64().unwrap_or(0).max(1);
+    let width = 30;
+    let filled = ((through.min(head) * width) / head) as usize;
+    format!(
+        "[{}{}] offset {through}/{head}, {} folded, {} effects created",
+        "#".repeat(filled),
+        ".".repeat(width as usize - filled),
+        p["folded"],
+        p["effectsCreated"]
+    )
 }
 
 async fn verify(a: VerifyArgs) -> Result<()> {
@@ -391,7 +584,7 @@ async fn deploy(a: DeployArgs) -> Result<()> {
         .put(&url)
         .header("content-type", "application/wasm")
         .body(bytes);
-    let response = send(req, &url, a.component.token.as_deref()).await?;
+    let response = send(req, &url, a.component.project.token.as_deref()).await?;
     let status = response.status();
     let text = response.text().await?;
     if !status.is_success() {

@@ -512,3 +512,203 @@ async fn under_sigkill_every_effect_of_every_acknowledged_event_runs_and_none_tw
         posts.len()
     );
 }
+
+/// `effector` takes over from `counter` under one name: the live processor
+/// continues from its checkpoint, so only a backfill gives the history the
+/// new version's effects.
+async fn history_without_effects(s: &Server) {
+    let (status, out) = s.deploy("acme", "proc", guest("counter")).await;
+    assert_eq!(status, 200, "{out}");
+    let (status, out) = s
+        .post(
+            &format!("{SRC}:append"),
+            json!({"events": [{"type": "events.iterate.com/stream/subscription-configured",
+                "payload": {"subscriptionKey": "p", "receiver": {"action": "processor-wake",
+                    "expression": ["components", ["get", "proc"], "wake"]}}}]}),
+        )
+        .await;
+    assert_eq!(status, 200, "{out}");
+    for i in 0..3 {
+        request(
+            s,
+            SRC,
+            json!([{"key": format!("k{i}"), "append": {"streamPath": "/out", "type": "x.y/backfilled", "payload": {"i": i}}}]),
+        )
+        .await;
+    }
+    crate::processors::caught_up(s, SRC, "proc").await;
+    let (status, out) = s.deploy("acme", "proc", guest("effector")).await;
+    assert_eq!(status, 200, "{out}");
+}
+
+#[tokio::test]
+async fn backfill_creates_one_processors_effects_for_a_range_and_nothing_the_second_time() {
+    let s = Server::start_with(Some(EFFECTS), &[]);
+    history_without_effects(&s).await;
+    assert!(all_effects(&s, "").await.is_empty());
+    let (_, before) = s.get(&format!("{SRC}:processors/proc")).await;
+    let (_, state) = s.get(&format!("{SRC}:state")).await;
+    let head = state["maxOffset"].as_u64().unwrap();
+
+    // The first two requests only (offsets 3 and 4).
+    let (status, first) = s
+        .post(
+            &format!("{SRC}:backfillProcessor"),
+            json!({"component": "proc", "throughOffset": head - 1}),
+        )
+        .await;
+    assert_eq!(status, 200, "{first}");
+    assert_eq!(first["effectsCreated"], 2, "{first}");
+    assert_eq!(first["effectsExisting"], 0, "{first}");
+    assert_eq!(first["folded"], 2, "{first}");
+    assert_eq!(first["scanned"], head - 1, "{first}");
+    let (status, whole) = s
+        .post(
+            &format!("{SRC}:backfillProcessor"),
+            json!({"component": "proc"}),
+        )
+        .await;
+    assert_eq!(status, 200, "{whole}");
+    assert_eq!(
+        (&whole["effectsCreated"], &whole["effectsExisting"]),
+        (&json!(1), &json!(2)),
+        "{whole}"
+    );
+    let (_, again) = s
+        .post(
+            &format!("{SRC}:backfillProcessor"),
+            json!({"component": "proc"}),
+        )
+        .await;
+    assert_eq!(
+        (&again["effectsCreated"], &again["effectsExisting"]),
+        (&json!(0), &json!(3)),
+        "{again}"
+    );
+    // The effects run; the processor's state and checkpoint did not change.
+    for i in 0..3 {
+        settled(&s, &format!("k{i}"), "succeeded").await;
+    }
+    let out = s.all_events("/v1/projects/acme/streams/out").await;
+    assert_eq!(
+        out.iter().filter(|e| e["type"] == "x.y/backfilled").count(),
+        3
+    );
+    let (_, after) = s.get(&format!("{SRC}:processors/proc")).await;
+    assert_eq!(after["state"], before["state"], "{after}");
+    assert_eq!(
+        after["checkpointOffset"], before["checkpointOffset"],
+        "{after}"
+    );
+
+    // A narrower selection, and the errors.
+    let (_, none) = s
+        .post(
+            &format!("{SRC}:backfillProcessor"),
+            json!({"component": "proc", "jsonataCondition": "payload.effects[0].key = 'k1'"}),
+        )
+        .await;
+    assert_eq!(
+        (&none["folded"], &none["effectsExisting"]),
+        (&json!(1), &json!(1)),
+        "{none}"
+    );
+    assert_error(
+        &s.post(
+            &format!("{SRC}:backfillProcessor"),
+            json!({"component": "nobody"}),
+        )
+        .await,
+        404,
+        "processor-not-found",
+        "\"nobody\"",
+    );
+    assert_error(
+        &s.post(
+            &format!("{SRC}:backfillProcessor"),
+            json!({"component": "proc", "afterOffset": head + 5}),
+        )
+        .await,
+        400,
+        "invalid-request",
+        "afterOffset",
+    );
+}
+
+#[tokio::test]
+async fn the_cli_backfills_with_progress_and_manages_effects() {
+    let s = Server::start_with(Some(EFFECTS), &[]);
+    history_without_effects(&s).await;
+    let (ok, out, err) = crate::support::run_cli(&[
+        "backfill",
+        "--url",
+        &s.url,
+        "--project",
+        "acme",
+        "/orders",
+        "proc",
+    ]);
+    assert!(ok, "{err}");
+    let result: Value = serde_json::from_str(&out).expect(&out);
+    assert_eq!(result["effectsCreated"], 3, "{out}");
+    // Not a terminal: progress comes as lines on stderr.
+    let (_, state) = s.get(&format!("{SRC}:state")).await;
+    let head = state["maxOffset"].as_u64().unwrap();
+    assert!(
+        err.contains(&format!("[{}] offset {head}/{head}", "#".repeat(30))),
+        "{err}"
+    );
+    let k0 = settled(&s, "k0", "succeeded").await;
+
+    let (ok, out, err) = crate::support::run_cli(&[
+        "effects",
+        "ls",
+        "--url",
+        &s.url,
+        "--project",
+        "acme",
+        "--status",
+        "succeeded",
+        "--component",
+        "proc",
+        "--limit",
+        "2",
+    ]);
+    assert!(ok, "{err}");
+    let page: Value = serde_json::from_str(&out).expect(&out);
+    assert_eq!(page["effects"].as_array().unwrap().len(), 2, "{out}");
+    assert_eq!(page["nextAfterId"], page["effects"][1]["id"], "{out}");
+    let id = k0["id"].to_string();
+    let (ok, out, err) =
+        crate::support::run_cli(&["effects", "show", "--url", &s.url, "--project", "acme", &id]);
+    assert!(ok, "{err}");
+    assert_eq!(serde_json::from_str::<Value>(&out).unwrap(), k0);
+    let (ok, _, err) = crate::support::run_cli(&[
+        "effects",
+        "retry",
+        "--url",
+        &s.url,
+        "--project",
+        "acme",
+        &id,
+    ]);
+    assert!(!ok);
+    assert!(
+        err.contains("409") && err.contains("effect-not-retryable"),
+        "{err}"
+    );
+    let (ok, _, err) = crate::support::run_cli(&[
+        "backfill",
+        "--url",
+        &s.url,
+        "--project",
+        "acme",
+        "/orders",
+        "nobody",
+    ]);
+    assert!(!ok);
+    assert!(
+        err.contains("processor-not-found") && err.contains("nobody"),
+        "{err}"
+    );
+}

@@ -102,7 +102,7 @@ pub async fn get(
 }
 
 /// The subscription of `stream` that wakes `component`, with its filter.
-fn wake_subscription(
+pub(super) fn wake_subscription(
     state: &crate::stream::CoreState,
     component: &str,
 ) -> Option<crate::subscription::OutboundSubscription> {

@@ -2,6 +2,7 @@
 //! bodies and errors. Domain rules live in `stream`; this layer only parses,
 //! authorizes and renders.
 
+mod backfill;
 mod components;
 mod connections;
 mod effects;
@@ -352,6 +353,19 @@ async fn stream_call(
                 &components::processor(host, address, component).await?,
             ))
         }
+        ("backfillProcessor", &Method::POST) => {
+            let input: backfill::BackfillInput = read_json(host, body).await?;
+            let streamed = headers
+                .get(header::ACCEPT)
+                .and_then(|v| v.to_str().ok())
+                .is_some_and(|v| v.contains("application/x-ndjson"));
+            if streamed {
+                return Ok(backfill::streamed(host.clone(), address.clone(), input));
+            }
+            Ok(ok_json(
+                &backfill::backfill(host, address, input, None).await?,
+            ))
+        }
         ("verifyProcessor", &Method::POST) => {
             let input = read_json(host, body).await?;
             Ok(ok_json(&components::verify(host, address, input).await?))
@@ -391,6 +405,7 @@ async fn stream_call(
             | "reset"
             | "waitForEvent"
             | "verifyProcessor"
+            | "backfillProcessor"
             | "subscribeToEventsFrom"
             | "unsubscribeFromEvents"
             | "setSubscriptionCursor"
@@ -426,6 +441,7 @@ pub const STREAM_METHODS: &[&str] = &[
     "setSubscriptionCursorAndResume",
     "processors/{component}",
     "verifyProcessor",
+    "backfillProcessor",
 ];
 
 /// "unknown stream method", the closest method when one is close, and the

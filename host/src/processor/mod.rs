@@ -7,6 +7,7 @@
 //! checkpoint (stream id + offset), the state and the effects of a batch
 //! commit in one transaction.
 
+pub mod backfill;
 pub mod cache;
 pub mod runtime;
 pub mod wake;

@@ -7,7 +7,9 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
-use super::runtime::{Batch, Determinism, Event as WitEvent, GuestError, Runtime, StreamInfo};
+use super::runtime::{
+    Batch, Determinism, Event as WitEvent, GuestError, Prepared, Runtime, StreamInfo,
+};
 use crate::clock::format_timestamp;
 use crate::delivery::select::select_batch;
 use crate::delivery::Failure;
@@ -152,63 +154,23 @@ pub fn wake(job: WakeJob) -> Result<Woken, Failure> {
         checkpoint,
     )?;
     let offsets: Vec<u64> = selection.events.iter().map(|e| e.offset).collect();
-    let mut new_state = state.clone();
-    let mut effects = Vec::new();
-    if !selection.events.is_empty() {
-        let batch = Batch {
-            stream: job.stream.clone(),
-            events: selection.events.iter().map(wit_event).collect(),
-            scanned_through_offset: selection.through,
+    let (new_state, effects) = if selection.events.is_empty() {
+        (state, Vec::new())
+    } else {
+        let guest = Guest {
+            runtime: &job.runtime,
+            prepared: &prepared,
+            component: &job.component,
+            timeout_ms: job.timeout_ms,
         };
-        let last_created =
-            chrono::DateTime::parse_from_rfc3339(&batch.events[batch.events.len() - 1].created_at)
-                .map(|t| t.timestamp_millis())
-                .unwrap_or(0);
-        let determinism = Determinism::for_batch(&job.stream.stream_id, offsets[0], last_created);
-        let folded = job
-            .runtime
-            .fold(
-                &job.component,
-                &prepared,
-                &state,
-                &batch,
-                determinism,
-                job.timeout_ms,
-            )
-            .map_err(|e| {
-                let mut f = guest_failure(&job.component, "fold", e);
-                f.single_offset = (offsets.len() == 1).then(|| offsets[0]);
-                // The repro holds the whole state and batch: it goes with the
-                // processor's last failure, not into the halt fact.
-                f.detail = Some(super::wave::fold_command(
-                    &format!("{}.wasm", job.component),
-                    &state,
-                    &batch,
-                ));
-                f
-            })?;
-        if folded.state.len() > PROCESSOR_STATE_BYTES_MAX {
-            return Err(failure(
-                format!(
-                    "processor {:?} returned a state of {} bytes, over the {PROCESSOR_STATE_BYTES_MAX}-byte limit",
-                    job.component,
-                    folded.state.len()
-                ),
-                false,
-            ));
-        }
-        if let Err(e) = serde_json::from_str::<Value>(&folded.state) {
-            return Err(failure(
-                format!(
-                    "processor {:?} returned a state that is not JSON: {e}",
-                    job.component
-                ),
-                false,
-            ));
-        }
-        new_state = folded.state;
-        effects = checked_effects(&job.component, &folded.effects, selection.through)?;
-    }
+        fold_events(
+            &guest,
+            &job.stream,
+            &state,
+            &selection.events,
+            selection.through,
+        )?
+    };
     Ok(Woken {
         checkpoint: Checkpoint {
             row_id: job.row_id,
@@ -226,6 +188,78 @@ pub fn wake(job: WakeJob) -> Result<Woken, Failure> {
         },
         offsets,
     })
+}
+
+/// A loaded component to call.
+pub struct Guest<'a> {
+    pub runtime: &'a Runtime,
+    pub prepared: &'a Prepared,
+    pub component: &'a str,
+    pub timeout_ms: u64,
+}
+
+/// Folds one batch of (non-empty) `events`, scanned through `through`, from
+/// `state`: the new state, checked (JSON, bounded), and the batch's effects,
+/// checked. The wake, backfill and refold all fold through here, so they
+/// see the same batches' determinism seeds and the same checks.
+pub fn fold_events(
+    guest: &Guest<'_>,
+    stream: &StreamInfo,
+    state: &str,
+    events: &[crate::stream::Event],
+    through: u64,
+) -> Result<(String, Vec<NewEffect>), Failure> {
+    let component = guest.component;
+    let batch = Batch {
+        stream: stream.clone(),
+        events: events.iter().map(wit_event).collect(),
+        scanned_through_offset: through,
+    };
+    let last_created =
+        chrono::DateTime::parse_from_rfc3339(&batch.events[batch.events.len() - 1].created_at)
+            .map(|t| t.timestamp_millis())
+            .unwrap_or(0);
+    let first = events[0].offset;
+    let determinism = Determinism::for_batch(&stream.stream_id, first, last_created);
+    let folded = guest
+        .runtime
+        .fold(
+            component,
+            guest.prepared,
+            state,
+            &batch,
+            determinism,
+            guest.timeout_ms,
+        )
+        .map_err(|e| {
+            let mut f = guest_failure(component, "fold", e);
+            f.single_offset = (events.len() == 1).then_some(first);
+            // The repro holds the whole state and batch: it goes with the
+            // processor's last failure, not into the halt fact.
+            f.detail = Some(super::wave::fold_command(
+                &format!("{component}.wasm"),
+                state,
+                &batch,
+            ));
+            f
+        })?;
+    if folded.state.len() > PROCESSOR_STATE_BYTES_MAX {
+        return Err(failure(
+            format!(
+                "processor {component:?} returned a state of {} bytes, over the {PROCESSOR_STATE_BYTES_MAX}-byte limit",
+                folded.state.len()
+            ),
+            false,
+        ));
+    }
+    if let Err(e) = serde_json::from_str::<Value>(&folded.state) {
+        return Err(failure(
+            format!("processor {component:?} returned a state that is not JSON: {e}"),
+            false,
+        ));
+    }
+    let effects = checked_effects(component, &folded.effects, through)?;
+    Ok((folded.state, effects))
 }
 
 /// The effects a fold returned, checked and in their stored form; a bad one

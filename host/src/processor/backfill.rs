@@ -1,0 +1,111 @@
+//! Folding a processor over a range of its stream outside its wakes, from a
+//! given state: backfill (effects only, `:backfillProcessor`) and refold (a
+//! new state from the initial one, after `PUT ...?refold=true`). Batches are
+//! chosen and folded as a wake chooses and folds them (`wake::fold_events`).
+//! Runs on a blocking thread.
+
+use super::wake::{fold_events, Guest};
+use crate::delivery::select::select_batch;
+use crate::delivery::{Failure, BATCH_EVENTS_MAX};
+use crate::filter::CompiledFilter;
+use crate::processor::runtime::StreamInfo;
+use crate::storage::{NewEffect, Storage};
+
+/// Stored events read per step.
+const SCAN_EVENTS_MAX: usize = 1000;
+
+/// A fold over a range of one processor instance's stream.
+pub struct RangeFold<'a> {
+    pub guest: Guest<'a>,
+    pub storage: &'a Storage,
+    pub row_id: i64,
+    pub stream: StreamInfo,
+    /// What the processor sees: its subscription's filter ∩ its `consumes`.
+    pub filter: CompiledFilter,
+    /// A narrower selection (a backfill's `eventTypes` and condition).
+    pub narrow: Option<CompiledFilter>,
+}
+
+/// How far a range fold has come.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Progress {
+    /// Events scanned through this offset.
+    pub through: u64,
+    /// Stored events looked at.
+    pub scanned: u64,
+    /// Events folded.
+    pub folded: u64,
+}
+
+impl RangeFold<'_> {
+    /// Folds from `state` over the committed events in `(after, through]`;
+    /// `each` receives every batch's effects and the progress after it.
+    /// Answers the final state and progress.
+    pub fn run(
+        &self,
+        mut state: String,
+        after: u64,
+        through: u64,
+        mut each: impl FnMut(Vec<NewEffect>, &Progress) -> Result<(), Failure>,
+    ) -> Result<(String, Progress), Failure> {
+        let mut progress = Progress {
+            through: after,
+            ..Progress::default()
+        };
+        let label = format!("processor {}", self.guest.component);
+        while progress.through < through {
+            let cursor = progress.through;
+            let stored = self
+                .storage
+                .events_after(self.row_id, cursor, SCAN_EVENTS_MAX, through)
+                .map_err(|e| Failure::new(format!("reading the stream failed: {e:#}"), true))?;
+            if stored.is_empty() {
+                break;
+            }
+            let mut selection =
+                select_batch(&label, &stored, &self.filter, BATCH_EVENTS_MAX, cursor)?;
+            if selection.through == cursor {
+                break;
+            }
+            progress.scanned += stored
+                .iter()
+                .filter(|(o, _)| *o <= selection.through)
+                .count() as u64;
+            if let Some(narrow) = &self.narrow {
+                let mut kept = Vec::with_capacity(selection.events.len());
+                for e in selection.events {
+                    let value = serde_json::to_value(&e).unwrap_or_default();
+                    let matches =
+                        narrow
+                            .matches(&e.event_type, &e.payload, &value)
+                            .map_err(|m| {
+                                Failure::new(
+                                    format!("the condition failed on offset {}: {m}", e.offset),
+                                    false,
+                                )
+                            })?;
+                    if matches {
+                        kept.push(e);
+                    }
+                }
+                selection.events = kept;
+            }
+            let mut effects = Vec::new();
+            if !selection.events.is_empty() {
+                let (next, batch_effects) = fold_events(
+                    &self.guest,
+                    &self.stream,
+                    &state,
+                    &selection.events,
+                    selection.through,
+                )?;
+                state = next;
+                effects = batch_effects;
+                progress.folded += selection.events.len() as u64;
+            }
+            progress.through = selection.through;
+            each(effects, &progress)?;
+        }
+        Ok((state, progress))
+    }
+}
