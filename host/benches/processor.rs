@@ -117,6 +117,7 @@ async fn wake_latency(durability: Durability) -> Vec<f64> {
             filter: Default::default(),
             timeout_ms: 20_000,
             now_ms: 0,
+            pinned: false,
         };
         let start = Instant::now();
         let woken = tokio::task::block_in_place(|| wake(job)).expect("wake");

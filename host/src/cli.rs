@@ -155,6 +155,10 @@ pub struct DeployArgs {
     pub component: ComponentRef,
     /// The component (.wasm).
     pub file: PathBuf,
+    /// Refold every processor instance of it from the new version's initial
+    /// state (the old state serves reads until the new one has caught up).
+    #[arg(long)]
+    pub refold: bool,
 }
 
 #[derive(Debug, Subcommand)]
@@ -579,7 +583,10 @@ async fn verify(a: VerifyArgs) -> Result<()> {
 
 async fn deploy(a: DeployArgs) -> Result<()> {
     let bytes = std::fs::read(&a.file).with_context(|| format!("reading {}", a.file.display()))?;
-    let url = a.component.url();
+    let mut url = a.component.url();
+    if a.refold {
+        url.push_str("?refold=true");
+    }
     let req = reqwest::Client::new()
         .put(&url)
         .header("content-type", "application/wasm")

@@ -712,3 +712,119 @@ async fn the_cli_backfills_with_progress_and_manages_effects() {
         "{err}"
     );
 }
+
+fn resumed_lines(events: &[Value]) -> usize {
+    events
+        .iter()
+        .filter(|e| e["type"] == "events.iterate.com/stream/subscription-delivery-resumed")
+        .count()
+}
+
+#[tokio::test]
+async fn a_new_version_resumes_a_subscription_its_component_halted_once_and_versions_are_listed() {
+    let s = Server::start_with(Some(EFFECTS), &[]);
+    let (_, v1) = s.deploy("acme", "proc", guest("effector")).await;
+    let (status, out) = s
+        .post(
+            &format!("{SRC}:append"),
+            json!({"events": [{"type": "events.iterate.com/stream/subscription-configured",
+                "payload": {"subscriptionKey": "p", "receiver": {"action": "processor-wake",
+                    "expression": ["components", ["get", "proc"], "wake"]}}}]}),
+        )
+        .await;
+    assert_eq!(status, 200, "{out}");
+    // An effect with no target: the effector fails for good and halts.
+    request(&s, SRC, json!([{"key": "nothing"}])).await;
+    s.wait_halted(SRC, "p", Duration::from_secs(30)).await;
+
+    let (status, v2) = s.deploy("acme", "proc", guest("counter")).await;
+    assert_eq!(status, 200, "{v2}");
+    assert_eq!(
+        v2["resumedSubscriptions"],
+        json!([{"stream": "/orders", "subscriptionKey": "p"}]),
+        "{v2}"
+    );
+    let p = crate::processors::caught_up(&s, SRC, "proc").await;
+    assert_eq!(p["digest"], v2["digest"], "{p}");
+    assert_ne!(p["status"], "halted", "{p}");
+    // The same bytes again are not a new version: nothing more resumes.
+    let (_, again) = s.deploy("acme", "proc", guest("counter")).await;
+    assert!(again.get("resumedSubscriptions").is_none(), "{again}");
+    assert_eq!(resumed_lines(&s.all_events(SRC).await), 1);
+
+    let (status, versions) = s.get("/v1/projects/acme/components/proc/versions").await;
+    assert_eq!(status, 200, "{versions}");
+    let digests: Vec<&Value> = versions["versions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| &v["digest"])
+        .collect();
+    assert_eq!(digests, vec![&v2["digest"], &v1["digest"]]);
+    assert!(versions["versions"][0]["deployedAt"].is_string());
+    assert_error(
+        &s.get("/v1/projects/acme/components/nope/versions").await,
+        404,
+        "component-not-found",
+        "\"nope\"",
+    );
+}
+
+#[tokio::test]
+async fn a_refold_folds_every_instance_again_from_the_initial_state_and_switches() {
+    let s = Server::start_with(Some(EFFECTS), &[]);
+    let (status, out) = s.deploy("acme", "proc", guest("counter")).await;
+    assert_eq!(status, 200, "{out}");
+    let (status, out) = s
+        .post(
+            &format!("{SRC}:append"),
+            json!({"events": [{"type": "events.iterate.com/stream/subscription-configured",
+                "payload": {"subscriptionKey": "p", "receiver": {"action": "processor-wake",
+                    "expression": ["components", ["get", "proc"], "wake"]}}}]}),
+        )
+        .await;
+    assert_eq!(status, 200, "{out}");
+    for i in 0..3 {
+        request(
+            &s,
+            SRC,
+            json!([{"key": format!("k{i}"), "append": {"streamPath": "/out", "type": "x.y/refolded", "payload": {"i": i}}}]),
+        )
+        .await;
+    }
+    let before = crate::processors::caught_up(&s, SRC, "proc").await;
+    assert_eq!(
+        before["state"]["events"], 5,
+        "the counter's state: {before}"
+    );
+
+    let (status, out) = s
+        .deploy_with_query("acme", "proc", guest("effector"), "refold=true")
+        .await;
+    assert_eq!(status, 200, "{out}");
+    assert_eq!(out["refolding"], json!(["/orders"]), "{out}");
+    // The effector's fold of the whole history (it consumes only the three
+    // requests), not its continuation of the counter's state.
+    wait_for(
+        "the refold to switch",
+        Duration::from_secs(30),
+        async || {
+            let (_, p) = s.get(&format!("{SRC}:processors/proc")).await;
+            p["state"] == json!({"events": 3, "effects": 3})
+        },
+    )
+    .await;
+    let (_, after) = s.get(&format!("{SRC}:processors/proc")).await;
+    assert_eq!(after["digest"], out["digest"], "{after}");
+    assert_eq!(
+        after["checkpointOffset"], before["checkpointOffset"],
+        "{after}"
+    );
+    for i in 0..3 {
+        settled(&s, &format!("k{i}"), "succeeded").await;
+    }
+    let bad = s
+        .deploy_with_query("acme", "proc", guest("effector"), "refold=maybe")
+        .await;
+    assert_error(&bad, 400, "invalid-request", "\"maybe\"");
+}

@@ -467,10 +467,21 @@ impl Server {
 
     /// Deploys a component; returns (status, body).
     pub async fn deploy(&self, project: &str, name: &str, bytes: Vec<u8>) -> (u16, Value) {
+        self.deploy_with_query(project, name, bytes, "").await
+    }
+
+    /// Deploys a component with a query string (`refold=true`).
+    pub async fn deploy_with_query(
+        &self,
+        project: &str,
+        name: &str,
+        bytes: Vec<u8>,
+        query: &str,
+    ) -> (u16, Value) {
         let mut r = self
             .client
             .put(format!(
-                "{}/v1/projects/{project}/components/{name}",
+                "{}/v1/projects/{project}/components/{name}?{query}",
                 self.url
             ))
             .header("content-type", "application/wasm")

@@ -43,6 +43,8 @@ pub struct Executors {
     pub webhooks: webhook::Client,
     /// Wakes the effect worker when effects commit or are retried.
     pub effects: effect::EffectsBell,
+    /// Processor instances being refolded by a new version.
+    pub refolds: crate::processor::refold::Refolds,
     pub metrics: crate::metrics::Metrics,
 }
 

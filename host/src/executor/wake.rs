@@ -38,6 +38,7 @@ pub async fn send(
         filter: job.route.filter.clone(),
         timeout_ms: job.timeout_ms,
         now_ms: job.now_ms,
+        pinned: exec.refolds.contains(project, &source.info.path, component),
     };
     let result = async {
         let woken = blocking(move || wake(wake_job)).await?;

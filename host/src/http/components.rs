@@ -9,7 +9,9 @@ use crate::clock::format_timestamp;
 use crate::host::Host;
 use crate::processor::runtime::{Batch, Determinism, StreamInfo};
 use crate::storage::{Deployment, WriteOp};
-use crate::stream::{validate_project, StreamAddress};
+use crate::stream::{
+    types, validate_project, AppendInput, Authority, EventInput, Namespace, StreamAddress,
+};
 use crate::subscription::Receiver;
 
 /// Largest component accepted, in bytes.
@@ -34,6 +36,7 @@ pub async fn deploy(
     project: &str,
     name: &str,
     bytes: Vec<u8>,
+    refold: bool,
 ) -> Result<Value, ApiError> {
     validate_name(name)?;
     let runtime = host.streams.wasm_runtime().clone();
@@ -51,13 +54,91 @@ pub async fn deploy(
         bytes,
         deployed_at: format_timestamp(chrono::Utc::now().timestamp_millis()),
     };
-    host.streams
+    let new_version = host
+        .streams
         .storage()
         .submit(WriteOp::Deploy(deployment))
         .await
         .map_err(|_| ApiError::internal("the storage writer stopped"))?
-        .map_err(|e| ApiError::internal(format!("storing the component failed: {e}")))?;
-    Ok(json!({"name": name, "digest": digest, "exports": exports}))
+        .map_err(|e| ApiError::internal(format!("storing the component failed: {e}")))?
+        == 1;
+    let mut answer = json!({"name": name, "digest": digest, "exports": exports});
+    if !new_version {
+        return Ok(answer);
+    }
+    let resumed = resume_halted(host, project, name, &digest).await?;
+    if !resumed.is_empty() {
+        answer["resumedSubscriptions"] = json!(resumed);
+    }
+    if refold {
+        let timeout_ms = host.config.delivery.timeout_ms;
+        let paths = crate::processor::refold::start(&host.streams, project, name, timeout_ms)
+            .await
+            .map_err(|e| ApiError::internal(format!("starting the refold failed: {e:#}")))?;
+        answer["refolding"] = json!(paths);
+    }
+    Ok(answer)
+}
+
+/// A subscription halted by its processor or ITX component resumes by
+/// itself, once, when a new version of that component is deployed. Answers
+/// the subscriptions resumed.
+async fn resume_halted(
+    host: &Host,
+    project: &str,
+    name: &str,
+    digest: &str,
+) -> Result<Vec<Value>, ApiError> {
+    let storage = host.streams.storage().clone();
+    let (p, quoted) = (project.to_string(), format!("\"{name}\""));
+    let candidates =
+        tokio::task::spawn_blocking(move || storage.streams_halted_mentioning(&p, &quoted))
+            .await
+            .map_err(|e| ApiError::internal(e.to_string()))?
+            .map_err(|e| {
+                ApiError::internal(format!("finding halted subscriptions failed: {e:#}"))
+            })?;
+    let mut resumed = Vec::new();
+    for path in candidates {
+        let address = StreamAddress::new(Namespace::Project(project.to_string()), &path)?;
+        let state = host.streams.state(&address).await?;
+        for (key, idempotency_key) in crate::subscription::resumed_by_new_version(
+            &state.subscriptions.outbound.by_key,
+            name,
+            digest,
+        ) {
+            let event = EventInput {
+                event_type: types::SUBSCRIPTION_DELIVERY_RESUMED.to_string(),
+                payload: Some(
+                    json!({"subscriptionKey": key})
+                        .as_object()
+                        .cloned()
+                        .unwrap_or_default(),
+                ),
+                metadata: None,
+                idempotency_key: Some(idempotency_key),
+                ephemeral: None,
+                offset: None,
+                source: None,
+            };
+            let input = AppendInput {
+                events: vec![event],
+                expected_stream_id: Some(state.stream_id.clone()),
+            };
+            match host
+                .streams
+                .append(&address, input, Authority::Platform)
+                .await
+            {
+                Ok(_) => resumed.push(json!({"stream": path, "subscriptionKey": key})),
+                Err(e) => {
+                    tracing::warn!(stream = %address, subscription = %key, error = %e.message,
+                    "resuming a subscription after a new version failed")
+                }
+            }
+        }
+    }
+    Ok(resumed)
 }
 
 /// `GET /v1/projects/{project}/components`.
@@ -311,4 +392,25 @@ pub async fn verify(
     .await
     .map_err(|e| ApiError::internal(e.to_string()))??;
     Ok(out)
+}
+
+/// `GET .../components/{name}/versions`: newest first.
+pub async fn versions(host: &Host, project: &str, name: &str) -> Result<Value, ApiError> {
+    let storage = host.streams.storage().clone();
+    let (p, n) = (project.to_string(), name.to_string());
+    let rows = tokio::task::spawn_blocking(move || storage.component_versions(&p, &n))
+        .await
+        .map_err(|e| ApiError::internal(e.to_string()))?
+        .map_err(|e| ApiError::internal(format!("reading the versions failed: {e:#}")))?;
+    if rows.is_empty() {
+        return Err(ApiError::not_found(
+            "component-not-found",
+            format!("component {name:?} is not deployed in project {project:?}"),
+        ));
+    }
+    let versions: Vec<Value> = rows
+        .into_iter()
+        .map(|(digest, deployed_at)| json!({"digest": digest, "deployedAt": deployed_at}))
+        .collect();
+    Ok(json!({"name": name, "versions": versions}))
 }

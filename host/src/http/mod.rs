@@ -44,6 +44,10 @@ pub fn router(host: Host) -> Router {
             "/v1/projects/{project}/components/{name}",
             axum::routing::put(deploy_component).get(get_component),
         )
+        .route(
+            "/v1/projects/{project}/components/{name}/versions",
+            get(component_versions),
+        )
         .fallback(fallback)
         .with_state(host)
 }
@@ -195,16 +199,32 @@ async fn itx_call(
 async fn deploy_component(
     State(host): State<Host>,
     axum::extract::Path((project, name)): axum::extract::Path<(String, String)>,
+    uri: Uri,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
     let result = async {
         authorize_project(&host, &headers, &project)?;
+        let refold = query::deploy_query(uri.query())?;
         let limit = components::COMPONENT_BYTES_MAX;
         let bytes = to_bytes(body, limit).await.map_err(|_| {
             ApiError::too_large(format!("the component is over the limit of {limit} bytes"))
         })?;
-        components::deploy(&host, &project, &name, bytes.to_vec()).await
+        components::deploy(&host, &project, &name, bytes.to_vec(), refold).await
+    }
+    .await;
+    answer(result)
+}
+
+/// `GET .../components/{name}/versions`.
+async fn component_versions(
+    State(host): State<Host>,
+    axum::extract::Path((project, name)): axum::extract::Path<(String, String)>,
+    headers: HeaderMap,
+) -> Response {
+    let result = async {
+        authorize_project(&host, &headers, &project)?;
+        components::versions(&host, &project, &name).await
     }
     .await;
     answer(result)

@@ -169,6 +169,22 @@ pub fn list_query(query: Option<&str>) -> Result<ListQuery, ApiError> {
     Ok(q)
 }
 
+/// Parses `refold` of `PUT .../components/{name}`.
+pub fn deploy_query(query: Option<&str>) -> Result<bool, ApiError> {
+    let mut refold = false;
+    for (name, value) in decoded(query) {
+        match name.as_str() {
+            "refold" => refold = boolean("refold", &value)?,
+            other => {
+                return Err(ApiError::invalid(format!(
+                    "unknown query parameter {other:?} for a deploy (refold)"
+                )))
+            }
+        }
+    }
+    Ok(refold)
+}
+
 /// Most effects in one page of the effect list.
 pub const EFFECT_LIMIT_MAX: usize = 500;
 

@@ -36,6 +36,8 @@ pub struct WakeJob {
     pub filter: CompiledFilter,
     pub timeout_ms: u64,
     pub now_ms: i64,
+    /// A refold is under way: run the checkpoint's version.
+    pub pinned: bool,
 }
 
 /// A wake that produced a checkpoint to commit.
@@ -121,9 +123,26 @@ pub fn wit_event(e: &crate::stream::Event) -> WitEvent {
     }
 }
 
+/// The component a wake runs: the deployed one, or, while the instance is
+/// being refolded by a new version, the version of its checkpoint (the old
+/// state is served, and advanced, by the old code until the switch).
+fn component_of(job: &WakeJob) -> anyhow::Result<Option<Arc<Prepared>>> {
+    if job.pinned {
+        if let Some(c) = job.storage.checkpoint(job.row_id, &job.component)? {
+            let storage = job.storage.clone();
+            let digest = c.digest.clone();
+            return Ok(Some(
+                job.runtime
+                    .prepare(&c.digest, move || storage.component_bytes(&digest))?,
+            ));
+        }
+    }
+    Ok(super::deployed(&job.storage, &job.runtime, &job.project, &job.component)?.map(|(p, _)| p))
+}
+
 /// Runs one wake (blocking).
 pub fn wake(job: WakeJob) -> Result<Woken, Failure> {
-    let (prepared, _) = super::deployed(&job.storage, &job.runtime, &job.project, &job.component)
+    let prepared = component_of(&job)
         .map_err(|e| {
             failure(
                 format!("loading component {:?} failed: {e:#}", job.component),

@@ -329,6 +329,51 @@ impl Storage {
         })
     }
 
+    /// A component's versions, newest first: (digest, deployed at).
+    pub fn component_versions(&self, project: &str, name: &str) -> Result<Vec<(String, String)>> {
+        self.with_reader(|c| {
+            let mut stmt = c.prepare_cached(
+                "SELECT digest, deployed_at FROM component_versions
+                 WHERE project = ?1 AND name = ?2 ORDER BY rowid DESC",
+            )?;
+            let rows = stmt
+                .query_map(params![project, name], |r| Ok((r.get(0)?, r.get(1)?)))?
+                .collect::<rusqlite::Result<Vec<_>>>()?;
+            Ok(rows)
+        })
+    }
+
+    /// The source paths of a component's processor instances in a project.
+    pub fn processor_instances(&self, project: &str, component: &str) -> Result<Vec<String>> {
+        self.with_reader(|c| {
+            let mut stmt = c.prepare_cached(
+                "SELECT s.path FROM processor_checkpoints p JOIN streams s ON s.id = p.stream
+                 WHERE s.project = ?1 AND p.component = ?2 ORDER BY s.path",
+            )?;
+            let rows = stmt
+                .query_map(params![project, component], |r| r.get(0))?
+                .collect::<rusqlite::Result<Vec<_>>>()?;
+            Ok(rows)
+        })
+    }
+
+    /// Paths of a project's streams whose cached state has a halted
+    /// subscription and mentions `text` (a candidate list: the caller checks
+    /// each stream's state).
+    pub fn streams_halted_mentioning(&self, project: &str, text: &str) -> Result<Vec<String>> {
+        self.with_reader(|c| {
+            let mut stmt = c.prepare_cached(
+                "SELECT path FROM streams WHERE project = ?1
+                   AND instr(state_json, '\"deliveryHalted\"') > 0 AND instr(state_json, ?2) > 0
+                 ORDER BY path",
+            )?;
+            let rows = stmt
+                .query_map(params![project, text], |r| r.get(0))?
+                .collect::<rusqlite::Result<Vec<_>>>()?;
+            Ok(rows)
+        })
+    }
+
     /// The last failure of a processor instance.
     pub fn processor_failure(
         &self,

@@ -83,7 +83,8 @@ pub enum WriteOp {
         row_id: i64,
         cursors: Vec<CursorRow>,
     },
-    /// Deploy (or replace) a component.
+    /// Deploy (or replace) a component; answers 1 for a new version, 0
+    /// when the bytes are those already deployed.
     Deploy(Deployment),
     /// A processor's new checkpoint, state and effects.
     Checkpoint(Checkpoint),
@@ -321,6 +322,14 @@ fn apply(conn: &Connection, op: &WriteOp) -> Result<i64> {
                 "INSERT OR IGNORE INTO component_blobs (digest, bytes) VALUES (?1, ?2)",
             )?
             .execute(params![d.digest, d.bytes])?;
+            let current: Option<String> = conn
+                .prepare_cached("SELECT digest FROM components WHERE project = ?1 AND name = ?2")?
+                .query_row(params![d.project, d.name], |r| r.get(0))
+                .optional()?;
+            if current.as_deref() == Some(d.digest.as_str()) {
+                // The same bytes again: not a new version.
+                return Ok(0);
+            }
             conn.prepare_cached(
                 "INSERT INTO components (project, name, digest, exports, deployed_at) VALUES (?1, ?2, ?3, ?4, ?5)
                  ON CONFLICT (project, name) DO UPDATE SET digest = excluded.digest,
@@ -333,7 +342,11 @@ fn apply(conn: &Connection, op: &WriteOp) -> Result<i64> {
                 serde_json::to_string(&d.exports)?,
                 d.deployed_at
             ])?;
-            Ok(0)
+            conn.prepare_cached(
+                "INSERT INTO component_versions (project, name, digest, deployed_at) VALUES (?1, ?2, ?3, ?4)",
+            )?
+            .execute(params![d.project, d.name, d.digest, d.deployed_at])?;
+            Ok(1)
         }
         WriteOp::Checkpoint(c) => {
             let current: Option<(String, i64)> = conn

@@ -78,6 +78,7 @@ impl Streams {
                     runtime: runtime.clone(),
                     webhooks: settings.webhooks,
                     effects: Default::default(),
+                    refolds: Default::default(),
                     metrics: metrics.clone(),
                 },
                 storage,

@@ -103,6 +103,18 @@ pub enum Receiver {
 }
 
 impl Receiver {
+    /// The component a `processor-wake` or `itx-call` receiver calls.
+    pub fn component(&self) -> Option<String> {
+        match self {
+            Receiver::ProcessorWake { expression } => crate::itx::wake_component(expression).ok(),
+            Receiver::ItxCall { expression, .. } => match crate::itx::resolve(expression) {
+                Ok(crate::itx::Target::ComponentFunction { component, .. }) => Some(component),
+                Err(_) => None,
+            },
+            Receiver::CopyToStream { .. } | Receiver::WebhookPost { .. } => None,
+        }
+    }
+
     /// The action name as on the wire.
     pub fn action(&self) -> &'static str {
         match self {
@@ -175,6 +187,28 @@ impl OutboundSubscription {
             },
         }
     }
+}
+
+/// The subscriptions a new version of `component` resumes: those halted
+/// whose receiver calls it (a processor wake or an ITX call), each with the
+/// idempotency key of its resume, so each halt resumes once per version.
+pub fn resumed_by_new_version<'a>(
+    by_key: impl IntoIterator<Item = (&'a String, &'a OutboundSubscription)>,
+    component: &str,
+    digest: &str,
+) -> Vec<(String, String)> {
+    by_key
+        .into_iter()
+        .filter_map(|(key, sub)| {
+            let halted = sub.delivery_halted.as_ref()?;
+            (sub.configuration.receiver.component().as_deref() == Some(component)).then(|| {
+                (
+                    key.clone(),
+                    format!("auto-resume:{key}:{digest}:{}", halted.after_offset),
+                )
+            })
+        })
+        .collect()
 }
 
 /// An explicit cursor position.
@@ -314,6 +348,80 @@ mod tests {
             stream_id: id.into(),
             cursor_changed_at_source_offset: generation,
         }
+    }
+
+    fn sub(receiver: serde_json::Value, halted: bool) -> OutboundSubscription {
+        let mut v = json!({"configuration": {"receiver": receiver},
+            "configuredAt": "t", "configuredAtOffset": 2});
+        if halted {
+            v["deliveryHalted"] =
+                json!({"reason": "attempts-exhausted", "afterOffset": 7, "attempts": 3});
+        }
+        serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn a_new_version_resumes_the_halted_wakes_and_itx_calls_of_its_component_only() {
+        let delivery = json!({"start": "now", "onFailingEvent": "halt"});
+        let by_key: std::collections::BTreeMap<String, OutboundSubscription> = [
+            (
+                "wake",
+                sub(
+                    json!({"action": "processor-wake",
+                "expression": ["components", ["get", "billing"], "wake"]}),
+                    true,
+                ),
+            ),
+            (
+                "call",
+                sub(
+                    json!({"action": "itx-call", "delivery": delivery,
+                "expression": ["components", ["get", "billing"], "process-event-batch"]}),
+                    true,
+                ),
+            ),
+            (
+                "running",
+                sub(
+                    json!({"action": "processor-wake",
+                "expression": ["components", ["get", "billing"], "wake"]}),
+                    false,
+                ),
+            ),
+            (
+                "other",
+                sub(
+                    json!({"action": "processor-wake",
+                "expression": ["components", ["get", "totals"], "wake"]}),
+                    true,
+                ),
+            ),
+            (
+                "hook",
+                sub(
+                    json!({"action": "webhook-post", "url": "http://x/billing",
+                "delivery": delivery}),
+                    true,
+                ),
+            ),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
+        let resumed = resumed_by_new_version(&by_key, "billing", "sha256:ab");
+        assert_eq!(
+            resumed,
+            vec![
+                (
+                    "call".to_string(),
+                    "auto-resume:call:sha256:ab:7".to_string()
+                ),
+                (
+                    "wake".to_string(),
+                    "auto-resume:wake:sha256:ab:7".to_string()
+                ),
+            ]
+        );
     }
 
     #[test]

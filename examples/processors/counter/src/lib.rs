@@ -4,7 +4,10 @@
 use serde::{Deserialize, Serialize};
 use streamhost_guest::{Context, Event, Failure, Processor};
 
+/// Missing fields read as zero, so the counter can take over a state that
+/// another version of a processor left.
 #[derive(Debug, Default, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct Count {
     pub events: u64,
     pub sum: i64,

@@ -11,6 +11,7 @@ use serde_json::Value;
 use streamhost_guest::{Context, Event, Failure, Processor};
 
 #[derive(Debug, Default, Serialize, Deserialize)]
+#[serde(default)]
 pub struct Seen {
     pub events: u64,
     pub effects: u64,

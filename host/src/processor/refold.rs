@@ -1,0 +1,205 @@
+//! Refold after `PUT .../components/{name}?refold=true`: each processor
+//! instance of the component is folded again from the new version's initial
+//! state, in the background, while the old state keeps serving reads and the
+//! live wakes keep running the checkpoint's (old) version. When the refold
+//! has caught up with the live checkpoint, the new state, its checkpoint,
+//! the new digest and the refold's effects (deduplicated by identity) are
+//! committed in one write guarded by the live checkpoint it replaces: the
+//! switch is atomic, and if a wake moved the checkpoint meanwhile the refold
+//! folds the rest and tries again.
+//!
+//! A refold cut short by a restart is not resumed: the instance then
+//! continues from its checkpoint with the new version (the default).
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+
+use super::backfill::RangeFold;
+use super::wake::{consumed, Guest};
+use crate::clock::format_timestamp;
+use crate::delivery::Failure;
+use crate::filter::CompiledFilter;
+use crate::processor::runtime::StreamInfo;
+use crate::storage::{Checkpoint, NewEffect, WriteOp};
+use crate::stream::{StreamAddress, Streams};
+
+/// Rounds of "fold the rest, try to switch" before a refold gives up.
+const SWITCH_ROUNDS_MAX: usize = 50;
+
+/// The processor instances being refolded: (project, path, component).
+#[derive(Clone, Default)]
+pub struct Refolds(Arc<Mutex<HashSet<(String, String, String)>>>);
+
+impl Refolds {
+    pub fn contains(&self, project: &str, path: &str, component: &str) -> bool {
+        self.0.lock().expect("refolds").contains(&(
+            project.to_string(),
+            path.to_string(),
+            component.to_string(),
+        ))
+    }
+
+    fn mark(&self, key: (String, String, String)) -> bool {
+        self.0.lock().expect("refolds").insert(key)
+    }
+
+    fn clear(&self, key: &(String, String, String)) {
+        self.0.lock().expect("refolds").remove(key);
+    }
+}
+
+/// Starts the refold of every instance of `component` in `project`.
+/// Answers the source paths being refolded.
+pub async fn start(
+    streams: &Streams,
+    project: &str,
+    component: &str,
+    timeout_ms: u64,
+) -> anyhow::Result<Vec<String>> {
+    let storage = streams.storage().clone();
+    let (p, c) = (project.to_string(), component.to_string());
+    let paths = tokio::task::spawn_blocking(move || storage.processor_instances(&p, &c)).await??;
+    let refolds = streams.executors().refolds.clone();
+    for path in &paths {
+        let key = (project.to_string(), path.clone(), component.to_string());
+        if !refolds.mark(key.clone()) {
+            continue; // already under way
+        }
+        let (streams, refolds, component) =
+            (streams.clone(), refolds.clone(), component.to_string());
+        let address =
+            StreamAddress::new(crate::stream::Namespace::Project(project.to_string()), path)?;
+        tokio::spawn(async move {
+            match refold(&streams, &address, &component, timeout_ms).await {
+                Ok(through) => {
+                    tracing::info!(stream = %address, component, through, "refold switched")
+                }
+                Err(e) => tracing::warn!(stream = %address, component, error = %e.message,
+                    "refold failed; the instance continues from its checkpoint"),
+            }
+            refolds.clear(&key);
+            // Wakes that waited on the old version may go on.
+            streams.wake(&address).await;
+        });
+    }
+    Ok(paths)
+}
+
+/// Refolds one instance; answers the offset it switched at.
+async fn refold(
+    streams: &Streams,
+    address: &StreamAddress,
+    component: &str,
+    timeout_ms: u64,
+) -> Result<u64, Failure> {
+    let state = streams
+        .state(address)
+        .await
+        .map_err(|e| Failure::new(e.message, true))?;
+    let subscription = state
+        .subscriptions
+        .outbound
+        .by_key
+        .values()
+        .find(|s| {
+            s.configuration.receiver.action() == "processor-wake"
+                && s.configuration.receiver.component().as_deref() == Some(component)
+        })
+        .cloned()
+        .ok_or_else(|| Failure::new("no processor-wake subscription wakes it", false))?;
+    let filter =
+        CompiledFilter::for_subscription(&subscription).map_err(|m| Failure::new(m, false))?;
+    let exec = streams.executors().clone();
+    let project = address.namespace.storage_key().to_string();
+    let path = address.path.clone();
+    let component = component.to_string();
+    let through = tokio::task::spawn_blocking(move || -> Result<u64, Failure> {
+        let storage = &exec.storage;
+        let runtime = &exec.runtime;
+        let io = |e: anyhow::Error| Failure::new(format!("{e:#}"), true);
+        let row = storage
+            .load_stream(&project, &path)
+            .map_err(io)?
+            .ok_or_else(|| Failure::new("the stream is gone", false))?;
+        let (prepared, _) = super::deployed(storage, runtime, &project, &component)
+            .map_err(io)?
+            .ok_or_else(|| Failure::new("the component is not deployed", false))?;
+        let guest = |e| Failure::new(format!("{component}: {e}"), false);
+        let announcement = runtime
+            .describe(&component, &prepared, timeout_ms)
+            .map_err(guest)?;
+        let mut shadow = runtime
+            .initial_state(&component, &prepared, timeout_ms)
+            .map_err(guest)?;
+        let fold = RangeFold {
+            guest: Guest {
+                runtime,
+                prepared: &prepared,
+                component: &component,
+                timeout_ms,
+            },
+            storage,
+            row_id: row.row_id,
+            stream: StreamInfo {
+                project_id: state.project_id.clone(),
+                path: state.path.clone(),
+                stream_id: state.stream_id.clone(),
+                stream_created_at: state.created_at.clone(),
+                max_offset: row.log_head,
+            },
+            filter: consumed(filter, &announcement),
+            narrow: None,
+        };
+        let mut shadow_through = 0;
+        let mut effects: Vec<NewEffect> = Vec::new();
+        let mut target = row.log_head;
+        for _ in 0..SWITCH_ROUNDS_MAX {
+            let live = storage
+                .checkpoint(row.row_id, &component)
+                .map_err(io)?
+                .filter(|c| c.stream_id == state.stream_id)
+                .ok_or_else(|| Failure::new("the instance's checkpoint is gone", false))?;
+            target = target.max(live.checkpoint_offset);
+            if shadow_through < target {
+                let (next, progress) = fold.run(shadow, shadow_through, target, |batch, _| {
+                    effects.extend(batch);
+                    Ok(())
+                })?;
+                shadow = next;
+                shadow_through = progress.through.max(shadow_through);
+            }
+            if shadow_through < live.checkpoint_offset {
+                continue;
+            }
+            let now = chrono::Utc::now().timestamp_millis();
+            let switch = Checkpoint {
+                row_id: row.row_id,
+                project: project.clone(),
+                path: path.clone(),
+                component: component.clone(),
+                stream_id: state.stream_id.clone(),
+                previous_offset: Some((live.stream_id.clone(), live.checkpoint_offset)),
+                offset: shadow_through,
+                state: shadow.clone(),
+                digest: prepared.digest.clone(),
+                effects: effects.clone(),
+                updated_at: format_timestamp(now),
+                now_ms: now,
+            };
+            match storage.submit(WriteOp::Checkpoint(switch)).blocking_recv() {
+                Ok(Ok(_)) => return Ok(shadow_through),
+                Ok(Err(e)) if e.0.contains("moved") => continue, // a wake got there first
+                Ok(Err(e)) => return Err(Failure::new(e.0, true)),
+                Err(_) => return Err(Failure::new("the storage writer stopped", true)),
+            }
+        }
+        Err(Failure::new(
+            format!("the live processor kept moving for {SWITCH_ROUNDS_MAX} rounds"),
+            true,
+        ))
+    })
+    .await
+    .map_err(|e| Failure::new(format!("the refold panicked: {e}"), true))??;
+    streams.executors().effects.ring();
+    Ok(through)
+}
