@@ -828,3 +828,52 @@ async fn a_refold_folds_every_instance_again_from_the_initial_state_and_switches
         .await;
     assert_error(&bad, 400, "invalid-request", "\"maybe\"");
 }
+
+#[tokio::test]
+async fn the_order_totals_example_confirms_orders_and_posts_them() {
+    let r = Receiver::start().await;
+    let s = Server::start_with(Some(EFFECTS), &[]);
+    let (status, out) = s
+        .deploy("acme", "order-totals", guest("order-totals"))
+        .await;
+    assert_eq!(status, 200, "{out}");
+    let (status, out) = s
+        .post(
+            &format!("{SRC}:append"),
+            json!({"events": [
+                {"type": "events.iterate.com/stream/subscription-configured",
+                 "payload": {"subscriptionKey": "totals", "receiver": {"action": "processor-wake",
+                    "expression": ["components", ["get", "order-totals"], "wake"]}}},
+                {"type": "events.example/order-webhook-set", "payload": {"url": format!("{}/ok/orders", r.base)}},
+                {"type": "events.example/order-created", "payload": {"orderId": "o-1", "region": "eu", "total": 120}},
+                {"type": "events.example/order-created", "payload": {"region": "eu", "total": 5}}]}),
+        )
+        .await;
+    assert_eq!(status, 200, "{out}");
+    settled(&s, "confirm:o-1", "succeeded").await;
+    settled(&s, "notify:o-1", "succeeded").await;
+    assert_eq!(
+        all_effects(&s, "").await.len(),
+        2,
+        "no effects for an order without an id"
+    );
+    let confirmed = s
+        .all_events("/v1/projects/acme/streams/orders/confirmed")
+        .await;
+    let expected = json!({"orderId": "o-1", "region": "eu", "total": 120.0, "regionTotal": 120.0});
+    assert_eq!(
+        confirmed.len(),
+        2,
+        "created + one confirmation: {confirmed:?}"
+    );
+    assert_eq!(confirmed[1]["type"], "events.example/order-confirmed");
+    assert_eq!(confirmed[1]["payload"], expected);
+    let posts = r.posts_to("/ok/orders");
+    assert_eq!(posts.len(), 1);
+    assert_eq!(posts[0].body, expected);
+    let p = crate::processors::caught_up(&s, SRC, "order-totals").await;
+    assert_eq!(
+        p["state"]["regions"]["eu"],
+        json!({"orders": 2, "total": 125.0})
+    );
+}
