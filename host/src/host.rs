@@ -50,7 +50,8 @@ impl Host {
         };
         let streams = Streams::new(storage, clock.clone(), metrics.clone(), settings, runtime);
         crate::executor::effect::start(
-            streams.executors().clone(),
+            streams.executors().streams.clone(),
+            streams.executors().effects.clone(),
             crate::executor::effect::Settings {
                 effects: config.effects.clone(),
                 delivery: config.delivery.clone(),

@@ -26,13 +26,14 @@ use crate::processor::runtime::CallError;
 use crate::storage::{EffectOp, EffectRow, WriteOp};
 use crate::stream::{
     AppendInput, Authority, EffectOrigin, EventInput, EventSource, Namespace, StreamAddress,
+    StreamsRef,
 };
 
 /// Longest the worker sleeps without looking (a safety net: commits and
 /// API calls wake it at once).
 const IDLE_LOOK_MS: i64 = 5_000;
-/// Shortest pause when the due effects are all already running here.
-const BUSY_LOOK_MS: i64 = 50;
+/// Shortest pause before looking again for due effects.
+const BUSY_LOOK_MS: i64 = 5;
 
 /// Wakes the effect worker: new effects were committed, or one was retried.
 #[derive(Clone, Default)]
@@ -53,20 +54,23 @@ pub struct Settings {
     pub clock: Arc<dyn Clock>,
 }
 
-/// Starts the worker; it ends when the stream registry is gone.
-pub fn start(exec: Executors, settings: Settings) {
-    tokio::spawn(run(exec, settings));
+/// Starts the worker; it ends with the stream registry. Between rounds it
+/// holds nothing of the host but a weak handle, so a host that is dropped
+/// goes at once (storage, runtime and all).
+pub fn start(streams: StreamsRef, bell: EffectsBell, settings: Settings) {
+    tokio::spawn(run(streams, bell, settings));
 }
 
-async fn run(exec: Executors, settings: Settings) {
-    let bell = exec.effects.clone();
+async fn run(streams: StreamsRef, bell: EffectsBell, settings: Settings) {
     let (done_tx, mut done_rx) = mpsc::unbounded_channel::<i64>();
     let mut running: HashSet<i64> = HashSet::new();
     let concurrency = settings.effects.concurrency;
     loop {
-        if exec.streams.upgrade().is_none() {
+        let Some(live) = streams.upgrade() else {
             return;
-        }
+        };
+        let exec = live.executors().clone();
+        drop(live);
         let now = settings.clock.now_ms();
         let mut wait_ms = IDLE_LOOK_MS;
         if running.len() < concurrency {
@@ -85,9 +89,10 @@ async fn run(exec: Executors, settings: Settings) {
                         .filter(|e| !running.contains(&e.id))
                         .take(concurrency - running.len())
                         .collect();
-                    if fresh.is_empty() && running.len() < concurrency {
+                    if fresh.is_empty() {
                         wait_ms = next_wait(&exec, now).await;
-                    } else if fresh.is_empty() {
+                    } else {
+                        // More may be due than this round took: look again soon.
                         wait_ms = BUSY_LOOK_MS;
                     }
                     for row in lease(&exec, &settings, fresh, now).await {
@@ -110,6 +115,7 @@ async fn run(exec: Executors, settings: Settings) {
                 }
             }
         }
+        drop(exec);
         tokio::select! {
             _ = bell.0.notified() => {}
             Some(id) = done_rx.recv() => {

@@ -1,0 +1,315 @@
+//! Effects benchmark: `cargo bench -p streamhost --bench effects`.
+//!
+//! Runs the host in-process on a temp SQLite database (`durability = full`,
+//! default `[effects]`) and reports, in one run, for append effects and,
+//! beside them, for copy-to-stream (the same events, the same receiving
+//! stream, measured the same way):
+//! - latency (after one untimed warm-up event) from the source commit (the append's acknowledgement) to the
+//!   target event committed (its arrival on a live connection to the
+//!   receiving stream), p50 / p99 / max, at a steady append rate: for an
+//!   effect that is fold → commit with the checkpoint → lease → append →
+//!   settle, for a copy the delivery job;
+//! - throughput, targets committed per second, catching up on a pre-filled
+//!   log of events that each ask for one append effect;
+//! - the disk's raw fsync rate, measured in the same run.
+//!
+//! Options (after `--`): `--rate N` appends/s (default 200), `--seconds S`
+//! of steady appends (default 4), `--events N` per throughput run (5000).
+//! Needs the guests built: `cargo build --release --target wasm32-wasip2
+//! --manifest-path examples/processors/Cargo.toml` (scripts/test does it).
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use streamhost::connection::feed::FeedItem;
+use streamhost::connection::ConnectParams;
+use streamhost::storage::{Deployment, WriteOp};
+use streamhost::stream::{AppendInput, Authority, Namespace, StreamAddress};
+use streamhost::{Config, Host};
+use tokio::sync::mpsc;
+
+fn arg(name: &str, default: f64) -> f64 {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn input(v: Value) -> AppendInput {
+    serde_json::from_value(v).expect("append input")
+}
+
+fn fsync_rate(dir: &Path) -> f64 {
+    let mut f = std::fs::File::create(dir.join("fsync-probe")).unwrap();
+    let start = Instant::now();
+    let mut n = 0;
+    while start.elapsed() < Duration::from_secs(1) {
+        f.write_all(&[1u8; 4096]).unwrap();
+        f.sync_data().unwrap();
+        n += 1;
+    }
+    n as f64 / start.elapsed().as_secs_f64()
+}
+
+fn percentile(mut v: Vec<f64>, q: f64) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[((v.len() - 1) as f64 * q).round() as usize]
+}
+
+/// How the source's events reach `/bench/out`.
+#[derive(Clone, Copy, PartialEq)]
+enum Kind {
+    Effect,
+    Copy,
+}
+
+impl Kind {
+    fn name(self) -> &'static str {
+        match self {
+            Kind::Effect => "append effect",
+            Kind::Copy => "copy-to-stream",
+        }
+    }
+}
+
+const OUT: &str = "/bench/out";
+
+/// A source event: a copy carries it whole, the effector turns it into one
+/// append effect with the same `n`.
+fn event(n: usize) -> Value {
+    json!({"type": "events.example/effects-requested", "payload": {"n": n, "effects": [
+        {"key": format!("e-{n}"), "append": {"streamPath": OUT, "type": "bench.example/done",
+            "payload": {"n": n}}}]}})
+}
+
+async fn open(dir: &Path) -> (Host, StreamAddress) {
+    let host = Host::open(Config {
+        data_dir: dir.to_path_buf(),
+        ..Config::default()
+    })
+    .unwrap();
+    let bytes = std::fs::read(
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../examples/processors/target/wasm32-wasip2/release/effector.wasm"),
+    )
+    .expect("effector.wasm: build the guests first (see the top of this file)");
+    host.streams
+        .storage()
+        .submit(WriteOp::Deploy(Deployment {
+            project: "bench".into(),
+            name: "effector".into(),
+            digest: streamhost::processor::runtime::digest(&bytes),
+            exports: vec![],
+            bytes,
+            deployed_at: "2026-11-30T00:00:00.000Z".into(),
+        }))
+        .await
+        .unwrap()
+        .unwrap();
+    let src = StreamAddress::new(Namespace::project("bench").unwrap(), "/bench/src").unwrap();
+    (host, src)
+}
+
+async fn subscribe(host: &Host, src: &StreamAddress, kind: Kind) {
+    let receiver = match kind {
+        Kind::Effect => json!({"action": "processor-wake",
+            "expression": ["components", ["get", "effector"], "wake"]}),
+        Kind::Copy => json!({"action": "copy-to-stream", "receivingStreamPath": OUT,
+            "delivery": {"start": "beginning", "onFailingEvent": "halt"}}),
+    };
+    host.streams
+        .append(
+            src,
+            input(
+                json!({"events": [{"type": "events.iterate.com/stream/subscription-configured",
+                "payload": {"subscriptionKey": "k",
+                    "filter": {"eventTypes": ["events.example/effects-requested"]},
+                    "receiver": receiver}}]}),
+            ),
+            Authority::Public,
+        )
+        .await
+        .unwrap();
+}
+
+/// Arrivals on the receiving stream: (n, when its event reached a live
+/// connection, right after its commit).
+async fn watch(host: &Host) -> mpsc::UnboundedReceiver<(usize, Instant)> {
+    let out = StreamAddress::new(Namespace::project("bench").unwrap(), OUT).unwrap();
+    host.streams
+        .append(
+            &out,
+            input(json!({"events": [{"type": "bench.example/start"}]})),
+            Authority::Public,
+        )
+        .await
+        .unwrap();
+    let mut feed = host
+        .streams
+        .connect(
+            &out,
+            ConnectParams {
+                state: false,
+                max_delivery_events: 10_000,
+                ..ConnectParams::default()
+            },
+        )
+        .await
+        .unwrap();
+    let (tx, rx) = mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Some(item) = feed.next().await {
+            let FeedItem::Events { events, .. } = item else {
+                return;
+            };
+            let now = Instant::now();
+            for e in events.iter() {
+                if let Some(n) = e.value["payload"]["n"].as_u64() {
+                    let _ = tx.send((n as usize, now));
+                }
+            }
+        }
+    });
+    rx
+}
+
+async fn latency(kind: Kind, rate: f64, seconds: f64) -> (usize, [f64; 3]) {
+    let dir = tempfile::tempdir().unwrap();
+    let (host, src) = open(dir.path()).await;
+    subscribe(&host, &src, kind).await;
+    let mut arrivals = watch(&host).await;
+    // Warm up (compile the component, start the actors), untimed.
+    const WARM: usize = 1_000_000;
+    host.streams
+        .append(
+            &src,
+            input(json!({ "events": [event(WARM)] })),
+            Authority::Public,
+        )
+        .await
+        .unwrap();
+    while arrivals.recv().await.expect("the connection closed").0 != WARM {}
+    let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / rate));
+    let mut sent: HashMap<usize, Instant> = HashMap::new();
+    let start = Instant::now();
+    let mut n = 0;
+    while start.elapsed().as_secs_f64() < seconds {
+        tick.tick().await;
+        host.streams
+            .append(
+                &src,
+                input(json!({ "events": [event(n)] })),
+                Authority::Public,
+            )
+            .await
+            .unwrap();
+        sent.insert(n, Instant::now());
+        n += 1;
+    }
+    let mut samples = Vec::with_capacity(n);
+    let mut arrived: HashMap<usize, Instant> = HashMap::new();
+    while arrived.len() < n {
+        let (i, at) = tokio::time::timeout(Duration::from_secs(60), arrivals.recv())
+            .await
+            .expect("targets stopped arriving")
+            .expect("the connection closed");
+        arrived.entry(i).or_insert(at);
+    }
+    for (i, at) in arrived {
+        samples.push(at.saturating_duration_since(sent[&i]).as_secs_f64() * 1000.0);
+    }
+    (
+        n,
+        [
+            percentile(samples.clone(), 0.5),
+            percentile(samples.clone(), 0.99),
+            percentile(samples, 1.0),
+        ],
+    )
+}
+
+async fn throughput(kind: Kind, events: usize) -> f64 {
+    let dir = tempfile::tempdir().unwrap();
+    let (host, src) = open(dir.path()).await;
+    for chunk in 0..events.div_ceil(500) {
+        let batch: Vec<Value> = (chunk * 500..events.min(chunk * 500 + 500))
+            .map(event)
+            .collect();
+        host.streams
+            .append(&src, input(json!({ "events": batch })), Authority::Public)
+            .await
+            .unwrap();
+    }
+    let mut arrivals = watch(&host).await;
+    let start = Instant::now();
+    subscribe(&host, &src, kind).await;
+    let mut seen = std::collections::HashSet::new();
+    while seen.len() < events {
+        let (i, _) = tokio::time::timeout(Duration::from_secs(120), arrivals.recv())
+            .await
+            .expect("targets stopped arriving")
+            .expect("the connection closed");
+        seen.insert(i);
+    }
+    events as f64 / start.elapsed().as_secs_f64()
+}
+
+fn main() {
+    let rate = arg("--rate", 200.0);
+    let seconds = arg("--seconds", 4.0);
+    let events = arg("--events", 5000.0) as usize;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let probe = tempfile::tempdir().unwrap();
+    let fsyncs = fsync_rate(probe.path());
+    println!(
+        "raw fsync rate (4 KiB write + fdatasync): {fsyncs:.0}/s ({:.3} ms each)",
+        1000.0 / fsyncs
+    );
+    println!();
+    println!(
+        "{:<16} {:>28} {:>10} {:>10} {:>10}",
+        "source commit →", "target committed", "p50 ms", "p99 ms", "max ms"
+    );
+    for kind in [Kind::Effect, Kind::Copy] {
+        eprintln!(
+            "{}: steady appends at {rate}/s for {seconds} s ...",
+            kind.name()
+        );
+        let (n, [p50, p99, max]) = rt.block_on(latency(kind, rate, seconds));
+        println!(
+            "{:<16} {:>28} {p50:>10.2} {p99:>10.2} {max:>10.2}",
+            kind.name(),
+            format!("{n} events at {rate:.0}/s"),
+        );
+    }
+    println!();
+    println!(
+        "{:<16} {:>28} {:>10} {:>10}",
+        "throughput", "", "targets/s", "÷ fsync/s"
+    );
+    let mut rates = Vec::new();
+    for kind in [Kind::Effect, Kind::Copy] {
+        eprintln!("{}: catching up on {events} events ...", kind.name());
+        let r = rt.block_on(throughput(kind, events));
+        rates.push(r);
+        println!(
+            "{:<16} {:>28} {r:>10.0} {:>9.1}×",
+            kind.name(),
+            format!("{events} events"),
+            r / fsyncs
+        );
+    }
+    println!();
+    println!(
+        "append effects run at {:.2}× the copy rate",
+        rates[0] / rates[1]
+    );
+}
