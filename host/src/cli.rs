@@ -198,6 +198,22 @@ pub struct FoldArgs {
     /// Deadline of one guest call, in ms.
     #[arg(long, default_value_t = 20_000)]
     pub timeout_ms: u64,
+    /// The stream id the environment is derived from (a wake's is its
+    /// stream's `streamId`): the random seed of each event depends on it.
+    #[arg(long, default_value = "offline")]
+    pub stream_id: String,
+    /// Run every call with this wall clock (ms since the epoch), as a failing
+    /// call's message states, instead of each event's `createdAt`.
+    #[arg(long)]
+    pub clock_ms: Option<i64>,
+    /// Run every call with this random seed (64 hex digits), as a failing
+    /// call's message states.
+    #[arg(long, value_parser = parse_seed_arg)]
+    pub seed: Option<[u8; 32]>,
+}
+
+fn parse_seed_arg(s: &str) -> Result<[u8; 32], String> {
+    crate::processor::runtime::parse_seed(s)
 }
 
 #[derive(Debug, Args)]
@@ -602,7 +618,7 @@ async fn deploy(a: DeployArgs) -> Result<()> {
 
 /// `streamhost fold`: folds a component over a JSONL file, offline.
 fn fold_offline(a: FoldArgs) -> Result<()> {
-    use crate::processor::runtime::{Batch, Determinism, Event, Runtime, StreamInfo};
+    use crate::processor::runtime::{Batch, Determinism, Runtime, StreamInfo};
     let bytes = std::fs::read(&a.component)
         .with_context(|| format!("reading {}", a.component.display()))?;
     let runtime = Runtime::new(std::env::temp_dir().join("streamhost-fold-cache"))?;
@@ -634,60 +650,104 @@ fn fold_offline(a: FoldArgs) -> Result<()> {
     };
     let text = std::fs::read_to_string(&a.events)
         .with_context(|| format!("reading {}", a.events.display()))?;
-    let mut events = Vec::new();
+    let mut events: Vec<crate::stream::Event> = Vec::new();
     for (i, line) in text
         .lines()
         .enumerate()
         .filter(|(_, l)| !l.trim().is_empty())
     {
-        let v: Value = serde_json::from_str(line)
-            .with_context(|| format!("{} line {}: not JSON", a.events.display(), i + 1))?;
+        let at = || format!("{} line {}", a.events.display(), i + 1);
+        let v: Value = serde_json::from_str(line).with_context(|| format!("{}: not JSON", at()))?;
         let event_type = v["type"]
             .as_str()
-            .with_context(|| format!("{} line {}: no \"type\"", a.events.display(), i + 1))?
+            .with_context(|| format!("{}: no \"type\"", at()))?
             .to_string();
         if !announcement.consumes.is_empty() && !announcement.consumes.contains(&event_type) {
             continue;
         }
-        events.push(Event {
+        let object = |field: &str| -> Result<Option<serde_json::Map<String, Value>>> {
+            match v.get(field) {
+                None | Some(Value::Null) => Ok(None),
+                Some(Value::Object(m)) => Ok(Some(m.clone())),
+                Some(other) => bail!("{}: {field} must be a JSON object, got {other}", at()),
+            }
+        };
+        events.push(crate::stream::Event {
             offset: v["offset"].as_u64().unwrap_or(i as u64 + 1),
-            type_: event_type,
-            payload: v.get("payload").cloned().unwrap_or(json!({})).to_string(),
-            metadata: v
-                .get("metadata")
-                .filter(|m| !m.is_null())
-                .map(|m| m.to_string()),
+            event_type,
+            payload: object("payload")?.unwrap_or_default(),
+            metadata: object("metadata")?,
+            idempotency_key: v["idempotencyKey"].as_str().map(str::to_string),
             created_at: v["createdAt"]
                 .as_str()
                 .unwrap_or("1970-01-01T00:00:00.000Z")
                 .to_string(),
-            idempotency_key: v["idempotencyKey"].as_str().map(str::to_string),
+            source: None,
+            ephemeral: false,
         });
     }
+    let stream = StreamInfo {
+        project_id: None,
+        path: "/offline".into(),
+        stream_id: a.stream_id.clone(),
+        stream_created_at: "1970-01-01T00:00:00.000Z".into(),
+        max_offset: events.last().map_or(0, |e| e.offset),
+    };
+    let guest = crate::processor::wake::Guest {
+        runtime: &runtime,
+        prepared: &prepared,
+        component: &name,
+        timeout_ms: a.timeout_ms,
+    };
+    let path = a.component.display().to_string();
     for chunk in events.chunks(1000) {
-        let batch = Batch {
-            stream: StreamInfo {
-                project_id: None,
-                path: "/offline".into(),
-                stream_id: "offline".into(),
-                stream_created_at: "1970-01-01T00:00:00.000Z".into(),
-                max_offset: chunk.last().map_or(0, |e| e.offset),
-            },
-            events: chunk.to_vec(),
-            scanned_through_offset: chunk.last().map_or(0, |e| e.offset),
+        let through = chunk[chunk.len() - 1].offset;
+        let folded = if a.clock_ms.is_some() || a.seed.is_some() {
+            // One given environment for every call: replays a stated call.
+            let first = Determinism::for_event(
+                &a.stream_id,
+                chunk[0].offset,
+                crate::processor::wake::created_ms(&chunk[0].created_at),
+            );
+            let env = Determinism::fixed(
+                &a.stream_id,
+                a.clock_ms.unwrap_or(first.wall_clock_ms),
+                a.seed.unwrap_or(first.seed),
+            );
+            let batch = Batch {
+                stream: stream.clone(),
+                events: chunk
+                    .iter()
+                    .map(crate::processor::wake::wit_event)
+                    .collect(),
+                scanned_through_offset: through,
+            };
+            runtime
+                .fold(&name, &prepared, &state, &batch, env, a.timeout_ms)
+                .map(|f| f.state)
+                .map_err(|e| {
+                    anyhow::anyhow!(
+                        "fold failed: {e}\nreproduce with: {}",
+                        crate::processor::wave::fold_command(&path, &state, &batch)
+                    )
+                })
+        } else {
+            crate::processor::wake::fold_events(&guest, &stream, &state, chunk, through)
+                .map(|(s, _)| s)
+                .map_err(|f| {
+                    let command = f.detail.as_deref().map(|d| {
+                        d.strip_suffix(&format!("{name}.wasm"))
+                            .map(|head| format!("{head}{path}"))
+                            .unwrap_or_else(|| d.to_string())
+                    });
+                    anyhow::anyhow!(
+                        "fold failed: {}\nreproduce with: {}",
+                        f.message,
+                        command.unwrap_or_default()
+                    )
+                })
         };
-        let d = Determinism::for_batch("offline", chunk[0].offset, 0);
-        match runtime.fold(&name, &prepared, &state, &batch, d, a.timeout_ms) {
-            Ok(folded) => state = folded.state,
-            Err(e) => bail!(
-                "fold failed: {e}\nreproduce with: {}",
-                crate::processor::wave::fold_command(
-                    &a.component.display().to_string(),
-                    &state,
-                    &batch
-                )
-            ),
-        }
+        state = folded?;
     }
     let pretty = serde_json::from_str::<Value>(&state)
         .ok()

@@ -9,6 +9,7 @@ mod connections;
 mod copy_chains;
 mod copy_crash;
 mod crash;
+mod determinism;
 mod effects;
 mod fence;
 mod hostile;

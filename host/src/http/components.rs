@@ -7,7 +7,7 @@ use serde_json::{json, Value};
 use super::error::ApiError;
 use crate::clock::format_timestamp;
 use crate::host::Host;
-use crate::processor::runtime::{Batch, Determinism, StreamInfo};
+use crate::processor::runtime::StreamInfo;
 use crate::storage::{Deployment, WriteOp};
 use crate::stream::{
     types, validate_project, AppendInput, Authority, EventInput, Namespace, StreamAddress,
@@ -340,44 +340,33 @@ pub async fn verify(
                 .map_err(ApiError::invalid)?,
             &announcement,
         );
-        let mut folded = runtime
+        let initial = runtime
             .initial_state(&component, &prepared, timeout_ms)
             .map_err(guest)?;
-        let mut cursor = 0;
-        while cursor < checkpoint.checkpoint_offset {
-            let stored = storage
-                .events_after(row.row_id, cursor, 1000, checkpoint.checkpoint_offset)
-                .map_err(internal)?;
-            let selection =
-                crate::delivery::select::select_batch("verify", &stored, &compiled, 1000, cursor)
-                    .map_err(|f| ApiError::new(422, "processor-failed", f.message))?;
-            if selection.through == cursor {
-                break;
-            }
-            if !selection.events.is_empty() {
-                let batch = Batch {
-                    stream: StreamInfo {
-                        project_id: state.project_id.clone(),
-                        path: state.path.clone(),
-                        stream_id: state.stream_id.clone(),
-                        stream_created_at: state.created_at.clone(),
-                        max_offset: checkpoint.checkpoint_offset,
-                    },
-                    events: selection
-                        .events
-                        .iter()
-                        .map(crate::processor::wake::wit_event)
-                        .collect(),
-                    scanned_through_offset: selection.through,
-                };
-                let d = Determinism::for_batch(&state.stream_id, batch.events[0].offset, 0);
-                folded = runtime
-                    .fold(&component, &prepared, &folded, &batch, d, timeout_ms)
-                    .map_err(guest)?
-                    .state;
-            }
-            cursor = selection.through;
-        }
+        // The wake's own batch fold (`wake::fold_events`): the environment is
+        // a function of the events, not of how the wakes cut the batches.
+        let fold = crate::processor::backfill::RangeFold {
+            guest: crate::processor::wake::Guest {
+                runtime: &runtime,
+                prepared: &prepared,
+                component: &component,
+                timeout_ms,
+            },
+            storage: &storage,
+            row_id: row.row_id,
+            stream: StreamInfo {
+                project_id: state.project_id.clone(),
+                path: state.path.clone(),
+                stream_id: state.stream_id.clone(),
+                stream_created_at: state.created_at.clone(),
+                max_offset: checkpoint.checkpoint_offset,
+            },
+            filter: compiled,
+            narrow: None,
+        };
+        let (folded, _) = fold
+            .run(initial, 0, checkpoint.checkpoint_offset, |_, _| Ok(()))
+            .map_err(|f| ApiError::new(422, "processor-failed", f.message))?;
         let stored: Value = serde_json::from_str(&checkpoint.state).unwrap_or(Value::Null);
         let refolded: Value = serde_json::from_str(&folded).unwrap_or(Value::Null);
         Ok(json!({

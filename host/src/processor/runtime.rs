@@ -64,37 +64,123 @@ impl std::fmt::Display for GuestError {
     }
 }
 
-/// What makes a call deterministic: the clock value and the random seed.
-#[derive(Debug, Clone, Copy, Default)]
+/// The environment of one guest call, the one definition shared by the
+/// wake, verify, backfill, refold and `streamhost fold`: what the wall clock
+/// says, how the random bytes are seeded, and the hash seed; the monotonic
+/// clock always reads 0. `witness` records whether the guest read the clock
+/// or the random bytes, so a batch whose fold did can be folded again one
+/// event at a time ([`Determinism::for_event`]), which makes its result
+/// independent of where the wakes cut the batches.
+#[derive(Debug, Clone, Default)]
 pub struct Determinism {
     /// Wall-clock time the guest sees, ms since the epoch.
     pub wall_clock_ms: i64,
     /// Seed of the guest's random bytes.
     pub seed: [u8; 32],
+    /// The insecure seed (hash map keys): one per stream, whatever the batch.
+    pub hash_seed: u128,
+    /// Set when the guest reads the wall clock or random bytes.
+    pub witness: Witness,
 }
 
-impl Determinism {
-    /// Seeded from the stream id and the batch's first offset.
-    pub fn for_batch(stream_id: &str, offset: u64, wall_clock_ms: i64) -> Determinism {
-        use sha2::Digest;
-        let mut h = sha2::Sha256::new();
-        h.update(stream_id.as_bytes());
-        h.update(offset.to_le_bytes());
-        Determinism {
-            wall_clock_ms,
-            seed: h.finalize().into(),
-        }
+/// Whether a guest read its clock or random bytes.
+#[derive(Debug, Clone, Default)]
+pub struct Witness(Arc<std::sync::atomic::AtomicBool>);
+
+impl Witness {
+    fn saw(&self) {
+        self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Whether the guest read them.
+    pub fn read(&self) -> bool {
+        self.0.load(std::sync::atomic::Ordering::Relaxed)
     }
 }
 
-struct FixedWallClock(Duration);
+fn sha256(parts: &[&[u8]]) -> [u8; 32] {
+    use sha2::Digest;
+    let mut h = sha2::Sha256::new();
+    for p in parts {
+        h.update(p);
+    }
+    h.finalize().into()
+}
+
+impl Determinism {
+    /// The environment of folding one event: the clock reads the event's
+    /// `createdAt`, the random bytes are seeded by (stream id, offset).
+    pub fn for_event(stream_id: &str, offset: u64, created_at_ms: i64) -> Determinism {
+        Determinism {
+            wall_clock_ms: created_at_ms,
+            seed: sha256(&[stream_id.as_bytes(), &offset.to_le_bytes()]),
+            hash_seed: Self::hash_seed_of(stream_id),
+            witness: Witness::default(),
+        }
+    }
+
+    /// A given clock and seed (`streamhost fold --clock-ms --seed`).
+    pub fn fixed(stream_id: &str, wall_clock_ms: i64, seed: [u8; 32]) -> Determinism {
+        Determinism {
+            wall_clock_ms,
+            seed,
+            hash_seed: Self::hash_seed_of(stream_id),
+            witness: Witness::default(),
+        }
+    }
+
+    fn hash_seed_of(stream_id: &str) -> u128 {
+        let h = sha256(&[b"hash-seed", stream_id.as_bytes()]);
+        u128::from_le_bytes(h[..16].try_into().expect("16 bytes"))
+    }
+
+    /// The seed as hex (for messages and `--seed`).
+    pub fn seed_hex(&self) -> String {
+        self.seed.iter().map(|b| format!("{b:02x}")).collect()
+    }
+}
+
+/// Parses a 64-hex-digit seed.
+pub fn parse_seed(hex: &str) -> Result<[u8; 32], String> {
+    let bad = || format!("seed {hex:?} is not 64 hexadecimal digits");
+    if hex.len() != 64 || !hex.is_ascii() {
+        return Err(bad());
+    }
+    let mut seed = [0u8; 32];
+    for (i, byte) in seed.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).map_err(|_| bad())?;
+    }
+    Ok(seed)
+}
+
+struct FixedWallClock(Duration, Witness);
 
 impl HostWallClock for FixedWallClock {
     fn resolution(&self) -> Duration {
         Duration::from_millis(1)
     }
     fn now(&self) -> Duration {
+        self.1.saw();
         self.0
+    }
+}
+
+/// Deterministic random bytes that tell the witness they were read.
+struct WitnessedRandom(wasmtime_wasi::Deterministic, Witness);
+
+impl rand_core::TryRng for WitnessedRandom {
+    type Error = std::convert::Infallible;
+    fn try_next_u32(&mut self) -> Result<u32, Self::Error> {
+        self.1.saw();
+        self.0.try_next_u32()
+    }
+    fn try_next_u64(&mut self) -> Result<u64, Self::Error> {
+        self.1.saw();
+        self.0.try_next_u64()
+    }
+    fn try_fill_bytes(&mut self, dst: &mut [u8]) -> Result<(), Self::Error> {
+        self.1.saw();
+        self.0.try_fill_bytes(dst)
     }
 }
 
@@ -327,17 +413,20 @@ impl Runtime {
         let wasi = WasiCtx::builder()
             .stdout(stdout.clone())
             .stderr(stderr.clone())
-            .wall_clock(FixedWallClock(Duration::from_millis(
-                d.wall_clock_ms.max(0) as u64,
-            )))
+            .wall_clock(FixedWallClock(
+                Duration::from_millis(d.wall_clock_ms.max(0) as u64),
+                d.witness.clone(),
+            ))
             .monotonic_clock(FixedMonotonicClock)
-            .secure_random(wasmtime_wasi::Deterministic::new(d.seed.to_vec()))
-            .insecure_random(wasmtime_wasi::Deterministic::new(
-                d.seed.iter().rev().copied().collect(),
+            .secure_random(WitnessedRandom(
+                wasmtime_wasi::Deterministic::new(d.seed.to_vec()),
+                d.witness.clone(),
             ))
-            .insecure_random_seed(u128::from_le_bytes(
-                d.seed[..16].try_into().expect("16 bytes"),
+            .insecure_random(WitnessedRandom(
+                wasmtime_wasi::Deterministic::new(d.seed.iter().rev().copied().collect()),
+                d.witness.clone(),
             ))
+            .insecure_random_seed(d.hash_seed)
             .build();
         let limits = StoreLimitsBuilder::new()
             .memory_size(GUEST_MEMORY_BYTES_MAX)

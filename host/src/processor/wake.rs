@@ -219,8 +219,15 @@ pub struct Guest<'a> {
 
 /// Folds one batch of (non-empty) `events`, scanned through `through`, from
 /// `state`: the new state, checked (JSON, bounded), and the batch's effects,
-/// checked. The wake, backfill and refold all fold through here, so they
-/// see the same batches' determinism seeds and the same checks.
+/// checked. The wake, verify, backfill and refold all fold through here.
+///
+/// The batch is folded in one call with the environment of its first event
+/// ([`Determinism::for_event`]). A guest that read its clock or random bytes
+/// during that call saw a value that depends on where the batch was cut, so
+/// its result is dropped and the batch is folded again one event per call,
+/// each with its own event's environment: what it computes then depends on
+/// the events alone, never on the batching (see ARCHITECTURE.md,
+/// "Deterministic folds").
 pub fn fold_events(
     guest: &Guest<'_>,
     stream: &StreamInfo,
@@ -228,18 +235,65 @@ pub fn fold_events(
     events: &[crate::stream::Event],
     through: u64,
 ) -> Result<(String, Vec<NewEffect>), Failure> {
+    let env = |e: &crate::stream::Event| {
+        Determinism::for_event(&stream.stream_id, e.offset, created_ms(&e.created_at))
+    };
+    let whole = env(&events[0]);
+    let witness = whole.witness.clone();
+    let folded = fold_call(guest, stream, state, events, through, whole);
+    if events.len() == 1 || !witness.read() {
+        // (A failure is final too, unless the guest read the environment.)
+        let (state_after, returned) = folded?;
+        let effects = checked_effects(guest.component, &returned, through)?;
+        return Ok((state_after, effects));
+    }
+    let mut state = state.to_string();
+    let mut returned = Vec::new();
+    for (i, e) in events.iter().enumerate() {
+        let scanned = if i + 1 == events.len() {
+            through
+        } else {
+            e.offset
+        };
+        let (next, mut effects) = fold_call(
+            guest,
+            stream,
+            &state,
+            std::slice::from_ref(e),
+            scanned,
+            env(e),
+        )?;
+        state = next;
+        returned.append(&mut effects);
+    }
+    let effects = checked_effects(guest.component, &returned, through)?;
+    Ok((state, effects))
+}
+
+/// Milliseconds since the epoch of an RFC 3339 timestamp (0 if it is not one).
+pub fn created_ms(created_at: &str) -> i64 {
+    chrono::DateTime::parse_from_rfc3339(created_at)
+        .map(|t| t.timestamp_millis())
+        .unwrap_or(0)
+}
+
+/// One fold call, its state checked; a failure carries the repro command
+/// and names the environment the call ran with.
+fn fold_call(
+    guest: &Guest<'_>,
+    stream: &StreamInfo,
+    state: &str,
+    events: &[crate::stream::Event],
+    through: u64,
+    env: Determinism,
+) -> Result<(String, Vec<super::runtime::Effect>), Failure> {
     let component = guest.component;
     let batch = Batch {
         stream: stream.clone(),
         events: events.iter().map(wit_event).collect(),
         scanned_through_offset: through,
     };
-    let last_created =
-        chrono::DateTime::parse_from_rfc3339(&batch.events[batch.events.len() - 1].created_at)
-            .map(|t| t.timestamp_millis())
-            .unwrap_or(0);
-    let first = events[0].offset;
-    let determinism = Determinism::for_batch(&stream.stream_id, first, last_created);
+    let (clock_ms, seed) = (env.wall_clock_ms, env.seed_hex());
     let folded = guest
         .runtime
         .fold(
@@ -247,12 +301,17 @@ pub fn fold_events(
             guest.prepared,
             state,
             &batch,
-            determinism,
+            env,
             guest.timeout_ms,
         )
         .map_err(|e| {
             let mut f = guest_failure(component, "fold", e);
-            f.single_offset = (events.len() == 1).then_some(first);
+            f.message = format!(
+                "{} (the call's clock read {clock_ms} ms and its seed was {seed}: \
+                 `streamhost fold --clock-ms {clock_ms} --seed {seed}` replays it)",
+                f.message
+            );
+            f.single_offset = (events.len() == 1).then_some(events[0].offset);
             // The repro holds the whole state and batch: it goes with the
             // processor's last failure, not into the halt fact.
             f.detail = Some(super::wave::fold_command(
@@ -277,8 +336,7 @@ pub fn fold_events(
             false,
         ));
     }
-    let effects = checked_effects(component, &folded.effects, through)?;
-    Ok((folded.state, effects))
+    Ok((folded.state, folded.effects))
 }
 
 /// The effects a fold returned, checked and in their stored form; a bad one
