@@ -16,6 +16,27 @@ use crate::host::Host;
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
+    /// How answers print: `pretty` JSON (the default on a terminal) or
+    /// compact `json`, one value a line (the default when piped).
+    #[arg(long, global = true, value_enum)]
+    pub output: Option<Output>,
+}
+
+/// The output style of answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Output {
+    Pretty,
+    Json,
+}
+
+static OUTPUT: std::sync::OnceLock<Output> = std::sync::OnceLock::new();
+
+/// A JSON value as the output style wants it.
+fn render(v: &Value) -> String {
+    match OUTPUT.get().copied().unwrap_or(Output::Json) {
+        Output::Pretty => serde_json::to_string_pretty(v).unwrap_or_else(|_| v.to_string()),
+        Output::Json => v.to_string(),
+    }
 }
 
 #[derive(Debug, Subcommand)]
@@ -30,6 +51,31 @@ pub enum Command {
     Streams(StreamsArgs),
     /// Print a stream's reduced core state.
     State(StateArgs),
+    /// Print a stream's runtime: subscription delivery progress, connections.
+    Runtime(StateArgs),
+    /// Subscribe a receiver to a source stream's events (appends
+    /// subscription-configured to the source).
+    Subscribe(SubscribeArgs),
+    /// Remove a subscription from its source stream.
+    Unsubscribe(SubscriptionArgs),
+    /// Resume a halted subscription (optionally from a new cursor).
+    ResumeSubscription(ResumeSubscriptionArgs),
+    /// Move a subscription's cursor: it delivers the events after the offset.
+    SetCursor(SetCursorArgs),
+    /// Pause a stream: appends are refused until it is resumed.
+    Pause(PauseArgs),
+    /// Resume a paused stream.
+    Resume(StateArgs),
+    /// Delete a stream's events and state (admin); the next append starts a new lifetime.
+    Reset(StateArgs),
+    /// A processor instance: checkpoint, state, digest, status, last failure.
+    Processor(ProcessorArgs),
+    /// Call an exported function of a deployed component (ITX).
+    Itx(ItxArgs),
+    /// The deployed components of a project.
+    Components(ProjectArgs),
+    /// Whether the server is up (`GET /healthz`).
+    Health(HealthArgs),
     /// Print a stream's events as they arrive, one JSON line each.
     Tail(TailArgs),
     /// Deploy (or replace) a component in a project.
@@ -172,8 +218,8 @@ pub struct ComponentGetArgs {
     #[command(flatten)]
     pub component: ComponentRef,
     /// Where to write it (default: NAME.wasm in the current directory).
-    #[arg(long, short)]
-    pub output: Option<PathBuf>,
+    #[arg(long = "to", short = 'o', value_name = "FILE")]
+    pub to: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -293,11 +339,13 @@ pub struct AppendArgs {
     /// Metadata as a JSON object.
     #[arg(long)]
     pub metadata: Option<String>,
+    /// A key that makes retrying the append safe: the same key appends once.
     #[arg(long)]
     pub idempotency_key: Option<String>,
     /// Compare-and-append: the offset the event must get.
     #[arg(long)]
     pub offset: Option<u64>,
+    /// Not stored: delivered to live connections only, with an offset.
     #[arg(long)]
     pub ephemeral: bool,
 }
@@ -306,12 +354,138 @@ pub struct AppendArgs {
 pub struct EventsArgs {
     #[command(flatten)]
     pub target: Target,
+    /// Read the events after this offset.
     #[arg(long, default_value_t = 0)]
     pub after_offset: u64,
+    /// Events per page (1 to 500).
     #[arg(long, default_value_t = 500)]
     pub limit: usize,
+    /// Include ephemeral events still in memory.
     #[arg(long)]
     pub include_ephemeral: bool,
+    /// Every page, one event per line (JSON Lines: the input of
+    /// `streamhost fold --events`), instead of one page as JSON.
+    #[arg(long)]
+    pub jsonl: bool,
+}
+
+/// A project on a server (for commands that need no stream).
+#[derive(Debug, Args)]
+pub struct ProjectArgs {
+    #[command(flatten)]
+    pub project: Project,
+}
+
+#[derive(Debug, Args)]
+pub struct HealthArgs {
+    /// Server URL.
+    #[arg(long, env = "STREAMHOST_URL", default_value = "http://127.0.0.1:7410")]
+    pub url: String,
+}
+
+/// The receiver of a new subscription: exactly one.
+#[derive(Debug, Args)]
+#[group(required = true, multiple = false)]
+pub struct ReceiverArgs {
+    /// Copy the events to this stream (a path in the same namespace).
+    #[arg(long, value_name = "PATH")]
+    pub copy_to: Option<String>,
+    /// POST each event to this URL (http or https; project streams only).
+    #[arg(long, value_name = "URL")]
+    pub webhook: Option<String>,
+    /// Call this ITX expression with each batch, as JSON
+    /// (`'["components", ["get", "billing"], "process-event-batch"]'`).
+    #[arg(long, value_name = "EXPRESSION")]
+    pub itx: Option<String>,
+    /// Wake this processor component with the events.
+    #[arg(long, value_name = "COMPONENT")]
+    pub wake: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct SubscribeArgs {
+    #[command(flatten)]
+    pub target: Target,
+    /// The subscription key (unique on the source stream).
+    pub key: String,
+    #[command(flatten)]
+    pub receiver: ReceiverArgs,
+    /// Only events of this type (repeatable).
+    #[arg(long = "type")]
+    pub event_types: Vec<String>,
+    /// Only events for which this JSONata condition is true.
+    #[arg(long = "where")]
+    pub condition: Option<String>,
+    /// A JSONata transform applied to each event (copy, webhook, itx).
+    #[arg(long)]
+    pub transform: Option<String>,
+    /// Where delivery starts: `beginning` (the whole log) or `now`.
+    #[arg(long, default_value = "now", value_parser = ["beginning", "now"])]
+    pub start: String,
+    /// What a permanently failing event does: `halt` the subscription, or
+    /// `skip` it with an error-occurred line (retryable failures only).
+    #[arg(long, default_value = "halt", value_parser = ["halt", "skip"])]
+    pub on_failing_event: String,
+    /// A description kept with the subscription.
+    #[arg(long)]
+    pub description: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct SubscriptionArgs {
+    #[command(flatten)]
+    pub target: Target,
+    /// The subscription key.
+    pub key: String,
+}
+
+#[derive(Debug, Args)]
+pub struct ResumeSubscriptionArgs {
+    #[command(flatten)]
+    pub target: Target,
+    /// The subscription key.
+    pub key: String,
+    /// Resume from the events after this offset instead of where it halted.
+    #[arg(long)]
+    pub after_offset: Option<u64>,
+}
+
+#[derive(Debug, Args)]
+pub struct SetCursorArgs {
+    #[command(flatten)]
+    pub target: Target,
+    /// The subscription key.
+    pub key: String,
+    /// Deliver the events after this offset.
+    #[arg(long)]
+    pub after_offset: u64,
+}
+
+#[derive(Debug, Args)]
+pub struct PauseArgs {
+    #[command(flatten)]
+    pub target: Target,
+    /// Why (stated to every refused append: "stream paused: REASON").
+    #[arg(long, default_value = "paused")]
+    pub reason: String,
+}
+
+#[derive(Debug, Args)]
+pub struct ProcessorArgs {
+    #[command(flatten)]
+    pub target: Target,
+    /// The processor's component name.
+    pub component: String,
+}
+
+#[derive(Debug, Args)]
+pub struct ItxArgs {
+    #[command(flatten)]
+    pub project: Project,
+    /// The ITX expression as JSON: `'["components", ["get", "kinds"], "add"]'`.
+    pub expression: String,
+    /// The arguments, each as JSON (`1 2`, `'{"a": 1}'`).
+    pub args: Vec<String>,
 }
 
 #[derive(Debug, Args)]
@@ -334,8 +508,14 @@ pub struct TailArgs {
     #[command(flatten)]
     pub target: Target,
     /// Replay the events after this offset first.
+    #[arg(long, alias = "after")]
+    pub after_offset: Option<u64>,
+    /// Stop after printing the event at this offset (or a later one).
     #[arg(long)]
-    pub after: Option<u64>,
+    pub until_offset: Option<u64>,
+    /// Stop after printing this many events.
+    #[arg(long)]
+    pub count: Option<u64>,
     /// Only events of this type (repeatable).
     #[arg(long = "type")]
     pub event_types: Vec<String>,
@@ -352,6 +532,12 @@ pub struct StateArgs {
 
 /// Runs the parsed command line.
 pub async fn run(cli: Cli) -> Result<()> {
+    use std::io::IsTerminal;
+    let _ = OUTPUT.set(cli.output.unwrap_or(if std::io::stdout().is_terminal() {
+        Output::Pretty
+    } else {
+        Output::Json
+    }));
     match cli.command {
         Command::Serve(args) => serve(args).await,
         Command::Append(a) => {
@@ -374,6 +560,7 @@ pub async fn run(cli: Cli) -> Result<()> {
             let body = json!({ "events": [event] });
             request(&a.target, reqwest::Method::POST, "append", "", Some(body)).await
         }
+        Command::Events(a) if a.jsonl => events_jsonl(a).await,
         Command::Events(a) => {
             let query = format!(
                 "?afterOffset={}&limit={}&includeEphemeral={}",
@@ -382,6 +569,70 @@ pub async fn run(cli: Cli) -> Result<()> {
             request(&a.target, reqwest::Method::GET, "events", &query, None).await
         }
         Command::State(a) => request(&a.target, reqwest::Method::GET, "state", "", None).await,
+        Command::Runtime(a) => request(&a.target, reqwest::Method::GET, "runtime", "", None).await,
+        Command::Subscribe(a) => subscribe(a).await,
+        Command::Unsubscribe(a) => {
+            let event = json!({"type": "events.iterate.com/stream/subscription-removed",
+                "payload": {"subscriptionKey": a.key, "reason": "requested"}});
+            let body = json!({ "events": [event] });
+            request(&a.target, reqwest::Method::POST, "append", "", Some(body)).await
+        }
+        Command::ResumeSubscription(a) => {
+            let (method, body) = match a.after_offset {
+                Some(o) => (
+                    "setSubscriptionCursorAndResume",
+                    json!({"subscriptionKey": a.key, "afterOffset": o}),
+                ),
+                None => ("resumeSubscription", json!({"subscriptionKey": a.key})),
+            };
+            request(&a.target, reqwest::Method::POST, method, "", Some(body)).await
+        }
+        Command::SetCursor(a) => {
+            let body = json!({"subscriptionKey": a.key, "afterOffset": a.after_offset});
+            request(
+                &a.target,
+                reqwest::Method::POST,
+                "setSubscriptionCursor",
+                "",
+                Some(body),
+            )
+            .await
+        }
+        Command::Pause(a) => {
+            let event = json!({"type": "events.iterate.com/stream/paused", "payload": {"reason": a.reason}});
+            let body = json!({ "events": [event] });
+            request(&a.target, reqwest::Method::POST, "append", "", Some(body)).await
+        }
+        Command::Resume(a) => {
+            let event = json!({"type": "events.iterate.com/stream/resumed"});
+            let body = json!({ "events": [event] });
+            request(&a.target, reqwest::Method::POST, "append", "", Some(body)).await
+        }
+        Command::Reset(a) => {
+            request(
+                &a.target,
+                reqwest::Method::POST,
+                "reset",
+                "",
+                Some(json!({})),
+            )
+            .await
+        }
+        Command::Processor(a) => {
+            let method = format!("processors/{}", a.component);
+            request(&a.target, reqwest::Method::GET, &method, "", None).await
+        }
+        Command::Itx(a) => itx(a).await,
+        Command::Components(a) => {
+            let url = a.project.url("components");
+            let req = reqwest::Client::new().get(&url);
+            print_answer(send(req, &url, a.project.token.as_deref()).await?).await
+        }
+        Command::Health(a) => {
+            let url = format!("{}/healthz", a.url.trim_end_matches('/'));
+            let req = reqwest::Client::new().get(&url);
+            print_answer(send(req, &url, None).await?).await
+        }
         Command::Streams(a) => list_streams(a).await,
         Command::Tail(a) => tail(a).await,
         Command::Deploy(a) => deploy(a).await,
@@ -457,9 +708,8 @@ async fn component_get(a: ComponentGetArgs) -> Result<()> {
         bail!("{status}: {text}");
     }
     let bytes = response.bytes().await.context("reading the component")?;
-    let path = a
-        .output
-        .unwrap_or_else(|| PathBuf::from(format!("{}.wasm", a.component.name)));
+    let path =
+        a.to.unwrap_or_else(|| PathBuf::from(format!("{}.wasm", a.component.name)));
     std::fs::write(&path, &bytes).with_context(|| format!("writing {}", path.display()))?;
     print_line(&format!(
         "wrote {} bytes to {}",
@@ -506,6 +756,98 @@ async fn effects(command: EffectsCommand) -> Result<()> {
     print_answer(send(req, &url, project.token.as_deref()).await?).await
 }
 
+/// `streamhost subscribe`: a subscription-configured event on the source.
+async fn subscribe(a: SubscribeArgs) -> Result<()> {
+    let delivery = json!({"start": a.start, "onFailingEvent": a.on_failing_event});
+    let r = &a.receiver;
+    let mut receiver = if let Some(path) = &r.copy_to {
+        json!({"action": "copy-to-stream", "receivingStreamPath": path, "delivery": delivery})
+    } else if let Some(url) = &r.webhook {
+        json!({"action": "webhook-post", "url": url, "delivery": delivery})
+    } else if let Some(expression) = &r.itx {
+        let expression: Value = serde_json::from_str(expression)
+            .with_context(|| format!("--itx {expression:?} is not JSON"))?;
+        json!({"action": "itx-call", "expression": expression, "delivery": delivery})
+    } else if let Some(component) = &r.wake {
+        json!({"action": "processor-wake",
+            "expression": ["components", ["get", component], "wake"]})
+    } else {
+        bail!("name the receiver: --copy-to, --webhook, --itx or --wake");
+    };
+    if let Some(t) = &a.transform {
+        if r.wake.is_some() {
+            bail!("--transform does not apply to a processor wake");
+        }
+        receiver["jsonataTransform"] = json!(t);
+    }
+    let mut payload = json!({"subscriptionKey": a.key, "receiver": receiver});
+    if !a.event_types.is_empty() || a.condition.is_some() {
+        let mut filter = json!({});
+        if !a.event_types.is_empty() {
+            filter["eventTypes"] = json!(a.event_types);
+        }
+        if let Some(c) = &a.condition {
+            filter["jsonataCondition"] = json!(c);
+        }
+        payload["filter"] = filter;
+    }
+    if let Some(d) = &a.description {
+        payload["description"] = json!(d);
+    }
+    let event =
+        json!({"type": "events.iterate.com/stream/subscription-configured", "payload": payload});
+    let body = json!({ "events": [event] });
+    request(&a.target, reqwest::Method::POST, "append", "", Some(body)).await
+}
+
+/// `streamhost itx`: `POST /v1/projects/{p}/itx`.
+async fn itx(a: ItxArgs) -> Result<()> {
+    let expression: Value = serde_json::from_str(&a.expression)
+        .with_context(|| format!("the expression {:?} is not JSON", a.expression))?;
+    let args = a
+        .args
+        .iter()
+        .enumerate()
+        .map(|(i, text)| {
+            serde_json::from_str::<Value>(text)
+                .with_context(|| format!("argument {} {text:?} is not JSON", i + 1))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let url = a.project.url("itx");
+    let req = reqwest::Client::new()
+        .post(&url)
+        .json(&json!({"expression": expression, "args": args}));
+    print_answer(send(req, &url, a.project.token.as_deref()).await?).await
+}
+
+/// `streamhost events --jsonl`: every page after the offset, one event a line.
+async fn events_jsonl(a: EventsArgs) -> Result<()> {
+    let client = reqwest::Client::new();
+    let mut after = a.after_offset;
+    loop {
+        let query = format!(
+            "?afterOffset={after}&limit={}&includeEphemeral={}",
+            a.limit, a.include_ephemeral
+        );
+        let url = stream_url(&a.target, "events", &query)?;
+        let response = send(client.get(&url), &url, a.target.server.token.as_deref()).await?;
+        let status = response.status();
+        let text = response.text().await.context("reading the answer")?;
+        if !status.is_success() {
+            bail!("{status}: {text}");
+        }
+        let page: Value = serde_json::from_str(&text).context("an answer that is not JSON")?;
+        let events = page["events"].as_array().cloned().unwrap_or_default();
+        let Some(last) = events.last().and_then(|e| e["offset"].as_u64()) else {
+            return Ok(());
+        };
+        for e in &events {
+            print_line(&e.to_string())?;
+        }
+        after = last;
+    }
+}
+
 /// `streamhost backfill`: streams the server's progress lines and draws
 /// them as a bar on a terminal (or prints them as lines otherwise).
 async fn backfill(a: BackfillArgs) -> Result<()> {
@@ -549,7 +891,7 @@ async fn backfill(a: BackfillArgs) -> Result<()> {
                 if terminal {
                     eprintln!();
                 }
-                return print_line(&serde_json::to_string_pretty(result)?);
+                return print_line(&render(result));
             } else if let Some(error) = v.get("error") {
                 if terminal {
                     eprintln!();
@@ -587,7 +929,7 @@ async fn verify(a: VerifyArgs) -> Result<()> {
     let response = send(req, &url, a.target.server.token.as_deref()).await?;
     let status = response.status();
     let v: Value = response.json().await.context("reading the answer")?;
-    print_line(&serde_json::to_string_pretty(&v)?)?;
+    print_line(&render(&v))?;
     if !status.is_success() {
         bail!("{status}");
     }
@@ -749,17 +1091,16 @@ fn fold_offline(a: FoldArgs) -> Result<()> {
         };
         state = folded?;
     }
-    let pretty = serde_json::from_str::<Value>(&state)
-        .ok()
-        .and_then(|v| serde_json::to_string_pretty(&v).ok())
+    let shown = serde_json::from_str::<Value>(&state)
+        .map(|v| render(&v))
         .unwrap_or(state);
-    print_line(&pretty)
+    print_line(&shown)
 }
 
 async fn tail(a: TailArgs) -> Result<()> {
     let mut query = form_urlencoded::Serializer::new(String::new());
     query.append_pair("state", "false");
-    if let Some(after) = a.after {
+    if let Some(after) = a.after_offset {
         query.append_pair("replayAfterOffset", &after.to_string());
     }
     if !a.event_types.is_empty() {
@@ -778,6 +1119,10 @@ async fn tail(a: TailArgs) -> Result<()> {
     let mut buffer = String::new();
     use std::io::Write;
     let stdout = std::io::stdout();
+    let mut printed: u64 = 0;
+    if a.count == Some(0) {
+        return Ok(());
+    }
     while let Some(chunk) = response.chunk().await.context("reading the stream")? {
         buffer.push_str(&String::from_utf8_lossy(&chunk));
         while let Some(end) = buffer.find("\n\n") {
@@ -805,6 +1150,14 @@ async fn tail(a: TailArgs) -> Result<()> {
             let mut out = stdout.lock();
             for e in v["events"].as_array().into_iter().flatten() {
                 writeln!(out, "{e}")?;
+                printed += 1;
+                let offset = e["offset"].as_u64().unwrap_or(0);
+                if a.count.is_some_and(|c| printed >= c)
+                    || a.until_offset.is_some_and(|u| offset >= u)
+                {
+                    out.flush()?;
+                    return Ok(());
+                }
             }
             out.flush()?;
         }
@@ -902,13 +1255,48 @@ async fn request(
 async fn print_answer(response: reqwest::Response) -> Result<()> {
     let status = response.status();
     let text = response.text().await.context("reading the answer")?;
-    let pretty = serde_json::from_str::<Value>(&text)
-        .ok()
-        .and_then(|v| serde_json::to_string_pretty(&v).ok())
-        .unwrap_or(text);
+    let parsed = serde_json::from_str::<Value>(&text).ok();
     if status.is_success() {
-        print_line(&pretty)
-    } else {
-        bail!("{status}: {pretty}")
+        return print_line(&parsed.as_ref().map(render).unwrap_or(text));
+    }
+    let hint = parsed
+        .as_ref()
+        .and_then(|v| v["error"]["hint"].as_str())
+        .map(|h| format!("\nhint: {h}"))
+        .unwrap_or_default();
+    let shown = parsed.as_ref().map(|v| v.to_string()).unwrap_or(text);
+    bail!("{status}: {shown}{hint}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_command_line_definition_is_consistent() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn every_flag_and_argument_has_help() {
+        use clap::CommandFactory;
+        fn check(cmd: &clap::Command, path: &str, missing: &mut Vec<String>) {
+            for arg in cmd.get_arguments() {
+                let id = arg.get_id().as_str();
+                if id == "help" || id == "version" {
+                    continue;
+                }
+                if arg.get_help().is_none() && arg.get_long_help().is_none() {
+                    missing.push(format!("{path} {id}"));
+                }
+            }
+            for sub in cmd.get_subcommands() {
+                check(sub, &format!("{path} {}", sub.get_name()), missing);
+            }
+        }
+        let mut missing = Vec::new();
+        check(&Cli::command(), "streamhost", &mut missing);
+        assert!(missing.is_empty(), "without help: {missing:?}");
     }
 }

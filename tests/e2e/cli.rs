@@ -260,7 +260,8 @@ async fn deploy_and_verify_commands() {
         "counter",
     ]);
     assert!(ok, "{out}{err}");
-    assert!(out.contains("\"matches\": true"), "{out}");
+    let verified: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(verified["matches"], true, "{out}");
 }
 
 #[tokio::test]
@@ -318,4 +319,248 @@ fn an_unreachable_server_is_one_line_with_a_hint() {
         err.contains("is it running? set --url or STREAMHOST_URL"),
         "{err}"
     );
+}
+
+/// `streamhost ARGS... --url URL --project acme`, parsed as JSON.
+fn cli_json(s: &Server, args: &[&str]) -> Value {
+    let mut all: Vec<&str> = args.to_vec();
+    all.extend(["--url", &s.url, "--project", "acme"]);
+    let (ok, out, err) = run_cli(&all);
+    assert!(ok, "{args:?}: {err}");
+    serde_json::from_str(&out).unwrap_or_else(|e| panic!("{args:?}: {e}: {out}"))
+}
+
+#[tokio::test]
+async fn subscriptions_pausing_reset_and_health_from_the_command_line() {
+    let s = Server::start();
+    for i in 0..3 {
+        let n = format!("{{\"n\": {i}}}");
+        cli_json(
+            &s,
+            &["append", "/cli/src", "--type", "x.y/a", "--payload", &n],
+        );
+    }
+    let configured = cli_json(
+        &s,
+        &[
+            "subscribe",
+            "/cli/src",
+            "mirror",
+            "--copy-to",
+            "/cli/dst",
+            "--start",
+            "beginning",
+            "--type",
+            "x.y/a",
+        ],
+    );
+    assert_eq!(
+        configured["events"][0]["payload"]["receiver"]["receivingStreamPath"],
+        "/cli/dst"
+    );
+    crate::support::wait_for(
+        "the copies",
+        std::time::Duration::from_secs(30),
+        async || {
+            // (The receiving stream exists once the first copy is committed.)
+            let (status, page) = s
+                .get("/v1/projects/acme/streams/cli/dst:events?afterOffset=0")
+                .await;
+            status == 200 && page["events"].as_array().map(Vec::len) == Some(4)
+        },
+    )
+    .await;
+    crate::support::wait_for(
+        "the cursor to move",
+        std::time::Duration::from_secs(30),
+        async || {
+            let runtime = cli_json(&s, &["runtime", "/cli/src"]);
+            runtime["subscriptions"]["mirror"]["acknowledgedOffset"] == 5
+        },
+    )
+    .await;
+    let set = cli_json(
+        &s,
+        &["set-cursor", "/cli/src", "mirror", "--after-offset", "1"],
+    );
+    assert_eq!(
+        set["subscriptionCursorSetEvent"]["payload"]["afterOffset"], 1,
+        "{set}"
+    );
+    let resumed = cli_json(
+        &s,
+        &[
+            "resume-subscription",
+            "/cli/src",
+            "mirror",
+            "--after-offset",
+            "2",
+        ],
+    );
+    assert!(resumed["resumed"].is_object(), "{resumed}");
+    let removed = cli_json(&s, &["unsubscribe", "/cli/src", "mirror"]);
+    assert_eq!(
+        removed["events"][0]["type"],
+        "events.iterate.com/stream/subscription-removed"
+    );
+
+    // Pausing: appends are refused with a hint, until resumed.
+    cli_json(&s, &["pause", "/cli/src", "--reason", "maintenance"]);
+    let (ok, _, err) = run_cli(&[
+        "append",
+        "/cli/src",
+        "--type",
+        "x.y/a",
+        "--url",
+        &s.url,
+        "--project",
+        "acme",
+    ]);
+    assert!(!ok);
+    assert!(err.contains("stream paused: maintenance"), "{err}");
+    assert!(
+        err.contains("hint:") && err.contains("streamhost resume"),
+        "{err}"
+    );
+    cli_json(&s, &["resume", "/cli/src"]);
+    cli_json(&s, &["append", "/cli/src", "--type", "x.y/a"]);
+
+    // Every page as JSON Lines; tail stops by count and by offset.
+    let (ok, out, err) = run_cli(&[
+        "events",
+        "/cli/src",
+        "--jsonl",
+        "--limit",
+        "2",
+        "--url",
+        &s.url,
+        "--project",
+        "acme",
+    ]);
+    assert!(ok, "{err}");
+    let offsets: Vec<u64> = out
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<Value>(l).unwrap()["offset"]
+                .as_u64()
+                .unwrap()
+        })
+        .collect();
+    let head = s
+        .all_events("/v1/projects/acme/streams/cli/src")
+        .await
+        .len() as u64;
+    assert_eq!(offsets, (1..=head).collect::<Vec<_>>());
+    for stop in [["--count", "3"], ["--until-offset", "3"]] {
+        let (ok, out, err) = run_cli(&[
+            "tail",
+            "/cli/src",
+            "--after-offset",
+            "0",
+            stop[0],
+            stop[1],
+            "--url",
+            &s.url,
+            "--project",
+            "acme",
+        ]);
+        assert!(ok, "{err}");
+        assert_eq!(out.lines().count(), 3, "{stop:?}: {out}");
+    }
+
+    // One output style: compact when piped, pretty on request.
+    let (_, compact, _) = run_cli(&["state", "/cli/src", "--url", &s.url, "--project", "acme"]);
+    assert_eq!(compact.trim().lines().count(), 1, "{compact}");
+    let (_, pretty, _) = run_cli(&[
+        "state",
+        "/cli/src",
+        "--output",
+        "pretty",
+        "--url",
+        &s.url,
+        "--project",
+        "acme",
+    ]);
+    assert!(pretty.lines().count() > 3, "{pretty}");
+
+    let reset = cli_json(&s, &["reset", "/cli/src"]);
+    assert_eq!(reset["status"], "reset");
+    let (status, _) = s.get("/v1/projects/acme/streams/cli/src:state").await;
+    assert_eq!(status, 404);
+    let (ok, out, err) = run_cli(&["health", "--url", &s.url]);
+    assert!(ok, "{err}");
+    assert_eq!(serde_json::from_str::<Value>(&out).unwrap()["status"], "ok");
+}
+
+#[tokio::test]
+async fn components_itx_and_processor_from_the_command_line() {
+    let s = Server::start();
+    let dir = tempfile::tempdir().unwrap();
+    for name in ["kinds", "counter"] {
+        let wasm = file_in(dir.path(), &format!("{name}.wasm"));
+        std::fs::write(&wasm, crate::support::guest(name)).unwrap();
+        cli_json(&s, &["deploy", name, wasm.to_str().unwrap()]);
+    }
+    let listed = cli_json(&s, &["components"]);
+    let names: Vec<&str> = listed["components"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["counter", "kinds"]);
+    let sum = cli_json(
+        &s,
+        &[
+            "itx",
+            r#"["components", ["get", "kinds"], "add"]"#,
+            "1",
+            "2",
+        ],
+    );
+    assert_eq!(sum["result"], 3);
+    cli_json(&s, &["subscribe", "/cli/p", "count", "--wake", "counter"]);
+    cli_json(
+        &s,
+        &[
+            "append",
+            "/cli/p",
+            "--type",
+            "x.y/a",
+            "--payload",
+            r#"{"n": 5}"#,
+        ],
+    );
+    crate::processors::caught_up(&s, "/v1/projects/acme/streams/cli/p", "counter").await;
+    let p = cli_json(&s, &["processor", "/cli/p", "counter"]);
+    assert_eq!(p["state"]["sum"], 5, "{p}");
+}
+
+#[tokio::test]
+async fn a_subscription_to_a_component_not_deployed_is_accepted_with_a_warning() {
+    let s = Server::start_with(Some(crate::processors::PROC), &[]);
+    let answer = cli_json(&s, &["subscribe", "/cli/w", "later", "--wake", "payments"]);
+    let warning = answer["warnings"][0].as_str().unwrap_or_default();
+    assert!(
+        warning.contains("\"payments\", which is not deployed in project \"acme\""),
+        "{answer}"
+    );
+    crate::support::wait_for(
+        "the runtime to say so",
+        std::time::Duration::from_secs(30),
+        async || {
+            let (_, rt) = s.get("/v1/projects/acme/streams/cli/w:runtime").await;
+            rt["subscriptions"]["later"]["lastError"]
+                .as_str()
+                .is_some_and(|e| e.contains("\"payments\" is not deployed"))
+        },
+    )
+    .await;
+    // A subscription to a deployed component has no warning.
+    let wasm_dir = tempfile::tempdir().unwrap();
+    let wasm = file_in(wasm_dir.path(), "counter.wasm");
+    std::fs::write(&wasm, crate::support::guest("counter")).unwrap();
+    cli_json(&s, &["deploy", "counter", wasm.to_str().unwrap()]);
+    let fine = cli_json(&s, &["subscribe", "/cli/w", "now", "--wake", "counter"]);
+    assert!(fine.get("warnings").is_none(), "{fine}");
 }

@@ -359,7 +359,7 @@ async fn a_deployed_component_can_be_downloaded() {
         "--project",
         "acme",
         "counter",
-        "--output",
+        "--to",
         out.to_str().unwrap(),
     ]);
     assert!(ok, "{err}");

@@ -342,6 +342,11 @@ async fn a_paused_stream_refuses_data_until_resumed() {
     let body: Value = response.json().await.unwrap();
     assert_eq!(body["error"]["code"], "stream-paused");
     assert_eq!(body["error"]["message"], "stream paused: migrating");
+    let hint = body["error"]["hint"].as_str().unwrap_or_default();
+    assert!(
+        hint.contains("append events.iterate.com/stream/resumed to resume it"),
+        "{body}"
+    );
 
     let (status, _) = s
         .post(

@@ -25,6 +25,29 @@ async fn configuration_rejections_commit_nothing() {
     let webhook = |url: &str| json!({"action": "webhook-post", "url": url, "delivery": {"start": "now", "onFailingEvent": "skip"}});
     let cases: Vec<(Value, u16, &str, &str)> = vec![
         (
+            configured(
+                json!({"action": "copy-to-stream", "receivingStreamPath": "/dst",
+                "delivery": {"onFailingEvent": "halt"}}),
+            ),
+            400,
+            "invalid-request",
+            "payload.receiver.delivery.start is missing",
+        ),
+        (
+            configured(json!({"action": "webhook-post", "url": "http://x/h",
+                "delivery": {"start": "now", "onFailingEvent": "halt", "retries": 3}})),
+            400,
+            "invalid-request",
+            "payload.receiver.delivery.retries: unknown field `retries`",
+        ),
+        (
+            configured(json!({"action": "itx-call",
+                "delivery": {"start": "now", "onFailingEvent": "halt"}})),
+            400,
+            "invalid-request",
+            "payload.receiver.expression is missing",
+        ),
+        (
             configured(copy_to("/src")),
             400,
             "invalid-request",

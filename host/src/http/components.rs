@@ -403,3 +403,46 @@ pub async fn versions(host: &Host, project: &str, name: &str) -> Result<Value, A
         .collect();
     Ok(json!({"name": name, "versions": versions}))
 }
+
+/// Warnings for subscriptions just configured whose processor or ITX
+/// component is not deployed: accepted (it may be deployed later, and then
+/// the subscription starts or resumes), but said at once.
+pub async fn undeployed_receivers(
+    host: &Host,
+    address: &StreamAddress,
+    events: &[crate::stream::Event],
+) -> Vec<String> {
+    let Some(project) = address.namespace.project_id().map(str::to_string) else {
+        return Vec::new();
+    };
+    let named: Vec<(String, String)> = events
+        .iter()
+        .filter(|e| e.event_type == types::SUBSCRIPTION_CONFIGURED && !e.is_copy())
+        .filter_map(|e| {
+            let config: crate::subscription::SubscriptionConfig =
+                serde_json::from_value(Value::Object(e.payload.clone())).ok()?;
+            let component = config.receiver.component()?;
+            let key = config.subscription_key.unwrap_or_default();
+            Some((key, component))
+        })
+        .collect();
+    if named.is_empty() {
+        return Vec::new();
+    }
+    let storage = host.streams.storage().clone();
+    tokio::task::spawn_blocking(move || {
+        named
+            .into_iter()
+            .filter(|(_, c)| matches!(storage.component(&project, c), Ok(None)))
+            .map(|(key, c)| {
+                format!(
+                    "subscription {key:?} calls component {c:?}, which is not deployed in project \
+                     {project:?}: it fails (and retries, then halts) until it is; deploying it \
+                     resumes a halted subscription"
+                )
+            })
+            .collect()
+    })
+    .await
+    .unwrap_or_default()
+}

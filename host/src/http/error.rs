@@ -1,6 +1,7 @@
 //! HTTP errors: a domain [`Error`] mapped to its HTTP status (the one place
 //! that knows the statuses), or an error of the HTTP layer itself; rendered
-//! as `{"error": {"code", "message"}}`, with `retry-after` on `503`.
+//! as `{"error": {"code", "message"}}` (and a `hint` where one helps), with
+//! `retry-after` on `503`.
 
 use std::fmt;
 
@@ -106,10 +107,25 @@ impl From<Error> for ApiError {
     }
 }
 
+/// What to do about an error, for the codes where the message alone does
+/// not say (served as `error.hint`).
+pub fn hint_of(code: &str) -> Option<&'static str> {
+    match code {
+        "stream-paused" => Some(
+            "a paused stream accepts only events.iterate.com/stream/ control events: \
+             append events.iterate.com/stream/resumed to resume it (streamhost resume PATH)",
+        ),
+        _ => None,
+    }
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        let body = json!({"error": {"code": self.code, "message": self.message}});
+        let mut body = json!({"error": {"code": self.code, "message": self.message}});
+        if let Some(hint) = hint_of(self.code) {
+            body["error"]["hint"] = json!(hint);
+        }
         let mut response = (
             status,
             [(header::CONTENT_TYPE, "application/json")],

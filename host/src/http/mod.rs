@@ -337,7 +337,14 @@ async fn stream_call(
         ("append", &Method::POST) => {
             let input: AppendInput = read_json(host, body).await?;
             let out = streams.append(address, input, Authority::Public).await?;
-            Ok(ok_json(&out))
+            let warnings = components::undeployed_receivers(host, address, &out.events).await;
+            if warnings.is_empty() {
+                return Ok(ok_json(&out));
+            }
+            let mut answer = serde_json::to_value(&out)
+                .map_err(|e| ApiError::internal(format!("serializing the answer failed: {e}")))?;
+            answer["warnings"] = json!(warnings);
+            Ok(ok_json(&answer))
         }
         ("events", &Method::GET) => {
             let query = query::read_query(uri.query())?;

@@ -329,10 +329,19 @@ pub fn parse_payload<T: serde::de::DeserializeOwned>(
     let value = Value::Object(payload.clone());
     serde_path_to_error::deserialize(value).map_err(|e| {
         let path = e.path().to_string();
-        if path == "." {
-            format!("{at}: {}", e.inner())
+        let prefix = if path == "." {
+            at.to_string()
         } else {
-            format!("{at}.{path}: {}", e.inner())
+            format!("{at}.{path}")
+        };
+        // A missing field is named with its own path, not its parent's.
+        let inner = e.inner().to_string();
+        match inner
+            .strip_prefix("missing field `")
+            .and_then(|rest| rest.split('`').next())
+        {
+            Some(field) => format!("{prefix}.{field} is missing"),
+            None => format!("{prefix}: {inner}"),
         }
     })
 }

@@ -107,7 +107,13 @@ fn validate_configured(
             )));
         }
     }
-    let config: SubscriptionConfig = parse_payload(at, payload).map_err(invalid)?;
+    let config: SubscriptionConfig = parse_payload(at, payload).map_err(|m| {
+        // Inside the receiver union serde loses the path: find it per action.
+        let nested = payload
+            .get("receiver")
+            .and_then(|r| receiver_error(&format!("{at}.receiver"), r));
+        invalid(nested.unwrap_or(m))
+    })?;
     let by_key = &state.subscriptions.outbound.by_key;
     if let Some(raw) = &config.subscription_key {
         let key = raw.trim();
@@ -232,6 +238,59 @@ fn validate_configured(
 }
 
 /// The explicit key of a configuration, trimmed (`None` when keyless).
+/// The error in a receiver object with its full field path
+/// (`payload.receiver.delivery.start: missing field`), checked against the
+/// fields of its `action`; `None` when the action is unknown or it parses.
+fn receiver_error(at: &str, receiver: &Value) -> Option<String> {
+    use super::Delivery;
+    use serde::Deserialize;
+    #[derive(Deserialize)]
+    #[serde(rename_all = "camelCase", deny_unknown_fields)]
+    #[allow(dead_code)]
+    struct Wake {
+        action: String,
+        expression: Value,
+    }
+    #[derive(Deserialize)]
+    #[serde(rename_all = "camelCase", deny_unknown_fields)]
+    #[allow(dead_code)]
+    struct Copy {
+        action: String,
+        receiving_stream_path: String,
+        jsonata_transform: Option<String>,
+        delivery: Delivery,
+    }
+    #[derive(Deserialize)]
+    #[serde(rename_all = "camelCase", deny_unknown_fields)]
+    #[allow(dead_code)]
+    struct Itx {
+        action: String,
+        expression: Value,
+        jsonata_transform: Option<String>,
+        delivery: Delivery,
+    }
+    #[derive(Deserialize)]
+    #[serde(rename_all = "camelCase", deny_unknown_fields)]
+    #[allow(dead_code)]
+    struct Webhook {
+        action: String,
+        url: String,
+        jsonata_transform: Option<String>,
+        delivery: Delivery,
+    }
+    fn check<T: serde::de::DeserializeOwned>(at: &str, v: &Value) -> Option<String> {
+        let object = v.as_object()?;
+        super::parse_payload::<T>(at, object).err()
+    }
+    match receiver.get("action").and_then(Value::as_str)? {
+        "processor-wake" => check::<Wake>(at, receiver),
+        "copy-to-stream" => check::<Copy>(at, receiver),
+        "itx-call" => check::<Itx>(at, receiver),
+        "webhook-post" => check::<Webhook>(at, receiver),
+        _ => None,
+    }
+}
+
 pub fn effective_key(config: &SubscriptionConfig) -> Option<String> {
     config
         .subscription_key
