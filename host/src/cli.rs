@@ -139,7 +139,7 @@ pub enum EffectsCommand {
     /// List effects, oldest first (a page; --after-id continues).
     Ls(EffectsLsArgs),
     /// One effect, with its target, attempts, last error and result.
-    Show(EffectArgs),
+    Show(EffectShowArgs),
     /// Run a failed or cancelled effect again (attempts reset).
     Retry(EffectArgs),
     /// Cancel a pending or failed effect.
@@ -173,6 +173,19 @@ pub struct EffectArgs {
     pub project: Project,
     /// The effect id.
     pub id: u64,
+}
+
+#[derive(Debug, Args)]
+pub struct EffectShowArgs {
+    #[command(flatten)]
+    pub effect: EffectArgs,
+    /// Wait until the effect exists and has settled (succeeded, failed or
+    /// cancelled), up to --timeout-ms.
+    #[arg(long)]
+    pub wait: bool,
+    /// How long --wait waits, in ms.
+    #[arg(long, default_value_t = 30_000)]
+    pub timeout_ms: u64,
 }
 
 #[derive(Debug, Args)]
@@ -476,6 +489,13 @@ pub struct ProcessorArgs {
     pub target: Target,
     /// The processor's component name.
     pub component: String,
+    /// Wait until it has folded every committed event (its checkpoint is at
+    /// the stream's head), up to --timeout-ms.
+    #[arg(long)]
+    pub wait: bool,
+    /// How long --wait waits, in ms.
+    #[arg(long, default_value_t = 30_000)]
+    pub timeout_ms: u64,
 }
 
 #[derive(Debug, Args)]
@@ -618,6 +638,7 @@ pub async fn run(cli: Cli) -> Result<()> {
             )
             .await
         }
+        Command::Processor(a) if a.wait => processor_caught_up(a).await,
         Command::Processor(a) => {
             let method = format!("processors/{}", a.component);
             request(&a.target, reqwest::Method::GET, &method, "", None).await
@@ -739,9 +760,10 @@ async fn effects(command: EffectsCommand) -> Result<()> {
             let url = a.project.url(&format!("effects?{}", query.finish()));
             (&a.project, client.get(&url), url)
         }
+        EffectsCommand::Show(a) if a.wait => return effect_settled(a).await,
         EffectsCommand::Show(a) => {
-            let url = a.project.url(&format!("effects/{}", a.id));
-            (&a.project, client.get(&url), url)
+            let url = a.effect.project.url(&format!("effects/{}", a.effect.id));
+            (&a.effect.project, client.get(&url), url)
         }
         EffectsCommand::Retry(a) | EffectsCommand::Cancel(a) => {
             let action = if matches!(command, EffectsCommand::Retry(_)) {
@@ -798,6 +820,88 @@ async fn subscribe(a: SubscribeArgs) -> Result<()> {
         json!({"type": "events.iterate.com/stream/subscription-configured", "payload": payload});
     let body = json!({ "events": [event] });
     request(&a.target, reqwest::Method::POST, "append", "", Some(body)).await
+}
+
+/// GETs `url` as JSON: `None` for a 404, an error for any other failure.
+async fn get_json(url: &str, token: Option<&str>) -> Result<Option<Value>> {
+    let response = send(reqwest::Client::new().get(url), url, token).await?;
+    let status = response.status();
+    let text = response.text().await.context("reading the answer")?;
+    if status == reqwest::StatusCode::NOT_FOUND {
+        return Ok(None);
+    }
+    if !status.is_success() {
+        bail!("{status}: {text}");
+    }
+    Ok(Some(
+        serde_json::from_str(&text).context("an answer that is not JSON")?,
+    ))
+}
+
+/// Polls `check` every 50 ms until it answers a value, for `timeout_ms`.
+async fn poll<F, Fut>(timeout_ms: u64, what: &str, mut check: F) -> Result<Value>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<std::result::Result<Value, String>>>,
+{
+    let deadline = std::time::Instant::now() + std::time::Duration::from_millis(timeout_ms);
+    loop {
+        let last = match check().await? {
+            Ok(v) => return Ok(v),
+            Err(state) => state,
+        };
+        if std::time::Instant::now() >= deadline {
+            bail!("{what} within {timeout_ms} ms: {last}");
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
+/// `streamhost processor --wait`: the processor once its checkpoint is at
+/// the stream's head.
+async fn processor_caught_up(a: ProcessorArgs) -> Result<()> {
+    let token = a.target.server.token.clone();
+    let processor = stream_url(&a.target, &format!("processors/{}", a.component), "")?;
+    let what = format!("processor {:?} did not catch up", a.component);
+    let p = poll(a.timeout_ms, &what, || async {
+        let Some(p) = get_json(&processor, token.as_deref()).await? else {
+            return Ok(Err("it has no instance yet".to_string()));
+        };
+        let checkpoint = p["checkpointOffset"].as_u64().unwrap_or(0);
+        let next = stream_url(
+            &a.target,
+            "events",
+            &format!("?afterOffset={checkpoint}&limit=1"),
+        )?;
+        let page = get_json(&next, token.as_deref()).await?.unwrap_or_default();
+        Ok(match page["events"].as_array().map(Vec::len) {
+            Some(0) => Ok(p),
+            _ => Err(format!("its checkpoint is at offset {checkpoint}")),
+        })
+    })
+    .await?;
+    print_line(&render(&p))
+}
+
+/// `streamhost effects show --wait`: the effect once it has settled.
+async fn effect_settled(a: &EffectShowArgs) -> Result<()> {
+    let token = a.effect.project.token.clone();
+    let url = a.effect.project.url(&format!("effects/{}", a.effect.id));
+    let what = format!("effect {} did not settle", a.effect.id);
+    let e = poll(a.timeout_ms, &what, || async {
+        Ok(match get_json(&url, token.as_deref()).await? {
+            None => Err("it does not exist yet".to_string()),
+            Some(e)
+                if ["succeeded", "failed", "cancelled"]
+                    .contains(&e["status"].as_str().unwrap_or("")) =>
+            {
+                Ok(e)
+            }
+            Some(e) => Err(format!("it is {}", e["status"])),
+        })
+    })
+    .await?;
+    print_line(&render(&e))
 }
 
 /// `streamhost itx`: `POST /v1/projects/{p}/itx`.

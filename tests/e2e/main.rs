@@ -17,6 +17,7 @@ mod itx;
 mod memory;
 mod migrations;
 mod processors;
+mod readme;
 mod storage_failures;
 mod streams;
 mod subscription_bad_input;

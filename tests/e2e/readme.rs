@@ -1,0 +1,87 @@
+//! The README's shell blocks run as written against a real server: every
+//! ```sh block, in order, in one bash, with `streamhost` on the PATH and the
+//! server's address for `localhost:7410`.
+
+use std::path::Path;
+use std::process::Command;
+
+use crate::support::{Server, BIN};
+
+/// The blocks the harness itself stands for: starting a server (the test
+/// starts one) and running the tests (this is one).
+const HARNESS: &[&str] = &[
+    "cargo run --release -p streamhost -- serve",
+    "./scripts/test",
+];
+
+/// A command that streams until stopped (`curl -N` on `:connect`, `tail`
+/// without `--count` or `--until-offset`) runs for two seconds; being
+/// stopped then (exit 124) is its success.
+fn bounded(line: &str) -> String {
+    let streams = line.starts_with("curl -N ")
+        || (line.starts_with("streamhost tail")
+            && !line.contains("--count")
+            && !line.contains("--until-offset"));
+    if streams {
+        format!("{{ timeout 2 {line} || [ $? -eq 124 ]; }}")
+    } else {
+        line.to_string()
+    }
+}
+
+#[test]
+fn every_shell_command_of_the_readme_runs_as_written() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let s = rt.block_on(async { Server::start() });
+    let address = s.url.trim_start_matches("http://").to_string();
+    let bin_dir = Path::new(BIN).parent().unwrap();
+    let path = format!(
+        "{}:{}",
+        bin_dir.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let work = tempfile::tempdir().unwrap();
+    let mut ran = 0;
+    let mut skipped = Vec::new();
+    for block in readme.split("```sh\n").skip(1) {
+        let block = block.split("```").next().unwrap();
+        if let Some(h) = HARNESS.iter().find(|h| block.contains(*h)) {
+            skipped.push(*h);
+            continue;
+        }
+        let script: String = block
+            .replace("localhost:7410", &address)
+            .lines()
+            .map(|l| format!("{}\n", bounded(l)))
+            .collect();
+        let out = Command::new("bash")
+            .args(["-e", "-o", "pipefail", "-c", &script])
+            .current_dir(&root)
+            .env("PATH", &path)
+            .env("STREAMHOST_URL", &s.url)
+            .env("HOME", work.path())
+            .env_remove("CARGO_TARGET_DIR")
+            .output()
+            .expect("running bash");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success(),
+            "this README block failed:\n{script}\n--- stdout\n{stdout}\n--- stderr\n{stderr}"
+        );
+        // curl exits 0 on an HTTP error: its answers must not be errors.
+        assert!(
+            !stdout.contains("{\"error\":"),
+            "this README block answered an error:\n{script}\n--- stdout\n{stdout}"
+        );
+        ran += 1;
+    }
+    let _ = std::fs::remove_file(root.join("events.jsonl"));
+    assert_eq!(
+        skipped, HARNESS,
+        "the harness blocks are still in the README"
+    );
+    assert!(ran >= 8, "only {ran} blocks ran");
+}
