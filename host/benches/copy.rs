@@ -12,37 +12,17 @@
 //! Options (after `--`): `--rate N` appends/s (default 500), `--seconds S`
 //! of steady appends (default 4), `--events N` per throughput run (20000).
 
-use std::io::Write;
+mod common;
+use common::{arg, fsync_rate};
+
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use streamhost::stream::{AppendInput, Authority, Namespace, StreamAddress};
 use streamhost::{Config, Host};
 
-fn arg(name: &str, default: f64) -> f64 {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
 fn input(v: Value) -> AppendInput {
     serde_json::from_value(v).expect("append input")
-}
-
-fn fsync_rate(dir: &std::path::Path) -> f64 {
-    let path = dir.join("fsync-probe");
-    let mut f = std::fs::File::create(&path).unwrap();
-    let start = Instant::now();
-    let mut n = 0;
-    while start.elapsed() < Duration::from_secs(1) {
-        f.write_all(&[1u8; 4096]).unwrap();
-        f.sync_data().unwrap();
-        n += 1;
-    }
-    n as f64 / start.elapsed().as_secs_f64()
 }
 
 fn open(dir: &std::path::Path) -> (Host, Namespace) {

@@ -18,8 +18,10 @@
 //! Needs the guests built: `cargo build --release --target wasm32-wasip2
 //! --manifest-path examples/processors/Cargo.toml` (scripts/test does it).
 
+mod common;
+use common::{arg, fsync_rate, percentile};
+
 use std::collections::HashMap;
-use std::io::Write;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -31,34 +33,8 @@ use streamhost::stream::{AppendInput, Authority, Namespace, StreamAddress};
 use streamhost::{Config, Host};
 use tokio::sync::mpsc;
 
-fn arg(name: &str, default: f64) -> f64 {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
 fn input(v: Value) -> AppendInput {
     serde_json::from_value(v).expect("append input")
-}
-
-fn fsync_rate(dir: &Path) -> f64 {
-    let mut f = std::fs::File::create(dir.join("fsync-probe")).unwrap();
-    let start = Instant::now();
-    let mut n = 0;
-    while start.elapsed() < Duration::from_secs(1) {
-        f.write_all(&[1u8; 4096]).unwrap();
-        f.sync_data().unwrap();
-        n += 1;
-    }
-    n as f64 / start.elapsed().as_secs_f64()
-}
-
-fn percentile(mut v: Vec<f64>, q: f64) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[((v.len() - 1) as f64 * q).round() as usize]
 }
 
 /// How the source's events reach `/bench/out`.

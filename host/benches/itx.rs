@@ -10,6 +10,9 @@
 //!
 //! Needs the guests built (see `scripts/test`).
 
+mod common;
+use common::percentile;
+
 use std::path::Path;
 use std::time::Instant;
 
@@ -28,11 +31,6 @@ mod typed {
 use typed::exports::example::kinds::kinds::{Color, Everything, Perms, Point, Shape};
 
 const CALLS: usize = 2000;
-
-fn percentile(mut v: Vec<f64>, q: f64) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[((v.len() - 1) as f64 * q).round() as usize]
-}
 
 fn kinds_wasm() -> Vec<u8> {
     let path = Path::new(env!("CARGO_MANIFEST_DIR"))

@@ -12,9 +12,11 @@
 //! Needs the guests built: `cargo build --release --target wasm32-wasip2
 //! --manifest-path examples/processors/Cargo.toml` (scripts/test does it).
 
-use std::io::Write;
+mod common;
+use common::{fsync_rate, percentile};
+
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use serde_json::{json, Value};
 use streamhost::config::Durability;
@@ -26,11 +28,6 @@ use streamhost::{Config, Host};
 
 const ITERATIONS: usize = 400;
 
-fn percentile(mut v: Vec<f64>, q: f64) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[((v.len() - 1) as f64 * q).round() as usize]
-}
-
 fn counter_wasm() -> Vec<u8> {
     let path = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../examples/processors/target/wasm32-wasip2/release/counter.wasm");
@@ -40,18 +37,6 @@ fn counter_wasm() -> Vec<u8> {
             path.display()
         )
     })
-}
-
-fn fsync_rate(dir: &Path) -> f64 {
-    let mut f = std::fs::File::create(dir.join("fsync-probe")).unwrap();
-    let start = Instant::now();
-    let mut n = 0;
-    while start.elapsed() < Duration::from_secs(1) {
-        f.write_all(&[1u8; 4096]).unwrap();
-        f.sync_data().unwrap();
-        n += 1;
-    }
-    n as f64 / start.elapsed().as_secs_f64()
 }
 
 fn stream_info() -> StreamInfo {

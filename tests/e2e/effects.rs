@@ -86,17 +86,41 @@ impl Receiver {
 
 /// Deploys the effector and wakes it on `stream` (an API path).
 pub async fn effector_on(s: &Server, stream: &str) {
-    let (status, out) = s.deploy("acme", "effector", guest("effector")).await;
+    deploy(s, "effector", "effector").await;
+    wake(s, stream, "fx", "effector").await;
+}
+
+/// Deploys the guest `guest_name` as component `name`; answers the deploy.
+async fn deploy(s: &Server, name: &str, guest_name: &str) -> Value {
+    let (status, out) = s.deploy("acme", name, guest(guest_name)).await;
     assert_eq!(status, 200, "{out}");
+    out
+}
+
+/// Wakes processor `component` on `stream` with subscription `key`.
+async fn wake(s: &Server, stream: &str, key: &str, component: &str) {
     let (status, out) = s
         .post(
             &format!("{stream}:append"),
             json!({"events": [{"type": "events.iterate.com/stream/subscription-configured",
-                "payload": {"subscriptionKey": "fx", "receiver": {"action": "processor-wake",
-                    "expression": ["components", ["get", "effector"], "wake"]}}}]}),
+                "payload": {"subscriptionKey": key, "receiver": {"action": "processor-wake",
+                    "expression": ["components", ["get", component], "wake"]}}}]}),
         )
         .await;
     assert_eq!(status, 200, "{out}");
+}
+
+/// Three requests on the source, each for one append effect `k0`..`k2` of
+/// `event_type` to `/out`.
+async fn three_requests(s: &Server, event_type: &str) {
+    for i in 0..3 {
+        request(
+            s,
+            SRC,
+            json!([{"key": format!("k{i}"), "append": {"streamPath": "/out", "type": event_type, "payload": {"i": i}}}]),
+        )
+        .await;
+    }
 }
 
 /// Appends one `effects-requested` event asking for `effects`.
@@ -517,28 +541,11 @@ async fn under_sigkill_every_effect_of_every_acknowledged_event_runs_and_none_tw
 /// continues from its checkpoint, so only a backfill gives the history the
 /// new version's effects.
 async fn history_without_effects(s: &Server) {
-    let (status, out) = s.deploy("acme", "proc", guest("counter")).await;
-    assert_eq!(status, 200, "{out}");
-    let (status, out) = s
-        .post(
-            &format!("{SRC}:append"),
-            json!({"events": [{"type": "events.iterate.com/stream/subscription-configured",
-                "payload": {"subscriptionKey": "p", "receiver": {"action": "processor-wake",
-                    "expression": ["components", ["get", "proc"], "wake"]}}}]}),
-        )
-        .await;
-    assert_eq!(status, 200, "{out}");
-    for i in 0..3 {
-        request(
-            s,
-            SRC,
-            json!([{"key": format!("k{i}"), "append": {"streamPath": "/out", "type": "x.y/backfilled", "payload": {"i": i}}}]),
-        )
-        .await;
-    }
+    deploy(s, "proc", "counter").await;
+    wake(s, SRC, "p", "proc").await;
+    three_requests(s, "x.y/backfilled").await;
     crate::processors::caught_up(s, SRC, "proc").await;
-    let (status, out) = s.deploy("acme", "proc", guest("effector")).await;
-    assert_eq!(status, 200, "{out}");
+    deploy(s, "proc", "effector").await;
 }
 
 #[tokio::test]
@@ -723,16 +730,8 @@ fn resumed_lines(events: &[Value]) -> usize {
 #[tokio::test]
 async fn a_new_version_resumes_a_subscription_its_component_halted_once_and_versions_are_listed() {
     let s = Server::start_with(Some(EFFECTS), &[]);
-    let (_, v1) = s.deploy("acme", "proc", guest("effector")).await;
-    let (status, out) = s
-        .post(
-            &format!("{SRC}:append"),
-            json!({"events": [{"type": "events.iterate.com/stream/subscription-configured",
-                "payload": {"subscriptionKey": "p", "receiver": {"action": "processor-wake",
-                    "expression": ["components", ["get", "proc"], "wake"]}}}]}),
-        )
-        .await;
-    assert_eq!(status, 200, "{out}");
+    let v1 = deploy(&s, "proc", "effector").await;
+    wake(&s, SRC, "p", "proc").await;
     // An effect with no target: the effector fails for good and halts.
     request(&s, SRC, json!([{"key": "nothing"}])).await;
     s.wait_halted(SRC, "p", Duration::from_secs(30)).await;
@@ -773,25 +772,9 @@ async fn a_new_version_resumes_a_subscription_its_component_halted_once_and_vers
 #[tokio::test]
 async fn a_refold_folds_every_instance_again_from_the_initial_state_and_switches() {
     let s = Server::start_with(Some(EFFECTS), &[]);
-    let (status, out) = s.deploy("acme", "proc", guest("counter")).await;
-    assert_eq!(status, 200, "{out}");
-    let (status, out) = s
-        .post(
-            &format!("{SRC}:append"),
-            json!({"events": [{"type": "events.iterate.com/stream/subscription-configured",
-                "payload": {"subscriptionKey": "p", "receiver": {"action": "processor-wake",
-                    "expression": ["components", ["get", "proc"], "wake"]}}}]}),
-        )
-        .await;
-    assert_eq!(status, 200, "{out}");
-    for i in 0..3 {
-        request(
-            &s,
-            SRC,
-            json!([{"key": format!("k{i}"), "append": {"streamPath": "/out", "type": "x.y/refolded", "payload": {"i": i}}}]),
-        )
-        .await;
-    }
+    deploy(&s, "proc", "counter").await;
+    wake(&s, SRC, "p", "proc").await;
+    three_requests(&s, "x.y/refolded").await;
     let before = crate::processors::caught_up(&s, SRC, "proc").await;
     assert_eq!(
         before["state"]["events"], 5,

@@ -336,17 +336,7 @@ async fn execute(
                 row.project.clone(),
             );
             blocking(move || {
-                let (prepared, _) =
-                    crate::processor::deployed(&storage, &runtime, &project, &component)
-                        .map_err(|e| {
-                            Failure::new(
-                                format!("loading component {component:?} failed: {e:#}"),
-                                true,
-                            )
-                        })?
-                        .ok_or_else(|| {
-                            Failure::new(format!("component {component:?} is not deployed"), true)
-                        })?;
+                let prepared = super::deployed_component(&storage, &runtime, &project, &component)?;
                 runtime
                     .call_function(
                         &component,

@@ -67,16 +67,7 @@ pub async fn send(
             "scannedThroughOffset": selection.through,
             "deliveryId": delivery_id,
         });
-        let (prepared, _) = crate::processor::deployed(&storage, &runtime, &project, &component)
-            .map_err(|e| {
-                Failure::new(
-                    format!("loading component {component:?} failed: {e:#}"),
-                    true,
-                )
-            })?
-            .ok_or_else(|| {
-                Failure::new(format!("component {component:?} is not deployed"), true)
-            })?;
+        let prepared = super::deployed_component(&storage, &runtime, &project, &component)?;
         let opts = crate::itx::value::ToVal {
             ignore_unknown_fields: true,
         };

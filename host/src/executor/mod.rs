@@ -203,6 +203,26 @@ async fn read_and_select(storage: &Storage, job: &Job, row_id: i64) -> Result<Se
     .await
 }
 
+/// The deployed component `component` of `project`, compiled (blocking);
+/// not deployed, or not loadable, is a retryable failure (it may be
+/// deployed, or storage may recover).
+pub(crate) fn deployed_component(
+    storage: &Storage,
+    runtime: &Runtime,
+    project: &str,
+    component: &str,
+) -> Result<Arc<crate::processor::runtime::Prepared>, Failure> {
+    crate::processor::deployed(storage, runtime, project, component)
+        .map_err(|e| {
+            Failure::new(
+                format!("loading component {component:?} failed: {e:#}"),
+                true,
+            )
+        })?
+        .map(|(prepared, _)| prepared)
+        .ok_or_else(|| Failure::new(format!("component {component:?} is not deployed"), true))
+}
+
 /// Runs `f` on a blocking thread; a panic there is a retryable failure.
 pub(crate) async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, Failure> + Send + 'static,
