@@ -14,7 +14,8 @@
 //! - the disk's raw fsync rate, measured in the same run.
 //!
 //! Options (after `--`): `--rate N` appends/s (default 200), `--seconds S`
-//! of steady appends (default 4), `--events N` per throughput run (5000).
+//! of steady appends (default 4), `--events N` per throughput run (5000),
+//! `--concurrency N` effects at once (`[effects] concurrency`, default 16).
 //! Needs the guests built: `cargo build --release --target wasm32-wasip2
 //! --manifest-path examples/processors/Cargo.toml` (scripts/test does it).
 
@@ -64,11 +65,12 @@ fn event(n: usize) -> Value {
 }
 
 async fn open(dir: &Path) -> (Host, StreamAddress) {
-    let host = Host::open(Config {
+    let mut config = Config {
         data_dir: dir.to_path_buf(),
         ..Config::default()
-    })
-    .unwrap();
+    };
+    config.effects.concurrency = arg("--concurrency", 16.0) as usize;
+    let host = Host::open(config).unwrap();
     let bytes = std::fs::read(
         Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("../examples/processors/target/wasm32-wasip2/release/effector.wasm"),

@@ -75,7 +75,9 @@ async fn run(streams: StreamsRef, bell: EffectsBell, settings: Settings) {
         let mut wait_ms = IDLE_LOOK_MS;
         if running.len() < concurrency {
             let storage = exec.storage.clone();
-            let want = concurrency + running.len();
+            // The effects running here hold leases that expire in the future,
+            // so the due ones are others: ask for just the free slots.
+            let want = concurrency - running.len();
             let due = blocking(move || {
                 storage
                     .due_effects(now, want)
