@@ -564,3 +564,26 @@ async fn a_subscription_to_a_component_not_deployed_is_accepted_with_a_warning()
     let fine = cli_json(&s, &["subscribe", "/cli/w", "now", "--wake", "counter"]);
     assert!(fine.get("warnings").is_none(), "{fine}");
 }
+
+#[tokio::test]
+async fn a_second_server_on_a_data_dir_in_use_stops_naming_it() {
+    let s = Server::start();
+    let data = s.data_dir();
+    let out = Command::new(BIN)
+        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(&data)
+        .output()
+        .expect("running streamhost");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!(
+            "data dir {} is in use by another streamhost",
+            data.display()
+        )),
+        "{err}"
+    );
+    // The first one is unharmed.
+    let (status, _) = s.get("/healthz").await;
+    assert_eq!(status, 200);
+}

@@ -39,7 +39,8 @@ struct Post {
     body: Value,
 }
 
-/// A loopback receiver: `/ok/*` answers 200, `/gone/*` 404, `/busy/*` 503.
+/// A loopback receiver: `/ok/*` answers 200, `/gone/*` 404, `/busy/*` 503,
+/// `/hang/*` not for ten minutes.
 struct Receiver {
     base: String,
     posts: Arc<Mutex<Vec<Post>>>,
@@ -66,6 +67,10 @@ impl Receiver {
             match kind.as_str() {
                 "ok" => StatusCode::OK,
                 "gone" => StatusCode::NOT_FOUND,
+                "hang" => {
+                    tokio::time::sleep(Duration::from_secs(600)).await;
+                    StatusCode::OK
+                }
                 _ => StatusCode::SERVICE_UNAVAILABLE,
             }
         }
@@ -859,4 +864,35 @@ async fn the_order_totals_example_confirms_orders_and_posts_them() {
         p["state"]["regions"]["eu"],
         json!({"orders": 2, "total": 125.0})
     );
+}
+
+#[tokio::test]
+async fn an_effect_running_when_the_server_died_runs_again_at_start_not_after_its_lease() {
+    let r = Receiver::start().await;
+    // A lease far longer than the test may wait.
+    let config = EFFECTS
+        .replace("timeout-ms = 1000", "timeout-ms = 100000")
+        .replace("lease-ms = 1500", "lease-ms = 600000");
+    let mut s = Server::start_with(Some(&config), &[]);
+    effector_on(&s, SRC).await;
+    request(
+        &s,
+        SRC,
+        json!([{"key": "slow", "webhook": {"url": format!("{}/hang/1", r.base), "body": {}}}]),
+    )
+    .await;
+    wait_for("the first attempt", Duration::from_secs(30), async || {
+        r.posts_to("/hang/1").len() == 1
+    })
+    .await;
+    assert_eq!(settled(&s, "slow", "running").await["attempts"], 1);
+    s.restart();
+    wait_for(
+        "the attempt after the restart",
+        Duration::from_secs(30),
+        async || r.posts_to("/hang/1").len() == 2,
+    )
+    .await;
+    let (_, effects) = s.get(&format!("{FX}?status=running")).await;
+    assert_eq!(effects["effects"][0]["attempts"], 2, "{effects}");
 }

@@ -7,7 +7,9 @@
 //! then settles, so a crash between the two repeats nothing visible.
 //!
 //! At least once: an execution whose settlement is lost (crash, lost lease)
-//! runs again; each target is idempotent by the effect's identity.
+//! runs again; each target is idempotent by the effect's identity. At start
+//! the effects left `running` by the previous process run again at once (the
+//! data dir is locked to one host, so their executor is gone).
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -62,6 +64,23 @@ pub fn start(streams: StreamsRef, bell: EffectsBell, settings: Settings) {
 }
 
 async fn run(streams: StreamsRef, bell: EffectsBell, settings: Settings) {
+    // The data dir is locked to this host: what was running ran in a
+    // process that is gone, so it need not wait for its lease.
+    if let Some(live) = streams.upgrade() {
+        let op = EffectOp::ReclaimAll {
+            now_ms: settings.clock.now_ms(),
+        };
+        match live.storage().submit(WriteOp::Effect(op)).await {
+            Ok(Ok(n)) if n > 0 => {
+                tracing::info!(
+                    effects = n,
+                    "effects left running by the last process run again"
+                )
+            }
+            Ok(Err(e)) => tracing::warn!(error = %e, "reclaiming running effects failed"),
+            _ => {}
+        }
+    }
     let (done_tx, mut done_rx) = mpsc::unbounded_channel::<i64>();
     let mut running: HashSet<i64> = HashSet::new();
     let concurrency = settings.effects.concurrency;

@@ -84,6 +84,9 @@ pub enum EffectOp {
     Retry { id: i64, now_ms: i64 },
     /// `pending` or `failed` to `cancelled`.
     Cancel { id: i64, settled_at: String },
+    /// At start: every `running` effect was leased by a process that is
+    /// gone (the data dir is locked to one host), so it may run now.
+    ReclaimAll { now_ms: i64 },
 }
 
 const COLUMNS: &str = "id, project, path, stream_id, component, effect_key, checkpoint_offset, \
@@ -263,6 +266,11 @@ pub(super) fn apply(conn: &Connection, op: &EffectOp) -> Result<i64> {
                  WHERE id = ?1 AND status IN ('failed', 'cancelled')",
             )?
             .execute(params![id, now_ms])?,
+        EffectOp::ReclaimAll { now_ms } => conn
+            .prepare_cached(
+                "UPDATE effects SET status = 'pending', due_at_ms = ?1 WHERE status = 'running'",
+            )?
+            .execute(params![now_ms])?,
         EffectOp::Cancel { id, settled_at } => conn
             .prepare_cached(
                 "UPDATE effects SET status = 'cancelled', settled_at = ?2

@@ -70,6 +70,9 @@ struct Inner {
     db_path: PathBuf,
     writer: writer::WriterHandle,
     readers: Mutex<Vec<Connection>>,
+    /// `<data-dir>/streamhost.lock`, locked exclusively while this storage
+    /// lives: one host per data dir (released by the OS when the process dies).
+    _lock: std::fs::File,
 }
 
 /// Read connections kept for reuse.
@@ -81,6 +84,7 @@ impl Storage {
     pub fn open(data_dir: &Path, durability: Durability, metrics: Metrics) -> Result<Storage> {
         std::fs::create_dir_all(data_dir)
             .with_context(|| format!("creating data dir {}", data_dir.display()))?;
+        let lock = lock_data_dir(data_dir)?;
         let db_path = data_dir.join("streamhost.db");
         let conn = Connection::open(&db_path)
             .with_context(|| format!("opening database {}", db_path.display()))?;
@@ -101,6 +105,7 @@ impl Storage {
                 db_path,
                 writer,
                 readers: Mutex::new(Vec::new()),
+                _lock: lock,
             }),
         })
     }
@@ -422,6 +427,29 @@ impl Storage {
             }
             Ok(found)
         })
+    }
+}
+
+/// Locks the data dir for this process, or names the reason it cannot.
+fn lock_data_dir(data_dir: &Path) -> Result<std::fs::File> {
+    let path = data_dir.join("streamhost.lock");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .with_context(|| format!("opening {}", path.display()))?;
+    match file.try_lock() {
+        Ok(()) => Ok(file),
+        Err(std::fs::TryLockError::WouldBlock) => anyhow::bail!(
+            "data dir {} is in use by another streamhost (it holds {}): \
+             stop it, or give this one another --data-dir",
+            data_dir.display(),
+            path.display()
+        ),
+        Err(std::fs::TryLockError::Error(e)) => {
+            Err(e).with_context(|| format!("locking {}", path.display()))
+        }
     }
 }
 
