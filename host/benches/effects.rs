@@ -85,6 +85,7 @@ async fn open(dir: &Path) -> (Host, StreamAddress) {
             exports: vec![],
             bytes,
             deployed_at: "2026-11-30T00:00:00.000Z".into(),
+            refold: false,
         }))
         .await
         .unwrap()

@@ -96,6 +96,7 @@ async fn http_overhead() -> Vec<f64> {
             exports: vec![],
             bytes,
             deployed_at: "2026-11-30T00:00:00.000Z".into(),
+            refold: false,
         }))
         .await
         .unwrap()

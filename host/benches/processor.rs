@@ -69,6 +69,7 @@ async fn wake_latency(durability: Durability) -> Vec<f64> {
             exports: vec![],
             bytes,
             deployed_at: "2026-11-30T00:00:00.000Z".into(),
+            refold: false,
         }))
         .await
         .unwrap()

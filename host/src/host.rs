@@ -58,6 +58,14 @@ impl Host {
                 clock,
             },
         );
+        // Refolds a previous process did not finish start again.
+        {
+            let streams = streams.clone();
+            let timeout_ms = config.delivery.timeout_ms;
+            tokio::spawn(async move {
+                crate::processor::refold::resume_pending(&streams, timeout_ms).await
+            });
+        }
         // Streams with subscriptions resume delivering without waiting for a touch.
         for (project, path) in waking {
             let namespace = if project.is_empty() {

@@ -166,13 +166,17 @@ async fn settled(s: &Server, key: &str, status: &str) -> Value {
             .into_iter()
             .find(|e| e["key"] == key)
     };
+    let mut seen = None;
     wait_for(
         &format!("effect {key:?} to be {status}"),
         Duration::from_secs(30),
-        async || find().await.is_some_and(|e| e["status"] == status),
+        async || {
+            seen = find().await.filter(|e| e["status"] == status);
+            seen.is_some()
+        },
     )
     .await;
-    find().await.unwrap()
+    seen.expect("found")
 }
 
 fn error_lines(events: &[Value]) -> Vec<Value> {
@@ -381,8 +385,20 @@ async fn a_pending_effect_can_be_cancelled_and_a_cancelled_one_retried_at_once()
         json!([{"key": "later", "webhook": {"url": format!("{}/busy/2", r.base), "body": {}}}]),
     )
     .await;
-    let pending = settled(&s, "later", "pending").await;
-    assert_eq!(pending["attempts"], 1, "{pending}");
+    // Pending again after its first attempt (not yet leased is pending too).
+    let after_one = async || {
+        all_effects(&s, "")
+            .await
+            .into_iter()
+            .find(|e| e["key"] == "later" && e["status"] == "pending" && e["attempts"] == 1)
+    };
+    wait_for(
+        "a failed first attempt",
+        Duration::from_secs(30),
+        async || after_one().await.is_some(),
+    )
+    .await;
+    let pending = after_one().await.unwrap();
     assert!(pending["nextAttemptAt"].is_string(), "{pending}");
     let (status, cancelled) = s
         .post(&format!("{FX}/{}:cancel", pending["id"]), json!({}))
@@ -895,4 +911,49 @@ async fn an_effect_running_when_the_server_died_runs_again_at_start_not_after_it
     .await;
     let (_, effects) = s.get(&format!("{FX}?status=running")).await;
     assert_eq!(effects["effects"][0]["attempts"], 2, "{effects}");
+}
+
+#[tokio::test]
+async fn a_refold_cut_short_by_a_crash_runs_at_the_next_start() {
+    let mut s = Server::start_with(Some(EFFECTS), &[]);
+    history_without_effects(&s).await;
+    let (_, before) = s.get(&format!("{SRC}:processors/proc")).await;
+    assert_eq!(
+        before["state"]["events"], 5,
+        "the counter's state: {before}"
+    );
+    // As if the server died right after committing `PUT ...?refold=true`:
+    // the new version and its pending refold are stored, nothing ran.
+    let (_, component) = s.get("/v1/projects/acme/components/proc").await;
+    s.stop();
+    let db = s.data_dir().join("streamhost.db");
+    let conn = rusqlite::Connection::open(&db).unwrap();
+    conn.execute(
+        "INSERT INTO pending_refolds (project, name, digest, requested_at) VALUES ('acme', 'proc', ?1, 't')",
+        [component["digest"].as_str().unwrap()],
+    )
+    .unwrap();
+    drop(conn);
+    s.restart();
+    wait_for(
+        "the refold to switch",
+        Duration::from_secs(30),
+        async || {
+            let (_, p) = s.get(&format!("{SRC}:processors/proc")).await;
+            p["state"] == json!({"events": 3, "effects": 3})
+        },
+    )
+    .await;
+    wait_for(
+        "the pending refold to be done",
+        Duration::from_secs(30),
+        async || {
+            let conn = rusqlite::Connection::open(&db).unwrap();
+            let n: i64 = conn
+                .query_row("SELECT COUNT(*) FROM pending_refolds", [], |r| r.get(0))
+                .unwrap();
+            n == 0
+        },
+    )
+    .await;
 }

@@ -53,6 +53,7 @@ pub async fn deploy(
         exports: exports.clone(),
         bytes,
         deployed_at: format_timestamp(chrono::Utc::now().timestamp_millis()),
+        refold,
     };
     let new_version = host
         .streams
@@ -72,9 +73,10 @@ pub async fn deploy(
     }
     if refold {
         let timeout_ms = host.config.delivery.timeout_ms;
-        let paths = crate::processor::refold::start(&host.streams, project, name, timeout_ms)
-            .await
-            .map_err(|e| ApiError::internal(format!("starting the refold failed: {e:#}")))?;
+        let paths =
+            crate::processor::refold::start(&host.streams, project, name, &digest, timeout_ms)
+                .await
+                .map_err(|e| ApiError::internal(format!("starting the refold failed: {e:#}")))?;
         answer["refolding"] = json!(paths);
     }
     Ok(answer)

@@ -8,8 +8,9 @@
 //! switch is atomic, and if a wake moved the checkpoint meanwhile the refold
 //! folds the rest and tries again.
 //!
-//! A refold cut short by a restart is not resumed: the instance then
-//! continues from its checkpoint with the new version (the default).
+//! The deploy records the refold (`pending_refolds`) in its own transaction;
+//! the record goes when every instance is done, so a refold cut short by a
+//! restart starts again at the next start ([`resume_pending`]).
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
@@ -48,29 +49,50 @@ impl Refolds {
     }
 }
 
-/// Starts the refold of every instance of `component` in `project`.
-/// Answers the source paths being refolded.
-pub async fn start(
+/// Starts the refold of every instance of `component` in `project` with
+/// version `digest` (recorded in `pending_refolds` by its deploy). When
+/// every instance is done the record goes; if a newer refold was asked for
+/// meanwhile, it starts then. Answers the source paths being refolded.
+pub fn start<'a>(
+    streams: &'a Streams,
+    project: &'a str,
+    component: &'a str,
+    digest: &'a str,
+    timeout_ms: u64,
+) -> std::pin::Pin<Box<dyn std::future::Future<Output = anyhow::Result<Vec<String>>> + Send + 'a>> {
+    Box::pin(start_inner(streams, project, component, digest, timeout_ms))
+}
+
+async fn start_inner(
     streams: &Streams,
     project: &str,
     component: &str,
+    digest: &str,
     timeout_ms: u64,
 ) -> anyhow::Result<Vec<String>> {
     let storage = streams.storage().clone();
     let (p, c) = (project.to_string(), component.to_string());
     let paths = tokio::task::spawn_blocking(move || storage.processor_instances(&p, &c)).await??;
     let refolds = streams.executors().refolds.clone();
+    let mut instances = tokio::task::JoinSet::new();
+    let mut busy = false;
     for path in &paths {
         let key = (project.to_string(), path.clone(), component.to_string());
         if !refolds.mark(key.clone()) {
-            continue; // already under way
+            // Under way with an older version: its end starts this one.
+            busy = true;
+            continue;
         }
-        let (streams, refolds, component) =
-            (streams.clone(), refolds.clone(), component.to_string());
+        let (streams, refolds, component, digest) = (
+            streams.clone(),
+            refolds.clone(),
+            component.to_string(),
+            digest.to_string(),
+        );
         let address =
             StreamAddress::new(crate::stream::Namespace::Project(project.to_string()), path)?;
-        tokio::spawn(async move {
-            match refold(&streams, &address, &component, timeout_ms).await {
+        instances.spawn(async move {
+            match refold(&streams, &address, &component, &digest, timeout_ms).await {
                 Ok(through) => {
                     tracing::info!(stream = %address, component, through, "refold switched")
                 }
@@ -82,7 +104,65 @@ pub async fn start(
             streams.wake(&address).await;
         });
     }
+    if !busy {
+        let (streams, project, component, digest) = (
+            streams.clone(),
+            project.to_string(),
+            component.to_string(),
+            digest.to_string(),
+        );
+        tokio::spawn(async move {
+            while instances.join_next().await.is_some() {}
+            finish(&streams, &project, &component, &digest, timeout_ms).await;
+        });
+    }
     Ok(paths)
+}
+
+/// Records a refold with `digest` done; starts the newer one asked for
+/// meanwhile, if any.
+async fn finish(streams: &Streams, project: &str, component: &str, digest: &str, timeout_ms: u64) {
+    let done = WriteOp::RefoldDone {
+        project: project.to_string(),
+        name: component.to_string(),
+        digest: digest.to_string(),
+    };
+    if let Ok(Err(e)) = streams.storage().submit(done).await {
+        tracing::warn!(component, error = %e, "recording a finished refold failed");
+    }
+    let storage = streams.storage().clone();
+    let pending = tokio::task::spawn_blocking(move || storage.pending_refolds())
+        .await
+        .ok()
+        .and_then(Result::ok)
+        .unwrap_or_default();
+    if let Some((_, _, newer)) = pending
+        .into_iter()
+        .find(|(p, n, _)| p == project && n == component)
+    {
+        if let Err(e) = start(streams, project, component, &newer, timeout_ms).await {
+            tracing::warn!(component, error = %e, "starting a refold failed");
+        }
+    }
+}
+
+/// At start: the refolds a previous process did not finish.
+pub async fn resume_pending(streams: &Streams, timeout_ms: u64) {
+    let storage = streams.storage().clone();
+    let pending = match tokio::task::spawn_blocking(move || storage.pending_refolds()).await {
+        Ok(Ok(p)) => p,
+        _ => return,
+    };
+    for (project, component, digest) in pending {
+        tracing::info!(
+            project,
+            component,
+            "resuming a refold cut short by a restart"
+        );
+        if let Err(e) = start(streams, &project, &component, &digest, timeout_ms).await {
+            tracing::warn!(component, error = %e, "resuming a refold failed");
+        }
+    }
 }
 
 /// Refolds one instance; answers the offset it switched at.
@@ -90,6 +170,7 @@ async fn refold(
     streams: &Streams,
     address: &StreamAddress,
     component: &str,
+    digest: &str,
     timeout_ms: u64,
 ) -> Result<u64, Failure> {
     let state = streams
@@ -113,6 +194,7 @@ async fn refold(
     let project = address.namespace.storage_key().to_string();
     let path = address.path.clone();
     let component = component.to_string();
+    let wanted = digest.to_string();
     let through = tokio::task::spawn_blocking(move || -> Result<u64, Failure> {
         let storage = &exec.storage;
         let runtime = &exec.runtime;
@@ -124,6 +206,15 @@ async fn refold(
         let (prepared, _) = super::deployed(storage, runtime, &project, &component)
             .map_err(io)?
             .ok_or_else(|| Failure::new("the component is not deployed", false))?;
+        if prepared.digest != wanted {
+            return Err(Failure::new(
+                format!(
+                    "version {wanted} was replaced by {} before its refold",
+                    prepared.digest
+                ),
+                false,
+            ));
+        }
         let guest = |e| Failure::new(format!("{component}: {e}"), false);
         let announcement = runtime
             .describe(&component, &prepared, timeout_ms)

@@ -348,6 +348,19 @@ impl Storage {
         })
     }
 
+    /// Refolds asked for and not yet done: (project, name, digest).
+    pub fn pending_refolds(&self) -> Result<Vec<(String, String, String)>> {
+        self.with_reader(|c| {
+            let mut stmt = c.prepare_cached(
+                "SELECT project, name, digest FROM pending_refolds ORDER BY project, name",
+            )?;
+            let rows = stmt
+                .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
+                .collect::<rusqlite::Result<Vec<_>>>()?;
+            Ok(rows)
+        })
+    }
+
     /// The source paths of a component's processor instances in a project.
     pub fn processor_instances(&self, project: &str, component: &str) -> Result<Vec<String>> {
         self.with_reader(|c| {

@@ -32,6 +32,10 @@ const MIGRATIONS: &[Migration] = &[
         name: "effects: the processor outbox keyed by effect identity, and component versions",
         apply: effects_and_versions,
     },
+    Migration {
+        name: "pending_refolds: refolds asked for by a deploy and not yet done",
+        apply: pending_refolds,
+    },
 ];
 
 /// The schema version this build writes.
@@ -183,6 +187,19 @@ fn effects_and_versions(conn: &Connection) -> Result<()> {
         CREATE INDEX component_versions_by_name ON component_versions (project, name);
         INSERT INTO component_versions (project, name, digest, deployed_at)
             SELECT project, name, digest, deployed_at FROM components;",
+    )?;
+    Ok(())
+}
+
+fn pending_refolds(conn: &Connection) -> Result<()> {
+    conn.execute_batch(
+        "CREATE TABLE pending_refolds (
+            project      TEXT NOT NULL,
+            name         TEXT NOT NULL,
+            digest       TEXT NOT NULL, -- the version to refold with
+            requested_at TEXT NOT NULL,
+            PRIMARY KEY (project, name)
+        );",
     )?;
     Ok(())
 }

@@ -92,6 +92,12 @@ pub enum WriteOp {
     ProcessorFailure(ProcessorFailure),
     /// Outbox bookkeeping: backfill, lease, settle, retry, cancel.
     Effect(EffectOp),
+    /// Every instance was refolded with `digest`: the pending refold is done.
+    RefoldDone {
+        project: String,
+        name: String,
+        digest: String,
+    },
 }
 
 /// A processor instance's failure, kept whole (the halt fact carries a
@@ -116,6 +122,9 @@ pub struct Deployment {
     pub exports: Vec<String>,
     pub bytes: Vec<u8>,
     pub deployed_at: String,
+    /// Record, in the same transaction, that every instance must be
+    /// refolded with this version (done even across a restart).
+    pub refold: bool,
 }
 
 /// A processor checkpoint to commit: the state after folding through
@@ -346,6 +355,20 @@ fn apply(conn: &Connection, op: &WriteOp) -> Result<i64> {
                 "INSERT INTO component_versions (project, name, digest, deployed_at) VALUES (?1, ?2, ?3, ?4)",
             )?
             .execute(params![d.project, d.name, d.digest, d.deployed_at])?;
+            if d.refold {
+                conn.prepare_cached(
+                    "INSERT INTO pending_refolds (project, name, digest, requested_at) VALUES (?1, ?2, ?3, ?4)
+                     ON CONFLICT (project, name) DO UPDATE SET digest = excluded.digest,
+                         requested_at = excluded.requested_at",
+                )?
+                .execute(params![d.project, d.name, d.digest, d.deployed_at])?;
+            } else {
+                // A version deployed without a refold supersedes one pending.
+                conn.prepare_cached(
+                    "DELETE FROM pending_refolds WHERE project = ?1 AND name = ?2",
+                )?
+                .execute(params![d.project, d.name])?;
+            }
             Ok(1)
         }
         WriteOp::Checkpoint(c) => {
@@ -410,6 +433,15 @@ fn apply(conn: &Connection, op: &WriteOp) -> Result<i64> {
             Ok(f.row_id)
         }
         WriteOp::Effect(op) => super::effects::apply(conn, op),
+        WriteOp::RefoldDone {
+            project,
+            name,
+            digest,
+        } => Ok(conn
+            .prepare_cached(
+                "DELETE FROM pending_refolds WHERE project = ?1 AND name = ?2 AND digest = ?3",
+            )?
+            .execute(params![project, name, digest])? as i64),
         WriteOp::Reset { row_id } => {
             conn.prepare_cached("DELETE FROM events WHERE stream = ?1")?
                 .execute([row_id])?;
