@@ -58,11 +58,13 @@ impl Host {
                 clock,
             },
         );
-        // Refolds a previous process did not finish start again.
+        // What a new version set off and a previous process did not finish
+        // (resumes, refolds) is done now.
         {
             let streams = streams.clone();
             let timeout_ms = config.delivery.timeout_ms;
             tokio::spawn(async move {
+                crate::processor::versions::resume_pending(&streams).await;
                 crate::processor::refold::resume_pending(&streams, timeout_ms).await
             });
         }

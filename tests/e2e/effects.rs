@@ -957,3 +957,38 @@ async fn a_refold_cut_short_by_a_crash_runs_at_the_next_start() {
     )
     .await;
 }
+
+#[tokio::test]
+async fn resumes_a_new_version_owed_before_a_crash_are_appended_at_the_next_start() {
+    let mut s = Server::start_with(Some(EFFECTS), &[]);
+    let v1 = deploy(&s, "proc", "effector").await;
+    wake(&s, SRC, "p", "proc").await;
+    request(&s, SRC, json!([{"key": "nothing"}])).await;
+    s.wait_halted(SRC, "p", Duration::from_secs(30)).await;
+    assert_eq!(resumed_lines(&s.all_events(SRC).await), 0);
+    // As if the server died right after committing a deploy of that
+    // version, before appending its resumes.
+    s.stop();
+    let db = s.data_dir().join("streamhost.db");
+    let conn = rusqlite::Connection::open(&db).unwrap();
+    conn.execute(
+        "INSERT INTO pending_resumes (project, name, digest) VALUES ('acme', 'proc', ?1)",
+        [v1["digest"].as_str().unwrap()],
+    )
+    .unwrap();
+    drop(conn);
+    s.restart();
+    wait_for("the owed resume", Duration::from_secs(30), async || {
+        resumed_lines(&s.all_events(SRC).await) == 1
+    })
+    .await;
+    wait_for("the record to go", Duration::from_secs(30), async || {
+        let conn = rusqlite::Connection::open(&db).unwrap();
+        conn.query_row("SELECT COUNT(*) FROM pending_resumes", [], |r| {
+            r.get::<_, i64>(0)
+        })
+        .unwrap()
+            == 0
+    })
+    .await;
+}

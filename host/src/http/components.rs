@@ -9,9 +9,7 @@ use crate::clock::format_timestamp;
 use crate::host::Host;
 use crate::processor::runtime::StreamInfo;
 use crate::storage::{Deployment, WriteOp};
-use crate::stream::{
-    types, validate_project, AppendInput, Authority, EventInput, Namespace, StreamAddress,
-};
+use crate::stream::{types, validate_project, StreamAddress};
 use crate::subscription::Receiver;
 
 /// Largest component accepted, in bytes.
@@ -67,7 +65,8 @@ pub async fn deploy(
     if !new_version {
         return Ok(answer);
     }
-    let resumed = resume_halted(host, project, name, &digest).await?;
+    let resumed =
+        crate::processor::versions::resume_halted(&host.streams, project, name, &digest).await?;
     if !resumed.is_empty() {
         answer["resumedSubscriptions"] = json!(resumed);
     }
@@ -80,67 +79,6 @@ pub async fn deploy(
         answer["refolding"] = json!(paths);
     }
     Ok(answer)
-}
-
-/// A subscription halted by its processor or ITX component resumes by
-/// itself, once, when a new version of that component is deployed. Answers
-/// the subscriptions resumed.
-async fn resume_halted(
-    host: &Host,
-    project: &str,
-    name: &str,
-    digest: &str,
-) -> Result<Vec<Value>, ApiError> {
-    let storage = host.streams.storage().clone();
-    let (p, quoted) = (project.to_string(), format!("\"{name}\""));
-    let candidates =
-        tokio::task::spawn_blocking(move || storage.streams_halted_mentioning(&p, &quoted))
-            .await
-            .map_err(|e| ApiError::internal(e.to_string()))?
-            .map_err(|e| {
-                ApiError::internal(format!("finding halted subscriptions failed: {e:#}"))
-            })?;
-    let mut resumed = Vec::new();
-    for path in candidates {
-        let address = StreamAddress::new(Namespace::Project(project.to_string()), &path)?;
-        let state = host.streams.state(&address).await?;
-        for (key, idempotency_key) in crate::subscription::resumed_by_new_version(
-            &state.subscriptions.outbound.by_key,
-            name,
-            digest,
-        ) {
-            let event = EventInput {
-                event_type: types::SUBSCRIPTION_DELIVERY_RESUMED.to_string(),
-                payload: Some(
-                    json!({"subscriptionKey": key})
-                        .as_object()
-                        .cloned()
-                        .unwrap_or_default(),
-                ),
-                metadata: None,
-                idempotency_key: Some(idempotency_key),
-                ephemeral: None,
-                offset: None,
-                source: None,
-            };
-            let input = AppendInput {
-                events: vec![event],
-                expected_stream_id: Some(state.stream_id.clone()),
-            };
-            match host
-                .streams
-                .append(&address, input, Authority::Platform)
-                .await
-            {
-                Ok(_) => resumed.push(json!({"stream": path, "subscriptionKey": key})),
-                Err(e) => {
-                    tracing::warn!(stream = %address, subscription = %key, error = %e.message,
-                    "resuming a subscription after a new version failed")
-                }
-            }
-        }
-    }
-    Ok(resumed)
 }
 
 /// `GET /v1/projects/{project}/components`.

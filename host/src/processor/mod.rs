@@ -11,6 +11,7 @@ pub mod backfill;
 pub mod cache;
 pub mod refold;
 pub mod runtime;
+pub mod versions;
 pub mod wake;
 pub mod wave;
 

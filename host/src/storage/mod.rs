@@ -348,6 +348,20 @@ impl Storage {
         })
     }
 
+    /// New versions whose halted subscriptions are not yet resumed:
+    /// (project, name, digest).
+    pub fn pending_resumes(&self) -> Result<Vec<(String, String, String)>> {
+        self.with_reader(|c| {
+            let mut stmt = c.prepare_cached(
+                "SELECT project, name, digest FROM pending_resumes ORDER BY project, name",
+            )?;
+            let rows = stmt
+                .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
+                .collect::<rusqlite::Result<Vec<_>>>()?;
+            Ok(rows)
+        })
+    }
+
     /// Refolds asked for and not yet done: (project, name, digest).
     pub fn pending_refolds(&self) -> Result<Vec<(String, String, String)>> {
         self.with_reader(|c| {

@@ -33,7 +33,7 @@ const MIGRATIONS: &[Migration] = &[
         apply: effects_and_versions,
     },
     Migration {
-        name: "pending_refolds: refolds asked for by a deploy and not yet done",
+        name: "pending_refolds and pending_resumes: what a new version sets off, until done",
         apply: pending_refolds,
     },
 ];
@@ -198,6 +198,12 @@ fn pending_refolds(conn: &Connection) -> Result<()> {
             name         TEXT NOT NULL,
             digest       TEXT NOT NULL, -- the version to refold with
             requested_at TEXT NOT NULL,
+            PRIMARY KEY (project, name)
+        );
+        CREATE TABLE pending_resumes (
+            project TEXT NOT NULL,
+            name    TEXT NOT NULL,
+            digest  TEXT NOT NULL, -- the new version: halted subscriptions resume once for it
             PRIMARY KEY (project, name)
         );",
     )?;

@@ -92,6 +92,13 @@ pub enum WriteOp {
     ProcessorFailure(ProcessorFailure),
     /// Outbox bookkeeping: backfill, lease, settle, retry, cancel.
     Effect(EffectOp),
+    /// The subscriptions halted by component `name` were resumed for version
+    /// `digest`.
+    ResumesDone {
+        project: String,
+        name: String,
+        digest: String,
+    },
     /// Every instance was refolded with `digest`: the pending refold is done.
     RefoldDone {
         project: String,
@@ -355,6 +362,11 @@ fn apply(conn: &Connection, op: &WriteOp) -> Result<i64> {
                 "INSERT INTO component_versions (project, name, digest, deployed_at) VALUES (?1, ?2, ?3, ?4)",
             )?
             .execute(params![d.project, d.name, d.digest, d.deployed_at])?;
+            conn.prepare_cached(
+                "INSERT INTO pending_resumes (project, name, digest) VALUES (?1, ?2, ?3)
+                 ON CONFLICT (project, name) DO UPDATE SET digest = excluded.digest",
+            )?
+            .execute(params![d.project, d.name, d.digest])?;
             if d.refold {
                 conn.prepare_cached(
                     "INSERT INTO pending_refolds (project, name, digest, requested_at) VALUES (?1, ?2, ?3, ?4)
@@ -433,6 +445,15 @@ fn apply(conn: &Connection, op: &WriteOp) -> Result<i64> {
             Ok(f.row_id)
         }
         WriteOp::Effect(op) => super::effects::apply(conn, op),
+        WriteOp::ResumesDone {
+            project,
+            name,
+            digest,
+        } => Ok(conn
+            .prepare_cached(
+                "DELETE FROM pending_resumes WHERE project = ?1 AND name = ?2 AND digest = ?3",
+            )?
+            .execute(params![project, name, digest])? as i64),
         WriteOp::RefoldDone {
             project,
             name,
