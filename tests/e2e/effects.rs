@@ -220,6 +220,11 @@ async fn append_effects_run_once_after_the_commit_and_repeated_identities_are_ig
         "{a}"
     );
     assert_eq!(all_effects(&s, "").await.len(), 2);
+    assert_eq!(
+        s.metric("streamhost_effect_executions_total{outcome=\"succeeded\"}")
+            .await,
+        2
+    );
 
     let out = s.all_events("/v1/projects/acme/streams/out").await;
     let done: Vec<&Value> = out.iter().filter(|e| e["type"] == "x.y/done").collect();
