@@ -116,7 +116,12 @@ async fn run(streams: StreamsRef, bell: EffectsBell, settings: Settings) {
                         // More may be due than this round took: look again soon.
                         wait_ms = BUSY_LOOK_MS;
                     }
-                    for row in lease(&exec, &settings, fresh, now).await {
+                    let (leased, storage_failed) = lease(&exec, &settings, fresh, now).await;
+                    if storage_failed {
+                        // Storage refuses writes: do not spin on it.
+                        wait_ms = 1_000;
+                    }
+                    for row in leased {
                         running.insert(row.id);
                         let (exec, settings, done) =
                             (exec.clone(), settings.clone(), done_tx.clone());
@@ -166,13 +171,14 @@ async fn next_wait(exec: &Executors, now: i64) -> i64 {
 }
 
 /// Leases `due` (one write each, committed together); answers the rows
-/// leased, with `attempts` counting this execution.
+/// leased, with `attempts` counting this execution, and whether a write
+/// failed.
 async fn lease(
     exec: &Executors,
     settings: &Settings,
     due: Vec<EffectRow>,
     now: i64,
-) -> Vec<EffectRow> {
+) -> (Vec<EffectRow>, bool) {
     let lease_until_ms = now + settings.effects.lease_ms as i64;
     let pending: Vec<_> = due
         .into_iter()
@@ -187,6 +193,7 @@ async fn lease(
         })
         .collect();
     let mut leased = Vec::with_capacity(pending.len());
+    let mut failed = false;
     for (mut row, reply) in pending {
         match reply.await {
             Ok(Ok(1)) => {
@@ -195,11 +202,14 @@ async fn lease(
                 leased.push(row);
             }
             Ok(Ok(_)) => {} // moved by someone else (cancelled, settled)
-            Ok(Err(e)) => tracing::warn!(id = row.id, error = %e, "leasing an effect failed"),
-            Err(_) => return leased,
+            Ok(Err(e)) => {
+                failed = true;
+                tracing::warn!(id = row.id, error = %e, "leasing an effect failed");
+            }
+            Err(_) => return (leased, true),
         }
     }
-    leased
+    (leased, failed)
 }
 
 async fn execute_and_settle(exec: &Executors, settings: &Settings, row: EffectRow) {
