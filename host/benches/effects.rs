@@ -29,7 +29,6 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 use streamhost::connection::feed::FeedItem;
 use streamhost::connection::ConnectParams;
-use streamhost::storage::{Deployment, WriteOp};
 use streamhost::stream::{AppendInput, Authority, Namespace, StreamAddress};
 use streamhost::{Config, Host};
 use tokio::sync::mpsc;
@@ -71,25 +70,7 @@ async fn open(dir: &Path) -> (Host, StreamAddress) {
     };
     config.effects.concurrency = arg("--concurrency", 16.0) as usize;
     let host = Host::open(config).unwrap();
-    let bytes = std::fs::read(
-        Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../examples/processors/target/wasm32-wasip2/release/effector.wasm"),
-    )
-    .expect("effector.wasm: build the guests first (see the top of this file)");
-    host.streams
-        .storage()
-        .submit(WriteOp::Deploy(Deployment {
-            project: "bench".into(),
-            name: "effector".into(),
-            digest: streamhost::processor::runtime::digest(&bytes),
-            exports: vec![],
-            bytes,
-            deployed_at: "2026-11-30T00:00:00.000Z".into(),
-            refold: false,
-        }))
-        .await
-        .unwrap()
-        .unwrap();
+    common::deploy(&host, "effector", common::guest_wasm("effector")).await;
     let src = StreamAddress::new(Namespace::project("bench").unwrap(), "/bench/src").unwrap();
     (host, src)
 }

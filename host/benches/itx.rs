@@ -13,12 +13,10 @@
 mod common;
 use common::percentile;
 
-use std::path::Path;
 use std::time::Instant;
 
 use serde_json::{json, Value};
 use streamhost::processor::runtime::Runtime;
-use streamhost::storage::{Deployment, WriteOp};
 use streamhost::{Config, Host};
 
 mod typed {
@@ -31,13 +29,6 @@ mod typed {
 use typed::exports::example::kinds::kinds::{Color, Everything, Perms, Point, Shape};
 
 const CALLS: usize = 2000;
-
-fn kinds_wasm() -> Vec<u8> {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../examples/processors/target/wasm32-wasip2/release/kinds.wasm");
-    std::fs::read(&path)
-        .unwrap_or_else(|e| panic!("{}: {e}; build the guests first", path.display()))
-}
 
 fn everything_json() -> Value {
     json!({
@@ -86,21 +77,7 @@ async fn http_overhead() -> Vec<f64> {
         ..Config::default()
     })
     .unwrap();
-    let bytes = kinds_wasm();
-    host.streams
-        .storage()
-        .submit(WriteOp::Deploy(Deployment {
-            project: "bench".into(),
-            name: "kinds".into(),
-            digest: streamhost::processor::runtime::digest(&bytes),
-            exports: vec![],
-            bytes,
-            deployed_at: "2026-11-30T00:00:00.000Z".into(),
-            refold: false,
-        }))
-        .await
-        .unwrap()
-        .unwrap();
+    common::deploy(&host, "kinds", common::guest_wasm("kinds")).await;
     let host_storage = Some(host.streams.storage().clone());
     let host_runtime = host.streams.wasm_runtime().clone();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -206,7 +183,7 @@ fn main() {
 
     let cache = tempfile::tempdir().unwrap();
     let runtime = Runtime::new(cache.path().to_path_buf()).unwrap();
-    let bytes = kinds_wasm();
+    let bytes = common::guest_wasm("kinds");
     let prepared = runtime
         .prepare(&streamhost::processor::runtime::digest(&bytes), || {
             Ok(bytes.clone())

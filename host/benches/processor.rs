@@ -22,22 +22,11 @@ use serde_json::{json, Value};
 use streamhost::config::Durability;
 use streamhost::processor::runtime::{Batch, Determinism, Event, Runtime, StreamInfo};
 use streamhost::processor::wake::{wake, WakeJob};
-use streamhost::storage::{Deployment, WriteOp};
+use streamhost::storage::WriteOp;
 use streamhost::stream::{AppendInput, Authority, Namespace, StreamAddress};
 use streamhost::{Config, Host};
 
 const ITERATIONS: usize = 400;
-
-fn counter_wasm() -> Vec<u8> {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../examples/processors/target/wasm32-wasip2/release/counter.wasm");
-    std::fs::read(&path).unwrap_or_else(|e| {
-        panic!(
-            "{}: {e}; build the guests first (see the top of this file)",
-            path.display()
-        )
-    })
-}
 
 fn stream_info() -> StreamInfo {
     StreamInfo {
@@ -58,22 +47,8 @@ async fn wake_latency(durability: Durability) -> Vec<f64> {
         ..Config::default()
     })
     .unwrap();
-    let bytes = counter_wasm();
-    let digest = streamhost::processor::runtime::digest(&bytes);
+    common::deploy(&host, "counter", common::guest_wasm("counter")).await;
     let storage = host.streams.storage().clone();
-    storage
-        .submit(WriteOp::Deploy(Deployment {
-            project: "bench".into(),
-            name: "counter".into(),
-            digest,
-            exports: vec![],
-            bytes,
-            deployed_at: "2026-11-30T00:00:00.000Z".into(),
-            refold: false,
-        }))
-        .await
-        .unwrap()
-        .unwrap();
     let address = StreamAddress::new(Namespace::project("bench").unwrap(), "/p").unwrap();
     let mut samples = Vec::new();
     for i in 0..ITERATIONS + 20 {
@@ -176,7 +151,7 @@ fn main() {
 
     let cache = tempfile::tempdir().unwrap();
     let runtime = Runtime::new(cache.path().to_path_buf()).unwrap();
-    let bytes = counter_wasm();
+    let bytes = common::guest_wasm("counter");
     let digest = streamhost::processor::runtime::digest(&bytes);
     let prepared = runtime.prepare(&digest, || Ok(bytes.clone())).unwrap();
     let initial = runtime.initial_state("counter", &prepared, 20_000).unwrap();

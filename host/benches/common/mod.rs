@@ -1,5 +1,5 @@
-//! What several benchmarks share: options, the disk's raw fsync rate, and
-//! percentiles. (A directory, so cargo does not take it for a benchmark.)
+//! What several benchmarks share: options, the disk's raw fsync rate,
+//! percentiles, the example guests and deploying them. (A directory, so cargo does not take it for a benchmark.)
 
 #![allow(dead_code)]
 
@@ -34,4 +34,38 @@ pub fn fsync_rate(dir: &Path) -> f64 {
 pub fn percentile(mut v: Vec<f64>, q: f64) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     v[((v.len() - 1) as f64 * q).round() as usize]
+}
+
+/// The bytes of guest `file` (`counter`, `kinds`, `effector`) from
+/// `examples/processors`, built for wasm32-wasip2.
+pub fn guest_wasm(file: &str) -> Vec<u8> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!(
+        "../examples/processors/target/wasm32-wasip2/release/{file}.wasm"
+    ));
+    std::fs::read(&path).unwrap_or_else(|e| {
+        panic!(
+            "{}: {e}; build the guests first: cargo build --release --target wasm32-wasip2 \
+             --manifest-path examples/processors/Cargo.toml",
+            path.display()
+        )
+    })
+}
+
+/// Deploys `bytes` as component `name` of project `bench`.
+pub async fn deploy(host: &streamhost::Host, name: &str, bytes: Vec<u8>) {
+    use streamhost::storage::{Deployment, WriteOp};
+    host.streams
+        .storage()
+        .submit(WriteOp::Deploy(Deployment {
+            project: "bench".into(),
+            name: name.into(),
+            digest: streamhost::processor::runtime::digest(&bytes),
+            exports: vec![],
+            bytes,
+            deployed_at: "2026-11-30T00:00:00.000Z".into(),
+            refold: false,
+        }))
+        .await
+        .unwrap()
+        .unwrap();
 }
