@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use crate::support::{wait_for, Server};
+use crate::support::{post_until_ok, wait_for, Server};
 
 const STREAM: &str = "/v1/projects/acme/streams/crash/log";
 const CLIENTS: usize = 8;
@@ -22,25 +22,10 @@ async fn append_until_acked(
     key: &str,
     payload: &Value,
 ) -> u64 {
-    loop {
-        let base = url.read().unwrap().clone();
-        let body =
-            json!({"events": [{"type": "x.y/crash", "payload": payload, "idempotencyKey": key}]});
-        if let Ok(r) = client
-            .post(format!("{base}{STREAM}:append"))
-            .json(&body)
-            .send()
-            .await
-        {
-            if r.status() == 200 {
-                if let Ok(v) = r.json::<Value>().await {
-                    return v["events"][0]["offset"].as_u64().expect("offset");
-                }
-            }
-        }
-        // The server is down or restarting: pace the retries.
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    let body =
+        json!({"events": [{"type": "x.y/crash", "payload": payload, "idempotencyKey": key}]});
+    let answer = post_until_ok(client, url, &format!("{STREAM}:append"), &body).await;
+    answer["events"][0]["offset"].as_u64().expect("offset")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

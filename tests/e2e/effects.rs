@@ -13,7 +13,7 @@ use axum::routing::post;
 use axum::{Json, Router};
 use serde_json::{json, Value};
 
-use crate::support::{assert_error, guest, wait_for, Server};
+use crate::support::{assert_error, guest, post_until_ok, wait_for, Server};
 
 pub const EFFECTS: &str = r#"
 [delivery]
@@ -466,24 +466,6 @@ async fn itx_effects_keep_their_result_and_bad_effects_fail_the_fold() {
     assert!(all_effects(&s, "").await.iter().all(|e| e["key"] != "bad"));
 }
 
-/// Appends `key` until the server acknowledges it.
-async fn append_until_acked(client: &reqwest::Client, url: &RwLock<String>, body: &Value) {
-    loop {
-        let base = url.read().unwrap().clone();
-        if let Ok(r) = client
-            .post(format!("{base}{SRC}:append"))
-            .json(body)
-            .send()
-            .await
-        {
-            if r.status() == 200 {
-                return;
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn under_sigkill_every_effect_of_every_acknowledged_event_runs_and_none_twice() {
     const ORDERS: usize = 120;
@@ -505,7 +487,7 @@ async fn under_sigkill_every_effect_of_every_acknowledged_event_runs_and_none_tw
                     "payload": {"effects": [
                         {"key": format!("copy-{i}"), "append": {"streamPath": "/out", "type": "x.y/copied", "payload": {"i": i}}},
                         {"key": format!("post-{i}"), "webhook": {"url": format!("{base}/ok/{i}"), "body": {"i": i}}}]}}]});
-                append_until_acked(&client, &url, &body).await;
+                post_until_ok(&client, &url, &format!("{SRC}:append"), &body).await;
             }
         })
     };

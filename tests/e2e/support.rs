@@ -492,3 +492,25 @@ impl Server {
         respond(r).await
     }
 }
+
+/// POSTs `body` to `path` on the server whose base URL `url` holds (it
+/// changes when the server restarts) until the answer is `200`; returns it.
+/// While the server is down or restarting, retries are paced at 5 ms.
+pub async fn post_until_ok(
+    client: &reqwest::Client,
+    url: &std::sync::RwLock<String>,
+    path: &str,
+    body: &Value,
+) -> Value {
+    loop {
+        let base = url.read().unwrap().clone();
+        if let Ok(r) = client.post(format!("{base}{path}")).json(body).send().await {
+            if r.status() == 200 {
+                if let Ok(v) = r.json::<Value>().await {
+                    return v;
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}

@@ -123,20 +123,10 @@ pub async fn backfill(
         let row = storage
             .load_stream(&project, &path)
             .map_err(internal)?
-            .ok_or_else(|| {
-                ApiError::not_found(
-                    "stream-not-found",
-                    format!("stream {path:?} does not exist"),
-                )
-            })?;
+            .ok_or_else(|| ApiError::stream_not_found(&path))?;
         let (prepared, _) = crate::processor::deployed(&storage, &runtime, &project, &component)
             .map_err(internal)?
-            .ok_or_else(|| {
-                ApiError::not_found(
-                    "component-not-found",
-                    format!("component {component:?} is not deployed in project {project:?}"),
-                )
-            })?;
+            .ok_or_else(|| ApiError::component_not_found(&project, &component))?;
         let guest = Guest {
             runtime: &runtime,
             prepared: &prepared,

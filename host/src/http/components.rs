@@ -114,12 +114,7 @@ pub async fn get(
     .await
     .map_err(|e| ApiError::internal(e.to_string()))?
     .map_err(|e| ApiError::internal(format!("reading the component failed: {e:#}")))?
-    .ok_or_else(|| {
-        ApiError::not_found(
-            "component-not-found",
-            format!("component {name:?} is not deployed in project {project:?}"),
-        )
-    })
+    .ok_or_else(|| ApiError::component_not_found(project, name))
 }
 
 /// The subscription of `stream` that wakes `component`, with its filter.
@@ -242,12 +237,7 @@ pub async fn verify(
         let row = storage
             .load_stream(&ns, &path)
             .map_err(internal)?
-            .ok_or_else(|| {
-                ApiError::not_found(
-                    "stream-not-found",
-                    format!("stream {path:?} does not exist"),
-                )
-            })?;
+            .ok_or_else(|| ApiError::stream_not_found(&path))?;
         let checkpoint = storage
             .checkpoint(row.row_id, &component)
             .map_err(internal)?
@@ -332,10 +322,7 @@ pub async fn versions(host: &Host, project: &str, name: &str) -> Result<Value, A
         .map_err(|e| ApiError::internal(e.to_string()))?
         .map_err(|e| ApiError::internal(format!("reading the versions failed: {e:#}")))?;
     if rows.is_empty() {
-        return Err(ApiError::not_found(
-            "component-not-found",
-            format!("component {name:?} is not deployed in project {project:?}"),
-        ));
+        return Err(ApiError::component_not_found(project, name));
     }
     let versions: Vec<Value> = rows
         .into_iter()

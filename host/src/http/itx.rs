@@ -31,12 +31,7 @@ pub fn call(
     let internal = |e: anyhow::Error| ApiError::internal(format!("{e:#}"));
     let (prepared, row) = crate::processor::deployed(storage, runtime, project, component)
         .map_err(internal)?
-        .ok_or_else(|| {
-            ApiError::not_found(
-                "component-not-found",
-                format!("component {component:?} is not deployed in project {project:?}"),
-            )
-        })?;
+        .ok_or_else(|| ApiError::component_not_found(project, component))?;
     runtime
         .call_function(
             component,
