@@ -21,7 +21,6 @@ use crate::delivery::Failure;
 use crate::filter::CompiledFilter;
 use crate::host::Host;
 use crate::processor::backfill::{Progress, RangeFold};
-use crate::processor::runtime::StreamInfo;
 use crate::processor::wake::{consumed, Guest};
 use crate::storage::{EffectOp, EffectSource, WriteOp};
 use crate::stream::StreamAddress;
@@ -109,13 +108,7 @@ pub async fn backfill(
     let path = address.path.clone();
     let component = input.component.clone();
     let timeout_ms = host.config.delivery.timeout_ms;
-    let stream = StreamInfo {
-        project_id: state.project_id.clone(),
-        path: state.path.clone(),
-        stream_id: state.stream_id.clone(),
-        stream_created_at: state.created_at.clone(),
-        max_offset: through,
-    };
+    let stream = crate::processor::stream_info(&state, through);
     let after = input.after_offset;
     let done = tokio::task::spawn_blocking(move || -> Result<Backfilled, ApiError> {
         let failed = |f: Failure| ApiError::new(422, "processor-failed", f.message);

@@ -7,7 +7,6 @@ use serde_json::{json, Value};
 use super::error::ApiError;
 use crate::clock::format_timestamp;
 use crate::host::Host;
-use crate::processor::runtime::StreamInfo;
 use crate::storage::{Deployment, WriteOp};
 use crate::stream::{types, validate_project, StreamAddress};
 use crate::subscription::Receiver;
@@ -284,13 +283,7 @@ pub async fn verify(
             },
             storage: &storage,
             row_id: row.row_id,
-            stream: StreamInfo {
-                project_id: state.project_id.clone(),
-                path: state.path.clone(),
-                stream_id: state.stream_id.clone(),
-                stream_created_at: state.created_at.clone(),
-                max_offset: checkpoint.checkpoint_offset,
-            },
+            stream: crate::processor::stream_info(&state, checkpoint.checkpoint_offset),
             filter: compiled,
             narrow: None,
         };

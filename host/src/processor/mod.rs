@@ -19,6 +19,18 @@ use std::sync::Arc;
 
 use crate::storage::{ComponentRow, Storage};
 
+/// The stream a fold sees (its WIT `stream-info`), from its core state,
+/// with `max_offset` as the head of the range being folded.
+pub fn stream_info(state: &crate::stream::CoreState, max_offset: u64) -> runtime::StreamInfo {
+    runtime::StreamInfo {
+        project_id: state.project_id.clone(),
+        path: state.path.clone(),
+        stream_id: state.stream_id.clone(),
+        stream_created_at: state.created_at.clone(),
+        max_offset,
+    }
+}
+
 /// The deployed component `name` of `project`, compiled and linked (cached
 /// per digest); `None` when it is not deployed.
 pub fn deployed(

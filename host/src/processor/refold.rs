@@ -20,7 +20,6 @@ use super::wake::{consumed, Guest};
 use crate::clock::format_timestamp;
 use crate::delivery::Failure;
 use crate::filter::CompiledFilter;
-use crate::processor::runtime::StreamInfo;
 use crate::storage::{Checkpoint, NewEffect, WriteOp};
 use crate::stream::{StreamAddress, Streams};
 
@@ -231,13 +230,7 @@ async fn refold(
             },
             storage,
             row_id: row.row_id,
-            stream: StreamInfo {
-                project_id: state.project_id.clone(),
-                path: state.path.clone(),
-                stream_id: state.stream_id.clone(),
-                stream_created_at: state.created_at.clone(),
-                max_offset: row.log_head,
-            },
+            stream: crate::processor::stream_info(&state, row.log_head),
             filter: consumed(filter, &announcement),
             narrow: None,
         };
