@@ -289,6 +289,10 @@ pub struct ServeArgs {
     /// "full" (fsync before every acknowledgement) or "normal".
     #[arg(long, value_parser = parse_durability)]
     pub durability: Option<Durability>,
+    /// Also consume the JetStream stream STREAMHOST_INGEST of this NATS
+    /// server (`nats://host:port`; `[ingest] nats-url`).
+    #[arg(long)]
+    pub nats: Option<String>,
 }
 
 fn parse_durability(s: &str) -> Result<Durability, String> {
@@ -1292,6 +1296,10 @@ async fn serve(args: ServeArgs) -> Result<()> {
     if let Some(d) = args.durability {
         config.durability = d;
     }
+    if let Some(url) = args.nats {
+        config.ingest.nats_url = Some(url);
+    }
+    config.validate()?;
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .with_context(|| format!("listening on {}", config.listen))?;

@@ -35,6 +35,7 @@ pub struct Config {
     pub delivery: DeliveryConfig,
     pub processors: ProcessorsConfig,
     pub effects: EffectsConfig,
+    pub ingest: IngestConfig,
     pub webhooks: WebhooksConfig,
     pub limits: LimitsConfig,
     pub tokens: Vec<TokenConfig>,
@@ -111,6 +112,32 @@ impl Default for EffectsConfig {
     }
 }
 
+/// Ingest with broker acceptance: the HTTP buffer's capacity and the
+/// JetStream bridge.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
+pub struct IngestConfig {
+    /// Events accepted and not yet appended, at most (50 000).
+    pub max_pending_events: u64,
+    /// Bytes of those events, at most (512 MiB).
+    pub max_pending_bytes: u64,
+    /// Largest event accepted, in bytes of its JSON (1 MiB).
+    pub max_event_bytes: u64,
+    /// Consume the JetStream stream `STREAMHOST_INGEST` of this server.
+    pub nats_url: Option<String>,
+}
+
+impl Default for IngestConfig {
+    fn default() -> Self {
+        IngestConfig {
+            max_pending_events: 50_000,
+            max_pending_bytes: 512 * 1024 * 1024,
+            max_event_bytes: 1024 * 1024,
+            nats_url: None,
+        }
+    }
+}
+
 /// A bearer token and what it may touch. `Debug` never shows the token.
 #[derive(Clone, PartialEq, Deserialize)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields)]
@@ -142,6 +169,7 @@ impl Default for Config {
             delivery: DeliveryConfig::default(),
             processors: ProcessorsConfig::default(),
             effects: EffectsConfig::default(),
+            ingest: IngestConfig::default(),
             webhooks: WebhooksConfig::default(),
             limits: LimitsConfig::default(),
             tokens: Vec::new(),
@@ -226,6 +254,29 @@ impl Config {
                 d.timeout_ms
             );
         }
+        let i = &self.ingest;
+        for (name, v) in [
+            ("max-pending-events", i.max_pending_events),
+            ("max-pending-bytes", i.max_pending_bytes),
+            ("max-event-bytes", i.max_event_bytes),
+        ] {
+            if v == 0 {
+                bail!("ingest.{name} must be at least 1, got 0");
+            }
+        }
+        if i.max_event_bytes > i.max_pending_bytes {
+            bail!(
+                "ingest.max-event-bytes ({}) is above ingest.max-pending-bytes ({}): \
+                 such an event could never be accepted",
+                i.max_event_bytes,
+                i.max_pending_bytes
+            );
+        }
+        if let Some(url) = &i.nats_url {
+            if url.trim().is_empty() {
+                bail!("ingest.nats-url is empty");
+            }
+        }
         let mut seen = std::collections::HashSet::new();
         for (i, t) in self.tokens.iter().enumerate() {
             if t.token.trim().is_empty() {
@@ -277,6 +328,12 @@ max-attempts = 15
 lease-ms = 30000
 concurrency = 16
 
+[ingest]
+max-pending-events = 50000
+max-pending-bytes = 536870912
+max-event-bytes = 1048576
+nats-url = "nats://127.0.0.1:4222"
+
 [webhooks]
 deny-private-networks = true
 
@@ -298,6 +355,8 @@ admin = true
         assert_eq!(c.delivery.max_attempts, 15);
         assert!(c.webhooks.deny_private_networks);
         assert_eq!(c.limits.idle_stream_ms, 60_000);
+        assert_eq!(c.ingest.max_pending_events, 50_000);
+        assert_eq!(c.ingest.nats_url.as_deref(), Some("nats://127.0.0.1:4222"));
         assert_eq!(c.effects, EffectsConfig::default());
     }
 

@@ -22,6 +22,8 @@ pub struct Host {
     pub streams: Streams,
     pub auth: Arc<Auth>,
     pub metrics: Metrics,
+    /// Ingest with broker acceptance (HTTP buffer, JetStream bridge).
+    pub ingest: crate::ingest::Ingest,
 }
 
 impl Host {
@@ -37,6 +39,9 @@ impl Host {
         let metrics = Metrics::new();
         let storage = Storage::open(&config.data_dir, config.durability, metrics.clone())
             .context("opening storage")?;
+        let pending = storage
+            .ingest_pending_totals()
+            .context("counting pending ingest")?;
         let waking = storage
             .streams_with_cursors()
             .context("listing streams with subscriptions")?;
@@ -58,6 +63,15 @@ impl Host {
                 clock,
             },
         );
+        let ingest = crate::ingest::Ingest::new(config.ingest.clone(), pending);
+        crate::ingest::drain::start(streams.executors().streams.clone(), ingest.clone());
+        if let Some(url) = &config.ingest.nats_url {
+            crate::ingest::nats::start(
+                streams.executors().streams.clone(),
+                ingest.clone(),
+                url.clone(),
+            );
+        }
         // What a new version set off and a previous process did not finish
         // (resumes, refolds) is done now.
         {
@@ -85,6 +99,7 @@ impl Host {
             config: Arc::new(config),
             streams,
             metrics,
+            ingest,
         })
     }
 

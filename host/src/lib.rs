@@ -19,6 +19,7 @@ pub mod executor;
 pub mod filter;
 pub mod host;
 pub mod http;
+pub mod ingest;
 pub mod itx;
 pub mod jsonata;
 pub mod metrics;

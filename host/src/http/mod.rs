@@ -7,6 +7,7 @@ mod components;
 mod connections;
 mod effects;
 pub mod error;
+mod ingest;
 pub mod itx;
 mod query;
 mod streams;
@@ -39,6 +40,16 @@ pub fn router(host: Host) -> Router {
         .route("/v1/projects/{project}/components", get(list_components))
         .route("/v1/projects/{project}/itx", axum::routing::post(itx_call))
         .route("/v1/projects/{project}/effects", get(list_effects))
+        .route(
+            "/v1/projects/{project}/ingest",
+            axum::routing::post(ingest::accept_root),
+        )
+        .route(
+            "/v1/projects/{project}/ingest/{*rest}",
+            axum::routing::post(ingest::accept_path),
+        )
+        .route("/v1/ingest", get(ingest::status))
+        .route("/v1/ingest:register", axum::routing::post(ingest::register))
         .route("/v1/projects/{project}/effects/{id}", any(effect_route))
         .route(
             "/v1/projects/{project}/components/{name}",

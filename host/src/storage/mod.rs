@@ -8,6 +8,7 @@
 //! that holds it has committed (and, with `durability = "full"`, been fsync'd).
 
 mod effects;
+mod ingest;
 mod schema;
 mod writer;
 
@@ -21,6 +22,7 @@ use rusqlite::{params, Connection, OpenFlags, OptionalExtension};
 use crate::config::Durability;
 use crate::metrics::Metrics;
 pub use effects::{EffectOp, EffectQuery, EffectRow, EffectSource, NewEffect};
+pub use ingest::{FenceIdentity, FenceRow, IngestOp, NewPending, PendingRow, DIAGNOSTICS_KEPT};
 pub use writer::{
     Checkpoint, CommitError, CursorRow, Deployment, NewStream, ProcessorFailure, StoredEvent,
     StreamCommit, StreamRef, WriteOp,

@@ -36,6 +36,10 @@ const MIGRATIONS: &[Migration] = &[
         name: "pending_refolds and pending_resumes: what a new version sets off, until done",
         apply: pending_refolds,
     },
+    Migration {
+        name: "ingest: accepted events not yet appended, JetStream fences and their diagnostics",
+        apply: ingest,
+    },
 ];
 
 /// The schema version this build writes.
@@ -205,6 +209,39 @@ fn pending_refolds(conn: &Connection) -> Result<()> {
             name    TEXT NOT NULL,
             digest  TEXT NOT NULL, -- the new version: halted subscriptions resume once for it
             PRIMARY KEY (project, name)
+        );",
+    )?;
+    Ok(())
+}
+
+fn ingest(conn: &Connection) -> Result<()> {
+    conn.execute_batch(
+        "CREATE TABLE ingest_pending (
+            id              INTEGER PRIMARY KEY AUTOINCREMENT, -- acceptance order
+            project         TEXT NOT NULL,
+            path            TEXT NOT NULL,
+            idempotency_key TEXT NOT NULL,
+            body            TEXT NOT NULL,    -- the EventInput, JSON
+            bytes           INTEGER NOT NULL, -- counted against [ingest] max-pending-bytes
+            accepted_at     TEXT NOT NULL,
+            UNIQUE (project, path, idempotency_key)
+        );
+        CREATE INDEX ingest_pending_by_stream ON ingest_pending (project, path, id);
+        CREATE TABLE ingest_fences (
+            id            INTEGER PRIMARY KEY,
+            account       TEXT NOT NULL,
+            domain        TEXT NOT NULL,
+            stream        TEXT NOT NULL,
+            created       TEXT NOT NULL, -- the JetStream stream's creation time
+            registered_at TEXT NOT NULL,
+            UNIQUE (account, domain, stream, created)
+        );
+        CREATE TABLE ingest_diagnostics (
+            id       INTEGER PRIMARY KEY AUTOINCREMENT, -- commit order
+            fence    INTEGER NOT NULL REFERENCES ingest_fences (id),
+            sequence INTEGER NOT NULL,
+            reason   TEXT NOT NULL,
+            UNIQUE (fence, sequence)
         );",
     )?;
     Ok(())

@@ -92,6 +92,8 @@ pub enum WriteOp {
     ProcessorFailure(ProcessorFailure),
     /// Outbox bookkeeping: backfill, lease, settle, retry, cancel.
     Effect(EffectOp),
+    /// Ingest: accepted events, their departure, fences, diagnostics.
+    Ingest(super::IngestOp),
     /// The subscriptions halted by component `name` were resumed for version
     /// `digest`.
     ResumesDone {
@@ -445,6 +447,7 @@ fn apply(conn: &Connection, op: &WriteOp) -> Result<i64> {
             Ok(f.row_id)
         }
         WriteOp::Effect(op) => super::effects::apply(conn, op),
+        WriteOp::Ingest(op) => super::ingest::apply(conn, op),
         WriteOp::ResumesDone {
             project,
             name,

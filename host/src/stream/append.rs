@@ -302,7 +302,7 @@ fn created_event(ctx: &mut AppendContext<'_>) -> Event {
 }
 
 /// Whether a retried input matches the event that holds its key.
-fn is_same_event(original: &Event, input: &EventInput) -> bool {
+pub(crate) fn is_same_event(original: &Event, input: &EventInput) -> bool {
     let empty = Map::new();
     original.event_type == input.event_type
         && original.payload == *input.payload.as_ref().unwrap_or(&empty)
@@ -311,7 +311,7 @@ fn is_same_event(original: &Event, input: &EventInput) -> bool {
 }
 
 /// Checks one input event on its own (no state needed).
-fn validate_input(i: usize, e: &EventInput, authority: Authority) -> Result<(), Error> {
+pub(crate) fn validate_input(i: usize, e: &EventInput, authority: Authority) -> Result<(), Error> {
     let t = &e.event_type;
     if t.trim().is_empty() {
         return Err(Error::invalid(format!("events[{i}].type is empty")));

@@ -1,0 +1,244 @@
+//! Moves events accepted over HTTP to their streams: one worker per host
+//! appends each stream's pending events in acceptance order (up to 1000 an
+//! append), then deletes their rows, which frees their capacity. A crash
+//! between the two appends them again, answered from their idempotency keys:
+//! nothing twice. A stream that refuses for now (paused, overloaded, a
+//! storage failure) keeps its events, counted against capacity, and is tried
+//! again a second later; an event refused for good (its key was used by a
+//! direct append with other content) is dropped with its reason logged and
+//! shown in `GET /v1/ingest`.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+
+use super::Ingest;
+use crate::error::{Error, ErrorKind};
+use crate::storage::{IngestOp, PendingRow, WriteOp};
+use crate::stream::{
+    AppendInput, Authority, EventInput, Namespace, StreamAddress, Streams, StreamsRef,
+    APPEND_EVENTS_MAX,
+};
+
+/// Streams drained at once.
+const CONCURRENCY: usize = 16;
+/// Most bytes of pending events in one append.
+const APPEND_BYTES_MAX: i64 = 4 * 1024 * 1024;
+/// How long a stream that refused for now waits before it is tried again.
+const HOLD: Duration = Duration::from_secs(1);
+/// Longest the worker sleeps without looking (acceptances wake it at once).
+const IDLE_LOOK: Duration = Duration::from_secs(5);
+
+/// Whether an append error may pass (try again later) or never will.
+pub fn is_retryable(e: &Error) -> bool {
+    matches!(
+        e.kind,
+        ErrorKind::Unavailable | ErrorKind::Internal | ErrorKind::Timeout
+    )
+}
+
+/// Starts the worker; it ends with the stream registry.
+pub fn start(streams: StreamsRef, ingest: Ingest) {
+    tokio::spawn(run(streams, ingest));
+}
+
+async fn run(streams: StreamsRef, ingest: Ingest) {
+    let mut held: HashMap<(String, String), Instant> = HashMap::new();
+    loop {
+        let Some(live) = streams.upgrade() else {
+            return;
+        };
+        let storage = live.storage().clone();
+        let pending = tokio::task::spawn_blocking(move || storage.ingest_pending_streams()).await;
+        let pending = match pending {
+            Ok(Ok(p)) => p,
+            Ok(Err(e)) => {
+                tracing::warn!(error = %format!("{e:#}"), "reading pending ingest failed");
+                Vec::new()
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "reading pending ingest failed");
+                Vec::new()
+            }
+        };
+        let now = Instant::now();
+        held.retain(|_, until| *until > now);
+        let todo: Vec<(String, String)> = pending
+            .into_iter()
+            .filter(|s| !held.contains_key(s))
+            .collect();
+        let worked = !todo.is_empty();
+        let outcomes: Vec<((String, String), bool)> = futures_util::stream::iter(todo)
+            .map(|s| {
+                let (live, ingest) = (live.clone(), ingest.clone());
+                async move {
+                    let drained = drain_stream(&live, &ingest, &s.0, &s.1).await;
+                    (s, drained)
+                }
+            })
+            .buffer_unordered(CONCURRENCY)
+            .collect()
+            .await;
+        drop(live);
+        for (s, drained) in outcomes {
+            if !drained {
+                held.insert(s, Instant::now() + HOLD);
+            }
+        }
+        if worked && held.is_empty() {
+            // Events accepted during the round are looked at at once.
+            continue;
+        }
+        let wait = held
+            .values()
+            .min()
+            .map(|t| t.saturating_duration_since(Instant::now()))
+            .unwrap_or(IDLE_LOOK)
+            .min(IDLE_LOOK);
+        let _ = tokio::time::timeout(wait, ingest.bell().notified()).await;
+    }
+}
+
+/// Appends a stream's pending events until none are left (true) or the
+/// stream refuses for now (false).
+async fn drain_stream(streams: &Streams, ingest: &Ingest, project: &str, path: &str) -> bool {
+    let namespace = if project.is_empty() {
+        Namespace::Global
+    } else {
+        Namespace::Project(project.to_string())
+    };
+    let address = match StreamAddress::new(namespace, path) {
+        Ok(a) => a,
+        Err(e) => {
+            tracing::error!(project, path, error = %e.message, "pending ingest for a bad stream path");
+            return false;
+        }
+    };
+    loop {
+        let storage = streams.storage().clone();
+        let (p, q) = (project.to_string(), path.to_string());
+        let rows = tokio::task::spawn_blocking(move || {
+            storage.ingest_pending_rows(&p, &q, APPEND_EVENTS_MAX, APPEND_BYTES_MAX)
+        })
+        .await;
+        let rows = match rows {
+            Ok(Ok(rows)) => rows,
+            _ => return false,
+        };
+        let Some(last) = rows.last().map(|r| r.id) else {
+            return true;
+        };
+        let events: Vec<EventInput> = match rows
+            .iter()
+            .map(|r| serde_json::from_str(&r.body))
+            .collect::<Result<_, _>>()
+        {
+            Ok(events) => events,
+            Err(_) => {
+                // Not written by this build's acceptance: one by one finds it.
+                if !one_by_one(streams, ingest, &address, rows).await {
+                    return false;
+                }
+                continue;
+            }
+        };
+        let input = AppendInput {
+            events,
+            expected_stream_id: None,
+        };
+        match streams.append(&address, input, Authority::Public).await {
+            Ok(_) => {
+                if !appended(streams, ingest, &address, last, &rows).await {
+                    return false;
+                }
+            }
+            Err(e) if is_retryable(&e) => {
+                tracing::debug!(stream = %address, error = %e.message, "ingest held");
+                return false;
+            }
+            Err(_) => {
+                if !one_by_one(streams, ingest, &address, rows).await {
+                    return false;
+                }
+            }
+        }
+    }
+}
+
+/// Appends `rows` one at a time, dropping those refused for good; false if
+/// the stream refused for now.
+async fn one_by_one(
+    streams: &Streams,
+    ingest: &Ingest,
+    address: &StreamAddress,
+    rows: Vec<PendingRow>,
+) -> bool {
+    for row in rows {
+        let result = match serde_json::from_str::<EventInput>(&row.body) {
+            Ok(event) => {
+                let input = AppendInput {
+                    events: vec![event],
+                    expected_stream_id: None,
+                };
+                streams
+                    .append(address, input, Authority::Public)
+                    .await
+                    .map(|_| ())
+            }
+            Err(e) => Err(Error::invalid(format!(
+                "the accepted event is unreadable: {e}"
+            ))),
+        };
+        match result {
+            Ok(()) => {
+                if !appended(streams, ingest, address, row.id, std::slice::from_ref(&row)).await {
+                    return false;
+                }
+            }
+            Err(e) if is_retryable(&e) => return false,
+            Err(e) => {
+                let message = format!(
+                    "event with idempotency key {:?} for {address} could not be appended and \
+                     was dropped: {}",
+                    row.key, e.message
+                );
+                tracing::error!("{message}");
+                let op = IngestOp::Drop { ids: vec![row.id] };
+                match streams.storage().submit(WriteOp::Ingest(op)).await {
+                    Ok(Ok(_)) => {
+                        ingest.release(1, row.bytes as u64);
+                        ingest.set_last_error(message);
+                    }
+                    _ => return false,
+                }
+            }
+        }
+    }
+    true
+}
+
+/// Deletes the rows of events committed to their stream and frees their
+/// capacity; false if the delete did not commit (they are appended again,
+/// as replays, later).
+async fn appended(
+    streams: &Streams,
+    ingest: &Ingest,
+    address: &StreamAddress,
+    through_id: i64,
+    rows: &[PendingRow],
+) -> bool {
+    let op = IngestOp::Appended {
+        project: address.namespace.storage_key().to_string(),
+        path: address.path.clone(),
+        through_id,
+    };
+    match streams.storage().submit(WriteOp::Ingest(op)).await {
+        Ok(Ok(_)) => {
+            let bytes: i64 = rows.iter().map(|r| r.bytes).sum();
+            ingest.release(rows.len() as u64, bytes as u64);
+            true
+        }
+        _ => false,
+    }
+}

@@ -1,0 +1,404 @@
+//! Ingest with broker acceptance: events accepted durably before they reach
+//! their stream, from HTTP (`POST /v1/projects/{p}/ingest{path}`) or from a
+//! NATS JetStream stream.
+//!
+//! - `accept.rs`: HTTP acceptance: validation, dedup, capacity, one commit.
+//! - `drain.rs`: moves accepted events to their streams, in order, and frees
+//!   their capacity once committed there.
+//! - `nats.rs`: the JetStream bridge: its stream's safe configuration, the
+//!   fence, consumption with ack-after-commit and delete.
+//!
+//! This file holds the pure parts: what an ingested event may be, capacity
+//! accounting, subject parsing and the JetStream configuration check.
+
+pub mod accept;
+pub mod drain;
+pub mod nats;
+
+use std::sync::{Arc, Mutex};
+
+use serde_json::{json, Value};
+use tokio::sync::Notify;
+
+use crate::config::IngestConfig;
+use crate::error::Error;
+use crate::stream::{
+    is_stream_control_type, validate_input, Authority, EventInput, Namespace, StreamAddress,
+};
+
+/// Seconds a caller should wait after `503 capacity-exhausted`.
+pub const CAPACITY_RETRY_AFTER_S: u32 = 1;
+
+/// Checks one event offered for ingest: the append rules for an API caller,
+/// plus what a buffer in front of the stream needs (a key to dedup on, no
+/// compare-and-append, nothing ephemeral, no stream control events).
+pub fn validate_event(i: usize, e: &EventInput, max_event_bytes: u64) -> Result<usize, Error> {
+    validate_input(i, e, Authority::Public)?;
+    if e.idempotency_key.is_none() {
+        return Err(Error::invalid(format!(
+            "events[{i}].idempotencyKey is required for ingest: it is how a retried \
+             acceptance is recognised"
+        )));
+    }
+    if e.offset.is_some() {
+        return Err(Error::invalid(format!(
+            "events[{i}].offset is not allowed for ingest: compare-and-append needs :append"
+        )));
+    }
+    if e.ephemeral == Some(true) {
+        return Err(Error::invalid(format!(
+            "events[{i}] is ephemeral: ingest accepts durable events only"
+        )));
+    }
+    if is_stream_control_type(&e.event_type) {
+        return Err(Error::invalid(format!(
+            "events[{i}].type {:?} is a stream control event: append it with :append",
+            e.event_type
+        )));
+    }
+    let bytes = serde_json::to_string(e)
+        .map_err(|err| Error::internal(format!("serializing events[{i}]: {err}")))?
+        .len();
+    if bytes as u64 > max_event_bytes {
+        return Err(Error::too_large(format!(
+            "events[{i}] is {bytes} bytes, over the ingest limit of {max_event_bytes} bytes \
+             ([ingest] max-event-bytes)"
+        )));
+    }
+    Ok(bytes)
+}
+
+/// What is accepted and not yet appended, against its bounds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Capacity {
+    pub max_events: u64,
+    pub max_bytes: u64,
+    /// Committed to the pending table, or reserved by an acceptance in flight.
+    pub events: u64,
+    pub bytes: u64,
+}
+
+impl Capacity {
+    pub fn new(config: &IngestConfig) -> Capacity {
+        Capacity {
+            max_events: config.max_pending_events,
+            max_bytes: config.max_pending_bytes,
+            events: 0,
+            bytes: 0,
+        }
+    }
+
+    /// Takes room for `events` events of `bytes` bytes, or says why not.
+    pub fn reserve(&mut self, events: u64, bytes: u64) -> Result<(), Error> {
+        if self.events + events > self.max_events {
+            return Err(Error::unavailable(
+                "capacity-exhausted",
+                format!(
+                    "ingest is at capacity: {} of {} events pending, {events} more do not fit \
+                     (everything accepted before is kept; retry later)",
+                    self.events, self.max_events
+                ),
+                CAPACITY_RETRY_AFTER_S,
+            ));
+        }
+        if self.bytes + bytes > self.max_bytes {
+            return Err(Error::unavailable(
+                "capacity-exhausted",
+                format!(
+                    "ingest is at capacity: {} of {} bytes pending, {bytes} more do not fit \
+                     (everything accepted before is kept; retry later)",
+                    self.bytes, self.max_bytes
+                ),
+                CAPACITY_RETRY_AFTER_S,
+            ));
+        }
+        self.events += events;
+        self.bytes += bytes;
+        Ok(())
+    }
+
+    /// Gives back room: events left the pending table (or never entered it).
+    pub fn release(&mut self, events: u64, bytes: u64) {
+        self.events = self.events.saturating_sub(events);
+        self.bytes = self.bytes.saturating_sub(bytes);
+    }
+}
+
+/// The state of ingest on one host, shared by the HTTP handlers, the drain
+/// and the bridge. Cheap to clone.
+#[derive(Clone)]
+pub struct Ingest {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    config: IngestConfig,
+    capacity: Mutex<Capacity>,
+    /// Rung when events are accepted: the drain looks at once.
+    bell: Notify,
+    /// The last event the drain could not append and dropped.
+    last_error: Mutex<Option<String>>,
+    nats: Mutex<Option<nats::Status>>,
+    /// Rung by `POST /v1/ingest:register`: the bridge checks again.
+    register: Notify,
+}
+
+impl Ingest {
+    /// `pending`: what the pending table holds at start (events, bytes).
+    pub fn new(config: IngestConfig, pending: (u64, u64)) -> Ingest {
+        let mut capacity = Capacity::new(&config);
+        capacity.events = pending.0;
+        capacity.bytes = pending.1;
+        let nats = config.nats_url.as_ref().map(|_| nats::Status::default());
+        Ingest {
+            inner: Arc::new(Inner {
+                config,
+                capacity: Mutex::new(capacity),
+                bell: Notify::new(),
+                last_error: Mutex::new(None),
+                nats: Mutex::new(nats),
+                register: Notify::new(),
+            }),
+        }
+    }
+
+    pub fn config(&self) -> &IngestConfig {
+        &self.inner.config
+    }
+
+    pub fn reserve(&self, events: u64, bytes: u64) -> Result<(), Error> {
+        self.inner
+            .capacity
+            .lock()
+            .expect("ingest capacity")
+            .reserve(events, bytes)
+    }
+
+    pub fn release(&self, events: u64, bytes: u64) {
+        self.inner
+            .capacity
+            .lock()
+            .expect("ingest capacity")
+            .release(events, bytes)
+    }
+
+    pub fn capacity(&self) -> Capacity {
+        self.inner.capacity.lock().expect("ingest capacity").clone()
+    }
+
+    pub fn ring(&self) {
+        self.inner.bell.notify_one();
+    }
+
+    pub(crate) fn bell(&self) -> &Notify {
+        &self.inner.bell
+    }
+
+    pub(crate) fn set_last_error(&self, message: String) {
+        *self.inner.last_error.lock().expect("ingest last error") = Some(message);
+    }
+
+    pub(crate) fn update_nats(&self, f: impl FnOnce(&mut nats::Status)) {
+        if let Some(s) = self.inner.nats.lock().expect("nats status").as_mut() {
+            f(s)
+        }
+    }
+
+    pub(crate) fn register_bell(&self) -> &Notify {
+        &self.inner.register
+    }
+
+    /// Asks the bridge to register the JetStream stream it sees now.
+    pub fn request_register(&self) -> Result<(), Error> {
+        if self.inner.nats.lock().expect("nats status").is_none() {
+            return Err(Error::not_found(
+                "nats-not-configured",
+                "this server consumes no JetStream stream: start it with --nats URL \
+                 or [ingest] nats-url",
+            ));
+        }
+        self.update_nats(|s| s.register_requested = true);
+        self.inner.register.notify_one();
+        Ok(())
+    }
+
+    /// `GET /v1/ingest`.
+    pub fn status(&self) -> Value {
+        let c = self.capacity();
+        let nats = self
+            .inner
+            .nats
+            .lock()
+            .expect("nats status")
+            .as_ref()
+            .map(|s| s.to_json());
+        json!({
+            "http": {
+                "pending": c.events,
+                "bytes": c.bytes,
+                "capacity": {"events": c.max_events, "bytes": c.max_bytes},
+                "lastError": *self.inner.last_error.lock().expect("ingest last error"),
+            },
+            "nats": nats,
+        })
+    }
+}
+
+/// The stream a JetStream subject names: `streamhost.{project}.ingest.a.b`
+/// is stream `/a/b` of project `project` (`streamhost.{project}.ingest` alone
+/// is the root stream).
+pub fn parse_subject(subject: &str) -> Result<StreamAddress, String> {
+    let mut tokens = subject.split('.');
+    if tokens.next() != Some("streamhost") {
+        return Err(format!(
+            "subject {subject:?} does not start with \"streamhost.\""
+        ));
+    }
+    let project = tokens
+        .next()
+        .ok_or_else(|| format!("subject {subject:?} names no project"))?;
+    if tokens.next() != Some("ingest") {
+        return Err(format!(
+            "subject {subject:?} is not streamhost.{{project}}.ingest.{{path tokens}}"
+        ));
+    }
+    let namespace =
+        Namespace::project(project).map_err(|e| format!("subject {subject:?}: {}", e.message))?;
+    let path = format!("/{}", tokens.collect::<Vec<_>>().join("/"));
+    StreamAddress::new(namespace, &path).map_err(|e| format!("subject {subject:?}: {}", e.message))
+}
+
+/// An event from a JetStream message: its payload is an `EventInput` (JSON);
+/// `Nats-Msg-Id` is its idempotency key (a key inside the body must agree).
+pub fn event_from_message(
+    msg_id: Option<&str>,
+    payload: &[u8],
+    max_event_bytes: u64,
+) -> Result<EventInput, String> {
+    let Some(msg_id) = msg_id.filter(|m| !m.is_empty()) else {
+        return Err("the message has no Nats-Msg-Id header (it is the idempotency key)".into());
+    };
+    let mut de = serde_json::Deserializer::from_slice(payload);
+    let mut event: EventInput = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+        let path = e.path().to_string();
+        if path == "." {
+            format!(
+                "the message is not an event (JSON with \"type\"): {}",
+                e.inner()
+            )
+        } else {
+            format!("the message is not an event: {path}: {}", e.inner())
+        }
+    })?;
+    match &event.idempotency_key {
+        Some(k) if k != msg_id => {
+            return Err(format!(
+                "idempotencyKey {k:?} differs from the Nats-Msg-Id {msg_id:?}"
+            ))
+        }
+        _ => event.idempotency_key = Some(msg_id.to_string()),
+    }
+    validate_event(0, &event, max_event_bytes)
+        .map_err(|e| e.message.replacen("events[0]", "the event", 1))?;
+    Ok(event)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn capacity_refuses_what_does_not_fit_and_keeps_what_was_taken() {
+        let mut c = Capacity::new(&IngestConfig {
+            max_pending_events: 3,
+            max_pending_bytes: 100,
+            ..IngestConfig::default()
+        });
+        c.reserve(2, 50).unwrap();
+        let e = c.reserve(2, 10).unwrap_err();
+        assert_eq!(e.code, "capacity-exhausted");
+        assert_eq!(e.retry_after_s, Some(CAPACITY_RETRY_AFTER_S));
+        assert!(e.message.contains("2 of 3 events pending"), "{}", e.message);
+        let e = c.reserve(1, 51).unwrap_err();
+        assert!(e.message.contains("50 of 100 bytes"), "{}", e.message);
+        assert_eq!((c.events, c.bytes), (2, 50));
+        c.reserve(1, 50).unwrap();
+        c.release(3, 100);
+        assert_eq!((c.events, c.bytes), (0, 0));
+        c.release(1, 1);
+        assert_eq!((c.events, c.bytes), (0, 0));
+    }
+
+    #[test]
+    fn subjects_name_a_project_and_a_path() {
+        let a = parse_subject("streamhost.acme.ingest.orders.eu").unwrap();
+        assert_eq!(a.namespace, Namespace::project("acme").unwrap());
+        assert_eq!(a.path, "/orders/eu");
+        assert_eq!(parse_subject("streamhost.acme.ingest").unwrap().path, "/");
+        for bad in [
+            "other.acme.ingest.x",
+            "streamhost",
+            "streamhost.acme.events.x",
+            "streamhost.Acme!.ingest.x",
+        ] {
+            assert!(parse_subject(bad).is_err(), "{bad}");
+        }
+        let e = parse_subject("streamhost.acme.events.x").unwrap_err();
+        assert!(e.contains("streamhost.acme.events.x"), "{e}");
+    }
+
+    #[test]
+    fn a_message_is_an_event_keyed_by_its_msg_id() {
+        let e =
+            event_from_message(Some("k1"), br#"{"type":"order","payload":{"n":1}}"#, 1024).unwrap();
+        assert_eq!(e.idempotency_key.as_deref(), Some("k1"));
+        assert_eq!(e.event_type, "order");
+        let no_id = event_from_message(None, br#"{"type":"x"}"#, 1024).unwrap_err();
+        assert!(no_id.contains("Nats-Msg-Id"), "{no_id}");
+        let bad = event_from_message(Some("k"), b"not json", 1024).unwrap_err();
+        assert!(bad.contains("not an event"), "{bad}");
+        let field =
+            event_from_message(Some("k"), br#"{"type":"x","payload":3}"#, 1024).unwrap_err();
+        assert!(field.contains("payload"), "{field}");
+        let differ = event_from_message(Some("k"), br#"{"type":"x","idempotencyKey":"j"}"#, 1024)
+            .unwrap_err();
+        assert!(differ.contains("differs"), "{differ}");
+        let platform = event_from_message(
+            Some("k"),
+            br#"{"type":"events.iterate.com/stream/subscription-delivery-halted"}"#,
+            1024,
+        )
+        .unwrap_err();
+        assert!(platform.contains("platform-authored"), "{platform}");
+        let big = event_from_message(
+            Some("k"),
+            br#"{"type":"x","payload":{"s":"0123456789"}}"#,
+            20,
+        )
+        .unwrap_err();
+        assert!(big.contains("over the ingest limit"), "{big}");
+    }
+
+    #[test]
+    fn ingest_refuses_what_a_buffer_cannot_honour() {
+        let ev = |v: Value| serde_json::from_value::<EventInput>(v).unwrap();
+        let no_key = validate_event(0, &ev(json!({"type": "x"})), 1024).unwrap_err();
+        assert!(no_key.message.contains("idempotencyKey is required"));
+        let offset = validate_event(
+            1,
+            &ev(json!({"type": "x", "idempotencyKey": "k", "offset": 3})),
+            1024,
+        )
+        .unwrap_err();
+        assert!(offset.message.starts_with("events[1].offset"));
+        let control = validate_event(
+            0,
+            &ev(json!({"type": "events.iterate.com/stream/paused", "idempotencyKey": "k"})),
+            1024,
+        )
+        .unwrap_err();
+        assert!(control.message.contains("stream control event"));
+        let ok = validate_event(0, &ev(json!({"type": "x", "idempotencyKey": "k"})), 1024).unwrap();
+        assert_eq!(ok, r#"{"type":"x","idempotencyKey":"k"}"#.len());
+    }
+}

@@ -1,0 +1,657 @@
+//! The NATS JetStream bridge: consumes the JetStream stream
+//! `STREAMHOST_INGEST` (subjects `streamhost.{project}.ingest.>`) into
+//! streams.
+//!
+//! At start it creates the stream if absent with the safe configuration
+//! (file storage, `LimitsPolicy`, `DiscardNew`, no age limit, no TTL or
+//! rollup, 50 000 messages, 512 MiB, 1 MiB a message), reads it back and
+//! refuses one that differs. The stream's identity (account, domain, name,
+//! creation time) must match a fence registered in the database: a first,
+//! empty stream is registered at once; a non-empty stream never registered,
+//! or a recreated one, is refused until `streamhost ingest register` (which
+//! needs it empty). The fence is checked again before every round of
+//! deletions.
+//!
+//! Each message is an `EventInput` (JSON) keyed by its `Nats-Msg-Id`. A
+//! stream's messages are appended in sequence order; only after the append
+//! commits is each acked and then deleted from JetStream, which frees its
+//! capacity (under `LimitsPolicy` an ack alone frees nothing). A crash
+//! before the delete redelivers the message, and its idempotency key makes
+//! the append a replay. A message that can never be appended is rejected:
+//! its diagnostic (sequence, reason) is committed to the fence's latest 64,
+//! then it is acked and deleted. A stream that refuses for now (paused)
+//! keeps its messages unacked in JetStream (capacity stays taken) and its
+//! later messages wait behind them.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::time::{Duration, Instant};
+
+use async_nats::jetstream::{self, consumer::pull, stream};
+use futures_util::{FutureExt, StreamExt};
+use serde_json::{json, Value};
+
+use super::{drain::is_retryable, event_from_message, parse_subject, Ingest};
+use crate::clock::format_timestamp;
+use crate::storage::{FenceIdentity, IngestOp, WriteOp, DIAGNOSTICS_KEPT};
+use crate::stream::{AppendInput, Authority, EventInput, StreamAddress, Streams, StreamsRef};
+
+/// The JetStream stream consumed.
+pub const STREAM_NAME: &str = "STREAMHOST_INGEST";
+/// Its subjects.
+pub const SUBJECTS: &str = "streamhost.*.ingest.>";
+/// The durable consumer this host reads with (recreated at every start, so
+/// everything still in the stream is delivered again).
+pub const CONSUMER_NAME: &str = "streamhost-bridge";
+pub const MAX_MESSAGES: i64 = 50_000;
+pub const MAX_BYTES: i64 = 512 * 1024 * 1024;
+pub const MAX_MESSAGE_SIZE: i32 = 1024 * 1024;
+/// A delivery not acked after this is sent again (held messages are kept
+/// alive with progress acks well before).
+const ACK_WAIT: Duration = Duration::from_secs(30);
+const PROGRESS_EVERY: Duration = Duration::from_secs(10);
+const HOLD: Duration = Duration::from_secs(1);
+const BATCH_MAX: usize = 1000;
+
+/// What `GET /v1/ingest` shows of the bridge.
+#[derive(Debug, Clone, Default)]
+pub struct Status {
+    pub url: String,
+    pub fence: Option<(i64, FenceIdentity)>,
+    /// Messages in the JetStream stream (accepted, not yet terminal).
+    pub pending: Option<u64>,
+    pub consuming: bool,
+    pub last_error: Option<String>,
+    pub diagnostics: VecDeque<(u64, String)>,
+    pub register_requested: bool,
+}
+
+impl Status {
+    pub fn to_json(&self) -> Value {
+        json!({
+            "url": self.url,
+            "stream": STREAM_NAME,
+            "fence": self.fence.as_ref().map(|(_, f)| f),
+            "consuming": self.consuming,
+            "pending": self.pending,
+            "lastError": self.last_error,
+            "diagnostics": self.diagnostics.iter()
+                .map(|(sequence, reason)| json!({"sequence": sequence, "reason": reason}))
+                .collect::<Vec<_>>(),
+        })
+    }
+}
+
+/// The configuration the bridge creates its stream with.
+pub fn safe_config() -> stream::Config {
+    stream::Config {
+        name: STREAM_NAME.to_string(),
+        subjects: vec![SUBJECTS.to_string()],
+        retention: stream::RetentionPolicy::Limits,
+        discard: stream::DiscardPolicy::New,
+        max_age: Duration::ZERO,
+        max_messages: MAX_MESSAGES,
+        max_bytes: MAX_BYTES,
+        max_message_size: MAX_MESSAGE_SIZE,
+        storage: stream::StorageType::File,
+        ..Default::default()
+    }
+}
+
+/// How a stream's configuration differs from the safe one (empty: safe).
+pub fn config_differences(c: &stream::Config) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut check = |ok: bool, what: String| {
+        if !ok {
+            out.push(what)
+        }
+    };
+    check(
+        c.subjects == [SUBJECTS],
+        format!("subjects are {:?}, not [{SUBJECTS:?}]", c.subjects),
+    );
+    check(
+        c.storage == stream::StorageType::File,
+        format!("storage is {:?}, not file", c.storage),
+    );
+    check(
+        c.retention == stream::RetentionPolicy::Limits,
+        format!("retention is {:?}, not limits", c.retention),
+    );
+    check(
+        c.discard == stream::DiscardPolicy::New,
+        format!("discard is {:?}, not new", c.discard),
+    );
+    check(
+        c.max_age.is_zero(),
+        format!("max age is {:?}, not 0 (messages would expire)", c.max_age),
+    );
+    check(
+        c.max_messages == MAX_MESSAGES,
+        format!("max messages is {}, not {MAX_MESSAGES}", c.max_messages),
+    );
+    check(
+        c.max_bytes == MAX_BYTES,
+        format!("max bytes is {}, not {MAX_BYTES}", c.max_bytes),
+    );
+    check(
+        c.max_message_size == MAX_MESSAGE_SIZE,
+        format!(
+            "max message size is {}, not {MAX_MESSAGE_SIZE}",
+            c.max_message_size
+        ),
+    );
+    check(
+        c.max_messages_per_subject <= 0,
+        format!(
+            "max messages per subject is {} (older messages would be discarded)",
+            c.max_messages_per_subject
+        ),
+    );
+    check(!c.allow_rollup, "rollup is allowed".into());
+    check(!c.allow_message_ttl, "message TTL is allowed".into());
+    check(
+        c.subject_delete_marker_ttl.is_none(),
+        "subject delete markers are on".into(),
+    );
+    check(!c.sealed, "the stream is sealed".into());
+    check(!c.deny_delete, "message deletion is denied".into());
+    check(
+        !c.no_ack,
+        "no-ack is set (publishers get no acceptance)".into(),
+    );
+    check(c.mirror.is_none(), "the stream is a mirror".into());
+    check(
+        c.sources.as_ref().is_none_or(|s| s.is_empty()),
+        "the stream has sources".into(),
+    );
+    check(
+        c.subject_transform.is_none(),
+        "the stream transforms subjects".into(),
+    );
+    out
+}
+
+/// Starts the bridge; it ends with the stream registry.
+pub fn start(streams: StreamsRef, ingest: Ingest, url: String) {
+    ingest.update_nats(|s| s.url = url.clone());
+    tokio::spawn(run(streams, ingest, url));
+}
+
+async fn run(streams: StreamsRef, ingest: Ingest, url: String) {
+    let mut backoff = Duration::from_millis(500);
+    loop {
+        let Some(live) = streams.upgrade() else {
+            return;
+        };
+        drop(live);
+        match session(&streams, &ingest, &url).await {
+            Ok(()) => return,
+            Err(e) => {
+                tracing::error!(nats = %url, error = %e, "ingest bridge stopped; trying again");
+                ingest.update_nats(|s| {
+                    s.last_error = Some(e);
+                    s.consuming = false;
+                });
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(backoff) => {}
+            _ = ingest.register_bell().notified() => {}
+        }
+        backoff = (backoff * 2).min(Duration::from_secs(5));
+    }
+}
+
+/// One connection: verify, then consume until an error (or the host goes:
+/// `Ok`).
+async fn session(streams: &StreamsRef, ingest: &Ingest, url: &str) -> Result<(), String> {
+    let client = async_nats::connect(url)
+        .await
+        .map_err(|e| format!("connecting to NATS at {url}: {e}"))?;
+    let js = jetstream::new(client.clone());
+    let account = account_of(&client).await?;
+    let domain = js
+        .query_account()
+        .await
+        .map_err(|e| format!("reading the JetStream account: {e}"))?
+        .domain
+        .unwrap_or_default();
+    // Created with the safe configuration if absent; an existing one is
+    // left as it is and checked below.
+    let mut stream = js
+        .get_or_create_stream(safe_config())
+        .await
+        .map_err(|e| format!("creating or reading JetStream stream {STREAM_NAME}: {e}"))?;
+    let info = stream
+        .info()
+        .await
+        .map_err(|e| format!("reading back JetStream stream {STREAM_NAME}: {e}"))?
+        .clone();
+    let differences = config_differences(&info.config);
+    if !differences.is_empty() {
+        return Err(format!(
+            "JetStream stream {STREAM_NAME} is not configured safely, so it is not consumed: {}",
+            differences.join("; ")
+        ));
+    }
+    let identity = FenceIdentity {
+        account,
+        domain,
+        stream: STREAM_NAME.to_string(),
+        created: created_of(&info),
+    };
+    let Some(live) = streams.upgrade() else {
+        return Ok(());
+    };
+    let fence = fence_for(&live, ingest, &identity, info.state.messages).await?;
+    let diagnostics = {
+        let storage = live.storage().clone();
+        tokio::task::spawn_blocking(move || storage.ingest_diagnostics(fence))
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| format!("reading diagnostics: {e:#}"))?
+    };
+    drop(live);
+    let _ = stream.delete_consumer(CONSUMER_NAME).await;
+    let consumer = stream
+        .create_consumer(pull::Config {
+            durable_name: Some(CONSUMER_NAME.to_string()),
+            ack_policy: jetstream::consumer::AckPolicy::Explicit,
+            ack_wait: ACK_WAIT,
+            max_ack_pending: MAX_MESSAGES,
+            deliver_policy: jetstream::consumer::DeliverPolicy::All,
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| format!("creating consumer {CONSUMER_NAME}: {e}"))?;
+    let mut messages = consumer
+        .messages()
+        .await
+        .map_err(|e| format!("consuming {STREAM_NAME}: {e}"))?;
+    ingest.update_nats(|s| {
+        s.fence = Some((fence, identity.clone()));
+        s.diagnostics = diagnostics.into_iter().collect();
+        s.consuming = true;
+        s.last_error = None;
+        s.pending = Some(info.state.messages);
+    });
+    tracing::info!(stream = STREAM_NAME, fence, "ingest bridge consuming");
+    let mut bridge = Bridge {
+        ingest: ingest.clone(),
+        stream,
+        identity,
+        fence,
+        queues: HashMap::new(),
+        queued: HashSet::new(),
+        last_progress: Instant::now(),
+    };
+    loop {
+        let first = tokio::time::timeout(HOLD, messages.next()).await;
+        let mut batch = Vec::new();
+        match first {
+            Ok(Some(m)) => batch.push(m),
+            Ok(None) => return Err("the JetStream consumer ended".into()),
+            Err(_) => {}
+        }
+        while batch.len() < BATCH_MAX {
+            match messages.next().now_or_never() {
+                Some(Some(m)) => batch.push(m),
+                _ => break,
+            }
+        }
+        let Some(live) = streams.upgrade() else {
+            return Ok(());
+        };
+        for m in batch {
+            let m = m.map_err(|e| format!("receiving from {STREAM_NAME}: {e}"))?;
+            bridge.admit(&live, m).await?;
+        }
+        bridge.append_due(&live).await?;
+        bridge.keep_alive().await;
+        if let Ok(info) = bridge.stream.info().await {
+            let pending = info.state.messages;
+            ingest.update_nats(|s| s.pending = Some(pending));
+        }
+    }
+}
+
+/// The account this connection acts in, as the broker reports it.
+async fn account_of(client: &async_nats::Client) -> Result<String, String> {
+    let reply = client
+        .request("$SYS.REQ.USER.INFO", "".into())
+        .await
+        .map_err(|e| {
+            format!("the broker did not report an account identity ($SYS.REQ.USER.INFO): {e}")
+        })?;
+    let v: Value = serde_json::from_slice(&reply.payload)
+        .map_err(|e| format!("the broker's $SYS.REQ.USER.INFO answer is not JSON: {e}"))?;
+    match v.pointer("/data/account").and_then(Value::as_str) {
+        Some(a) if !a.is_empty() => Ok(a.to_string()),
+        _ => Err(format!(
+            "the broker reported no account identity ($SYS.REQ.USER.INFO answered {v})"
+        )),
+    }
+}
+
+fn created_of(info: &stream::Info) -> String {
+    let nanos = info.created.unix_timestamp_nanos();
+    let at = chrono::DateTime::from_timestamp_nanos(nanos as i64);
+    at.to_rfc3339_opts(chrono::SecondsFormat::Nanos, true)
+}
+
+/// The fence this incarnation may be consumed under, registering a first
+/// (or, when asked, a recreated) empty stream.
+async fn fence_for(
+    streams: &Streams,
+    ingest: &Ingest,
+    identity: &FenceIdentity,
+    messages: u64,
+) -> Result<i64, String> {
+    let storage = streams.storage().clone();
+    let fences = tokio::task::spawn_blocking(move || storage.ingest_fences(STREAM_NAME))
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| format!("reading ingest fences: {e:#}"))?;
+    if let Some(f) = fences.iter().find(|f| f.identity == *identity) {
+        return Ok(f.id);
+    }
+    let mut requested = false;
+    ingest.update_nats(|s| requested = std::mem::take(&mut s.register_requested));
+    if let Some(previous) = fences.first() {
+        if !requested {
+            return Err(format!(
+                "JetStream stream {STREAM_NAME} was recreated (created {}, account {:?}, domain {:?}; \
+                 the registered one was created {}, account {:?}, domain {:?}): it is not consumed \
+                 until `streamhost ingest register`",
+                identity.created,
+                identity.account,
+                identity.domain,
+                previous.identity.created,
+                previous.identity.account,
+                previous.identity.domain
+            ));
+        }
+    }
+    if messages > 0 {
+        return Err(format!(
+            "JetStream stream {STREAM_NAME} holds {messages} messages but was never registered: \
+             registration needs an empty stream (drain or purge it with publishers stopped, then \
+             `streamhost ingest register`)"
+        ));
+    }
+    let op = IngestOp::Register {
+        identity: identity.clone(),
+        registered_at: format_timestamp(crate::clock::Clock::now_ms(&crate::clock::SystemClock)),
+    };
+    let id = match streams.storage().submit(WriteOp::Ingest(op)).await {
+        Ok(Ok(id)) => id,
+        Ok(Err(e)) => return Err(format!("registering the fence: {e}")),
+        Err(_) => return Err("the storage writer stopped".into()),
+    };
+    tracing::info!(stream = STREAM_NAME, created = %identity.created, fence = id, "ingest fence registered");
+    Ok(id)
+}
+
+/// A message waiting for its append.
+struct Queued {
+    message: jetstream::Message,
+    sequence: u64,
+    event: EventInput,
+}
+
+/// A stream's queue: messages in sequence order, and when to try next.
+struct Queue {
+    messages: VecDeque<Queued>,
+    not_before: Instant,
+}
+
+struct Bridge {
+    ingest: Ingest,
+    stream: stream::Stream,
+    identity: FenceIdentity,
+    fence: i64,
+    queues: HashMap<StreamAddress, Queue>,
+    /// Sequences queued (a redelivery of one is not queued twice).
+    queued: HashSet<u64>,
+    last_progress: Instant,
+}
+
+impl Bridge {
+    /// Queues a message behind its stream's, or rejects it.
+    async fn admit(
+        &mut self,
+        streams: &Streams,
+        message: jetstream::Message,
+    ) -> Result<(), String> {
+        let sequence = message
+            .info()
+            .map_err(|e| format!("a message without JetStream metadata: {e}"))?
+            .stream_sequence;
+        if self.queued.contains(&sequence) {
+            return Ok(());
+        }
+        let msg_id = message
+            .headers
+            .as_ref()
+            .and_then(|h| h.get(async_nats::header::NATS_MESSAGE_ID))
+            .map(|v| v.as_str().to_string());
+        let parsed = parse_subject(message.subject.as_str()).and_then(|address| {
+            event_from_message(
+                msg_id.as_deref(),
+                &message.payload,
+                self.ingest.config().max_event_bytes,
+            )
+            .map(|event| (address, event))
+        });
+        match parsed {
+            Ok((address, event)) => {
+                self.queued.insert(sequence);
+                self.queues
+                    .entry(address)
+                    .or_insert_with(|| Queue {
+                        messages: VecDeque::new(),
+                        not_before: Instant::now(),
+                    })
+                    .messages
+                    .push_back(Queued {
+                        message,
+                        sequence,
+                        event,
+                    });
+                Ok(())
+            }
+            Err(reason) => self.reject(streams, &message, sequence, reason).await,
+        }
+    }
+
+    /// Appends the queued messages of every stream not waiting, then acks
+    /// and deletes them.
+    async fn append_due(&mut self, streams: &Streams) -> Result<(), String> {
+        let now = Instant::now();
+        let due: Vec<(StreamAddress, Vec<Queued>)> = self
+            .queues
+            .iter_mut()
+            .filter(|(_, q)| q.not_before <= now && !q.messages.is_empty())
+            .map(|(a, q)| {
+                let n = q.messages.len().min(BATCH_MAX);
+                (a.clone(), q.messages.drain(..n).collect())
+            })
+            .collect();
+        if due.is_empty() {
+            return Ok(());
+        }
+        let results = futures_util::future::join_all(due.into_iter().map(|(address, msgs)| {
+            let streams = streams.clone();
+            async move {
+                let input = AppendInput {
+                    events: msgs.iter().map(|q| q.event.clone()).collect(),
+                    expected_stream_id: None,
+                };
+                let result = streams.append(&address, input, Authority::Public).await;
+                (address, msgs, result)
+            }
+        }))
+        .await;
+        let mut done: Vec<Queued> = Vec::new();
+        for (address, msgs, result) in results {
+            match result {
+                Ok(_) => done.extend(msgs),
+                Err(e) if is_retryable(&e) => self.hold(address, msgs),
+                Err(_) => {
+                    // One of them can never be appended: find it.
+                    let mut msgs = msgs.into_iter();
+                    while let Some(q) = msgs.next() {
+                        let input = AppendInput {
+                            events: vec![q.event.clone()],
+                            expected_stream_id: None,
+                        };
+                        match streams.append(&address, input, Authority::Public).await {
+                            Ok(_) => done.push(q),
+                            Err(e) if is_retryable(&e) => {
+                                let rest: Vec<Queued> = std::iter::once(q).chain(msgs).collect();
+                                self.hold(address.clone(), rest);
+                                break;
+                            }
+                            Err(e) => {
+                                let reason = format!(
+                                    "could not be appended to {address}: {} ({})",
+                                    e.message, e.code
+                                );
+                                self.queued.remove(&q.sequence);
+                                self.reject(streams, &q.message, q.sequence, reason).await?;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        self.queues.retain(|_, q| !q.messages.is_empty());
+        if done.is_empty() {
+            return Ok(());
+        }
+        self.check_fence().await?;
+        for q in &done {
+            q.message
+                .ack()
+                .await
+                .map_err(|e| format!("acking message {}: {e}", q.sequence))?;
+        }
+        let deletes = done.iter().map(|q| self.stream.delete_message(q.sequence));
+        for (q, r) in done
+            .iter()
+            .zip(futures_util::future::join_all(deletes).await)
+        {
+            r.map_err(|e| format!("deleting message {} after its append: {e}", q.sequence))?;
+        }
+        for q in &done {
+            self.queued.remove(&q.sequence);
+        }
+        Ok(())
+    }
+
+    /// Puts messages back at the front of their stream's queue, to be tried
+    /// again after [`HOLD`].
+    fn hold(&mut self, address: StreamAddress, msgs: Vec<Queued>) {
+        let q = self.queues.entry(address).or_insert_with(|| Queue {
+            messages: VecDeque::new(),
+            not_before: Instant::now(),
+        });
+        for m in msgs.into_iter().rev() {
+            q.messages.push_front(m);
+        }
+        q.not_before = Instant::now() + HOLD;
+    }
+
+    /// Held messages stay delivered to this consumer (no redelivery behind
+    /// the queue's back).
+    async fn keep_alive(&mut self) {
+        if self.last_progress.elapsed() < PROGRESS_EVERY {
+            return;
+        }
+        self.last_progress = Instant::now();
+        for q in self.queues.values().flat_map(|q| q.messages.iter()) {
+            let _ = q.message.ack_with(jetstream::AckKind::Progress).await;
+        }
+    }
+
+    /// Commits a rejection's diagnostic, then acks and deletes the message.
+    async fn reject(
+        &mut self,
+        streams: &Streams,
+        message: &jetstream::Message,
+        sequence: u64,
+        reason: String,
+    ) -> Result<(), String> {
+        tracing::warn!(sequence, %reason, "ingest message rejected");
+        let op = IngestOp::Diagnostic {
+            fence: self.fence,
+            sequence,
+            reason: reason.clone(),
+        };
+        match streams.storage().submit(WriteOp::Ingest(op)).await {
+            Ok(Ok(new)) => {
+                if new > 0 {
+                    self.ingest.update_nats(|s| {
+                        s.diagnostics.push_back((sequence, reason));
+                        while s.diagnostics.len() > DIAGNOSTICS_KEPT as usize {
+                            s.diagnostics.pop_front();
+                        }
+                    });
+                }
+            }
+            Ok(Err(e)) => return Err(format!("recording a rejection: {e}")),
+            Err(_) => return Err("the storage writer stopped".into()),
+        }
+        self.check_fence().await?;
+        message
+            .ack()
+            .await
+            .map_err(|e| format!("acking rejected message {sequence}: {e}"))?;
+        self.stream
+            .delete_message(sequence)
+            .await
+            .map_err(|e| format!("deleting rejected message {sequence}: {e}"))?;
+        Ok(())
+    }
+
+    /// The stream is still the incarnation of the fence.
+    async fn check_fence(&mut self) -> Result<(), String> {
+        let info = self
+            .stream
+            .info()
+            .await
+            .map_err(|e| format!("reading JetStream stream {STREAM_NAME}: {e}"))?;
+        let created = created_of(info);
+        if created != self.identity.created {
+            return Err(format!(
+                "JetStream stream {STREAM_NAME} was recreated while consumed (created {created}, \
+                 the fence's was created {}): nothing more is deleted from it",
+                self.identity.created
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_safe_configuration_passes_and_each_unsafe_field_is_named() {
+        assert_eq!(config_differences(&safe_config()), Vec::<String>::new());
+        let mut c = safe_config();
+        c.max_age = Duration::from_secs(60);
+        c.discard = stream::DiscardPolicy::Old;
+        c.storage = stream::StorageType::Memory;
+        c.allow_rollup = true;
+        c.max_messages = 1_000_000;
+        let d = config_differences(&c);
+        assert_eq!(d.len(), 5, "{d:?}");
+        assert!(d.iter().any(|x| x.contains("max age")));
+        assert!(d.iter().any(|x| x.contains("discard")));
+        assert!(d.iter().any(|x| x.contains("storage")));
+        assert!(d.iter().any(|x| x.contains("rollup")));
+        assert!(d.iter().any(|x| x.contains("max messages is 1000000")));
+    }
+}

@@ -1,0 +1,291 @@
+//! Ingest's SQL: events accepted over HTTP and not yet appended, and the
+//! JetStream bridge's fences with their rejection diagnostics.
+//!
+//! A pending row is keyed by (project, path, idempotency key): accepting the
+//! same key twice keeps the first row. Rows leave only once their events are
+//! committed to their stream ([`IngestOp::Appended`]), which frees capacity.
+
+use anyhow::Result;
+use rusqlite::{params, Connection, OptionalExtension};
+
+use super::Storage;
+
+/// Most diagnostics kept per fence (the latest).
+pub const DIAGNOSTICS_KEPT: i64 = 64;
+
+/// One event accepted over HTTP.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewPending {
+    pub project: String,
+    pub path: String,
+    pub key: String,
+    /// The `EventInput`, JSON.
+    pub body: String,
+    pub accepted_at: String,
+}
+
+/// A pending event as stored.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PendingRow {
+    pub id: i64,
+    pub key: String,
+    pub body: String,
+    pub bytes: i64,
+}
+
+/// A JetStream stream's identity: a consumer may act on it only while it
+/// matches a registered fence.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct FenceIdentity {
+    pub account: String,
+    pub domain: String,
+    pub stream: String,
+    /// Creation time, as the broker reports it (RFC 3339).
+    pub created: String,
+}
+
+/// A registered fence.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FenceRow {
+    pub id: i64,
+    pub identity: FenceIdentity,
+    pub registered_at: String,
+}
+
+/// A write for ingest.
+#[derive(Debug, Clone)]
+pub enum IngestOp {
+    /// Accepts events; answers how many rows are new and their bytes (a key
+    /// already pending keeps its first row), read with [`IngestOp::accepted`].
+    Accept(Vec<NewPending>),
+    /// The pending events of one stream up to `through_id` are committed to
+    /// it: their rows go; answers how many.
+    Appended {
+        project: String,
+        path: String,
+        through_id: i64,
+    },
+    /// Pending rows that can never be appended; answers how many went.
+    Drop { ids: Vec<i64> },
+    /// Registers a stream's identity; answers the fence id.
+    Register {
+        identity: FenceIdentity,
+        registered_at: String,
+    },
+    /// A rejected message of a fence (the latest [`DIAGNOSTICS_KEPT`] are
+    /// kept; the same sequence twice is recorded once).
+    Diagnostic {
+        fence: i64,
+        sequence: u64,
+        reason: String,
+    },
+}
+
+impl IngestOp {
+    /// What an [`IngestOp::Accept`] answered: rows stored and their bytes.
+    pub fn accepted(answer: i64) -> (u64, u64) {
+        ((answer >> 32) as u64, (answer & 0xffff_ffff) as u64)
+    }
+}
+
+pub(super) fn apply(conn: &Connection, op: &IngestOp) -> Result<i64> {
+    Ok(match op {
+        IngestOp::Accept(rows) => {
+            let mut stmt = conn.prepare_cached(
+                "INSERT OR IGNORE INTO ingest_pending
+                     (project, path, idempotency_key, body, bytes, accepted_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            )?;
+            let (mut new, mut bytes) = (0i64, 0i64);
+            for r in rows {
+                if stmt.execute(params![
+                    r.project,
+                    r.path,
+                    r.key,
+                    r.body,
+                    r.body.len() as i64,
+                    r.accepted_at
+                ])? == 1
+                {
+                    new += 1;
+                    bytes += r.body.len() as i64;
+                }
+            }
+            // One request is at most 1000 events of at most a body's bytes
+            // (far below 4 GiB): both fit one answer (see `accepted`).
+            (new << 32) | (bytes & 0xffff_ffff)
+        }
+        IngestOp::Appended {
+            project,
+            path,
+            through_id,
+        } => conn
+            .prepare_cached(
+                "DELETE FROM ingest_pending WHERE project = ?1 AND path = ?2 AND id <= ?3",
+            )?
+            .execute(params![project, path, through_id])? as i64,
+        IngestOp::Drop { ids } => {
+            let mut stmt = conn.prepare_cached("DELETE FROM ingest_pending WHERE id = ?1")?;
+            let mut gone = 0;
+            for id in ids {
+                gone += stmt.execute(params![id])? as i64;
+            }
+            gone
+        }
+        IngestOp::Register {
+            identity: i,
+            registered_at,
+        } => {
+            conn.prepare_cached(
+                "INSERT OR IGNORE INTO ingest_fences (account, domain, stream, created, registered_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5)",
+            )?
+            .execute(params![i.account, i.domain, i.stream, i.created, registered_at])?;
+            conn.prepare_cached(
+                "SELECT id FROM ingest_fences
+                 WHERE account = ?1 AND domain = ?2 AND stream = ?3 AND created = ?4",
+            )?
+            .query_row(params![i.account, i.domain, i.stream, i.created], |r| {
+                r.get(0)
+            })?
+        }
+        IngestOp::Diagnostic {
+            fence,
+            sequence,
+            reason,
+        } => {
+            let new = conn
+                .prepare_cached(
+                    "INSERT OR IGNORE INTO ingest_diagnostics (fence, sequence, reason)
+                     VALUES (?1, ?2, ?3)",
+                )?
+                .execute(params![fence, *sequence as i64, reason])?;
+            conn.prepare_cached(
+                "DELETE FROM ingest_diagnostics WHERE fence = ?1 AND id NOT IN
+                     (SELECT id FROM ingest_diagnostics WHERE fence = ?1 ORDER BY id DESC LIMIT ?2)",
+            )?
+            .execute(params![fence, DIAGNOSTICS_KEPT])?;
+            new as i64
+        }
+    })
+}
+
+impl Storage {
+    /// How many events are pending and their bytes.
+    pub fn ingest_pending_totals(&self) -> Result<(u64, u64)> {
+        self.with_reader(|c| {
+            Ok(
+                c.prepare_cached("SELECT COUNT(*), COALESCE(SUM(bytes), 0) FROM ingest_pending")?
+                    .query_row([], |r| {
+                        Ok((r.get::<_, i64>(0)? as u64, r.get::<_, i64>(1)? as u64))
+                    })?,
+            )
+        })
+    }
+
+    /// The streams with pending events, oldest first.
+    pub fn ingest_pending_streams(&self) -> Result<Vec<(String, String)>> {
+        self.with_reader(|c| {
+            let mut stmt = c.prepare_cached(
+                "SELECT project, path, MIN(id) AS first FROM ingest_pending
+                 GROUP BY project, path ORDER BY first",
+            )?;
+            let rows = stmt
+                .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+                .collect::<rusqlite::Result<Vec<_>>>()?;
+            Ok(rows)
+        })
+    }
+
+    /// A stream's oldest pending events: at most `limit` of them, and no more
+    /// than `max_bytes` (but always one).
+    pub fn ingest_pending_rows(
+        &self,
+        project: &str,
+        path: &str,
+        limit: usize,
+        max_bytes: i64,
+    ) -> Result<Vec<PendingRow>> {
+        self.with_reader(|c| {
+            let mut stmt = c.prepare_cached(
+                "SELECT id, idempotency_key, body, bytes FROM ingest_pending
+                 WHERE project = ?1 AND path = ?2 ORDER BY id LIMIT ?3",
+            )?;
+            let mut rows = stmt.query(params![project, path, limit as i64])?;
+            let mut out: Vec<PendingRow> = Vec::new();
+            let mut bytes = 0;
+            while let Some(r) = rows.next()? {
+                let row = PendingRow {
+                    id: r.get(0)?,
+                    key: r.get(1)?,
+                    body: r.get(2)?,
+                    bytes: r.get(3)?,
+                };
+                if !out.is_empty() && bytes + row.bytes > max_bytes {
+                    break;
+                }
+                bytes += row.bytes;
+                out.push(row);
+            }
+            Ok(out)
+        })
+    }
+
+    /// The body of a pending event holding `key`, if one is pending.
+    pub fn ingest_pending_body(
+        &self,
+        project: &str,
+        path: &str,
+        key: &str,
+    ) -> Result<Option<String>> {
+        self.with_reader(|c| {
+            Ok(c.prepare_cached(
+                "SELECT body FROM ingest_pending
+                 WHERE project = ?1 AND path = ?2 AND idempotency_key = ?3",
+            )?
+            .query_row(params![project, path, key], |r| r.get(0))
+            .optional()?)
+        })
+    }
+
+    /// Every fence registered for the stream `name`, newest first.
+    pub fn ingest_fences(&self, name: &str) -> Result<Vec<FenceRow>> {
+        self.with_reader(|c| {
+            let mut stmt = c.prepare_cached(
+                "SELECT id, account, domain, stream, created, registered_at FROM ingest_fences
+                 WHERE stream = ?1 ORDER BY id DESC",
+            )?;
+            let rows = stmt
+                .query_map(params![name], |r| {
+                    Ok(FenceRow {
+                        id: r.get(0)?,
+                        identity: FenceIdentity {
+                            account: r.get(1)?,
+                            domain: r.get(2)?,
+                            stream: r.get(3)?,
+                            created: r.get(4)?,
+                        },
+                        registered_at: r.get(5)?,
+                    })
+                })?
+                .collect::<rusqlite::Result<Vec<_>>>()?;
+            Ok(rows)
+        })
+    }
+
+    /// A fence's diagnostics, oldest first: (sequence, reason).
+    pub fn ingest_diagnostics(&self, fence: i64) -> Result<Vec<(u64, String)>> {
+        self.with_reader(|c| {
+            let mut stmt = c.prepare_cached(
+                "SELECT sequence, reason FROM ingest_diagnostics WHERE fence = ?1 ORDER BY id",
+            )?;
+            let rows = stmt
+                .query_map(params![fence], |r| {
+                    Ok((r.get::<_, i64>(0)? as u64, r.get(1)?))
+                })?
+                .collect::<rusqlite::Result<Vec<_>>>()?;
+            Ok(rows)
+        })
+    }
+}
