@@ -92,6 +92,51 @@ pub enum Command {
     Effects(EffectsCommand),
     /// Fold a processor component over a JSONL file of events, offline.
     Fold(FoldArgs),
+    /// Ingest with broker acceptance: accept events, the buffer's and the
+    /// JetStream bridge's status, register a JetStream stream.
+    #[command(subcommand)]
+    Ingest(IngestCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum IngestCommand {
+    /// Accept one event for a stream (`202` once durable; it reaches the
+    /// stream shortly after).
+    Send(IngestSendArgs),
+    /// Pending events and capacity of the HTTP buffer; the JetStream
+    /// bridge's stream, fence, pending messages, last error and diagnostics.
+    Status(AdminArgs),
+    /// Register the JetStream stream the bridge sees now (it must be empty):
+    /// after a recreation, the bridge consumes nothing until this.
+    Register(AdminArgs),
+}
+
+/// A server, as an administrator.
+#[derive(Debug, Args)]
+pub struct AdminArgs {
+    /// Server URL.
+    #[arg(long, env = "STREAMHOST_URL", default_value = "http://127.0.0.1:7410")]
+    pub url: String,
+    /// Bearer token (an admin token when tokens are configured).
+    #[arg(long, env = "STREAMHOST_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct IngestSendArgs {
+    #[command(flatten)]
+    pub project: Project,
+    /// Stream path, such as /orders/eu.
+    pub stream: String,
+    /// Event type.
+    #[arg(long = "type")]
+    pub event_type: String,
+    /// Idempotency key (required: a retry with the same key is accepted once).
+    #[arg(long)]
+    pub key: String,
+    /// Payload, a JSON object.
+    #[arg(long, default_value = "{}")]
+    pub payload: String,
 }
 
 /// A project on a server.
@@ -666,6 +711,7 @@ pub async fn run(cli: Cli) -> Result<()> {
         Command::Backfill(a) => backfill(a).await,
         Command::Effects(c) => effects(c).await,
         Command::Fold(a) => tokio::task::spawn_blocking(move || fold_offline(a)).await?,
+        Command::Ingest(c) => ingest(c).await,
     }
 }
 
@@ -780,6 +826,31 @@ async fn effects(command: EffectsCommand) -> Result<()> {
         }
     };
     print_answer(send(req, &url, project.token.as_deref()).await?).await
+}
+
+async fn ingest(command: IngestCommand) -> Result<()> {
+    match command {
+        IngestCommand::Send(a) => {
+            let payload = parse_object("--payload", &a.payload)?;
+            let path = a.stream.trim_start_matches('/');
+            let url = a.project.url(&format!("ingest/{path}"));
+            let body = json!({"events": [{
+                "type": a.event_type, "payload": payload, "idempotencyKey": a.key,
+            }]});
+            let req = reqwest::Client::new().post(&url).json(&body);
+            print_answer(send(req, &url, a.project.token.as_deref()).await?).await
+        }
+        IngestCommand::Status(a) => {
+            let url = format!("{}/v1/ingest", a.url.trim_end_matches('/'));
+            let req = reqwest::Client::new().get(&url);
+            print_answer(send(req, &url, a.token.as_deref()).await?).await
+        }
+        IngestCommand::Register(a) => {
+            let url = format!("{}/v1/ingest:register", a.url.trim_end_matches('/'));
+            let req = reqwest::Client::new().post(&url);
+            print_answer(send(req, &url, a.token.as_deref()).await?).await
+        }
+    }
 }
 
 /// `streamhost subscribe`: a subscription-configured event on the source.

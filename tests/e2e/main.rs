@@ -13,6 +13,7 @@ mod determinism;
 mod effects;
 mod fence;
 mod hostile;
+mod ingest;
 mod itx;
 mod memory;
 mod migrations;

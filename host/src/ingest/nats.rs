@@ -62,7 +62,6 @@ pub struct Status {
     pub consuming: bool,
     pub last_error: Option<String>,
     pub diagnostics: VecDeque<(u64, String)>,
-    pub register_requested: bool,
 }
 
 impl Status {
@@ -184,9 +183,13 @@ async fn run(streams: StreamsRef, ingest: Ingest, url: String) {
             return;
         };
         drop(live);
-        match session(&streams, &ingest, &url).await {
+        let mut reply = ingest.take_register_reply();
+        match session(&streams, &ingest, &url, &mut reply).await {
             Ok(()) => return,
             Err(e) => {
+                if let Some(reply) = reply {
+                    let _ = reply.send(Err(e.clone()));
+                }
                 tracing::error!(nats = %url, error = %e, "ingest bridge stopped; trying again");
                 ingest.update_nats(|s| {
                     s.last_error = Some(e);
@@ -203,8 +206,13 @@ async fn run(streams: StreamsRef, ingest: Ingest, url: String) {
 }
 
 /// One connection: verify, then consume until an error (or the host goes:
-/// `Ok`).
-async fn session(streams: &StreamsRef, ingest: &Ingest, url: &str) -> Result<(), String> {
+/// `Ok`). `register`: a registration request, answered once consuming.
+async fn session(
+    streams: &StreamsRef,
+    ingest: &Ingest,
+    url: &str,
+    register: &mut Option<super::RegisterReply>,
+) -> Result<(), String> {
     let client = async_nats::connect(url)
         .await
         .map_err(|e| format!("connecting to NATS at {url}: {e}"))?;
@@ -243,7 +251,7 @@ async fn session(streams: &StreamsRef, ingest: &Ingest, url: &str) -> Result<(),
     let Some(live) = streams.upgrade() else {
         return Ok(());
     };
-    let fence = fence_for(&live, ingest, &identity, info.state.messages).await?;
+    let fence = fence_for(&live, &identity, info.state.messages, register.is_some()).await?;
     let diagnostics = {
         let storage = live.storage().clone();
         tokio::task::spawn_blocking(move || storage.ingest_diagnostics(fence))
@@ -276,6 +284,9 @@ async fn session(streams: &StreamsRef, ingest: &Ingest, url: &str) -> Result<(),
         s.pending = Some(info.state.messages);
     });
     tracing::info!(stream = STREAM_NAME, fence, "ingest bridge consuming");
+    if let Some(reply) = register.take() {
+        let _ = reply.send(Ok(()));
+    }
     let mut bridge = Bridge {
         ingest: ingest.clone(),
         stream,
@@ -343,9 +354,9 @@ fn created_of(info: &stream::Info) -> String {
 /// (or, when asked, a recreated) empty stream.
 async fn fence_for(
     streams: &Streams,
-    ingest: &Ingest,
     identity: &FenceIdentity,
     messages: u64,
+    requested: bool,
 ) -> Result<i64, String> {
     let storage = streams.storage().clone();
     let fences = tokio::task::spawn_blocking(move || storage.ingest_fences(STREAM_NAME))
@@ -355,8 +366,6 @@ async fn fence_for(
     if let Some(f) = fences.iter().find(|f| f.identity == *identity) {
         return Ok(f.id);
     }
-    let mut requested = false;
-    ingest.update_nats(|s| requested = std::mem::take(&mut s.register_requested));
     if let Some(previous) = fences.first() {
         if !requested {
             return Err(format!(

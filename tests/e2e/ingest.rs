@@ -1,0 +1,611 @@
+//! Ingest with broker acceptance: HTTP acceptance (durable, deduplicated,
+//! bounded, held for paused streams, surviving kill -9) and the JetStream
+//! bridge against a real nats-server.
+
+use std::time::Duration;
+
+use async_nats::jetstream::{self, stream};
+use serde_json::{json, Value};
+
+use crate::support::{assert_error, run_cli, wait_for, NatsServer, Server};
+
+const STREAM: &str = "/v1/projects/acme/streams/orders";
+const INGEST: &str = "/v1/projects/acme/ingest/orders";
+
+fn order(key: &str, n: u64) -> Value {
+    json!({"type": "order-placed", "payload": {"n": n}, "idempotencyKey": key})
+}
+
+/// The data events of a stream (not its control events), as (key, n).
+async fn orders(server: &Server, stream: &str) -> Vec<(String, u64)> {
+    if server.get(&format!("{stream}:events?limit=1")).await.0 == 404 {
+        return Vec::new();
+    }
+    server
+        .all_events(stream)
+        .await
+        .into_iter()
+        .filter(|e| e["type"] == "order-placed")
+        .map(|e| {
+            (
+                e["idempotencyKey"].as_str().unwrap().to_string(),
+                e["payload"]["n"].as_u64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+async fn wait_orders(server: &Server, stream: &str, n: usize) -> Vec<(String, u64)> {
+    wait_for(
+        &format!("{n} orders in {stream}"),
+        Duration::from_secs(20),
+        async || orders(server, stream).await.len() >= n,
+    )
+    .await;
+    orders(server, stream).await
+}
+
+async fn ingest_status(server: &Server) -> Value {
+    let (status, body) = server.get("/v1/ingest").await;
+    assert_eq!(status, 200, "{body}");
+    body
+}
+
+async fn wait_http_drained(server: &Server) {
+    wait_for("HTTP ingest drained", Duration::from_secs(20), async || {
+        ingest_status(server).await["http"]["pending"] == 0
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn ingest_accepts_durably_and_appends_in_order_once() {
+    let server = Server::start();
+    let events: Vec<Value> = (1..=5).map(|n| order(&format!("o-{n}"), n)).collect();
+    let (status, body) = server.post(INGEST, json!({"events": events})).await;
+    assert_eq!((status, body), (202, json!({"accepted": 5})));
+    let got = wait_orders(&server, STREAM, 5).await;
+    let want: Vec<(String, u64)> = (1..=5).map(|n| (format!("o-{n}"), n)).collect();
+    assert_eq!(got, want);
+
+    // A retried acceptance (an unknown outcome retried) is accepted again and
+    // appends nothing twice, whether its events were appended or are pending.
+    let (status, body) = server.post(INGEST, json!({"events": events})).await;
+    assert_eq!((status, body), (202, json!({"accepted": 5})));
+    let more = vec![order("o-5", 5), order("o-6", 6), order("o-6", 6)];
+    let (status, _) = server.post(INGEST, json!({"events": more})).await;
+    assert_eq!(status, 202);
+    wait_orders(&server, STREAM, 6).await;
+    wait_http_drained(&server).await;
+    let got = orders(&server, STREAM).await;
+    assert_eq!(got.len(), 6, "{got:?}");
+    assert_eq!(got[5], ("o-6".to_string(), 6));
+
+    // A key reused with other content is a conflict, against the stream or
+    // within the request; nothing of the request is accepted.
+    let conflict = server
+        .post(
+            INGEST,
+            json!({"events": [order("o-7", 7), order("o-1", 99)]}),
+        )
+        .await;
+    assert_error(&conflict, 409, "idempotency-conflict", "\"o-1\"");
+    let twice = server
+        .post(
+            INGEST,
+            json!({"events": [order("o-8", 8), order("o-8", 9)]}),
+        )
+        .await;
+    assert_error(&twice, 409, "idempotency-conflict", "events[1]");
+    assert_eq!(ingest_status(&server).await["http"]["pending"], 0);
+    assert_eq!(orders(&server, STREAM).await.len(), 6);
+}
+
+#[tokio::test]
+async fn ingest_refuses_bad_events_at_acceptance() {
+    let server = Server::start_with(Some("[ingest]\nmax-event-bytes = 200\n"), &[]);
+    let no_key = server
+        .post(INGEST, json!({"events": [{"type": "x"}]}))
+        .await;
+    assert_error(
+        &no_key,
+        400,
+        "invalid-request",
+        "events[0].idempotencyKey is required",
+    );
+    let platform = server
+        .post(
+            INGEST,
+            json!({"events": [order("a", 1), {"type": "events.iterate.com/stream/subscription-delivery-halted", "idempotencyKey": "h"}]}),
+        )
+        .await;
+    assert_error(&platform, 403, "platform-authored", "events[1]");
+    let offset = server
+        .post(
+            INGEST,
+            json!({"events": [{"type": "x", "idempotencyKey": "k", "offset": 2}]}),
+        )
+        .await;
+    assert_error(&offset, 400, "invalid-request", "events[0].offset");
+    let big = server
+        .post(
+            INGEST,
+            json!({"events": [{"type": "x", "idempotencyKey": "k", "payload": {"s": "x".repeat(300)}}]}),
+        )
+        .await;
+    assert_error(&big, 413, "too-large", "max-event-bytes");
+    let empty = server.post(INGEST, json!({"events": []})).await;
+    assert_error(&empty, 400, "invalid-request", "events is empty");
+    let bad_path = server
+        .post(
+            "/v1/projects/acme/ingest/a%20b",
+            json!({"events": [order("k", 1)]}),
+        )
+        .await;
+    assert_eq!(bad_path.0, 400, "{}", bad_path.1);
+    // Nothing of these was accepted, and no stream was created.
+    assert_eq!(ingest_status(&server).await["http"]["pending"], 0);
+    assert_eq!(server.get(&format!("{STREAM}:events")).await.0, 404);
+}
+
+#[tokio::test]
+async fn ingest_at_capacity_refuses_new_work_keeps_what_it_accepted_and_paused_streams_hold() {
+    let server = Server::start_with(Some("[ingest]\nmax-pending-events = 5\n"), &[]);
+    let paused = server
+        .post(
+            &format!("{STREAM}:append"),
+            json!({"events": [{"type": "events.iterate.com/stream/paused", "payload": {"reason": "maintenance"}}]}),
+        )
+        .await;
+    assert_eq!(paused.0, 200, "{}", paused.1);
+    let events: Vec<Value> = (1..=4).map(|n| order(&format!("o-{n}"), n)).collect();
+    assert_eq!(server.post(INGEST, json!({"events": events})).await.0, 202);
+    let other = "/v1/projects/acme/ingest/other";
+    assert_eq!(
+        server
+            .post(other, json!({"events": [order("x-1", 1)]}))
+            .await
+            .0,
+        202
+    );
+    // The other stream drains (its capacity comes back); the paused one holds.
+    wait_orders(&server, "/v1/projects/acme/streams/other", 1).await;
+    wait_for("pending back to 4", Duration::from_secs(10), async || {
+        ingest_status(&server).await["http"]["pending"] == 4
+    })
+    .await;
+    assert_eq!(
+        server
+            .post(INGEST, json!({"events": [order("o-5", 5)]}))
+            .await
+            .0,
+        202
+    );
+    let response = reqwest::Client::new()
+        .post(format!("{}{INGEST}", server.url))
+        .json(&json!({"events": [order("o-6", 6)]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 503);
+    assert_eq!(response.headers()["retry-after"], "1");
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "capacity-exhausted", "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("5 of 5 events pending"),
+        "{body}"
+    );
+    let status = ingest_status(&server).await;
+    assert_eq!(status["http"]["pending"], 5, "{status}");
+    assert_eq!(status["http"]["capacity"]["events"], 5, "{status}");
+    assert!(status["http"]["bytes"].as_u64().unwrap() > 0);
+    assert!(orders(&server, STREAM).await.is_empty());
+
+    // Resumed, the held events arrive in acceptance order and capacity frees.
+    let resumed = server
+        .post(
+            &format!("{STREAM}:append"),
+            json!({"events": [{"type": "events.iterate.com/stream/resumed"}]}),
+        )
+        .await;
+    assert_eq!(resumed.0, 200, "{}", resumed.1);
+    let got = wait_orders(&server, STREAM, 5).await;
+    let want: Vec<(String, u64)> = (1..=5).map(|n| (format!("o-{n}"), n)).collect();
+    assert_eq!(got, want);
+    wait_http_drained(&server).await;
+    assert_eq!(ingest_status(&server).await["http"]["bytes"], 0);
+    assert_eq!(
+        server
+            .post(INGEST, json!({"events": [order("o-6", 6)]}))
+            .await
+            .0,
+        202
+    );
+    wait_orders(&server, STREAM, 6).await;
+}
+
+#[tokio::test]
+async fn ingest_loses_nothing_accepted_across_kill_9() {
+    let mut server = Server::start();
+    // Held by a pause, then killed: the accepted events are in the database.
+    server
+        .post(
+            &format!("{STREAM}:append"),
+            json!({"events": [{"type": "events.iterate.com/stream/paused"}]}),
+        )
+        .await;
+    for batch in 0..4u64 {
+        let events: Vec<Value> = (1..=25)
+            .map(|i| batch * 25 + i)
+            .map(|n| order(&format!("o-{n}"), n))
+            .collect();
+        assert_eq!(server.post(INGEST, json!({"events": events})).await.0, 202);
+    }
+    server.restart();
+    assert_eq!(ingest_status(&server).await["http"]["pending"], 100);
+    server
+        .post(
+            &format!("{STREAM}:append"),
+            json!({"events": [{"type": "events.iterate.com/stream/resumed"}]}),
+        )
+        .await;
+    // Killed again while draining: the restarted drain appends the rest, and
+    // what was appended before the kill is not appended twice.
+    wait_for("the drain started", Duration::from_secs(20), async || {
+        !orders(&server, STREAM).await.is_empty()
+    })
+    .await;
+    server.restart();
+    let got = wait_orders(&server, STREAM, 100).await;
+    wait_http_drained(&server).await;
+    let got_after = orders(&server, STREAM).await;
+    assert_eq!(got_after.len(), 100, "{got:?}");
+    let want: Vec<(String, u64)> = (1..=100).map(|n| (format!("o-{n}"), n)).collect();
+    assert_eq!(got_after, want);
+}
+
+// --- The JetStream bridge -------------------------------------------------
+
+const SUBJECT: &str = "streamhost.acme.ingest.orders.eu";
+const BRIDGED: &str = "/v1/projects/acme/streams/orders/eu";
+
+async fn publish(js: &jetstream::Context, subject: &str, msg_id: Option<&str>, body: &[u8]) -> u64 {
+    let mut headers = async_nats::HeaderMap::new();
+    if let Some(id) = msg_id {
+        headers.insert("Nats-Msg-Id", id);
+    }
+    js.publish_with_headers(subject.to_string(), headers, body.to_vec().into())
+        .await
+        .expect("publishing")
+        .await
+        .expect("a PubAck: broker acceptance")
+        .sequence
+}
+
+async fn publish_orders(js: &jetstream::Context, from: u64, to: u64) {
+    for n in from..=to {
+        let body = json!({"type": "order-placed", "payload": {"n": n}}).to_string();
+        publish(js, SUBJECT, Some(&format!("o-{n}")), body.as_bytes()).await;
+    }
+}
+
+async fn messages_in(js: &jetstream::Context) -> u64 {
+    let mut s = js
+        .get_stream("STREAMHOST_INGEST")
+        .await
+        .expect("the stream");
+    s.info().await.expect("stream info").state.messages
+}
+
+async fn wait_consuming(server: &Server) -> Value {
+    wait_for(
+        "the bridge consuming",
+        Duration::from_secs(20),
+        async || ingest_status(server).await["nats"]["consuming"] == true,
+    )
+    .await;
+    ingest_status(server).await["nats"].clone()
+}
+
+fn bridged_server(nats: &NatsServer) -> Server {
+    Server::start_with(None, &["--nats", &nats.url])
+}
+
+#[tokio::test]
+async fn the_bridge_creates_a_safe_stream_and_appends_in_order_keyed_by_msg_id() {
+    let nats = NatsServer::start();
+    let server = bridged_server(&nats);
+    let status = wait_consuming(&server).await;
+    assert_eq!(status["stream"], "STREAMHOST_INGEST");
+    assert_eq!(status["fence"]["account"], "$G", "{status}");
+    assert!(status["fence"]["created"]
+        .as_str()
+        .unwrap()
+        .starts_with("20"));
+
+    let js = nats.jetstream().await;
+    let mut s = js.get_stream("STREAMHOST_INGEST").await.unwrap();
+    let c = s.info().await.unwrap().config.clone();
+    assert_eq!(c.storage, stream::StorageType::File);
+    assert_eq!(c.retention, stream::RetentionPolicy::Limits);
+    assert_eq!(c.discard, stream::DiscardPolicy::New);
+    assert_eq!(c.max_age, Duration::ZERO);
+    assert_eq!(
+        (c.max_messages, c.max_bytes, c.max_message_size),
+        (50_000, 512 * 1024 * 1024, 1024 * 1024)
+    );
+    assert!(!c.allow_rollup && !c.allow_message_ttl && !c.deny_delete);
+    assert_eq!(c.subjects, vec!["streamhost.*.ingest.>".to_string()]);
+
+    publish_orders(&js, 1, 30).await;
+    let got = wait_orders(&server, BRIDGED, 30).await;
+    let want: Vec<(String, u64)> = (1..=30).map(|n| (format!("o-{n}"), n)).collect();
+    assert_eq!(got, want);
+    // Capacity is reclaimed: each message was deleted after its append.
+    wait_for(
+        "JetStream stream empty",
+        Duration::from_secs(10),
+        async || messages_in(&js).await == 0,
+    )
+    .await;
+    assert_eq!(orders(&server, BRIDGED).await.len(), 30);
+}
+
+#[tokio::test]
+async fn the_bridge_rejects_bad_messages_with_diagnostics_and_deletes_them() {
+    let nats = NatsServer::start();
+    let server = bridged_server(&nats);
+    wait_consuming(&server).await;
+    let js = nats.jetstream().await;
+    let no_id = publish(&js, SUBJECT, None, br#"{"type":"order-placed"}"#).await;
+    let not_json = publish(&js, SUBJECT, Some("b-1"), b"not json").await;
+    let platform = publish(
+        &js,
+        SUBJECT,
+        Some("b-2"),
+        br#"{"type":"events.iterate.com/stream/subscription-delivery-halted"}"#,
+    )
+    .await;
+    let bad_project = publish(
+        &js,
+        "streamhost.Bad_Project.ingest.x",
+        Some("b-3"),
+        br#"{"type":"x"}"#,
+    )
+    .await;
+    publish_orders(&js, 1, 1).await;
+    wait_orders(&server, BRIDGED, 1).await;
+    wait_for("four diagnostics", Duration::from_secs(10), async || {
+        ingest_status(&server).await["nats"]["diagnostics"]
+            .as_array()
+            .is_some_and(|d| d.len() == 4)
+    })
+    .await;
+    let d = ingest_status(&server).await["nats"]["diagnostics"].clone();
+    let seqs: Vec<u64> = d
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x["sequence"].as_u64().unwrap())
+        .collect();
+    assert_eq!(seqs, vec![no_id, not_json, platform, bad_project], "{d}");
+    let reasons: Vec<&str> = d
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x["reason"].as_str().unwrap())
+        .collect();
+    assert!(reasons[0].contains("Nats-Msg-Id"), "{d}");
+    assert!(reasons[1].contains("not an event"), "{d}");
+    assert!(reasons[2].contains("platform-authored"), "{d}");
+    assert!(reasons[3].contains("Bad_Project"), "{d}");
+    wait_for(
+        "JetStream stream empty",
+        Duration::from_secs(10),
+        async || messages_in(&js).await == 0,
+    )
+    .await;
+    assert_eq!(orders(&server, BRIDGED).await.len(), 1);
+}
+
+#[tokio::test]
+async fn the_bridge_loses_and_repeats_nothing_across_kill_9() {
+    let nats = NatsServer::start();
+    let mut server = bridged_server(&nats);
+    wait_consuming(&server).await;
+    let js = nats.jetstream().await;
+    publish_orders(&js, 1, 200).await;
+    wait_for(
+        "the bridge started appending",
+        Duration::from_secs(20),
+        async || !orders(&server, BRIDGED).await.is_empty(),
+    )
+    .await;
+    server.kill();
+    // Published while the host is down: the broker keeps them.
+    publish_orders(&js, 201, 220).await;
+    server.restart();
+    let got = wait_orders(&server, BRIDGED, 220).await;
+    wait_for(
+        "JetStream stream empty",
+        Duration::from_secs(20),
+        async || messages_in(&js).await == 0,
+    )
+    .await;
+    let got_after = orders(&server, BRIDGED).await;
+    assert_eq!(got_after.len(), 220, "{got:?}");
+    let want: Vec<(String, u64)> = (1..=220).map(|n| (format!("o-{n}"), n)).collect();
+    assert_eq!(got_after, want);
+}
+
+#[tokio::test]
+async fn a_recreated_jetstream_stream_is_refused_until_registered() {
+    let nats = NatsServer::start();
+    let mut server = bridged_server(&nats);
+    let first = wait_consuming(&server).await;
+    server.kill();
+    let js = nats.jetstream().await;
+    js.delete_stream("STREAMHOST_INGEST").await.unwrap();
+    js.create_stream(stream::Config {
+        name: "STREAMHOST_INGEST".into(),
+        subjects: vec!["streamhost.*.ingest.>".into()],
+        max_messages: 50_000,
+        max_bytes: 512 * 1024 * 1024,
+        max_message_size: 1024 * 1024,
+        discard: stream::DiscardPolicy::New,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    publish_orders(&js, 1, 1).await;
+    server.restart();
+    wait_for(
+        "the recreation reported",
+        Duration::from_secs(20),
+        async || {
+            ingest_status(&server).await["nats"]["lastError"]
+                .as_str()
+                .is_some_and(|e| e.contains("was recreated"))
+        },
+    )
+    .await;
+    let status = ingest_status(&server).await["nats"].clone();
+    assert_eq!(status["consuming"], false, "{status}");
+    assert!(orders(&server, BRIDGED).await.is_empty());
+    assert_eq!(messages_in(&js).await, 1, "nothing was deleted");
+
+    // Registration needs an empty stream.
+    let (ok, _, err) = run_cli(&["ingest", "register", "--url", &server.url]);
+    assert!(!ok);
+    assert!(
+        err.contains("registration-refused") && err.contains("holds 1 messages"),
+        "{err}"
+    );
+    js.get_stream("STREAMHOST_INGEST")
+        .await
+        .unwrap()
+        .purge()
+        .await
+        .unwrap();
+    let (ok, out, err) = run_cli(&["ingest", "register", "--url", &server.url]);
+    assert!(ok, "{err}");
+    let registered: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(registered["consuming"], true);
+    assert_ne!(registered["fence"]["created"], first["fence"]["created"]);
+    publish_orders(&js, 2, 2).await;
+    assert_eq!(
+        wait_orders(&server, BRIDGED, 1).await,
+        vec![("o-2".to_string(), 2)]
+    );
+    let (ok, out, _) = run_cli(&["ingest", "status", "--url", &server.url]);
+    assert!(ok);
+    assert!(out.contains("STREAMHOST_INGEST"), "{out}");
+}
+
+#[tokio::test]
+async fn an_unsafe_or_unregistered_jetstream_stream_is_not_consumed() {
+    let nats = NatsServer::start();
+    let js = nats.jetstream().await;
+    js.create_stream(stream::Config {
+        name: "STREAMHOST_INGEST".into(),
+        subjects: vec!["streamhost.*.ingest.>".into()],
+        max_age: Duration::from_secs(3600),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let server = bridged_server(&nats);
+    wait_for(
+        "the unsafe config reported",
+        Duration::from_secs(20),
+        async || {
+            ingest_status(&server).await["nats"]["lastError"]
+                .as_str()
+                .is_some_and(|e| e.contains("not configured safely") && e.contains("max age"))
+        },
+    )
+    .await;
+    drop(server);
+
+    // Safe but holding messages it never registered: refused, kept.
+    js.delete_stream("STREAMHOST_INGEST").await.unwrap();
+    js.create_stream(stream::Config {
+        name: "STREAMHOST_INGEST".into(),
+        subjects: vec!["streamhost.*.ingest.>".into()],
+        max_messages: 50_000,
+        max_bytes: 512 * 1024 * 1024,
+        max_message_size: 1024 * 1024,
+        discard: stream::DiscardPolicy::New,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    publish_orders(&js, 1, 2).await;
+    let server = bridged_server(&nats);
+    wait_for(
+        "the unregistered stream reported",
+        Duration::from_secs(20),
+        async || {
+            ingest_status(&server).await["nats"]["lastError"]
+                .as_str()
+                .is_some_and(|e| e.contains("holds 2 messages but was never registered"))
+        },
+    )
+    .await;
+    assert_eq!(messages_in(&js).await, 2);
+    assert!(orders(&server, BRIDGED).await.is_empty());
+}
+
+#[tokio::test]
+async fn the_bridge_holds_a_paused_streams_messages_in_jetstream_until_resumed() {
+    let nats = NatsServer::start();
+    let server = bridged_server(&nats);
+    wait_consuming(&server).await;
+    let paused = server
+        .post(
+            &format!("{BRIDGED}:append"),
+            json!({"events": [{"type": "events.iterate.com/stream/paused"}]}),
+        )
+        .await;
+    assert_eq!(paused.0, 200, "{}", paused.1);
+    let js = nats.jetstream().await;
+    publish_orders(&js, 1, 3).await;
+    // Another stream's messages are not held up behind the paused one.
+    let other = json!({"type": "order-placed", "payload": {"n": 9}}).to_string();
+    publish(
+        &js,
+        "streamhost.acme.ingest.other",
+        Some("x-9"),
+        other.as_bytes(),
+    )
+    .await;
+    wait_orders(&server, "/v1/projects/acme/streams/other", 1).await;
+    wait_for(
+        "the other stream's message deleted",
+        Duration::from_secs(10),
+        async || messages_in(&js).await == 3,
+    )
+    .await;
+    // Held: still in JetStream (capacity taken), not appended.
+    assert!(orders(&server, BRIDGED).await.is_empty());
+    publish_orders(&js, 4, 4).await;
+    let resumed = server
+        .post(
+            &format!("{BRIDGED}:append"),
+            json!({"events": [{"type": "events.iterate.com/stream/resumed"}]}),
+        )
+        .await;
+    assert_eq!(resumed.0, 200, "{}", resumed.1);
+    let got = wait_orders(&server, BRIDGED, 4).await;
+    let want: Vec<(String, u64)> = (1..=4).map(|n| (format!("o-{n}"), n)).collect();
+    assert_eq!(got, want);
+    wait_for(
+        "JetStream stream empty",
+        Duration::from_secs(10),
+        async || messages_in(&js).await == 0,
+    )
+    .await;
+}
