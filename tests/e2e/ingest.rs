@@ -7,7 +7,7 @@ use std::time::Duration;
 use async_nats::jetstream::{self, stream};
 use serde_json::{json, Value};
 
-use crate::support::{assert_error, run_cli, wait_for, NatsServer, Server};
+use crate::support::{assert_error, run_cli, wait_for, NatsServer, Server, TOKENS};
 
 const STREAM: &str = "/v1/projects/acme/streams/orders";
 const INGEST: &str = "/v1/projects/acme/ingest/orders";
@@ -99,6 +99,33 @@ async fn ingest_accepts_durably_and_appends_in_order_once() {
     assert_error(&twice, 409, "idempotency-conflict", "events[1]");
     assert_eq!(ingest_status(&server).await["http"]["pending"], 0);
     assert_eq!(orders(&server, STREAM).await.len(), 6);
+}
+
+#[tokio::test]
+async fn ingest_status_is_for_admins_and_ingest_for_the_projects_token() {
+    let server = Server::start_with(Some(TOKENS), &[]);
+    let event = json!({"events": [order("k", 1)]});
+    assert_eq!(
+        server
+            .post_as(Some("t-acme"), INGEST, event.clone())
+            .await
+            .0,
+        202
+    );
+    let other = server
+        .post_as(Some("t-acme"), "/v1/projects/other/ingest/x", event.clone())
+        .await;
+    assert_eq!(other.0, 403, "{}", other.1);
+    assert_eq!(server.post_as(None, INGEST, event).await.0, 401);
+    let forbidden = server.get_as(Some("t-acme"), "/v1/ingest").await;
+    assert_eq!(forbidden.0, 403, "{}", forbidden.1);
+    let (status, body) = server.get_as(Some("t-admin"), "/v1/ingest").await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["nats"], Value::Null, "no bridge configured");
+    let register = server
+        .post_as(Some("t-admin"), "/v1/ingest:register", json!({}))
+        .await;
+    assert_error(&register, 404, "nats-not-configured", "--nats");
 }
 
 #[tokio::test]

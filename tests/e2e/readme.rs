@@ -56,8 +56,10 @@ fn every_shell_command_of_the_readme_runs_as_written() {
             .lines()
             .map(|l| format!("{}\n", bounded(l)))
             .collect();
-        let out = Command::new("bash")
-            .args(["-e", "-o", "pipefail", "-c", &script])
+        // A block that waits forever (a command that never ends) fails
+        // after five minutes instead of hanging the suite.
+        let out = Command::new("timeout")
+            .args(["300", "bash", "-e", "-o", "pipefail", "-c", &script])
             .current_dir(&root)
             .env("PATH", &path)
             .env("STREAMHOST_URL", &s.url)

@@ -15,7 +15,8 @@
 //! Each message is an `EventInput` (JSON) keyed by its `Nats-Msg-Id`. A
 //! stream's messages are appended in sequence order; only after the append
 //! commits is each acked and then deleted from JetStream, which frees its
-//! capacity (under `LimitsPolicy` an ack alone frees nothing). A crash
+//! capacity (under `LimitsPolicy` an ack alone frees nothing): the prefix of
+//! terminal messages with one purge, a message behind a waiting one alone. A crash
 //! before the delete redelivers the message, and its idempotency key makes
 //! the append a replay. A message that can never be appended is rejected:
 //! its diagnostic (sequence, reason) is committed to the fence's latest 64,
@@ -294,6 +295,8 @@ async fn session(
         fence,
         queues: HashMap::new(),
         queued: HashSet::new(),
+        max_seen: 0,
+        purged_below: 0,
         last_progress: Instant::now(),
     };
     loop {
@@ -314,8 +317,14 @@ async fn session(
             return Ok(());
         };
         for m in batch {
-            let m = m.map_err(|e| format!("receiving from {STREAM_NAME}: {e}"))?;
-            bridge.admit(&live, m).await?;
+            match m {
+                Ok(m) => bridge.admit(&live, m).await?,
+                // The client re-issues its pull: a passing hiccup.
+                Err(e) if e.kind() == pull::MessagesErrorKind::MissingHeartbeat => {
+                    tracing::warn!(error = %e, "ingest bridge: a missed heartbeat");
+                }
+                Err(e) => return Err(format!("receiving from {STREAM_NAME}: {e}")),
+            }
         }
         bridge.append_due(&live).await?;
         bridge.keep_alive().await;
@@ -422,6 +431,10 @@ struct Bridge {
     queues: HashMap<StreamAddress, Queue>,
     /// Sequences queued (a redelivery of one is not queued twice).
     queued: HashSet<u64>,
+    /// The highest sequence received.
+    max_seen: u64,
+    /// Every sequence below this was purged.
+    purged_below: u64,
     last_progress: Instant,
 }
 
@@ -436,6 +449,7 @@ impl Bridge {
             .info()
             .map_err(|e| format!("a message without JetStream metadata: {e}"))?
             .stream_sequence;
+        self.max_seen = self.max_seen.max(sequence);
         if self.queued.contains(&sequence) {
             return Ok(());
         }
@@ -545,15 +559,39 @@ impl Bridge {
                 .await
                 .map_err(|e| format!("acking message {}: {e}", q.sequence))?;
         }
-        let deletes = done.iter().map(|q| self.stream.delete_message(q.sequence));
-        for (q, r) in done
-            .iter()
-            .zip(futures_util::future::join_all(deletes).await)
-        {
-            r.map_err(|e| format!("deleting message {} after its append: {e}", q.sequence))?;
-        }
         for q in &done {
             self.queued.remove(&q.sequence);
+        }
+        self.reclaim(&done).await
+    }
+
+    /// Removes terminal messages from JetStream, which frees their capacity:
+    /// every sequence below the lowest one still waiting (and not past the
+    /// last one received) with one purge, the rest one by one. The consumer
+    /// receives in sequence order, so a sequence below that floor was
+    /// received, and is terminal (appended or rejected) unless waiting.
+    async fn reclaim(&mut self, done: &[Queued]) -> Result<(), String> {
+        let floor = self
+            .queued
+            .iter()
+            .min()
+            .copied()
+            .unwrap_or(u64::MAX)
+            .min(self.max_seen + 1);
+        if floor > self.purged_below {
+            self.stream
+                .purge()
+                .sequence(floor)
+                .await
+                .map_err(|e| format!("purging messages below {floor} after their appends: {e}"))?;
+            self.purged_below = floor;
+        }
+        let deletes = done
+            .iter()
+            .filter(|q| q.sequence >= floor)
+            .map(|q| self.stream.delete_message(q.sequence));
+        for r in futures_util::future::join_all(deletes).await {
+            r.map_err(|e| format!("deleting a message after its append: {e}"))?;
         }
         Ok(())
     }

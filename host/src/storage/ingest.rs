@@ -289,3 +289,103 @@ impl Storage {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn db() -> Connection {
+        let conn = Connection::open_in_memory().unwrap();
+        super::super::schema::migrate(&conn).unwrap();
+        conn
+    }
+
+    fn fence(conn: &Connection, created: &str) -> i64 {
+        apply(
+            conn,
+            &IngestOp::Register {
+                identity: FenceIdentity {
+                    account: "$G".into(),
+                    domain: String::new(),
+                    stream: "STREAMHOST_INGEST".into(),
+                    created: created.into(),
+                },
+                registered_at: "2026-11-30T00:00:00.000Z".into(),
+            },
+        )
+        .unwrap()
+    }
+
+    fn diagnostics(conn: &Connection, fence: i64) -> Vec<i64> {
+        let mut stmt = conn
+            .prepare("SELECT sequence FROM ingest_diagnostics WHERE fence = ?1 ORDER BY id")
+            .unwrap();
+        stmt.query_map(params![fence], |r| r.get(0))
+            .unwrap()
+            .collect::<rusqlite::Result<_>>()
+            .unwrap()
+    }
+
+    #[test]
+    fn each_fence_keeps_its_latest_64_diagnostics_once_each() {
+        let conn = db();
+        let (a, b) = (fence(&conn, "t1"), fence(&conn, "t2"));
+        assert_eq!(
+            fence(&conn, "t1"),
+            a,
+            "registering again finds the same fence"
+        );
+        for seq in 1..=70u64 {
+            let op = IngestOp::Diagnostic {
+                fence: a,
+                sequence: seq,
+                reason: format!("bad {seq}"),
+            };
+            assert_eq!(apply(&conn, &op).unwrap(), 1);
+        }
+        // Retrying a terminal rejection records nothing new.
+        let again = IngestOp::Diagnostic {
+            fence: a,
+            sequence: 70,
+            reason: "bad 70".into(),
+        };
+        assert_eq!(apply(&conn, &again).unwrap(), 0);
+        let b_op = IngestOp::Diagnostic {
+            fence: b,
+            sequence: 1,
+            reason: "other".into(),
+        };
+        apply(&conn, &b_op).unwrap();
+        let kept = diagnostics(&conn, a);
+        assert_eq!(kept, (7..=70).collect::<Vec<i64>>());
+        assert_eq!(diagnostics(&conn, b), vec![1]);
+    }
+
+    #[test]
+    fn accepting_a_pending_key_again_stores_nothing_and_says_so() {
+        let conn = db();
+        let row = |key: &str, body: &str| NewPending {
+            project: "acme".into(),
+            path: "/a".into(),
+            key: key.into(),
+            body: body.into(),
+            accepted_at: "2026-11-30T00:00:00.000Z".into(),
+        };
+        let first = apply(
+            &conn,
+            &IngestOp::Accept(vec![row("k1", "abc"), row("k2", "de")]),
+        );
+        assert_eq!(IngestOp::accepted(first.unwrap()), (2, 5));
+        let again = apply(
+            &conn,
+            &IngestOp::Accept(vec![row("k2", "de"), row("k3", "fghi")]),
+        );
+        assert_eq!(IngestOp::accepted(again.unwrap()), (1, 4));
+        let gone = IngestOp::Appended {
+            project: "acme".into(),
+            path: "/a".into(),
+            through_id: 2,
+        };
+        assert_eq!(apply(&conn, &gone).unwrap(), 2);
+    }
+}
