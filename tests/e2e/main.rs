@@ -17,6 +17,7 @@ mod ingest;
 mod itx;
 mod memory;
 mod migrations;
+mod openapi;
 mod processors;
 mod readme;
 mod storage_failures;

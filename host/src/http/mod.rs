@@ -17,7 +17,7 @@ use axum::body::{to_bytes, Body};
 use axum::extract::State;
 use axum::http::{header, HeaderMap, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{any, get};
+use axum::routing::{any, get, MethodRouter};
 use axum::Router;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -28,39 +28,141 @@ use crate::host::Host;
 use crate::stream::{validate_project, AppendInput, Authority, Namespace, StreamAddress};
 use error::ApiError;
 
-/// Builds the router of the whole API.
-pub fn router(host: Host) -> Router {
-    Router::new()
-        .route("/healthz", get(healthz))
-        .route("/metrics", get(metrics))
-        .route("/v1/projects/{project}/streams/{*rest}", any(stream_route))
-        .route("/v1/global/streams/{*rest}", any(stream_route))
-        .route("/v1/projects/{project}/streams", get(list_project_streams))
-        .route("/v1/global/streams", get(list_global_streams))
-        .route("/v1/projects/{project}/components", get(list_components))
-        .route("/v1/projects/{project}/itx", axum::routing::post(itx_call))
-        .route("/v1/projects/{project}/effects", get(list_effects))
-        .route(
-            "/v1/projects/{project}/ingest",
-            axum::routing::post(ingest::accept_root),
-        )
-        .route(
-            "/v1/projects/{project}/ingest/{*rest}",
-            axum::routing::post(ingest::accept_path),
-        )
-        .route("/v1/ingest", get(ingest::status))
-        .route("/v1/ingest:register", axum::routing::post(ingest::register))
-        .route("/v1/projects/{project}/effects/{id}", any(effect_route))
-        .route(
+/// One route of the router: its path, what serves it, and the operations
+/// (method, documented path) it serves, which `/openapi.json` must describe.
+struct Route {
+    path: &'static str,
+    handler: MethodRouter<Host>,
+    operations: Vec<(&'static str, String)>,
+}
+
+fn route(path: &'static str, handler: MethodRouter<Host>, ops: &[(&'static str, &str)]) -> Route {
+    Route {
+        path,
+        handler,
+        operations: ops.iter().map(|(m, p)| (*m, p.to_string())).collect(),
+    }
+}
+
+/// The documented operations of a stream route: every stream method.
+fn stream_operations(prefix: &str) -> Vec<(&'static str, String)> {
+    STREAM_METHODS
+        .iter()
+        .map(|(method, name)| (*method, format!("{prefix}/{{path}}:{name}")))
+        .collect()
+}
+
+/// Every route of the API (the router is built from this table).
+fn routes() -> Vec<Route> {
+    use axum::routing::{post, put};
+    const P: &str = "/v1/projects/{project}";
+    let effect = format!("{P}/effects/{{id}}");
+    vec![
+        route("/healthz", get(healthz), &[("GET", "/healthz")]),
+        route("/metrics", get(metrics), &[("GET", "/metrics")]),
+        route("/openapi.json", get(openapi), &[("GET", "/openapi.json")]),
+        Route {
+            path: "/v1/projects/{project}/streams/{*rest}",
+            handler: any(stream_route),
+            operations: stream_operations(&format!("{P}/streams")),
+        },
+        Route {
+            path: "/v1/global/streams/{*rest}",
+            handler: any(stream_route),
+            operations: stream_operations("/v1/global/streams"),
+        },
+        route(
+            "/v1/projects/{project}/streams",
+            get(list_project_streams),
+            &[("GET", &format!("{P}/streams"))],
+        ),
+        route(
+            "/v1/global/streams",
+            get(list_global_streams),
+            &[("GET", "/v1/global/streams")],
+        ),
+        route(
+            "/v1/projects/{project}/components",
+            get(list_components),
+            &[("GET", &format!("{P}/components"))],
+        ),
+        route(
             "/v1/projects/{project}/components/{name}",
-            axum::routing::put(deploy_component).get(get_component),
-        )
-        .route(
+            put(deploy_component).get(get_component),
+            &[
+                ("PUT", &format!("{P}/components/{{name}}")),
+                ("GET", &format!("{P}/components/{{name}}")),
+            ],
+        ),
+        route(
             "/v1/projects/{project}/components/{name}/versions",
             get(component_versions),
-        )
+            &[("GET", &format!("{P}/components/{{name}}/versions"))],
+        ),
+        route(
+            "/v1/projects/{project}/itx",
+            post(itx_call),
+            &[("POST", &format!("{P}/itx"))],
+        ),
+        route(
+            "/v1/projects/{project}/effects",
+            get(list_effects),
+            &[("GET", &format!("{P}/effects"))],
+        ),
+        route(
+            "/v1/projects/{project}/effects/{id}",
+            any(effect_route),
+            &[
+                ("GET", &effect),
+                ("POST", &format!("{effect}:retry")),
+                ("POST", &format!("{effect}:cancel")),
+            ],
+        ),
+        route(
+            "/v1/projects/{project}/ingest",
+            post(ingest::accept_root),
+            &[("POST", &format!("{P}/ingest"))],
+        ),
+        route(
+            "/v1/projects/{project}/ingest/{*rest}",
+            post(ingest::accept_path),
+            &[("POST", &format!("{P}/ingest/{{path}}"))],
+        ),
+        route("/v1/ingest", get(ingest::status), &[("GET", "/v1/ingest")]),
+        route(
+            "/v1/ingest:register",
+            post(ingest::register),
+            &[("POST", "/v1/ingest:register")],
+        ),
+    ]
+}
+
+/// Every operation the router serves, as (method, documented path): the
+/// paths and methods `/openapi.json` describes, no more and no fewer.
+pub fn operations() -> Vec<(&'static str, String)> {
+    routes().into_iter().flat_map(|r| r.operations).collect()
+}
+
+/// Builds the router of the whole API.
+pub fn router(host: Host) -> Router {
+    routes()
+        .into_iter()
+        .fold(Router::new(), |router, r| router.route(r.path, r.handler))
         .fallback(fallback)
         .with_state(host)
+}
+
+/// The OpenAPI 3.1 document of this API (kept by hand in
+/// `docs/openapi.json`; a test checks it against [`operations`]).
+pub const OPENAPI: &str = include_str!("../../../docs/openapi.json");
+
+async fn openapi() -> Response {
+    (
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, "application/json")],
+        OPENAPI,
+    )
+        .into_response()
 }
 
 fn ok_json<T: Serialize>(value: &T) -> Response {
@@ -463,23 +565,23 @@ async fn stream_call(
     }
 }
 
-/// Every stream method, as routed above.
-pub const STREAM_METHODS: &[&str] = &[
-    "append",
-    "events",
-    "state",
-    "runtime",
-    "connect",
-    "waitForEvent",
-    "reset",
-    "subscribeToEventsFrom",
-    "unsubscribeFromEvents",
-    "setSubscriptionCursor",
-    "resumeSubscription",
-    "setSubscriptionCursorAndResume",
-    "processors/{component}",
-    "verifyProcessor",
-    "backfillProcessor",
+/// Every stream method with its HTTP method, as routed above.
+pub const STREAM_METHODS: &[(&str, &str)] = &[
+    ("POST", "append"),
+    ("GET", "events"),
+    ("GET", "state"),
+    ("GET", "runtime"),
+    ("GET", "connect"),
+    ("POST", "waitForEvent"),
+    ("POST", "reset"),
+    ("POST", "subscribeToEventsFrom"),
+    ("POST", "unsubscribeFromEvents"),
+    ("POST", "setSubscriptionCursor"),
+    ("POST", "resumeSubscription"),
+    ("POST", "setSubscriptionCursorAndResume"),
+    ("GET", "processors/{component}"),
+    ("POST", "verifyProcessor"),
+    ("POST", "backfillProcessor"),
 ];
 
 /// "unknown stream method", the closest method when one is close, and the
@@ -487,7 +589,7 @@ pub const STREAM_METHODS: &[&str] = &[
 fn unknown_method_message(method: &str) -> String {
     let closest = STREAM_METHODS
         .iter()
-        .map(|m| {
+        .map(|(_, m)| {
             (
                 strsim::levenshtein(&method.to_lowercase(), &m.to_lowercase()),
                 m,
@@ -499,7 +601,10 @@ fn unknown_method_message(method: &str) -> String {
         Some((_, m)) => format!(" (did you mean :{m}?)"),
         None => String::new(),
     };
-    let all: Vec<String> = STREAM_METHODS.iter().map(|m| format!(":{m}")).collect();
+    let all: Vec<String> = STREAM_METHODS
+        .iter()
+        .map(|(_, m)| format!(":{m}"))
+        .collect();
     format!(
         "unknown stream method {:?}{hint}; stream methods: {}",
         format!(":{method}"),
