@@ -45,6 +45,22 @@ async fn the_openapi_document_describes_every_route_and_only_those() {
     assert!(missing.is_empty(), "routed but not documented: {missing:?}");
     assert!(extra.is_empty(), "documented but not routed: {extra:?}");
 
+    // The reference in the repository names every operation too.
+    let reference = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/http-api.md"),
+    )
+    .unwrap();
+    for (method, path) in &routed {
+        let tail = match path.rsplit_once("/{path}") {
+            Some((_, method_part)) => method_part.to_string(),
+            None => path.rsplit('/').next().unwrap().to_string(),
+        };
+        assert!(
+            reference.contains(&tail),
+            "docs/http-api.md does not mention {method} {path} ({tail:?})"
+        );
+    }
+
     // Walk every documented operation on the real binary: each must reach a
     // handler (any answer but the fallback's "no route", a 405 or an
     // unknown stream method).
