@@ -28,8 +28,10 @@
 
 #[doc(hidden)]
 pub mod bindings {
+    // The SDK carries its own copy of `wit/processor.wit` (kept identical by
+    // a test), so a processor built outside this repository finds it.
     wit_bindgen::generate!({
-        path: "../wit",
+        path: "wit",
         world: "stream-processor",
         pub_export_macro: true,
         export_macro_name: "export_stream_processor",

@@ -24,6 +24,7 @@ pub mod itx;
 pub mod jsonata;
 pub mod metrics;
 pub mod processor;
+pub mod scaffold;
 pub mod storage;
 pub mod stream;
 pub mod subscription;

@@ -20,6 +20,7 @@ mod migrations;
 mod openapi;
 mod processors;
 mod readme;
+mod scaffold;
 mod storage_failures;
 mod streams;
 mod subscription_bad_input;

@@ -1,0 +1,276 @@
+//! `streamhost new processor NAME`: a standalone Cargo project for a
+//! processor (its own workspace, built for `wasm32-wasip2` by a plain
+//! `cargo build --release`, a release profile for size) with a working
+//! fold, a sample of events and a README. The files are pure data
+//! ([`processor_files`]); [`write`] puts them on disk.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+
+/// Where the project gets the guest SDK (`streamhost-guest`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Sdk {
+    /// A path to the SDK crate (a checkout's `guest-sdk/`).
+    Path(PathBuf),
+    /// A git repository holding it.
+    Git(String),
+}
+
+impl Sdk {
+    fn dependency(&self) -> String {
+        match self {
+            Sdk::Path(p) => format!(
+                "streamhost-guest = {{ path = {:?} }}",
+                p.display().to_string()
+            ),
+            Sdk::Git(url) => format!("streamhost-guest = {{ git = {url:?} }}"),
+        }
+    }
+
+    /// The SDK of the repository this binary was built from, if it is still
+    /// there.
+    pub fn of_this_build() -> Option<Sdk> {
+        let sdk = Path::new(env!("CARGO_MANIFEST_DIR")).join("../guest-sdk");
+        sdk.join("Cargo.toml")
+            .is_file()
+            .then(|| Sdk::Path(sdk.canonicalize().unwrap_or(sdk)))
+    }
+}
+
+/// Checks a processor name: it names the crate, the component and the
+/// `.wasm` file, so it is a component name (`[a-z][a-z0-9-]{0,62}`).
+pub fn validate_name(name: &str) -> Result<()> {
+    let ok = name.len() <= 63
+        && name.starts_with(|c: char| c.is_ascii_lowercase())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+        && !name.ends_with('-');
+    if !ok {
+        bail!(
+            "processor name {name:?} is invalid: use lowercase letters, digits and '-', \
+             starting with a letter (it names the crate and the component)"
+        );
+    }
+    Ok(())
+}
+
+/// The files of a new processor project, as (relative path, content).
+pub fn processor_files(name: &str, sdk: &Sdk) -> Vec<(&'static str, String)> {
+    let krate = name.replace('-', "_");
+    let type_name: String = name
+        .split('-')
+        .map(|w| {
+            let mut c = w.chars();
+            c.next()
+                .map(|f| f.to_ascii_uppercase().to_string() + c.as_str())
+                .unwrap_or_default()
+        })
+        .collect();
+    let cargo = format!(
+        r#"[package]
+name = "{name}"
+version = "0.1.0"
+edition = "2021"
+publish = false
+
+[lib]
+crate-type = ["cdylib"]
+
+[dependencies]
+serde = {{ version = "1", features = ["derive"] }}
+serde_json = "1"
+{dependency}
+
+# A workspace of its own: this project builds alone, wherever it lives.
+[workspace]
+
+# Components are shipped to servers: small and fast.
+[profile.release]
+opt-level = "s"
+lto = true
+codegen-units = 1
+strip = true
+panic = "abort"
+"#,
+        dependency = sdk.dependency()
+    );
+    let config =
+        "# `cargo build --release` builds the component.\n[build]\ntarget = \"wasm32-wasip2\"\n";
+    let lib = format!(
+        r#"//! The {name} processor: folds its stream into a state.
+//!
+//! The state is stored as JSON after every batch and handed back to the next
+//! one; `fold` sees one event at a time, in offset order. Keep it
+//! deterministic: the same events must give the same state.
+
+use std::collections::BTreeMap;
+
+use serde::{{Deserialize, Serialize}};
+use streamhost_guest::{{Context, Event, Failure, Processor}};
+
+/// What the processor knows. `#[serde(default)]`: a state written by an
+/// older version (with fewer fields) still loads.
+#[derive(Debug, Default, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct State {{
+    /// Events folded.
+    pub events: u64,
+    /// Events by type.
+    pub by_type: BTreeMap<String, u64>,
+    /// The sum of every numeric `payload.amount`.
+    pub total: f64,
+    /// The offset of the last event folded.
+    pub last_offset: u64,
+}}
+
+pub struct {type_name};
+
+impl Processor for {type_name} {{
+    type State = State;
+    const SLUG: &'static str = "{name}";
+    const VERSION: &'static str = "0.1.0";
+    /// Event types to fold; empty means every type.
+    const CONSUMES: &'static [&'static str] = &[];
+
+    fn fold(state: &mut State, event: &Event, _ctx: &mut Context) -> Result<(), Failure> {{
+        state.events += 1;
+        *state.by_type.entry(event.event_type.clone()).or_default() += 1;
+        if let Some(amount) = event.payload.get("amount") {{
+            state.total += amount.as_f64().ok_or_else(|| {{
+                Failure::fatal(format!(
+                    "payload.amount of the event at offset {{}} is not a number: {{amount}}",
+                    event.offset
+                ))
+            }})?;
+        }}
+        state.last_offset = event.offset;
+        Ok(())
+    }}
+}}
+
+streamhost_guest::processor!({type_name});
+"#
+    );
+    let sample = r#"{"type": "events.example/payment-received", "payload": {"amount": 30}}
+{"type": "events.example/payment-received", "payload": {"amount": 12.5}}
+{"type": "events.example/refund-requested", "payload": {"reason": "late"}}
+"#
+    .to_string();
+    let readme = format!(
+        r#"# {name}
+
+A streamhost processor: `src/lib.rs` folds a stream's
+events into a state (events by type, the sum of `payload.amount`).
+
+Build (the project targets `wasm32-wasip2`; `rustup target add
+wasm32-wasip2` once):
+
+```sh
+cargo build --release
+```
+
+The component is `target/wasm32-wasip2/release/{krate}.wasm`. Fold the
+sample offline, no server needed:
+
+```sh
+streamhost fold target/wasm32-wasip2/release/{krate}.wasm --events events.jsonl
+```
+
+Run it on a server (`streamhost serve` in another terminal): deploy it,
+subscribe it to a stream, append, and read its state:
+
+```sh
+streamhost deploy --project acme {name} target/wasm32-wasip2/release/{krate}.wasm
+streamhost subscribe --project acme /payments {name} --wake {name}
+streamhost append --project acme /payments --type events.example/payment-received --payload '{{"amount": 30}}'
+streamhost processor --project acme /payments {name} --wait
+```
+
+Change the fold, build, deploy again: the next wake uses the new version
+from the processor's checkpoint (`streamhost deploy --refold` folds the
+whole stream again instead). `streamhost verify --project acme /payments
+{name}` refolds from offset 0 and compares with the stored state.
+"#
+    );
+    vec![
+        ("Cargo.toml", cargo),
+        (".cargo/config.toml", config.to_string()),
+        ("src/lib.rs", lib),
+        ("events.jsonl", sample),
+        ("README.md", readme),
+        (".gitignore", "/target\n".to_string()),
+    ]
+}
+
+/// Writes a new processor project into `dir` (which must not exist or be
+/// empty); answers what it wrote.
+pub fn write(dir: &Path, name: &str, sdk: &Sdk) -> Result<Vec<PathBuf>> {
+    validate_name(name)?;
+    if dir.exists()
+        && std::fs::read_dir(dir)
+            .with_context(|| format!("reading {}", dir.display()))?
+            .next()
+            .is_some()
+    {
+        bail!(
+            "{} exists and is not empty: choose another --dir",
+            dir.display()
+        );
+    }
+    let mut written = Vec::new();
+    for (rel, content) in processor_files(name, sdk) {
+        let path = dir.join(rel);
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent)
+                .with_context(|| format!("creating {}", parent.display()))?;
+        }
+        std::fs::write(&path, content).with_context(|| format!("writing {}", path.display()))?;
+        written.push(path);
+    }
+    Ok(written)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_component_names() {
+        for good in ["payments", "order-totals", "a1"] {
+            validate_name(good).unwrap();
+        }
+        for bad in ["", "Payments", "1st", "a_b", "a-", &"x".repeat(64)] {
+            let e = validate_name(bad).unwrap_err().to_string();
+            assert!(e.contains(&format!("{bad:?}")), "{e}");
+        }
+    }
+
+    #[test]
+    fn the_project_names_its_crate_type_and_sdk() {
+        let files = processor_files(
+            "order-totals",
+            &Sdk::Git("https://example.com/sh.git".into()),
+        );
+        let get = |p: &str| files.iter().find(|(f, _)| *f == p).unwrap().1.clone();
+        assert!(get("Cargo.toml").contains("name = \"order-totals\""));
+        assert!(get("Cargo.toml")
+            .contains(r#"streamhost-guest = { git = "https://example.com/sh.git" }"#));
+        assert!(get("src/lib.rs").contains("pub struct OrderTotals;"));
+        assert!(get("src/lib.rs").contains("processor!(OrderTotals)"));
+        assert!(get("README.md").contains("release/order_totals.wasm"));
+        assert!(get(".cargo/config.toml").contains("wasm32-wasip2"));
+    }
+
+    #[test]
+    fn the_sdks_wit_is_the_repositorys() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let canonical = std::fs::read_to_string(root.join("wit/processor.wit")).unwrap();
+        let vendored = std::fs::read_to_string(root.join("guest-sdk/wit/processor.wit")).unwrap();
+        assert!(
+            canonical == vendored,
+            "guest-sdk/wit/processor.wit differs from wit/processor.wit: copy it over"
+        );
+    }
+}

@@ -1,0 +1,112 @@
+//! `streamhost new processor`: a project scaffolded into a temp dir builds
+//! on its own (outside this workspace), folds its sample offline, deploys to
+//! a running server and changes its state there.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::support::{run_cli, wait_for, Server};
+
+fn cli_json(s: &Server, args: &[&str]) -> Value {
+    let mut all: Vec<&str> = args.to_vec();
+    all.extend(["--url", &s.url, "--project", "acme"]);
+    let (ok, out, err) = run_cli(&all);
+    assert!(ok, "{args:?}: {err}");
+    serde_json::from_str(&out).unwrap_or_else(|e| panic!("{args:?}: {e}: {out}"))
+}
+
+#[tokio::test]
+async fn a_scaffolded_processor_builds_alone_deploys_and_folds() {
+    let work = tempfile::tempdir().unwrap();
+    let dir = work.path().join("payments");
+    let dir_s = dir.to_str().unwrap();
+    let (ok, _, err) = run_cli(&["new", "processor", "payments", "--dir", dir_s]);
+    assert!(ok, "{err}");
+    assert!(err.contains("cargo build --release"), "{err}");
+    for f in [
+        "Cargo.toml",
+        ".cargo/config.toml",
+        "src/lib.rs",
+        "events.jsonl",
+        "README.md",
+    ] {
+        assert!(dir.join(f).is_file(), "{f} was not written");
+    }
+    // Not over an existing project.
+    let (ok, _, err) = run_cli(&["new", "processor", "payments", "--dir", dir_s]);
+    assert!(!ok && err.contains("is not empty"), "{err}");
+    let (ok, _, err) = run_cli(&["new", "processor", "Payments", "--dir", "/tmp/x"]);
+    assert!(!ok && err.contains("\"Payments\" is invalid"), "{err}");
+
+    // A plain `cargo build --release` in the project builds the component
+    // (its own workspace; the target dir is shared across runs only to
+    // save time).
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let target = root.join("target/scaffold-test");
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = Command::new(cargo)
+        .args(["build", "--release", "--quiet"])
+        .current_dir(&dir)
+        .env("CARGO_TARGET_DIR", &target)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "cargo build failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let wasm = target.join("wasm32-wasip2/release/payments.wasm");
+    let wasm_s = wasm.to_str().unwrap();
+
+    // The sample folds offline.
+    let events = dir.join("events.jsonl");
+    let (ok, out, err) = run_cli(&["fold", wasm_s, "--events", events.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    let folded: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(folded["events"], 3, "{folded}");
+    assert_eq!(folded["total"], 42.5, "{folded}");
+
+    // And it runs on a server.
+    let s = Server::start();
+    cli_json(&s, &["deploy", "payments", wasm_s]);
+    cli_json(
+        &s,
+        &["subscribe", "/payments", "payments", "--wake", "payments"],
+    );
+    cli_json(
+        &s,
+        &[
+            "append",
+            "/payments",
+            "--type",
+            "events.example/payment-received",
+            "--payload",
+            r#"{"amount": 30}"#,
+        ],
+    );
+    let mut state = Value::Null;
+    wait_for(
+        "the processor's state",
+        Duration::from_secs(30),
+        async || {
+            let (status, p) = s
+                .get("/v1/projects/acme/streams/payments:processors/payments")
+                .await;
+            state = p["state"].clone();
+            status == 200 && state["total"] == 30.0
+        },
+    )
+    .await;
+    assert_eq!(
+        state["byType"],
+        Value::Null,
+        "the state's fields are as the fold names them"
+    );
+    assert_eq!(
+        state["by_type"]["events.example/payment-received"], 1,
+        "{state}"
+    );
+}
