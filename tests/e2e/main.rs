@@ -6,6 +6,7 @@ mod bad_input;
 mod cli;
 mod concurrency;
 mod connections;
+mod console;
 mod copy_chains;
 mod copy_crash;
 mod crash;

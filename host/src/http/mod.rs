@@ -61,6 +61,7 @@ fn routes() -> Vec<Route> {
         route("/healthz", get(healthz), &[("GET", "/healthz")]),
         route("/metrics", get(metrics), &[("GET", "/metrics")]),
         route("/openapi.json", get(openapi), &[("GET", "/openapi.json")]),
+        route("/console", get(console), &[("GET", "/console")]),
         Route {
             path: "/v1/projects/{project}/streams/{*rest}",
             handler: any(stream_route),
@@ -155,6 +156,25 @@ pub fn router(host: Host) -> Router {
 /// The OpenAPI 3.1 document of this API (kept by hand in
 /// `docs/openapi.json`; a test checks it against [`operations`]).
 pub const OPENAPI: &str = include_str!("../../../docs/openapi.json");
+
+/// The web console: one page, no external assets; it calls the API with
+/// the token the user enters.
+const CONSOLE: &str = include_str!("console.html");
+
+async fn console() -> Response {
+    (
+        StatusCode::OK,
+        [
+            (header::CONTENT_TYPE, "text/html; charset=utf-8"),
+            (
+                header::CONTENT_SECURITY_POLICY,
+                "default-src 'self'; img-src data:; script-src 'unsafe-inline'; style-src 'unsafe-inline'",
+            ),
+        ],
+        CONSOLE,
+    )
+        .into_response()
+}
 
 async fn openapi() -> Response {
     (

@@ -1,0 +1,143 @@
+//! The web console at `/console`, driven in headless Chromium by
+//! `tests/console/drive.mjs` (Playwright): list streams, open one, see an
+//! event arrive live, resume a halted subscription and see the held events
+//! delivered to a real webhook receiver. With `CONSOLE_SCREENSHOTS=docs` it
+//! writes the screenshots the README shows.
+
+use std::path::Path;
+use std::process::Command;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::routing::post;
+use axum::{Json, Router};
+use serde_json::{json, Value};
+
+use crate::support::{guest, wait_for, Server, TOKENS};
+
+const STREAM: &str = "/v1/projects/acme/streams/orders";
+
+async fn append(s: &Server, events: Value) -> Value {
+    let (status, out) = s
+        .post(&format!("{STREAM}:append"), json!({ "events": events }))
+        .await;
+    assert_eq!(status, 200, "{out}");
+    out
+}
+
+#[tokio::test]
+async fn the_console_shows_streams_live_events_and_resumes_a_halted_subscription() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let driver_dir = root.join("tests/console");
+    assert!(
+        driver_dir.join("node_modules/playwright-core").is_dir(),
+        "the console driver's packages are missing: npm ci --prefix tests/console \
+         (./scripts/test does it)"
+    );
+    let chromium = std::env::var("CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into());
+    assert!(
+        Path::new(&chromium).exists(),
+        "{chromium} is missing: apt-get install chromium (./scripts/test does it as root)"
+    );
+
+    let config = format!("{TOKENS}\n[delivery]\nmax-attempts = 1\nbackoff-base-ms = 10\n");
+    let mut s = Server::start_with(Some(&config), &[]);
+    s.token = Some("t-acme".into());
+    let (status, out) = s.deploy("acme", "effector", guest("effector")).await;
+    assert_eq!(status, 200, "{out}");
+
+    // A processor with an effect, and a webhook that halts: nothing listens
+    // on its port yet.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    append(
+        &s,
+        json!([
+            {"type": "events.iterate.com/stream/subscription-configured",
+             "payload": {"subscriptionKey": "effects", "receiver": {"action": "processor-wake",
+                "expression": ["components", ["get", "effector"], "wake"]}}},
+            {"type": "events.iterate.com/stream/subscription-configured",
+             "payload": {"subscriptionKey": "hook", "receiver": {"action": "webhook-post",
+                "url": format!("http://127.0.0.1:{port}/hook"),
+                "delivery": {"start": "beginning", "onFailingEvent": "halt"}}}},
+            {"type": "events.example/effects-requested", "payload": {"effects": [
+                {"key": "confirm-1", "append": {"streamPath": "/orders/confirmed",
+                    "type": "events.example/order-confirmed", "payload": {"order": 1}}}]}},
+        ]),
+    )
+    .await;
+    s.wait_halted(STREAM, "hook", Duration::from_secs(20)).await;
+
+    // Now a receiver listens there.
+    let posts: Arc<Mutex<Vec<Value>>> = Arc::default();
+    async fn hook(State(posts): State<Arc<Mutex<Vec<Value>>>>, Json(body): Json<Value>) {
+        posts.lock().unwrap().push(body);
+    }
+    let app = Router::new()
+        .route("/hook", post(hook))
+        .with_state(posts.clone());
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
+        .await
+        .unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+
+    let shots = std::env::var("CONSOLE_SCREENSHOTS")
+        .map(|d| root.join(d))
+        .unwrap_or_else(|_| s.dir.path().to_path_buf());
+    let args = json!({
+        "url": s.url, "project": "acme", "token": "t-acme", "stream": "/orders",
+        "subscription": "hook", "shots": shots,
+    });
+    let url = s.url.clone();
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new("node")
+            .arg("drive.mjs")
+            .arg(args.to_string())
+            .current_dir(&driver_dir)
+            .output()
+            .expect("running node")
+    })
+    .await
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "the console driver failed against {url}:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for shot in ["streams", "stream", "components", "effects"] {
+        assert!(
+            shots.join(format!("console-{shot}.png")).is_file(),
+            "{shot}"
+        );
+    }
+
+    // The resume the console sent delivered the held events, the live one
+    // included, to the receiver.
+    wait_for(
+        "the held events delivered",
+        Duration::from_secs(20),
+        async || {
+            posts
+                .lock()
+                .unwrap()
+                .iter()
+                .any(|p| p["event"]["type"] == "events.example/live")
+        },
+    )
+    .await;
+    let types: Vec<Value> = posts
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|p| p["event"]["type"].clone())
+        .collect();
+    assert!(
+        types.contains(&json!("events.example/effects-requested")),
+        "{types:?}"
+    );
+}
