@@ -99,6 +99,27 @@ pub enum Command {
     /// Scaffold a project.
     #[command(subcommand)]
     New(NewCommand),
+    /// The server at a glance: health, streams, subscriptions, lag and halts
+    /// of a project (or the global namespace).
+    Status(StatusArgs),
+    /// Print a shell completion script: `streamhost completions bash >
+    /// /etc/bash_completion.d/streamhost` (or zsh, fish, elvish, powershell).
+    Completions(CompletionsArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    #[command(flatten)]
+    pub server: Server,
+    /// Only streams whose path starts with this.
+    #[arg(long, default_value = "/")]
+    pub prefix: String,
+}
+
+#[derive(Debug, Args)]
+pub struct CompletionsArgs {
+    /// The shell.
+    pub shell: clap_complete::Shell,
 }
 
 #[derive(Debug, Subcommand)]
@@ -740,6 +761,13 @@ pub async fn run(cli: Cli) -> Result<()> {
         Command::Fold(a) => tokio::task::spawn_blocking(move || fold_offline(a)).await?,
         Command::Ingest(c) => ingest(c).await,
         Command::New(NewCommand::Processor(a)) => new_processor(a),
+        Command::Status(a) => status(a).await,
+        Command::Completions(a) => {
+            use clap::CommandFactory;
+            let mut command = Cli::command();
+            clap_complete::generate(a.shell, &mut command, "streamhost", &mut std::io::stdout());
+            Ok(())
+        }
     }
 }
 
@@ -854,6 +882,107 @@ async fn effects(command: EffectsCommand) -> Result<()> {
         }
     };
     print_answer(send(req, &url, project.token.as_deref()).await?).await
+}
+
+/// Runs `work`, showing `label` and the seconds elapsed on a terminal's
+/// stderr meanwhile (nothing when stderr is not a terminal).
+async fn with_progress<T>(label: &str, work: impl std::future::Future<Output = T>) -> T {
+    use std::io::{IsTerminal, Write};
+    if !std::io::stderr().is_terminal() {
+        return work.await;
+    }
+    let start = std::time::Instant::now();
+    let mut work = std::pin::pin!(work);
+    let frames = ['⠋', '⠙', '⠹', '⠸', '⠼', '⠴', '⠦', '⠧', '⠇', '⠏'];
+    let mut tick = tokio::time::interval(std::time::Duration::from_millis(100));
+    let mut n = 0;
+    let out = loop {
+        tokio::select! {
+            out = &mut work => break out,
+            _ = tick.tick() => {
+                n += 1;
+                eprint!("\r{} {label} {:.1}s", frames[n % frames.len()], start.elapsed().as_secs_f64());
+                let _ = std::io::stderr().flush();
+            }
+        }
+    };
+    eprintln!("\r✓ {label} {:.1}s", start.elapsed().as_secs_f64());
+    out
+}
+
+/// `streamhost status`.
+async fn status(a: StatusArgs) -> Result<()> {
+    let token = a.server.token.as_deref();
+    let base = a.server.url.trim_end_matches('/');
+    let health = get_json(&format!("{base}/healthz"), None)
+        .await?
+        .and_then(|h| h["status"].as_str().map(str::to_string))
+        .unwrap_or_else(|| "unknown".into());
+    let namespace = a.server.namespace_url()?;
+    let mut streams = Vec::new();
+    let mut after: Option<String> = None;
+    loop {
+        let mut query = form_urlencoded::Serializer::new(String::new());
+        query
+            .append_pair("prefix", &a.prefix)
+            .append_pair("limit", "1000");
+        if let Some(p) = &after {
+            query.append_pair("afterPath", p);
+        }
+        let page = get_json(&format!("{namespace}/streams?{}", query.finish()), token)
+            .await?
+            .unwrap_or_default();
+        streams.extend(page["streams"].as_array().cloned().unwrap_or_default());
+        match page["nextAfterPath"].as_str() {
+            Some(p) => after = Some(p.to_string()),
+            None => break,
+        }
+    }
+    let (mut subscriptions, mut lag, mut halted, mut paused) = (0u64, 0u64, Vec::new(), Vec::new());
+    let mut most_behind: Option<Value> = None;
+    for s in &streams {
+        let path = s["path"].as_str().unwrap_or("/");
+        if s["paused"] == true {
+            paused.push(json!(path));
+        }
+        if s["subscriptions"].as_u64().unwrap_or(0) == 0 {
+            continue;
+        }
+        let url = format!(
+            "{namespace}/streams{}:runtime",
+            if path == "/" { "/" } else { path }
+        );
+        let Some(rt) = get_json(&url, token).await? else {
+            continue;
+        };
+        for (key, sub) in rt["subscriptions"].as_object().into_iter().flatten() {
+            subscriptions += 1;
+            let l = sub["lag"].as_u64().unwrap_or(0);
+            lag += l;
+            if sub["halted"] == true {
+                halted.push(
+                    json!({"stream": path, "subscription": key, "lastError": sub["lastError"]}),
+                );
+            }
+            if l > 0
+                && most_behind
+                    .as_ref()
+                    .is_none_or(|m| m["lag"].as_u64() < Some(l))
+            {
+                most_behind = Some(json!({"stream": path, "subscription": key, "lag": l}));
+            }
+        }
+    }
+    print_line(&render(&json!({
+        "health": health,
+        "streams": streams.len(),
+        "events": streams.iter().map(|s| s["eventCount"].as_u64().unwrap_or(0)).sum::<u64>(),
+        "paused": paused,
+        "subscriptions": subscriptions,
+        "lag": lag,
+        "mostBehind": most_behind,
+        "halted": halted,
+    })))
 }
 
 fn new_processor(a: NewProcessorArgs) -> Result<()> {
@@ -1164,7 +1293,8 @@ async fn verify(a: VerifyArgs) -> Result<()> {
     let body = json!({ "component": a.component });
     let url = stream_url(&a.target, "verifyProcessor", "")?;
     let req = reqwest::Client::new().post(&url).json(&body);
-    let response = send(req, &url, a.target.server.token.as_deref()).await?;
+    let label = format!("verifying {} (refolding from offset 0)", a.component);
+    let response = with_progress(&label, send(req, &url, a.target.server.token.as_deref())).await?;
     let status = response.status();
     let v: Value = response.json().await.context("reading the answer")?;
     print_line(&render(&v))?;
@@ -1183,11 +1313,20 @@ async fn deploy(a: DeployArgs) -> Result<()> {
     if a.refold {
         url.push_str("?refold=true");
     }
+    let label = format!(
+        "deploying {} ({} KiB; the server compiles it)",
+        a.component.name,
+        bytes.len() / 1024
+    );
     let req = reqwest::Client::new()
         .put(&url)
         .header("content-type", "application/wasm")
         .body(bytes);
-    let response = send(req, &url, a.component.project.token.as_deref()).await?;
+    let response = with_progress(
+        &label,
+        send(req, &url, a.component.project.token.as_deref()),
+    )
+    .await?;
     let status = response.status();
     let text = response.text().await?;
     if !status.is_success() {

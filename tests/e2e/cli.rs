@@ -3,7 +3,9 @@
 
 use std::process::Command;
 
-use serde_json::Value;
+use std::time::Duration;
+
+use serde_json::{json, Value};
 
 use crate::support::{file_in, run_cli, Server, BIN};
 
@@ -586,4 +588,53 @@ async fn a_second_server_on_a_data_dir_in_use_stops_naming_it() {
     // The first one is unharmed.
     let (status, _) = s.get("/healthz").await;
     assert_eq!(status, 200);
+}
+
+#[tokio::test]
+async fn status_summarises_health_streams_lag_and_halts() {
+    let s = Server::start_with(Some("[delivery]\nmax-attempts = 1\n"), &[]);
+    cli_json(&s, &["append", "/st/a", "--type", "x.y/a"]);
+    cli_json(&s, &["append", "/st/b", "--type", "x.y/a"]);
+    cli_json(
+        &s,
+        &[
+            "subscribe",
+            "/st/a",
+            "hook",
+            "--webhook",
+            "http://127.0.0.1:9/nothing-listens",
+            "--start",
+            "beginning",
+        ],
+    );
+    s.wait_halted(
+        "/v1/projects/acme/streams/st/a",
+        "hook",
+        Duration::from_secs(20),
+    )
+    .await;
+    let status = cli_json(&s, &["status"]);
+    assert_eq!(status["health"], "ok", "{status}");
+    assert_eq!(status["streams"], 2, "{status}");
+    assert_eq!(status["subscriptions"], 1, "{status}");
+    assert_eq!(status["halted"][0]["stream"], "/st/a", "{status}");
+    assert_eq!(status["halted"][0]["subscription"], "hook", "{status}");
+    assert!(status["lag"].as_u64().unwrap() >= 1, "{status}");
+    assert_eq!(status["mostBehind"]["subscription"], "hook", "{status}");
+    let only_b = cli_json(&s, &["status", "--prefix", "/st/b"]);
+    assert_eq!(only_b["streams"], 1, "{only_b}");
+    assert_eq!(only_b["halted"], json!([]), "{only_b}");
+}
+
+#[test]
+fn completions_cover_every_command() {
+    let (ok, out, err) = run_cli(&["completions", "bash"]);
+    assert!(ok, "{err}");
+    for command in ["ingest", "subscribe", "effects", "new", "status"] {
+        assert!(out.contains(command), "bash completions miss {command}");
+    }
+    let (ok, out, _) = run_cli(&["completions", "zsh"]);
+    assert!(ok && out.contains("#compdef streamhost"));
+    let (ok, _, err) = run_cli(&["completions", "tcsh"]);
+    assert!(!ok && err.contains("tcsh"), "{err}");
 }
