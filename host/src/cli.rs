@@ -1043,45 +1043,43 @@ async fn ingest(command: IngestCommand) -> Result<()> {
 
 /// `streamhost subscribe`: a subscription-configured event on the source.
 async fn subscribe(a: SubscribeArgs) -> Result<()> {
-    let delivery = json!({"start": a.start, "onFailingEvent": a.on_failing_event});
+    use crate::subscription::Subscription;
     let r = &a.receiver;
-    let mut receiver = if let Some(path) = &r.copy_to {
-        json!({"action": "copy-to-stream", "receivingStreamPath": path, "delivery": delivery})
+    let mut subscription = if let Some(path) = &r.copy_to {
+        Subscription::copy_to(&a.key, path)
     } else if let Some(url) = &r.webhook {
-        json!({"action": "webhook-post", "url": url, "delivery": delivery})
+        Subscription::webhook(&a.key, url)
     } else if let Some(expression) = &r.itx {
         let expression: Value = serde_json::from_str(expression)
             .with_context(|| format!("--itx {expression:?} is not JSON"))?;
-        json!({"action": "itx-call", "expression": expression, "delivery": delivery})
+        Subscription::itx(&a.key, expression)
     } else if let Some(component) = &r.wake {
-        json!({"action": "processor-wake",
-            "expression": ["components", ["get", component], "wake"]})
+        Subscription::wake(&a.key, component)
     } else {
         bail!("name the receiver: --copy-to, --webhook, --itx or --wake");
     };
+    if a.start == "beginning" {
+        subscription = subscription.from_beginning();
+    }
+    if a.on_failing_event == "skip" {
+        subscription = subscription.skip_failing_events();
+    }
     if let Some(t) = &a.transform {
         if r.wake.is_some() {
             bail!("--transform does not apply to a processor wake");
         }
-        receiver["jsonataTransform"] = json!(t);
+        subscription = subscription.transform(t);
     }
-    let mut payload = json!({"subscriptionKey": a.key, "receiver": receiver});
-    if !a.event_types.is_empty() || a.condition.is_some() {
-        let mut filter = json!({});
-        if !a.event_types.is_empty() {
-            filter["eventTypes"] = json!(a.event_types);
-        }
-        if let Some(c) = &a.condition {
-            filter["jsonataCondition"] = json!(c);
-        }
-        payload["filter"] = filter;
+    if !a.event_types.is_empty() {
+        subscription = subscription.event_types(a.event_types.clone());
+    }
+    if let Some(c) = &a.condition {
+        subscription = subscription.condition(c);
     }
     if let Some(d) = &a.description {
-        payload["description"] = json!(d);
+        subscription = subscription.description(d);
     }
-    let event =
-        json!({"type": "events.iterate.com/stream/subscription-configured", "payload": payload});
-    let body = json!({ "events": [event] });
+    let body = json!({ "events": [subscription.to_event()] });
     request(&a.target, reqwest::Method::POST, "append", "", Some(body)).await
 }
 

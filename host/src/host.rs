@@ -11,9 +11,14 @@ use tokio::net::TcpListener;
 use crate::auth::Auth;
 use crate::clock::{Clock, SystemClock};
 use crate::config::Config;
+use crate::error::Error;
 use crate::metrics::Metrics;
 use crate::storage::Storage;
-use crate::stream::Streams;
+use crate::stream::{
+    AppendInput, AppendOutput, Authority, CoreState, Event, EventInput, Namespace, ReadQuery,
+    StreamAddress, Streams,
+};
+use crate::subscription::Subscription;
 
 /// A running streamhost. Cheap to clone.
 #[derive(Clone)]
@@ -101,6 +106,84 @@ impl Host {
             metrics,
             ingest,
         })
+    }
+
+    /// The address of stream `path` in `project` (canonicalized); a bad
+    /// project or path is an error naming it.
+    pub fn stream(&self, project: &str, path: &str) -> Result<StreamAddress, Error> {
+        StreamAddress::new(Namespace::project(project)?, path)
+    }
+
+    /// Appends events to a stream (creating it) as an API caller would:
+    /// answered once they are durably committed.
+    ///
+    /// ```no_run
+    /// # async fn example(host: streamhost::Host) -> Result<(), streamhost::Error> {
+    /// use serde_json::json;
+    /// use streamhost::EventInput;
+    ///
+    /// let orders = host.stream("acme", "/orders/eu")?;
+    /// let out = host
+    ///     .append(&orders, [EventInput::new("events.example/order-created")
+    ///         .payload(json!({"total": 120}))
+    ///         .idempotency_key("order-1")])
+    ///     .await?;
+    /// assert_eq!(out.events[0].offset, 2); // offset 1: the stream's creation
+    /// # Ok(()) }
+    /// ```
+    pub async fn append(
+        &self,
+        stream: &StreamAddress,
+        events: impl IntoIterator<Item = EventInput>,
+    ) -> Result<AppendOutput, Error> {
+        self.streams
+            .append(stream, AppendInput::new(events), Authority::Public)
+            .await
+    }
+
+    /// Up to `limit` (at most 500) committed events after `after_offset`.
+    pub async fn events(
+        &self,
+        stream: &StreamAddress,
+        after_offset: u64,
+        limit: usize,
+    ) -> Result<Vec<Event>, Error> {
+        let page = self
+            .streams
+            .read(
+                stream,
+                ReadQuery {
+                    after_offset,
+                    limit,
+                    include_ephemeral: false,
+                },
+            )
+            .await?;
+        page.events
+            .iter()
+            .map(|raw| {
+                serde_json::from_str(raw.get())
+                    .map_err(|e| Error::internal(format!("parsing a stored event: {e}")))
+            })
+            .collect()
+    }
+
+    /// A stream's reduced core state.
+    pub async fn state(&self, stream: &StreamAddress) -> Result<CoreState, Error> {
+        self.streams.state(stream).await
+    }
+
+    /// Configures `subscription` on its `source` stream; answers the
+    /// `subscription-configured` event.
+    pub async fn subscribe(
+        &self,
+        source: &StreamAddress,
+        subscription: &Subscription,
+    ) -> Result<Event, Error> {
+        let mut out = self.append(source, [subscription.to_event()]).await?;
+        out.events
+            .pop()
+            .ok_or_else(|| Error::internal("the subscription was not appended"))
     }
 
     /// Serves the HTTP API on `listener` until `shutdown` resolves.

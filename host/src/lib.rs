@@ -33,3 +33,5 @@ pub use config::Config;
 pub use error::{Error, ErrorKind};
 pub use host::Host;
 pub use http::error::ApiError;
+pub use stream::{EventInput, StreamAddress};
+pub use subscription::Subscription;

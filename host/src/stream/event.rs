@@ -154,6 +154,84 @@ pub struct EventInput {
     pub source: Option<EventSource>,
 }
 
+impl EventInput {
+    /// An event of type `event_type` with an empty payload; add to it with
+    /// the builder methods:
+    ///
+    /// ```
+    /// use serde_json::json;
+    /// use streamhost::stream::EventInput;
+    ///
+    /// let e = EventInput::new("events.example/order-created")
+    ///     .payload(json!({"total": 120}))
+    ///     .idempotency_key("order-7");
+    /// assert_eq!(e.payload.unwrap()["total"], 120);
+    /// ```
+    pub fn new(event_type: impl Into<String>) -> EventInput {
+        EventInput {
+            event_type: event_type.into(),
+            payload: None,
+            metadata: None,
+            idempotency_key: None,
+            ephemeral: None,
+            offset: None,
+            source: None,
+        }
+    }
+
+    /// Sets the payload. A JSON value that is not an object is kept under
+    /// `"value"`, since payloads are objects.
+    pub fn payload(mut self, payload: Value) -> EventInput {
+        self.payload = Some(as_object(payload));
+        self
+    }
+
+    /// Sets the metadata (an object; anything else is kept under `"value"`).
+    pub fn metadata(mut self, metadata: Value) -> EventInput {
+        self.metadata = Some(as_object(metadata));
+        self
+    }
+
+    /// Sets the idempotency key: a retry with it answers the original event.
+    pub fn idempotency_key(mut self, key: impl Into<String>) -> EventInput {
+        self.idempotency_key = Some(key.into());
+        self
+    }
+
+    /// Makes the event ephemeral: delivered live, never stored.
+    pub fn ephemeral(mut self) -> EventInput {
+        self.ephemeral = Some(true);
+        self
+    }
+
+    /// Compare-and-append: the event must get this offset.
+    pub fn at_offset(mut self, offset: u64) -> EventInput {
+        self.offset = Some(offset);
+        self
+    }
+}
+
+fn as_object(v: Value) -> Map<String, Value> {
+    match v {
+        Value::Object(m) => m,
+        other => {
+            let mut m = Map::new();
+            m.insert("value".into(), other);
+            m
+        }
+    }
+}
+
+impl AppendInput {
+    /// An append of `events`.
+    pub fn new(events: impl IntoIterator<Item = EventInput>) -> AppendInput {
+        AppendInput {
+            events: events.into_iter().collect(),
+            expected_stream_id: None,
+        }
+    }
+}
+
 /// The body of `POST {stream}:append`.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]

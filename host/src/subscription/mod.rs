@@ -2,6 +2,7 @@
 //! reduced outbound and inbound records, stamps, and the validation of the
 //! subscription control events (all pure).
 
+mod builder;
 mod validate;
 
 use std::cmp::Ordering;
@@ -9,6 +10,7 @@ use std::cmp::Ordering;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+pub use builder::Subscription;
 pub use validate::{validate_control, ControlContext};
 
 /// Prefix of generated subscription keys (`subscription:<offset>`).
