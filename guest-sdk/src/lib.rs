@@ -26,6 +26,8 @@
 //! streamhost_guest::processor!(Counter);
 //! ```
 
+#![warn(missing_docs)]
+
 #[doc(hidden)]
 pub mod bindings {
     // The SDK carries its own copy of `wit/processor.wit` (kept identical by
@@ -53,11 +55,17 @@ pub use wit::StreamInfo;
 /// One committed event, with its payload parsed.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Event {
+    /// Its offset in the stream (dense, from 1).
     pub offset: u64,
+    /// Its type.
     pub event_type: String,
+    /// Its payload (an object).
     pub payload: Value,
+    /// Its metadata, if any.
     pub metadata: Option<Value>,
+    /// When it was committed (RFC 3339, milliseconds).
     pub created_at: String,
+    /// Its idempotency key, if any.
     pub idempotency_key: Option<String>,
 }
 
@@ -76,11 +84,14 @@ impl Event {
 /// A failed fold. Retryable failures are retried with backoff; others halt.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Failure {
+    /// What went wrong, naming the offending value.
     pub message: String,
+    /// Whether trying again may succeed (retried with backoff) or not (the subscription halts).
     pub retryable: bool,
 }
 
 impl Failure {
+    /// A failure worth retrying (a passing condition).
     pub fn retryable(message: impl Into<String>) -> Failure {
         Failure {
             message: message.into(),
@@ -88,6 +99,7 @@ impl Failure {
         }
     }
 
+    /// A failure retrying cannot cure (bad data, a bug): the subscription halts.
     pub fn fatal(message: impl Into<String>) -> Failure {
         Failure {
             message: message.into(),
@@ -99,6 +111,7 @@ impl Failure {
 /// What a fold may use besides the state: the stream, and effects to run
 /// after the fold commits.
 pub struct Context<'a> {
+    /// The stream being folded.
     pub stream: &'a StreamInfo,
     effects: Vec<wit::Effect>,
 }
@@ -157,11 +170,14 @@ impl Context<'_> {
 pub trait Processor {
     /// The state, stored as JSON between batches.
     type State: Serialize + DeserializeOwned + Default;
+    /// A short name for the processor.
     const SLUG: &'static str;
+    /// Its version, for humans (the host identifies versions by digest).
     const VERSION: &'static str;
     /// Event types to fold; empty means all.
     const CONSUMES: &'static [&'static str];
 
+    /// Folds one event into the state; effects go through `ctx`. Keep it deterministic.
     fn fold(state: &mut Self::State, event: &Event, ctx: &mut Context) -> Result<(), Failure>;
 }
 

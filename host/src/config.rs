@@ -29,15 +29,23 @@ pub struct Config {
     pub listen: SocketAddr,
     /// Directory holding `streamhost.db` (`./streamhost-data`).
     pub data_dir: PathBuf,
+    /// How hard a commit is pushed to disk before it is acknowledged.
     pub durability: Durability,
     /// Largest request body accepted, in bytes (8 MiB); larger gets `413`.
     pub max_body_bytes: usize,
+    /// Delivery of subscriptions: attempts, backoff, the timeout of one call.
     pub delivery: DeliveryConfig,
+    /// Wasm processors.
     pub processors: ProcessorsConfig,
+    /// The processor outbox's executors.
     pub effects: EffectsConfig,
+    /// Ingest with broker acceptance.
     pub ingest: IngestConfig,
+    /// Where webhooks may go.
     pub webhooks: WebhooksConfig,
+    /// Memory bounds.
     pub limits: LimitsConfig,
+    /// Bearer tokens; none: the server runs open.
     pub tokens: Vec<TokenConfig>,
 }
 
@@ -142,9 +150,12 @@ impl Default for IngestConfig {
 #[derive(Clone, PartialEq, Deserialize)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields)]
 pub struct TokenConfig {
+    /// The bearer token (never shown by `Debug`).
     pub token: String,
+    /// Projects it may use.
     #[serde(default)]
     pub projects: Vec<String>,
+    /// Everything, including the global namespace.
     #[serde(default)]
     pub admin: bool,
 }

@@ -33,14 +33,18 @@ pub enum ErrorKind {
 /// An error that reaches a caller.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Error {
+    /// What kind of failure (it maps to an HTTP status).
     pub kind: ErrorKind,
+    /// The kebab-case code (`offset-conflict`).
     pub code: &'static str,
+    /// One sentence naming the offending value.
     pub message: String,
     /// Seconds to wait before retrying an [`ErrorKind::Unavailable`].
     pub retry_after_s: Option<u32>,
 }
 
 impl Error {
+    /// An error of `kind` with `code` and `message`.
     pub fn new(kind: ErrorKind, code: &'static str, message: impl Into<String>) -> Self {
         Error {
             kind,

@@ -23,9 +23,13 @@ use crate::subscription::Subscription;
 /// A running streamhost. Cheap to clone.
 #[derive(Clone)]
 pub struct Host {
+    /// The configuration it was opened with.
     pub config: Arc<Config>,
+    /// The stream registry: every stream actor (internal; prefer the methods above).
     pub streams: Streams,
+    /// Bearer-token authentication.
     pub auth: Arc<Auth>,
+    /// Prometheus metrics.
     pub metrics: Metrics,
     /// Ingest with broker acceptance (HTTP buffer, JetStream bridge).
     pub ingest: crate::ingest::Ingest,

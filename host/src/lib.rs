@@ -6,27 +6,53 @@
 //! with the pure [`stream::plan_append`] and reducer ([`stream::CoreState`]),
 //! then commits them through the group-commit writer in [`storage`].
 //! `ARCHITECTURE.md` at the repository root is the map.
+//!
+//! The embedding API: [`Host::open`] with a [`Config`], then
+//! [`Host::stream`], [`Host::append`] with [`EventInput`]s,
+//! [`Host::events`], [`Host::state`], [`Host::subscribe`] with a
+//! [`Subscription`], and [`Host::serve`] for the HTTP API. The modules
+//! hidden from these docs are the host's internals: public for its own
+//! binary, benchmarks and tests, not a stable API.
 
+#![warn(missing_docs)]
+
+#[doc(hidden)]
 pub mod auth;
+#[doc(hidden)]
 pub mod cli;
+#[doc(hidden)]
 pub mod clock;
 pub mod config;
+#[doc(hidden)]
 pub mod connection;
+#[doc(hidden)]
 pub mod delivery;
+#[doc(hidden)]
 pub mod effect;
 pub mod error;
+#[doc(hidden)]
 pub mod executor;
+#[doc(hidden)]
 pub mod filter;
 pub mod host;
+#[doc(hidden)]
 pub mod http;
+#[doc(hidden)]
 pub mod ingest;
+#[doc(hidden)]
 pub mod itx;
+#[doc(hidden)]
 pub mod jsonata;
+#[doc(hidden)]
 pub mod metrics;
+#[doc(hidden)]
 pub mod processor;
+#[doc(hidden)]
 pub mod scaffold;
+#[doc(hidden)]
 pub mod storage;
 pub mod stream;
+#[doc(hidden)]
 pub mod subscription;
 
 pub use config::Config;

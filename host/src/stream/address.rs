@@ -11,7 +11,9 @@ pub const PATH_BYTES_MAX: usize = 512;
 /// Where a stream lives.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Namespace {
+    /// A project's streams.
     Project(String),
+    /// The deployment-wide streams.
     Global,
 }
 
@@ -57,6 +59,7 @@ pub fn validate_project(name: &str) -> Result<(), Error> {
 /// A stream's full address.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct StreamAddress {
+    /// The project, or global.
     pub namespace: Namespace,
     /// Canonical path: starts with `/`, no empty, `.` or `..` segments, no
     /// trailing `/` (except the root `/`).

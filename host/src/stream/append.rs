@@ -41,8 +41,11 @@ pub enum Authority {
 pub struct AppendContext<'a> {
     /// Keys of the stream's live connections.
     pub connection_keys: &'a [String],
+    /// The stream's namespace.
     pub namespace: &'a crate::stream::Namespace,
+    /// Its project, if any.
     pub project_id: Option<&'a str>,
+    /// Its canonical path.
     pub path: &'a str,
     /// `createdAt` for the events of this request.
     pub now: &'a str,

@@ -9,19 +9,31 @@ pub const STREAM_TYPE_PREFIX: &str = "events.iterate.com/stream/";
 
 /// The platform's event types, by their suffix after [`STREAM_TYPE_PREFIX`].
 pub mod types {
+    /// Offset 1 of every stream.
     pub const CREATED: &str = "events.iterate.com/stream/created";
+    /// Stream configuration.
     pub const CONFIGURED: &str = "events.iterate.com/stream/configured";
+    /// Appends are refused until resumed.
     pub const PAUSED: &str = "events.iterate.com/stream/paused";
+    /// The stream takes appends again.
     pub const RESUMED: &str = "events.iterate.com/stream/resumed";
+    /// A failure worth recording in the stream (an effect failed, a delivery skipped).
     pub const ERROR_OCCURRED: &str = "events.iterate.com/stream/error-occurred";
+    /// A subscription's configuration (durable, on its source).
     pub const SUBSCRIPTION_CONFIGURED: &str = "events.iterate.com/stream/subscription-configured";
+    /// A subscription removed.
     pub const SUBSCRIPTION_REMOVED: &str = "events.iterate.com/stream/subscription-removed";
+    /// A subscription's cursor moved.
     pub const SUBSCRIPTION_CURSOR_SET: &str = "events.iterate.com/stream/subscription-cursor-set";
+    /// A subscription stopped delivering.
     pub const SUBSCRIPTION_DELIVERY_HALTED: &str =
         "events.iterate.com/stream/subscription-delivery-halted";
+    /// A halted subscription delivers again.
     pub const SUBSCRIPTION_DELIVERY_RESUMED: &str =
         "events.iterate.com/stream/subscription-delivery-resumed";
+    /// A live connection opened (ephemeral).
     pub const CONNECTION_OPENED: &str = "events.iterate.com/stream/connection-opened";
+    /// A live connection closed (ephemeral).
     pub const CONNECTION_CLOSED: &str = "events.iterate.com/stream/connection-closed";
 
     /// Types only the platform may append.
@@ -54,15 +66,24 @@ pub fn is_stream_control_type(event_type: &str) -> bool {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct CopiedFrom {
+    /// The source's project, if any.
     pub project_id: Option<String>,
+    /// The source stream's path.
     pub path: String,
+    /// The source stream's id.
     pub stream_id: String,
+    /// When the source stream was created.
     pub stream_created_at: String,
+    /// The event's offset in the source.
     pub offset: u64,
+    /// The event's type.
     #[serde(rename = "type")]
     pub event_type: String,
+    /// When the source event was committed.
     pub created_at: String,
+    /// The subscription that copied it.
     pub subscription_key: String,
+    /// The start of the subscription run that copied it.
     pub cursor_changed_at_source_offset: u64,
 }
 
@@ -72,9 +93,13 @@ pub struct CopiedFrom {
 pub struct EffectOrigin {
     /// The processor's source stream.
     pub path: String,
+    /// The source stream's id.
     pub stream_id: String,
+    /// The processor component.
     pub component: String,
+    /// The effect's key.
     pub key: String,
+    /// The checkpoint the effect was committed with.
     pub checkpoint_offset: u64,
 }
 
@@ -83,8 +108,10 @@ pub struct EffectOrigin {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct EventSource {
+    /// The copies this event went through, oldest first.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub copied_from: Vec<CopiedFrom>,
+    /// The processor effect that appended it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub effect: Option<EffectOrigin>,
 }
@@ -108,17 +135,25 @@ impl EventSource {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Event {
+    /// Dense, from 1.
     pub offset: u64,
+    /// The event's type.
     #[serde(rename = "type")]
     pub event_type: String,
+    /// The payload, an object (`{}` when none was given).
     pub payload: Map<String, Value>,
+    /// Metadata, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metadata: Option<Map<String, Value>>,
+    /// The idempotency key, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idempotency_key: Option<String>,
+    /// When it was committed (RFC 3339, milliseconds).
     pub created_at: String,
+    /// Provenance (platform-authored).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source: Option<EventSource>,
+    /// Delivered live, never stored.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub ephemeral: bool,
 }
@@ -136,14 +171,19 @@ impl Event {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct EventInput {
+    /// The event's type.
     #[serde(rename = "type")]
     pub event_type: String,
+    /// The payload, an object (default `{}`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub payload: Option<Map<String, Value>>,
+    /// Metadata, an object.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metadata: Option<Map<String, Value>>,
+    /// A retry with the same key answers the original event.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idempotency_key: Option<String>,
+    /// Delivered live, never stored.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ephemeral: Option<bool>,
     /// Compare-and-append: the offset this event must get.
@@ -236,7 +276,9 @@ impl AppendInput {
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct AppendInput {
+    /// The events, committed together or not at all (at most 1000).
     pub events: Vec<EventInput>,
+    /// Refused with `stream-id-changed` when the stream's id differs.
     #[serde(default)]
     pub expected_stream_id: Option<String>,
 }

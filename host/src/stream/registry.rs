@@ -26,7 +26,9 @@ pub const MAILBOX_CAPACITY: usize = 4096;
 /// What every stream actor is configured with.
 #[derive(Clone)]
 pub struct StreamSettings {
+    /// Delivery settings.
     pub delivery: DeliveryConfig,
+    /// The webhook client.
     pub webhooks: crate::executor::webhook::Client,
     /// `[limits] idle-stream-ms`.
     pub idle_stream_ms: u64,
@@ -43,6 +45,7 @@ pub struct Streams {
 pub struct StreamsRef(Weak<Inner>);
 
 impl StreamsRef {
+    /// The registry, if it still exists.
     pub fn upgrade(&self) -> Option<Streams> {
         self.0.upgrade().map(|inner| Streams { inner })
     }
@@ -63,6 +66,7 @@ struct Entry {
 }
 
 impl Streams {
+    /// A registry over `storage`.
     pub fn new(
         storage: Storage,
         clock: Arc<dyn Clock>,

@@ -25,14 +25,23 @@ pub const STATE_BYTES_MAX: usize = 1024 * 1024;
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct CoreState {
+    /// The stream's project, if any.
     pub project_id: Option<String>,
+    /// Its canonical path.
     pub path: String,
+    /// Its id (a new one per lifetime).
     pub stream_id: String,
+    /// When it was created.
     pub created_at: String,
+    /// Committed events.
     pub event_count: u64,
+    /// The highest offset (ephemeral ones included).
     pub max_offset: u64,
+    /// Whether appends are refused.
     pub paused: bool,
+    /// Why it was paused.
     pub pause_reason: Option<String>,
+    /// Its subscriptions, both ways.
     pub subscriptions: Subscriptions,
 }
 
@@ -40,7 +49,9 @@ pub struct CoreState {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Subscriptions {
+    /// Subscriptions delivering to this stream, by source path.
     pub inbound: Inbound,
+    /// Subscriptions of this stream, by key.
     pub outbound: Outbound,
 }
 
@@ -48,6 +59,7 @@ pub struct Subscriptions {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Inbound {
+    /// By source path, then subscription key.
     pub by_source_path: BTreeMap<String, BTreeMap<String, InboundRecord>>,
 }
 
@@ -55,6 +67,7 @@ pub struct Inbound {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Outbound {
+    /// By subscription key.
     pub by_key: BTreeMap<String, OutboundSubscription>,
 }
 

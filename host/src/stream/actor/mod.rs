@@ -76,16 +76,22 @@ fn reload_backoff_ms(failures: u32) -> u64 {
 #[derive(Debug, Clone, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct AppendOutput {
+    /// The stream's id (a new one per lifetime).
     pub stream_id: String,
+    /// When the stream was created.
     pub stream_created_at: String,
+    /// The committed events, one per input event (a replayed key answers its original event).
     pub events: Vec<Event>,
 }
 
 /// A page of events.
 #[derive(Debug, Clone, Copy)]
 pub struct ReadQuery {
+    /// Events after this offset.
     pub after_offset: u64,
+    /// At most this many (1..=500).
     pub limit: usize,
+    /// Include buffered ephemeral events.
     pub include_ephemeral: bool,
 }
 
@@ -93,9 +99,13 @@ pub struct ReadQuery {
 #[derive(Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ReadOutput {
+    /// The stream's id.
     pub stream_id: String,
+    /// When the stream was created.
     pub stream_created_at: String,
+    /// The highest offset (ephemeral ones included).
     pub max_offset: u64,
+    /// The events, as stored JSON.
     pub events: Vec<Box<RawValue>>,
 }
 
@@ -232,9 +242,13 @@ impl EphemeralBuffer {
 /// Everything an actor needs from the host.
 #[derive(Clone)]
 pub struct ActorContext {
+    /// The database.
     pub storage: Storage,
+    /// The injected clock.
     pub clock: Arc<dyn Clock>,
+    /// Prometheus metrics.
     pub metrics: Metrics,
+    /// Delivery settings.
     pub delivery: DeliveryConfig,
     /// The registry, to deliver to other streams (weak: no ownership cycle).
     pub streams: StreamsRef,
