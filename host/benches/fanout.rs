@@ -11,28 +11,15 @@
 //!
 //! Options (after `--`): `--rate N` appends/s (default 200), `--seconds S` (3).
 
+mod common;
+use common::{arg, percentile};
+
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use streamhost::{Config, Host};
-
-fn arg(name: &str, default: f64) -> f64 {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-fn percentile(sorted: &[f64], q: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    sorted[((sorted.len() - 1) as f64 * q).round() as usize]
-}
 
 struct Outcome {
     appends_per_s: f64,
@@ -209,17 +196,15 @@ async fn run(clients: usize, stalled: bool, pad_bytes: usize, rate: f64, seconds
         r.abort();
     }
     let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
-    let mut l = latencies.lock().unwrap().clone();
-    l.sort_by(|a, b| a.total_cmp(b));
-    append_ms.sort_by(|a, b| a.total_cmp(b));
+    let l = latencies.lock().unwrap().clone();
     Outcome {
         appends_per_s: sent as f64 / seconds,
         received_fraction: received.load(Ordering::Relaxed) as f64 / want.max(1) as f64,
         delivered_per_s: received.load(Ordering::Relaxed) as f64 / elapsed,
-        receive_p50_ms: percentile(&l, 0.5),
-        receive_p99_ms: percentile(&l, 0.99),
-        append_p50_ms: percentile(&append_ms, 0.5),
-        append_p99_ms: percentile(&append_ms, 0.99),
+        receive_p50_ms: percentile(l.clone(), 0.5),
+        receive_p99_ms: percentile(l.clone(), 0.99),
+        append_p50_ms: percentile(append_ms.clone(), 0.5),
+        append_p99_ms: percentile(append_ms.clone(), 0.99),
         stalled_closed,
     }
 }

@@ -1486,56 +1486,41 @@ async fn tail(a: TailArgs) -> Result<()> {
     }
     let url = stream_url(&a.target, "connect", &format!("?{}", query.finish()))?;
     let req = reqwest::Client::new().get(&url);
-    let mut response = send(req, &url, a.target.server.token.as_deref()).await?;
+    let response = send(req, &url, a.target.server.token.as_deref()).await?;
     if !response.status().is_success() {
         let status = response.status();
         bail!("{status}: {}", response.text().await.unwrap_or_default());
     }
-    let mut buffer = String::new();
+    use eventsource_stream::Eventsource;
+    use futures_util::StreamExt;
     use std::io::Write;
     let stdout = std::io::stdout();
     let mut printed: u64 = 0;
     if a.count == Some(0) {
         return Ok(());
     }
-    while let Some(chunk) = response.chunk().await.context("reading the stream")? {
-        buffer.push_str(&String::from_utf8_lossy(&chunk));
-        while let Some(end) = buffer.find("\n\n") {
-            let message: String = buffer.drain(..end + 2).collect();
-            let mut event = "message";
-            let mut data = String::new();
-            for line in message.lines() {
-                if let Some(v) = line.strip_prefix("event:") {
-                    event = if v.trim() == "closed" {
-                        "closed"
-                    } else {
-                        "batch"
-                    };
-                } else if let Some(v) = line.strip_prefix("data:") {
-                    data.push_str(v.trim_start());
-                }
-            }
-            if data.is_empty() {
-                continue;
-            }
-            let v: Value = serde_json::from_str(&data).context("a message that is not JSON")?;
-            if event == "closed" {
-                bail!("the server closed the connection: {v}");
-            }
-            let mut out = stdout.lock();
-            for e in v["events"].as_array().into_iter().flatten() {
-                writeln!(out, "{e}")?;
-                printed += 1;
-                let offset = e["offset"].as_u64().unwrap_or(0);
-                if a.count.is_some_and(|c| printed >= c)
-                    || a.until_offset.is_some_and(|u| offset >= u)
-                {
-                    out.flush()?;
-                    return Ok(());
-                }
-            }
-            out.flush()?;
+    let mut messages = response.bytes_stream().eventsource();
+    while let Some(message) = messages.next().await {
+        let message = message.context("reading the stream")?;
+        if message.data.is_empty() {
+            continue;
         }
+        let v: Value = serde_json::from_str(&message.data).context("a message that is not JSON")?;
+        if message.event == "closed" {
+            bail!("the server closed the connection: {v}");
+        }
+        let mut out = stdout.lock();
+        for e in v["events"].as_array().into_iter().flatten() {
+            writeln!(out, "{e}")?;
+            printed += 1;
+            let offset = e["offset"].as_u64().unwrap_or(0);
+            if a.count.is_some_and(|c| printed >= c) || a.until_offset.is_some_and(|u| offset >= u)
+            {
+                out.flush()?;
+                return Ok(());
+            }
+        }
+        out.flush()?;
     }
     Ok(())
 }

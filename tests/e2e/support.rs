@@ -313,8 +313,17 @@ pub fn file_in(dir: &Path, name: &str) -> PathBuf {
 
 /// A minimal server-sent-events client over a streaming HTTP response.
 pub struct SseClient {
-    response: reqwest::Response,
-    buffer: String,
+    /// The response body parsed as SSE by the `eventsource-stream` crate.
+    messages: std::pin::Pin<
+        Box<
+            dyn futures_util::Stream<
+                    Item = Result<
+                        eventsource_stream::Event,
+                        eventsource_stream::EventStreamError<reqwest::Error>,
+                    >,
+                > + Send,
+        >,
+    >,
 }
 
 impl SseClient {
@@ -343,44 +352,29 @@ impl SseClient {
             content_type.starts_with("text/event-stream"),
             "{content_type}"
         );
+        use eventsource_stream::Eventsource;
         Ok(SseClient {
-            response,
-            buffer: String::new(),
+            messages: Box::pin(response.bytes_stream().eventsource()),
         })
     }
 
     /// The next message `(event, data)`, skipping comments; `None` when the
     /// stream ends or `timeout` passes first.
     pub async fn next_within(&mut self, timeout: Duration) -> Option<(String, Value)> {
+        use futures_util::StreamExt;
         let deadline = tokio::time::Instant::now() + timeout;
         loop {
-            while let Some(end) = self.buffer.find("\n\n") {
-                let message: String = self.buffer[..end].to_string();
-                self.buffer.drain(..end + 2);
-                let mut event = String::from("message");
-                let mut data = String::new();
-                for line in message.lines() {
-                    if let Some(v) = line.strip_prefix("event:") {
-                        event = v.trim().to_string();
-                    } else if let Some(v) = line.strip_prefix("data:") {
-                        data.push_str(v.strip_prefix(' ').unwrap_or(v));
-                    }
-                }
-                if data.is_empty() {
-                    continue; // a keep-alive comment
-                }
-                return Some((
-                    event,
-                    serde_json::from_str(&data).expect("SSE data is JSON"),
-                ));
-            }
-            let chunk = tokio::time::timeout_at(deadline, self.response.chunk())
+            let message = tokio::time::timeout_at(deadline, self.messages.next())
                 .await
+                .ok()??
                 .ok()?;
-            match chunk {
-                Ok(Some(bytes)) => self.buffer.push_str(&String::from_utf8_lossy(&bytes)),
-                _ => return None,
+            if message.data.is_empty() {
+                continue; // a keep-alive
             }
+            return Some((
+                message.event,
+                serde_json::from_str(&message.data).expect("SSE data is JSON"),
+            ));
         }
     }
 

@@ -30,10 +30,21 @@ pub fn fsync_rate(dir: &Path) -> f64 {
     n as f64 / start.elapsed().as_secs_f64()
 }
 
-/// The `q` quantile (0..=1) of `v`.
-pub fn percentile(mut v: Vec<f64>, q: f64) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[((v.len() - 1) as f64 * q).round() as usize]
+/// The `q` quantile (0..=1) of `v` (any unit), through an HDR histogram
+/// (`hdrhistogram`, 3 significant digits); NaN for no samples.
+pub fn percentile(v: Vec<f64>, q: f64) -> f64 {
+    // Values are recorded in millionths of their unit: microseconds for
+    // seconds, nanoseconds for milliseconds.
+    const SCALE: f64 = 1e6;
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    let mut h = hdrhistogram::Histogram::<u64>::new(3).expect("a histogram");
+    for x in v {
+        h.record((x * SCALE).round().max(0.0) as u64)
+            .expect("an auto-resizing histogram records any value");
+    }
+    h.value_at_quantile(q) as f64 / SCALE
 }
 
 /// The bytes of guest `file` (`counter`, `kinds`, `effector`) from

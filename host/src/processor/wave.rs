@@ -2,67 +2,71 @@
 //! fold can be reproduced with the plain `wasmtime` CLI:
 //! `wasmtime run --invoke 'fold("…", {…})' processor.wasm`.
 
+//!
+//! The values are built as `wasmtime::component::Val`s and printed by the
+//! `wasm-wave` crate (re-exported by wasmtime), the same code the wasmtime
+//! CLI parses `--invoke` with.
+
+use wasmtime::component::{wasm_wave, Val};
+
 use super::runtime::{Batch, Event, StreamInfo};
+
+fn text(s: &str) -> Val {
+    Val::String(s.to_string())
+}
+
+fn option_text(s: &Option<String>) -> Val {
+    Val::Option(s.as_deref().map(|v| Box::new(text(v))))
+}
+
+fn record(fields: Vec<(&str, Val)>) -> Val {
+    Val::Record(
+        fields
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect(),
+    )
+}
+
+fn stream_info(s: &StreamInfo) -> Val {
+    record(vec![
+        ("project-id", option_text(&s.project_id)),
+        ("path", text(&s.path)),
+        ("stream-id", text(&s.stream_id)),
+        ("stream-created-at", text(&s.stream_created_at)),
+        ("max-offset", Val::U64(s.max_offset)),
+    ])
+}
+
+fn event(e: &Event) -> Val {
+    record(vec![
+        ("offset", Val::U64(e.offset)),
+        ("type", text(&e.type_)),
+        ("payload", text(&e.payload)),
+        ("metadata", option_text(&e.metadata)),
+        ("created-at", text(&e.created_at)),
+        ("idempotency-key", option_text(&e.idempotency_key)),
+    ])
+}
+
+fn print(v: &Val) -> String {
+    // Printing a value built from strings, integers, options, lists and
+    // records cannot fail.
+    wasm_wave::to_string(v).expect("a WAVE value of strings, numbers and records")
+}
 
 /// A WAVE string literal.
 pub fn string(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() + 2);
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            '\'' => out.push_str("\\'"),
-            c if c.is_control() => out.push_str(&format!("\\u{{{:x}}}", c as u32)),
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-    out
-}
-
-fn option_string(s: &Option<String>) -> String {
-    match s {
-        Some(v) => format!("some({})", string(v)),
-        None => "none".to_string(),
-    }
-}
-
-fn stream_info(s: &StreamInfo) -> String {
-    format!(
-        "{{project-id: {}, path: {}, stream-id: {}, stream-created-at: {}, max-offset: {}}}",
-        option_string(&s.project_id),
-        string(&s.path),
-        string(&s.stream_id),
-        string(&s.stream_created_at),
-        s.max_offset
-    )
-}
-
-fn event(e: &Event) -> String {
-    format!(
-        "{{offset: {}, %type: {}, payload: {}, metadata: {}, created-at: {}, idempotency-key: {}}}",
-        e.offset,
-        string(&e.type_),
-        string(&e.payload),
-        option_string(&e.metadata),
-        string(&e.created_at),
-        option_string(&e.idempotency_key)
-    )
+    print(&text(s))
 }
 
 /// The WAVE value of a batch record.
 pub fn batch(b: &Batch) -> String {
-    let events: Vec<String> = b.events.iter().map(event).collect();
-    format!(
-        "{{%stream: {}, events: [{}], scanned-through-offset: {}}}",
-        stream_info(&b.stream),
-        events.join(", "),
-        b.scanned_through_offset
-    )
+    print(&record(vec![
+        ("stream", stream_info(&b.stream)),
+        ("events", Val::List(b.events.iter().map(event).collect())),
+        ("scanned-through-offset", Val::U64(b.scanned_through_offset)),
+    ]))
 }
 
 /// The `--invoke` argument for `fold(state, batch)`.
