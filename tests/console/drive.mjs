@@ -61,6 +61,10 @@ try {
     return cell && Number(cell.textContent) >= at;
   }, [subscription, offset]);
 
+  step("verify the processor");
+  await page.locator("button", { hasText: "Verify" }).first().click();
+  await page.locator(`[data-testid^=verify-]`, { hasText: "state = fold(log)" }).waitFor();
+
   step("the components and effects views");
   await page.goto(`${url}/console#/components`);
   await page.locator(`[data-testid=components] tr`).first().waitFor();

@@ -638,3 +638,38 @@ fn completions_cover_every_command() {
     let (ok, _, err) = run_cli(&["completions", "tcsh"]);
     assert!(!ok && err.contains("tcsh"), "{err}");
 }
+
+#[tokio::test]
+async fn deploy_shows_its_progress_on_a_terminal_only() {
+    let s = Server::start();
+    let dir = tempfile::tempdir().unwrap();
+    let counter = dir.path().join("counter.wasm");
+    std::fs::write(&counter, crate::support::guest("counter")).unwrap();
+    let args = format!(
+        "{BIN} deploy --url {} --project acme counter {}",
+        s.url,
+        counter.display()
+    );
+    // `script` runs the command on a pseudo-terminal.
+    let out = Command::new("script")
+        .args(["-qec", &args, "/dev/null"])
+        .output()
+        .expect("running script (util-linux)");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("✓ deploying counter ("), "{text}");
+    assert!(text.contains("the server compiles it)"), "{text}");
+    // Piped, the answer alone.
+    let (ok, piped, err) = run_cli(&[
+        "deploy",
+        "--url",
+        &s.url,
+        "--project",
+        "acme",
+        "counter",
+        counter.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    assert!(!err.contains("deploying"), "{err}");
+    assert!(piped.contains("sha256:"), "{piped}");
+}
