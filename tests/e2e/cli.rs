@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use crate::support::{file_in, run_cli, Server, BIN};
+use crate::support::{cli_json, file_in, run_cli, Server, BIN};
 
 #[tokio::test]
 async fn append_events_and_state_commands() {
@@ -324,13 +324,6 @@ fn an_unreachable_server_is_one_line_with_a_hint() {
 }
 
 /// `streamhost ARGS... --url URL --project acme`, parsed as JSON.
-fn cli_json(s: &Server, args: &[&str]) -> Value {
-    let mut all: Vec<&str> = args.to_vec();
-    all.extend(["--url", &s.url, "--project", "acme"]);
-    let (ok, out, err) = run_cli(&all);
-    assert!(ok, "{args:?}: {err}");
-    serde_json::from_str(&out).unwrap_or_else(|e| panic!("{args:?}: {e}: {out}"))
-}
 
 #[tokio::test]
 async fn subscriptions_pausing_reset_and_health_from_the_command_line() {

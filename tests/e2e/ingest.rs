@@ -45,6 +45,39 @@ async fn wait_orders(server: &Server, stream: &str, n: usize) -> Vec<(String, u6
     orders(server, stream).await
 }
 
+/// Pauses (or resumes) a stream: its appends are refused meanwhile.
+async fn set_paused(server: &Server, stream: &str, paused: bool) {
+    let kind = if paused { "paused" } else { "resumed" };
+    let event = json!({"type": format!("events.iterate.com/stream/{kind}")});
+    let (status, out) = server
+        .post(&format!("{stream}:append"), json!({"events": [event]}))
+        .await;
+    assert_eq!(status, 200, "{out}");
+}
+
+/// Waits until the bridge reports an error containing every one of `parts`.
+async fn wait_bridge_error(server: &Server, parts: &[&str]) {
+    wait_for(
+        &format!("the bridge to report {parts:?}"),
+        Duration::from_secs(20),
+        async || {
+            ingest_status(server).await["nats"]["lastError"]
+                .as_str()
+                .is_some_and(|e| parts.iter().all(|p| e.contains(p)))
+        },
+    )
+    .await;
+}
+
+/// Deletes the JetStream stream and creates it again, safely configured:
+/// a new incarnation.
+async fn recreate_safely(js: &jetstream::Context) {
+    js.delete_stream("STREAMHOST_INGEST").await.unwrap();
+    js.create_stream(streamhost::ingest::nats::safe_config())
+        .await
+        .unwrap();
+}
+
 async fn ingest_status(server: &Server) -> Value {
     let (status, body) = server.get("/v1/ingest").await;
     assert_eq!(status, 200, "{body}");
@@ -178,13 +211,7 @@ async fn ingest_refuses_bad_events_at_acceptance() {
 #[tokio::test]
 async fn ingest_at_capacity_refuses_new_work_keeps_what_it_accepted_and_paused_streams_hold() {
     let server = Server::start_with(Some("[ingest]\nmax-pending-events = 5\n"), &[]);
-    let paused = server
-        .post(
-            &format!("{STREAM}:append"),
-            json!({"events": [{"type": "events.iterate.com/stream/paused", "payload": {"reason": "maintenance"}}]}),
-        )
-        .await;
-    assert_eq!(paused.0, 200, "{}", paused.1);
+    set_paused(&server, STREAM, true).await;
     let events: Vec<Value> = (1..=4).map(|n| order(&format!("o-{n}"), n)).collect();
     assert_eq!(server.post(INGEST, json!({"events": events})).await.0, 202);
     let other = "/v1/projects/acme/ingest/other";
@@ -232,13 +259,7 @@ async fn ingest_at_capacity_refuses_new_work_keeps_what_it_accepted_and_paused_s
     assert!(orders(&server, STREAM).await.is_empty());
 
     // Resumed, the held events arrive in acceptance order and capacity frees.
-    let resumed = server
-        .post(
-            &format!("{STREAM}:append"),
-            json!({"events": [{"type": "events.iterate.com/stream/resumed"}]}),
-        )
-        .await;
-    assert_eq!(resumed.0, 200, "{}", resumed.1);
+    set_paused(&server, STREAM, false).await;
     let got = wait_orders(&server, STREAM, 5).await;
     let want: Vec<(String, u64)> = (1..=5).map(|n| (format!("o-{n}"), n)).collect();
     assert_eq!(got, want);
@@ -258,12 +279,7 @@ async fn ingest_at_capacity_refuses_new_work_keeps_what_it_accepted_and_paused_s
 async fn ingest_loses_nothing_accepted_across_kill_9() {
     let mut server = Server::start();
     // Held by a pause, then killed: the accepted events are in the database.
-    server
-        .post(
-            &format!("{STREAM}:append"),
-            json!({"events": [{"type": "events.iterate.com/stream/paused"}]}),
-        )
-        .await;
+    set_paused(&server, STREAM, true).await;
     for batch in 0..4u64 {
         let events: Vec<Value> = (1..=25)
             .map(|i| batch * 25 + i)
@@ -273,12 +289,7 @@ async fn ingest_loses_nothing_accepted_across_kill_9() {
     }
     server.restart();
     assert_eq!(ingest_status(&server).await["http"]["pending"], 100);
-    server
-        .post(
-            &format!("{STREAM}:append"),
-            json!({"events": [{"type": "events.iterate.com/stream/resumed"}]}),
-        )
-        .await;
+    set_paused(&server, STREAM, false).await;
     // Killed again while draining: the restarted drain appends the rest, and
     // what was appended before the kill is not appended twice.
     wait_for("the drain started", Duration::from_secs(20), async || {
@@ -475,30 +486,10 @@ async fn a_recreated_jetstream_stream_is_refused_until_registered() {
     let first = wait_consuming(&server).await;
     server.kill();
     let js = nats.jetstream().await;
-    js.delete_stream("STREAMHOST_INGEST").await.unwrap();
-    js.create_stream(stream::Config {
-        name: "STREAMHOST_INGEST".into(),
-        subjects: vec!["streamhost.*.ingest.>".into()],
-        max_messages: 50_000,
-        max_bytes: 512 * 1024 * 1024,
-        max_message_size: 1024 * 1024,
-        discard: stream::DiscardPolicy::New,
-        ..Default::default()
-    })
-    .await
-    .unwrap();
+    recreate_safely(&js).await;
     publish_orders(&js, 1, 1).await;
     server.restart();
-    wait_for(
-        "the recreation reported",
-        Duration::from_secs(20),
-        async || {
-            ingest_status(&server).await["nats"]["lastError"]
-                .as_str()
-                .is_some_and(|e| e.contains("was recreated"))
-        },
-    )
-    .await;
+    wait_bridge_error(&server, &["was recreated"]).await;
     let status = ingest_status(&server).await["nats"].clone();
     assert_eq!(status["consuming"], false, "{status}");
     assert!(orders(&server, BRIDGED).await.is_empty());
@@ -545,43 +536,14 @@ async fn an_unsafe_or_unregistered_jetstream_stream_is_not_consumed() {
     .await
     .unwrap();
     let server = bridged_server(&nats);
-    wait_for(
-        "the unsafe config reported",
-        Duration::from_secs(20),
-        async || {
-            ingest_status(&server).await["nats"]["lastError"]
-                .as_str()
-                .is_some_and(|e| e.contains("not configured safely") && e.contains("max age"))
-        },
-    )
-    .await;
+    wait_bridge_error(&server, &["not configured safely", "max age"]).await;
     drop(server);
 
     // Safe but holding messages it never registered: refused, kept.
-    js.delete_stream("STREAMHOST_INGEST").await.unwrap();
-    js.create_stream(stream::Config {
-        name: "STREAMHOST_INGEST".into(),
-        subjects: vec!["streamhost.*.ingest.>".into()],
-        max_messages: 50_000,
-        max_bytes: 512 * 1024 * 1024,
-        max_message_size: 1024 * 1024,
-        discard: stream::DiscardPolicy::New,
-        ..Default::default()
-    })
-    .await
-    .unwrap();
+    recreate_safely(&js).await;
     publish_orders(&js, 1, 2).await;
     let server = bridged_server(&nats);
-    wait_for(
-        "the unregistered stream reported",
-        Duration::from_secs(20),
-        async || {
-            ingest_status(&server).await["nats"]["lastError"]
-                .as_str()
-                .is_some_and(|e| e.contains("holds 2 messages but was never registered"))
-        },
-    )
-    .await;
+    wait_bridge_error(&server, &["holds 2 messages but was never registered"]).await;
     assert_eq!(messages_in(&js).await, 2);
     assert!(orders(&server, BRIDGED).await.is_empty());
 }
@@ -591,13 +553,7 @@ async fn the_bridge_holds_a_paused_streams_messages_in_jetstream_until_resumed()
     let nats = NatsServer::start();
     let server = bridged_server(&nats);
     wait_consuming(&server).await;
-    let paused = server
-        .post(
-            &format!("{BRIDGED}:append"),
-            json!({"events": [{"type": "events.iterate.com/stream/paused"}]}),
-        )
-        .await;
-    assert_eq!(paused.0, 200, "{}", paused.1);
+    set_paused(&server, BRIDGED, true).await;
     let js = nats.jetstream().await;
     publish_orders(&js, 1, 3).await;
     // Another stream's messages are not held up behind the paused one.
@@ -619,13 +575,7 @@ async fn the_bridge_holds_a_paused_streams_messages_in_jetstream_until_resumed()
     // Held: still in JetStream (capacity taken), not appended.
     assert!(orders(&server, BRIDGED).await.is_empty());
     publish_orders(&js, 4, 4).await;
-    let resumed = server
-        .post(
-            &format!("{BRIDGED}:append"),
-            json!({"events": [{"type": "events.iterate.com/stream/resumed"}]}),
-        )
-        .await;
-    assert_eq!(resumed.0, 200, "{}", resumed.1);
+    set_paused(&server, BRIDGED, false).await;
     let got = wait_orders(&server, BRIDGED, 4).await;
     let want: Vec<(String, u64)> = (1..=4).map(|n| (format!("o-{n}"), n)).collect();
     assert_eq!(got, want);

@@ -8,15 +8,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::support::{run_cli, wait_for, Server};
-
-fn cli_json(s: &Server, args: &[&str]) -> Value {
-    let mut all: Vec<&str> = args.to_vec();
-    all.extend(["--url", &s.url, "--project", "acme"]);
-    let (ok, out, err) = run_cli(&all);
-    assert!(ok, "{args:?}: {err}");
-    serde_json::from_str(&out).unwrap_or_else(|e| panic!("{args:?}: {e}: {out}"))
-}
+use crate::support::{cli_json, run_cli, wait_for, Server};
 
 #[tokio::test]
 async fn a_scaffolded_processor_builds_alone_deploys_and_folds() {

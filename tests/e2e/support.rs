@@ -286,6 +286,15 @@ pub async fn wait_for(what: &str, timeout: Duration, mut check: impl AsyncFnMut(
     panic!("timed out after {timeout:?} waiting for {what}");
 }
 
+/// Runs a client command against `s` in project `acme`; its JSON answer.
+pub fn cli_json(s: &Server, args: &[&str]) -> Value {
+    let mut all: Vec<&str> = args.to_vec();
+    all.extend(["--url", &s.url, "--project", "acme"]);
+    let (ok, out, err) = run_cli(&all);
+    assert!(ok, "{args:?}: {err}");
+    serde_json::from_str(&out).unwrap_or_else(|e| panic!("{args:?}: {e}: {out}"))
+}
+
 /// Runs the binary as a client command and returns (success, stdout, stderr).
 pub fn run_cli(args: &[&str]) -> (bool, String, String) {
     let out = Command::new(BIN)

@@ -90,27 +90,21 @@ impl Capacity {
 
     /// Takes room for `events` events of `bytes` bytes, or says why not.
     pub fn reserve(&mut self, events: u64, bytes: u64) -> Result<(), Error> {
-        if self.events + events > self.max_events {
-            return Err(Error::unavailable(
+        let exhausted = |what: &str, pending: u64, max: u64, more: u64| {
+            Error::unavailable(
                 "capacity-exhausted",
                 format!(
-                    "ingest is at capacity: {} of {} events pending, {events} more do not fit \
-                     (everything accepted before is kept; retry later)",
-                    self.events, self.max_events
+                    "ingest is at capacity: {pending} of {max} {what} pending, {more} more do not \
+                     fit (everything accepted before is kept; retry later)"
                 ),
                 CAPACITY_RETRY_AFTER_S,
-            ));
+            )
+        };
+        if self.events + events > self.max_events {
+            return Err(exhausted("events", self.events, self.max_events, events));
         }
         if self.bytes + bytes > self.max_bytes {
-            return Err(Error::unavailable(
-                "capacity-exhausted",
-                format!(
-                    "ingest is at capacity: {} of {} bytes pending, {bytes} more do not fit \
-                     (everything accepted before is kept; retry later)",
-                    self.bytes, self.max_bytes
-                ),
-                CAPACITY_RETRY_AFTER_S,
-            ));
+            return Err(exhausted("bytes", self.bytes, self.max_bytes, bytes));
         }
         self.events += events;
         self.bytes += bytes;
