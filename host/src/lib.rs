@@ -61,3 +61,6 @@ pub use host::Host;
 pub use http::error::ApiError;
 pub use stream::{EventInput, StreamAddress};
 pub use subscription::Subscription;
+
+#[cfg(test)]
+mod proptests;
