@@ -1325,12 +1325,7 @@ async fn deploy(a: DeployArgs) -> Result<()> {
         send(req, &url, a.component.project.token.as_deref()),
     )
     .await?;
-    let status = response.status();
-    let text = response.text().await?;
-    if !status.is_success() {
-        bail!("{status}: {text}");
-    }
-    print_line(&text)
+    print_answer(response).await
 }
 
 /// `streamhost fold`: folds a component over a JSONL file, offline.
