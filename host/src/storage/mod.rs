@@ -1,7 +1,7 @@
 //! Storage: one SQLite database per data directory (WAL). All SQL lives here.
 //!
 //! Writes go through one writer thread that coalesces the commits of all
-//! streams into one transaction (group commit, see [`writer`]); reads use a
+//! streams into one transaction (group commit, see `writer.rs`); reads use a
 //! small pool of read connections, which WAL lets run beside the writer.
 //!
 //! **Architecture Invariant:** a write is answered only after the transaction

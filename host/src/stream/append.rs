@@ -54,7 +54,7 @@ pub struct AppendContext<'a> {
     /// Committed events holding idempotency keys of this request, by key.
     pub committed_by_key: &'a HashMap<String, Event>,
     /// Committed `subscription-configured` events this request may repeat, by
-    /// offset (see [`configure_offsets`]).
+    /// offset (see `configure_offsets`).
     pub committed_by_offset: &'a HashMap<u64, Event>,
 }
 
