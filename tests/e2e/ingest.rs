@@ -135,6 +135,30 @@ async fn ingest_accepts_durably_and_appends_in_order_once() {
 }
 
 #[tokio::test]
+async fn racing_acceptances_of_one_key_with_other_content_accept_one() {
+    let server = Server::start();
+    for i in 0..20u64 {
+        let key = format!("race-{i}");
+        let (a, b) = tokio::join!(
+            server.post(INGEST, json!({"events": [order(&key, 1)]})),
+            server.post(INGEST, json!({"events": [order(&key, 2)]})),
+        );
+        let mut statuses = [a.0, b.0];
+        statuses.sort();
+        assert_eq!(statuses, [202, 409], "{a:?} {b:?}");
+        let conflict = if a.0 == 409 { &a } else { &b };
+        assert_eq!(
+            conflict.1["error"]["code"], "idempotency-conflict",
+            "{conflict:?}"
+        );
+    }
+    wait_orders(&server, STREAM, 20).await;
+    wait_http_drained(&server).await;
+    let got = orders(&server, STREAM).await;
+    assert_eq!(got.len(), 20, "{got:?}");
+}
+
+#[tokio::test]
 async fn ingest_status_is_for_admins_and_ingest_for_the_projects_token() {
     let server = Server::start_with(Some(TOKENS), &[]);
     let event = json!({"events": [order("k", 1)]});

@@ -10,7 +10,7 @@ use std::collections::HashMap;
 
 use super::{validate_event, Ingest};
 use crate::error::Error;
-use crate::storage::{IngestOp, NewPending, Storage, WriteOp};
+use crate::storage::{IngestOp, NewPending, Storage, WriteOp, KEY_CONFLICT};
 use crate::stream::{is_same_event, Event, EventInput, StreamAddress, APPEND_EVENTS_MAX};
 
 /// Accepts `events` for the stream at `address`; answers how many were
@@ -87,7 +87,16 @@ pub async fn accept(
         }
         Ok(Err(e)) => {
             ingest.release(n, bytes);
-            Err(Error::internal(format!("accepting events failed: {e}")))
+            match e.0.strip_prefix(KEY_CONFLICT) {
+                Some(key) => Err(Error::conflict(
+                    "idempotency-conflict",
+                    format!(
+                        "idempotency key {key:?} is already used by an accepted event not yet \
+                         appended, with a different type, payload or metadata"
+                    ),
+                )),
+                None => Err(Error::internal(format!("accepting events failed: {e}"))),
+            }
         }
         Err(_) => {
             ingest.release(n, bytes);

@@ -10,6 +10,10 @@ use rusqlite::{params, Connection, OptionalExtension};
 
 use super::Storage;
 
+/// How an [`IngestOp::Accept`] that meets a pending key with other content
+/// fails (the key follows).
+pub const KEY_CONFLICT: &str = "idempotency-conflict on pending key ";
+
 /// Most diagnostics kept per fence (the latest).
 pub const DIAGNOSTICS_KEPT: i64 = 64;
 
@@ -110,6 +114,19 @@ pub(super) fn apply(conn: &Connection, op: &IngestOp) -> Result<i64> {
                 {
                     new += 1;
                     bytes += r.body.len() as i64;
+                    continue;
+                }
+                // The key is pending already: an acceptance that raced with
+                // this one. Other content is a conflict, and none of this
+                // write commits.
+                let held: String = conn
+                    .prepare_cached(
+                        "SELECT body FROM ingest_pending
+                         WHERE project = ?1 AND path = ?2 AND idempotency_key = ?3",
+                    )?
+                    .query_row(params![r.project, r.path, r.key], |row| row.get(0))?;
+                if held != r.body {
+                    anyhow::bail!("{KEY_CONFLICT}{}", r.key);
                 }
             }
             // One request is at most 1000 events of at most a body's bytes
@@ -381,6 +398,12 @@ mod tests {
             &IngestOp::Accept(vec![row("k2", "de"), row("k3", "fghi")]),
         );
         assert_eq!(IngestOp::accepted(again.unwrap()), (1, 4));
+        let other = apply(
+            &conn,
+            &IngestOp::Accept(vec![row("k4", "x"), row("k1", "zzz")]),
+        );
+        let e = other.unwrap_err().to_string();
+        assert!(e.starts_with(KEY_CONFLICT) && e.ends_with("k1"), "{e}");
         let gone = IngestOp::Appended {
             project: "acme".into(),
             path: "/a".into(),

@@ -22,7 +22,9 @@ use rusqlite::{params, Connection, OpenFlags, OptionalExtension};
 use crate::config::Durability;
 use crate::metrics::Metrics;
 pub use effects::{EffectOp, EffectQuery, EffectRow, EffectSource, NewEffect};
-pub use ingest::{FenceIdentity, FenceRow, IngestOp, NewPending, PendingRow, DIAGNOSTICS_KEPT};
+pub use ingest::{
+    FenceIdentity, FenceRow, IngestOp, NewPending, PendingRow, DIAGNOSTICS_KEPT, KEY_CONFLICT,
+};
 pub use writer::{
     Checkpoint, CommitError, CursorRow, Deployment, NewStream, ProcessorFailure, StoredEvent,
     StreamCommit, StreamRef, WriteOp,
