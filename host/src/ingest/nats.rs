@@ -179,6 +179,7 @@ pub fn start(streams: StreamsRef, ingest: Ingest, url: String) {
 
 async fn run(streams: StreamsRef, ingest: Ingest, url: String) {
     let mut backoff = Duration::from_millis(500);
+    let mut last_logged: Option<String> = None;
     loop {
         let Some(live) = streams.upgrade() else {
             return;
@@ -191,7 +192,15 @@ async fn run(streams: StreamsRef, ingest: Ingest, url: String) {
                 if let Some(reply) = reply {
                     let _ = reply.send(Err(e.clone()));
                 }
-                tracing::error!(nats = %url, error = %e, "ingest bridge stopped; trying again");
+                // Logged when it changes: a refused stream stays refused
+                // (and shown in GET /v1/ingest) between the retries.
+                if ingest.status()["nats"]["consuming"] == true {
+                    last_logged = None; // it had recovered since
+                }
+                if last_logged.as_deref() != Some(e.as_str()) {
+                    tracing::error!(nats = %url, error = %e, "ingest bridge stopped; trying again");
+                    last_logged = Some(e.clone());
+                }
                 ingest.update_nats(|s| {
                     s.last_error = Some(e);
                     s.consuming = false;
