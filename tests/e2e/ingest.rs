@@ -98,7 +98,7 @@ async fn ingest_accepts_durably_and_appends_in_order_once() {
     let (status, body) = server.post(INGEST, json!({"events": events})).await;
     assert_eq!((status, body), (202, json!({"accepted": 5})));
     let got = wait_orders(&server, STREAM, 5).await;
-    let want: Vec<(String, u64)> = (1..=5).map(|n| (format!("o-{n}"), n)).collect();
+    let want = numbered_orders(1, 5);
     assert_eq!(got, want);
 
     // A retried acceptance (an unknown outcome retried) is accepted again and
@@ -285,7 +285,7 @@ async fn ingest_at_capacity_refuses_new_work_keeps_what_it_accepted_and_paused_s
     // Resumed, the held events arrive in acceptance order and capacity frees.
     set_paused(&server, STREAM, false).await;
     let got = wait_orders(&server, STREAM, 5).await;
-    let want: Vec<(String, u64)> = (1..=5).map(|n| (format!("o-{n}"), n)).collect();
+    let want = numbered_orders(1, 5);
     assert_eq!(got, want);
     wait_http_drained(&server).await;
     assert_eq!(ingest_status(&server).await["http"]["bytes"], 0);
@@ -325,7 +325,7 @@ async fn ingest_loses_nothing_accepted_across_kill_9() {
     wait_http_drained(&server).await;
     let got_after = orders(&server, STREAM).await;
     assert_eq!(got_after.len(), 100, "{got:?}");
-    let want: Vec<(String, u64)> = (1..=100).map(|n| (format!("o-{n}"), n)).collect();
+    let want = numbered_orders(1, 100);
     assert_eq!(got_after, want);
 }
 
@@ -352,6 +352,21 @@ async fn publish_orders(js: &jetstream::Context, from: u64, to: u64) {
         let body = json!({"type": "order-placed", "payload": {"n": n}}).to_string();
         publish(js, SUBJECT, Some(&format!("o-{n}")), body.as_bytes()).await;
     }
+}
+
+/// Waits until every message left JetStream (its capacity reclaimed).
+async fn wait_jetstream_empty(js: &jetstream::Context) {
+    wait_for(
+        "JetStream stream empty",
+        Duration::from_secs(20),
+        async || messages_in(js).await == 0,
+    )
+    .await;
+}
+
+/// Orders `o-from`..=`o-to` as `orders` reads them.
+fn numbered_orders(from: u64, to: u64) -> Vec<(String, u64)> {
+    (from..=to).map(|n| (format!("o-{n}"), n)).collect()
 }
 
 async fn messages_in(js: &jetstream::Context) -> u64 {
@@ -404,15 +419,10 @@ async fn the_bridge_creates_a_safe_stream_and_appends_in_order_keyed_by_msg_id()
 
     publish_orders(&js, 1, 30).await;
     let got = wait_orders(&server, BRIDGED, 30).await;
-    let want: Vec<(String, u64)> = (1..=30).map(|n| (format!("o-{n}"), n)).collect();
+    let want = numbered_orders(1, 30);
     assert_eq!(got, want);
     // Capacity is reclaimed: each message was deleted after its append.
-    wait_for(
-        "JetStream stream empty",
-        Duration::from_secs(10),
-        async || messages_in(&js).await == 0,
-    )
-    .await;
+    wait_jetstream_empty(&js).await;
     assert_eq!(orders(&server, BRIDGED).await.len(), 30);
 }
 
@@ -464,12 +474,7 @@ async fn the_bridge_rejects_bad_messages_with_diagnostics_and_deletes_them() {
     assert!(reasons[1].contains("not an event"), "{d}");
     assert!(reasons[2].contains("platform-authored"), "{d}");
     assert!(reasons[3].contains("Bad_Project"), "{d}");
-    wait_for(
-        "JetStream stream empty",
-        Duration::from_secs(10),
-        async || messages_in(&js).await == 0,
-    )
-    .await;
+    wait_jetstream_empty(&js).await;
     assert_eq!(orders(&server, BRIDGED).await.len(), 1);
 }
 
@@ -491,15 +496,10 @@ async fn the_bridge_loses_and_repeats_nothing_across_kill_9() {
     publish_orders(&js, 201, 220).await;
     server.restart();
     let got = wait_orders(&server, BRIDGED, 220).await;
-    wait_for(
-        "JetStream stream empty",
-        Duration::from_secs(20),
-        async || messages_in(&js).await == 0,
-    )
-    .await;
+    wait_jetstream_empty(&js).await;
     let got_after = orders(&server, BRIDGED).await;
     assert_eq!(got_after.len(), 220, "{got:?}");
-    let want: Vec<(String, u64)> = (1..=220).map(|n| (format!("o-{n}"), n)).collect();
+    let want = numbered_orders(1, 220);
     assert_eq!(got_after, want);
 }
 
@@ -601,12 +601,7 @@ async fn the_bridge_holds_a_paused_streams_messages_in_jetstream_until_resumed()
     publish_orders(&js, 4, 4).await;
     set_paused(&server, BRIDGED, false).await;
     let got = wait_orders(&server, BRIDGED, 4).await;
-    let want: Vec<(String, u64)> = (1..=4).map(|n| (format!("o-{n}"), n)).collect();
+    let want = numbered_orders(1, 4);
     assert_eq!(got, want);
-    wait_for(
-        "JetStream stream empty",
-        Duration::from_secs(10),
-        async || messages_in(&js).await == 0,
-    )
-    .await;
+    wait_jetstream_empty(&js).await;
 }
