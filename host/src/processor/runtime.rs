@@ -38,6 +38,11 @@ pub const PROCESSOR_INTERFACE: &str = "streamhost:processor/processor@0.1.0";
 pub const GUEST_MEMORY_BYTES_MAX: usize = 256 * 1024 * 1024;
 /// Virtual address space reserved per guest memory.
 const MEMORY_RESERVATION_BYTES: u64 = 4 << 30;
+/// Bytes of a slot's memory reset with `memset` (only the pages the last
+/// guest dirtied, found with Linux's `PAGEMAP_SCAN`) instead of `madvise`.
+const MEMORY_KEEP_RESIDENT_BYTES: usize = 2 * 1024 * 1024;
+/// The same for tables.
+const TABLE_KEEP_RESIDENT_BYTES: usize = 64 * 1024;
 /// Bytes of guest stdout/stderr kept per call.
 const GUEST_OUTPUT_BYTES_MAX: usize = 64 * 1024;
 /// Epoch tick; call deadlines are counted in ticks.
@@ -234,6 +239,29 @@ pub enum CallError {
     Err(serde_json::Value),
 }
 
+/// The engine settings every guest runs with (public so the processor
+/// benchmark's raw-wasmtime floor runs with the same ones): epoch
+/// interruption, a 1 MiB wasm stack, 4 GiB memory reservations (virtual, no
+/// commit: cranelift elides bounds checks; the store limiter caps what a
+/// guest may actually use) and the pooling allocator.
+pub fn engine_config() -> Config {
+    let mut config = Config::new();
+    config.epoch_interruption(true);
+    config.max_wasm_stack(1024 * 1024);
+    config.memory_reservation(MEMORY_RESERVATION_BYTES);
+    let mut pool = PoolingAllocationConfig::default();
+    pool.total_component_instances(200)
+        .total_core_instances(400)
+        .total_memories(400)
+        .total_tables(400)
+        .max_memory_size(MEMORY_RESERVATION_BYTES as usize)
+        .linear_memory_keep_resident(MEMORY_KEEP_RESIDENT_BYTES)
+        .table_keep_resident(TABLE_KEEP_RESIDENT_BYTES)
+        .pagemap_scan(wasmtime::Enabled::Auto);
+    config.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
+    config
+}
+
 /// The runtime. Cheap to share (`Arc`).
 pub struct Runtime {
     engine: Engine,
@@ -247,20 +275,7 @@ impl Runtime {
     /// Builds the engine and starts its epoch ticker. `cache_dir` holds
     /// compiled components.
     pub fn new(cache_dir: PathBuf) -> Result<Arc<Runtime>> {
-        let mut config = Config::new();
-        config.epoch_interruption(true);
-        config.max_wasm_stack(1024 * 1024);
-        // 4 GiB reservations (virtual, no commit) let cranelift elide bounds
-        // checks; the store limiter caps what a guest may actually use.
-        config.memory_reservation(MEMORY_RESERVATION_BYTES);
-        let mut pool = PoolingAllocationConfig::default();
-        pool.total_component_instances(200)
-            .total_core_instances(400)
-            .total_memories(400)
-            .total_tables(400)
-            .max_memory_size(MEMORY_RESERVATION_BYTES as usize);
-        config.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
-        let engine = Engine::new(&config)
+        let engine = Engine::new(&engine_config())
             .map_err(anyhow::Error::from)
             .context("creating the wasm engine")?;
         let mut linker = Linker::new(&engine);

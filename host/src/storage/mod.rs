@@ -8,6 +8,7 @@
 //! that holds it has committed (and, with `durability = "full"`, been fsync'd).
 
 mod effects;
+mod hot;
 mod ingest;
 mod schema;
 mod writer;
@@ -74,6 +75,9 @@ struct Inner {
     db_path: PathBuf,
     writer: writer::WriterHandle,
     readers: Mutex<Vec<Connection>>,
+    /// Newest events, checkpoints and component rows, kept true by the
+    /// writer (`hot.rs`).
+    hot: Arc<hot::Hot>,
     /// `<data-dir>/streamhost.lock`, locked exclusively while this storage
     /// lives: one host per data dir (released by the OS when the process dies).
     _lock: std::fs::File,
@@ -81,6 +85,9 @@ struct Inner {
 
 /// Read connections kept for reuse.
 const READERS_KEPT_MAX: usize = 16;
+/// Prepared statements kept per connection: more than storage has, so none
+/// is parsed again (rusqlite keeps 16 by default; the writer alone uses ~50).
+const STATEMENTS_CACHED: usize = 128;
 
 impl Storage {
     /// Opens (creating if needed) `streamhost.db` in `data_dir` and starts the
@@ -101,14 +108,17 @@ impl Storage {
         conn.pragma_update(None, "synchronous", sync)
             .context("setting synchronous")?;
         conn.busy_timeout(std::time::Duration::from_secs(10))?;
+        conn.set_prepared_statement_cache_capacity(STATEMENTS_CACHED);
         schema::migrate(&conn)
             .with_context(|| format!("migrating the schema of {}", db_path.display()))?;
-        let writer = writer::WriterHandle::start(conn, metrics)?;
+        let hot = Arc::new(hot::Hot::default());
+        let writer = writer::WriterHandle::start(conn, metrics, hot.clone())?;
         Ok(Storage {
             inner: Arc::new(Inner {
                 db_path,
                 writer,
                 readers: Mutex::new(Vec::new()),
+                hot,
                 _lock: lock,
             }),
         })
@@ -131,6 +141,7 @@ impl Storage {
                 )
                 .with_context(|| format!("opening reader on {}", self.inner.db_path.display()))?;
                 c.busy_timeout(std::time::Duration::from_secs(10))?;
+                c.set_prepared_statement_cache_capacity(STATEMENTS_CACHED);
                 c
             }
         };
@@ -219,6 +230,13 @@ impl Storage {
         limit: usize,
         up_to_offset: u64,
     ) -> Result<Vec<(u64, String)>> {
+        if let Some(events) = self
+            .inner
+            .hot
+            .events_after(row_id, after_offset, limit, up_to_offset)
+        {
+            return Ok(events);
+        }
         self.with_reader(|c| {
             let mut stmt = c.prepare_cached(
                 "SELECT offset, body FROM events WHERE stream = ?1 AND offset > ?2 AND offset <= ?4
@@ -283,7 +301,11 @@ impl Storage {
 
     /// The deployed component `name` of `project`.
     pub fn component(&self, project: &str, name: &str) -> Result<Option<ComponentRow>> {
-        self.with_reader(|c| {
+        let miss = match self.inner.hot.component(project, name) {
+            Ok(row) => return Ok(row),
+            Err(miss) => miss,
+        };
+        let row = self.with_reader(|c| {
             let row = c
                 .prepare_cached(
                     "SELECT name, digest, exports, deployed_at FROM components WHERE project = ?1 AND name = ?2",
@@ -291,7 +313,9 @@ impl Storage {
                 .query_row(params![project, name], component_row)
                 .optional()?;
             Ok(row)
-        })
+        })?;
+        self.inner.hot.fill_component(miss, project, name, &row);
+        Ok(row)
     }
 
     /// Every deployed component of `project`, by name.
@@ -318,7 +342,11 @@ impl Storage {
 
     /// A processor instance's checkpoint.
     pub fn checkpoint(&self, row_id: i64, component: &str) -> Result<Option<CheckpointRow>> {
-        self.with_reader(|c| {
+        let miss = match self.inner.hot.checkpoint(row_id, component) {
+            Ok(row) => return Ok(Some(row)),
+            Err(miss) => miss,
+        };
+        let row = self.with_reader(|c| {
             let row = c
                 .prepare_cached(
                     "SELECT stream_id, checkpoint_offset, state, digest, updated_at
@@ -335,7 +363,11 @@ impl Storage {
                 })
                 .optional()?;
             Ok(row)
-        })
+        })?;
+        if let Some(row) = &row {
+            self.inner.hot.fill_checkpoint(miss, row_id, component, row);
+        }
+        Ok(row)
     }
 
     /// A component's versions, newest first: (digest, deployed at).

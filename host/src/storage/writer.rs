@@ -4,7 +4,7 @@
 //! failing write does not take the others down.
 
 use std::fmt;
-use std::sync::mpsc;
+use std::sync::{mpsc, Arc};
 use std::time::Instant;
 
 use anyhow::{Context, Result};
@@ -178,11 +178,15 @@ pub(super) struct WriterHandle {
 }
 
 impl WriterHandle {
-    pub(super) fn start(conn: Connection, metrics: Metrics) -> Result<WriterHandle> {
+    pub(super) fn start(
+        conn: Connection,
+        metrics: Metrics,
+        hot: Arc<super::hot::Hot>,
+    ) -> Result<WriterHandle> {
         let (tx, rx) = mpsc::channel::<Job>();
         std::thread::Builder::new()
             .name("streamhost-writer".into())
-            .spawn(move || run(conn, rx, metrics))
+            .spawn(move || run(conn, rx, metrics, hot))
             .context("starting the writer thread")?;
         Ok(WriterHandle { tx })
     }
@@ -198,7 +202,7 @@ impl WriterHandle {
     }
 }
 
-fn run(conn: Connection, rx: mpsc::Receiver<Job>, metrics: Metrics) {
+fn run(conn: Connection, rx: mpsc::Receiver<Job>, metrics: Metrics, hot: Arc<super::hot::Hot>) {
     while let Ok(first) = rx.recv() {
         let mut jobs = vec![first];
         while jobs.len() < GROUP_WRITES_MAX {
@@ -230,10 +234,22 @@ fn run(conn: Connection, rx: mpsc::Receiver<Job>, metrics: Metrics) {
         metrics.observe_commit(elapsed, jobs.len(), committed);
         tracing::debug!(elapsed_us = elapsed.as_micros() as u64, "group committed");
         drop(span);
+        // Committed: the cache learns it before anyone is answered.
+        hot.committed(
+            jobs.iter()
+                .zip(&results)
+                .filter_map(|(j, r)| r.as_ref().ok().map(|row_id| (&j.op, *row_id))),
+        );
         for (job, result) in jobs.into_iter().zip(results) {
             let _ = job.reply.send(result);
         }
     }
+}
+
+/// Runs one of the fixed transaction-control statements (prepared once per
+/// connection, not parsed per commit).
+fn control(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
+    conn.prepare_cached(sql)?.execute([]).map(|_| ())
 }
 
 fn commit_group(conn: &Connection, jobs: &[Job]) -> Vec<Result<i64, CommitError>> {
@@ -242,30 +258,50 @@ fn commit_group(conn: &Connection, jobs: &[Job]) -> Vec<Result<i64, CommitError>
             .map(|_| Err(CommitError(format!("transaction failed: {e}"))))
             .collect()
     };
-    if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
+    if let Err(e) = control(conn, "BEGIN IMMEDIATE") {
         return fail_all(&e);
+    }
+    // A write alone in its transaction needs no savepoint: rolling the
+    // transaction back undoes it the same.
+    if let [job] = jobs {
+        return match apply(conn, &job.op) {
+            Ok(row_id) => match control(conn, "COMMIT") {
+                Ok(()) => vec![Ok(row_id)],
+                Err(e) => {
+                    tracing::error!(error = %e, "group commit failed");
+                    let _ = control(conn, "ROLLBACK");
+                    fail_all(&e)
+                }
+            },
+            Err(e) => {
+                tracing::error!(error = %format!("{e:#}"), "write rolled back");
+                let _ = control(conn, "ROLLBACK");
+                vec![Err(CommitError(format!("{e:#}")))]
+            }
+        };
     }
     let mut results = Vec::with_capacity(jobs.len());
     for job in jobs {
-        if let Err(e) = conn.execute_batch("SAVEPOINT op") {
-            let _ = conn.execute_batch("ROLLBACK");
+        if let Err(e) = control(conn, "SAVEPOINT op") {
+            let _ = control(conn, "ROLLBACK");
             return fail_all(&e);
         }
         match apply(conn, &job.op) {
             Ok(row_id) => {
-                let _ = conn.execute_batch("RELEASE op");
+                let _ = control(conn, "RELEASE op");
                 results.push(Ok(row_id));
             }
             Err(e) => {
                 tracing::error!(error = %format!("{e:#}"), "write rolled back");
-                let _ = conn.execute_batch("ROLLBACK TO op; RELEASE op");
+                let _ = control(conn, "ROLLBACK TO op");
+                let _ = control(conn, "RELEASE op");
                 results.push(Err(CommitError(format!("{e:#}"))));
             }
         }
     }
-    if let Err(e) = conn.execute_batch("COMMIT") {
+    if let Err(e) = control(conn, "COMMIT") {
         tracing::error!(error = %e, "group commit failed");
-        let _ = conn.execute_batch("ROLLBACK");
+        let _ = control(conn, "ROLLBACK");
         return fail_all(&e);
     }
     results

@@ -1,0 +1,401 @@
+//! What storage keeps in memory for the hot read paths (a wake, a delivery,
+//! an ITX call): each recently written stream's newest events, processors'
+//! checkpoints and component rows.
+//!
+//! **Invariant:** an entry is what SQLite would answer. The writer thread
+//! changes entries only after the transaction holding the change has
+//! committed and before that write is answered, in commit order. Readers
+//! that miss read SQLite and may fill a checkpoint or component entry, but
+//! only if no write touched the cache in between (a generation check), so a
+//! stale row can never be put back over a newer one.
+//!
+//! A stream's tail is a contiguous suffix of its stored log: every stored
+//! event from its first offset on. It starts at the first commit the writer
+//! sees (stored events only ever go after the head), so a read that starts
+//! inside it needs no SQL. Bounded: events per stream, and bytes over all
+//! streams (least recently written streams go first); checkpoints and
+//! components are bounded by bytes and count.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Mutex;
+
+use super::writer::WriteOp;
+use super::{CheckpointRow, ComponentRow};
+
+/// Newest events kept per stream: a full delivery batch.
+pub const TAIL_EVENTS_MAX: usize = 1000;
+/// Bytes of event bodies kept over all streams.
+pub const TAIL_BYTES_MAX: usize = 64 * 1024 * 1024;
+/// Largest processor state kept; larger ones are read from SQLite.
+pub const CHECKPOINT_STATE_BYTES_MAX: usize = 1024 * 1024;
+/// Bytes of processor state kept over all checkpoints.
+pub const CHECKPOINT_BYTES_MAX: usize = 64 * 1024 * 1024;
+/// Component rows kept (present or absent).
+pub const COMPONENTS_MAX: usize = 4096;
+
+#[derive(Default)]
+struct Tail {
+    events: VecDeque<(u64, String)>,
+    bytes: usize,
+    /// When the stream was last written (the cache's tick).
+    written: u64,
+}
+
+#[derive(Default)]
+struct State {
+    /// Bumped by every write that changes checkpoints or components.
+    generation: u64,
+    tick: u64,
+    tails: HashMap<i64, Tail>,
+    tail_bytes: usize,
+    checkpoints: HashMap<(i64, String), CheckpointRow>,
+    checkpoint_bytes: usize,
+    components: HashMap<(String, String), Option<ComponentRow>>,
+}
+
+/// The cache. Shared by the readers and the writer thread.
+#[derive(Default)]
+pub struct Hot {
+    state: Mutex<State>,
+}
+
+/// A reader's ticket to fill an entry it missed: the generation it saw.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Miss(u64);
+
+impl Hot {
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        // A panic while holding the lock leaves plain data behind; what is in
+        // it was consistent at every unlock, so poisoning is ignored.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Stored events of `row_id` with `after < offset <= up_to`, at most
+    /// `limit`, in order, if the stream's tail holds all of them.
+    pub fn events_after(
+        &self,
+        row_id: i64,
+        after: u64,
+        limit: usize,
+        up_to: u64,
+    ) -> Option<Vec<(u64, String)>> {
+        let state = self.lock();
+        let tail = state.tails.get(&row_id)?;
+        let first = tail.events.front()?.0;
+        if after.saturating_add(1) < first {
+            return None;
+        }
+        // Offsets in a tail are increasing: skip to the first one after.
+        let start = tail.events.partition_point(|(o, _)| *o <= after);
+        Some(
+            tail.events
+                .range(start..)
+                .take_while(|(o, _)| *o <= up_to)
+                .take(limit)
+                .cloned()
+                .collect(),
+        )
+    }
+
+    /// The checkpoint of (`row_id`, `component`), or a ticket to fill it.
+    pub fn checkpoint(&self, row_id: i64, component: &str) -> Result<CheckpointRow, Miss> {
+        let state = self.lock();
+        // (A borrowed key would need the tuple's parts borrowed together.)
+        match state.checkpoints.get(&(row_id, component.to_string())) {
+            Some(row) => Ok(row.clone()),
+            None => Err(Miss(state.generation)),
+        }
+    }
+
+    /// Fills a checkpoint read from SQLite, unless a write came in between.
+    pub fn fill_checkpoint(&self, miss: Miss, row_id: i64, component: &str, row: &CheckpointRow) {
+        let mut state = self.lock();
+        if state.generation == miss.0 {
+            state.put_checkpoint(row_id, component, row.clone());
+        }
+    }
+
+    /// The component row of (`project`, `name`) (`Some(None)`: known not to
+    /// be deployed), or a ticket to fill it.
+    pub fn component(&self, project: &str, name: &str) -> Result<Option<ComponentRow>, Miss> {
+        let state = self.lock();
+        match state
+            .components
+            .get(&(project.to_string(), name.to_string()))
+        {
+            Some(row) => Ok(row.clone()),
+            None => Err(Miss(state.generation)),
+        }
+    }
+
+    /// Fills a component row read from SQLite, unless a write came in between.
+    pub fn fill_component(
+        &self,
+        miss: Miss,
+        project: &str,
+        name: &str,
+        row: &Option<ComponentRow>,
+    ) {
+        let mut state = self.lock();
+        if state.generation == miss.0 {
+            if state.components.len() >= COMPONENTS_MAX {
+                state.components.clear();
+            }
+            state
+                .components
+                .insert((project.to_string(), name.to_string()), row.clone());
+        }
+    }
+
+    /// Applies committed writes, in commit order: `row_id` is each one's
+    /// answer (the stream row a commit wrote to). Called by the writer only.
+    pub(super) fn committed<'a>(&self, writes: impl Iterator<Item = (&'a WriteOp, i64)>) {
+        let mut state = self.lock();
+        for (op, row_id) in writes {
+            match op {
+                WriteOp::Commit(c) if !c.events.is_empty() => {
+                    state.append(row_id, c.events.iter().map(|e| (e.offset, &e.body)));
+                }
+                WriteOp::Checkpoint(c) => {
+                    state.generation += 1;
+                    let row = CheckpointRow {
+                        stream_id: c.stream_id.clone(),
+                        checkpoint_offset: c.offset,
+                        state: String::new(),
+                        digest: c.digest.clone(),
+                        updated_at: c.updated_at.clone(),
+                    };
+                    if c.state.len() <= CHECKPOINT_STATE_BYTES_MAX {
+                        let row = CheckpointRow {
+                            state: c.state.clone(),
+                            ..row
+                        };
+                        state.put_checkpoint(c.row_id, &c.component, row);
+                    } else {
+                        state.remove_checkpoint(c.row_id, &c.component);
+                    }
+                }
+                WriteOp::Deploy(d) => {
+                    state.generation += 1;
+                    state
+                        .components
+                        .remove(&(d.project.clone(), d.name.clone()));
+                }
+                WriteOp::Reset { row_id } => {
+                    state.generation += 1;
+                    if let Some(t) = state.tails.remove(row_id) {
+                        state.tail_bytes -= t.bytes;
+                    }
+                    let gone: Vec<_> = state
+                        .checkpoints
+                        .keys()
+                        .filter(|(r, _)| r == row_id)
+                        .cloned()
+                        .collect();
+                    for (r, component) in gone {
+                        state.remove_checkpoint(r, &component);
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+}
+
+impl State {
+    fn append<'a>(&mut self, row_id: i64, events: impl Iterator<Item = (u64, &'a String)>) {
+        self.tick += 1;
+        let tick = self.tick;
+        let tail = self.tails.entry(row_id).or_default();
+        tail.written = tick;
+        let mut added = 0;
+        for (offset, body) in events {
+            added += body.len();
+            tail.events.push_back((offset, body.clone()));
+        }
+        tail.bytes += added;
+        self.tail_bytes += added;
+        let mut removed = 0;
+        while tail.events.len() > TAIL_EVENTS_MAX {
+            let (_, body) = tail.events.pop_front().expect("longer than the bound");
+            removed += body.len();
+        }
+        tail.bytes -= removed;
+        self.tail_bytes -= removed;
+        if self.tail_bytes > TAIL_BYTES_MAX {
+            self.evict_tails(row_id);
+        }
+    }
+
+    /// Drops the least recently written tails (never `keep`'s) until the
+    /// tails fit in three quarters of the bound: eviction is amortized.
+    fn evict_tails(&mut self, keep: i64) {
+        let mut by_age: Vec<(u64, i64)> = self
+            .tails
+            .iter()
+            .filter(|(r, _)| **r != keep)
+            .map(|(r, t)| (t.written, *r))
+            .collect();
+        by_age.sort_unstable();
+        for (_, r) in by_age {
+            if self.tail_bytes <= TAIL_BYTES_MAX / 4 * 3 {
+                break;
+            }
+            if let Some(t) = self.tails.remove(&r) {
+                self.tail_bytes -= t.bytes;
+            }
+        }
+        if self.tail_bytes > TAIL_BYTES_MAX {
+            // One stream alone passes the bound: keep its newest events.
+            if let Some(tail) = self.tails.get_mut(&keep) {
+                while tail.bytes > TAIL_BYTES_MAX / 4 * 3 && tail.events.len() > 1 {
+                    let (_, body) = tail.events.pop_front().expect("non-empty");
+                    tail.bytes -= body.len();
+                    self.tail_bytes -= body.len();
+                }
+            }
+        }
+    }
+
+    fn put_checkpoint(&mut self, row_id: i64, component: &str, row: CheckpointRow) {
+        if row.state.len() > CHECKPOINT_STATE_BYTES_MAX {
+            return;
+        }
+        self.remove_checkpoint(row_id, component);
+        if self.checkpoint_bytes + row.state.len() > CHECKPOINT_BYTES_MAX {
+            self.checkpoints.clear();
+            self.checkpoint_bytes = 0;
+        }
+        self.checkpoint_bytes += row.state.len();
+        self.checkpoints
+            .insert((row_id, component.to_string()), row);
+    }
+
+    fn remove_checkpoint(&mut self, row_id: i64, component: &str) {
+        if let Some(old) = self.checkpoints.remove(&(row_id, component.to_string())) {
+            self.checkpoint_bytes -= old.state.len();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::storage::writer::{Checkpoint, StoredEvent, StreamCommit, StreamRef};
+
+    fn commit(row_id: i64, offsets: std::ops::RangeInclusive<u64>) -> WriteOp {
+        WriteOp::Commit(StreamCommit {
+            stream: StreamRef::Existing {
+                row_id,
+                expected_head: offsets.start() - 1,
+            },
+            events: offsets
+                .clone()
+                .map(|o| StoredEvent {
+                    offset: o,
+                    event_type: "t".into(),
+                    idempotency_key: None,
+                    body: format!("{{\"offset\":{o}}}"),
+                })
+                .collect(),
+            head_offset: *offsets.end(),
+            state_json: String::new(),
+            state_offset: 0,
+            cursors: Vec::new(),
+            removed_cursors: Vec::new(),
+        })
+    }
+
+    fn offsets(v: Option<Vec<(u64, String)>>) -> Option<Vec<u64>> {
+        v.map(|v| v.into_iter().map(|(o, _)| o).collect())
+    }
+
+    #[test]
+    fn a_tail_answers_reads_that_start_inside_it_and_only_those() {
+        let hot = Hot::default();
+        assert_eq!(hot.events_after(1, 0, 10, u64::MAX), None, "nothing seen");
+        let ops = [commit(1, 5..=7), commit(1, 8..=9)];
+        hot.committed(ops.iter().map(|op| (op, 1)));
+        assert_eq!(offsets(hot.events_after(1, 3, 10, 9)), None, "4 may exist");
+        assert_eq!(
+            offsets(hot.events_after(1, 4, 10, 9)),
+            Some(vec![5, 6, 7, 8, 9])
+        );
+        assert_eq!(offsets(hot.events_after(1, 6, 2, 9)), Some(vec![7, 8]));
+        assert_eq!(offsets(hot.events_after(1, 6, 10, 7)), Some(vec![7]));
+        assert_eq!(offsets(hot.events_after(1, 9, 10, u64::MAX)), Some(vec![]));
+        assert_eq!(hot.events_after(2, 0, 10, u64::MAX), None, "another row");
+    }
+
+    #[test]
+    fn a_tail_keeps_the_newest_events_and_a_reset_drops_it() {
+        let hot = Hot::default();
+        let n = TAIL_EVENTS_MAX as u64 + 10;
+        let op = commit(1, 1..=n);
+        hot.committed(std::iter::once((&op, 1)));
+        assert_eq!(hot.events_after(1, 9, 1, n), None, "10 was evicted");
+        assert_eq!(offsets(hot.events_after(1, 10, 1, n)), Some(vec![11]));
+        let reset = WriteOp::Reset { row_id: 1 };
+        hot.committed(std::iter::once((&reset, 1)));
+        assert_eq!(hot.events_after(1, 10, 1, n), None);
+    }
+
+    fn checkpoint(offset: u64) -> WriteOp {
+        WriteOp::Checkpoint(Checkpoint {
+            row_id: 1,
+            component: "c".into(),
+            stream_id: "s".into(),
+            previous_offset: None,
+            offset,
+            state: format!("{{\"n\":{offset}}}"),
+            digest: "d".into(),
+            effects: Vec::new(),
+            updated_at: "t".into(),
+            now_ms: 0,
+            project: "p".into(),
+            path: "/x".into(),
+        })
+    }
+
+    #[test]
+    fn a_fill_that_raced_a_write_is_dropped() {
+        let hot = Hot::default();
+        let miss = hot.checkpoint(1, "c").unwrap_err();
+        // The writer commits offset 2 while the reader read offset 1 from SQLite.
+        let op = checkpoint(2);
+        hot.committed(std::iter::once((&op, 1)));
+        let stale = CheckpointRow {
+            stream_id: "s".into(),
+            checkpoint_offset: 1,
+            state: "{}".into(),
+            digest: "d".into(),
+            updated_at: "t".into(),
+        };
+        hot.fill_checkpoint(miss, 1, "c", &stale);
+        assert_eq!(hot.checkpoint(1, "c").unwrap().checkpoint_offset, 2);
+        let reset = WriteOp::Reset { row_id: 1 };
+        hot.committed(std::iter::once((&reset, 1)));
+        let miss = hot.checkpoint(1, "c").unwrap_err();
+        hot.fill_checkpoint(miss, 1, "c", &stale);
+        assert_eq!(hot.checkpoint(1, "c").unwrap().checkpoint_offset, 1);
+    }
+
+    #[test]
+    fn a_deploy_forgets_the_component_row() {
+        let hot = Hot::default();
+        let miss = hot.component("p", "c").unwrap_err();
+        hot.fill_component(miss, "p", "c", &None);
+        assert_eq!(hot.component("p", "c"), Ok(None));
+        let deploy = WriteOp::Deploy(crate::storage::Deployment {
+            project: "p".into(),
+            name: "c".into(),
+            digest: "d".into(),
+            exports: vec![],
+            bytes: vec![],
+            deployed_at: "t".into(),
+            refold: false,
+        });
+        hot.committed(std::iter::once((&deploy, 0)));
+        assert!(hot.component("p", "c").is_err());
+    }
+}
