@@ -7,7 +7,11 @@
 //! normal. Each figure is the median of several runs, shown beside its ratio
 //! to the fsync rate measured in the same run, since machines are noisy.
 //!
-//! Options (after `--`): `--seconds S` per run (default 2), `--runs N` (3).
+//! Options (after `--`): `--seconds S` per run (default 2), `--runs N` (3),
+//! `--separate-clients`: the clients run in a separate process (this binary
+//! again), so the server's cost is measured alone.
+
+mod common;
 
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -155,6 +159,39 @@ async fn run_once(scenario: Scenario, durability: Durability, seconds: f64) -> R
         let _ = stop_rx.await;
     }));
 
+    let rate = if common::separate_clients() {
+        let index = FLOOR
+            .iter()
+            .chain(SCENARIOS)
+            .position(|s| s.name == scenario.name)
+            .expect("a listed scenario");
+        let args = vec![
+            "--url".to_string(),
+            url,
+            "--scenario".into(),
+            index.to_string(),
+            "--seconds".into(),
+            seconds.to_string(),
+        ];
+        let line = tokio::task::spawn_blocking(move || common::run_child("append", &args))
+            .await
+            .unwrap();
+        line.trim().parse().expect("the client's events/s")
+    } else {
+        drive(&url, scenario, seconds).await
+    };
+    let _ = stop_tx.send(());
+    let _ = server.await;
+    Run {
+        rate,
+        events_per_commit: histogram_mean(&metrics.render(), "streamhost_commit_group_events"),
+        commit_us: histogram_mean(&metrics.render(), "streamhost_commit_duration_seconds") * 1e6,
+    }
+}
+
+/// Runs `scenario`'s clients against the server at `url`: 300 ms of
+/// warm-up, then `seconds` measured; events (or requests) per second.
+async fn drive(url: &str, scenario: Scenario, seconds: f64) -> f64 {
     let client = reqwest::Client::builder()
         .pool_max_idle_per_host(256)
         .build()
@@ -166,7 +203,7 @@ async fn run_once(scenario: Scenario, durability: Durability, seconds: f64) -> R
     for c in 0..scenario.clients {
         let (client, url, events, measuring, stop) = (
             client.clone(),
-            url.clone(),
+            url.to_string(),
             events.clone(),
             measuring.clone(),
             stop.clone(),
@@ -209,13 +246,29 @@ async fn run_once(scenario: Scenario, durability: Durability, seconds: f64) -> R
     for t in tasks {
         t.await.unwrap();
     }
-    let _ = stop_tx.send(());
-    let _ = server.await;
-    Run {
-        rate: events.load(Ordering::Relaxed) as f64 / elapsed,
-        events_per_commit: histogram_mean(&metrics.render(), "streamhost_commit_group_events"),
-        commit_us: histogram_mean(&metrics.render(), "streamhost_commit_duration_seconds") * 1e6,
-    }
+    events.load(Ordering::Relaxed) as f64 / elapsed
+}
+
+/// The client process of `--separate-clients`: prints the events/s.
+fn child() {
+    let url = common::arg_text("--url").expect("--url");
+    let index = common::arg("--scenario", 0.0) as usize;
+    let seconds = common::arg("--seconds", 2.0);
+    let scenario = *FLOOR
+        .iter()
+        .chain(SCENARIOS)
+        .nth(index)
+        .expect("a scenario");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let rate = rt.block_on(async move {
+        tokio::spawn(async move { drive(&url, scenario, seconds).await })
+            .await
+            .unwrap()
+    });
+    println!("{rate}");
 }
 
 fn median(mut xs: Vec<f64>) -> f64 {
@@ -224,6 +277,9 @@ fn median(mut xs: Vec<f64>) -> f64 {
 }
 
 fn main() {
+    if common::child_role().is_some() {
+        return child();
+    }
     let opts = options();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -237,6 +293,9 @@ fn main() {
             .collect(),
     );
     println!("raw fsync rate (4 KiB write + fdatasync): {fsyncs:.0}/s  (= the one-fsync-per-append ceiling)");
+    if common::separate_clients() {
+        println!("clients: in a separate process (the server's cost alone)");
+    }
     println!();
     println!(
         "{:<40} {:>8} {:>12} {:>10} {:>14} {:>10}",

@@ -70,28 +70,21 @@ fn everything_typed() -> Everything {
     }
 }
 
-async fn http_overhead() -> Vec<f64> {
-    let dir = tempfile::tempdir().unwrap();
-    let host = Host::open(Config {
-        data_dir: dir.path().to_path_buf(),
-        ..Config::default()
-    })
-    .unwrap();
-    common::deploy(&host, "kinds", common::guest_wasm("kinds")).await;
-    let host_storage = Some(host.streams.storage().clone());
-    let host_runtime = host.streams.wasm_runtime().clone();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!(
-        "http://{}/v1/projects/bench/itx",
-        listener.local_addr().unwrap()
-    );
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(host.serve(listener, async {
-        let _ = stopped.await;
-    }));
+/// What the HTTP client measured (µs): ITX calls, and the floors of the
+/// same client and server with no work behind the request.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct HttpSamples {
+    itx: Vec<f64>,
+    healthz: Vec<f64>,
+    not_found: Vec<f64>,
+}
+
+/// Calls `add(1, 2)` over HTTP `CALLS` times, then the floors.
+async fn http_client(base: String) -> HttpSamples {
+    let url = format!("{base}/v1/projects/bench/itx");
     let client = reqwest::Client::new();
     let body = json!({"expression": ["components", ["get", "kinds"], "add"], "args": [1, 2]});
-    let mut samples = Vec::new();
+    let mut itx = Vec::new();
     for i in 0..CALLS + 50 {
         let start = Instant::now();
         let r: Value = client
@@ -105,31 +98,11 @@ async fn http_overhead() -> Vec<f64> {
             .unwrap();
         assert_eq!(r["result"], 3);
         if i >= 50 {
-            samples.push(start.elapsed().as_secs_f64() * 1e6);
+            itx.push(start.elapsed().as_secs_f64() * 1e6);
         }
     }
-    let mut lookups = Vec::new();
-    for _ in 0..500 {
-        let start = Instant::now();
-        let found = tokio::task::block_in_place(|| {
-            streamhost::processor::deployed(
-                host_storage.as_ref().unwrap(),
-                &host_runtime,
-                "bench",
-                "kinds",
-            )
-        });
-        assert!(found.unwrap().is_some());
-        lookups.push(start.elapsed().as_secs_f64() * 1e6);
-    }
-    println!(
-        "component lookup (SQLite row + prepared cache): p50 {:.1} µs",
-        percentile(lookups, 0.5)
-    );
-    // Floors: the same client and server with no work behind the request.
-    let base = url.trim_end_matches("/v1/projects/bench/itx").to_string();
-    let mut get = Vec::new();
-    let mut post = Vec::new();
+    let mut healthz = Vec::new();
+    let mut not_found = Vec::new();
     for i in 0..CALLS + 50 {
         let start = Instant::now();
         client
@@ -152,33 +125,96 @@ async fn http_overhead() -> Vec<f64> {
         r.bytes().await.unwrap();
         let p = start.elapsed().as_secs_f64() * 1e6;
         if i >= 50 {
-            get.push(g);
-            post.push(p);
+            healthz.push(g);
+            not_found.push(p);
         }
     }
+    HttpSamples {
+        itx,
+        healthz,
+        not_found,
+    }
+}
+
+/// Serves a host with `kinds` deployed and measures it with the HTTP client
+/// (in this process, or in a separate one with `--separate-clients`); also
+/// the component lookup the ITX path does per call.
+async fn http_overhead() -> (HttpSamples, f64) {
+    let dir = tempfile::tempdir().unwrap();
+    let host = Host::open(Config {
+        data_dir: dir.path().to_path_buf(),
+        ..Config::default()
+    })
+    .unwrap();
+    common::deploy(&host, "kinds", common::guest_wasm("kinds")).await;
+    let host_storage = host.streams.storage().clone();
+    let host_runtime = host.streams.wasm_runtime().clone();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(host.serve(listener, async {
+        let _ = stopped.await;
+    }));
+    let samples = if common::separate_clients() {
+        let args = vec!["--url".to_string(), base];
+        let line = tokio::task::spawn_blocking(move || common::run_child("http", &args))
+            .await
+            .unwrap();
+        serde_json::from_str(&line).expect("the client's samples")
+    } else {
+        http_client(base).await
+    };
+    let mut lookups = Vec::new();
+    for _ in 0..500 {
+        let start = Instant::now();
+        let found = tokio::task::block_in_place(|| {
+            streamhost::processor::deployed(&host_storage, &host_runtime, "bench", "kinds")
+        });
+        assert!(found.unwrap().is_some());
+        lookups.push(start.elapsed().as_secs_f64() * 1e6);
+    }
+    let lookup = percentile(lookups, 0.5);
+    println!("component lookup (cached row + prepared cache): p50 {lookup:.1} µs");
     println!(
         "HTTP floors, same client: GET /healthz p50 {:.1} µs, POST of the same JSON to a 404 route p50 {:.1} µs",
-        percentile(get, 0.5),
-        percentile(post, 0.5)
+        percentile(samples.healthz.clone(), 0.5),
+        percentile(samples.not_found.clone(), 0.5)
     );
     let _ = stop.send(());
-    samples
+    (samples, lookup)
+}
+
+/// The client process of `--separate-clients`: prints its samples as JSON.
+fn child() {
+    let base = common::arg_text("--url").expect("--url");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let samples = rt.block_on(async move { tokio::spawn(http_client(base)).await.unwrap() });
+    println!("{}", serde_json::to_string(&samples).unwrap());
 }
 
 fn main() {
+    if common::child_role().is_some() {
+        return child();
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .unwrap();
     eprintln!("ITX over HTTP ...");
+    if common::separate_clients() {
+        println!("HTTP client: in a separate process (the server's cost alone)");
+    }
     // The client runs as a task on the runtime's workers, like the server:
     // a client on the blocking `block_on` thread pays a cross-thread wake-up
     // per request that the server does not cause.
-    let http = rt.block_on(async { tokio::spawn(http_overhead()).await.unwrap() });
+    let (http, lookup) = rt.block_on(async { tokio::spawn(http_overhead()).await.unwrap() });
+    let itx_p50 = percentile(http.itx.clone(), 0.5);
     println!(
-        "ITX call over HTTP (POST /itx add(1, 2), fresh instance per call): p50 {:.1} µs, p99 {:.1} µs",
-        percentile(http.clone(), 0.5),
-        percentile(http, 0.99)
+        "ITX call over HTTP (POST /itx add(1, 2), fresh instance per call): p50 {itx_p50:.1} µs, p99 {:.1} µs",
+        percentile(http.itx, 0.99)
     );
 
     let cache = tempfile::tempdir().unwrap();
@@ -207,9 +243,14 @@ fn main() {
             direct.push(start.elapsed().as_secs_f64() * 1e6);
         }
     }
+    let direct_p50 = percentile(direct, 0.5);
     println!(
-        "the same add(1, 2) called directly (fresh instance, no HTTP):      p50 {:.1} µs",
-        percentile(direct, 0.5)
+        "the same add(1, 2) called directly (fresh instance, no HTTP):      p50 {direct_p50:.1} µs"
+    );
+    let parts = percentile(http.not_found, 0.5) + lookup + direct_p50;
+    println!(
+        "ITX over HTTP / its parts (404 POST floor + lookup + direct call, {parts:.1} µs): {:.2}  (aim: ≤ 2)",
+        itx_p50 / parts
     );
     let args = [everything_json()];
     let expected = everything_typed();

@@ -80,3 +80,49 @@ pub async fn deploy(host: &streamhost::Host, name: &str, bytes: Vec<u8>) {
         .unwrap()
         .unwrap();
 }
+
+/// The text after option `name` on the command line.
+pub fn arg_text(name: &str) -> Option<String> {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .cloned()
+}
+
+/// Whether the benchmark runs its clients in a separate process
+/// (`--separate-clients`), so the server's cost is measured alone: the
+/// parent runs the host, the child (this binary again, `--child ROLE`)
+/// drives it over loopback and prints what it measured.
+pub fn separate_clients() -> bool {
+    std::env::args().any(|a| a == "--separate-clients")
+}
+
+/// The role of this process when it was started as a benchmark's client.
+pub fn child_role() -> Option<String> {
+    arg_text("--child")
+}
+
+/// Runs this benchmark binary again as a client process (`--child ROLE`
+/// and `args`) and returns the last line it printed (its result, JSON).
+/// Blocking: call it from `spawn_blocking` while the server runs.
+pub fn run_child(role: &str, args: &[String]) -> String {
+    let exe = std::env::current_exe().expect("the benchmark's own path");
+    let out = std::process::Command::new(exe)
+        .arg("--child")
+        .arg(role)
+        .args(args)
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .expect("starting the client process");
+    assert!(
+        out.status.success(),
+        "the client process ({role}) failed: {}",
+        out.status
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .last()
+        .unwrap_or_default()
+        .to_string()
+}
