@@ -9,7 +9,9 @@
 //!   clients' latency and the appends' latency stay the same (ratios), and
 //!   the stalled client is closed.
 //!
-//! Options (after `--`): `--rate N` appends/s (default 200), `--seconds S` (3).
+//! Options (after `--`): `--rate N` appends/s (default 200), `--seconds S` (3),
+//! `--separate-clients`: the SSE clients and the appender run in a separate
+//! process (this binary again), so the server's cost is measured alone.
 
 mod common;
 use common::{arg, percentile};
@@ -21,6 +23,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 use streamhost::{Config, Host};
 
+#[derive(serde::Serialize, serde::Deserialize)]
 struct Outcome {
     appends_per_s: f64,
     received_fraction: f64,
@@ -72,6 +75,8 @@ async fn reader(
     latencies.lock().unwrap().append(&mut local);
 }
 
+/// One scenario: a fresh host served on loopback, driven by [`drive`] here
+/// or, with `--separate-clients`, in a client process.
 async fn run(clients: usize, stalled: bool, pad_bytes: usize, rate: f64, seconds: f64) -> Outcome {
     let dir = tempfile::tempdir().unwrap();
     let host = Host::open(Config {
@@ -85,6 +90,40 @@ async fn run(clients: usize, stalled: bool, pad_bytes: usize, rate: f64, seconds
     let server = tokio::spawn(host.serve(listener, async {
         let _ = stop_rx.await;
     }));
+    let outcome = if common::separate_clients() {
+        let args: Vec<String> = [
+            ("--url", base),
+            ("--clients", clients.to_string()),
+            ("--stalled", u8::from(stalled).to_string()),
+            ("--pad", pad_bytes.to_string()),
+            ("--rate", rate.to_string()),
+            ("--seconds", seconds.to_string()),
+        ]
+        .into_iter()
+        .flat_map(|(k, v)| [k.to_string(), v])
+        .collect();
+        let line = tokio::task::spawn_blocking(move || common::run_child("fanout", &args))
+            .await
+            .unwrap();
+        serde_json::from_str(&line).expect("the client's outcome")
+    } else {
+        drive(&base, clients, stalled, pad_bytes, rate, seconds).await
+    };
+    let _ = stop_tx.send(());
+    let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
+    outcome
+}
+
+/// The clients of one scenario against the server at `base`: `clients`
+/// SSE readers (and a stalled one), appends at `rate` for `seconds`.
+async fn drive(
+    base: &str,
+    clients: usize,
+    stalled: bool,
+    pad_bytes: usize,
+    rate: f64,
+    seconds: f64,
+) -> Outcome {
     let stream = format!("{base}/v1/projects/bench/streams/fanout");
     let http = reqwest::Client::new();
     http.post(format!("{stream}:append"))
@@ -191,11 +230,9 @@ async fn run(clients: usize, stalled: bool, pad_bytes: usize, rate: f64, seconds
         false
     };
     drop(stalled_response);
-    let _ = stop_tx.send(());
     for r in readers {
         r.abort();
     }
-    let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
     let l = latencies.lock().unwrap().clone();
     Outcome {
         appends_per_s: sent as f64 / seconds,
@@ -209,7 +246,29 @@ async fn run(clients: usize, stalled: bool, pad_bytes: usize, rate: f64, seconds
     }
 }
 
+/// The client process of `--separate-clients`: prints the outcome as JSON.
+fn child() {
+    let base = common::arg_text("--url").expect("--url");
+    let clients = arg("--clients", 1.0) as usize;
+    let stalled = arg("--stalled", 0.0) != 0.0;
+    let pad = arg("--pad", 0.0) as usize;
+    let (rate, seconds) = (arg("--rate", 200.0), arg("--seconds", 3.0));
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let outcome = rt.block_on(async move {
+        tokio::spawn(async move { drive(&base, clients, stalled, pad, rate, seconds).await })
+            .await
+            .unwrap()
+    });
+    println!("{}", serde_json::to_string(&outcome).unwrap());
+}
+
 fn main() {
+    if common::child_role().is_some() {
+        return child();
+    }
     let rate = arg("--rate", 200.0);
     let seconds = arg("--seconds", 3.0);
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -217,6 +276,9 @@ fn main() {
         .build()
         .unwrap();
     println!("appends at {rate:.0}/s for {seconds} s, one event each; latency = append sent → event received");
+    if common::separate_clients() {
+        println!("clients: in a separate process (the server's cost alone)");
+    }
     println!();
     println!(
         "{:<32} {:>9} {:>9} {:>12} {:>10} {:>10} {:>11} {:>11}",
