@@ -209,11 +209,14 @@ pub fn __fold<P: Processor>(state: String, batch: wit::Batch) -> Result<wit::Fol
             "the stored state does not fit this processor: {e}"
         )))
     })?;
+    // The batch is taken apart: each event's strings move into the
+    // `Event` the fold sees, nothing is copied.
+    let wit::Batch { stream, events, .. } = batch;
     let mut ctx = Context {
-        stream: &batch.stream,
+        stream: &stream,
         effects: Vec::new(),
     };
-    for e in &batch.events {
+    for e in events {
         let parse = |what: &str, text: &str| {
             serde_json::from_str::<Value>(text).map_err(|err| {
                 wit_failure(Failure::fatal(format!(
@@ -224,15 +227,15 @@ pub fn __fold<P: Processor>(state: String, batch: wit::Batch) -> Result<wit::Fol
         };
         let event = Event {
             offset: e.offset,
-            event_type: e.type_.clone(),
             payload: parse("payload", &e.payload)?,
             metadata: e
                 .metadata
                 .as_deref()
                 .map(|m| parse("metadata", m))
                 .transpose()?,
-            created_at: e.created_at.clone(),
-            idempotency_key: e.idempotency_key.clone(),
+            event_type: e.type_,
+            created_at: e.created_at,
+            idempotency_key: e.idempotency_key,
         };
         P::fold(&mut s, &event, &mut ctx).map_err(wit_failure)?;
     }

@@ -11,8 +11,9 @@
 //!   and calls `fold` with one event, no storage; the wake's p50 is printed
 //!   as a ratio of it;
 //! - fold throughput of the Wasm counter in batches of 1000 events against
-//!   the same fold (the counter crate and the SDK's per-event work) compiled
-//!   natively, as a ratio.
+//!   the same fold (the SDK's `fold` around the counter's, the very code the
+//!   guest runs) compiled natively and handed the batch the guest receives,
+//!   as a ratio.
 //!
 //! Needs the guests built: `cargo build --release --target wasm32-wasip2
 //! --manifest-path examples/processors/Cargo.toml` (scripts/test does it).
@@ -205,21 +206,41 @@ fn events(n: usize) -> Vec<Event> {
         .collect()
 }
 
-/// The native fold: the SDK's per-batch work around the counter's own fold.
-fn native_fold(state: &str, batch: &[Event]) -> String {
-    let mut s: counter::Count = serde_json::from_str(state).unwrap();
-    for e in batch {
-        let event = streamhost_guest::Event {
-            offset: e.offset,
-            event_type: e.type_.clone(),
-            payload: serde_json::from_str::<Value>(&e.payload).unwrap(),
-            metadata: None,
-            created_at: e.created_at.clone(),
-            idempotency_key: e.idempotency_key.clone(),
-        };
-        counter::Counter::apply(&mut s, &event);
+/// The batch as the SDK's own bindings type it (what the guest receives).
+fn guest_batch(events: &[Event]) -> GuestBatch {
+    use streamhost_guest::bindings::exports::streamhost::processor::processor as g;
+    GuestBatch {
+        stream: g::StreamInfo {
+            project_id: Some("bench".into()),
+            path: "/p".into(),
+            stream_id: "sid".into(),
+            stream_created_at: "2026-11-30T00:00:00.000Z".into(),
+            max_offset: 0,
+        },
+        events: events
+            .iter()
+            .map(|e| g::Event {
+                offset: e.offset,
+                type_: e.type_.clone(),
+                payload: e.payload.clone(),
+                metadata: e.metadata.clone(),
+                created_at: e.created_at.clone(),
+                idempotency_key: e.idempotency_key.clone(),
+            })
+            .collect(),
+        scanned_through_offset: events.last().map_or(0, |e| e.offset),
     }
-    serde_json::to_string(&s).unwrap()
+}
+
+type GuestBatch = streamhost_guest::bindings::exports::streamhost::processor::processor::Batch;
+
+/// The native fold: the very code the guest runs (the SDK's `fold` around
+/// the counter's), compiled natively and given the batch it would receive.
+fn native_fold(state: &str, batch: GuestBatch) -> String {
+    match streamhost_guest::__fold::<counter::Counter>(state.to_string(), batch) {
+        Ok(folded) => folded.state,
+        Err(f) => panic!("the native fold failed: {}", f.message),
+    }
 }
 
 fn main() {
@@ -316,8 +337,9 @@ fn main() {
             .unwrap()
             .state;
         wasm.push(1000.0 / start.elapsed().as_secs_f64());
+        let input = guest_batch(&batch_events);
         let start = Instant::now();
-        native_state = native_fold(&initial, &batch_events);
+        native_state = native_fold(&initial, input);
         native.push(1000.0 / start.elapsed().as_secs_f64());
     }
     assert_eq!(
