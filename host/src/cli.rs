@@ -1428,10 +1428,7 @@ fn fold_offline(a: FoldArgs) -> Result<()> {
             );
             let batch = Batch {
                 stream: stream.clone(),
-                events: chunk
-                    .iter()
-                    .map(crate::processor::wake::wit_event)
-                    .collect(),
+                events: crate::processor::wake::batch_events(chunk),
                 scanned_through_offset: through,
             };
             runtime

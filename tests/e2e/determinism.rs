@@ -143,7 +143,7 @@ fn a_failing_fold_states_its_environment_and_the_offline_fold_replays_it() {
 /// Whether folding a batch of 50 events with `guest` read the clock or
 /// random bytes (the witness that sends a batch to be folded per event).
 fn reads_its_environment(guest_name: &str) -> bool {
-    use streamhost::processor::runtime::{Batch, Determinism, Event, Runtime, StreamInfo};
+    use streamhost::processor::runtime::{Batch, Determinism, Runtime, StreamInfo};
     let cache = tempfile::tempdir().unwrap();
     let runtime = Runtime::new(cache.path().to_path_buf()).unwrap();
     let bytes = guest(guest_name);
@@ -160,16 +160,15 @@ fn reads_its_environment(guest_name: &str) -> bool {
             stream_created_at: "2026-11-30T00:00:00.000Z".into(),
             max_offset: 51,
         },
-        events: (0..50)
-            .map(|i| Event {
-                offset: i + 2,
-                type_: "x.y/n".into(),
-                payload: json!({"n": i}).to_string(),
-                metadata: None,
-                created_at: "2026-11-30T00:00:00.000Z".into(),
-                idempotency_key: None,
-            })
-            .collect(),
+        events: json!((0..50)
+            .map(|i| json!({
+                "offset": i + 2,
+                "type": "x.y/n",
+                "payload": {"n": i},
+                "createdAt": "2026-11-30T00:00:00.000Z",
+            }))
+            .collect::<Vec<_>>())
+        .to_string(),
         scanned_through_offset: 51,
     };
     let env = Determinism::for_event("sid", 2, 0);

@@ -125,7 +125,10 @@ async fn a_halt_fact_stays_small_while_last_failure_keeps_the_whole_repro() {
 }
 
 /// Parses the `--invoke` argument of a repro command as WAVE against the
-/// `fold` function type of the real component, as the wasmtime CLI does.
+/// `fold` function type of the real component and makes the call, as the
+/// wasmtime CLI does (`wasmtime run --invoke`: WASI linked, the arguments
+/// parsed against the export's parameter types, one dynamic call): the
+/// command reproduces the failure if the call traps.
 pub fn assert_valid_wave_fold_call(command: &str) {
     use wasmtime::component::types::ComponentItem;
     use wasmtime::component::wasm_wave::untyped::UntypedFuncCall;
@@ -161,6 +164,50 @@ pub fn assert_valid_wave_fold_call(command: &str) {
         .to_wasm_params(params.iter())
         .unwrap_or_else(|e| panic!("WAVE does not fit fold's parameters: {e}: {quoted}"));
     assert_eq!(values.len(), 2);
+
+    struct Cli {
+        wasi: wasmtime_wasi::WasiCtx,
+        table: wasmtime::component::ResourceTable,
+    }
+    impl wasmtime_wasi::WasiView for Cli {
+        fn ctx(&mut self) -> wasmtime_wasi::WasiCtxView<'_> {
+            wasmtime_wasi::WasiCtxView {
+                ctx: &mut self.wasi,
+                table: &mut self.table,
+            }
+        }
+    }
+    // On a thread of its own, as the CLI runs it: WASI's sync bindings must
+    // not run inside the test's async runtime.
+    let outcome = std::thread::spawn(move || {
+        let mut linker = wasmtime::component::Linker::new(&engine);
+        wasmtime_wasi::p2::add_to_linker_sync(&mut linker).unwrap();
+        let mut store = wasmtime::Store::new(
+            &engine,
+            Cli {
+                wasi: wasmtime_wasi::WasiCtx::builder().build(),
+                table: wasmtime::component::ResourceTable::new(),
+            },
+        );
+        let instance = linker.instantiate(&mut store, &component).unwrap();
+        let interface = component
+            .get_export_index(None, "streamhost:processor/processor@0.2.0")
+            .expect("the processor interface");
+        let index = component
+            .get_export_index(Some(&interface), "fold")
+            .expect("fold");
+        let func = instance.get_func(&mut store, index).expect("fold");
+        let mut results = vec![Val::Bool(false)];
+        let outcome = func.call(&mut store, &values, &mut results);
+        outcome.map(|()| results)
+    })
+    .join()
+    .expect("the call's thread");
+    let trap = outcome.expect_err("the repro call traps as the fold did");
+    assert!(
+        trap.downcast_ref::<wasmtime::Trap>().is_some(),
+        "a wasm trap, not a host error: {trap:#}"
+    );
 }
 
 #[tokio::test]

@@ -27,13 +27,13 @@ mod bindings {
 }
 
 pub use bindings::exports::streamhost::processor::processor::{
-    Announcement, AppendEffect, Batch, Effect, EffectTarget, Event, Failure, Folded, ItxEffect,
+    Announcement, AppendEffect, Batch, Effect, EffectTarget, Failure, Folded, ItxEffect,
     StreamInfo, WebhookEffect,
 };
 use bindings::StreamProcessorPre;
 
 /// The interface a processor component must export.
-pub const PROCESSOR_INTERFACE: &str = "streamhost:processor/processor@0.1.0";
+pub const PROCESSOR_INTERFACE: &str = "streamhost:processor/processor@0.2.0";
 /// Linear memory a guest may use.
 pub const GUEST_MEMORY_BYTES_MAX: usize = 256 * 1024 * 1024;
 /// Virtual address space reserved per guest memory.

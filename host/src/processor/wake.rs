@@ -7,9 +7,7 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
-use super::runtime::{
-    Batch, Determinism, Event as WitEvent, GuestError, Prepared, Runtime, StreamInfo,
-};
+use super::runtime::{Batch, Determinism, GuestError, Prepared, Runtime, StreamInfo};
 use crate::clock::format_timestamp;
 use crate::delivery::select::select_batch;
 use crate::delivery::Failure;
@@ -108,19 +106,11 @@ pub fn consumed(
     filter
 }
 
-/// A committed event as the processor's WIT `event` record.
-pub fn wit_event(e: &crate::stream::Event) -> WitEvent {
-    WitEvent {
-        offset: e.offset,
-        type_: e.event_type.clone(),
-        payload: Value::Object(e.payload.clone()).to_string(),
-        metadata: e
-            .metadata
-            .as_ref()
-            .map(|m| Value::Object(m.clone()).to_string()),
-        created_at: e.created_at.clone(),
-        idempotency_key: e.idempotency_key.clone(),
-    }
+/// Committed events as a batch's `events`: one JSON array of the events as
+/// the HTTP API serves them.
+pub fn batch_events(events: &[crate::stream::Event]) -> String {
+    // Serializing plain data (strings, numbers, JSON maps) cannot fail.
+    serde_json::to_string(events).expect("events serialize")
 }
 
 /// The component a wake runs: the deployed one, or, while the instance is
@@ -290,7 +280,7 @@ fn fold_call(
     let component = guest.component;
     let batch = Batch {
         stream: stream.clone(),
-        events: events.iter().map(wit_event).collect(),
+        events: batch_events(events),
         scanned_through_offset: through,
     };
     let (clock_ms, seed) = (env.wall_clock_ms, env.seed_hex());

@@ -9,7 +9,7 @@
 
 use wasmtime::component::{wasm_wave, Val};
 
-use super::runtime::{Batch, Event, StreamInfo};
+use super::runtime::{Batch, StreamInfo};
 
 fn text(s: &str) -> Val {
     Val::String(s.to_string())
@@ -38,17 +38,6 @@ fn stream_info(s: &StreamInfo) -> Val {
     ])
 }
 
-fn event(e: &Event) -> Val {
-    record(vec![
-        ("offset", Val::U64(e.offset)),
-        ("type", text(&e.type_)),
-        ("payload", text(&e.payload)),
-        ("metadata", option_text(&e.metadata)),
-        ("created-at", text(&e.created_at)),
-        ("idempotency-key", option_text(&e.idempotency_key)),
-    ])
-}
-
 fn print(v: &Val) -> String {
     // Printing a value built from strings, integers, options, lists and
     // records cannot fail.
@@ -64,7 +53,7 @@ pub fn string(s: &str) -> String {
 pub fn batch(b: &Batch) -> String {
     print(&record(vec![
         ("stream", stream_info(&b.stream)),
-        ("events", Val::List(b.events.iter().map(event).collect())),
+        ("events", text(&b.events)),
         ("scanned-through-offset", Val::U64(b.scanned_through_offset)),
     ]))
 }
