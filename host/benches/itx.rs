@@ -77,6 +77,9 @@ struct HttpSamples {
     itx: Vec<f64>,
     healthz: Vec<f64>,
     not_found: Vec<f64>,
+    /// `POST /itx` with an expression that is refused at once: the request
+    /// read and parsed as an ITX call's is, no component involved.
+    refused: Vec<f64>,
 }
 
 /// Calls `add(1, 2)` over HTTP `CALLS` times, then the floors.
@@ -103,6 +106,8 @@ async fn http_client(base: String) -> HttpSamples {
     }
     let mut healthz = Vec::new();
     let mut not_found = Vec::new();
+    let mut refused = Vec::new();
+    let bad = json!({"expression": ["nothing"], "args": [1, 2]});
     for i in 0..CALLS + 50 {
         let start = Instant::now();
         client
@@ -124,15 +129,22 @@ async fn http_client(base: String) -> HttpSamples {
         assert_eq!(r.status(), 404);
         r.bytes().await.unwrap();
         let p = start.elapsed().as_secs_f64() * 1e6;
+        let start = Instant::now();
+        let r = client.post(&url).json(&bad).send().await.unwrap();
+        assert_eq!(r.status(), 400);
+        r.bytes().await.unwrap();
+        let b = start.elapsed().as_secs_f64() * 1e6;
         if i >= 50 {
             healthz.push(g);
             not_found.push(p);
+            refused.push(b);
         }
     }
     HttpSamples {
         itx,
         healthz,
         not_found,
+        refused,
     }
 }
 
@@ -179,6 +191,10 @@ async fn http_overhead() -> (HttpSamples, f64) {
         "HTTP floors, same client: GET /healthz p50 {:.1} µs, POST of the same JSON to a 404 route p50 {:.1} µs",
         percentile(samples.healthz.clone(), 0.5),
         percentile(samples.not_found.clone(), 0.5)
+    );
+    println!(
+        "POST /itx refused at once (body read and parsed, 400, no component): p50 {:.1} µs",
+        percentile(samples.refused.clone(), 0.5)
     );
     let _ = stop.send(());
     (samples, lookup)
@@ -251,6 +267,11 @@ fn main() {
     println!(
         "ITX over HTTP / its parts (404 POST floor + lookup + direct call, {parts:.1} µs): {:.2}  (aim: ≤ 2)",
         itx_p50 / parts
+    );
+    let read_parts = percentile(http.refused, 0.5) + lookup + direct_p50;
+    println!(
+        "ITX over HTTP / its parts with the body read (refused POST + lookup + direct call, {read_parts:.1} µs): {:.2}",
+        itx_p50 / read_parts
     );
     let args = [everything_json()];
     let expected = everything_typed();

@@ -148,13 +148,16 @@ impl Hot {
     }
 
     /// Applies committed writes, in commit order: `row_id` is each one's
-    /// answer (the stream row a commit wrote to). Called by the writer only.
-    pub(super) fn committed<'a>(&self, writes: impl Iterator<Item = (&'a WriteOp, i64)>) {
+    /// answer (the stream row a commit wrote to). Called by the writer only,
+    /// with writes it is done with: event bodies and states move into the
+    /// cache, nothing is copied.
+    pub(super) fn committed<'a>(&self, writes: impl Iterator<Item = (&'a mut WriteOp, i64)>) {
         let mut state = self.lock();
         for (op, row_id) in writes {
             match op {
                 WriteOp::Commit(c) if !c.events.is_empty() => {
-                    state.append(row_id, c.events.iter().map(|e| (e.offset, &e.body)));
+                    let events = std::mem::take(&mut c.events);
+                    state.append(row_id, events.into_iter().map(|e| (e.offset, e.body)));
                 }
                 WriteOp::Checkpoint(c) => {
                     state.generation += 1;
@@ -167,7 +170,7 @@ impl Hot {
                     };
                     if c.state.len() <= CHECKPOINT_STATE_BYTES_MAX {
                         let row = CheckpointRow {
-                            state: c.state.clone(),
+                            state: std::mem::take(&mut c.state),
                             ..row
                         };
                         state.put_checkpoint(c.row_id, &c.component, row);
@@ -203,7 +206,7 @@ impl Hot {
 }
 
 impl State {
-    fn append<'a>(&mut self, row_id: i64, events: impl Iterator<Item = (u64, &'a String)>) {
+    fn append(&mut self, row_id: i64, events: impl Iterator<Item = (u64, String)>) {
         self.tick += 1;
         let tick = self.tick;
         let tail = self.tails.entry(row_id).or_default();
@@ -211,7 +214,7 @@ impl State {
         let mut added = 0;
         for (offset, body) in events {
             added += body.len();
-            tail.events.push_back((offset, body.clone()));
+            tail.events.push_back((offset, body));
         }
         tail.bytes += added;
         self.tail_bytes += added;
@@ -314,8 +317,8 @@ mod tests {
     fn a_tail_answers_reads_that_start_inside_it_and_only_those() {
         let hot = Hot::default();
         assert_eq!(hot.events_after(1, 0, 10, u64::MAX), None, "nothing seen");
-        let ops = [commit(1, 5..=7), commit(1, 8..=9)];
-        hot.committed(ops.iter().map(|op| (op, 1)));
+        let mut ops = [commit(1, 5..=7), commit(1, 8..=9)];
+        hot.committed(ops.iter_mut().map(|op| (op, 1)));
         assert_eq!(offsets(hot.events_after(1, 3, 10, 9)), None, "4 may exist");
         assert_eq!(
             offsets(hot.events_after(1, 4, 10, 9)),
@@ -331,12 +334,12 @@ mod tests {
     fn a_tail_keeps_the_newest_events_and_a_reset_drops_it() {
         let hot = Hot::default();
         let n = TAIL_EVENTS_MAX as u64 + 10;
-        let op = commit(1, 1..=n);
-        hot.committed(std::iter::once((&op, 1)));
+        let mut op = commit(1, 1..=n);
+        hot.committed(std::iter::once((&mut op, 1)));
         assert_eq!(hot.events_after(1, 9, 1, n), None, "10 was evicted");
         assert_eq!(offsets(hot.events_after(1, 10, 1, n)), Some(vec![11]));
-        let reset = WriteOp::Reset { row_id: 1 };
-        hot.committed(std::iter::once((&reset, 1)));
+        let mut reset = WriteOp::Reset { row_id: 1 };
+        hot.committed(std::iter::once((&mut reset, 1)));
         assert_eq!(hot.events_after(1, 10, 1, n), None);
     }
 
@@ -362,8 +365,8 @@ mod tests {
         let hot = Hot::default();
         let miss = hot.checkpoint(1, "c").unwrap_err();
         // The writer commits offset 2 while the reader read offset 1 from SQLite.
-        let op = checkpoint(2);
-        hot.committed(std::iter::once((&op, 1)));
+        let mut op = checkpoint(2);
+        hot.committed(std::iter::once((&mut op, 1)));
         let stale = CheckpointRow {
             stream_id: "s".into(),
             checkpoint_offset: 1,
@@ -373,8 +376,8 @@ mod tests {
         };
         hot.fill_checkpoint(miss, 1, "c", &stale);
         assert_eq!(hot.checkpoint(1, "c").unwrap().checkpoint_offset, 2);
-        let reset = WriteOp::Reset { row_id: 1 };
-        hot.committed(std::iter::once((&reset, 1)));
+        let mut reset = WriteOp::Reset { row_id: 1 };
+        hot.committed(std::iter::once((&mut reset, 1)));
         let miss = hot.checkpoint(1, "c").unwrap_err();
         hot.fill_checkpoint(miss, 1, "c", &stale);
         assert_eq!(hot.checkpoint(1, "c").unwrap().checkpoint_offset, 1);
@@ -386,7 +389,7 @@ mod tests {
         let miss = hot.component("p", "c").unwrap_err();
         hot.fill_component(miss, "p", "c", &None);
         assert_eq!(hot.component("p", "c"), Ok(None));
-        let deploy = WriteOp::Deploy(crate::storage::Deployment {
+        let mut deploy = WriteOp::Deploy(crate::storage::Deployment {
             project: "p".into(),
             name: "c".into(),
             digest: "d".into(),
@@ -395,7 +398,7 @@ mod tests {
             deployed_at: "t".into(),
             refold: false,
         });
-        hot.committed(std::iter::once((&deploy, 0)));
+        hot.committed(std::iter::once((&mut deploy, 0)));
         assert!(hot.component("p", "c").is_err());
     }
 }

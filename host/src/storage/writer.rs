@@ -236,9 +236,9 @@ fn run(conn: Connection, rx: mpsc::Receiver<Job>, metrics: Metrics, hot: Arc<sup
         drop(span);
         // Committed: the cache learns it before anyone is answered.
         hot.committed(
-            jobs.iter()
+            jobs.iter_mut()
                 .zip(&results)
-                .filter_map(|(j, r)| r.as_ref().ok().map(|row_id| (&j.op, *row_id))),
+                .filter_map(|(j, r)| r.as_ref().ok().map(|row_id| (&mut j.op, *row_id))),
         );
         for (job, result) in jobs.into_iter().zip(results) {
             let _ = job.reply.send(result);
