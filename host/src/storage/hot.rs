@@ -17,7 +17,7 @@
 //! components are bounded by bytes and count.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::Mutex;
+use std::sync::{Arc, RwLock};
 
 use super::writer::WriteOp;
 use super::{CheckpointRow, ComponentRow};
@@ -35,7 +35,8 @@ pub const COMPONENTS_MAX: usize = 4096;
 
 #[derive(Default)]
 struct Tail {
-    events: VecDeque<(u64, String)>,
+    /// Bodies are shared, so a reader copies them after letting go of the lock.
+    events: VecDeque<(u64, Arc<String>)>,
     bytes: usize,
     /// When the stream was last written (the cache's tick).
     written: u64,
@@ -56,7 +57,7 @@ struct State {
 /// The cache. Shared by the readers and the writer thread.
 #[derive(Default)]
 pub struct Hot {
-    state: Mutex<State>,
+    state: RwLock<State>,
 }
 
 /// A reader's ticket to fill an entry it missed: the generation it saw.
@@ -64,10 +65,14 @@ pub struct Hot {
 pub struct Miss(u64);
 
 impl Hot {
-    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        // A panic while holding the lock leaves plain data behind; what is in
-        // it was consistent at every unlock, so poisoning is ignored.
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    // A panic while holding the lock leaves plain data behind; what is in
+    // it was consistent at every unlock, so poisoning is ignored.
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, State> {
+        self.state.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, State> {
+        self.state.write().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Stored events of `row_id` with `after < offset <= up_to`, at most
@@ -79,27 +84,33 @@ impl Hot {
         limit: usize,
         up_to: u64,
     ) -> Option<Vec<(u64, String)>> {
-        let state = self.lock();
-        let tail = state.tails.get(&row_id)?;
-        let first = tail.events.front()?.0;
-        if after.saturating_add(1) < first {
-            return None;
-        }
-        // Offsets in a tail are increasing: skip to the first one after.
-        let start = tail.events.partition_point(|(o, _)| *o <= after);
-        Some(
+        let shared: Vec<(u64, Arc<String>)> = {
+            let state = self.read();
+            let tail = state.tails.get(&row_id)?;
+            let first = tail.events.front()?.0;
+            if after.saturating_add(1) < first {
+                return None;
+            }
+            // Offsets in a tail are increasing: skip to the first one after.
+            let start = tail.events.partition_point(|(o, _)| *o <= after);
             tail.events
                 .range(start..)
                 .take_while(|(o, _)| *o <= up_to)
                 .take(limit)
                 .cloned()
+                .collect()
+        };
+        Some(
+            shared
+                .into_iter()
+                .map(|(o, body)| (o, String::clone(&body)))
                 .collect(),
         )
     }
 
     /// The checkpoint of (`row_id`, `component`), or a ticket to fill it.
     pub fn checkpoint(&self, row_id: i64, component: &str) -> Result<CheckpointRow, Miss> {
-        let state = self.lock();
+        let state = self.read();
         // (A borrowed key would need the tuple's parts borrowed together.)
         match state.checkpoints.get(&(row_id, component.to_string())) {
             Some(row) => Ok(row.clone()),
@@ -109,7 +120,7 @@ impl Hot {
 
     /// Fills a checkpoint read from SQLite, unless a write came in between.
     pub fn fill_checkpoint(&self, miss: Miss, row_id: i64, component: &str, row: &CheckpointRow) {
-        let mut state = self.lock();
+        let mut state = self.write();
         if state.generation == miss.0 {
             state.put_checkpoint(row_id, component, row.clone());
         }
@@ -118,7 +129,7 @@ impl Hot {
     /// The component row of (`project`, `name`) (`Some(None)`: known not to
     /// be deployed), or a ticket to fill it.
     pub fn component(&self, project: &str, name: &str) -> Result<Option<ComponentRow>, Miss> {
-        let state = self.lock();
+        let state = self.read();
         match state
             .components
             .get(&(project.to_string(), name.to_string()))
@@ -136,7 +147,7 @@ impl Hot {
         name: &str,
         row: &Option<ComponentRow>,
     ) {
-        let mut state = self.lock();
+        let mut state = self.write();
         if state.generation == miss.0 {
             if state.components.len() >= COMPONENTS_MAX {
                 state.components.clear();
@@ -152,7 +163,7 @@ impl Hot {
     /// with writes it is done with: event bodies and states move into the
     /// cache, nothing is copied.
     pub(super) fn committed<'a>(&self, writes: impl Iterator<Item = (&'a mut WriteOp, i64)>) {
-        let mut state = self.lock();
+        let mut state = self.write();
         for (op, row_id) in writes {
             match op {
                 WriteOp::Commit(c) if !c.events.is_empty() => {
@@ -214,7 +225,7 @@ impl State {
         let mut added = 0;
         for (offset, body) in events {
             added += body.len();
-            tail.events.push_back((offset, body));
+            tail.events.push_back((offset, Arc::new(body)));
         }
         tail.bytes += added;
         self.tail_bytes += added;
