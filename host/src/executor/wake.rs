@@ -1,6 +1,6 @@
-//! Wakes a processor: folds the events after its checkpoint (on a blocking
-//! thread, `processor/wake.rs`) and commits the new checkpoint, state and
-//! effects in one transaction. A failure is kept whole, with its `wasmtime`
+//! Wakes a processor: folds the events after its checkpoint and commits the
+//! new checkpoint, state and effects in one transaction, both on one
+//! blocking thread (`processor/wake.rs`, `Storage::commit_blocking`). A failure is kept whole, with its `wasmtime`
 //! repro command, as the processor's last failure
 //! (`:processors/{component}` → `lastFailure`); the halt fact carries only
 //! the capped message.
@@ -40,28 +40,34 @@ pub async fn send(
         now_ms: job.now_ms,
         pinned: exec.refolds.contains(project, &source.info.path, component),
     };
+    let storage = exec.storage.clone();
+    let name = component.to_string();
     let result = async {
-        let woken = blocking(move || wake(wake_job)).await?;
-        let through = woken.checkpoint.offset;
-        let has_effects = !woken.checkpoint.effects.is_empty();
-        let bytes = woken.checkpoint.state.len();
-        exec.storage
-            .submit(WriteOp::Checkpoint(woken.checkpoint))
-            .await
-            .map_err(|_| "the storage writer stopped".to_string())
-            .and_then(|r| r.map_err(|e| e.to_string()))
-            .map_err(|m| {
-                Failure::new(
-                    format!("committing the checkpoint of processor {component:?} failed: {m}"),
-                    true,
-                )
-            })?;
+        // Fold and commit on one blocking thread: the commit happens right
+        // there when the writer is idle (`commit_blocking`), so a wake
+        // crosses threads once.
+        let (through, has_effects, bytes, offsets) = blocking(move || {
+            let woken = wake(wake_job)?;
+            let through = woken.checkpoint.offset;
+            let has_effects = !woken.checkpoint.effects.is_empty();
+            let bytes = woken.checkpoint.state.len();
+            storage
+                .commit_blocking(WriteOp::Checkpoint(woken.checkpoint))
+                .map_err(|e| {
+                    Failure::new(
+                        format!("committing the checkpoint of processor {name:?} failed: {e}"),
+                        true,
+                    )
+                })?;
+            Ok((through, has_effects, bytes, woken.offsets))
+        })
+        .await?;
         if has_effects {
             exec.effects.ring();
         }
         Ok(Delivered {
             through,
-            offsets: woken.offsets,
+            offsets,
             bytes,
         })
     }

@@ -130,6 +130,13 @@ impl Storage {
         self.inner.writer.submit(op)
     }
 
+    /// Commits a write from a blocking thread (never an async worker): on
+    /// this thread when the writer is idle, else in the writer's next group;
+    /// answers after the commit, like [`Storage::submit`].
+    pub fn commit_blocking(&self, op: WriteOp) -> Result<i64, CommitError> {
+        self.inner.writer.commit_blocking(op)
+    }
+
     fn with_reader<T>(&self, f: impl FnOnce(&Connection) -> Result<T>) -> Result<T> {
         let conn = self.inner.readers.lock().expect("reader pool").pop();
         let conn = match conn {

@@ -175,6 +175,15 @@ struct Job {
 
 pub(super) struct WriterHandle {
     tx: mpsc::Sender<Job>,
+    shared: Arc<Shared>,
+}
+
+/// What the writer thread and a direct committer share: the one write
+/// connection (whoever holds the lock commits), the metrics, the cache.
+struct Shared {
+    conn: std::sync::Mutex<Connection>,
+    metrics: Metrics,
+    hot: Arc<super::hot::Hot>,
 }
 
 impl WriterHandle {
@@ -184,11 +193,17 @@ impl WriterHandle {
         hot: Arc<super::hot::Hot>,
     ) -> Result<WriterHandle> {
         let (tx, rx) = mpsc::channel::<Job>();
+        let shared = Arc::new(Shared {
+            conn: std::sync::Mutex::new(conn),
+            metrics,
+            hot,
+        });
+        let writer = shared.clone();
         std::thread::Builder::new()
             .name("streamhost-writer".into())
-            .spawn(move || run(conn, rx, metrics, hot))
+            .spawn(move || run(&writer, rx))
             .context("starting the writer thread")?;
-        Ok(WriterHandle { tx })
+        Ok(WriterHandle { tx, shared })
     }
 
     pub(super) fn submit(&self, op: WriteOp) -> oneshot::Receiver<Result<i64, CommitError>> {
@@ -200,9 +215,28 @@ impl WriterHandle {
         }
         rx
     }
+
+    /// Commits `op` on this (blocking) thread when the writer is idle, or
+    /// through the writer's next group when it is busy, and answers after
+    /// the commit. An idle writer would commit `op` alone anyway; doing it
+    /// here saves waking the writer thread and being woken by it.
+    pub(super) fn commit_blocking(&self, op: WriteOp) -> Result<i64, CommitError> {
+        match self.shared.conn.try_lock() {
+            Ok(conn) => {
+                let mut ops = [op];
+                commit(&self.shared, &conn, &mut ops)
+                    .pop()
+                    .expect("one result per write")
+            }
+            Err(_) => self
+                .submit(op)
+                .blocking_recv()
+                .unwrap_or_else(|_| Err(CommitError("the storage writer has stopped".into()))),
+        }
+    }
 }
 
-fn run(conn: Connection, rx: mpsc::Receiver<Job>, metrics: Metrics, hot: Arc<super::hot::Hot>) {
+fn run(shared: &Shared, rx: mpsc::Receiver<Job>) {
     while let Ok(first) = rx.recv() {
         let mut jobs = vec![first];
         while jobs.len() < GROUP_WRITES_MAX {
@@ -211,39 +245,54 @@ fn run(conn: Connection, rx: mpsc::Receiver<Job>, metrics: Metrics, hot: Arc<sup
                 Err(_) => break,
             }
         }
-        let events: usize = jobs
-            .iter()
-            .map(|j| match &j.op {
-                WriteOp::Commit(c) => c.events.len(),
-                _ => 0,
-            })
-            .sum();
-        let span = tracing::debug_span!("commit", writes = jobs.len(), events).entered();
-        let started = Instant::now();
-        let results = commit_group(&conn, &jobs);
-        let elapsed = started.elapsed();
-        let committed: usize = jobs
-            .iter()
-            .zip(&results)
-            .filter(|(_, r)| r.is_ok())
-            .map(|(j, _)| match &j.op {
-                WriteOp::Commit(c) => c.events.len(),
-                _ => 0,
-            })
-            .sum();
-        metrics.observe_commit(elapsed, jobs.len(), committed);
-        tracing::debug!(elapsed_us = elapsed.as_micros() as u64, "group committed");
-        drop(span);
-        // Committed: the cache learns it before anyone is answered.
-        hot.committed(
-            jobs.iter_mut()
-                .zip(&results)
-                .filter_map(|(j, r)| r.as_ref().ok().map(|row_id| (&mut j.op, *row_id))),
-        );
-        for (job, result) in jobs.into_iter().zip(results) {
-            let _ = job.reply.send(result);
+        let (mut ops, replies): (Vec<WriteOp>, Vec<_>) =
+            jobs.into_iter().map(|j| (j.op, j.reply)).unzip();
+        let results = {
+            let conn = shared.conn.lock().unwrap_or_else(|p| p.into_inner());
+            commit(shared, &conn, &mut ops)
+        };
+        for (reply, result) in replies.into_iter().zip(results) {
+            let _ = reply.send(result);
         }
     }
+}
+
+/// Commits `ops` in one transaction (the caller holds the connection),
+/// records it, and lets the cache learn what committed before anyone is
+/// answered.
+fn commit(
+    shared: &Shared,
+    conn: &Connection,
+    ops: &mut [WriteOp],
+) -> Vec<Result<i64, CommitError>> {
+    let events = |op: &WriteOp| match op {
+        WriteOp::Commit(c) => c.events.len(),
+        _ => 0,
+    };
+    let span = tracing::debug_span!(
+        "commit",
+        writes = ops.len(),
+        events = ops.iter().map(events).sum::<usize>()
+    )
+    .entered();
+    let started = Instant::now();
+    let results = commit_group(conn, ops);
+    let elapsed = started.elapsed();
+    let committed: usize = ops
+        .iter()
+        .zip(&results)
+        .filter(|(_, r)| r.is_ok())
+        .map(|(op, _)| events(op))
+        .sum();
+    shared.metrics.observe_commit(elapsed, ops.len(), committed);
+    tracing::debug!(elapsed_us = elapsed.as_micros() as u64, "group committed");
+    drop(span);
+    shared.hot.committed(
+        ops.iter_mut()
+            .zip(&results)
+            .filter_map(|(op, r)| r.as_ref().ok().map(|row_id| (op, *row_id))),
+    );
+    results
 }
 
 /// Runs one of the fixed transaction-control statements (prepared once per
@@ -252,9 +301,9 @@ fn control(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
     conn.prepare_cached(sql)?.execute([]).map(|_| ())
 }
 
-fn commit_group(conn: &Connection, jobs: &[Job]) -> Vec<Result<i64, CommitError>> {
+fn commit_group(conn: &Connection, ops: &[WriteOp]) -> Vec<Result<i64, CommitError>> {
     let fail_all = |e: &dyn fmt::Display| -> Vec<Result<i64, CommitError>> {
-        jobs.iter()
+        ops.iter()
             .map(|_| Err(CommitError(format!("transaction failed: {e}"))))
             .collect()
     };
@@ -263,8 +312,8 @@ fn commit_group(conn: &Connection, jobs: &[Job]) -> Vec<Result<i64, CommitError>
     }
     // A write alone in its transaction needs no savepoint: rolling the
     // transaction back undoes it the same.
-    if let [job] = jobs {
-        return match apply(conn, &job.op) {
+    if let [op] = ops {
+        return match apply(conn, op) {
             Ok(row_id) => match control(conn, "COMMIT") {
                 Ok(()) => vec![Ok(row_id)],
                 Err(e) => {
@@ -280,13 +329,13 @@ fn commit_group(conn: &Connection, jobs: &[Job]) -> Vec<Result<i64, CommitError>
             }
         };
     }
-    let mut results = Vec::with_capacity(jobs.len());
-    for job in jobs {
+    let mut results = Vec::with_capacity(ops.len());
+    for op in ops {
         if let Err(e) = control(conn, "SAVEPOINT op") {
             let _ = control(conn, "ROLLBACK");
             return fail_all(&e);
         }
-        match apply(conn, &job.op) {
+        match apply(conn, op) {
             Ok(row_id) => {
                 let _ = control(conn, "RELEASE op");
                 results.push(Ok(row_id));
