@@ -10,10 +10,12 @@
 //! stale row can never be put back over a newer one.
 //!
 //! A stream's tail is a contiguous suffix of its stored log: every stored
-//! event from its first offset on. It starts at the first commit the writer
-//! sees (stored events only ever go after the head), so a read that starts
-//! inside it needs no SQL. Bounded: events per stream, and bytes over all
-//! streams (least recently written streams go first); checkpoints and
+//! event from its first offset on. Only streams that are read get one: the
+//! first read of a stream (a miss) asks for it, and it starts at the next
+//! commit the writer sees (stored events only ever go after the head), so a
+//! later read that starts inside it needs no SQL. Bounded: events per
+//! stream, and bytes over all streams (least recently written streams go
+//! first, and are asked for again by their next read); checkpoints and
 //! components are bounded by bytes and count.
 
 use std::collections::{HashMap, VecDeque};
@@ -86,7 +88,13 @@ impl Hot {
     ) -> Option<Vec<(u64, String)>> {
         let shared: Vec<(u64, Arc<String>)> = {
             let state = self.read();
-            let tail = state.tails.get(&row_id)?;
+            let Some(tail) = state.tails.get(&row_id) else {
+                drop(state);
+                // Someone reads this stream: keep its tail from the next
+                // commit on. Streams nobody reads cost the writer nothing.
+                self.write().tails.entry(row_id).or_default();
+                return None;
+            };
             let first = tail.events.front()?.0;
             if after.saturating_add(1) < first {
                 return None;
@@ -220,7 +228,9 @@ impl State {
     fn append(&mut self, row_id: i64, events: impl Iterator<Item = (u64, String)>) {
         self.tick += 1;
         let tick = self.tick;
-        let tail = self.tails.entry(row_id).or_default();
+        let Some(tail) = self.tails.get_mut(&row_id) else {
+            return;
+        };
         tail.written = tick;
         let mut added = 0;
         for (offset, body) in events {
@@ -327,7 +337,13 @@ mod tests {
     #[test]
     fn a_tail_answers_reads_that_start_inside_it_and_only_those() {
         let hot = Hot::default();
-        assert_eq!(hot.events_after(1, 0, 10, u64::MAX), None, "nothing seen");
+        let mut unread = [commit(1, 1..=4)];
+        hot.committed(unread.iter_mut().map(|op| (op, 1)));
+        assert_eq!(
+            hot.events_after(1, 0, 10, u64::MAX),
+            None,
+            "a stream nobody read has no tail; this read asks for one"
+        );
         let mut ops = [commit(1, 5..=7), commit(1, 8..=9)];
         hot.committed(ops.iter_mut().map(|op| (op, 1)));
         assert_eq!(offsets(hot.events_after(1, 3, 10, 9)), None, "4 may exist");
@@ -344,6 +360,7 @@ mod tests {
     #[test]
     fn a_tail_keeps_the_newest_events_and_a_reset_drops_it() {
         let hot = Hot::default();
+        assert_eq!(hot.events_after(1, 0, 1, 1), None, "asks for a tail");
         let n = TAIL_EVENTS_MAX as u64 + 10;
         let mut op = commit(1, 1..=n);
         hot.committed(std::iter::once((&mut op, 1)));
