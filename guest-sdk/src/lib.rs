@@ -52,20 +52,28 @@ pub use serde_json;
 /// The stream being folded.
 pub use wit::StreamInfo;
 
-/// One committed event, with its payload parsed.
-#[derive(Debug, Clone, PartialEq)]
+/// One committed event, with its payload parsed. Read from the batch as the
+/// host sends it (the HTTP API's form; fields not listed here, such as
+/// `source`, are skipped).
+#[derive(Debug, Clone, PartialEq, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
 pub struct Event {
     /// Its offset in the stream (dense, from 1).
     pub offset: u64,
     /// Its type.
+    #[serde(rename = "type")]
     pub event_type: String,
     /// Its payload (an object).
+    #[serde(default)]
     pub payload: Value,
     /// Its metadata, if any.
+    #[serde(default)]
     pub metadata: Option<Value>,
     /// When it was committed (RFC 3339, milliseconds).
+    #[serde(default)]
     pub created_at: String,
     /// Its idempotency key, if any.
+    #[serde(default)]
     pub idempotency_key: Option<String>,
 }
 
@@ -202,24 +210,6 @@ fn wit_failure(f: Failure) -> wit::Failure {
     }
 }
 
-/// One event of a batch as the host sends it (the HTTP API's form; fields
-/// the SDK does not hand to folds, such as `source`, are skipped).
-#[derive(serde::Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct WireEvent {
-    offset: u64,
-    #[serde(rename = "type")]
-    event_type: String,
-    #[serde(default)]
-    payload: Value,
-    #[serde(default)]
-    metadata: Option<Value>,
-    #[serde(default)]
-    created_at: String,
-    #[serde(default)]
-    idempotency_key: Option<String>,
-}
-
 #[doc(hidden)]
 pub fn __fold<P: Processor>(state: String, batch: wit::Batch) -> Result<wit::Folded, wit::Failure> {
     let mut s: P::State = serde_json::from_str(&state).map_err(|e| {
@@ -228,7 +218,7 @@ pub fn __fold<P: Processor>(state: String, batch: wit::Batch) -> Result<wit::Fol
         )))
     })?;
     // The batch's events arrive as one JSON array, parsed here in one pass.
-    let events: Vec<WireEvent> = serde_json::from_str(&batch.events).map_err(|e| {
+    let events: Vec<Event> = serde_json::from_str(&batch.events).map_err(|e| {
         wit_failure(Failure::fatal(format!(
             "the batch's events are not the JSON array the host sends: {e}"
         )))
@@ -237,16 +227,8 @@ pub fn __fold<P: Processor>(state: String, batch: wit::Batch) -> Result<wit::Fol
         stream: &batch.stream,
         effects: Vec::new(),
     };
-    for e in events {
-        let event = Event {
-            offset: e.offset,
-            event_type: e.event_type,
-            payload: e.payload,
-            metadata: e.metadata,
-            created_at: e.created_at,
-            idempotency_key: e.idempotency_key,
-        };
-        P::fold(&mut s, &event, &mut ctx).map_err(wit_failure)?;
+    for event in &events {
+        P::fold(&mut s, event, &mut ctx).map_err(wit_failure)?;
     }
     let effects = ctx.effects;
     let state = serde_json::to_string(&s)

@@ -13,7 +13,6 @@
 
 mod common;
 
-use std::io::Write;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -28,34 +27,10 @@ struct Options {
 }
 
 fn options() -> Options {
-    let args: Vec<String> = std::env::args().collect();
-    let value = |name: &str| {
-        args.iter()
-            .position(|a| a == name)
-            .and_then(|i| args.get(i + 1))
-            .and_then(|v| v.parse::<f64>().ok())
-    };
     Options {
-        seconds: value("--seconds").unwrap_or(2.0),
-        runs: value("--runs").unwrap_or(3.0) as usize,
+        seconds: common::arg("--seconds", 2.0),
+        runs: common::arg("--runs", 3.0) as usize,
     }
-}
-
-/// fdatasync calls per second on a 4 KiB append-only file in `dir`.
-fn fsync_rate(dir: &std::path::Path, seconds: f64) -> f64 {
-    let path = dir.join("fsync-probe");
-    let mut f = std::fs::File::create(&path).expect("probe file");
-    let block = [7u8; 4096];
-    let start = Instant::now();
-    let mut n = 0u64;
-    while start.elapsed().as_secs_f64() < seconds {
-        f.write_all(&block).unwrap();
-        f.sync_data().unwrap();
-        n += 1;
-    }
-    let rate = n as f64 / start.elapsed().as_secs_f64();
-    let _ = std::fs::remove_file(&path);
-    rate
 }
 
 #[derive(Clone, Copy)]
@@ -289,7 +264,7 @@ fn main() {
     eprintln!("measuring the raw fsync rate ...");
     let fsyncs = median(
         (0..opts.runs)
-            .map(|_| fsync_rate(probe_dir.path(), 1.0))
+            .map(|_| common::fsync_rate(probe_dir.path()))
             .collect(),
     );
     println!("raw fsync rate (4 KiB write + fdatasync): {fsyncs:.0}/s  (= the one-fsync-per-append ceiling)");

@@ -9,10 +9,7 @@ use std::time::{Duration, Instant};
 
 /// The number after option `name` on the command line, or `default`.
 pub fn arg(name: &str, default: f64) -> f64 {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
+    arg_text(name)
         .and_then(|v| v.parse().ok())
         .unwrap_or(default)
 }

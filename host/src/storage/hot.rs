@@ -180,22 +180,16 @@ impl Hot {
                 }
                 WriteOp::Checkpoint(c) => {
                     state.generation += 1;
+                    state.remove_checkpoint(c.row_id, &c.component);
+                    // (`put_checkpoint` keeps only states under the bound.)
                     let row = CheckpointRow {
                         stream_id: c.stream_id.clone(),
                         checkpoint_offset: c.offset,
-                        state: String::new(),
+                        state: std::mem::take(&mut c.state),
                         digest: c.digest.clone(),
                         updated_at: c.updated_at.clone(),
                     };
-                    if c.state.len() <= CHECKPOINT_STATE_BYTES_MAX {
-                        let row = CheckpointRow {
-                            state: std::mem::take(&mut c.state),
-                            ..row
-                        };
-                        state.put_checkpoint(c.row_id, &c.component, row);
-                    } else {
-                        state.remove_checkpoint(c.row_id, &c.component);
-                    }
+                    state.put_checkpoint(c.row_id, &c.component, row);
                 }
                 WriteOp::Deploy(d) => {
                     state.generation += 1;
