@@ -122,6 +122,16 @@ impl Server {
         self.child = Some(child);
     }
 
+    /// The server's stderr of every start so far, in order.
+    pub fn all_logs(&self) -> String {
+        (1..=self.starts)
+            .map(|n| {
+                std::fs::read_to_string(self.dir.path().join(format!("server-{n}.log")))
+                    .unwrap_or_default()
+            })
+            .collect()
+    }
+
     /// The server's stderr of its latest start.
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join(format!("server-{}.log", self.starts)))
@@ -342,7 +352,21 @@ impl SseClient {
         if let Some(t) = &server.token {
             r = r.bearer_auth(t);
         }
-        let response = r.send().await.expect("connect");
+        Self::from_response(r.send().await.expect("connect")).await
+    }
+
+    /// Opens `path` on the server at `base`; `None` when it cannot be
+    /// reached (it may be down), else as [`SseClient::open`].
+    pub async fn open_at(base: &str, path: &str) -> Option<Result<SseClient, (u16, Value)>> {
+        let response = reqwest::Client::new()
+            .get(format!("{base}{path}"))
+            .send()
+            .await
+            .ok()?;
+        Some(Self::from_response(response).await)
+    }
+
+    async fn from_response(response: reqwest::Response) -> Result<SseClient, (u16, Value)> {
         let status = response.status().as_u16();
         if status != 200 {
             let text = response.text().await.unwrap_or_default();

@@ -1,0 +1,756 @@
+//! The chaos runner: mixed load against the real binary while a supervisor
+//! SIGKILLs and restarts it at seeded random points; a history of what the
+//! server acknowledged is checked afterwards against what it kept and what
+//! its receivers saw.
+//!
+//! The load: appends with idempotency keys over shared streams (batches of
+//! one to three events), compare-and-append on one stream per writer, a copy
+//! chain of two hops, a webhook subscription to a loopback receiver, an ITX
+//! subscription into the `kinds` component, a processor (`counter`), the
+//! `effector` processor's webhook effects, live SSE connections, and a
+//! poller of the processor's checkpoint.
+//!
+//! CI runs the short profile (3 crashes). The long one:
+//! `STREAMHOST_CHAOS_CRASHES=50 cargo test -p streamhost --test e2e chaos -- --nocapture`
+//! (`STREAMHOST_CHAOS_SEED` picks the kill points and the load mix; a run
+//! prints its seed). RELIABILITY.md lists the invariants and the results.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::routing::post;
+use axum::{Json, Router};
+use serde_json::{json, Value};
+
+use crate::subscriptions::{subscribe, P};
+use crate::support::{guest, wait_for, Server, SseClient};
+
+const CONFIG: &str = r#"
+[delivery]
+max-attempts = 50
+backoff-base-ms = 10
+backoff-max-ms = 200
+timeout-ms = 3000
+
+[effects]
+max-attempts = 50
+lease-ms = 5000
+concurrency = 8
+"#;
+
+/// The type every subscription matches, and one they filter out.
+const MATCHED: &str = "chaos.test/e";
+const OTHER: &str = "chaos.test/other";
+const EFFECTS_REQUESTED: &str = "events.example/effects-requested";
+/// Shared append streams: a0 feeds the copy chain and the SSE clients, a1
+/// the webhook, a2 the ITX receiver, a3 the counter processor.
+const SHARED: u64 = 4;
+const WRITERS: usize = 4;
+const SSE_CLIENTS: usize = 2;
+const FX: &str = "/chaos/fx";
+/// How long the system gets to deliver everything after the load stops.
+const SETTLE: Duration = Duration::from_secs(120);
+
+/// Seeded choices (SplitMix64): the kill points and each writer's mix.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// One event of an acknowledged append.
+struct Acked {
+    stream: String,
+    id: String,
+    offset: u64,
+}
+
+/// What the clients did and saw.
+#[derive(Default)]
+struct History {
+    acked: Vec<Acked>,
+    /// Ids of the webhook effects that acknowledged appends asked for.
+    effects: Vec<String>,
+    violations: Vec<String>,
+    appends: u64,
+    retries: u64,
+    sse_connections: u64,
+    sse_events: u64,
+    checkpoints: u64,
+}
+
+/// What the load tasks share: the server's current URL (it changes with
+/// every restart), the history, and the phase flags.
+struct Run {
+    url: RwLock<String>,
+    client: reqwest::Client,
+    history: Mutex<History>,
+    /// The writers stop starting operations.
+    stop: AtomicBool,
+    /// The watchers (SSE, checkpoint poller) stop.
+    done: AtomicBool,
+    /// The furthest offset of `/chaos/a0` that each SSE client has seen.
+    sse_seen: Vec<AtomicU64>,
+}
+
+impl Run {
+    fn violation(&self, text: String) {
+        eprintln!("chaos: VIOLATION {text}");
+        self.history.lock().unwrap().violations.push(text);
+    }
+
+    fn base(&self) -> String {
+        self.url.read().unwrap().clone()
+    }
+
+    /// Appends `events` to `stream` until the answer is definite. A lost
+    /// connection, a timeout or a 5xx has an unknown outcome: the same
+    /// request (same idempotency keys) is sent again. Returns the committed
+    /// offsets, after checking that the answer holds the events asked for.
+    async fn append(&self, stream: &str, events: Vec<Value>) -> Option<Vec<u64>> {
+        let body = json!({ "events": events });
+        self.history.lock().unwrap().appends += 1;
+        loop {
+            let sent = self
+                .client
+                .post(format!("{}{P}{stream}:append", self.base()))
+                .json(&body)
+                .send()
+                .await;
+            let answer = match sent {
+                Ok(r) => {
+                    let status = r.status().as_u16();
+                    r.json::<Value>().await.ok().map(|v| (status, v))
+                }
+                Err(_) => None,
+            };
+            match answer {
+                Some((200, out)) => {
+                    let committed = out["events"].as_array().cloned().unwrap_or_default();
+                    let mut offsets = Vec::new();
+                    let mut history = self.history.lock().unwrap();
+                    for (asked, got) in events.iter().zip(&committed) {
+                        let id = asked["payload"]["id"].as_str().unwrap_or_default();
+                        if got["payload"]["id"] != asked["payload"]["id"] {
+                            drop(history);
+                            self.violation(format!("{stream}: asked to append {id}, answer {got}"));
+                            return None;
+                        }
+                        let offset = got["offset"].as_u64().unwrap_or_default();
+                        offsets.push(offset);
+                        history.acked.push(Acked {
+                            stream: stream.to_string(),
+                            id: id.to_string(),
+                            offset,
+                        });
+                    }
+                    if committed.len() != events.len() {
+                        drop(history);
+                        self.violation(format!(
+                            "{stream}: {} events asked, answer {out}",
+                            events.len()
+                        ));
+                        return None;
+                    }
+                    return Some(offsets);
+                }
+                Some((status, out))
+                    if (400..500).contains(&status) && status != 408 && status != 429 =>
+                {
+                    self.violation(format!("{stream}: append refused {status} {out}"));
+                    return None;
+                }
+                _ => {
+                    self.history.lock().unwrap().retries += 1;
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            }
+        }
+    }
+}
+
+/// A writer: appends to the shared streams, compare-and-appends to its own
+/// stream, and asks the effector for webhook effects, until told to stop.
+async fn writer(run: Arc<Run>, w: usize, seed: u64, fx_url: String) {
+    let mut rng = Rng(seed ^ (0x5851_F42D_4C95_7F2D_u64.wrapping_mul(w as u64 + 1)));
+    let mut cas_next: Option<u64> = None;
+    let mut i = 0u64;
+    while !run.stop.load(Ordering::SeqCst) {
+        i += 1;
+        let roll = rng.below(100);
+        if roll < 70 {
+            let stream = format!("/chaos/a{}", rng.below(SHARED));
+            let events = (0..1 + rng.below(3))
+                .map(|j| {
+                    let id = format!("w{w}-{i}-{j}");
+                    let t = if rng.below(10) == 0 { OTHER } else { MATCHED };
+                    json!({"type": t, "payload": {"id": id}, "idempotencyKey": id})
+                })
+                .collect();
+            run.append(&stream, events).await;
+        } else if roll < 85 {
+            // One writer per stream, so the expected offset is known once
+            // the first append told it.
+            let id = format!("w{w}-{i}-cas");
+            let mut event = json!({"type": MATCHED, "payload": {"id": id}, "idempotencyKey": id});
+            if let Some(next) = cas_next {
+                event["offset"] = json!(next);
+            }
+            if let Some(offsets) = run.append(&format!("/chaos/cas{w}"), vec![event]).await {
+                cas_next = Some(offsets[0] + 1);
+            }
+        } else {
+            let id = format!("fx-w{w}-{i}");
+            let event = json!({"type": EFFECTS_REQUESTED, "idempotencyKey": id, "payload": {"id": id,
+                "effects": [{"key": id, "webhook": {"url": fx_url, "body": {"id": id}}}]}});
+            if run.append(FX, vec![event]).await.is_some() {
+                run.history.lock().unwrap().effects.push(id);
+            }
+        }
+    }
+}
+
+/// A live connection to `/chaos/a0`, reopened after every crash with
+/// `replayAfterOffset` at the last offset seen: within a connection the
+/// offsets must follow each other with no gap and no repeat.
+async fn sse_client(run: Arc<Run>, n: usize) {
+    let mut last = 0u64;
+    while !run.done.load(Ordering::SeqCst) {
+        let path = format!("{P}/chaos/a0:connect?replayAfterOffset={last}&state=false");
+        let mut client = match SseClient::open_at(&run.base(), &path).await {
+            None => {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                continue;
+            }
+            Some(Err((status, body))) => {
+                if status < 500 {
+                    run.violation(format!(
+                        "SSE client {n}: reconnect after {last}: {status} {body}"
+                    ));
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                continue;
+            }
+            Some(Ok(c)) => c,
+        };
+        run.history.lock().unwrap().sse_connections += 1;
+        while !run.done.load(Ordering::SeqCst) {
+            let Some((kind, batch)) = client.next_within(Duration::from_secs(1)).await else {
+                break; // the server went away (or was quiet): reconnect
+            };
+            if kind != "batch" {
+                continue;
+            }
+            for e in batch["events"].as_array().into_iter().flatten() {
+                let offset = e["offset"].as_u64().unwrap_or_default();
+                if offset != last + 1 {
+                    run.violation(format!(
+                        "SSE client {n}: offset {offset} after {last} within one connection"
+                    ));
+                }
+                last = last.max(offset);
+                run.history.lock().unwrap().sse_events += 1;
+            }
+            run.sse_seen[n].store(last, Ordering::SeqCst);
+        }
+    }
+}
+
+/// Polls the counter's checkpoint on `/chaos/a3`: it must never go back.
+async fn checkpoint_poller(run: Arc<Run>) {
+    let mut highest = 0u64;
+    while !run.done.load(Ordering::SeqCst) {
+        let url = format!("{}{P}/chaos/a3:processors/counter", run.base());
+        if let Ok(r) = run.client.get(url).send().await {
+            if r.status() == 200 {
+                if let Ok(p) = r.json::<Value>().await {
+                    let at = p["checkpointOffset"].as_u64().unwrap_or_default();
+                    if at < highest {
+                        run.violation(format!("the checkpoint went back from {highest} to {at}"));
+                    }
+                    highest = highest.max(at);
+                    run.history.lock().unwrap().checkpoints += 1;
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The loopback receiver of webhook deliveries (`/hook`) and of webhook
+/// effects (`/fx`, with their `Idempotency-Key`).
+#[derive(Default)]
+struct Received {
+    hook: Vec<Value>,
+    fx: Vec<(Option<String>, Value)>,
+}
+
+async fn receiver() -> (String, Arc<Mutex<Received>>) {
+    let got: Arc<Mutex<Received>> = Arc::default();
+    async fn hook(State(got): State<Arc<Mutex<Received>>>, Json(body): Json<Value>) -> StatusCode {
+        got.lock().unwrap().hook.push(body);
+        StatusCode::OK
+    }
+    async fn fx(
+        State(got): State<Arc<Mutex<Received>>>,
+        headers: HeaderMap,
+        Json(body): Json<Value>,
+    ) -> StatusCode {
+        let key = headers
+            .get("idempotency-key")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
+        got.lock().unwrap().fx.push((key, body));
+        StatusCode::OK
+    }
+    let app = Router::new()
+        .route("/hook", post(hook))
+        .route("/fx", post(fx))
+        .with_state(got.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (base, got)
+}
+
+fn configured(key: &str, receiver: Value, filter: bool) -> Value {
+    let mut payload = json!({"subscriptionKey": key, "receiver": receiver});
+    if filter {
+        payload["filter"] = json!({"eventTypes": [MATCHED]});
+    }
+    json!({"events": [{"type": "events.iterate.com/stream/subscription-configured", "payload": payload}]})
+}
+
+/// Deploys the components and configures every subscription before any load.
+async fn set_up(s: &Server, receiver_base: &str) {
+    for (name, bytes) in [
+        ("counter", guest("counter")),
+        ("kinds", guest("kinds")),
+        ("effector", guest("effector")),
+    ] {
+        let (status, out) = s.deploy("acme", name, bytes).await;
+        assert_eq!(status, 200, "{out}");
+    }
+    subscribe(
+        s,
+        "/chaos/copy1",
+        json!({"sourceStreamPath": "/chaos/a0", "subscriptionKey": "c1", "start": "beginning",
+               "filter": {"eventTypes": [MATCHED]}}),
+    )
+    .await;
+    subscribe(
+        s,
+        "/chaos/copy2",
+        json!({"sourceStreamPath": "/chaos/copy1", "subscriptionKey": "c2", "start": "beginning",
+               "filter": {"eventTypes": [MATCHED]}}),
+    )
+    .await;
+    let start = json!({"start": "beginning", "onFailingEvent": "halt"});
+    for (stream, body) in [
+        (
+            "/chaos/a1",
+            configured(
+                "hook",
+                json!({"action": "webhook-post", "url": format!("{receiver_base}/hook"), "delivery": start}),
+                true,
+            ),
+        ),
+        (
+            "/chaos/a2",
+            configured(
+                "itx",
+                json!({"action": "itx-call", "expression": ["components", ["get", "kinds"], "processEventBatch"],
+                       "delivery": start}),
+                true,
+            ),
+        ),
+        (
+            "/chaos/a3",
+            configured(
+                "count",
+                json!({"action": "processor-wake", "expression": ["components", ["get", "counter"], "wake"]}),
+                false,
+            ),
+        ),
+        (
+            FX,
+            configured(
+                "fx",
+                json!({"action": "processor-wake", "expression": ["components", ["get", "effector"], "wake"]}),
+                false,
+            ),
+        ),
+    ] {
+        let (status, out) = s.post(&format!("{P}{stream}:append"), body).await;
+        assert_eq!(status, 200, "{out}");
+    }
+}
+
+fn ids(events: &[Value], of_type: &str) -> Vec<String> {
+    events
+        .iter()
+        .filter(|e| e["type"] == of_type)
+        .map(|e| e["payload"]["id"].as_str().unwrap_or_default().to_string())
+        .collect()
+}
+
+fn offsets_of(events: &[Value], of_type: &str) -> Vec<u64> {
+    events
+        .iter()
+        .filter(|e| e["type"] == of_type)
+        .map(|e| e["offset"].as_u64().unwrap())
+        .collect()
+}
+
+/// The offsets of every batch the kinds guest printed, in order.
+fn itx_offsets(logs: &str) -> Vec<u64> {
+    logs.lines()
+        .filter_map(|l| l.split("itx batch delivery-id=").nth(1))
+        .filter_map(|rest| rest.split("offsets=").nth(1)?.split(' ').next())
+        .flat_map(|list| {
+            list.split(',')
+                .filter_map(|o| o.parse().ok())
+                .collect::<Vec<u64>>()
+        })
+        .collect()
+}
+
+/// The violations of one stream's log against the appends acknowledged on
+/// it (event id, offset): offsets dense from 1; every acknowledged event
+/// exactly once, at its offset; no event that was never acknowledged.
+fn check_log(stream: &str, acked: &[(String, u64)], log: &[Value]) -> Vec<String> {
+    let mut violations = Vec::new();
+    for (k, e) in log.iter().enumerate() {
+        if e["offset"].as_u64() != Some(k as u64 + 1) {
+            violations.push(format!(
+                "{stream}: offset {} at position {}",
+                e["offset"],
+                k + 1
+            ));
+        }
+    }
+    let mut at: HashMap<&str, Vec<u64>> = HashMap::new();
+    for e in log {
+        if let Some(id) = e["payload"]["id"].as_str() {
+            at.entry(id)
+                .or_default()
+                .push(e["offset"].as_u64().unwrap_or_default());
+        }
+    }
+    let acked_ids: HashSet<&str> = acked.iter().map(|(id, _)| id.as_str()).collect();
+    for (id, offset) in acked {
+        match at.get(id.as_str()).map(Vec::as_slice) {
+            Some([o]) if o == offset => {}
+            other => violations.push(format!(
+                "{stream}: {id} acknowledged at {offset}, found at {other:?}"
+            )),
+        }
+    }
+    let mut unacked: Vec<_> = at
+        .iter()
+        .filter(|(id, _)| !acked_ids.contains(*id))
+        .collect();
+    unacked.sort();
+    for (id, offsets) in unacked {
+        violations.push(format!(
+            "{stream}: {id} at {offsets:?} was never acknowledged"
+        ));
+    }
+    violations
+}
+
+/// At-least-once delivery in order: the first delivery of each offset, in
+/// arrival order, must be exactly the source's matching offsets.
+fn check_deliveries(what: &str, delivered: &[u64], expected: &[u64]) -> Option<String> {
+    let mut seen = HashSet::new();
+    let first: Vec<u64> = delivered
+        .iter()
+        .copied()
+        .filter(|o| seen.insert(*o))
+        .collect();
+    (first != expected)
+        .then(|| format!("{what}: first deliveries {first:?}, source order {expected:?}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn mixed_load_survives_sigkill_loops_and_the_history_checks_out() {
+    let env = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<u64>().ok());
+    let seed = env("STREAMHOST_CHAOS_SEED").unwrap_or(1);
+    let crashes = env("STREAMHOST_CHAOS_CRASHES").unwrap_or(3);
+    println!("chaos: seed {seed}, {crashes} crashes");
+    let (receiver_base, received) = receiver().await;
+    let mut server = Server::start_with(Some(CONFIG), &[]);
+    set_up(&server, &receiver_base).await;
+    let run = Arc::new(Run {
+        url: RwLock::new(server.url.clone()),
+        client: reqwest::Client::builder()
+            .timeout(Duration::from_secs(10))
+            .build()
+            .unwrap(),
+        history: Mutex::default(),
+        stop: AtomicBool::new(false),
+        done: AtomicBool::new(false),
+        sse_seen: (0..SSE_CLIENTS).map(|_| AtomicU64::new(0)).collect(),
+    });
+    let writers: Vec<_> = (0..WRITERS)
+        .map(|w| tokio::spawn(writer(run.clone(), w, seed, format!("{receiver_base}/fx"))))
+        .collect();
+    let mut watchers: Vec<_> = (0..SSE_CLIENTS)
+        .map(|n| tokio::spawn(sse_client(run.clone(), n)))
+        .collect();
+    watchers.push(tokio::spawn(checkpoint_poller(run.clone())));
+
+    // The supervisor: SIGKILL at seeded points while the load runs.
+    let started = Instant::now();
+    let mut rng = Rng(seed);
+    for crash in 1..=crashes {
+        let after = 200 + rng.below(1300);
+        // Not a wait for a condition: the kill point is the schedule itself.
+        tokio::time::sleep(Duration::from_millis(after)).await;
+        tokio::task::block_in_place(|| server.restart());
+        *run.url.write().unwrap() = server.url.clone();
+        let h = run.history.lock().unwrap();
+        println!(
+            "chaos: crash {crash}/{crashes} {after} ms into its round; {} events acknowledged, {} retried requests so far",
+            h.acked.len(),
+            h.retries
+        );
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    run.stop.store(true, Ordering::SeqCst);
+    for w in writers {
+        w.await.unwrap();
+    }
+    let load_time = started.elapsed();
+
+    // Let everything be delivered, then compare.
+    let s = &server;
+    let a0 = s.all_events(&format!("{P}/chaos/a0")).await;
+    let matched0 = ids(&a0, MATCHED);
+    wait_for("the copy chain to catch up", SETTLE, async || {
+        ids(&s.all_events(&format!("{P}/chaos/copy2")).await, MATCHED).len() >= matched0.len()
+    })
+    .await;
+    let a1 = s.all_events(&format!("{P}/chaos/a1")).await;
+    let expected_hook = offsets_of(&a1, MATCHED);
+    let hook_offsets = || {
+        let got = received.lock().unwrap();
+        got.hook
+            .iter()
+            .map(|p| p["event"]["offset"].as_u64().unwrap_or_default())
+            .collect::<Vec<u64>>()
+    };
+    wait_for("every webhook delivery", SETTLE, async || {
+        let have: HashSet<u64> = hook_offsets().into_iter().collect();
+        expected_hook.iter().all(|o| have.contains(o))
+    })
+    .await;
+    let a2 = s.all_events(&format!("{P}/chaos/a2")).await;
+    let expected_itx = offsets_of(&a2, MATCHED);
+    wait_for("every ITX delivery", SETTLE, async || {
+        let have: HashSet<u64> = itx_offsets(&s.all_logs()).into_iter().collect();
+        expected_itx.iter().all(|o| have.contains(o))
+    })
+    .await;
+    let a3 = s.all_events(&format!("{P}/chaos/a3")).await;
+    let head3 = a3.last().map_or(0, |e| e["offset"].as_u64().unwrap());
+    wait_for("the counter to catch up", SETTLE, async || {
+        let (status, p) = s.get(&format!("{P}/chaos/a3:processors/counter")).await;
+        status == 200 && p["checkpointOffset"] == head3
+    })
+    .await;
+    let wanted_effects: HashSet<String> = run
+        .history
+        .lock()
+        .unwrap()
+        .effects
+        .iter()
+        .cloned()
+        .collect();
+    wait_for("every webhook effect", SETTLE, async || {
+        let got = received.lock().unwrap();
+        let have: HashSet<&str> = got
+            .fx
+            .iter()
+            .filter_map(|(_, b)| b["id"].as_str())
+            .collect();
+        wanted_effects.iter().all(|id| have.contains(id.as_str()))
+    })
+    .await;
+    let head0 = a0.last().map_or(0, |e| e["offset"].as_u64().unwrap());
+    wait_for("the SSE clients to reach the head", SETTLE, async || {
+        run.sse_seen
+            .iter()
+            .all(|seen| seen.load(Ordering::SeqCst) >= head0)
+    })
+    .await;
+    run.done.store(true, Ordering::SeqCst);
+    for w in watchers {
+        w.await.unwrap();
+    }
+
+    // 1. Every acknowledged append is there exactly once, at its offset;
+    //    offsets are dense; nothing appears that was not acknowledged.
+    let mut acked_by_stream: HashMap<String, Vec<(String, u64)>> = HashMap::new();
+    for a in &run.history.lock().unwrap().acked {
+        acked_by_stream
+            .entry(a.stream.clone())
+            .or_default()
+            .push((a.id.clone(), a.offset));
+    }
+    let mut logs: HashMap<String, Vec<Value>> = HashMap::new();
+    for stream in acked_by_stream.keys() {
+        logs.insert(stream.clone(), s.all_events(&format!("{P}{stream}")).await);
+    }
+    for (stream, acked) in &acked_by_stream {
+        for v in check_log(stream, acked, &logs[stream]) {
+            run.violation(v);
+        }
+    }
+    // 2. Every matching event copied exactly once, in order, at each hop.
+    let copy1 = s.all_events(&format!("{P}/chaos/copy1")).await;
+    let copy2 = s.all_events(&format!("{P}/chaos/copy2")).await;
+    if ids(&copy1, MATCHED) != matched0 {
+        run.violation(format!(
+            "copy hop 1: {} copies of {} matching events, not the same sequence",
+            ids(&copy1, MATCHED).len(),
+            matched0.len()
+        ));
+    }
+    if ids(&copy2, MATCHED) != ids(&copy1, MATCHED) {
+        run.violation(format!(
+            "copy hop 2: {} copies of {} events, not the same sequence",
+            ids(&copy2, MATCHED).len(),
+            ids(&copy1, MATCHED).len()
+        ));
+    }
+    // 3. Webhook and ITX deliveries: each at least once, first deliveries in
+    //    source order, nothing else delivered, nothing skipped.
+    for (what, delivered, expected) in [
+        ("webhook", hook_offsets(), &expected_hook),
+        ("ITX", itx_offsets(&s.all_logs()), &expected_itx),
+    ] {
+        if let Some(v) = check_deliveries(what, &delivered, expected) {
+            run.violation(v);
+        }
+    }
+    for stream in ["/chaos/a1", "/chaos/a2"] {
+        let log = s.all_events(&format!("{P}{stream}")).await;
+        if log
+            .iter()
+            .any(|e| e["type"] == "events.iterate.com/stream/error-occurred")
+        {
+            run.violation(format!("{stream}: an error line (a skip or a halt)"));
+        }
+    }
+    // 4. Processor state = fold(log).
+    let (_, verified) = s
+        .post(
+            &format!("{P}/chaos/a3:verifyProcessor"),
+            json!({"component": "counter"}),
+        )
+        .await;
+    if verified["matches"] != true {
+        run.violation(format!("counter: verify answered {verified}"));
+    }
+    // 5. Every effect executed at least once; once after dedup by its id.
+    {
+        let got = received.lock().unwrap();
+        let mut keys: HashMap<&str, HashSet<Option<&str>>> = HashMap::new();
+        for (key, body) in &got.fx {
+            let id = body["id"].as_str().unwrap_or_default();
+            if !wanted_effects.contains(id) {
+                run.violation(format!("effect {id:?} executed but never acknowledged"));
+            }
+            keys.entry(id).or_default().insert(key.as_deref());
+        }
+        for (id, k) in keys {
+            if k.len() != 1 || k.contains(&None) {
+                run.violation(format!("effect {id:?} carried idempotency keys {k:?}"));
+            }
+        }
+    }
+
+    let (hook_posts, fx_posts) = {
+        let got = received.lock().unwrap();
+        (got.hook.len(), got.fx.len())
+    };
+    let h = run.history.lock().unwrap();
+    println!(
+        "chaos: seed {seed}: {crashes} crashes in {:.1} s; {} appends ({} events acknowledged, {} retried requests), \
+         {} webhook posts, {} ITX event deliveries, {} effect posts, {} SSE connections ({} events), \
+         {} checkpoint reads; violations: {}",
+        load_time.as_secs_f64(),
+        h.appends,
+        h.acked.len(),
+        h.retries,
+        hook_posts,
+        itx_offsets(&s.all_logs()).len(),
+        fx_posts,
+        h.sse_connections,
+        h.sse_events,
+        h.checkpoints,
+        h.violations.len()
+    );
+    assert!(
+        h.violations.is_empty(),
+        "{} violations:\n{}",
+        h.violations.len(),
+        h.violations.join("\n")
+    );
+    assert!(
+        h.acked.len() > 50,
+        "the load did too little to mean anything"
+    );
+}
+
+/// The checker finds what it is there to find.
+#[test]
+fn the_checker_sees_lost_duplicated_moved_and_unacknowledged_events() {
+    let log = |events: &[(u64, &str)]| -> Vec<Value> {
+        events
+            .iter()
+            .map(|(o, id)| json!({"offset": o, "payload": {"id": id}}))
+            .collect()
+    };
+    let acked = vec![("a".to_string(), 1), ("b".to_string(), 2)];
+    assert!(check_log("/s", &acked, &log(&[(1, "a"), (2, "b")])).is_empty());
+    let lost = check_log("/s", &acked, &log(&[(1, "a")]));
+    assert_eq!(lost, ["/s: b acknowledged at 2, found at None"]);
+    let twice = check_log("/s", &acked, &log(&[(1, "a"), (2, "b"), (3, "b")]));
+    assert_eq!(twice, ["/s: b acknowledged at 2, found at Some([2, 3])"]);
+    let gap = check_log("/s", &acked, &log(&[(1, "a"), (3, "b")]));
+    assert_eq!(gap.len(), 2, "{gap:?}");
+    assert!(gap[0].contains("offset 3 at position 2"), "{gap:?}");
+    let stranger = check_log("/s", &acked, &log(&[(1, "a"), (2, "b"), (3, "z")]));
+    assert_eq!(stranger, ["/s: z at [3] was never acknowledged"]);
+
+    assert_eq!(check_deliveries("hook", &[1, 2, 2, 3], &[1, 2, 3]), None);
+    assert_eq!(check_deliveries("hook", &[1, 2, 1, 2, 3], &[1, 2, 3]), None);
+    assert!(
+        check_deliveries("hook", &[1, 3], &[1, 2, 3]).is_some(),
+        "skipped"
+    );
+    assert!(
+        check_deliveries("hook", &[2, 1, 3], &[1, 2, 3]).is_some(),
+        "out of order"
+    );
+    assert!(
+        check_deliveries("hook", &[1, 2, 3, 4], &[1, 2, 3]).is_some(),
+        "a stranger"
+    );
+}
