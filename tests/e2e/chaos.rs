@@ -493,7 +493,13 @@ async fn mixed_load_survives_sigkill_loops_and_the_history_checks_out() {
     let crashes = env("STREAMHOST_CHAOS_CRASHES").unwrap_or(3);
     println!("chaos: seed {seed}, {crashes} crashes");
     let (receiver_base, received) = receiver().await;
-    let mut server = Server::start_with(Some(CONFIG), &[]);
+    let mut server = Server::unstarted(None, Some(CONFIG), &[]);
+    // Storage faults for the whole run (see the server's storage::faults).
+    if let Ok(faults) = std::env::var("STREAMHOST_CHAOS_FAULTS") {
+        println!("chaos: storage faults {faults}");
+        server.env.push(("STREAMHOST_FAULTS".into(), faults));
+    }
+    server.launch();
     set_up(&server, &receiver_base).await;
     let run = Arc::new(Run {
         url: RwLock::new(server.url.clone()),

@@ -32,6 +32,11 @@ pub struct Server {
     pub dir: TempDir,
     config: Option<PathBuf>,
     extra_args: Vec<String>,
+    /// Environment variables of the next start (`STREAMHOST_FAULTS`).
+    pub env: Vec<(String, String)>,
+    /// RLIMIT_FSIZE of the next start, in bytes: writes past it fail with
+    /// EFBIG, as on a full disk (SIGXFSZ is ignored).
+    pub file_size_limit: Option<u64>,
     starts: u32,
     pub token: Option<String>,
     client: reqwest::Client,
@@ -51,6 +56,18 @@ impl Server {
     /// Starts a server whose data dir begins as a copy of the files in
     /// `data_from` (a committed fixture), if given.
     pub fn start_on(data_from: Option<&Path>, config: Option<&str>, extra_args: &[&str]) -> Server {
+        let mut s = Self::unstarted(data_from, config, extra_args);
+        s.spawn();
+        s
+    }
+
+    /// A server set up as [`Server::start_on`] sets it up, not started yet:
+    /// set `env` or `file_size_limit`, then [`Server::launch`].
+    pub fn unstarted(
+        data_from: Option<&Path>,
+        config: Option<&str>,
+        extra_args: &[&str],
+    ) -> Server {
         let dir = tempfile::tempdir().expect("temp dir");
         if let Some(from) = data_from {
             let data = dir.path().join("data");
@@ -65,18 +82,23 @@ impl Server {
             std::fs::write(&p, text).expect("writing config");
             p
         });
-        let mut s = Server {
+        Server {
             child: None,
             url: String::new(),
             dir,
             config,
             extra_args: extra_args.iter().map(|s| s.to_string()).collect(),
+            env: Vec::new(),
+            file_size_limit: None,
             starts: 0,
             token: None,
             client: reqwest::Client::new(),
-        };
-        s.spawn();
-        s
+        }
+    }
+
+    /// Starts a server made by [`Server::unstarted`] (or stopped).
+    pub fn launch(&mut self) {
+        self.spawn();
     }
 
     pub fn data_dir(&self) -> PathBuf {
@@ -97,7 +119,27 @@ impl Server {
         if let Some(c) = &self.config {
             cmd.arg("--config").arg(c);
         }
+        if let Some(limit) = self.file_size_limit {
+            use std::os::unix::process::CommandExt;
+            // SAFETY: only async-signal-safe calls between fork and exec.
+            unsafe {
+                cmd.pre_exec(move || {
+                    let rlimit = libc::rlimit {
+                        rlim_cur: limit,
+                        rlim_max: libc::RLIM_INFINITY,
+                    };
+                    if libc::setrlimit(libc::RLIMIT_FSIZE, &rlimit) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    // An ignored signal stays ignored across exec: writes
+                    // past the limit then fail with EFBIG instead of killing.
+                    libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+                    Ok(())
+                });
+            }
+        }
         cmd.args(&self.extra_args)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .env("RUST_LOG", "info")
             .stdout(Stdio::piped())
             .stderr(log);

@@ -166,6 +166,17 @@ impl Hot {
         }
     }
 
+    /// Forgets everything (a commit failed and may or may not have reached
+    /// the disk); readers go back to SQLite and ask again.
+    pub(super) fn clear(&self) {
+        let mut state = self.write();
+        let generation = state.generation + 1;
+        *state = State {
+            generation,
+            ..State::default()
+        };
+    }
+
     /// Applies committed writes, in commit order: `row_id` is each one's
     /// answer (the stream row a commit wrote to). Called by the writer only,
     /// with writes it is done with: event bodies and states move into the
@@ -228,6 +239,17 @@ impl State {
         tail.written = tick;
         let mut added = 0;
         for (offset, body) in events {
+            if tail
+                .events
+                .back()
+                .is_some_and(|(last, _)| offset != last + 1)
+            {
+                // Not the next offset (a write this cache never saw): the
+                // tail would hide a gap, so it goes and is asked for again.
+                let gone = self.tails.remove(&row_id).expect("the tail being extended");
+                self.tail_bytes -= gone.bytes;
+                return;
+            }
             added += body.len();
             tail.events.push_back((offset, Arc::new(body)));
         }
@@ -363,6 +385,39 @@ mod tests {
         let mut reset = WriteOp::Reset { row_id: 1 };
         hot.committed(std::iter::once((&mut reset, 1)));
         assert_eq!(hot.events_after(1, 10, 1, n), None);
+    }
+
+    #[test]
+    fn a_write_the_cache_never_saw_drops_the_tail_and_a_failed_commit_clears_all() {
+        let hot = Hot::default();
+        assert_eq!(hot.events_after(1, 0, 10, 9), None, "asks for a tail");
+        let mut first = commit(1, 1..=3);
+        hot.committed(std::iter::once((&mut first, 1)));
+        assert_eq!(offsets(hot.events_after(1, 0, 10, 3)), Some(vec![1, 2, 3]));
+        // 4..=5 committed but its answer was an error (never applied here).
+        let mut after_gap = commit(1, 6..=7);
+        hot.committed(std::iter::once((&mut after_gap, 1)));
+        assert_eq!(hot.events_after(1, 0, 10, 7), None, "no tail with a hole");
+        assert_eq!(hot.events_after(1, 5, 10, 7), None);
+
+        let mut again = commit(1, 8..=8);
+        hot.committed(std::iter::once((&mut again, 1)));
+        assert_eq!(offsets(hot.events_after(1, 7, 10, 8)), Some(vec![8]));
+        let miss = hot.checkpoint(1, "c").unwrap_err();
+        hot.clear();
+        assert_eq!(hot.events_after(1, 7, 10, 8), None, "cleared");
+        let row = CheckpointRow {
+            stream_id: "s".into(),
+            checkpoint_offset: 1,
+            state: "{}".into(),
+            digest: "d".into(),
+            updated_at: "t".into(),
+        };
+        hot.fill_checkpoint(miss, 1, "c", &row);
+        assert!(
+            hot.checkpoint(1, "c").is_err(),
+            "a read from before the clear cannot fill"
+        );
     }
 
     fn checkpoint(offset: u64) -> WriteOp {

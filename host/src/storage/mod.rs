@@ -8,6 +8,7 @@
 //! that holds it has committed (and, with `durability = "full"`, been fsync'd).
 
 mod effects;
+mod faults;
 mod hot;
 mod ingest;
 mod schema;

@@ -12,6 +12,7 @@ use rusqlite::{params, Connection, OptionalExtension};
 use tokio::sync::oneshot;
 
 use super::effects::{EffectOp, EffectSource, NewEffect};
+use super::faults::{Fault, Faults};
 use crate::metrics::Metrics;
 
 /// Most writes coalesced into one transaction.
@@ -184,6 +185,7 @@ struct Shared {
     conn: std::sync::Mutex<Connection>,
     metrics: Metrics,
     hot: Arc<super::hot::Hot>,
+    faults: Faults,
 }
 
 impl WriterHandle {
@@ -193,10 +195,15 @@ impl WriterHandle {
         hot: Arc<super::hot::Hot>,
     ) -> Result<WriterHandle> {
         let (tx, rx) = mpsc::channel::<Job>();
+        let faults = Faults::from_env()?;
+        if faults.active() {
+            tracing::warn!(faults = ?faults, "storage faults are injected on purpose ({})", super::faults::ENV);
+        }
         let shared = Arc::new(Shared {
             conn: std::sync::Mutex::new(conn),
             metrics,
             hot,
+            faults,
         });
         let writer = shared.clone();
         std::thread::Builder::new()
@@ -276,7 +283,7 @@ fn commit(
     )
     .entered();
     let started = Instant::now();
-    let results = commit_group(conn, ops);
+    let results = commit_group(conn, ops, &shared.faults);
     let elapsed = started.elapsed();
     let committed: usize = ops
         .iter()
@@ -287,6 +294,11 @@ fn commit(
     shared.metrics.observe_commit(elapsed, ops.len(), committed);
     tracing::debug!(elapsed_us = elapsed.as_micros() as u64, "group committed");
     drop(span);
+    if results.iter().any(Result::is_err) {
+        // A failed COMMIT may still have reached the disk (an fsync error
+        // leaves the outcome unknown): nothing cached is trusted any more.
+        shared.hot.clear();
+    }
     shared.hot.committed(
         ops.iter_mut()
             .zip(&results)
@@ -301,11 +313,29 @@ fn control(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
     conn.prepare_cached(sql)?.execute([]).map(|_| ())
 }
 
-fn commit_group(conn: &Connection, ops: &[WriteOp]) -> Vec<Result<i64, CommitError>> {
+fn commit_group(
+    conn: &Connection,
+    ops: &[WriteOp],
+    faults: &Faults,
+) -> Vec<Result<i64, CommitError>> {
     let fail_all = |e: &dyn fmt::Display| -> Vec<Result<i64, CommitError>> {
         ops.iter()
             .map(|_| Err(CommitError(format!("transaction failed: {e}"))))
             .collect()
+    };
+    // COMMIT, or the fault injected in its place (see `faults`).
+    let finish = || -> Result<(), String> {
+        match faults.next() {
+            Fault::None => control(conn, "COMMIT").map_err(|e| e.to_string()),
+            Fault::BeforeCommit => {
+                let _ = control(conn, "ROLLBACK");
+                Err("disk I/O error (injected before commit)".into())
+            }
+            Fault::AfterCommit => {
+                control(conn, "COMMIT").map_err(|e| e.to_string())?;
+                Err("disk I/O error (injected after commit: the outcome is unknown)".into())
+            }
+        }
     };
     if let Err(e) = control(conn, "BEGIN IMMEDIATE") {
         return fail_all(&e);
@@ -314,7 +344,7 @@ fn commit_group(conn: &Connection, ops: &[WriteOp]) -> Vec<Result<i64, CommitErr
     // transaction back undoes it the same.
     if let [op] = ops {
         return match apply(conn, op) {
-            Ok(row_id) => match control(conn, "COMMIT") {
+            Ok(row_id) => match finish() {
                 Ok(()) => vec![Ok(row_id)],
                 Err(e) => {
                     tracing::error!(error = %e, "group commit failed");
@@ -348,7 +378,7 @@ fn commit_group(conn: &Connection, ops: &[WriteOp]) -> Vec<Result<i64, CommitErr
             }
         }
     }
-    if let Err(e) = control(conn, "COMMIT") {
+    if let Err(e) = finish() {
         tracing::error!(error = %e, "group commit failed");
         let _ = control(conn, "ROLLBACK");
         return fail_all(&e);

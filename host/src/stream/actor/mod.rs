@@ -529,10 +529,28 @@ impl Actor {
         }
         let storage = self.ctx.storage.clone();
         let address = self.address.clone();
-        let loaded = tokio::task::spawn_blocking(move || load(&storage, &address))
-            .await
-            .map_err(|e| anyhow::anyhow!("the load task failed: {e}"))
-            .and_then(|r| r);
+        // What live connections were sent up to: a commit that reported a
+        // failure may have reached the log all the same (an I/O error during
+        // fsync), and its events must reach them too.
+        let known = self
+            .stream
+            .as_ref()
+            .filter(|_| !self.connections.is_empty())
+            .map(|s| (s.row_id, s.state.stream_id.clone(), s.state.max_offset));
+        let loaded = tokio::task::spawn_blocking(move || {
+            let mut loaded = load(&storage, &address)?;
+            if let (Some(l), Some((row_id, stream_id, head))) = (&mut loaded, known) {
+                let now = l.stream.state.max_offset;
+                if l.stream.row_id == row_id && l.stream.state.stream_id == stream_id && now > head
+                {
+                    l.unseen = unseen_events(&storage, row_id, head, now)?;
+                }
+            }
+            Ok(loaded)
+        })
+        .await
+        .map_err(|e| anyhow::anyhow!("the load task failed: {e}"))
+        .and_then(|r| r);
         self.ctx.metrics.stream_loaded(loaded.is_ok());
         match loaded {
             Ok(loaded) => {
@@ -583,6 +601,11 @@ impl Actor {
             let state = l.stream.state.clone();
             self.stream = Some(l.stream);
             self.repair_deliveries(&state, &l.cursors, &l.checkpoints);
+            if !l.unseen.is_empty() {
+                tracing::warn!(stream = %self.address, events = l.unseen.len(),
+                    "a commit reported as failed reached the log: its events go to live connections now");
+                self.fan_out(&l.unseen);
+            }
         }
         self.reload_needed = false;
     }
@@ -1027,6 +1050,20 @@ struct LoadedStream {
     /// Checkpoint offsets of the processors woken by the stream's
     /// subscriptions, for this source lifetime.
     checkpoints: HashMap<String, u64>,
+    /// Stored events live connections were never sent (see `ensure_loaded`).
+    unseen: Vec<Event>,
+}
+
+/// The stored events of `row_id` in `(after, up_to]`, parsed.
+fn unseen_events(storage: &Storage, row_id: i64, after: u64, up_to: u64) -> Result<Vec<Event>> {
+    let bodies = storage.events_after(row_id, after, (up_to - after) as usize, up_to)?;
+    bodies
+        .iter()
+        .map(|(offset, body)| {
+            serde_json::from_str(body)
+                .with_context(|| format!("stored event {offset} does not parse"))
+        })
+        .collect()
 }
 
 /// Loads a stream from storage (blocking: run it on a blocking thread): the
@@ -1053,6 +1090,7 @@ fn load(storage: &Storage, address: &StreamAddress) -> Result<Option<LoadedStrea
         stream,
         cursors,
         checkpoints,
+        unseen: Vec::new(),
     }))
 }
 
