@@ -3,13 +3,14 @@
 //! writes while a row sits in a `fail_switch` table. The server sees a real
 //! failed commit; no mock is involved.
 
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use rusqlite::Connection;
-use serde_json::json;
+use serde_json::{json, Value};
 
 use crate::subscriptions::{ev, subscribe, wait_count, P};
-use crate::support::{wait_for, Server};
+use crate::support::{wait_for, Server, SseClient};
 
 const CONFIG: &str =
     "[delivery]\nmax-attempts = 2\nbackoff-base-ms = 10\nbackoff-max-ms = 20\ntimeout-ms = 2000\n";
@@ -169,4 +170,196 @@ async fn a_halt_fact_that_fails_to_commit_is_decided_again_and_lands() {
         .filter(|e| e["type"] == "events.iterate.com/stream/subscription-delivery-halted")
         .count();
     assert_eq!(halts, 1, "exactly one halt fact");
+}
+
+/// A server whose storage injects `faults` (`STREAMHOST_FAULTS`).
+fn with_faults(faults: &str) -> Server {
+    let mut s = Server::unstarted(None, Some(CONFIG), &[]);
+    s.env.push(("STREAMHOST_FAULTS".into(), faults.into()));
+    s.launch();
+    s
+}
+
+/// Appends event `i` (idempotency key `k{i}`) once: its offset, or the
+/// error answer.
+async fn append_once(s: &Server, stream: &str, i: usize) -> Result<u64, (u16, Value)> {
+    let (status, out) = s
+        .post(
+            &format!("{P}{stream}:append"),
+            json!({"events": [{"type": "x.y/a", "payload": {"i": i}, "idempotencyKey": format!("k{i}")}]}),
+        )
+        .await;
+    match status {
+        200 => Ok(out["events"][0]["offset"].as_u64().unwrap()),
+        _ => Err((status, out)),
+    }
+}
+
+/// Asserts that `stream`'s log is dense from 1 and holds exactly the events
+/// `acked` (event number → offset) among its `x.y/a` events.
+async fn assert_log_is(s: &Server, stream: &str, acked: &HashMap<usize, u64>) {
+    let log = s.all_events(&format!("{P}{stream}")).await;
+    for (k, e) in log.iter().enumerate() {
+        assert_eq!(e["offset"], k as u64 + 1, "dense offsets: {log:?}");
+    }
+    let stored: HashMap<usize, u64> = log
+        .iter()
+        .filter(|e| e["type"] == "x.y/a")
+        .map(|e| {
+            (
+                e["payload"]["i"].as_u64().unwrap() as usize,
+                e["offset"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    let count = log.iter().filter(|e| e["type"] == "x.y/a").count();
+    assert_eq!(count, stored.len(), "an event stored twice: {log:?}");
+    assert_eq!(
+        &stored, acked,
+        "exactly the acknowledged events, at their offsets"
+    );
+}
+
+fn assert_injected(answer: &(u16, Value)) {
+    let (status, body) = answer;
+    assert_eq!(*status, 500, "{body}");
+    assert_eq!(body["error"]["code"], "internal", "{body}");
+    let message = body["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("disk I/O error (injected"), "{message}");
+}
+
+#[tokio::test]
+async fn a_commit_reported_failed_after_reaching_the_disk_is_kept_once_and_live_readers_get_it() {
+    let s = with_faults("after-commit=1/4");
+    let first = append_once(&s, "/src", 0)
+        .await
+        .expect("the first commit is not a fault");
+    let mut live = SseClient::open(
+        &s,
+        &format!("{P}/src:connect?replayAfterOffset=0&state=false"),
+    )
+    .await
+    .expect("connect");
+    let mut acked = HashMap::from([(0, first)]);
+    let mut failures = 0;
+    for i in 1..24 {
+        // Until answered: the same idempotency key, so a retry of a commit
+        // that did reach the disk answers the stored event.
+        loop {
+            match append_once(&s, "/src", i).await {
+                Ok(offset) => {
+                    acked.insert(i, offset);
+                    break;
+                }
+                Err(answer) => {
+                    assert_injected(&answer);
+                    failures += 1;
+                }
+            }
+        }
+    }
+    assert!(failures >= 4, "only {failures} injected failures");
+    assert_log_is(&s, "/src", &acked).await;
+    let head = *acked.values().max().unwrap();
+    let mut seen = Vec::new();
+    while seen.last() != Some(&head) {
+        let offsets = tokio::time::timeout(Duration::from_secs(10), live.batch_offsets())
+            .await
+            .unwrap_or_else(|_| panic!("the live connection stopped at {seen:?}"));
+        seen.extend(offsets);
+    }
+    assert_eq!(
+        seen,
+        (1..=head).collect::<Vec<_>>(),
+        "the live connection got every stored event once, in order"
+    );
+}
+
+#[tokio::test]
+async fn a_commit_that_fails_before_reaching_the_disk_is_never_acknowledged_and_never_stored() {
+    let s = with_faults("before-commit=1/3");
+    let mut acked = HashMap::new();
+    let mut refused = Vec::new();
+    for i in 0..24 {
+        match append_once(&s, "/src", i).await {
+            Ok(offset) => {
+                acked.insert(i, offset);
+            }
+            Err(answer) => {
+                assert_injected(&answer);
+                refused.push(i);
+            }
+        }
+    }
+    assert!(refused.len() >= 4, "refused only {refused:?}");
+    assert_log_is(&s, "/src", &acked).await;
+    // Another stream is served all along, and a refused append can be sent
+    // again.
+    let (status, page) = s.get(&format!("{P}/src:events")).await;
+    assert_eq!(status, 200, "{page}");
+    let retry = refused[0];
+    let offset = loop {
+        if let Ok(offset) = append_once(&s, "/src", retry).await {
+            break offset;
+        }
+    };
+    acked.insert(retry, offset);
+    assert_log_is(&s, "/src", &acked).await;
+}
+
+#[tokio::test]
+async fn a_full_disk_refuses_appends_keeps_serving_reads_and_recovers_a_consistent_prefix() {
+    let mut s = Server::start_with(Some(CONFIG), &[]);
+    for i in 0..3 {
+        append_once(&s, "/other", i)
+            .await
+            .expect("room on the disk");
+    }
+    let other = s.all_events(&format!("{P}/other")).await;
+    s.stop();
+    let size = |name: &str| std::fs::metadata(s.data_dir().join(name)).map_or(0, |m| m.len());
+    let largest = size("streamhost.db").max(size("streamhost.db-wal"));
+    // Files may grow 256 KiB more, then every write past that fails (EFBIG).
+    s.file_size_limit = Some(largest + 256 * 1024);
+    s.launch();
+    let big = "x".repeat(8 * 1024);
+    let mut acked = HashMap::new();
+    let mut refusal = None;
+    for i in 0..400 {
+        let (status, out) = s
+            .post(
+                &format!("{P}/big:append"),
+                json!({"events": [{"type": "x.y/a", "payload": {"i": i, "pad": big}, "idempotencyKey": format!("k{i}")}]}),
+            )
+            .await;
+        if status == 200 {
+            acked.insert(i, out["events"][0]["offset"].as_u64().unwrap());
+        } else {
+            refusal = Some((status, out));
+            break;
+        }
+    }
+    let (status, body) = refusal.expect("the disk never filled up");
+    assert_eq!(status, 500, "{body}");
+    let message = body["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("commit failed"), "{message}");
+    assert!(
+        !acked.is_empty(),
+        "some appends fit before the disk filled up"
+    );
+    // Full, the server still answers reads, of this stream and others.
+    assert_eq!(s.get("/healthz").await.0, 200);
+    assert_eq!(s.all_events(&format!("{P}/other")).await, other);
+    let (status, _) = s
+        .get(&format!("{P}/big:events?afterOffset=0&limit=5"))
+        .await;
+    assert_eq!(status, 200);
+    // Room again (a new start without the limit): a consistent prefix with
+    // every acknowledged event, and appends go on after it.
+    s.file_size_limit = None;
+    s.restart();
+    assert_log_is(&s, "/big", &acked).await;
+    assert_eq!(s.all_events(&format!("{P}/other")).await, other);
+    let next = append_once(&s, "/big", 1000).await.expect("room again");
+    assert_eq!(next, *acked.values().max().unwrap() + 1);
 }
