@@ -34,6 +34,8 @@ pub mod error;
 pub mod executor;
 #[doc(hidden)]
 pub mod filter;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod host;
 #[doc(hidden)]
 pub mod http;

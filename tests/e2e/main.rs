@@ -14,6 +14,7 @@ mod crash;
 mod determinism;
 mod effects;
 mod fence;
+mod fuzz_corpus;
 mod hostile;
 mod ingest;
 mod itx;
