@@ -11,9 +11,14 @@
 //! poller of the processor's checkpoint.
 //!
 //! CI runs the short profile (3 crashes). The long one:
-//! `STREAMHOST_CHAOS_CRASHES=50 cargo test -p streamhost --test e2e chaos -- --nocapture`
+//! `STREAMHOST_CHAOS_CRASHES=50 cargo test -p streamhost --test e2e chaos::mixed -- --nocapture`
 //! (`STREAMHOST_CHAOS_SEED` picks the kill points and the load mix; a run
-//! prints its seed). RELIABILITY.md lists the invariants and the results.
+//! prints its seed). `STREAMHOST_CHAOS_FAULTS` injects storage faults
+//! (`STREAMHOST_FAULTS` of the server); `STREAMHOST_CHAOS_SOAK_SECS=3600`
+//! (with `STREAMHOST_CHAOS_CRASHES=0`) is the soak: a steady rate
+//! (`STREAMHOST_CHAOS_RATE` operations per second per writer, 25 by
+//! default) with the server's RSS sampled every 30 s. RELIABILITY.md lists
+//! the invariants and the results.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -185,11 +190,20 @@ impl Run {
 
 /// A writer: appends to the shared streams, compare-and-appends to its own
 /// stream, and asks the effector for webhook effects, until told to stop.
-async fn writer(run: Arc<Run>, w: usize, seed: u64, fx_url: String) {
+async fn writer(run: Arc<Run>, w: usize, seed: u64, fx_url: String, rate: Option<u64>) {
     let mut rng = Rng(seed ^ (0x5851_F42D_4C95_7F2D_u64.wrapping_mul(w as u64 + 1)));
     let mut cas_next: Option<u64> = None;
     let mut i = 0u64;
+    // A steady rate (operations per second) for the soak; flat out otherwise.
+    let mut pace = rate.map(|r| {
+        let mut t = tokio::time::interval(Duration::from_secs_f64(1.0 / r.max(1) as f64));
+        t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        t
+    });
     while !run.stop.load(Ordering::SeqCst) {
+        if let Some(t) = &mut pace {
+            t.tick().await;
+        }
         i += 1;
         let roll = rng.below(100);
         if roll < 70 {
@@ -491,6 +505,9 @@ async fn mixed_load_survives_sigkill_loops_and_the_history_checks_out() {
     let env = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<u64>().ok());
     let seed = env("STREAMHOST_CHAOS_SEED").unwrap_or(1);
     let crashes = env("STREAMHOST_CHAOS_CRASHES").unwrap_or(3);
+    // The soak: steady load for this long, the server's RSS sampled.
+    let soak = env("STREAMHOST_CHAOS_SOAK_SECS").map(Duration::from_secs);
+    let rate = env("STREAMHOST_CHAOS_RATE").or(soak.map(|_| 25));
     println!("chaos: seed {seed}, {crashes} crashes");
     let (receiver_base, received) = receiver().await;
     let mut server = Server::unstarted(None, Some(CONFIG), &[]);
@@ -513,7 +530,10 @@ async fn mixed_load_survives_sigkill_loops_and_the_history_checks_out() {
         sse_seen: (0..SSE_CLIENTS).map(|_| AtomicU64::new(0)).collect(),
     });
     let writers: Vec<_> = (0..WRITERS)
-        .map(|w| tokio::spawn(writer(run.clone(), w, seed, format!("{receiver_base}/fx"))))
+        .map(|w| {
+            let fx_url = format!("{receiver_base}/fx");
+            tokio::spawn(writer(run.clone(), w, seed, fx_url, rate))
+        })
         .collect();
     let mut watchers: Vec<_> = (0..SSE_CLIENTS)
         .map(|n| tokio::spawn(sse_client(run.clone(), n)))
@@ -534,6 +554,29 @@ async fn mixed_load_survives_sigkill_loops_and_the_history_checks_out() {
             "chaos: crash {crash}/{crashes} {after} ms into its round; {} events acknowledged, {} retried requests so far",
             h.acked.len(),
             h.retries
+        );
+    }
+    if let Some(length) = soak {
+        let rss_mib = |s: &Server| s.rss_bytes() as f64 / (1024.0 * 1024.0);
+        let mut samples = Vec::new();
+        let mut tick = tokio::time::interval(Duration::from_secs(30));
+        while started.elapsed() < length {
+            tick.tick().await;
+            let rss = rss_mib(&server);
+            samples.push(rss);
+            let acked = run.history.lock().unwrap().acked.len();
+            println!(
+                "soak: {:>5} s  rss {rss:7.1} MiB  {acked} events acknowledged",
+                started.elapsed().as_secs()
+            );
+        }
+        let tenth = samples[samples.len() / 10];
+        let max = samples.iter().copied().fold(0.0, f64::max);
+        println!(
+            "soak: rss first {:.1} MiB, at 10 % {tenth:.1} MiB, last {:.1} MiB, max {max:.1} MiB over {} samples",
+            samples[0],
+            samples[samples.len() - 1],
+            samples.len()
         );
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
