@@ -57,6 +57,8 @@ const SHARED: u64 = 4;
 const WRITERS: usize = 4;
 const SSE_CLIENTS: usize = 2;
 const FX: &str = "/chaos/fx";
+/// Events accepted here reach `/chaos/in`.
+const INGEST: &str = "/v1/projects/acme/ingest/chaos/in";
 /// How long the system gets to deliver everything after the load stops.
 const SETTLE: Duration = Duration::from_secs(120);
 
@@ -90,6 +92,8 @@ struct History {
     acked: Vec<Acked>,
     /// Ids of the webhook effects that acknowledged appends asked for.
     effects: Vec<String>,
+    /// Ids of the events accepted by `POST .../ingest/chaos/in`, in order.
+    ingested: Vec<String>,
     violations: Vec<String>,
     appends: u64,
     retries: u64,
@@ -122,18 +126,16 @@ impl Run {
         self.url.read().unwrap().clone()
     }
 
-    /// Appends `events` to `stream` until the answer is definite. A lost
-    /// connection, a timeout or a 5xx has an unknown outcome: the same
-    /// request (same idempotency keys) is sent again. Returns the committed
-    /// offsets, after checking that the answer holds the events asked for.
-    async fn append(&self, stream: &str, events: Vec<Value>) -> Option<Vec<u64>> {
-        let body = json!({ "events": events });
-        self.history.lock().unwrap().appends += 1;
+    /// Sends `body` to `path` until the answer is definite: a lost
+    /// connection, a timeout, a 408, 429 or 5xx has an unknown outcome, and
+    /// the same request (same idempotency keys) goes again. Returns a 2xx
+    /// answer; any other is a violation.
+    async fn send(&self, path: &str, body: &Value) -> Option<Value> {
         loop {
             let sent = self
                 .client
-                .post(format!("{}{P}{stream}:append", self.base()))
-                .json(&body)
+                .post(format!("{}{path}", self.base()))
+                .json(body)
                 .send()
                 .await;
             let answer = match sent {
@@ -144,39 +146,11 @@ impl Run {
                 Err(_) => None,
             };
             match answer {
-                Some((200, out)) => {
-                    let committed = out["events"].as_array().cloned().unwrap_or_default();
-                    let mut offsets = Vec::new();
-                    let mut history = self.history.lock().unwrap();
-                    for (asked, got) in events.iter().zip(&committed) {
-                        let id = asked["payload"]["id"].as_str().unwrap_or_default();
-                        if got["payload"]["id"] != asked["payload"]["id"] {
-                            drop(history);
-                            self.violation(format!("{stream}: asked to append {id}, answer {got}"));
-                            return None;
-                        }
-                        let offset = got["offset"].as_u64().unwrap_or_default();
-                        offsets.push(offset);
-                        history.acked.push(Acked {
-                            stream: stream.to_string(),
-                            id: id.to_string(),
-                            offset,
-                        });
-                    }
-                    if committed.len() != events.len() {
-                        drop(history);
-                        self.violation(format!(
-                            "{stream}: {} events asked, answer {out}",
-                            events.len()
-                        ));
-                        return None;
-                    }
-                    return Some(offsets);
-                }
+                Some((status, out)) if (200..300).contains(&status) => return Some(out),
                 Some((status, out))
                     if (400..500).contains(&status) && status != 408 && status != 429 =>
                 {
-                    self.violation(format!("{stream}: append refused {status} {out}"));
+                    self.violation(format!("{path}: refused {status} {out}"));
                     return None;
                 }
                 _ => {
@@ -185,6 +159,40 @@ impl Run {
                 }
             }
         }
+    }
+
+    /// Appends `events` to `stream` (see [`Run::send`]). Returns the
+    /// committed offsets, after checking that the answer holds the events
+    /// asked for.
+    async fn append(&self, stream: &str, events: Vec<Value>) -> Option<Vec<u64>> {
+        self.history.lock().unwrap().appends += 1;
+        let out = self
+            .send(&format!("{P}{stream}:append"), &json!({ "events": events }))
+            .await?;
+        let committed = out["events"].as_array().cloned().unwrap_or_default();
+        if committed.len() != events.len() {
+            self.violation(format!(
+                "{stream}: {} events asked, answer {out}",
+                events.len()
+            ));
+            return None;
+        }
+        let mut offsets = Vec::new();
+        for (asked, got) in events.iter().zip(&committed) {
+            let id = asked["payload"]["id"].as_str().unwrap_or_default();
+            if got["payload"]["id"] != asked["payload"]["id"] {
+                self.violation(format!("{stream}: asked to append {id}, answer {got}"));
+                return None;
+            }
+            let offset = got["offset"].as_u64().unwrap_or_default();
+            offsets.push(offset);
+            self.history.lock().unwrap().acked.push(Acked {
+                stream: stream.to_string(),
+                id: id.to_string(),
+                offset,
+            });
+        }
+        Some(offsets)
     }
 }
 
@@ -206,7 +214,7 @@ async fn writer(run: Arc<Run>, w: usize, seed: u64, fx_url: String, rate: Option
         }
         i += 1;
         let roll = rng.below(100);
-        if roll < 70 {
+        if roll < 60 {
             let stream = format!("/chaos/a{}", rng.below(SHARED));
             let events = (0..1 + rng.below(3))
                 .map(|j| {
@@ -226,6 +234,22 @@ async fn writer(run: Arc<Run>, w: usize, seed: u64, fx_url: String, rate: Option
             }
             if let Some(offsets) = run.append(&format!("/chaos/cas{w}"), vec![event]).await {
                 cas_next = Some(offsets[0] + 1);
+            }
+        } else if roll < 90 {
+            let ids: Vec<String> = (0..1 + rng.below(3))
+                .map(|j| format!("in-w{w}-{i}-{j}"))
+                .collect();
+            let events: Vec<Value> = ids
+                .iter()
+                .map(|id| json!({"type": MATCHED, "payload": {"id": id}, "idempotencyKey": id}))
+                .collect();
+            let body = json!({ "events": events });
+            if let Some(out) = run.send(INGEST, &body).await {
+                if out["accepted"] == ids.len() {
+                    run.history.lock().unwrap().ingested.extend(ids);
+                } else {
+                    run.violation(format!("ingest of {ids:?} answered {out}"));
+                }
             }
         } else {
             let id = format!("fx-w{w}-{i}");
@@ -487,6 +511,50 @@ fn check_log(stream: &str, acked: &[(String, u64)], log: &[Value]) -> Vec<String
     violations
 }
 
+/// Ingest: every accepted id exactly once in the stream, no other id, and
+/// each producer's ids (`in-w{W}-...`) in the order they were accepted.
+fn check_ingest(accepted: &[String], stored: &[String]) -> Vec<String> {
+    let mut violations = Vec::new();
+    let mut count: HashMap<&str, usize> = HashMap::new();
+    for id in stored {
+        *count.entry(id).or_default() += 1;
+    }
+    for id in accepted {
+        match count.get(id.as_str()) {
+            Some(1) => {}
+            n => violations.push(format!(
+                "ingest: {id} accepted, stored {} times",
+                n.unwrap_or(&0)
+            )),
+        }
+    }
+    let wanted: HashSet<&str> = accepted.iter().map(String::as_str).collect();
+    for id in stored.iter().filter(|id| !wanted.contains(id.as_str())) {
+        violations.push(format!("ingest: {id} stored, never accepted"));
+    }
+    let producer = |id: &str| id.split('-').nth(1).unwrap_or_default().to_string();
+    let mut order: HashMap<String, Vec<&str>> = HashMap::new();
+    for id in accepted {
+        order.entry(producer(id)).or_default().push(id);
+    }
+    let mut seen: HashMap<String, Vec<&str>> = HashMap::new();
+    let mut once = HashSet::new();
+    for id in stored
+        .iter()
+        .filter(|id| wanted.contains(id.as_str()) && once.insert(id.as_str()))
+    {
+        seen.entry(producer(id)).or_default().push(id);
+    }
+    for (p, accepted_order) in &order {
+        if seen.get(p) != Some(accepted_order) {
+            violations.push(format!(
+                "ingest: producer {p} stored out of the accepted order"
+            ));
+        }
+    }
+    violations
+}
+
 /// At-least-once delivery in order: the first delivery of each offset, in
 /// arrival order, must be exactly the source's matching offsets.
 fn check_deliveries(what: &str, delivered: &[u64], expected: &[u64]) -> Option<String> {
@@ -640,6 +708,13 @@ async fn mixed_load_survives_sigkill_loops_and_the_history_checks_out() {
         wanted_effects.iter().all(|id| have.contains(id.as_str()))
     })
     .await;
+    let ingested: Vec<String> = run.history.lock().unwrap().ingested.clone();
+    wait_for("every accepted ingest event", SETTLE, async || {
+        let stored = ids(&s.all_events(&format!("{P}/chaos/in")).await, MATCHED);
+        let stored: HashSet<&str> = stored.iter().map(String::as_str).collect();
+        ingested.iter().all(|id| stored.contains(id.as_str()))
+    })
+    .await;
     let head0 = a0.last().map_or(0, |e| e["offset"].as_u64().unwrap());
     wait_for("the SSE clients to reach the head", SETTLE, async || {
         run.sse_seen
@@ -706,6 +781,12 @@ async fn mixed_load_survives_sigkill_loops_and_the_history_checks_out() {
             run.violation(format!("{stream}: an error line (a skip or a halt)"));
         }
     }
+    // 3b. Every accepted ingest event reached its stream once, each
+    //     producer's in the order accepted; nothing else did.
+    let log_in = s.all_events(&format!("{P}/chaos/in")).await;
+    for v in check_ingest(&ingested, &ids(&log_in, MATCHED)) {
+        run.violation(v);
+    }
     // 4. Processor state = fold(log).
     let (_, verified) = s
         .post(
@@ -741,12 +822,13 @@ async fn mixed_load_survives_sigkill_loops_and_the_history_checks_out() {
     let h = run.history.lock().unwrap();
     println!(
         "chaos: seed {seed}: {crashes} crashes in {:.1} s; {} appends ({} events acknowledged, {} retried requests), \
-         {} webhook posts, {} ITX event deliveries, {} effect posts, {} SSE connections ({} events), \
+         {} ingest events accepted, {} webhook posts, {} ITX event deliveries, {} effect posts, {} SSE connections ({} events), \
          {} checkpoint reads; violations: {}",
         load_time.as_secs_f64(),
         h.appends,
         h.acked.len(),
         h.retries,
+        h.ingested.len(),
         hook_posts,
         itx_offsets(&s.all_logs()).len(),
         fx_posts,
@@ -801,5 +883,28 @@ fn the_checker_sees_lost_duplicated_moved_and_unacknowledged_events() {
     assert!(
         check_deliveries("hook", &[1, 2, 3, 4], &[1, 2, 3]).is_some(),
         "a stranger"
+    );
+
+    let ids = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    let accepted = ids(&["in-w0-1-0", "in-w1-1-0", "in-w0-2-0"]);
+    assert!(check_ingest(&accepted, &ids(&["in-w1-1-0", "in-w0-1-0", "in-w0-2-0"])).is_empty());
+    let lost = check_ingest(&accepted, &ids(&["in-w0-1-0", "in-w0-2-0"]));
+    assert!(
+        lost.iter()
+            .any(|v| v.contains("in-w1-1-0 accepted, stored 0 times")),
+        "{lost:?}"
+    );
+    let twice = check_ingest(
+        &accepted,
+        &ids(&["in-w0-1-0", "in-w1-1-0", "in-w0-2-0", "in-w0-2-0"]),
+    );
+    assert!(
+        twice.iter().any(|v| v.contains("stored 2 times")),
+        "{twice:?}"
+    );
+    let swapped = check_ingest(&accepted, &ids(&["in-w0-2-0", "in-w1-1-0", "in-w0-1-0"]));
+    assert_eq!(
+        swapped,
+        ["ingest: producer w0 stored out of the accepted order"]
     );
 }
