@@ -837,6 +837,29 @@ async fn mixed_load_survives_sigkill_loops_and_the_history_checks_out() {
         h.checkpoints,
         h.violations.len()
     );
+    if !h.violations.is_empty() {
+        // Keep the evidence: the database and every start's log.
+        server.kill();
+        let keep = std::env::temp_dir().join(format!("streamhost-chaos-seed-{seed}"));
+        let _ = std::fs::remove_dir_all(&keep);
+        std::fs::create_dir_all(keep.join("data")).unwrap();
+        for dir in [server.dir.path().to_path_buf(), server.data_dir()] {
+            for entry in std::fs::read_dir(&dir).unwrap().flatten() {
+                if entry.path().is_file() {
+                    let to = if dir == server.data_dir() {
+                        keep.join("data")
+                    } else {
+                        keep.clone()
+                    };
+                    std::fs::copy(entry.path(), to.join(entry.file_name())).unwrap();
+                }
+            }
+        }
+        println!(
+            "chaos: the data dir and server logs are kept in {}",
+            keep.display()
+        );
+    }
     assert!(
         h.violations.is_empty(),
         "{} violations:\n{}",
