@@ -215,12 +215,20 @@ async fn writer(run: Arc<Run>, w: usize, seed: u64, fx_url: String, rate: Option
         i += 1;
         let roll = rng.below(100);
         if roll < 60 {
-            let stream = format!("/chaos/a{}", rng.below(SHARED));
+            let a = rng.below(SHARED);
+            let stream = format!("/chaos/a{a}");
             let events = (0..1 + rng.below(3))
                 .map(|j| {
                     let id = format!("w{w}-{i}-{j}");
                     let t = if rng.below(10) == 0 { OTHER } else { MATCHED };
-                    json!({"type": t, "payload": {"id": id}, "idempotencyKey": id})
+                    let mut e = json!({"type": t, "payload": {"id": id}, "idempotencyKey": id});
+                    // One in 200 on a1: the flaky receiver refuses it, so
+                    // the skip policy skips it (rare enough that three in a
+                    // row, which halt, do not happen).
+                    if a == 1 && rng.below(200) == 0 {
+                        e["payload"]["bad"] = json!(true);
+                    }
+                    e
                 })
                 .collect();
             run.append(&stream, events).await;
@@ -329,11 +337,13 @@ async fn checkpoint_poller(run: Arc<Run>) {
     }
 }
 
-/// The loopback receiver of webhook deliveries (`/hook`) and of webhook
-/// effects (`/fx`, with their `Idempotency-Key`).
+/// The loopback receiver of webhook deliveries (`/hook`; `/flaky`, which
+/// answers 422 to events marked bad) and of webhook effects (`/fx`, with
+/// their `Idempotency-Key`).
 #[derive(Default)]
 struct Received {
     hook: Vec<Value>,
+    flaky: Vec<Value>,
     fx: Vec<(Option<String>, Value)>,
 }
 
@@ -342,6 +352,15 @@ async fn receiver() -> (String, Arc<Mutex<Received>>) {
     async fn hook(State(got): State<Arc<Mutex<Received>>>, Json(body): Json<Value>) -> StatusCode {
         got.lock().unwrap().hook.push(body);
         StatusCode::OK
+    }
+    async fn flaky(State(got): State<Arc<Mutex<Received>>>, Json(body): Json<Value>) -> StatusCode {
+        let bad = body["event"]["payload"]["bad"] == true;
+        got.lock().unwrap().flaky.push(body);
+        if bad {
+            StatusCode::UNPROCESSABLE_ENTITY
+        } else {
+            StatusCode::OK
+        }
     }
     async fn fx(
         State(got): State<Arc<Mutex<Received>>>,
@@ -357,6 +376,7 @@ async fn receiver() -> (String, Arc<Mutex<Received>>) {
     }
     let app = Router::new()
         .route("/hook", post(hook))
+        .route("/flaky", post(flaky))
         .route("/fx", post(fx))
         .with_state(got.clone());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -404,6 +424,15 @@ async fn set_up(s: &Server, receiver_base: &str) {
             configured(
                 "hook",
                 json!({"action": "webhook-post", "url": format!("{receiver_base}/hook"), "delivery": start}),
+                true,
+            ),
+        ),
+        (
+            "/chaos/a1",
+            configured(
+                "flaky",
+                json!({"action": "webhook-post", "url": format!("{receiver_base}/flaky"),
+                       "delivery": {"start": "beginning", "onFailingEvent": "skip"}}),
                 true,
             ),
         ),
@@ -671,9 +700,35 @@ async fn mixed_load_survives_sigkill_loops_and_the_history_checks_out() {
             .map(|p| p["event"]["offset"].as_u64().unwrap_or_default())
             .collect::<Vec<u64>>()
     };
-    wait_for("every webhook delivery", SETTLE, async || {
-        let have: HashSet<u64> = hook_offsets().into_iter().collect();
+    let flaky_offsets = || {
+        let got = received.lock().unwrap();
+        got.flaky
+            .iter()
+            .map(|p| p["event"]["offset"].as_u64().unwrap_or_default())
+            .collect::<Vec<u64>>()
+    };
+    let bad: HashSet<u64> = a1
+        .iter()
+        .filter(|e| e["type"] == MATCHED && e["payload"]["bad"] == true)
+        .map(|e| e["offset"].as_u64().unwrap())
+        .collect();
+    let skip_lines = async || -> Vec<Value> {
+        s.all_events(&format!("{P}/chaos/a1"))
+            .await
+            .into_iter()
+            .filter(|e| e["type"] == "events.iterate.com/stream/error-occurred")
+            .collect()
+    };
+    wait_for("every webhook delivery and skip", SETTLE, async || {
+        let have: HashSet<u64> = hook_offsets().into_iter().chain(flaky_offsets()).collect();
+        let skipped: HashSet<u64> = skip_lines()
+            .await
+            .iter()
+            .filter_map(|e| e["payload"]["offset"].as_u64())
+            .collect();
         expected_hook.iter().all(|o| have.contains(o))
+            && flaky_offsets().iter().collect::<HashSet<_>>().len() >= expected_hook.len()
+            && bad.is_subset(&skipped)
     })
     .await;
     let a2 = s.all_events(&format!("{P}/chaos/a2")).await;
@@ -766,20 +821,37 @@ async fn mixed_load_survives_sigkill_loops_and_the_history_checks_out() {
     //    source order, nothing else delivered, nothing skipped.
     for (what, delivered, expected) in [
         ("webhook", hook_offsets(), &expected_hook),
+        ("webhook with skips", flaky_offsets(), &expected_hook),
         ("ITX", itx_offsets(&s.all_logs()), &expected_itx),
     ] {
         if let Some(v) = check_deliveries(what, &delivered, expected) {
             run.violation(v);
         }
     }
-    for stream in ["/chaos/a1", "/chaos/a2"] {
-        let log = s.all_events(&format!("{P}{stream}")).await;
-        if log
+    // Skipped: exactly the events the receiver refused, each with its
+    // error line (a crash between the line and the cursor may repeat one);
+    // no halt.
+    let lines = skip_lines().await;
+    let skipped: HashSet<u64> = lines
+        .iter()
+        .filter(|e| e["payload"]["subscriptionKey"] == "flaky")
+        .filter_map(|e| e["payload"]["offset"].as_u64())
+        .collect();
+    if skipped != bad
+        || lines
             .iter()
-            .any(|e| e["type"] == "events.iterate.com/stream/error-occurred")
-        {
-            run.violation(format!("{stream}: an error line (a skip or a halt)"));
-        }
+            .any(|e| e["payload"]["subscriptionKey"] != "flaky")
+    {
+        run.violation(format!(
+            "a1: skipped {skipped:?}, refused {bad:?}; error lines {lines:?}"
+        ));
+    }
+    let a2_lines = s.all_events(&format!("{P}/chaos/a2")).await;
+    if a2_lines
+        .iter()
+        .any(|e| e["type"] == "events.iterate.com/stream/error-occurred")
+    {
+        run.violation("/chaos/a2: an error line (a skip or a halt)".into());
     }
     // 3b. Every accepted ingest event reached its stream once, each
     //     producer's in the order accepted; nothing else did.
@@ -822,7 +894,7 @@ async fn mixed_load_survives_sigkill_loops_and_the_history_checks_out() {
     let h = run.history.lock().unwrap();
     println!(
         "chaos: seed {seed}: {crashes} crashes in {:.1} s; {} appends ({} events acknowledged, {} retried requests), \
-         {} ingest events accepted, {} webhook posts, {} ITX event deliveries, {} effect posts, {} SSE connections ({} events), \
+         {} ingest events accepted, {} webhook posts ({} events skipped by policy), {} ITX event deliveries, {} effect posts, {} SSE connections ({} events), \
          {} checkpoint reads; violations: {}",
         load_time.as_secs_f64(),
         h.appends,
@@ -830,6 +902,7 @@ async fn mixed_load_survives_sigkill_loops_and_the_history_checks_out() {
         h.retries,
         h.ingested.len(),
         hook_posts,
+        skipped.len(),
         itx_offsets(&s.all_logs()).len(),
         fx_posts,
         h.sse_connections,
