@@ -12,7 +12,8 @@ static TYPES: LazyLock<WitTypes> = LazyLock::new(|| {
         env!("CARGO_MANIFEST_DIR"),
         "/../examples/processors/target/wasm32-wasip2/release/kinds.wasm"
     );
-    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("reading {path}: {e} (build the example processors first)"));
+    let bytes = std::fs::read(path)
+        .unwrap_or_else(|e| panic!("reading {path}: {e} (build the example processors first)"));
     WitTypes::of_component(&bytes).expect("the kinds component's types")
 });
 
