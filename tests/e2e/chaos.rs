@@ -693,20 +693,15 @@ async fn mixed_load_survives_sigkill_loops_and_the_history_checks_out() {
     .await;
     let a1 = s.all_events(&format!("{P}/chaos/a1")).await;
     let expected_hook = offsets_of(&a1, MATCHED);
-    let hook_offsets = || {
-        let got = received.lock().unwrap();
-        got.hook
+    // The event offsets of what a webhook receiver got, in arrival order.
+    let posted = |posts: &[Value]| -> Vec<u64> {
+        posts
             .iter()
             .map(|p| p["event"]["offset"].as_u64().unwrap_or_default())
-            .collect::<Vec<u64>>()
+            .collect()
     };
-    let flaky_offsets = || {
-        let got = received.lock().unwrap();
-        got.flaky
-            .iter()
-            .map(|p| p["event"]["offset"].as_u64().unwrap_or_default())
-            .collect::<Vec<u64>>()
-    };
+    let hook_offsets = || posted(&received.lock().unwrap().hook);
+    let flaky_offsets = || posted(&received.lock().unwrap().flaky);
     let bad: HashSet<u64> = a1
         .iter()
         .filter(|e| e["type"] == MATCHED && e["payload"]["bad"] == true)
