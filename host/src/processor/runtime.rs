@@ -43,6 +43,11 @@ const MEMORY_RESERVATION_BYTES: u64 = 4 << 30;
 const MEMORY_KEEP_RESIDENT_BYTES: usize = 2 * 1024 * 1024;
 /// The same for tables.
 const TABLE_KEEP_RESIDENT_BYTES: usize = 64 * 1024;
+/// Freed pool slots that keep their resident pages for the next instance
+/// of the same component (wasmtime's default is 100). Each keeps up to
+/// [`MEMORY_KEEP_RESIDENT_BYTES`]: this bounds that memory (32 MiB) however
+/// many slots traffic has touched; the rest are decommitted when freed.
+const WARM_SLOTS_MAX: u32 = 16;
 /// Bytes of guest stdout/stderr kept per call.
 const GUEST_OUTPUT_BYTES_MAX: usize = 64 * 1024;
 /// Epoch tick; call deadlines are counted in ticks.
@@ -257,6 +262,7 @@ pub fn engine_config() -> Config {
         .max_memory_size(MEMORY_RESERVATION_BYTES as usize)
         .linear_memory_keep_resident(MEMORY_KEEP_RESIDENT_BYTES)
         .table_keep_resident(TABLE_KEEP_RESIDENT_BYTES)
+        .max_unused_warm_slots(WARM_SLOTS_MAX)
         .pagemap_scan(wasmtime::Enabled::Auto);
     config.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
     config
