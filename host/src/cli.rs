@@ -382,6 +382,10 @@ pub struct ServeArgs {
     /// "full" (fsync before every acknowledgement) or "normal".
     #[arg(long, value_parser = parse_durability)]
     pub durability: Option<Durability>,
+    /// Store streams in this PostgreSQL database instead of SQLite
+    /// (`postgres://user@host:port/db`; `storage` in the config).
+    #[arg(long, value_name = "URL")]
+    pub postgres: Option<String>,
     /// Also consume the JetStream stream STREAMHOST_INGEST of this NATS
     /// server (`nats://host:port`; `[ingest] nats-url`).
     #[arg(long)]
@@ -1543,12 +1547,19 @@ async fn serve(args: ServeArgs) -> Result<()> {
     if let Some(url) = args.nats {
         config.ingest.nats_url = Some(url);
     }
+    if let Some(url) = args.postgres {
+        config.storage = Some(url);
+    }
     config.validate()?;
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .with_context(|| format!("listening on {}", config.listen))?;
     let addr = listener.local_addr()?;
-    tracing::info!(data_dir = %config.data_dir.display(), durability = ?config.durability, "starting");
+    let storage = match config.postgres_url()? {
+        Some(url) => crate::storage::sql::redact(url),
+        None => "sqlite".to_string(),
+    };
+    tracing::info!(data_dir = %config.data_dir.display(), durability = ?config.durability, %storage, "starting");
     let host = Host::open(config)?;
     // Tests and scripts read this line to find the port.
     println!("streamhost listening on http://{addr}");

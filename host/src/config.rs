@@ -31,6 +31,9 @@ pub struct Config {
     pub data_dir: PathBuf,
     /// How hard a commit is pushed to disk before it is acknowledged.
     pub durability: Durability,
+    /// Where streams are stored: `"sqlite"` (the default: `streamhost.db`
+    /// in the data dir) or a PostgreSQL URL (`"postgres://user@host/db"`).
+    pub storage: Option<String>,
     /// Largest request body accepted, in bytes (8 MiB); larger gets `413`.
     pub max_body_bytes: usize,
     /// Delivery of subscriptions: attempts, backoff, the timeout of one call.
@@ -176,6 +179,7 @@ impl Default for Config {
             listen: SocketAddr::from(([127, 0, 0, 1], 7410)),
             data_dir: PathBuf::from("./streamhost-data"),
             durability: Durability::Full,
+            storage: None,
             max_body_bytes: 8 * 1024 * 1024,
             delivery: DeliveryConfig::default(),
             processors: ProcessorsConfig::default(),
@@ -222,8 +226,24 @@ impl Config {
         Config::from_toml(&text).with_context(|| format!("in config file {}", path.display()))
     }
 
+    /// The PostgreSQL URL of `storage`, or `None` for SQLite; an error
+    /// names a value that is neither.
+    pub fn postgres_url(&self) -> Result<Option<&str>> {
+        match self.storage.as_deref() {
+            None | Some("sqlite") => Ok(None),
+            Some(url) if url.starts_with("postgres://") || url.starts_with("postgresql://") => {
+                Ok(Some(url))
+            }
+            Some(other) => bail!(
+                "storage {:?} is not \"sqlite\" or a PostgreSQL URL (postgres://user@host/db)",
+                crate::storage::sql::redact(other)
+            ),
+        }
+    }
+
     /// Checks values that parse but make no sense.
     pub fn validate(&self) -> Result<()> {
+        self.postgres_url()?;
         if self.max_body_bytes == 0 {
             bail!("max-body-bytes must be at least 1, got 0");
         }
@@ -383,6 +403,16 @@ admin = true
     fn unknown_keys_and_bad_values_are_named() {
         let e = Config::from_toml("listn = \"x\"").unwrap_err().to_string();
         assert!(e.contains("listn"), "{e}");
+        let e = Config::from_toml("storage = \"mysql://db\"")
+            .and_then(|c| c.validate())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("storage \"mysql://db\" is not"), "{e}");
+        let pg = Config::from_toml("storage = \"postgres://app@db/streams\"").unwrap();
+        assert_eq!(
+            pg.postgres_url().unwrap(),
+            Some("postgres://app@db/streams")
+        );
         let e = Config::from_toml("durability = \"sometimes\"")
             .unwrap_err()
             .to_string();

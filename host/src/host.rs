@@ -46,8 +46,11 @@ impl Host {
     pub fn open_with_clock(config: Config, clock: Arc<dyn Clock>) -> Result<Host> {
         config.validate()?;
         let metrics = Metrics::new();
-        let storage = Storage::open(&config.data_dir, config.durability, metrics.clone())
-            .context("opening storage")?;
+        let storage = match config.postgres_url()? {
+            Some(url) => Storage::open_postgres(url, &config.data_dir, metrics.clone()),
+            None => Storage::open(&config.data_dir, config.durability, metrics.clone()),
+        }
+        .context("opening storage")?;
         let pending = storage
             .ingest_pending_totals()
             .context("counting pending ingest")?;

@@ -1,5 +1,6 @@
 //! Prometheus metrics served at `GET /metrics`: appends, commit latency and
-//! group sizes, stream actors in memory, stream loads and effect executions.
+//! group sizes, stream actors in memory, stream loads, effect executions and
+//! the memory SQLite holds (page caches, statements).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -27,6 +28,7 @@ struct Inner {
     stream_actors: Gauge,
     stream_loads: Family<Vec<(String, String)>, Counter>,
     effect_executions: Family<Vec<(String, String)>, Counter>,
+    sqlite_memory: Gauge,
 }
 
 impl Default for Metrics {
@@ -86,8 +88,15 @@ impl Metrics {
             "Executions of processor effects, by what followed (succeeded, retry or failed)",
             effect_executions.clone(),
         );
+        let sqlite_memory = Gauge::default();
+        registry.register(
+            "sqlite_memory_bytes",
+            "Heap memory held by SQLite (page caches and prepared statements of every connection)",
+            sqlite_memory.clone(),
+        );
         Metrics {
             inner: Arc::new(Inner {
+                sqlite_memory,
                 effect_executions,
                 stream_actors,
                 stream_loads,
@@ -137,6 +146,11 @@ impl Metrics {
             .effect_executions
             .get_or_create(&vec![("outcome".to_string(), outcome.to_string())])
             .inc();
+    }
+
+    /// Sets the memory SQLite holds, read at scrape time.
+    pub fn set_sqlite_memory(&self, bytes: i64) {
+        self.inner.sqlite_memory.set(bytes);
     }
 
     /// The Prometheus text exposition.

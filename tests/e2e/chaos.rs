@@ -654,16 +654,18 @@ async fn mixed_load_survives_sigkill_loops_and_the_history_checks_out() {
         );
     }
     if let Some(length) = soak {
-        let rss_mib = |s: &Server| s.rss_bytes() as f64 / (1024.0 * 1024.0);
+        const MIB: f64 = 1024.0 * 1024.0;
+        let rss_mib = |s: &Server| s.rss_bytes() as f64 / MIB;
         let mut samples = Vec::new();
         let mut tick = tokio::time::interval(Duration::from_secs(30));
         while started.elapsed() < length {
             tick.tick().await;
             let rss = rss_mib(&server);
             samples.push(rss);
+            let sqlite = server.metric("streamhost_sqlite_memory_bytes").await as f64 / MIB;
             let acked = run.history.lock().unwrap().acked.len();
             println!(
-                "soak: {:>5} s  rss {rss:7.1} MiB  {acked} events acknowledged",
+                "soak: {:>5} s  rss {rss:7.1} MiB  sqlite {sqlite:5.1} MiB  {acked} events acknowledged",
                 started.elapsed().as_secs()
             );
         }

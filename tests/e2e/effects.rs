@@ -913,14 +913,11 @@ async fn a_refold_cut_short_by_a_crash_runs_at_the_next_start() {
     // the new version and its pending refold are stored, nothing ran.
     let (_, component) = s.get("/v1/projects/acme/components/proc").await;
     s.stop();
-    let db = s.data_dir().join("streamhost.db");
-    let conn = rusqlite::Connection::open(&db).unwrap();
-    conn.execute(
-        "INSERT INTO pending_refolds (project, name, digest, requested_at) VALUES ('acme', 'proc', ?1, 't')",
-        [component["digest"].as_str().unwrap()],
-    )
-    .unwrap();
-    drop(conn);
+    let db = s.db();
+    db.execute(&format!(
+        "INSERT INTO pending_refolds (project, name, digest, requested_at) VALUES ('acme', 'proc', '{}', 't')",
+        component["digest"].as_str().unwrap()
+    ));
     s.restart();
     wait_for(
         "the refold to switch",
@@ -934,13 +931,7 @@ async fn a_refold_cut_short_by_a_crash_runs_at_the_next_start() {
     wait_for(
         "the pending refold to be done",
         Duration::from_secs(30),
-        async || {
-            let conn = rusqlite::Connection::open(&db).unwrap();
-            let n: i64 = conn
-                .query_row("SELECT COUNT(*) FROM pending_refolds", [], |r| r.get(0))
-                .unwrap();
-            n == 0
-        },
+        async || db.query_i64("SELECT COUNT(*) FROM pending_refolds") == Some(0),
     )
     .await;
 }
@@ -956,26 +947,18 @@ async fn resumes_a_new_version_owed_before_a_crash_are_appended_at_the_next_star
     // As if the server died right after committing a deploy of that
     // version, before appending its resumes.
     s.stop();
-    let db = s.data_dir().join("streamhost.db");
-    let conn = rusqlite::Connection::open(&db).unwrap();
-    conn.execute(
-        "INSERT INTO pending_resumes (project, name, digest) VALUES ('acme', 'proc', ?1)",
-        [v1["digest"].as_str().unwrap()],
-    )
-    .unwrap();
-    drop(conn);
+    let db = s.db();
+    db.execute(&format!(
+        "INSERT INTO pending_resumes (project, name, digest) VALUES ('acme', 'proc', '{}')",
+        v1["digest"].as_str().unwrap()
+    ));
     s.restart();
     wait_for("the owed resume", Duration::from_secs(30), async || {
         resumed_lines(&s.all_events(SRC).await) == 1
     })
     .await;
     wait_for("the record to go", Duration::from_secs(30), async || {
-        let conn = rusqlite::Connection::open(&db).unwrap();
-        conn.query_row("SELECT COUNT(*) FROM pending_resumes", [], |r| {
-            r.get::<_, i64>(0)
-        })
-        .unwrap()
-            == 0
+        db.query_i64("SELECT COUNT(*) FROM pending_resumes") == Some(0)
     })
     .await;
 }

@@ -1,53 +1,61 @@
-//! Storage failures, injected into the server's real SQLite database: a
-//! trigger (installed by the test through its own connection) aborts chosen
-//! writes while a row sits in a `fail_switch` table. The server sees a real
-//! failed commit; no mock is involved.
+//! Storage failures, injected into the server's real database (SQLite, or
+//! PostgreSQL when the suite runs on it): a trigger (installed by the test
+//! through its own connection) aborts chosen writes while a row sits in a
+//! `fail_switch` table. The server sees a real failed commit; no mock is
+//! involved.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use rusqlite::Connection;
 use serde_json::{json, Value};
 
 use crate::subscriptions::{ev, subscribe, wait_count, P};
-use crate::support::{wait_for, Server, SseClient};
+use crate::support::{skipped_on_postgres, wait_for, Server, SseClient, TestDb};
 
 const CONFIG: &str =
     "[delivery]\nmax-attempts = 2\nbackoff-base-ms = 10\nbackoff-max-ms = 20\ntimeout-ms = 2000\n";
 
-fn db(s: &Server) -> Connection {
-    let c = Connection::open(s.data_dir().join("streamhost.db")).expect("opening the db");
-    c.busy_timeout(Duration::from_secs(10)).unwrap();
-    c.execute_batch("CREATE TABLE IF NOT EXISTS fail_switch (on_ INTEGER)")
-        .unwrap();
+fn db(s: &Server) -> TestDb {
+    let c = s.db();
+    c.execute("CREATE TABLE IF NOT EXISTS fail_switch (on_ INTEGER)");
     c
 }
 
 /// Aborts the statements `when` (a trigger timing and event, e.g. `BEFORE
-/// UPDATE ON subscription_cursors`) while the switch is on.
-fn inject(c: &Connection, name: &str, when: &str, condition: &str) {
-    c.execute_batch(&format!(
-        "CREATE TRIGGER {name} {when} WHEN (SELECT count(*) FROM fail_switch) > 0 {condition}
-         BEGIN SELECT RAISE(ABORT, 'injected storage failure'); END;"
-    ))
-    .unwrap();
-}
-
-fn switch(c: &Connection, on: bool) {
-    if on {
-        c.execute("INSERT INTO fail_switch VALUES (1)", []).unwrap();
+/// UPDATE ON subscription_cursors`) while the switch is on, and
+/// `condition` (`AND NEW.type = ...`, or empty) holds.
+fn inject(c: &TestDb, name: &str, when: &str, condition: &str) {
+    if c.is_postgres() {
+        c.execute(&format!(
+            "CREATE FUNCTION {name}() RETURNS trigger LANGUAGE plpgsql AS $$
+             BEGIN
+                 IF (SELECT count(*) FROM fail_switch) > 0 {condition} THEN
+                     RAISE EXCEPTION 'injected storage failure';
+                 END IF;
+                 RETURN NEW;
+             END $$;
+             CREATE TRIGGER {name} {when} FOR EACH ROW EXECUTE FUNCTION {name}();"
+        ));
     } else {
-        c.execute("DELETE FROM fail_switch", []).unwrap();
+        c.execute(&format!(
+            "CREATE TRIGGER {name} {when} WHEN (SELECT count(*) FROM fail_switch) > 0 {condition}
+             BEGIN SELECT RAISE(ABORT, 'injected storage failure'); END;"
+        ));
     }
 }
 
-fn cursor_row(c: &Connection, key: &str) -> Option<u64> {
-    c.query_row(
-        "SELECT acknowledged_offset FROM subscription_cursors WHERE subscription_key = ?1",
-        [key],
-        |r| r.get::<_, i64>(0),
-    )
-    .ok()
+fn switch(c: &TestDb, on: bool) {
+    if on {
+        c.execute("INSERT INTO fail_switch VALUES (1)");
+    } else {
+        c.execute("DELETE FROM fail_switch");
+    }
+}
+
+fn cursor_row(c: &TestDb, key: &str) -> Option<u64> {
+    c.query_i64(&format!(
+        "SELECT acknowledged_offset FROM subscription_cursors WHERE subscription_key = '{key}'"
+    ))
     .map(|o| o as u64)
 }
 
@@ -309,6 +317,11 @@ async fn a_commit_that_fails_before_reaching_the_disk_is_never_acknowledged_and_
 
 #[tokio::test]
 async fn a_full_disk_refuses_appends_keeps_serving_reads_and_recovers_a_consistent_prefix() {
+    if skipped_on_postgres(
+        "the full disk is the server process's file size limit, and PostgreSQL's own processes do the writing",
+    ) {
+        return;
+    }
     let mut s = Server::start_with(Some(CONFIG), &[]);
     for i in 0..3 {
         append_once(&s, "/other", i)

@@ -414,11 +414,8 @@ async fn a_state_cache_that_disagrees_with_the_log_is_rebuilt_from_the_log() {
     s.kill();
     // Corrupt the cached snapshot: the host must notice it no longer matches
     // the log's head and fold the log again.
-    let db = s.data_dir().join("streamhost.db");
-    let conn = rusqlite::Connection::open(&db).unwrap();
-    conn.execute("UPDATE streams SET state_json = '{}', state_offset = 1", [])
-        .unwrap();
-    drop(conn);
+    s.db()
+        .execute("UPDATE streams SET state_json = '{}', state_offset = 1");
     s.restart();
     let (_, reloaded) = s.get(&format!("{S}:state")).await;
     assert_eq!(reloaded, state);

@@ -40,6 +40,109 @@ pub struct Server {
     starts: u32,
     pub token: Option<String>,
     client: reqwest::Client,
+    /// The server's own PostgreSQL database, when the suite runs on
+    /// PostgreSQL (see [`postgres_base`]).
+    pub postgres: Option<String>,
+}
+
+/// The PostgreSQL server the suite runs against
+/// (`STREAMHOST_TEST_POSTGRES=postgres://user@host:port/db`), or `None`
+/// for SQLite. Each test server gets a database of its own on it.
+pub fn postgres_base() -> Option<String> {
+    std::env::var("STREAMHOST_TEST_POSTGRES")
+        .ok()
+        .filter(|u| !u.is_empty())
+}
+
+/// True, with a line saying so, when the suite runs on PostgreSQL: for the
+/// tests of SQLite's own files and failure modes.
+pub fn skipped_on_postgres(why: &str) -> bool {
+    let on = postgres_base().is_some();
+    if on {
+        println!("skipped on PostgreSQL: {why}");
+    }
+    on
+}
+
+/// Runs SQL on the base database, from a thread of its own (the blocking
+/// client cannot run inside the test's runtime).
+fn postgres_admin(base: &str, statements: Vec<String>) {
+    let base = base.to_string();
+    std::thread::spawn(move || {
+        let mut c = postgres::Client::connect(&base, postgres::NoTls)
+            .unwrap_or_else(|e| panic!("connecting to the test PostgreSQL {base}: {e:?}"));
+        // One by one: CREATE DATABASE cannot run inside a transaction.
+        for sql in statements {
+            c.batch_execute(&sql)
+                .unwrap_or_else(|e| panic!("{sql}: {e:?}"));
+        }
+    })
+    .join()
+    .expect("PostgreSQL admin thread");
+}
+
+/// The test's own connection to a server's database, on either engine: for
+/// tests that set up what a crash or a damaged store would leave behind.
+/// Statements are plain SQL both engines run (values inlined).
+pub enum TestDb {
+    Sqlite(rusqlite::Connection),
+    Postgres(String),
+}
+
+impl TestDb {
+    pub fn is_postgres(&self) -> bool {
+        matches!(self, TestDb::Postgres(_))
+    }
+
+    /// Runs statements (no answers).
+    pub fn execute(&self, sql: &str) {
+        match self {
+            TestDb::Sqlite(c) => c
+                .execute_batch(sql)
+                .unwrap_or_else(|e| panic!("{sql}: {e}")),
+            TestDb::Postgres(url) => postgres_admin(url, vec![sql.to_string()]),
+        }
+    }
+
+    /// The first column of the first row, if there is a row.
+    pub fn query_i64(&self, sql: &str) -> Option<i64> {
+        match self {
+            TestDb::Sqlite(c) => {
+                use rusqlite::OptionalExtension;
+                c.query_row(sql, [], |r| r.get::<_, i64>(0))
+                    .optional()
+                    .unwrap_or_else(|e| panic!("{sql}: {e}"))
+            }
+            TestDb::Postgres(url) => {
+                let (url, sql) = (url.clone(), sql.to_string());
+                std::thread::spawn(move || {
+                    let mut c = postgres::Client::connect(&url, postgres::NoTls)
+                        .unwrap_or_else(|e| panic!("connecting to {url}: {e:?}"));
+                    c.query_opt(&sql, &[])
+                        .unwrap_or_else(|e| panic!("{sql}: {e:?}"))
+                        .map(|r| r.get::<_, i64>(0))
+                })
+                .join()
+                .expect("PostgreSQL query thread")
+            }
+        }
+    }
+}
+
+/// A new empty database for one test server; answers its URL.
+fn postgres_database(base: &str) -> String {
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    let name = format!("streamhost_test_{}_{n}", std::process::id());
+    postgres_admin(
+        base,
+        vec![
+            format!("DROP DATABASE IF EXISTS {name}"),
+            format!("CREATE DATABASE {name}"),
+        ],
+    );
+    let (prefix, _) = base.rsplit_once('/').expect("a database in the URL");
+    format!("{prefix}/{name}")
 }
 
 impl Server {
@@ -93,6 +196,7 @@ impl Server {
             starts: 0,
             token: None,
             client: reqwest::Client::new(),
+            postgres: postgres_base().map(|base| postgres_database(&base)),
         }
     }
 
@@ -103,6 +207,20 @@ impl Server {
 
     pub fn data_dir(&self) -> PathBuf {
         self.dir.path().join("data")
+    }
+
+    /// The test's own connection to this server's database.
+    pub fn db(&self) -> TestDb {
+        match &self.postgres {
+            Some(url) => TestDb::Postgres(url.clone()),
+            None => {
+                let path = self.data_dir().join("streamhost.db");
+                assert!(path.exists(), "{} does not exist yet", path.display());
+                let c = rusqlite::Connection::open(&path).expect("opening the database");
+                c.busy_timeout(Duration::from_secs(10)).unwrap();
+                TestDb::Sqlite(c)
+            }
+        }
     }
 
     fn spawn(&mut self) {
@@ -118,6 +236,9 @@ impl Server {
             .arg(self.data_dir());
         if let Some(c) = &self.config {
             cmd.arg("--config").arg(c);
+        }
+        if let Some(url) = &self.postgres {
+            cmd.arg("--postgres").arg(url);
         }
         if let Some(limit) = self.file_size_limit {
             use std::os::unix::process::CommandExt;
@@ -300,6 +421,17 @@ impl Server {
 impl Drop for Server {
     fn drop(&mut self) {
         self.kill();
+        if let (Some(url), Some(base)) = (&self.postgres, postgres_base()) {
+            let name = url.rsplit('/').next().unwrap_or_default().to_string();
+            // Best effort: a database left behind only takes disk space.
+            let _ = std::thread::spawn(move || {
+                if let Ok(mut c) = postgres::Client::connect(&base, postgres::NoTls) {
+                    let _ =
+                        c.batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"));
+                }
+            })
+            .join();
+        }
     }
 }
 

@@ -209,6 +209,8 @@ async fn metrics(State(host): State<Host>, headers: HeaderMap) -> Response {
     if let Err(e) = caller.require_admin("GET /metrics") {
         return ApiError::from(e).into_response();
     }
+    host.metrics
+        .set_sqlite_memory(crate::storage::Storage::memory_used());
     (
         StatusCode::OK,
         [(

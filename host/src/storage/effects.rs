@@ -6,9 +6,9 @@
 //! expires; both are picked up by [`Storage::due_effects`].
 
 use anyhow::Result;
-use rusqlite::{params, Connection, OptionalExtension};
 use serde_json::Value;
 
+use super::sql::{args, Db, Row};
 use super::Storage;
 
 /// One effect as stored.
@@ -92,25 +92,25 @@ pub enum EffectOp {
 const COLUMNS: &str = "id, project, path, stream_id, component, effect_key, checkpoint_offset, \
      target, status, attempts, due_at_ms, last_error, result, retries, created_at, settled_at";
 
-fn row(r: &rusqlite::Row<'_>) -> rusqlite::Result<EffectRow> {
+fn row(r: &Row<'_>) -> Result<EffectRow> {
     let json = |s: Option<String>| s.and_then(|s| serde_json::from_str(&s).ok());
     Ok(EffectRow {
-        id: r.get(0)?,
-        project: r.get(1)?,
-        path: r.get(2)?,
-        stream_id: r.get(3)?,
-        component: r.get(4)?,
-        key: r.get(5)?,
-        checkpoint_offset: r.get::<_, i64>(6)? as u64,
-        target: json(r.get(7)?).unwrap_or(Value::Null),
-        status: r.get(8)?,
-        attempts: r.get::<_, i64>(9)? as u32,
-        due_at_ms: r.get(10)?,
-        last_error: r.get(11)?,
-        result: json(r.get(12)?),
-        retries: r.get::<_, i64>(13)? as u32,
-        created_at: r.get(14)?,
-        settled_at: r.get(15)?,
+        id: r.int(0)?,
+        project: r.text(1)?,
+        path: r.text(2)?,
+        stream_id: r.text(3)?,
+        component: r.text(4)?,
+        key: r.text(5)?,
+        checkpoint_offset: r.int(6)? as u64,
+        target: json(r.opt_text(7)?).unwrap_or(Value::Null),
+        status: r.text(8)?,
+        attempts: r.int(9)? as u32,
+        due_at_ms: r.int(10)?,
+        last_error: r.opt_text(11)?,
+        result: json(r.opt_text(12)?),
+        retries: r.int(13)? as u32,
+        created_at: r.text(14)?,
+        settled_at: r.opt_text(15)?,
     })
 }
 
@@ -128,65 +128,64 @@ pub struct EffectQuery {
 impl Storage {
     /// One effect of a project.
     pub fn effect(&self, project: &str, id: i64) -> Result<Option<EffectRow>> {
-        self.with_reader(|c| {
-            Ok(c.prepare_cached(&format!(
-                "SELECT {COLUMNS} FROM effects WHERE id = ?1 AND project = ?2"
-            ))?
-            .query_row(params![id, project], row)
-            .optional()?)
+        self.with_reader(|db| {
+            db.query_opt(
+                &format!("SELECT {COLUMNS} FROM effects WHERE id = ?1 AND project = ?2"),
+                args![id, project],
+                row,
+            )
         })
     }
 
     /// A page of a project's effects in id order.
     pub fn list_effects(&self, q: &EffectQuery) -> Result<Vec<EffectRow>> {
-        self.with_reader(|c| {
-            let mut stmt = c.prepare_cached(&format!(
-                "SELECT {COLUMNS} FROM effects
-                 WHERE project = ?1 AND id > ?2
-                   AND (?3 IS NULL OR path = ?3) AND (?4 IS NULL OR component = ?4)
-                   AND (?5 IS NULL OR status = ?5)
-                 ORDER BY id LIMIT ?6"
-            ))?;
-            let rows = stmt
-                .query_map(
-                    params![
-                        q.project,
-                        q.after_id,
-                        q.path,
-                        q.component,
-                        q.status,
-                        q.limit as i64
-                    ],
-                    row,
-                )?
-                .collect::<rusqlite::Result<Vec<_>>>()?;
-            Ok(rows)
+        self.with_reader(|db| {
+            db.query_all(
+                &format!(
+                    "SELECT {COLUMNS} FROM effects
+                     WHERE project = ?1 AND id > ?2
+                       AND (CAST(?3 AS TEXT) IS NULL OR path = ?3)
+                       AND (CAST(?4 AS TEXT) IS NULL OR component = ?4)
+                       AND (CAST(?5 AS TEXT) IS NULL OR status = ?5)
+                     ORDER BY id LIMIT ?6"
+                ),
+                args![
+                    &q.project,
+                    q.after_id,
+                    &q.path,
+                    &q.component,
+                    &q.status,
+                    q.limit as i64
+                ],
+                row,
+            )
         })
     }
 
     /// Effects that may run now: `pending` ones that are due and `running`
     /// ones whose lease expired, soonest first.
     pub fn due_effects(&self, now_ms: i64, limit: usize) -> Result<Vec<EffectRow>> {
-        self.with_reader(|c| {
-            let mut stmt = c.prepare_cached(&format!(
-                "SELECT {COLUMNS} FROM effects
-                 WHERE status IN ('pending', 'running') AND due_at_ms <= ?1
-                 ORDER BY due_at_ms, id LIMIT ?2"
-            ))?;
-            let rows = stmt
-                .query_map(params![now_ms, limit as i64], row)?
-                .collect::<rusqlite::Result<Vec<_>>>()?;
-            Ok(rows)
+        self.with_reader(|db| {
+            db.query_all(
+                &format!(
+                    "SELECT {COLUMNS} FROM effects
+                     WHERE status IN ('pending', 'running') AND due_at_ms <= ?1
+                     ORDER BY due_at_ms, id LIMIT ?2"
+                ),
+                args![now_ms, limit as i64],
+                row,
+            )
         })
     }
 
     /// When the next effect falls due (a retry or an expiring lease).
     pub fn next_effect_due(&self) -> Result<Option<i64>> {
-        self.with_reader(|c| {
-            Ok(c.prepare_cached(
+        self.with_reader(|db| {
+            db.query_one(
                 "SELECT MIN(due_at_ms) FROM effects WHERE status IN ('pending', 'running')",
-            )?
-            .query_row([], |r| r.get::<_, Option<i64>>(0))?)
+                args![],
+                |r| r.opt_int(0),
+            )
         })
     }
 }
@@ -194,35 +193,35 @@ impl Storage {
 /// Inserts effects, ignoring identities already stored; answers how many
 /// were new.
 pub(super) fn insert(
-    conn: &Connection,
+    conn: Db<'_>,
     source: &EffectSource,
     effects: &[NewEffect],
     now_ms: i64,
     created_at: &str,
 ) -> Result<i64> {
-    let mut stmt = conn.prepare_cached(
-        "INSERT OR IGNORE INTO effects (project, path, stream_id, component, effect_key,
-             checkpoint_offset, target, status, due_at_ms, created_at)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'pending', ?8, ?9)",
-    )?;
     let mut created = 0;
     for e in effects {
-        created += stmt.execute(params![
-            source.project,
-            source.path,
-            source.stream_id,
-            source.component,
-            e.key,
-            e.checkpoint_offset as i64,
-            e.target,
-            now_ms,
-            created_at
-        ])? as i64;
+        created += conn.execute(
+            "INSERT INTO effects (project, path, stream_id, component, effect_key,
+                 checkpoint_offset, target, status, due_at_ms, created_at)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'pending', ?8, ?9) ON CONFLICT DO NOTHING",
+            args![
+                &source.project,
+                &source.path,
+                &source.stream_id,
+                &source.component,
+                &e.key,
+                e.checkpoint_offset as i64,
+                &e.target,
+                now_ms,
+                created_at
+            ],
+        )? as i64;
     }
     Ok(created)
 }
 
-pub(super) fn apply(conn: &Connection, op: &EffectOp) -> Result<i64> {
+pub(super) fn apply(conn: Db<'_>, op: &EffectOp) -> Result<i64> {
     let changed = match op {
         EffectOp::Insert {
             source,
@@ -235,13 +234,12 @@ pub(super) fn apply(conn: &Connection, op: &EffectOp) -> Result<i64> {
             attempts,
             now_ms,
             lease_until_ms,
-        } => conn
-            .prepare_cached(
-                "UPDATE effects SET status = 'running', attempts = attempts + 1, due_at_ms = ?4
-                 WHERE id = ?1 AND attempts = ?2 AND status IN ('pending', 'running')
-                   AND due_at_ms <= ?3",
-            )?
-            .execute(params![id, attempts, now_ms, lease_until_ms])?,
+        } => conn.execute(
+            "UPDATE effects SET status = 'running', attempts = attempts + 1, due_at_ms = ?4
+             WHERE id = ?1 AND attempts = ?2 AND status IN ('pending', 'running')
+               AND due_at_ms <= ?3",
+            args![id, attempts, now_ms, lease_until_ms],
+        )?,
         EffectOp::Settle {
             id,
             attempts,
@@ -250,33 +248,27 @@ pub(super) fn apply(conn: &Connection, op: &EffectOp) -> Result<i64> {
             last_error,
             result,
             settled_at,
-        } => conn
-            .prepare_cached(
-                "UPDATE effects SET status = ?3, due_at_ms = ?4, last_error = ?5, result = ?6,
-                     settled_at = ?7
-                 WHERE id = ?1 AND attempts = ?2 AND status = 'running'",
-            )?
-            .execute(params![
-                id, attempts, status, due_at_ms, last_error, result, settled_at
-            ])?,
-        EffectOp::Retry { id, now_ms } => conn
-            .prepare_cached(
-                "UPDATE effects SET status = 'pending', attempts = 0, due_at_ms = ?2,
-                     retries = retries + 1, settled_at = NULL
-                 WHERE id = ?1 AND status IN ('failed', 'cancelled')",
-            )?
-            .execute(params![id, now_ms])?,
-        EffectOp::ReclaimAll { now_ms } => conn
-            .prepare_cached(
-                "UPDATE effects SET status = 'pending', due_at_ms = ?1 WHERE status = 'running'",
-            )?
-            .execute(params![now_ms])?,
-        EffectOp::Cancel { id, settled_at } => conn
-            .prepare_cached(
-                "UPDATE effects SET status = 'cancelled', settled_at = ?2
-                 WHERE id = ?1 AND status IN ('pending', 'failed')",
-            )?
-            .execute(params![id, settled_at])?,
+        } => conn.execute(
+            "UPDATE effects SET status = ?3, due_at_ms = ?4, last_error = ?5, result = ?6,
+                 settled_at = ?7
+             WHERE id = ?1 AND attempts = ?2 AND status = 'running'",
+            args![id, attempts, *status, due_at_ms, last_error, result, settled_at],
+        )?,
+        EffectOp::Retry { id, now_ms } => conn.execute(
+            "UPDATE effects SET status = 'pending', attempts = 0, due_at_ms = ?2,
+                 retries = retries + 1, settled_at = NULL
+             WHERE id = ?1 AND status IN ('failed', 'cancelled')",
+            args![id, now_ms],
+        )?,
+        EffectOp::ReclaimAll { now_ms } => conn.execute(
+            "UPDATE effects SET status = 'pending', due_at_ms = ?1 WHERE status = 'running'",
+            args![now_ms],
+        )?,
+        EffectOp::Cancel { id, settled_at } => conn.execute(
+            "UPDATE effects SET status = 'cancelled', settled_at = ?2
+             WHERE id = ?1 AND status IN ('pending', 'failed')",
+            args![id, settled_at],
+        )?,
     };
     Ok(changed as i64)
 }

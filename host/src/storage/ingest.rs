@@ -5,10 +5,9 @@
 //! same key twice keeps the first row. Rows leave only once their events are
 //! committed to their stream ([`IngestOp::Appended`]), which frees capacity.
 
-use anyhow::Result;
-use rusqlite::{params, Connection, OptionalExtension};
-
+use super::sql::{args, Db};
 use super::Storage;
+use anyhow::Result;
 
 /// How an [`IngestOp::Accept`] that meets a pending key with other content
 /// fails (the key follows).
@@ -93,38 +92,39 @@ impl IngestOp {
     }
 }
 
-pub(super) fn apply(conn: &Connection, op: &IngestOp) -> Result<i64> {
+pub(super) fn apply(conn: Db<'_>, op: &IngestOp) -> Result<i64> {
     Ok(match op {
         IngestOp::Accept(rows) => {
-            let mut stmt = conn.prepare_cached(
-                "INSERT OR IGNORE INTO ingest_pending
-                     (project, path, idempotency_key, body, bytes, accepted_at)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-            )?;
             let (mut new, mut bytes) = (0i64, 0i64);
             for r in rows {
-                if stmt.execute(params![
-                    r.project,
-                    r.path,
-                    r.key,
-                    r.body,
-                    r.body.len() as i64,
-                    r.accepted_at
-                ])? == 1
+                let body_bytes = r.body.len() as i64;
+                if conn.execute(
+                    "INSERT INTO ingest_pending
+                         (project, path, idempotency_key, body, bytes, accepted_at)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT DO NOTHING",
+                    args![
+                        &r.project,
+                        &r.path,
+                        &r.key,
+                        &r.body,
+                        body_bytes,
+                        &r.accepted_at
+                    ],
+                )? == 1
                 {
                     new += 1;
-                    bytes += r.body.len() as i64;
+                    bytes += body_bytes;
                     continue;
                 }
                 // The key is pending already: an acceptance that raced with
                 // this one. Other content is a conflict, and none of this
                 // write commits.
-                let held: String = conn
-                    .prepare_cached(
-                        "SELECT body FROM ingest_pending
-                         WHERE project = ?1 AND path = ?2 AND idempotency_key = ?3",
-                    )?
-                    .query_row(params![r.project, r.path, r.key], |row| row.get(0))?;
+                let held = conn.query_one(
+                    "SELECT body FROM ingest_pending
+                     WHERE project = ?1 AND path = ?2 AND idempotency_key = ?3",
+                    args![&r.project, &r.path, &r.key],
+                    |row| row.text(0),
+                )?;
                 if held != r.body {
                     anyhow::bail!("{KEY_CONFLICT}{}", r.key);
                 }
@@ -137,16 +137,14 @@ pub(super) fn apply(conn: &Connection, op: &IngestOp) -> Result<i64> {
             project,
             path,
             through_id,
-        } => conn
-            .prepare_cached(
-                "DELETE FROM ingest_pending WHERE project = ?1 AND path = ?2 AND id <= ?3",
-            )?
-            .execute(params![project, path, through_id])? as i64,
+        } => conn.execute(
+            "DELETE FROM ingest_pending WHERE project = ?1 AND path = ?2 AND id <= ?3",
+            args![project, path, through_id],
+        )? as i64,
         IngestOp::Drop { ids } => {
-            let mut stmt = conn.prepare_cached("DELETE FROM ingest_pending WHERE id = ?1")?;
             let mut gone = 0;
             for id in ids {
-                gone += stmt.execute(params![id])? as i64;
+                gone += conn.execute("DELETE FROM ingest_pending WHERE id = ?1", args![id])? as i64;
             }
             gone
         }
@@ -154,35 +152,33 @@ pub(super) fn apply(conn: &Connection, op: &IngestOp) -> Result<i64> {
             identity: i,
             registered_at,
         } => {
-            conn.prepare_cached(
-                "INSERT OR IGNORE INTO ingest_fences (account, domain, stream, created, registered_at)
-                 VALUES (?1, ?2, ?3, ?4, ?5)",
-            )?
-            .execute(params![i.account, i.domain, i.stream, i.created, registered_at])?;
-            conn.prepare_cached(
+            conn.execute(
+                "INSERT INTO ingest_fences (account, domain, stream, created, registered_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT DO NOTHING",
+                args![&i.account, &i.domain, &i.stream, &i.created, registered_at],
+            )?;
+            conn.query_one(
                 "SELECT id FROM ingest_fences
                  WHERE account = ?1 AND domain = ?2 AND stream = ?3 AND created = ?4",
+                args![&i.account, &i.domain, &i.stream, &i.created],
+                |r| r.int(0),
             )?
-            .query_row(params![i.account, i.domain, i.stream, i.created], |r| {
-                r.get(0)
-            })?
         }
         IngestOp::Diagnostic {
             fence,
             sequence,
             reason,
         } => {
-            let new = conn
-                .prepare_cached(
-                    "INSERT OR IGNORE INTO ingest_diagnostics (fence, sequence, reason)
-                     VALUES (?1, ?2, ?3)",
-                )?
-                .execute(params![fence, *sequence as i64, reason])?;
-            conn.prepare_cached(
+            let new = conn.execute(
+                "INSERT INTO ingest_diagnostics (fence, sequence, reason)
+                 VALUES (?1, ?2, ?3) ON CONFLICT DO NOTHING",
+                args![fence, *sequence as i64, reason],
+            )?;
+            conn.execute(
                 "DELETE FROM ingest_diagnostics WHERE fence = ?1 AND id NOT IN
                      (SELECT id FROM ingest_diagnostics WHERE fence = ?1 ORDER BY id DESC LIMIT ?2)",
-            )?
-            .execute(params![fence, DIAGNOSTICS_KEPT])?;
+                args![fence, DIAGNOSTICS_KEPT],
+            )?;
             new as i64
         }
     })
@@ -191,27 +187,24 @@ pub(super) fn apply(conn: &Connection, op: &IngestOp) -> Result<i64> {
 impl Storage {
     /// How many events are pending and their bytes.
     pub fn ingest_pending_totals(&self) -> Result<(u64, u64)> {
-        self.with_reader(|c| {
-            Ok(
-                c.prepare_cached("SELECT COUNT(*), COALESCE(SUM(bytes), 0) FROM ingest_pending")?
-                    .query_row([], |r| {
-                        Ok((r.get::<_, i64>(0)? as u64, r.get::<_, i64>(1)? as u64))
-                    })?,
+        self.with_reader(|db| {
+            db.query_one(
+                "SELECT COUNT(*), CAST(COALESCE(SUM(bytes), 0) AS BIGINT) FROM ingest_pending",
+                args![],
+                |r| Ok((r.int(0)? as u64, r.int(1)? as u64)),
             )
         })
     }
 
     /// The streams with pending events, oldest first.
     pub fn ingest_pending_streams(&self) -> Result<Vec<(String, String)>> {
-        self.with_reader(|c| {
-            let mut stmt = c.prepare_cached(
+        self.with_reader(|db| {
+            db.query_all(
                 "SELECT project, path, MIN(id) AS first FROM ingest_pending
                  GROUP BY project, path ORDER BY first",
-            )?;
-            let rows = stmt
-                .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
-                .collect::<rusqlite::Result<Vec<_>>>()?;
-            Ok(rows)
+                args![],
+                |r| Ok((r.text(0)?, r.text(1)?)),
+            )
         })
     }
 
@@ -224,28 +217,28 @@ impl Storage {
         limit: usize,
         max_bytes: i64,
     ) -> Result<Vec<PendingRow>> {
-        self.with_reader(|c| {
-            let mut stmt = c.prepare_cached(
+        self.with_reader(|db| {
+            let mut bytes = 0;
+            let mut first = true;
+            db.query_while(
                 "SELECT id, idempotency_key, body, bytes FROM ingest_pending
                  WHERE project = ?1 AND path = ?2 ORDER BY id LIMIT ?3",
-            )?;
-            let mut rows = stmt.query(params![project, path, limit as i64])?;
-            let mut out: Vec<PendingRow> = Vec::new();
-            let mut bytes = 0;
-            while let Some(r) = rows.next()? {
-                let row = PendingRow {
-                    id: r.get(0)?,
-                    key: r.get(1)?,
-                    body: r.get(2)?,
-                    bytes: r.get(3)?,
-                };
-                if !out.is_empty() && bytes + row.bytes > max_bytes {
-                    break;
-                }
-                bytes += row.bytes;
-                out.push(row);
-            }
-            Ok(out)
+                args![project, path, limit as i64],
+                |r| {
+                    let row = PendingRow {
+                        id: r.int(0)?,
+                        key: r.text(1)?,
+                        body: r.text(2)?,
+                        bytes: r.int(3)?,
+                    };
+                    if !first && bytes + row.bytes > max_bytes {
+                        return Ok(None);
+                    }
+                    first = false;
+                    bytes += row.bytes;
+                    Ok(Some(row))
+                },
+            )
         })
     }
 
@@ -256,53 +249,47 @@ impl Storage {
         path: &str,
         key: &str,
     ) -> Result<Option<String>> {
-        self.with_reader(|c| {
-            Ok(c.prepare_cached(
+        self.with_reader(|db| {
+            db.query_opt(
                 "SELECT body FROM ingest_pending
                  WHERE project = ?1 AND path = ?2 AND idempotency_key = ?3",
-            )?
-            .query_row(params![project, path, key], |r| r.get(0))
-            .optional()?)
+                args![project, path, key],
+                |r| r.text(0),
+            )
         })
     }
 
     /// Every fence registered for the stream `name`, newest first.
     pub fn ingest_fences(&self, name: &str) -> Result<Vec<FenceRow>> {
-        self.with_reader(|c| {
-            let mut stmt = c.prepare_cached(
+        self.with_reader(|db| {
+            db.query_all(
                 "SELECT id, account, domain, stream, created, registered_at FROM ingest_fences
                  WHERE stream = ?1 ORDER BY id DESC",
-            )?;
-            let rows = stmt
-                .query_map(params![name], |r| {
+                args![name],
+                |r| {
                     Ok(FenceRow {
-                        id: r.get(0)?,
+                        id: r.int(0)?,
                         identity: FenceIdentity {
-                            account: r.get(1)?,
-                            domain: r.get(2)?,
-                            stream: r.get(3)?,
-                            created: r.get(4)?,
+                            account: r.text(1)?,
+                            domain: r.text(2)?,
+                            stream: r.text(3)?,
+                            created: r.text(4)?,
                         },
-                        registered_at: r.get(5)?,
+                        registered_at: r.text(5)?,
                     })
-                })?
-                .collect::<rusqlite::Result<Vec<_>>>()?;
-            Ok(rows)
+                },
+            )
         })
     }
 
     /// A fence's diagnostics, oldest first: (sequence, reason).
     pub fn ingest_diagnostics(&self, fence: i64) -> Result<Vec<(u64, String)>> {
-        self.with_reader(|c| {
-            let mut stmt = c.prepare_cached(
+        self.with_reader(|db| {
+            db.query_all(
                 "SELECT sequence, reason FROM ingest_diagnostics WHERE fence = ?1 ORDER BY id",
-            )?;
-            let rows = stmt
-                .query_map(params![fence], |r| {
-                    Ok((r.get::<_, i64>(0)? as u64, r.get(1)?))
-                })?
-                .collect::<rusqlite::Result<Vec<_>>>()?;
-            Ok(rows)
+                args![fence],
+                |r| Ok((r.int(0)? as u64, r.text(1)?)),
+            )
         })
     }
 }
@@ -310,6 +297,11 @@ impl Storage {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rusqlite::{params, Connection};
+
+    fn apply(conn: &Connection, op: &IngestOp) -> Result<i64> {
+        super::apply(Db::Sqlite(conn), op)
+    }
 
     fn db() -> Connection {
         let conn = Connection::open_in_memory().unwrap();

@@ -12,6 +12,7 @@ mod faults;
 mod hot;
 mod ingest;
 mod schema;
+pub mod sql;
 mod writer;
 
 use std::collections::HashMap;
@@ -19,7 +20,9 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use anyhow::{Context, Result};
-use rusqlite::{params, Connection, OpenFlags, OptionalExtension};
+use rusqlite::{Connection, OpenFlags};
+
+use sql::{args, Db, PgConn, Row};
 
 use crate::config::Durability;
 use crate::metrics::Metrics;
@@ -73,15 +76,26 @@ pub struct Storage {
 }
 
 struct Inner {
-    db_path: PathBuf,
     writer: writer::WriterHandle,
-    readers: Mutex<Vec<Connection>>,
+    readers: Readers,
     /// Newest events, checkpoints and component rows, kept true by the
     /// writer (`hot.rs`).
     hot: Arc<hot::Hot>,
     /// `<data-dir>/streamhost.lock`, locked exclusively while this storage
     /// lives: one host per data dir (released by the OS when the process dies).
     _lock: std::fs::File,
+}
+
+/// Where reads go: a pool of read connections of the engine.
+enum Readers {
+    Sqlite {
+        db_path: PathBuf,
+        pool: Mutex<Vec<Connection>>,
+    },
+    Postgres {
+        url: String,
+        pool: Mutex<Vec<PgConn>>,
+    },
 }
 
 /// Read connections kept for reuse.
@@ -94,8 +108,6 @@ impl Storage {
     /// Opens (creating if needed) `streamhost.db` in `data_dir` and starts the
     /// writer thread.
     pub fn open(data_dir: &Path, durability: Durability, metrics: Metrics) -> Result<Storage> {
-        std::fs::create_dir_all(data_dir)
-            .with_context(|| format!("creating data dir {}", data_dir.display()))?;
         let lock = lock_data_dir(data_dir)?;
         let db_path = data_dir.join("streamhost.db");
         let conn = Connection::open(&db_path)
@@ -112,13 +124,49 @@ impl Storage {
         conn.set_prepared_statement_cache_capacity(STATEMENTS_CACHED);
         schema::migrate(&conn)
             .with_context(|| format!("migrating the schema of {}", db_path.display()))?;
+        Self::start(
+            writer::WriteConn::Sqlite(conn),
+            Readers::Sqlite {
+                db_path,
+                pool: Mutex::new(Vec::new()),
+            },
+            lock,
+            metrics,
+        )
+    }
+
+    /// Opens the PostgreSQL database at `url` (creating the schema in an
+    /// empty one) and starts the writer thread; `data_dir` keeps the
+    /// compiled components. Every commit is durable as PostgreSQL makes it
+    /// (its `synchronous_commit`).
+    pub fn open_postgres(url: &str, data_dir: &Path, metrics: Metrics) -> Result<Storage> {
+        let lock = lock_data_dir(data_dir)?;
+        let conn = PgConn::connect(url)?;
+        schema::migrate_postgres(Db::Postgres(&conn))
+            .with_context(|| format!("migrating the schema of {}", sql::redact(url)))?;
+        Self::start(
+            writer::WriteConn::Postgres(Box::new(conn), url.to_string()),
+            Readers::Postgres {
+                url: url.to_string(),
+                pool: Mutex::new(Vec::new()),
+            },
+            lock,
+            metrics,
+        )
+    }
+
+    fn start(
+        conn: writer::WriteConn,
+        readers: Readers,
+        lock: std::fs::File,
+        metrics: Metrics,
+    ) -> Result<Storage> {
         let hot = Arc::new(hot::Hot::default());
         let writer = writer::WriterHandle::start(conn, metrics, hot.clone())?;
         Ok(Storage {
             inner: Arc::new(Inner {
-                db_path,
                 writer,
-                readers: Mutex::new(Vec::new()),
+                readers,
                 hot,
                 _lock: lock,
             }),
@@ -138,55 +186,81 @@ impl Storage {
         self.inner.writer.commit_blocking(op)
     }
 
-    fn with_reader<T>(&self, f: impl FnOnce(&Connection) -> Result<T>) -> Result<T> {
-        let conn = self.inner.readers.lock().expect("reader pool").pop();
-        let conn = match conn {
-            Some(c) => c,
-            None => {
-                let c = Connection::open_with_flags(
-                    &self.inner.db_path,
-                    OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
-                )
-                .with_context(|| format!("opening reader on {}", self.inner.db_path.display()))?;
-                c.busy_timeout(std::time::Duration::from_secs(10))?;
-                c.set_prepared_statement_cache_capacity(STATEMENTS_CACHED);
-                c
+    /// Bytes of heap SQLite holds in this process, over all connections.
+    pub fn memory_used() -> i64 {
+        // SAFETY: sqlite3_memory_used only reads SQLite's global counter.
+        unsafe { rusqlite::ffi::sqlite3_memory_used() }
+    }
+
+    fn with_reader<T>(&self, f: impl FnOnce(Db<'_>) -> Result<T>) -> Result<T> {
+        match &self.inner.readers {
+            Readers::Sqlite { db_path, pool } => {
+                let conn = pool.lock().expect("reader pool").pop();
+                let conn = match conn {
+                    Some(c) => c,
+                    None => {
+                        let c = Connection::open_with_flags(
+                            db_path,
+                            OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+                        )
+                        .with_context(|| format!("opening reader on {}", db_path.display()))?;
+                        c.busy_timeout(std::time::Duration::from_secs(10))?;
+                        c.set_prepared_statement_cache_capacity(STATEMENTS_CACHED);
+                        c
+                    }
+                };
+                let out = f(Db::Sqlite(&conn));
+                let mut pool = pool.lock().expect("reader pool");
+                if pool.len() < READERS_KEPT_MAX {
+                    pool.push(conn);
+                }
+                out
             }
-        };
-        let out = f(&conn);
-        let mut pool = self.inner.readers.lock().expect("reader pool");
-        if pool.len() < READERS_KEPT_MAX {
-            pool.push(conn);
+            Readers::Postgres { url, pool } => {
+                let conn = pool.lock().expect("reader pool").pop();
+                let conn = match conn {
+                    Some(c) => c,
+                    None => PgConn::connect(url)?,
+                };
+                let out = f(Db::Postgres(&conn));
+                let mut pool = pool.lock().expect("reader pool");
+                // A connection the server closed is not kept.
+                if pool.len() < READERS_KEPT_MAX && !conn.is_closed() {
+                    pool.push(conn);
+                }
+                out
+            }
         }
-        out
     }
 
     /// Loads a stream's row, or `None` when the stream does not exist.
     pub fn load_stream(&self, project: &str, path: &str) -> Result<Option<StreamRow>> {
-        self.with_reader(|c| {
-            let row = c
-                .prepare_cached(
+        self.with_reader(|db| {
+            let row = db
+                .query_opt(
                     "SELECT id, stream_id, created_at, head_offset, state_json, state_offset
                      FROM streams WHERE project = ?1 AND path = ?2",
-                )?
-                .query_row(params![project, path], |r| {
-                    Ok(StreamRow {
-                        row_id: r.get(0)?,
-                        path: path.to_string(),
-                        stream_id: r.get(1)?,
-                        created_at: r.get(2)?,
-                        head_offset: r.get::<_, i64>(3)? as u64,
-                        state_json: r.get(4)?,
-                        state_offset: r.get::<_, i64>(5)? as u64,
-                        log_head: 0,
-                    })
-                })
-                .optional()
+                    args![project, path],
+                    |r| {
+                        Ok(StreamRow {
+                            row_id: r.int(0)?,
+                            path: path.to_string(),
+                            stream_id: r.text(1)?,
+                            created_at: r.text(2)?,
+                            head_offset: r.int(3)? as u64,
+                            state_json: r.text(4)?,
+                            state_offset: r.int(5)? as u64,
+                            log_head: 0,
+                        })
+                    },
+                )
                 .with_context(|| format!("loading stream {path:?} of {project:?}"))?;
             let Some(mut row) = row else { return Ok(None) };
-            row.log_head = c
-                .prepare_cached("SELECT COALESCE(MAX(offset), 0) FROM events WHERE stream = ?1")?
-                .query_row([row.row_id], |r| r.get::<_, i64>(0))? as u64;
+            row.log_head = db.query_one(
+                "SELECT COALESCE(MAX(\"offset\"), 0) FROM events WHERE stream = ?1",
+                args![row.row_id],
+                |r| r.int(0),
+            )? as u64;
             Ok(Some(row))
         })
     }
@@ -200,32 +274,27 @@ impl Storage {
         after_path: Option<&str>,
         limit: usize,
     ) -> Result<Vec<StreamRow>> {
-        self.with_reader(|c| {
-            let mut stmt = c.prepare_cached(
+        self.with_reader(|db| {
+            db.query_all(
                 "SELECT id, path, stream_id, created_at, head_offset, state_json, state_offset
                  FROM streams
-                 WHERE project = ?1 AND substr(path, 1, length(?2)) = ?2 AND path > ?3
+                 WHERE project = ?1 AND substr(path, 1, length(CAST(?2 AS TEXT))) = ?2 AND path > ?3
                  ORDER BY path LIMIT ?4",
-            )?;
-            let rows = stmt
-                .query_map(
-                    params![project, prefix, after_path.unwrap_or(""), limit as i64],
-                    |r| {
-                        Ok(StreamRow {
-                            row_id: r.get(0)?,
-                            path: r.get(1)?,
-                            stream_id: r.get(2)?,
-                            created_at: r.get(3)?,
-                            head_offset: r.get::<_, i64>(4)? as u64,
-                            state_json: r.get(5)?,
-                            state_offset: r.get::<_, i64>(6)? as u64,
-                            log_head: 0,
-                        })
-                    },
-                )?
-                .collect::<rusqlite::Result<Vec<_>>>()
-                .context("listing streams")?;
-            Ok(rows)
+                args![project, prefix, after_path.unwrap_or(""), limit as i64],
+                |r| {
+                    Ok(StreamRow {
+                        row_id: r.int(0)?,
+                        path: r.text(1)?,
+                        stream_id: r.text(2)?,
+                        created_at: r.text(3)?,
+                        head_offset: r.int(4)? as u64,
+                        state_json: r.text(5)?,
+                        state_offset: r.int(6)? as u64,
+                        log_head: 0,
+                    })
+                },
+            )
+            .context("listing streams")
         })
     }
 
@@ -245,65 +314,57 @@ impl Storage {
         {
             return Ok(events);
         }
-        self.with_reader(|c| {
-            let mut stmt = c.prepare_cached(
-                "SELECT offset, body FROM events WHERE stream = ?1 AND offset > ?2 AND offset <= ?4
-                 ORDER BY offset LIMIT ?3",
-            )?;
-            let rows = stmt
-                .query_map(
-                    params![
-                        row_id,
-                        after_offset as i64,
-                        limit as i64,
-                        up_to_offset.min(i64::MAX as u64) as i64
-                    ],
-                    |r| Ok((r.get::<_, i64>(0)? as u64, r.get::<_, String>(1)?)),
-                )?
-                .collect::<rusqlite::Result<Vec<_>>>()
-                .context("reading events")?;
-            Ok(rows)
+        self.with_reader(|db| {
+            db.query_all(
+                "SELECT \"offset\", body FROM events
+                 WHERE stream = ?1 AND \"offset\" > ?2 AND \"offset\" <= ?4
+                 ORDER BY \"offset\" LIMIT ?3",
+                args![
+                    row_id,
+                    after_offset as i64,
+                    limit as i64,
+                    up_to_offset.min(i64::MAX as u64) as i64
+                ],
+                |r| Ok((r.int(0)? as u64, r.text(1)?)),
+            )
+            .context("reading events")
         })
     }
 
     /// The cursor rows of a stream.
     pub fn load_cursors(&self, row_id: i64) -> Result<Vec<CursorRow>> {
-        self.with_reader(|c| {
-            let mut stmt = c.prepare_cached(
+        self.with_reader(|db| {
+            db.query_all(
                 "SELECT subscription_key, generation, acknowledged_offset, failing_offset,
                         failing_attempts, skips
                  FROM subscription_cursors WHERE stream = ?1",
-            )?;
-            let rows = stmt
-                .query_map([row_id], |r| {
+                args![row_id],
+                |r| {
                     Ok(CursorRow {
-                        subscription_key: r.get(0)?,
-                        generation: r.get::<_, i64>(1)? as u64,
-                        acknowledged_offset: r.get::<_, i64>(2)? as u64,
-                        failing_offset: r.get::<_, Option<i64>>(3)?.map(|o| o as u64),
-                        failing_attempts: r.get::<_, i64>(4)? as u32,
-                        skips: r.get::<_, i64>(5)? as u32,
+                        subscription_key: r.text(0)?,
+                        generation: r.int(1)? as u64,
+                        acknowledged_offset: r.int(2)? as u64,
+                        failing_offset: r.opt_int(3)?.map(|o| o as u64),
+                        failing_attempts: r.int(4)? as u32,
+                        skips: r.int(5)? as u32,
                     })
-                })?
-                .collect::<rusqlite::Result<Vec<_>>>()
-                .context("reading cursor rows")?;
-            Ok(rows)
+                },
+            )
+            .context("reading cursor rows")
         })
     }
 
     /// Streams (project key, path) that have subscription cursors: their
     /// actors are woken at startup so deliveries resume.
     pub fn streams_with_cursors(&self) -> Result<Vec<(String, String)>> {
-        self.with_reader(|c| {
-            let mut stmt = c.prepare(
+        self.with_reader(|db| {
+            db.query_all(
                 "SELECT DISTINCT s.project, s.path FROM subscription_cursors c
                  JOIN streams s ON s.id = c.stream",
-            )?;
-            let rows = stmt
-                .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
-                .collect::<rusqlite::Result<Vec<_>>>()
-                .context("listing streams with subscriptions")?;
-            Ok(rows)
+                args![],
+                |r| Ok((r.text(0)?, r.text(1)?)),
+            )
+            .context("listing streams with subscriptions")
         })
     }
 
@@ -313,14 +374,12 @@ impl Storage {
             Ok(row) => return Ok(row),
             Err(miss) => miss,
         };
-        let row = self.with_reader(|c| {
-            let row = c
-                .prepare_cached(
-                    "SELECT name, digest, exports, deployed_at FROM components WHERE project = ?1 AND name = ?2",
-                )?
-                .query_row(params![project, name], component_row)
-                .optional()?;
-            Ok(row)
+        let row = self.with_reader(|db| {
+            db.query_opt(
+                "SELECT name, digest, exports, deployed_at FROM components WHERE project = ?1 AND name = ?2",
+                args![project, name],
+                component_row,
+            )
         })?;
         self.inner.hot.fill_component(miss, project, name, &row);
         Ok(row)
@@ -328,23 +387,24 @@ impl Storage {
 
     /// Every deployed component of `project`, by name.
     pub fn components(&self, project: &str) -> Result<Vec<ComponentRow>> {
-        self.with_reader(|c| {
-            let mut stmt = c.prepare_cached(
+        self.with_reader(|db| {
+            db.query_all(
                 "SELECT name, digest, exports, deployed_at FROM components WHERE project = ?1 ORDER BY name",
-            )?;
-            let rows = stmt
-                .query_map([project], component_row)?
-                .collect::<rusqlite::Result<Vec<_>>>()?;
-            Ok(rows)
+                args![project],
+                component_row,
+            )
         })
     }
 
     /// The bytes of a component by digest.
     pub fn component_bytes(&self, digest: &str) -> Result<Vec<u8>> {
-        self.with_reader(|c| {
-            c.prepare_cached("SELECT bytes FROM component_blobs WHERE digest = ?1")?
-                .query_row([digest], |r| r.get(0))
-                .with_context(|| format!("loading component {digest}"))
+        self.with_reader(|db| {
+            db.query_one(
+                "SELECT bytes FROM component_blobs WHERE digest = ?1",
+                args![digest],
+                |r| r.bytes(0),
+            )
+            .with_context(|| format!("loading component {digest}"))
         })
     }
 
@@ -354,23 +414,21 @@ impl Storage {
             Ok(row) => return Ok(Some(row)),
             Err(miss) => miss,
         };
-        let row = self.with_reader(|c| {
-            let row = c
-                .prepare_cached(
-                    "SELECT stream_id, checkpoint_offset, state, digest, updated_at
-                     FROM processor_checkpoints WHERE stream = ?1 AND component = ?2",
-                )?
-                .query_row(params![row_id, component], |r| {
+        let row = self.with_reader(|db| {
+            db.query_opt(
+                "SELECT stream_id, checkpoint_offset, state, digest, updated_at
+                 FROM processor_checkpoints WHERE stream = ?1 AND component = ?2",
+                args![row_id, component],
+                |r| {
                     Ok(CheckpointRow {
-                        stream_id: r.get(0)?,
-                        checkpoint_offset: r.get::<_, i64>(1)? as u64,
-                        state: r.get(2)?,
-                        digest: r.get(3)?,
-                        updated_at: r.get(4)?,
+                        stream_id: r.text(0)?,
+                        checkpoint_offset: r.int(1)? as u64,
+                        state: r.text(2)?,
+                        digest: r.text(3)?,
+                        updated_at: r.text(4)?,
                     })
-                })
-                .optional()?;
-            Ok(row)
+                },
+            )
         })?;
         if let Some(row) = &row {
             self.inner.hot.fill_checkpoint(miss, row_id, component, row);
@@ -380,56 +438,52 @@ impl Storage {
 
     /// A component's versions, newest first: (digest, deployed at).
     pub fn component_versions(&self, project: &str, name: &str) -> Result<Vec<(String, String)>> {
-        self.with_reader(|c| {
-            let mut stmt = c.prepare_cached(
-                "SELECT digest, deployed_at FROM component_versions
-                 WHERE project = ?1 AND name = ?2 ORDER BY rowid DESC",
-            )?;
-            let rows = stmt
-                .query_map(params![project, name], |r| Ok((r.get(0)?, r.get(1)?)))?
-                .collect::<rusqlite::Result<Vec<_>>>()?;
-            Ok(rows)
+        self.with_reader(|db| {
+            db.query_all(
+                db.pick(
+                    "SELECT digest, deployed_at FROM component_versions
+                     WHERE project = ?1 AND name = ?2 ORDER BY rowid DESC",
+                    "SELECT digest, deployed_at FROM component_versions
+                     WHERE project = ?1 AND name = ?2 ORDER BY id DESC",
+                ),
+                args![project, name],
+                |r| Ok((r.text(0)?, r.text(1)?)),
+            )
         })
     }
 
     /// New versions whose halted subscriptions are not yet resumed:
     /// (project, name, digest).
     pub fn pending_resumes(&self) -> Result<Vec<(String, String, String)>> {
-        self.with_reader(|c| {
-            let mut stmt = c.prepare_cached(
+        self.with_reader(|db| {
+            db.query_all(
                 "SELECT project, name, digest FROM pending_resumes ORDER BY project, name",
-            )?;
-            let rows = stmt
-                .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
-                .collect::<rusqlite::Result<Vec<_>>>()?;
-            Ok(rows)
+                args![],
+                |r| Ok((r.text(0)?, r.text(1)?, r.text(2)?)),
+            )
         })
     }
 
     /// Refolds asked for and not yet done: (project, name, digest).
     pub fn pending_refolds(&self) -> Result<Vec<(String, String, String)>> {
-        self.with_reader(|c| {
-            let mut stmt = c.prepare_cached(
+        self.with_reader(|db| {
+            db.query_all(
                 "SELECT project, name, digest FROM pending_refolds ORDER BY project, name",
-            )?;
-            let rows = stmt
-                .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
-                .collect::<rusqlite::Result<Vec<_>>>()?;
-            Ok(rows)
+                args![],
+                |r| Ok((r.text(0)?, r.text(1)?, r.text(2)?)),
+            )
         })
     }
 
     /// The source paths of a component's processor instances in a project.
     pub fn processor_instances(&self, project: &str, component: &str) -> Result<Vec<String>> {
-        self.with_reader(|c| {
-            let mut stmt = c.prepare_cached(
+        self.with_reader(|db| {
+            db.query_all(
                 "SELECT s.path FROM processor_checkpoints p JOIN streams s ON s.id = p.stream
                  WHERE s.project = ?1 AND p.component = ?2 ORDER BY s.path",
-            )?;
-            let rows = stmt
-                .query_map(params![project, component], |r| r.get(0))?
-                .collect::<rusqlite::Result<Vec<_>>>()?;
-            Ok(rows)
+                args![project, component],
+                |r| r.text(0),
+            )
         })
     }
 
@@ -437,16 +491,20 @@ impl Storage {
     /// subscription and mentions `text` (a candidate list: the caller checks
     /// each stream's state).
     pub fn streams_halted_mentioning(&self, project: &str, text: &str) -> Result<Vec<String>> {
-        self.with_reader(|c| {
-            let mut stmt = c.prepare_cached(
-                "SELECT path FROM streams WHERE project = ?1
-                   AND instr(state_json, '\"deliveryHalted\"') > 0 AND instr(state_json, ?2) > 0
-                 ORDER BY path",
-            )?;
-            let rows = stmt
-                .query_map(params![project, text], |r| r.get(0))?
-                .collect::<rusqlite::Result<Vec<_>>>()?;
-            Ok(rows)
+        self.with_reader(|db| {
+            db.query_all(
+                db.pick(
+                    "SELECT path FROM streams WHERE project = ?1
+                       AND instr(state_json, '\"deliveryHalted\"') > 0 AND instr(state_json, ?2) > 0
+                     ORDER BY path",
+                    "SELECT path FROM streams WHERE project = ?1
+                       AND strpos(state_json, '\"deliveryHalted\"') > 0
+                       AND strpos(state_json, CAST(?2 AS TEXT)) > 0
+                     ORDER BY path",
+                ),
+                args![project, text],
+                |r| r.text(0),
+            )
         })
     }
 
@@ -456,25 +514,23 @@ impl Storage {
         row_id: i64,
         component: &str,
     ) -> Result<Option<ProcessorFailure>> {
-        self.with_reader(|c| {
-            let row = c
-                .prepare_cached(
-                    "SELECT stream_id, failed_at, offset, message, repro
-                     FROM processor_failures WHERE stream = ?1 AND component = ?2",
-                )?
-                .query_row(params![row_id, component], |r| {
+        self.with_reader(|db| {
+            db.query_opt(
+                "SELECT stream_id, failed_at, \"offset\", message, repro
+                 FROM processor_failures WHERE stream = ?1 AND component = ?2",
+                args![row_id, component],
+                |r| {
                     Ok(ProcessorFailure {
                         row_id,
                         component: component.to_string(),
-                        stream_id: r.get(0)?,
-                        failed_at: r.get(1)?,
-                        offset: r.get::<_, Option<i64>>(2)?.map(|o| o as u64),
-                        message: r.get(3)?,
-                        repro: r.get(4)?,
+                        stream_id: r.text(0)?,
+                        failed_at: r.text(1)?,
+                        offset: r.opt_int(2)?.map(|o| o as u64),
+                        message: r.text(3)?,
+                        repro: r.opt_text(4)?,
                     })
-                })
-                .optional()?;
-            Ok(row)
+                },
+            )
         })
     }
 
@@ -483,16 +539,14 @@ impl Storage {
         if keys.is_empty() {
             return Ok(HashMap::new());
         }
-        self.with_reader(|c| {
-            let mut stmt = c.prepare_cached(
-                "SELECT body FROM events WHERE stream = ?1 AND idempotency_key = ?2",
-            )?;
+        self.with_reader(|db| {
             let mut found = HashMap::new();
             for key in keys {
-                if let Some(body) = stmt
-                    .query_row(params![row_id, key], |r| r.get::<_, String>(0))
-                    .optional()?
-                {
+                if let Some(body) = db.query_opt(
+                    "SELECT body FROM events WHERE stream = ?1 AND idempotency_key = ?2",
+                    args![row_id, key],
+                    |r| r.text(0),
+                )? {
                     found.insert(key.to_string(), body);
                 }
             }
@@ -503,6 +557,8 @@ impl Storage {
 
 /// Locks the data dir for this process, or names the reason it cannot.
 fn lock_data_dir(data_dir: &Path) -> Result<std::fs::File> {
+    std::fs::create_dir_all(data_dir)
+        .with_context(|| format!("creating data dir {}", data_dir.display()))?;
     let path = data_dir.join("streamhost.lock");
     let file = std::fs::OpenOptions::new()
         .create(true)
@@ -524,12 +580,12 @@ fn lock_data_dir(data_dir: &Path) -> Result<std::fs::File> {
     }
 }
 
-fn component_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<ComponentRow> {
-    let exports: String = r.get(2)?;
+fn component_row(r: &Row<'_>) -> Result<ComponentRow> {
+    let exports = r.text(2)?;
     Ok(ComponentRow {
-        name: r.get(0)?,
-        digest: r.get(1)?,
+        name: r.text(0)?,
+        digest: r.text(1)?,
         exports: serde_json::from_str(&exports).unwrap_or_default(),
-        deployed_at: r.get(3)?,
+        deployed_at: r.text(3)?,
     })
 }

@@ -8,11 +8,11 @@ use std::sync::{mpsc, Arc};
 use std::time::Instant;
 
 use anyhow::{Context, Result};
-use rusqlite::{params, Connection, OptionalExtension};
 use tokio::sync::oneshot;
 
 use super::effects::{EffectOp, EffectSource, NewEffect};
 use super::faults::{Fault, Faults};
+use super::sql::{args, Db, Dialect, PgConn};
 use crate::metrics::Metrics;
 
 /// Most writes coalesced into one transaction.
@@ -179,10 +179,40 @@ pub(super) struct WriterHandle {
     shared: Arc<Shared>,
 }
 
+/// The one write connection, of either engine.
+pub(super) enum WriteConn {
+    Sqlite(rusqlite::Connection),
+    /// The connection and its URL, to connect again after losing it.
+    Postgres(Box<PgConn>, String),
+}
+
+impl WriteConn {
+    fn db(&self) -> Db<'_> {
+        match self {
+            WriteConn::Sqlite(c) => Db::Sqlite(c),
+            WriteConn::Postgres(c, _) => Db::Postgres(c),
+        }
+    }
+
+    /// The connection to commit on: a PostgreSQL connection the server
+    /// closed is replaced (a commit on it could only fail).
+    fn ready(&mut self) -> Db<'_> {
+        if let WriteConn::Postgres(c, url) = self {
+            if c.is_closed() {
+                match PgConn::connect(url) {
+                    Ok(new) => **c = new,
+                    Err(e) => tracing::error!(error = %format!("{e:#}"), "reconnecting the writer"),
+                }
+            }
+        }
+        self.db()
+    }
+}
+
 /// What the writer thread and a direct committer share: the one write
 /// connection (whoever holds the lock commits), the metrics, the cache.
 struct Shared {
-    conn: std::sync::Mutex<Connection>,
+    conn: std::sync::Mutex<WriteConn>,
     metrics: Metrics,
     hot: Arc<super::hot::Hot>,
     faults: Faults,
@@ -190,7 +220,7 @@ struct Shared {
 
 impl WriterHandle {
     pub(super) fn start(
-        conn: Connection,
+        conn: WriteConn,
         metrics: Metrics,
         hot: Arc<super::hot::Hot>,
     ) -> Result<WriterHandle> {
@@ -229,9 +259,9 @@ impl WriterHandle {
     /// here saves waking the writer thread and being woken by it.
     pub(super) fn commit_blocking(&self, op: WriteOp) -> Result<i64, CommitError> {
         match self.shared.conn.try_lock() {
-            Ok(conn) => {
+            Ok(mut conn) => {
                 let mut ops = [op];
-                commit(&self.shared, &conn, &mut ops)
+                commit(&self.shared, conn.ready(), &mut ops)
                     .pop()
                     .expect("one result per write")
             }
@@ -255,8 +285,8 @@ fn run(shared: &Shared, rx: mpsc::Receiver<Job>) {
         let (mut ops, replies): (Vec<WriteOp>, Vec<_>) =
             jobs.into_iter().map(|j| (j.op, j.reply)).unzip();
         let results = {
-            let conn = shared.conn.lock().unwrap_or_else(|p| p.into_inner());
-            commit(shared, &conn, &mut ops)
+            let mut conn = shared.conn.lock().unwrap_or_else(|p| p.into_inner());
+            commit(shared, conn.ready(), &mut ops)
         };
         for (reply, result) in replies.into_iter().zip(results) {
             let _ = reply.send(result);
@@ -267,11 +297,7 @@ fn run(shared: &Shared, rx: mpsc::Receiver<Job>) {
 /// Commits `ops` in one transaction (the caller holds the connection),
 /// records it, and lets the cache learn what committed before anyone is
 /// answered.
-fn commit(
-    shared: &Shared,
-    conn: &Connection,
-    ops: &mut [WriteOp],
-) -> Vec<Result<i64, CommitError>> {
+fn commit(shared: &Shared, conn: Db<'_>, ops: &mut [WriteOp]) -> Vec<Result<i64, CommitError>> {
     let events = |op: &WriteOp| match op {
         WriteOp::Commit(c) => c.events.len(),
         _ => 0,
@@ -309,15 +335,11 @@ fn commit(
 
 /// Runs one of the fixed transaction-control statements (prepared once per
 /// connection, not parsed per commit).
-fn control(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
-    conn.prepare_cached(sql)?.execute([]).map(|_| ())
+fn control(conn: Db<'_>, sql: &str) -> Result<()> {
+    conn.control(sql)
 }
 
-fn commit_group(
-    conn: &Connection,
-    ops: &[WriteOp],
-    faults: &Faults,
-) -> Vec<Result<i64, CommitError>> {
+fn commit_group(conn: Db<'_>, ops: &[WriteOp], faults: &Faults) -> Vec<Result<i64, CommitError>> {
     let fail_all = |e: &dyn fmt::Display| -> Vec<Result<i64, CommitError>> {
         ops.iter()
             .map(|_| Err(CommitError(format!("transaction failed: {e}"))))
@@ -337,7 +359,11 @@ fn commit_group(
             }
         }
     };
-    if let Err(e) = control(conn, "BEGIN IMMEDIATE") {
+    let begin = match conn.dialect() {
+        Dialect::Sqlite => "BEGIN IMMEDIATE",
+        Dialect::Postgres => "BEGIN",
+    };
+    if let Err(e) = control(conn, begin) {
         return fail_all(&e);
     }
     // A write alone in its transaction needs no savepoint: rolling the
@@ -386,26 +412,28 @@ fn commit_group(
     results
 }
 
-fn apply(conn: &Connection, op: &WriteOp) -> Result<i64> {
+fn apply(conn: Db<'_>, op: &WriteOp) -> Result<i64> {
     match op {
         WriteOp::Commit(c) => {
             let row_id = match &c.stream {
-                StreamRef::New(n) => {
-                    conn.prepare_cached(
+                StreamRef::New(n) => conn
+                    .query_one(
                         "INSERT INTO streams (project, path, stream_id, created_at, head_offset, state_json, state_offset)
-                         VALUES (?1, ?2, ?3, ?4, 0, '', 0)",
-                    )?
-                    .execute(params![n.project, n.path, n.stream_id, n.created_at])
-                    .with_context(|| format!("creating stream {:?} in {:?}", n.path, n.project))?;
-                    conn.last_insert_rowid()
-                }
+                         VALUES (?1, ?2, ?3, ?4, 0, '', 0) RETURNING id",
+                        args![&n.project, &n.path, &n.stream_id, &n.created_at],
+                        |r| r.int(0),
+                    )
+                    .with_context(|| format!("creating stream {:?} in {:?}", n.path, n.project))?,
                 StreamRef::Existing {
                     row_id,
                     expected_head,
                 } => {
-                    let head: i64 = conn
-                        .prepare_cached("SELECT head_offset FROM streams WHERE id = ?1")?
-                        .query_row([row_id], |r| r.get(0))
+                    let head = conn
+                        .query_one(
+                            "SELECT head_offset FROM streams WHERE id = ?1",
+                            args![row_id],
+                            |r| r.int(0),
+                        )
                         .with_context(|| format!("stream row {row_id} is missing"))?;
                     anyhow::ensure!(
                         head as u64 == *expected_head,
@@ -414,35 +442,34 @@ fn apply(conn: &Connection, op: &WriteOp) -> Result<i64> {
                     *row_id
                 }
             };
-            let mut insert = conn.prepare_cached(
-                "INSERT INTO events (stream, offset, type, idempotency_key, body) VALUES (?1, ?2, ?3, ?4, ?5)",
-            )?;
             for e in &c.events {
-                insert
-                    .execute(params![
+                conn.execute(
+                    "INSERT INTO events (stream, \"offset\", type, idempotency_key, body) VALUES (?1, ?2, ?3, ?4, ?5)",
+                    args![
                         row_id,
                         e.offset as i64,
-                        e.event_type,
-                        e.idempotency_key,
-                        e.body
-                    ])
-                    .with_context(|| format!("inserting the event at offset {}", e.offset))?;
+                        &e.event_type,
+                        &e.idempotency_key,
+                        &e.body
+                    ],
+                )
+                .with_context(|| format!("inserting the event at offset {}", e.offset))?;
             }
-            conn.prepare_cached(
+            conn.execute(
                 "UPDATE streams SET head_offset = ?2, state_json = ?3, state_offset = ?4 WHERE id = ?1",
-            )?
-            .execute(params![
-                row_id,
-                c.head_offset as i64,
-                c.state_json,
-                c.state_offset as i64
-            ])?;
-            upsert_cursors(conn, row_id, &c.cursors)?;
-            let mut delete = conn.prepare_cached(
-                "DELETE FROM subscription_cursors WHERE stream = ?1 AND subscription_key = ?2",
+                args![
+                    row_id,
+                    c.head_offset as i64,
+                    &c.state_json,
+                    c.state_offset as i64
+                ],
             )?;
+            upsert_cursors(conn, row_id, &c.cursors)?;
             for key in &c.removed_cursors {
-                delete.execute(params![row_id, key])?;
+                conn.execute(
+                    "DELETE FROM subscription_cursors WHERE stream = ?1 AND subscription_key = ?2",
+                    args![row_id, key],
+                )?;
             }
             Ok(row_id)
         }
@@ -451,63 +478,58 @@ fn apply(conn: &Connection, op: &WriteOp) -> Result<i64> {
             Ok(*row_id)
         }
         WriteOp::Deploy(d) => {
-            conn.prepare_cached(
-                "INSERT OR IGNORE INTO component_blobs (digest, bytes) VALUES (?1, ?2)",
-            )?
-            .execute(params![d.digest, d.bytes])?;
-            let current: Option<String> = conn
-                .prepare_cached("SELECT digest FROM components WHERE project = ?1 AND name = ?2")?
-                .query_row(params![d.project, d.name], |r| r.get(0))
-                .optional()?;
+            conn.execute(
+                "INSERT INTO component_blobs (digest, bytes) VALUES (?1, ?2) ON CONFLICT DO NOTHING",
+                args![&d.digest, &d.bytes],
+            )?;
+            let current = conn.query_opt(
+                "SELECT digest FROM components WHERE project = ?1 AND name = ?2",
+                args![&d.project, &d.name],
+                |r| r.text(0),
+            )?;
             if current.as_deref() == Some(d.digest.as_str()) {
                 // The same bytes again: not a new version.
                 return Ok(0);
             }
-            conn.prepare_cached(
+            let exports = serde_json::to_string(&d.exports)?;
+            conn.execute(
                 "INSERT INTO components (project, name, digest, exports, deployed_at) VALUES (?1, ?2, ?3, ?4, ?5)
                  ON CONFLICT (project, name) DO UPDATE SET digest = excluded.digest,
                      exports = excluded.exports, deployed_at = excluded.deployed_at",
-            )?
-            .execute(params![
-                d.project,
-                d.name,
-                d.digest,
-                serde_json::to_string(&d.exports)?,
-                d.deployed_at
-            ])?;
-            conn.prepare_cached(
+                args![&d.project, &d.name, &d.digest, &exports, &d.deployed_at],
+            )?;
+            conn.execute(
                 "INSERT INTO component_versions (project, name, digest, deployed_at) VALUES (?1, ?2, ?3, ?4)",
-            )?
-            .execute(params![d.project, d.name, d.digest, d.deployed_at])?;
-            conn.prepare_cached(
+                args![&d.project, &d.name, &d.digest, &d.deployed_at],
+            )?;
+            conn.execute(
                 "INSERT INTO pending_resumes (project, name, digest) VALUES (?1, ?2, ?3)
                  ON CONFLICT (project, name) DO UPDATE SET digest = excluded.digest",
-            )?
-            .execute(params![d.project, d.name, d.digest])?;
+                args![&d.project, &d.name, &d.digest],
+            )?;
             if d.refold {
-                conn.prepare_cached(
+                conn.execute(
                     "INSERT INTO pending_refolds (project, name, digest, requested_at) VALUES (?1, ?2, ?3, ?4)
                      ON CONFLICT (project, name) DO UPDATE SET digest = excluded.digest,
                          requested_at = excluded.requested_at",
-                )?
-                .execute(params![d.project, d.name, d.digest, d.deployed_at])?;
+                    args![&d.project, &d.name, &d.digest, &d.deployed_at],
+                )?;
             } else {
                 // A version deployed without a refold supersedes one pending.
-                conn.prepare_cached(
+                conn.execute(
                     "DELETE FROM pending_refolds WHERE project = ?1 AND name = ?2",
-                )?
-                .execute(params![d.project, d.name])?;
+                    args![&d.project, &d.name],
+                )?;
             }
             Ok(1)
         }
         WriteOp::Checkpoint(c) => {
-            let current: Option<(String, i64)> = conn
-                .prepare_cached(
+            let current = conn
+                .query_opt(
                     "SELECT stream_id, checkpoint_offset FROM processor_checkpoints WHERE stream = ?1 AND component = ?2",
-                )?
-                .query_row(params![c.row_id, c.component], |r| Ok((r.get(0)?, r.get(1)?)))
-                .optional()?;
-            let current = current.map(|(id, o)| (id, o as u64));
+                    args![c.row_id, &c.component],
+                    |r| Ok((r.text(0)?, r.int(1)? as u64)),
+                )?;
             anyhow::ensure!(
                 current == c.previous_offset,
                 "the checkpoint of processor {:?} moved (expected {:?}, found {:?})",
@@ -515,22 +537,22 @@ fn apply(conn: &Connection, op: &WriteOp) -> Result<i64> {
                 c.previous_offset,
                 current
             );
-            conn.prepare_cached(
+            conn.execute(
                 "INSERT INTO processor_checkpoints (stream, component, stream_id, checkpoint_offset, state, digest, updated_at)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
                  ON CONFLICT (stream, component) DO UPDATE SET stream_id = excluded.stream_id,
                      checkpoint_offset = excluded.checkpoint_offset, state = excluded.state,
                      digest = excluded.digest, updated_at = excluded.updated_at",
-            )?
-            .execute(params![
-                c.row_id,
-                c.component,
-                c.stream_id,
-                c.offset as i64,
-                c.state,
-                c.digest,
-                c.updated_at
-            ])?;
+                args![
+                    c.row_id,
+                    &c.component,
+                    &c.stream_id,
+                    c.offset as i64,
+                    &c.state,
+                    &c.digest,
+                    &c.updated_at
+                ],
+            )?;
             if !c.effects.is_empty() {
                 let source = EffectSource {
                     project: c.project.clone(),
@@ -543,22 +565,22 @@ fn apply(conn: &Connection, op: &WriteOp) -> Result<i64> {
             Ok(c.row_id)
         }
         WriteOp::ProcessorFailure(f) => {
-            conn.prepare_cached(
-                "INSERT INTO processor_failures (stream, component, stream_id, failed_at, offset, message, repro)
+            conn.execute(
+                "INSERT INTO processor_failures (stream, component, stream_id, failed_at, \"offset\", message, repro)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
                  ON CONFLICT (stream, component) DO UPDATE SET stream_id = excluded.stream_id,
-                     failed_at = excluded.failed_at, offset = excluded.offset,
+                     failed_at = excluded.failed_at, \"offset\" = excluded.\"offset\",
                      message = excluded.message, repro = excluded.repro",
-            )?
-            .execute(params![
-                f.row_id,
-                f.component,
-                f.stream_id,
-                f.failed_at,
-                f.offset.map(|o| o as i64),
-                f.message,
-                f.repro
-            ])?;
+                args![
+                    f.row_id,
+                    &f.component,
+                    &f.stream_id,
+                    &f.failed_at,
+                    f.offset.map(|o| o as i64),
+                    &f.message,
+                    &f.repro
+                ],
+            )?;
             Ok(f.row_id)
         }
         WriteOp::Effect(op) => super::effects::apply(conn, op),
@@ -567,63 +589,59 @@ fn apply(conn: &Connection, op: &WriteOp) -> Result<i64> {
             project,
             name,
             digest,
-        } => Ok(conn
-            .prepare_cached(
-                "DELETE FROM pending_resumes WHERE project = ?1 AND name = ?2 AND digest = ?3",
-            )?
-            .execute(params![project, name, digest])? as i64),
+        } => Ok(conn.execute(
+            "DELETE FROM pending_resumes WHERE project = ?1 AND name = ?2 AND digest = ?3",
+            args![project, name, digest],
+        )? as i64),
         WriteOp::RefoldDone {
             project,
             name,
             digest,
-        } => Ok(conn
-            .prepare_cached(
-                "DELETE FROM pending_refolds WHERE project = ?1 AND name = ?2 AND digest = ?3",
-            )?
-            .execute(params![project, name, digest])? as i64),
+        } => Ok(conn.execute(
+            "DELETE FROM pending_refolds WHERE project = ?1 AND name = ?2 AND digest = ?3",
+            args![project, name, digest],
+        )? as i64),
         WriteOp::Reset { row_id } => {
-            conn.prepare_cached("DELETE FROM events WHERE stream = ?1")?
-                .execute([row_id])?;
-            conn.prepare_cached("DELETE FROM subscription_cursors WHERE stream = ?1")?
-                .execute([row_id])?;
-            conn.prepare_cached("DELETE FROM processor_checkpoints WHERE stream = ?1")?
-                .execute([row_id])?;
-            conn.prepare_cached("DELETE FROM processor_failures WHERE stream = ?1")?
-                .execute([row_id])?;
-            conn.prepare_cached("DELETE FROM streams WHERE id = ?1")?
-                .execute([row_id])?;
+            for sql in [
+                "DELETE FROM events WHERE stream = ?1",
+                "DELETE FROM subscription_cursors WHERE stream = ?1",
+                "DELETE FROM processor_checkpoints WHERE stream = ?1",
+                "DELETE FROM processor_failures WHERE stream = ?1",
+                "DELETE FROM streams WHERE id = ?1",
+            ] {
+                conn.execute(sql, args![row_id])?;
+            }
             Ok(*row_id)
         }
     }
 }
 
-fn upsert_cursors(conn: &Connection, row_id: i64, cursors: &[CursorRow]) -> Result<()> {
-    let mut upsert = conn.prepare_cached(
-        "INSERT INTO subscription_cursors (stream, subscription_key, generation, acknowledged_offset,
-                                           failing_offset, failing_attempts, skips)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
-         ON CONFLICT (stream, subscription_key)
-         DO UPDATE SET generation = excluded.generation, acknowledged_offset = excluded.acknowledged_offset,
-             failing_offset = excluded.failing_offset, failing_attempts = excluded.failing_attempts,
-             skips = excluded.skips",
-    )?;
+fn upsert_cursors(conn: Db<'_>, row_id: i64, cursors: &[CursorRow]) -> Result<()> {
     for c in cursors {
-        upsert
-            .execute(params![
+        conn.execute(
+            "INSERT INTO subscription_cursors (stream, subscription_key, generation, acknowledged_offset,
+                                               failing_offset, failing_attempts, skips)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
+             ON CONFLICT (stream, subscription_key)
+             DO UPDATE SET generation = excluded.generation, acknowledged_offset = excluded.acknowledged_offset,
+                 failing_offset = excluded.failing_offset, failing_attempts = excluded.failing_attempts,
+                 skips = excluded.skips",
+            args![
                 row_id,
-                c.subscription_key,
+                &c.subscription_key,
                 c.generation as i64,
                 c.acknowledged_offset as i64,
                 c.failing_offset.map(|o| o as i64),
-                c.failing_attempts as i64,
-                c.skips as i64
-            ])
-            .with_context(|| {
-                format!(
-                    "writing the cursor of subscription {:?}",
-                    c.subscription_key
-                )
-            })?;
+                c.failing_attempts,
+                c.skips
+            ],
+        )
+        .with_context(|| {
+            format!(
+                "writing the cursor of subscription {:?}",
+                c.subscription_key
+            )
+        })?;
     }
     Ok(())
 }

@@ -1,0 +1,504 @@
+//! One way to run storage's SQL on either backend: SQLite (embedded, the
+//! default) or PostgreSQL (`storage = "postgres://…"`).
+//!
+//! Storage's statements are written once, in the SQL both engines accept:
+//! numbered parameters `?1`, `?2`… (turned into PostgreSQL's `$1`, `$2`…
+//! once per statement), `ON CONFLICT` instead of `INSERT OR …`, `RETURNING`
+//! instead of `last_insert_rowid()`, the `"offset"` column quoted, integers
+//! as 64-bit (`BIGINT` on PostgreSQL) and casts where PostgreSQL cannot infer
+//! a parameter's type. Where the engines differ (the schema, a few string
+//! functions) the caller asks [`Db::dialect`].
+//!
+//! Statements are prepared once per connection and cached on both.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+
+use anyhow::{Context, Result};
+
+/// The engine behind a connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dialect {
+    Sqlite,
+    Postgres,
+}
+
+/// A statement parameter.
+#[derive(Debug, Clone, Copy)]
+pub enum Arg<'a> {
+    Int(i64),
+    Text(&'a str),
+    Bytes(&'a [u8]),
+    Null,
+}
+
+impl From<i64> for Arg<'_> {
+    fn from(v: i64) -> Self {
+        Arg::Int(v)
+    }
+}
+
+impl From<&i64> for Arg<'_> {
+    fn from(v: &i64) -> Self {
+        Arg::Int(*v)
+    }
+}
+
+impl From<u32> for Arg<'_> {
+    fn from(v: u32) -> Self {
+        Arg::Int(v.into())
+    }
+}
+
+impl From<&u32> for Arg<'_> {
+    fn from(v: &u32) -> Self {
+        Arg::Int((*v).into())
+    }
+}
+
+impl<'a> From<&'a str> for Arg<'a> {
+    fn from(v: &'a str) -> Self {
+        Arg::Text(v)
+    }
+}
+
+impl<'a> From<&'a &str> for Arg<'a> {
+    fn from(v: &'a &str) -> Self {
+        Arg::Text(v)
+    }
+}
+
+impl<'a> From<&'a String> for Arg<'a> {
+    fn from(v: &'a String) -> Self {
+        Arg::Text(v)
+    }
+}
+
+impl<'a> From<&'a Vec<u8>> for Arg<'a> {
+    fn from(v: &'a Vec<u8>) -> Self {
+        Arg::Bytes(v)
+    }
+}
+
+impl From<Option<i64>> for Arg<'_> {
+    fn from(v: Option<i64>) -> Self {
+        v.map_or(Arg::Null, Arg::Int)
+    }
+}
+
+impl<'a> From<&'a Option<String>> for Arg<'a> {
+    fn from(v: &'a Option<String>) -> Self {
+        v.as_deref().map_or(Arg::Null, Arg::Text)
+    }
+}
+
+impl<'a> From<Option<&'a str>> for Arg<'a> {
+    fn from(v: Option<&'a str>) -> Self {
+        v.map_or(Arg::Null, Arg::Text)
+    }
+}
+
+/// The parameters of one statement: `args![a, b, c]`.
+macro_rules! args {
+    ($($a:expr),* $(,)?) => {
+        &[$($crate::storage::sql::Arg::from($a)),*][..]
+    };
+}
+pub(crate) use args;
+
+impl rusqlite::ToSql for Arg<'_> {
+    fn to_sql(&self) -> rusqlite::Result<rusqlite::types::ToSqlOutput<'_>> {
+        use rusqlite::types::{ToSqlOutput, ValueRef};
+        Ok(ToSqlOutput::Borrowed(match *self {
+            Arg::Int(v) => ValueRef::Integer(v),
+            Arg::Text(v) => ValueRef::Text(v.as_bytes()),
+            Arg::Bytes(v) => ValueRef::Blob(v),
+            Arg::Null => ValueRef::Null,
+        }))
+    }
+}
+
+/// A PostgreSQL connection with its prepared statements.
+pub struct PgConn {
+    client: RefCell<postgres::Client>,
+    statements: RefCell<HashMap<String, postgres::Statement>>,
+}
+
+/// Runs a call of the blocking PostgreSQL client. Its client runs its own
+/// small runtime, which cannot start on a thread that is running async
+/// tasks: on a multi-thread runtime's worker the call moves out of the way
+/// first (`block_in_place`); blocking threads (where storage is called
+/// from) run it as is.
+fn blocking<T>(f: impl FnOnce() -> T) -> T {
+    match tokio::runtime::Handle::try_current() {
+        Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
+            tokio::task::block_in_place(f)
+        }
+        _ => f(),
+    }
+}
+
+impl PgConn {
+    /// Connects to `url` (a `postgres://` URL).
+    pub fn connect(url: &str) -> Result<PgConn> {
+        let client = blocking(|| postgres::Client::connect(url, postgres::NoTls))
+            .with_context(|| format!("connecting to PostgreSQL at {}", redact(url)))?;
+        Ok(PgConn {
+            client: RefCell::new(client),
+            statements: RefCell::new(HashMap::new()),
+        })
+    }
+
+    fn statement(&self, sql: &str) -> Result<postgres::Statement> {
+        if let Some(s) = self.statements.borrow().get(sql) {
+            return Ok(s.clone());
+        }
+        let translated = numbered_to_dollar(sql);
+        let s = blocking(|| self.client.borrow_mut().prepare(&translated))
+            .with_context(|| format!("preparing {}", first_line(sql)))?;
+        self.statements
+            .borrow_mut()
+            .insert(sql.to_string(), s.clone());
+        Ok(s)
+    }
+
+    /// Whether the connection is gone (its next use would fail).
+    pub fn is_closed(&self) -> bool {
+        self.client.borrow().is_closed()
+    }
+}
+
+/// A URL without its password, for messages.
+pub fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            let userinfo = &url[scheme + 3..at];
+            match userinfo.split_once(':') {
+                Some((user, _)) => format!("{}{user}:***{}", &url[..scheme + 3], &url[at..]),
+                None => url.to_string(),
+            }
+        }
+        _ => url.to_string(),
+    }
+}
+
+fn first_line(sql: &str) -> &str {
+    sql.trim().lines().next().unwrap_or("")
+}
+
+/// `?1` → `$1`, outside string literals and quoted names.
+fn numbered_to_dollar(sql: &str) -> String {
+    let mut out = String::with_capacity(sql.len());
+    let mut quote: Option<char> = None;
+    let mut chars = sql.chars().peekable();
+    while let Some(c) = chars.next() {
+        match quote {
+            Some(q) => {
+                if c == q {
+                    quote = None;
+                }
+                out.push(c);
+            }
+            None if c == '\'' || c == '"' => {
+                quote = Some(c);
+                out.push(c);
+            }
+            None if c == '?' && chars.peek().is_some_and(char::is_ascii_digit) => out.push('$'),
+            None => out.push(c),
+        }
+    }
+    out
+}
+
+impl postgres::types::ToSql for Arg<'_> {
+    fn to_sql(
+        &self,
+        ty: &postgres::types::Type,
+        out: &mut postgres::types::private::BytesMut,
+    ) -> std::result::Result<postgres::types::IsNull, Box<dyn std::error::Error + Sync + Send>>
+    {
+        use postgres::types::Type;
+        match (*self, ty) {
+            (Arg::Null, _) => Ok(postgres::types::IsNull::Yes),
+            (Arg::Int(v), &Type::INT8) => v.to_sql(ty, out),
+            (Arg::Int(v), &Type::INT4) => i32::try_from(v)?.to_sql(ty, out),
+            (Arg::Int(v), &Type::INT2) => i16::try_from(v)?.to_sql(ty, out),
+            (
+                Arg::Text(v),
+                &Type::TEXT | &Type::VARCHAR | &Type::BPCHAR | &Type::NAME | &Type::UNKNOWN,
+            ) => v.to_sql(ty, out),
+            (Arg::Bytes(v), &Type::BYTEA) => v.to_sql(ty, out),
+            (arg, ty) => Err(format!("a parameter of type {ty} cannot take {arg:?}").into()),
+        }
+    }
+
+    fn accepts(_: &postgres::types::Type) -> bool {
+        // Checked per value in `to_sql`.
+        true
+    }
+
+    postgres::types::to_sql_checked!();
+}
+
+/// One row of an answer.
+pub enum Row<'r> {
+    Sqlite(&'r rusqlite::Row<'r>),
+    Postgres(&'r postgres::Row),
+}
+
+impl Row<'_> {
+    /// An integer column (PostgreSQL: any integer type).
+    pub fn int(&self, i: usize) -> Result<i64> {
+        self.opt_int(i)?
+            .with_context(|| format!("column {i} is NULL"))
+    }
+
+    /// An integer column that may be NULL.
+    pub fn opt_int(&self, i: usize) -> Result<Option<i64>> {
+        Ok(match self {
+            Row::Sqlite(r) => r.get(i)?,
+            Row::Postgres(r) => {
+                use postgres::types::Type;
+                match *r.columns()[i].type_() {
+                    Type::INT4 => r.try_get::<_, Option<i32>>(i)?.map(i64::from),
+                    Type::INT2 => r.try_get::<_, Option<i16>>(i)?.map(i64::from),
+                    _ => r.try_get(i)?,
+                }
+            }
+        })
+    }
+
+    /// A text column.
+    pub fn text(&self, i: usize) -> Result<String> {
+        Ok(match self {
+            Row::Sqlite(r) => r.get(i)?,
+            Row::Postgres(r) => r.try_get(i)?,
+        })
+    }
+
+    /// A text column that may be NULL.
+    pub fn opt_text(&self, i: usize) -> Result<Option<String>> {
+        Ok(match self {
+            Row::Sqlite(r) => r.get(i)?,
+            Row::Postgres(r) => r.try_get(i)?,
+        })
+    }
+
+    /// A bytes column.
+    pub fn bytes(&self, i: usize) -> Result<Vec<u8>> {
+        Ok(match self {
+            Row::Sqlite(r) => r.get(i)?,
+            Row::Postgres(r) => r.try_get(i)?,
+        })
+    }
+}
+
+/// A connection of either engine, borrowed for a few statements.
+#[derive(Clone, Copy)]
+pub enum Db<'c> {
+    Sqlite(&'c rusqlite::Connection),
+    Postgres(&'c PgConn),
+}
+
+fn pg_params<'a>(args: &'a [Arg<'a>]) -> Vec<&'a (dyn postgres::types::ToSql + Sync)> {
+    args.iter()
+        .map(|a| a as &(dyn postgres::types::ToSql + Sync))
+        .collect()
+}
+
+impl Db<'_> {
+    pub fn dialect(&self) -> Dialect {
+        match self {
+            Db::Sqlite(_) => Dialect::Sqlite,
+            Db::Postgres(_) => Dialect::Postgres,
+        }
+    }
+
+    /// The statement for this engine, where the two differ.
+    pub fn pick(&self, sqlite: &'static str, postgres: &'static str) -> &'static str {
+        match self {
+            Db::Sqlite(_) => sqlite,
+            Db::Postgres(_) => postgres,
+        }
+    }
+
+    /// Runs statements without parameters or answers (DDL, transaction
+    /// control).
+    pub fn batch(&self, sql: &str) -> Result<()> {
+        match self {
+            Db::Sqlite(c) => c.execute_batch(sql)?,
+            Db::Postgres(c) => blocking(|| c.client.borrow_mut().batch_execute(sql))?,
+        }
+        Ok(())
+    }
+
+    /// One fixed statement without parameters, prepared once (transaction
+    /// control on the commit path).
+    pub fn control(&self, sql: &str) -> Result<()> {
+        match self {
+            Db::Sqlite(c) => {
+                c.prepare_cached(sql)?.execute([])?;
+            }
+            Db::Postgres(c) => {
+                let s = c.statement(sql)?;
+                blocking(|| c.client.borrow_mut().execute(&s, &[]))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs a statement; answers the rows it changed.
+    pub fn execute(&self, sql: &str, args: &[Arg<'_>]) -> Result<u64> {
+        match self {
+            Db::Sqlite(c) => Ok(c
+                .prepare_cached(sql)?
+                .execute(rusqlite::params_from_iter(args))? as u64),
+            Db::Postgres(c) => {
+                let s = c.statement(sql)?;
+                Ok(blocking(|| {
+                    c.client.borrow_mut().execute(&s, &pg_params(args))
+                })?)
+            }
+        }
+    }
+
+    /// The first row of the answer, mapped, if there is one.
+    pub fn query_opt<T>(
+        &self,
+        sql: &str,
+        args: &[Arg<'_>],
+        f: impl FnOnce(&Row<'_>) -> Result<T>,
+    ) -> Result<Option<T>> {
+        match self {
+            Db::Sqlite(c) => {
+                let mut stmt = c.prepare_cached(sql)?;
+                let mut rows = stmt.query(rusqlite::params_from_iter(args))?;
+                match rows.next()? {
+                    Some(r) => Ok(Some(f(&Row::Sqlite(r))?)),
+                    None => Ok(None),
+                }
+            }
+            Db::Postgres(c) => {
+                let s = c.statement(sql)?;
+                let rows = blocking(|| c.client.borrow_mut().query(&s, &pg_params(args)))?;
+                match rows.first() {
+                    Some(r) => Ok(Some(f(&Row::Postgres(r))?)),
+                    None => Ok(None),
+                }
+            }
+        }
+    }
+
+    /// The first row of the answer, mapped; an error when there is none.
+    pub fn query_one<T>(
+        &self,
+        sql: &str,
+        args: &[Arg<'_>],
+        f: impl FnOnce(&Row<'_>) -> Result<T>,
+    ) -> Result<T> {
+        self.query_opt(sql, args, f)?
+            .with_context(|| format!("no row for {}", first_line(sql)))
+    }
+
+    /// Every row of the answer, mapped, until `f` answers `None`.
+    pub fn query_while<T>(
+        &self,
+        sql: &str,
+        args: &[Arg<'_>],
+        mut f: impl FnMut(&Row<'_>) -> Result<Option<T>>,
+    ) -> Result<Vec<T>> {
+        let mut out = Vec::new();
+        match self {
+            Db::Sqlite(c) => {
+                let mut stmt = c.prepare_cached(sql)?;
+                let mut rows = stmt.query(rusqlite::params_from_iter(args))?;
+                while let Some(r) = rows.next()? {
+                    match f(&Row::Sqlite(r))? {
+                        Some(v) => out.push(v),
+                        None => break,
+                    }
+                }
+            }
+            Db::Postgres(c) => {
+                let s = c.statement(sql)?;
+                for r in blocking(|| c.client.borrow_mut().query(&s, &pg_params(args)))? {
+                    match f(&Row::Postgres(&r))? {
+                        Some(v) => out.push(v),
+                        None => break,
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Every row of the answer, mapped.
+    pub fn query_all<T>(
+        &self,
+        sql: &str,
+        args: &[Arg<'_>],
+        mut f: impl FnMut(&Row<'_>) -> Result<T>,
+    ) -> Result<Vec<T>> {
+        self.query_while(sql, args, |r| f(r).map(Some))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn numbered_parameters_become_dollars_outside_quotes() {
+        assert_eq!(
+            numbered_to_dollar("SELECT '?1', \"a?2\" FROM t WHERE a = ?1 AND b = ?12 AND c = ?"),
+            "SELECT '?1', \"a?2\" FROM t WHERE a = $1 AND b = $12 AND c = ?"
+        );
+    }
+
+    #[test]
+    fn a_url_loses_its_password_in_messages() {
+        assert_eq!(
+            redact("postgres://app:secret@db:5432/streams"),
+            "postgres://app:***@db:5432/streams"
+        );
+        assert_eq!(redact("postgres://db/streams"), "postgres://db/streams");
+    }
+
+    #[test]
+    fn sqlite_rows_map_through_the_common_api() {
+        let conn = rusqlite::Connection::open_in_memory().unwrap();
+        let db = Db::Sqlite(&conn);
+        db.batch("CREATE TABLE t (a INTEGER, b TEXT, c BLOB)")
+            .unwrap();
+        let name = String::from("x");
+        let none: Option<String> = None;
+        db.execute(
+            "INSERT INTO t VALUES (?1, ?2, ?3)",
+            args![7i64, &name, &vec![1u8, 2]],
+        )
+        .unwrap();
+        db.execute("INSERT INTO t VALUES (?1, ?2, NULL)", args![8i64, &none])
+            .unwrap();
+        let rows = db
+            .query_all("SELECT a, b FROM t ORDER BY a", args![], |r| {
+                Ok((r.int(0)?, r.opt_text(1)?))
+            })
+            .unwrap();
+        assert_eq!(rows, vec![(7, Some("x".into())), (8, None)]);
+        let first = db
+            .query_while("SELECT a FROM t ORDER BY a", args![], |r| {
+                Ok((r.int(0)? < 8).then_some(r.int(0)?))
+            })
+            .unwrap();
+        assert_eq!(first, vec![7]);
+        assert!(db
+            .query_opt("SELECT a FROM t WHERE a = ?1", args![9i64], |r| r.int(0))
+            .unwrap()
+            .is_none());
+        assert_eq!(
+            db.query_one("SELECT c FROM t WHERE a = ?1", args![7i64], |r| r.bytes(0))
+                .unwrap(),
+            vec![1, 2]
+        );
+    }
+}
