@@ -1555,6 +1555,9 @@ async fn serve(args: ServeArgs) -> Result<()> {
         .await
         .with_context(|| format!("listening on {}", config.listen))?;
     let addr = listener.local_addr()?;
+    if config.cluster.advertise_url.is_none() {
+        config.cluster.advertise_url = Some(format!("http://{addr}"));
+    }
     let storage = match config.postgres_url()? {
         Some(url) => crate::storage::sql::redact(url),
         None => "sqlite".to_string(),

@@ -48,6 +48,8 @@ pub struct Config {
     pub webhooks: WebhooksConfig,
     /// Memory bounds.
     pub limits: LimitsConfig,
+    /// Several hosts on one PostgreSQL database.
+    pub cluster: ClusterConfig,
     /// Bearer tokens; none: the server runs open.
     pub tokens: Vec<TokenConfig>,
 }
@@ -59,6 +61,25 @@ pub struct WebhooksConfig {
     /// Refuse targets on loopback, private, link-local and other
     /// non-public addresses, checked after DNS resolution (false).
     pub deny_private_networks: bool,
+}
+
+/// Several hosts on one PostgreSQL database (`storage = "postgres://…"`).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
+pub struct ClusterConfig {
+    /// How the other hosts reach this one (`http://<listen>`).
+    pub advertise_url: Option<String>,
+    /// A host that stops renewing loses its streams after this long (5 s).
+    pub lease_ms: u64,
+}
+
+impl Default for ClusterConfig {
+    fn default() -> Self {
+        ClusterConfig {
+            advertise_url: None,
+            lease_ms: 5000,
+        }
+    }
 }
 
 /// Memory bounds.
@@ -187,6 +208,7 @@ impl Default for Config {
             ingest: IngestConfig::default(),
             webhooks: WebhooksConfig::default(),
             limits: LimitsConfig::default(),
+            cluster: ClusterConfig::default(),
             tokens: Vec::new(),
         }
     }
@@ -263,6 +285,17 @@ impl Config {
         }
         if d.timeout_ms == 0 {
             bail!("delivery.timeout-ms must be at least 1, got 0");
+        }
+        if self.cluster.lease_ms < 100 {
+            bail!(
+                "cluster.lease-ms must be at least 100, got {}",
+                self.cluster.lease_ms
+            );
+        }
+        if let Some(url) = &self.cluster.advertise_url {
+            if !(url.starts_with("http://") || url.starts_with("https://")) {
+                bail!("cluster.advertise-url {url:?} is not an http:// or https:// URL");
+            }
         }
         if self.limits.idle_stream_ms == 0 {
             bail!("limits.idle-stream-ms must be at least 1, got 0");

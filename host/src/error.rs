@@ -41,6 +41,9 @@ pub struct Error {
     pub message: String,
     /// Seconds to wait before retrying an [`ErrorKind::Unavailable`].
     pub retry_after_s: Option<u32>,
+    /// The URL of the host that owns the stream, for
+    /// `stream-owned-elsewhere` (several hosts): the request goes there.
+    pub owner_url: Option<String>,
 }
 
 impl Error {
@@ -51,6 +54,7 @@ impl Error {
             code,
             message: message.into(),
             retry_after_s: None,
+            owner_url: None,
         }
     }
 
@@ -104,6 +108,19 @@ impl Error {
         Error {
             retry_after_s: Some(retry_after_s),
             ..Self::new(ErrorKind::Unavailable, code, message)
+        }
+    }
+
+    /// `stream-owned-elsewhere`: another host owns the stream (several
+    /// hosts); the HTTP layer forwards the request to `url`.
+    pub fn owned_elsewhere(path: &str, url: &str) -> Self {
+        Error {
+            owner_url: Some(url.to_string()),
+            ..Self::unavailable(
+                "stream-owned-elsewhere",
+                format!("stream {path:?} is owned by the host at {url}"),
+                1,
+            )
         }
     }
 

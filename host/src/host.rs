@@ -33,6 +33,8 @@ pub struct Host {
     pub metrics: Metrics,
     /// Ingest with broker acceptance (HTTP buffer, JetStream bridge).
     pub ingest: crate::ingest::Ingest,
+    /// Sends requests for streams another host owns to it (several hosts).
+    forwarder: reqwest::Client,
 }
 
 impl Host {
@@ -47,7 +49,13 @@ impl Host {
         config.validate()?;
         let metrics = Metrics::new();
         let storage = match config.postgres_url()? {
-            Some(url) => Storage::open_postgres(url, &config.data_dir, metrics.clone()),
+            Some(url) => Storage::open_postgres(
+                url,
+                &config.data_dir,
+                config.cluster.advertise_url.as_deref().unwrap_or_default(),
+                config.cluster.lease_ms,
+                metrics.clone(),
+            ),
             None => Storage::open(&config.data_dir, config.durability, metrics.clone()),
         }
         .context("opening storage")?;
@@ -94,6 +102,45 @@ impl Host {
                 crate::processor::refold::resume_pending(&streams, timeout_ms).await
             });
         }
+        // Several hosts: renew this host's leases, and take over the streams
+        // of hosts that stopped renewing theirs (their deliveries, wakes and
+        // effects resume here).
+        if let Some(me) = streams.storage().cluster().cloned() {
+            let streams = streams.clone();
+            tokio::spawn(async move {
+                let mut tick = tokio::time::interval(me.heartbeat());
+                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                loop {
+                    tick.tick().await;
+                    let storage = streams.storage().clone();
+                    let expired = tokio::task::spawn_blocking(move || {
+                        storage.heartbeat()?;
+                        storage.expired_leases()
+                    })
+                    .await;
+                    let expired = match expired {
+                        Ok(Ok(expired)) => expired,
+                        Ok(Err(e)) => {
+                            tracing::error!(error = %format!("{e:#}"), "renewing this host's leases failed");
+                            continue;
+                        }
+                        Err(_) => continue,
+                    };
+                    for (project, path) in expired {
+                        let namespace = if project.is_empty() {
+                            crate::stream::Namespace::Global
+                        } else {
+                            crate::stream::Namespace::Project(project)
+                        };
+                        if let Ok(address) = crate::stream::StreamAddress::new(namespace, &path) {
+                            tracing::info!(stream = %address, "taking over a stream whose owner stopped renewing its lease");
+                            let streams = streams.clone();
+                            tokio::spawn(async move { streams.wake(&address).await });
+                        }
+                    }
+                }
+            });
+        }
         // Streams with subscriptions resume delivering without waiting for a touch.
         for (project, path) in waking {
             let namespace = if project.is_empty() {
@@ -112,7 +159,17 @@ impl Host {
             streams,
             metrics,
             ingest,
+            forwarder: reqwest::Client::builder()
+                .connect_timeout(std::time::Duration::from_secs(2))
+                .build()
+                .context("building the forwarding client")?,
         })
+    }
+
+    /// The client that forwards requests to a stream's owning host.
+    #[doc(hidden)]
+    pub fn forwarder(&self) -> &reqwest::Client {
+        &self.forwarder
     }
 
     /// The address of stream `path` in `project` (canonicalized); a bad

@@ -5,6 +5,7 @@ mod auth;
 mod bad_input;
 mod chaos;
 mod cli;
+mod cluster;
 mod concurrency;
 mod connections;
 mod console;

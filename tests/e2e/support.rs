@@ -43,6 +43,9 @@ pub struct Server {
     /// The server's own PostgreSQL database, when the suite runs on
     /// PostgreSQL (see [`postgres_base`]).
     pub postgres: Option<String>,
+    /// Whether dropping this server drops that database (not for a host
+    /// that joined another's, [`Server::joining`]).
+    owns_database: bool,
 }
 
 /// The PostgreSQL server the suite runs against
@@ -197,7 +200,47 @@ impl Server {
             token: None,
             client: reqwest::Client::new(),
             postgres: postgres_base().map(|base| postgres_database(&base)),
+            owns_database: true,
         }
+    }
+
+    /// Another host on `other`'s PostgreSQL database (a cluster), with its
+    /// own data dir, started.
+    pub fn joining(other: &Server, config: Option<&str>) -> Server {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let config = config.map(|text| {
+            let p = dir.path().join("streamhost.toml");
+            std::fs::write(&p, text).expect("writing config");
+            p
+        });
+        let mut s = Server {
+            child: None,
+            url: String::new(),
+            dir,
+            config,
+            extra_args: Vec::new(),
+            env: Vec::new(),
+            file_size_limit: None,
+            starts: 0,
+            token: None,
+            client: reqwest::Client::new(),
+            postgres: Some(other.postgres.clone().expect("a host on PostgreSQL")),
+            owns_database: false,
+        };
+        s.spawn();
+        s
+    }
+
+    /// Sends `signal` (`STOP`, `CONT`) to the server process.
+    pub fn signal(&self, signal: &str) {
+        let pid = self.child.as_ref().expect("running").id();
+        let ok = Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(pid.to_string())
+            .status()
+            .expect("kill")
+            .success();
+        assert!(ok, "kill -{signal} {pid}");
     }
 
     /// Starts a server made by [`Server::unstarted`] (or stopped).
@@ -421,7 +464,8 @@ impl Server {
 impl Drop for Server {
     fn drop(&mut self) {
         self.kill();
-        if let (Some(url), Some(base)) = (&self.postgres, postgres_base()) {
+        if let (Some(url), Some(base), true) = (&self.postgres, postgres_base(), self.owns_database)
+        {
             let name = url.rsplit('/').next().unwrap_or_default().to_string();
             // Best effort: a database left behind only takes disk space.
             let _ = std::thread::spawn(move || {

@@ -272,6 +272,13 @@ impl Deliveries {
             .min()
     }
 
+    /// The lowest cursor of the runs (`None`: no runs): offsets at or below
+    /// it are delivered everywhere, so their commit instants are no longer
+    /// needed for latency.
+    pub fn lowest_cursor(&self) -> Option<u64> {
+        self.runs.values().map(|rt| rt.cursor).min()
+    }
+
     /// Whether no run has work in flight, due or scheduled, and no fact is
     /// pending: the stream may be released from memory.
     pub fn is_quiet(&self, head: u64) -> bool {

@@ -19,6 +19,9 @@ pub struct ApiError {
     pub message: String,
     /// Seconds for the `retry-after` header of `503` answers.
     pub retry_after_s: Option<u32>,
+    /// The owning host's URL of a `stream-owned-elsewhere` answer (the
+    /// forwarding layer takes it from the `streamhost-owner` header).
+    pub owner_url: Option<String>,
 }
 
 impl ApiError {
@@ -28,6 +31,7 @@ impl ApiError {
             code,
             message: message.into(),
             retry_after_s: None,
+            owner_url: None,
         }
     }
 
@@ -119,6 +123,7 @@ impl From<Error> for ApiError {
             code: e.code,
             message: e.message,
             retry_after_s: e.retry_after_s,
+            owner_url: e.owner_url,
         }
     }
 }
@@ -152,6 +157,9 @@ impl IntoResponse for ApiError {
             response
                 .headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from(s));
+        }
+        if let Some(url) = self.owner_url.and_then(|u| HeaderValue::from_str(&u).ok()) {
+            response.headers_mut().insert(super::forward::OWNER, url);
         }
         response
     }

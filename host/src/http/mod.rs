@@ -7,6 +7,7 @@ mod components;
 mod connections;
 mod effects;
 pub mod error;
+mod forward;
 mod ingest;
 pub mod itx;
 mod query;
@@ -130,6 +131,7 @@ fn routes() -> Vec<Route> {
             &[("POST", &format!("{P}/ingest/{{path}}"))],
         ),
         route("/v1/ingest", get(ingest::status), &[("GET", "/v1/ingest")]),
+        route("/v1/cluster", get(cluster), &[("GET", "/v1/cluster")]),
         route(
             "/v1/ingest:register",
             post(ingest::register),
@@ -150,6 +152,10 @@ pub fn router(host: Host) -> Router {
         .into_iter()
         .fold(Router::new(), |router, r| router.route(r.path, r.handler))
         .fallback(fallback)
+        .layer(axum::middleware::from_fn_with_state(
+            host.clone(),
+            forward::layer,
+        ))
         .with_state(host)
 }
 
@@ -295,6 +301,41 @@ async fn list_project_streams(
     let result = async {
         let namespace = Namespace::project(&project)?;
         list_streams(&host, &headers, &uri, namespace).await
+    }
+    .await;
+    answer(result)
+}
+
+/// `GET /v1/cluster`: this host and every host sharing its database.
+async fn cluster(State(host): State<Host>, headers: HeaderMap) -> Response {
+    let result = async {
+        authenticate(&host, &headers)?.require_admin("GET /v1/cluster")?;
+        let me = host.config.cluster.advertise_url.clone().unwrap_or_default();
+        let storage = host.streams.storage().clone();
+        if storage.cluster().is_none() {
+            // SQLite: one host, owning every stream (those in memory counted).
+            return Ok(json!({
+                "self": me,
+                "hosts": [{
+                    "url": me,
+                    "lastSeenAt": crate::clock::format_timestamp(chrono::Utc::now().timestamp_millis()),
+                    "streams": host.streams.actors(),
+                }],
+            }));
+        }
+        let hosts = tokio::task::spawn_blocking(move || storage.cluster_hosts())
+            .await
+            .map_err(|e| ApiError::internal(format!("the cluster read failed: {e}")))?
+            .map_err(|e| ApiError::internal(format!("reading the cluster failed: {e:#}")))?;
+        Ok(json!({
+            "self": me,
+            "hosts": hosts.iter().map(|h| json!({
+                "url": h.url,
+                "lastSeenAt": crate::clock::format_timestamp(h.heartbeat_ms),
+                "streams": h.streams,
+                "live": h.live,
+            })).collect::<Vec<_>>(),
+        }))
     }
     .await;
     answer(result)

@@ -208,7 +208,7 @@ impl Hot {
                         .components
                         .remove(&(d.project.clone(), d.name.clone()));
                 }
-                WriteOp::Reset { row_id } => {
+                WriteOp::Reset { row_id, .. } => {
                     state.generation += 1;
                     if let Some(t) = state.tails.remove(row_id) {
                         state.tail_bytes -= t.bytes;
@@ -343,6 +343,7 @@ mod tests {
             state_offset: 0,
             cursors: Vec::new(),
             removed_cursors: Vec::new(),
+            fence: None,
         })
     }
 
@@ -382,7 +383,10 @@ mod tests {
         hot.committed(std::iter::once((&mut op, 1)));
         assert_eq!(hot.events_after(1, 9, 1, n), None, "10 was evicted");
         assert_eq!(offsets(hot.events_after(1, 10, 1, n)), Some(vec![11]));
-        let mut reset = WriteOp::Reset { row_id: 1 };
+        let mut reset = WriteOp::Reset {
+            row_id: 1,
+            fence: None,
+        };
         hot.committed(std::iter::once((&mut reset, 1)));
         assert_eq!(hot.events_after(1, 10, 1, n), None);
     }
@@ -453,7 +457,10 @@ mod tests {
         };
         hot.fill_checkpoint(miss, 1, "c", &stale);
         assert_eq!(hot.checkpoint(1, "c").unwrap().checkpoint_offset, 2);
-        let mut reset = WriteOp::Reset { row_id: 1 };
+        let mut reset = WriteOp::Reset {
+            row_id: 1,
+            fence: None,
+        };
         hot.committed(std::iter::once((&mut reset, 1)));
         let miss = hot.checkpoint(1, "c").unwrap_err();
         hot.fill_checkpoint(miss, 1, "c", &stale);

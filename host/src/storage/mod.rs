@@ -11,6 +11,7 @@ mod effects;
 mod faults;
 mod hot;
 mod ingest;
+mod lease;
 mod schema;
 pub mod sql;
 mod writer;
@@ -30,6 +31,7 @@ pub use effects::{EffectOp, EffectQuery, EffectRow, EffectSource, NewEffect};
 pub use ingest::{
     FenceIdentity, FenceRow, IngestOp, NewPending, PendingRow, DIAGNOSTICS_KEPT, KEY_CONFLICT,
 };
+pub use lease::{ClusterHost, Fence, HostIdentity, OwnedElsewhere};
 pub use writer::{
     Checkpoint, CommitError, CursorRow, Deployment, NewStream, ProcessorFailure, StoredEvent,
     StreamCommit, StreamRef, WriteOp,
@@ -78,6 +80,8 @@ pub struct Storage {
 struct Inner {
     writer: writer::WriterHandle,
     readers: Readers,
+    /// This host among several on one database (PostgreSQL only).
+    cluster: Option<HostIdentity>,
     /// Newest events, checkpoints and component rows, kept true by the
     /// writer (`hot.rs`).
     hot: Arc<hot::Hot>,
@@ -139,12 +143,27 @@ impl Storage {
     /// empty one) and starts the writer thread; `data_dir` keeps the
     /// compiled components. Every commit is durable as PostgreSQL makes it
     /// (its `synchronous_commit`).
-    pub fn open_postgres(url: &str, data_dir: &Path, metrics: Metrics) -> Result<Storage> {
+    ///
+    /// Several hosts may share the database: `advertise_url` is where the
+    /// others reach this one, and the data dir keeps its host id (so a
+    /// restarted host takes its streams back at once).
+    pub fn open_postgres(
+        url: &str,
+        data_dir: &Path,
+        advertise_url: &str,
+        lease_ms: u64,
+        metrics: Metrics,
+    ) -> Result<Storage> {
         let lock = lock_data_dir(data_dir)?;
         let conn = PgConn::connect(url)?;
         schema::migrate_postgres(Db::Postgres(&conn))
             .with_context(|| format!("migrating the schema of {}", sql::redact(url)))?;
-        Self::start(
+        let identity = HostIdentity {
+            id: host_id(data_dir)?,
+            url: advertise_url.to_string(),
+            lease_ms: lease_ms as i64,
+        };
+        let mut storage = Self::start(
             writer::WriteConn::Postgres(Box::new(conn), url.to_string()),
             Readers::Postgres {
                 url: url.to_string(),
@@ -152,7 +171,12 @@ impl Storage {
             },
             lock,
             metrics,
-        )
+        )?;
+        Arc::get_mut(&mut storage.inner)
+            .expect("a new storage has one handle")
+            .cluster = Some(identity);
+        storage.heartbeat().context("registering this host")?;
+        Ok(storage)
     }
 
     fn start(
@@ -167,6 +191,7 @@ impl Storage {
             inner: Arc::new(Inner {
                 writer,
                 readers,
+                cluster: None,
                 hot,
                 _lock: lock,
             }),
@@ -552,6 +577,19 @@ impl Storage {
             }
             Ok(found)
         })
+    }
+}
+
+/// This data dir's host id (`<data-dir>/host-id`, made on first use).
+fn host_id(data_dir: &Path) -> Result<String> {
+    let path = data_dir.join("host-id");
+    match std::fs::read_to_string(&path) {
+        Ok(id) if !id.trim().is_empty() => Ok(id.trim().to_string()),
+        _ => {
+            let id = uuid::Uuid::new_v4().to_string();
+            std::fs::write(&path, &id).with_context(|| format!("writing {}", path.display()))?;
+            Ok(id)
+        }
     }
 }
 

@@ -418,6 +418,9 @@ pub fn migrate_postgres(db: Db<'_>) -> Result<()> {
                  to {SCHEMA_VERSION} on PostgreSQL"
             ),
         }
+        // The tables of several hosts (IF NOT EXISTS: added after version 5
+        // was first written on PostgreSQL).
+        db.batch(super::lease::SCHEMA)?;
         Ok(())
     })();
     match result {

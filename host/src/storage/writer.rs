@@ -69,6 +69,8 @@ pub struct StreamCommit {
     pub state_offset: u64,
     pub cursors: Vec<CursorRow>,
     pub removed_cursors: Vec<String>,
+    /// The owner's lease, checked in the transaction (several hosts).
+    pub fence: Option<super::Fence>,
 }
 
 /// A write for the group-commit writer.
@@ -78,11 +80,13 @@ pub enum WriteOp {
     /// Wipe a stream: its events, cursors and row.
     Reset {
         row_id: i64,
+        fence: Option<super::Fence>,
     },
     /// Move delivery cursors forward.
     Cursors {
         row_id: i64,
         cursors: Vec<CursorRow>,
+        fence: Option<super::Fence>,
     },
     /// Deploy (or replace) a component; answers 1 for a new version, 0
     /// when the bytes are those already deployed.
@@ -415,6 +419,9 @@ fn commit_group(conn: Db<'_>, ops: &[WriteOp], faults: &Faults) -> Vec<Result<i6
 fn apply(conn: Db<'_>, op: &WriteOp) -> Result<i64> {
     match op {
         WriteOp::Commit(c) => {
+            if let Some(fence) = &c.fence {
+                super::lease::check(conn, fence)?;
+            }
             let row_id = match &c.stream {
                 StreamRef::New(n) => conn
                     .query_one(
@@ -473,7 +480,14 @@ fn apply(conn: Db<'_>, op: &WriteOp) -> Result<i64> {
             }
             Ok(row_id)
         }
-        WriteOp::Cursors { row_id, cursors } => {
+        WriteOp::Cursors {
+            row_id,
+            cursors,
+            fence,
+        } => {
+            if let Some(fence) = fence {
+                super::lease::check(conn, fence)?;
+            }
             upsert_cursors(conn, *row_id, cursors)?;
             Ok(*row_id)
         }
@@ -601,7 +615,10 @@ fn apply(conn: Db<'_>, op: &WriteOp) -> Result<i64> {
             "DELETE FROM pending_refolds WHERE project = ?1 AND name = ?2 AND digest = ?3",
             args![project, name, digest],
         )? as i64),
-        WriteOp::Reset { row_id } => {
+        WriteOp::Reset { row_id, fence } => {
+            if let Some(fence) = fence {
+                super::lease::check(conn, fence)?;
+            }
             for sql in [
                 "DELETE FROM events WHERE stream = ?1",
                 "DELETE FROM subscription_cursors WHERE stream = ?1",

@@ -99,6 +99,11 @@ impl Streams {
         Streams { inner }
     }
 
+    /// Stream actors in memory now.
+    pub fn actors(&self) -> usize {
+        self.inner.actors.lock().map(|a| a.len()).unwrap_or(0)
+    }
+
     /// Every half idle period, asks the actors that no request reached for
     /// the whole period whether they may go (`Command::IdleCheck`). One
     /// timer for the host, not one per actor; ends with the registry.

@@ -196,6 +196,7 @@ impl Actor {
         let rx = self.ctx.storage.submit(WriteOp::Cursors {
             row_id: stream.row_id,
             cursors: cursors.clone(),
+            fence: self.fence.clone(),
         });
         Some((super::InFlight::Cursors { cursors }, rx))
     }
@@ -273,6 +274,7 @@ impl Actor {
         let fact = self
             .deliveries
             .complete(done, now_ms, jitter(), &policy, latency);
+        self.prune_recent_commits();
         if let Some(fact) = fact {
             self.append_run_fact(fact);
         }

@@ -285,6 +285,7 @@ pub fn spawn(
         recent_commits: VecDeque::new(),
         connections: HashMap::new(),
         next_connection_id: 0,
+        fence: None,
     };
     tokio::spawn(actor.run(rx));
 }
@@ -311,10 +312,25 @@ struct Actor {
     /// Live connections by key.
     connections: HashMap<String, connections::Conn>,
     next_connection_id: u64,
+    /// This host's lease on the stream, carried by every write (several
+    /// hosts on PostgreSQL; `None` on SQLite).
+    fence: Option<crate::storage::Fence>,
 }
 
-/// Commit instants kept for latency measurement.
+/// Commit instants kept for latency measurement, at most.
 const RECENT_COMMITS_MAX: usize = 65_536;
+
+/// Commit instants worth keeping: those of offsets some run has not
+/// delivered yet (none without runs), newest [`RECENT_COMMITS_MAX`].
+fn prune_recent(recent: &mut VecDeque<(u64, std::time::Instant)>, lowest_cursor: Option<u64>) {
+    let below = lowest_cursor.unwrap_or(u64::MAX);
+    while recent
+        .front()
+        .is_some_and(|(o, _)| *o <= below || recent.len() > RECENT_COMMITS_MAX)
+    {
+        recent.pop_front();
+    }
+}
 
 enum Wake {
     Command(Option<Command>),
@@ -323,6 +339,10 @@ enum Wake {
 }
 
 impl Actor {
+    fn prune_recent_commits(&mut self) {
+        prune_recent(&mut self.recent_commits, self.deliveries.lowest_cursor());
+    }
+
     async fn run(mut self, mut rx: mpsc::Receiver<Command>) {
         let mut in_flight: Option<(InFlight, oneshot::Receiver<Result<i64, CommitError>>)> = None;
         let mut closed = false;
@@ -538,6 +558,8 @@ impl Actor {
             .filter(|_| !self.connections.is_empty())
             .map(|s| (s.row_id, s.state.stream_id.clone(), s.state.max_offset));
         let loaded = tokio::task::spawn_blocking(move || {
+            // Several hosts: this one must own the stream first.
+            let fence = storage.acquire_lease(address.namespace.storage_key(), &address.path)?;
             let mut loaded = load(&storage, &address)?;
             if let (Some(l), Some((row_id, stream_id, head))) = (&mut loaded, known) {
                 let now = l.stream.state.max_offset;
@@ -546,17 +568,34 @@ impl Actor {
                     l.unseen = unseen_events(&storage, row_id, head, now)?;
                 }
             }
-            Ok(loaded)
+            Ok((fence, loaded))
         })
         .await
         .map_err(|e| anyhow::anyhow!("the load task failed: {e}"))
         .and_then(|r| r);
         self.ctx.metrics.stream_loaded(loaded.is_ok());
         match loaded {
-            Ok(loaded) => {
+            Ok((fence, loaded)) => {
+                self.fence = fence;
                 self.apply_load(loaded);
                 self.reload_at = None;
                 Ok(())
+            }
+            Err(e) if e.downcast_ref::<crate::storage::OwnedElsewhere>().is_some() => {
+                let owner = e
+                    .downcast::<crate::storage::OwnedElsewhere>()
+                    .expect("checked");
+                // Another host owns the stream: nothing of it stays here
+                // (live connections end, their clients reconnect through
+                // the owner), and the next request asks again.
+                if self.stream.is_some() {
+                    tracing::warn!(stream = %self.address, owner = %owner.owner, "the stream is owned by another host now");
+                }
+                self.apply_load(None);
+                self.connections.clear();
+                self.fence = None;
+                self.reload_needed = true;
+                Err(Error::owned_elsewhere(&owner.path, &owner.url))
             }
             Err(e) => {
                 let wait = self.storage_failed();
@@ -664,7 +703,10 @@ impl Actor {
                         let _ = reply.send(Ok(()));
                     }
                     Some(s) => {
-                        let rx = self.ctx.storage.submit(WriteOp::Reset { row_id: s.row_id });
+                        let rx = self.ctx.storage.submit(WriteOp::Reset {
+                            row_id: s.row_id,
+                            fence: self.fence.clone(),
+                        });
                         return Some((InFlight::Reset { reply }, rx));
                     }
                 },
@@ -818,6 +860,7 @@ impl Actor {
             state_offset,
             cursors: cursors.clone(),
             removed_cursors,
+            fence: self.fence.clone(),
         }));
         Some((
             InFlight::Round {
@@ -973,9 +1016,7 @@ impl Actor {
                             }
                         }
                     }
-                    while self.recent_commits.len() > RECENT_COMMITS_MAX {
-                        self.recent_commits.pop_front();
-                    }
+                    self.prune_recent_commits();
                     self.stream = Some(Loaded {
                         row_id,
                         state: *next_state,
@@ -1174,5 +1215,26 @@ mod tests {
             vec![0, 50, 100, 200, 400, 800, 1600, 3200, 5000, 5000]
         );
         assert_eq!(reload_backoff_ms(u32::MAX), RELOAD_BACKOFF_MAX_MS);
+    }
+
+    #[test]
+    fn commit_instants_are_kept_only_for_offsets_not_yet_delivered() {
+        let now = std::time::Instant::now();
+        let mut recent: VecDeque<_> = (1..=10u64).map(|o| (o, now)).collect();
+        prune_recent(&mut recent, Some(6));
+        assert_eq!(
+            recent.iter().map(|(o, _)| *o).collect::<Vec<_>>(),
+            vec![7, 8, 9, 10]
+        );
+        // No subscription runs: nobody asks for a latency.
+        prune_recent(&mut recent, None);
+        assert!(recent.is_empty());
+        // A run far behind: the newest RECENT_COMMITS_MAX are kept.
+        let mut long: VecDeque<_> = (1..=RECENT_COMMITS_MAX as u64 + 5)
+            .map(|o| (o, now))
+            .collect();
+        prune_recent(&mut long, Some(0));
+        assert_eq!(long.len(), RECENT_COMMITS_MAX);
+        assert_eq!(long.front().map(|(o, _)| *o), Some(6));
     }
 }

@@ -1,0 +1,126 @@
+//! Several hosts: any host accepts any request; one for a stream that
+//! another host owns is sent on to that host, and its answer (a live
+//! connection's stream of events included) comes back as it arrives.
+//!
+//! The stream's actor answers `503 stream-owned-elsewhere` with the owner's
+//! URL in the [`OWNER`] header; this layer replays the request there with
+//! [`FORWARDED`] set. A forwarded request is never forwarded again (the
+//! lease may be moving): its `503` reaches the client, whose retry finds the
+//! new owner. With SQLite storage the layer does nothing.
+
+use axum::body::{to_bytes, Body};
+use axum::extract::{Request, State};
+use axum::http::{HeaderName, HeaderValue};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+
+use super::error::ApiError;
+use crate::host::Host;
+
+/// The owner's URL on a `stream-owned-elsewhere` answer.
+pub const OWNER: HeaderName = HeaderName::from_static("streamhost-owner");
+/// Set on a request one host forwards to another.
+pub const FORWARDED: HeaderName = HeaderName::from_static("streamhost-forwarded");
+
+/// How long the owner may take to start answering a `waitForEvent`: a
+/// little over the longest one. Other requests get a lease's length (a
+/// live connection answers its headers at once).
+const WAIT_FOR_EVENT_ANSWER_WAIT: std::time::Duration =
+    std::time::Duration::from_millis(super::connections::WAIT_TIMEOUT_MS_MAX + 10_000);
+
+/// Headers that belong to one connection, not to the request.
+const HOP_BY_HOP: [&str; 8] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "transfer-encoding",
+    "upgrade",
+    "te",
+    "trailer",
+    "host",
+];
+
+/// The middleware (see the module).
+pub async fn layer(State(host): State<Host>, request: Request, next: Next) -> Response {
+    let Some(me) = host.streams.storage().cluster().cloned() else {
+        return next.run(request).await;
+    };
+    let (parts, body) = request.into_parts();
+    // Kept to be sent again: bounded as every body is.
+    let limit = host.config.max_body_bytes;
+    let bytes = match to_bytes(body, limit).await {
+        Ok(b) => b,
+        Err(_) => {
+            return ApiError::too_large(format!("request body is over the limit of {limit} bytes"))
+                .into_response()
+        }
+    };
+    let forwarded = parts.headers.contains_key(&FORWARDED);
+    let mut response = next
+        .run(Request::from_parts(
+            parts.clone(),
+            Body::from(bytes.clone()),
+        ))
+        .await;
+    let Some(owner) = response.headers_mut().remove(&OWNER) else {
+        return response;
+    };
+    let Ok(owner) = owner.to_str().map(str::to_string) else {
+        return response;
+    };
+    if forwarded || owner.is_empty() || owner == me.url {
+        return response;
+    }
+    let target = format!(
+        "{}{}",
+        owner.trim_end_matches('/'),
+        parts.uri.path_and_query().map_or("/", |p| p.as_str())
+    );
+    let mut out = host
+        .forwarder()
+        .request(parts.method.clone(), &target)
+        .header(&FORWARDED, HeaderValue::from_static("1"))
+        .body(bytes);
+    for (name, value) in &parts.headers {
+        if !HOP_BY_HOP.contains(&name.as_str()) && name != axum::http::header::CONTENT_LENGTH {
+            out = out.header(name, value);
+        }
+    }
+    // Until the owner's answer starts (a live connection's body then flows
+    // as long as it lasts): a hung owner must not hold the request longer
+    // than it takes its lease to expire, after which a retry finds a live
+    // owner.
+    let wait = if parts.uri.path().ends_with(":waitForEvent") {
+        WAIT_FOR_EVENT_ANSWER_WAIT
+    } else {
+        std::time::Duration::from_millis(me.lease_ms.max(1000) as u64)
+    };
+    let answered = tokio::time::timeout(wait, out.send())
+        .await
+        .map_err(|_| format!("no answer within {} ms", wait.as_millis()))
+        .and_then(|r| r.map_err(|e| e.to_string()));
+    match answered {
+        Ok(answer) => {
+            let mut back = Response::builder().status(answer.status());
+            for (name, value) in answer.headers() {
+                if !HOP_BY_HOP.contains(&name.as_str()) {
+                    back = back.header(name, value);
+                }
+            }
+            back.body(Body::from_stream(answer.bytes_stream()))
+                .unwrap_or_else(|e| {
+                    ApiError::internal(format!("relaying the owner's answer failed: {e}"))
+                        .into_response()
+                })
+        }
+        Err(e) => {
+            tracing::warn!(owner = %owner, error = %e, "forwarding to the stream's owner failed");
+            ApiError::unavailable(
+                "stream-owned-elsewhere",
+                format!("the stream's owner at {owner} did not answer ({e}); retry: the stream moves to a live host once the owner's lease expires"),
+                1,
+            )
+            .into_response()
+        }
+    }
+}
