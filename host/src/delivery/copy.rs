@@ -18,7 +18,8 @@ use crate::subscription::{Stamp, COPY_HOPS_MAX};
 pub const DROP_AUDIT_REASON: &str = "copy-dropped";
 
 /// The source of a delivery.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
 pub struct SourceInfo {
     pub project_id: Option<String>,
     pub path: String,
@@ -27,7 +28,8 @@ pub struct SourceInfo {
 }
 
 /// One batch of matching source events for a receiving stream.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
 pub struct CopyBatch {
     pub source: SourceInfo,
     pub subscription_key: String,
@@ -37,7 +39,8 @@ pub struct CopyBatch {
     pub events: Vec<Event>,
     /// The transform's output for each event, computed by the sender (off
     /// the receiving actor, see [`CopyBatch::shape`]); `None`: the receiver
-    /// applies the transform itself.
+    /// applies the transform itself (always, after a hop to another host).
+    #[serde(skip)]
     pub shaped: Option<Vec<Result<Shaped, Error>>>,
 }
 
@@ -69,7 +72,7 @@ impl CopyBatch {
 }
 
 /// What the receiver did with a batch.
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, serde::Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct CopyOutcome {
     pub appended: usize,

@@ -45,6 +45,9 @@ pub async fn layer(State(host): State<Host>, request: Request, next: Next) -> Re
     let Some(me) = host.streams.storage().cluster().cloned() else {
         return next.run(request).await;
     };
+    if request.uri().path() == crate::stream::remote::PATH {
+        return next.run(request).await;
+    }
     let (parts, body) = request.into_parts();
     // Kept to be sent again: bounded as every body is.
     let limit = host.config.max_body_bytes;

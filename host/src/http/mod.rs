@@ -151,6 +151,11 @@ pub fn router(host: Host) -> Router {
     routes()
         .into_iter()
         .fold(Router::new(), |router, r| router.route(r.path, r.handler))
+        // Host to host (several hosts); not part of the public API.
+        .route(
+            crate::stream::remote::PATH,
+            axum::routing::post(internal_call),
+        )
         .fallback(fallback)
         .layer(axum::middleware::from_fn_with_state(
             host.clone(),
@@ -301,6 +306,51 @@ async fn list_project_streams(
     let result = async {
         let namespace = Namespace::project(&project)?;
         list_streams(&host, &headers, &uri, namespace).await
+    }
+    .await;
+    answer(result)
+}
+
+/// Largest body of a host-to-host call (a copy batch of large events).
+const INTERNAL_BODY_BYTES_MAX: usize = 256 * 1024 * 1024;
+
+/// `POST /internal/v1/call`: a call on a stream this host owns, sent by
+/// another host of the cluster (`stream/remote.rs`); served here, never
+/// forwarded again.
+async fn internal_call(State(host): State<Host>, headers: HeaderMap, body: Body) -> Response {
+    use crate::stream::remote::{self, Call, RemoteCall};
+    let result = async {
+        let storage = host.streams.storage().clone();
+        let me = storage
+            .cluster()
+            .ok_or_else(|| ApiError::not_found("not-found", "this host is not in a cluster"))?;
+        let given = headers
+            .get(remote::SECRET_HEADER)
+            .map(|v| v.as_bytes())
+            .unwrap_or_default();
+        if !remote::secret_matches(given, &me.secret) {
+            return Err(ApiError::unauthorized(
+                "a host-to-host call needs the cluster secret",
+            ));
+        }
+        let bytes = to_bytes(body, INTERNAL_BODY_BYTES_MAX)
+            .await
+            .map_err(|_| ApiError::too_large("the call is over the host-to-host limit"))?;
+        let call: RemoteCall = parse_json(&bytes)?;
+        let address = call.address()?;
+        let answer = match call.call {
+            Call::Append { input, authority } => {
+                remote::to_value(host.streams.append_here(&address, input, authority).await)
+            }
+            Call::Deliver { batch } => {
+                remote::to_value(host.streams.deliver_here(&address, batch).await)
+            }
+        };
+        // The lease moved on again: the caller retries (no second hop).
+        answer.map_err(|mut e| {
+            e.owner_url = None;
+            ApiError::from(e)
+        })
     }
     .await;
     answer(result)

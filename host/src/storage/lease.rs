@@ -42,6 +42,12 @@ CREATE TABLE IF NOT EXISTS stream_leases (
     PRIMARY KEY (project, path)
 );
 CREATE INDEX IF NOT EXISTS stream_leases_by_owner ON stream_leases (owner);
+CREATE TABLE IF NOT EXISTS cluster_secret (
+    secret TEXT NOT NULL -- proves a host-to-host call comes from a host of this database
+);
+INSERT INTO cluster_secret (secret)
+    SELECT gen_random_uuid()::text || gen_random_uuid()::text
+    WHERE NOT EXISTS (SELECT 1 FROM cluster_secret);
 ";
 
 /// Who this host is among the hosts of one database.
@@ -53,6 +59,8 @@ pub struct HostIdentity {
     pub url: String,
     /// How long its leases last without renewal.
     pub lease_ms: i64,
+    /// The database's cluster secret: host-to-host calls carry it.
+    pub secret: String,
 }
 
 impl HostIdentity {
@@ -91,6 +99,11 @@ impl std::fmt::Display for OwnedElsewhere {
 }
 
 impl std::error::Error for OwnedElsewhere {}
+
+/// The cluster secret of the database (made with the schema).
+pub(super) fn secret(db: Db<'_>) -> Result<String> {
+    db.query_one("SELECT secret FROM cluster_secret", args![], |r| r.text(0))
+}
 
 impl Storage {
     /// This host's identity when several hosts may share the database

@@ -162,6 +162,7 @@ impl Storage {
             id: host_id(data_dir)?,
             url: advertise_url.to_string(),
             lease_ms: lease_ms as i64,
+            secret: lease::secret(Db::Postgres(&conn)).context("reading the cluster secret")?,
         };
         let mut storage = Self::start(
             writer::WriteConn::Postgres(Box::new(conn), url.to_string()),

@@ -26,7 +26,8 @@ pub const IDEMPOTENCY_KEY_BYTES_MAX: usize = 512;
 pub const PAUSED_RETRY_AFTER_S: u32 = 5;
 
 /// Who is appending.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
 pub enum Authority {
     /// An API caller: may not append platform-authored types or provenance.
     Public,

@@ -273,7 +273,7 @@ impl AppendInput {
 }
 
 /// The body of `POST {stream}:append`.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct AppendInput {
     /// The events, committed together or not at all (at most 1000).

@@ -6,6 +6,8 @@ mod address;
 mod append;
 mod event;
 mod registry;
+#[doc(hidden)]
+pub mod remote;
 mod state;
 
 pub use actor::ActorContext;

@@ -12,6 +12,7 @@ use super::actor::{self, ActorContext, AppendOutput, Command, ReadOutput, ReadQu
 use super::address::StreamAddress;
 use super::append::Authority;
 use super::event::AppendInput;
+use super::remote;
 use super::state::CoreState;
 use crate::clock::Clock;
 use crate::config::DeliveryConfig;
@@ -53,6 +54,8 @@ impl StreamsRef {
 
 struct Inner {
     ctx: ActorContext,
+    /// Calls on streams another host owns (several hosts).
+    remote: reqwest::Client,
     actors: Mutex<HashMap<StreamAddress, Entry>>,
     /// Whether the idle sweep runs (started with the first actor).
     sweeping: std::sync::atomic::AtomicBool,
@@ -95,6 +98,10 @@ impl Streams {
             },
             actors: Mutex::new(HashMap::new()),
             sweeping: std::sync::atomic::AtomicBool::new(false),
+            remote: reqwest::Client::builder()
+                .connect_timeout(std::time::Duration::from_secs(2))
+                .build()
+                .unwrap_or_default(),
         });
         Streams { inner }
     }
@@ -230,8 +237,26 @@ impl Streams {
         })?
     }
 
-    /// Appends to a stream, creating it if needed.
+    /// Appends to a stream, creating it if needed; on a stream another host
+    /// owns, through that host.
     pub async fn append(
+        &self,
+        address: &StreamAddress,
+        input: AppendInput,
+        authority: Authority,
+    ) -> Result<AppendOutput, Error> {
+        let again = self.inner.ctx.storage.cluster().map(|_| input.clone());
+        match (self.append_here(address, input, authority).await, again) {
+            (Err(e), Some(input)) if e.owner_url.is_some() => {
+                self.remote(address, e, remote::Call::Append { input, authority })
+                    .await
+            }
+            (result, _) => result,
+        }
+    }
+
+    /// Appends through this host's actor only (a call another host sent).
+    pub async fn append_here(
         &self,
         address: &StreamAddress,
         input: AppendInput,
@@ -245,8 +270,28 @@ impl Streams {
         .await
     }
 
-    /// Delivers a copy batch to a receiving stream.
+    /// Delivers a copy batch to a receiving stream; on a stream another
+    /// host owns, through that host.
     pub async fn deliver(
+        &self,
+        receiver: &StreamAddress,
+        batch: CopyBatch,
+    ) -> Result<CopyOutcome, Error> {
+        let again = self.inner.ctx.storage.cluster().map(|_| CopyBatch {
+            shaped: None,
+            ..batch.clone()
+        });
+        match (self.deliver_here(receiver, batch).await, again) {
+            (Err(e), Some(batch)) if e.owner_url.is_some() => {
+                self.remote(receiver, e, remote::Call::Deliver { batch })
+                    .await
+            }
+            (result, _) => result,
+        }
+    }
+
+    /// Delivers through this host's actor only (a call another host sent).
+    pub async fn deliver_here(
         &self,
         receiver: &StreamAddress,
         batch: CopyBatch,
@@ -256,6 +301,25 @@ impl Streams {
             reply,
         })
         .await
+    }
+
+    /// Sends `call` to the owner named by `elsewhere` (an
+    /// owned-elsewhere error), or answers that error.
+    async fn remote<T: serde::de::DeserializeOwned>(
+        &self,
+        address: &StreamAddress,
+        elsewhere: Error,
+        call: remote::Call,
+    ) -> Result<T, Error> {
+        let Some(me) = self.inner.ctx.storage.cluster() else {
+            return Err(elsewhere);
+        };
+        let url = elsewhere.owner_url.clone().unwrap_or_default();
+        if url.is_empty() || url == me.url {
+            return Err(elsewhere);
+        }
+        let wait = std::time::Duration::from_millis(me.lease_ms.max(5000) as u64);
+        remote::send(&self.inner.remote, &me.secret, wait, &url, address, call).await
     }
 
     /// Reads a page of events.

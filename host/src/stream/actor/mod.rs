@@ -73,7 +73,7 @@ fn reload_backoff_ms(failures: u32) -> u64 {
 }
 
 /// The answer to an append.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct AppendOutput {
     /// The stream's id (a new one per lifetime).
@@ -329,6 +329,10 @@ fn prune_recent(recent: &mut VecDeque<(u64, std::time::Instant)>, lowest_cursor:
         .is_some_and(|(o, _)| *o <= below || recent.len() > RECENT_COMMITS_MAX)
     {
         recent.pop_front();
+    }
+    // A backlog that drained gives its memory back.
+    if recent.capacity() > 4096 && recent.len() < recent.capacity() / 4 {
+        recent.shrink_to(recent.len() * 2);
     }
 }
 
