@@ -1,0 +1,213 @@
+//! Durable append throughput on PostgreSQL with 1, 2 and 3 hosts, beside
+//! the same binary on SQLite, in one run: real server processes (the
+//! release binary) on loopback, 64 clients appending single events, each
+//! to its own stream, spread over the hosts. Also where the CPU went: the
+//! hosts' and PostgreSQL's CPU seconds per 1,000 events (from /proc).
+//!
+//! Needs a PostgreSQL to create databases on:
+//!
+//! ```sh
+//! scripts/postgres start /tmp/bench-pg 55432
+//! STREAMHOST_BENCH_POSTGRES=postgres://postgres@127.0.0.1:55432/postgres \
+//!   cargo bench -p streamhost --bench cluster
+//! ```
+//!
+//! Options: `--seconds S` per measurement (5), `--clients N` (64).
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+mod common;
+
+struct Host {
+    child: Child,
+    url: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Host {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start(postgres: Option<&str>) -> Host {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_streamhost"));
+    cmd.args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(dir.path().join("data"))
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+    if let Some(url) = postgres {
+        cmd.arg("--postgres").arg(url);
+    }
+    let mut child = cmd.spawn().expect("starting streamhost");
+    let stdout = child.stdout.take().unwrap();
+    let mut url = String::new();
+    for line in BufReader::new(stdout).lines() {
+        let line = line.unwrap();
+        if let Some(u) = line.strip_prefix("streamhost listening on ") {
+            url = u.to_string();
+            break;
+        }
+    }
+    assert!(!url.is_empty(), "the server did not start");
+    Host {
+        child,
+        url,
+        _dir: dir,
+    }
+}
+
+/// CPU seconds (user + system) of process `pid` and its threads so far.
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let after = stat.rsplit(')').next().unwrap_or_default();
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let ticks: f64 = [11, 12]
+        .iter()
+        .filter_map(|i| fields.get(*i).and_then(|v| v.parse::<f64>().ok()))
+        .sum();
+    ticks / 100.0
+}
+
+/// CPU seconds of every process named `postgres` so far.
+fn postgres_cpu_seconds() -> f64 {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                .is_ok_and(|c| c.trim() == "postgres")
+        })
+        .map(cpu_seconds)
+        .sum()
+}
+
+fn admin(base: &str, sql: &str) {
+    let mut c = postgres::Client::connect(base, postgres::NoTls).expect("PostgreSQL");
+    c.batch_execute(sql).expect(sql);
+}
+
+struct Measured {
+    rate: f64,
+    host_cpu_per_k: f64,
+    pg_cpu_per_k: f64,
+}
+
+/// `clients` appenders for `seconds`: client i appends to its stream
+/// `/s{i}` through host `i % hosts` (the stream's owner: it created it).
+fn measure(rt: &tokio::runtime::Runtime, hosts: &[Host], clients: usize, seconds: f64) -> Measured {
+    let client = reqwest::Client::new();
+    let urls: Vec<String> = hosts.iter().map(|h| h.url.clone()).collect();
+    // Create every stream through its host first (untimed).
+    rt.block_on(async {
+        for i in 0..clients {
+            let url = format!(
+                "{}/v1/projects/bench/streams/s{i}:append",
+                urls[i % urls.len()]
+            );
+            let r = client
+                .post(&url)
+                .json(&serde_json::json!({"events": [{"type": "bench.x/e", "payload": {}}]}))
+                .send()
+                .await
+                .unwrap();
+            assert!(r.status().is_success());
+        }
+    });
+    let pids: Vec<u32> = hosts.iter().map(|h| h.child.id()).collect();
+    let host_cpu = |pids: &[u32]| pids.iter().map(|p| cpu_seconds(*p)).sum::<f64>();
+    let (h0, p0) = (host_cpu(&pids), postgres_cpu_seconds());
+    let done = Arc::new(AtomicU64::new(0));
+    let started = Instant::now();
+    let until = started + Duration::from_secs_f64(seconds);
+    rt.block_on(async {
+        let tasks: Vec<_> = (0..clients)
+            .map(|i| {
+                let client = client.clone();
+                let url = format!(
+                    "{}/v1/projects/bench/streams/s{i}:append",
+                    urls[i % urls.len()]
+                );
+                let done = done.clone();
+                tokio::spawn(async move {
+                    let body =
+                        serde_json::json!({"events": [{"type": "bench.x/e", "payload": {"n": i}}]});
+                    while Instant::now() < until {
+                        let r = client.post(&url).json(&body).send().await.unwrap();
+                        assert!(r.status().is_success(), "{}", r.status());
+                        done.fetch_add(1, Ordering::Relaxed);
+                    }
+                })
+            })
+            .collect();
+        for t in tasks {
+            t.await.unwrap();
+        }
+    });
+    let elapsed = started.elapsed().as_secs_f64();
+    let events = done.load(Ordering::Relaxed) as f64;
+    let k = events / 1000.0;
+    Measured {
+        rate: events / elapsed,
+        host_cpu_per_k: (host_cpu(&pids) - h0) / k,
+        pg_cpu_per_k: (postgres_cpu_seconds() - p0) / k,
+    }
+}
+
+fn main() {
+    let seconds = common::arg("--seconds", 5.0);
+    let clients = common::arg("--clients", 64.0) as usize;
+    let Ok(base) = std::env::var("STREAMHOST_BENCH_POSTGRES") else {
+        println!("cluster: set STREAMHOST_BENCH_POSTGRES to a PostgreSQL URL (see the file's header); skipped");
+        return;
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    println!(
+        "durable appends: {clients} clients, single events, a stream each, {seconds} s per row"
+    );
+    println!(
+        "{:<34} {:>10} {:>16} {:>18}",
+        "storage", "events/s", "host CPU s/1k", "postgres CPU s/1k"
+    );
+    let sqlite = {
+        let host = start(None);
+        measure(&rt, std::slice::from_ref(&host), clients, seconds)
+    };
+    println!(
+        "{:<34} {:>10.0} {:>16.3} {:>18}",
+        "SQLite, 1 host", sqlite.rate, sqlite.host_cpu_per_k, "-"
+    );
+    let (prefix, _) = base.rsplit_once('/').expect("a database in the URL");
+    for n in 1..=3 {
+        let name = format!("streamhost_bench_{}_{n}", std::process::id());
+        admin(&base, &format!("DROP DATABASE IF EXISTS {name}"));
+        admin(&base, &format!("CREATE DATABASE {name}"));
+        let url = format!("{prefix}/{name}");
+        let hosts: Vec<Host> = (0..n).map(|_| start(Some(&url))).collect();
+        let m = measure(&rt, &hosts, clients, seconds);
+        println!(
+            "{:<34} {:>10.0} {:>16.3} {:>18.3}   (÷ SQLite {:.2})",
+            format!("PostgreSQL, {n} host(s)"),
+            m.rate,
+            m.host_cpu_per_k,
+            m.pg_cpu_per_k,
+            m.rate / sqlite.rate
+        );
+        drop(hosts);
+        admin(
+            &base,
+            &format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"),
+        );
+    }
+}
