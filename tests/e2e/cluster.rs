@@ -12,7 +12,7 @@ use axum::{Json, Router};
 use serde_json::{json, Value};
 
 use crate::subscriptions::{ev, P};
-use crate::support::{wait_for, Server, SseClient};
+use crate::support::{guest, wait_for, Server, SseClient};
 
 /// Short leases, so a stopped host loses its streams quickly.
 const CLUSTER: &str = "[cluster]\nlease-ms = 1500\n";
@@ -234,6 +234,16 @@ async fn a_killed_hosts_streams_resume_on_the_others_with_nothing_lost() {
             .await;
         assert_eq!(status, 200, "{out}");
     }
+    // The counter processor is woken by A's streams /src0 and /src3.
+    let (status, out) = a.deploy("acme", "counter", guest("counter")).await;
+    assert_eq!(status, 200, "{out}");
+    for src in ["/src0", "/src3"] {
+        let wake = json!({"events": [{"type": "events.iterate.com/stream/subscription-configured",
+            "payload": {"subscriptionKey": "count", "receiver": {"action": "processor-wake",
+                "expression": ["components", ["get", "counter"], "wake"]}}}]});
+        let (status, out) = a.post(&format!("{P}{src}:append"), wake).await;
+        assert_eq!(status, 200, "{out}");
+    }
     // Load through every host, then A is killed and the load goes on
     // through B and C.
     let mut acked: Vec<(String, String, u64)> = Vec::new();
@@ -245,13 +255,54 @@ async fn a_killed_hosts_streams_resume_on_the_others_with_nothing_lost() {
     }
     a.kill();
     let killed = Instant::now();
+    // The first event appended to /src0 after the kill: when does the
+    // counter's checkpoint reach it (polled through B)?
+    let target: Arc<Mutex<Option<u64>>> = Arc::default();
+    let woken = {
+        let (target, url) = (
+            target.clone(),
+            format!("{}{P}/src0:processors/counter", b.url),
+        );
+        tokio::spawn(async move {
+            let client = reqwest::Client::new();
+            loop {
+                let want = *target.lock().unwrap();
+                if let Some(want) = want {
+                    if let Ok(r) = client.get(&url).send().await {
+                        let p: Value = r.json().await.unwrap_or_default();
+                        if p["checkpointOffset"].as_u64().is_some_and(|at| at >= want) {
+                            return Instant::now();
+                        }
+                    }
+                }
+                // The poll's period, not a wait for a condition.
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+    };
     let survivors = [&b, &c];
     for round in 60..120 {
         let src = &sources[round % 6];
         let key = format!("k{round}");
         let offset = append_somewhere(&survivors, src, &key, round).await;
+        if round == 60 {
+            *target.lock().unwrap() = Some(offset);
+        }
         acked.push((src.clone(), key, offset));
     }
+    let woke = tokio::time::timeout(Duration::from_secs(30), woken)
+        .await
+        .expect("the counter's checkpoint reaches the first event after the kill")
+        .unwrap();
+    let took = woke.duration_since(killed);
+    println!(
+        "A's processor woken again {} ms after the kill",
+        took.as_millis()
+    );
+    assert!(
+        took < Duration::from_secs(5),
+        "wakes resumed after {took:?}"
+    );
     // Every acknowledged event is in its source once, at its offset.
     for src in &sources {
         let events = b.all_events(&format!("{P}{src}")).await;
