@@ -127,12 +127,8 @@ impl Host {
                         Err(_) => continue,
                     };
                     for (project, path) in expired {
-                        let namespace = if project.is_empty() {
-                            crate::stream::Namespace::Global
-                        } else {
-                            crate::stream::Namespace::Project(project)
-                        };
-                        if let Ok(address) = crate::stream::StreamAddress::new(namespace, &path) {
+                        let namespace = Namespace::from_storage_key(&project);
+                        if let Ok(address) = StreamAddress::new(namespace, &path) {
                             tracing::info!(stream = %address, "taking over a stream whose owner stopped renewing its lease");
                             let streams = streams.clone();
                             tokio::spawn(async move { streams.wake(&address).await });
@@ -143,12 +139,8 @@ impl Host {
         }
         // Streams with subscriptions resume delivering without waiting for a touch.
         for (project, path) in waking {
-            let namespace = if project.is_empty() {
-                crate::stream::Namespace::Global
-            } else {
-                crate::stream::Namespace::Project(project)
-            };
-            if let Ok(address) = crate::stream::StreamAddress::new(namespace, &path) {
+            let namespace = Namespace::from_storage_key(&project);
+            if let Ok(address) = StreamAddress::new(namespace, &path) {
                 let streams = streams.clone();
                 tokio::spawn(async move { streams.wake(&address).await });
             }

@@ -303,12 +303,8 @@ async fn execute_and_settle(exec: &Executors, settings: &Settings, row: EffectRo
 }
 
 fn address_of(project: &str, path: &str) -> Result<StreamAddress, Failure> {
-    let namespace = if project.is_empty() {
-        Namespace::Global
-    } else {
-        Namespace::Project(project.to_string())
-    };
-    StreamAddress::new(namespace, path).map_err(|e| Failure::new(e.message, false))
+    StreamAddress::new(Namespace::from_storage_key(project), path)
+        .map_err(|e| Failure::new(e.message, false))
 }
 
 /// Runs one effect's target; an ITX call's result comes back.

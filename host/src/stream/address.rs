@@ -36,6 +36,15 @@ impl Namespace {
     pub fn storage_key(&self) -> &str {
         self.project_id().unwrap_or("")
     }
+
+    /// The namespace of a storage key (the inverse of [`Namespace::storage_key`]).
+    pub fn from_storage_key(key: &str) -> Namespace {
+        if key.is_empty() {
+            Namespace::Global
+        } else {
+            Namespace::Project(key.to_string())
+        }
+    }
 }
 
 /// Checks a project name: `[a-z0-9][a-z0-9-]{0,62}`.

@@ -503,11 +503,16 @@ impl Actor {
                     });
                 let _ = reply.send(result);
             }
-            Command::Wake => {
-                if let Err(e) = self.ensure_loaded().await {
-                    tracing::error!(stream = %self.address, error = %e, "waking stream failed");
+            Command::Wake => match self.ensure_loaded().await {
+                // Another host took it first (several hosts): its work runs there.
+                Err(e) if e.owner_url.is_some() => {
+                    tracing::debug!(stream = %self.address, error = %e, "not woken here")
                 }
-            }
+                Err(e) => {
+                    tracing::error!(stream = %self.address, error = %e, "waking stream failed")
+                }
+                Ok(()) => {}
+            },
             Command::DeliveryDone(done) => self.delivery_done(*done),
             // The loop's top decides (idle long enough, nothing pending).
             Command::IdleCheck => {}
