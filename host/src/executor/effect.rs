@@ -65,15 +65,13 @@ pub fn start(streams: StreamsRef, bell: EffectsBell, settings: Settings) {
 
 async fn run(streams: StreamsRef, bell: EffectsBell, settings: Settings) {
     // The data dir is locked to this host: what was running ran in a
-    // process that is gone, so it need not wait for its lease. (Not with
-    // several hosts on one database: another host may be running them;
-    // theirs run again here when their lease expires.)
-    if let Some(live) = streams
-        .upgrade()
-        .filter(|l| l.storage().cluster().is_none())
-    {
+    // process that is gone, so it need not wait for its lease. (With
+    // several hosts on one database, only the effects of its own streams:
+    // its host id outlives the process, in the data dir.)
+    if let Some(live) = streams.upgrade() {
         let op = EffectOp::ReclaimAll {
             now_ms: settings.clock.now_ms(),
+            owner: live.storage().cluster().map(|me| me.id.clone()),
         };
         match live.storage().submit(WriteOp::Effect(op)).await {
             Ok(Ok(n)) if n > 0 => {

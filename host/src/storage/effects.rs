@@ -86,7 +86,12 @@ pub enum EffectOp {
     Cancel { id: i64, settled_at: String },
     /// At start: every `running` effect was leased by a process that is
     /// gone (the data dir is locked to one host), so it may run now.
-    ReclaimAll { now_ms: i64 },
+    ReclaimAll {
+        now_ms: i64,
+        /// With several hosts: only the effects of streams this host (its
+        /// id kept in the data dir across restarts) owns.
+        owner: Option<String>,
+    },
 }
 
 const COLUMNS: &str = "id, project, path, stream_id, component, effect_key, checkpoint_offset, \
@@ -163,10 +168,13 @@ impl Storage {
     }
 
     /// Effects that may run now: `pending` ones that are due and `running`
-    /// ones whose lease expired, soonest first.
+    /// ones whose lease expired, soonest first. With several hosts, only
+    /// those of streams this host owns (effects run on the owner; a dead
+    /// owner's run where its streams are taken over).
     pub fn due_effects(&self, now_ms: i64, limit: usize) -> Result<Vec<EffectRow>> {
-        self.with_reader(|db| {
-            db.query_all(
+        let owner = self.cluster().map(|me| me.id.clone());
+        self.with_reader(|db| match &owner {
+            None => db.query_all(
                 &format!(
                     "SELECT {COLUMNS} FROM effects
                      WHERE status IN ('pending', 'running') AND due_at_ms <= ?1
@@ -174,20 +182,50 @@ impl Storage {
                 ),
                 args![now_ms, limit as i64],
                 row,
-            )
+            ),
+            Some(owner) => db.query_all(
+                &format!(
+                    "SELECT {COLUMNS} FROM effects
+                     WHERE status IN ('pending', 'running') AND due_at_ms <= ?1 {}
+                     ORDER BY due_at_ms, id LIMIT ?2",
+                    owned_by(3)
+                ),
+                args![now_ms, limit as i64, owner],
+                row,
+            ),
         })
     }
 
-    /// When the next effect falls due (a retry or an expiring lease).
+    /// When the next effect falls due (a retry or an expiring lease); with
+    /// several hosts, of the streams this host owns.
     pub fn next_effect_due(&self) -> Result<Option<i64>> {
-        self.with_reader(|db| {
-            db.query_one(
+        let owner = self.cluster().map(|me| me.id.clone());
+        self.with_reader(|db| match &owner {
+            None => db.query_one(
                 "SELECT MIN(due_at_ms) FROM effects WHERE status IN ('pending', 'running')",
                 args![],
                 |r| r.opt_int(0),
-            )
+            ),
+            Some(owner) => db.query_one(
+                &format!(
+                    "SELECT MIN(due_at_ms) FROM effects
+                     WHERE status IN ('pending', 'running') {}",
+                    owned_by(1)
+                ),
+                args![owner],
+                |r| r.opt_int(0),
+            ),
         })
     }
+}
+
+/// With several hosts (PostgreSQL; parameter `?n` is this host's id): the
+/// effect's source stream is owned by this host, or by none yet.
+fn owned_by(n: usize) -> String {
+    format!(
+        "AND COALESCE((SELECT l.owner FROM stream_leases l
+             WHERE l.project = effects.project AND l.path = effects.path), ?{n}) = ?{n}"
+    )
 }
 
 /// Inserts effects, ignoring identities already stored; answers how many
@@ -260,9 +298,22 @@ pub(super) fn apply(conn: Db<'_>, op: &EffectOp) -> Result<i64> {
              WHERE id = ?1 AND status IN ('failed', 'cancelled')",
             args![id, now_ms],
         )?,
-        EffectOp::ReclaimAll { now_ms } => conn.execute(
+        EffectOp::ReclaimAll {
+            now_ms,
+            owner: None,
+        } => conn.execute(
             "UPDATE effects SET status = 'pending', due_at_ms = ?1 WHERE status = 'running'",
             args![now_ms],
+        )?,
+        EffectOp::ReclaimAll {
+            now_ms,
+            owner: Some(owner),
+        } => conn.execute(
+            &format!(
+                "UPDATE effects SET status = 'pending', due_at_ms = ?1 WHERE status = 'running' {}",
+                owned_by(2)
+            ),
+            args![now_ms, owner],
         )?,
         EffectOp::Cancel { id, settled_at } => conn.execute(
             "UPDATE effects SET status = 'cancelled', settled_at = ?2
