@@ -389,3 +389,39 @@ async fn a_killed_hosts_streams_resume_on_the_others_with_nothing_lost() {
         assert_eq!(keys.len(), expected.len(), "/dst{i}: once each");
     }
 }
+
+#[tokio::test]
+async fn a_version_deployed_through_another_host_is_the_one_the_owner_runs() {
+    if on_sqlite() {
+        return;
+    }
+    let a = Server::start_with(Some(CLUSTER), &[]);
+    let b = Server::joining(&a, Some(CLUSTER));
+    let stream = format!("{P}/orders");
+    let (status, v1) = a.deploy("acme", "proc", guest("counter")).await;
+    assert_eq!(status, 200, "{v1}");
+    let wake = json!({"events": [{"type": "events.iterate.com/stream/subscription-configured",
+        "payload": {"subscriptionKey": "p", "receiver": {"action": "processor-wake",
+            "expression": ["components", ["get", "proc"], "wake"]}}}]});
+    let (status, out) = a.post(&format!("{stream}:append"), wake).await;
+    assert_eq!(status, 200, "{out}");
+    a.post(&format!("{stream}:append"), ev("x.y/a", json!({})))
+        .await;
+    let p = crate::processors::caught_up(&a, &stream, "proc").await;
+    assert_eq!(p["digest"], v1["digest"], "{p}");
+    // A new version through B; A owns the stream and runs the processor.
+    let (status, v2) = b.deploy("acme", "proc", guest("effector")).await;
+    assert_eq!(status, 200, "{v2}");
+    assert_ne!(v1["digest"], v2["digest"]);
+    a.post(&format!("{stream}:append"), ev("x.y/a", json!({})))
+        .await;
+    wait_for(
+        "A to run the new version",
+        Duration::from_secs(30),
+        async || {
+            let (_, p) = a.get(&format!("{stream}:processors/proc")).await;
+            p["digest"] == v2["digest"]
+        },
+    )
+    .await;
+}

@@ -166,6 +166,12 @@ impl Hot {
         }
     }
 
+    /// Forgets what it holds of stream `row_id`: with several hosts, other
+    /// hosts wrote to it while this one did not own it.
+    pub(super) fn forget_stream(&self, row_id: i64) {
+        self.write().forget_stream(row_id);
+    }
+
     /// Forgets everything (a commit failed and may or may not have reached
     /// the disk); readers go back to SQLite and ask again.
     pub(super) fn clear(&self) {
@@ -208,21 +214,7 @@ impl Hot {
                         .components
                         .remove(&(d.project.clone(), d.name.clone()));
                 }
-                WriteOp::Reset { row_id, .. } => {
-                    state.generation += 1;
-                    if let Some(t) = state.tails.remove(row_id) {
-                        state.tail_bytes -= t.bytes;
-                    }
-                    let gone: Vec<_> = state
-                        .checkpoints
-                        .keys()
-                        .filter(|(r, _)| r == row_id)
-                        .cloned()
-                        .collect();
-                    for (r, component) in gone {
-                        state.remove_checkpoint(r, &component);
-                    }
-                }
+                WriteOp::Reset { row_id, .. } => state.forget_stream(*row_id),
                 _ => {}
             }
         }
@@ -230,6 +222,23 @@ impl Hot {
 }
 
 impl State {
+    /// Drops a stream's tail and checkpoints (and fills in flight).
+    fn forget_stream(&mut self, row_id: i64) {
+        self.generation += 1;
+        if let Some(t) = self.tails.remove(&row_id) {
+            self.tail_bytes -= t.bytes;
+        }
+        let gone: Vec<_> = self
+            .checkpoints
+            .keys()
+            .filter(|(r, _)| *r == row_id)
+            .cloned()
+            .collect();
+        for (r, component) in gone {
+            self.remove_checkpoint(r, &component);
+        }
+    }
+
     fn append(&mut self, row_id: i64, events: impl Iterator<Item = (u64, String)>) {
         self.tick += 1;
         let tick = self.tick;

@@ -135,6 +135,16 @@ impl Storage {
                 |r| r.int(0),
             )?;
             if let Some(epoch) = taken {
+                // Other hosts may have written the stream since this one
+                // last owned it: nothing cached of it is trusted.
+                let row = db.query_opt(
+                    "SELECT id FROM streams WHERE project = ?1 AND path = ?2",
+                    args![project, path],
+                    |r| r.int(0),
+                )?;
+                if let Some(row_id) = row {
+                    self.inner.hot.forget_stream(row_id);
+                }
                 return Ok(Some(Fence {
                     project: project.to_string(),
                     path: path.to_string(),

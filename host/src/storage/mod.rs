@@ -397,8 +397,11 @@ impl Storage {
     /// The deployed component `name` of `project`.
     pub fn component(&self, project: &str, name: &str) -> Result<Option<ComponentRow>> {
         let miss = match self.inner.hot.component(project, name) {
-            Ok(row) => return Ok(row),
-            Err(miss) => miss,
+            // With several hosts a deploy may come through another host:
+            // the database is asked every time.
+            Ok(row) if self.cluster().is_none() => return Ok(row),
+            Ok(_) => None,
+            Err(miss) => Some(miss),
         };
         let row = self.with_reader(|db| {
             db.query_opt(
@@ -407,7 +410,9 @@ impl Storage {
                 component_row,
             )
         })?;
-        self.inner.hot.fill_component(miss, project, name, &row);
+        if let (Some(miss), None) = (miss, self.cluster()) {
+            self.inner.hot.fill_component(miss, project, name, &row);
+        }
         Ok(row)
     }
 
