@@ -173,7 +173,7 @@ async fn webhook_receiver() -> (String, Posts) {
     (base, posts)
 }
 
-const FAILOVER: &str = "[cluster]\nlease-ms = 1500\n\n[delivery]\nmax-attempts = 50\nbackoff-base-ms = 20\nbackoff-max-ms = 200\ntimeout-ms = 3000\n";
+const FAILOVER: &str = "[cluster]\nlease-ms = 1000\n\n[delivery]\nmax-attempts = 50\nbackoff-base-ms = 20\nbackoff-max-ms = 200\ntimeout-ms = 3000\n";
 
 /// Appends one keyed event through `hosts` (the first that answers), again
 /// with the same key until one answers 200; answers the committed offset.
