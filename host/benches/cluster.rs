@@ -101,8 +101,16 @@ struct Measured {
 }
 
 /// `clients` appenders for `seconds`: client i appends to its stream
-/// `/s{i}` through host `i % hosts` (the stream's owner: it created it).
-fn measure(rt: &tokio::runtime::Runtime, hosts: &[Host], clients: usize, seconds: f64) -> Measured {
+/// `/s{i}` (created through host `i % hosts`, its owner) through host
+/// `(i + through) % hosts` (`through` 0: the owner; 1: the next host, which
+/// forwards).
+fn measure(
+    rt: &tokio::runtime::Runtime,
+    hosts: &[Host],
+    clients: usize,
+    seconds: f64,
+    through: usize,
+) -> Measured {
     let client = reqwest::Client::new();
     let urls: Vec<String> = hosts.iter().map(|h| h.url.clone()).collect();
     // Create every stream through its host first (untimed).
@@ -133,7 +141,7 @@ fn measure(rt: &tokio::runtime::Runtime, hosts: &[Host], clients: usize, seconds
                 let client = client.clone();
                 let url = format!(
                     "{}/v1/projects/bench/streams/s{i}:append",
-                    urls[i % urls.len()]
+                    urls[(i + through) % urls.len()]
                 );
                 let done = done.clone();
                 tokio::spawn(async move {
@@ -182,7 +190,7 @@ fn main() {
     );
     let sqlite = {
         let host = start(None);
-        measure(&rt, std::slice::from_ref(&host), clients, seconds)
+        measure(&rt, std::slice::from_ref(&host), clients, seconds, 0)
     };
     println!(
         "{:<34} {:>10.0} {:>16.3} {:>18}",
@@ -195,7 +203,7 @@ fn main() {
         admin(&base, &format!("CREATE DATABASE {name}"));
         let url = format!("{prefix}/{name}");
         let hosts: Vec<Host> = (0..n).map(|_| start(Some(&url))).collect();
-        let m = measure(&rt, &hosts, clients, seconds);
+        let m = measure(&rt, &hosts, clients, seconds, 0);
         println!(
             "{:<34} {:>10.0} {:>16.3} {:>18.3}   (÷ SQLite {:.2})",
             format!("PostgreSQL, {n} host(s)"),
@@ -204,6 +212,17 @@ fn main() {
             m.pg_cpu_per_k,
             m.rate / sqlite.rate
         );
+        if n > 1 {
+            let f = measure(&rt, &hosts, clients, seconds, 1);
+            println!(
+                "{:<34} {:>10.0} {:>16.3} {:>18.3}   (÷ SQLite {:.2})",
+                "  through a non-owner (forwarded)",
+                f.rate,
+                f.host_cpu_per_k,
+                f.pg_cpu_per_k,
+                f.rate / sqlite.rate
+            );
+        }
         drop(hosts);
         admin(
             &base,
