@@ -45,7 +45,13 @@ pub async fn layer(State(host): State<Host>, request: Request, next: Next) -> Re
     let Some(me) = host.streams.storage().cluster().cloned() else {
         return next.run(request).await;
     };
-    if request.uri().path() == crate::stream::remote::PATH {
+    // Only requests on a stream meet another owner (the host's own calls
+    // on streams go through `stream/remote.rs`); the rest pass untouched,
+    // bodies and their own limits included.
+    let path = request.uri().path();
+    if !(path.starts_with("/v1/projects/") || path.starts_with("/v1/global/"))
+        || !path.contains("/streams/")
+    {
         return next.run(request).await;
     }
     let (parts, body) = request.into_parts();

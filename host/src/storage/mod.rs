@@ -264,21 +264,9 @@ impl Storage {
         self.with_reader(|db| {
             let row = db
                 .query_opt(
-                    "SELECT id, stream_id, created_at, head_offset, state_json, state_offset
-                     FROM streams WHERE project = ?1 AND path = ?2",
+                    &format!("SELECT {STREAM_COLUMNS} FROM streams WHERE project = ?1 AND path = ?2"),
                     args![project, path],
-                    |r| {
-                        Ok(StreamRow {
-                            row_id: r.int(0)?,
-                            path: path.to_string(),
-                            stream_id: r.text(1)?,
-                            created_at: r.text(2)?,
-                            head_offset: r.int(3)? as u64,
-                            state_json: r.text(4)?,
-                            state_offset: r.int(5)? as u64,
-                            log_head: 0,
-                        })
-                    },
+                    stream_row,
                 )
                 .with_context(|| format!("loading stream {path:?} of {project:?}"))?;
             let Some(mut row) = row else { return Ok(None) };
@@ -302,23 +290,13 @@ impl Storage {
     ) -> Result<Vec<StreamRow>> {
         self.with_reader(|db| {
             db.query_all(
-                "SELECT id, path, stream_id, created_at, head_offset, state_json, state_offset
-                 FROM streams
-                 WHERE project = ?1 AND substr(path, 1, length(CAST(?2 AS TEXT))) = ?2 AND path > ?3
-                 ORDER BY path LIMIT ?4",
+                &format!(
+                    "SELECT {STREAM_COLUMNS} FROM streams
+                     WHERE project = ?1 AND substr(path, 1, length(CAST(?2 AS TEXT))) = ?2 AND path > ?3
+                     ORDER BY path LIMIT ?4"
+                ),
                 args![project, prefix, after_path.unwrap_or(""), limit as i64],
-                |r| {
-                    Ok(StreamRow {
-                        row_id: r.int(0)?,
-                        path: r.text(1)?,
-                        stream_id: r.text(2)?,
-                        created_at: r.text(3)?,
-                        head_offset: r.int(4)? as u64,
-                        state_json: r.text(5)?,
-                        state_offset: r.int(6)? as u64,
-                        log_head: 0,
-                    })
-                },
+                stream_row,
             )
             .context("listing streams")
         })
@@ -622,6 +600,23 @@ fn lock_data_dir(data_dir: &Path) -> Result<std::fs::File> {
             Err(e).with_context(|| format!("locking {}", path.display()))
         }
     }
+}
+
+/// The columns [`stream_row`] reads.
+const STREAM_COLUMNS: &str =
+    "id, path, stream_id, created_at, head_offset, state_json, state_offset";
+
+fn stream_row(r: &Row<'_>) -> Result<StreamRow> {
+    Ok(StreamRow {
+        row_id: r.int(0)?,
+        path: r.text(1)?,
+        stream_id: r.text(2)?,
+        created_at: r.text(3)?,
+        head_offset: r.int(4)? as u64,
+        state_json: r.text(5)?,
+        state_offset: r.int(6)? as u64,
+        log_head: 0,
+    })
 }
 
 fn component_row(r: &Row<'_>) -> Result<ComponentRow> {
