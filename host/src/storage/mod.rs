@@ -264,7 +264,9 @@ impl Storage {
         self.with_reader(|db| {
             let row = db
                 .query_opt(
-                    &format!("SELECT {STREAM_COLUMNS} FROM streams WHERE project = ?1 AND path = ?2"),
+                    &format!(
+                        "SELECT {STREAM_COLUMNS} FROM streams WHERE project = ?1 AND path = ?2"
+                    ),
                     args![project, path],
                     stream_row,
                 )
