@@ -113,14 +113,17 @@ impl Error {
 
     /// `stream-owned-elsewhere`: another host owns the stream (several
     /// hosts); the HTTP layer forwards the request to `url`.
+    /// `url` empty: this host owned it and is stopping (the stream moves
+    /// to another host).
     pub fn owned_elsewhere(path: &str, url: &str) -> Self {
+        let message = if url.is_empty() {
+            format!("stream {path:?} is moving to another host (this one is stopping); retry")
+        } else {
+            format!("stream {path:?} is owned by the host at {url}")
+        };
         Error {
             owner_url: Some(url.to_string()),
-            ..Self::unavailable(
-                "stream-owned-elsewhere",
-                format!("stream {path:?} is owned by the host at {url}"),
-                1,
-            )
+            ..Self::unavailable("stream-owned-elsewhere", message, 1)
         }
     }
 

@@ -104,14 +104,22 @@ impl Host {
         }
         // Several hosts: renew this host's leases, and take over the streams
         // of hosts that stopped renewing theirs (their deliveries, wakes and
-        // effects resume here).
+        // effects resume here): on every renewal, and at once when a host
+        // announces it stopped (LISTEN/NOTIFY).
         if let Some(me) = streams.storage().cluster().cloned() {
             let streams = streams.clone();
+            let (stopped, mut heard) = tokio::sync::mpsc::unbounded_channel();
+            streams.storage().listen_for_stopped_hosts(stopped);
             tokio::spawn(async move {
                 let mut tick = tokio::time::interval(me.heartbeat());
                 tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
                 loop {
-                    tick.tick().await;
+                    tokio::select! {
+                        _ = tick.tick() => {}
+                        Some(host) = heard.recv() => {
+                            tracing::info!(host = %host, "a host stopped: taking over its streams");
+                        }
+                    }
                     let storage = streams.storage().clone();
                     let expired = tokio::task::spawn_blocking(move || {
                         storage.heartbeat()?;
@@ -253,6 +261,7 @@ impl Host {
                 "no tokens configured: the server runs open, every request acts as admin"
             );
         }
+        let storage = self.streams.storage().clone();
         let app = crate::http::router(self);
         // Answers are small and latency-bound: send them without Nagle's delay.
         let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
@@ -260,6 +269,20 @@ impl Host {
                 tracing::warn!(error = %e, "setting TCP_NODELAY failed");
             }
         });
+        // Stopping hands this host's streams over at once (several hosts):
+        // requests still in flight here finish or move with them.
+        let shutdown = async move {
+            shutdown.await;
+            if storage.cluster().is_some() {
+                match tokio::task::spawn_blocking(move || storage.release_leases()).await {
+                    Ok(Ok(())) => tracing::info!("gave this host's streams up to the other hosts"),
+                    Ok(Err(e)) => {
+                        tracing::warn!(error = %format!("{e:#}"), "giving this host's streams up failed: they move when its leases run out")
+                    }
+                    Err(_) => {}
+                }
+            }
+        };
         axum::serve(listener, app)
             .with_graceful_shutdown(shutdown)
             .await

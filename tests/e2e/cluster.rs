@@ -390,6 +390,115 @@ async fn a_killed_hosts_streams_resume_on_the_others_with_nothing_lost() {
     }
 }
 
+/// A webhook receiver that refuses (503) until `accept` is set.
+async fn gated_webhook_receiver() -> (String, Posts, Arc<std::sync::atomic::AtomicBool>) {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    type Gate = (Posts, Arc<AtomicBool>);
+    async fn hook(State((posts, accept)): State<Gate>, Json(body): Json<Value>) -> StatusCode {
+        if !accept.load(Ordering::SeqCst) {
+            return StatusCode::SERVICE_UNAVAILABLE;
+        }
+        let path = body["path"].as_str().unwrap_or_default().to_string();
+        let offset = body["event"]["offset"].as_u64().unwrap_or_default();
+        posts.lock().unwrap().push((path, offset, Instant::now()));
+        StatusCode::OK
+    }
+    let (posts, accept): Gate = (Arc::default(), Arc::default());
+    let app = Router::new()
+        .route("/hook", post(hook))
+        .with_state((posts.clone(), accept.clone()));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (base, posts, accept)
+}
+
+/// Leases far longer than the test's bound: a stream can only move in
+/// time if the stopping host hands it over.
+const LONG_LEASES: &str = "[cluster]\nlease-ms = 60000\n\n[delivery]\nmax-attempts = 1000\nbackoff-base-ms = 20\nbackoff-max-ms = 100\n";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopping_host_hands_its_streams_over_at_once() {
+    if on_sqlite() {
+        return;
+    }
+    let (receiver, posts, accept) = gated_webhook_receiver().await;
+    let mut a = Server::start_with(Some(LONG_LEASES), &[]);
+    let b = Server::joining(&a, Some(LONG_LEASES));
+    // A owns two streams: one with a webhook whose receiver refuses for
+    // now (its delivery is retried on A), one that is only written to.
+    let (quiet, busy) = (format!("{P}/quiet"), format!("{P}/busy"));
+    let hook = json!({"events": [{"type": "events.iterate.com/stream/subscription-configured",
+        "payload": {"subscriptionKey": "hook", "receiver": {"action": "webhook-post",
+            "url": format!("{receiver}/hook"), "delivery": {"start": "beginning", "onFailingEvent": "halt"}},
+            "filter": {"eventTypes": ["x.y/a"]}}}]});
+    let (status, out) = a.post(&format!("{quiet}:append"), hook).await;
+    assert_eq!(status, 200, "{out}");
+    let (status, out) = a
+        .post(&format!("{quiet}:append"), ev("x.y/a", json!({"n": 1})))
+        .await;
+    assert_eq!(status, 200, "{out}");
+    let pending = out["events"][0]["offset"].as_u64().unwrap();
+    let (status, out) = a
+        .post(&format!("{busy}:append"), ev("x.y/a", json!({"n": 1})))
+        .await;
+    assert_eq!(status, 200, "{out}");
+    // A stops (SIGTERM) with the webhook's delivery outstanding; then the
+    // receiver accepts.
+    a.stop();
+    let stopped = Instant::now();
+    accept.store(true, std::sync::atomic::Ordering::SeqCst);
+    // B takes the written stream at once (not after A's 60 s lease)...
+    let body =
+        json!({"events": [{"type": "x.y/a", "payload": {"n": 2}, "idempotencyKey": "after-stop"}]});
+    wait_for(
+        "B to append to A's stream",
+        Duration::from_secs(5),
+        async || b.post(&format!("{busy}:append"), body.clone()).await.0 == 200,
+    )
+    .await;
+    // ...and, told by the stopping host (LISTEN/NOTIFY), the stream nobody
+    // touches: its outstanding delivery resumes on B.
+    wait_for(
+        "the outstanding delivery from B",
+        Duration::from_secs(5),
+        async || {
+            posts
+                .lock()
+                .unwrap()
+                .iter()
+                .any(|(p, o, _)| p == "/quiet" && *o == pending)
+        },
+    )
+    .await;
+    println!(
+        "A's streams moved to B {} ms after A stopped",
+        stopped.elapsed().as_millis()
+    );
+    assert!(
+        b.log().contains("a host stopped: taking over its streams"),
+        "B heard A stop:\n{}",
+        b.log()
+    );
+    assert!(
+        a.log().contains("gave this host's streams up"),
+        "A's log:\n{}",
+        a.log()
+    );
+    let (status, cluster) = b.get("/v1/cluster").await;
+    assert_eq!(status, 200, "{cluster}");
+    let hosts = cluster["hosts"].as_array().unwrap();
+    let host = |url: &str| hosts.iter().find(|h| h["url"] == json!(url)).cloned();
+    let (a_row, b_row) = (host(&a.url).unwrap(), host(&b.url).unwrap());
+    assert_eq!(a_row["live"], false, "{cluster}");
+    assert_eq!(a_row["streams"], 0, "{cluster}");
+    assert_eq!(b_row["streams"], 2, "{cluster}");
+    // A restarted takes nothing back by itself, and is served through B.
+    a.launch();
+    let events = a.all_events(&busy).await;
+    assert_eq!(offsets(&events), vec![1, 2, 3], "{events:?}");
+}
+
 #[tokio::test]
 async fn a_version_deployed_through_another_host_is_the_one_the_owner_runs() {
     if on_sqlite() {

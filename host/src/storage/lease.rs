@@ -19,9 +19,13 @@
 //! SQLite storage has none of this: its data dir is locked to one host.
 
 use anyhow::{bail, Result};
+use postgres::fallible_iterator::FallibleIterator;
 
 use super::sql::{args, Db};
 use super::Storage;
+
+/// The channel (LISTEN/NOTIFY) on which a stopping host names itself.
+pub const STOPPED_CHANNEL: &str = "streamhost_host_stopped";
 
 /// The database's clock, in ms since the epoch.
 const NOW_MS: &str = "CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT)";
@@ -119,10 +123,17 @@ impl Storage {
         let Some(me) = self.cluster() else {
             return Ok(None);
         };
+        let stopping = *self.stopping();
         self.with_reader(|db| {
-            let taken = db.query_opt(
-                &format!(
-                    "INSERT INTO stream_leases (project, path, owner, epoch, taken_at_ms)
+            // A stopping host takes no stream: it names the current owner
+            // (the host that took over) or none yet.
+            let take = |db: Db<'_>| {
+                if stopping {
+                    return Ok(None);
+                }
+                db.query_opt(
+                    &format!(
+                        "INSERT INTO stream_leases (project, path, owner, epoch, taken_at_ms)
                      VALUES (?1, ?2, ?3, 1, {NOW_MS})
                      ON CONFLICT (project, path) DO UPDATE SET owner = excluded.owner,
                          epoch = stream_leases.epoch + 1, taken_at_ms = excluded.taken_at_ms
@@ -130,11 +141,12 @@ impl Storage {
                         OR COALESCE((SELECT h.heartbeat_ms FROM hosts h
                                      WHERE h.id = stream_leases.owner), 0) + ?4 < {NOW_MS}
                      RETURNING epoch"
-                ),
-                args![project, path, &me.id, me.lease_ms],
-                |r| r.int(0),
-            )?;
-            if let Some(epoch) = taken {
+                    ),
+                    args![project, path, &me.id, me.lease_ms],
+                    |r| r.int(0),
+                )
+            };
+            if let Some(epoch) = take(db)? {
                 // Other hosts may have written the stream since this one
                 // last owned it: nothing cached of it is trusted.
                 let row = db.query_opt(
@@ -161,6 +173,7 @@ impl Storage {
                     |r| Ok((r.text(0)?, r.text(1)?)),
                 )?
                 .unwrap_or_default();
+            let url = if owner == me.id { String::new() } else { url };
             Err(OwnedElsewhere {
                 path: path.to_string(),
                 owner,
@@ -175,6 +188,10 @@ impl Storage {
         let Some(me) = self.cluster() else {
             return Ok(());
         };
+        let stopping = self.stopping();
+        if *stopping {
+            return Ok(());
+        }
         self.with_reader(|db| {
             db.execute(
                 &format!(
@@ -186,6 +203,74 @@ impl Storage {
             )?;
             Ok(())
         })
+    }
+
+    /// Gives this host's leases up (it is stopping): its last renewal
+    /// reads as never, so any host may take its streams at once, and the
+    /// others hear of it on [`STOPPED_CHANNEL`] instead of waiting for the
+    /// leases to run out. It renews and takes nothing after.
+    pub fn release_leases(&self) -> Result<()> {
+        let Some(me) = self.cluster() else {
+            return Ok(());
+        };
+        let mut stopping = self.stopping();
+        *stopping = true;
+        self.with_reader(|db| {
+            db.execute(
+                "UPDATE hosts SET heartbeat_ms = 0 WHERE id = ?1",
+                args![&me.id],
+            )?;
+            // After the update has committed: a host that hears it finds
+            // the leases free.
+            db.execute("SELECT pg_notify(?1, ?2)", args![STOPPED_CHANNEL, &me.id])?;
+            Ok(())
+        })
+    }
+
+    /// Listens for other hosts that stop (on a connection of its own, on
+    /// its own thread) and sends each one's id to `stopped`, until
+    /// `stopped` closes. A lost connection is opened again; a notification
+    /// missed meanwhile is made up for by the lease running out.
+    pub fn listen_for_stopped_hosts(&self, stopped: tokio::sync::mpsc::UnboundedSender<String>) {
+        let (Some(url), Some(me)) = (self.postgres_url(), self.cluster()) else {
+            return;
+        };
+        let (url, me) = (url.to_string(), me.id.clone());
+        let listen = move || -> Result<()> {
+            let mut client = postgres::Client::connect(&url, postgres::NoTls)?;
+            client.batch_execute(&format!("LISTEN {STOPPED_CHANNEL}"))?;
+            loop {
+                {
+                    let mut notifications = client.notifications();
+                    let mut heard = notifications.timeout_iter(std::time::Duration::from_secs(1));
+                    while let Some(n) = FallibleIterator::next(&mut heard)? {
+                        if n.payload() != me && stopped.send(n.payload().to_string()).is_err() {
+                            return Ok(());
+                        }
+                    }
+                }
+                if stopped.is_closed() {
+                    return Ok(());
+                }
+                if client.is_closed() {
+                    bail!("the connection closed");
+                }
+            }
+        };
+        let spawned = std::thread::Builder::new()
+            .name("streamhost-listen".into())
+            .spawn(move || loop {
+                match listen() {
+                    Ok(()) => return,
+                    Err(e) => {
+                        tracing::warn!(error = %format!("{e:#}"), "listening for stopping hosts failed; listening again in 1 s");
+                        std::thread::sleep(std::time::Duration::from_secs(1));
+                    }
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::error!(error = %e, "starting the listener for stopping hosts failed");
+        }
     }
 
     /// Streams whose lease expired (their owner stopped renewing): (project

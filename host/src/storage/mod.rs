@@ -82,6 +82,9 @@ struct Inner {
     readers: Readers,
     /// This host among several on one database (PostgreSQL only).
     cluster: Option<HostIdentity>,
+    /// Set once this host gave its leases up (it is stopping); held while
+    /// a renewal runs, so none lands after the release.
+    stopping: Mutex<bool>,
     /// Newest events, checkpoints and component rows, kept true by the
     /// writer (`hot.rs`).
     hot: Arc<hot::Hot>,
@@ -180,6 +183,22 @@ impl Storage {
         Ok(storage)
     }
 
+    /// The PostgreSQL URL, when storage is PostgreSQL.
+    fn postgres_url(&self) -> Option<&str> {
+        match &self.inner.readers {
+            Readers::Postgres { url, .. } => Some(url),
+            Readers::Sqlite { .. } => None,
+        }
+    }
+
+    /// Whether this host gave its leases up (held while renewing).
+    fn stopping(&self) -> std::sync::MutexGuard<'_, bool> {
+        self.inner
+            .stopping
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
     fn start(
         conn: writer::WriteConn,
         readers: Readers,
@@ -193,6 +212,7 @@ impl Storage {
                 writer,
                 readers,
                 cluster: None,
+                stopping: Mutex::new(false),
                 hot,
                 _lock: lock,
             }),
