@@ -390,6 +390,48 @@ async fn a_killed_hosts_streams_resume_on_the_others_with_nothing_lost() {
     }
 }
 
+#[tokio::test]
+async fn a_lease_lasts_as_long_as_its_owner_says() {
+    if on_sqlite() {
+        return;
+    }
+    // A renews every 20 s (60 s leases); B, configured with 300 ms leases,
+    // must still not take A's streams between A's renewals.
+    let a = Server::start_with(Some("[cluster]\nlease-ms = 60000\n"), &[]);
+    let b = Server::joining(&a, Some("[cluster]\nlease-ms = 300\n"));
+    let stream = format!("{P}/held");
+    let (status, out) = a
+        .post(&format!("{stream}:append"), ev("x.y/a", json!({"n": 0})))
+        .await;
+    assert_eq!(status, 200, "{out}");
+    // Writes through B for over a second: many of B's lease lengths after
+    // A's last renewal, well within A's own.
+    let started = Instant::now();
+    let mut n = 1;
+    while started.elapsed() < Duration::from_millis(1500) {
+        let (status, out) = b
+            .post(&format!("{stream}:append"), ev("x.y/a", json!({"n": n})))
+            .await;
+        assert_eq!(status, 200, "{out}");
+        n += 1;
+        // Pacing of the writes over the interval, not a wait for a condition.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (status, cluster) = b.get("/v1/cluster").await;
+    assert_eq!(status, 200, "{cluster}");
+    let hosts = cluster["hosts"].as_array().unwrap();
+    let host = |url: &str| hosts.iter().find(|h| h["url"] == json!(url)).cloned();
+    let (a_row, b_row) = (host(&a.url).unwrap(), host(&b.url).unwrap());
+    assert_eq!(a_row["live"], true, "{cluster}");
+    assert_eq!(a_row["streams"], 1, "A still holds the stream: {cluster}");
+    assert_eq!(b_row["streams"], 0, "{cluster}");
+    assert!(
+        !b.log().contains("taking over a stream"),
+        "B took A's stream:\n{}",
+        b.log()
+    );
+}
+
 /// A webhook receiver that refuses (503) until `accept` is set.
 async fn gated_webhook_receiver() -> (String, Posts, Arc<std::sync::atomic::AtomicBool>) {
     use std::sync::atomic::{AtomicBool, Ordering};

@@ -1,6 +1,8 @@
 //! Several hosts on one PostgreSQL database: a stream has one owner at a
 //! time, named by its lease row (owner, epoch); the lease expires when its
-//! owner's last renewal is older than `[cluster] lease-ms`.
+//! owner's last renewal is older than the owner's `[cluster] lease-ms`
+//! (each host registers its own, so hosts configured differently still
+//! agree on when a lease expires).
 //!
 //! - A host takes a stream's lease when its actor loads the stream: a new
 //!   lease, one of its own, or one whose owner stopped renewing (expired);
@@ -35,7 +37,8 @@ pub(super) const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS hosts (
     id           TEXT PRIMARY KEY,
     url          TEXT NOT NULL,   -- where other hosts forward requests
-    heartbeat_ms BIGINT NOT NULL  -- the database's clock at its last renewal
+    heartbeat_ms BIGINT NOT NULL, -- the database's clock at its last renewal
+    lease_ms     BIGINT NOT NULL  -- its leases last this long after a renewal
 );
 CREATE TABLE IF NOT EXISTS stream_leases (
     project     TEXT NOT NULL,
@@ -138,11 +141,11 @@ impl Storage {
                      ON CONFLICT (project, path) DO UPDATE SET owner = excluded.owner,
                          epoch = stream_leases.epoch + 1, taken_at_ms = excluded.taken_at_ms
                      WHERE stream_leases.owner = excluded.owner
-                        OR COALESCE((SELECT h.heartbeat_ms FROM hosts h
-                                     WHERE h.id = stream_leases.owner), 0) + ?4 < {NOW_MS}
+                        OR COALESCE((SELECT h.heartbeat_ms + h.lease_ms FROM hosts h
+                                     WHERE h.id = stream_leases.owner), 0) < {NOW_MS}
                      RETURNING epoch"
                     ),
-                    args![project, path, &me.id, me.lease_ms],
+                    args![project, path, &me.id],
                     |r| r.int(0),
                 )
             };
@@ -195,11 +198,11 @@ impl Storage {
         self.with_reader(|db| {
             db.execute(
                 &format!(
-                    "INSERT INTO hosts (id, url, heartbeat_ms) VALUES (?1, ?2, {NOW_MS})
+                    "INSERT INTO hosts (id, url, heartbeat_ms, lease_ms) VALUES (?1, ?2, {NOW_MS}, ?3)
                      ON CONFLICT (id) DO UPDATE SET url = excluded.url,
-                         heartbeat_ms = excluded.heartbeat_ms"
+                         heartbeat_ms = excluded.heartbeat_ms, lease_ms = excluded.lease_ms"
                 ),
-                args![&me.id, &me.url],
+                args![&me.id, &me.url, me.lease_ms],
             )?;
             Ok(())
         })
@@ -276,18 +279,18 @@ impl Storage {
     /// Streams whose lease expired (their owner stopped renewing): (project
     /// key, path), for a live host to take over.
     pub fn expired_leases(&self) -> Result<Vec<(String, String)>> {
-        let Some(me) = self.cluster() else {
+        if self.cluster().is_none() {
             return Ok(Vec::new());
-        };
+        }
         self.with_reader(|db| {
             db.query_all(
                 &format!(
                     "SELECT l.project, l.path FROM stream_leases l
                      LEFT JOIN hosts h ON h.id = l.owner
-                     WHERE COALESCE(h.heartbeat_ms, 0) + ?1 < {NOW_MS}
+                     WHERE COALESCE(h.heartbeat_ms + h.lease_ms, 0) < {NOW_MS}
                      ORDER BY l.project, l.path LIMIT 1000"
                 ),
-                args![me.lease_ms],
+                args![],
                 |r| Ok((r.text(0)?, r.text(1)?)),
             )
         })
@@ -309,18 +312,18 @@ pub struct ClusterHost {
 impl Storage {
     /// Every host that ever registered on the database, by URL.
     pub fn cluster_hosts(&self) -> Result<Vec<ClusterHost>> {
-        let Some(me) = self.cluster() else {
+        if self.cluster().is_none() {
             return Ok(Vec::new());
-        };
+        }
         self.with_reader(|db| {
             db.query_all(
                 &format!(
                     "SELECT h.url, h.heartbeat_ms,
                             (SELECT COUNT(*) FROM stream_leases l WHERE l.owner = h.id),
-                            CASE WHEN h.heartbeat_ms + ?1 >= {NOW_MS} THEN 1 ELSE 0 END
+                            CASE WHEN h.heartbeat_ms + h.lease_ms >= {NOW_MS} THEN 1 ELSE 0 END
                      FROM hosts h ORDER BY h.url"
                 ),
-                args![me.lease_ms],
+                args![],
                 |r| {
                     Ok(ClusterHost {
                         url: r.text(0)?,
