@@ -25,6 +25,23 @@ fn on_sqlite() -> bool {
     false
 }
 
+/// `GET /v1/cluster` through `through`: the answer, and the rows of the
+/// hosts at `urls` (each must be listed).
+async fn cluster_rows<const N: usize>(through: &Server, urls: [&str; N]) -> (Value, [Value; N]) {
+    let (status, cluster) = through.get("/v1/cluster").await;
+    assert_eq!(status, 200, "{cluster}");
+    let rows = urls.map(|url| {
+        cluster["hosts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|h| h["url"] == json!(url))
+            .cloned()
+            .unwrap_or_else(|| panic!("{url} is not listed: {cluster}"))
+    });
+    (cluster, rows)
+}
+
 fn offsets(events: &[Value]) -> Vec<u64> {
     events
         .iter()
@@ -74,21 +91,10 @@ async fn any_host_serves_any_stream_through_its_owner() {
     }
     assert_eq!(seen, all, "the connection through B");
     // Both hosts are in the cluster; A holds the stream.
-    let (status, cluster) = b.get("/v1/cluster").await;
-    assert_eq!(status, 200, "{cluster}");
+    let (cluster, [a_row, b_row]) = cluster_rows(&b, [&a.url, &b.url]).await;
     assert_eq!(cluster["self"], json!(b.url));
-    let hosts = cluster["hosts"].as_array().unwrap();
-    let host = |url: &str| hosts.iter().find(|h| h["url"] == json!(url)).cloned();
-    assert_eq!(
-        host(&a.url).expect("A is listed")["streams"],
-        1,
-        "{cluster}"
-    );
-    assert_eq!(
-        host(&b.url).expect("B is listed")["streams"],
-        0,
-        "{cluster}"
-    );
+    assert_eq!(a_row["streams"], 1, "{cluster}");
+    assert_eq!(b_row["streams"], 0, "{cluster}");
 }
 
 #[tokio::test]
@@ -415,11 +421,7 @@ async fn a_lease_lasts_as_long_as_its_owner_says() {
         assert_eq!(status, 200, "{out}");
         n += 1;
     }
-    let (status, cluster) = b.get("/v1/cluster").await;
-    assert_eq!(status, 200, "{cluster}");
-    let hosts = cluster["hosts"].as_array().unwrap();
-    let host = |url: &str| hosts.iter().find(|h| h["url"] == json!(url)).cloned();
-    let (a_row, b_row) = (host(&a.url).unwrap(), host(&b.url).unwrap());
+    let (cluster, [a_row, b_row]) = cluster_rows(&b, [&a.url, &b.url]).await;
     assert_eq!(a_row["live"], true, "{cluster}");
     assert_eq!(a_row["streams"], 1, "A still holds the stream: {cluster}");
     assert_eq!(b_row["streams"], 0, "{cluster}");
@@ -525,11 +527,7 @@ async fn a_stopping_host_hands_its_streams_over_at_once() {
         "A's log:\n{}",
         a.log()
     );
-    let (status, cluster) = b.get("/v1/cluster").await;
-    assert_eq!(status, 200, "{cluster}");
-    let hosts = cluster["hosts"].as_array().unwrap();
-    let host = |url: &str| hosts.iter().find(|h| h["url"] == json!(url)).cloned();
-    let (a_row, b_row) = (host(&a.url).unwrap(), host(&b.url).unwrap());
+    let (cluster, [a_row, b_row]) = cluster_rows(&b, [&a.url, &b.url]).await;
     assert_eq!(a_row["live"], false, "{cluster}");
     assert_eq!(a_row["streams"], 0, "{cluster}");
     assert_eq!(b_row["streams"], 2, "{cluster}");
