@@ -71,6 +71,9 @@ pub struct ClusterConfig {
     pub advertise_url: Option<String>,
     /// A host that stops renewing loses its streams after this long (5 s).
     pub lease_ms: u64,
+    /// Every database call (connect, statement, lock wait, open
+    /// transaction, unanswered TCP) fails after this long (5 s).
+    pub db_timeout_ms: u64,
 }
 
 impl Default for ClusterConfig {
@@ -78,6 +81,7 @@ impl Default for ClusterConfig {
         ClusterConfig {
             advertise_url: None,
             lease_ms: 5000,
+            db_timeout_ms: 5000,
         }
     }
 }
@@ -285,6 +289,12 @@ impl Config {
         }
         if d.timeout_ms == 0 {
             bail!("delivery.timeout-ms must be at least 1, got 0");
+        }
+        if self.cluster.db_timeout_ms < 100 {
+            bail!(
+                "cluster.db-timeout-ms must be at least 100, got {}",
+                self.cluster.db_timeout_ms
+            );
         }
         if self.cluster.lease_ms < 100 {
             bail!(

@@ -127,6 +127,20 @@ impl Error {
         }
     }
 
+    /// `lease-lost`: this host could not renew its lease on the stream in
+    /// time (several hosts), so it serves nothing of it until it (or
+    /// another host) holds the lease again.
+    pub fn lease_lost(path: &str) -> Self {
+        Self::unavailable(
+            "lease-lost",
+            crate::storage::LeaseLost {
+                path: path.to_string(),
+            }
+            .to_string(),
+            1,
+        )
+    }
+
     /// `internal`: a failure of the host itself (storage, a lost task).
     pub fn internal(message: impl Into<String>) -> Self {
         Self::new(ErrorKind::Internal, "internal", message)

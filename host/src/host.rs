@@ -54,6 +54,7 @@ impl Host {
                 &config.data_dir,
                 config.cluster.advertise_url.as_deref().unwrap_or_default(),
                 config.cluster.lease_ms,
+                config.cluster.db_timeout_ms,
                 metrics.clone(),
             ),
             None => Storage::open(&config.data_dir, config.durability, metrics.clone()),
@@ -107,6 +108,8 @@ impl Host {
         // effects resume here): on every renewal, and at once when a host
         // announces it stopped (LISTEN/NOTIFY).
         if let Some(me) = streams.storage().cluster().cloned() {
+            let renewed = Arc::new(tokio::sync::Notify::new());
+            watch_tenure(streams.clone(), renewed.clone());
             let streams = streams.clone();
             let (stopped, mut heard) = tokio::sync::mpsc::unbounded_channel();
             streams.storage().listen_for_stopped_hosts(stopped);
@@ -121,11 +124,19 @@ impl Host {
                         }
                     }
                     let storage = streams.storage().clone();
+                    let lapses = storage.lease_lapses();
                     let expired = tokio::task::spawn_blocking(move || {
                         storage.heartbeat()?;
                         storage.expired_leases()
                     })
                     .await;
+                    renewed.notify_one();
+                    if streams.storage().lease_lapses() != lapses {
+                        // The database let this host's leases expire: other
+                        // hosts may have taken streams its actors hold.
+                        tracing::warn!("this host's leases had expired in the database: its streams are loaded again");
+                        streams.lease_changed();
+                    }
                     let expired = match expired {
                         Ok(Ok(expired)) => expired,
                         Ok(Err(e)) => {
@@ -262,6 +273,7 @@ impl Host {
             );
         }
         let storage = self.streams.storage().clone();
+        let streams = self.streams.clone();
         let app = crate::http::router(self);
         // Answers are small and latency-bound: send them without Nagle's delay.
         let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
@@ -275,7 +287,12 @@ impl Host {
             shutdown.await;
             if storage.cluster().is_some() {
                 match tokio::task::spawn_blocking(move || storage.release_leases()).await {
-                    Ok(Ok(())) => tracing::info!("gave this host's streams up to the other hosts"),
+                    Ok(Ok(())) => {
+                        tracing::info!("gave this host's streams up to the other hosts");
+                        // Its live connections end (their clients reconnect
+                        // through the new owners).
+                        streams.lease_changed();
+                    }
                     Ok(Err(e)) => {
                         tracing::warn!(error = %format!("{e:#}"), "giving this host's streams up failed: they move when its leases run out")
                     }
@@ -288,4 +305,37 @@ impl Host {
             .await
             .context("serving HTTP")
     }
+}
+
+/// Several hosts: tells the stream actors when this host's leases lapse
+/// (at `renewal start + lease-ms - margin` with no renewal since: live
+/// connections end, deliveries pause) and when a renewal brings them back.
+/// Runs apart from the renewals, which may hang on the database.
+fn watch_tenure(streams: Streams, renewed: Arc<tokio::sync::Notify>) {
+    tokio::spawn(async move {
+        loop {
+            let storage = streams.storage();
+            let left = storage
+                .lease_valid_until_ms()
+                .saturating_sub(crate::storage::tenure_clock_ms());
+            if left > 0 {
+                tokio::select! {
+                    _ = tokio::time::sleep(std::time::Duration::from_millis(left)) => {}
+                    _ = renewed.notified() => {}
+                }
+                continue;
+            }
+            if storage.is_stopping() {
+                streams.lease_changed();
+                return;
+            }
+            tracing::warn!("this host could not renew its leases in time: it serves none of its streams until it does");
+            streams.lease_changed();
+            while !streams.storage().lease_valid() {
+                renewed.notified().await;
+            }
+            tracing::info!("this host renewed its leases: serving its streams again");
+            streams.lease_changed();
+        }
+    });
 }

@@ -124,25 +124,33 @@ async fn a_deposed_owner_cannot_commit() {
     )
     .await;
     a.signal("CONT");
-    // A still believes it owns the stream: its write is refused in the
-    // commit (the lease's epoch moved), and nothing of it is stored.
+    // A's actor still holds the old lease. Its write is either refused in
+    // the commit (the lease's epoch moved) or, once A's renewal found its
+    // leases had lapsed and A loaded the stream again, sent to B, the
+    // owner: never committed by A under the old epoch.
     let (status, out) = a
         .post(
             &format!("{stream}:append"),
-            ev("x.y/a", json!({"by": "a-after"})),
+            json!({"events": [{"type": "x.y/a", "payload": {"by": "a-after"}, "idempotencyKey": "a-after"}]}),
         )
         .await;
-    assert_ne!(status, 200, "a deposed owner committed: {out}");
-    assert!(
-        a.log().contains("a deposed owner's write is refused"),
-        "A's log says why:\n{}",
-        a.log()
-    );
     let events = b.all_events(&stream).await;
-    assert!(
-        events.iter().all(|e| e["payload"]["by"] != "a-after"),
-        "{events:?}"
-    );
+    let stored = events
+        .iter()
+        .filter(|e| e["payload"]["by"] == "a-after")
+        .count();
+    if status == 200 {
+        assert_eq!(stored, 1, "acknowledged through B once: {events:?}");
+        assert_eq!(out["events"][0]["offset"], events.last().unwrap()["offset"]);
+    } else {
+        assert_eq!(stored, 0, "a deposed owner committed: {out} {events:?}");
+        let log = a.log();
+        assert!(
+            log.contains("a deposed owner's write is refused")
+                || out["error"]["code"] == "lease-lost",
+            "A says why ({out}):\n{log}"
+        );
+    }
     assert_eq!(
         offsets(&events),
         (1..=events.len() as u64).collect::<Vec<_>>()
@@ -157,6 +165,126 @@ async fn a_deposed_owner_cannot_commit() {
     assert_eq!(status, 200, "{out}");
     let events = b.all_events(&stream).await;
     assert_eq!(events.last().unwrap()["payload"]["by"], "a-retry");
+}
+
+/// A paused owner (SIGSTOP past its lease) whose stream another host took
+/// over and appended to serves no read without that append once it runs
+/// again: it answers `503 lease-lost` (with `retry-after`) until its
+/// renewal finds the lease moved, then sends reads to the new owner. Its
+/// open live connection ends.
+#[tokio::test]
+async fn a_paused_owner_never_serves_a_stale_read() {
+    if on_sqlite() {
+        return;
+    }
+    let a = Server::start_with(Some(CLUSTER), &[]);
+    let b = Server::joining(&a, Some(CLUSTER));
+    let stream = format!("{P}/stale");
+    let (status, _) = a
+        .post(&format!("{stream}:append"), ev("x.y/a", json!({"by": "a"})))
+        .await;
+    assert_eq!(status, 200);
+    let mut live = SseClient::open(&a, &format!("{stream}:connect?replayAfterOffset=0"))
+        .await
+        .expect("a connection on the owner");
+    let first = live.batch().await;
+    assert!(!offsets(first["events"].as_array().unwrap()).is_empty());
+    a.signal("STOP");
+    let by_b =
+        json!({"events": [{"type": "x.y/a", "payload": {"by": "b"}, "idempotencyKey": "b-1"}]});
+    let mut acked = Value::Null;
+    wait_for(
+        "B to take the stream over and acknowledge an append",
+        Duration::from_secs(20),
+        async || {
+            let (status, out) = b.post(&format!("{stream}:append"), by_b.clone()).await;
+            acked = out;
+            status == 200
+        },
+    )
+    .await;
+    let acked_offset = acked["events"][0]["offset"].as_u64().unwrap();
+    a.signal("CONT");
+    // Every read that begins now, through A, sees the acknowledged event
+    // or is refused; none is served from A's memory of the stream.
+    let client = reqwest::Client::new();
+    let (mut refused, mut served) = (0, 0);
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while Instant::now() < deadline || served == 0 {
+        assert!(
+            Instant::now() < deadline + Duration::from_secs(20),
+            "A never served the stream again ({refused} refused)"
+        );
+        let answer = client
+            .get(format!("{}{stream}:events?afterOffset=0&limit=500", a.url))
+            .send()
+            .await
+            .expect("A answers");
+        let status = answer.status().as_u16();
+        let retry_after = answer.headers().get("retry-after").cloned();
+        let body: Value = answer.json().await.expect("JSON");
+        match status {
+            200 => {
+                let offsets = offsets(body["events"].as_array().unwrap());
+                assert!(
+                    offsets.contains(&acked_offset),
+                    "a stale read through A after the append at {acked_offset} was acknowledged: {body}"
+                );
+                served += 1;
+            }
+            503 => {
+                assert!(retry_after.is_some(), "a 503 without retry-after: {body}");
+                let code = body["error"]["code"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string();
+                assert!(
+                    code == "lease-lost" || code == "stream-owned-elsewhere",
+                    "{body}"
+                );
+                refused += 1;
+            }
+            other => panic!("unexpected {other}: {body}"),
+        }
+        let (status, state) = a.get(&format!("{stream}:state")).await;
+        if status == 200 {
+            assert!(
+                state["maxOffset"].as_u64().unwrap() >= acked_offset,
+                "a stale state through A: {state}"
+            );
+        } else {
+            assert_eq!(status, 503, "{state}");
+        }
+    }
+    assert!(served > 0);
+    // The live connection on A ended: closed for the lost lease, or cut.
+    let waiting = Instant::now();
+    loop {
+        let next = live.next_within(Duration::from_secs(10)).await;
+        assert!(
+            next.is_some() || waiting.elapsed() < Duration::from_secs(10),
+            "the live connection on A is still open"
+        );
+        match next {
+            Some((event, data)) if event == "closed" => {
+                assert_eq!(data["reason"], "lease-lost", "{data}");
+                break;
+            }
+            Some((event, data)) if event == "batch" => {
+                // Only what A had committed before it stopped.
+                let got = offsets(data["events"].as_array().unwrap());
+                assert!(got.iter().all(|o| *o < acked_offset), "{data}");
+            }
+            Some(other) => panic!("unexpected {other:?}"),
+            None => break,
+        }
+    }
+    assert!(
+        a.log().contains("could not renew its leases in time")
+            || a.log().contains("leases had expired in the database"),
+        "A's log says it lost its leases:\n{}",
+        a.log()
+    );
 }
 
 /// What the webhook receiver got: (source path, source offset, when).

@@ -33,6 +33,9 @@ pub enum CloseReason {
     DeliveryFailed,
     SubscriptionRemoved,
     Idle,
+    /// This host could not renew its lease on the stream in time (several
+    /// hosts): the client reconnects and reaches the stream's owner.
+    LeaseLost,
 }
 
 impl CloseReason {
@@ -44,6 +47,7 @@ impl CloseReason {
             CloseReason::DeliveryFailed => "delivery-failed",
             CloseReason::SubscriptionRemoved => "subscription-removed",
             CloseReason::Idle => "idle",
+            CloseReason::LeaseLost => "lease-lost",
         }
     }
 }

@@ -201,6 +201,10 @@ pub async fn wait_for_event(
                     }
                 }
             }
+            Some(FeedItem::Closed {
+                reason: CloseReason::LeaseLost,
+                ..
+            }) => return Err(crate::error::Error::lease_lost(&address.path).into()),
             Some(FeedItem::Closed { reason, error }) => {
                 return Err(ApiError::unavailable(
                     "connection-closed",

@@ -108,6 +108,15 @@ pub async fn layer(State(host): State<Host>, request: Request, next: Next) -> Re
         .await
         .map_err(|_| format!("no answer within {} ms", wait.as_millis()))
         .and_then(|r| r.map_err(|e| e.to_string()));
+    // The owner moved on, or cannot serve now (any 503: owned elsewhere,
+    // lease lost, ...): ask the database next time.
+    let stale = match &answered {
+        Ok(answer) => answer.status() == axum::http::StatusCode::SERVICE_UNAVAILABLE,
+        Err(_) => true,
+    };
+    if stale {
+        host.streams.storage().forget_owner(&owner);
+    }
     match answered {
         Ok(answer) => {
             let mut back = Response::builder().status(answer.status());

@@ -80,11 +80,25 @@ async fn accept(
 
 /// `GET /v1/ingest`.
 pub async fn status(State(host): State<Host>, headers: HeaderMap) -> Response {
-    answer(
-        authenticate(&host, &headers)
-            .and_then(|c| Ok(c.require_admin("GET /v1/ingest")?))
-            .map(|()| host.ingest.status()),
-    )
+    let result = async {
+        authenticate(&host, &headers)?.require_admin("GET /v1/ingest")?;
+        let mut status = host.ingest.status();
+        // Several hosts: what is pending is in the shared table, not in
+        // this host's memory.
+        let storage = host.streams.storage().clone();
+        if storage.cluster().is_some() {
+            let (events, bytes) =
+                tokio::task::spawn_blocking(move || storage.ingest_pending_totals())
+                    .await
+                    .map_err(|e| ApiError::internal(format!("reading pending ingest: {e}")))?
+                    .map_err(|e| ApiError::internal(format!("reading pending ingest: {e:#}")))?;
+            status["http"]["pending"] = events.into();
+            status["http"]["bytes"] = bytes.into();
+        }
+        Ok::<_, ApiError>(status)
+    }
+    .await;
+    answer(result)
 }
 
 /// `POST /v1/ingest:register`: the bridge registers the JetStream stream

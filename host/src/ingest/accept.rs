@@ -10,7 +10,9 @@ use std::collections::HashMap;
 
 use super::{validate_event, Ingest};
 use crate::error::Error;
-use crate::storage::{IngestOp, NewPending, Storage, WriteOp, KEY_CONFLICT};
+use crate::storage::{
+    IngestOp, NewPending, SharedBound, Storage, WriteOp, CAPACITY_EXHAUSTED, KEY_CONFLICT,
+};
 use crate::stream::{is_same_event, Event, EventInput, StreamAddress, APPEND_EVENTS_MAX};
 
 /// Accepts `events` for the stream at `address`; answers how many were
@@ -74,19 +76,44 @@ pub async fn accept(
         fresh.len() as u64,
         fresh.iter().map(|r| r.body.len() as u64).sum::<u64>(),
     );
-    ingest.reserve(n, bytes)?;
+    // Several hosts accept and drain the one pending table: capacity is
+    // counted there, in the acceptance's own transaction. One host counts
+    // in memory (no table scan per acceptance).
+    let shared = storage.cluster().is_some();
+    let bound = shared.then(|| SharedBound {
+        max_events: ingest.config().max_pending_events,
+        max_bytes: ingest.config().max_pending_bytes,
+    });
+    if !shared {
+        ingest.reserve(n, bytes)?;
+    }
+    let release = |events: u64, bytes: u64| {
+        if !shared {
+            ingest.release(events, bytes)
+        }
+    };
     let committed = storage
-        .submit(WriteOp::Ingest(IngestOp::Accept(fresh)))
+        .submit(WriteOp::Ingest(IngestOp::Accept { rows: fresh, bound }))
         .await;
     match committed {
         Ok(Ok(answer)) => {
             let (stored, stored_bytes) = IngestOp::accepted(answer);
-            ingest.release(n - stored, bytes - stored_bytes);
+            release(n - stored, bytes - stored_bytes);
             ingest.ring();
             Ok(events.len())
         }
         Ok(Err(e)) => {
-            ingest.release(n, bytes);
+            release(n, bytes);
+            if let Some(what) = e.0.strip_prefix(CAPACITY_EXHAUSTED) {
+                return Err(Error::unavailable(
+                    "capacity-exhausted",
+                    format!(
+                        "ingest is at capacity: {what} (everything accepted before is kept; \
+                         retry later)"
+                    ),
+                    super::CAPACITY_RETRY_AFTER_S,
+                ));
+            }
             match e.0.strip_prefix(KEY_CONFLICT) {
                 Some(key) => Err(Error::conflict(
                     "idempotency-conflict",
@@ -99,7 +126,7 @@ pub async fn accept(
             }
         }
         Err(_) => {
-            ingest.release(n, bytes);
+            release(n, bytes);
             Err(Error::internal("the storage writer stopped"))
         }
     }

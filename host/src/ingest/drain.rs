@@ -126,9 +126,9 @@ async fn drain_stream(streams: &Streams, ingest: &Ingest, project: &str, path: &
             Ok(Ok(rows)) => rows,
             _ => return false,
         };
-        let Some(last) = rows.last().map(|r| r.id) else {
+        if rows.is_empty() {
             return true;
-        };
+        }
         let events: Vec<EventInput> = match rows
             .iter()
             .map(|r| serde_json::from_str(&r.body))
@@ -149,7 +149,7 @@ async fn drain_stream(streams: &Streams, ingest: &Ingest, project: &str, path: &
         };
         match streams.append(&address, input, Authority::Public).await {
             Ok(_) => {
-                if !appended(streams, ingest, &address, last, &rows).await {
+                if !appended(streams, ingest, &rows).await {
                     return false;
                 }
             }
@@ -192,7 +192,7 @@ async fn one_by_one(
         };
         match result {
             Ok(()) => {
-                if !appended(streams, ingest, address, row.id, std::slice::from_ref(&row)).await {
+                if !appended(streams, ingest, std::slice::from_ref(&row)).await {
                     return false;
                 }
             }
@@ -206,8 +206,10 @@ async fn one_by_one(
                 tracing::error!("{message}");
                 let op = IngestOp::Drop { ids: vec![row.id] };
                 match streams.storage().submit(WriteOp::Ingest(op)).await {
-                    Ok(Ok(_)) => {
-                        ingest.release(1, row.bytes as u64);
+                    Ok(Ok(gone)) => {
+                        if gone > 0 {
+                            ingest.release(1, row.bytes as u64);
+                        }
                         ingest.set_last_error(message);
                     }
                     _ => return false,
@@ -221,22 +223,16 @@ async fn one_by_one(
 /// Deletes the rows of events committed to their stream and frees their
 /// capacity; false if the delete did not commit (they are appended again,
 /// as replays, later).
-async fn appended(
-    streams: &Streams,
-    ingest: &Ingest,
-    address: &StreamAddress,
-    through_id: i64,
-    rows: &[PendingRow],
-) -> bool {
+async fn appended(streams: &Streams, ingest: &Ingest, rows: &[PendingRow]) -> bool {
     let op = IngestOp::Appended {
-        project: address.namespace.storage_key().to_string(),
-        path: address.path.clone(),
-        through_id,
+        ids: rows.iter().map(|r| r.id).collect(),
     };
     match streams.storage().submit(WriteOp::Ingest(op)).await {
-        Ok(Ok(_)) => {
-            let bytes: i64 = rows.iter().map(|r| r.bytes).sum();
-            ingest.release(rows.len() as u64, bytes as u64);
+        Ok(Ok(answer)) => {
+            // What this delete removed (another host's drain may have
+            // removed some first).
+            let (gone, bytes) = IngestOp::accepted(answer);
+            ingest.release(gone, bytes);
             true
         }
         _ => false,

@@ -36,6 +36,11 @@ use crate::clock::format_timestamp;
 use crate::storage::{FenceIdentity, IngestOp, WriteOp, DIAGNOSTICS_KEPT};
 use crate::stream::{AppendInput, Authority, EventInput, StreamAddress, Streams, StreamsRef};
 
+/// Several hosts: the bridge's lease is a row of `stream_leases` under a
+/// key no project can have, so one host at a time consumes.
+pub const BRIDGE_LEASE_PROJECT: &str = "!bridge";
+pub const BRIDGE_LEASE_PATH: &str = "/nats";
+
 /// The JetStream stream consumed.
 pub const STREAM_NAME: &str = "STREAMHOST_INGEST";
 /// Its subjects.
@@ -223,6 +228,36 @@ async fn session(
     url: &str,
     register: &mut Option<super::RegisterReply>,
 ) -> Result<(), String> {
+    // Several hosts: one consumes (it holds the bridge's lease); the others
+    // try again, and take over when that host stops renewing.
+    let lease = {
+        let Some(live) = streams.upgrade() else {
+            return Ok(());
+        };
+        let storage = live.storage().clone();
+        drop(live);
+        let lapses = storage.lease_lapses();
+        let held = tokio::task::spawn_blocking({
+            let storage = storage.clone();
+            move || storage.acquire_lease(BRIDGE_LEASE_PROJECT, BRIDGE_LEASE_PATH)
+        })
+        .await
+        .map_err(|e| e.to_string())?;
+        match held {
+            Ok(None) => None,
+            Ok(Some(_)) => Some((storage, lapses)),
+            Err(e) => {
+                return Err(match e.downcast_ref::<crate::storage::OwnedElsewhere>() {
+                    Some(o) => format!(
+                        "the host at {} runs the bridge (one host at a time); this host takes \
+                         over if it stops renewing its lease",
+                        o.url
+                    ),
+                    None => format!("taking the bridge's lease: {e:#}"),
+                })
+            }
+        }
+    };
     let client = async_nats::connect(url)
         .await
         .map_err(|e| format!("connecting to NATS at {url}: {e}"))?;
@@ -307,6 +342,7 @@ async fn session(
         max_seen: 0,
         purged_below: 0,
         last_progress: Instant::now(),
+        lease,
     };
     loop {
         let first = tokio::time::timeout(HOLD, messages.next()).await;
@@ -445,9 +481,31 @@ struct Bridge {
     /// Every sequence below this was purged.
     purged_below: u64,
     last_progress: Instant,
+    /// Several hosts: the storage whose tenure holds the bridge's lease,
+    /// and its lapse count when the lease was taken.
+    lease: Option<(crate::storage::Storage, u64)>,
 }
 
 impl Bridge {
+    /// Several hosts: this host still surely holds the bridge's lease (its
+    /// renewals are on time and never lapsed since it took it); checked
+    /// before every ack, purge and delete, so a host that loses the lease
+    /// stops at once and another may take over.
+    fn still_held(&self) -> Result<(), String> {
+        match &self.lease {
+            Some((storage, lapses))
+                if !storage.lease_valid() || storage.lease_lapses() != *lapses =>
+            {
+                Err(
+                    "this host lost the bridge's lease (its renewals were late): it stops \
+                     acking and deleting; the bridge runs where the lease is now"
+                        .into(),
+                )
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// Queues a message behind its stream's, or rejects it.
     async fn admit(
         &mut self,
@@ -580,6 +638,7 @@ impl Bridge {
     /// receives in sequence order, so a sequence below that floor was
     /// received, and is terminal (appended or rejected) unless waiting.
     async fn reclaim(&mut self, done: &[Queued]) -> Result<(), String> {
+        self.still_held()?;
         let floor = self
             .queued
             .iter()
@@ -672,6 +731,7 @@ impl Bridge {
 
     /// The stream is still the incarnation of the fence.
     async fn check_fence(&mut self) -> Result<(), String> {
+        self.still_held()?;
         let info = self
             .stream
             .info()

@@ -13,6 +13,19 @@ use anyhow::Result;
 /// fails (the key follows).
 pub const KEY_CONFLICT: &str = "idempotency-conflict on pending key ";
 
+/// How an [`IngestOp::Accept`] with a [`SharedBound`] that does not fit
+/// fails (a sentence saying what is pending follows).
+pub const CAPACITY_EXHAUSTED: &str = "capacity-exhausted: ";
+
+/// Capacity counted from the pending table itself (several hosts accept and
+/// drain, so no host's memory knows what is pending): an acceptance checks
+/// it in its own transaction, under a lock that orders acceptances.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SharedBound {
+    pub max_events: u64,
+    pub max_bytes: u64,
+}
+
 /// Most diagnostics kept per fence (the latest).
 pub const DIAGNOSTICS_KEPT: i64 = 64;
 
@@ -61,14 +74,17 @@ pub struct FenceRow {
 pub enum IngestOp {
     /// Accepts events; answers how many rows are new and their bytes (a key
     /// already pending keeps its first row), read with [`IngestOp::accepted`].
-    Accept(Vec<NewPending>),
-    /// The pending events of one stream up to `through_id` are committed to
-    /// it: their rows go; answers how many.
-    Appended {
-        project: String,
-        path: String,
-        through_id: i64,
+    Accept {
+        rows: Vec<NewPending>,
+        /// Several hosts: checked against the table, not memory.
+        bound: Option<SharedBound>,
     },
+    /// These pending rows' events are committed to their stream: exactly
+    /// these rows go (not "every row up to the last id": with several hosts
+    /// a lower id can commit after a higher one was read). Answers how many
+    /// went and their bytes, read with [`IngestOp::accepted`] (rows another
+    /// drain deleted first are not counted twice).
+    Appended { ids: Vec<i64> },
     /// Pending rows that can never be appended; answers how many went.
     Drop { ids: Vec<i64> },
     /// Registers a stream's identity; answers the fence id.
@@ -85,6 +101,46 @@ pub enum IngestOp {
     },
 }
 
+/// Fails with [`CAPACITY_EXHAUSTED`] unless `rows` fit `bound` beside
+/// what is pending. PostgreSQL: under a transaction-scoped advisory lock,
+/// so two hosts' acceptances cannot both take the last room.
+fn check_shared_capacity(conn: Db<'_>, rows: &[NewPending], bound: SharedBound) -> Result<()> {
+    if conn.dialect() == super::sql::Dialect::Postgres {
+        conn.execute("SELECT pg_advisory_xact_lock(7428190312)", args![])?;
+    }
+    let (pending, bytes) = conn.query_one(
+        "SELECT COUNT(*), CAST(COALESCE(SUM(bytes), 0) AS BIGINT) FROM ingest_pending",
+        args![],
+        |r| Ok((r.int(0)? as u64, r.int(1)? as u64)),
+    )?;
+    let more = rows.len() as u64;
+    let more_bytes: u64 = rows.iter().map(|r| r.body.len() as u64).sum();
+    if pending + more > bound.max_events {
+        anyhow::bail!(
+            "{CAPACITY_EXHAUSTED}{pending} of {} events pending, {more} more do not fit",
+            bound.max_events
+        );
+    }
+    if bytes + more_bytes > bound.max_bytes {
+        anyhow::bail!(
+            "{CAPACITY_EXHAUSTED}{bytes} of {} bytes pending, {more_bytes} more do not fit",
+            bound.max_bytes
+        );
+    }
+    Ok(())
+}
+
+/// Ids deleted by one statement of [`IngestOp::Appended`].
+const DELETE_CHUNK: usize = 100;
+
+fn delete_chunk_sql() -> String {
+    let list: Vec<String> = (1..=DELETE_CHUNK).map(|i| format!("?{i}")).collect();
+    format!(
+        "DELETE FROM ingest_pending WHERE id IN ({}) RETURNING bytes",
+        list.join(", ")
+    )
+}
+
 impl IngestOp {
     /// What an [`IngestOp::Accept`] answered: rows stored and their bytes.
     pub fn accepted(answer: i64) -> (u64, u64) {
@@ -94,7 +150,10 @@ impl IngestOp {
 
 pub(super) fn apply(conn: Db<'_>, op: &IngestOp) -> Result<i64> {
     Ok(match op {
-        IngestOp::Accept(rows) => {
+        IngestOp::Accept { rows, bound } => {
+            if let Some(bound) = bound {
+                check_shared_capacity(conn, rows, *bound)?;
+            }
             let (mut new, mut bytes) = (0i64, 0i64);
             for r in rows {
                 let body_bytes = r.body.len() as i64;
@@ -133,14 +192,25 @@ pub(super) fn apply(conn: Db<'_>, op: &IngestOp) -> Result<i64> {
             // (far below 4 GiB): both fit one answer (see `accepted`).
             (new << 32) | (bytes & 0xffff_ffff)
         }
-        IngestOp::Appended {
-            project,
-            path,
-            through_id,
-        } => conn.execute(
-            "DELETE FROM ingest_pending WHERE project = ?1 AND path = ?2 AND id <= ?3",
-            args![project, path, through_id],
-        )? as i64,
+        IngestOp::Appended { ids } => {
+            let (mut gone, mut bytes) = (0i64, 0i64);
+            // One statement shape for every chunk (padded with its last id),
+            // so it is prepared once.
+            for chunk in ids.chunks(DELETE_CHUNK) {
+                let mut padded = [0i64; DELETE_CHUNK];
+                for (i, slot) in padded.iter_mut().enumerate() {
+                    *slot = chunk[i.min(chunk.len() - 1)];
+                }
+                let params: Vec<super::sql::Arg<'_>> =
+                    padded.iter().map(|id| super::sql::Arg::from(*id)).collect();
+                for b in conn.query_all(&delete_chunk_sql(), &params, |r| r.int(0))? {
+                    gone += 1;
+                    bytes += b;
+                }
+            }
+            // At most 1000 rows of at most 4 MiB in all: both fit.
+            (gone << 32) | (bytes & 0xffff_ffff)
+        }
         IngestOp::Drop { ids } => {
             let mut gone = 0;
             for id in ids {
@@ -382,25 +452,125 @@ mod tests {
         };
         let first = apply(
             &conn,
-            &IngestOp::Accept(vec![row("k1", "abc"), row("k2", "de")]),
+            &IngestOp::Accept {
+                rows: vec![row("k1", "abc"), row("k2", "de")],
+                bound: None,
+            },
         );
         assert_eq!(IngestOp::accepted(first.unwrap()), (2, 5));
         let again = apply(
             &conn,
-            &IngestOp::Accept(vec![row("k2", "de"), row("k3", "fghi")]),
+            &IngestOp::Accept {
+                rows: vec![row("k2", "de"), row("k3", "fghi")],
+                bound: None,
+            },
         );
         assert_eq!(IngestOp::accepted(again.unwrap()), (1, 4));
         let other = apply(
             &conn,
-            &IngestOp::Accept(vec![row("k4", "x"), row("k1", "zzz")]),
+            &IngestOp::Accept {
+                rows: vec![row("k4", "x"), row("k1", "zzz")],
+                bound: None,
+            },
         );
         let e = other.unwrap_err().to_string();
         assert!(e.starts_with(KEY_CONFLICT) && e.ends_with("k1"), "{e}");
-        let gone = IngestOp::Appended {
+        let gone = IngestOp::Appended { ids: vec![1, 2] };
+        assert_eq!(IngestOp::accepted(apply(&conn, &gone).unwrap()), (2, 5));
+    }
+
+    fn pending(key: &str, body: &str) -> NewPending {
+        NewPending {
             project: "acme".into(),
             path: "/a".into(),
-            through_id: 2,
-        };
-        assert_eq!(apply(&conn, &gone).unwrap(), 2);
+            key: key.into(),
+            body: body.into(),
+            accepted_at: "2026-11-30T00:00:00.000Z".into(),
+        }
+    }
+
+    fn ids(conn: &Connection) -> Vec<i64> {
+        let mut stmt = conn
+            .prepare("SELECT id FROM ingest_pending ORDER BY id")
+            .unwrap();
+        stmt.query_map([], |r| r.get(0))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap()
+    }
+
+    #[test]
+    fn appended_deletes_exactly_its_rows_never_a_lower_id_it_did_not_append() {
+        let conn = db();
+        let rows: Vec<NewPending> = (0..250).map(|i| pending(&format!("k{i}"), "xy")).collect();
+        apply(&conn, &IngestOp::Accept { rows, bound: None }).unwrap();
+        let all = ids(&conn);
+        assert_eq!(all.len(), 250);
+        // A drain read every row but one in the middle (on PostgreSQL a
+        // lower id can commit after higher ones were read): that row stays.
+        let appended: Vec<i64> = all.iter().copied().filter(|id| *id != all[120]).collect();
+        let answer = apply(
+            &conn,
+            &IngestOp::Appended {
+                ids: appended.clone(),
+            },
+        )
+        .unwrap();
+        assert_eq!(IngestOp::accepted(answer), (249, 498));
+        assert_eq!(ids(&conn), vec![all[120]]);
+        // Deleted again (another host's drain): nothing counted twice.
+        let answer = apply(&conn, &IngestOp::Appended { ids: appended }).unwrap();
+        assert_eq!(IngestOp::accepted(answer), (0, 0));
+    }
+
+    #[test]
+    fn a_shared_bound_counts_what_the_table_holds() {
+        let conn = db();
+        let bound = Some(SharedBound {
+            max_events: 3,
+            max_bytes: 100,
+        });
+        let first = apply(
+            &conn,
+            &IngestOp::Accept {
+                rows: vec![pending("a", "1"), pending("b", "2")],
+                bound,
+            },
+        );
+        assert_eq!(IngestOp::accepted(first.unwrap()), (2, 2));
+        let over = apply(
+            &conn,
+            &IngestOp::Accept {
+                rows: vec![pending("c", "3"), pending("d", "4")],
+                bound,
+            },
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            over.starts_with(CAPACITY_EXHAUSTED) && over.contains("2 of 3 events pending"),
+            "{over}"
+        );
+        let big = apply(
+            &conn,
+            &IngestOp::Accept {
+                rows: vec![pending("e", &"x".repeat(99))],
+                bound,
+            },
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            over.starts_with(CAPACITY_EXHAUSTED) && big.contains("2 of 100 bytes"),
+            "{big}"
+        );
+        let fits = apply(
+            &conn,
+            &IngestOp::Accept {
+                rows: vec![pending("f", "6")],
+                bound,
+            },
+        );
+        assert_eq!(IngestOp::accepted(fits.unwrap()), (1, 1));
     }
 }

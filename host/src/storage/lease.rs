@@ -107,6 +107,146 @@ impl std::fmt::Display for OwnedElsewhere {
 
 impl std::error::Error for OwnedElsewhere {}
 
+/// This host may not serve its streams now: it could not renew its leases
+/// in time (paused, cut off from the database), so another host may be
+/// about to take them over.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseLost {
+    pub path: String,
+}
+
+impl std::fmt::Display for LeaseLost {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "this host could not renew its lease on stream {:?} in time; retry (the stream is served again once a host holds its lease)",
+            self.path
+        )
+    }
+}
+
+impl std::error::Error for LeaseLost {}
+
+/// The part of a lease this host keeps back: it stops serving at
+/// `renewal start + lease-ms - margin`, so a database clock that runs up to
+/// this fraction fast still never lets another host in first.
+pub const FENCE_MARGIN_DIVISOR: i64 = 5;
+
+/// When this host may serve its streams (several hosts): until
+/// `renewal start + lease-ms - margin` of its last successful renewal, on
+/// a clock that keeps counting while the process is stopped or the machine
+/// sleeps (`CLOCK_BOOTTIME`). Another host takes a lease only once the
+/// database's clock is `lease-ms` past the owner's renewal, which was
+/// written after that renewal started: so this host has stopped first.
+///
+/// `lapses` counts renewals that found the lease had expired in the
+/// database (another host may have taken streams meanwhile): an actor that
+/// took its lease under an older count loads again before serving.
+#[derive(Debug)]
+pub(super) struct Tenure {
+    /// ms on the tenure clock; 0: not valid.
+    valid_until_ms: std::sync::atomic::AtomicU64,
+    lapses: std::sync::atomic::AtomicU64,
+}
+
+impl Default for Tenure {
+    fn default() -> Self {
+        Tenure {
+            valid_until_ms: std::sync::atomic::AtomicU64::new(0),
+            lapses: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+}
+
+/// The tenure clock in ms: `CLOCK_BOOTTIME` (monotonic, and counting while
+/// the process is stopped or the machine is suspended).
+pub fn tenure_clock_ms() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes the timespec it is given, nothing else.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) };
+    if rc != 0 {
+        // Not expected on Linux; a clock that fails reads as "expired".
+        return u64::MAX;
+    }
+    ts.tv_sec as u64 * 1000 + ts.tv_nsec as u64 / 1_000_000
+}
+
+/// Streams another host owned at the last look: requests for them go
+/// there without a database round trip (and without locking the lease row
+/// the owner's commits check). An entry lasts a lease; a forward that
+/// finds its owner gone or moved forgets that owner's entries.
+#[derive(Debug, Default)]
+pub(super) struct Owners {
+    by_stream: std::sync::Mutex<std::collections::HashMap<(String, String), CachedOwner>>,
+}
+
+#[derive(Debug, Clone)]
+struct CachedOwner {
+    owner: String,
+    url: String,
+    /// On [`tenure_clock_ms`].
+    until_ms: u64,
+}
+
+/// Most streams whose owner is remembered (a full cache starts over).
+const OWNERS_CACHED_MAX: usize = 100_000;
+
+impl Owners {
+    fn get(&self, project: &str, path: &str) -> Option<CachedOwner> {
+        let by_stream = self.by_stream.lock().unwrap_or_else(|e| e.into_inner());
+        by_stream
+            .get(&(project.to_string(), path.to_string()))
+            .filter(|c| tenure_clock_ms() < c.until_ms)
+            .cloned()
+    }
+
+    fn put(&self, project: &str, path: &str, owner: CachedOwner) {
+        let mut by_stream = self.by_stream.lock().unwrap_or_else(|e| e.into_inner());
+        if by_stream.len() >= OWNERS_CACHED_MAX {
+            by_stream.clear();
+        }
+        by_stream.insert((project.to_string(), path.to_string()), owner);
+    }
+
+    fn forget(&self, project: &str, path: &str) {
+        let mut by_stream = self.by_stream.lock().unwrap_or_else(|e| e.into_inner());
+        by_stream.remove(&(project.to_string(), path.to_string()));
+    }
+
+    fn forget_url(&self, url: &str) {
+        let mut by_stream = self.by_stream.lock().unwrap_or_else(|e| e.into_inner());
+        by_stream.retain(|_, c| c.url != url);
+    }
+}
+
+impl Tenure {
+    fn valid(&self) -> bool {
+        use std::sync::atomic::Ordering;
+        tenure_clock_ms() < self.valid_until_ms.load(Ordering::Acquire)
+    }
+
+    /// A renewal that started at `started_ms` succeeded; `continuous`: the
+    /// database had not let the lease expire before it.
+    fn renewed(&self, started_ms: u64, lease_ms: i64, continuous: bool) {
+        use std::sync::atomic::Ordering;
+        if !continuous {
+            // Before the new validity is visible: whoever sees it sees the lapse.
+            self.lapses.fetch_add(1, Ordering::AcqRel);
+        }
+        let keep = (lease_ms - lease_ms / FENCE_MARGIN_DIVISOR).max(0) as u64;
+        self.valid_until_ms
+            .fetch_max(started_ms.saturating_add(keep), Ordering::AcqRel);
+    }
+
+    fn lost(&self) {
+        self.valid_until_ms
+            .store(0, std::sync::atomic::Ordering::Release);
+    }
+}
+
 /// The cluster secret of the database (made with the schema).
 pub(super) fn secret(db: Db<'_>) -> Result<String> {
     db.query_one("SELECT secret FROM cluster_secret", args![], |r| r.text(0))
@@ -119,74 +259,114 @@ impl Storage {
         self.inner.cluster.as_ref()
     }
 
+    /// Whether this host may serve its streams now (always on SQLite):
+    /// its last renewal is recent enough that no other host can have taken
+    /// them (see [`Tenure`]).
+    pub fn lease_valid(&self) -> bool {
+        self.cluster().is_none() || self.inner.tenure.valid()
+    }
+
+    /// How many renewals found this host's leases expired in the database
+    /// (an actor that took its lease under an older count loads again).
+    pub fn lease_lapses(&self) -> u64 {
+        self.inner
+            .tenure
+            .lapses
+            .load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Until when (on [`tenure_clock_ms`]) this host may serve its
+    /// streams; 0 when it may not.
+    pub fn lease_valid_until_ms(&self) -> u64 {
+        self.inner
+            .tenure
+            .valid_until_ms
+            .load(std::sync::atomic::Ordering::Acquire)
+    }
+
     /// Takes the lease of stream `path` of `project` for this host (see the
     /// module); answers the fence its commits carry, or `None` on SQLite.
-    /// A lease of another live host is an [`OwnedElsewhere`] error.
+    /// A lease of another live host is an [`OwnedElsewhere`] error; a host
+    /// whose own renewals are overdue takes nothing ([`LeaseLost`]).
     pub fn acquire_lease(&self, project: &str, path: &str) -> Result<Option<Fence>> {
         let Some(me) = self.cluster() else {
             return Ok(None);
         };
         let stopping = *self.stopping();
-        self.with_reader(|db| {
-            // A stopping host takes no stream: it names the current owner
-            // (the host that took over) or none yet.
-            let take = |db: Db<'_>| {
-                if stopping {
-                    return Ok(None);
-                }
-                db.query_opt(
-                    &format!(
-                        "INSERT INTO stream_leases (project, path, owner, epoch, taken_at_ms)
-                     VALUES (?1, ?2, ?3, 1, {NOW_MS})
-                     ON CONFLICT (project, path) DO UPDATE SET owner = excluded.owner,
-                         epoch = stream_leases.epoch + 1, taken_at_ms = excluded.taken_at_ms
-                     WHERE stream_leases.owner = excluded.owner
-                        OR COALESCE((SELECT h.heartbeat_ms + h.lease_ms FROM hosts h
-                                     WHERE h.id = stream_leases.owner), 0) < {NOW_MS}
-                     RETURNING epoch"
-                    ),
-                    args![project, path, &me.id],
-                    |r| r.int(0),
-                )
-            };
-            if let Some(epoch) = take(db)? {
-                // Other hosts may have written the stream since this one
-                // last owned it: nothing cached of it is trusted.
-                let row = db.query_opt(
-                    "SELECT id FROM streams WHERE project = ?1 AND path = ?2",
-                    args![project, path],
-                    |r| r.int(0),
-                )?;
-                if let Some(row_id) = row {
-                    self.inner.hot.forget_stream(row_id);
-                }
-                return Ok(Some(Fence {
-                    project: project.to_string(),
-                    path: path.to_string(),
-                    owner: me.id.clone(),
-                    epoch,
-                }));
-            }
-            let (owner, url) = db
-                .query_opt(
-                    "SELECT l.owner, COALESCE(h.url, '') FROM stream_leases l
-                     LEFT JOIN hosts h ON h.id = l.owner
-                     WHERE l.project = ?1 AND l.path = ?2",
-                    args![project, path],
-                    |r| Ok((r.text(0)?, r.text(1)?)),
-                )?
-                .unwrap_or_default();
-            let url = if owner == me.id { String::new() } else { url };
-            Err(OwnedElsewhere {
+        if !stopping && !self.lease_valid() {
+            return Err(LeaseLost {
                 path: path.to_string(),
-                owner,
-                url,
             }
-            .into())
+            .into());
+        }
+        if let Some(known) = self.inner.owners.get(project, path) {
+            return Err(OwnedElsewhere {
+                path: path.to_string(),
+                owner: known.owner,
+                url: known.url,
+            }
+            .into());
+        }
+        self.with_reader(|db| {
+            let taken = in_transaction(db, |db| take(db, project, path, &me.id, stopping))?;
+            match taken {
+                Taken::Mine(epoch) => {
+                    self.inner.owners.forget(project, path);
+                    // Other hosts may have written the stream since this one
+                    // last owned it: nothing cached of it is trusted.
+                    let row = db.query_opt(
+                        "SELECT id FROM streams WHERE project = ?1 AND path = ?2",
+                        args![project, path],
+                        |r| r.int(0),
+                    )?;
+                    if let Some(row_id) = row {
+                        self.inner.hot.forget_stream(row_id);
+                    }
+                    Ok(Some(Fence {
+                        project: project.to_string(),
+                        path: path.to_string(),
+                        owner: me.id.clone(),
+                        epoch,
+                    }))
+                }
+                Taken::Elsewhere { owner, url } => {
+                    let url = if owner == me.id { String::new() } else { url };
+                    if !url.is_empty() {
+                        self.inner.owners.put(
+                            project,
+                            path,
+                            CachedOwner {
+                                owner: owner.clone(),
+                                url: url.clone(),
+                                until_ms: tenure_clock_ms().saturating_add(me.lease_ms as u64),
+                            },
+                        );
+                    }
+                    Err(OwnedElsewhere {
+                        path: path.to_string(),
+                        owner,
+                        url,
+                    }
+                    .into())
+                }
+            }
         })
     }
 
-    /// Renews this host's row, and with it all its leases.
+    /// Whether this host gave its leases up (it is stopping).
+    pub fn is_stopping(&self) -> bool {
+        *self.stopping()
+    }
+
+    /// Forgets which streams the host at `url` owns: a request forwarded
+    /// there found it gone, or found the stream moved on.
+    pub fn forget_owner(&self, url: &str) {
+        self.inner.owners.forget_url(url);
+    }
+
+    /// Renews this host's row, and with it all its leases; records when
+    /// the renewal started (this host serves until `start + lease-ms -
+    /// margin`) and whether the database had let the leases expire before.
     pub fn heartbeat(&self) -> Result<()> {
         let Some(me) = self.cluster() else {
             return Ok(());
@@ -196,14 +376,33 @@ impl Storage {
             return Ok(());
         }
         self.with_reader(|db| {
-            db.execute(
-                &format!(
-                    "INSERT INTO hosts (id, url, heartbeat_ms, lease_ms) VALUES (?1, ?2, {NOW_MS}, ?3)
-                     ON CONFLICT (id) DO UPDATE SET url = excluded.url,
-                         heartbeat_ms = excluded.heartbeat_ms, lease_ms = excluded.lease_ms"
-                ),
-                args![&me.id, &me.url, me.lease_ms],
-            )?;
+            // Before the statement reaches the database: the row's time is
+            // later than this instant.
+            let started = tenure_clock_ms();
+            let continuous = in_transaction(db, |db| {
+                // The row lock orders this renewal with takeovers, which
+                // read the row FOR SHARE: a takeover either saw the lease
+                // expired before this (then this sees it expired too) or
+                // waits and sees it renewed.
+                let live = db.query_opt(
+                    &format!(
+                        "SELECT CASE WHEN heartbeat_ms + lease_ms >= {NOW_MS} THEN 1 ELSE 0 END
+                         FROM hosts WHERE id = ?1 FOR UPDATE"
+                    ),
+                    args![&me.id],
+                    |r| r.int(0),
+                )?;
+                db.execute(
+                    &format!(
+                        "INSERT INTO hosts (id, url, heartbeat_ms, lease_ms) VALUES (?1, ?2, {NOW_MS}, ?3)
+                         ON CONFLICT (id) DO UPDATE SET url = excluded.url,
+                             heartbeat_ms = excluded.heartbeat_ms, lease_ms = excluded.lease_ms"
+                    ),
+                    args![&me.id, &me.url, me.lease_ms],
+                )?;
+                Ok(live == Some(1))
+            })?;
+            self.inner.tenure.renewed(started, me.lease_ms, continuous);
             Ok(())
         })
     }
@@ -218,6 +417,8 @@ impl Storage {
         };
         let mut stopping = self.stopping();
         *stopping = true;
+        // It serves none of its streams from now on.
+        self.inner.tenure.lost();
         self.with_reader(|db| {
             db.execute(
                 "UPDATE hosts SET heartbeat_ms = 0 WHERE id = ?1",
@@ -235,12 +436,12 @@ impl Storage {
     /// `stopped` closes. A lost connection is opened again; a notification
     /// missed meanwhile is made up for by the lease running out.
     pub fn listen_for_stopped_hosts(&self, stopped: tokio::sync::mpsc::UnboundedSender<String>) {
-        let (Some(url), Some(me)) = (self.postgres_url(), self.cluster()) else {
+        let (Some(target), Some(me)) = (self.postgres_target(), self.cluster()) else {
             return;
         };
-        let (url, me) = (url.to_string(), me.id.clone());
+        let (target, me) = (target.clone(), me.id.clone());
         let listen = move || -> Result<()> {
-            let mut client = postgres::Client::connect(&url, postgres::NoTls)?;
+            let mut client = target.client()?;
             client.batch_execute(&format!("LISTEN {STOPPED_CHANNEL}"))?;
             loop {
                 {
@@ -277,7 +478,9 @@ impl Storage {
     }
 
     /// Streams whose lease expired (their owner stopped renewing): (project
-    /// key, path), for a live host to take over.
+    /// key, path), for a live host to take over. Leases of the host's own
+    /// work (their project key starts with `!`, as the JetStream bridge's)
+    /// are not streams and are left to that work.
     pub fn expired_leases(&self) -> Result<Vec<(String, String)>> {
         if self.cluster().is_none() {
             return Ok(Vec::new());
@@ -288,6 +491,7 @@ impl Storage {
                     "SELECT l.project, l.path FROM stream_leases l
                      LEFT JOIN hosts h ON h.id = l.owner
                      WHERE COALESCE(h.heartbeat_ms + h.lease_ms, 0) < {NOW_MS}
+                       AND l.project NOT LIKE '!%'
                      ORDER BY l.project, l.path LIMIT 1000"
                 ),
                 args![],
@@ -319,7 +523,8 @@ impl Storage {
             db.query_all(
                 &format!(
                     "SELECT h.url, h.heartbeat_ms,
-                            (SELECT COUNT(*) FROM stream_leases l WHERE l.owner = h.id),
+                            (SELECT COUNT(*) FROM stream_leases l
+                             WHERE l.owner = h.id AND l.project NOT LIKE '!%'),
                             CASE WHEN h.heartbeat_ms + h.lease_ms >= {NOW_MS} THEN 1 ELSE 0 END
                      FROM hosts h ORDER BY h.url"
                 ),
@@ -334,6 +539,97 @@ impl Storage {
                 },
             )
         })
+    }
+}
+
+/// Runs `f` in a transaction on `db` (a reader connection): committed
+/// when it answers `Ok`, rolled back otherwise.
+fn in_transaction<T>(db: Db<'_>, f: impl FnOnce(Db<'_>) -> Result<T>) -> Result<T> {
+    db.control("BEGIN")?;
+    match f(db) {
+        Ok(v) => {
+            db.control("COMMIT")?;
+            Ok(v)
+        }
+        Err(e) => {
+            let _ = db.control("ROLLBACK");
+            Err(e)
+        }
+    }
+}
+
+/// What [`take`] found.
+enum Taken {
+    /// This host holds the lease now, under this epoch.
+    Mine(i64),
+    /// Another host holds it (or this one is stopping and holds nothing).
+    Elsewhere { owner: String, url: String },
+}
+
+/// Inside a transaction: takes the lease of a stream for host `me` when it
+/// is new, its own, or its owner's renewals are older than the owner's
+/// `lease_ms`. The lease row is locked first, then its owner's row in
+/// `hosts` FOR SHARE, so a renewal of that owner either lands before (and
+/// the lease is live) or waits until the takeover committed (and reads the
+/// lease as lapsed).
+fn take(db: Db<'_>, project: &str, path: &str, me: &str, stopping: bool) -> Result<Taken> {
+    let current = db.query_opt(
+        "SELECT owner FROM stream_leases WHERE project = ?1 AND path = ?2 FOR UPDATE",
+        args![project, path],
+        |r| r.text(0),
+    )?;
+    let owner_row = |db: Db<'_>, owner: &str| {
+        db.query_opt(
+            &format!(
+                "SELECT url, CASE WHEN heartbeat_ms + lease_ms >= {NOW_MS} THEN 1 ELSE 0 END
+                 FROM hosts WHERE id = ?1 FOR SHARE"
+            ),
+            args![owner],
+            |r| Ok((r.text(0)?, r.int(1)? == 1)),
+        )
+    };
+    let elsewhere = |owner: String, url: String| Ok(Taken::Elsewhere { owner, url });
+    match current {
+        None if stopping => elsewhere(String::new(), String::new()),
+        None => {
+            let epoch = db.query_opt(
+                &format!(
+                    "INSERT INTO stream_leases (project, path, owner, epoch, taken_at_ms)
+                     VALUES (?1, ?2, ?3, 1, {NOW_MS})
+                     ON CONFLICT (project, path) DO NOTHING RETURNING epoch"
+                ),
+                args![project, path, me],
+                |r| r.int(0),
+            )?;
+            match epoch {
+                Some(epoch) => Ok(Taken::Mine(epoch)),
+                // Another host inserted it meanwhile: its lease is fresh.
+                None => {
+                    let owner = db.query_one(
+                        "SELECT owner FROM stream_leases WHERE project = ?1 AND path = ?2",
+                        args![project, path],
+                        |r| r.text(0),
+                    )?;
+                    let url = owner_row(db, &owner)?.map(|(u, _)| u).unwrap_or_default();
+                    elsewhere(owner, url)
+                }
+            }
+        }
+        Some(owner) => {
+            let (url, live) = owner_row(db, &owner)?.unwrap_or_default();
+            if stopping || (owner != me && live) {
+                return elsewhere(owner, url);
+            }
+            let epoch = db.query_one(
+                &format!(
+                    "UPDATE stream_leases SET owner = ?3, epoch = epoch + 1, taken_at_ms = {NOW_MS}
+                     WHERE project = ?1 AND path = ?2 RETURNING epoch"
+                ),
+                args![project, path, me],
+                |r| r.int(0),
+            )?;
+            Ok(Taken::Mine(epoch))
+        }
     }
 }
 

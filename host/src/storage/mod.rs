@@ -14,6 +14,7 @@ mod ingest;
 mod lease;
 mod schema;
 pub mod sql;
+mod tls;
 mod writer;
 
 use std::collections::HashMap;
@@ -29,9 +30,10 @@ use crate::config::Durability;
 use crate::metrics::Metrics;
 pub use effects::{EffectOp, EffectQuery, EffectRow, EffectSource, NewEffect};
 pub use ingest::{
-    FenceIdentity, FenceRow, IngestOp, NewPending, PendingRow, DIAGNOSTICS_KEPT, KEY_CONFLICT,
+    FenceIdentity, FenceRow, IngestOp, NewPending, PendingRow, SharedBound, CAPACITY_EXHAUSTED,
+    DIAGNOSTICS_KEPT, KEY_CONFLICT,
 };
-pub use lease::{ClusterHost, Fence, HostIdentity, OwnedElsewhere};
+pub use lease::{tenure_clock_ms, ClusterHost, Fence, HostIdentity, LeaseLost, OwnedElsewhere};
 pub use writer::{
     Checkpoint, CommitError, CursorRow, Deployment, NewStream, ProcessorFailure, StoredEvent,
     StreamCommit, StreamRef, WriteOp,
@@ -85,6 +87,10 @@ struct Inner {
     /// Set once this host gave its leases up (it is stopping); held while
     /// a renewal runs, so none lands after the release.
     stopping: Mutex<bool>,
+    /// Until when this host may serve its streams (several hosts).
+    tenure: lease::Tenure,
+    /// Which host owns streams this one does not (several hosts).
+    owners: lease::Owners,
     /// Newest events, checkpoints and component rows, kept true by the
     /// writer (`hot.rs`).
     hot: Arc<hot::Hot>,
@@ -100,7 +106,7 @@ enum Readers {
         pool: Mutex<Vec<Connection>>,
     },
     Postgres {
-        url: String,
+        target: sql::PgTarget,
         pool: Mutex<Vec<PgConn>>,
     },
 }
@@ -149,16 +155,19 @@ impl Storage {
     ///
     /// Several hosts may share the database: `advertise_url` is where the
     /// others reach this one, and the data dir keeps its host id (so a
-    /// restarted host takes its streams back at once).
+    /// restarted host takes its streams back at once). Every database call
+    /// is bounded by `db_timeout_ms` ([`sql::PgTarget`]).
     pub fn open_postgres(
         url: &str,
         data_dir: &Path,
         advertise_url: &str,
         lease_ms: u64,
+        db_timeout_ms: u64,
         metrics: Metrics,
     ) -> Result<Storage> {
         let lock = lock_data_dir(data_dir)?;
-        let conn = PgConn::connect(url)?;
+        let target = sql::PgTarget::new(url, db_timeout_ms)?;
+        let conn = PgConn::connect(&target)?;
         schema::migrate_postgres(Db::Postgres(&conn))
             .with_context(|| format!("migrating the schema of {}", sql::redact(url)))?;
         let identity = HostIdentity {
@@ -168,9 +177,9 @@ impl Storage {
             secret: lease::secret(Db::Postgres(&conn)).context("reading the cluster secret")?,
         };
         let mut storage = Self::start(
-            writer::WriteConn::Postgres(Box::new(conn), url.to_string()),
+            writer::WriteConn::Postgres(Box::new(conn), target.clone()),
             Readers::Postgres {
-                url: url.to_string(),
+                target,
                 pool: Mutex::new(Vec::new()),
             },
             lock,
@@ -183,10 +192,10 @@ impl Storage {
         Ok(storage)
     }
 
-    /// The PostgreSQL URL, when storage is PostgreSQL.
-    fn postgres_url(&self) -> Option<&str> {
+    /// Where PostgreSQL connections go, when storage is PostgreSQL.
+    fn postgres_target(&self) -> Option<&sql::PgTarget> {
         match &self.inner.readers {
-            Readers::Postgres { url, .. } => Some(url),
+            Readers::Postgres { target, .. } => Some(target),
             Readers::Sqlite { .. } => None,
         }
     }
@@ -213,6 +222,8 @@ impl Storage {
                 readers,
                 cluster: None,
                 stopping: Mutex::new(false),
+                tenure: lease::Tenure::default(),
+                owners: lease::Owners::default(),
                 hot,
                 _lock: lock,
             }),
@@ -262,11 +273,11 @@ impl Storage {
                 }
                 out
             }
-            Readers::Postgres { url, pool } => {
+            Readers::Postgres { target, pool } => {
                 let conn = pool.lock().expect("reader pool").pop();
                 let conn = match conn {
                     Some(c) => c,
-                    None => PgConn::connect(url)?,
+                    None => PgConn::connect(target)?,
                 };
                 let out = f(Db::Postgres(&conn));
                 let mut pool = pool.lock().expect("reader pool");

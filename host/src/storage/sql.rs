@@ -138,11 +138,66 @@ fn blocking<T>(f: impl FnOnce() -> T) -> T {
     }
 }
 
+/// Where and how every PostgreSQL connection of a host is opened: the URL,
+/// and the `[cluster] db-timeout-ms` that bounds each database call (no
+/// hung connection holds a lease or a lock longer than that).
+#[derive(Clone)]
+pub struct PgTarget {
+    /// The `postgres://` URL as configured.
+    pub url: String,
+    config: std::sync::Arc<postgres::Config>,
+}
+
+impl std::fmt::Debug for PgTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "PgTarget({})", redact(&self.url))
+    }
+}
+
+impl PgTarget {
+    /// `url` with every call bounded by `timeout_ms`: connecting, each
+    /// statement (`statement_timeout`), each lock wait (`lock_timeout`), a
+    /// transaction left open (`idle_in_transaction_session_timeout`), and a
+    /// peer that vanished (TCP keepalives and `TCP_USER_TIMEOUT`, so a
+    /// half-open connection fails instead of waiting for hours).
+    pub fn new(url: &str, timeout_ms: u64) -> Result<PgTarget> {
+        let mut config: postgres::Config = url
+            .parse()
+            .with_context(|| format!("parsing the PostgreSQL URL {}", redact(url)))?;
+        let timeout = std::time::Duration::from_millis(timeout_ms.max(1));
+        let mut options = config.get_options().unwrap_or_default().to_string();
+        for setting in [
+            "statement_timeout",
+            "lock_timeout",
+            "idle_in_transaction_session_timeout",
+        ] {
+            options.push_str(&format!(" -c {setting}={}", timeout_ms.max(1)));
+        }
+        config
+            .options(options.trim())
+            .connect_timeout(timeout)
+            .tcp_user_timeout(timeout)
+            .keepalives(true)
+            .keepalives_idle(timeout.div_f64(2.0).max(std::time::Duration::from_secs(1)))
+            .keepalives_interval(std::time::Duration::from_secs(1))
+            .keepalives_retries(3);
+        Ok(PgTarget {
+            url: url.to_string(),
+            config: std::sync::Arc::new(config),
+        })
+    }
+
+    /// A new client (TLS as the URL's `sslmode` says).
+    pub fn client(&self) -> Result<postgres::Client> {
+        blocking(|| super::tls::connect(&self.config))
+            .with_context(|| format!("connecting to PostgreSQL at {}", redact(&self.url)))
+    }
+}
+
 impl PgConn {
-    /// Connects to `url` (a `postgres://` URL).
-    pub fn connect(url: &str) -> Result<PgConn> {
-        let client = blocking(|| postgres::Client::connect(url, postgres::NoTls))
-            .with_context(|| format!("connecting to PostgreSQL at {}", redact(url)))?;
+    /// Connects to `target`.
+    pub fn connect(target: &PgTarget) -> Result<PgConn> {
+        let client = target.client()?;
         Ok(PgConn {
             client: RefCell::new(client),
             statements: RefCell::new(HashMap::new()),

@@ -187,7 +187,7 @@ pub(super) struct WriterHandle {
 pub(super) enum WriteConn {
     Sqlite(rusqlite::Connection),
     /// The connection and its URL, to connect again after losing it.
-    Postgres(Box<PgConn>, String),
+    Postgres(Box<PgConn>, super::sql::PgTarget),
 }
 
 impl WriteConn {
@@ -201,9 +201,9 @@ impl WriteConn {
     /// The connection to commit on: a PostgreSQL connection the server
     /// closed is replaced (a commit on it could only fail).
     fn ready(&mut self) -> Db<'_> {
-        if let WriteConn::Postgres(c, url) = self {
+        if let WriteConn::Postgres(c, target) = self {
             if c.is_closed() {
-                match PgConn::connect(url) {
+                match PgConn::connect(target) {
                     Ok(new) => **c = new,
                     Err(e) => tracing::error!(error = %format!("{e:#}"), "reconnecting the writer"),
                 }

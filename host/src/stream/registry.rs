@@ -375,6 +375,28 @@ impl Streams {
         &self.inner.ctx.runtime
     }
 
+    /// Tells every actor in memory that this host's right to serve its
+    /// streams changed (several hosts): lapsed, renewed, or renewed after
+    /// the database let it expire.
+    pub fn lease_changed(&self) {
+        let senders: Vec<mpsc::Sender<Command>> = self
+            .inner
+            .actors
+            .lock()
+            .expect("actor registry")
+            .values()
+            .map(|e| e.tx.clone())
+            .collect();
+        for tx in senders {
+            if let Err(mpsc::error::TrySendError::Full(cmd)) = tx.try_send(Command::LeaseChanged) {
+                // A busy actor hears it after its queue.
+                tokio::spawn(async move {
+                    let _ = tx.send(cmd).await;
+                });
+            }
+        }
+    }
+
     /// Loads a stream's actor so its deliveries resume.
     pub async fn wake(&self, address: &StreamAddress) {
         let _ = self.send(address, Command::Wake).await;

@@ -165,6 +165,18 @@ impl Actor {
         }
     }
 
+    /// Ends every connection without audit: this host may not serve the
+    /// stream now (several hosts), and nothing it appends would be sure
+    /// to commit. Clients reconnect and reach the stream's owner.
+    pub(super) fn end_connections_lease_lost(&mut self) {
+        for (_, conn) in self.connections.drain() {
+            let _ = conn.tx.try_send(ConnMsg::Close {
+                reason: CloseReason::LeaseLost,
+                error: Some(Error::lease_lost(&self.address.path).message),
+            });
+        }
+    }
+
     /// Sends a commit's events to every connection.
     pub(super) fn fan_out(&mut self, events: &[Event]) {
         if self.connections.is_empty() || events.is_empty() {

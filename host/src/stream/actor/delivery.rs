@@ -213,7 +213,9 @@ impl Actor {
 
     /// Expires attempts past their deadline and starts every run that is due.
     pub(super) fn pump_deliveries(&mut self) {
-        if self.reload_needed {
+        // Several hosts: nothing is delivered while this host's leases may
+        // be lapsing (`LeaseChanged` resumes it).
+        if self.reload_needed || !self.ctx.storage.lease_valid() {
             return;
         }
         let Some(stream) = &self.stream else { return };

@@ -139,6 +139,10 @@ pub enum Command {
     },
     /// Load the stream and resume its deliveries (sent at startup).
     Wake,
+    /// This host's right to serve its streams changed (several hosts): it
+    /// lapsed (connections end, deliveries pause) or came back (loads
+    /// again if the database let it lapse, deliveries resume).
+    LeaseChanged,
     /// The registry saw no request for the idle period: release the actor
     /// if nothing else keeps it.
     IdleCheck,
@@ -286,6 +290,8 @@ pub fn spawn(
         connections: HashMap::new(),
         next_connection_id: 0,
         fence: None,
+        lease_lapses: 0,
+        not_here: false,
     };
     tokio::spawn(actor.run(rx));
 }
@@ -315,6 +321,13 @@ struct Actor {
     /// This host's lease on the stream, carried by every write (several
     /// hosts on PostgreSQL; `None` on SQLite).
     fence: Option<crate::storage::Fence>,
+    /// The host's lapse count when the fence was taken: after a renewal
+    /// that found the lease expired, the stream is loaded again.
+    lease_lapses: u64,
+    /// Its last load found the stream owned by another host (or this host
+    /// unable to serve it) with nothing of it held here: the actor goes as
+    /// soon as it has answered, like one of a missing stream.
+    not_here: bool,
 }
 
 /// Commit instants kept for latency measurement, at most.
@@ -367,7 +380,7 @@ impl Actor {
             }
             if in_flight.is_none() && self.may_release() {
                 let idle_for = self.last_request.elapsed().as_millis() as u64;
-                let missing = !self.reload_needed && self.stream.is_none();
+                let missing = (!self.reload_needed || self.not_here) && self.stream.is_none();
                 if (missing || idle_for >= self.ctx.idle_stream_ms) && self.release(&mut rx) {
                     return;
                 }
@@ -399,6 +412,7 @@ impl Actor {
                         Command::DeliveryDone(_)
                             | Command::ConnectionEnded { .. }
                             | Command::IdleCheck
+                            | Command::LeaseChanged
                     ) {
                         self.last_request = tokio::time::Instant::now();
                     }
@@ -438,7 +452,10 @@ impl Actor {
     /// work, no live connection, no delivery in flight, due, scheduled or
     /// with a cursor to write, and a loaded (or missing) stream.
     fn may_release(&self) -> bool {
-        if self.reload_needed || !self.queue.is_empty() || !self.connections.is_empty() {
+        if (self.reload_needed && !self.not_here)
+            || !self.queue.is_empty()
+            || !self.connections.is_empty()
+        {
             return false;
         }
         match &self.stream {
@@ -478,6 +495,12 @@ impl Actor {
     }
 
     async fn accept(&mut self, cmd: Command) {
+        // Several hosts: the database let this host's leases lapse since
+        // this fence was taken, so another host may have written the
+        // stream; it is loaded (and its lease taken) again first.
+        if self.fence.is_some() && self.ctx.storage.lease_lapses() != self.lease_lapses {
+            self.reload_needed = true;
+        }
         match cmd {
             Command::Append {
                 input,
@@ -495,7 +518,7 @@ impl Actor {
             }
             Command::Runtime { reply } => {
                 let result = self
-                    .ensure_loaded()
+                    .ensure_serving()
                     .await
                     .and_then(|()| match &self.stream {
                         Some(_) => Ok(self.runtime_json()),
@@ -503,9 +526,10 @@ impl Actor {
                     });
                 let _ = reply.send(result);
             }
-            Command::Wake => match self.ensure_loaded().await {
-                // Another host took it first (several hosts): its work runs there.
-                Err(e) if e.owner_url.is_some() => {
+            Command::Wake => match self.ensure_serving().await {
+                // Another host took it first (several hosts): its work runs
+                // there; or this host cannot renew its leases now.
+                Err(e) if e.owner_url.is_some() || e.code == "lease-lost" => {
                     tracing::debug!(stream = %self.address, error = %e, "not woken here")
                 }
                 Err(e) => {
@@ -516,8 +540,16 @@ impl Actor {
             Command::DeliveryDone(done) => self.delivery_done(*done),
             // The loop's top decides (idle long enough, nothing pending).
             Command::IdleCheck => {}
+            Command::LeaseChanged => {
+                if !self.ctx.storage.lease_valid() {
+                    self.end_connections_lease_lost();
+                } else if self.reload_needed && (self.stream.is_some() || self.fence.is_some()) {
+                    // Taken again (or found owned elsewhere: connections end).
+                    let _ = self.ensure_serving().await;
+                }
+            }
             Command::Connect { params, reply } => {
-                let loaded = self.ensure_loaded().await;
+                let loaded = self.ensure_serving().await;
                 match loaded {
                     Ok(()) => self.connect(*params, reply),
                     Err(e) => {
@@ -532,7 +564,7 @@ impl Actor {
                 error,
             } => self.connection_ended(&key, id, reason, error),
             Command::State { reply } => {
-                let result = self.ensure_loaded().await.and_then(|()| {
+                let result = self.ensure_serving().await.and_then(|()| {
                     self.stream
                         .as_ref()
                         .map(|s| s.state.clone())
@@ -540,13 +572,25 @@ impl Actor {
                 });
                 let _ = reply.send(result);
             }
-            Command::Read { query, reply } => match self.ensure_loaded().await {
+            Command::Read { query, reply } => match self.ensure_serving().await {
                 Ok(()) => self.read(query, reply),
                 Err(e) => {
                     let _ = reply.send(Err(e));
                 }
             },
         }
+    }
+
+    /// As [`Actor::ensure_loaded`], for requests that serve what the stream
+    /// holds (reads, state, live connections, deliveries): with several
+    /// hosts, only while this host's leases are surely its own
+    /// (`503 lease-lost` otherwise, and its live connections end).
+    async fn ensure_serving(&mut self) -> Result<(), Error> {
+        if !self.ctx.storage.lease_valid() {
+            self.end_connections_lease_lost();
+            return Err(Error::lease_lost(&self.address.path));
+        }
+        self.ensure_loaded().await
     }
 
     /// Loads the stream when it is not loaded (first use, or after a failed
@@ -566,6 +610,8 @@ impl Actor {
             .as_ref()
             .filter(|_| !self.connections.is_empty())
             .map(|s| (s.row_id, s.state.stream_id.clone(), s.state.max_offset));
+        // Read before the lease is taken: a lapse after it reloads again.
+        let lapses = self.ctx.storage.lease_lapses();
         let loaded = tokio::task::spawn_blocking(move || {
             // Several hosts: this one must own the stream first.
             let fence = storage.acquire_lease(address.namespace.storage_key(), &address.path)?;
@@ -586,6 +632,8 @@ impl Actor {
         match loaded {
             Ok((fence, loaded)) => {
                 self.fence = fence;
+                self.lease_lapses = lapses;
+                self.not_here = false;
                 self.apply_load(loaded);
                 self.reload_at = None;
                 Ok(())
@@ -604,7 +652,15 @@ impl Actor {
                 self.connections.clear();
                 self.fence = None;
                 self.reload_needed = true;
+                self.not_here = true;
                 Err(Error::owned_elsewhere(&owner.path, &owner.url))
+            }
+            Err(e) if e.downcast_ref::<crate::storage::LeaseLost>().is_some() => {
+                // This host cannot renew its leases: nothing is served until
+                // it can (`LeaseChanged` then loads again).
+                self.end_connections_lease_lost();
+                self.not_here = self.stream.is_none();
+                Err(Error::lease_lost(&self.address.path))
             }
             Err(e) => {
                 let wait = self.storage_failed();
