@@ -17,7 +17,7 @@ use crate::support::{guest, wait_for, Server, SseClient};
 /// Short leases, so a stopped host loses its streams quickly.
 const CLUSTER: &str = "[cluster]\nlease-ms = 1500\n";
 
-fn on_sqlite() -> bool {
+pub(crate) fn on_sqlite() -> bool {
     if crate::support::postgres_base().is_none() {
         println!("skipped on SQLite: several hosts need PostgreSQL storage");
         return true;

@@ -9,15 +9,15 @@ use serde_json::{json, Value};
 
 use crate::support::{assert_error, run_cli, wait_for, NatsServer, Server, TOKENS};
 
-const STREAM: &str = "/v1/projects/acme/streams/orders";
-const INGEST: &str = "/v1/projects/acme/ingest/orders";
+pub(crate) const STREAM: &str = "/v1/projects/acme/streams/orders";
+pub(crate) const INGEST: &str = "/v1/projects/acme/ingest/orders";
 
-fn order(key: &str, n: u64) -> Value {
+pub(crate) fn order(key: &str, n: u64) -> Value {
     json!({"type": "order-placed", "payload": {"n": n}, "idempotencyKey": key})
 }
 
 /// The data events of a stream (not its control events), as (key, n).
-async fn orders(server: &Server, stream: &str) -> Vec<(String, u64)> {
+pub(crate) async fn orders(server: &Server, stream: &str) -> Vec<(String, u64)> {
     if server.get(&format!("{stream}:events?limit=1")).await.0 == 404 {
         return Vec::new();
     }
@@ -35,7 +35,7 @@ async fn orders(server: &Server, stream: &str) -> Vec<(String, u64)> {
         .collect()
 }
 
-async fn wait_orders(server: &Server, stream: &str, n: usize) -> Vec<(String, u64)> {
+pub(crate) async fn wait_orders(server: &Server, stream: &str, n: usize) -> Vec<(String, u64)> {
     wait_for(
         &format!("{n} orders in {stream}"),
         Duration::from_secs(20),
@@ -46,7 +46,7 @@ async fn wait_orders(server: &Server, stream: &str, n: usize) -> Vec<(String, u6
 }
 
 /// Pauses (or resumes) a stream: its appends are refused meanwhile.
-async fn set_paused(server: &Server, stream: &str, paused: bool) {
+pub(crate) async fn set_paused(server: &Server, stream: &str, paused: bool) {
     let kind = if paused { "paused" } else { "resumed" };
     let event = json!({"type": format!("events.iterate.com/stream/{kind}")});
     let (status, out) = server
@@ -78,7 +78,7 @@ async fn recreate_safely(js: &jetstream::Context) {
         .unwrap();
 }
 
-async fn ingest_status(server: &Server) -> Value {
+pub(crate) async fn ingest_status(server: &Server) -> Value {
     let (status, body) = server.get("/v1/ingest").await;
     assert_eq!(status, 200, "{body}");
     body
@@ -331,10 +331,15 @@ async fn ingest_loses_nothing_accepted_across_kill_9() {
 
 // --- The JetStream bridge -------------------------------------------------
 
-const SUBJECT: &str = "streamhost.acme.ingest.orders.eu";
-const BRIDGED: &str = "/v1/projects/acme/streams/orders/eu";
+pub(crate) const SUBJECT: &str = "streamhost.acme.ingest.orders.eu";
+pub(crate) const BRIDGED: &str = "/v1/projects/acme/streams/orders/eu";
 
-async fn publish(js: &jetstream::Context, subject: &str, msg_id: Option<&str>, body: &[u8]) -> u64 {
+pub(crate) async fn publish(
+    js: &jetstream::Context,
+    subject: &str,
+    msg_id: Option<&str>,
+    body: &[u8],
+) -> u64 {
     let mut headers = async_nats::HeaderMap::new();
     if let Some(id) = msg_id {
         headers.insert("Nats-Msg-Id", id);
@@ -347,7 +352,7 @@ async fn publish(js: &jetstream::Context, subject: &str, msg_id: Option<&str>, b
         .sequence
 }
 
-async fn publish_orders(js: &jetstream::Context, from: u64, to: u64) {
+pub(crate) async fn publish_orders(js: &jetstream::Context, from: u64, to: u64) {
     for n in from..=to {
         let body = json!({"type": "order-placed", "payload": {"n": n}}).to_string();
         publish(js, SUBJECT, Some(&format!("o-{n}")), body.as_bytes()).await;
@@ -355,7 +360,7 @@ async fn publish_orders(js: &jetstream::Context, from: u64, to: u64) {
 }
 
 /// Waits until every message left JetStream (its capacity reclaimed).
-async fn wait_jetstream_empty(js: &jetstream::Context) {
+pub(crate) async fn wait_jetstream_empty(js: &jetstream::Context) {
     wait_for(
         "JetStream stream empty",
         Duration::from_secs(20),
@@ -365,11 +370,11 @@ async fn wait_jetstream_empty(js: &jetstream::Context) {
 }
 
 /// Orders `o-from`..=`o-to` as `orders` reads them.
-fn numbered_orders(from: u64, to: u64) -> Vec<(String, u64)> {
+pub(crate) fn numbered_orders(from: u64, to: u64) -> Vec<(String, u64)> {
     (from..=to).map(|n| (format!("o-{n}"), n)).collect()
 }
 
-async fn messages_in(js: &jetstream::Context) -> u64 {
+pub(crate) async fn messages_in(js: &jetstream::Context) -> u64 {
     let mut s = js
         .get_stream("STREAMHOST_INGEST")
         .await

@@ -6,6 +6,7 @@ mod bad_input;
 mod chaos;
 mod cli;
 mod cluster;
+mod cluster_ingest;
 mod concurrency;
 mod connections;
 mod console;

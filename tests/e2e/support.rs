@@ -207,6 +207,11 @@ impl Server {
     /// Another host on `other`'s PostgreSQL database (a cluster), with its
     /// own data dir, started.
     pub fn joining(other: &Server, config: Option<&str>) -> Server {
+        Self::joining_with(other, config, &[])
+    }
+
+    /// As [`Server::joining`], with extra command-line arguments.
+    pub fn joining_with(other: &Server, config: Option<&str>, extra_args: &[&str]) -> Server {
         let dir = tempfile::tempdir().expect("temp dir");
         let config = config.map(|text| {
             let p = dir.path().join("streamhost.toml");
@@ -227,6 +232,7 @@ impl Server {
             postgres: Some(other.postgres.clone().expect("a host on PostgreSQL")),
             owns_database: false,
         };
+        s.extra_args = extra_args.iter().map(|a| a.to_string()).collect();
         s.spawn();
         s
     }

@@ -199,8 +199,9 @@ async fn lease(
     let mut failed = false;
     for (mut row, reply) in pending {
         match reply.await {
-            Ok(Ok(1)) => {
+            Ok(Ok(lease_id)) if lease_id > 0 => {
                 row.attempts += 1;
+                row.lease_id = lease_id;
                 row.status = "running".into();
                 leased.push(row);
             }
@@ -254,7 +255,8 @@ async fn execute_and_settle(exec: &Executors, settings: &Settings, row: EffectRo
     let op = match settlement {
         Settlement::Succeeded { result } => EffectOp::Settle {
             id: row.id,
-            attempts: row.attempts,
+            lease_id: row.lease_id,
+            now_ms: now,
             status: "succeeded",
             due_at_ms: now,
             last_error: None,
@@ -265,7 +267,8 @@ async fn execute_and_settle(exec: &Executors, settings: &Settings, row: EffectRo
             tracing::info!(id = row.id, attempts = row.attempts, error = %error, "effect will be retried");
             EffectOp::Settle {
                 id: row.id,
-                attempts: row.attempts,
+                lease_id: row.lease_id,
+                now_ms: now,
                 status: "pending",
                 due_at_ms: at_ms,
                 last_error: Some(error),
@@ -283,7 +286,8 @@ async fn execute_and_settle(exec: &Executors, settings: &Settings, row: EffectRo
             }
             EffectOp::Settle {
                 id: row.id,
-                attempts: row.attempts,
+                lease_id: row.lease_id,
+                now_ms: now,
                 status: "failed",
                 due_at_ms: now,
                 last_error: Some(error),

@@ -61,6 +61,9 @@ pub struct Attempt<'a> {
 pub struct Source {
     pub row_id: i64,
     pub info: SourceInfo,
+    /// The source's owner's lease (several hosts): a processor's
+    /// checkpoint commits only while it holds.
+    pub fence: Option<crate::storage::Fence>,
 }
 
 /// Runs `job` as a task; `report` receives its result exactly once.

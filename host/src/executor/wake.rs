@@ -39,6 +39,7 @@ pub async fn send(
         timeout_ms: job.timeout_ms,
         now_ms: job.now_ms,
         pinned: exec.refolds.contains(project, &source.info.path, component),
+        fence: source.fence.clone(),
     };
     let storage = exec.storage.clone();
     let name = component.to_string();

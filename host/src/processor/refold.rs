@@ -262,13 +262,17 @@ async fn refold(
                 path: path.clone(),
                 component: component.clone(),
                 stream_id: state.stream_id.clone(),
-                previous_offset: Some((live.stream_id.clone(), live.checkpoint_offset)),
+                previous_offset: Some(live.id()),
                 offset: shadow_through,
                 state: shadow.clone(),
                 digest: prepared.digest.clone(),
                 effects: effects.clone(),
                 updated_at: format_timestamp(now),
                 now_ms: now,
+                // Guarded by the live checkpoint it replaces (its version
+                // included): a wake on the owner and this switch cannot
+                // both win, whichever host runs the refold.
+                fence: None,
             };
             match storage.submit(WriteOp::Checkpoint(switch)).blocking_recv() {
                 Ok(Ok(_)) => return Ok(shadow_through),

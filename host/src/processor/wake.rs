@@ -36,6 +36,8 @@ pub struct WakeJob {
     pub now_ms: i64,
     /// A refold is under way: run the checkpoint's version.
     pub pinned: bool,
+    /// The source's owner's lease (several hosts), checked by the commit.
+    pub fence: Option<crate::storage::Fence>,
 }
 
 /// A wake that produced a checkpoint to commit.
@@ -53,9 +55,9 @@ fn failure(message: String, retryable: bool) -> Failure {
     }
 }
 
-/// Where a wake starts: the stored checkpoint it replaces (stream id,
-/// offset), the offset to read after, and the state.
-type Start = (Option<(String, u64)>, u64, String);
+/// Where a wake starts: the stored checkpoint it replaces, the offset to
+/// read after, and the state.
+type Start = (Option<crate::storage::CheckpointId>, u64, String);
 
 /// Where the processor's checkpoint starts.
 fn start(job: &WakeJob, prepared: &super::runtime::Prepared) -> Result<Start, Failure> {
@@ -64,18 +66,16 @@ fn start(job: &WakeJob, prepared: &super::runtime::Prepared) -> Result<Start, Fa
         .checkpoint(job.row_id, &job.component)
         .map_err(|e| failure(format!("reading the checkpoint failed: {e:#}"), true))?;
     match row {
-        Some(c) if c.stream_id == job.stream.stream_id => Ok((
-            Some((c.stream_id, c.checkpoint_offset)),
-            c.checkpoint_offset,
-            c.state,
-        )),
+        Some(c) if c.stream_id == job.stream.stream_id => {
+            Ok((Some(c.id()), c.checkpoint_offset, c.state))
+        }
         other => {
             // A new source lifetime (or a first wake): start from nothing.
             let state = job
                 .runtime
                 .initial_state(&job.component, prepared, job.timeout_ms)
                 .map_err(|e| guest_failure(&job.component, "initial-state", e))?;
-            Ok((other.map(|c| (c.stream_id, c.checkpoint_offset)), 0, state))
+            Ok((other.map(|c| c.id()), 0, state))
         }
     }
 }
@@ -117,7 +117,9 @@ pub fn batch_events(events: &[crate::stream::Event]) -> String {
 /// being refolded by a new version, the version of its checkpoint (the old
 /// state is served, and advanced, by the old code until the switch).
 fn component_of(job: &WakeJob) -> anyhow::Result<Option<Arc<Prepared>>> {
-    if job.pinned {
+    // Pinned by the refold's record in the database, not by one host's
+    // memory: with several hosts the refold may run on another host.
+    if job.pinned || job.storage.refold_pending(&job.project, &job.component)? {
         if let Some(c) = job.storage.checkpoint(job.row_id, &job.component)? {
             let storage = job.storage.clone();
             let digest = c.digest.clone();
@@ -194,6 +196,7 @@ pub fn wake(job: WakeJob) -> Result<Woken, Failure> {
             now_ms: job.now_ms,
             project: job.project.clone(),
             path: job.stream.path.clone(),
+            fence: job.fence.clone(),
         },
         offsets,
     })

@@ -4,6 +4,12 @@
 //! key), so a second insert of the same identity is ignored. `due_at_ms` is
 //! when a `pending` effect may run next, or when a `running` effect's lease
 //! expires; both are picked up by [`Storage::due_effects`].
+//!
+//! Leases: each lease bumps the row's `lease_id` (never reset, not even by
+//! `:retry`), and a settlement names the lease it settles, so a stale
+//! executor never settles a later execution. On PostgreSQL (several hosts)
+//! every time in this table is the database's clock: a host whose clock
+//! runs ahead does not take another's running effect early.
 
 use anyhow::Result;
 use serde_json::Value;
@@ -31,6 +37,8 @@ pub struct EffectRow {
     pub retries: u32,
     pub created_at: String,
     pub settled_at: Option<String>,
+    /// The lease it runs under (0: never leased).
+    pub lease_id: i64,
 }
 
 /// A new effect for the outbox.
@@ -62,18 +70,21 @@ pub enum EffectOp {
         created_at: String,
     },
     /// Leases a due effect for one execution (its `attempts` goes to
-    /// `attempts + 1`); answers 1 if leased, 0 if someone else moved it.
+    /// `attempts + 1`); answers the new lease id, or 0 if someone else
+    /// moved it.
     Lease {
         id: i64,
         attempts: u32,
         now_ms: i64,
         lease_until_ms: i64,
     },
-    /// Settles the execution `attempts` of a leased effect; answers 0 if
-    /// the lease was lost (the row moved on).
+    /// Settles the execution under lease `lease_id`; answers 0 if the
+    /// lease was lost (the row moved on). `due_at_ms` is on the host's
+    /// clock as of `now_ms` (PostgreSQL: moved to the database's).
     Settle {
         id: i64,
-        attempts: u32,
+        lease_id: i64,
+        now_ms: i64,
         status: &'static str,
         due_at_ms: i64,
         last_error: Option<String>,
@@ -95,7 +106,8 @@ pub enum EffectOp {
 }
 
 const COLUMNS: &str = "id, project, path, stream_id, component, effect_key, checkpoint_offset, \
-     target, status, attempts, due_at_ms, last_error, result, retries, created_at, settled_at";
+     target, status, attempts, due_at_ms, last_error, result, retries, created_at, settled_at, \
+     lease_id";
 
 fn row(r: &Row<'_>) -> Result<EffectRow> {
     let json = |s: Option<String>| s.and_then(|s| serde_json::from_str(&s).ok());
@@ -116,6 +128,7 @@ fn row(r: &Row<'_>) -> Result<EffectRow> {
         retries: r.int(13)? as u32,
         created_at: r.text(14)?,
         settled_at: r.opt_text(15)?,
+        lease_id: r.int(16)?,
     })
 }
 
@@ -173,26 +186,29 @@ impl Storage {
     /// owner's run where its streams are taken over).
     pub fn due_effects(&self, now_ms: i64, limit: usize) -> Result<Vec<EffectRow>> {
         let owner = self.cluster().map(|me| me.id.clone());
-        self.with_reader(|db| match &owner {
-            None => db.query_all(
-                &format!(
-                    "SELECT {COLUMNS} FROM effects
+        self.with_reader(|db| {
+            let now_ms = db_now(db, now_ms)?;
+            match &owner {
+                None => db.query_all(
+                    &format!(
+                        "SELECT {COLUMNS} FROM effects
                      WHERE status IN ('pending', 'running') AND due_at_ms <= ?1
                      ORDER BY due_at_ms, id LIMIT ?2"
+                    ),
+                    args![now_ms, limit as i64],
+                    row,
                 ),
-                args![now_ms, limit as i64],
-                row,
-            ),
-            Some(owner) => db.query_all(
-                &format!(
-                    "SELECT {COLUMNS} FROM effects
+                Some(owner) => db.query_all(
+                    &format!(
+                        "SELECT {COLUMNS} FROM effects
                      WHERE status IN ('pending', 'running') AND due_at_ms <= ?1 {}
                      ORDER BY due_at_ms, id LIMIT ?2",
-                    owned_by(3)
+                        owned_by(3)
+                    ),
+                    args![now_ms, limit as i64, owner],
+                    row,
                 ),
-                args![now_ms, limit as i64, owner],
-                row,
-            ),
+            }
         })
     }
 
@@ -228,6 +244,19 @@ fn owned_by(n: usize) -> String {
     )
 }
 
+/// The time to use in this table: `host_now_ms` on SQLite (one host, its
+/// injected clock), the database's clock on PostgreSQL (several hosts).
+pub(super) fn db_now(conn: Db<'_>, host_now_ms: i64) -> Result<i64> {
+    match conn.dialect() {
+        super::sql::Dialect::Sqlite => Ok(host_now_ms),
+        super::sql::Dialect::Postgres => conn.query_one(
+            "SELECT CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT)",
+            args![],
+            |r| r.int(0),
+        ),
+    }
+}
+
 /// Inserts effects, ignoring identities already stored; answers how many
 /// were new.
 pub(super) fn insert(
@@ -237,6 +266,11 @@ pub(super) fn insert(
     now_ms: i64,
     created_at: &str,
 ) -> Result<i64> {
+    let now_ms = if effects.is_empty() {
+        now_ms
+    } else {
+        db_now(conn, now_ms)?
+    };
     let mut created = 0;
     for e in effects {
         created += conn.execute(
@@ -272,38 +306,51 @@ pub(super) fn apply(conn: Db<'_>, op: &EffectOp) -> Result<i64> {
             attempts,
             now_ms,
             lease_until_ms,
-        } => conn.execute(
-            "UPDATE effects SET status = 'running', attempts = attempts + 1, due_at_ms = ?4
-             WHERE id = ?1 AND attempts = ?2 AND status IN ('pending', 'running')
-               AND due_at_ms <= ?3",
-            args![id, attempts, now_ms, lease_until_ms],
-        )?,
+        } => {
+            let now = db_now(conn, *now_ms)?;
+            let until = now + (lease_until_ms - now_ms);
+            return Ok(conn
+                .query_opt(
+                    "UPDATE effects SET status = 'running', attempts = attempts + 1, due_at_ms = ?4,
+                         lease_id = lease_id + 1
+                     WHERE id = ?1 AND attempts = ?2 AND status IN ('pending', 'running')
+                       AND due_at_ms <= ?3
+                     RETURNING lease_id",
+                    args![id, attempts, now, until],
+                    |r| r.int(0),
+                )?
+                .unwrap_or(0));
+        }
         EffectOp::Settle {
             id,
-            attempts,
+            lease_id,
+            now_ms,
             status,
             due_at_ms,
             last_error,
             result,
             settled_at,
-        } => conn.execute(
-            "UPDATE effects SET status = ?3, due_at_ms = ?4, last_error = ?5, result = ?6,
-                 settled_at = ?7
-             WHERE id = ?1 AND attempts = ?2 AND status = 'running'",
-            args![id, attempts, *status, due_at_ms, last_error, result, settled_at],
-        )?,
+        } => {
+            let due = db_now(conn, *now_ms)? + (due_at_ms - now_ms);
+            conn.execute(
+                "UPDATE effects SET status = ?3, due_at_ms = ?4, last_error = ?5, result = ?6,
+                     settled_at = ?7
+                 WHERE id = ?1 AND lease_id = ?2 AND status = 'running'",
+                args![id, lease_id, *status, due, last_error, result, settled_at],
+            )?
+        }
         EffectOp::Retry { id, now_ms } => conn.execute(
             "UPDATE effects SET status = 'pending', attempts = 0, due_at_ms = ?2,
                  retries = retries + 1, settled_at = NULL
              WHERE id = ?1 AND status IN ('failed', 'cancelled')",
-            args![id, now_ms],
+            args![id, db_now(conn, *now_ms)?],
         )?,
         EffectOp::ReclaimAll {
             now_ms,
             owner: None,
         } => conn.execute(
             "UPDATE effects SET status = 'pending', due_at_ms = ?1 WHERE status = 'running'",
-            args![now_ms],
+            args![db_now(conn, *now_ms)?],
         )?,
         EffectOp::ReclaimAll {
             now_ms,
@@ -313,7 +360,7 @@ pub(super) fn apply(conn: Db<'_>, op: &EffectOp) -> Result<i64> {
                 "UPDATE effects SET status = 'pending', due_at_ms = ?1 WHERE status = 'running' {}",
                 owned_by(2)
             ),
-            args![now_ms, owner],
+            args![db_now(conn, *now_ms)?, owner],
         )?,
         EffectOp::Cancel { id, settled_at } => conn.execute(
             "UPDATE effects SET status = 'cancelled', settled_at = ?2

@@ -166,6 +166,23 @@ impl Hot {
         }
     }
 
+    /// Forgets a component's row: another host deployed a version of it.
+    pub(super) fn forget_component(&self, project: &str, name: &str) {
+        let mut state = self.write();
+        state.generation += 1;
+        state
+            .components
+            .remove(&(project.to_string(), name.to_string()));
+    }
+
+    /// Forgets every component row: deploys on other hosts may have gone
+    /// unheard (the connection that hears of them was lost).
+    pub(super) fn forget_components(&self) {
+        let mut state = self.write();
+        state.generation += 1;
+        state.components.clear();
+    }
+
     /// Forgets what it holds of stream `row_id`: with several hosts, other
     /// hosts wrote to it while this one did not own it.
     pub(super) fn forget_stream(&self, row_id: i64) {
@@ -447,6 +464,7 @@ mod tests {
             now_ms: 0,
             project: "p".into(),
             path: "/x".into(),
+            fence: None,
         })
     }
 

@@ -28,6 +28,14 @@ use super::Storage;
 
 /// The channel (LISTEN/NOTIFY) on which a stopping host names itself.
 pub const STOPPED_CHANNEL: &str = "streamhost_host_stopped";
+/// The channel on which a deploy names its component (`project/name`),
+/// sent with the deploy's commit: every host forgets its cached row.
+pub const DEPLOYED_CHANNEL: &str = "streamhost_component_deployed";
+
+/// A [`DEPLOYED_CHANNEL`] payload (a project key has no `/`).
+pub(super) fn deployed_payload(project: &str, name: &str) -> String {
+    format!("{project}/{name}")
+}
 
 /// The database's clock, in ms since the epoch.
 const NOW_MS: &str = "CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT)";
@@ -431,23 +439,35 @@ impl Storage {
         })
     }
 
-    /// Listens for other hosts that stop (on a connection of its own, on
-    /// its own thread) and sends each one's id to `stopped`, until
-    /// `stopped` closes. A lost connection is opened again; a notification
-    /// missed meanwhile is made up for by the lease running out.
+    /// Listens (on a connection of its own, on its own thread) for other
+    /// hosts that stop, sending each one's id to `stopped`, and for deploys
+    /// through other hosts, forgetting the cached row of their component;
+    /// until `stopped` closes. A lost connection is opened again: a stopped
+    /// host missed meanwhile is made up for by its lease running out, and
+    /// every cached component row is forgotten (a deploy may have gone
+    /// unheard).
     pub fn listen_for_stopped_hosts(&self, stopped: tokio::sync::mpsc::UnboundedSender<String>) {
         let (Some(target), Some(me)) = (self.postgres_target(), self.cluster()) else {
             return;
         };
-        let (target, me) = (target.clone(), me.id.clone());
+        let (target, me, hot) = (target.clone(), me.id.clone(), self.inner.hot.clone());
         let listen = move || -> Result<()> {
             let mut client = target.client()?;
-            client.batch_execute(&format!("LISTEN {STOPPED_CHANNEL}"))?;
+            client.batch_execute(&format!(
+                "LISTEN {STOPPED_CHANNEL}; LISTEN {DEPLOYED_CHANNEL}"
+            ))?;
+            hot.forget_components();
             loop {
                 {
                     let mut notifications = client.notifications();
                     let mut heard = notifications.timeout_iter(std::time::Duration::from_secs(1));
                     while let Some(n) = FallibleIterator::next(&mut heard)? {
+                        if n.channel() == DEPLOYED_CHANNEL {
+                            if let Some((project, name)) = n.payload().split_once('/') {
+                                hot.forget_component(project, name);
+                            }
+                            continue;
+                        }
                         if n.payload() != me && stopped.send(n.payload().to_string()).is_err() {
                             return Ok(());
                         }

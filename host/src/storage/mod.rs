@@ -59,6 +59,27 @@ pub struct CheckpointRow {
     pub updated_at: String,
 }
 
+/// Which checkpoint a write replaces: the instance's source lifetime, its
+/// offset and the version that wrote it (a refold's switch keeps the
+/// offset and changes the version).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckpointId {
+    pub stream_id: String,
+    pub offset: u64,
+    pub digest: String,
+}
+
+impl CheckpointRow {
+    /// What a write that replaces this row names.
+    pub fn id(&self) -> CheckpointId {
+        CheckpointId {
+            stream_id: self.stream_id.clone(),
+            offset: self.checkpoint_offset,
+            digest: self.digest.clone(),
+        }
+    }
+}
+
 /// A stream's row as loaded at startup of its actor.
 #[derive(Debug, Clone)]
 pub struct StreamRow {
@@ -393,26 +414,41 @@ impl Storage {
 
     /// Streams (project key, path) that have subscription cursors: their
     /// actors are woken at startup so deliveries resume.
+    ///
+    /// With several hosts, only those this host owned (its id outlives the
+    /// process) or nobody holds: the others' streams stay with their live
+    /// owners, and a dead owner's are taken over by every host's renewal
+    /// task, so no host loads every subscribed stream of the database.
     pub fn streams_with_cursors(&self) -> Result<Vec<(String, String)>> {
+        let owner = self.cluster().map(|me| me.id.clone());
         self.with_reader(|db| {
-            db.query_all(
-                "SELECT DISTINCT s.project, s.path FROM subscription_cursors c
-                 JOIN streams s ON s.id = c.stream",
-                args![],
-                |r| Ok((r.text(0)?, r.text(1)?)),
-            )
+            match &owner {
+                None => db.query_all(
+                    "SELECT DISTINCT s.project, s.path FROM subscription_cursors c
+                     JOIN streams s ON s.id = c.stream",
+                    args![],
+                    |r| Ok((r.text(0)?, r.text(1)?)),
+                ),
+                Some(me) => db.query_all(
+                    "SELECT DISTINCT s.project, s.path FROM subscription_cursors c
+                     JOIN streams s ON s.id = c.stream
+                     WHERE COALESCE((SELECT l.owner FROM stream_leases l
+                                     WHERE l.project = s.project AND l.path = s.path), ?1) = ?1",
+                    args![me],
+                    |r| Ok((r.text(0)?, r.text(1)?)),
+                ),
+            }
             .context("listing streams with subscriptions")
         })
     }
 
     /// The deployed component `name` of `project`.
     pub fn component(&self, project: &str, name: &str) -> Result<Option<ComponentRow>> {
+        // With several hosts a deploy through another host reaches this
+        // cache as a notification (`lease::listen`), which forgets the row.
         let miss = match self.inner.hot.component(project, name) {
-            // With several hosts a deploy may come through another host:
-            // the database is asked every time.
-            Ok(row) if self.cluster().is_none() => return Ok(row),
-            Ok(_) => None,
-            Err(miss) => Some(miss),
+            Ok(row) => return Ok(row),
+            Err(miss) => miss,
         };
         let row = self.with_reader(|db| {
             db.query_opt(
@@ -421,9 +457,7 @@ impl Storage {
                 component_row,
             )
         })?;
-        if let (Some(miss), None) = (miss, self.cluster()) {
-            self.inner.hot.fill_component(miss, project, name, &row);
-        }
+        self.inner.hot.fill_component(miss, project, name, &row);
         Ok(row)
     }
 
@@ -503,6 +537,22 @@ impl Storage {
                 args![],
                 |r| Ok((r.text(0)?, r.text(1)?, r.text(2)?)),
             )
+        })
+    }
+
+    /// Whether a refold of component `name` of `project` is under way (its
+    /// record is in the database from the deploy until every instance is
+    /// done): its instances' wakes run their checkpoint's version, on
+    /// whichever host they run.
+    pub fn refold_pending(&self, project: &str, name: &str) -> Result<bool> {
+        self.with_reader(|db| {
+            Ok(db
+                .query_opt(
+                    "SELECT 1 FROM pending_refolds WHERE project = ?1 AND name = ?2",
+                    args![project, name],
+                    |r| r.int(0),
+                )?
+                .is_some())
         })
     }
 

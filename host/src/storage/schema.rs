@@ -42,7 +42,21 @@ const MIGRATIONS: &[Migration] = &[
         name: "ingest: accepted events not yet appended, JetStream fences and their diagnostics",
         apply: ingest,
     },
+    Migration {
+        name: "effects.lease_id: every lease of an effect numbered, never reused",
+        apply: effect_lease_ids,
+    },
 ];
+
+/// `effects.lease_id`: an execution settles only the lease it took; `:retry`
+/// resets `attempts`, never this, so a stale executor cannot settle a
+/// later execution (no ABA).
+const EFFECT_LEASE_IDS: &str = "ALTER TABLE effects ADD COLUMN lease_id BIGINT NOT NULL DEFAULT 0";
+
+fn effect_lease_ids(conn: &Connection) -> Result<()> {
+    conn.execute_batch(EFFECT_LEASE_IDS)?;
+    Ok(())
+}
 
 /// The schema version this build writes.
 pub const SCHEMA_VERSION: u32 = MIGRATIONS.len() as u32;
@@ -342,6 +356,7 @@ CREATE TABLE effects (
     retries           BIGINT NOT NULL DEFAULT 0,
     created_at        TEXT NOT NULL,
     settled_at        TEXT,
+    lease_id          BIGINT NOT NULL DEFAULT 0, -- bumped by every lease, never reset
     UNIQUE (project, path, component, effect_key)
 );
 CREATE INDEX effects_due ON effects (status, due_at_ms);
@@ -409,6 +424,14 @@ pub fn migrate_postgres(db: Db<'_>) -> Result<()> {
                 tracing::info!(version = SCHEMA_VERSION, "schema created on PostgreSQL");
             }
             Some(v) if v == i64::from(SCHEMA_VERSION) => {}
+            Some(5) => {
+                db.batch(EFFECT_LEASE_IDS)?;
+                db.execute(
+                    "UPDATE streamhost_schema SET version = ?1",
+                    crate::storage::sql::args![i64::from(SCHEMA_VERSION)],
+                )?;
+                tracing::info!(version = SCHEMA_VERSION, "schema migrated on PostgreSQL");
+            }
             Some(v) if v > i64::from(SCHEMA_VERSION) => bail!(
                 "the database has schema version {v}, newer than this build's {SCHEMA_VERSION}: \
                  run a newer streamhost on it"

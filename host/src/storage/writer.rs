@@ -152,15 +152,20 @@ pub struct Checkpoint {
     pub path: String,
     pub component: String,
     pub stream_id: String,
-    /// The checkpoint this batch started from (`None`: a fresh instance);
-    /// checked so two writers can never interleave.
-    pub previous_offset: Option<(String, u64)>,
+    /// The checkpoint this batch started from (`None`: a fresh instance),
+    /// its version included; the write replaces exactly that row, so two
+    /// writers (a wake and a refold's switch, or two hosts) never
+    /// interleave.
+    pub previous_offset: Option<super::CheckpointId>,
     pub offset: u64,
     pub state: String,
     pub digest: String,
     pub effects: Vec<NewEffect>,
     pub updated_at: String,
     pub now_ms: i64,
+    /// The source's owner's lease (several hosts), checked in the
+    /// transaction: a deposed owner's wake commits nothing.
+    pub fence: Option<super::Fence>,
 }
 
 /// Why a write did not commit.
@@ -535,38 +540,66 @@ fn apply(conn: Db<'_>, op: &WriteOp) -> Result<i64> {
                     args![&d.project, &d.name],
                 )?;
             }
+            if conn.dialect() == super::sql::Dialect::Postgres {
+                // Delivered with the commit: the other hosts forget their
+                // cached row of this component (`lease::listen`).
+                conn.execute(
+                    "SELECT pg_notify(?1, ?2)",
+                    args![
+                        super::lease::DEPLOYED_CHANNEL,
+                        &super::lease::deployed_payload(&d.project, &d.name)
+                    ],
+                )?;
+            }
             Ok(1)
         }
         WriteOp::Checkpoint(c) => {
-            let current = conn
-                .query_opt(
-                    "SELECT stream_id, checkpoint_offset FROM processor_checkpoints WHERE stream = ?1 AND component = ?2",
-                    args![c.row_id, &c.component],
-                    |r| Ok((r.text(0)?, r.int(1)? as u64)),
-                )?;
+            if let Some(fence) = &c.fence {
+                super::lease::check(conn, fence)?;
+            }
+            // Compare-and-set in the statement itself: it replaces exactly
+            // the row the batch started from (or creates the first), so
+            // of two writers that read the same row one fails.
+            let replaced = match &c.previous_offset {
+                None => conn.execute(
+                    "INSERT INTO processor_checkpoints (stream, component, stream_id, checkpoint_offset, state, digest, updated_at)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
+                     ON CONFLICT (stream, component) DO NOTHING",
+                    args![
+                        c.row_id,
+                        &c.component,
+                        &c.stream_id,
+                        c.offset as i64,
+                        &c.state,
+                        &c.digest,
+                        &c.updated_at
+                    ],
+                )?,
+                Some(previous) => conn.execute(
+                    "UPDATE processor_checkpoints SET stream_id = ?3, checkpoint_offset = ?4,
+                         state = ?5, digest = ?6, updated_at = ?7
+                     WHERE stream = ?1 AND component = ?2 AND stream_id = ?8
+                       AND checkpoint_offset = ?9 AND digest = ?10",
+                    args![
+                        c.row_id,
+                        &c.component,
+                        &c.stream_id,
+                        c.offset as i64,
+                        &c.state,
+                        &c.digest,
+                        &c.updated_at,
+                        &previous.stream_id,
+                        previous.offset as i64,
+                        &previous.digest
+                    ],
+                )?,
+            };
             anyhow::ensure!(
-                current == c.previous_offset,
-                "the checkpoint of processor {:?} moved (expected {:?}, found {:?})",
+                replaced == 1,
+                "the checkpoint of processor {:?} moved (expected {:?})",
                 c.component,
                 c.previous_offset,
-                current
             );
-            conn.execute(
-                "INSERT INTO processor_checkpoints (stream, component, stream_id, checkpoint_offset, state, digest, updated_at)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
-                 ON CONFLICT (stream, component) DO UPDATE SET stream_id = excluded.stream_id,
-                     checkpoint_offset = excluded.checkpoint_offset, state = excluded.state,
-                     digest = excluded.digest, updated_at = excluded.updated_at",
-                args![
-                    c.row_id,
-                    &c.component,
-                    &c.stream_id,
-                    c.offset as i64,
-                    &c.state,
-                    &c.digest,
-                    &c.updated_at
-                ],
-            )?;
             if !c.effects.is_empty() {
                 let source = EffectSource {
                     project: c.project.clone(),
@@ -661,4 +694,144 @@ fn upsert_cursors(conn: Db<'_>, row_id: i64, cursors: &[CursorRow]) -> Result<()
         })?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::storage::{CheckpointId, Storage};
+
+    fn checkpoint(previous: Option<CheckpointId>, offset: u64, digest: &str) -> WriteOp {
+        WriteOp::Checkpoint(Checkpoint {
+            row_id: 1,
+            project: "p".into(),
+            path: "/s".into(),
+            component: "c".into(),
+            stream_id: "s1".into(),
+            previous_offset: previous,
+            offset,
+            state: format!("{{\"through\":{offset},\"by\":{digest:?}}}"),
+            digest: digest.into(),
+            effects: Vec::new(),
+            updated_at: "2026-12-01T00:00:00.000Z".into(),
+            now_ms: 0,
+            fence: None,
+        })
+    }
+
+    fn id(offset: u64, digest: &str) -> Option<CheckpointId> {
+        Some(CheckpointId {
+            stream_id: "s1".into(),
+            offset,
+            digest: digest.into(),
+        })
+    }
+
+    #[test]
+    fn a_stale_executor_never_settles_a_later_lease_even_after_a_retry() {
+        use crate::storage::{EffectOp, EffectSource, NewEffect};
+        let dir = tempfile::tempdir().unwrap();
+        let storage = Storage::open(
+            dir.path(),
+            crate::config::Durability::Full,
+            crate::metrics::Metrics::new(),
+        )
+        .unwrap();
+        let effect = |op: EffectOp| storage.commit_blocking(WriteOp::Effect(op)).unwrap();
+        let inserted = effect(EffectOp::Insert {
+            source: EffectSource {
+                project: "p".into(),
+                path: "/s".into(),
+                stream_id: "s1".into(),
+                component: "c".into(),
+            },
+            effects: vec![NewEffect {
+                key: "k".into(),
+                target: "{\"webhook\": {}}".into(),
+                checkpoint_offset: 3,
+            }],
+            now_ms: 1_000,
+            created_at: "2026-12-01T00:00:00.000Z".into(),
+        });
+        assert_eq!(inserted, 1);
+        let id = storage.due_effects(1_000, 10).unwrap()[0].id;
+        let lease = |attempts: u32, now_ms: i64| {
+            effect(EffectOp::Lease {
+                id,
+                attempts,
+                now_ms,
+                lease_until_ms: now_ms + 100,
+            })
+        };
+        let settle = |lease_id: i64, status: &'static str| {
+            effect(EffectOp::Settle {
+                id,
+                lease_id,
+                now_ms: 5_000,
+                status,
+                due_at_ms: 5_000,
+                last_error: Some("no".into()),
+                result: None,
+                settled_at: Some("2026-12-01T00:00:05.000Z".into()),
+            })
+        };
+        // Executor 1 leases and hangs; its lease runs out, executor 2 runs
+        // it and it fails for good; a caller retries it (attempts back to
+        // 0) and executor 3 leases it: attempts 1 again, as executor 1 had.
+        let first = lease(0, 1_000);
+        assert!(first > 0);
+        let second = lease(1, 1_200);
+        assert!(second > first);
+        assert_eq!(settle(second, "failed"), 1);
+        assert_eq!(effect(EffectOp::Retry { id, now_ms: 3_000 }), 1);
+        let third = lease(0, 3_000);
+        assert!(third > second);
+        // Executor 1 wakes up: its settlement names a lease long gone.
+        assert_eq!(settle(first, "succeeded"), 0, "a stale lease settled");
+        let row = storage.effect("p", id).unwrap().unwrap();
+        assert_eq!((row.status.as_str(), row.lease_id), ("running", third));
+        assert_eq!(settle(third, "succeeded"), 1);
+    }
+
+    #[test]
+    fn a_checkpoint_replaces_exactly_the_row_it_started_from() {
+        let dir = tempfile::tempdir().unwrap();
+        let storage = Storage::open(
+            dir.path(),
+            crate::config::Durability::Full,
+            crate::metrics::Metrics::new(),
+        )
+        .unwrap();
+        storage.commit_blocking(checkpoint(None, 5, "v1")).unwrap();
+        // A second first checkpoint (another writer read "none" too) fails.
+        let again = storage.commit_blocking(checkpoint(None, 6, "v1"));
+        assert!(again.unwrap_err().0.contains("moved"));
+        // Two wakes from offset 5: the first wins, the second fails.
+        storage
+            .commit_blocking(checkpoint(id(5, "v1"), 8, "v1"))
+            .unwrap();
+        let stale = storage.commit_blocking(checkpoint(id(5, "v1"), 9, "v1"));
+        assert!(stale.unwrap_err().0.contains("moved"));
+        // A refold's switch keeps the offset and changes the version: a
+        // wake that read the row before the switch cannot overwrite it.
+        storage
+            .commit_blocking(checkpoint(id(8, "v1"), 8, "v2"))
+            .unwrap();
+        let old_version = storage.commit_blocking(checkpoint(id(8, "v1"), 10, "v1"));
+        assert!(old_version.unwrap_err().0.contains("moved"));
+        let row = storage.checkpoint(1, "c").unwrap().unwrap();
+        assert_eq!((row.checkpoint_offset, row.digest.as_str()), (8, "v2"));
+        assert!(row.state.contains("v2"), "{}", row.state);
+        storage
+            .commit_blocking(checkpoint(id(8, "v2"), 10, "v2"))
+            .unwrap();
+        assert_eq!(
+            storage
+                .checkpoint(1, "c")
+                .unwrap()
+                .unwrap()
+                .checkpoint_offset,
+            10
+        );
+    }
 }

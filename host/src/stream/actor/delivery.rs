@@ -239,6 +239,7 @@ impl Actor {
                 stream_id: stream.state.stream_id.clone(),
                 stream_created_at: stream.state.created_at.clone(),
             },
+            fence: self.fence.clone(),
         });
         for job in jobs {
             let self_tx = self.self_tx.clone();
