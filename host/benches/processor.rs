@@ -168,6 +168,7 @@ async fn wake_latency(durability: Durability) -> WakeSamples {
             timeout_ms: 20_000,
             now_ms: 0,
             pinned: false,
+            fence: None,
         };
         let start = Instant::now();
         // As the server runs it: the wake and its commit on one blocking
