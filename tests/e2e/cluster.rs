@@ -712,3 +712,246 @@ async fn a_version_deployed_through_another_host_is_the_one_the_owner_runs() {
     )
     .await;
 }
+
+/// Holds a lock in the server's database from a connection of the test's
+/// own (its own thread): `sql` runs inside a transaction that stays open
+/// until the returned sender is dropped or sent to.
+fn hold_lock(server: &Server, sql: &str) -> std::sync::mpsc::Sender<()> {
+    let crate::support::TestDb::Postgres(url) = server.db() else {
+        panic!("a host on PostgreSQL");
+    };
+    let sql = sql.to_string();
+    let (locked_tx, locked_rx) = std::sync::mpsc::channel();
+    let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+    std::thread::spawn(move || {
+        let mut c = postgres::Client::connect(&url, postgres::NoTls).expect("connecting");
+        let mut t = c.transaction().expect("BEGIN");
+        t.batch_execute(&sql).expect("taking the lock");
+        locked_tx.send(()).unwrap();
+        let _ = release_rx.recv();
+        t.rollback().expect("ROLLBACK");
+    });
+    locked_rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the lock taken");
+    release_tx
+}
+
+/// A database call that would wait on a lock fails after `[cluster]
+/// db-timeout-ms` instead of hanging: the append answers an error while the
+/// lock is still held, and works once it is gone.
+#[tokio::test]
+async fn a_database_call_that_hangs_fails_after_db_timeout_ms() {
+    if on_sqlite() {
+        return;
+    }
+    let a = Server::start_with(
+        Some("[cluster]\nlease-ms = 1500\ndb-timeout-ms = 500\n"),
+        &[],
+    );
+    let stream = format!("{P}/locked");
+    let (status, _) = a
+        .post(&format!("{stream}:append"), ev("x.y/a", json!({"n": 1})))
+        .await;
+    assert_eq!(status, 200);
+    // Every commit of the stream checks its lease row FOR SHARE: a lock
+    // held elsewhere makes it wait.
+    let release = hold_lock(
+        &a,
+        "SELECT 1 FROM stream_leases WHERE path = '/locked' FOR UPDATE",
+    );
+    let started = Instant::now();
+    let (status, out) = a
+        .post(&format!("{stream}:append"), ev("x.y/a", json!({"n": 2})))
+        .await;
+    let waited = started.elapsed();
+    assert_ne!(status, 200, "committed past a held lock: {out}");
+    assert!(
+        waited < Duration::from_secs(10),
+        "the append hung {waited:?} on a held lock"
+    );
+    assert!(
+        a.log().contains("lock timeout") || a.log().contains("canceling statement"),
+        "the log names the timeout:\n{}",
+        a.log()
+    );
+    drop(release);
+    wait_for(
+        "appends to work again",
+        Duration::from_secs(20),
+        async || {
+            a.post(&format!("{stream}:append"), ev("x.y/a", json!({"n": 3})))
+                .await
+                .0
+                == 200
+        },
+    )
+    .await;
+    let ns: Vec<u64> = a
+        .all_events(&stream)
+        .await
+        .iter()
+        .filter(|e| e["type"] == "x.y/a")
+        .map(|e| e["payload"]["n"].as_u64().unwrap())
+        .collect();
+    assert_eq!(ns.first(), Some(&1));
+    assert!(!ns.contains(&2), "the refused append was stored: {ns:?}");
+}
+
+/// The port of the test PostgreSQL (from `STREAMHOST_TEST_POSTGRES`).
+fn postgres_port() -> u16 {
+    let base = crate::support::postgres_base().expect("PostgreSQL");
+    let host_port = base.rsplit('@').next().unwrap();
+    let host_port = host_port.split('/').next().unwrap();
+    host_port
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(5432)
+}
+
+/// A host cut off from PostgreSQL (a proxy that stops every byte, the
+/// connections left open) stops serving its streams before another host
+/// takes them over: its reads answer `503 lease-lost`, its live connection
+/// ends; the other host takes the stream within `lease-ms + db-timeout-ms`
+/// (the cut host's open transaction is ended by the server) and
+/// acknowledges an append; no read through the cut host ever misses it;
+/// healed, the cut host sends reads to the new owner.
+#[tokio::test]
+async fn a_host_cut_off_from_postgres_stops_serving_before_another_takes_over() {
+    if on_sqlite() {
+        return;
+    }
+    const CONFIG: &str = "[cluster]\nlease-ms = 1500\ndb-timeout-ms = 1000\n";
+    let proxy = crate::support::TcpCut::start(postgres_port());
+    let b = Server::start_with(Some(CONFIG), &[]);
+    let a = Server::joining_through(&b, Some(CONFIG), &proxy);
+    let stream = format!("{P}/partitioned");
+    // A creates the stream and owns it; appends keep it busy through the cut.
+    let (status, out) = a
+        .post(&format!("{stream}:append"), ev("x.y/a", json!({"by": "a"})))
+        .await;
+    assert_eq!(status, 200, "{out}");
+    let mut live = SseClient::open(&a, &format!("{stream}:connect?replayAfterOffset=0"))
+        .await
+        .expect("a connection on the owner");
+    live.batch().await;
+    let writer = {
+        let (url, stream) = (a.url.clone(), stream.clone());
+        tokio::spawn(async move {
+            let client = reqwest::Client::builder()
+                .timeout(Duration::from_secs(2))
+                .build()
+                .unwrap();
+            for n in 0..200u64 {
+                let body = json!({"events": [{"type": "x.y/w", "payload": {"n": n}}]});
+                let _ = client
+                    .post(format!("{url}{stream}:append"))
+                    .json(&body)
+                    .send()
+                    .await;
+            }
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(50)).await; // appends in flight when the cut comes
+    let cut_at = Instant::now();
+    proxy.cut();
+    // B takes the stream over and acknowledges an append.
+    let by_b =
+        json!({"events": [{"type": "x.y/a", "payload": {"by": "b"}, "idempotencyKey": "b-1"}]});
+    let mut acked = Value::Null;
+    wait_for(
+        "B to take the stream over",
+        Duration::from_secs(30),
+        async || {
+            let (status, out) = b.post(&format!("{stream}:append"), by_b.clone()).await;
+            acked = out;
+            status == 200
+        },
+    )
+    .await;
+    let took = cut_at.elapsed();
+    let acked_offset = acked["events"][0]["offset"].as_u64().unwrap();
+    assert!(
+        took < Duration::from_millis(1500 + 1000) + Duration::from_secs(5),
+        "the takeover took {took:?}"
+    );
+    // Through A (still cut off): never a read without B's append.
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let read = async |client: &reqwest::Client| -> (u16, Value) {
+        match client
+            .get(format!("{}{stream}:events?afterOffset=0&limit=500", a.url))
+            .send()
+            .await
+        {
+            Ok(r) => {
+                let status = r.status().as_u16();
+                (status, r.json().await.unwrap_or(Value::Null))
+            }
+            Err(_) => (0, Value::Null), // no answer in time: not a stale read
+        }
+    };
+    let check = |status: u16, body: &Value| {
+        if status == 200 {
+            let got = offsets(body["events"].as_array().unwrap());
+            assert!(
+                got.contains(&acked_offset),
+                "a stale read through A after B acknowledged offset {acked_offset}: {body}"
+            );
+        }
+        status
+    };
+    let mut refused = 0;
+    for _ in 0..10 {
+        let (status, body) = read(&client).await;
+        assert_ne!(check(status, &body), 200, "A served while cut off: {body}");
+        if status != 0 {
+            assert_eq!(body["error"]["code"], "lease-lost", "{body}");
+            refused += 1;
+        }
+    }
+    assert_eq!(
+        refused, 10,
+        "A answered every read at once (503), none hung"
+    );
+    // A's live connection ended.
+    let waiting = Instant::now();
+    loop {
+        let next = live.next_within(Duration::from_secs(10)).await;
+        assert!(
+            next.is_some() || waiting.elapsed() < Duration::from_secs(10),
+            "the live connection on A is still open"
+        );
+        match next {
+            Some((event, data)) if event == "closed" => {
+                assert_eq!(data["reason"], "lease-lost", "{data}");
+                break;
+            }
+            Some((event, data)) if event == "batch" => {
+                let got = offsets(data["events"].as_array().unwrap());
+                assert!(got.iter().all(|o| *o < acked_offset), "{data}");
+            }
+            Some(other) => panic!("unexpected {other:?}"),
+            None => break,
+        }
+    }
+    // Healed: A learns its lease moved and sends reads to B.
+    proxy.heal();
+    let mut served = false;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !served {
+        assert!(Instant::now() < deadline, "A never served the stream again");
+        let (status, body) = read(&client).await;
+        served = check(status, &body) == 200;
+    }
+    writer.abort();
+    // Offsets stayed dense whoever wrote them.
+    let events = b.all_events(&stream).await;
+    assert_eq!(
+        offsets(&events),
+        (1..=events.len() as u64).collect::<Vec<_>>()
+    );
+}

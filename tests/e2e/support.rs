@@ -210,15 +210,26 @@ impl Server {
         Self::joining_with(other, config, &[])
     }
 
-    /// As [`Server::joining`], with extra command-line arguments.
-    pub fn joining_with(other: &Server, config: Option<&str>, extra_args: &[&str]) -> Server {
+    /// As [`Server::joining`], reaching the database through `proxy` (the
+    /// same database, at the proxy's port).
+    pub fn joining_through(other: &Server, config: Option<&str>, proxy: &TcpCut) -> Server {
+        let url = other.postgres.clone().expect("a host on PostgreSQL");
+        let (scheme_user, rest) = url.split_at(url.rfind('@').expect("user@host in the URL") + 1);
+        let db = &rest[rest.find('/').expect("/database in the URL")..];
+        let mut s =
+            Self::unstarted_joining(config, format!("{scheme_user}127.0.0.1:{}{db}", proxy.port));
+        s.spawn();
+        s
+    }
+
+    fn unstarted_joining(config: Option<&str>, postgres: String) -> Server {
         let dir = tempfile::tempdir().expect("temp dir");
         let config = config.map(|text| {
             let p = dir.path().join("streamhost.toml");
             std::fs::write(&p, text).expect("writing config");
             p
         });
-        let mut s = Server {
+        Server {
             child: None,
             url: String::new(),
             dir,
@@ -229,9 +240,15 @@ impl Server {
             starts: 0,
             token: None,
             client: reqwest::Client::new(),
-            postgres: Some(other.postgres.clone().expect("a host on PostgreSQL")),
+            postgres: Some(postgres),
             owns_database: false,
-        };
+        }
+    }
+
+    /// As [`Server::joining`], with extra command-line arguments.
+    pub fn joining_with(other: &Server, config: Option<&str>, extra_args: &[&str]) -> Server {
+        let url = other.postgres.clone().expect("a host on PostgreSQL");
+        let mut s = Self::unstarted_joining(config, url);
         s.extra_args = extra_args.iter().map(|a| a.to_string()).collect();
         s.spawn();
         s
@@ -831,5 +848,98 @@ impl Drop for NatsServer {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// A loopback TCP proxy the test controls, between a host and PostgreSQL:
+/// [`TcpCut::cut`] stops every byte both ways (the connections stay open,
+/// as across a network partition: nothing arrives, nothing is refused),
+/// [`TcpCut::heal`] lets what waited through.
+pub struct TcpCut {
+    pub port: u16,
+    cut: std::sync::Arc<tokio::sync::watch::Sender<bool>>,
+}
+
+impl TcpCut {
+    /// Proxies a new loopback port to `127.0.0.1:target`, on a thread and
+    /// runtime of its own (the test's may be blocked waiting for a server).
+    pub fn start(target: u16) -> TcpCut {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("binding the proxy");
+        listener.set_nonblocking(true).unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let (cut, _) = tokio::sync::watch::channel(false);
+        let cut = std::sync::Arc::new(cut);
+        let state = cut.clone();
+        std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("the proxy's runtime");
+            runtime.block_on(async move {
+                let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+                loop {
+                    let Ok((client, _)) = listener.accept().await else {
+                        return;
+                    };
+                    let state = state.clone();
+                    tokio::spawn(async move {
+                        // A connection made during a cut waits for the heal.
+                        let mut open = state.subscribe();
+                        let _ = open.wait_for(|cut| !*cut).await;
+                        let Ok(server) =
+                            tokio::net::TcpStream::connect(("127.0.0.1", target)).await
+                        else {
+                            return;
+                        };
+                        let (cr, cw) = client.into_split();
+                        let (sr, sw) = server.into_split();
+                        tokio::join!(
+                            Self::pipe(cr, sw, state.subscribe()),
+                            Self::pipe(sr, cw, state.subscribe())
+                        );
+                    });
+                }
+            });
+        });
+        TcpCut { port, cut }
+    }
+
+    async fn pipe(
+        mut from: tokio::net::tcp::OwnedReadHalf,
+        mut to: tokio::net::tcp::OwnedWriteHalf,
+        mut cut: tokio::sync::watch::Receiver<bool>,
+    ) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            // Nothing is read while cut: what is sent waits in the
+            // sockets, as it would in a partition, and flows on the heal.
+            if cut.wait_for(|cut| !*cut).await.is_err() {
+                return;
+            }
+            let n = match from.read(&mut buf).await {
+                Ok(0) | Err(_) => {
+                    let _ = to.shutdown().await;
+                    return;
+                }
+                Ok(n) => n,
+            };
+            if cut.wait_for(|cut| !*cut).await.is_err() {
+                return;
+            }
+            if to.write_all(&buf[..n]).await.is_err() {
+                return;
+            }
+        }
+    }
+
+    /// Stops every byte, both ways.
+    pub fn cut(&self) {
+        self.cut.send_replace(true);
+    }
+
+    /// Lets bytes through again.
+    pub fn heal(&self) {
+        self.cut.send_replace(false);
     }
 }

@@ -155,6 +155,9 @@ pub(super) struct Tenure {
     /// ms on the tenure clock; 0: not valid.
     valid_until_ms: std::sync::atomic::AtomicU64,
     lapses: std::sync::atomic::AtomicU64,
+    /// The host gave its leases up (it is stopping); read without the
+    /// lock a renewal holds.
+    stopped: std::sync::atomic::AtomicBool,
 }
 
 impl Default for Tenure {
@@ -162,6 +165,7 @@ impl Default for Tenure {
         Tenure {
             valid_until_ms: std::sync::atomic::AtomicU64::new(0),
             lapses: std::sync::atomic::AtomicU64::new(0),
+            stopped: std::sync::atomic::AtomicBool::new(false),
         }
     }
 }
@@ -240,6 +244,10 @@ impl Tenure {
     /// database had not let the lease expire before it.
     fn renewed(&self, started_ms: u64, lease_ms: i64, continuous: bool) {
         use std::sync::atomic::Ordering;
+        if self.stopped.load(Ordering::Acquire) {
+            // A renewal that raced the release serves nothing more.
+            return;
+        }
         if !continuous {
             // Before the new validity is visible: whoever sees it sees the lapse.
             self.lapses.fetch_add(1, Ordering::AcqRel);
@@ -300,7 +308,8 @@ impl Storage {
         let Some(me) = self.cluster() else {
             return Ok(None);
         };
-        let stopping = *self.stopping();
+        // Not the lock a renewal holds (a renewal may hang on the database).
+        let stopping = self.is_stopping();
         if !stopping && !self.lease_valid() {
             return Err(LeaseLost {
                 path: path.to_string(),
@@ -363,7 +372,10 @@ impl Storage {
 
     /// Whether this host gave its leases up (it is stopping).
     pub fn is_stopping(&self) -> bool {
-        *self.stopping()
+        self.inner
+            .tenure
+            .stopped
+            .load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// Forgets which streams the host at `url` owns: a request forwarded
@@ -423,10 +435,15 @@ impl Storage {
         let Some(me) = self.cluster() else {
             return Ok(());
         };
+        // It serves none of its streams from now on (said before the lock,
+        // which a hung renewal may hold).
+        self.inner
+            .tenure
+            .stopped
+            .store(true, std::sync::atomic::Ordering::Release);
+        self.inner.tenure.lost();
         let mut stopping = self.stopping();
         *stopping = true;
-        // It serves none of its streams from now on.
-        self.inner.tenure.lost();
         self.with_reader(|db| {
             db.execute(
                 "UPDATE hosts SET heartbeat_ms = 0 WHERE id = ?1",
