@@ -234,15 +234,34 @@ impl Owners {
     }
 }
 
+/// The protocol's one rule on the database's clock: a host's leases are
+/// live while its last renewal (`heartbeat_ms`) is within its own
+/// `lease_ms` of `now_ms`. A renewal that finds it false has lapsed; a
+/// takeover needs it false.
+pub(super) fn lease_live(heartbeat_ms: i64, lease_ms: i64, now_ms: i64) -> bool {
+    heartbeat_ms.saturating_add(lease_ms) >= now_ms
+}
+
 impl Tenure {
     fn valid(&self) -> bool {
-        use std::sync::atomic::Ordering;
-        tenure_clock_ms() < self.valid_until_ms.load(Ordering::Acquire)
+        self.valid_at(tenure_clock_ms())
+    }
+
+    /// Whether the host may serve at `now_ms` (on the tenure clock).
+    pub(super) fn valid_at(&self, now_ms: u64) -> bool {
+        now_ms
+            < self
+                .valid_until_ms
+                .load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    pub(super) fn lapses(&self) -> u64 {
+        self.lapses.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// A renewal that started at `started_ms` succeeded; `continuous`: the
     /// database had not let the lease expire before it.
-    fn renewed(&self, started_ms: u64, lease_ms: i64, continuous: bool) {
+    pub(super) fn renewed(&self, started_ms: u64, lease_ms: i64, continuous: bool) {
         use std::sync::atomic::Ordering;
         if self.stopped.load(Ordering::Acquire) {
             // A renewal that raced the release serves nothing more.
@@ -285,10 +304,7 @@ impl Storage {
     /// How many renewals found this host's leases expired in the database
     /// (an actor that took its lease under an older count loads again).
     pub fn lease_lapses(&self) -> u64 {
-        self.inner
-            .tenure
-            .lapses
-            .load(std::sync::atomic::Ordering::Acquire)
+        self.inner.tenure.lapses()
     }
 
     /// Until when (on [`tenure_clock_ms`]) this host may serve its
@@ -404,14 +420,15 @@ impl Storage {
                 // read the row FOR SHARE: a takeover either saw the lease
                 // expired before this (then this sees it expired too) or
                 // waits and sees it renewed.
-                let live = db.query_opt(
-                    &format!(
-                        "SELECT CASE WHEN heartbeat_ms + lease_ms >= {NOW_MS} THEN 1 ELSE 0 END
-                         FROM hosts WHERE id = ?1 FOR UPDATE"
-                    ),
-                    args![&me.id],
-                    |r| r.int(0),
-                )?;
+                let live = db
+                    .query_opt(
+                        &format!(
+                            "SELECT heartbeat_ms, lease_ms, {NOW_MS} FROM hosts WHERE id = ?1 FOR UPDATE"
+                        ),
+                        args![&me.id],
+                        |r| Ok(lease_live(r.int(0)?, r.int(1)?, r.int(2)?)),
+                    )?
+                    .unwrap_or(false);
                 db.execute(
                     &format!(
                         "INSERT INTO hosts (id, url, heartbeat_ms, lease_ms) VALUES (?1, ?2, {NOW_MS}, ?3)
@@ -420,7 +437,7 @@ impl Storage {
                     ),
                     args![&me.id, &me.url, me.lease_ms],
                 )?;
-                Ok(live == Some(1))
+                Ok(live)
             })?;
             self.inner.tenure.renewed(started, me.lease_ms, continuous);
             Ok(())
@@ -618,11 +635,10 @@ fn take(db: Db<'_>, project: &str, path: &str, me: &str, stopping: bool) -> Resu
     let owner_row = |db: Db<'_>, owner: &str| {
         db.query_opt(
             &format!(
-                "SELECT url, CASE WHEN heartbeat_ms + lease_ms >= {NOW_MS} THEN 1 ELSE 0 END
-                 FROM hosts WHERE id = ?1 FOR SHARE"
+                "SELECT url, heartbeat_ms, lease_ms, {NOW_MS} FROM hosts WHERE id = ?1 FOR SHARE"
             ),
             args![owner],
-            |r| Ok((r.text(0)?, r.int(1)? == 1)),
+            |r| Ok((r.text(0)?, lease_live(r.int(1)?, r.int(2)?, r.int(3)?))),
         )
     };
     let elsewhere = |owner: String, url: String| Ok(Taken::Elsewhere { owner, url });

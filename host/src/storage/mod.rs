@@ -12,6 +12,8 @@ mod faults;
 mod hot;
 mod ingest;
 mod lease;
+#[cfg(test)]
+mod lease_sim;
 mod schema;
 pub mod sql;
 mod tls;
