@@ -10,6 +10,12 @@
 //! `effector` processor's webhook effects, live SSE connections, and a
 //! poller of the processor's checkpoint.
 //!
+//! With several hosts (`several_hosts_under_kills_pauses_and_cuts_keep_the_history`,
+//! on PostgreSQL) requests go to the hosts in turn, the supervisor also
+//! SIGSTOPs hosts past their lease and cuts one off from PostgreSQL, and
+//! a reader checks that no read that began after an append was
+//! acknowledged misses it.
+//!
 //! CI runs the short profile (3 crashes). The long one:
 //! `STREAMHOST_CHAOS_CRASHES=50 cargo test -p streamhost --test e2e chaos::mixed -- --nocapture`
 //! (`STREAMHOST_CHAOS_SEED` picks the kill points and the load mix; a run
@@ -100,12 +106,18 @@ struct History {
     sse_connections: u64,
     sse_events: u64,
     checkpoints: u64,
+    /// The highest acknowledged offset of each stream.
+    heads: HashMap<String, u64>,
+    /// Reads checked against what was acknowledged before they began.
+    fresh_reads: u64,
 }
 
-/// What the load tasks share: the server's current URL (it changes with
-/// every restart), the history, and the phase flags.
+/// What the load tasks share: the hosts' current URLs (each changes with
+/// every restart; every request goes to the next host), the history, and
+/// the phase flags.
 struct Run {
-    url: RwLock<String>,
+    urls: RwLock<Vec<String>>,
+    next_host: AtomicU64,
     client: reqwest::Client,
     history: Mutex<History>,
     /// The writers stop starting operations.
@@ -122,8 +134,23 @@ impl Run {
         self.history.lock().unwrap().violations.push(text);
     }
 
+    /// The next host's URL (round robin: with several hosts, most requests
+    /// meet a host that forwards them to the stream's owner).
     fn base(&self) -> String {
-        self.url.read().unwrap().clone()
+        let urls = self.urls.read().unwrap();
+        let n = self.next_host.fetch_add(1, Ordering::Relaxed) as usize;
+        urls[n % urls.len()].clone()
+    }
+
+    /// The highest offset of `stream` acknowledged so far.
+    fn acked_head(&self, stream: &str) -> u64 {
+        self.history
+            .lock()
+            .unwrap()
+            .heads
+            .get(stream)
+            .copied()
+            .unwrap_or(0)
     }
 
     /// Sends `body` to `path` until the answer is definite: a lost
@@ -186,11 +213,14 @@ impl Run {
             }
             let offset = got["offset"].as_u64().unwrap_or_default();
             offsets.push(offset);
-            self.history.lock().unwrap().acked.push(Acked {
+            let mut h = self.history.lock().unwrap();
+            h.acked.push(Acked {
                 stream: stream.to_string(),
                 id: id.to_string(),
                 offset,
             });
+            let head = h.heads.entry(stream.to_string()).or_default();
+            *head = (*head).max(offset);
         }
         Some(offsets)
     }
@@ -313,6 +343,42 @@ async fn sse_client(run: Arc<Run>, n: usize) {
             }
             run.sse_seen[n].store(last, Ordering::SeqCst);
         }
+    }
+}
+
+/// Reads the shared streams through every host in turn: a read that began
+/// after an append was acknowledged must include it (a host may refuse,
+/// `503`, but never answer from a stale view).
+async fn fresh_reader(run: Arc<Run>) {
+    let mut n = 0u64;
+    while !run.done.load(Ordering::SeqCst) {
+        n += 1;
+        let stream = format!("/chaos/a{}", n % SHARED);
+        let acked = run.acked_head(&stream);
+        if acked == 0 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            continue;
+        }
+        let url = format!(
+            "{}{P}{stream}:events?afterOffset={}&limit=1",
+            run.base(),
+            acked - 1
+        );
+        if let Ok(r) = run.client.get(url).send().await {
+            if r.status() == 200 {
+                if let Ok(page) = r.json::<Value>().await {
+                    let first = page["events"][0]["offset"].as_u64();
+                    if first != Some(acked) {
+                        run.violation(format!(
+                            "{stream}: a read that began after offset {acked} was acknowledged \
+                             answered {page}"
+                        ));
+                    }
+                    run.history.lock().unwrap().fresh_reads += 1;
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
 
@@ -597,26 +663,83 @@ fn check_deliveries(what: &str, delivered: &[u64], expected: &[u64]) -> Option<S
         .then(|| format!("{what}: first deliveries {first:?}, source order {expected:?}"))
 }
 
+fn env(k: &str) -> Option<u64> {
+    std::env::var(k).ok().and_then(|v| v.parse::<u64>().ok())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn mixed_load_survives_sigkill_loops_and_the_history_checks_out() {
-    let env = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<u64>().ok());
-    let seed = env("STREAMHOST_CHAOS_SEED").unwrap_or(1);
     let crashes = env("STREAMHOST_CHAOS_CRASHES").unwrap_or(3);
+    chaos(1, crashes, 0, 0).await;
+}
+
+/// Several hosts on one PostgreSQL (runs in the PostgreSQL pass): the same
+/// load through three hosts in turn while the supervisor SIGKILLs hosts,
+/// SIGSTOPs one past its lease and lets it go on, and cuts one off from
+/// PostgreSQL (a loopback proxy) and heals it. CI runs a short profile;
+/// the long one: `STREAMHOST_CHAOS_CLUSTER_CRASHES=20
+/// STREAMHOST_CHAOS_CLUSTER_PAUSES=10 STREAMHOST_CHAOS_CLUSTER_CUTS=5`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn several_hosts_under_kills_pauses_and_cuts_keep_the_history() {
+    if crate::cluster::on_sqlite() {
+        return;
+    }
+    let crashes = env("STREAMHOST_CHAOS_CLUSTER_CRASHES").unwrap_or(2);
+    let pauses = env("STREAMHOST_CHAOS_CLUSTER_PAUSES").unwrap_or(1);
+    let cuts = env("STREAMHOST_CHAOS_CLUSTER_CUTS").unwrap_or(1);
+    chaos(3, crashes, pauses, cuts).await;
+}
+
+/// Several hosts' leases in the chaos runs: short, so faults move streams.
+const CLUSTER_LEASE_MS: u64 = 1500;
+
+/// One fault of the supervisor's schedule.
+#[derive(Debug, Clone, Copy)]
+enum Fault {
+    /// SIGKILL and start again.
+    Kill,
+    /// SIGSTOP past the lease, then SIGCONT.
+    Pause,
+    /// Cut off from PostgreSQL past the lease, then healed.
+    Cut,
+}
+
+/// The chaos run: `hosts` servers (one: SQLite or PostgreSQL as the suite
+/// runs; several: a cluster on PostgreSQL, host 0 behind a cuttable
+/// proxy), with `crashes` kills, `pauses` pauses and `cuts` cuts at seeded
+/// points of the load.
+async fn chaos(hosts: usize, crashes: u64, pauses: u64, cuts: u64) {
+    let seed = env("STREAMHOST_CHAOS_SEED").unwrap_or(1);
     // The soak: steady load for this long, the server's RSS sampled.
     let soak = env("STREAMHOST_CHAOS_SOAK_SECS").map(Duration::from_secs);
     let rate = env("STREAMHOST_CHAOS_RATE").or(soak.map(|_| 25));
-    println!("chaos: seed {seed}, {crashes} crashes");
+    println!("chaos: seed {seed}, {hosts} hosts, {crashes} crashes, {pauses} pauses, {cuts} cuts");
     let (receiver_base, received) = receiver().await;
-    let mut server = Server::unstarted(None, Some(CONFIG), &[]);
+    let config = if hosts > 1 {
+        format!("{CONFIG}\n[cluster]\nlease-ms = {CLUSTER_LEASE_MS}\ndb-timeout-ms = 1000\n")
+    } else {
+        CONFIG.to_string()
+    };
+    let mut first = Server::unstarted(None, Some(&config), &[]);
     // Storage faults for the whole run (see the server's storage::faults).
     if let Ok(faults) = std::env::var("STREAMHOST_CHAOS_FAULTS") {
         println!("chaos: storage faults {faults}");
-        server.env.push(("STREAMHOST_FAULTS".into(), faults));
+        first.env.push(("STREAMHOST_FAULTS".into(), faults));
     }
-    server.launch();
-    set_up(&server, &receiver_base).await;
+    first.launch();
+    let proxy = (hosts > 1).then(|| crate::support::TcpCut::start(crate::cluster::postgres_port()));
+    let mut servers = vec![first];
+    for _ in 1..hosts {
+        let joined = match (&proxy, servers.len()) {
+            (Some(proxy), 1) => Server::joining_through(&servers[0], Some(&config), proxy),
+            _ => Server::joining(&servers[0], Some(&config)),
+        };
+        servers.push(joined);
+    }
+    set_up(&servers[0], &receiver_base).await;
     let run = Arc::new(Run {
-        url: RwLock::new(server.url.clone()),
+        urls: RwLock::new(servers.iter().map(|s| s.url.clone()).collect()),
+        next_host: AtomicU64::new(0),
         client: reqwest::Client::builder()
             .timeout(Duration::from_secs(10))
             .build()
@@ -636,23 +759,52 @@ async fn mixed_load_survives_sigkill_loops_and_the_history_checks_out() {
         .map(|n| tokio::spawn(sse_client(run.clone(), n)))
         .collect();
     watchers.push(tokio::spawn(checkpoint_poller(run.clone())));
+    watchers.push(tokio::spawn(fresh_reader(run.clone())));
 
-    // The supervisor: SIGKILL at seeded points while the load runs.
+    // The supervisor: faults at seeded points while the load runs.
     let started = Instant::now();
     let mut rng = Rng(seed);
-    for crash in 1..=crashes {
+    let mut schedule: Vec<Fault> = std::iter::repeat_n(Fault::Kill, crashes as usize)
+        .chain(std::iter::repeat_n(Fault::Pause, pauses as usize))
+        .chain(std::iter::repeat_n(Fault::Cut, cuts as usize))
+        .collect();
+    for i in (1..schedule.len()).rev() {
+        schedule.swap(i, rng.below(i as u64 + 1) as usize);
+    }
+    let total = schedule.len();
+    for (n, fault) in schedule.into_iter().enumerate() {
         let after = 200 + rng.below(1300);
-        // Not a wait for a condition: the kill point is the schedule itself.
+        let host = rng.below(hosts as u64) as usize;
+        // Not a wait for a condition: the fault points are the schedule itself.
         tokio::time::sleep(Duration::from_millis(after)).await;
-        tokio::task::block_in_place(|| server.restart());
-        *run.url.write().unwrap() = server.url.clone();
+        // Past the lease, so another host may take the streams over.
+        let past_lease = Duration::from_millis(CLUSTER_LEASE_MS + 300 + rng.below(1200));
+        match fault {
+            Fault::Kill => {
+                tokio::task::block_in_place(|| servers[host].restart());
+                run.urls.write().unwrap()[host] = servers[host].url.clone();
+            }
+            Fault::Pause => {
+                servers[host].signal("STOP");
+                tokio::time::sleep(past_lease).await;
+                servers[host].signal("CONT");
+            }
+            Fault::Cut => {
+                let proxy = proxy.as_ref().expect("cuts need several hosts");
+                proxy.cut();
+                tokio::time::sleep(past_lease).await;
+                proxy.heal();
+            }
+        }
         let h = run.history.lock().unwrap();
         println!(
-            "chaos: crash {crash}/{crashes} {after} ms into its round; {} events acknowledged, {} retried requests so far",
+            "chaos: fault {}/{total}: {fault:?} of host {host} {after} ms into its round; {} events acknowledged, {} retried requests so far",
+            n + 1,
             h.acked.len(),
             h.retries
         );
     }
+    let server = &mut servers[0];
     if let Some(length) = soak {
         const MIB: f64 = 1024.0 * 1024.0;
         let rss_mib = |s: &Server| s.rss_bytes() as f64 / MIB;
@@ -660,7 +812,7 @@ async fn mixed_load_survives_sigkill_loops_and_the_history_checks_out() {
         let mut tick = tokio::time::interval(Duration::from_secs(30));
         while started.elapsed() < length {
             tick.tick().await;
-            let rss = rss_mib(&server);
+            let rss = rss_mib(server);
             samples.push(rss);
             let sqlite = server.metric("streamhost_sqlite_memory_bytes").await as f64 / MIB;
             let acked = run.history.lock().unwrap().acked.len();
@@ -686,7 +838,20 @@ async fn mixed_load_survives_sigkill_loops_and_the_history_checks_out() {
     let load_time = started.elapsed();
 
     // Let everything be delivered, then compare.
-    let s = &server;
+    let server = &servers[0];
+    let s = server;
+    // What every host logged (ITX deliveries run on the stream's owner),
+    // merged in time order (each line starts with its RFC 3339 time).
+    let all_logs = || {
+        let mut lines: Vec<String> = servers
+            .iter()
+            .flat_map(|s| s.all_logs().lines().map(str::to_string).collect::<Vec<_>>())
+            .collect();
+        if servers.len() > 1 {
+            lines.sort_by(|a, b| a.split(' ').next().cmp(&b.split(' ').next()));
+        }
+        lines.join("\n")
+    };
     let a0 = s.all_events(&format!("{P}/chaos/a0")).await;
     let matched0 = ids(&a0, MATCHED);
     wait_for("the copy chain to catch up", SETTLE, async || {
@@ -731,7 +896,7 @@ async fn mixed_load_survives_sigkill_loops_and_the_history_checks_out() {
     let a2 = s.all_events(&format!("{P}/chaos/a2")).await;
     let expected_itx = offsets_of(&a2, MATCHED);
     wait_for("every ITX delivery", SETTLE, async || {
-        let have: HashSet<u64> = itx_offsets(&s.all_logs()).into_iter().collect();
+        let have: HashSet<u64> = itx_offsets(&all_logs()).into_iter().collect();
         expected_itx.iter().all(|o| have.contains(o))
     })
     .await;
@@ -819,7 +984,7 @@ async fn mixed_load_survives_sigkill_loops_and_the_history_checks_out() {
     for (what, delivered, expected) in [
         ("webhook", hook_offsets(), &expected_hook),
         ("webhook with skips", flaky_offsets(), &expected_hook),
-        ("ITX", itx_offsets(&s.all_logs()), &expected_itx),
+        ("ITX", itx_offsets(&all_logs()), &expected_itx),
     ] {
         if let Some(v) = check_deliveries(what, &delivered, expected) {
             run.violation(v);
@@ -890,9 +1055,9 @@ async fn mixed_load_survives_sigkill_loops_and_the_history_checks_out() {
     };
     let h = run.history.lock().unwrap();
     println!(
-        "chaos: seed {seed}: {crashes} crashes in {:.1} s; {} appends ({} events acknowledged, {} retried requests), \
+        "chaos: seed {seed}: {hosts} hosts, {crashes} crashes, {pauses} pauses, {cuts} cuts in {:.1} s; {} appends ({} events acknowledged, {} retried requests), \
          {} ingest events accepted, {} webhook posts ({} events skipped by policy), {} ITX event deliveries, {} effect posts, {} SSE connections ({} events), \
-         {} checkpoint reads; violations: {}",
+         {} checkpoint reads, {} fresh reads; violations: {}",
         load_time.as_secs_f64(),
         h.appends,
         h.acked.len(),
@@ -900,28 +1065,36 @@ async fn mixed_load_survives_sigkill_loops_and_the_history_checks_out() {
         h.ingested.len(),
         hook_posts,
         skipped.len(),
-        itx_offsets(&s.all_logs()).len(),
+        itx_offsets(&all_logs()).len(),
         fx_posts,
         h.sse_connections,
         h.sse_events,
         h.checkpoints,
+        h.fresh_reads,
         h.violations.len()
     );
     if !h.violations.is_empty() {
-        // Keep the evidence: the database and every start's log.
-        server.kill();
+        // Keep the evidence: each host's data dir and every start's log.
         let keep = std::env::temp_dir().join(format!("streamhost-chaos-seed-{seed}"));
         let _ = std::fs::remove_dir_all(&keep);
-        std::fs::create_dir_all(keep.join("data")).unwrap();
-        for dir in [server.dir.path().to_path_buf(), server.data_dir()] {
-            for entry in std::fs::read_dir(&dir).unwrap().flatten() {
-                if entry.path().is_file() {
-                    let to = if dir == server.data_dir() {
-                        keep.join("data")
-                    } else {
-                        keep.clone()
-                    };
-                    std::fs::copy(entry.path(), to.join(entry.file_name())).unwrap();
+        for (i, server) in servers.iter_mut().enumerate() {
+            server.kill();
+            let kept = if hosts > 1 {
+                keep.join(format!("host-{i}"))
+            } else {
+                keep.clone()
+            };
+            std::fs::create_dir_all(kept.join("data")).unwrap();
+            for dir in [server.dir.path().to_path_buf(), server.data_dir()] {
+                for entry in std::fs::read_dir(&dir).unwrap().flatten() {
+                    if entry.path().is_file() {
+                        let to = if dir == server.data_dir() {
+                            kept.join("data")
+                        } else {
+                            kept.clone()
+                        };
+                        std::fs::copy(entry.path(), to.join(entry.file_name())).unwrap();
+                    }
                 }
             }
         }

@@ -799,7 +799,7 @@ async fn a_database_call_that_hangs_fails_after_db_timeout_ms() {
 }
 
 /// The port of the test PostgreSQL (from `STREAMHOST_TEST_POSTGRES`).
-fn postgres_port() -> u16 {
+pub(crate) fn postgres_port() -> u16 {
     let base = crate::support::postgres_base().expect("PostgreSQL");
     let host_port = base.rsplit('@').next().unwrap();
     let host_port = host_port.split('/').next().unwrap();
