@@ -955,3 +955,52 @@ async fn a_host_cut_off_from_postgres_stops_serving_before_another_takes_over() 
         (1..=events.len() as u64).collect::<Vec<_>>()
     );
 }
+
+/// `sslmode=require` in the PostgreSQL URL is honoured: with the test
+/// server's CA (`sslrootcert`) every connection of the host is encrypted
+/// (PostgreSQL's `pg_stat_ssl` says so); without a CA that vouches for the
+/// server, the host refuses to start, naming the certificate.
+#[tokio::test]
+async fn sslmode_require_connects_with_tls_and_verifies_the_server() {
+    if on_sqlite() {
+        return;
+    }
+    let ca = std::env::var("STREAMHOST_TEST_POSTGRES_CA").unwrap_or_default();
+    if ca.is_empty() || !std::path::Path::new(&ca).exists() {
+        assert!(
+            std::env::var("CI").is_err(),
+            "CI runs the PostgreSQL pass with TLS: STREAMHOST_TEST_POSTGRES_CA ({ca:?}) names no file"
+        );
+        println!("skipped: the test PostgreSQL has no TLS (STREAMHOST_TEST_POSTGRES_CA)");
+        return;
+    }
+    let a = Server::start_with(Some(CLUSTER), &[]);
+    let url = a.postgres_url().expect("PostgreSQL").to_string();
+    let db = url.rsplit('/').next().unwrap().to_string();
+    let b = Server::joining_at(
+        Some(CLUSTER),
+        format!("{url}?sslmode=require&sslrootcert={ca}"),
+    )
+    .unwrap_or_else(|log| panic!("the host with sslmode=require did not start:\n{log}"));
+    let stream = format!("{P}/tls");
+    let (status, out) = b
+        .post(&format!("{stream}:append"), ev("x.y/a", json!({"n": 1})))
+        .await;
+    assert_eq!(status, 200, "{out}");
+    // Every connection from B is TLS; A (no sslmode) stays in plain text.
+    let count = |ssl: bool| {
+        a.db().query_i64(&format!(
+            "SELECT COUNT(*) FROM pg_stat_ssl s JOIN pg_stat_activity a ON a.pid = s.pid
+             WHERE a.datname = '{db}' AND s.ssl = {ssl}"
+        ))
+    };
+    assert!(count(true).unwrap() >= 2, "B's connections are not TLS");
+    // Without the CA, the server's certificate is not trusted.
+    let refused = Server::joining_at(Some(CLUSTER), format!("{url}?sslmode=require"))
+        .err()
+        .expect("a host that cannot verify the server must not start");
+    assert!(
+        refused.contains("certificate") || refused.contains("UnknownIssuer"),
+        "the refusal names the certificate:\n{refused}"
+    );
+}

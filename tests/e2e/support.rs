@@ -222,6 +222,22 @@ impl Server {
         s
     }
 
+    /// Another host on `other`'s database, at `url` (the same database
+    /// with other parameters, such as `sslmode`); started, or the log of a
+    /// start that failed.
+    pub fn joining_at(config: Option<&str>, url: String) -> Result<Server, String> {
+        let mut s = Self::unstarted_joining(config, url);
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| s.spawn())) {
+            Ok(()) => Ok(s),
+            Err(_) => Err(s.log()),
+        }
+    }
+
+    /// The PostgreSQL URL of this server's database, if it has one.
+    pub fn postgres_url(&self) -> Option<&str> {
+        self.postgres.as_deref()
+    }
+
     fn unstarted_joining(config: Option<&str>, postgres: String) -> Server {
         let dir = tempfile::tempdir().expect("temp dir");
         let config = config.map(|text| {

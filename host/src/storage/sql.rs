@@ -146,6 +146,8 @@ pub struct PgTarget {
     /// The `postgres://` URL as configured.
     pub url: String,
     config: std::sync::Arc<postgres::Config>,
+    /// `sslrootcert` of the URL: the CA that `sslmode=require` trusts.
+    root_cert: Option<std::path::PathBuf>,
 }
 
 impl std::fmt::Debug for PgTarget {
@@ -161,7 +163,8 @@ impl PgTarget {
     /// peer that vanished (TCP keepalives and `TCP_USER_TIMEOUT`, so a
     /// half-open connection fails instead of waiting for hours).
     pub fn new(url: &str, timeout_ms: u64) -> Result<PgTarget> {
-        let mut config: postgres::Config = url
+        let (parsed, root_cert) = super::tls::split_root_cert(url);
+        let mut config: postgres::Config = parsed
             .parse()
             .with_context(|| format!("parsing the PostgreSQL URL {}", redact(url)))?;
         let timeout = std::time::Duration::from_millis(timeout_ms.max(1));
@@ -184,12 +187,13 @@ impl PgTarget {
         Ok(PgTarget {
             url: url.to_string(),
             config: std::sync::Arc::new(config),
+            root_cert,
         })
     }
 
     /// A new client (TLS as the URL's `sslmode` says).
     pub fn client(&self) -> Result<postgres::Client> {
-        blocking(|| super::tls::connect(&self.config))
+        blocking(|| super::tls::connect(&self.config, self.root_cert.as_deref()))
             .with_context(|| format!("connecting to PostgreSQL at {}", redact(&self.url)))
     }
 }
