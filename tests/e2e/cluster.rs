@@ -1004,3 +1004,42 @@ async fn sslmode_require_connects_with_tls_and_verifies_the_server() {
         "the refusal names the certificate:\n{refused}"
     );
 }
+
+/// A host that does not own a stream keeps no actor of it and does not
+/// lock its lease row per request: it remembers the owner for a lease, so
+/// requests through it go on while the lease row is locked elsewhere (as
+/// the owner's commits lock it), and its actors go once they answered.
+#[tokio::test]
+async fn a_non_owner_remembers_the_owner_and_keeps_no_actor() {
+    if on_sqlite() {
+        return;
+    }
+    const CONFIG: &str = "[cluster]\nlease-ms = 5000\ndb-timeout-ms = 500\n";
+    let a = Server::start_with(Some(CONFIG), &[]);
+    let b = Server::joining(&a, Some(CONFIG));
+    let stream = format!("{P}/remembered");
+    let (status, _) = a
+        .post(&format!("{stream}:append"), ev("x.y/a", json!({"n": 1})))
+        .await;
+    assert_eq!(status, 200);
+    // B learns the owner once.
+    let (status, page) = b.get(&format!("{stream}:events?afterOffset=0")).await;
+    assert_eq!(status, 200, "{page}");
+    // With the lease row locked, B still forwards at once: it asks the
+    // database nothing (asking would wait on the lock and time out).
+    let release = hold_lock(
+        &b,
+        "SELECT 1 FROM stream_leases WHERE path = '/remembered' FOR UPDATE",
+    );
+    for _ in 0..20 {
+        let (status, page) = b.get(&format!("{stream}:events?afterOffset=0")).await;
+        assert_eq!(status, 200, "{page}");
+        assert_eq!(page["events"].as_array().unwrap().len(), 2, "{page}");
+    }
+    drop(release);
+    // B's actors of the stream went once they answered.
+    wait_for("B to hold no actor", Duration::from_secs(10), async || {
+        b.metric("streamhost_stream_actors").await == 0
+    })
+    .await;
+}
