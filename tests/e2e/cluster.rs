@@ -1043,3 +1043,96 @@ async fn a_non_owner_remembers_the_owner_and_keeps_no_actor() {
     })
     .await;
 }
+
+/// A refold asked for through a host that does not own the instance's
+/// stream runs on the owner (its switch fenced by the owner's lease): the
+/// instance switches to the new version at its checkpoint.
+#[tokio::test]
+async fn a_refold_through_another_host_runs_on_the_owner() {
+    if on_sqlite() {
+        return;
+    }
+    let a = Server::start_with(Some(CLUSTER), &[]);
+    let b = Server::joining(&a, Some(CLUSTER));
+    let stream = format!("{P}/refolded");
+    let (status, v1) = a.deploy("acme", "proc", guest("counter")).await;
+    assert_eq!(status, 200, "{v1}");
+    let wake = json!({"events": [{"type": "events.iterate.com/stream/subscription-configured",
+        "payload": {"subscriptionKey": "p", "receiver": {"action": "processor-wake",
+            "expression": ["components", ["get", "proc"], "wake"]}}}]});
+    let (status, out) = a.post(&format!("{stream}:append"), wake).await;
+    assert_eq!(status, 200, "{out}");
+    for n in 0..3 {
+        a.post(&format!("{stream}:append"), ev("x.y/a", json!({"n": n})))
+            .await;
+    }
+    let before = crate::processors::caught_up(&a, &stream, "proc").await;
+    assert_eq!(before["digest"], v1["digest"], "{before}");
+    // Through B, which owns nothing: the instance is A's.
+    let (status, v2) = b
+        .deploy_with_query("acme", "proc", guest("effector"), "refold=true")
+        .await;
+    assert_eq!(status, 200, "{v2}");
+    wait_for(
+        "the owner to switch the instance to the refolded version",
+        Duration::from_secs(30),
+        async || {
+            let (_, p) = a.get(&format!("{stream}:processors/proc")).await;
+            p["digest"] == v2["digest"]
+        },
+    )
+    .await;
+    let (_, after) = a.get(&format!("{stream}:processors/proc")).await;
+    assert_eq!(
+        after["checkpointOffset"], before["checkpointOffset"],
+        "{after}"
+    );
+    assert_ne!(
+        after["state"], before["state"],
+        "the new version's fold: {after}"
+    );
+    assert!(
+        b.log().contains("refold switched"),
+        "B reports the owner's switch:\n{}",
+        b.log()
+    );
+}
+
+/// A host that starts loads only the subscribed streams it owned or nobody
+/// holds, not every subscribed stream of the database: streams a live
+/// host owns stay there.
+#[tokio::test]
+async fn a_starting_host_leaves_a_live_hosts_subscribed_streams_alone() {
+    if on_sqlite() {
+        return;
+    }
+    let (hook, _posts) = webhook_receiver().await;
+    let a = Server::start_with(Some(CLUSTER), &[]);
+    for n in 0..3 {
+        let stream = format!("{P}/subscribed{n}");
+        let sub = json!({"events": [{"type": "events.iterate.com/stream/subscription-configured",
+            "payload": {"subscriptionKey": "h", "receiver": {"action": "webhook-post", "url": hook}}}]});
+        let (status, out) = a.post(&format!("{stream}:append"), sub).await;
+        assert_eq!(status, 200, "{out}");
+    }
+    let b = Server::joining(&a, Some(CLUSTER));
+    // Until B has renewed twice (its start-up is long over by then).
+    let mut last = cluster_rows(&b, [&b.url]).await.1[0]["lastSeenAt"].clone();
+    let mut renewals = 0;
+    wait_for("B to renew twice", Duration::from_secs(20), async || {
+        let seen = cluster_rows(&b, [&b.url]).await.1[0]["lastSeenAt"].clone();
+        if seen != last {
+            renewals += 1;
+            last = seen;
+        }
+        renewals >= 2
+    })
+    .await;
+    assert_eq!(
+        b.metric("streamhost_stream_loads").await,
+        0,
+        "B loaded streams A owns"
+    );
+    let (_, [a_row]) = cluster_rows(&b, [&a.url]).await;
+    assert_eq!(a_row["streams"], 3, "{a_row}");
+}

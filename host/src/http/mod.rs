@@ -345,6 +345,31 @@ async fn internal_call(State(host): State<Host>, headers: HeaderMap, body: Body)
             Call::Deliver { batch } => {
                 remote::to_value(host.streams.deliver_here(&address, batch).await)
             }
+            Call::Refold {
+                component,
+                digest,
+                timeout_ms,
+            } => remote::to_value(
+                crate::processor::refold::refold_here(
+                    &host.streams,
+                    &address,
+                    &component,
+                    &digest,
+                    timeout_ms,
+                )
+                .await
+                .map_err(|f| {
+                    if f.retryable {
+                        crate::error::Error::unavailable("refold-failed", f.message, 1)
+                    } else {
+                        crate::error::Error::new(
+                            crate::error::ErrorKind::Unprocessable,
+                            "refold-failed",
+                            f.message,
+                        )
+                    }
+                }),
+            ),
         };
         // The lease moved on again: the caller retries (no second hop).
         answer.map_err(|mut e| {

@@ -164,7 +164,12 @@ pub async fn resume_pending(streams: &Streams, timeout_ms: u64) {
     }
 }
 
-/// Refolds one instance; answers the offset it switched at.
+/// Longest a host waits for a stream's owner to refold an instance.
+const REMOTE_REFOLD_WAIT: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// Refolds one instance; answers the offset it switched at. With several
+/// hosts the stream's owner refolds it (its switch carries the owner's
+/// lease): a stream owned elsewhere is sent there.
 async fn refold(
     streams: &Streams,
     address: &StreamAddress,
@@ -172,6 +177,35 @@ async fn refold(
     digest: &str,
     timeout_ms: u64,
 ) -> Result<u64, Failure> {
+    match streams.fence(address).await {
+        Err(e) if e.owner_url.as_deref().is_some_and(|u| !u.is_empty()) => {
+            let call = crate::stream::remote::Call::Refold {
+                component: component.to_string(),
+                digest: digest.to_string(),
+                timeout_ms,
+            };
+            streams
+                .call_owner(address, e, call, REMOTE_REFOLD_WAIT)
+                .await
+                .map_err(|e| Failure::new(e.message, true))
+        }
+        _ => refold_here(streams, address, component, digest, timeout_ms).await,
+    }
+}
+
+/// Refolds one instance on this host (its owner); answers the offset it
+/// switched at.
+pub async fn refold_here(
+    streams: &Streams,
+    address: &StreamAddress,
+    component: &str,
+    digest: &str,
+    timeout_ms: u64,
+) -> Result<u64, Failure> {
+    let fence = streams
+        .fence(address)
+        .await
+        .map_err(|e| Failure::new(e.message, true))?;
     let state = streams
         .state(address)
         .await
@@ -270,9 +304,10 @@ async fn refold(
                 updated_at: format_timestamp(now),
                 now_ms: now,
                 // Guarded by the live checkpoint it replaces (its version
-                // included): a wake on the owner and this switch cannot
-                // both win, whichever host runs the refold.
-                fence: None,
+                // included) and by the owner's lease: a wake and this
+                // switch cannot both win, and a deposed owner's switch
+                // commits nothing.
+                fence: fence.clone(),
             };
             match storage.submit(WriteOp::Checkpoint(switch)).blocking_recv() {
                 Ok(Ok(_)) => return Ok(shadow_through),

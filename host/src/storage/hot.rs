@@ -54,6 +54,8 @@ struct State {
     checkpoints: HashMap<(i64, String), CheckpointRow>,
     checkpoint_bytes: usize,
     components: HashMap<(String, String), Option<ComponentRow>>,
+    /// Whether a refold of a component is pending (what wakes ask).
+    refolds: HashMap<(String, String), bool>,
 }
 
 /// The cache. Shared by the readers and the writer thread.
@@ -166,21 +168,46 @@ impl Hot {
         }
     }
 
-    /// Forgets a component's row: another host deployed a version of it.
+    /// Whether a refold of component `name` of `project` is pending.
+    pub fn refold_pending(&self, project: &str, name: &str) -> Result<bool, Miss> {
+        let state = self.read();
+        match state.refolds.get(&(project.to_string(), name.to_string())) {
+            Some(pending) => Ok(*pending),
+            None => Err(Miss(state.generation)),
+        }
+    }
+
+    /// Fills what was read of a pending refold, unless a write came in
+    /// between.
+    pub fn fill_refold(&self, miss: Miss, project: &str, name: &str, pending: bool) {
+        let mut state = self.write();
+        if state.generation == miss.0 {
+            if state.refolds.len() >= COMPONENTS_MAX {
+                state.refolds.clear();
+            }
+            state
+                .refolds
+                .insert((project.to_string(), name.to_string()), pending);
+        }
+    }
+
+    /// Forgets a component's row and refold: another host deployed a
+    /// version of it, or finished its refold.
     pub(super) fn forget_component(&self, project: &str, name: &str) {
         let mut state = self.write();
         state.generation += 1;
-        state
-            .components
-            .remove(&(project.to_string(), name.to_string()));
+        let key = (project.to_string(), name.to_string());
+        state.components.remove(&key);
+        state.refolds.remove(&key);
     }
 
-    /// Forgets every component row: deploys on other hosts may have gone
-    /// unheard (the connection that hears of them was lost).
+    /// Forgets every component row and refold: deploys on other hosts may
+    /// have gone unheard (the connection that hears of them was lost).
     pub(super) fn forget_components(&self) {
         let mut state = self.write();
         state.generation += 1;
         state.components.clear();
+        state.refolds.clear();
     }
 
     /// Forgets what it holds of stream `row_id`: with several hosts, other
@@ -227,9 +254,13 @@ impl Hot {
                 }
                 WriteOp::Deploy(d) => {
                     state.generation += 1;
-                    state
-                        .components
-                        .remove(&(d.project.clone(), d.name.clone()));
+                    let key = (d.project.clone(), d.name.clone());
+                    state.components.remove(&key);
+                    state.refolds.remove(&key);
+                }
+                WriteOp::RefoldDone { project, name, .. } => {
+                    state.generation += 1;
+                    state.refolds.remove(&(project.clone(), name.clone()));
                 }
                 WriteOp::Reset { row_id, .. } => state.forget_stream(*row_id),
                 _ => {}

@@ -546,8 +546,14 @@ impl Storage {
     /// record is in the database from the deploy until every instance is
     /// done): its instances' wakes run their checkpoint's version, on
     /// whichever host they run.
+    /// Kept in the hot cache (changed by this host's writer, and by other
+    /// hosts' deploys and finished refolds through their notifications).
     pub fn refold_pending(&self, project: &str, name: &str) -> Result<bool> {
-        self.with_reader(|db| {
+        let miss = match self.inner.hot.refold_pending(project, name) {
+            Ok(pending) => return Ok(pending),
+            Err(miss) => miss,
+        };
+        let pending = self.with_reader(|db| {
             Ok(db
                 .query_opt(
                     "SELECT 1 FROM pending_refolds WHERE project = ?1 AND name = ?2",
@@ -555,7 +561,9 @@ impl Storage {
                     |r| r.int(0),
                 )?
                 .is_some())
-        })
+        })?;
+        self.inner.hot.fill_refold(miss, project, name, pending);
+        Ok(pending)
     }
 
     /// Refolds asked for and not yet done: (project, name, digest).

@@ -644,10 +644,23 @@ fn apply(conn: Db<'_>, op: &WriteOp) -> Result<i64> {
             project,
             name,
             digest,
-        } => Ok(conn.execute(
-            "DELETE FROM pending_refolds WHERE project = ?1 AND name = ?2 AND digest = ?3",
-            args![project, name, digest],
-        )? as i64),
+        } => {
+            let done = conn.execute(
+                "DELETE FROM pending_refolds WHERE project = ?1 AND name = ?2 AND digest = ?3",
+                args![project, name, digest],
+            )? as i64;
+            if conn.dialect() == super::sql::Dialect::Postgres {
+                // The other hosts' wakes stop pinning the old version.
+                conn.execute(
+                    "SELECT pg_notify(?1, ?2)",
+                    args![
+                        super::lease::DEPLOYED_CHANNEL,
+                        &super::lease::deployed_payload(project, name)
+                    ],
+                )?;
+            }
+            Ok(done)
+        }
         WriteOp::Reset { row_id, fence } => {
             if let Some(fence) = fence {
                 super::lease::check(conn, fence)?;

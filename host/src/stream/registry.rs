@@ -311,6 +311,26 @@ impl Streams {
         elsewhere: Error,
         call: remote::Call,
     ) -> Result<T, Error> {
+        let wait = self
+            .inner
+            .ctx
+            .storage
+            .cluster()
+            .map(|me| std::time::Duration::from_millis(me.lease_ms.max(5000) as u64))
+            .unwrap_or_default();
+        self.call_owner(address, elsewhere, call, wait).await
+    }
+
+    /// Sends `call` to the owner named by `elsewhere` (an owned-elsewhere
+    /// error), waiting at most `wait` for its answer; or answers that
+    /// error (no owner to send it to).
+    pub async fn call_owner<T: serde::de::DeserializeOwned>(
+        &self,
+        address: &StreamAddress,
+        elsewhere: Error,
+        call: remote::Call,
+        wait: std::time::Duration,
+    ) -> Result<T, Error> {
         let Some(me) = self.inner.ctx.storage.cluster() else {
             return Err(elsewhere);
         };
@@ -318,8 +338,16 @@ impl Streams {
         if url.is_empty() || url == me.url {
             return Err(elsewhere);
         }
-        let wait = std::time::Duration::from_millis(me.lease_ms.max(5000) as u64);
         remote::send(&self.inner.remote, &me.secret, wait, &url, address, call).await
+    }
+
+    /// This host's lease on a stream (loading it first): what a write made
+    /// outside the actor (a refold's switch) carries. `None` on SQLite.
+    pub async fn fence(
+        &self,
+        address: &StreamAddress,
+    ) -> Result<Option<crate::storage::Fence>, Error> {
+        self.call(address, |reply| Command::Fence { reply }).await
     }
 
     /// Reads a page of events.

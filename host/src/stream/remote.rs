@@ -40,6 +40,14 @@ pub enum Call {
     Deliver {
         batch: CopyBatch,
     },
+    /// Refold the instance of `component` on this stream with version
+    /// `digest` (the host that took the deploy asks the stream's owner);
+    /// answers the offset it switched at.
+    Refold {
+        component: String,
+        digest: String,
+        timeout_ms: u64,
+    },
 }
 
 impl RemoteCall {
@@ -142,6 +150,7 @@ fn static_code(code: &str) -> &'static str {
         "capacity-exhausted",
         "overloaded",
         "stream-owned-elsewhere",
+        "lease-lost",
     ];
     CODES
         .iter()

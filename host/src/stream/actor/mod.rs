@@ -139,6 +139,11 @@ pub enum Command {
     },
     /// Load the stream and resume its deliveries (sent at startup).
     Wake,
+    /// This host's lease on the stream, once it is loaded (a write made
+    /// outside the actor carries it).
+    Fence {
+        reply: Reply<Option<crate::storage::Fence>>,
+    },
     /// This host's right to serve its streams changed (several hosts): it
     /// lapsed (connections end, deliveries pause) or came back (loads
     /// again if the database let it lapse, deliveries resume).
@@ -540,6 +545,10 @@ impl Actor {
             Command::DeliveryDone(done) => self.delivery_done(*done),
             // The loop's top decides (idle long enough, nothing pending).
             Command::IdleCheck => {}
+            Command::Fence { reply } => {
+                let result = self.ensure_serving().await.map(|()| self.fence.clone());
+                let _ = reply.send(result);
+            }
             Command::LeaseChanged => {
                 if !self.ctx.storage.lease_valid() {
                     self.end_connections_lease_lost();
