@@ -1111,7 +1111,8 @@ async fn a_starting_host_leaves_a_live_hosts_subscribed_streams_alone() {
     for n in 0..3 {
         let stream = format!("{P}/subscribed{n}");
         let sub = json!({"events": [{"type": "events.iterate.com/stream/subscription-configured",
-            "payload": {"subscriptionKey": "h", "receiver": {"action": "webhook-post", "url": hook}}}]});
+            "payload": {"subscriptionKey": "h", "receiver": {"action": "webhook-post", "url": hook,
+                "delivery": {"start": "beginning", "onFailingEvent": "halt"}}}}]});
         let (status, out) = a.post(&format!("{stream}:append"), sub).await;
         assert_eq!(status, 200, "{out}");
     }
