@@ -532,7 +532,8 @@ impl Storage {
     }
 
     /// Streams whose lease expired (their owner stopped renewing): (project
-    /// key, path), for a live host to take over. Leases of the host's own
+    /// key, path), for a live host to take over (the owner it remembered
+    /// for each is forgotten, so the takeover asks the database). Leases of the host's own
     /// work (their project key starts with `!`, as the JetStream bridge's)
     /// are not streams and are left to that work.
     pub fn expired_leases(&self) -> Result<Vec<(String, String)>> {
@@ -551,6 +552,11 @@ impl Storage {
                 args![],
                 |r| Ok((r.text(0)?, r.text(1)?)),
             )
+        })
+        .inspect(|expired| {
+            for (project, path) in expired {
+                self.inner.owners.forget(project, path);
+            }
         })
     }
 }
