@@ -179,6 +179,32 @@ async fn a_deposed_owner_cannot_commit() {
     assert_eq!(events.last().unwrap()["payload"]["by"], "a-retry");
 }
 
+/// Waits for a live connection on a host that lost its lease to end
+/// (closed with `lease-lost`, or cut), seeing on the way only events from
+/// before `acked_offset` (what that host had committed).
+async fn ends_for_the_lost_lease(live: &mut SseClient, acked_offset: u64) {
+    let waiting = Instant::now();
+    loop {
+        let next = live.next_within(Duration::from_secs(10)).await;
+        assert!(
+            next.is_some() || waiting.elapsed() < Duration::from_secs(10),
+            "the live connection is still open"
+        );
+        match next {
+            Some((event, data)) if event == "closed" => {
+                assert_eq!(data["reason"], "lease-lost", "{data}");
+                return;
+            }
+            Some((event, data)) if event == "batch" => {
+                let got = offsets(data["events"].as_array().unwrap());
+                assert!(got.iter().all(|o| *o < acked_offset), "{data}");
+            }
+            Some(other) => panic!("unexpected {other:?}"),
+            None => return,
+        }
+    }
+}
+
 /// A paused owner (SIGSTOP past its lease) whose stream another host took
 /// over and appended to serves no read without that append once it runs
 /// again: it answers `503 lease-lost` (with `retry-after`) until its
@@ -270,27 +296,7 @@ async fn a_paused_owner_never_serves_a_stale_read() {
     }
     assert!(served > 0);
     // The live connection on A ended: closed for the lost lease, or cut.
-    let waiting = Instant::now();
-    loop {
-        let next = live.next_within(Duration::from_secs(10)).await;
-        assert!(
-            next.is_some() || waiting.elapsed() < Duration::from_secs(10),
-            "the live connection on A is still open"
-        );
-        match next {
-            Some((event, data)) if event == "closed" => {
-                assert_eq!(data["reason"], "lease-lost", "{data}");
-                break;
-            }
-            Some((event, data)) if event == "batch" => {
-                // Only what A had committed before it stopped.
-                let got = offsets(data["events"].as_array().unwrap());
-                assert!(got.iter().all(|o| *o < acked_offset), "{data}");
-            }
-            Some(other) => panic!("unexpected {other:?}"),
-            None => break,
-        }
-    }
+    ends_for_the_lost_lease(&mut live, acked_offset).await;
     assert!(
         a.log().contains("could not renew its leases in time")
             || a.log().contains("leases had expired in the database"),
@@ -918,26 +924,7 @@ async fn a_host_cut_off_from_postgres_stops_serving_before_another_takes_over() 
         "A answered every read at once (503), none hung"
     );
     // A's live connection ended.
-    let waiting = Instant::now();
-    loop {
-        let next = live.next_within(Duration::from_secs(10)).await;
-        assert!(
-            next.is_some() || waiting.elapsed() < Duration::from_secs(10),
-            "the live connection on A is still open"
-        );
-        match next {
-            Some((event, data)) if event == "closed" => {
-                assert_eq!(data["reason"], "lease-lost", "{data}");
-                break;
-            }
-            Some((event, data)) if event == "batch" => {
-                let got = offsets(data["events"].as_array().unwrap());
-                assert!(got.iter().all(|o| *o < acked_offset), "{data}");
-            }
-            Some(other) => panic!("unexpected {other:?}"),
-            None => break,
-        }
-    }
+    ends_for_the_lost_lease(&mut live, acked_offset).await;
     // Healed: A learns its lease moved and sends reads to B.
     proxy.heal();
     let mut served = false;

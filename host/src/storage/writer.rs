@@ -732,6 +732,18 @@ mod tests {
         })
     }
 
+    /// A real SQLite storage in a temp dir (kept alive with it).
+    fn sqlite() -> (tempfile::TempDir, Storage) {
+        let dir = tempfile::tempdir().unwrap();
+        let storage = Storage::open(
+            dir.path(),
+            crate::config::Durability::Full,
+            crate::metrics::Metrics::new(),
+        )
+        .unwrap();
+        (dir, storage)
+    }
+
     fn id(offset: u64, digest: &str) -> Option<CheckpointId> {
         Some(CheckpointId {
             stream_id: "s1".into(),
@@ -743,13 +755,7 @@ mod tests {
     #[test]
     fn a_stale_executor_never_settles_a_later_lease_even_after_a_retry() {
         use crate::storage::{EffectOp, EffectSource, NewEffect};
-        let dir = tempfile::tempdir().unwrap();
-        let storage = Storage::open(
-            dir.path(),
-            crate::config::Durability::Full,
-            crate::metrics::Metrics::new(),
-        )
-        .unwrap();
+        let (_dir, storage) = sqlite();
         let effect = |op: EffectOp| storage.commit_blocking(WriteOp::Effect(op)).unwrap();
         let inserted = effect(EffectOp::Insert {
             source: EffectSource {
@@ -808,13 +814,7 @@ mod tests {
 
     #[test]
     fn a_checkpoint_replaces_exactly_the_row_it_started_from() {
-        let dir = tempfile::tempdir().unwrap();
-        let storage = Storage::open(
-            dir.path(),
-            crate::config::Durability::Full,
-            crate::metrics::Metrics::new(),
-        )
-        .unwrap();
+        let (_dir, storage) = sqlite();
         storage.commit_blocking(checkpoint(None, 5, "v1")).unwrap();
         // A second first checkpoint (another writer read "none" too) fails.
         let again = storage.commit_blocking(checkpoint(None, 6, "v1"));
