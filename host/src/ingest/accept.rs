@@ -141,6 +141,19 @@ fn not_yet_accepted(
 ) -> Result<Vec<NewPending>, Error> {
     let internal = |e: anyhow::Error| Error::internal(format!("reading idempotency keys: {e:#}"));
     let project = address.namespace.storage_key();
+    // Pending rows first, the stream after: a row leaves the pending table
+    // only once its event is committed to the stream, so a key not pending
+    // now is either in the stream when it is read next, or new (the other
+    // order missed a key drained in between, and accepted it twice).
+    let mut pending = HashMap::new();
+    for (_, row) in &rows {
+        if let Some(body) = storage
+            .ingest_pending_body(project, &address.path, &row.key)
+            .map_err(internal)?
+        {
+            pending.insert(row.key.clone(), body);
+        }
+    }
     let stream = storage
         .load_stream(project, &address.path)
         .map_err(internal)?;
@@ -161,22 +174,19 @@ fn not_yet_accepted(
                 ),
             )
         };
+        if let Some(body) = pending.get(&row.key) {
+            let pending: EventInput = serde_json::from_str(body)
+                .map_err(|e| Error::internal(format!("parsing a pending event: {e}")))?;
+            if pending != input {
+                return Err(conflict("an accepted event not yet appended"));
+            }
+            continue;
+        }
         if let Some(body) = committed.get(&row.key) {
             let event: Event = serde_json::from_str(body)
                 .map_err(|e| Error::internal(format!("parsing a stored event: {e}")))?;
             if !is_same_event(&event, &input) {
                 return Err(conflict(&format!("the event at offset {}", event.offset)));
-            }
-            continue;
-        }
-        if let Some(body) = storage
-            .ingest_pending_body(project, &address.path, &row.key)
-            .map_err(internal)?
-        {
-            let pending: EventInput = serde_json::from_str(&body)
-                .map_err(|e| Error::internal(format!("parsing a pending event: {e}")))?;
-            if pending != input {
-                return Err(conflict("an accepted event not yet appended"));
             }
             continue;
         }

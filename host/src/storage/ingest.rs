@@ -105,9 +105,7 @@ pub enum IngestOp {
 /// what is pending. PostgreSQL: under a transaction-scoped advisory lock,
 /// so two hosts' acceptances cannot both take the last room.
 fn check_shared_capacity(conn: Db<'_>, rows: &[NewPending], bound: SharedBound) -> Result<()> {
-    if conn.dialect() == super::sql::Dialect::Postgres {
-        conn.execute("SELECT pg_advisory_xact_lock(7428190312)", args![])?;
-    }
+    ingest_lock(conn)?;
     let (pending, bytes) = conn.query_one(
         "SELECT COUNT(*), CAST(COALESCE(SUM(bytes), 0) AS BIGINT) FROM ingest_pending",
         args![],
@@ -126,6 +124,18 @@ fn check_shared_capacity(conn: Db<'_>, rows: &[NewPending], bound: SharedBound) 
             "{CAPACITY_EXHAUSTED}{bytes} of {} bytes pending, {more_bytes} more do not fit",
             bound.max_bytes
         );
+    }
+    Ok(())
+}
+
+/// PostgreSQL: the transaction-scoped lock every write to `ingest_pending`
+/// takes before it touches a row (acceptances, and the drains' deletes,
+/// which several hosts may run on the same rows): one order of locks, so
+/// two hosts' group commits never wait on each other in a cycle (an
+/// acceptance holding it while a delete waited on its rows deadlocked).
+fn ingest_lock(conn: Db<'_>) -> Result<()> {
+    if conn.dialect() == super::sql::Dialect::Postgres {
+        conn.execute("SELECT pg_advisory_xact_lock(7428190312)", args![])?;
     }
     Ok(())
 }
@@ -193,6 +203,7 @@ pub(super) fn apply(conn: Db<'_>, op: &IngestOp) -> Result<i64> {
             (new << 32) | (bytes & 0xffff_ffff)
         }
         IngestOp::Appended { ids } => {
+            ingest_lock(conn)?;
             let (mut gone, mut bytes) = (0i64, 0i64);
             // One statement shape for every chunk (padded with its last id),
             // so it is prepared once.
@@ -212,6 +223,7 @@ pub(super) fn apply(conn: Db<'_>, op: &IngestOp) -> Result<i64> {
             (gone << 32) | (bytes & 0xffff_ffff)
         }
         IngestOp::Drop { ids } => {
+            ingest_lock(conn)?;
             let mut gone = 0;
             for id in ids {
                 gone += conn.execute("DELETE FROM ingest_pending WHERE id = ?1", args![id])? as i64;
