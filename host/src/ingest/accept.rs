@@ -12,6 +12,7 @@ use super::{validate_event, Ingest};
 use crate::error::Error;
 use crate::storage::{
     IngestOp, NewPending, SharedBound, Storage, WriteOp, CAPACITY_EXHAUSTED, KEY_CONFLICT,
+    KEY_IN_STREAM,
 };
 use crate::stream::{is_same_event, Event, EventInput, StreamAddress, APPEND_EVENTS_MAX};
 
@@ -62,16 +63,41 @@ pub async fn accept(
             },
         ));
     }
-    let fresh = {
-        let storage = storage.clone();
-        let address = address.clone();
-        tokio::task::spawn_blocking(move || not_yet_accepted(&storage, &address, rows))
-            .await
-            .map_err(|e| Error::internal(format!("checking idempotency keys: {e}")))??
-    };
-    if fresh.is_empty() {
-        return Ok(events.len());
+    // A key drained to the stream between the check and the commit makes
+    // the commit refuse (it checks the stream under the ingest lock): the
+    // check runs again and sees it there.
+    for _ in 0..3 {
+        let fresh = {
+            let (storage, address, rows) = (storage.clone(), address.clone(), rows.clone());
+            tokio::task::spawn_blocking(move || not_yet_accepted(&storage, &address, rows))
+                .await
+                .map_err(|e| Error::internal(format!("checking idempotency keys: {e}")))??
+        };
+        if fresh.is_empty() {
+            return Ok(events.len());
+        }
+        match commit(storage, ingest, fresh).await {
+            Err(Retry::KeyInStream) => continue,
+            Err(Retry::No(e)) => return Err(e),
+            Ok(()) => return Ok(events.len()),
+        }
     }
+    Err(Error::unavailable(
+        "overloaded",
+        format!("the acceptance into {address} kept racing the drain of its own keys; retry"),
+        1,
+    ))
+}
+
+/// Why [`commit`] did not commit.
+enum Retry {
+    /// A key reached the stream meanwhile: check again.
+    KeyInStream,
+    No(Error),
+}
+
+/// Commits the acceptance of `fresh` rows, within capacity.
+async fn commit(storage: &Storage, ingest: &Ingest, fresh: Vec<NewPending>) -> Result<(), Retry> {
     let (n, bytes) = (
         fresh.len() as u64,
         fresh.iter().map(|r| r.body.len() as u64).sum::<u64>(),
@@ -85,7 +111,7 @@ pub async fn accept(
         max_bytes: ingest.config().max_pending_bytes,
     });
     if !shared {
-        ingest.reserve(n, bytes)?;
+        ingest.reserve(n, bytes).map_err(Retry::No)?;
     }
     let release = |events: u64, bytes: u64| {
         if !shared {
@@ -100,34 +126,37 @@ pub async fn accept(
             let (stored, stored_bytes) = IngestOp::accepted(answer);
             release(n - stored, bytes - stored_bytes);
             ingest.ring();
-            Ok(events.len())
+            Ok(())
         }
         Ok(Err(e)) => {
             release(n, bytes);
+            if e.0.starts_with(KEY_IN_STREAM) {
+                return Err(Retry::KeyInStream);
+            }
             if let Some(what) = e.0.strip_prefix(CAPACITY_EXHAUSTED) {
-                return Err(Error::unavailable(
+                return Err(Retry::No(Error::unavailable(
                     "capacity-exhausted",
                     format!(
                         "ingest is at capacity: {what} (everything accepted before is kept; \
                          retry later)"
                     ),
                     super::CAPACITY_RETRY_AFTER_S,
-                ));
+                )));
             }
-            match e.0.strip_prefix(KEY_CONFLICT) {
-                Some(key) => Err(Error::conflict(
+            Err(Retry::No(match e.0.strip_prefix(KEY_CONFLICT) {
+                Some(key) => Error::conflict(
                     "idempotency-conflict",
                     format!(
                         "idempotency key {key:?} is already used by an accepted event not yet \
                          appended, with a different type, payload or metadata"
                     ),
-                )),
-                None => Err(Error::internal(format!("accepting events failed: {e}"))),
-            }
+                ),
+                None => Error::internal(format!("accepting events failed: {e}")),
+            }))
         }
         Err(_) => {
             release(n, bytes);
-            Err(Error::internal("the storage writer stopped"))
+            Err(Retry::No(Error::internal("the storage writer stopped")))
         }
     }
 }

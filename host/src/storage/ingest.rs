@@ -13,6 +13,11 @@ use anyhow::Result;
 /// fails (the key follows).
 pub const KEY_CONFLICT: &str = "idempotency-conflict on pending key ";
 
+/// How an [`IngestOp::Accept`] fails when a key it would accept is already
+/// in the stream (the key follows): an acceptance that raced with the
+/// drain of the same key; the caller checks again and decides.
+pub const KEY_IN_STREAM: &str = "idempotency key already in the stream: ";
+
 /// How an [`IngestOp::Accept`] with a [`SharedBound`] that does not fit
 /// fails (a sentence saying what is pending follows).
 pub const CAPACITY_EXHAUSTED: &str = "capacity-exhausted: ";
@@ -140,6 +145,40 @@ fn ingest_lock(conn: Db<'_>) -> Result<()> {
     Ok(())
 }
 
+/// The first of `rows`' keys (one stream's) that the stream holds already.
+fn key_in_stream(conn: Db<'_>, rows: &[NewPending]) -> Result<Option<String>> {
+    let Some(first) = rows.first() else {
+        return Ok(None);
+    };
+    let Some(stream) = conn.query_opt(
+        "SELECT id FROM streams WHERE project = ?1 AND path = ?2",
+        args![&first.project, &first.path],
+        |r| r.int(0),
+    )?
+    else {
+        return Ok(None);
+    };
+    let sql = {
+        let list: Vec<String> = (2..DELETE_CHUNK + 2).map(|i| format!("?{i}")).collect();
+        format!(
+            "SELECT idempotency_key FROM events WHERE stream = ?1 AND idempotency_key IN ({}) LIMIT 1",
+            list.join(", ")
+        )
+    };
+    for chunk in rows.chunks(DELETE_CHUNK) {
+        let mut params: Vec<super::sql::Arg<'_>> = vec![super::sql::Arg::from(stream)];
+        for i in 0..DELETE_CHUNK {
+            params.push(super::sql::Arg::from(
+                chunk[i.min(chunk.len() - 1)].key.as_str(),
+            ));
+        }
+        if let Some(key) = conn.query_opt(&sql, &params, |r| r.text(0))? {
+            return Ok(Some(key));
+        }
+    }
+    Ok(None)
+}
+
 /// Ids deleted by one statement of [`IngestOp::Appended`].
 const DELETE_CHUNK: usize = 100;
 
@@ -161,8 +200,15 @@ impl IngestOp {
 pub(super) fn apply(conn: Db<'_>, op: &IngestOp) -> Result<i64> {
     Ok(match op {
         IngestOp::Accept { rows, bound } => {
+            ingest_lock(conn)?;
             if let Some(bound) = bound {
                 check_shared_capacity(conn, rows, *bound)?;
+            }
+            // Under the lock no drain deletes a pending row now, and a row
+            // leaves only after its event is in the stream: a key not pending
+            // here is new or already in the stream, which this sees.
+            if let Some(key) = key_in_stream(conn, rows)? {
+                anyhow::bail!("{KEY_IN_STREAM}{key}");
             }
             let (mut new, mut bytes) = (0i64, 0i64);
             for r in rows {

@@ -33,7 +33,7 @@ use crate::metrics::Metrics;
 pub use effects::{EffectOp, EffectQuery, EffectRow, EffectSource, NewEffect};
 pub use ingest::{
     FenceIdentity, FenceRow, IngestOp, NewPending, PendingRow, SharedBound, CAPACITY_EXHAUSTED,
-    DIAGNOSTICS_KEPT, KEY_CONFLICT,
+    DIAGNOSTICS_KEPT, KEY_CONFLICT, KEY_IN_STREAM,
 };
 pub use lease::{tenure_clock_ms, ClusterHost, Fence, HostIdentity, LeaseLost, OwnedElsewhere};
 pub use writer::{
