@@ -351,12 +351,15 @@ async fn sse_client(run: Arc<Run>, n: usize) {
 /// `503`, but never answer from a stale view).
 async fn fresh_reader(run: Arc<Run>) {
     let mut n = 0u64;
+    let mut pace = tokio::time::interval(Duration::from_millis(10));
+    pace.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     while !run.done.load(Ordering::SeqCst) {
         n += 1;
+        // A steady pace of reads (not a wait for anything).
+        pace.tick().await;
         let stream = format!("/chaos/a{}", n % SHARED);
         let acked = run.acked_head(&stream);
         if acked == 0 {
-            tokio::time::sleep(Duration::from_millis(20)).await;
             continue;
         }
         let url = format!(
@@ -378,7 +381,6 @@ async fn fresh_reader(run: Arc<Run>) {
                 }
             }
         }
-        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
 
@@ -777,13 +779,15 @@ async fn chaos(hosts: usize, crashes: u64, pauses: u64, cuts: u64) {
         let host = rng.below(hosts as u64) as usize;
         // Not a wait for a condition: the fault points are the schedule itself.
         tokio::time::sleep(Duration::from_millis(after)).await;
-        // Past the lease, so another host may take the streams over.
         let past_lease = Duration::from_millis(CLUSTER_LEASE_MS + 300 + rng.below(1200));
         match fault {
             Fault::Kill => {
                 tokio::task::block_in_place(|| servers[host].restart());
                 run.urls.write().unwrap()[host] = servers[host].url.clone();
             }
+            // A pause or a cut lasts past the lease (the fault's length is
+            // the schedule itself, as the kill points are), so another host
+            // may take the streams over.
             Fault::Pause => {
                 servers[host].signal("STOP");
                 tokio::time::sleep(past_lease).await;

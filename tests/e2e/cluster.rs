@@ -683,6 +683,19 @@ async fn a_stopping_host_hands_its_streams_over_at_once() {
     assert_eq!(offsets(&events), vec![1, 2, 3], "{events:?}");
 }
 
+/// Deploys the counter as `proc` through `host` and subscribes it to
+/// `stream` (processor wakes); answers the deploy.
+async fn counter_woken_by(host: &Server, stream: &str) -> Value {
+    let (status, v1) = host.deploy("acme", "proc", guest("counter")).await;
+    assert_eq!(status, 200, "{v1}");
+    let wake = json!({"events": [{"type": "events.iterate.com/stream/subscription-configured",
+        "payload": {"subscriptionKey": "p", "receiver": {"action": "processor-wake",
+            "expression": ["components", ["get", "proc"], "wake"]}}}]});
+    let (status, out) = host.post(&format!("{stream}:append"), wake).await;
+    assert_eq!(status, 200, "{out}");
+    v1
+}
+
 #[tokio::test]
 async fn a_version_deployed_through_another_host_is_the_one_the_owner_runs() {
     if on_sqlite() {
@@ -691,13 +704,7 @@ async fn a_version_deployed_through_another_host_is_the_one_the_owner_runs() {
     let a = Server::start_with(Some(CLUSTER), &[]);
     let b = Server::joining(&a, Some(CLUSTER));
     let stream = format!("{P}/orders");
-    let (status, v1) = a.deploy("acme", "proc", guest("counter")).await;
-    assert_eq!(status, 200, "{v1}");
-    let wake = json!({"events": [{"type": "events.iterate.com/stream/subscription-configured",
-        "payload": {"subscriptionKey": "p", "receiver": {"action": "processor-wake",
-            "expression": ["components", ["get", "proc"], "wake"]}}}]});
-    let (status, out) = a.post(&format!("{stream}:append"), wake).await;
-    assert_eq!(status, 200, "{out}");
+    let v1 = counter_woken_by(&a, &stream).await;
     a.post(&format!("{stream}:append"), ev("x.y/a", json!({})))
         .await;
     let p = crate::processors::caught_up(&a, &stream, "proc").await;
@@ -842,8 +849,9 @@ async fn a_host_cut_off_from_postgres_stops_serving_before_another_takes_over() 
         .await
         .expect("a connection on the owner");
     live.batch().await;
+    let written = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let writer = {
-        let (url, stream) = (a.url.clone(), stream.clone());
+        let (url, stream, written) = (a.url.clone(), stream.clone(), written.clone());
         tokio::spawn(async move {
             let client = reqwest::Client::builder()
                 .timeout(Duration::from_secs(2))
@@ -856,10 +864,17 @@ async fn a_host_cut_off_from_postgres_stops_serving_before_another_takes_over() 
                     .json(&body)
                     .send()
                     .await;
+                written.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             }
         })
     };
-    tokio::time::sleep(Duration::from_millis(50)).await; // appends in flight when the cut comes
+    // The cut comes while appends flow.
+    wait_for(
+        "appends flowing through A",
+        Duration::from_secs(10),
+        async || written.load(std::sync::atomic::Ordering::SeqCst) >= 5,
+    )
+    .await;
     let cut_at = Instant::now();
     proxy.cut();
     // B takes the stream over and acknowledges an append.
@@ -1042,13 +1057,7 @@ async fn a_refold_through_another_host_runs_on_the_owner() {
     let a = Server::start_with(Some(CLUSTER), &[]);
     let b = Server::joining(&a, Some(CLUSTER));
     let stream = format!("{P}/refolded");
-    let (status, v1) = a.deploy("acme", "proc", guest("counter")).await;
-    assert_eq!(status, 200, "{v1}");
-    let wake = json!({"events": [{"type": "events.iterate.com/stream/subscription-configured",
-        "payload": {"subscriptionKey": "p", "receiver": {"action": "processor-wake",
-            "expression": ["components", ["get", "proc"], "wake"]}}}]});
-    let (status, out) = a.post(&format!("{stream}:append"), wake).await;
-    assert_eq!(status, 200, "{out}");
+    let v1 = counter_woken_by(&a, &stream).await;
     for n in 0..3 {
         a.post(&format!("{stream}:append"), ev("x.y/a", json!({"n": n})))
             .await;

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
+use crate::cluster::on_sqlite;
 use crate::ingest::{
     ingest_status, messages_in, numbered_orders, order, publish_orders, set_paused,
     wait_jetstream_empty, wait_orders, BRIDGED, INGEST, STREAM,
@@ -16,10 +17,6 @@ use crate::support::{wait_for, NatsServer, Server};
 
 /// Short leases, so a killed host's work moves quickly.
 const CLUSTER: &str = "[cluster]\nlease-ms = 1500\n";
-
-fn on_sqlite() -> bool {
-    crate::cluster::on_sqlite()
-}
 
 #[tokio::test]
 async fn ingest_through_several_hosts_appends_every_accepted_event_once_in_producer_order() {

@@ -189,12 +189,13 @@ async fn refold(
                 .await
                 .map_err(|e| Failure::new(e.message, true))
         }
-        _ => refold_here(streams, address, component, digest, timeout_ms).await,
+        Err(e) => Err(Failure::new(e.message, true)),
+        Ok(fence) => refold_fenced(streams, address, fence, component, digest, timeout_ms).await,
     }
 }
 
-/// Refolds one instance on this host (its owner); answers the offset it
-/// switched at.
+/// Refolds one instance on this host (its owner, asked by another host);
+/// answers the offset it switched at.
 pub async fn refold_here(
     streams: &Streams,
     address: &StreamAddress,
@@ -206,6 +207,18 @@ pub async fn refold_here(
         .fence(address)
         .await
         .map_err(|e| Failure::new(e.message, true))?;
+    refold_fenced(streams, address, fence, component, digest, timeout_ms).await
+}
+
+/// Refolds one instance of a stream this host holds under `fence`.
+async fn refold_fenced(
+    streams: &Streams,
+    address: &StreamAddress,
+    fence: Option<crate::storage::Fence>,
+    component: &str,
+    digest: &str,
+    timeout_ms: u64,
+) -> Result<u64, Failure> {
     let state = streams
         .state(address)
         .await
