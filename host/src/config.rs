@@ -48,6 +48,8 @@ pub struct Config {
     pub webhooks: WebhooksConfig,
     /// Memory bounds.
     pub limits: LimitsConfig,
+    /// HTTP connections: timeouts and how many may be open.
+    pub http: HttpConfig,
     /// Several hosts on one PostgreSQL database.
     pub cluster: ClusterConfig,
     /// Bearer tokens; none: the server runs open.
@@ -59,8 +61,10 @@ pub struct Config {
 #[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
 pub struct WebhooksConfig {
     /// Refuse targets on loopback, private, link-local and other
-    /// non-public addresses, checked after DNS resolution (false).
-    pub deny_private_networks: bool,
+    /// non-public addresses, checked after DNS resolution (default: true
+    /// when tokens are configured, false in open mode; see
+    /// [`Config::deny_private_networks`]).
+    pub deny_private_networks: Option<bool>,
 }
 
 /// Several hosts on one PostgreSQL database (`storage = "postgres://…"`).
@@ -93,12 +97,52 @@ pub struct LimitsConfig {
     /// A stream actor with no live connection, no pending or scheduled
     /// delivery and no request for this long is released (60 s).
     pub idle_stream_ms: u64,
+    /// One JSONata evaluation runs at most this long (100 ms).
+    pub jsonata_timeout_ms: u64,
+    /// No value a JSONata evaluation builds is larger than this, in bytes of
+    /// JSON (1 MiB).
+    pub jsonata_max_bytes: usize,
+    /// Live connections (SSE and `waitForEvent`) one project may hold (1000).
+    pub max_live_connections_per_project: usize,
+    /// Ephemeral events held in memory by all streams together, in bytes
+    /// (256 MiB).
+    pub max_ephemeral_bytes: usize,
 }
 
 impl Default for LimitsConfig {
     fn default() -> Self {
         LimitsConfig {
             idle_stream_ms: 60_000,
+            jsonata_timeout_ms: crate::jsonata::EVALUATION_TIMEOUT_MS,
+            jsonata_max_bytes: crate::jsonata::VALUE_BYTES_MAX,
+            max_live_connections_per_project: 1000,
+            max_ephemeral_bytes: 256 * 1024 * 1024,
+        }
+    }
+}
+
+/// HTTP connections: timeouts and how many may be open.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
+pub struct HttpConfig {
+    /// A connection that has not sent a whole request head is closed after
+    /// this long (10 s).
+    pub header_timeout_ms: u64,
+    /// An idle keep-alive connection is closed after this long (60 s).
+    pub idle_timeout_ms: u64,
+    /// Reading a request body takes at most this long (30 s).
+    pub body_timeout_ms: u64,
+    /// Open connections at most; more wait to be accepted (4096).
+    pub max_connections: usize,
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        HttpConfig {
+            header_timeout_ms: 10_000,
+            idle_timeout_ms: 60_000,
+            body_timeout_ms: 30_000,
+            max_connections: 4096,
         }
     }
 }
@@ -159,6 +203,11 @@ pub struct IngestConfig {
     pub max_pending_bytes: u64,
     /// Largest event accepted, in bytes of its JSON (1 MiB).
     pub max_event_bytes: u64,
+    /// Events one project may have pending (a quarter of
+    /// `max-pending-events`; see [`IngestConfig::project_events`]).
+    pub max_pending_events_per_project: Option<u64>,
+    /// Bytes one project may have pending (a quarter of `max-pending-bytes`).
+    pub max_pending_bytes_per_project: Option<u64>,
     /// Consume the JetStream stream `STREAMHOST_INGEST` of this server.
     pub nats_url: Option<String>,
 }
@@ -169,8 +218,24 @@ impl Default for IngestConfig {
             max_pending_events: 50_000,
             max_pending_bytes: 512 * 1024 * 1024,
             max_event_bytes: 1024 * 1024,
+            max_pending_events_per_project: None,
+            max_pending_bytes_per_project: None,
             nats_url: None,
         }
+    }
+}
+
+impl IngestConfig {
+    /// Events one project may have pending.
+    pub fn project_events(&self) -> u64 {
+        self.max_pending_events_per_project
+            .unwrap_or((self.max_pending_events / 4).max(1))
+    }
+
+    /// Bytes one project may have pending.
+    pub fn project_bytes(&self) -> u64 {
+        self.max_pending_bytes_per_project
+            .unwrap_or((self.max_pending_bytes / 4).max(self.max_event_bytes))
     }
 }
 
@@ -212,6 +277,7 @@ impl Default for Config {
             ingest: IngestConfig::default(),
             webhooks: WebhooksConfig::default(),
             limits: LimitsConfig::default(),
+            http: HttpConfig::default(),
             cluster: ClusterConfig::default(),
             tokens: Vec::new(),
         }
@@ -267,6 +333,14 @@ impl Config {
         }
     }
 
+    /// Whether webhooks may not reach non-public addresses: as configured,
+    /// else on exactly when tokens are configured.
+    pub fn deny_private_networks(&self) -> bool {
+        self.webhooks
+            .deny_private_networks
+            .unwrap_or(!self.tokens.is_empty())
+    }
+
     /// Checks values that parse but make no sense.
     pub fn validate(&self) -> Result<()> {
         self.postgres_url()?;
@@ -307,8 +381,31 @@ impl Config {
                 bail!("cluster.advertise-url {url:?} is not an http:// or https:// URL");
             }
         }
-        if self.limits.idle_stream_ms == 0 {
-            bail!("limits.idle-stream-ms must be at least 1, got 0");
+        let l = &self.limits;
+        for (name, v) in [
+            ("idle-stream-ms", l.idle_stream_ms),
+            ("jsonata-timeout-ms", l.jsonata_timeout_ms),
+            ("jsonata-max-bytes", l.jsonata_max_bytes as u64),
+            (
+                "max-live-connections-per-project",
+                l.max_live_connections_per_project as u64,
+            ),
+            ("max-ephemeral-bytes", l.max_ephemeral_bytes as u64),
+        ] {
+            if v == 0 {
+                bail!("limits.{name} must be at least 1, got 0");
+            }
+        }
+        let h = &self.http;
+        for (name, v) in [
+            ("header-timeout-ms", h.header_timeout_ms),
+            ("idle-timeout-ms", h.idle_timeout_ms),
+            ("body-timeout-ms", h.body_timeout_ms),
+            ("max-connections", h.max_connections as u64),
+        ] {
+            if v == 0 {
+                bail!("http.{name} must be at least 1, got 0");
+            }
         }
         if self.processors.idle_teardown_ms == 0 {
             bail!("processors.idle-teardown-ms must be at least 1, got 0");
@@ -337,6 +434,34 @@ impl Config {
             if v == 0 {
                 bail!("ingest.{name} must be at least 1, got 0");
             }
+        }
+        for (name, v, total) in [
+            (
+                "max-pending-events-per-project",
+                i.max_pending_events_per_project,
+                i.max_pending_events,
+            ),
+            (
+                "max-pending-bytes-per-project",
+                i.max_pending_bytes_per_project,
+                i.max_pending_bytes,
+            ),
+        ] {
+            match v {
+                Some(0) => bail!("ingest.{name} must be at least 1, got 0"),
+                Some(v) if v > total => {
+                    bail!("ingest.{name} ({v}) is above the total it is a share of ({total})")
+                }
+                _ => {}
+            }
+        }
+        if i.max_event_bytes > i.project_bytes() {
+            bail!(
+                "ingest.max-event-bytes ({}) is above a project's share of pending bytes ({}): \
+                 such an event could never be accepted",
+                i.max_event_bytes,
+                i.project_bytes()
+            );
         }
         if i.max_event_bytes > i.max_pending_bytes {
             bail!(
@@ -413,6 +538,16 @@ deny-private-networks = true
 
 [limits]
 idle-stream-ms = 60000
+jsonata-timeout-ms = 100
+jsonata-max-bytes = 1048576
+max-live-connections-per-project = 1000
+max-ephemeral-bytes = 268435456
+
+[http]
+header-timeout-ms = 10000
+idle-timeout-ms = 60000
+body-timeout-ms = 30000
+max-connections = 4096
 
 [[tokens]]
 token = "s3cret-acme"
@@ -427,11 +562,37 @@ admin = true
         assert_eq!(c.tokens.len(), 2);
         assert!(c.tokens[1].admin);
         assert_eq!(c.delivery.max_attempts, 15);
-        assert!(c.webhooks.deny_private_networks);
+        assert!(c.deny_private_networks());
+        assert_eq!(c.limits, LimitsConfig::default());
+        assert_eq!(c.http, HttpConfig::default());
         assert_eq!(c.limits.idle_stream_ms, 60_000);
         assert_eq!(c.ingest.max_pending_events, 50_000);
         assert_eq!(c.ingest.nats_url.as_deref(), Some("nats://127.0.0.1:4222"));
         assert_eq!(c.effects, EffectsConfig::default());
+    }
+
+    #[test]
+    fn private_networks_are_denied_by_default_exactly_when_tokens_are_configured() {
+        assert!(!Config::default().deny_private_networks());
+        let with_tokens =
+            Config::from_toml("[[tokens]]\ntoken = \"t\"\nadmin = true").unwrap();
+        assert!(with_tokens.deny_private_networks());
+        let opened = Config::from_toml(
+            "[webhooks]\ndeny-private-networks = false\n[[tokens]]\ntoken = \"t\"\nadmin = true",
+        )
+        .unwrap();
+        assert!(!opened.deny_private_networks());
+    }
+
+    #[test]
+    fn a_projects_ingest_share_defaults_to_a_quarter() {
+        let c = Config::default();
+        assert_eq!(c.ingest.project_events(), 12_500);
+        assert_eq!(c.ingest.project_bytes(), 128 * 1024 * 1024);
+        let e = Config::from_toml("[ingest]\nmax-pending-events-per-project = 60000")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("max-pending-events-per-project (60000)"), "{e}");
     }
 
     #[test]

@@ -48,6 +48,10 @@ impl Host {
     pub fn open_with_clock(config: Config, clock: Arc<dyn Clock>) -> Result<Host> {
         config.validate()?;
         let metrics = Metrics::new();
+        crate::jsonata::set_limits(crate::jsonata::Limits {
+            timeout_ms: config.limits.jsonata_timeout_ms,
+            max_bytes: config.limits.jsonata_max_bytes,
+        });
         let storage = match config.postgres_url()? {
             Some(url) => Storage::open_postgres(
                 url,
@@ -70,7 +74,7 @@ impl Host {
             .context("starting the wasm runtime")?;
         let settings = crate::stream::StreamSettings {
             delivery: config.delivery.clone(),
-            webhooks: crate::executor::webhook::Client::new(config.webhooks.deny_private_networks)
+            webhooks: crate::executor::webhook::Client::new(config.deny_private_networks())
                 .context("building the webhook client")?,
             idle_stream_ms: config.limits.idle_stream_ms,
         };

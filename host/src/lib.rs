@@ -66,3 +66,8 @@ pub use subscription::Subscription;
 
 #[cfg(test)]
 mod proptests;
+
+/// Unit tests count allocations as the binary does (the JSONata budget).
+#[cfg(test)]
+#[global_allocator]
+static ALLOCATOR: jsonata::memory::Counting = jsonata::memory::Counting;

@@ -21,3 +21,7 @@ async fn main() {
         std::process::exit(1);
     }
 }
+
+/// Counts allocations per thread for the JSONata allocation budget.
+#[global_allocator]
+static ALLOCATOR: streamhost::jsonata::memory::Counting = streamhost::jsonata::memory::Counting;

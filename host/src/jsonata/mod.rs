@@ -1,11 +1,20 @@
-//! JSONata filters and transforms, over the `jsonata-core` engine (pinned).
+//! JSONata filters and transforms, over the `jsonata-core` engine (a patched
+//! copy in `vendor/jsonata-core` that bounds the values built inside
+//! built-in functions).
 //!
 //! Expressions are compiled once and cached by their text; evaluation runs on
-//! an already-parsed event with a timeout and a stack-depth limit, and a panic
-//! inside the engine becomes an error, never a crash.
+//! an already-parsed event under the [`Limits`] (time, the size of every value
+//! it builds, an allocation budget, stack depth), and a panic inside the
+//! engine becomes an error, never a crash. A bound exceeded is an error whose
+//! text starts with [`LIMIT_EXCEEDED_PREFIX`] and names the bound
+//! ([`is_limit_exceeded`]). Async callers run evaluations on the [`pool`].
+
+pub mod memory;
+pub mod pool;
 
 use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use jsonata_core::ast::AstNode;
@@ -15,10 +24,79 @@ use serde_json::Value;
 
 /// Longest expression accepted, in bytes.
 pub const EXPRESSION_BYTES_MAX: usize = 4096;
-/// Wall-clock limit of one evaluation.
+/// Default wall-clock limit of one evaluation (`[limits] jsonata-timeout-ms`).
 pub const EVALUATION_TIMEOUT_MS: u64 = 100;
+/// Default bound on any value an evaluation builds (`[limits] jsonata-max-bytes`).
+pub const VALUE_BYTES_MAX: usize = 1024 * 1024;
 /// Evaluation stack-depth limit.
 pub const EVALUATION_DEPTH_MAX: usize = 500;
+/// Allocation budget of one evaluation, in multiples of the value bound: the
+/// engine's values take several times their JSON size in memory.
+const BUDGET_PER_VALUE_BYTE: usize = 8;
+/// How the text of an error for an exceeded bound starts.
+pub const LIMIT_EXCEEDED_PREFIX: &str = "JSONata limit exceeded";
+
+/// The bounds every evaluation in this process runs under.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// `[limits] jsonata-timeout-ms`.
+    pub timeout_ms: u64,
+    /// `[limits] jsonata-max-bytes`.
+    pub max_bytes: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            timeout_ms: EVALUATION_TIMEOUT_MS,
+            max_bytes: VALUE_BYTES_MAX,
+        }
+    }
+}
+
+static TIMEOUT_MS: AtomicU64 = AtomicU64::new(EVALUATION_TIMEOUT_MS);
+static MAX_BYTES: AtomicUsize = AtomicUsize::new(VALUE_BYTES_MAX);
+
+/// Sets the bounds of every later evaluation in this process (a host sets
+/// them from its configuration when it starts).
+pub fn set_limits(limits: Limits) {
+    TIMEOUT_MS.store(limits.timeout_ms, Ordering::Relaxed);
+    MAX_BYTES.store(limits.max_bytes, Ordering::Relaxed);
+}
+
+/// The bounds evaluations run under.
+pub fn limits() -> Limits {
+    Limits {
+        timeout_ms: TIMEOUT_MS.load(Ordering::Relaxed),
+        max_bytes: MAX_BYTES.load(Ordering::Relaxed),
+    }
+}
+
+/// Whether an evaluation error is a bound exceeded (not retryable: the same
+/// expression on the same event exceeds it again).
+pub fn is_limit_exceeded(message: &str) -> bool {
+    message.contains(LIMIT_EXCEEDED_PREFIX)
+}
+
+/// The text of an engine error, with an exceeded bound named.
+fn describe(message: &str, limits: Limits) -> String {
+    let code = message.get(..5).unwrap_or("");
+    match code {
+        "D1012" => format!(
+            "{LIMIT_EXCEEDED_PREFIX}: the evaluation ran over {} ms ([limits] jsonata-timeout-ms)",
+            limits.timeout_ms
+        ),
+        "U1004" | "D2014" | "D2015" => format!(
+            "{LIMIT_EXCEEDED_PREFIX}: {} ([limits] jsonata-max-bytes = {})",
+            message.get(6..).unwrap_or(message).trim(),
+            limits.max_bytes
+        ),
+        "D1011" | "U1001" => format!(
+            "{LIMIT_EXCEEDED_PREFIX}: the evaluation nested deeper than {EVALUATION_DEPTH_MAX} levels (recursion)"
+        ),
+        _ => message.to_string(),
+    }
+}
 /// Compiled expressions kept in the cache; the cache is cleared when full.
 const CACHE_ENTRIES_MAX: usize = 4096;
 
@@ -175,17 +253,24 @@ impl Expression {
     }
 
     fn evaluate_raw(&self, input: &Input) -> Result<JValue, String> {
+        let limits = limits();
         let options = EvaluatorOptions {
-            timeout_ms: Some(EVALUATION_TIMEOUT_MS),
+            timeout_ms: Some(limits.timeout_ms),
             max_stack_depth: Some(EVALUATION_DEPTH_MAX),
+            max_value_bytes: Some(limits.max_bytes),
             ..EvaluatorOptions::default()
         };
         let ast = &self.ast;
-        match catch_unwind(AssertUnwindSafe(|| {
+        let budget = jsonata_core::bounds::Budget::start(
+            limits.max_bytes.saturating_mul(BUDGET_PER_VALUE_BYTE),
+        );
+        let result = catch_unwind(AssertUnwindSafe(|| {
             Evaluator::with_options(Context::new(), options).evaluate(ast, &input.0)
-        })) {
+        }));
+        drop(budget);
+        match result {
             Ok(Ok(v)) => Ok(v),
-            Ok(Err(e)) => Err(e.message().to_string()),
+            Ok(Err(e)) => Err(describe(e.message(), limits)),
             Err(_) => Err("the JSONata evaluator panicked".to_string()),
         }
     }
@@ -327,5 +412,83 @@ mod tests {
         assert!(runaway.evaluate(&event()).is_err());
         let slow = compile("$count([1..10000000].($ * 2))").unwrap();
         assert!(slow.evaluate(&event()).is_err(), "bounded by the timeout");
+    }
+
+    fn limit_error(expression: &str) -> String {
+        let e = compile(expression)
+            .unwrap()
+            .evaluate(&event())
+            .expect_err(expression);
+        assert!(is_limit_exceeded(&e), "{expression}: {e}");
+        e
+    }
+
+    #[test]
+    fn ranges_are_bounded_by_the_values_they_build() {
+        let e = limit_error("$count([1..9999999]) > 0");
+        assert!(e.contains("jsonata-max-bytes = 1048576"), "{e}");
+        limit_error("$count([1..200000])");
+        assert_eq!(
+            compile("$count([1..1000])").unwrap().evaluate(&event()).unwrap(),
+            Some(json!(1000))
+        );
+    }
+
+    #[test]
+    fn string_builtins_are_refused_before_they_allocate() {
+        limit_error("$length($pad('', 300000000)) > 0");
+        limit_error("$length($pad('', -300000000)) > 0");
+        limit_error("$join([1..1000].$string(), $pad('', 100000))");
+        limit_error("$replace($pad('', 100000, 'a'), 'a', $pad('', 1000, 'b'))");
+        limit_error("$replace($pad('', 100000, 'a'), /a/, $pad('', 1000, 'b'))");
+        // `&` doubling: every step is checked before the string is built.
+        limit_error("($f := function($s, $n) { $n = 0 ? $s : $f($s & $s, $n - 1) }; $f('x', 40))");
+        assert_eq!(
+            compile("$pad('x', 3, '-') & $join(['a', 'b'], ',')")
+                .unwrap()
+                .evaluate(&event())
+                .unwrap(),
+            Some(json!("x--a,b"))
+        );
+        // The whole bound is usable.
+        assert_eq!(
+            compile("$length($pad('', 1000000))").unwrap().evaluate(&event()).unwrap(),
+            Some(json!(1000000))
+        );
+    }
+
+    #[test]
+    fn arrays_built_step_by_step_stop_at_the_budget() {
+        // Each item is small; the sequence is not.
+        limit_error("$count([1..100000].($pad('', 1000)))");
+        limit_error("$count($map([1..100000], function($v) { $pad('', 1000) }))");
+        limit_error("$string([1..100000].[$, $, $, $, $, $, $, $])");
+        limit_error(
+            "$count($reduce([1..100000], function($acc, $v) { $append($acc, $pad('', 100)) }, []))",
+        );
+    }
+
+    #[test]
+    fn objects_built_step_by_step_stop_at_the_budget() {
+        limit_error("$count($keys($merge([1..100000].{$string($): $pad('', 100)})))");
+        limit_error("$count($spread([1..60000]{$string($): $pad('', 100)}))");
+        assert_eq!(
+            compile("$merge([{'a': 1}, {'b': 2}])").unwrap().evaluate(&event()).unwrap(),
+            Some(json!({"a": 1, "b": 2}))
+        );
+    }
+
+    #[test]
+    fn recursion_is_bounded_by_depth_and_time() {
+        let e = limit_error("($f := function($n) { $f($n + 1) + 1 }; $f(0))");
+        assert!(e.contains("levels"), "{e}");
+        let e = limit_error("($f := function($n) { $f($n + 1) }; $f(0))");
+        assert!(e.contains("jsonata-timeout-ms") || e.contains("levels"), "{e}");
+    }
+
+    #[test]
+    fn an_error_that_is_not_a_bound_is_not_called_one() {
+        let e = compile("$number('x')").unwrap().evaluate(&event()).unwrap_err();
+        assert!(!is_limit_exceeded(&e), "{e}");
     }
 }
