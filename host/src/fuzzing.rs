@@ -18,7 +18,20 @@ pub const TARGETS: &[&str] = &[
     "stream_path",
     "itx_expression",
     "jsonata",
+    "jsonata_builtins",
     "wit_value",
+];
+
+/// The built-in functions `jsonata_builtins` calls.
+pub const JSONATA_BUILTINS: &[&str] = &[
+    "abs", "append", "assert", "average", "base64decode", "base64encode", "boolean", "ceil",
+    "contains", "count", "decodeUrl", "decodeUrlComponent", "distinct", "each", "encodeUrl",
+    "encodeUrlComponent", "error", "eval", "exists", "filter", "floor", "formatBase",
+    "formatInteger", "formatNumber", "fromMillis", "join", "keys", "length", "lookup",
+    "lowercase", "map", "match", "max", "merge", "min", "not", "number", "pad", "parseInteger",
+    "power", "reduce", "replace", "reverse", "round", "shuffle", "sift", "single", "sort",
+    "split", "spread", "sqrt", "string", "substring", "substringAfter", "substringBefore", "sum",
+    "toMillis", "trim", "type", "uppercase", "zip",
 ];
 
 fn json(data: &[u8]) -> Option<Value> {
@@ -90,6 +103,38 @@ pub fn jsonata(data: &[u8]) {
     let input = serde_json::from_str(input).unwrap_or(Value::Null);
     if let Ok(compiled) = crate::jsonata::compile(expression) {
         let _ = compiled.evaluate(&crate::jsonata::Input::new(&input));
+    }
+}
+
+/// A built-in call: the function's name, a newline, its arguments (JSONata
+/// text), then optionally another newline and JSON input. Whatever the
+/// arguments, a result is within the value bound (`[limits]
+/// jsonata-max-bytes`); the time and allocation bounds end the rest.
+pub fn jsonata_builtins(data: &[u8]) {
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    let (name, rest) = text.split_once('\n').unwrap_or((text, ""));
+    if !JSONATA_BUILTINS.contains(&name.trim()) {
+        return;
+    }
+    let (args, input) = rest.split_once('\n').unwrap_or((rest, "null"));
+    let input = serde_json::from_str(input).unwrap_or(Value::Null);
+    let Ok(compiled) = crate::jsonata::compile(&format!("${}({args})", name.trim())) else {
+        return;
+    };
+    let limit = crate::jsonata::limits().max_bytes;
+    match compiled.evaluate(&crate::jsonata::Input::new(&input)) {
+        Ok(Some(v)) => {
+            // JSON text may escape what the bound counts raw (`\u0000` is six
+            // bytes of one): allow for it.
+            let bytes = v.to_string().len();
+            assert!(
+                bytes <= 6 * limit + 64,
+                "${name}({args}) built {bytes} bytes, over the {limit}-byte bound"
+            );
+        }
+        Ok(None) | Err(_) => {}
     }
 }
 

@@ -101,6 +101,15 @@ proptest! {
     }
 
     #[test]
+    fn jsonata_builtins_build_nothing_over_the_bound(
+        i in 0..crate::fuzzing::JSONATA_BUILTINS.len(),
+        args in "[a-z$.()\\[\\]{}0-9+*&,' -]{0,24}|'', [0-9]{1,10}|[0-9]{1,7}\\.\\.[0-9]{1,8}",
+    ) {
+        let call = format!("{}\n{args}", crate::fuzzing::JSONATA_BUILTINS[i]);
+        crate::fuzzing::jsonata_builtins(call.as_bytes());
+    }
+
+    #[test]
     fn ingest_subjects_and_messages_never_panic(subject in "[a-zA-Z0-9.*>_-]{0,40}", body in prop::collection::vec(any::<u8>(), 0..64), id in proptest::option::of("[a-z0-9-]{0,8}")) {
         let _ = crate::ingest::parse_subject(&subject);
         let _ = crate::ingest::event_from_message(id.as_deref(), &body, 1024);

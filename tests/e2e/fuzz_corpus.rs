@@ -93,6 +93,7 @@ fn every_fuzz_target_survives_its_seed_corpus_and_a_short_mutation_run() {
             "stream_path" => fuzzing::stream_path(data),
             "itx_expression" => fuzzing::itx_expression(data),
             "jsonata" => fuzzing::jsonata(data),
+            "jsonata_builtins" => fuzzing::jsonata_builtins(data),
             "wit_value" => fuzzing::wit_value(&types, data),
             other => panic!("no entry point for fuzz target {other:?}"),
         };

@@ -1,6 +1,11 @@
 //! End-to-end tests: each starts the real `streamhost` binary on a loopback
 //! port with a temp data dir and talks to it over HTTP.
 
+/// The fuzz corpus replay evaluates JSONata in this process: count
+/// allocations for its budget, as the server does.
+#[global_allocator]
+static ALLOCATOR: streamhost::jsonata::memory::Counting = streamhost::jsonata::memory::Counting;
+
 mod auth;
 mod bad_input;
 mod chaos;
