@@ -52,6 +52,7 @@ impl Host {
             timeout_ms: config.limits.jsonata_timeout_ms,
             max_bytes: config.limits.jsonata_max_bytes,
         });
+        crate::stream::set_event_bytes_max(config.max_body_bytes);
         let storage = match config.postgres_url()? {
             Some(url) => Storage::open_postgres(
                 url,

@@ -23,6 +23,7 @@ mod effects;
 mod fence;
 mod fuzz_corpus;
 mod hostile;
+mod isolation;
 mod ingest;
 mod itx;
 mod memory;

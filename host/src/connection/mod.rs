@@ -204,6 +204,53 @@ pub fn matches(filter: &CompiledFilter, e: &LiveEvent) -> Result<bool, String> {
     }
 }
 
+/// Each event's match against `filter`, in order, up to and including the
+/// first error. With a condition, the evaluations run on a JSONata thread
+/// (never on the threads that serve HTTP); `skip` events are answered
+/// `Ok(false)` without evaluating.
+pub async fn match_events(
+    filter: &CompiledFilter,
+    events: &Arc<Vec<LiveEvent>>,
+    skip: impl Fn(&LiveEvent) -> bool + Send + 'static,
+) -> Vec<Result<bool, String>> {
+    let run = move |filter: &CompiledFilter, events: &[LiveEvent]| {
+        let mut out = Vec::with_capacity(events.len());
+        for e in events {
+            let m = if skip(e) { Ok(false) } else { matches(filter, e) };
+            let failed = m.is_err();
+            out.push(m);
+            if failed {
+                break;
+            }
+        }
+        out
+    };
+    if filter.condition.is_none() {
+        return run(filter, events);
+    }
+    let (filter, events) = (filter.clone(), Arc::clone(events));
+    crate::jsonata::pool::run(move || run(&filter, &events)).await
+}
+
+/// A condition tried once, when a connection or a wait opens, on an event
+/// with no fields: an expression that exceeds a bound whatever the event
+/// (`$count([1..9999999]) > 0`) is refused before anything streams. Other
+/// errors are left for the events themselves.
+pub async fn try_condition(filter: &CompiledFilter) -> Result<(), String> {
+    let Some(condition) = filter.condition.clone() else {
+        return Ok(());
+    };
+    let outcome = crate::jsonata::pool::run(move || {
+        let empty = serde_json::json!({"offset": 0, "type": "", "payload": {}});
+        condition.matches(&crate::jsonata::Input::new(&empty))
+    })
+    .await;
+    match outcome {
+        Err(e) if crate::jsonata::is_limit_exceeded(&e) => Err(format!("jsonataCondition: {e}")),
+        _ => Ok(()),
+    }
+}
+
 /// The text of a waitForEvent timeout.
 pub fn wait_timeout_message(timeout_ms: u64, seen: u64, recent_types: &[String]) -> String {
     let recent = if recent_types.is_empty() {

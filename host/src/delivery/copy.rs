@@ -289,8 +289,13 @@ pub(crate) fn transformed(
     key: &str,
 ) -> Result<Shaped, Error> {
     let fail = |m: String| {
+        let code = if crate::jsonata::is_limit_exceeded(&m) {
+            "jsonata-limit-exceeded"
+        } else {
+            "transform-failed"
+        };
         Error::unprocessable(
-            "transform-failed",
+            code,
             format!(
                 "subscription {key:?} jsonataTransform failed on offset {}: {m}",
                 event.offset
@@ -327,6 +332,16 @@ pub(crate) fn transformed(
                 )))
             }
         }
+    }
+    let bytes = event_type.len()
+        + Value::Object(payload.clone()).to_string().len()
+        + metadata.as_ref().map_or(0, |m| Value::Object(m.clone()).to_string().len());
+    let limit = crate::stream::event_bytes_max();
+    if bytes > limit {
+        return Err(Error::too_large(format!(
+            "subscription {key:?} jsonataTransform made an event of {bytes} bytes from offset {}, over the {limit}-byte append limit",
+            event.offset
+        )));
     }
     Ok((event_type, payload, metadata))
 }

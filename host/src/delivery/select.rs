@@ -52,10 +52,11 @@ pub fn select_batch(
             Ok(m) => m,
             Err(e) if selection.events.is_empty() && selection.through == cursor => {
                 return Err(Failure {
+                    // A bound exceeded is exceeded again: halt at once.
+                    retryable: !crate::jsonata::is_limit_exceeded(&e),
                     message: format!(
                         "subscription {key:?} filter condition failed on offset {offset}: {e}"
                     ),
-                    retryable: true,
                     single_offset: Some(*offset),
                     detail: None,
                 })

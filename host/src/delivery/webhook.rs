@@ -52,8 +52,9 @@ pub fn posted_event(
     if let Some(t) = transform {
         let (event_type, payload, metadata) =
             super::copy::transformed(t, event, key).map_err(|e| Failure {
+                // A bound exceeded is exceeded again: halt at once.
+                retryable: !crate::jsonata::is_limit_exceeded(&e.message),
                 message: e.message,
-                retryable: true,
                 single_offset: Some(event.offset),
                 detail: None,
             })?;

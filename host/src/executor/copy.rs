@@ -41,7 +41,11 @@ pub async fn send(
         .map_err(|e| {
             Failure::new(
                 format!("{} failed: {}", job.route.target.label(), e.message),
-                e.code != "stale-delivery",
+                // What the same batch meets again halts at once.
+                !matches!(
+                    e.code,
+                    "stale-delivery" | "jsonata-limit-exceeded" | "too-large"
+                ),
             )
         })
 }

@@ -15,7 +15,7 @@ use tokio::sync::mpsc;
 use super::error::ApiError;
 use crate::connection::feed::{Feed, FeedItem};
 use crate::connection::{
-    matches, split_batches, wait_timeout_message, Batch, CloseReason, ConnectParams, LiveEvent,
+    match_events, split_batches, try_condition, wait_timeout_message, Batch, CloseReason, ConnectParams, LiveEvent,
     WAIT_RECENT_TYPES_MAX,
 };
 use crate::filter::CompiledFilter;
@@ -73,8 +73,9 @@ pub fn sse(feed: Feed, params: ConnectParams) -> Response {
                         })]
                     } else {
                         let mut selected: Vec<LiveEvent> = Vec::new();
-                        for e in events.iter() {
-                            match matches(&params.filter, e) {
+                        let found = match_events(&params.filter, &events, |_| false).await;
+                        for (e, m) in events.iter().zip(found) {
+                            match m {
                                 Ok(true) => selected.push(e.clone()),
                                 Ok(false) => {}
                                 Err(error) => {
@@ -155,6 +156,9 @@ pub async fn wait_for_event(
         false,
     )
     .map_err(|m| ApiError::new(400, "invalid-jsonata", format!("jsonataCondition: {m}")))?;
+    try_condition(&filter)
+        .await
+        .map_err(|m| ApiError::new(422, "jsonata-limit-exceeded", m))?;
     let key = format!("wait:{}", uuid::Uuid::new_v4());
     let params = ConnectParams {
         connection_key: Some(key.clone()),
@@ -177,7 +181,9 @@ pub async fn wait_for_event(
         };
         match item {
             Some(FeedItem::Events { events, .. }) => {
-                for e in events.iter() {
+                let own = key.clone();
+                let found = match_events(&filter, &events, move |e| is_own_audit(e, &own)).await;
+                for (e, m) in events.iter().zip(found) {
                     if is_own_audit(e, &key) {
                         continue;
                     }
@@ -187,7 +193,7 @@ pub async fn wait_for_event(
                     if recent.len() > WAIT_RECENT_TYPES_MAX {
                         recent.pop_front();
                     }
-                    match matches(&filter, e) {
+                    match m {
                         Ok(true) => {
                             feed.guard.end(CloseReason::ClosedByOwner, None);
                             return Ok(json!({"event": *e.value}));
@@ -196,7 +202,12 @@ pub async fn wait_for_event(
                         Err(error) => {
                             feed.guard
                                 .end(CloseReason::DeliveryFailed, Some(error.clone()));
-                            return Err(ApiError::new(422, "condition-failed", error));
+                            let code = if crate::jsonata::is_limit_exceeded(&error) {
+                                "jsonata-limit-exceeded"
+                            } else {
+                                "condition-failed"
+                            };
+                            return Err(ApiError::new(422, code, error));
                         }
                     }
                 }

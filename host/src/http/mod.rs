@@ -616,6 +616,9 @@ async fn stream_call(
         }
         ("connect", &Method::GET) => {
             let params = query::connect_query(uri.query())?;
+            crate::connection::try_condition(&params.filter)
+                .await
+                .map_err(|m| ApiError::new(422, "jsonata-limit-exceeded", m))?;
             let feed = streams.connect(address, params.clone()).await?;
             Ok(connections::sse(feed, params))
         }

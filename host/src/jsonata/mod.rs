@@ -281,6 +281,15 @@ impl Expression {
         if matches!(v, JValue::Undefined) {
             return Ok(None);
         }
+        // A result may share parts (`{"a": $x, "b": $x}`); written out, it
+        // is held to the bound too.
+        let max = limits().max_bytes;
+        let bytes = jsonata_core::bounds::value_bytes(&v, max);
+        if bytes > max {
+            return Err(format!(
+                "{LIMIT_EXCEEDED_PREFIX}: the result is {bytes} bytes or more, over the {max}-byte limit ([limits] jsonata-max-bytes = {max})"
+            ));
+        }
         Ok(Some(integral_numbers(Value::from(&v))))
     }
 

@@ -146,6 +146,7 @@ fn static_code(code: &str) -> &'static str {
         "stale-delivery",
         "too-large",
         "transform-failed",
+        "jsonata-limit-exceeded",
         "stream-paused",
         "capacity-exhausted",
         "overloaded",

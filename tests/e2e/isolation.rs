@@ -1,0 +1,175 @@
+//! Isolation between projects: one project's expressions, connections and
+//! traffic can never slow, starve or fill up another's. Each probe runs
+//! against the real binary.
+
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use crate::subscriptions::{data, subscribe, wait_count, P};
+use crate::support::{assert_error, Server, SseClient};
+
+/// Retries that would take minutes: a halt within seconds is a halt at once.
+const SLOW_RETRIES: &str = r#"
+[delivery]
+max-attempts = 15
+backoff-base-ms = 5000
+backoff-max-ms = 60000
+timeout-ms = 5000
+"#;
+
+fn ev(t: &str, payload: Value) -> Value {
+    json!({"events": [{"type": t, "payload": payload}]})
+}
+
+#[tokio::test]
+async fn a_wait_whose_condition_exceeds_a_bound_is_refused_naming_it() {
+    let s = Server::start();
+    s.post(&format!("{P}/evil:append"), ev("x.y/a", json!({"n": 1})))
+        .await;
+    for (condition, bound) in [
+        ("$count([1..9999999]) > 0", "jsonata-max-bytes"),
+        ("$length($pad('', 300000000)) > 0", "jsonata-max-bytes"),
+        (
+            "($f := function($n) { $f($n + 1) }; $f(0)) > 0",
+            "jsonata-timeout-ms",
+        ),
+    ] {
+        let answer = s
+            .post(
+                &format!("{P}/evil:waitForEvent"),
+                json!({"jsonataCondition": condition, "timeoutMs": 5000}),
+            )
+            .await;
+        assert_error(&answer, 422, "jsonata-limit-exceeded", bound);
+    }
+    // One that exceeds a bound only on some event is refused when it meets it.
+    let waiting = {
+        let url = format!("{}{P}/evil:waitForEvent", s.url);
+        tokio::spawn(async move {
+            let r = reqwest::Client::new()
+                .post(url)
+                .json(&json!({"jsonataCondition": "$length($pad('', payload.n)) > 0", "timeoutMs": 20000}))
+                .send()
+                .await
+                .unwrap();
+            (r.status().as_u16(), r.json::<Value>().await.unwrap())
+        })
+    };
+    crate::support::wait_for(
+        "the wait's connection",
+        Duration::from_secs(10),
+        async || {
+            let (_, st) = s.get(&format!("{P}/evil:runtime")).await;
+            st["connections"].as_object().is_some_and(|c| !c.is_empty())
+        },
+    )
+    .await;
+    s.post(&format!("{P}/evil:append"), ev("x.y/a", json!({"n": 300000000})))
+        .await;
+    let answer = waiting.await.unwrap();
+    assert_error(&answer, 422, "jsonata-limit-exceeded", "$pad");
+}
+
+#[tokio::test]
+async fn a_connection_whose_condition_exceeds_a_bound_is_refused_before_it_streams() {
+    let s = Server::start();
+    s.post(&format!("{P}/evil:append"), ev("x.y/a", json!({"n": 1})))
+        .await;
+    let condition = "$length($pad('', 300000000)) > 0";
+    let path = format!(
+        "{P}/evil:connect?jsonataCondition={}",
+        form_urlencoded::byte_serialize(condition.as_bytes()).collect::<String>()
+    );
+    let refused = SseClient::open(&s, &path).await.err().expect("refused");
+    assert_error(&refused, 422, "jsonata-limit-exceeded", "jsonata-max-bytes");
+    // A condition that is fine streams.
+    let ok = format!(
+        "{P}/evil:connect?jsonataCondition={}",
+        form_urlencoded::byte_serialize(b"payload.n > 1").collect::<String>()
+    );
+    assert!(SseClient::open(&s, &ok).await.is_ok());
+}
+
+/// The subscription `key` on `/src` halted at its first attempt, naming `mention`.
+async fn halted_at_once(s: &Server, key: &str, mention: &str) -> Value {
+    let halted = s
+        .wait_halted(&format!("{P}/src"), key, Duration::from_secs(20))
+        .await;
+    assert_eq!(halted["attempts"], 1, "{halted}");
+    let error = halted["error"].as_str().unwrap_or_default();
+    assert!(error.contains(mention), "{halted}");
+    halted
+}
+
+#[tokio::test]
+async fn a_subscription_filter_that_exceeds_a_bound_halts_at_once() {
+    let s = Server::start_with(Some(SLOW_RETRIES), &[]);
+    subscribe(
+        &s,
+        "/dst",
+        json!({"sourceStreamPath": "/src", "subscriptionKey": "evil",
+               "filter": {"jsonataCondition": "$count([1..9999999]) > 0"}}),
+    )
+    .await;
+    s.post(&format!("{P}/src:append"), ev("x.y/a", json!({})))
+        .await;
+    halted_at_once(&s, "evil", "jsonata-max-bytes").await;
+    assert!(data(&s, "/dst").await.is_empty());
+}
+
+#[tokio::test]
+async fn a_copy_transform_that_builds_a_huge_value_halts_at_once_and_stores_nothing() {
+    let s = Server::start_with(Some(SLOW_RETRIES), &[]);
+    subscribe(
+        &s,
+        "/dst",
+        json!({"sourceStreamPath": "/src", "subscriptionKey": "huge",
+               "jsonataTransform": "{\"payload\": {\"x\": $pad(\"\", 5000000)}}"}),
+    )
+    .await;
+    s.post(&format!("{P}/src:append"), ev("x.y/a", json!({})))
+        .await;
+    halted_at_once(&s, "huge", "jsonata-max-bytes").await;
+    assert!(data(&s, "/dst").await.is_empty());
+    // Parts shared inside the result count as written out.
+    subscribe(
+        &s,
+        "/dst2",
+        json!({"sourceStreamPath": "/src", "subscriptionKey": "shared",
+               "jsonataTransform": "($x := $pad('', 600000); {\"payload\": {\"a\": $x, \"b\": $x}})"}),
+    )
+    .await;
+    s.post(&format!("{P}/src:append"), ev("x.y/b", json!({})))
+        .await;
+    halted_at_once(&s, "shared", "jsonata-max-bytes").await;
+    assert!(data(&s, "/dst2").await.is_empty());
+}
+
+#[tokio::test]
+async fn a_copied_event_over_the_append_limit_halts_at_once() {
+    let config = format!("max-body-bytes = 4096\n{SLOW_RETRIES}");
+    let s = Server::start_with(Some(&config), &[]);
+    subscribe(
+        &s,
+        "/dst",
+        json!({"sourceStreamPath": "/src", "subscriptionKey": "big",
+               "jsonataTransform": "{\"payload\": {\"x\": $pad(\"\", 5000)}}"}),
+    )
+    .await;
+    s.post(&format!("{P}/src:append"), ev("x.y/a", json!({})))
+        .await;
+    halted_at_once(&s, "big", "4096-byte append limit").await;
+    assert!(data(&s, "/dst").await.is_empty());
+    // A transform within the limit copies.
+    subscribe(
+        &s,
+        "/ok",
+        json!({"sourceStreamPath": "/src", "subscriptionKey": "small",
+               "jsonataTransform": "{\"payload\": {\"x\": $pad(\"\", 100)}}"}),
+    )
+    .await;
+    s.post(&format!("{P}/src:append"), ev("x.y/b", json!({})))
+        .await;
+    wait_count(&s, "/ok", 1).await;
+}
