@@ -574,8 +574,7 @@ admin = true
     #[test]
     fn private_networks_are_denied_by_default_exactly_when_tokens_are_configured() {
         assert!(!Config::default().deny_private_networks());
-        let with_tokens =
-            Config::from_toml("[[tokens]]\ntoken = \"t\"\nadmin = true").unwrap();
+        let with_tokens = Config::from_toml("[[tokens]]\ntoken = \"t\"\nadmin = true").unwrap();
         assert!(with_tokens.deny_private_networks());
         let opened = Config::from_toml(
             "[webhooks]\ndeny-private-networks = false\n[[tokens]]\ntoken = \"t\"\nadmin = true",

@@ -65,8 +65,11 @@ async fn a_wait_whose_condition_exceeds_a_bound_is_refused_naming_it() {
         },
     )
     .await;
-    s.post(&format!("{P}/evil:append"), ev("x.y/a", json!({"n": 300000000})))
-        .await;
+    s.post(
+        &format!("{P}/evil:append"),
+        ev("x.y/a", json!({"n": 300000000})),
+    )
+    .await;
     let answer = waiting.await.unwrap();
     assert_error(&answer, 422, "jsonata-limit-exceeded", "$pad");
 }
@@ -172,4 +175,38 @@ async fn a_copied_event_over_the_append_limit_halts_at_once() {
     s.post(&format!("{P}/src:append"), ev("x.y/b", json!({})))
         .await;
     wait_count(&s, "/ok", 1).await;
+}
+
+#[tokio::test]
+async fn a_caller_cannot_pre_claim_the_key_of_a_copy_or_an_effect() {
+    let s = Server::start();
+    s.post(&format!("{P}/src:append"), ev("x.y/a", json!({})))
+        .await;
+    let (_, st) = s.get(&format!("{P}/src:state")).await;
+    let stream_id = st["streamId"].as_str().unwrap().to_string();
+    // Keys of the shapes a copy, an effect and a resume use.
+    for key in [
+        format!("copy:acme:/src:{stream_id}:0:k:3"),
+        "effect:effector:/orders:a".to_string(),
+        "auto-resume:k:x:1".to_string(),
+    ] {
+        let answer = s
+            .post(
+                &format!("{P}/dst:append"),
+                json!({"events": [{"type": "x.y/fake", "idempotencyKey": key}]}),
+            )
+            .await;
+        assert_error(&answer, 400, "invalid-request", &key);
+    }
+    subscribe(
+        &s,
+        "/dst",
+        json!({"sourceStreamPath": "/src", "subscriptionKey": "k"}),
+    )
+    .await;
+    s.post(&format!("{P}/src:append"), ev("x.y/a", json!({})))
+        .await;
+    let copies = wait_count(&s, "/dst", 1).await;
+    assert!(copies[0]["source"]["copiedFrom"].is_array(), "{copies:?}");
+    assert_eq!(copies[0]["type"], "x.y/a");
 }

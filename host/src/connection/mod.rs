@@ -216,7 +216,11 @@ pub async fn match_events(
     let run = move |filter: &CompiledFilter, events: &[LiveEvent]| {
         let mut out = Vec::with_capacity(events.len());
         for e in events {
-            let m = if skip(e) { Ok(false) } else { matches(filter, e) };
+            let m = if skip(e) {
+                Ok(false)
+            } else {
+                matches(filter, e)
+            };
             let failed = m.is_err();
             out.push(m);
             if failed {

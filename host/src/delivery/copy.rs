@@ -139,6 +139,13 @@ pub fn batch_keys(batch: &CopyBatch, receiver: &StreamAddress) -> Vec<String> {
     if let (Some(first), Some(last)) = (dropped.first(), dropped.last()) {
         keys.push(drop_audit_identity(batch, *first, *last));
     }
+    // Where a copy goes when a caller's event holds its key (see `displaced_key`).
+    let displaced: Vec<String> = keys
+        .iter()
+        .filter(|k| k.starts_with("copy:"))
+        .map(|k| crate::stream::displaced_key(k))
+        .collect();
+    keys.extend(displaced);
     keys
 }
 
@@ -335,7 +342,9 @@ pub(crate) fn transformed(
     }
     let bytes = event_type.len()
         + Value::Object(payload.clone()).to_string().len()
-        + metadata.as_ref().map_or(0, |m| Value::Object(m.clone()).to_string().len());
+        + metadata
+            .as_ref()
+            .map_or(0, |m| Value::Object(m.clone()).to_string().len());
     let limit = crate::stream::event_bytes_max();
     if bytes > limit {
         return Err(Error::too_large(format!(

@@ -59,7 +59,7 @@ pub fn select_batch(
                     ),
                     single_offset: Some(*offset),
                     detail: None,
-                })
+                });
             }
             // Deliver what precedes it; the next attempt starts here.
             Err(_) => return Ok(selection),

@@ -15,8 +15,8 @@ use tokio::sync::mpsc;
 use super::error::ApiError;
 use crate::connection::feed::{Feed, FeedItem};
 use crate::connection::{
-    match_events, split_batches, try_condition, wait_timeout_message, Batch, CloseReason, ConnectParams, LiveEvent,
-    WAIT_RECENT_TYPES_MAX,
+    match_events, split_batches, try_condition, wait_timeout_message, Batch, CloseReason,
+    ConnectParams, LiveEvent, WAIT_RECENT_TYPES_MAX,
 };
 use crate::filter::CompiledFilter;
 use crate::stream::{types, StreamAddress, Streams};

@@ -438,7 +438,10 @@ mod tests {
         assert!(e.contains("jsonata-max-bytes = 1048576"), "{e}");
         limit_error("$count([1..200000])");
         assert_eq!(
-            compile("$count([1..1000])").unwrap().evaluate(&event()).unwrap(),
+            compile("$count([1..1000])")
+                .unwrap()
+                .evaluate(&event())
+                .unwrap(),
             Some(json!(1000))
         );
     }
@@ -461,7 +464,10 @@ mod tests {
         );
         // The whole bound is usable.
         assert_eq!(
-            compile("$length($pad('', 1000000))").unwrap().evaluate(&event()).unwrap(),
+            compile("$length($pad('', 1000000))")
+                .unwrap()
+                .evaluate(&event())
+                .unwrap(),
             Some(json!(1000000))
         );
     }
@@ -482,7 +488,10 @@ mod tests {
         limit_error("$count($keys($merge([1..100000].{$string($): $pad('', 100)})))");
         limit_error("$count($spread([1..60000]{$string($): $pad('', 100)}))");
         assert_eq!(
-            compile("$merge([{'a': 1}, {'b': 2}])").unwrap().evaluate(&event()).unwrap(),
+            compile("$merge([{'a': 1}, {'b': 2}])")
+                .unwrap()
+                .evaluate(&event())
+                .unwrap(),
             Some(json!({"a": 1, "b": 2}))
         );
     }
@@ -492,12 +501,18 @@ mod tests {
         let e = limit_error("($f := function($n) { $f($n + 1) + 1 }; $f(0))");
         assert!(e.contains("levels"), "{e}");
         let e = limit_error("($f := function($n) { $f($n + 1) }; $f(0))");
-        assert!(e.contains("jsonata-timeout-ms") || e.contains("levels"), "{e}");
+        assert!(
+            e.contains("jsonata-timeout-ms") || e.contains("levels"),
+            "{e}"
+        );
     }
 
     #[test]
     fn an_error_that_is_not_a_bound_is_not_called_one() {
-        let e = compile("$number('x')").unwrap().evaluate(&event()).unwrap_err();
+        let e = compile("$number('x')")
+            .unwrap()
+            .evaluate(&event())
+            .unwrap_err();
         assert!(!is_limit_exceeded(&e), "{e}");
     }
 }

@@ -23,6 +23,40 @@ pub const TYPE_BYTES_MAX: usize = 512;
 /// Longest idempotency key, in bytes.
 pub const IDEMPOTENCY_KEY_BYTES_MAX: usize = 512;
 
+/// How the idempotency keys of the platform's own appends start (copies,
+/// their drop audits, effects, effects' error lines, resumes by a new
+/// version, and keys displaced by a caller's event). A caller's key may not
+/// start with one, so it can never satisfy a platform append.
+pub const PLATFORM_KEY_PREFIXES: &[&str] = &[
+    "copy:",
+    "copy-drop:",
+    "effect:",
+    "effect-failed:",
+    "auto-resume:",
+    "platform:",
+];
+
+/// The key a platform append uses when a caller's event already holds its
+/// own (appended before callers were refused the platform's prefixes).
+pub fn displaced_key(key: &str) -> String {
+    format!("platform:{key}")
+}
+
+/// Whether the committed event `e`, holding the platform's `key`, was made
+/// by a caller: a copy's key held by an event that is no copy, an effect's
+/// key held by an event no effect made. (The platform's other lines carry
+/// public types, so they cannot be told apart and keep their keys.)
+fn held_by_a_caller(key: &str, e: &Event) -> bool {
+    let source = e.source.as_ref();
+    if key.starts_with("copy:") {
+        !source.is_some_and(|s| !s.copied_from.is_empty())
+    } else if key.starts_with("effect:") {
+        !source.is_some_and(|s| s.effect.is_some())
+    } else {
+        false
+    }
+}
+
 static EVENT_BYTES_MAX: std::sync::atomic::AtomicUsize =
     std::sync::atomic::AtomicUsize::new(8 * 1024 * 1024);
 
@@ -170,14 +204,25 @@ pub fn plan_append(
     let mut created = false;
 
     for (i, e) in input.events.iter().enumerate() {
-        if let Some(key) = &e.idempotency_key {
-            let original = new_keys
-                .iter()
-                .rev()
-                .find(|(k, _)| k == key)
-                .map(|(_, ev)| ev)
-                .or_else(|| round_keys.get(key))
-                .or_else(|| ctx.committed_by_key.get(key));
+        let mut key = e.idempotency_key.clone();
+        if let Some(k) = &mut key {
+            let find = |k: &String| {
+                new_keys
+                    .iter()
+                    .rev()
+                    .find(|(n, _)| n == k)
+                    .map(|(_, ev)| ev)
+                    .or_else(|| round_keys.get(k))
+                    .or_else(|| ctx.committed_by_key.get(k))
+            };
+            let mut original = find(k);
+            if authority != Authority::Public && original.is_some_and(|o| held_by_a_caller(k, o)) {
+                // A caller's event holds the platform's key: the platform
+                // appends under its displaced key, never taking the caller's.
+                *k = displaced_key(k);
+                original = find(k);
+            }
+            let key = &*k;
             if let Some(original) = original {
                 if is_same_event(original, e) {
                     plan.events.push(original.clone());
@@ -249,7 +294,7 @@ pub fn plan_append(
             event_type: e.event_type.clone(),
             payload: e.payload.clone().unwrap_or_default(),
             metadata: e.metadata.clone().filter(|m| !m.is_empty()),
-            idempotency_key: e.idempotency_key.clone(),
+            idempotency_key: key,
             created_at: ctx.now.to_string(),
             source: e.source.clone().filter(|s| !s.is_empty()),
             ephemeral: e.ephemeral.unwrap_or(false),
@@ -350,6 +395,13 @@ pub(crate) fn validate_input(i: usize, e: &EventInput, authority: Authority) -> 
             return Err(Error::invalid(format!(
                 "events[{i}].idempotencyKey is empty"
             )));
+        }
+        if authority == Authority::Public {
+            if let Some(prefix) = PLATFORM_KEY_PREFIXES.iter().find(|p| key.starts_with(**p)) {
+                return Err(Error::invalid(format!(
+                    "events[{i}].idempotencyKey {key:?} starts with {prefix:?}, which the platform reserves for its own appends"
+                )));
+            }
         }
         if key.len() > IDEMPOTENCY_KEY_BYTES_MAX && authority == Authority::Public {
             return Err(Error::invalid(format!(
@@ -527,6 +579,48 @@ mod tests {
             .unwrap_err();
         assert_eq!(err.code, "idempotency-conflict");
         assert!(err.message.contains("\"k\"") && err.message.contains("offset 2"));
+    }
+
+    #[test]
+    fn a_caller_can_never_take_a_platform_key() {
+        let mut f = Fixture::new();
+        for prefix in PLATFORM_KEY_PREFIXES {
+            let key = format!("{prefix}acme:/s:x:1:k:2");
+            let err = f
+                .append(
+                    json!({"events": [{"type": "x.y/a", "idempotencyKey": key}]}),
+                    Authority::Public,
+                )
+                .unwrap_err();
+            assert_eq!(err.code, "invalid-request");
+            assert!(err.message.contains(&key), "{}", err.message);
+        }
+        // A caller's event that holds a copy's key from before the prefixes
+        // were refused (planted here with the platform's authority).
+        let key = "copy:acme:/s:x:1:k:2";
+        let planted = f
+            .append(
+                json!({"events": [{"type": "x.y/a", "idempotencyKey": key, "payload": {"fake": true}}]}),
+                Authority::Platform,
+            )
+            .unwrap();
+        let hop = json!({"projectId": "acme", "path": "/s", "streamId": "x", "streamCreatedAt": "t",
+            "offset": 2, "type": "x.y/a", "createdAt": "t", "subscriptionKey": "k",
+            "cursorChangedAtSourceOffset": 1});
+        let copy = json!({"events": [{"type": "x.y/a", "idempotencyKey": key,
+            "source": {"copiedFrom": [hop]}}]});
+        let landed = f.append(copy.clone(), Authority::Platform).unwrap();
+        assert_eq!(landed.new_events.len(), 1, "the copy lands");
+        assert!(landed.events[0].is_copy(), "with its provenance");
+        assert_eq!(
+            landed.events[0].idempotency_key.as_deref(),
+            Some(displaced_key(key).as_str())
+        );
+        assert_ne!(landed.events[0].offset, planted.events[0].offset);
+        // Its retry finds it under the displaced key.
+        let retried = f.append(copy, Authority::Platform).unwrap();
+        assert!(retried.new_events.is_empty());
+        assert_eq!(retried.events, landed.events);
     }
 
     #[test]

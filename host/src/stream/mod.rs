@@ -13,11 +13,11 @@ mod state;
 pub use actor::ActorContext;
 pub use actor::{AppendOutput, ReadOutput, ReadQuery, EPHEMERAL_BYTES_MAX, READ_LIMIT_MAX};
 pub use address::{canonicalize_path, validate_project, Namespace, StreamAddress, PATH_BYTES_MAX};
-pub(crate) use append::{is_same_event, validate_input};
 pub use append::{
-    event_bytes_max, plan_append, set_event_bytes_max, AppendContext, AppendPlan, Authority,
-    APPEND_EVENTS_MAX,
+    displaced_key, event_bytes_max, plan_append, set_event_bytes_max, AppendContext, AppendPlan,
+    Authority, APPEND_EVENTS_MAX, PLATFORM_KEY_PREFIXES,
 };
+pub(crate) use append::{is_same_event, validate_input};
 pub use event::{
     is_stream_control_type, types, AppendInput, CopiedFrom, EffectOrigin, Event, EventInput,
     EventSource, STREAM_TYPE_PREFIX,

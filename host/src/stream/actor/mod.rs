@@ -961,13 +961,19 @@ impl Actor {
         let mut offsets: Vec<u64> = Vec::new();
         for p in round {
             match p {
-                Pending::Append { input, .. } => {
-                    keys.extend(
-                        input
-                            .events
-                            .iter()
-                            .filter_map(|e| e.idempotency_key.clone()),
-                    );
+                Pending::Append {
+                    input, authority, ..
+                } => {
+                    for key in input
+                        .events
+                        .iter()
+                        .filter_map(|e| e.idempotency_key.as_ref())
+                    {
+                        if *authority != Authority::Public && key.starts_with("effect:") {
+                            keys.push(crate::stream::displaced_key(key));
+                        }
+                        keys.push(key.clone());
+                    }
                     offsets.extend(configure_offsets(Some(&stream.state), input));
                 }
                 Pending::Deliver { batch, .. } => {
