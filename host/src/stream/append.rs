@@ -49,9 +49,9 @@ pub fn displaced_key(key: &str) -> String {
 fn held_by_a_caller(key: &str, e: &Event) -> bool {
     let source = e.source.as_ref();
     if key.starts_with("copy:") {
-        !source.is_some_and(|s| !s.copied_from.is_empty())
+        source.is_none_or(|s| s.copied_from.is_empty())
     } else if key.starts_with("effect:") {
-        !source.is_some_and(|s| s.effect.is_some())
+        source.is_none_or(|s| s.effect.is_none())
     } else {
         false
     }
