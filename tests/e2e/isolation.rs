@@ -210,3 +210,71 @@ async fn a_caller_cannot_pre_claim_the_key_of_a_copy_or_an_effect() {
     assert!(copies[0]["source"]["copiedFrom"].is_array(), "{copies:?}");
     assert_eq!(copies[0]["type"], "x.y/a");
 }
+
+#[tokio::test]
+async fn offsets_past_i64_and_nul_bytes_are_refused_naming_the_field_on_every_backend() {
+    let s = Server::start();
+    s.post(&format!("{P}/a:append"), ev("x.y/a", json!({})))
+        .await;
+    for over in ["9223372036854775808", "18446744073709551615"] {
+        let answer = s.get(&format!("{P}/a:events?afterOffset={over}")).await;
+        assert_error(&answer, 400, "invalid-request", "afterOffset");
+        let answer = s
+            .get(&format!("/v1/projects/acme/effects?afterId={over}"))
+            .await;
+        assert_error(&answer, 400, "invalid-request", "afterId");
+        let answer = s
+            .get(&format!("{P}/a:connect?replayAfterOffset={over}"))
+            .await;
+        assert_error(&answer, 400, "invalid-request", "replayAfterOffset");
+        let big: u64 = over.parse().unwrap();
+        let answer = s
+            .post(
+                &format!("{P}/a:waitForEvent"),
+                json!({"afterOffset": big, "timeoutMs": 100}),
+            )
+            .await;
+        assert_error(&answer, 400, "invalid-request", "afterOffset");
+        let answer = s
+            .post(
+                &format!("{P}/a:append"),
+                json!({"events": [{"type": "x.y/a", "offset": big}]}),
+            )
+            .await;
+        assert_error(&answer, 400, "invalid-request", "events[0].offset");
+    }
+    // The largest offset itself is a valid (empty) read.
+    let (status, page) = s
+        .get(&format!("{P}/a:events?afterOffset=9223372036854775807"))
+        .await;
+    assert_eq!(status, 200, "{page}");
+    assert_eq!(page["events"], json!([]));
+
+    let answer = s
+        .post(
+            &format!("{P}/a:append"),
+            json!({"events": [{"type": "x.y/a", "idempotencyKey": "a\u{0}b"}]}),
+        )
+        .await;
+    assert_error(&answer, 400, "invalid-request", "idempotencyKey");
+    let answer = s
+        .post(
+            &format!("{P}/dst:subscribeToEventsFrom"),
+            json!({"sourceStreamPath": "/a", "subscriptionKey": "k\u{0}x"}),
+        )
+        .await;
+    assert_error(&answer, 400, "invalid-request", "subscriptionKey");
+    let answer = s.get("/v1/projects/acme/effects?component=a%00b").await;
+    assert_error(&answer, 400, "invalid-request", "component");
+    // NUL inside a payload is data: stored and served back on both backends.
+    let (status, out) = s
+        .post(
+            &format!("{P}/a:append"),
+            ev("x.y/a", json!({"s": "a\u{0}b"})),
+        )
+        .await;
+    assert_eq!(status, 200, "{out}");
+    assert_eq!(out["events"][0]["payload"]["s"], "a\u{0}b");
+    let events = s.all_events(&format!("{P}/a")).await;
+    assert!(events.iter().any(|e| e["payload"]["s"] == "a\u{0}b"));
+}

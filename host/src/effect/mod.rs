@@ -119,6 +119,9 @@ pub fn parse(at: &str, key: &str, returned: Returned<'_>) -> Result<Target, Stri
     if key.trim().is_empty() {
         return Err(format!("{at}.key is empty"));
     }
+    if key.contains('\0') {
+        return Err(format!("{at}.key {key:?} contains a NUL byte"));
+    }
     if key.len() > KEY_BYTES_MAX {
         return Err(format!(
             "{at}.key is {} bytes, over the {KEY_BYTES_MAX}-byte limit",

@@ -33,9 +33,9 @@ const PROGRESS_EVERY: Duration = Duration::from_millis(500);
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct BackfillInput {
     pub component: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::stream::bounded::offset")]
     pub after_offset: u64,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::stream::bounded::optional_offset")]
     pub through_offset: Option<u64>,
     #[serde(default)]
     pub event_types: Option<Vec<String>>,

@@ -126,7 +126,7 @@ pub fn sse(feed: Feed, params: ConnectParams) -> Response {
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct WaitInput {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::stream::bounded::optional_offset")]
     pub after_offset: Option<u64>,
     #[serde(default)]
     pub event_types: Option<Vec<String>>,

@@ -10,9 +10,16 @@ use crate::stream::{ReadQuery, READ_LIMIT_MAX};
 use crate::subscription::Filter;
 
 fn offset(name: &str, value: &str) -> Result<u64, ApiError> {
-    value
-        .parse::<u64>()
-        .map_err(|_| ApiError::invalid(format!("{name} {value:?} is not a non-negative integer")))
+    let v = value.parse::<u64>().map_err(|_| {
+        ApiError::invalid(format!("{name} {value:?} is not a non-negative integer"))
+    })?;
+    if v > crate::stream::OFFSET_MAX {
+        return Err(ApiError::invalid(format!(
+            "{name} {value:?} is above {}, the largest offset",
+            crate::stream::OFFSET_MAX
+        )));
+    }
+    Ok(v)
 }
 
 fn positive(name: &str, value: &str) -> Result<usize, ApiError> {
@@ -51,7 +58,7 @@ pub fn connect_query(query: Option<&str>) -> Result<ConnectParams, ApiError> {
         event_types: None,
         jsonata_condition: None,
     };
-    for (name, value) in decoded(query) {
+    for (name, value) in decoded(query)? {
         let v = value.as_str();
         match name.as_str() {
             "connectionKey" => p.connection_key = Some(value.clone()),
@@ -90,15 +97,25 @@ pub fn connect_query(query: Option<&str>) -> Result<ConnectParams, ApiError> {
 }
 
 /// The query's name/value pairs, percent-decoded.
-fn decoded(query: Option<&str>) -> Vec<(String, String)> {
+/// The decoded parameters; a NUL byte (which PostgreSQL cannot store or
+/// compare) is refused on every backend, naming the parameter.
+fn decoded(query: Option<&str>) -> Result<Vec<(String, String)>, ApiError> {
     form_urlencoded::parse(query.unwrap_or("").as_bytes())
-        .map(|(k, v)| (k.into_owned(), v.into_owned()))
+        .map(|(k, v)| {
+            if k.contains('\0') || v.contains('\0') {
+                return Err(ApiError::invalid(format!(
+                    "query parameter {:?} contains a NUL byte",
+                    k.replace('\0', "\\0")
+                )));
+            }
+            Ok((k.into_owned(), v.into_owned()))
+        })
         .collect()
 }
 
 /// Rejects any query parameter.
 pub fn no_query(query: Option<&str>) -> Result<(), ApiError> {
-    match decoded(query).first() {
+    match decoded(query)?.first() {
         None => Ok(()),
         Some((name, _)) => Err(ApiError::invalid(format!(
             "unknown query parameter {name:?}"
@@ -113,7 +130,7 @@ pub fn read_query(query: Option<&str>) -> Result<ReadQuery, ApiError> {
         limit: READ_LIMIT_MAX,
         include_ephemeral: false,
     };
-    for (name, value) in decoded(query) {
+    for (name, value) in decoded(query)? {
         let value = value.as_str();
         match name.as_str() {
             "afterOffset" => q.after_offset = offset("afterOffset", value)?,
@@ -147,7 +164,7 @@ pub fn list_query(query: Option<&str>) -> Result<ListQuery, ApiError> {
         after_path: None,
         limit: 100,
     };
-    for (name, value) in decoded(query) {
+    for (name, value) in decoded(query)? {
         match name.as_str() {
             "prefix" => {
                 if !value.starts_with('/') {
@@ -172,7 +189,7 @@ pub fn list_query(query: Option<&str>) -> Result<ListQuery, ApiError> {
 /// Parses `refold` of `PUT .../components/{name}`.
 pub fn deploy_query(query: Option<&str>) -> Result<bool, ApiError> {
     let mut refold = false;
-    for (name, value) in decoded(query) {
+    for (name, value) in decoded(query)? {
         match name.as_str() {
             "refold" => refold = boolean("refold", &value)?,
             other => {
@@ -196,7 +213,7 @@ pub fn effect_query(project: &str, query: Option<&str>) -> Result<EffectQuery, A
         limit: 100,
         ..EffectQuery::default()
     };
-    for (name, value) in decoded(query) {
+    for (name, value) in decoded(query)? {
         match name.as_str() {
             "stream" => q.path = Some(canonicalize_path(&value)?),
             "component" => q.component = Some(value),

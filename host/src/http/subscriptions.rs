@@ -40,6 +40,7 @@ pub struct UnsubscribeInput {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct CursorInput {
     pub subscription_key: String,
+    #[serde(deserialize_with = "crate::stream::bounded::offset")]
     pub after_offset: u64,
 }
 

@@ -396,6 +396,11 @@ pub(crate) fn validate_input(i: usize, e: &EventInput, authority: Authority) -> 
                 "events[{i}].idempotencyKey is empty"
             )));
         }
+        if key.contains('\0') {
+            return Err(Error::invalid(format!(
+                "events[{i}].idempotencyKey {key:?} contains a NUL byte"
+            )));
+        }
         if authority == Authority::Public {
             if let Some(prefix) = PLATFORM_KEY_PREFIXES.iter().find(|p| key.starts_with(**p)) {
                 return Err(Error::invalid(format!(

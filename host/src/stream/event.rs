@@ -7,6 +7,37 @@ use serde_json::{Map, Value};
 /// Prefix of the platform's stream control types.
 pub const STREAM_TYPE_PREFIX: &str = "events.iterate.com/stream/";
 
+/// The largest offset (or id) a request may name: 2^63-1, what storage
+/// holds. Larger values are refused, never wrapped.
+pub const OFFSET_MAX: u64 = i64::MAX as u64;
+
+/// Deserializers that refuse an offset above [`OFFSET_MAX`] (the error, with
+/// its JSON path, names the field).
+pub mod bounded {
+    use serde::{Deserialize, Deserializer};
+
+    use super::OFFSET_MAX;
+
+    fn check<E: serde::de::Error>(v: u64) -> Result<u64, E> {
+        if v > OFFSET_MAX {
+            return Err(E::custom(format!(
+                "{v} is above {OFFSET_MAX}, the largest offset"
+            )));
+        }
+        Ok(v)
+    }
+
+    /// An offset.
+    pub fn offset<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+        check(u64::deserialize(d)?)
+    }
+
+    /// An optional offset.
+    pub fn optional_offset<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+        Option::<u64>::deserialize(d)?.map(check).transpose()
+    }
+}
+
 /// The platform's event types, by their suffix after [`STREAM_TYPE_PREFIX`].
 pub mod types {
     /// Offset 1 of every stream.
@@ -187,7 +218,11 @@ pub struct EventInput {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ephemeral: Option<bool>,
     /// Compare-and-append: the offset this event must get.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "bounded::optional_offset"
+    )]
     pub offset: Option<u64>,
     /// Copy provenance; only the platform may set it.
     #[serde(default, skip_serializing_if = "Option::is_none")]

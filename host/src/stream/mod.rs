@@ -19,8 +19,8 @@ pub use append::{
 };
 pub(crate) use append::{is_same_event, validate_input};
 pub use event::{
-    is_stream_control_type, types, AppendInput, CopiedFrom, EffectOrigin, Event, EventInput,
-    EventSource, STREAM_TYPE_PREFIX,
+    bounded, is_stream_control_type, types, AppendInput, CopiedFrom, EffectOrigin, Event,
+    EventInput, EventSource, OFFSET_MAX, STREAM_TYPE_PREFIX,
 };
 pub use registry::{StreamSettings, Streams, StreamsRef};
 pub use state::{CoreState, Inbound, Outbound, Subscriptions, STATE_BYTES_MAX};

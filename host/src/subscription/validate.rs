@@ -123,6 +123,11 @@ fn validate_configured(
                 "{at}.subscriptionKey {raw:?} must be 1 to {KEY_CHARS_MAX} characters after trimming"
             )));
         }
+        if key.contains('\0') {
+            return Err(invalid(format!(
+                "{at}.subscriptionKey {raw:?} contains a NUL byte"
+            )));
+        }
         if key.starts_with(GENERATED_KEY_PREFIX) && !by_key.contains_key(key) {
             return Err(invalid(format!(
                 "{at}.subscriptionKey {key:?} uses the reserved {GENERATED_KEY_PREFIX:?} prefix and names no existing subscription"

@@ -982,6 +982,9 @@ impl Actor {
                 Pending::Reset { .. } => {}
             }
         }
+        // A key with a NUL byte is refused by planning; storage (PostgreSQL)
+        // cannot even look it up.
+        keys.retain(|k| !k.contains('\0'));
         if keys.is_empty() && offsets.is_empty() {
             return Ok((HashMap::new(), HashMap::new()));
         }
