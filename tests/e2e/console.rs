@@ -41,7 +41,11 @@ async fn the_console_shows_streams_live_events_and_resumes_a_halted_subscription
         "{chromium} is missing: apt-get install chromium (./scripts/test does it as root)"
     );
 
-    let config = format!("{TOKENS}\n[delivery]\nmax-attempts = 1\nbackoff-base-ms = 10\n");
+    // The webhook receiver is on loopback, which tokens deny by default.
+    let config = format!(
+        "{TOKENS}\n[delivery]\nmax-attempts = 1\nbackoff-base-ms = 10\n\
+         [webhooks]\ndeny-private-networks = false\n"
+    );
     let mut s = Server::start_with(Some(&config), &[]);
     s.token = Some("t-acme".into());
     let (status, out) = s.deploy("acme", "effector", guest("effector")).await;

@@ -159,7 +159,7 @@ async fn all_effects(s: &Server, filter: &str) -> Vec<Value> {
 }
 
 /// Waits until the effect with `key` has `status`; returns it.
-async fn settled(s: &Server, key: &str, status: &str) -> Value {
+pub async fn settled(s: &Server, key: &str, status: &str) -> Value {
     let find = async || {
         all_effects(s, "")
             .await

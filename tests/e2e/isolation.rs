@@ -278,3 +278,182 @@ async fn offsets_past_i64_and_nul_bytes_are_refused_naming_the_field_on_every_ba
     let events = s.all_events(&format!("{P}/a")).await;
     assert!(events.iter().any(|e| e["payload"]["s"] == "a\u{0}b"));
 }
+
+/// A loopback receiver that answers every POST `500` with a 1 MiB body;
+/// returns its URL.
+async fn loud_receiver() -> String {
+    let app = axum::Router::new().route(
+        "/hook",
+        axum::routing::post(|| async {
+            (
+                axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+                "x".repeat(1024 * 1024),
+            )
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/hook", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    url
+}
+
+fn webhook_subscription(key: &str, url: &str) -> Value {
+    json!({"events": [{"type": "events.iterate.com/stream/subscription-configured",
+        "payload": {"subscriptionKey": key,
+            "receiver": {"action": "webhook-post", "url": url,
+                "delivery": {"start": "now", "onFailingEvent": "halt"}}}}]})
+}
+
+#[tokio::test]
+async fn open_mode_refuses_cross_site_requests() {
+    let s = Server::start();
+    let client = reqwest::Client::new();
+    let url = format!("{}{P}/a:append", s.url);
+    let body = r#"{"events": [{"type": "x.y/a"}]}"#;
+    let send = async |origin: Option<&str>, content_type: &str| {
+        let mut r = client
+            .post(&url)
+            .header("content-type", content_type)
+            .body(body);
+        if let Some(o) = origin {
+            r = r.header("origin", o);
+        }
+        let r = r.send().await.unwrap();
+        (
+            r.status().as_u16(),
+            r.json::<Value>().await.unwrap_or(Value::Null),
+        )
+    };
+    let foreign = send(Some("https://evil.example"), "application/json").await;
+    assert_error(&foreign, 403, "cross-origin", "https://evil.example");
+    // What a form on any page can send without a preflight.
+    let plain = send(None, "text/plain").await;
+    assert_error(&plain, 415, "unsupported-media-type", "text/plain");
+    let own = s.url.clone();
+    assert_eq!(send(Some(&own), "application/json").await.0, 200);
+    assert_eq!(send(None, "application/json; charset=utf-8").await.0, 200);
+    // Nothing the refused requests sent was appended.
+    let events = s.all_events(&format!("{P}/a")).await;
+    assert_eq!(events.iter().filter(|e| e["type"] == "x.y/a").count(), 2);
+}
+
+#[tokio::test]
+async fn with_tokens_webhooks_cannot_reach_private_networks_and_a_refusal_is_final() {
+    let url = loud_receiver().await;
+    let port = url.split(':').nth(2).unwrap().split('/').next().unwrap();
+    let config = format!("{}\n{SLOW_RETRIES}", crate::support::TOKENS);
+    let mut s = Server::start_with(Some(&config), &[]);
+    s.token = Some("t-admin".into());
+    for (key, target) in [
+        ("loopback", url.clone()),
+        ("nat64", format!("http://[64:ff9b::7f00:1]:{port}/hook")),
+        ("sixtofour", format!("http://[2002:a00:1::1]:{port}/hook")),
+    ] {
+        let (status, out) = s
+            .post(
+                &format!("{P}/src:append"),
+                webhook_subscription(key, &target),
+            )
+            .await;
+        assert_eq!(status, 200, "{out}");
+    }
+    s.post(&format!("{P}/src:append"), ev("x.y/a", json!({})))
+        .await;
+    for (key, named) in [
+        ("loopback", "a loopback address"),
+        ("nat64", "a loopback address"),
+        ("sixtofour", "a private address"),
+    ] {
+        let halted = halted_at_once(&s, key, "deny-private-networks").await;
+        assert!(
+            halted["error"].as_str().unwrap().contains(named),
+            "{halted}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_failing_receivers_body_is_quoted_up_to_200_bytes() {
+    let url = loud_receiver().await;
+    let s = Server::start_with(Some(SLOW_RETRIES), &[]);
+    s.post(
+        &format!("{P}/src:append"),
+        webhook_subscription("loud", &url),
+    )
+    .await;
+    s.post(&format!("{P}/src:append"), ev("x.y/a", json!({})))
+        .await;
+    let mut error = String::new();
+    crate::support::wait_for("the first failure", Duration::from_secs(20), async || {
+        let (_, rt) = s.get(&format!("{P}/src:runtime")).await;
+        error = rt["subscriptions"]["loud"]["lastError"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        !error.is_empty()
+    })
+    .await;
+    assert!(error.contains("webhook responded 500"), "{error}");
+    let quoted = error.matches('x').count();
+    assert!(
+        quoted <= 200 && quoted >= 190,
+        "{quoted} bytes quoted: {error}"
+    );
+}
+
+#[tokio::test]
+async fn an_effects_webhook_to_a_refused_address_fails_at_once() {
+    let url = loud_receiver().await;
+    let config = format!("{}\n{}", crate::support::TOKENS, crate::effects::EFFECTS);
+    let mut s = Server::start_with(Some(&config), &[]);
+    s.token = Some("t-admin".into());
+    let src = format!("{P}/orders");
+    crate::effects::effector_on(&s, &src).await;
+    crate::effects::request(
+        &s,
+        &src,
+        json!([{"key": "private", "webhook": {"url": url, "body": {}}}]),
+    )
+    .await;
+    let failed = crate::effects::settled(&s, "private", "failed").await;
+    assert_eq!(failed["attempts"], 1, "refused at once: {failed}");
+    assert!(
+        failed["lastError"]
+            .as_str()
+            .unwrap()
+            .contains("deny-private-networks"),
+        "{failed}"
+    );
+}
+
+#[tokio::test]
+async fn the_console_runs_no_inline_script_and_is_never_framed() {
+    let s = Server::start();
+    for path in ["/console", "/console/console.js", "/console/console.css"] {
+        let r = reqwest::get(format!("{}{path}", s.url)).await.unwrap();
+        assert_eq!(r.status().as_u16(), 200, "{path}");
+        let csp = r.headers()["content-security-policy"]
+            .to_str()
+            .unwrap()
+            .to_string();
+        assert!(!csp.contains("unsafe-inline"), "{path}: {csp}");
+        assert!(csp.contains("frame-ancestors 'none'"), "{path}: {csp}");
+        assert!(csp.contains("script-src 'self'"), "{path}: {csp}");
+        let page = r.text().await.unwrap();
+        if path == "/console" {
+            // Everything the page runs comes from this host.
+            assert!(
+                !page.contains("<script>") && !page.contains("<style>"),
+                "{page}"
+            );
+            assert!(
+                !page.contains(" style=\"") && !page.contains(" onclick="),
+                "{page}"
+            );
+            assert!(
+                page.contains("<script src=\"/console/console.js\">"),
+                "{page}"
+            );
+        }
+    }
+}

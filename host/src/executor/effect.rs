@@ -356,7 +356,8 @@ async fn execute(
             .await
             .map(|()| None)
             .map_err(|(mut f, status)| {
-                f.retryable = effect::webhook_retryable(status);
+                // A refused address stays refused, whatever the status.
+                f.retryable = f.retryable && effect::webhook_retryable(status);
                 f
             }),
         Target::Itx { expression, args } => {

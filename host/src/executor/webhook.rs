@@ -76,7 +76,9 @@ impl Client {
             } else {
                 format!("webhook POST to {url} failed: {}", error_chain(&e))
             };
-            (fail(message), None)
+            // An address refused at connect time is refused again.
+            let retryable = !refused_address(&e);
+            (Failure::new(message, retryable), None)
         })?;
         let status = response.status();
         if status.is_success() {
@@ -98,14 +100,7 @@ impl Client {
                 code,
             ));
         }
-        let mut text = response.text().await.unwrap_or_default();
-        if text.len() > RESPONSE_QUOTE_BYTES_MAX {
-            let mut end = RESPONSE_QUOTE_BYTES_MAX;
-            while !text.is_char_boundary(end) {
-                end -= 1;
-            }
-            text.truncate(end);
-        }
+        let text = quoted_body(response).await;
         Err((
             fail(format!(
                 "webhook responded {} {}",
@@ -116,6 +111,49 @@ impl Client {
         ))
     }
 }
+
+/// At most [`RESPONSE_QUOTE_BYTES_MAX`] bytes of a receiver's answer, read
+/// no further than that (a receiver's body can be of any size).
+async fn quoted_body(mut response: reqwest::Response) -> String {
+    let mut bytes: Vec<u8> = Vec::new();
+    while bytes.len() < RESPONSE_QUOTE_BYTES_MAX {
+        match response.chunk().await {
+            Ok(Some(chunk)) => bytes.extend_from_slice(&chunk),
+            _ => break,
+        }
+    }
+    bytes.truncate(RESPONSE_QUOTE_BYTES_MAX);
+    let mut text = String::from_utf8_lossy(&bytes).into_owned();
+    // A character cut at the end reads as U+FFFD: drop it.
+    if text.ends_with('\u{fffd}') && bytes.len() == RESPONSE_QUOTE_BYTES_MAX {
+        text.pop();
+    }
+    text
+}
+
+/// Whether a request failed because [`PublicOnly`] refused every address.
+fn refused_address(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut source = Some(e);
+    while let Some(s) = source {
+        if s.is::<RefusedAddress>() {
+            return true;
+        }
+        source = s.source();
+    }
+    false
+}
+
+/// A name that resolves to no public address.
+#[derive(Debug)]
+struct RefusedAddress(String);
+
+impl std::fmt::Display for RefusedAddress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for RefusedAddress {}
 
 fn error_chain(e: &dyn std::error::Error) -> String {
     let mut text = e.to_string();
@@ -213,10 +251,10 @@ impl reqwest::dns::Resolve for PublicOnly {
             let public: Vec<SocketAddr> =
                 all.iter().copied().filter(|a| is_public(a.ip())).collect();
             if public.is_empty() {
-                let e: Box<dyn std::error::Error + Send + Sync> = format!(
-                    "{host} resolves to no public address ([webhooks] deny-private-networks)"
-                )
-                .into();
+                let e: Box<dyn std::error::Error + Send + Sync> =
+                    Box::new(RefusedAddress(format!(
+                        "{host} resolves to no public address ([webhooks] deny-private-networks)"
+                    )));
                 return Err(e);
             }
             let addrs: reqwest::dns::Addrs = Box::new(public.into_iter());
@@ -257,7 +295,26 @@ fn kind(ip: IpAddr) -> &'static str {
             if let Some(v4) = v6.to_ipv4_mapped() {
                 return kind(IpAddr::V4(v4));
             }
-            let first = v6.segments()[0];
+            let s = v6.segments();
+            let embedded = |hi: u16, lo: u16| {
+                std::net::Ipv4Addr::new((hi >> 8) as u8, hi as u8, (lo >> 8) as u8, lo as u8)
+            };
+            // Forms that carry an IPv4 address: IPv4-compatible (::a.b.c.d),
+            // NAT64 (64:ff9b::/96) and 6to4 (2002::/16) are what the IPv4
+            // address is.
+            let carried = if s[..6] == [0; 6] && !(v6.is_loopback() || v6.is_unspecified()) {
+                Some(embedded(s[6], s[7]))
+            } else if s[0] == 0x64 && s[1] == 0xff9b && s[2..6] == [0; 4] {
+                Some(embedded(s[6], s[7]))
+            } else if s[0] == 0x2002 {
+                Some(embedded(s[1], s[2]))
+            } else {
+                None
+            };
+            if let Some(v4) = carried {
+                return kind(IpAddr::V4(v4));
+            }
+            let first = s[0];
             if v6.is_loopback() {
                 "a loopback address"
             } else if v6.is_unspecified() {
@@ -268,6 +325,14 @@ fn kind(ip: IpAddr) -> &'static str {
                 "a link-local address"
             } else if v6.is_multicast() {
                 "a broadcast, multicast or reserved address"
+            } else if first == 0x64 && s[1] == 0xff9b {
+                "a private (local-use NAT64) address"
+            } else if first == 0x2001 && s[1] == 0 {
+                "a reserved (Teredo) address"
+            } else if first == 0x2001 && s[1] == 0x0db8 {
+                "a reserved (documentation) address"
+            } else if first == 0x0100 && s[1..4] == [0; 3] {
+                "a reserved (discard) address"
             } else {
                 "a public address"
             }
@@ -296,10 +361,26 @@ mod tests {
             "fe80::1",
             "::ffff:127.0.0.1",
             "::ffff:10.0.0.1",
+            "::127.0.0.1",
+            "::10.0.0.1",
+            "64:ff9b::127.0.0.1",
+            "64:ff9b::a9fe:a9fe",
+            "64:ff9b:1::1",
+            "2002:7f00:1::1",
+            "2002:c0a8:101::1",
+            "2001::1",
+            "2001:db8::1",
         ] {
             assert!(!is_public(private.parse().unwrap()), "{private}");
         }
-        for public in ["1.1.1.1", "93.184.216.34", "2606:4700::1111", "172.32.0.1"] {
+        for public in [
+            "1.1.1.1",
+            "93.184.216.34",
+            "2606:4700::1111",
+            "172.32.0.1",
+            "64:ff9b::1.1.1.1",
+            "2002:101:101::1",
+        ] {
             assert!(is_public(public.parse().unwrap()), "{public}");
         }
     }

@@ -54,6 +54,18 @@ pub async fn layer(State(host): State<Host>, request: Request, next: Next) -> Re
     {
         return next.run(request).await;
     }
+    // The token is checked before the body is read, here as in the
+    // handlers: an unauthorized caller never makes this host buffer a body.
+    let allowed = super::authenticate(&host, request.headers()).and_then(|caller| {
+        match super::parse_stream_url(path) {
+            Ok(target) => Ok(caller.may_use(&target.address.namespace)?),
+            // A bad URL is the handler's to answer.
+            Err(_) => Ok(()),
+        }
+    });
+    if let Err(e) = allowed {
+        return e.into_response();
+    }
     let (parts, body) = request.into_parts();
     // Kept to be sent again: bounded as every body is.
     let limit = host.config.max_body_bytes;

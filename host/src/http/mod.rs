@@ -8,6 +8,7 @@ mod connections;
 mod effects;
 pub mod error;
 mod forward;
+mod guard;
 mod ingest;
 pub mod itx;
 mod query;
@@ -151,6 +152,9 @@ pub fn router(host: Host) -> Router {
     routes()
         .into_iter()
         .fold(Router::new(), |router, r| router.route(r.path, r.handler))
+        // The console's script and style (the page is `GET /console`).
+        .route("/console/console.js", get(console_js))
+        .route("/console/console.css", get(console_css))
         // Host to host (several hosts); not part of the public API.
         .route(
             crate::stream::remote::PATH,
@@ -161,6 +165,10 @@ pub fn router(host: Host) -> Router {
             host.clone(),
             forward::layer,
         ))
+        .layer(axum::middleware::from_fn_with_state(
+            host.clone(),
+            guard::layer,
+        ))
         .with_state(host)
 }
 
@@ -168,23 +176,42 @@ pub fn router(host: Host) -> Router {
 /// `docs/openapi.json`; a test checks it against [`operations`]).
 pub const OPENAPI: &str = include_str!("../../../docs/openapi.json");
 
-/// The web console: one page, no external assets; it calls the API with
-/// the token the user enters.
+/// The web console: one page, its script and its style served by this
+/// host (no external assets); it calls the API with the token the user
+/// enters.
 const CONSOLE: &str = include_str!("console.html");
+const CONSOLE_JS: &str = include_str!("console.js");
+const CONSOLE_CSS: &str = include_str!("console.css");
 
-async fn console() -> Response {
+/// The console's content security policy: nothing inline, nothing from
+/// elsewhere, never framed.
+pub const CONSOLE_CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; \
+     img-src data:; connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
+
+fn console_file(content_type: &'static str, body: &'static str) -> Response {
     (
         StatusCode::OK,
         [
-            (header::CONTENT_TYPE, "text/html; charset=utf-8"),
-            (
-                header::CONTENT_SECURITY_POLICY,
-                "default-src 'self'; img-src data:; script-src 'unsafe-inline'; style-src 'unsafe-inline'",
-            ),
+            (header::CONTENT_TYPE, content_type),
+            (header::CONTENT_SECURITY_POLICY, CONSOLE_CSP),
+            (header::X_FRAME_OPTIONS, "DENY"),
+            (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
         ],
-        CONSOLE,
+        body,
     )
         .into_response()
+}
+
+async fn console() -> Response {
+    console_file("text/html; charset=utf-8", CONSOLE)
+}
+
+async fn console_js() -> Response {
+    console_file("text/javascript; charset=utf-8", CONSOLE_JS)
+}
+
+async fn console_css() -> Response {
+    console_file("text/css; charset=utf-8", CONSOLE_CSS)
 }
 
 async fn openapi() -> Response {

@@ -1,0 +1,294 @@
+"use strict";
+// The console is a client of the public HTTP API (docs/http-api.md), with
+// the token the user enters (kept in this browser's localStorage).
+const $ = (sel, root = document) => root.querySelector(sel);
+const h = (tag, attrs = {}, ...children) => {
+  const el = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs)) {
+    if (k.startsWith("on")) el.addEventListener(k.slice(2), v);
+    else if (v !== undefined && v !== null) el.setAttribute(k, v);
+  }
+  for (const c of children.flat()) el.append(c instanceof Node ? c : document.createTextNode(c ?? ""));
+  return el;
+};
+const json = (v) => JSON.stringify(v);
+const pretty = (v) => JSON.stringify(v, null, 2);
+const settings = {
+  get project() { return localStorage.getItem("streamhost.project") ?? "acme"; },
+  get token() { return localStorage.getItem("streamhost.token") ?? ""; },
+};
+for (const id of ["project", "token"]) {
+  const input = $("#" + id);
+  input.value = settings[id];
+  input.addEventListener("change", () => { localStorage.setItem("streamhost." + id, input.value.trim()); route(); });
+}
+const namespace = () => settings.project ? `/v1/projects/${encodeURIComponent(settings.project)}` : "/v1/global";
+const streamUrl = (path) => `${namespace()}/streams${path === "/" ? "/" : path}`;
+const headers = (extra = {}) => Object.assign(settings.token ? { authorization: `Bearer ${settings.token}` } : {}, extra);
+
+function showError(e) {
+  const box = $("#error");
+  if (!e) { box.style.display = "none"; return; }
+  box.textContent = String(e.message ?? e);
+  box.style.display = "block";
+}
+
+async function api(method, path, body) {
+  const response = await fetch(path, {
+    method,
+    headers: headers(body === undefined ? {} : { "content-type": "application/json" }),
+    body: body === undefined ? undefined : json(body),
+  });
+  const text = await response.text();
+  let value = null;
+  try { value = text ? JSON.parse(text) : null; } catch { value = text; }
+  if (!response.ok) {
+    const err = value?.error;
+    throw new Error(err ? `${response.status} ${err.code}: ${err.message}` : `${response.status} ${text}`);
+  }
+  return value;
+}
+
+// Live connection: fetch (so the token goes in a header) read as SSE.
+let live = null;
+function closeLive() { if (live) { live.abort(); live = null; } }
+async function connect(path, afterOffset, onBatch) {
+  closeLive();
+  const controller = new AbortController();
+  live = controller;
+  const url = `${streamUrl(path)}:connect?replayAfterOffset=${afterOffset}&state=true`;
+  try {
+    const response = await fetch(url, { headers: headers(), signal: controller.signal });
+    if (!response.ok) throw new Error(`live connection: ${response.status} ${await response.text()}`);
+    const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
+    let buffer = "";
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) break;
+      buffer += value;
+      let cut;
+      while ((cut = buffer.indexOf("\n\n")) >= 0) {
+        const message = buffer.slice(0, cut);
+        buffer = buffer.slice(cut + 2);
+        const data = message.split("\n").filter((l) => l.startsWith("data:")).map((l) => l.slice(5).trimStart()).join("\n");
+        if (data) onBatch(JSON.parse(data));
+      }
+    }
+  } catch (e) {
+    if (e.name !== "AbortError") showError(e);
+  }
+}
+
+function setActive(name) {
+  for (const a of document.querySelectorAll("header a")) a.classList.toggle("active", a.dataset.nav === name);
+}
+
+// --- Streams --------------------------------------------------------------
+async function streamsView(params) {
+  setActive("streams");
+  const prefix = params.get("prefix") || "/";
+  const input = h("input", { value: prefix, "data-testid": "prefix", size: 30 });
+  const go = () => { location.hash = `#/streams?prefix=${encodeURIComponent(input.value || "/")}`; };
+  input.addEventListener("keydown", (e) => { if (e.key === "Enter") go(); });
+  const body = h("tbody");
+  $("#view").replaceChildren(
+    h("h2", {}, "Streams"),
+    h("div", { class: "toolbar" }, "path prefix", input, h("button", { onclick: go }, "Filter")),
+    h("table", { "data-testid": "streams" },
+      h("thead", {}, h("tr", {}, ["path", "events", "max offset", "subscriptions", "paused", "created"].map((c) => h("th", {}, c)))),
+      body));
+  const page = await api("GET", `${namespace()}/streams?prefix=${encodeURIComponent(prefix)}&limit=1000`);
+  for (const s of page.streams) {
+    body.append(h("tr", {},
+      h("td", {}, h("a", { href: `#/stream?path=${encodeURIComponent(s.path)}`, "data-testid": "stream-link" }, s.path)),
+      h("td", {}, s.eventCount), h("td", {}, s.maxOffset), h("td", {}, s.subscriptions),
+      h("td", {}, s.paused ? h("span", { class: "pill bad" }, "paused") : ""),
+      h("td", { class: "muted" }, s.createdAt)));
+  }
+  if (!page.streams.length) body.append(h("tr", {}, h("td", { colspan: 6, class: "muted" }, "no streams under this prefix")));
+}
+
+// --- One stream -----------------------------------------------------------
+const EVENTS_SHOWN = 200;
+// Verify results survive the periodic refresh of the processors section.
+const verdicts = new Map();
+
+async function streamView(params) {
+  setActive("streams");
+  const path = params.get("path") || "/";
+  const events = h("tbody", { "data-testid": "events" });
+  const state = h("pre", { "data-testid": "state" });
+  const subs = h("tbody", { "data-testid": "subscriptions" });
+  const procs = h("div", { "data-testid": "processors" });
+  const effects = h("tbody", { "data-testid": "effects" });
+  const head = h("span", { class: "muted" });
+  $("#view").replaceChildren(
+    h("h2", {}, "Stream ", h("code", {}, path), " ", head),
+    h("div", { class: "grid" },
+      h("div", {},
+        h("h3", {}, "Events (live)"),
+        h("table", {}, h("thead", {}, h("tr", {}, ["offset", "type", "payload", "created"].map((c) => h("th", {}, c)))), events)),
+      h("div", {}, h("h3", {}, "Core state"), state)),
+    h("h3", {}, "Subscriptions"),
+    h("table", {}, h("thead", {}, h("tr", {}, ["key", "receiver", "cursor", "lag", "attempt", "last error", "halt", ""].map((c) => h("th", {}, c)))), subs),
+    h("h3", {}, "Processors"), procs,
+    h("h3", {}, "Effects"),
+    h("table", {}, h("thead", {}, h("tr", {}, ["id", "component", "key", "target", "status", "attempts", "last error", ""].map((c) => h("th", {}, c)))), effects));
+
+  let refreshing = false;
+  const refresh = async () => {
+    if (refreshing) return;
+    refreshing = true;
+    try { await refreshDetails(path, { state, subs, procs, effects, head }); showError(null); }
+    catch (e) { showError(e); }
+    finally { refreshing = false; }
+  };
+  await refresh();
+  const seen = new Set();
+  connect(path, 0, (batch) => {
+    for (const e of batch.events) {
+      if (seen.has(e.offset)) continue;
+      seen.add(e.offset);
+      events.prepend(h("tr", { "data-offset": e.offset },
+        h("td", {}, e.offset), h("td", { class: "mono" }, e.type),
+        h("td", { class: "mono payload" }, json(e.payload)), h("td", { class: "muted" }, e.createdAt)));
+      while (events.children.length > EVENTS_SHOWN) events.lastChild.remove();
+    }
+    if (batch.events.length) refresh();
+  });
+  // Runtime (cursors, lag, attempts) moves without events: look again now and then.
+  const timer = setInterval(() => { if (!document.hidden) refresh(); }, 2000);
+  cleanup = () => { clearInterval(timer); closeLive(); };
+}
+
+function receiverText(receiver) {
+  if (!receiver) return "";
+  switch (receiver.action) {
+    case "copy-to-stream": return `copy → ${receiver.receivingStreamPath}`;
+    case "webhook-post": return `webhook → ${receiver.url}`;
+    case "itx-call": return `itx ${json(receiver.expression)}`;
+    case "processor-wake": return `wake ${receiver.expression?.[1]?.[1] ?? ""}`;
+    default: return receiver.action;
+  }
+}
+
+async function refreshDetails(path, ui) {
+  const base = streamUrl(path);
+  const [core, runtime] = await Promise.all([api("GET", `${base}:state`), api("GET", `${base}:runtime`)]);
+  ui.state.textContent = pretty(core);
+  ui.head.textContent = `max offset ${core.maxOffset}${core.paused ? " · paused" : ""}`;
+  const byKey = core.subscriptions?.outbound?.byKey ?? {};
+  ui.subs.replaceChildren();
+  const processors = [];
+  for (const [key, sub] of Object.entries(byKey)) {
+    const receiver = sub.configuration?.receiver;
+    const rt = runtime.subscriptions?.[key] ?? {};
+    const halt = sub.deliveryHalted;
+    if (receiver?.action === "processor-wake") processors.push(receiver.expression?.[1]?.[1]);
+    const resume = halt ? h("button", {
+      "data-testid": `resume-${key}`,
+      onclick: async () => {
+        try { await api("POST", `${base}:resumeSubscription`, { subscriptionKey: key }); await refreshDetails(path, ui); }
+        catch (e) { showError(e); }
+      },
+    }, "Resume") : "";
+    ui.subs.append(h("tr", { "data-key": key },
+      h("td", { class: "mono" }, key), h("td", { class: "mono" }, receiverText(receiver)),
+      h("td", { "data-testid": `cursor-${key}` }, rt.acknowledgedOffset ?? ""), h("td", {}, rt.lag ?? ""),
+      h("td", {}, rt.attempt ?? ""), h("td", { class: "bad mono" }, rt.lastError ?? ""),
+      h("td", { "data-testid": `halt-${key}` }, halt ? h("span", { class: "pill bad" }, `halted after offset ${halt.afterOffset}: ${halt.reason}`) : h("span", { class: "pill ok" }, "delivering")),
+      h("td", {}, resume)));
+  }
+  if (!Object.keys(byKey).length) ui.subs.append(h("tr", {}, h("td", { colspan: 8, class: "muted" }, "no subscriptions")));
+
+  ui.procs.replaceChildren();
+  for (const component of processors.filter(Boolean)) {
+    let p;
+    try { p = await api("GET", `${base}:processors/${encodeURIComponent(component)}`); }
+    catch (e) { ui.procs.append(h("p", { class: "muted" }, `${component}: ${e.message}`)); continue; }
+    const shown = verdicts.get(`${path} ${component}`);
+    const verdict = h("span", { "data-testid": `verify-${component}`, class: shown?.cls ?? "" }, shown?.text ?? "");
+    const remember = (text, cls) => {
+      verdicts.set(`${path} ${component}`, { text, cls });
+      verdict.textContent = text;
+      verdict.className = cls;
+    };
+    ui.procs.append(h("div", {},
+      h("p", {}, h("b", {}, component), ` · checkpoint ${p.checkpointOffset} · ${p.status} · digest `,
+        h("code", {}, (p.digest ?? "").slice(0, 16)), " ",
+        h("button", { onclick: async () => {
+          remember(" verifying…", "muted");
+          try {
+            const v = await api("POST", `${base}:verifyProcessor`, { component });
+            if (v.matches) remember(` ✓ state = fold(log) through offset ${v.checkpointOffset}`, "ok");
+            else remember(" ✗ the stored state differs from the refold", "bad");
+          } catch (e) { remember(" " + e.message, "bad"); }
+        } }, "Verify"), verdict),
+      p.lastFailure ? h("pre", { class: "bad" }, `${p.lastFailure.message}\n${p.lastFailure.repro ?? ""}`) : "",
+      h("pre", {}, pretty(p.state))));
+  }
+  if (!processors.length) ui.procs.append(h("p", { class: "muted" }, "no processors on this stream"));
+
+  ui.effects.replaceChildren();
+  if (settings.project) {
+    const list = await api("GET", `${namespace()}/effects?stream=${encodeURIComponent(path)}&limit=100`);
+    for (const e of list.effects) ui.effects.append(effectRow(e, () => refreshDetails(path, ui)));
+    if (!list.effects.length) ui.effects.append(h("tr", {}, h("td", { colspan: 8, class: "muted" }, "no effects")));
+  }
+}
+
+function effectRow(e, after) {
+  const act = (action) => h("button", { "data-testid": `${action}-effect-${e.id}`, onclick: async () => {
+    try { await api("POST", `${namespace()}/effects/${e.id}:${action}`, {}); await after(); } catch (err) { showError(err); }
+  } }, action === "retry" ? "Retry" : "Cancel");
+  const target = Object.keys(e.target ?? {})[0] ?? "";
+  const cls = e.status === "failed" ? "pill bad" : e.status === "succeeded" ? "pill ok" : "pill";
+  return h("tr", { "data-effect": e.id },
+    h("td", {}, e.id), h("td", {}, e.component), h("td", { class: "mono" }, e.key), h("td", {}, target),
+    h("td", {}, h("span", { class: cls }, e.status)), h("td", {}, e.attempts), h("td", { class: "bad mono" }, e.lastError ?? ""),
+    h("td", {}, ["failed", "cancelled"].includes(e.status) ? act("retry") : "", " ",
+      ["pending", "failed"].includes(e.status) ? act("cancel") : ""));
+}
+
+// --- Effects of the project ---------------------------------------------
+async function effectsView() {
+  setActive("effects");
+  const body = h("tbody", { "data-testid": "all-effects" });
+  $("#view").replaceChildren(h("h2", {}, "Effects"),
+    h("table", {}, h("thead", {}, h("tr", {}, ["id", "component", "key", "target", "status", "attempts", "last error", ""].map((c) => h("th", {}, c)))), body));
+  if (!settings.project) { body.append(h("tr", {}, h("td", { colspan: 8, class: "muted" }, "effects belong to projects: enter one"))); return; }
+  const list = await api("GET", `${namespace()}/effects?limit=500`);
+  for (const e of list.effects) body.append(effectRow(e, effectsView));
+  if (!list.effects.length) body.append(h("tr", {}, h("td", { colspan: 8, class: "muted" }, "no effects")));
+}
+
+// --- Components -----------------------------------------------------------
+async function componentsView() {
+  setActive("components");
+  const body = h("tbody", { "data-testid": "components" });
+  $("#view").replaceChildren(h("h2", {}, "Components"),
+    h("table", {}, h("thead", {}, h("tr", {}, ["name", "digest", "exports", "versions"].map((c) => h("th", {}, c)))), body));
+  if (!settings.project) { body.append(h("tr", {}, h("td", { colspan: 4, class: "muted" }, "components belong to projects: enter one"))); return; }
+  const list = await api("GET", `${namespace()}/components`);
+  for (const c of list.components) {
+    const versions = await api("GET", `${namespace()}/components/${encodeURIComponent(c.name)}/versions`);
+    body.append(h("tr", {},
+      h("td", { class: "mono" }, c.name), h("td", { class: "mono" }, (c.digest ?? "").slice(0, 16)),
+      h("td", { class: "mono" }, (c.exports ?? []).join(", ")),
+      h("td", {}, versions.versions.map((v) => h("div", { class: "mono muted" }, `${v.digest.slice(0, 12)} · ${v.deployedAt}`)))));
+  }
+  if (!list.components.length) body.append(h("tr", {}, h("td", { colspan: 4, class: "muted" }, "nothing deployed")));
+}
+
+// --- Routing ---------------------------------------------------------------
+let cleanup = () => {};
+async function route() {
+  cleanup(); cleanup = () => {};
+  showError(null);
+  const [name, query] = (location.hash.slice(2) || "streams").split("?");
+  const params = new URLSearchParams(query ?? "");
+  const views = { streams: streamsView, stream: streamView, components: componentsView, effects: effectsView };
+  try { await (views[name] ?? streamsView)(params); } catch (e) { showError(e); }
+}
+window.addEventListener("hashchange", route);
+route();

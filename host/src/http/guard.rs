@@ -1,0 +1,141 @@
+//! Checks made before a request reaches its handler.
+//!
+//! Open mode (no tokens) has no credential a web page cannot send, so it
+//! refuses what only a browser visiting another site would send: an
+//! `Origin` other than this server's own (`403 cross-origin`), and a POST or
+//! PUT body that is not `application/json` (`application/wasm` for a
+//! component), the content types a cross-site form cannot send without a
+//! CORS preflight this server never answers (`415 unsupported-media-type`).
+
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderMap, Method};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+
+use super::error::ApiError;
+use crate::host::Host;
+
+/// The middleware (see the module).
+pub async fn layer(State(host): State<Host>, request: Request, next: Next) -> Response {
+    if host.auth.is_open() {
+        if let Err(e) = open_mode(request.method(), request.uri().path(), request.headers()) {
+            return e.into_response();
+        }
+    }
+    next.run(request).await
+}
+
+/// The open-mode checks of one request.
+pub fn open_mode(method: &Method, path: &str, headers: &HeaderMap) -> Result<(), ApiError> {
+    if let Some(origin) = headers.get(header::ORIGIN) {
+        let origin = origin.to_str().unwrap_or("(not text)");
+        let host = headers
+            .get(header::HOST)
+            .and_then(|h| h.to_str().ok())
+            .unwrap_or("");
+        let own = [format!("http://{host}"), format!("https://{host}")];
+        if host.is_empty() || !own.iter().any(|o| o.eq_ignore_ascii_case(origin)) {
+            return Err(ApiError::new(
+                403,
+                "cross-origin",
+                format!(
+                    "Origin {origin:?} is not this server's own ({host:?}): with no tokens configured, \
+                     requests from other sites are refused"
+                ),
+            ));
+        }
+    }
+    if (method == Method::POST || method == Method::PUT) && has_body(headers) {
+        let wanted = if method == Method::PUT && path.contains("/components/") {
+            "application/wasm"
+        } else {
+            "application/json"
+        };
+        let given = headers
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("");
+        let essence = given.split(';').next().unwrap_or("").trim();
+        if !essence.eq_ignore_ascii_case(wanted) {
+            return Err(ApiError::new(
+                415,
+                "unsupported-media-type",
+                format!(
+                    "content type {given:?} is not {wanted}: with no tokens configured, a {method} body must be {wanted}"
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Whether the request says it carries a body.
+fn has_body(headers: &HeaderMap) -> bool {
+    headers.contains_key(header::TRANSFER_ENCODING)
+        || headers
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .is_some_and(|n| n > 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::http::HeaderValue;
+
+    fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.insert(*k, HeaderValue::from_static(v));
+        }
+        h
+    }
+
+    #[test]
+    fn only_the_servers_own_origin_passes() {
+        let get = Method::GET;
+        assert!(open_mode(&get, "/x", &headers(&[("host", "127.0.0.1:7410")])).is_ok());
+        assert!(open_mode(
+            &get,
+            "/x",
+            &headers(&[
+                ("host", "127.0.0.1:7410"),
+                ("origin", "http://127.0.0.1:7410")
+            ])
+        )
+        .is_ok());
+        for foreign in ["https://evil.example", "null", "http://127.0.0.1:7411"] {
+            let h = {
+                let mut h = headers(&[("host", "127.0.0.1:7410")]);
+                h.insert("origin", HeaderValue::from_str(foreign).unwrap());
+                h
+            };
+            let e = open_mode(&get, "/x", &h).unwrap_err();
+            assert_eq!((e.status, e.code), (403, "cross-origin"), "{foreign}");
+            assert!(e.message.contains(foreign), "{}", e.message);
+        }
+    }
+
+    #[test]
+    fn a_body_must_be_json_or_wasm_for_a_component() {
+        let post = Method::POST;
+        let json = headers(&[
+            ("content-length", "2"),
+            ("content-type", "application/json; charset=utf-8"),
+        ]);
+        assert!(open_mode(&post, "/v1/x", &json).is_ok());
+        let text = headers(&[("content-length", "2"), ("content-type", "text/plain")]);
+        let e = open_mode(&post, "/v1/x", &text).unwrap_err();
+        assert_eq!((e.status, e.code), (415, "unsupported-media-type"));
+        assert!(open_mode(&post, "/v1/x", &headers(&[("content-length", "0")])).is_ok());
+        let wasm = headers(&[
+            ("content-length", "9"),
+            ("content-type", "application/wasm"),
+        ]);
+        assert!(open_mode(&Method::PUT, "/v1/projects/a/components/c", &wasm).is_ok());
+        assert!(open_mode(&Method::PUT, "/v1/projects/a/components/c", &json).is_err());
+        let chunked = headers(&[("transfer-encoding", "chunked")]);
+        assert!(open_mode(&post, "/v1/x", &chunked).is_err());
+    }
+}
