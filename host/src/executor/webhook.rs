@@ -302,9 +302,9 @@ fn kind(ip: IpAddr) -> &'static str {
             // Forms that carry an IPv4 address: IPv4-compatible (::a.b.c.d),
             // NAT64 (64:ff9b::/96) and 6to4 (2002::/16) are what the IPv4
             // address is.
-            let carried = if s[..6] == [0; 6] && !(v6.is_loopback() || v6.is_unspecified()) {
-                Some(embedded(s[6], s[7]))
-            } else if s[0] == 0x64 && s[1] == 0xff9b && s[2..6] == [0; 4] {
+            let compatible = s[..6] == [0; 6] && !(v6.is_loopback() || v6.is_unspecified());
+            let nat64 = s[0] == 0x64 && s[1] == 0xff9b && s[2..6] == [0; 4];
+            let carried = if compatible || nat64 {
                 Some(embedded(s[6], s[7]))
             } else if s[0] == 0x2002 {
                 Some(embedded(s[1], s[2]))
