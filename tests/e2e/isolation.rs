@@ -396,7 +396,7 @@ async fn a_failing_receivers_body_is_quoted_up_to_200_bytes() {
     assert!(error.contains("webhook responded 500"), "{error}");
     let quoted = error.matches('x').count();
     assert!(
-        quoted <= 200 && quoted >= 190,
+        (190..=200).contains(&quoted),
         "{quoted} bytes quoted: {error}"
     );
 }
