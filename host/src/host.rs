@@ -279,13 +279,8 @@ impl Host {
         }
         let storage = self.streams.storage().clone();
         let streams = self.streams.clone();
+        let limits = crate::http::listener::Limits::from_config(&self.config.http);
         let app = crate::http::router(self);
-        // Answers are small and latency-bound: send them without Nagle's delay.
-        let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
-            if let Err(e) = tcp.set_nodelay(true) {
-                tracing::warn!(error = %e, "setting TCP_NODELAY failed");
-            }
-        });
         // Stopping hands this host's streams over at once (several hosts):
         // requests still in flight here finish or move with them.
         let shutdown = async move {
@@ -305,10 +300,8 @@ impl Host {
                 }
             }
         };
-        axum::serve(listener, app)
-            .with_graceful_shutdown(shutdown)
-            .await
-            .context("serving HTTP")
+        crate::http::listener::serve(listener, app, limits, shutdown).await;
+        Ok(())
     }
 }
 

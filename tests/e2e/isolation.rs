@@ -457,3 +457,159 @@ async fn the_console_runs_no_inline_script_and_is_never_framed() {
         }
     }
 }
+
+/// Reads from `tcp` until the server closes it (`true`) or `within` passes.
+fn closed_within(tcp: &mut std::net::TcpStream, within: Duration) -> bool {
+    use std::io::Read;
+    let deadline = std::time::Instant::now() + within;
+    let mut buf = [0u8; 4096];
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return false;
+        }
+        tcp.set_read_timeout(Some(left)).unwrap();
+        match tcp.read(&mut buf) {
+            Ok(0) => return true,
+            Ok(_) => continue,
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return true,
+            Err(_) => return false,
+        }
+    }
+}
+
+fn connect(s: &Server) -> std::net::TcpStream {
+    std::net::TcpStream::connect(s.url.trim_start_matches("http://")).unwrap()
+}
+
+/// Sends `request` and reads one response head (and what follows of it).
+fn exchange(tcp: &mut std::net::TcpStream, request: &str) -> String {
+    use std::io::{Read, Write};
+    tcp.write_all(request.as_bytes()).unwrap();
+    tcp.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut buf = vec![0u8; 65536];
+    let n = tcp.read(&mut buf).unwrap();
+    String::from_utf8_lossy(&buf[..n]).into_owned()
+}
+
+#[tokio::test]
+async fn a_connection_that_sends_no_whole_head_is_closed_after_the_header_timeout() {
+    let s = Server::start_with(
+        Some("[http]\nheader-timeout-ms = 300\nidle-timeout-ms = 600000\n"),
+        &[],
+    );
+    let mut silent = connect(&s);
+    let mut partial = connect(&s);
+    std::io::Write::write_all(&mut partial, b"GET /healthz HT").unwrap();
+    assert!(closed_within(&mut silent, Duration::from_secs(10)));
+    assert!(closed_within(&mut partial, Duration::from_secs(10)));
+    assert_eq!(s.get("/healthz").await.0, 200);
+}
+
+#[tokio::test]
+async fn an_idle_keep_alive_connection_is_closed_and_a_long_request_is_not() {
+    let s = Server::start_with(
+        Some("[http]\nheader-timeout-ms = 300\nidle-timeout-ms = 300\n"),
+        &[],
+    );
+    s.post(&format!("{P}/a:append"), ev("x.y/a", json!({})))
+        .await;
+    let host = s.url.trim_start_matches("http://").to_string();
+    let mut kept = connect(&s);
+    let answer = exchange(
+        &mut kept,
+        &format!("GET /healthz HTTP/1.1\r\nHost: {host}\r\n\r\n"),
+    );
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(closed_within(&mut kept, Duration::from_secs(10)));
+    // A wait far longer than both timeouts is answered in full (on a new
+    // connection: the pooled one was closed while this thread blocked).
+    let r = reqwest::Client::new()
+        .post(format!("{}{P}/a:waitForEvent", s.url))
+        .json(&json!({"eventTypes": ["x.y/never"], "timeoutMs": 1500}))
+        .send()
+        .await
+        .unwrap();
+    let answer = (r.status().as_u16(), r.json::<Value>().await.unwrap());
+    assert_error(&answer, 408, "timeout", "1500ms");
+}
+
+#[tokio::test]
+async fn a_trickled_body_is_cut_off_with_408() {
+    let s = Server::start_with(Some("[http]\nbody-timeout-ms = 300\n"), &[]);
+    let host = s.url.trim_start_matches("http://").to_string();
+    let mut slow = connect(&s);
+    let answer = exchange(
+        &mut slow,
+        &format!(
+            "POST {P}/a:append HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{{\"events\": ["
+        ),
+    );
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(answer.contains("body-timeout-ms"), "{answer}");
+}
+
+#[tokio::test]
+async fn the_token_is_checked_before_the_body_is_read() {
+    let config = format!(
+        "{}\n[http]\nbody-timeout-ms = 600000\n",
+        crate::support::TOKENS
+    );
+    let s = Server::start_with(Some(&config), &[]);
+    let host = s.url.trim_start_matches("http://").to_string();
+    for token in ["wrong", "t-acme"] {
+        let mut tcp = connect(&s);
+        // The body never comes: an answer at all means it was not waited for.
+        let answer = exchange(
+            &mut tcp,
+            &format!(
+                "POST /v1/projects/other/streams/a:append HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {token}\r\nContent-Type: application/json\r\nContent-Length: 100000000\r\n\r\n"
+            ),
+        );
+        let status = if token == "wrong" { "401" } else { "403" };
+        assert!(
+            answer.starts_with(&format!("HTTP/1.1 {status}")),
+            "{answer}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn idle_connections_beyond_the_bound_wait_and_cannot_lock_others_out() {
+    let s = Server::start_with(
+        Some("[http]\nheader-timeout-ms = 500\nmax-connections = 8\n"),
+        &[],
+    );
+    // Far more idle connections than the bound: each accepted one is closed
+    // after the header timeout, so a real request gets its turn.
+    let idle: Vec<_> = (0..40).map(|_| connect(&s)).collect();
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let r = client
+        .get(format!("{}/healthz", s.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    drop(idle);
+}
+
+#[tokio::test]
+async fn connections_beyond_max_connections_wait_for_a_free_one() {
+    let s = Server::start_with(Some("[http]\nmax-connections = 4\n"), &[]);
+    let mut held: Vec<_> = (0..4).map(|_| connect(&s)).collect();
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_millis(1500))
+        .build()
+        .unwrap();
+    let waited = client.get(format!("{}/healthz", s.url)).send().await;
+    assert!(
+        waited.as_ref().is_err_and(|e| e.is_timeout()),
+        "a fifth connection is not served while four are open: {waited:?}"
+    );
+    held.pop();
+    let r = reqwest::get(format!("{}/healthz", s.url)).await.unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+}

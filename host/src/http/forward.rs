@@ -8,7 +8,7 @@
 //! lease may be moving): its `503` reaches the client, whose retry finds the
 //! new owner. With SQLite storage the layer does nothing.
 
-use axum::body::{to_bytes, Body};
+use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::{HeaderName, HeaderValue};
 use axum::middleware::Next;
@@ -69,12 +69,9 @@ pub async fn layer(State(host): State<Host>, request: Request, next: Next) -> Re
     let (parts, body) = request.into_parts();
     // Kept to be sent again: bounded as every body is.
     let limit = host.config.max_body_bytes;
-    let bytes = match to_bytes(body, limit).await {
+    let bytes = match super::read_body(&host, body, limit, "request body").await {
         Ok(b) => b,
-        Err(_) => {
-            return ApiError::too_large(format!("request body is over the limit of {limit} bytes"))
-                .into_response()
-        }
+        Err(e) => return e.into_response(),
     };
     let forwarded = parts.headers.contains_key(&FORWARDED);
     let mut response = next

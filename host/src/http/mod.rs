@@ -11,6 +11,7 @@ mod forward;
 mod guard;
 mod ingest;
 pub mod itx;
+pub mod listener;
 mod query;
 mod streams;
 mod subscriptions;
@@ -360,9 +361,7 @@ async fn internal_call(State(host): State<Host>, headers: HeaderMap, body: Body)
                 "a host-to-host call needs the cluster secret",
             ));
         }
-        let bytes = to_bytes(body, INTERNAL_BODY_BYTES_MAX)
-            .await
-            .map_err(|_| ApiError::too_large("the call is over the host-to-host limit"))?;
+        let bytes = read_body(&host, body, INTERNAL_BODY_BYTES_MAX, "host-to-host call").await?;
         let call: RemoteCall = parse_json(&bytes)?;
         let address = call.address()?;
         let answer = match call.call {
@@ -485,9 +484,7 @@ async fn deploy_component(
         authorize_project(&host, &headers, &project)?;
         let refold = query::deploy_query(uri.query())?;
         let limit = components::COMPONENT_BYTES_MAX;
-        let bytes = to_bytes(body, limit).await.map_err(|_| {
-            ApiError::too_large(format!("the component is over the limit of {limit} bytes"))
-        })?;
+        let bytes = read_body(&host, body, limit, "component").await?;
         components::deploy(&host, &project, &name, bytes.to_vec(), refold).await
     }
     .await;
@@ -784,10 +781,32 @@ fn unknown_method_message(method: &str) -> String {
 /// field that does not fit.
 async fn read_json<T: DeserializeOwned>(host: &Host, body: Body) -> Result<T, ApiError> {
     let limit = host.config.max_body_bytes;
-    let bytes = to_bytes(body, limit).await.map_err(|_| {
-        ApiError::too_large(format!("request body is over the limit of {limit} bytes"))
-    })?;
+    let bytes = read_body(host, body, limit, "request body").await?;
     parse_json(&bytes)
+}
+
+/// A request body of at most `limit` bytes, whole within `[http]
+/// body-timeout-ms` (`408 timeout` after that: a client that trickles a body
+/// holds no handler).
+pub(crate) async fn read_body(
+    host: &Host,
+    body: Body,
+    limit: usize,
+    what: &str,
+) -> Result<axum::body::Bytes, ApiError> {
+    let timeout_ms = host.config.http.body_timeout_ms;
+    let within = std::time::Duration::from_millis(timeout_ms);
+    match tokio::time::timeout(within, to_bytes(body, limit)).await {
+        Ok(Ok(bytes)) => Ok(bytes),
+        Ok(Err(_)) => Err(ApiError::too_large(format!(
+            "the {what} is over the limit of {limit} bytes"
+        ))),
+        Err(_) => Err(ApiError::new(
+            408,
+            "timeout",
+            format!("the {what} did not arrive within {timeout_ms} ms ([http] body-timeout-ms)"),
+        )),
+    }
 }
 
 /// Parses a JSON body into `T`; errors name the offending field's path.
