@@ -26,6 +26,9 @@ pub enum ErrorKind {
     Timeout,
     /// Temporarily refused (paused, at capacity): retry later.
     Unavailable,
+    /// The caller holds as many of something as it may (live connections):
+    /// retry once one is released.
+    TooMany,
     /// A failure of the host itself (storage, a lost task).
     Internal,
 }

@@ -66,7 +66,7 @@ impl Host {
         }
         .context("opening storage")?;
         let pending = storage
-            .ingest_pending_totals()
+            .ingest_pending_by_project()
             .context("counting pending ingest")?;
         let waking = storage
             .streams_with_cursors()
@@ -78,6 +78,8 @@ impl Host {
             webhooks: crate::executor::webhook::Client::new(config.deny_private_networks())
                 .context("building the webhook client")?,
             idle_stream_ms: config.limits.idle_stream_ms,
+            max_live_connections_per_project: config.limits.max_live_connections_per_project,
+            max_ephemeral_bytes: config.limits.max_ephemeral_bytes,
         };
         let streams = Streams::new(storage, clock.clone(), metrics.clone(), settings, runtime);
         crate::executor::effect::start(

@@ -85,7 +85,8 @@ async fn several_hosts_share_one_ingest_capacity() {
     if on_sqlite() {
         return;
     }
-    let config = format!("{CLUSTER}[ingest]\nmax-pending-events = 6\n");
+    let config =
+        format!("{CLUSTER}[ingest]\nmax-pending-events = 6\nmax-pending-events-per-project = 6\n");
     let a = Server::start_with(Some(&config), &[]);
     let b = Server::joining(&a, Some(&config));
     // Held by a pause: what is accepted stays pending.

@@ -234,7 +234,10 @@ async fn ingest_refuses_bad_events_at_acceptance() {
 
 #[tokio::test]
 async fn ingest_at_capacity_refuses_new_work_keeps_what_it_accepted_and_paused_streams_hold() {
-    let server = Server::start_with(Some("[ingest]\nmax-pending-events = 5\n"), &[]);
+    let server = Server::start_with(
+        Some("[ingest]\nmax-pending-events = 5\nmax-pending-events-per-project = 5\n"),
+        &[],
+    );
     set_paused(&server, STREAM, true).await;
     let events: Vec<Value> = (1..=4).map(|n| order(&format!("o-{n}"), n)).collect();
     assert_eq!(server.post(INGEST, json!({"events": events})).await.0, 202);

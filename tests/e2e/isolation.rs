@@ -613,3 +613,109 @@ async fn connections_beyond_max_connections_wait_for_a_free_one() {
     let r = reqwest::get(format!("{}/healthz", s.url)).await.unwrap();
     assert_eq!(r.status().as_u16(), 200);
 }
+
+#[tokio::test]
+async fn a_project_at_its_live_connection_bound_gets_429_and_others_connect() {
+    let s = Server::start_with(
+        Some("[limits]\nmax-live-connections-per-project = 3\n"),
+        &[],
+    );
+    for project in ["evil", "good"] {
+        s.post(
+            &format!("/v1/projects/{project}/streams/a:append"),
+            ev("x.y/a", json!({})),
+        )
+        .await;
+    }
+    let evil = "/v1/projects/evil/streams/a:connect";
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        held.push(SseClient::open(&s, evil).await.expect("within the bound"));
+    }
+    let refused = SseClient::open(&s, evil).await.err().expect("refused");
+    assert_error(&refused, 429, "too-many-connections", "\"evil\"");
+    let wait = s
+        .post(
+            "/v1/projects/evil/streams/a:waitForEvent",
+            json!({"timeoutMs": 100}),
+        )
+        .await;
+    assert_error(
+        &wait,
+        429,
+        "too-many-connections",
+        "max-live-connections-per-project",
+    );
+    assert!(SseClient::open(&s, "/v1/projects/good/streams/a:connect")
+        .await
+        .is_ok());
+    // A closed connection gives its place back.
+    held.pop();
+    let mut reopened = None;
+    crate::support::wait_for("a freed place", Duration::from_secs(10), async || {
+        reopened = SseClient::open(&s, evil).await.ok();
+        reopened.is_some()
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn ephemeral_memory_is_bounded_and_one_project_cannot_take_all_of_it() {
+    // A quarter of 400 KB per project.
+    let s = Server::start_with(Some("[limits]\nmax-ephemeral-bytes = 400000\n"), &[]);
+    let big = "x".repeat(20_000);
+    let typing = |project: &str| {
+        (
+            format!("/v1/projects/{project}/streams/chat:append"),
+            json!({"events": [{"type": "x.y/typing", "ephemeral": true, "payload": {"pad": big}}]}),
+        )
+    };
+    let (path, body) = typing("evil");
+    let mut refused = None;
+    for _ in 0..20 {
+        let answer = s.post(&path, body.clone()).await;
+        if answer.0 != 200 {
+            refused = Some(answer);
+            break;
+        }
+    }
+    let refused = refused.expect("evil's ephemeral appends are refused past its share");
+    assert_error(
+        &refused,
+        503,
+        "ephemeral-capacity-exhausted",
+        "max-ephemeral-bytes",
+    );
+    // Durable appends of the same project go on; another project's
+    // ephemeral ones too.
+    assert_eq!(s.post(&path, ev("x.y/a", json!({}))).await.0, 200);
+    let (path, body) = typing("good");
+    let (status, out) = s.post(&path, body).await;
+    assert_eq!(status, 200, "{out}");
+}
+
+#[tokio::test]
+async fn a_project_at_its_ingest_share_gets_503_and_others_ingest() {
+    // A quarter of 8 events per project.
+    let s = Server::start_with(Some("[ingest]\nmax-pending-events = 8\n"), &[]);
+    crate::ingest::set_paused(&s, "/v1/projects/evil/streams/held", true).await;
+    let ingest = "/v1/projects/evil/ingest/held";
+    let events: Vec<Value> = (1..=2)
+        .map(|n| crate::ingest::order(&format!("e-{n}"), n))
+        .collect();
+    assert_eq!(s.post(ingest, json!({"events": events})).await.0, 202);
+    let over = s
+        .post(ingest, json!({"events": [crate::ingest::order("e-3", 3)]}))
+        .await;
+    assert_error(&over, 503, "capacity-exhausted", "project \"evil\"");
+    for n in 1..=2 {
+        let answer = s
+            .post(
+                "/v1/projects/good/ingest/orders",
+                json!({"events": [crate::ingest::order(&format!("g-{n}"), n)]}),
+            )
+            .await;
+        assert_eq!(answer.0, 202, "{}", answer.1);
+    }
+    crate::ingest::wait_orders(&s, "/v1/projects/good/streams/orders", 2).await;
+}

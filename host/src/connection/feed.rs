@@ -101,6 +101,8 @@ pub struct Feed {
     first: bool,
     rx: mpsc::Receiver<ConnMsg>,
     pub guard: Guard,
+    /// Its place in its project's count of live connections.
+    pub slot: Option<crate::stream::quota::LiveSlot>,
 }
 
 impl Feed {
@@ -120,6 +122,7 @@ impl Feed {
             first: true,
             rx,
             guard,
+            slot: None,
         }
     }
 

@@ -113,6 +113,7 @@ pub fn status_of(kind: ErrorKind) -> u16 {
         ErrorKind::Unprocessable => 422,
         ErrorKind::Internal => 500,
         ErrorKind::Unavailable => 503,
+        ErrorKind::TooMany => 429,
     }
 }
 

@@ -86,6 +86,7 @@ pub async fn serve(
         });
     }
     drop(listener);
+    drop(stop_rx);
     let _ = stop_tx.send(true);
     // Every connection holds a receiver until it ends.
     stop_tx.closed().await;

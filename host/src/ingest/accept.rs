@@ -106,16 +106,19 @@ async fn commit(storage: &Storage, ingest: &Ingest, fresh: Vec<NewPending>) -> R
     // counted there, in the acceptance's own transaction. One host counts
     // in memory (no table scan per acceptance).
     let shared = storage.cluster().is_some();
+    let project = fresh.first().map(|r| r.project.clone()).unwrap_or_default();
     let bound = shared.then(|| SharedBound {
         max_events: ingest.config().max_pending_events,
         max_bytes: ingest.config().max_pending_bytes,
+        project_max_events: ingest.config().project_events(),
+        project_max_bytes: ingest.config().project_bytes(),
     });
     if !shared {
-        ingest.reserve(n, bytes).map_err(Retry::No)?;
+        ingest.reserve(&project, n, bytes).map_err(Retry::No)?;
     }
     let release = |events: u64, bytes: u64| {
         if !shared {
-            ingest.release(events, bytes)
+            ingest.release(&project, events, bytes)
         }
     };
     let committed = storage
@@ -137,7 +140,7 @@ async fn commit(storage: &Storage, ingest: &Ingest, fresh: Vec<NewPending>) -> R
                 return Err(Retry::No(Error::unavailable(
                     "capacity-exhausted",
                     format!(
-                        "ingest is at capacity: {what} (everything accepted before is kept; \
+                        "ingest is at capacity{what} (everything accepted before is kept; \
                          retry later)"
                     ),
                     super::CAPACITY_RETRY_AFTER_S,

@@ -149,7 +149,7 @@ async fn drain_stream(streams: &Streams, ingest: &Ingest, project: &str, path: &
         };
         match streams.append(&address, input, Authority::Public).await {
             Ok(_) => {
-                if !appended(streams, ingest, &rows).await {
+                if !appended(streams, ingest, project, &rows).await {
                     return false;
                 }
             }
@@ -192,7 +192,14 @@ async fn one_by_one(
         };
         match result {
             Ok(()) => {
-                if !appended(streams, ingest, std::slice::from_ref(&row)).await {
+                if !appended(
+                    streams,
+                    ingest,
+                    address.namespace.storage_key(),
+                    std::slice::from_ref(&row),
+                )
+                .await
+                {
                     return false;
                 }
             }
@@ -208,7 +215,7 @@ async fn one_by_one(
                 match streams.storage().submit(WriteOp::Ingest(op)).await {
                     Ok(Ok(gone)) => {
                         if gone > 0 {
-                            ingest.release(1, row.bytes as u64);
+                            ingest.release(address.namespace.storage_key(), 1, row.bytes as u64);
                         }
                         ingest.set_last_error(message);
                     }
@@ -223,7 +230,7 @@ async fn one_by_one(
 /// Deletes the rows of events committed to their stream and frees their
 /// capacity; false if the delete did not commit (they are appended again,
 /// as replays, later).
-async fn appended(streams: &Streams, ingest: &Ingest, rows: &[PendingRow]) -> bool {
+async fn appended(streams: &Streams, ingest: &Ingest, project: &str, rows: &[PendingRow]) -> bool {
     let op = IngestOp::Appended {
         ids: rows.iter().map(|r| r.id).collect(),
     };
@@ -232,7 +239,7 @@ async fn appended(streams: &Streams, ingest: &Ingest, rows: &[PendingRow]) -> bo
             // What this delete removed (another host's drain may have
             // removed some first).
             let (gone, bytes) = IngestOp::accepted(answer);
-            ingest.release(gone, bytes);
+            ingest.release(project, gone, bytes);
             true
         }
         _ => false,

@@ -68,14 +68,37 @@ pub fn validate_event(i: usize, e: &EventInput, max_event_bytes: u64) -> Result<
     Ok(bytes)
 }
 
-/// What is accepted and not yet appended, against its bounds.
+/// What is accepted and not yet appended, against its bounds: all
+/// projects together, and each project's share.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Capacity {
     pub max_events: u64,
     pub max_bytes: u64,
+    /// One project's share (`[ingest] max-pending-*-per-project`).
+    pub project_max_events: u64,
+    pub project_max_bytes: u64,
     /// Committed to the pending table, or reserved by an acceptance in flight.
     pub events: u64,
     pub bytes: u64,
+    /// The same, per project (`""`: the global namespace).
+    pub by_project: std::collections::HashMap<String, (u64, u64)>,
+}
+
+/// `503 capacity-exhausted`, naming what is pending against which bound.
+pub fn exhausted(whose: &str, what: &str, pending: u64, max: u64, more: u64) -> Error {
+    Error::unavailable(
+        "capacity-exhausted",
+        format!(
+            "ingest is at capacity{whose}: {pending} of {max} {what} pending, {more} more do not \
+             fit (everything accepted before is kept; retry later)"
+        ),
+        CAPACITY_RETRY_AFTER_S,
+    )
+}
+
+/// How a project's share is named in a refusal.
+pub fn share_of(project: &str) -> String {
+    format!(" for project {project:?} (its share, [ingest] max-pending-*-per-project)")
 }
 
 impl Capacity {
@@ -83,38 +106,69 @@ impl Capacity {
         Capacity {
             max_events: config.max_pending_events,
             max_bytes: config.max_pending_bytes,
+            project_max_events: config.project_events(),
+            project_max_bytes: config.project_bytes(),
             events: 0,
             bytes: 0,
+            by_project: Default::default(),
         }
     }
 
-    /// Takes room for `events` events of `bytes` bytes, or says why not.
-    pub fn reserve(&mut self, events: u64, bytes: u64) -> Result<(), Error> {
-        let exhausted = |what: &str, pending: u64, max: u64, more: u64| {
-            Error::unavailable(
-                "capacity-exhausted",
-                format!(
-                    "ingest is at capacity: {pending} of {max} {what} pending, {more} more do not \
-                     fit (everything accepted before is kept; retry later)"
-                ),
-                CAPACITY_RETRY_AFTER_S,
-            )
-        };
+    /// Takes room for `events` events of `bytes` bytes of `project`, or says
+    /// why not (its share first: a project at its share never takes the
+    /// others' room).
+    pub fn reserve(&mut self, project: &str, events: u64, bytes: u64) -> Result<(), Error> {
+        let (p_events, p_bytes) = self.by_project.get(project).copied().unwrap_or((0, 0));
+        let share = share_of(project);
+        if p_events + events > self.project_max_events {
+            return Err(exhausted(
+                &share,
+                "events",
+                p_events,
+                self.project_max_events,
+                events,
+            ));
+        }
+        if p_bytes + bytes > self.project_max_bytes {
+            return Err(exhausted(
+                &share,
+                "bytes",
+                p_bytes,
+                self.project_max_bytes,
+                bytes,
+            ));
+        }
         if self.events + events > self.max_events {
-            return Err(exhausted("events", self.events, self.max_events, events));
+            return Err(exhausted(
+                "",
+                "events",
+                self.events,
+                self.max_events,
+                events,
+            ));
         }
         if self.bytes + bytes > self.max_bytes {
-            return Err(exhausted("bytes", self.bytes, self.max_bytes, bytes));
+            return Err(exhausted("", "bytes", self.bytes, self.max_bytes, bytes));
         }
         self.events += events;
         self.bytes += bytes;
+        self.by_project
+            .insert(project.to_string(), (p_events + events, p_bytes + bytes));
         Ok(())
     }
 
-    /// Gives back room: events left the pending table (or never entered it).
-    pub fn release(&mut self, events: u64, bytes: u64) {
+    /// Gives back room: events of `project` left the pending table (or
+    /// never entered it).
+    pub fn release(&mut self, project: &str, events: u64, bytes: u64) {
         self.events = self.events.saturating_sub(events);
         self.bytes = self.bytes.saturating_sub(bytes);
+        if let Some((e, b)) = self.by_project.get_mut(project) {
+            *e = e.saturating_sub(events);
+            *b = b.saturating_sub(bytes);
+            if *e == 0 && *b == 0 {
+                self.by_project.remove(project);
+            }
+        }
     }
 }
 
@@ -143,11 +197,15 @@ struct Inner {
 pub type RegisterReply = tokio::sync::oneshot::Sender<Result<(), String>>;
 
 impl Ingest {
-    /// `pending`: what the pending table holds at start (events, bytes).
-    pub fn new(config: IngestConfig, pending: (u64, u64)) -> Ingest {
+    /// `pending`: what the pending table holds at start, per project
+    /// (project, events, bytes).
+    pub fn new(config: IngestConfig, pending: Vec<(String, u64, u64)>) -> Ingest {
         let mut capacity = Capacity::new(&config);
-        capacity.events = pending.0;
-        capacity.bytes = pending.1;
+        for (project, events, bytes) in pending {
+            capacity.events += events;
+            capacity.bytes += bytes;
+            capacity.by_project.insert(project, (events, bytes));
+        }
         let nats = config.nats_url.as_ref().map(|_| nats::Status::default());
         Ingest {
             inner: Arc::new(Inner {
@@ -166,20 +224,20 @@ impl Ingest {
         &self.inner.config
     }
 
-    pub fn reserve(&self, events: u64, bytes: u64) -> Result<(), Error> {
+    pub fn reserve(&self, project: &str, events: u64, bytes: u64) -> Result<(), Error> {
         self.inner
             .capacity
             .lock()
             .expect("ingest capacity")
-            .reserve(events, bytes)
+            .reserve(project, events, bytes)
     }
 
-    pub fn release(&self, events: u64, bytes: u64) {
+    pub fn release(&self, project: &str, events: u64, bytes: u64) {
         self.inner
             .capacity
             .lock()
             .expect("ingest capacity")
-            .release(events, bytes)
+            .release(project, events, bytes)
     }
 
     pub fn capacity(&self) -> Capacity {
@@ -350,21 +408,43 @@ mod tests {
         let mut c = Capacity::new(&IngestConfig {
             max_pending_events: 3,
             max_pending_bytes: 100,
+            max_pending_events_per_project: Some(3),
+            max_pending_bytes_per_project: Some(100),
             ..IngestConfig::default()
         });
-        c.reserve(2, 50).unwrap();
-        let e = c.reserve(2, 10).unwrap_err();
+        c.reserve("a", 2, 50).unwrap();
+        let e = c.reserve("b", 2, 10).unwrap_err();
         assert_eq!(e.code, "capacity-exhausted");
         assert_eq!(e.retry_after_s, Some(CAPACITY_RETRY_AFTER_S));
         assert!(e.message.contains("2 of 3 events pending"), "{}", e.message);
-        let e = c.reserve(1, 51).unwrap_err();
+        let e = c.reserve("b", 1, 51).unwrap_err();
         assert!(e.message.contains("50 of 100 bytes"), "{}", e.message);
         assert_eq!((c.events, c.bytes), (2, 50));
-        c.reserve(1, 50).unwrap();
-        c.release(3, 100);
+        c.reserve("b", 1, 50).unwrap();
+        c.release("a", 2, 50);
+        c.release("b", 1, 50);
         assert_eq!((c.events, c.bytes), (0, 0));
-        c.release(1, 1);
+        c.release("a", 1, 1);
         assert_eq!((c.events, c.bytes), (0, 0));
+        assert!(c.by_project.is_empty());
+    }
+
+    #[test]
+    fn a_project_at_its_share_leaves_the_others_room() {
+        let mut c = Capacity::new(&IngestConfig {
+            max_pending_events: 8,
+            max_pending_bytes: 1000,
+            max_event_bytes: 100,
+            ..IngestConfig::default()
+        });
+        assert_eq!((c.project_max_events, c.project_max_bytes), (2, 250));
+        c.reserve("evil", 2, 20).unwrap();
+        let e = c.reserve("evil", 1, 10).unwrap_err();
+        assert!(e.message.contains("project \"evil\""), "{}", e.message);
+        assert!(e.message.contains("2 of 2 events"), "{}", e.message);
+        c.reserve("good", 2, 20).unwrap();
+        c.release("evil", 2, 20);
+        c.reserve("evil", 1, 10).unwrap();
     }
 
     #[test]

@@ -29,6 +29,9 @@ pub const CAPACITY_EXHAUSTED: &str = "capacity-exhausted: ";
 pub struct SharedBound {
     pub max_events: u64,
     pub max_bytes: u64,
+    /// One project's share.
+    pub project_max_events: u64,
+    pub project_max_bytes: u64,
 }
 
 /// Most diagnostics kept per fence (the latest).
@@ -111,22 +114,44 @@ pub enum IngestOp {
 /// so two hosts' acceptances cannot both take the last room.
 fn check_shared_capacity(conn: Db<'_>, rows: &[NewPending], bound: SharedBound) -> Result<()> {
     ingest_lock(conn)?;
+    let more = rows.len() as u64;
+    let more_bytes: u64 = rows.iter().map(|r| r.body.len() as u64).sum();
+    // One acceptance is for one stream: its project's share first.
+    if let Some(project) = rows.first().map(|r| r.project.as_str()) {
+        let (pending, bytes) = conn.query_one(
+            "SELECT COUNT(*), CAST(COALESCE(SUM(bytes), 0) AS BIGINT) FROM ingest_pending \
+             WHERE project = ?1",
+            args![project],
+            |r| Ok((r.int(0)? as u64, r.int(1)? as u64)),
+        )?;
+        let share = crate::ingest::share_of(project);
+        if pending + more > bound.project_max_events {
+            anyhow::bail!(
+                "{CAPACITY_EXHAUSTED}{share}: {pending} of {} events pending, {more} more do not fit",
+                bound.project_max_events
+            );
+        }
+        if bytes + more_bytes > bound.project_max_bytes {
+            anyhow::bail!(
+                "{CAPACITY_EXHAUSTED}{share}: {bytes} of {} bytes pending, {more_bytes} more do not fit",
+                bound.project_max_bytes
+            );
+        }
+    }
     let (pending, bytes) = conn.query_one(
         "SELECT COUNT(*), CAST(COALESCE(SUM(bytes), 0) AS BIGINT) FROM ingest_pending",
         args![],
         |r| Ok((r.int(0)? as u64, r.int(1)? as u64)),
     )?;
-    let more = rows.len() as u64;
-    let more_bytes: u64 = rows.iter().map(|r| r.body.len() as u64).sum();
     if pending + more > bound.max_events {
         anyhow::bail!(
-            "{CAPACITY_EXHAUSTED}{pending} of {} events pending, {more} more do not fit",
+            "{CAPACITY_EXHAUSTED}: {pending} of {} events pending, {more} more do not fit",
             bound.max_events
         );
     }
     if bytes + more_bytes > bound.max_bytes {
         anyhow::bail!(
-            "{CAPACITY_EXHAUSTED}{bytes} of {} bytes pending, {more_bytes} more do not fit",
+            "{CAPACITY_EXHAUSTED}: {bytes} of {} bytes pending, {more_bytes} more do not fit",
             bound.max_bytes
         );
     }
@@ -313,6 +338,18 @@ pub(super) fn apply(conn: Db<'_>, op: &IngestOp) -> Result<i64> {
 }
 
 impl Storage {
+    /// How many events each project has pending and their bytes.
+    pub fn ingest_pending_by_project(&self) -> Result<Vec<(String, u64, u64)>> {
+        self.with_reader(|db| {
+            db.query_all(
+                "SELECT project, COUNT(*), CAST(COALESCE(SUM(bytes), 0) AS BIGINT) \
+                 FROM ingest_pending GROUP BY project",
+                args![],
+                |r| Ok((r.text(0)?, r.int(1)? as u64, r.int(2)? as u64)),
+            )
+        })
+    }
+
     /// How many events are pending and their bytes.
     pub fn ingest_pending_totals(&self) -> Result<(u64, u64)> {
         self.with_reader(|db| {
@@ -587,6 +624,8 @@ mod tests {
         let bound = Some(SharedBound {
             max_events: 3,
             max_bytes: 100,
+            project_max_events: 3,
+            project_max_bytes: 100,
         });
         let first = apply(
             &conn,
@@ -630,5 +669,28 @@ mod tests {
             },
         );
         assert_eq!(IngestOp::accepted(fits.unwrap()), (1, 1));
+    }
+
+    #[test]
+    fn a_shared_bound_keeps_a_projects_share_apart() {
+        let conn = db();
+        let bound = Some(SharedBound {
+            max_events: 10,
+            max_bytes: 1000,
+            project_max_events: 2,
+            project_max_bytes: 1000,
+        });
+        let accept = |rows| apply(&conn, &IngestOp::Accept { rows, bound });
+        accept(vec![pending("a", "1"), pending("b", "2")]).unwrap();
+        let over = accept(vec![pending("c", "3")]).unwrap_err().to_string();
+        assert!(
+            over.contains("project \"acme\"") && over.contains("2 of 2 events pending"),
+            "{over}"
+        );
+        let other = NewPending {
+            project: "other".into(),
+            ..pending("c", "3")
+        };
+        assert_eq!(IngestOp::accepted(accept(vec![other]).unwrap()), (1, 1));
     }
 }

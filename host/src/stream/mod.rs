@@ -5,6 +5,7 @@ mod actor;
 mod address;
 mod append;
 mod event;
+pub mod quota;
 mod registry;
 #[doc(hidden)]
 pub mod remote;

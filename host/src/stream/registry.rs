@@ -33,6 +33,10 @@ pub struct StreamSettings {
     pub webhooks: crate::executor::webhook::Client,
     /// `[limits] idle-stream-ms`.
     pub idle_stream_ms: u64,
+    /// `[limits] max-live-connections-per-project`.
+    pub max_live_connections_per_project: usize,
+    /// `[limits] max-ephemeral-bytes`.
+    pub max_ephemeral_bytes: usize,
 }
 
 /// All stream actors of a host. Cheap to clone.
@@ -57,6 +61,8 @@ struct Inner {
     /// Calls on streams another host owns (several hosts).
     remote: reqwest::Client,
     actors: Mutex<HashMap<StreamAddress, Entry>>,
+    /// Live connections per project.
+    live: Arc<super::quota::LiveConnections>,
     /// Whether the idle sweep runs (started with the first actor).
     sweeping: std::sync::atomic::AtomicBool,
 }
@@ -95,7 +101,9 @@ impl Streams {
                 runtime,
                 streams: StreamsRef(weak.clone()),
                 idle_stream_ms: settings.idle_stream_ms,
+                ephemeral: super::quota::EphemeralMemory::new(settings.max_ephemeral_bytes),
             },
+            live: super::quota::LiveConnections::new(settings.max_live_connections_per_project),
             actors: Mutex::new(HashMap::new()),
             sweeping: std::sync::atomic::AtomicBool::new(false),
             remote: reqwest::Client::builder()
@@ -381,11 +389,17 @@ impl Streams {
         address: &StreamAddress,
         params: crate::connection::ConnectParams,
     ) -> Result<crate::connection::feed::Feed, Error> {
-        self.call(address, |reply| Command::Connect {
-            params: Box::new(params),
-            reply,
-        })
-        .await
+        // Counted on the host that serves the connection (its owner).
+        let project = address.namespace.project_id().unwrap_or("").to_string();
+        let slot = self.inner.live.take(&project)?;
+        let mut feed = self
+            .call(address, |reply| Command::Connect {
+                params: Box::new(params),
+                reply,
+            })
+            .await?;
+        feed.slot = Some(slot);
+        Ok(feed)
     }
 
     /// The storage handle (for reads that need no actor).

@@ -126,6 +126,7 @@ fn kind_of(status: u16) -> ErrorKind {
         413 => ErrorKind::TooLarge,
         422 => ErrorKind::Unprocessable,
         503 => ErrorKind::Unavailable,
+        429 => ErrorKind::TooMany,
         _ => ErrorKind::Internal,
     }
 }
@@ -152,6 +153,8 @@ fn static_code(code: &str) -> &'static str {
         "overloaded",
         "stream-owned-elsewhere",
         "lease-lost",
+        "too-many-connections",
+        "ephemeral-capacity-exhausted",
     ];
     CODES
         .iter()

@@ -217,6 +217,9 @@ enum InFlight {
 struct EphemeralBuffer {
     events: VecDeque<(Event, usize)>,
     bytes: usize,
+    /// What all buffers hold, counted with this stream's project.
+    memory: Arc<crate::stream::quota::EphemeralMemory>,
+    project: String,
 }
 
 impl EphemeralBuffer {
@@ -224,9 +227,13 @@ impl EphemeralBuffer {
         let size = serde_json::to_string(&event).map(|s| s.len()).unwrap_or(0);
         self.events.push_back((event, size));
         self.bytes += size;
+        self.memory.add(&self.project, size);
         while self.bytes > EPHEMERAL_BYTES_MAX {
             match self.events.pop_front() {
-                Some((_, s)) => self.bytes -= s,
+                Some((_, s)) => {
+                    self.bytes -= s;
+                    self.memory.remove(&self.project, s);
+                }
                 None => break,
             }
         }
@@ -244,7 +251,14 @@ impl EphemeralBuffer {
 
     fn clear(&mut self) {
         self.events.clear();
+        self.memory.remove(&self.project, self.bytes);
         self.bytes = 0;
+    }
+}
+
+impl Drop for EphemeralBuffer {
+    fn drop(&mut self) {
+        self.clear();
     }
 }
 
@@ -267,6 +281,8 @@ pub struct ActorContext {
     pub executors: crate::executor::Executors,
     /// Idle time after which an actor releases itself.
     pub idle_stream_ms: u64,
+    /// The ephemeral events all streams hold in memory.
+    pub ephemeral: Arc<crate::stream::quota::EphemeralMemory>,
 }
 
 /// Starts the actor of `address`; it runs until every sender is dropped.
@@ -276,14 +292,17 @@ pub fn spawn(
     tx: &mpsc::Sender<Command>,
     rx: mpsc::Receiver<Command>,
 ) {
+    let ephemeral = EphemeralBuffer {
+        events: VecDeque::new(),
+        bytes: 0,
+        memory: Arc::clone(&ctx.ephemeral),
+        project: address.namespace.project_id().unwrap_or("").to_string(),
+    };
     let actor = Actor {
         address,
         ctx,
         stream: None,
-        ephemeral: EphemeralBuffer {
-            events: VecDeque::new(),
-            bytes: 0,
-        },
+        ephemeral,
         queue: VecDeque::new(),
         reload_needed: true,
         storage_failures: 0,
@@ -511,12 +530,39 @@ impl Actor {
                 input,
                 authority,
                 reply,
-            } => self.queue.push_back(Pending::Append {
-                input,
-                authority,
-                reply: Some(reply),
-                run: None,
-            }),
+            } => {
+                // Ephemeral events are held in memory: within the bounds, or
+                // refused before anything is planned.
+                let ephemeral: usize = input
+                    .events
+                    .iter()
+                    .filter(|e| e.ephemeral == Some(true))
+                    .map(|e| {
+                        let payload = e
+                            .payload
+                            .as_ref()
+                            .and_then(|p| serde_json::to_string(p).ok())
+                            .map_or(0, |s| s.len());
+                        payload + e.event_type.len() + 64
+                    })
+                    .sum();
+                if ephemeral > 0 {
+                    if let Err(e) = self
+                        .ephemeral
+                        .memory
+                        .admit(&self.ephemeral.project, ephemeral)
+                    {
+                        let _ = reply.send(Err(e));
+                        return;
+                    }
+                }
+                self.queue.push_back(Pending::Append {
+                    input,
+                    authority,
+                    reply: Some(reply),
+                    run: None,
+                })
+            }
             Command::Reset { reply } => self.queue.push_back(Pending::Reset { reply }),
             Command::Deliver { batch, reply } => {
                 self.queue.push_back(Pending::Deliver { batch, reply })
