@@ -6,6 +6,7 @@
 #[global_allocator]
 static ALLOCATOR: streamhost::jsonata::memory::Counting = streamhost::jsonata::memory::Counting;
 
+mod adversarial;
 mod auth;
 mod bad_input;
 mod chaos;

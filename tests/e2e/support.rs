@@ -14,6 +14,13 @@ use tempfile::TempDir;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_streamhost");
 
+/// The server binary tests start: this build's, or `STREAMHOST_BIN` (the
+/// adversarial suite's latency figures come from a release build:
+/// `STREAMHOST_BIN=target/release/streamhost`).
+pub fn server_bin() -> String {
+    std::env::var("STREAMHOST_BIN").unwrap_or_else(|_| BIN.to_string())
+}
+
 /// A config with one project token, one admin token.
 pub const TOKENS: &str = r#"
 [[tokens]]
@@ -310,7 +317,7 @@ impl Server {
         let log =
             std::fs::File::create(self.dir.path().join(format!("server-{}.log", self.starts)))
                 .expect("log file");
-        let mut cmd = Command::new(BIN);
+        let mut cmd = Command::new(server_bin());
         cmd.arg("serve")
             .arg("--listen")
             .arg("127.0.0.1:0")

@@ -209,6 +209,7 @@ pub fn matches(filter: &CompiledFilter, e: &LiveEvent) -> Result<bool, String> {
 /// (never on the threads that serve HTTP); `skip` events are answered
 /// `Ok(false)` without evaluating.
 pub async fn match_events(
+    project: &str,
     filter: &CompiledFilter,
     events: &Arc<Vec<LiveEvent>>,
     skip: impl Fn(&LiveEvent) -> bool + Send + 'static,
@@ -233,18 +234,18 @@ pub async fn match_events(
         return run(filter, events);
     }
     let (filter, events) = (filter.clone(), Arc::clone(events));
-    crate::jsonata::pool::run(move || run(&filter, &events)).await
+    crate::jsonata::pool::run(project, move || run(&filter, &events)).await
 }
 
 /// A condition tried once, when a connection or a wait opens, on an event
 /// with no fields: an expression that exceeds a bound whatever the event
 /// (`$count([1..9999999]) > 0`) is refused before anything streams. Other
 /// errors are left for the events themselves.
-pub async fn try_condition(filter: &CompiledFilter) -> Result<(), String> {
+pub async fn try_condition(project: &str, filter: &CompiledFilter) -> Result<(), String> {
     let Some(condition) = filter.condition.clone() else {
         return Ok(());
     };
-    let outcome = crate::jsonata::pool::run(move || {
+    let outcome = crate::jsonata::pool::run(project, move || {
         let empty = serde_json::json!({"offset": 0, "type": "", "payload": {}});
         condition.matches(&crate::jsonata::Input::new(&empty))
     })

@@ -33,7 +33,8 @@ fn batch_event(b: &Batch) -> SseEvent {
 
 /// Streams a connection's feed as SSE until the client leaves or the
 /// connection closes.
-pub fn sse(feed: Feed, params: ConnectParams) -> Response {
+pub fn sse(feed: Feed, params: ConnectParams, project: &str) -> Response {
+    let project = project.to_string();
     let (tx, mut rx) = mpsc::channel::<Result<SseEvent, Infallible>>(SSE_BUFFER_MESSAGES);
     tokio::spawn(async move {
         let mut feed = feed;
@@ -73,7 +74,8 @@ pub fn sse(feed: Feed, params: ConnectParams) -> Response {
                         })]
                     } else {
                         let mut selected: Vec<LiveEvent> = Vec::new();
-                        let found = match_events(&params.filter, &events, |_| false).await;
+                        let found =
+                            match_events(&project, &params.filter, &events, |_| false).await;
                         for (e, m) in events.iter().zip(found) {
                             match m {
                                 Ok(true) => selected.push(e.clone()),
@@ -156,7 +158,7 @@ pub async fn wait_for_event(
         false,
     )
     .map_err(|m| ApiError::new(400, "invalid-jsonata", format!("jsonataCondition: {m}")))?;
-    try_condition(&filter)
+    try_condition(address.namespace.storage_key(), &filter)
         .await
         .map_err(|m| ApiError::new(422, "jsonata-limit-exceeded", m))?;
     let key = format!("wait:{}", uuid::Uuid::new_v4());
@@ -182,7 +184,13 @@ pub async fn wait_for_event(
         match item {
             Some(FeedItem::Events { events, .. }) => {
                 let own = key.clone();
-                let found = match_events(&filter, &events, move |e| is_own_audit(e, &own)).await;
+                let found = match_events(
+                    address.namespace.storage_key(),
+                    &filter,
+                    &events,
+                    move |e| is_own_audit(e, &own),
+                )
+                .await;
                 for (e, m) in events.iter().zip(found) {
                     if is_own_audit(e, &key) {
                         continue;

@@ -640,11 +640,15 @@ async fn stream_call(
         }
         ("connect", &Method::GET) => {
             let params = query::connect_query(uri.query())?;
-            crate::connection::try_condition(&params.filter)
+            crate::connection::try_condition(address.namespace.storage_key(), &params.filter)
                 .await
                 .map_err(|m| ApiError::new(422, "jsonata-limit-exceeded", m))?;
             let feed = streams.connect(address, params.clone()).await?;
-            Ok(connections::sse(feed, params))
+            Ok(connections::sse(
+                feed,
+                params,
+                address.namespace.storage_key(),
+            ))
         }
         ("waitForEvent", &Method::POST) => {
             let input = read_json(host, body).await?;

@@ -28,6 +28,7 @@ use std::sync::Arc;
 use anyhow::{Context, Result};
 use serde::Serialize;
 use serde_json::value::RawValue;
+use serde_json::Value;
 use tokio::sync::{mpsc, oneshot};
 
 use super::address::StreamAddress;
@@ -538,11 +539,9 @@ impl Actor {
                     .iter()
                     .filter(|e| e.ephemeral == Some(true))
                     .map(|e| {
-                        let payload = e
-                            .payload
-                            .as_ref()
-                            .and_then(|p| serde_json::to_string(p).ok())
-                            .map_or(0, |s| s.len());
+                        let payload = e.payload.as_ref().map_or(0, |p| {
+                            p.iter().map(|(k, v)| k.len() + 4 + json_bytes(v)).sum()
+                        });
                         payload + e.event_type.len() + 64
                     })
                     .sum();
@@ -1302,6 +1301,22 @@ fn load_row(storage: &Storage, address: &StreamAddress, row: StreamRow) -> Resul
         state,
         state_offset: row.log_head,
     })
+}
+
+/// About the bytes of `v` as JSON text, without writing it (an estimate for
+/// the ephemeral bound: strings by their length, numbers as 8).
+fn json_bytes(v: &Value) -> usize {
+    match v {
+        Value::String(s) => s.len() + 2,
+        Value::Array(items) => 2 + items.iter().map(|i| json_bytes(i) + 1).sum::<usize>(),
+        Value::Object(map) => {
+            2 + map
+                .iter()
+                .map(|(k, v)| k.len() + 4 + json_bytes(v))
+                .sum::<usize>()
+        }
+        _ => 8,
+    }
 }
 
 /// Merges a page of stored events with buffered ephemeral ones, by offset.
