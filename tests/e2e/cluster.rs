@@ -1133,3 +1133,35 @@ async fn a_starting_host_leaves_a_live_hosts_subscribed_streams_alone() {
     let (_, [a_row]) = cluster_rows(&b, [&a.url]).await;
     assert_eq!(a_row["streams"], 3, "{a_row}");
 }
+
+#[tokio::test]
+async fn a_forwarded_request_has_its_token_checked_before_its_body_is_read() {
+    if on_sqlite() {
+        return;
+    }
+    let config = format!(
+        "{CLUSTER}{}\n[http]\nbody-timeout-ms = 600000\n",
+        crate::support::TOKENS
+    );
+    let mut a = Server::start_with(Some(&config), &[]);
+    a.token = Some("t-acme".into());
+    let mut b = Server::joining(&a, Some(&config));
+    b.token = Some("t-acme".into());
+    // A owns the stream: B forwards requests for it.
+    let (status, out) = a
+        .post(&format!("{P}/orders:append"), ev("x.y/a", json!({})))
+        .await;
+    assert_eq!(status, 200, "{out}");
+    let host = b.url.trim_start_matches("http://").to_string();
+    let mut tcp = crate::isolation::connect(&b);
+    // The body never comes: an answer at all (before the body timeout)
+    // means the token was judged without it.
+    let answer = crate::isolation::exchange(
+        &mut tcp,
+        &format!(
+            "POST {P}/orders:append HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer wrong\r\n\
+             Content-Type: application/json\r\nContent-Length: 100000000\r\n\r\n"
+        ),
+    );
+    assert!(answer.starts_with("HTTP/1.1 401"), "{answer}");
+}

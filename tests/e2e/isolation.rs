@@ -478,12 +478,12 @@ fn closed_within(tcp: &mut std::net::TcpStream, within: Duration) -> bool {
     }
 }
 
-fn connect(s: &Server) -> std::net::TcpStream {
+pub(crate) fn connect(s: &Server) -> std::net::TcpStream {
     std::net::TcpStream::connect(s.url.trim_start_matches("http://")).unwrap()
 }
 
 /// Sends `request` and reads one response head (and what follows of it).
-fn exchange(tcp: &mut std::net::TcpStream, request: &str) -> String {
+pub(crate) fn exchange(tcp: &mut std::net::TcpStream, request: &str) -> String {
     use std::io::{Read, Write};
     tcp.write_all(request.as_bytes()).unwrap();
     tcp.set_read_timeout(Some(Duration::from_secs(10))).unwrap();

@@ -3,6 +3,11 @@
 
 #![allow(dead_code)]
 
+/// The allocator the `streamhost` binary runs with (it counts allocations
+/// for the JSONata budget): an in-process host is measured as served.
+#[global_allocator]
+static ALLOCATOR: streamhost::jsonata::memory::Counting = streamhost::jsonata::memory::Counting;
+
 use std::io::Write;
 use std::path::Path;
 use std::time::{Duration, Instant};

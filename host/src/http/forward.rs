@@ -40,8 +40,15 @@ const HOP_BY_HOP: [&str; 8] = [
     "host",
 ];
 
-/// The middleware (see the module).
+/// The middleware (see the module). Open mode's checks (`guard.rs`) run
+/// first, for every request: one layer, not two, on every request's path.
 pub async fn layer(State(host): State<Host>, request: Request, next: Next) -> Response {
+    if host.auth.is_open() {
+        let (method, path, headers) = (request.method(), request.uri().path(), request.headers());
+        if let Err(e) = super::guard::open_mode(method, path, headers) {
+            return e.into_response();
+        }
+    }
     let Some(me) = host.streams.storage().cluster().cloned() else {
         return next.run(request).await;
     };

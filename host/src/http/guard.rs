@@ -1,4 +1,5 @@
-//! Checks made before a request reaches its handler.
+//! Checks made before a request reaches its handler (called first by the
+//! one middleware, `forward::layer`).
 //!
 //! Open mode (no tokens) has no credential a web page cannot send, so it
 //! refuses what only a browser visiting another site would send: an
@@ -7,23 +8,9 @@
 //! component), the content types a cross-site form cannot send without a
 //! CORS preflight this server never answers (`415 unsupported-media-type`).
 
-use axum::extract::{Request, State};
 use axum::http::{header, HeaderMap, Method};
-use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
 
 use super::error::ApiError;
-use crate::host::Host;
-
-/// The middleware (see the module).
-pub async fn layer(State(host): State<Host>, request: Request, next: Next) -> Response {
-    if host.auth.is_open() {
-        if let Err(e) = open_mode(request.method(), request.uri().path(), request.headers()) {
-            return e.into_response();
-        }
-    }
-    next.run(request).await
-}
 
 /// The open-mode checks of one request.
 pub fn open_mode(method: &Method, path: &str, headers: &HeaderMap) -> Result<(), ApiError> {

@@ -26,7 +26,7 @@ use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{watch, Notify, Semaphore};
+use tokio::sync::{watch, Semaphore};
 use tower::ServiceExt;
 
 /// The bounds of connections (`[http]`).
@@ -102,7 +102,6 @@ struct Phase {
     reading_head: AtomicBool,
     /// When the current phase began, in ms since `started`.
     since_ms: AtomicU64,
-    changed: Notify,
 }
 
 impl Phase {
@@ -112,7 +111,6 @@ impl Phase {
 
     fn enter(&self) {
         self.since_ms.store(self.now_ms(), Ordering::Relaxed);
-        self.changed.notify_one();
     }
 
     /// Bytes arrived from the client.
@@ -128,7 +126,6 @@ impl Phase {
     fn request(&self) {
         self.busy.fetch_add(1, Ordering::Relaxed);
         self.reading_head.store(false, Ordering::Relaxed);
-        self.changed.notify_one();
     }
 
     /// A response was sent (or dropped).
@@ -159,7 +156,6 @@ async fn connection(tcp: TcpStream, app: Router, limits: Limits, mut stop: watch
         busy: AtomicUsize::new(0),
         reading_head: AtomicBool::new(true),
         since_ms: AtomicU64::new(0),
-        changed: Notify::new(),
     });
     let io = TokioIo::new(Watched {
         inner: tcp,
@@ -193,14 +189,12 @@ async fn connection(tcp: TcpStream, app: Router, limits: Limits, mut stop: watch
     if stopping {
         conn.as_mut().graceful_shutdown();
     }
+    // One clock per connection, set to the current phase's deadline when it
+    // rings (requests never wake this task): while busy it checks again a
+    // period later; a phase that changed meanwhile is seen then.
+    let period = limits.header_timeout.min(limits.idle_timeout);
+    let mut clock = std::pin::pin!(tokio::time::sleep(limits.header_timeout));
     loop {
-        let deadline = phase.deadline(&limits);
-        let clock = async {
-            match deadline {
-                Some(at) => tokio::time::sleep_until(at.into()).await,
-                None => std::future::pending().await,
-            }
-        };
         tokio::select! {
             result = conn.as_mut() => {
                 if let Err(e) = result {
@@ -208,14 +202,15 @@ async fn connection(tcp: TcpStream, app: Router, limits: Limits, mut stop: watch
                 }
                 return;
             }
-            () = clock => {
-                // Still expired (a phase change may have raced the clock):
-                // close the connection by dropping it.
-                if phase.deadline(&limits).is_some_and(|at| at <= Instant::now()) {
-                    return;
-                }
+            () = clock.as_mut() => {
+                let next = match phase.deadline(&limits) {
+                    // Expired: close the connection by dropping it.
+                    Some(at) if at <= Instant::now() => return,
+                    Some(at) => at,
+                    None => Instant::now() + period,
+                };
+                clock.as_mut().reset(next.into());
             }
-            () = phase.changed.notified() => {}
             changed = stop.changed(), if !stopping => {
                 if changed.is_err() || *stop.borrow() {
                     stopping = true;

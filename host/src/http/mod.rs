@@ -166,10 +166,6 @@ pub fn router(host: Host) -> Router {
             host.clone(),
             forward::layer,
         ))
-        .layer(axum::middleware::from_fn_with_state(
-            host.clone(),
-            guard::layer,
-        ))
         .with_state(host)
 }
 

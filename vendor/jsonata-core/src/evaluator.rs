@@ -1285,6 +1285,7 @@ fn eval_compiled_node(
         CompiledExpr::Concat(lhs, rhs) => {
             let left = eval_compiled_inner(lhs, data, vars, ctx, shape, options, start_time)?;
             let right = eval_compiled_inner(rhs, data, vars, ctx, shape, options, start_time)?;
+            // Patched: value-size bounds (crate::bounds).
             crate::bounds::check_concat(&left, &right, options)?;
             let ls = compiled_to_concat_string(&left)?;
             let rs = compiled_to_concat_string(&right)?;
@@ -4334,6 +4335,7 @@ pub(crate) fn check_sequence_length(
 /// cancellation and so no code for it; like U1001 and U1002 this one is ours.
 #[inline(always)]
 pub(crate) fn check_cancelled(options: &EvaluatorOptions) -> Result<(), EvaluatorError> {
+    // Patched: value-size bounds (crate::bounds).
     crate::bounds::check_budget()?;
     match &options.cancel {
         Some(token) if token.is_cancelled() => Err(EvaluatorError::EvaluationError(
@@ -11362,6 +11364,7 @@ impl Evaluator {
 
     /// String concatenation
     fn concatenate(&self, left: &JValue, right: &JValue) -> Result<JValue, EvaluatorError> {
+        // Patched: value-size bounds (crate::bounds).
         crate::bounds::check_concat(left, right, &self.options)?;
         let left_str = Self::value_to_concat_string(left)?;
         let right_str = Self::value_to_concat_string(right)?;

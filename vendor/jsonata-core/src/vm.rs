@@ -439,6 +439,7 @@ fn run_inner(
             Instr::Concat => {
                 let rhs = stack.pop().unwrap_or(JValue::Undefined);
                 let lhs = stack.pop().unwrap_or(JValue::Undefined);
+                // Patched: value-size bounds (crate::bounds).
                 crate::bounds::check_concat(&lhs, &rhs, options)?;
                 stack.push(compiled_concat(lhs, rhs)?);
                 ip += 1;
