@@ -3,8 +3,9 @@
 //! filters and transforms; floods of live connections, idle sockets,
 //! ephemeral events and ingest; bad parameters, platform keys, cross-site
 //! requests) while a second project (`good`) appends and reads. The second
-//! project's p99 latency stays within [`RATIO_BOUND`] of its quiet baseline
-//! (the goal is 2x), and the server's memory within a stated bound. The
+//! project's p99 latency stays within 2x of its quiet baseline (a release
+//! build; see [`ratio_bound`]), and the server's memory within a stated
+//! bound. The
 //! figures go to RELIABILITY.md ("Isolation between projects"); against a
 //! release build: `STREAMHOST_BIN=$PWD/target/release/streamhost cargo test
 //! -p streamhost --test e2e adversarial -- --nocapture`.
@@ -36,14 +37,20 @@ backoff-base-ms = 50
 backoff-max-ms = 200
 "#;
 
-/// How far the second project's median p99 may rise under the probes. The
-/// goal is 2x; measured here (2 cores, the probes' client on the same
-/// machine) it is about 2.4x with a release build and 2.2x with a debug one:
-/// p50 does not move, p99 gains about a millisecond of CPU that the
-/// probes' requests take on the same workers (RELIABILITY.md). The test
-/// holds the line at 3x so a regression (JSONata or a flood on the threads
-/// that serve HTTP: 10x and more) fails it.
-const RATIO_BOUND: f64 = 3.0;
+/// How far the second project's median p99 may rise under the probes: 2x
+/// against a release build (`STREAMHOST_BIN=$PWD/target/release/streamhost`,
+/// the figure RELIABILITY.md records: 1.1x to 2.0x here). The debug binary
+/// the normal suite starts spends about ten times the CPU on every request,
+/// the probes' included, on the same two cores: measured at 1.9x, it is held
+/// at 3x so a noisy CI machine does not fail it, while a regression (JSONata
+/// or a flood on the threads that serve HTTP: 10x and more) still does.
+fn ratio_bound() -> f64 {
+    if std::env::var_os("STREAMHOST_BIN").is_some() {
+        2.0
+    } else {
+        3.0
+    }
+}
 
 /// The server's resident memory stays under this while the probes run.
 const RSS_BOUND_BYTES: u64 = 384 * 1024 * 1024;
@@ -410,10 +417,10 @@ async fn hostile_project_run() {
         "{live} live connections held past the bound of 100"
     );
     assert!(
-        b99 <= q99.mul_f64(RATIO_BOUND),
+        b99 <= q99.mul_f64(ratio_bound()),
         "the second project's median p99 went from {q99:?} to {b99:?} under the probes \
          (bound: {}x)",
-        RATIO_BOUND
+        ratio_bound()
     );
     assert!(
         rss_max <= RSS_BOUND_BYTES,

@@ -139,13 +139,6 @@ pub fn batch_keys(batch: &CopyBatch, receiver: &StreamAddress) -> Vec<String> {
     if let (Some(first), Some(last)) = (dropped.first(), dropped.last()) {
         keys.push(drop_audit_identity(batch, *first, *last));
     }
-    // Where a copy goes when a caller's event holds its key (see `displaced_key`).
-    let displaced: Vec<String> = keys
-        .iter()
-        .filter(|k| k.starts_with("copy:"))
-        .map(|k| crate::stream::displaced_key(k))
-        .collect();
-    keys.extend(displaced);
     keys
 }
 

@@ -46,7 +46,7 @@ pub fn displaced_key(key: &str) -> String {
 /// by a caller: a copy's key held by an event that is no copy, an effect's
 /// key held by an event no effect made. (The platform's other lines carry
 /// public types, so they cannot be told apart and keep their keys.)
-fn held_by_a_caller(key: &str, e: &Event) -> bool {
+pub fn held_by_a_caller(key: &str, e: &Event) -> bool {
     let source = e.source.as_ref();
     if key.starts_with("copy:") {
         source.is_none_or(|s| s.copied_from.is_empty())

@@ -15,8 +15,8 @@ pub use actor::ActorContext;
 pub use actor::{AppendOutput, ReadOutput, ReadQuery, EPHEMERAL_BYTES_MAX, READ_LIMIT_MAX};
 pub use address::{canonicalize_path, validate_project, Namespace, StreamAddress, PATH_BYTES_MAX};
 pub use append::{
-    displaced_key, event_bytes_max, plan_append, set_event_bytes_max, AppendContext, AppendPlan,
-    Authority, APPEND_EVENTS_MAX, PLATFORM_KEY_PREFIXES,
+    displaced_key, event_bytes_max, held_by_a_caller, plan_append, set_event_bytes_max,
+    AppendContext, AppendPlan, Authority, APPEND_EVENTS_MAX, PLATFORM_KEY_PREFIXES,
 };
 pub(crate) use append::{is_same_event, validate_input};
 pub use event::{
