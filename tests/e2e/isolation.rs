@@ -719,3 +719,22 @@ async fn a_project_at_its_ingest_share_gets_503_and_others_ingest() {
     }
     crate::ingest::wait_orders(&s, "/v1/projects/good/streams/orders", 2).await;
 }
+
+#[tokio::test]
+async fn a_webhook_transform_that_builds_a_huge_value_halts_at_once_and_posts_nothing() {
+    let url = loud_receiver().await;
+    let s = Server::start_with(Some(SLOW_RETRIES), &[]);
+    let mut subscription = webhook_subscription("huge", &url);
+    subscription["events"][0]["payload"]["receiver"]["jsonataTransform"] =
+        json!("{\"payload\": {\"x\": $pad(\"\", 5000000)}}");
+    let (status, out) = s.post(&format!("{P}/src:append"), subscription).await;
+    assert_eq!(status, 200, "{out}");
+    s.post(&format!("{P}/src:append"), ev("x.y/a", json!({})))
+        .await;
+    let halted = halted_at_once(&s, "huge", "jsonata-max-bytes").await;
+    // The receiver answers 500 to anything: a post would have said so.
+    assert!(
+        !halted["error"].as_str().unwrap().contains("webhook responded"),
+        "{halted}"
+    );
+}
