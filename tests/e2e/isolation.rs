@@ -734,7 +734,10 @@ async fn a_webhook_transform_that_builds_a_huge_value_halts_at_once_and_posts_no
     let halted = halted_at_once(&s, "huge", "jsonata-max-bytes").await;
     // The receiver answers 500 to anything: a post would have said so.
     assert!(
-        !halted["error"].as_str().unwrap().contains("webhook responded"),
+        !halted["error"]
+            .as_str()
+            .unwrap()
+            .contains("webhook responded"),
         "{halted}"
     );
 }
