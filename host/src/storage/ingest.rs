@@ -114,46 +114,41 @@ pub enum IngestOp {
 /// so two hosts' acceptances cannot both take the last room.
 fn check_shared_capacity(conn: Db<'_>, rows: &[NewPending], bound: SharedBound) -> Result<()> {
     ingest_lock(conn)?;
-    let more = rows.len() as u64;
-    let more_bytes: u64 = rows.iter().map(|r| r.body.len() as u64).sum();
+    let more = (
+        rows.len() as u64,
+        rows.iter().map(|r| r.body.len() as u64).sum::<u64>(),
+    );
     // One acceptance is for one stream: its project's share first.
     if let Some(project) = rows.first().map(|r| r.project.as_str()) {
-        let (pending, bytes) = conn.query_one(
+        let pending = conn.query_one(
             "SELECT COUNT(*), CAST(COALESCE(SUM(bytes), 0) AS BIGINT) FROM ingest_pending \
              WHERE project = ?1",
             args![project],
             |r| Ok((r.int(0)? as u64, r.int(1)? as u64)),
         )?;
-        let share = crate::ingest::share_of(project);
-        if pending + more > bound.project_max_events {
-            anyhow::bail!(
-                "{CAPACITY_EXHAUSTED}{share}: {pending} of {} events pending, {more} more do not fit",
-                bound.project_max_events
-            );
-        }
-        if bytes + more_bytes > bound.project_max_bytes {
-            anyhow::bail!(
-                "{CAPACITY_EXHAUSTED}{share}: {bytes} of {} bytes pending, {more_bytes} more do not fit",
-                bound.project_max_bytes
-            );
-        }
+        let max = (bound.project_max_events, bound.project_max_bytes);
+        fits(pending, more, max, &crate::ingest::share_of(project))?;
     }
-    let (pending, bytes) = conn.query_one(
+    let pending = conn.query_one(
         "SELECT COUNT(*), CAST(COALESCE(SUM(bytes), 0) AS BIGINT) FROM ingest_pending",
         args![],
         |r| Ok((r.int(0)? as u64, r.int(1)? as u64)),
     )?;
-    if pending + more > bound.max_events {
-        anyhow::bail!(
-            "{CAPACITY_EXHAUSTED}: {pending} of {} events pending, {more} more do not fit",
-            bound.max_events
-        );
-    }
-    if bytes + more_bytes > bound.max_bytes {
-        anyhow::bail!(
-            "{CAPACITY_EXHAUSTED}: {bytes} of {} bytes pending, {more_bytes} more do not fit",
-            bound.max_bytes
-        );
+    fits(pending, more, (bound.max_events, bound.max_bytes), "")
+}
+
+/// Fails with [`CAPACITY_EXHAUSTED`] (`whose` names a project's share) unless
+/// `more` (events, bytes) fit beside `pending` within `max`.
+fn fits(pending: (u64, u64), more: (u64, u64), max: (u64, u64), whose: &str) -> Result<()> {
+    for (what, pending, more, max) in [
+        ("events", pending.0, more.0, max.0),
+        ("bytes", pending.1, more.1, max.1),
+    ] {
+        if pending + more > max {
+            anyhow::bail!(
+                "{CAPACITY_EXHAUSTED}{whose}: {pending} of {max} {what} pending, {more} more do not fit"
+            );
+        }
     }
     Ok(())
 }
