@@ -120,35 +120,27 @@ impl Capacity {
     pub fn reserve(&mut self, project: &str, events: u64, bytes: u64) -> Result<(), Error> {
         let (p_events, p_bytes) = self.by_project.get(project).copied().unwrap_or((0, 0));
         let share = share_of(project);
-        if p_events + events > self.project_max_events {
-            return Err(exhausted(
-                &share,
+        for (whose, what, pending, max, more) in [
+            (
+                share.as_str(),
                 "events",
                 p_events,
                 self.project_max_events,
                 events,
-            ));
-        }
-        if p_bytes + bytes > self.project_max_bytes {
-            return Err(exhausted(
-                &share,
+            ),
+            (
+                share.as_str(),
                 "bytes",
                 p_bytes,
                 self.project_max_bytes,
                 bytes,
-            ));
-        }
-        if self.events + events > self.max_events {
-            return Err(exhausted(
-                "",
-                "events",
-                self.events,
-                self.max_events,
-                events,
-            ));
-        }
-        if self.bytes + bytes > self.max_bytes {
-            return Err(exhausted("", "bytes", self.bytes, self.max_bytes, bytes));
+            ),
+            ("", "events", self.events, self.max_events, events),
+            ("", "bytes", self.bytes, self.max_bytes, bytes),
+        ] {
+            if pending + more > max {
+                return Err(exhausted(whose, what, pending, max, more));
+            }
         }
         self.events += events;
         self.bytes += bytes;
