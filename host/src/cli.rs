@@ -347,6 +347,14 @@ pub struct FoldArgs {
     /// Start from this state (JSON) instead of the processor's initial state.
     #[arg(long)]
     pub state: Option<PathBuf>,
+    /// Start from this keyed state (a processor that imports
+    /// `wasi:keyvalue`): JSON as `streamhost keys --all` prints it, or an
+    /// object of key to value (text, or `{"base64": "..."}`).
+    #[arg(long)]
+    pub keys: Option<PathBuf>,
+    /// Write the keyed state after the fold to this file (the same form).
+    #[arg(long)]
+    pub keys_out: Option<PathBuf>,
     /// Deadline of one guest call, in ms.
     #[arg(long, default_value_t = 20_000)]
     pub timeout_ms: u64,
@@ -1364,6 +1372,20 @@ fn fold_offline(a: FoldArgs) -> Result<()> {
             .initial_state(&name, &prepared, a.timeout_ms)
             .map_err(|e| anyhow::anyhow!("initial-state: {e}"))?,
     };
+    let keys = match &a.keys {
+        Some(p) => {
+            let text =
+                std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
+            let v: Value = serde_json::from_str(&text)
+                .with_context(|| format!("{}: not JSON", p.display()))?;
+            crate::processor::keyed::keys_from_json(&v)
+                .map_err(|m| anyhow::anyhow!("{}: {m}", p.display()))?
+        }
+        None => Default::default(),
+    };
+    let mut bucket = crate::processor::keyed::Bucket::new(std::sync::Arc::new(
+        crate::processor::keyed::Memory(keys),
+    ));
     let text = std::fs::read_to_string(&a.events)
         .with_context(|| format!("reading {}", a.events.display()))?;
     let mut events: Vec<crate::stream::Event> = Vec::new();
@@ -1435,18 +1457,33 @@ fn fold_offline(a: FoldArgs) -> Result<()> {
                 events: crate::processor::wake::batch_events(chunk),
                 scanned_through_offset: through,
             };
-            runtime
-                .fold(&name, &prepared, &state, &batch, env, a.timeout_ms)
-                .map(|f| f.state)
-                .map_err(|e| {
-                    anyhow::anyhow!(
+            let (folded, session) = runtime.fold(
+                &name,
+                &prepared,
+                &state,
+                &batch,
+                env,
+                a.timeout_ms,
+                bucket.session(),
+            );
+            match folded {
+                Ok(f) => Ok((f.state, session.keep())),
+                Err(e) => {
+                    let (_, read) = session.failed();
+                    Err(anyhow::anyhow!(
                         "fold failed: {e}\nreproduce with: {}",
-                        crate::processor::wave::fold_command(&path, &state, &batch)
-                    )
-                })
+                        crate::processor::wave::fold_command(
+                            &path,
+                            &state,
+                            &batch,
+                            prepared.keyed().then_some(&read[..])
+                        )
+                    ))
+                }
+            }
         } else {
-            crate::processor::wake::fold_events(&guest, &stream, &state, chunk, through)
-                .map(|(s, _)| s)
+            crate::processor::wake::fold_events(&guest, &stream, &state, chunk, through, bucket)
+                .map(|(s, _, b)| (s, b))
                 .map_err(|f| {
                     let command = f.detail.as_deref().map(|d| {
                         d.strip_suffix(&format!("{name}.wasm"))
@@ -1460,7 +1497,33 @@ fn fold_offline(a: FoldArgs) -> Result<()> {
                     )
                 })
         };
-        state = folded?;
+        (state, bucket) = folded?;
+    }
+    if let Some(out) = &a.keys_out {
+        let mut all = std::collections::BTreeMap::new();
+        let base = bucket.base().clone();
+        let mut after: Option<String> = None;
+        loop {
+            let page = base.keys_after(after.as_deref(), 1000)?;
+            let Some(last) = page.last().cloned() else {
+                break;
+            };
+            for k in page {
+                if let Some(v) = base.get(&k)? {
+                    all.insert(k, v);
+                }
+            }
+            after = Some(last);
+        }
+        for (k, v) in bucket.writes() {
+            match v {
+                Some(v) => all.insert(k.clone(), v.clone()),
+                None => all.remove(k),
+            };
+        }
+        let json = crate::processor::keyed::keys_to_json(all.iter());
+        std::fs::write(out, serde_json::to_string_pretty(&json)? + "\n")
+            .with_context(|| format!("writing {}", out.display()))?;
     }
     let shown = serde_json::from_str::<Value>(&state)
         .map(|v| render(&v))

@@ -167,6 +167,9 @@ pub struct DeliveryConfig {
 pub struct ProcessorsConfig {
     /// Idle time after which a processor instance is torn down (5 min).
     pub idle_teardown_ms: u64,
+    /// Bytes of committed keyed-state values the host keeps in memory, over
+    /// all processors (256 MiB).
+    pub keyed_cache_bytes: u64,
 }
 
 /// The processor outbox's executors.
@@ -299,6 +302,7 @@ impl Default for ProcessorsConfig {
     fn default() -> Self {
         ProcessorsConfig {
             idle_teardown_ms: 5 * 60 * 1000,
+            keyed_cache_bytes: crate::storage::KEY_CACHE_BYTES_DEFAULT,
         }
     }
 }
@@ -521,6 +525,7 @@ timeout-ms = 20000
 
 [processors]
 idle-teardown-ms = 300000
+keyed-cache-bytes = 268435456
 
 [effects]
 max-attempts = 15

@@ -53,6 +53,7 @@ impl Host {
             max_bytes: config.limits.jsonata_max_bytes,
         });
         crate::stream::set_event_bytes_max(config.max_body_bytes);
+        crate::storage::set_key_cache_bytes(config.processors.keyed_cache_bytes);
         let storage = match config.postgres_url()? {
             Some(url) => Storage::open_postgres(
                 url,

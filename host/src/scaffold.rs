@@ -266,11 +266,14 @@ mod tests {
     #[test]
     fn the_sdks_wit_is_the_repositorys() {
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-        let canonical = std::fs::read_to_string(root.join("wit/processor.wit")).unwrap();
-        let vendored = std::fs::read_to_string(root.join("guest-sdk/wit/processor.wit")).unwrap();
-        assert!(
-            canonical == vendored,
-            "guest-sdk/wit/processor.wit differs from wit/processor.wit: copy it over"
-        );
+        for file in ["processor.wit", "deps/keyvalue/keyvalue.wit"] {
+            let canonical = std::fs::read_to_string(root.join("wit").join(file)).unwrap();
+            let vendored =
+                std::fs::read_to_string(root.join("guest-sdk/wit").join(file)).unwrap();
+            assert!(
+                canonical == vendored,
+                "guest-sdk/wit/{file} differs from wit/{file}: copy it over"
+            );
+        }
     }
 }

@@ -21,6 +21,7 @@ use crate::delivery::Failure;
 use crate::filter::CompiledFilter;
 use crate::host::Host;
 use crate::processor::backfill::{Progress, RangeFold};
+use crate::processor::keyed::Bucket;
 use crate::processor::wake::{consumed, Guest};
 use crate::storage::{EffectOp, EffectSource, WriteOp};
 use crate::stream::StreamAddress;
@@ -149,8 +150,8 @@ pub async fn backfill(
         let mut counts = Backfilled::default();
         // The first batch reports at once, later ones at most every PROGRESS_EVERY.
         let mut last_report: Option<Instant> = None;
-        let (_, final_progress) = fold
-            .run(initial, after, through, |effects, at| {
+        let (_, final_progress, _) = fold
+            .run(initial, after, through, Bucket::empty(), |effects, at| {
                 if !effects.is_empty() {
                     let now = chrono::Utc::now().timestamp_millis();
                     let returned = effects.len() as u64;

@@ -5,6 +5,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::error::ApiError;
+use crate::processor::keyed::value_json;
 use crate::clock::format_timestamp;
 use crate::host::Host;
 use crate::storage::{Deployment, WriteOp};
@@ -287,24 +288,121 @@ pub async fn verify(
             filter: compiled,
             narrow: None,
         };
-        let (folded, _) = fold
-            .run(initial, 0, checkpoint.checkpoint_offset, |_, _| Ok(()))
+        // Into a scratch bucket: the refold's writes over an empty one.
+        let (folded, _, scratch) = fold
+            .run(
+                initial,
+                0,
+                checkpoint.checkpoint_offset,
+                crate::processor::keyed::Bucket::empty(),
+                |_, _| Ok(()),
+            )
             .map_err(|f| ApiError::new(422, "processor-failed", f.message))?;
         let stored: Value = serde_json::from_str(&checkpoint.state).unwrap_or(Value::Null);
         let refolded: Value = serde_json::from_str(&folded).unwrap_or(Value::Null);
-        Ok(json!({
+        let keys = compare_keys(&storage, checkpoint.bucket, scratch.writes())
+            .map_err(internal)?;
+        let mut out = json!({
             "component": component,
             "digest": checkpoint.digest,
             "checkpointOffset": checkpoint.checkpoint_offset,
-            "matches": stored == refolded,
+            "matches": stored == refolded && keys.differing.is_none(),
             "storedState": stored,
             "refoldedState": refolded,
-        }))
+            "keysCompared": keys.compared,
+        });
+        if let Some(d) = keys.differing {
+            out["firstDifferingKey"] = json!({
+                "key": d.key,
+                "stored": d.stored.as_deref().map(value_json),
+                "refolded": d.refolded.as_deref().map(value_json),
+            });
+        }
+        Ok(out)
     })
     .await
     .map_err(|e| ApiError::internal(e.to_string()))??;
     Ok(out)
 }
+
+/// A key whose stored and refolded values differ (`None`: absent).
+struct Differing {
+    key: String,
+    stored: Option<Vec<u8>>,
+    refolded: Option<Vec<u8>>,
+}
+
+/// What comparing a stored bucket with a refold's found.
+struct Compared {
+    compared: u64,
+    differing: Option<Differing>,
+}
+
+/// Compares every key of the stored `bucket` (0: none) with the refold's
+/// (`refolded`, its writes over an empty bucket), in byte order: the number
+/// of distinct keys compared, and the first that differs.
+fn compare_keys(
+    storage: &crate::storage::Storage,
+    bucket: i64,
+    refolded: &crate::storage::KeyWrites,
+) -> anyhow::Result<Compared> {
+    let mut theirs = refolded
+        .iter()
+        .filter_map(|(k, v)| v.as_ref().map(|v| (k, v)))
+        .peekable();
+    let mut compared = 0u64;
+    let mut differing: Option<Differing> = None;
+    let note = |d: Differing, differing: &mut Option<Differing>| {
+        if differing.as_ref().is_none_or(|old| d.key < old.key) {
+            *differing = Some(d);
+        }
+    };
+    if bucket != 0 {
+        storage.each_key(bucket, |key, value| {
+            // Refolded keys before this stored one are missing from storage.
+            while let Some((k, v)) = theirs.next_if(|(k, _)| k.as_str() < key.as_str()) {
+                compared += 1;
+                note(
+                    Differing {
+                        key: k.clone(),
+                        stored: None,
+                        refolded: Some(v.clone()),
+                    },
+                    &mut differing,
+                );
+            }
+            compared += 1;
+            match theirs.next_if(|(k, _)| k.as_str() == key.as_str()) {
+                Some((_, v)) if *v == value => {}
+                other => note(
+                    Differing {
+                        key,
+                        stored: Some(value),
+                        refolded: other.map(|(_, v)| v.clone()),
+                    },
+                    &mut differing,
+                ),
+            }
+            Ok(())
+        })?;
+    }
+    for (k, v) in theirs {
+        compared += 1;
+        note(
+            Differing {
+                key: k.clone(),
+                stored: None,
+                refolded: Some(v.clone()),
+            },
+            &mut differing,
+        );
+    }
+    Ok(Compared {
+        compared,
+        differing,
+    })
+}
+
 
 /// `GET .../components/{name}/versions`: newest first.
 pub async fn versions(host: &Host, project: &str, name: &str) -> Result<Value, ApiError> {

@@ -4,6 +4,7 @@
 //! chosen and folded as a wake chooses and folds them (`wake::fold_events`).
 //! Runs on a blocking thread.
 
+use super::keyed::Bucket;
 use super::wake::{fold_events, Guest};
 use crate::delivery::select::select_batch;
 use crate::delivery::{Failure, BATCH_EVENTS_MAX};
@@ -38,16 +39,18 @@ pub struct Progress {
 }
 
 impl RangeFold<'_> {
-    /// Folds from `state` over the committed events in `(after, through]`;
-    /// `each` receives every batch's effects and the progress after it.
-    /// Answers the final state and progress.
+    /// Folds from `state` and `bucket` (the keyed state) over the committed
+    /// events in `(after, through]`; `each` receives every batch's effects
+    /// and the progress after it. Answers the final state, progress and
+    /// bucket (with the fold's writes).
     pub fn run(
         &self,
         mut state: String,
         after: u64,
         through: u64,
+        mut bucket: Bucket,
         mut each: impl FnMut(Vec<NewEffect>, &Progress) -> Result<(), Failure>,
-    ) -> Result<(String, Progress), Failure> {
+    ) -> Result<(String, Progress, Bucket), Failure> {
         let mut progress = Progress {
             through: after,
             ..Progress::default()
@@ -92,20 +95,22 @@ impl RangeFold<'_> {
             }
             let mut effects = Vec::new();
             if !selection.events.is_empty() {
-                let (next, batch_effects) = fold_events(
+                let (next, batch_effects, next_bucket) = fold_events(
                     &self.guest,
                     &self.stream,
                     &state,
                     &selection.events,
                     selection.through,
+                    bucket,
                 )?;
                 state = next;
+                bucket = next_bucket;
                 effects = batch_effects;
                 progress.folded += selection.events.len() as u64;
             }
             progress.through = selection.through;
             each(effects, &progress)?;
         }
-        Ok((state, progress))
+        Ok((state, progress, bucket))
     }
 }

@@ -16,6 +16,7 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 
 use super::backfill::RangeFold;
+use super::keyed::Bucket;
 use super::wake::{consumed, Guest};
 use crate::clock::format_timestamp;
 use crate::delivery::Failure;
@@ -282,6 +283,10 @@ async fn refold_fenced(
             narrow: None,
         };
         let mut shadow_through = 0;
+        // The new version's keyed state: a bucket of its own, which the
+        // switch makes the instance's (the old one's rows go with it).
+        let mut bucket = Bucket::empty();
+        let new_bucket = super::keyed::new_bucket_id();
         let mut effects: Vec<NewEffect> = Vec::new();
         let mut target = row.log_head;
         for _ in 0..SWITCH_ROUNDS_MAX {
@@ -292,11 +297,13 @@ async fn refold_fenced(
                 .ok_or_else(|| Failure::new("the instance's checkpoint is gone", false))?;
             target = target.max(live.checkpoint_offset);
             if shadow_through < target {
-                let (next, progress) = fold.run(shadow, shadow_through, target, |batch, _| {
-                    effects.extend(batch);
-                    Ok(())
-                })?;
+                let (next, progress, next_bucket) =
+                    fold.run(shadow, shadow_through, target, bucket, |batch, _| {
+                        effects.extend(batch);
+                        Ok(())
+                    })?;
                 shadow = next;
+                bucket = next_bucket;
                 shadow_through = progress.through.max(shadow_through);
             }
             if shadow_through < live.checkpoint_offset {
@@ -314,6 +321,9 @@ async fn refold_fenced(
                 state: shadow.clone(),
                 digest: prepared.digest.clone(),
                 effects: effects.clone(),
+                bucket: new_bucket,
+                keys: bucket.writes().clone(),
+                drop_bucket: Some(live.bucket).filter(|b| *b != 0),
                 updated_at: format_timestamp(now),
                 now_ms: now,
                 // Guarded by the live checkpoint it replaces (its version

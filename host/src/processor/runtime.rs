@@ -23,8 +23,23 @@ mod bindings {
     wasmtime::component::bindgen!({
         path: "../wit",
         world: "stream-processor",
+        // A storage failure traps (the wake is retried); the guest never
+        // sees it as an error value it might swallow.
+        imports: { default: trappable },
+        with: {
+            "wasi:keyvalue/store.bucket": super::BucketHandle,
+        },
     });
 }
+
+use bindings::wasi::keyvalue::store::{Error as KvError, KeyResponse};
+use wasmtime::component::Resource;
+
+use super::keyed::{KeyedError, Session};
+
+/// A guest's handle on its bucket (`open("")`); the bucket itself is the
+/// store's [`Session`].
+pub struct BucketHandle;
 
 pub use bindings::exports::streamhost::processor::processor::{
     Announcement, AppendEffect, Batch, Effect, EffectTarget, Failure, Folded, ItxEffect,
@@ -210,6 +225,127 @@ pub struct GuestData {
     wasi: WasiCtx,
     table: ResourceTable,
     limits: StoreLimits,
+    /// The processor's bucket during a fold (`None`: no keyed state).
+    keyed: Option<Session>,
+}
+
+/// A bucket operation's answer: refusals go to the guest as
+/// `error::other`, storage failures trap.
+fn kv<T>(r: Result<T, KeyedError>) -> wasmtime::Result<Result<T, KvError>> {
+    match r {
+        Ok(v) => Ok(Ok(v)),
+        Err(KeyedError::Refused(m)) => Ok(Err(KvError::Other(m))),
+        Err(KeyedError::Storage(e)) => Err(wasmtime::Error::msg(format!(
+            "reading the processor's keyed state failed: {e:#}"
+        ))),
+    }
+}
+
+impl GuestData {
+    fn session(&mut self) -> Result<&mut Session, KeyedError> {
+        self.keyed.as_mut().ok_or_else(|| {
+            KeyedError::Refused("the keyed state is open only during fold".into())
+        })
+    }
+}
+
+impl bindings::wasi::keyvalue::store::Host for GuestData {
+    fn open(&mut self, identifier: String) -> wasmtime::Result<Result<Resource<BucketHandle>, KvError>> {
+        if !identifier.is_empty() {
+            return Ok(Err(KvError::NoSuchStore));
+        }
+        if self.keyed.is_none() {
+            return Ok(Err(KvError::AccessDenied));
+        }
+        Ok(Ok(self.table.push(BucketHandle)?))
+    }
+}
+
+impl bindings::wasi::keyvalue::store::HostBucket for GuestData {
+    fn get(
+        &mut self,
+        _: Resource<BucketHandle>,
+        key: String,
+    ) -> wasmtime::Result<Result<Option<Vec<u8>>, KvError>> {
+        kv(self.session().and_then(|s| s.get(&key)))
+    }
+
+    fn set(
+        &mut self,
+        _: Resource<BucketHandle>,
+        key: String,
+        value: Vec<u8>,
+    ) -> wasmtime::Result<Result<(), KvError>> {
+        kv(self.session().and_then(|s| s.set(key, value)))
+    }
+
+    fn delete(
+        &mut self,
+        _: Resource<BucketHandle>,
+        key: String,
+    ) -> wasmtime::Result<Result<(), KvError>> {
+        kv(self.session().and_then(|s| s.delete(key)))
+    }
+
+    fn exists(
+        &mut self,
+        _: Resource<BucketHandle>,
+        key: String,
+    ) -> wasmtime::Result<Result<bool, KvError>> {
+        kv(self.session().and_then(|s| s.exists(&key)))
+    }
+
+    fn list_keys(
+        &mut self,
+        _: Resource<BucketHandle>,
+        cursor: Option<u64>,
+    ) -> wasmtime::Result<Result<KeyResponse, KvError>> {
+        kv(self
+            .session()
+            .and_then(|s| s.list_keys(cursor))
+            .map(|(keys, cursor)| KeyResponse { keys, cursor }))
+    }
+
+    fn drop(&mut self, bucket: Resource<BucketHandle>) -> wasmtime::Result<()> {
+        self.table.delete(bucket)?;
+        Ok(())
+    }
+}
+
+impl bindings::wasi::keyvalue::batch::Host for GuestData {
+    fn get_many(
+        &mut self,
+        _: Resource<BucketHandle>,
+        keys: Vec<String>,
+    ) -> wasmtime::Result<Result<Vec<Option<(String, Vec<u8>)>>, KvError>> {
+        kv(self.session().and_then(|s| {
+            keys.into_iter()
+                .map(|k| Ok(s.get(&k)?.map(|v| (k, v))))
+                .collect()
+        }))
+    }
+
+    fn set_many(
+        &mut self,
+        _: Resource<BucketHandle>,
+        key_values: Vec<(String, Vec<u8>)>,
+    ) -> wasmtime::Result<Result<(), KvError>> {
+        kv(self.session().and_then(|s| {
+            key_values
+                .into_iter()
+                .try_for_each(|(k, v)| s.set(k, v))
+        }))
+    }
+
+    fn delete_many(
+        &mut self,
+        _: Resource<BucketHandle>,
+        keys: Vec<String>,
+    ) -> wasmtime::Result<Result<(), KvError>> {
+        kv(self
+            .session()
+            .and_then(|s| keys.into_iter().try_for_each(|k| s.delete(k))))
+    }
 }
 
 impl WasiView for GuestData {
@@ -229,6 +365,16 @@ pub struct Prepared {
     /// Present when the component exports the processor interface.
     processor: Option<StreamProcessorPre<GuestData>>,
     announcement: OnceLock<Announcement>,
+    /// Whether it imports `wasi:keyvalue` (keeps keyed state).
+    keyed: bool,
+}
+
+impl Prepared {
+    /// Whether the component imports `wasi:keyvalue`: its repro commands
+    /// need the CLI's `-S keyvalue`.
+    pub fn keyed(&self) -> bool {
+        self.keyed
+    }
 }
 
 /// Why a dynamic (ITX) call did not return a value.
@@ -288,6 +434,18 @@ impl Runtime {
         wasmtime_wasi::p2::add_to_linker_sync(&mut linker)
             .map_err(anyhow::Error::from)
             .context("linking WASI")?;
+        bindings::wasi::keyvalue::store::add_to_linker::<_, wasmtime::component::HasSelf<GuestData>>(
+            &mut linker,
+            |d| d,
+        )
+        .map_err(anyhow::Error::from)
+        .context("linking wasi:keyvalue/store")?;
+        bindings::wasi::keyvalue::batch::add_to_linker::<_, wasmtime::component::HasSelf<GuestData>>(
+            &mut linker,
+            |d| d,
+        )
+        .map_err(anyhow::Error::from)
+        .context("linking wasi:keyvalue/batch")?;
         // A stable key (sha256), unlike `DefaultHasher`, whose output may
         // change between Rust releases.
         let mut hasher = Sha256Hasher(sha2::Sha256::default());
@@ -401,12 +559,17 @@ impl Runtime {
         };
         let instance_pre = self.linker.instantiate_pre(&component)?;
         let processor = StreamProcessorPre::new(instance_pre.clone()).ok();
+        let keyed = component
+            .component_type()
+            .imports(&self.engine)
+            .any(|(name, _)| name.starts_with("wasi:keyvalue/"));
         let prepared = Arc::new(Prepared {
             digest: digest.to_string(),
             component,
             instance_pre,
             processor,
             announcement: OnceLock::new(),
+            keyed,
         });
         let range = prepared.component.image_range();
         let bytes = (range.end as usize).saturating_sub(range.start as usize);
@@ -428,6 +591,7 @@ impl Runtime {
         name: &str,
         d: Determinism,
         timeout_ms: u64,
+        keyed: Option<Session>,
     ) -> (Store<GuestData>, MemoryOutputPipe, MemoryOutputPipe) {
         let stdout = MemoryOutputPipe::new(GUEST_OUTPUT_BYTES_MAX);
         let stderr = MemoryOutputPipe::new(GUEST_OUTPUT_BYTES_MAX);
@@ -459,6 +623,7 @@ impl Runtime {
                 wasi,
                 table: ResourceTable::new(),
                 limits,
+                keyed,
             },
         );
         store.limiter(|g| &mut g.limits);
@@ -476,8 +641,22 @@ impl Runtime {
         timeout_ms: u64,
         f: impl FnOnce(&mut Store<GuestData>) -> wasmtime::Result<T>,
     ) -> Result<T, GuestError> {
-        let (mut store, stdout, stderr) = self.store(name, d, timeout_ms);
+        self.run_keyed(name, d, timeout_ms, None, f).0
+    }
+
+    /// [`Runtime::run`] with the processor's bucket open; answers the
+    /// bucket's session as the call left it.
+    fn run_keyed<T>(
+        &self,
+        name: &str,
+        d: Determinism,
+        timeout_ms: u64,
+        keyed: Option<Session>,
+        f: impl FnOnce(&mut Store<GuestData>) -> wasmtime::Result<T>,
+    ) -> (Result<T, GuestError>, Option<Session>) {
+        let (mut store, stdout, stderr) = self.store(name, d, timeout_ms, keyed);
         let result = f(&mut store);
+        let keyed = store.data_mut().keyed.take();
         for (stream, pipe) in [("stdout", &stdout), ("stderr", &stderr)] {
             let bytes = pipe.contents();
             for line in String::from_utf8_lossy(&bytes)
@@ -487,10 +666,11 @@ impl Runtime {
                 tracing::info!(processor = name, stream, "{line}");
             }
         }
-        result.map_err(|e| match e.downcast_ref::<wasmtime::Trap>() {
+        let result = result.map_err(|e| match e.downcast_ref::<wasmtime::Trap>() {
             Some(wasmtime::Trap::Interrupt) => GuestError::Timeout(timeout_ms),
             _ => GuestError::Trap(format!("{e:#}")),
-        })
+        });
+        (result, keyed)
     }
 
     fn call<T>(
@@ -655,7 +835,10 @@ impl Runtime {
         })
     }
 
-    /// Folds one batch.
+    /// Folds one batch with the processor's bucket open in `keyed`;
+    /// answers the session as the call left it (the caller keeps or drops
+    /// its writes).
+    #[allow(clippy::too_many_arguments)]
     pub fn fold(
         &self,
         name: &str,
@@ -664,16 +847,30 @@ impl Runtime {
         batch: &Batch,
         d: Determinism,
         timeout_ms: u64,
-    ) -> Result<Folded, GuestError> {
+        keyed: Session,
+    ) -> (Result<Folded, GuestError>, Session) {
+        let Some(pre) = &p.processor else {
+            let e = GuestError::Failure {
+                message: format!("component {name:?} is not a processor: it does not export {PROCESSOR_INTERFACE}"),
+                retryable: false,
+            };
+            return (Err(e), keyed);
+        };
         let state = state.to_string();
-        let out = self.call(name, p, d, timeout_ms, |s, i| {
-            i.streamhost_processor_processor()
-                .call_fold(s, &state, batch)
-        })?;
-        out.map_err(|f| GuestError::Failure {
-            message: f.message,
-            retryable: f.retryable,
-        })
+        let (out, session) = self.run_keyed(name, d, timeout_ms, Some(keyed), |store| {
+            let instance = pre.instantiate(&mut *store)?;
+            instance
+                .streamhost_processor_processor()
+                .call_fold(store, &state, batch)
+        });
+        let session = session.expect("the store keeps its session");
+        let out = out.and_then(|r| {
+            r.map_err(|f| GuestError::Failure {
+                message: f.message,
+                retryable: f.retryable,
+            })
+        });
+        (out, session)
     }
 }
 

@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
+use super::keyed::{Bucket, Session};
 use super::runtime::{Batch, Determinism, GuestError, Prepared, Runtime, StreamInfo};
 use crate::clock::format_timestamp;
 use crate::delivery::select::select_batch;
@@ -55,9 +56,19 @@ fn failure(message: String, retryable: bool) -> Failure {
     }
 }
 
-/// Where a wake starts: the stored checkpoint it replaces, the offset to
-/// read after, and the state.
-type Start = (Option<crate::storage::CheckpointId>, u64, String);
+/// Where a wake starts.
+struct Start {
+    /// The stored checkpoint it replaces.
+    previous: Option<crate::storage::CheckpointId>,
+    /// The offset to read after.
+    offset: u64,
+    state: String,
+    /// The keyed state as of the checkpoint, and its bucket id.
+    bucket: Bucket,
+    bucket_id: i64,
+    /// The old lifetime's bucket, dropped with the commit.
+    drop_bucket: Option<i64>,
+}
 
 /// Where the processor's checkpoint starts.
 fn start(job: &WakeJob, prepared: &super::runtime::Prepared) -> Result<Start, Failure> {
@@ -67,15 +78,38 @@ fn start(job: &WakeJob, prepared: &super::runtime::Prepared) -> Result<Start, Fa
         .map_err(|e| failure(format!("reading the checkpoint failed: {e:#}"), true))?;
     match row {
         Some(c) if c.stream_id == job.stream.stream_id => {
-            Ok((Some(c.id()), c.checkpoint_offset, c.state))
+            // (Bucket 0: a checkpoint from before keyed state, no keys yet.)
+            let (bucket, bucket_id) = if c.bucket == 0 {
+                (Bucket::empty(), super::keyed::new_bucket_id())
+            } else {
+                let tag = crate::storage::key_tag(&c.id());
+                let stored = job.storage.stored_bucket(c.bucket, &tag);
+                (Bucket::new(Arc::new(stored)), c.bucket)
+            };
+            Ok(Start {
+                previous: Some(c.id()),
+                offset: c.checkpoint_offset,
+                state: c.state,
+                bucket,
+                bucket_id,
+                drop_bucket: None,
+            })
         }
         other => {
-            // A new source lifetime (or a first wake): start from nothing.
+            // A new source lifetime (or a first wake): start from nothing,
+            // in a new, empty bucket.
             let state = job
                 .runtime
                 .initial_state(&job.component, prepared, job.timeout_ms)
                 .map_err(|e| guest_failure(&job.component, "initial-state", e))?;
-            Ok((other.map(|c| c.id()), 0, state))
+            Ok(Start {
+                drop_bucket: other.as_ref().map(|c| c.bucket).filter(|b| *b != 0),
+                previous: other.map(|c| c.id()),
+                offset: 0,
+                state,
+                bucket: Bucket::empty(),
+                bucket_id: super::keyed::new_bucket_id(),
+            })
         }
     }
 }
@@ -151,7 +185,14 @@ pub fn wake(job: WakeJob) -> Result<Woken, Failure> {
         .runtime
         .describe(&job.component, &prepared, job.timeout_ms)
         .map_err(|e| guest_failure(&job.component, "describe", e))?;
-    let (previous, checkpoint, state) = start(&job, &prepared)?;
+    let Start {
+        previous,
+        offset: checkpoint,
+        state,
+        bucket,
+        bucket_id,
+        drop_bucket,
+    } = start(&job, &prepared)?;
     let stored = job
         .storage
         .events_after(job.row_id, checkpoint, SCAN_EVENTS_MAX, job.head)
@@ -165,8 +206,8 @@ pub fn wake(job: WakeJob) -> Result<Woken, Failure> {
         checkpoint,
     )?;
     let offsets: Vec<u64> = selection.events.iter().map(|e| e.offset).collect();
-    let (new_state, effects) = if selection.events.is_empty() {
-        (state, Vec::new())
+    let (new_state, effects, bucket) = if selection.events.is_empty() {
+        (state, Vec::new(), bucket)
     } else {
         let guest = Guest {
             runtime: &job.runtime,
@@ -180,6 +221,7 @@ pub fn wake(job: WakeJob) -> Result<Woken, Failure> {
             &state,
             &selection.events,
             selection.through,
+            bucket,
         )?
     };
     Ok(Woken {
@@ -192,6 +234,9 @@ pub fn wake(job: WakeJob) -> Result<Woken, Failure> {
             state: new_state,
             digest: prepared.digest.clone(),
             effects,
+            bucket: bucket_id,
+            keys: bucket.into_writes(),
+            drop_bucket,
             updated_at: format_timestamp(job.now_ms),
             now_ms: job.now_ms,
             project: job.project.clone(),
@@ -227,19 +272,25 @@ pub fn fold_events(
     state: &str,
     events: &[crate::stream::Event],
     through: u64,
-) -> Result<(String, Vec<NewEffect>), Failure> {
+    bucket: Bucket,
+) -> Result<(String, Vec<NewEffect>, Bucket), Failure> {
     let env = |e: &crate::stream::Event| {
         Determinism::for_event(&stream.stream_id, e.offset, created_ms(&e.created_at))
     };
     let whole = env(&events[0]);
     let witness = whole.witness.clone();
-    let folded = fold_call(guest, stream, state, events, through, whole);
+    let folded = fold_call(guest, stream, state, events, through, whole, bucket);
     if events.len() == 1 || !witness.read() {
         // (A failure is final too, unless the guest read the environment.)
-        let (state_after, returned) = folded?;
+        let (state_after, returned, session) = folded.map_err(|(f, _)| f)?;
         let effects = checked_effects(guest.component, &returned, through)?;
-        return Ok((state_after, effects));
+        return Ok((state_after, effects, session.keep()));
     }
+    // The whole batch's call is dropped, its writes with it.
+    let mut bucket = match folded {
+        Ok((_, _, session)) => session.drop_writes(),
+        Err((_, bucket)) => bucket,
+    };
     let mut state = state.to_string();
     let mut returned = Vec::new();
     for (i, e) in events.iter().enumerate() {
@@ -248,19 +299,22 @@ pub fn fold_events(
         } else {
             e.offset
         };
-        let (next, mut effects) = fold_call(
+        let (next, mut effects, session) = fold_call(
             guest,
             stream,
             &state,
             std::slice::from_ref(e),
             scanned,
             env(e),
-        )?;
+            bucket,
+        )
+        .map_err(|(f, _)| f)?;
+        bucket = session.keep();
         state = next;
         returned.append(&mut effects);
     }
     let effects = checked_effects(guest.component, &returned, through)?;
-    Ok((state, effects))
+    Ok((state, effects, bucket))
 }
 
 /// Milliseconds since the epoch of an RFC 3339 timestamp (0 if it is not one).
@@ -270,8 +324,14 @@ pub fn created_ms(created_at: &str) -> i64 {
         .unwrap_or(0)
 }
 
+/// One fold call's outcome: the new state, the returned effects and the
+/// call's session (its writes not yet kept), or the failure and the bucket
+/// as it was before the call.
+type Call = Result<(String, Vec<super::runtime::Effect>, Session), (Failure, Bucket)>;
+
 /// One fold call, its state checked; a failure carries the repro command
-/// and names the environment the call ran with.
+/// (with the keys the call read) and names the environment the call ran
+/// with.
 fn fold_call(
     guest: &Guest<'_>,
     stream: &StreamInfo,
@@ -279,7 +339,8 @@ fn fold_call(
     events: &[crate::stream::Event],
     through: u64,
     env: Determinism,
-) -> Result<(String, Vec<super::runtime::Effect>), Failure> {
+    bucket: Bucket,
+) -> Call {
     let component = guest.component;
     let batch = Batch {
         stream: stream.clone(),
@@ -287,17 +348,19 @@ fn fold_call(
         scanned_through_offset: through,
     };
     let (clock_ms, seed) = (env.wall_clock_ms, env.seed_hex());
-    let folded = guest
-        .runtime
-        .fold(
-            component,
-            guest.prepared,
-            state,
-            &batch,
-            env,
-            guest.timeout_ms,
-        )
-        .map_err(|e| {
+    let (folded, session) = guest.runtime.fold(
+        component,
+        guest.prepared,
+        state,
+        &batch,
+        env,
+        guest.timeout_ms,
+        bucket.session(),
+    );
+    let folded = match folded {
+        Ok(f) => f,
+        Err(e) => {
+            let (bucket, read) = session.failed();
             let mut f = guest_failure(component, "fold", e);
             f.message = format!(
                 "{} (the call's clock read {clock_ms} ms and its seed was {seed}: \
@@ -311,25 +374,34 @@ fn fold_call(
                 &format!("{component}.wasm"),
                 state,
                 &batch,
+                guest.prepared.keyed().then_some(&read[..]),
             ));
-            f
-        })?;
+            return Err((f, bucket));
+        }
+    };
+    let refuse = |f: Failure, session: Session| Err((f, session.drop_writes()));
     if folded.state.len() > PROCESSOR_STATE_BYTES_MAX {
-        return Err(failure(
-            format!(
-                "processor {component:?} returned a state of {} bytes, over the {PROCESSOR_STATE_BYTES_MAX}-byte limit",
-                folded.state.len()
+        return refuse(
+            failure(
+                format!(
+                    "processor {component:?} returned a state of {} bytes, over the {PROCESSOR_STATE_BYTES_MAX}-byte limit",
+                    folded.state.len()
+                ),
+                false,
             ),
-            false,
-        ));
+            session,
+        );
     }
     if let Err(e) = serde_json::from_str::<Value>(&folded.state) {
-        return Err(failure(
-            format!("processor {component:?} returned a state that is not JSON: {e}"),
-            false,
-        ));
+        return refuse(
+            failure(
+                format!("processor {component:?} returned a state that is not JSON: {e}"),
+                false,
+            ),
+            session,
+        );
     }
-    Ok((folded.state, folded.effects))
+    Ok((folded.state, folded.effects, session))
 }
 
 /// The effects a fold returned, checked and in their stored form; a bad one

@@ -63,8 +63,42 @@ pub fn fold_call(state: &str, b: &Batch) -> String {
     format!("fold({}, {})", string(state), batch(b))
 }
 
-/// A shell command that reproduces `fold(state, batch)` with the wasmtime CLI.
-pub fn fold_command(component_path: &str, state: &str, b: &Batch) -> String {
-    let call = fold_call(state, b).replace('\'', "'\\''");
-    format!("wasmtime run --invoke '{call}' {component_path}")
+/// A shell word: single-quoted.
+fn quoted(s: &str) -> String {
+    format!("'{}'", s.replace('\'', "'\\''"))
+}
+
+/// A shell command that reproduces `fold(state, batch)` with the wasmtime
+/// CLI. A processor with keyed state (`keys`: what the call read, with
+/// the values it read) gets `-S keyvalue` and the keys seeded with
+/// `-S keyvalue-in-memory-data=KEY=VALUE`; a key the CLI cannot be given
+/// (a value that is not UTF-8, a key with `=` or `,`) is named in a
+/// trailing comment.
+pub fn fold_command(
+    component_path: &str,
+    state: &str,
+    b: &Batch,
+    keys: Option<&[(String, Vec<u8>)]>,
+) -> String {
+    let call = quoted(&fold_call(state, b));
+    let Some(keys) = keys else {
+        return format!("wasmtime run --invoke {call} {component_path}");
+    };
+    let mut flags = String::from("-S keyvalue");
+    let mut unseeded = Vec::new();
+    for (k, v) in keys {
+        match std::str::from_utf8(v) {
+            Ok(v) if !k.contains(['=', ',']) && !v.contains(',') => {
+                flags.push_str(&format!(" -S {}", quoted(&format!("keyvalue-in-memory-data={k}={v}"))));
+            }
+            _ => unseeded.push(k.as_str()),
+        }
+    }
+    let mut command = format!("wasmtime run {flags} --invoke {call} {component_path}");
+    if !unseeded.is_empty() {
+        command.push_str(&format!(
+            "  # not seeded (the CLI takes UTF-8 values without ',' and keys without '=' or ','): {unseeded:?}"
+        ));
+    }
+    command
 }

@@ -59,9 +59,28 @@ struct State {
 }
 
 /// The cache. Shared by the readers and the writer thread.
-#[derive(Default)]
 pub struct Hot {
     state: RwLock<State>,
+    /// Processors' committed key values (`keys.rs`).
+    pub(super) keys: super::keys::KeyCache,
+}
+
+/// The default of `[processors] keyed-cache-bytes`.
+pub const KEY_CACHE_BYTES_DEFAULT: u64 = 256 * 1024 * 1024;
+
+static KEY_CACHE_BYTES: std::sync::atomic::AtomicU64 =
+    std::sync::atomic::AtomicU64::new(KEY_CACHE_BYTES_DEFAULT);
+
+/// Sets the key cache's bound for storage opened after the call
+/// (`[processors] keyed-cache-bytes`).
+pub fn set_key_cache_bytes(bytes: u64) {
+    KEY_CACHE_BYTES.store(bytes, std::sync::atomic::Ordering::Relaxed);
+}
+
+impl Default for Hot {
+    fn default() -> Self {
+        Hot::new(KEY_CACHE_BYTES.load(std::sync::atomic::Ordering::Relaxed))
+    }
 }
 
 /// A reader's ticket to fill an entry it missed: the generation it saw.
@@ -69,6 +88,14 @@ pub struct Hot {
 pub struct Miss(u64);
 
 impl Hot {
+    /// An empty cache whose key values hold at most `key_cache_bytes`.
+    pub fn new(key_cache_bytes: u64) -> Hot {
+        Hot {
+            state: RwLock::default(),
+            keys: super::keys::KeyCache::new(key_cache_bytes),
+        }
+    }
+
     // A panic while holding the lock leaves plain data behind; what is in
     // it was consistent at every unlock, so poisoning is ignored.
     fn read(&self) -> std::sync::RwLockReadGuard<'_, State> {
@@ -219,6 +246,7 @@ impl Hot {
     /// Forgets everything (a commit failed and may or may not have reached
     /// the disk); readers go back to SQLite and ask again.
     pub(super) fn clear(&self) {
+        self.keys.clear();
         let mut state = self.write();
         let generation = state.generation + 1;
         *state = State {
@@ -241,6 +269,21 @@ impl Hot {
                 }
                 WriteOp::Checkpoint(c) => {
                     state.generation += 1;
+                    let from = match &c.previous_offset {
+                        Some(p) if p.bucket == c.bucket => super::keys::tag(p),
+                        _ => String::new(),
+                    };
+                    let keys = std::mem::take(&mut c.keys);
+                    let to = super::keys::tag(&super::CheckpointId {
+                        stream_id: c.stream_id.clone(),
+                        offset: c.offset,
+                        digest: c.digest.clone(),
+                        bucket: c.bucket,
+                    });
+                    self.keys.committed(c.bucket, &from, &to, &keys);
+                    if let Some(old) = c.drop_bucket {
+                        self.keys.forget(old);
+                    }
                     state.remove_checkpoint(c.row_id, &c.component);
                     // (`put_checkpoint` keeps only states under the bound.)
                     let row = CheckpointRow {
@@ -249,6 +292,7 @@ impl Hot {
                         state: std::mem::take(&mut c.state),
                         digest: c.digest.clone(),
                         updated_at: c.updated_at.clone(),
+                        bucket: c.bucket,
                     };
                     state.put_checkpoint(c.row_id, &c.component, row);
                 }
@@ -473,6 +517,7 @@ mod tests {
             state: "{}".into(),
             digest: "d".into(),
             updated_at: "t".into(),
+            bucket: 0,
         };
         hot.fill_checkpoint(miss, 1, "c", &row);
         assert!(
@@ -491,6 +536,9 @@ mod tests {
             state: format!("{{\"n\":{offset}}}"),
             digest: "d".into(),
             effects: Vec::new(),
+            bucket: 0,
+            keys: Default::default(),
+            drop_bucket: None,
             updated_at: "t".into(),
             now_ms: 0,
             project: "p".into(),
@@ -512,6 +560,7 @@ mod tests {
             state: "{}".into(),
             digest: "d".into(),
             updated_at: "t".into(),
+            bucket: 0,
         };
         hot.fill_checkpoint(miss, 1, "c", &stale);
         assert_eq!(hot.checkpoint(1, "c").unwrap().checkpoint_offset, 2);

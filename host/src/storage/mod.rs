@@ -11,6 +11,7 @@ mod effects;
 mod faults;
 mod hot;
 mod ingest;
+mod keys;
 mod lease;
 #[cfg(test)]
 mod lease_sim;
@@ -35,6 +36,8 @@ pub use ingest::{
     FenceIdentity, FenceRow, IngestOp, NewPending, PendingRow, SharedBound, CAPACITY_EXHAUSTED,
     DIAGNOSTICS_KEPT, KEY_CONFLICT, KEY_IN_STREAM,
 };
+pub use hot::{set_key_cache_bytes, KEY_CACHE_BYTES_DEFAULT};
+pub use keys::{tag as key_tag, StoredBucket, Writes as KeyWrites};
 pub use lease::{tenure_clock_ms, ClusterHost, Fence, HostIdentity, LeaseLost, OwnedElsewhere};
 pub use writer::{
     Checkpoint, CommitError, CursorRow, Deployment, NewStream, ProcessorFailure, StoredEvent,
@@ -59,6 +62,8 @@ pub struct CheckpointRow {
     pub state: String,
     pub digest: String,
     pub updated_at: String,
+    /// Its keyed state's bucket (`storage/keys.rs`).
+    pub bucket: i64,
 }
 
 /// Which checkpoint a write replaces: the instance's source lifetime, its
@@ -69,6 +74,7 @@ pub struct CheckpointId {
     pub stream_id: String,
     pub offset: u64,
     pub digest: String,
+    pub bucket: i64,
 }
 
 impl CheckpointRow {
@@ -78,6 +84,7 @@ impl CheckpointRow {
             stream_id: self.stream_id.clone(),
             offset: self.checkpoint_offset,
             digest: self.digest.clone(),
+            bucket: self.bucket,
         }
     }
 }
@@ -494,7 +501,7 @@ impl Storage {
         };
         let row = self.with_reader(|db| {
             db.query_opt(
-                "SELECT stream_id, checkpoint_offset, state, digest, updated_at
+                "SELECT stream_id, checkpoint_offset, state, digest, updated_at, bucket
                  FROM processor_checkpoints WHERE stream = ?1 AND component = ?2",
                 args![row_id, component],
                 |r| {
@@ -504,6 +511,7 @@ impl Storage {
                         state: r.text(2)?,
                         digest: r.text(3)?,
                         updated_at: r.text(4)?,
+                        bucket: r.int(5)?,
                     })
                 },
             )

@@ -46,7 +46,38 @@ const MIGRATIONS: &[Migration] = &[
         name: "effects.lease_id: every lease of an effect numbered, never reused",
         apply: effect_lease_ids,
     },
+    Migration {
+        name: "processor_keys: processors' keyed state, a bucket per checkpoint",
+        apply: processor_keys,
+    },
 ];
+
+/// Processors' keyed state: rows of a bucket, named by its checkpoint.
+const PROCESSOR_KEYS_SQLITE: &str = "
+CREATE TABLE processor_keys (
+    bucket INTEGER NOT NULL,
+    key    TEXT NOT NULL,
+    value  BLOB NOT NULL,
+    PRIMARY KEY (bucket, key)
+) WITHOUT ROWID;
+ALTER TABLE processor_checkpoints ADD COLUMN bucket INTEGER NOT NULL DEFAULT 0;
+";
+
+/// The same on PostgreSQL; keys compare byte by byte, as on SQLite.
+const PROCESSOR_KEYS_POSTGRES: &str = "
+CREATE TABLE processor_keys (
+    bucket BIGINT NOT NULL,
+    key    TEXT COLLATE \"C\" NOT NULL,
+    value  BYTEA NOT NULL,
+    PRIMARY KEY (bucket, key)
+);
+ALTER TABLE processor_checkpoints ADD COLUMN bucket BIGINT NOT NULL DEFAULT 0;
+";
+
+fn processor_keys(conn: &Connection) -> Result<()> {
+    conn.execute_batch(PROCESSOR_KEYS_SQLITE)?;
+    Ok(())
+}
 
 /// `effects.lease_id`: an execution settles only the lease it took; `:retry`
 /// resets `attempts`, never this, so a stale executor cannot settle a
@@ -417,6 +448,7 @@ pub fn migrate_postgres(db: Db<'_>) -> Result<()> {
         match current {
             None => {
                 db.batch(POSTGRES)?;
+                db.batch(PROCESSOR_KEYS_POSTGRES)?;
                 db.execute(
                     "INSERT INTO streamhost_schema (version) VALUES (?1)",
                     crate::storage::sql::args![i64::from(SCHEMA_VERSION)],
@@ -424,8 +456,11 @@ pub fn migrate_postgres(db: Db<'_>) -> Result<()> {
                 tracing::info!(version = SCHEMA_VERSION, "schema created on PostgreSQL");
             }
             Some(v) if v == i64::from(SCHEMA_VERSION) => {}
-            Some(5) => {
-                db.batch(EFFECT_LEASE_IDS)?;
+            Some(v @ (5 | 6)) => {
+                if v == 5 {
+                    db.batch(EFFECT_LEASE_IDS)?;
+                }
+                db.batch(PROCESSOR_KEYS_POSTGRES)?;
                 db.execute(
                     "UPDATE streamhost_schema SET version = ?1",
                     crate::storage::sql::args![i64::from(SCHEMA_VERSION)],

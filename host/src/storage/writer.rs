@@ -161,6 +161,12 @@ pub struct Checkpoint {
     pub state: String,
     pub digest: String,
     pub effects: Vec<NewEffect>,
+    /// The bucket of its keyed state, and the fold's writes to it.
+    pub bucket: i64,
+    pub keys: super::keys::Writes,
+    /// The bucket this checkpoint's replaces, whose rows go (a new source
+    /// lifetime starts from an empty bucket; a refold switches to its own).
+    pub drop_bucket: Option<i64>,
     pub updated_at: String,
     pub now_ms: i64,
     /// The source's owner's lease (several hosts), checked in the
@@ -562,8 +568,8 @@ fn apply(conn: Db<'_>, op: &WriteOp) -> Result<i64> {
             // of two writers that read the same row one fails.
             let replaced = match &c.previous_offset {
                 None => conn.execute(
-                    "INSERT INTO processor_checkpoints (stream, component, stream_id, checkpoint_offset, state, digest, updated_at)
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
+                    "INSERT INTO processor_checkpoints (stream, component, stream_id, checkpoint_offset, state, digest, updated_at, bucket)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)
                      ON CONFLICT (stream, component) DO NOTHING",
                     args![
                         c.row_id,
@@ -572,14 +578,15 @@ fn apply(conn: Db<'_>, op: &WriteOp) -> Result<i64> {
                         c.offset as i64,
                         &c.state,
                         &c.digest,
-                        &c.updated_at
+                        &c.updated_at,
+                        c.bucket
                     ],
                 )?,
                 Some(previous) => conn.execute(
                     "UPDATE processor_checkpoints SET stream_id = ?3, checkpoint_offset = ?4,
-                         state = ?5, digest = ?6, updated_at = ?7
+                         state = ?5, digest = ?6, updated_at = ?7, bucket = ?11
                      WHERE stream = ?1 AND component = ?2 AND stream_id = ?8
-                       AND checkpoint_offset = ?9 AND digest = ?10",
+                       AND checkpoint_offset = ?9 AND digest = ?10 AND bucket = ?12",
                     args![
                         c.row_id,
                         &c.component,
@@ -590,7 +597,9 @@ fn apply(conn: Db<'_>, op: &WriteOp) -> Result<i64> {
                         &c.updated_at,
                         &previous.stream_id,
                         previous.offset as i64,
-                        &previous.digest
+                        &previous.digest,
+                        c.bucket,
+                        previous.bucket
                     ],
                 )?,
             };
@@ -600,6 +609,7 @@ fn apply(conn: Db<'_>, op: &WriteOp) -> Result<i64> {
                 c.component,
                 c.previous_offset,
             );
+            super::keys::apply(conn, c.bucket, &c.keys, c.drop_bucket)?;
             if !c.effects.is_empty() {
                 let source = EffectSource {
                     project: c.project.clone(),
@@ -668,6 +678,8 @@ fn apply(conn: Db<'_>, op: &WriteOp) -> Result<i64> {
             for sql in [
                 "DELETE FROM events WHERE stream = ?1",
                 "DELETE FROM subscription_cursors WHERE stream = ?1",
+                "DELETE FROM processor_keys WHERE bucket IN
+                     (SELECT bucket FROM processor_checkpoints WHERE stream = ?1)",
                 "DELETE FROM processor_checkpoints WHERE stream = ?1",
                 "DELETE FROM processor_failures WHERE stream = ?1",
                 "DELETE FROM streams WHERE id = ?1",
@@ -726,6 +738,9 @@ mod tests {
             state: format!("{{\"through\":{offset},\"by\":{digest:?}}}"),
             digest: digest.into(),
             effects: Vec::new(),
+            bucket: 0,
+            keys: Default::default(),
+            drop_bucket: None,
             updated_at: "2026-12-01T00:00:00.000Z".into(),
             now_ms: 0,
             fence: None,

@@ -1,0 +1,323 @@
+//! Processors' keyed state in storage: `processor_keys(bucket, key, value)`,
+//! a bucket per processor instance named by its checkpoint row
+//! (`processor_checkpoints.bucket`; ids are random, so a new bucket never
+//! meets an old one's rows). Rows change only in a checkpoint's transaction
+//! (`writer.rs`), so a bucket's rows are always those of its checkpoint.
+//!
+//! [`KeyCache`] is the host's bounded cache of committed values
+//! (`[processors] keyed-cache-bytes`), filled by reads and written through
+//! by commits (the writer, after the commit and before it answers).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use anyhow::Result;
+
+use super::sql::{args, Db};
+use super::Storage;
+
+/// Writes to a bucket: a value, or `None` for a delete.
+pub type Writes = std::collections::BTreeMap<String, Option<Vec<u8>>>;
+
+/// Values larger than this are read from storage each time.
+const CACHED_VALUE_BYTES_MAX: usize = 64 * 1024;
+
+/// What identifies the bucket's contents at a checkpoint: its lifetime, its
+/// offset, the version that wrote it.
+pub fn tag(id: &super::CheckpointId) -> String {
+    format!("{}/{}/{}", id.stream_id, id.offset, id.digest)
+}
+
+/// The host's bounded cache of committed key values, shared by every
+/// processor instance. A bucket's entries are valid for the checkpoint they
+/// were read or written at; a wake that finds its instance at another
+/// checkpoint (another host's commit, a refold's switch, a failed commit)
+/// moves the bucket to a new generation, and the old entries age out.
+pub struct KeyCache {
+    values: quick_cache::sync::Cache<(i64, u64, String), CachedValue, Weigh>,
+    tags: Mutex<std::collections::HashMap<i64, (String, u64)>>,
+    generation: AtomicU64,
+    capacity: u64,
+}
+
+/// A cached value (`None`: the key does not exist).
+#[derive(Clone)]
+pub struct CachedValue(Option<Arc<[u8]>>);
+
+#[derive(Clone)]
+struct Weigh;
+
+impl quick_cache::Weighter<(i64, u64, String), CachedValue> for Weigh {
+    fn weight(&self, key: &(i64, u64, String), value: &CachedValue) -> u64 {
+        // The key, the value and the entry's bookkeeping.
+        (key.2.len() + value.0.as_ref().map_or(0, |v| v.len()) + 64) as u64
+    }
+}
+
+impl KeyCache {
+    /// A cache of at most `bytes` (keys, values and bookkeeping).
+    pub fn new(bytes: u64) -> KeyCache {
+        KeyCache {
+            values: quick_cache::sync::Cache::with_weighter(16 * 1024, bytes.max(1), Weigh),
+            tags: Mutex::new(std::collections::HashMap::new()),
+            generation: AtomicU64::new(1),
+            capacity: bytes,
+        }
+    }
+
+    /// Bytes held, and the bound.
+    pub fn usage(&self) -> (u64, u64) {
+        (self.values.weight(), self.capacity)
+    }
+
+    /// The generation of `bucket`'s entries at checkpoint `tag` (`""`: a
+    /// new bucket): the one it had when last seen at `tag`, else a new one.
+    pub fn generation(&self, bucket: i64, tag: &str) -> u64 {
+        let mut tags = self.tags.lock().expect("key cache tags");
+        match tags.get(&bucket) {
+            Some((t, g)) if t == tag => *g,
+            _ => {
+                let g = self.generation.fetch_add(1, Ordering::Relaxed);
+                tags.insert(bucket, (tag.to_string(), g));
+                g
+            }
+        }
+    }
+
+    /// After a commit that moved `bucket` from checkpoint `from` to `to`
+    /// with `writes`: the writes go into the cache when it was at `from`;
+    /// otherwise it forgets the bucket.
+    pub(super) fn committed(&self, bucket: i64, from: &str, to: &str, writes: &Writes) {
+        let mut tags = self.tags.lock().expect("key cache tags");
+        let g = match tags.get(&bucket) {
+            Some((t, g)) if t == from => *g,
+            _ => {
+                tags.remove(&bucket);
+                return;
+            }
+        };
+        for (k, v) in writes {
+            let entry = (bucket, g, k.clone());
+            match v {
+                Some(v) if v.len() > CACHED_VALUE_BYTES_MAX => {
+                    self.values.remove(&entry);
+                }
+                _ => self
+                    .values
+                    .insert(entry, CachedValue(v.as_deref().map(Arc::from))),
+            }
+        }
+        tags.insert(bucket, (to.to_string(), g));
+    }
+
+    /// Forgets `bucket`.
+    pub(super) fn forget(&self, bucket: i64) {
+        self.tags.lock().expect("key cache tags").remove(&bucket);
+    }
+
+    /// Forgets every bucket (a failed commit may or may not have landed).
+    pub(super) fn clear(&self) {
+        self.tags.lock().expect("key cache tags").clear();
+    }
+
+    fn get(&self, bucket: i64, g: u64, key: &str) -> Option<CachedValue> {
+        self.values.get(&(bucket, g, key.to_string()))
+    }
+
+    fn fill(&self, bucket: i64, g: u64, key: &str, value: &Option<Vec<u8>>) {
+        if value
+            .as_ref()
+            .is_none_or(|v| v.len() <= CACHED_VALUE_BYTES_MAX)
+        {
+            self.values.insert(
+                (bucket, g, key.to_string()),
+                CachedValue(value.as_deref().map(Arc::from)),
+            );
+        }
+    }
+}
+
+/// A committed bucket, read through the cache (a wake's reads).
+pub struct StoredBucket {
+    pub storage: Storage,
+    pub bucket: i64,
+    pub generation: u64,
+}
+
+impl StoredBucket {
+    /// The committed value of `key`.
+    pub fn value(&self, key: &str) -> Result<Option<Vec<u8>>> {
+        let cache = &self.storage.inner.hot.keys;
+        if let Some(CachedValue(v)) = cache.get(self.bucket, self.generation, key) {
+            return Ok(v.map(|v| v.to_vec()));
+        }
+        let v = self.storage.key_value(self.bucket, key)?;
+        cache.fill(self.bucket, self.generation, key, &v);
+        Ok(v)
+    }
+
+    /// Up to `limit` committed keys after `after`, in byte order.
+    pub fn keys(&self, after: Option<&str>, limit: usize) -> Result<Vec<String>> {
+        self.storage.keys_after(self.bucket, after, limit)
+    }
+}
+
+impl Storage {
+    /// `bucket` read through the cache, at the checkpoint `tag` (`""`: a
+    /// new bucket).
+    pub fn stored_bucket(&self, bucket: i64, tag: &str) -> StoredBucket {
+        StoredBucket {
+            storage: self.clone(),
+            bucket,
+            generation: self.inner.hot.keys.generation(bucket, tag),
+        }
+    }
+
+    /// The key cache's bytes held and bound.
+    pub fn key_cache_usage(&self) -> (u64, u64) {
+        self.inner.hot.keys.usage()
+    }
+
+    /// The committed value of `key` in `bucket`.
+    pub fn key_value(&self, bucket: i64, key: &str) -> Result<Option<Vec<u8>>> {
+        self.with_reader(|db| {
+            db.query_opt(
+                "SELECT value FROM processor_keys WHERE bucket = ?1 AND key = ?2",
+                args![bucket, key],
+                |r| r.bytes(0),
+            )
+        })
+    }
+
+    /// Up to `limit` committed keys of `bucket` after `after`, in byte order.
+    pub fn keys_after(&self, bucket: i64, after: Option<&str>, limit: usize) -> Result<Vec<String>> {
+        self.with_reader(|db| {
+            db.query_all(
+                "SELECT key FROM processor_keys WHERE bucket = ?1 AND key > ?2
+                 ORDER BY key LIMIT ?3",
+                args![bucket, after.unwrap_or(""), limit as i64],
+                |r| r.text(0),
+            )
+        })
+    }
+
+    /// Up to `limit` committed keys and values of `bucket` that start with
+    /// `prefix`, after `after`, in byte order.
+    pub fn keys_page(
+        &self,
+        bucket: i64,
+        prefix: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<(String, Vec<u8>)>> {
+        // Keys at or after the prefix, in order: those that start with it
+        // come first, so the page ends at the first that does not.
+        let from = match after {
+            Some(a) if a >= prefix => a,
+            _ => prefix,
+        };
+        let inclusive = after.is_none_or(|a| a < prefix);
+        let rows = self.with_reader(|db| {
+            db.query_all(
+                if inclusive {
+                    "SELECT key, value FROM processor_keys WHERE bucket = ?1 AND key >= ?2
+                     ORDER BY key LIMIT ?3"
+                } else {
+                    "SELECT key, value FROM processor_keys WHERE bucket = ?1 AND key > ?2
+                     ORDER BY key LIMIT ?3"
+                },
+                args![bucket, from, limit as i64],
+                |r| Ok((r.text(0)?, r.bytes(1)?)),
+            )
+        })?;
+        Ok(rows
+            .into_iter()
+            .take_while(|(k, _)| k.starts_with(prefix))
+            .collect())
+    }
+
+    /// Every committed key and value of `bucket`, in byte order, a page at
+    /// a time (verify's comparison).
+    pub fn each_key(
+        &self,
+        bucket: i64,
+        mut each: impl FnMut(String, Vec<u8>) -> Result<()>,
+    ) -> Result<()> {
+        let mut after: Option<String> = None;
+        loop {
+            let page = self.keys_page(bucket, "", after.as_deref(), 1000)?;
+            let Some((last, _)) = page.last() else {
+                return Ok(());
+            };
+            after = Some(last.clone());
+            for (k, v) in page {
+                each(k, v)?;
+            }
+        }
+    }
+}
+
+/// Applies a checkpoint's writes to its bucket, and drops the bucket it
+/// replaces (a new source lifetime, a refold's switch). In the checkpoint's
+/// transaction.
+pub(super) fn apply(
+    conn: Db<'_>,
+    bucket: i64,
+    writes: &Writes,
+    drop_bucket: Option<i64>,
+) -> Result<()> {
+    if let Some(old) = drop_bucket {
+        conn.execute(
+            "DELETE FROM processor_keys WHERE bucket = ?1",
+            args![old],
+        )?;
+    }
+    for (k, v) in writes {
+        match v {
+            Some(v) => conn.execute(
+                "INSERT INTO processor_keys (bucket, key, value) VALUES (?1, ?2, ?3)
+                 ON CONFLICT (bucket, key) DO UPDATE SET value = excluded.value",
+                args![bucket, k, v],
+            )?,
+            None => conn.execute(
+                "DELETE FROM processor_keys WHERE bucket = ?1 AND key = ?2",
+                args![bucket, k],
+            )?,
+        };
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_cache_moves_a_bucket_to_a_new_generation_at_another_checkpoint() {
+        let cache = KeyCache::new(1 << 20);
+        let g1 = cache.generation(7, "s/10/d");
+        assert_eq!(cache.generation(7, "s/10/d"), g1);
+        let mut w = Writes::new();
+        w.insert("a".into(), Some(b"1".to_vec()));
+        cache.committed(7, "s/10/d", "s/11/d", &w);
+        assert_eq!(cache.generation(7, "s/11/d"), g1, "our own commit keeps it");
+        assert!(cache.get(7, g1, "a").is_some());
+        let g2 = cache.generation(7, "s/12/d");
+        assert_ne!(g1, g2, "someone else's commit moves it");
+        assert!(cache.get(7, g2, "a").is_none());
+        // A commit from a checkpoint the cache was not at forgets it.
+        cache.committed(7, "s/99/d", "s/100/d", &w);
+        assert_ne!(cache.generation(7, "s/100/d"), g2);
+    }
+
+    #[test]
+    fn the_cache_holds_at_most_its_bytes() {
+        let cache = KeyCache::new(100_000);
+        let g = cache.generation(1, "t");
+        for i in 0..10_000 {
+            cache.fill(1, g, &format!("key-{i}"), &Some(vec![0; 100]));
+        }
+        let (used, cap) = cache.usage();
+        assert!(used <= cap, "{used} > {cap}");
+    }
+}
