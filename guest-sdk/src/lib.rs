@@ -25,6 +25,10 @@
 //! }
 //! streamhost_guest::processor!(Counter);
 //! ```
+//!
+//! A state that outgrows one JSON text (an entry per account, per order)
+//! goes into keyed state: [`keyed::Map`], a typed map over the processor's
+//! bucket, which a wake reads and writes key by key.
 
 #![warn(missing_docs)]
 
@@ -35,11 +39,14 @@ pub mod bindings {
     wit_bindgen::generate!({
         path: "wit",
         world: "stream-processor",
+        generate_all,
         pub_export_macro: true,
         export_macro_name: "export_stream_processor",
         default_bindings_module: "streamhost_guest::bindings",
     });
 }
+
+pub mod keyed;
 
 use bindings::exports::streamhost::processor::processor as wit;
 use serde::de::DeserializeOwned;

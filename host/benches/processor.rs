@@ -294,7 +294,9 @@ fn main() {
                 &one,
                 Determinism::default(),
                 20_000,
+                streamhost::processor::keyed::Bucket::empty().session(),
             )
+            .0
             .unwrap();
         call.push(start.elapsed().as_secs_f64() * 1e6);
     }
@@ -324,7 +326,9 @@ fn main() {
                 &batch,
                 Determinism::default(),
                 20_000,
+                streamhost::processor::keyed::Bucket::empty().session(),
             )
+            .0
             .unwrap()
             .state;
         wasm.push(1000.0 / start.elapsed().as_secs_f64());
@@ -361,7 +365,9 @@ fn main() {
                 &batch,
                 Determinism::default(),
                 20_000,
+                streamhost::processor::keyed::Bucket::empty().session(),
             )
+            .0
             .unwrap();
         transfer.push(1000.0 / start.elapsed().as_secs_f64());
     }

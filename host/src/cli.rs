@@ -70,6 +70,9 @@ pub enum Command {
     Reset(StateArgs),
     /// A processor instance: checkpoint, state, digest, status, last failure.
     Processor(ProcessorArgs),
+    /// A processor's keyed state: a page of its keys, every key (`--all`),
+    /// or one key (`--key`).
+    Keys(KeysArgs),
     /// Call an exported function of a deployed component (ITX).
     Itx(ItxArgs),
     /// The deployed components of a project.
@@ -334,6 +337,30 @@ pub struct VerifyArgs {
     pub target: Target,
     /// The processor's component name.
     pub component: String,
+}
+
+#[derive(Debug, Args)]
+pub struct KeysArgs {
+    #[command(flatten)]
+    pub target: Target,
+    /// The processor's component name.
+    pub component: String,
+    /// Only this key: `{"key", "value"}`, or an error if it is absent.
+    #[arg(long, conflicts_with_all = ["prefix", "after", "limit", "all"])]
+    pub key: Option<String>,
+    /// Keys that start with this.
+    #[arg(long)]
+    pub prefix: Option<String>,
+    /// Keys after this one (a page's `nextAfter`).
+    #[arg(long)]
+    pub after: Option<String>,
+    /// Keys per page (1 to 1000; 100 by default).
+    #[arg(long)]
+    pub limit: Option<usize>,
+    /// Every key, a page at a time, as one `{"keys": [...]}` (what
+    /// `streamhost fold --keys` reads).
+    #[arg(long)]
+    pub all: bool,
 }
 
 #[derive(Debug, Args)]
@@ -752,6 +779,7 @@ pub async fn run(cli: Cli) -> Result<()> {
             let method = format!("processors/{}", a.component);
             request(&a.target, reqwest::Method::GET, &method, "", None).await
         }
+        Command::Keys(a) => keys(a).await,
         Command::Itx(a) => itx(a).await,
         Command::Components(a) => {
             let url = a.project.url("components");
@@ -1154,6 +1182,53 @@ async fn processor_caught_up(a: ProcessorArgs) -> Result<()> {
     })
     .await?;
     print_line(&render(&p))
+}
+
+/// `streamhost keys`: a processor's keys, every key, or one.
+async fn keys(a: KeysArgs) -> Result<()> {
+    let method = format!("processors/{}/keys", a.component);
+    let encode = |s: &str| percent_encoding::utf8_percent_encode(s, percent_encoding::NON_ALPHANUMERIC).to_string();
+    if let Some(key) = &a.key {
+        let one = format!("{method}/{}", encode(key));
+        return request(&a.target, reqwest::Method::GET, &one, "", None).await;
+    }
+    let query = |after: Option<&str>| {
+        let mut q = form_urlencoded::Serializer::new(String::new());
+        if let Some(p) = &a.prefix {
+            q.append_pair("prefix", p);
+        }
+        if let Some(after) = after {
+            q.append_pair("after", after);
+        }
+        if let Some(l) = a.limit {
+            q.append_pair("limit", &l.to_string());
+        } else if a.all {
+            q.append_pair("limit", "1000");
+        }
+        format!("?{}", q.finish())
+    };
+    if !a.all {
+        let q = query(a.after.as_deref());
+        return request(&a.target, reqwest::Method::GET, &method, &q, None).await;
+    }
+    let token = a.target.server.token.clone();
+    let mut all = Vec::new();
+    let mut after = a.after.clone();
+    loop {
+        let url = stream_url(&a.target, &method, &query(after.as_deref()))?;
+        let response = send(reqwest::Client::new().get(&url), &url, token.as_deref()).await?;
+        let status = response.status();
+        let page: Value = response.json().await.context("reading the answer")?;
+        if !status.is_success() {
+            bail!("{url}: {status}: {}", page["error"]["message"].as_str().unwrap_or_default());
+        }
+        all.extend(page["keys"].as_array().cloned().unwrap_or_default());
+        match page["nextAfter"].as_str() {
+            Some(next) => after = Some(next.to_string()),
+            None => break,
+        }
+    }
+    print_line(&render(&serde_json::json!({ "keys": all })))
 }
 
 /// `streamhost effects show --wait`: the effect once it has settled.

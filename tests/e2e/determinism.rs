@@ -174,7 +174,16 @@ fn reads_its_environment(guest_name: &str) -> bool {
     let env = Determinism::for_event("sid", 2, 0);
     let witness = env.witness.clone();
     runtime
-        .fold(guest_name, &prepared, &initial, &batch, env, 20_000)
+        .fold(
+            guest_name,
+            &prepared,
+            &initial,
+            &batch,
+            env,
+            20_000,
+            streamhost::processor::keyed::Bucket::empty().session(),
+        )
+        .0
         .expect("fold");
     witness.read()
 }

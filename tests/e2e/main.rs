@@ -27,6 +27,7 @@ mod hostile;
 mod ingest;
 mod isolation;
 mod itx;
+mod keyed;
 mod memory;
 mod migrations;
 mod openapi;

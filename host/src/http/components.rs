@@ -211,6 +211,103 @@ pub async fn processor(
     }))
 }
 
+/// The bucket of `component`'s instance on `address` (0: no keys yet), or
+/// `404 processor-not-found`.
+async fn bucket_of(host: &Host, address: &StreamAddress, component: &str) -> Result<i64, ApiError> {
+    let state = host.streams.state(address).await?;
+    let storage = host.streams.storage().clone();
+    let ns = address.namespace.storage_key().to_string();
+    let path = address.path.clone();
+    let name = component.to_string();
+    let checkpoint = tokio::task::spawn_blocking(move || -> anyhow::Result<_> {
+        Ok(match storage.load_stream(&ns, &path)? {
+            Some(r) => storage.checkpoint(r.row_id, &name)?,
+            None => None,
+        })
+    })
+    .await
+    .map_err(|e| ApiError::internal(e.to_string()))?
+    .map_err(|e| ApiError::internal(format!("reading the checkpoint failed: {e:#}")))?;
+    let checkpoint = checkpoint.filter(|c| c.stream_id == state.stream_id);
+    match checkpoint {
+        Some(c) => Ok(c.bucket),
+        None if wake_subscription(&state, component).is_some() => Ok(0),
+        None => Err(ApiError::not_found(
+            "processor-not-found",
+            format!(
+                "processor {component:?} has no instance on stream {:?}",
+                address.path
+            ),
+        )),
+    }
+}
+
+/// `GET {stream}:processors/{component}/keys?prefix=&after=&limit=`: a page
+/// of the processor's committed keys and values, in byte order.
+pub async fn keys(
+    host: &Host,
+    address: &StreamAddress,
+    component: &str,
+    q: super::query::KeysQuery,
+) -> Result<Value, ApiError> {
+    let bucket = bucket_of(host, address, component).await?;
+    let storage = host.streams.storage().clone();
+    let limit = q.limit;
+    let rows = if bucket == 0 {
+        Vec::new()
+    } else {
+        tokio::task::spawn_blocking(move || {
+            storage.keys_page(bucket, &q.prefix, q.after.as_deref(), limit + 1)
+        })
+        .await
+        .map_err(|e| ApiError::internal(e.to_string()))?
+        .map_err(|e| ApiError::internal(format!("reading the keys failed: {e:#}")))?
+    };
+    let more = rows.len() > limit;
+    let page: Vec<Value> = rows
+        .iter()
+        .take(limit)
+        .map(|(k, v)| json!({"key": k, "value": value_json(v)}))
+        .collect();
+    let next = if more {
+        rows.get(limit - 1).map(|(k, _)| json!(k))
+    } else {
+        None
+    };
+    Ok(json!({"keys": page, "nextAfter": next.unwrap_or(Value::Null)}))
+}
+
+/// `GET {stream}:processors/{component}/keys/{key}`: one committed key, or
+/// `404 key-not-found`.
+pub async fn key(
+    host: &Host,
+    address: &StreamAddress,
+    component: &str,
+    key: &str,
+) -> Result<Value, ApiError> {
+    let bucket = bucket_of(host, address, component).await?;
+    let storage = host.streams.storage().clone();
+    let k = key.to_string();
+    let value = if bucket == 0 {
+        None
+    } else {
+        tokio::task::spawn_blocking(move || storage.key_value(bucket, &k))
+            .await
+            .map_err(|e| ApiError::internal(e.to_string()))?
+            .map_err(|e| ApiError::internal(format!("reading the key failed: {e:#}")))?
+    };
+    match value {
+        Some(v) => Ok(json!({"key": key, "value": value_json(&v)})),
+        None => Err(ApiError::not_found(
+            "key-not-found",
+            format!(
+                "processor {component:?} on stream {:?} has no key {key:?}",
+                address.path
+            ),
+        )),
+    }
+}
+
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct VerifyInput {

@@ -652,6 +652,29 @@ async fn stream_call(
                 &connections::wait_for_event(streams, address, input).await?,
             ))
         }
+        (m, &Method::GET) if m.starts_with("processors/") && m.contains("/keys") => {
+            let rest = &m["processors/".len()..];
+            let (component, keys) = rest.split_once("/keys").unwrap_or((rest, ""));
+            match keys.strip_prefix('/') {
+                None if keys.is_empty() => {
+                    let q = query::keys_query(uri.query())?;
+                    Ok(ok_json(&components::keys(host, address, component, q).await?))
+                }
+                Some(key) if !key.is_empty() => {
+                    query::no_query(uri.query())?;
+                    let key = percent_encoding::percent_decode_str(key)
+                        .decode_utf8()
+                        .map_err(|_| {
+                            ApiError::invalid(format!("key {key:?} is not UTF-8 once decoded"))
+                        })?;
+                    Ok(ok_json(&components::key(host, address, component, &key).await?))
+                }
+                _ => Err(ApiError::not_found(
+                    "not-found",
+                    format!("no route for :{m} (processors/{{component}}/keys or processors/{{component}}/keys/{{key}})"),
+                )),
+            }
+        }
         (m, &Method::GET) if m.starts_with("processors/") => {
             let component = &m["processors/".len()..];
             Ok(ok_json(
@@ -745,6 +768,8 @@ pub const STREAM_METHODS: &[(&str, &str)] = &[
     ("POST", "resumeSubscription"),
     ("POST", "setSubscriptionCursorAndResume"),
     ("GET", "processors/{component}"),
+    ("GET", "processors/{component}/keys"),
+    ("GET", "processors/{component}/keys/{key}"),
     ("POST", "verifyProcessor"),
     ("POST", "backfillProcessor"),
 ];

@@ -186,6 +186,39 @@ pub fn list_query(query: Option<&str>) -> Result<ListQuery, ApiError> {
     Ok(q)
 }
 
+/// The parameters of `GET {stream}:processors/{component}/keys`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KeysQuery {
+    pub prefix: String,
+    pub after: Option<String>,
+    pub limit: usize,
+}
+
+/// Most keys in one page of `:processors/{component}/keys`.
+pub const KEYS_LIMIT_MAX: usize = 1000;
+
+/// Parses `prefix`, `after` and `limit` of `:processors/{component}/keys`.
+pub fn keys_query(query: Option<&str>) -> Result<KeysQuery, ApiError> {
+    let mut q = KeysQuery {
+        prefix: String::new(),
+        after: None,
+        limit: 100,
+    };
+    for (name, value) in decoded(query)? {
+        match name.as_str() {
+            "prefix" => q.prefix = value,
+            "after" => q.after = Some(value),
+            "limit" => q.limit = limit(&value, KEYS_LIMIT_MAX)?,
+            other => {
+                return Err(ApiError::invalid(format!(
+                    "unknown query parameter {other:?} for a processor's keys (prefix, after, limit)"
+                )))
+            }
+        }
+    }
+    Ok(q)
+}
+
 /// Parses `refold` of `PUT .../components/{name}`.
 pub fn deploy_query(query: Option<&str>) -> Result<bool, ApiError> {
     let mut refold = false;

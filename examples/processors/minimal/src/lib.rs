@@ -8,6 +8,9 @@
 wit_bindgen::generate!({
     path: "../../../wit",
     world: "stream-processor",
+    // The world imports wasi:keyvalue (keyed state); unused here, so the
+    // component does not import it.
+    generate_all,
 });
 
 use exports::streamhost::processor::processor::{Announcement, Batch, Failure, Folded, Guest};

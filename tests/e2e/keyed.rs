@@ -1,0 +1,405 @@
+//! Keyed processor state end to end: the `ledger` example (a balance per
+//! account in `wasi:keyvalue`) run by the real server, its keys read back
+//! through the API, verified, reset, refolded and folded offline.
+
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use crate::processors::{caught_up, PROC};
+use crate::support::{assert_error, guest, run_cli, wait_for, Server};
+
+const S: &str = "/v1/projects/acme/streams/bank";
+
+fn wake() -> Value {
+    json!({"events": [{"type": "events.iterate.com/stream/subscription-configured",
+        "payload": {"subscriptionKey": "ledger",
+            "receiver": {"action": "processor-wake",
+                "expression": ["components", ["get", "ledger"], "wake"]}}}]})
+}
+
+async fn append(s: &Server, events: Value) {
+    let (status, out) = s.post(&format!("{S}:append"), json!({ "events": events })).await;
+    assert_eq!(status, 200, "{out}");
+}
+
+fn deposit(account: &str, cents: i64) -> Value {
+    json!({"type": "deposited", "payload": {"account": account, "cents": cents}})
+}
+
+fn withdraw(account: &str, cents: i64) -> Value {
+    json!({"type": "withdrawn", "payload": {"account": account, "cents": cents}})
+}
+
+/// A ledger server with the processor deployed and subscribed.
+async fn ledger() -> Server {
+    let s = Server::start_with(Some(PROC), &[]);
+    let (status, out) = s.deploy("acme", "ledger", guest("ledger")).await;
+    assert!(status == 200 || status == 201, "{out}");
+    let (status, out) = s.post(&format!("{S}:append"), wake()).await;
+    assert_eq!(status, 200, "{out}");
+    s
+}
+
+fn enc(key: &str) -> String {
+    key.replace('/', "%2F")
+}
+
+async fn balance(s: &Server, account: &str) -> (u16, Value) {
+    s.get(&format!(
+        "{S}:processors/ledger/keys/{}",
+        enc(&format!("balance/{account}"))
+    ))
+    .await
+}
+
+/// Every key and value the API pages out, with `limit`.
+async fn all_keys(s: &Server, prefix: &str, limit: usize) -> Vec<(String, Value)> {
+    let mut out = Vec::new();
+    let mut after: Option<String> = None;
+    loop {
+        let mut url = format!("{S}:processors/ledger/keys?prefix={}&limit={limit}", enc(prefix));
+        if let Some(a) = &after {
+            url.push_str(&format!("&after={}", enc(a)));
+        }
+        let (status, page) = s.get(&url).await;
+        assert_eq!(status, 200, "{page}");
+        let keys = page["keys"].as_array().unwrap();
+        assert!(keys.len() <= limit, "{page}");
+        for k in keys {
+            out.push((k["key"].as_str().unwrap().to_string(), k["value"].clone()));
+        }
+        match page["nextAfter"].as_str() {
+            Some(next) => after = Some(next.to_string()),
+            None => return out,
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_ledger_keeps_a_balance_per_account_readable_through_the_api() {
+    let s = ledger().await;
+    append(
+        &s,
+        json!([deposit("a", 100), deposit("b", 250), deposit("a", 50), deposit("c/x", 1)]),
+    )
+    .await;
+    append(&s, json!([withdraw("b", 200)])).await;
+    let p = caught_up(&s, S, "ledger").await;
+    assert_eq!(p["state"]["accounts"], 3, "{p}");
+    assert_eq!(p["state"]["totalCents"], 201, "{p}");
+
+    assert_eq!(balance(&s, "a").await, (200, json!({"key": "balance/a", "value": "150"})));
+    assert_eq!(balance(&s, "b").await.1["value"], "50");
+    assert_eq!(balance(&s, "c/x").await.1["value"], "1");
+    assert_error(&balance(&s, "nobody").await, 404, "key-not-found", "balance/nobody");
+
+    // Paging: every key once, in byte order, whatever the page size.
+    let one_by_one = all_keys(&s, "balance/", 1).await;
+    assert_eq!(
+        one_by_one,
+        vec![
+            ("balance/a".to_string(), json!("150")),
+            ("balance/b".to_string(), json!("50")),
+            ("balance/c/x".to_string(), json!("1")),
+        ]
+    );
+    assert_eq!(all_keys(&s, "", 100).await, one_by_one);
+    assert_eq!(all_keys(&s, "balance/b", 100).await.len(), 1);
+    assert!(all_keys(&s, "memo/", 100).await.is_empty());
+
+    for bad in ["limit=0", "limit=1001", "limit=x", "colour=red"] {
+        let answer = s.get(&format!("{S}:processors/ledger/keys?{bad}")).await;
+        assert_eq!(answer.0, 400, "{bad}: {}", answer.1);
+        assert!(
+            answer.1["error"]["message"].as_str().unwrap().contains(bad.split('=').next().unwrap()),
+            "{bad}: {}",
+            answer.1
+        );
+    }
+    assert_error(
+        &s.get(&format!("{S}:processors/nobody/keys")).await,
+        404,
+        "processor-not-found",
+        "nobody",
+    );
+
+    // The CLI reads the same.
+    let (ok, out, err) = run_cli(&[
+        "keys", S_PATH, "ledger", "--prefix", "balance/", "--url", &s.url, "--project", "acme",
+    ]);
+    assert!(ok, "{err}");
+    let listed: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(listed["keys"].as_array().unwrap().len(), 3, "{listed}");
+    let (ok, out, err) = run_cli(&[
+        "keys", S_PATH, "ledger", "--key", "balance/a", "--url", &s.url, "--project", "acme",
+    ]);
+    assert!(ok, "{err}");
+    assert_eq!(serde_json::from_str::<Value>(&out).unwrap()["value"], "150");
+}
+
+const S_PATH: &str = "/bank";
+
+#[tokio::test]
+async fn a_failing_fold_commits_none_of_its_writes_and_its_repro_seeds_what_it_read() {
+    let s = ledger().await;
+    append(&s, json!([deposit("b", 100)])).await;
+    caught_up(&s, S, "ledger").await;
+    // One batch: the deposit to a is written, then the withdrawal fails.
+    append(&s, json!([deposit("a", 50), withdraw("b", 500)])).await;
+    s.wait_halted(S, "ledger", Duration::from_secs(30)).await;
+    assert_error(&balance(&s, "a").await, 404, "key-not-found", "balance/a");
+    assert_eq!(balance(&s, "b").await.1["value"], "100");
+    let (_, p) = s.get(&format!("{S}:processors/ledger")).await;
+    let failure = &p["lastFailure"];
+    assert!(
+        failure["message"].as_str().unwrap().contains("leaves -400"),
+        "{failure}"
+    );
+    let repro = failure["repro"].as_str().unwrap();
+    assert!(repro.starts_with("wasmtime run -S keyvalue "), "{repro}");
+    assert!(
+        repro.contains("-S 'keyvalue-in-memory-data=balance/b=100'"),
+        "the key the call read from the bucket, with its value: {repro}"
+    );
+    assert!(
+        !repro.contains("keyvalue-in-memory-data=balance/a"),
+        "a key the call wrote first is not seeded: {repro}"
+    );
+    assert_eq!(p["state"]["totalCents"], 100, "{p}");
+}
+
+#[tokio::test]
+async fn verify_compares_every_key_and_names_the_first_that_differs() {
+    let s = ledger().await;
+    append(&s, json!([deposit("a", 1), deposit("b", 2), deposit("c", 3)])).await;
+    append(&s, json!([{"type": "noted", "payload": {"account": "a", "memo": "first"}}])).await;
+    caught_up(&s, S, "ledger").await;
+    let (status, v) = s
+        .post(&format!("{S}:verifyProcessor"), json!({"component": "ledger"}))
+        .await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["matches"], true, "{v}");
+    assert_eq!(v["keysCompared"], 4, "{v}");
+
+    // Change one stored value and add a key behind the processor's back.
+    let db = s.db();
+    db.execute("UPDATE processor_keys SET value = CAST('99' AS BLOB) WHERE key = 'balance/b'");
+    let (_, v) = s
+        .post(&format!("{S}:verifyProcessor"), json!({"component": "ledger"}))
+        .await;
+    assert_eq!(v["matches"], false, "{v}");
+    assert_eq!(v["storedState"], v["refoldedState"], "the JSON state agrees: {v}");
+    assert_eq!(
+        v["firstDifferingKey"],
+        json!({"key": "balance/b", "stored": "99", "refolded": "2"}),
+        "{v}"
+    );
+    assert_eq!(v["keysCompared"], 4, "{v}");
+}
+
+#[tokio::test]
+async fn a_reset_clears_the_bucket_and_the_new_lifetime_starts_empty() {
+    let s = ledger().await;
+    append(&s, json!([deposit("old", 7)])).await;
+    caught_up(&s, S, "ledger").await;
+    let db = s.db();
+    let old_bucket = db
+        .query_i64("SELECT bucket FROM processor_checkpoints WHERE component = 'ledger'")
+        .unwrap();
+    let (status, _) = s.post(&format!("{S}:reset"), json!({})).await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        db.query_i64(&format!(
+            "SELECT count(*) FROM processor_keys WHERE bucket = {old_bucket}"
+        )),
+        Some(0),
+        "the reset deleted the old bucket's rows"
+    );
+    let (status, out) = s.post(&format!("{S}:append"), wake()).await;
+    assert_eq!(status, 200, "{out}");
+    append(&s, json!([deposit("new", 1)])).await;
+    caught_up(&s, S, "ledger").await;
+    assert_eq!(
+        all_keys(&s, "", 10).await,
+        vec![("balance/new".to_string(), json!("1"))]
+    );
+}
+
+/// The same component with one more custom section: a new digest, the
+/// same code.
+fn another_version(mut bytes: Vec<u8>) -> Vec<u8> {
+    let name = b"streamhost-test-version";
+    let mut payload = vec![name.len() as u8];
+    payload.extend_from_slice(name);
+    payload.extend_from_slice(b"2");
+    bytes.push(0); // custom section id
+    bytes.push(payload.len() as u8);
+    bytes.extend_from_slice(&payload);
+    bytes
+}
+
+#[tokio::test]
+async fn a_refold_builds_a_new_bucket_and_switches_to_it_with_the_state() {
+    let s = ledger().await;
+    append(&s, json!([deposit("a", 5), deposit("b", 6), withdraw("a", 2)])).await;
+    let before = caught_up(&s, S, "ledger").await;
+    let db = s.db();
+    let bucket = || {
+        db.query_i64("SELECT bucket FROM processor_checkpoints WHERE component = 'ledger'")
+            .unwrap()
+    };
+    let old_bucket = bucket();
+    let keys_before = all_keys(&s, "", 100).await;
+    let (status, out) = s
+        .deploy_with_query("acme", "ledger", another_version(guest("ledger")), "refold=true")
+        .await;
+    assert!(status == 200 || status == 201, "{out}");
+    let new_digest = out["digest"].as_str().unwrap().to_string();
+    wait_for("the refold's switch", Duration::from_secs(30), async || {
+        let (_, p) = s.get(&format!("{S}:processors/ledger")).await;
+        p["digest"] == new_digest.as_str()
+    })
+    .await;
+    assert_ne!(bucket(), old_bucket, "the switch moved to the refold's bucket");
+    assert_eq!(
+        db.query_i64(&format!(
+            "SELECT count(*) FROM processor_keys WHERE bucket = {old_bucket}"
+        )),
+        Some(0),
+        "the old bucket's rows went with the switch"
+    );
+    assert_eq!(all_keys(&s, "", 100).await, keys_before);
+    let (_, after) = s.get(&format!("{S}:processors/ledger")).await;
+    assert_eq!(after["state"], before["state"]);
+    // And the new version goes on from there.
+    append(&s, json!([deposit("a", 10)])).await;
+    caught_up(&s, S, "ledger").await;
+    assert_eq!(balance(&s, "a").await.1["value"], "13");
+}
+
+#[tokio::test]
+async fn keys_and_values_over_their_limits_halt_the_processor_naming_the_size() {
+    let s = ledger().await;
+    let long = "k".repeat(1100);
+    append(&s, json!([deposit(&long, 1)])).await;
+    let halted = s.wait_halted(S, "ledger", Duration::from_secs(30)).await;
+    let text = halted.to_string();
+    assert!(
+        text.contains("1108 bytes, over the 1024-byte key limit"),
+        "the key is balance/ + 1100 bytes: {text}"
+    );
+
+    let s = ledger().await;
+    let memo = "m".repeat(1024 * 1024 + 10);
+    append(&s, json!([{"type": "noted", "payload": {"account": "a", "memo": memo}}])).await;
+    let halted = s.wait_halted(S, "ledger", Duration::from_secs(30)).await;
+    let text = halted.to_string();
+    assert!(
+        text.contains("\\\"memo/a\\\" is 1048588 bytes, over the 1048576-byte value limit")
+            || text.contains("\"memo/a\" is 1048588 bytes, over the 1048576-byte value limit"),
+        "the value is the memo as JSON text: {text}"
+    );
+    assert_error(
+        &s.get(&format!("{S}:processors/ledger/keys/memo%2Fa")).await,
+        404,
+        "key-not-found",
+        "memo/a",
+    );
+}
+
+#[tokio::test]
+async fn the_offline_fold_sees_what_the_wake_saw_given_the_keys() {
+    let s = ledger().await;
+    let first = json!([deposit("a", 10), deposit("b", 20)]);
+    let second = json!([withdraw("a", 3), deposit("c", 1),
+        {"type": "audited", "payload": {"prefix": ""}}]);
+    append(&s, first.clone()).await;
+    let mid = caught_up(&s, S, "ledger").await;
+    append(&s, second.clone()).await;
+    let end = caught_up(&s, S, "ledger").await;
+    assert_eq!(end["state"]["audited"], 28, "{end}");
+
+    // The keys after the first append, as the CLI lists them, are the start
+    // of an offline fold of the second: it ends where the server did.
+    let dir = tempfile::tempdir().unwrap();
+    let mid_keys = json!({"keys": [
+        {"key": "balance/a", "value": "10"}, {"key": "balance/b", "value": "20"}]});
+    let keys_in = dir.path().join("keys.json");
+    std::fs::write(&keys_in, mid_keys.to_string()).unwrap();
+    let state_in = dir.path().join("state.json");
+    std::fs::write(&state_in, mid["state"].to_string()).unwrap();
+    let events = dir.path().join("events.jsonl");
+    let lines: Vec<String> = second.as_array().unwrap().iter().map(Value::to_string).collect();
+    std::fs::write(&events, lines.join("\n")).unwrap();
+    let wasm = dir.path().join("ledger.wasm");
+    std::fs::write(&wasm, guest("ledger")).unwrap();
+    let keys_out = dir.path().join("out.json");
+    let (ok, out, err) = run_cli(&[
+        "fold",
+        wasm.to_str().unwrap(),
+        "--events",
+        events.to_str().unwrap(),
+        "--state",
+        state_in.to_str().unwrap(),
+        "--keys",
+        keys_in.to_str().unwrap(),
+        "--keys-out",
+        keys_out.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    let state: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(state["audited"], 28, "{out}");
+    assert_eq!(state["totalCents"], end["state"]["totalCents"], "{out}");
+    let offline: Value =
+        serde_json::from_str(&std::fs::read_to_string(&keys_out).unwrap()).unwrap();
+    let online: Vec<Value> = all_keys(&s, "", 100)
+        .await
+        .into_iter()
+        .map(|(k, v)| json!({"key": k, "value": v}))
+        .collect();
+    assert_eq!(offline["keys"], json!(online));
+
+    // A keys file that does not fit is named.
+    std::fs::write(&keys_in, r#"{"balance/a": 5}"#).unwrap();
+    let (ok, _, err) = run_cli(&[
+        "fold",
+        wasm.to_str().unwrap(),
+        "--events",
+        events.to_str().unwrap(),
+        "--keys",
+        keys_in.to_str().unwrap(),
+    ]);
+    assert!(!ok);
+    assert!(err.contains("key \"balance/a\"") && err.contains("keys.json"), "{err}");
+}
+
+#[tokio::test]
+async fn keyed_state_survives_a_restart_and_json_state_processors_keep_no_bucket_rows() {
+    let mut s = ledger().await;
+    append(&s, json!([deposit("a", 1)])).await;
+    caught_up(&s, S, "ledger").await;
+    s.restart();
+    append(&s, json!([deposit("a", 2)])).await;
+    caught_up(&s, S, "ledger").await;
+    assert_eq!(balance(&s, "a").await.1["value"], "3");
+    // A JSON-state processor beside it: its checkpoint has a bucket, no rows.
+    s.deploy("acme", "counter", guest("counter")).await;
+    let wake_counter = json!({"events": [{"type": "events.iterate.com/stream/subscription-configured",
+        "payload": {"subscriptionKey": "count",
+            "receiver": {"action": "processor-wake",
+                "expression": ["components", ["get", "counter"], "wake"]}}}]});
+    s.post(&format!("{S}:append"), wake_counter).await;
+    append(&s, json!([deposit("a", 1)])).await;
+    caught_up(&s, S, "counter").await;
+    let db = s.db();
+    assert_eq!(
+        db.query_i64(
+            "SELECT count(*) FROM processor_keys WHERE bucket =
+               (SELECT bucket FROM processor_checkpoints WHERE component = 'counter')"
+        ),
+        Some(0)
+    );
+    let (status, page) = s.get(&format!("{S}:processors/counter/keys")).await;
+    assert_eq!((status, page), (200, json!({"keys": [], "nextAfter": null})));
+}
