@@ -42,9 +42,7 @@ thread_local! {
 fn failure(what: &str, key: &str, e: store::Error) -> Failure {
     match e {
         store::Error::NoSuchStore => Failure::fatal("the host has no keyed state for this call"),
-        store::Error::AccessDenied => {
-            Failure::fatal("the keyed state is open only during fold")
-        }
+        store::Error::AccessDenied => Failure::fatal("the keyed state is open only during fold"),
         // A bound (key or value size): the same events give the same error.
         store::Error::Other(m) => Failure::fatal(format!("{what} {key:?}: {m}")),
     }
@@ -72,7 +70,9 @@ pub mod raw {
 
     /// Sets `key` to `value`.
     pub fn set(key: &str, value: &[u8]) -> Result<(), Failure> {
-        bucket()?.set(key, value).map_err(|e| failure("set", key, e))
+        bucket()?
+            .set(key, value)
+            .map_err(|e| failure("set", key, e))
     }
 
     /// Deletes `key` (nothing if absent).
@@ -102,7 +102,9 @@ pub mod raw {
         let mut out = Vec::new();
         let mut cursor = None;
         loop {
-            let page = b.list_keys(cursor).map_err(|e| failure("list-keys", prefix, e))?;
+            let page = b
+                .list_keys(cursor)
+                .map_err(|e| failure("list-keys", prefix, e))?;
             out.extend(page.keys.into_iter().filter(|k| k.starts_with(prefix)));
             match page.cursor {
                 Some(c) => cursor = Some(c),

@@ -1187,7 +1187,9 @@ async fn processor_caught_up(a: ProcessorArgs) -> Result<()> {
 /// `streamhost keys`: a processor's keys, every key, or one.
 async fn keys(a: KeysArgs) -> Result<()> {
     let method = format!("processors/{}/keys", a.component);
-    let encode = |s: &str| percent_encoding::utf8_percent_encode(s, percent_encoding::NON_ALPHANUMERIC).to_string();
+    let encode = |s: &str| {
+        percent_encoding::utf8_percent_encode(s, percent_encoding::NON_ALPHANUMERIC).to_string()
+    };
     if let Some(key) = &a.key {
         let one = format!("{method}/{}", encode(key));
         return request(&a.target, reqwest::Method::GET, &one, "", None).await;
@@ -1220,7 +1222,10 @@ async fn keys(a: KeysArgs) -> Result<()> {
         let status = response.status();
         let page: Value = response.json().await.context("reading the answer")?;
         if !status.is_success() {
-            bail!("{url}: {status}: {}", page["error"]["message"].as_str().unwrap_or_default());
+            bail!(
+                "{url}: {status}: {}",
+                page["error"]["message"].as_str().unwrap_or_default()
+            );
         }
         all.extend(page["keys"].as_array().cloned().unwrap_or_default());
         match page["nextAfter"].as_str() {

@@ -268,8 +268,7 @@ mod tests {
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
         for file in ["processor.wit", "deps/keyvalue/keyvalue.wit"] {
             let canonical = std::fs::read_to_string(root.join("wit").join(file)).unwrap();
-            let vendored =
-                std::fs::read_to_string(root.join("guest-sdk/wit").join(file)).unwrap();
+            let vendored = std::fs::read_to_string(root.join("guest-sdk/wit").join(file)).unwrap();
             assert!(
                 canonical == vendored,
                 "guest-sdk/wit/{file} differs from wit/{file}: copy it over"

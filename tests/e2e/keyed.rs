@@ -19,7 +19,9 @@ fn wake() -> Value {
 }
 
 async fn append(s: &Server, events: Value) {
-    let (status, out) = s.post(&format!("{S}:append"), json!({ "events": events })).await;
+    let (status, out) = s
+        .post(&format!("{S}:append"), json!({ "events": events }))
+        .await;
     assert_eq!(status, 200, "{out}");
 }
 
@@ -58,7 +60,10 @@ async fn all_keys(s: &Server, prefix: &str, limit: usize) -> Vec<(String, Value)
     let mut out = Vec::new();
     let mut after: Option<String> = None;
     loop {
-        let mut url = format!("{S}:processors/ledger/keys?prefix={}&limit={limit}", enc(prefix));
+        let mut url = format!(
+            "{S}:processors/ledger/keys?prefix={}&limit={limit}",
+            enc(prefix)
+        );
         if let Some(a) = &after {
             url.push_str(&format!("&after={}", enc(a)));
         }
@@ -81,7 +86,12 @@ async fn a_ledger_keeps_a_balance_per_account_readable_through_the_api() {
     let s = ledger().await;
     append(
         &s,
-        json!([deposit("a", 100), deposit("b", 250), deposit("a", 50), deposit("c/x", 1)]),
+        json!([
+            deposit("a", 100),
+            deposit("b", 250),
+            deposit("a", 50),
+            deposit("c/x", 1)
+        ]),
     )
     .await;
     append(&s, json!([withdraw("b", 200)])).await;
@@ -89,10 +99,18 @@ async fn a_ledger_keeps_a_balance_per_account_readable_through_the_api() {
     assert_eq!(p["state"]["accounts"], 3, "{p}");
     assert_eq!(p["state"]["totalCents"], 201, "{p}");
 
-    assert_eq!(balance(&s, "a").await, (200, json!({"key": "balance/a", "value": "150"})));
+    assert_eq!(
+        balance(&s, "a").await,
+        (200, json!({"key": "balance/a", "value": "150"}))
+    );
     assert_eq!(balance(&s, "b").await.1["value"], "50");
     assert_eq!(balance(&s, "c/x").await.1["value"], "1");
-    assert_error(&balance(&s, "nobody").await, 404, "key-not-found", "balance/nobody");
+    assert_error(
+        &balance(&s, "nobody").await,
+        404,
+        "key-not-found",
+        "balance/nobody",
+    );
 
     // Paging: every key once, in byte order, whatever the page size.
     let one_by_one = all_keys(&s, "balance/", 1).await;
@@ -112,7 +130,10 @@ async fn a_ledger_keeps_a_balance_per_account_readable_through_the_api() {
         let answer = s.get(&format!("{S}:processors/ledger/keys?{bad}")).await;
         assert_eq!(answer.0, 400, "{bad}: {}", answer.1);
         assert!(
-            answer.1["error"]["message"].as_str().unwrap().contains(bad.split('=').next().unwrap()),
+            answer.1["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains(bad.split('=').next().unwrap()),
             "{bad}: {}",
             answer.1
         );
@@ -126,13 +147,29 @@ async fn a_ledger_keeps_a_balance_per_account_readable_through_the_api() {
 
     // The CLI reads the same.
     let (ok, out, err) = run_cli(&[
-        "keys", S_PATH, "ledger", "--prefix", "balance/", "--url", &s.url, "--project", "acme",
+        "keys",
+        S_PATH,
+        "ledger",
+        "--prefix",
+        "balance/",
+        "--url",
+        &s.url,
+        "--project",
+        "acme",
     ]);
     assert!(ok, "{err}");
     let listed: Value = serde_json::from_str(&out).unwrap();
     assert_eq!(listed["keys"].as_array().unwrap().len(), 3, "{listed}");
     let (ok, out, err) = run_cli(&[
-        "keys", S_PATH, "ledger", "--key", "balance/a", "--url", &s.url, "--project", "acme",
+        "keys",
+        S_PATH,
+        "ledger",
+        "--key",
+        "balance/a",
+        "--url",
+        &s.url,
+        "--project",
+        "acme",
     ]);
     assert!(ok, "{err}");
     assert_eq!(serde_json::from_str::<Value>(&out).unwrap()["value"], "150");
@@ -172,11 +209,22 @@ async fn a_failing_fold_commits_none_of_its_writes_and_its_repro_seeds_what_it_r
 #[tokio::test]
 async fn verify_compares_every_key_and_names_the_first_that_differs() {
     let s = ledger().await;
-    append(&s, json!([deposit("a", 1), deposit("b", 2), deposit("c", 3)])).await;
-    append(&s, json!([{"type": "noted", "payload": {"account": "a", "memo": "first"}}])).await;
+    append(
+        &s,
+        json!([deposit("a", 1), deposit("b", 2), deposit("c", 3)]),
+    )
+    .await;
+    append(
+        &s,
+        json!([{"type": "noted", "payload": {"account": "a", "memo": "first"}}]),
+    )
+    .await;
     caught_up(&s, S, "ledger").await;
     let (status, v) = s
-        .post(&format!("{S}:verifyProcessor"), json!({"component": "ledger"}))
+        .post(
+            &format!("{S}:verifyProcessor"),
+            json!({"component": "ledger"}),
+        )
         .await;
     assert_eq!(status, 200, "{v}");
     assert_eq!(v["matches"], true, "{v}");
@@ -186,10 +234,16 @@ async fn verify_compares_every_key_and_names_the_first_that_differs() {
     let db = s.db();
     db.execute("UPDATE processor_keys SET value = CAST('99' AS BLOB) WHERE key = 'balance/b'");
     let (_, v) = s
-        .post(&format!("{S}:verifyProcessor"), json!({"component": "ledger"}))
+        .post(
+            &format!("{S}:verifyProcessor"),
+            json!({"component": "ledger"}),
+        )
         .await;
     assert_eq!(v["matches"], false, "{v}");
-    assert_eq!(v["storedState"], v["refoldedState"], "the JSON state agrees: {v}");
+    assert_eq!(
+        v["storedState"], v["refoldedState"],
+        "the JSON state agrees: {v}"
+    );
     assert_eq!(
         v["firstDifferingKey"],
         json!({"key": "balance/b", "stored": "99", "refolded": "2"}),
@@ -242,7 +296,11 @@ fn another_version(mut bytes: Vec<u8>) -> Vec<u8> {
 #[tokio::test]
 async fn a_refold_builds_a_new_bucket_and_switches_to_it_with_the_state() {
     let s = ledger().await;
-    append(&s, json!([deposit("a", 5), deposit("b", 6), withdraw("a", 2)])).await;
+    append(
+        &s,
+        json!([deposit("a", 5), deposit("b", 6), withdraw("a", 2)]),
+    )
+    .await;
     let before = caught_up(&s, S, "ledger").await;
     let db = s.db();
     let bucket = || {
@@ -252,7 +310,12 @@ async fn a_refold_builds_a_new_bucket_and_switches_to_it_with_the_state() {
     let old_bucket = bucket();
     let keys_before = all_keys(&s, "", 100).await;
     let (status, out) = s
-        .deploy_with_query("acme", "ledger", another_version(guest("ledger")), "refold=true")
+        .deploy_with_query(
+            "acme",
+            "ledger",
+            another_version(guest("ledger")),
+            "refold=true",
+        )
         .await;
     assert!(status == 200 || status == 201, "{out}");
     let new_digest = out["digest"].as_str().unwrap().to_string();
@@ -261,7 +324,11 @@ async fn a_refold_builds_a_new_bucket_and_switches_to_it_with_the_state() {
         p["digest"] == new_digest.as_str()
     })
     .await;
-    assert_ne!(bucket(), old_bucket, "the switch moved to the refold's bucket");
+    assert_ne!(
+        bucket(),
+        old_bucket,
+        "the switch moved to the refold's bucket"
+    );
     assert_eq!(
         db.query_i64(&format!(
             "SELECT count(*) FROM processor_keys WHERE bucket = {old_bucket}"
@@ -292,7 +359,11 @@ async fn keys_and_values_over_their_limits_halt_the_processor_naming_the_size() 
 
     let s = ledger().await;
     let memo = "m".repeat(1024 * 1024 + 10);
-    append(&s, json!([{"type": "noted", "payload": {"account": "a", "memo": memo}}])).await;
+    append(
+        &s,
+        json!([{"type": "noted", "payload": {"account": "a", "memo": memo}}]),
+    )
+    .await;
     let halted = s.wait_halted(S, "ledger", Duration::from_secs(30)).await;
     let text = halted.to_string();
     assert!(
@@ -330,7 +401,12 @@ async fn the_offline_fold_sees_what_the_wake_saw_given_the_keys() {
     let state_in = dir.path().join("state.json");
     std::fs::write(&state_in, mid["state"].to_string()).unwrap();
     let events = dir.path().join("events.jsonl");
-    let lines: Vec<String> = second.as_array().unwrap().iter().map(Value::to_string).collect();
+    let lines: Vec<String> = second
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(Value::to_string)
+        .collect();
     std::fs::write(&events, lines.join("\n")).unwrap();
     let wasm = dir.path().join("ledger.wasm");
     std::fs::write(&wasm, guest("ledger")).unwrap();
@@ -371,7 +447,10 @@ async fn the_offline_fold_sees_what_the_wake_saw_given_the_keys() {
         keys_in.to_str().unwrap(),
     ]);
     assert!(!ok);
-    assert!(err.contains("key \"balance/a\"") && err.contains("keys.json"), "{err}");
+    assert!(
+        err.contains("key \"balance/a\"") && err.contains("keys.json"),
+        "{err}"
+    );
 }
 
 #[tokio::test]
@@ -401,5 +480,61 @@ async fn keyed_state_survives_a_restart_and_json_state_processors_keep_no_bucket
         Some(0)
     );
     let (status, page) = s.get(&format!("{S}:processors/counter/keys")).await;
-    assert_eq!((status, page), (200, json!({"keys": [], "nextAfter": null})));
+    assert_eq!(
+        (status, page),
+        (200, json!({"keys": [], "nextAfter": null}))
+    );
+}
+
+/// The `wasmtime` CLI: `STREAMHOST_WASMTIME`, else `wasmtime` on the PATH.
+fn wasmtime_cli() -> Option<String> {
+    if let Ok(path) = std::env::var("STREAMHOST_WASMTIME") {
+        return Some(path);
+    }
+    let found = std::process::Command::new("wasmtime")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    found.then(|| "wasmtime".to_string())
+}
+
+/// Runs with the real `wasmtime` CLI (built with `wasi-keyvalue`): set
+/// `STREAMHOST_WASMTIME` or put `wasmtime` on the PATH; without it the test
+/// says so and checks nothing (CI does not build the CLI).
+#[tokio::test]
+async fn the_repro_of_a_keyed_fold_fails_the_same_way_under_the_wasmtime_cli() {
+    let Some(cli) = wasmtime_cli() else {
+        eprintln!("no wasmtime CLI (STREAMHOST_WASMTIME or PATH): the repro was not run");
+        return;
+    };
+    let s = ledger().await;
+    append(&s, json!([deposit("b", 100)])).await;
+    caught_up(&s, S, "ledger").await;
+    append(&s, json!([deposit("a", 50), withdraw("b", 500)])).await;
+    s.wait_halted(S, "ledger", Duration::from_secs(30)).await;
+    let (_, p) = s.get(&format!("{S}:processors/ledger")).await;
+    let repro = p["lastFailure"]["repro"].as_str().unwrap().to_string();
+    let dir = tempfile::tempdir().unwrap();
+    let wasm = dir.path().join("ledger.wasm");
+    std::fs::write(&wasm, guest("ledger")).unwrap();
+    let command = repro
+        .strip_prefix("wasmtime ")
+        .unwrap()
+        .replace(" ledger.wasm", &format!(" {}", wasm.display()));
+    let out = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!("{cli} {command}"))
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // 100 seeded - 500: without the seed the CLI would say -500.
+    assert!(
+        stdout.contains("leaves -400") && stdout.starts_with("err("),
+        "{stdout}"
+    );
 }

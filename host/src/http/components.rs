@@ -5,9 +5,9 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::error::ApiError;
-use crate::processor::keyed::value_json;
 use crate::clock::format_timestamp;
 use crate::host::Host;
+use crate::processor::keyed::value_json;
 use crate::storage::{Deployment, WriteOp};
 use crate::stream::{types, validate_project, StreamAddress};
 use crate::subscription::Receiver;
@@ -397,8 +397,7 @@ pub async fn verify(
             .map_err(|f| ApiError::new(422, "processor-failed", f.message))?;
         let stored: Value = serde_json::from_str(&checkpoint.state).unwrap_or(Value::Null);
         let refolded: Value = serde_json::from_str(&folded).unwrap_or(Value::Null);
-        let keys = compare_keys(&storage, checkpoint.bucket, scratch.writes())
-            .map_err(internal)?;
+        let keys = compare_keys(&storage, checkpoint.bucket, scratch.writes()).map_err(internal)?;
         let mut out = json!({
             "component": component,
             "digest": checkpoint.digest,
@@ -499,7 +498,6 @@ fn compare_keys(
         differing,
     })
 }
-
 
 /// `GET .../components/{name}/versions`: newest first.
 pub async fn versions(host: &Host, project: &str, name: &str) -> Result<Value, ApiError> {

@@ -211,8 +211,8 @@ pub fn keys_query(query: Option<&str>) -> Result<KeysQuery, ApiError> {
             "limit" => q.limit = limit(&value, KEYS_LIMIT_MAX)?,
             other => {
                 return Err(ApiError::invalid(format!(
-                    "unknown query parameter {other:?} for a processor's keys (prefix, after, limit)"
-                )))
+                "unknown query parameter {other:?} for a processor's keys (prefix, after, limit)"
+            )))
             }
         }
     }

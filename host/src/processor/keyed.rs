@@ -226,16 +226,11 @@ impl Session {
     ) -> Result<(Vec<String>, Option<u64>), KeyedError> {
         let after = match cursor {
             None | Some(0) => None,
-            Some(n) => Some(
-                self.cursors
-                    .get(n as usize - 1)
-                    .cloned()
-                    .ok_or_else(|| {
-                        KeyedError::Refused(format!(
-                            "cursor {n} was not returned by list-keys in this call"
-                        ))
-                    })?,
-            ),
+            Some(n) => Some(self.cursors.get(n as usize - 1).cloned().ok_or_else(|| {
+                KeyedError::Refused(format!(
+                    "cursor {n} was not returned by list-keys in this call"
+                ))
+            })?),
         };
         let base = self
             .bucket
@@ -286,7 +281,9 @@ impl Session {
     /// Ends the call keeping its writes.
     pub fn keep(mut self) -> Bucket {
         self.bucket.write_bytes += self.layer_bytes;
-        self.bucket.writes.append(&mut self.layer);
+        // (Inserted one by one: `append` would rebuild the whole write set,
+        // which a range fold grows to every key it wrote.)
+        self.bucket.writes.extend(std::mem::take(&mut self.layer));
         self.bucket
     }
 
@@ -361,27 +358,24 @@ pub fn keys_from_json(v: &serde_json::Value) -> Result<BTreeMap<String, Vec<u8>>
         }
     }
     for (k, v) in &out {
-        check_key(k).and_then(|_| check_value(k, v)).map_err(|e| match e {
-            KeyedError::Refused(m) => m,
-            KeyedError::Storage(e) => e.to_string(),
-        })?;
+        check_key(k)
+            .and_then(|_| check_value(k, v))
+            .map_err(|e| match e {
+                KeyedError::Refused(m) => m,
+                KeyedError::Storage(e) => e.to_string(),
+            })?;
     }
     Ok(out)
 }
 
 /// Keys and values as the read API's page shows them.
-pub fn keys_to_json<'a>(keys: impl Iterator<Item = (&'a String, &'a Vec<u8>)>) -> serde_json::Value {
+pub fn keys_to_json<'a>(
+    keys: impl Iterator<Item = (&'a String, &'a Vec<u8>)>,
+) -> serde_json::Value {
     let rows: Vec<serde_json::Value> = keys
         .map(|(k, v)| serde_json::json!({"key": k, "value": value_json(v)}))
         .collect();
     serde_json::json!({ "keys": rows })
-}
-
-/// Bucket ids: random, so a new bucket (a new source lifetime, a refold's)
-/// never meets rows of an old one.
-pub fn new_bucket_id() -> i64 {
-    let id = uuid::Uuid::new_v4().as_u64_pair().0 & (i64::MAX as u64);
-    id.max(1) as i64
 }
 
 impl Base for crate::storage::StoredBucket {
@@ -437,7 +431,10 @@ mod tests {
         let long = "k".repeat(KEY_BYTES_MAX + 1);
         match s.set(long, vec![1]) {
             Err(KeyedError::Refused(m)) => {
-                assert!(m.contains("1025 bytes") && m.contains("1024-byte key limit"), "{m}")
+                assert!(
+                    m.contains("1025 bytes") && m.contains("1024-byte key limit"),
+                    "{m}"
+                )
             }
             other => panic!("{other:?}"),
         }
@@ -447,7 +444,9 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
-        assert!(s.set("k".repeat(KEY_BYTES_MAX), vec![0; VALUE_BYTES_MAX]).is_ok());
+        assert!(s
+            .set("k".repeat(KEY_BYTES_MAX), vec![0; VALUE_BYTES_MAX])
+            .is_ok());
     }
 
     #[test]

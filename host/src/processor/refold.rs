@@ -286,7 +286,7 @@ async fn refold_fenced(
         // The new version's keyed state: a bucket of its own, which the
         // switch makes the instance's (the old one's rows go with it).
         let mut bucket = Bucket::empty();
-        let new_bucket = super::keyed::new_bucket_id();
+        let new_bucket = storage.new_bucket();
         let mut effects: Vec<NewEffect> = Vec::new();
         let mut target = row.log_head;
         for _ in 0..SWITCH_ROUNDS_MAX {

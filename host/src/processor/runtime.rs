@@ -243,14 +243,17 @@ fn kv<T>(r: Result<T, KeyedError>) -> wasmtime::Result<Result<T, KvError>> {
 
 impl GuestData {
     fn session(&mut self) -> Result<&mut Session, KeyedError> {
-        self.keyed.as_mut().ok_or_else(|| {
-            KeyedError::Refused("the keyed state is open only during fold".into())
-        })
+        self.keyed
+            .as_mut()
+            .ok_or_else(|| KeyedError::Refused("the keyed state is open only during fold".into()))
     }
 }
 
 impl bindings::wasi::keyvalue::store::Host for GuestData {
-    fn open(&mut self, identifier: String) -> wasmtime::Result<Result<Resource<BucketHandle>, KvError>> {
+    fn open(
+        &mut self,
+        identifier: String,
+    ) -> wasmtime::Result<Result<Resource<BucketHandle>, KvError>> {
         if !identifier.is_empty() {
             return Ok(Err(KvError::NoSuchStore));
         }
@@ -330,11 +333,9 @@ impl bindings::wasi::keyvalue::batch::Host for GuestData {
         _: Resource<BucketHandle>,
         key_values: Vec<(String, Vec<u8>)>,
     ) -> wasmtime::Result<Result<(), KvError>> {
-        kv(self.session().and_then(|s| {
-            key_values
-                .into_iter()
-                .try_for_each(|(k, v)| s.set(k, v))
-        }))
+        kv(self
+            .session()
+            .and_then(|s| key_values.into_iter().try_for_each(|(k, v)| s.set(k, v))))
     }
 
     fn delete_many(

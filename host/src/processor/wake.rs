@@ -80,7 +80,7 @@ fn start(job: &WakeJob, prepared: &super::runtime::Prepared) -> Result<Start, Fa
         Some(c) if c.stream_id == job.stream.stream_id => {
             // (Bucket 0: a checkpoint from before keyed state, no keys yet.)
             let (bucket, bucket_id) = if c.bucket == 0 {
-                (Bucket::empty(), super::keyed::new_bucket_id())
+                (Bucket::empty(), job.storage.new_bucket())
             } else {
                 let tag = crate::storage::key_tag(&c.id());
                 let stored = job.storage.stored_bucket(c.bucket, &tag);
@@ -108,7 +108,7 @@ fn start(job: &WakeJob, prepared: &super::runtime::Prepared) -> Result<Start, Fa
                 offset: 0,
                 state,
                 bucket: Bucket::empty(),
-                bucket_id: super::keyed::new_bucket_id(),
+                bucket_id: job.storage.new_bucket(),
             })
         }
     }

@@ -89,7 +89,10 @@ pub fn fold_command(
     for (k, v) in keys {
         match std::str::from_utf8(v) {
             Ok(v) if !k.contains(['=', ',']) && !v.contains(',') => {
-                flags.push_str(&format!(" -S {}", quoted(&format!("keyvalue-in-memory-data={k}={v}"))));
+                flags.push_str(&format!(
+                    " -S {}",
+                    quoted(&format!("keyvalue-in-memory-data={k}={v}"))
+                ));
             }
             _ => unseeded.push(k.as_str()),
         }

@@ -19,6 +19,13 @@ use super::Storage;
 /// Writes to a bucket: a value, or `None` for a delete.
 pub type Writes = std::collections::BTreeMap<String, Option<Vec<u8>>>;
 
+/// Bucket ids: random, so a new bucket (a new source lifetime, a refold's)
+/// never meets rows of an old one.
+pub fn new_bucket_id() -> i64 {
+    let id = uuid::Uuid::new_v4().as_u64_pair().0 & (i64::MAX as u64);
+    id.max(1) as i64
+}
+
 /// Values larger than this are read from storage each time.
 const CACHED_VALUE_BYTES_MAX: usize = 64 * 1024;
 
@@ -137,29 +144,62 @@ impl KeyCache {
     }
 }
 
-/// A committed bucket, read through the cache (a wake's reads).
+/// A committed bucket, read through the cache (a wake's reads); misses
+/// read in one read transaction, taken at the first and held while this
+/// lives.
 pub struct StoredBucket {
-    pub storage: Storage,
-    pub bucket: i64,
-    pub generation: u64,
+    storage: Storage,
+    bucket: i64,
+    generation: u64,
+    reads: Mutex<Option<super::ReadTransaction>>,
 }
 
 impl StoredBucket {
+    fn read<T>(&self, f: impl FnOnce(Db<'_>) -> Result<T>) -> Result<T> {
+        let mut held = self.reads.lock().expect("bucket reads");
+        if held.is_none() {
+            *held = Some(self.storage.read_transaction()?);
+        }
+        held.as_ref().expect("just set").with(f)
+    }
+
     /// The committed value of `key`.
     pub fn value(&self, key: &str) -> Result<Option<Vec<u8>>> {
         let cache = &self.storage.inner.hot.keys;
         if let Some(CachedValue(v)) = cache.get(self.bucket, self.generation, key) {
             return Ok(v.map(|v| v.to_vec()));
         }
-        let v = self.storage.key_value(self.bucket, key)?;
+        let v = self.read(|db| value_in(db, self.bucket, key))?;
         cache.fill(self.bucket, self.generation, key, &v);
         Ok(v)
     }
 
     /// Up to `limit` committed keys after `after`, in byte order.
     pub fn keys(&self, after: Option<&str>, limit: usize) -> Result<Vec<String>> {
-        self.storage.keys_after(self.bucket, after, limit)
+        self.read(|db| keys_after_in(db, self.bucket, after, limit))
     }
+}
+
+fn value_in(db: Db<'_>, bucket: i64, key: &str) -> Result<Option<Vec<u8>>> {
+    db.query_opt(
+        "SELECT value FROM processor_keys WHERE bucket = ?1 AND key = ?2",
+        args![bucket, key],
+        |r| r.bytes(0),
+    )
+}
+
+fn keys_after_in(
+    db: Db<'_>,
+    bucket: i64,
+    after: Option<&str>,
+    limit: usize,
+) -> Result<Vec<String>> {
+    db.query_all(
+        "SELECT key FROM processor_keys WHERE bucket = ?1 AND key > ?2
+         ORDER BY key LIMIT ?3",
+        args![bucket, after.unwrap_or(""), limit as i64],
+        |r| r.text(0),
+    )
 }
 
 impl Storage {
@@ -170,7 +210,16 @@ impl Storage {
             storage: self.clone(),
             bucket,
             generation: self.inner.hot.keys.generation(bucket, tag),
+            reads: Mutex::new(None),
         }
+    }
+
+    /// A new bucket's id, known to the cache as empty (its first commit
+    /// fills the cache with its writes).
+    pub fn new_bucket(&self) -> i64 {
+        let id = new_bucket_id();
+        self.inner.hot.keys.generation(id, "");
+        id
     }
 
     /// The key cache's bytes held and bound.
@@ -180,17 +229,16 @@ impl Storage {
 
     /// The committed value of `key` in `bucket`.
     pub fn key_value(&self, bucket: i64, key: &str) -> Result<Option<Vec<u8>>> {
-        self.with_reader(|db| {
-            db.query_opt(
-                "SELECT value FROM processor_keys WHERE bucket = ?1 AND key = ?2",
-                args![bucket, key],
-                |r| r.bytes(0),
-            )
-        })
+        self.with_reader(|db| value_in(db, bucket, key))
     }
 
     /// Up to `limit` committed keys of `bucket` after `after`, in byte order.
-    pub fn keys_after(&self, bucket: i64, after: Option<&str>, limit: usize) -> Result<Vec<String>> {
+    pub fn keys_after(
+        &self,
+        bucket: i64,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<String>> {
         self.with_reader(|db| {
             db.query_all(
                 "SELECT key FROM processor_keys WHERE bucket = ?1 AND key > ?2
@@ -267,10 +315,7 @@ pub(super) fn apply(
     drop_bucket: Option<i64>,
 ) -> Result<()> {
     if let Some(old) = drop_bucket {
-        conn.execute(
-            "DELETE FROM processor_keys WHERE bucket = ?1",
-            args![old],
-        )?;
+        conn.execute("DELETE FROM processor_keys WHERE bucket = ?1", args![old])?;
     }
     for (k, v) in writes {
         match v {

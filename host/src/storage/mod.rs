@@ -32,11 +32,11 @@ use sql::{args, Db, PgConn, Row};
 use crate::config::Durability;
 use crate::metrics::Metrics;
 pub use effects::{EffectOp, EffectQuery, EffectRow, EffectSource, NewEffect};
+pub use hot::{set_key_cache_bytes, KEY_CACHE_BYTES_DEFAULT};
 pub use ingest::{
     FenceIdentity, FenceRow, IngestOp, NewPending, PendingRow, SharedBound, CAPACITY_EXHAUSTED,
     DIAGNOSTICS_KEPT, KEY_CONFLICT, KEY_IN_STREAM,
 };
-pub use hot::{set_key_cache_bytes, KEY_CACHE_BYTES_DEFAULT};
 pub use keys::{tag as key_tag, StoredBucket, Writes as KeyWrites};
 pub use lease::{tenure_clock_ms, ClusterHost, Fence, HostIdentity, LeaseLost, OwnedElsewhere};
 pub use writer::{
@@ -143,6 +143,45 @@ enum Readers {
 
 /// Read connections kept for reuse.
 const READERS_KEPT_MAX: usize = 16;
+
+/// A read connection of either engine.
+enum ReadConn {
+    Sqlite(Connection),
+    Postgres(PgConn),
+}
+
+impl ReadConn {
+    fn db(&self) -> Db<'_> {
+        match self {
+            ReadConn::Sqlite(c) => Db::Sqlite(c),
+            ReadConn::Postgres(c) => Db::Postgres(c),
+        }
+    }
+}
+
+/// A read transaction ([`Storage::read_transaction`]); ends when dropped.
+pub struct ReadTransaction {
+    storage: Storage,
+    conn: Option<ReadConn>,
+}
+
+impl ReadTransaction {
+    /// Runs `f` inside the transaction.
+    pub fn with<T>(&self, f: impl FnOnce(Db<'_>) -> Result<T>) -> Result<T> {
+        f(self.conn.as_ref().expect("held until dropped").db())
+    }
+}
+
+impl Drop for ReadTransaction {
+    fn drop(&mut self) {
+        if let Some(conn) = self.conn.take() {
+            // A connection whose transaction does not end is not reused.
+            if conn.db().batch("COMMIT").is_ok() {
+                self.storage.put_reader(conn);
+            }
+        }
+    }
+}
 /// Prepared statements kept per connection: more than storage has, so none
 /// is parsed again (rusqlite keeps 16 by default; the writer alone uses ~50).
 const STATEMENTS_CACHED: usize = 128;
@@ -280,10 +319,18 @@ impl Storage {
     }
 
     fn with_reader<T>(&self, f: impl FnOnce(Db<'_>) -> Result<T>) -> Result<T> {
+        let conn = self.take_reader()?;
+        let out = f(conn.db());
+        self.put_reader(conn);
+        out
+    }
+
+    /// A read connection from the pool (or a new one).
+    fn take_reader(&self) -> Result<ReadConn> {
         match &self.inner.readers {
             Readers::Sqlite { db_path, pool } => {
                 let conn = pool.lock().expect("reader pool").pop();
-                let conn = match conn {
+                Ok(ReadConn::Sqlite(match conn {
                     Some(c) => c,
                     None => {
                         let c = Connection::open_with_flags(
@@ -295,29 +342,51 @@ impl Storage {
                         c.set_prepared_statement_cache_capacity(STATEMENTS_CACHED);
                         c
                     }
-                };
-                let out = f(Db::Sqlite(&conn));
-                let mut pool = pool.lock().expect("reader pool");
-                if pool.len() < READERS_KEPT_MAX {
-                    pool.push(conn);
-                }
-                out
+                }))
             }
             Readers::Postgres { target, pool } => {
                 let conn = pool.lock().expect("reader pool").pop();
-                let conn = match conn {
+                Ok(ReadConn::Postgres(match conn {
                     Some(c) => c,
                     None => PgConn::connect(target)?,
-                };
-                let out = f(Db::Postgres(&conn));
-                let mut pool = pool.lock().expect("reader pool");
-                // A connection the server closed is not kept.
-                if pool.len() < READERS_KEPT_MAX && !conn.is_closed() {
-                    pool.push(conn);
-                }
-                out
+                }))
             }
         }
+    }
+
+    /// Gives a read connection back to the pool.
+    fn put_reader(&self, conn: ReadConn) {
+        match (&self.inner.readers, conn) {
+            (Readers::Sqlite { pool, .. }, ReadConn::Sqlite(c)) => {
+                let mut pool = pool.lock().expect("reader pool");
+                if pool.len() < READERS_KEPT_MAX {
+                    pool.push(c);
+                }
+            }
+            (Readers::Postgres { pool, .. }, ReadConn::Postgres(c)) => {
+                let mut pool = pool.lock().expect("reader pool");
+                // A connection the server closed is not kept.
+                if pool.len() < READERS_KEPT_MAX && !c.is_closed() {
+                    pool.push(c);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// A read transaction held until the answer is dropped: reads through
+    /// it see one snapshot and pay for their locks once (a wake's reads of
+    /// its keyed state).
+    pub fn read_transaction(&self) -> Result<ReadTransaction> {
+        let conn = self.take_reader()?;
+        conn.db().batch(match &conn {
+            ReadConn::Sqlite(_) => "BEGIN",
+            ReadConn::Postgres(_) => "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY",
+        })?;
+        Ok(ReadTransaction {
+            storage: self.clone(),
+            conn: Some(conn),
+        })
     }
 
     /// Loads a stream's row, or `None` when the stream does not exist.
