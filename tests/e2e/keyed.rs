@@ -538,3 +538,69 @@ async fn the_repro_of_a_keyed_fold_fails_the_same_way_under_the_wasmtime_cli() {
         "{stdout}"
     );
 }
+
+/// Grows the ledger by `count` accounts from `from`, `per_event` per wake.
+async fn import(s: &Server, from: u64, count: u64, per_event: u64) {
+    let mut at = from;
+    while at < from + count {
+        let n = per_event.min(from + count - at);
+        append(
+            s,
+            json!([{"type": "imported", "payload": {"from": at, "count": n, "cents": 100}}]),
+        )
+        .await;
+        caught_up(s, S, "ledger").await;
+        at += n;
+    }
+}
+
+#[tokio::test]
+async fn memory_stays_flat_while_a_processor_grows_to_millions_of_keys() {
+    // On PostgreSQL the same with fewer keys (its upserts are slower; the
+    // bound under test is the host's, not the database's).
+    let (warm, total) = if crate::support::postgres_base().is_some() {
+        (100_000, 400_000)
+    } else {
+        (200_000, 2_000_000)
+    };
+    let config = PROC.replace(
+        "[processors]\nidle-teardown-ms = 300\n",
+        "[processors]\nidle-teardown-ms = 300\nkeyed-cache-bytes = 8388608\n",
+    );
+    let s = Server::start_with(Some(&config), &["--durability", "normal"]);
+    s.deploy("acme", "ledger", guest("ledger")).await;
+    s.post(&format!("{S}:append"), wake()).await;
+    import(&s, 0, warm, 50_000).await;
+    let baseline = s.rss_bytes();
+    import(&s, warm, total - warm, 50_000).await;
+    // Wakes that touch a few accounts spread over the whole bucket.
+    for i in 0..20u64 {
+        append(
+            &s,
+            json!([deposit(&format!("acct-{}", i * 99_991 % total), 1)]),
+        )
+        .await;
+    }
+    let p = caught_up(&s, S, "ledger").await;
+    assert_eq!(p["state"]["accounts"], total, "{p}");
+    let grown = s.rss_bytes();
+    let db = s.db();
+    assert_eq!(
+        db.query_i64("SELECT count(*) FROM processor_keys"),
+        Some(total as i64)
+    );
+    assert_eq!(
+        balance(&s, &format!("acct-{}", total - 1)).await.1["value"],
+        "100"
+    );
+    println!(
+        "RSS after {warm} keys {} MiB, after {total} keys {} MiB",
+        baseline / (1 << 20),
+        grown / (1 << 20)
+    );
+    assert!(
+        grown < baseline + 48 * (1 << 20),
+        "RSS grew from {baseline} to {grown} bytes while the bucket grew {}x",
+        total / warm
+    );
+}
