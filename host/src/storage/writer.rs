@@ -764,7 +764,45 @@ mod tests {
             stream_id: "s1".into(),
             offset,
             digest: digest.into(),
+            bucket: 0,
         })
+    }
+
+    #[test]
+    fn a_checkpoints_keys_commit_with_it_and_a_new_bucket_drops_the_old() {
+        let (_dir, storage) = sqlite();
+        let with_keys = |previous, offset, bucket: i64, keys: &[(&str, Option<&str>)], drop| {
+            let WriteOp::Checkpoint(mut c) = checkpoint(previous, offset, "d") else {
+                unreachable!()
+            };
+            c.bucket = bucket;
+            c.drop_bucket = drop;
+            c.keys = keys
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.map(|v| v.as_bytes().to_vec())))
+                .collect();
+            storage.commit_blocking(WriteOp::Checkpoint(c))
+        };
+        let at = |offset, bucket| {
+            Some(CheckpointId {
+                bucket,
+                ..id(offset, "d").unwrap()
+            })
+        };
+        with_keys(None, 1, 7, &[("a", Some("1")), ("b", Some("2"))], None).unwrap();
+        with_keys(at(1, 7), 2, 7, &[("a", Some("10")), ("b", None)], None).unwrap();
+        assert_eq!(storage.key_value(7, "a").unwrap(), Some(b"10".to_vec()));
+        assert_eq!(storage.key_value(7, "b").unwrap(), None);
+        // A writer that started from another bucket changes nothing.
+        let stale = with_keys(at(2, 8), 3, 8, &[("a", Some("stale"))], None);
+        assert!(stale.unwrap_err().0.contains("moved"));
+        assert_eq!(storage.key_value(8, "a").unwrap(), None);
+        assert_eq!(storage.key_value(7, "a").unwrap(), Some(b"10".to_vec()));
+        // A switch to a new bucket drops the old one's rows with it.
+        with_keys(at(2, 7), 3, 9, &[("z", Some("new"))], Some(7)).unwrap();
+        assert_eq!(storage.key_value(7, "a").unwrap(), None);
+        assert_eq!(storage.keys_after(9, None, 10).unwrap(), vec!["z".to_string()]);
+        assert_eq!(storage.checkpoint(1, "c").unwrap().unwrap().bucket, 9);
     }
 
     #[test]
