@@ -61,6 +61,9 @@ try {
     return cell && Number(cell.textContent) >= at;
   }, [subscription, offset]);
 
+  step("see a processor's keyed state");
+  await page.locator(`[data-testid=keys-ledger] tr`, { hasText: "balance/acct-1" }).waitFor();
+
   step("verify the processor");
   await page.locator("button", { hasText: "Verify" }).first().click();
   await page.locator(`[data-testid^=verify-]`, { hasText: "state = fold(log)" }).waitFor();

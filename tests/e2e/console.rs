@@ -50,6 +50,8 @@ async fn the_console_shows_streams_live_events_and_resumes_a_halted_subscription
     s.token = Some("t-acme".into());
     let (status, out) = s.deploy("acme", "effector", guest("effector")).await;
     assert_eq!(status, 200, "{out}");
+    let (status, out) = s.deploy("acme", "ledger", guest("ledger")).await;
+    assert_eq!(status, 200, "{out}");
 
     // A processor with an effect, and a webhook that halts: nothing listens
     // on its port yet.
@@ -68,6 +70,10 @@ async fn the_console_shows_streams_live_events_and_resumes_a_halted_subscription
              "payload": {"subscriptionKey": "hook", "receiver": {"action": "webhook-post",
                 "url": format!("http://127.0.0.1:{port}/hook"),
                 "delivery": {"start": "beginning", "onFailingEvent": "halt"}}}},
+            {"type": "events.iterate.com/stream/subscription-configured",
+             "payload": {"subscriptionKey": "ledger", "receiver": {"action": "processor-wake",
+                "expression": ["components", ["get", "ledger"], "wake"]}}},
+            {"type": "deposited", "payload": {"account": "acct-1", "cents": 5}},
             {"type": "events.example/effects-requested", "payload": {"effects": [
                 {"key": "confirm-1", "append": {"streamPath": "/orders/confirmed",
                     "type": "events.example/order-confirmed", "payload": {"order": 1}}}]}},

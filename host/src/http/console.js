@@ -112,6 +112,8 @@ async function streamsView(params) {
 const EVENTS_SHOWN = 200;
 // Verify results survive the periodic refresh of the processors section.
 const verdicts = new Map();
+// Keys of a processor's keyed state shown with it.
+const KEYS_SHOWN = 50;
 
 async function streamView(params) {
   setActive("streams");
@@ -213,6 +215,20 @@ async function refreshDetails(path, ui) {
       verdict.textContent = text;
       verdict.className = cls;
     };
+    // Its keyed state (processors that import wasi:keyvalue): the first keys.
+    let keys = { keys: [], nextAfter: null };
+    try { keys = await api("GET", `${base}:processors/${encodeURIComponent(component)}/keys?limit=${KEYS_SHOWN}`); }
+    catch (e) { keys = { keys: [], nextAfter: null, error: e.message }; }
+    const keyRows = keys.keys.map((k) => h("tr", {},
+      h("td", { class: "mono" }, k.key),
+      h("td", { class: "mono payload" }, typeof k.value === "string" ? k.value : json(k.value))));
+    const keyTable = keys.keys.length
+      ? h("table", { "data-testid": `keys-${component}` },
+        h("thead", {}, h("tr", {}, h("th", {}, "key"), h("th", {}, "value"))), h("tbody", {}, keyRows))
+      : "";
+    const keyNote = keys.error ? h("p", { class: "bad" }, keys.error)
+      : keys.nextAfter ? h("p", { class: "muted" }, `first ${KEYS_SHOWN} keys shown; the rest: streamhost keys ${path} ${component} --all`)
+        : "";
     ui.procs.append(h("div", {},
       h("p", {}, h("b", {}, component), ` · checkpoint ${p.checkpointOffset} · ${p.status} · digest `,
         h("code", {}, (p.digest ?? "").slice(0, 16)), " ",
@@ -220,12 +236,14 @@ async function refreshDetails(path, ui) {
           remember(" verifying…", "muted");
           try {
             const v = await api("POST", `${base}:verifyProcessor`, { component });
-            if (v.matches) remember(` ✓ state = fold(log) through offset ${v.checkpointOffset}`, "ok");
+            const keysNote = v.keysCompared ? `, ${v.keysCompared} keys compared` : "";
+            if (v.matches) remember(` ✓ state = fold(log) through offset ${v.checkpointOffset}${keysNote}`, "ok");
+            else if (v.firstDifferingKey) remember(` ✗ key ${v.firstDifferingKey.key} differs from the refold`, "bad");
             else remember(" ✗ the stored state differs from the refold", "bad");
           } catch (e) { remember(" " + e.message, "bad"); }
         } }, "Verify"), verdict),
       p.lastFailure ? h("pre", { class: "bad" }, `${p.lastFailure.message}\n${p.lastFailure.repro ?? ""}`) : "",
-      h("pre", {}, pretty(p.state))));
+      h("pre", {}, pretty(p.state)), keyTable, keyNote));
   }
   if (!processors.length) ui.procs.append(h("p", { class: "muted" }, "no processors on this stream"));
 
