@@ -104,6 +104,24 @@ panic = "abort"
 //! The state is stored as JSON after every batch and handed back to the next
 //! one; `fold` sees one event at a time, in offset order. Keep it
 //! deterministic: the same events must give the same state.
+//!
+//! Keep the JSON state small: it travels whole on every wake. Per-entity
+//! data (a balance per account, a record per order) belongs in keyed
+//! state, which a wake reads and writes key by key, however many keys
+//! there are, and which commits with the state:
+//!
+//! ```ignore
+//! use streamhost_guest::keyed::Map;
+//! // Totals per customer under "total/<customer>", values as JSON.
+//! const TOTALS: Map<f64> = Map::new("total/");
+//! // in fold:
+//! let before = TOTALS.get(&customer)?.unwrap_or(0.0);
+//! TOTALS.set(&customer, &(before + amount))?;
+//! ```
+//!
+//! `streamhost keys STREAM {name}` lists the keys of a deployed instance;
+//! `streamhost fold ... --keys FILE --keys-out FILE` folds with keys
+//! offline.
 
 use std::collections::BTreeMap;
 
@@ -259,6 +277,10 @@ mod tests {
             .contains(r#"streamhost-guest = { git = "https://example.com/sh.git" }"#));
         assert!(get("src/lib.rs").contains("pub struct OrderTotals;"));
         assert!(get("src/lib.rs").contains("processor!(OrderTotals)"));
+        assert!(
+            get("src/lib.rs").contains("keyed::Map"),
+            "the template shows keyed state"
+        );
         assert!(get("README.md").contains("release/order_totals.wasm"));
         assert!(get(".cargo/config.toml").contains("wasm32-wasip2"));
     }
