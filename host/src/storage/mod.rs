@@ -147,7 +147,7 @@ const READERS_KEPT_MAX: usize = 16;
 /// A read connection of either engine.
 enum ReadConn {
     Sqlite(Connection),
-    Postgres(PgConn),
+    Postgres(Box<PgConn>),
 }
 
 impl ReadConn {
@@ -346,10 +346,10 @@ impl Storage {
             }
             Readers::Postgres { target, pool } => {
                 let conn = pool.lock().expect("reader pool").pop();
-                Ok(ReadConn::Postgres(match conn {
+                Ok(ReadConn::Postgres(Box::new(match conn {
                     Some(c) => c,
                     None => PgConn::connect(target)?,
-                }))
+                })))
             }
         }
     }
@@ -367,7 +367,7 @@ impl Storage {
                 let mut pool = pool.lock().expect("reader pool");
                 // A connection the server closed is not kept.
                 if pool.len() < READERS_KEPT_MAX && !c.is_closed() {
-                    pool.push(c);
+                    pool.push(*c);
                 }
             }
             _ => {}

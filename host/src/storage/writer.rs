@@ -801,7 +801,10 @@ mod tests {
         // A switch to a new bucket drops the old one's rows with it.
         with_keys(at(2, 7), 3, 9, &[("z", Some("new"))], Some(7)).unwrap();
         assert_eq!(storage.key_value(7, "a").unwrap(), None);
-        assert_eq!(storage.keys_after(9, None, 10).unwrap(), vec!["z".to_string()]);
+        assert_eq!(
+            storage.keys_after(9, None, 10).unwrap(),
+            vec!["z".to_string()]
+        );
         assert_eq!(storage.checkpoint(1, "c").unwrap().unwrap().bucket, 9);
     }
 
