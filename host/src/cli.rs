@@ -382,6 +382,22 @@ pub struct FoldArgs {
     /// Write the keyed state after the fold to this file (the same form).
     #[arg(long)]
     pub keys_out: Option<PathBuf>,
+    /// Start from a processor instance as this (SQLite) data dir holds it:
+    /// its keys, and its state unless --state is given; the events are
+    /// those after its checkpoint. Needs --stream (and --project, unless
+    /// the stream is global); the instance is the component file's name
+    /// unless --processor names it.
+    #[arg(long, conflicts_with = "keys")]
+    pub data_dir: Option<PathBuf>,
+    /// With --data-dir: the stream path.
+    #[arg(long, requires = "data_dir")]
+    pub stream: Option<String>,
+    /// With --data-dir: the project ("" or absent: the global namespace).
+    #[arg(long, requires = "data_dir")]
+    pub project: Option<String>,
+    /// With --data-dir: the processor's component name.
+    #[arg(long, requires = "data_dir")]
+    pub processor: Option<String>,
     /// Deadline of one guest call, in ms.
     #[arg(long, default_value_t = 20_000)]
     pub timeout_ms: u64,
@@ -1452,8 +1468,34 @@ fn fold_offline(a: FoldArgs) -> Result<()> {
             .initial_state(&name, &prepared, a.timeout_ms)
             .map_err(|e| anyhow::anyhow!("initial-state: {e}"))?,
     };
-    let keys = match &a.keys {
-        Some(p) => {
+    let offline = match &a.data_dir {
+        Some(dir) => {
+            let stream = a
+                .stream
+                .as_deref()
+                .context("--data-dir needs --stream: the processor's source stream")?;
+            let instance = crate::storage::read_offline(
+                dir,
+                a.project.as_deref().unwrap_or(""),
+                stream,
+                a.processor.as_deref().unwrap_or(&name),
+            )?;
+            eprintln!(
+                "from {}: checkpoint at offset {}, {} keys",
+                dir.display(),
+                instance.checkpoint_offset,
+                instance.keys.len()
+            );
+            Some(instance)
+        }
+        None => None,
+    };
+    if let (Some(o), None) = (&offline, &a.state) {
+        state = o.state.clone();
+    }
+    let keys = match (&a.keys, offline) {
+        (_, Some(o)) => o.keys,
+        (Some(p), None) => {
             let text =
                 std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
             let v: Value = serde_json::from_str(&text)
@@ -1461,7 +1503,7 @@ fn fold_offline(a: FoldArgs) -> Result<()> {
             crate::processor::keyed::keys_from_json(&v)
                 .map_err(|m| anyhow::anyhow!("{}: {m}", p.display()))?
         }
-        None => Default::default(),
+        (None, None) => Default::default(),
     };
     let mut bucket = crate::processor::keyed::Bucket::new(std::sync::Arc::new(
         crate::processor::keyed::Memory(keys),

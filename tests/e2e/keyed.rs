@@ -232,7 +232,11 @@ async fn verify_compares_every_key_and_names_the_first_that_differs() {
 
     // Change one stored value and add a key behind the processor's back.
     let db = s.db();
-    db.execute("UPDATE processor_keys SET value = CAST('99' AS BLOB) WHERE key = 'balance/b'");
+    db.execute(if db.is_postgres() {
+        "UPDATE processor_keys SET value = convert_to('99', 'UTF8') WHERE key = 'balance/b'"
+    } else {
+        "UPDATE processor_keys SET value = CAST('99' AS BLOB) WHERE key = 'balance/b'"
+    });
     let (_, v) = s
         .post(
             &format!("{S}:verifyProcessor"),
@@ -387,29 +391,46 @@ async fn the_offline_fold_sees_what_the_wake_saw_given_the_keys() {
         {"type": "audited", "payload": {"prefix": ""}}]);
     append(&s, first.clone()).await;
     let mid = caught_up(&s, S, "ledger").await;
+    let dir = tempfile::tempdir().unwrap();
+    let events = dir.path().join("events.jsonl");
+    let lines: Vec<String> = second.as_array().unwrap().iter().map(Value::to_string).collect();
+    std::fs::write(&events, lines.join("\n")).unwrap();
+    let wasm = dir.path().join("ledger.wasm");
+    std::fs::write(&wasm, guest("ledger")).unwrap();
+    // From the server's own data dir (SQLite), read while it runs: the
+    // instance's state and keys at its checkpoint.
+    let from_data_dir = (!s.db().is_postgres()).then(|| {
+        let (ok, out, err) = run_cli(&[
+            "fold",
+            wasm.to_str().unwrap(),
+            "--events",
+            events.to_str().unwrap(),
+            "--data-dir",
+            s.data_dir().to_str().unwrap(),
+            "--project",
+            "acme",
+            "--stream",
+            S_PATH,
+        ]);
+        assert!(ok, "{err}");
+        assert!(err.contains("2 keys"), "{err}");
+        serde_json::from_str::<Value>(&out).unwrap()
+    });
     append(&s, second.clone()).await;
     let end = caught_up(&s, S, "ledger").await;
     assert_eq!(end["state"]["audited"], 28, "{end}");
+    if let Some(state) = from_data_dir {
+        assert_eq!(state, end["state"], "the offline fold from the data dir");
+    }
 
     // The keys after the first append, as the CLI lists them, are the start
     // of an offline fold of the second: it ends where the server did.
-    let dir = tempfile::tempdir().unwrap();
     let mid_keys = json!({"keys": [
         {"key": "balance/a", "value": "10"}, {"key": "balance/b", "value": "20"}]});
     let keys_in = dir.path().join("keys.json");
     std::fs::write(&keys_in, mid_keys.to_string()).unwrap();
     let state_in = dir.path().join("state.json");
     std::fs::write(&state_in, mid["state"].to_string()).unwrap();
-    let events = dir.path().join("events.jsonl");
-    let lines: Vec<String> = second
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(Value::to_string)
-        .collect();
-    std::fs::write(&events, lines.join("\n")).unwrap();
-    let wasm = dir.path().join("ledger.wasm");
-    std::fs::write(&wasm, guest("ledger")).unwrap();
     let keys_out = dir.path().join("out.json");
     let (ok, out, err) = run_cli(&[
         "fold",

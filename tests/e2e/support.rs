@@ -675,6 +675,20 @@ impl SseClient {
         }
     }
 
+    /// Whether the server still holds the connection open: reads what
+    /// arrives until `within` passes (open) or the stream ends (closed).
+    pub async fn still_open(&mut self, within: Duration) -> bool {
+        use futures_util::StreamExt;
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            match tokio::time::timeout_at(deadline, self.messages.next()).await {
+                Err(_) => return true,
+                Ok(None) | Ok(Some(Err(_))) => return false,
+                Ok(Some(Ok(_))) => continue,
+            }
+        }
+    }
+
     /// The next `batch` message; panics on anything else or after 10 s.
     pub async fn batch(&mut self) -> Value {
         match self.next_within(Duration::from_secs(10)).await {

@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 
 use anyhow::Result;
 
-use super::sql::{args, Db};
+use super::sql::{args, Arg, Db};
 use super::Storage;
 
 /// Writes to a bucket: a value, or `None` for a delete.
@@ -305,6 +305,65 @@ impl Storage {
     }
 }
 
+/// A processor instance as a SQLite data dir holds it, read offline
+/// (`streamhost fold --data-dir`): its checkpoint offset, state and keys.
+pub struct OfflineInstance {
+    pub checkpoint_offset: u64,
+    pub state: String,
+    pub keys: std::collections::BTreeMap<String, Vec<u8>>,
+}
+
+/// Reads processor `component`'s instance on stream `path` of `project`
+/// (`""`: the global namespace) from the SQLite database in `data_dir`,
+/// read-only (a running server may hold it).
+pub fn read_offline(
+    data_dir: &std::path::Path,
+    project: &str,
+    path: &str,
+    component: &str,
+) -> Result<OfflineInstance> {
+    use anyhow::Context as _;
+    let db_path = data_dir.join("streamhost.db");
+    if !db_path.exists() {
+        anyhow::bail!("{} holds no streamhost.db", data_dir.display());
+    }
+    let conn = rusqlite::Connection::open_with_flags(
+        &db_path,
+        rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY,
+    )
+    .with_context(|| format!("opening {}", db_path.display()))?;
+    let db = Db::Sqlite(&conn);
+    db.batch("BEGIN")?;
+    let row = db
+        .query_opt(
+            "SELECT id FROM streams WHERE project = ?1 AND path = ?2",
+            args![project, path],
+            |r| r.int(0),
+        )?
+        .with_context(|| format!("no stream {path:?} in project {project:?} in {}", db_path.display()))?;
+    let (offset, state, bucket) = db
+        .query_opt(
+            "SELECT checkpoint_offset, state, bucket FROM processor_checkpoints
+             WHERE stream = ?1 AND component = ?2",
+            args![row, component],
+            |r| Ok((r.int(0)? as u64, r.text(1)?, r.int(2)?)),
+        )?
+        .with_context(|| format!("processor {component:?} has no checkpoint on stream {path:?}"))?;
+    let mut keys = std::collections::BTreeMap::new();
+    for (k, v) in db.query_all(
+        "SELECT key, value FROM processor_keys WHERE bucket = ?1 ORDER BY key",
+        args![bucket],
+        |r| Ok((r.text(0)?, r.bytes(1)?)),
+    )? {
+        keys.insert(k, v);
+    }
+    Ok(OfflineInstance {
+        checkpoint_offset: offset,
+        state,
+        keys,
+    })
+}
+
 /// Applies a checkpoint's writes to its bucket, and drops the bucket it
 /// replaces (a new source lifetime, a refold's switch). In the checkpoint's
 /// transaction.
@@ -317,21 +376,76 @@ pub(super) fn apply(
     if let Some(old) = drop_bucket {
         conn.execute("DELETE FROM processor_keys WHERE bucket = ?1", args![old])?;
     }
-    for (k, v) in writes {
-        match v {
-            Some(v) => conn.execute(
-                "INSERT INTO processor_keys (bucket, key, value) VALUES (?1, ?2, ?3)
-                 ON CONFLICT (bucket, key) DO UPDATE SET value = excluded.value",
-                args![bucket, k, v],
-            )?,
-            None => conn.execute(
-                "DELETE FROM processor_keys WHERE bucket = ?1 AND key = ?2",
-                args![bucket, k],
-            )?,
-        };
+    // Many rows per statement (one round trip on PostgreSQL, one statement
+    // step on SQLite), in chunks of one size so the statement is prepared
+    // once; the rest one by one.
+    let sets: Vec<(&String, &Vec<u8>)> = writes
+        .iter()
+        .filter_map(|(k, v)| v.as_ref().map(|v| (k, v)))
+        .collect();
+    let deletes: Vec<&String> = writes
+        .iter()
+        .filter(|(_, v)| v.is_none())
+        .map(|(k, _)| k)
+        .collect();
+    let mut chunks = sets.chunks_exact(ROWS_PER_STATEMENT);
+    for chunk in &mut chunks {
+        let mut params = vec![Arg::Int(bucket)];
+        for (k, v) in chunk {
+            params.push(Arg::Text(k));
+            params.push(Arg::Bytes(v));
+        }
+        conn.execute(&UPSERT_MANY, &params)?;
+    }
+    for (k, v) in chunks.remainder() {
+        conn.execute(
+            "INSERT INTO processor_keys (bucket, key, value) VALUES (?1, ?2, ?3)
+             ON CONFLICT (bucket, key) DO UPDATE SET value = excluded.value",
+            args![bucket, *k, *v],
+        )?;
+    }
+    let mut chunks = deletes.chunks_exact(ROWS_PER_STATEMENT);
+    for chunk in &mut chunks {
+        let mut params = vec![Arg::Int(bucket)];
+        params.extend(chunk.iter().map(|k| Arg::Text(k)));
+        conn.execute(&DELETE_MANY, &params)?;
+    }
+    for k in chunks.remainder() {
+        conn.execute(
+            "DELETE FROM processor_keys WHERE bucket = ?1 AND key = ?2",
+            args![bucket, *k],
+        )?;
     }
     Ok(())
 }
+
+/// Rows written by one multi-row statement.
+const ROWS_PER_STATEMENT: usize = 64;
+
+/// `INSERT ... VALUES (?1, ?2, ?3), (?1, ?4, ?5), ... ON CONFLICT ...` for
+/// [`ROWS_PER_STATEMENT`] rows.
+static UPSERT_MANY: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    let rows: Vec<String> = (0..ROWS_PER_STATEMENT)
+        .map(|i| format!("(?1, ?{}, ?{})", 2 + 2 * i, 3 + 2 * i))
+        .collect();
+    format!(
+        "INSERT INTO processor_keys (bucket, key, value) VALUES {}
+         ON CONFLICT (bucket, key) DO UPDATE SET value = excluded.value",
+        rows.join(", ")
+    )
+});
+
+/// `DELETE ... WHERE bucket = ?1 AND key IN (?2, ...)` for
+/// [`ROWS_PER_STATEMENT`] keys.
+static DELETE_MANY: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    let keys: Vec<String> = (0..ROWS_PER_STATEMENT)
+        .map(|i| format!("?{}", 2 + i))
+        .collect();
+    format!(
+        "DELETE FROM processor_keys WHERE bucket = ?1 AND key IN ({})",
+        keys.join(", ")
+    )
+});
 
 #[cfg(test)]
 mod tests {

@@ -37,7 +37,7 @@ pub use ingest::{
     FenceIdentity, FenceRow, IngestOp, NewPending, PendingRow, SharedBound, CAPACITY_EXHAUSTED,
     DIAGNOSTICS_KEPT, KEY_CONFLICT, KEY_IN_STREAM,
 };
-pub use keys::{tag as key_tag, StoredBucket, Writes as KeyWrites};
+pub use keys::{read_offline, tag as key_tag, OfflineInstance, StoredBucket, Writes as KeyWrites};
 pub use lease::{tenure_clock_ms, ClusterHost, Fence, HostIdentity, LeaseLost, OwnedElsewhere};
 pub use writer::{
     Checkpoint, CommitError, CursorRow, Deployment, NewStream, ProcessorFailure, StoredEvent,
