@@ -50,10 +50,9 @@ struct Bench {
 fn fresh_postgres(base: &str) -> String {
     const DB: &str = "streamhost_bench_keyed";
     let mut c = postgres::Client::connect(base, postgres::NoTls).expect("PostgreSQL");
-    c.batch_execute(&format!(
-        "DROP DATABASE IF EXISTS {DB} WITH (FORCE); CREATE DATABASE {DB}"
-    ))
-    .unwrap();
+    c.batch_execute(&format!("DROP DATABASE IF EXISTS {DB} WITH (FORCE)"))
+        .unwrap();
+    c.batch_execute(&format!("CREATE DATABASE {DB}")).unwrap();
     let (server, _) = base.rsplit_once('/').expect("a URL with a database");
     format!("{server}/{DB}")
 }
@@ -68,7 +67,10 @@ impl Bench {
         };
         config.processors.keyed_cache_bytes = cache_bytes;
         if let Some(base) = postgres {
-            config.storage = Some(fresh_postgres(base));
+            // (The `postgres` client runs a runtime of its own: not on this
+            // runtime's threads.)
+            let base = base.to_string();
+            config.storage = Some(std::thread::spawn(move || fresh_postgres(&base)).join().unwrap());
         }
         let host = Host::open(config).unwrap();
         common::deploy(&host, "ledger", common::guest_wasm("ledger")).await;
@@ -81,6 +83,12 @@ impl Bench {
             stream_id: String::new(),
             head: 0,
         }
+    }
+
+    /// Drops the host off the runtime's threads (the blocking PostgreSQL
+    /// client's connections end with a runtime of their own).
+    fn close(self) {
+        std::thread::spawn(move || drop(self)).join().unwrap();
     }
 
     async fn append(&mut self, events: Vec<Value>) {
@@ -184,6 +192,7 @@ async fn wake_p50(postgres: Option<&str>, keys: u64, iterations: usize, cache: u
     }
     let (used, cap) = b.host.streams.storage().key_cache_usage();
     eprintln!("  ({keys} keys: key cache {used} of {cap} bytes)");
+    b.close();
     percentile(samples, 0.5)
 }
 
@@ -318,6 +327,8 @@ async fn fold_throughput(postgres: Option<&str>, n: usize) -> (f64, f64, f64) {
         serde_json::from_str::<Value>(&state).unwrap(),
         "both folds agree"
     );
+    drop(fold);
+    b.close();
     (stored, native, floor)
 }
 
