@@ -37,6 +37,33 @@ thread_local! {
     /// The bucket, opened once per guest call (the host gives each call a
     /// fresh instance, so the handle never outlives its call).
     static BUCKET: RefCell<Option<std::rc::Rc<store::Bucket>>> = const { RefCell::new(None) };
+    /// Values read ahead for this call ([`crate::Processor::prefetch`]),
+    /// kept up to date by this call's writes. (A `BTreeMap`: a `HashMap`
+    /// seeds itself with random bytes, and a fold that reads random bytes
+    /// is folded again one event per call.)
+    static READ: RefCell<std::collections::BTreeMap<String, Option<Vec<u8>>>> =
+        const { RefCell::new(std::collections::BTreeMap::new()) };
+}
+
+/// Reads `keys` in one call to the host and keeps their values for this
+/// call's `get`s (the SDK does it with the keys
+/// [`crate::Processor::prefetch`] names for a batch).
+pub fn prefetch(keys: Vec<String>) -> Result<(), Failure> {
+    if keys.is_empty() {
+        return Ok(());
+    }
+    let values = raw::get_many(&keys)?;
+    READ.with(|r| r.borrow_mut().extend(keys.into_iter().zip(values)));
+    Ok(())
+}
+
+/// A write of this call: a key read ahead now reads what was written.
+fn remember(key: &str, value: Option<&[u8]>) {
+    READ.with(|r| {
+        if let Some(v) = r.borrow_mut().get_mut(key) {
+            *v = value.map(<[u8]>::to_vec);
+        }
+    });
 }
 
 fn failure(what: &str, key: &str, e: store::Error) -> Failure {
@@ -65,6 +92,9 @@ pub mod raw {
 
     /// The value of `key`.
     pub fn get(key: &str) -> Result<Option<Vec<u8>>, Failure> {
+        if let Some(v) = READ.with(|r| r.borrow().get(key).cloned()) {
+            return Ok(v);
+        }
         bucket()?.get(key).map_err(|e| failure("get", key, e))
     }
 
@@ -72,12 +102,18 @@ pub mod raw {
     pub fn set(key: &str, value: &[u8]) -> Result<(), Failure> {
         bucket()?
             .set(key, value)
-            .map_err(|e| failure("set", key, e))
+            .map_err(|e| failure("set", key, e))?;
+        remember(key, Some(value));
+        Ok(())
     }
 
     /// Deletes `key` (nothing if absent).
     pub fn delete(key: &str) -> Result<(), Failure> {
-        bucket()?.delete(key).map_err(|e| failure("delete", key, e))
+        bucket()?
+            .delete(key)
+            .map_err(|e| failure("delete", key, e))?;
+        remember(key, None);
+        Ok(())
     }
 
     /// The values of `keys`, in order, in one call to the host.
@@ -90,7 +126,11 @@ pub mod raw {
     /// Sets many keys in one call to the host.
     pub fn set_many(pairs: &[(String, Vec<u8>)]) -> Result<(), Failure> {
         let b = bucket()?;
-        batch::set_many(&b, pairs).map_err(|e| failure("set-many", "", e))
+        batch::set_many(&b, pairs).map_err(|e| failure("set-many", "", e))?;
+        for (k, v) in pairs {
+            remember(k, Some(v));
+        }
+        Ok(())
     }
 
     /// Every key that starts with `prefix`, in byte order. The bucket has

@@ -194,6 +194,14 @@ pub trait Processor {
 
     /// Folds one event into the state; effects go through `ctx`. Keep it deterministic.
     fn fold(state: &mut Self::State, event: &Event, ctx: &mut Context) -> Result<(), Failure>;
+
+    /// The keyed-state keys folding `event` will read (full keys, prefix
+    /// included), if known from the event alone: the SDK reads every key
+    /// a batch names in one call to the host before folding it, instead of
+    /// one read per key. None by default.
+    fn prefetch(_event: &Event) -> Vec<String> {
+        Vec::new()
+    }
 }
 
 #[doc(hidden)]
@@ -230,6 +238,10 @@ pub fn __fold<P: Processor>(state: String, batch: wit::Batch) -> Result<wit::Fol
             "the batch's events are not the JSON array the host sends: {e}"
         )))
     })?;
+    let mut keys: Vec<String> = events.iter().flat_map(P::prefetch).collect();
+    keys.sort();
+    keys.dedup();
+    keyed::prefetch(keys).map_err(wit_failure)?;
     let mut ctx = Context {
         stream: &batch.stream,
         effects: Vec::new(),

@@ -393,7 +393,12 @@ async fn the_offline_fold_sees_what_the_wake_saw_given_the_keys() {
     let mid = caught_up(&s, S, "ledger").await;
     let dir = tempfile::tempdir().unwrap();
     let events = dir.path().join("events.jsonl");
-    let lines: Vec<String> = second.as_array().unwrap().iter().map(Value::to_string).collect();
+    let lines: Vec<String> = second
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(Value::to_string)
+        .collect();
     std::fs::write(&events, lines.join("\n")).unwrap();
     let wasm = dir.path().join("ledger.wasm");
     std::fs::write(&wasm, guest("ledger")).unwrap();

@@ -30,6 +30,10 @@ pub trait Base: Send + Sync {
     fn get(&self, key: &str) -> anyhow::Result<Option<Vec<u8>>>;
     /// Up to `limit` keys after `after` (all keys when `None`), in byte order.
     fn keys_after(&self, after: Option<&str>, limit: usize) -> anyhow::Result<Vec<String>>;
+    /// The values of `keys`, in order (a store may read them at once).
+    fn get_many(&self, keys: &[&str]) -> anyhow::Result<Vec<Option<Vec<u8>>>> {
+        keys.iter().map(|k| self.get(k)).collect()
+    }
 }
 
 /// A bucket held in memory: a scratch bucket (verify), one read from a
@@ -180,6 +184,34 @@ impl Session {
             self.seen.insert(key.to_string());
         }
         Ok(self.bucket.get(key)?)
+    }
+
+    /// `get-many`: what the call wrote itself from its layer, the rest
+    /// from the bucket, whose committed part is read at once.
+    pub fn get_many(&mut self, keys: &[String]) -> Result<Vec<Option<Vec<u8>>>, KeyedError> {
+        let mut out: Vec<Option<Option<Vec<u8>>>> = Vec::with_capacity(keys.len());
+        let mut missing: Vec<&str> = Vec::new();
+        for k in keys {
+            check_key(k)?;
+            let known = match self.layer.get(k.as_str()) {
+                Some(v) => Some(v.clone()),
+                None => {
+                    if !self.seen.contains(k.as_str()) {
+                        self.seen.insert(k.clone());
+                    }
+                    self.bucket.writes.get(k.as_str()).cloned()
+                }
+            };
+            if known.is_none() {
+                missing.push(k);
+            }
+            out.push(known);
+        }
+        let mut read = self.bucket.base.get_many(&missing)?.into_iter();
+        Ok(out
+            .into_iter()
+            .map(|v| v.unwrap_or_else(|| read.next().flatten()))
+            .collect())
     }
 
     /// `exists`.
@@ -383,6 +415,10 @@ impl Base for crate::storage::StoredBucket {
         self.value(key)
     }
 
+    fn get_many(&self, keys: &[&str]) -> anyhow::Result<Vec<Option<Vec<u8>>>> {
+        self.values(keys)
+    }
+
     fn keys_after(&self, after: Option<&str>, limit: usize) -> anyhow::Result<Vec<String>> {
         self.keys(after, limit)
     }
@@ -414,6 +450,28 @@ mod tests {
         assert!(!next.exists("b").unwrap());
         let bucket = next.keep();
         assert_eq!(bucket.writes().len(), 2);
+    }
+
+    #[test]
+    fn get_many_answers_the_calls_writes_the_folds_and_the_base_in_order() {
+        let mut earlier = memory(&[("a", "1"), ("b", "2"), ("c", "3")]).session();
+        earlier.delete("b".into()).unwrap();
+        let mut s = earlier.keep().session();
+        s.set("c".into(), b"30".to_vec()).unwrap();
+        let keys: Vec<String> = ["c", "b", "a", "zz"]
+            .iter()
+            .map(|k| k.to_string())
+            .collect();
+        assert_eq!(
+            s.get_many(&keys).unwrap(),
+            vec![Some(b"30".to_vec()), None, Some(b"1".to_vec()), None]
+        );
+        let (_, read) = s.failed();
+        assert_eq!(
+            read,
+            vec![("a".to_string(), b"1".to_vec())],
+            "seeds: a (b is deleted, zz absent)"
+        );
     }
 
     #[test]

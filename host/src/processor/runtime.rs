@@ -322,9 +322,12 @@ impl bindings::wasi::keyvalue::batch::Host for GuestData {
         keys: Vec<String>,
     ) -> wasmtime::Result<Result<Vec<Option<(String, Vec<u8>)>>, KvError>> {
         kv(self.session().and_then(|s| {
-            keys.into_iter()
-                .map(|k| Ok(s.get(&k)?.map(|v| (k, v))))
-                .collect()
+            let values = s.get_many(&keys)?;
+            Ok(keys
+                .into_iter()
+                .zip(values)
+                .map(|(k, v)| v.map(|v| (k, v)))
+                .collect())
         }))
     }
 

@@ -178,7 +178,62 @@ impl StoredBucket {
     pub fn keys(&self, after: Option<&str>, limit: usize) -> Result<Vec<String>> {
         self.read(|db| keys_after_in(db, self.bucket, after, limit))
     }
+
+    /// The committed values of `keys`, in order: the cache's, and the rest
+    /// read in statements of [`ROWS_PER_STATEMENT`] keys (one round trip
+    /// each on PostgreSQL).
+    pub fn values(&self, keys: &[&str]) -> Result<Vec<Option<Vec<u8>>>> {
+        let cache = &self.storage.inner.hot.keys;
+        let mut out: Vec<Option<Option<Vec<u8>>>> = keys
+            .iter()
+            .map(|k| {
+                cache
+                    .get(self.bucket, self.generation, k)
+                    .map(|CachedValue(v)| v.map(|v| v.to_vec()))
+            })
+            .collect();
+        let misses: Vec<&str> = keys
+            .iter()
+            .zip(&out)
+            .filter(|(_, v)| v.is_none())
+            .map(|(k, _)| *k)
+            .collect();
+        let mut found = std::collections::HashMap::new();
+        for chunk in misses.chunks(ROWS_PER_STATEMENT) {
+            // A short chunk repeats its last key: one statement text.
+            let mut params = vec![Arg::Int(self.bucket)];
+            params
+                .extend((0..ROWS_PER_STATEMENT).map(|i| Arg::Text(chunk[i.min(chunk.len() - 1)])));
+            let rows = self.read(|db| {
+                db.query_all(&SELECT_MANY, &params, |r| Ok((r.text(0)?, r.bytes(1)?)))
+            })?;
+            found.extend(rows);
+        }
+        for (k, v) in keys.iter().zip(out.iter_mut()) {
+            if v.is_none() {
+                let value = found.get(*k).cloned();
+                cache.fill(self.bucket, self.generation, k, &value);
+                *v = Some(value);
+            }
+        }
+        Ok(out.into_iter().map(Option::flatten).collect())
+    }
 }
+
+/// The values of [`ROWS_PER_STATEMENT`] keys in one statement: one
+/// equality lookup per key, `UNION ALL`ed (an `IN` list lets PostgreSQL's
+/// planner scan the whole bucket when its statistics are young).
+static SELECT_MANY: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    (0..ROWS_PER_STATEMENT)
+        .map(|i| {
+            format!(
+                "SELECT key, value FROM processor_keys WHERE bucket = ?1 AND key = ?{}",
+                2 + i
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(" UNION ALL ")
+});
 
 fn value_in(db: Db<'_>, bucket: i64, key: &str) -> Result<Option<Vec<u8>>> {
     db.query_opt(
@@ -327,11 +382,9 @@ pub fn read_offline(
     if !db_path.exists() {
         anyhow::bail!("{} holds no streamhost.db", data_dir.display());
     }
-    let conn = rusqlite::Connection::open_with_flags(
-        &db_path,
-        rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY,
-    )
-    .with_context(|| format!("opening {}", db_path.display()))?;
+    let conn =
+        rusqlite::Connection::open_with_flags(&db_path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+            .with_context(|| format!("opening {}", db_path.display()))?;
     let db = Db::Sqlite(&conn);
     db.batch("BEGIN")?;
     let row = db
@@ -340,7 +393,12 @@ pub fn read_offline(
             args![project, path],
             |r| r.int(0),
         )?
-        .with_context(|| format!("no stream {path:?} in project {project:?} in {}", db_path.display()))?;
+        .with_context(|| {
+            format!(
+                "no stream {path:?} in project {project:?} in {}",
+                db_path.display()
+            )
+        })?;
     let (offset, state, bucket) = db
         .query_opt(
             "SELECT checkpoint_offset, state, bucket FROM processor_checkpoints

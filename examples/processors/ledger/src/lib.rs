@@ -65,6 +65,14 @@ impl Processor for Ledger {
     const CONSUMES: &'static [&'static str] =
         &["deposited", "withdrawn", "imported", "noted", "audited"];
 
+    /// A movement reads its account's balance: the batch's are read at once.
+    fn prefetch(event: &Event) -> Vec<String> {
+        match (event.event_type.as_str(), event.payload["account"].as_str()) {
+            ("deposited" | "withdrawn", Some(account)) => vec![format!("balance/{account}")],
+            _ => Vec::new(),
+        }
+    }
+
     fn fold(t: &mut Totals, event: &Event, _ctx: &mut Context) -> Result<(), Failure> {
         t.events += 1;
         match event.event_type.as_str() {
