@@ -21,6 +21,10 @@
 //! for (account, cents) in BALANCES.scan("acct-")? { /* ... */ }
 //! ```
 //!
+//! A fold that knows from an event which keys it will read names them in
+//! [`crate::Processor::prefetch`]: the SDK reads a batch's keys in one call
+//! to the host (one statement per 64 keys in storage) before folding it.
+//!
 //! Under the `wasmtime` CLI, give the guest keys with
 //! `wasmtime run -S keyvalue -S keyvalue-in-memory-data=KEY=VALUE ...`.
 

@@ -199,15 +199,19 @@ impl StoredBucket {
             .map(|(k, _)| *k)
             .collect();
         let mut found = std::collections::HashMap::new();
-        for chunk in misses.chunks(ROWS_PER_STATEMENT) {
-            // A short chunk repeats its last key: one statement text.
+        let mut chunks = misses.chunks_exact(ROWS_PER_STATEMENT);
+        for chunk in &mut chunks {
             let mut params = vec![Arg::Int(self.bucket)];
-            params
-                .extend((0..ROWS_PER_STATEMENT).map(|i| Arg::Text(chunk[i.min(chunk.len() - 1)])));
+            params.extend(chunk.iter().map(|k| Arg::Text(k)));
             let rows = self.read(|db| {
                 db.query_all(&SELECT_MANY, &params, |r| Ok((r.text(0)?, r.bytes(1)?)))
             })?;
             found.extend(rows);
+        }
+        for k in chunks.remainder() {
+            if let Some(v) = self.read(|db| value_in(db, self.bucket, k))? {
+                found.insert(k.to_string(), v);
+            }
         }
         for (k, v) in keys.iter().zip(out.iter_mut()) {
             if v.is_none() {
