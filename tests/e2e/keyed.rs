@@ -254,6 +254,21 @@ async fn verify_compares_every_key_and_names_the_first_that_differs() {
         "{v}"
     );
     assert_eq!(v["keysCompared"], 4, "{v}");
+
+    // A key the refold has and storage lost comes first when it sorts first.
+    db.execute("DELETE FROM processor_keys WHERE key = 'balance/a'");
+    let (_, v) = s
+        .post(
+            &format!("{S}:verifyProcessor"),
+            json!({"component": "ledger"}),
+        )
+        .await;
+    assert_eq!(
+        v["firstDifferingKey"],
+        json!({"key": "balance/a", "stored": null, "refolded": "1"}),
+        "{v}"
+    );
+    assert_eq!(v["keysCompared"], 4, "{v}");
 }
 
 #[tokio::test]

@@ -428,6 +428,15 @@ struct Differing {
     refolded: Option<Vec<u8>>,
 }
 
+/// A key the refold has and storage does not.
+fn refolded_only(key: &str, value: &[u8]) -> Differing {
+    Differing {
+        key: key.to_string(),
+        stored: None,
+        refolded: Some(value.to_vec()),
+    }
+}
+
 /// What comparing a stored bucket with a refold's found.
 struct Compared {
     compared: u64,
@@ -458,14 +467,7 @@ fn compare_keys(
             // Refolded keys before this stored one are missing from storage.
             while let Some((k, v)) = theirs.next_if(|(k, _)| k.as_str() < key.as_str()) {
                 compared += 1;
-                note(
-                    Differing {
-                        key: k.clone(),
-                        stored: None,
-                        refolded: Some(v.clone()),
-                    },
-                    &mut differing,
-                );
+                note(refolded_only(k, v), &mut differing);
             }
             compared += 1;
             match theirs.next_if(|(k, _)| k.as_str() == key.as_str()) {
@@ -484,14 +486,7 @@ fn compare_keys(
     }
     for (k, v) in theirs {
         compared += 1;
-        note(
-            Differing {
-                key: k.clone(),
-                stored: None,
-                refolded: Some(v.clone()),
-            },
-            &mut differing,
-        );
+        note(refolded_only(k, v), &mut differing);
     }
     Ok(Compared {
         compared,
