@@ -645,3 +645,45 @@ async fn memory_stays_flat_while_a_processor_grows_to_millions_of_keys() {
         total / warm
     );
 }
+
+#[tokio::test]
+async fn a_backfill_folds_with_a_scratch_bucket_and_leaves_the_instances_keys_alone() {
+    let s = ledger().await;
+    append(&s, json!([deposit("b", 100)])).await;
+    append(&s, json!([withdraw("b", 60)])).await;
+    caught_up(&s, S, "ledger").await;
+    let keys_before = all_keys(&s, "", 100).await;
+    // From offset 0 the backfill's fold sees its own deposit before the
+    // withdrawal, as the wakes did.
+    let (status, out) = s
+        .post(
+            &format!("{S}:backfillProcessor"),
+            json!({"component": "ledger"}),
+        )
+        .await;
+    assert_eq!(status, 200, "{out}");
+    assert_eq!(out["folded"], 2, "{out}");
+    // Started after the deposit, it starts from an empty bucket, as from
+    // the initial state: the withdrawal finds nothing to withdraw from.
+    let deposit_at = s
+        .all_events(S)
+        .await
+        .iter()
+        .find(|e| e["type"] == "deposited")
+        .unwrap()["offset"]
+        .as_u64()
+        .unwrap();
+    let answer = s
+        .post(
+            &format!("{S}:backfillProcessor"),
+            json!({"component": "ledger", "afterOffset": deposit_at}),
+        )
+        .await;
+    assert_eq!(answer.0, 422, "{}", answer.1);
+    assert!(answer.1.to_string().contains("leaves -60"), "{}", answer.1);
+    assert_eq!(
+        all_keys(&s, "", 100).await,
+        keys_before,
+        "backfills write no keys"
+    );
+}
