@@ -2,8 +2,8 @@
 //! `open("")`, as the fold sees it.
 //!
 //! The committed bucket is a [`Base`] (rows in storage behind the bounded
-//! [`KeyCache`] for wakes; a map in memory for verify, refold's comparison
-//! and `streamhost fold`). A fold's writes never touch it: they collect in
+//! key cache of `storage/keys.rs` for wakes; a map in memory for verify,
+//! refold, backfill and `streamhost fold`). A fold's writes never touch it: they collect in
 //! the [`Bucket`]'s write set, which the wake commits with its checkpoint in
 //! one transaction, or drops with a failing fold. Each guest call works in
 //! a [`Session`], its own layer over the bucket, so a call whose result is
