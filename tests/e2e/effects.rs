@@ -674,6 +674,10 @@ async fn the_cli_backfills_with_progress_and_manages_effects() {
         "{err}"
     );
     let k0 = settled(&s, "k0", "succeeded").await;
+    // The page of two below needs two settled: the others may still run.
+    for key in ["k1", "k2"] {
+        settled(&s, key, "succeeded").await;
+    }
 
     let (ok, out, err) = crate::support::run_cli(&[
         "effects",
