@@ -180,9 +180,7 @@ impl Session {
         if let Some(v) = self.layer.get(key) {
             return Ok(v.clone());
         }
-        if !self.seen.contains(key) {
-            self.seen.insert(key.to_string());
-        }
+        self.saw(key);
         Ok(self.bucket.get(key)?)
     }
 
@@ -196,9 +194,7 @@ impl Session {
             let known = match self.layer.get(k.as_str()) {
                 Some(v) => Some(v.clone()),
                 None => {
-                    if !self.seen.contains(k.as_str()) {
-                        self.seen.insert(k.clone());
-                    }
+                    self.saw(k);
                     self.bucket.writes.get(k.as_str()).cloned()
                 }
             };
@@ -212,6 +208,14 @@ impl Session {
             .into_iter()
             .map(|v| v.unwrap_or_else(|| read.next().flatten()))
             .collect())
+    }
+
+    /// Notes that this call read `key` from the bucket as it stood at the
+    /// call's start.
+    fn saw(&mut self, key: &str) {
+        if !self.seen.contains(key) {
+            self.seen.insert(key.to_string());
+        }
     }
 
     /// `exists`.

@@ -685,13 +685,28 @@ impl Runtime {
         timeout_ms: u64,
         f: impl FnOnce(&mut Store<GuestData>, &bindings::StreamProcessor) -> wasmtime::Result<T>,
     ) -> Result<T, GuestError> {
+        self.call_keyed(name, p, d, timeout_ms, None, f).0
+    }
+
+    /// [`Runtime::call`] with the processor's bucket open in `keyed`;
+    /// answers the session as the call left it.
+    fn call_keyed<T>(
+        &self,
+        name: &str,
+        p: &Prepared,
+        d: Determinism,
+        timeout_ms: u64,
+        keyed: Option<Session>,
+        f: impl FnOnce(&mut Store<GuestData>, &bindings::StreamProcessor) -> wasmtime::Result<T>,
+    ) -> (Result<T, GuestError>, Option<Session>) {
         let Some(pre) = &p.processor else {
-            return Err(GuestError::Failure {
+            let e = GuestError::Failure {
                 message: format!("component {name:?} is not a processor: it does not export {PROCESSOR_INTERFACE}"),
                 retryable: false,
-            });
+            };
+            return (Err(e), keyed);
         };
-        self.run(name, d, timeout_ms, |store| {
+        self.run_keyed(name, d, timeout_ms, keyed, |store| {
             let instance = pre.instantiate(&mut *store)?;
             f(store, &instance)
         })
@@ -853,19 +868,10 @@ impl Runtime {
         timeout_ms: u64,
         keyed: Session,
     ) -> (Result<Folded, GuestError>, Session) {
-        let Some(pre) = &p.processor else {
-            let e = GuestError::Failure {
-                message: format!("component {name:?} is not a processor: it does not export {PROCESSOR_INTERFACE}"),
-                retryable: false,
-            };
-            return (Err(e), keyed);
-        };
         let state = state.to_string();
-        let (out, session) = self.run_keyed(name, d, timeout_ms, Some(keyed), |store| {
-            let instance = pre.instantiate(&mut *store)?;
-            instance
-                .streamhost_processor_processor()
-                .call_fold(store, &state, batch)
+        let (out, session) = self.call_keyed(name, p, d, timeout_ms, Some(keyed), |s, i| {
+            i.streamhost_processor_processor()
+                .call_fold(s, &state, batch)
         });
         let session = session.expect("the store keeps its session");
         let out = out.and_then(|r| {
