@@ -1505,9 +1505,9 @@ fn fold_offline(a: FoldArgs) -> Result<()> {
         }
         (None, None) => Default::default(),
     };
-    let mut bucket = crate::processor::keyed::Bucket::new(std::sync::Arc::new(
-        crate::processor::keyed::Memory(keys),
-    ));
+    // Kept for --keys-out: the keys given, under the fold's writes.
+    let given = std::sync::Arc::new(crate::processor::keyed::Memory(keys));
+    let mut bucket = crate::processor::keyed::Bucket::new(given.clone());
     let text = std::fs::read_to_string(&a.events)
         .with_context(|| format!("reading {}", a.events.display()))?;
     let mut events: Vec<crate::stream::Event> = Vec::new();
@@ -1622,21 +1622,7 @@ fn fold_offline(a: FoldArgs) -> Result<()> {
         (state, bucket) = folded?;
     }
     if let Some(out) = &a.keys_out {
-        let mut all = std::collections::BTreeMap::new();
-        let base = bucket.base().clone();
-        let mut after: Option<String> = None;
-        loop {
-            let page = base.keys_after(after.as_deref(), 1000)?;
-            let Some(last) = page.last().cloned() else {
-                break;
-            };
-            for k in page {
-                if let Some(v) = base.get(&k)? {
-                    all.insert(k, v);
-                }
-            }
-            after = Some(last);
-        }
+        let mut all = given.0.clone();
         for (k, v) in bucket.writes() {
             match v {
                 Some(v) => all.insert(k.clone(), v.clone()),
