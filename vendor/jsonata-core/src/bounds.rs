@@ -257,3 +257,41 @@ pub(crate) fn check_concat(
     };
     check_bytes("&", text(left).saturating_add(text(right)), options)
 }
+
+/// Patched: the clock `timeout_ms` is measured on: the evaluating
+/// thread's CPU time, not the wall clock. The host evaluates conditions on
+/// low-priority threads; on saturated CPUs they wait without running, and a
+/// wall clock would time out trivial expressions. A runaway expression
+/// spends CPU, so it still reaches the bound.
+#[derive(Clone, Copy, Debug)]
+pub struct CpuInstant(std::time::Duration);
+
+impl CpuInstant {
+    /// The evaluating thread's CPU time now.
+    pub fn now() -> CpuInstant {
+        CpuInstant(thread_cpu_time())
+    }
+
+    /// CPU time the thread has spent since `self`.
+    pub fn elapsed(&self) -> std::time::Duration {
+        thread_cpu_time().saturating_sub(self.0)
+    }
+}
+
+#[cfg(unix)]
+fn thread_cpu_time() -> std::time::Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid timespec to write; the clock id is a constant
+    // every Unix this builds for supports.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    std::time::Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
+#[cfg(not(unix))]
+fn thread_cpu_time() -> std::time::Duration {
+    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    START.get_or_init(std::time::Instant::now).elapsed()
+}

@@ -9,7 +9,7 @@
 use std::borrow::Cow;
 use std::cmp::Ordering;
 use std::collections::{HashMap, HashSet};
-use std::time::Instant;
+use crate::bounds::CpuInstant as Instant; // Patched: CPU time (bounds.rs)
 
 use crate::ast::{AstNode, BinaryOp, PathStep, Stage};
 use crate::parser;

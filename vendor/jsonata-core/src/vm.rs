@@ -202,7 +202,7 @@ impl<'prog> Vm<'prog> {
         crate::evaluator::check_cancelled(&self.options)?;
         let data = &data.clone().into_outer_wrapper();
         let start_time = if self.options.timeout_ms.is_some() {
-            Some(std::time::Instant::now())
+            Some(crate::bounds::CpuInstant::now())
         } else {
             None
         };
@@ -227,7 +227,7 @@ fn run_inner(
     vars: Option<&HashMap<&str, &JValue>>,
     stack: &mut Vec<JValue>,
     options: &EvaluatorOptions,
-    start_time: Option<std::time::Instant>,
+    start_time: Option<crate::bounds::CpuInstant>,
 ) -> Result<JValue, EvaluatorError> {
     use crate::builtins::dispatch_pure;
     use crate::evaluator::{
