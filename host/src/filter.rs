@@ -34,7 +34,8 @@ impl CompiledFilter {
 
 impl CompiledFilter {
     /// Whether `event` (its type, payload, and the JSON value the condition
-    /// sees) is selected. A condition that throws is an error.
+    /// sees) is selected. A condition that throws is an error naming the
+    /// expression and, when known, where in it.
     pub fn matches(
         &self,
         event_type: &str,
@@ -52,7 +53,9 @@ impl CompiledFilter {
             return Ok(false);
         }
         match &self.condition {
-            Some(c) => c.matches(&Input::new(value)),
+            Some(c) => c
+                .matches(&Input::new(value))
+                .map_err(|e| crate::jsonata::describe_error(c.source(), &e)),
             None => Ok(true),
         }
     }

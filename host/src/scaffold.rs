@@ -86,12 +86,13 @@ serde_json = "1"
 # A workspace of its own: this project builds alone, wherever it lives.
 [workspace]
 
-# Components are shipped to servers: small and fast.
+# Components are shipped to servers: small and fast. Function names stay
+# (strip only debug info), so a failure's backtrace names your functions.
 [profile.release]
 opt-level = "s"
 lto = true
 codegen-units = 1
-strip = true
+strip = "debuginfo"
 panic = "abort"
 "#,
         dependency = sdk.dependency()

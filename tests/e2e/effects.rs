@@ -797,7 +797,8 @@ async fn a_refold_folds_every_instance_again_from_the_initial_state_and_switches
         .deploy_with_query("acme", "proc", guest("effector"), "refold=true")
         .await;
     assert_eq!(status, 200, "{out}");
-    assert_eq!(out["refolding"], json!(["/orders"]), "{out}");
+    assert_eq!(out["refolding"], true, "{out}");
+    assert_eq!(out["refoldingStreams"], json!(["/orders"]), "{out}");
     // The effector's fold of the whole history (it consumes only the three
     // requests), not its continuation of the counter's state.
     wait_for(

@@ -21,6 +21,7 @@ mod copy_crash;
 mod crash;
 mod determinism;
 mod effects;
+mod failures;
 mod fence;
 mod fuzz_corpus;
 mod hostile;

@@ -305,7 +305,7 @@ pub(crate) fn transformed(
     let value = serde_json::to_value(event).map_err(|e| fail(e.to_string()))?;
     let out = t
         .evaluate(&crate::jsonata::Input::new(&value))
-        .map_err(fail)?;
+        .map_err(|e| fail(crate::jsonata::describe_error(t.source(), &e)))?;
     let Some(Value::Object(out)) = out else {
         return Err(fail(format!(
             "the result must be an object of type, payload and metadata, got {}",

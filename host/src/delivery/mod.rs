@@ -37,6 +37,10 @@ pub struct Failure {
     pub retryable: bool,
     /// The offset of the one event the attempt carried, when it carried one.
     pub single_offset: Option<u64>,
+    /// The offset of the event being handled when the attempt failed: the
+    /// one that failed, or the batch's first when the batch failed as a
+    /// whole (`None`: the attempt failed before any event).
+    pub at_offset: Option<u64>,
     /// What reproduces the failure (a processor's `wasmtime` command):
     /// kept with the processor's last failure, not in the halt fact.
     pub detail: Option<String>,
@@ -49,6 +53,7 @@ impl Failure {
             message: message.into(),
             retryable,
             single_offset: None,
+            at_offset: None,
             detail: None,
         }
     }
@@ -165,6 +170,7 @@ mod tests {
             message: "boom".into(),
             retryable: true,
             single_offset: single,
+            at_offset: None,
             detail: None,
         }
     }

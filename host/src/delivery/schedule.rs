@@ -194,12 +194,17 @@ impl Deliveries {
                 // receiver's success: it neither ends isolation nor resets
                 // the skip counters.
                 if !d.offsets.is_empty() {
-                    if rt.run.failing_event.is_some() || rt.run.skips_since_success > 0 {
+                    if rt.run.failing_event.is_some()
+                        || rt.run.skips_since_success > 0
+                        || rt.run.attempt > 0
+                    {
                         rt.counters_dirty = true;
                     }
                     rt.run.on_success();
                 }
-                rt.last_error = None;
+                if rt.last_error.take().is_some() {
+                    rt.counters_dirty = true;
+                }
                 rt.bytes_sent += d.bytes as u64;
                 for offset in d.offsets {
                     if let Some(ms) = latency_ms(offset) {
@@ -239,11 +244,41 @@ impl Deliveries {
                 message: format!("{label} did not report by its deadline"),
                 retryable: true,
                 single_offset: None,
+                at_offset: None,
                 detail: None,
             };
             facts.extend(fail(&key, rt, &failure, now_ms, jitter, policy));
         }
         facts
+    }
+
+    /// Retries at once the runs that are failing but not halted: the run
+    /// of `key`, or every run whose receiver calls `component`. A run with
+    /// an attempt in flight is retrying already. Answers the keys of the
+    /// runs that retry.
+    pub fn retry_now(&mut self, key: Option<&str>, component: Option<&str>) -> Vec<String> {
+        let mut keys: Vec<String> = self
+            .runs
+            .iter_mut()
+            .filter(|(k, rt)| {
+                key.is_none_or(|key| key == k.as_str())
+                    && component.is_none_or(|c| {
+                        rt.route
+                            .as_ref()
+                            .is_ok_and(|r| r.target.component() == Some(c))
+                    })
+                    && !rt.halted
+                    && !rt.fact_pending
+                    && rt.run.attempt > 0
+            })
+            .map(|(k, rt)| {
+                // (One in flight is retrying already.)
+                rt.next_attempt_at_ms = 0;
+                k.clone()
+            })
+            .collect();
+        keys.sort();
+        keys
     }
 
     /// A fact appended for a run did not commit: the run may act again
@@ -395,6 +430,7 @@ mod tests {
             message: "receiver said no".into(),
             retryable: true,
             single_offset: single,
+            at_offset: None,
             detail: None,
         }
     }
@@ -497,6 +533,48 @@ mod tests {
         let error = fact.unwrap().payload["error"].as_str().unwrap().to_string();
         assert!(error.len() <= FACT_TEXT_BYTES_MAX, "{}", error.len());
         assert!(error.ends_with("(cut)"));
+    }
+
+    #[test]
+    fn retry_now_brings_a_failing_run_forward_and_leaves_others() {
+        let mut d = Deliveries::default();
+        let wake = |component: &str| Route {
+            target: Target::Wake {
+                project: "p".into(),
+                component: component.into(),
+            },
+            ..route(OnFailingEvent::Halt)
+        };
+        for key in ["a", "b", "ok"] {
+            let r = if key == "b" { wake("other") } else { wake("proc") };
+            d.runs
+                .insert(key.into(), SubscriptionRuntime::new(1, Ok(r), 0, 0, false));
+        }
+        let p = policy();
+        let (jobs, _) = d.due(0, 5, 100);
+        for job in &jobs {
+            let result = if job.key == "ok" {
+                Ok(Delivered {
+                    through: 5,
+                    offsets: vec![1],
+                    bytes: 1,
+                })
+            } else {
+                Err(failure(None))
+            };
+            assert!(d.complete(done(job, result), 0, 0.0, &p, |_| None).is_none());
+        }
+        assert!(d.due(1, 5, 100).0.is_empty(), "both wait out their backoff");
+        assert_eq!(d.retry_now(Some("ok"), None), Vec::<String>::new(), "not failing");
+        assert_eq!(d.retry_now(None, Some("proc")), vec!["a".to_string()]);
+        let (jobs, _) = d.due(1, 5, 100);
+        assert_eq!(jobs.iter().map(|j| j.key.as_str()).collect::<Vec<_>>(), ["a"]);
+        assert_eq!(d.retry_now(Some("a"), None), vec!["a".to_string()], "in flight");
+        assert!(d.due(1, 5, 100).0.is_empty(), "one attempt at a time");
+        assert_eq!(d.retry_now(Some("b"), None), vec!["b".to_string()]);
+        // A halted run resumes with an event, not a retry.
+        d.runs.get_mut("b").unwrap().halted = true;
+        assert_eq!(d.retry_now(Some("b"), None), Vec::<String>::new());
     }
 
     #[test]

@@ -40,24 +40,28 @@ pub fn select_batch(
             message: format!("the stored event at offset {offset} is not JSON: {e}"),
             retryable: true,
             single_offset: Some(*offset),
+            at_offset: None,
             detail: None,
         })?;
         let event: Event = serde_json::from_value(value.clone()).map_err(|e| Failure {
             message: format!("the stored event at offset {offset} is malformed: {e}"),
             retryable: true,
             single_offset: Some(*offset),
+            at_offset: None,
             detail: None,
         })?;
         let matches = match filter.matches(&event.event_type, &event.payload, &value) {
             Ok(m) => m,
             Err(e) if selection.events.is_empty() && selection.through == cursor => {
                 return Err(Failure {
-                    // A bound exceeded is exceeded again: halt at once.
-                    retryable: !crate::jsonata::is_limit_exceeded(&e),
+                    // The same condition on the same event fails again
+                    // (an evaluation is deterministic): halt at once.
+                    retryable: false,
                     message: format!(
                         "subscription {key:?} filter condition failed on offset {offset}: {e}"
                     ),
                     single_offset: Some(*offset),
+                    at_offset: None,
                     detail: None,
                 });
             }

@@ -50,6 +50,14 @@ impl Target {
         }
     }
 
+    /// The component the target calls (an ITX call or a processor wake).
+    pub fn component(&self) -> Option<&str> {
+        match self {
+            Target::Itx { component, .. } | Target::Wake { component, .. } => Some(component),
+            Target::Copy { .. } | Target::Webhook { .. } => None,
+        }
+    }
+
     /// Most events one delivery carries: webhooks POST one event at a time.
     pub fn events_max(&self) -> usize {
         match self {

@@ -52,10 +52,12 @@ pub fn posted_event(
     if let Some(t) = transform {
         let (event_type, payload, metadata) =
             super::copy::transformed(t, event, key).map_err(|e| Failure {
-                // A bound exceeded is exceeded again: halt at once.
-                retryable: !crate::jsonata::is_limit_exceeded(&e.message),
+                // The same transform of the same event fails again (an
+                // evaluation is deterministic): halt at once.
+                retryable: false,
                 message: e.message,
                 single_offset: Some(event.offset),
+                at_offset: None,
                 detail: None,
             })?;
         value["type"] = json!(event_type);

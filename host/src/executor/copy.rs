@@ -44,7 +44,7 @@ pub async fn send(
                 // What the same batch meets again halts at once.
                 !matches!(
                     e.code,
-                    "stale-delivery" | "jsonata-limit-exceeded" | "too-large"
+                    "stale-delivery" | "jsonata-limit-exceeded" | "transform-failed" | "too-large"
                 ),
             )
         })

@@ -90,7 +90,7 @@ pub async fn send(
                     format!("component {component:?} exports no function {f:?}"),
                     true,
                 ),
-                CallError::Guest(g) => Failure::new(g.to_string(), true),
+                CallError::Guest(g) => Failure::new(g.to_string(), g.retryable()),
             })
     })
     .await;

@@ -141,6 +141,7 @@ async fn execute(exec: Executors, job: Job, source: Arc<Source>) -> Result<Deliv
         });
     }
     let single_offset = (offsets.len() == 1).then(|| offsets[0]);
+    let first_offset = offsets.first().copied();
     let (through, bytes) = (selection.through, selection.bytes);
     let attempt = Attempt {
         exec: &exec,
@@ -181,6 +182,7 @@ async fn execute(exec: Executors, job: Job, source: Arc<Source>) -> Result<Deliv
         }),
         Err(mut f) => {
             f.single_offset = f.single_offset.or(single_offset);
+            f.at_offset = f.at_offset.or(f.single_offset).or(first_offset);
             Err(f)
         }
     }

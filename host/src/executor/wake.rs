@@ -81,7 +81,7 @@ pub async fn send(
         component: component.to_string(),
         stream_id: source.info.stream_id.clone(),
         failed_at: format_timestamp(job.now_ms),
-        offset: failure.single_offset,
+        offset: failure.single_offset.or(failure.at_offset),
         message: failure.message.clone(),
         repro: failure.detail.take(),
     };

@@ -62,13 +62,18 @@ pub async fn deploy(
         .map_err(|e| ApiError::internal(format!("storing the component failed: {e}")))?
         == 1;
     let mut answer = json!({"name": name, "digest": digest, "exports": exports});
-    if !new_version {
-        return Ok(answer);
-    }
-    let resumed =
-        crate::processor::versions::resume_halted(&host.streams, project, name, &digest).await?;
-    if !resumed.is_empty() {
-        answer["resumedSubscriptions"] = json!(resumed);
+    if new_version {
+        let versions = crate::processor::versions::resume_halted(&host.streams, project, name, &digest);
+        let resumed = versions.await?;
+        if !resumed.is_empty() {
+            answer["resumedSubscriptions"] = json!(resumed);
+        }
+        let retrying = crate::processor::versions::retry_failing(&host.streams, project, name).await;
+        if !retrying.is_empty() {
+            answer["retryingSubscriptions"] = json!(retrying);
+        }
+    } else {
+        answer["unchanged"] = json!(true);
     }
     if refold {
         let timeout_ms = host.config.delivery.timeout_ms;
@@ -76,7 +81,8 @@ pub async fn deploy(
             crate::processor::refold::start(&host.streams, project, name, &digest, timeout_ms)
                 .await
                 .map_err(|e| ApiError::internal(format!("starting the refold failed: {e:#}")))?;
-        answer["refolding"] = json!(paths);
+        answer["refolding"] = json!(true);
+        answer["refoldingStreams"] = json!(paths);
     }
     Ok(answer)
 }

@@ -235,7 +235,15 @@ pub async fn resume(
     source: &StreamAddress,
     input: KeyInput,
 ) -> Result<Value, ApiError> {
-    let events = append(streams, source, vec![resumed(&input.subscription_key)]).await?;
+    // Failing, not halted: nothing to resume, but the wait ends now.
+    let key = input.subscription_key.as_str();
+    match streams.retry(source, Some(key), None).await {
+        Ok(keys) if !keys.is_empty() => return Ok(json!({"retrying": true})),
+        // A stream another host owns: that host answers (HTTP forwarding).
+        Err(e) if e.owner_url.is_some() => return Err(e.into()),
+        _ => {}
+    }
+    let events = append(streams, source, vec![resumed(key)]).await?;
     Ok(json!({"subscriptionDeliveryResumedEvent": events[0]}))
 }
 

@@ -78,6 +78,53 @@ pub fn is_limit_exceeded(message: &str) -> bool {
     message.contains(LIMIT_EXCEEDED_PREFIX)
 }
 
+/// Where in `source` an evaluation error arose, as far as its message
+/// tells: the function it names (`$error`, `$assert`, `$number`, a
+/// `$name` it quotes) or the operator (`the + operator`). Answers the
+/// 1-based character position of that token's first occurrence.
+pub fn evaluation_error_position(source: &str, message: &str) -> Option<usize> {
+    let (code, text) = split_code(message);
+    let mut tokens: Vec<String> = Vec::new();
+    match code.as_str() {
+        "D3137" => tokens.push("$error".into()),
+        "D3141" => tokens.push("$assert".into()),
+        "D3030" => tokens.push("$number".into()),
+        _ => {}
+    }
+    // A `$name` the message quotes.
+    if let Some(i) = text.find('$') {
+        let name: String = text[i..]
+            .chars()
+            .enumerate()
+            .take_while(|(n, c)| *n == 0 || c.is_alphanumeric() || *c == '_')
+            .map(|(_, c)| c)
+            .collect();
+        if name.len() > 1 {
+            tokens.push(name);
+        }
+    }
+    // "... of the + operator ...".
+    if let Some(rest) = text.split("the ").find_map(|part| part.strip_suffix(" operator").or_else(|| part.split_once(" operator").map(|(op, _)| op))) {
+        if !rest.is_empty() && rest.len() <= 3 {
+            tokens.push(rest.to_string());
+        }
+    }
+    tokens
+        .iter()
+        .find_map(|t| source.find(t.as_str()))
+        .map(|byte| source[..byte].chars().count() + 1)
+}
+
+/// An evaluation error of `source` as a failure names it: the engine's
+/// code and text, and where in the expression it arose when the message
+/// tells.
+pub fn describe_error(source: &str, message: &str) -> String {
+    match evaluation_error_position(source, message) {
+        Some(at) => format!("{message} (at character {at} of {source:?})"),
+        None => format!("{message} (in {source:?})"),
+    }
+}
+
 /// The text of an engine error, with an exceeded bound named.
 fn describe(message: &str, limits: Limits) -> String {
     let code = message.get(..5).unwrap_or("");
@@ -505,6 +552,23 @@ mod tests {
             e.contains("jsonata-timeout-ms") || e.contains("levels"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn evaluation_errors_name_where_they_arose() {
+        let at = |src: &str| {
+            let e = compile(src).unwrap().evaluate(&event()).unwrap_err();
+            (evaluation_error_position(src, &e), describe_error(src, &e))
+        };
+        let (pos, text) = at("payload.total > 1 ? $error(\"too big: \" & payload.total) : 1");
+        assert_eq!(pos, Some(21), "{text}");
+        assert!(text.starts_with("D3137: too big: 120 (at character 21 of"), "{text}");
+        assert_eq!(at("payload.total + \"a\"").0, Some(15));
+        assert_eq!(at("$assert(false, \"no\")").0, Some(1));
+        assert_eq!(at("1 + $foo()").0, Some(5));
+        let (pos, text) = at("$lookup(payload, 1, 2, 3)");
+        assert_eq!(pos, None, "{text}");
+        assert!(text.contains("(in \"$lookup(payload, 1, 2, 3)\")"), "{text}");
     }
 
     #[test]

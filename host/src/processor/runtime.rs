@@ -68,24 +68,131 @@ const GUEST_OUTPUT_BYTES_MAX: usize = 64 * 1024;
 /// Epoch tick; call deadlines are counted in ticks.
 const EPOCH_TICK_MS: u64 = 5;
 
+/// Bytes of the guest's stderr a failure quotes (its last ones: a panic's
+/// message is what a guest writes last).
+pub const GUEST_STDERR_IN_FAILURE_BYTES: usize = 4096;
+
 /// Why a guest call did not return a value.
 #[derive(Debug, Clone, PartialEq)]
 pub enum GuestError {
-    /// The guest trapped (including running out of memory or stack).
-    Trap(String),
+    /// The guest trapped: a panic, running out of memory or stack, or any
+    /// other trap but the deadline's. A fold repeats it on every retry.
+    Trap {
+        /// wasmtime's account of the trap, its backtrace included.
+        trap: String,
+        /// What the guest wrote to stderr during the call (its last
+        /// [`GUEST_STDERR_IN_FAILURE_BYTES`]).
+        stderr: String,
+    },
     /// The call ran past its deadline.
-    Timeout(u64),
+    Timeout { ms: u64, stderr: String },
+    /// The host failed during the call (storage behind the keyed state, the
+    /// instance pool): not the guest's doing, so worth retrying.
+    Host(String),
     /// The guest returned `failure`.
     Failure { message: String, retryable: bool },
+}
+
+impl GuestError {
+    /// Whether calling again may succeed: a trap repeats (the call is
+    /// deterministic), a timeout or a host failure may not, and a guest's
+    /// own failure says.
+    pub fn retryable(&self) -> bool {
+        match self {
+            GuestError::Trap { .. } => false,
+            GuestError::Timeout { .. } | GuestError::Host(_) => true,
+            GuestError::Failure { retryable, .. } => *retryable,
+        }
+    }
+}
+
+/// ` (its stderr: ...)` when the guest wrote anything, or nothing.
+fn quoting(stderr: &str) -> String {
+    if stderr.is_empty() {
+        String::new()
+    } else {
+        format!("; the guest's stderr: {stderr}")
+    }
 }
 
 impl std::fmt::Display for GuestError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            GuestError::Trap(m) => write!(f, "the guest trapped: {m}"),
-            GuestError::Timeout(ms) => write!(f, "the guest timed out after {ms}ms"),
+            GuestError::Trap { trap, stderr } if stderr.is_empty() => {
+                write!(f, "the guest trapped: {trap}")
+            }
+            // The guest's own words first: a cap on the message keeps them.
+            GuestError::Trap { trap, stderr } => {
+                write!(f, "the guest trapped, writing to stderr: {stderr}\n{trap}")
+            }
+            GuestError::Timeout { ms, stderr } => {
+                write!(f, "the guest timed out after {ms}ms{}", quoting(stderr))
+            }
+            GuestError::Host(m) => write!(f, "the host failed during the guest's call: {m}"),
             GuestError::Failure { message, .. } => write!(f, "the processor failed: {message}"),
         }
+    }
+}
+
+/// One guest call's outcome: its result, the keyed session as the call
+/// left it, and the tail of what the guest wrote to stderr.
+struct Called<T> {
+    result: Result<T, GuestError>,
+    keyed: Option<Session>,
+    stderr: String,
+}
+
+/// A failure of the host inside a guest call (a keyed-state read, an
+/// instance the pool could not give): reported as [`GuestError::Host`].
+#[derive(Debug)]
+struct HostFault(String);
+
+impl std::fmt::Display for HostFault {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for HostFault {}
+
+/// An instantiation's error: a trap in the guest's start code stays a trap;
+/// anything else is the host's (the instance pool is full).
+fn instantiation_failed(e: wasmtime::Error) -> wasmtime::Error {
+    if e.downcast_ref::<wasmtime::Trap>().is_some() {
+        e
+    } else {
+        wasmtime::Error::new(HostFault(format!("instantiating the component failed: {e:#}")))
+    }
+}
+
+/// The last [`GUEST_STDERR_IN_FAILURE_BYTES`] of `bytes`, as text, trimmed.
+fn stderr_tail(bytes: &[u8]) -> String {
+    let text = String::from_utf8_lossy(bytes);
+    let text = text.trim();
+    if text.len() <= GUEST_STDERR_IN_FAILURE_BYTES {
+        return text.to_string();
+    }
+    let mut start = text.len() - GUEST_STDERR_IN_FAILURE_BYTES;
+    while !text.is_char_boundary(start) {
+        start += 1;
+    }
+    format!("… {}", &text[start..])
+}
+
+/// How a guest call's error is reported.
+fn classify(e: wasmtime::Error, timeout_ms: u64, stderr: String) -> GuestError {
+    if let Some(h) = e.downcast_ref::<HostFault>() {
+        return GuestError::Host(h.0.clone());
+    }
+    match e.downcast_ref::<wasmtime::Trap>() {
+        Some(wasmtime::Trap::Interrupt) => GuestError::Timeout {
+            ms: timeout_ms,
+            stderr,
+        },
+        _ => GuestError::Trap {
+            trap: format!("{e:#}"),
+            stderr,
+        },
     }
 }
 
@@ -235,9 +342,9 @@ fn kv<T>(r: Result<T, KeyedError>) -> wasmtime::Result<Result<T, KvError>> {
     match r {
         Ok(v) => Ok(Ok(v)),
         Err(KeyedError::Refused(m)) => Ok(Err(KvError::Other(m))),
-        Err(KeyedError::Storage(e)) => Err(wasmtime::Error::msg(format!(
+        Err(KeyedError::Storage(e)) => Err(wasmtime::Error::new(HostFault(format!(
             "reading the processor's keyed state failed: {e:#}"
-        ))),
+        )))),
     }
 }
 
@@ -645,7 +752,7 @@ impl Runtime {
         timeout_ms: u64,
         f: impl FnOnce(&mut Store<GuestData>) -> wasmtime::Result<T>,
     ) -> Result<T, GuestError> {
-        self.run_keyed(name, d, timeout_ms, None, f).0
+        self.run_keyed(name, d, timeout_ms, None, f).result
     }
 
     /// [`Runtime::run`] with the processor's bucket open; answers the
@@ -657,7 +764,7 @@ impl Runtime {
         timeout_ms: u64,
         keyed: Option<Session>,
         f: impl FnOnce(&mut Store<GuestData>) -> wasmtime::Result<T>,
-    ) -> (Result<T, GuestError>, Option<Session>) {
+    ) -> Called<T> {
         let (mut store, stdout, stderr) = self.store(name, d, timeout_ms, keyed);
         let result = f(&mut store);
         let keyed = store.data_mut().keyed.take();
@@ -667,14 +774,19 @@ impl Runtime {
                 .lines()
                 .filter(|l| !l.is_empty())
             {
-                tracing::info!(processor = name, stream, "{line}");
+                if result.is_ok() {
+                    tracing::info!(processor = name, stream, "{line}");
+                } else {
+                    tracing::warn!(processor = name, stream, "{line}");
+                }
             }
         }
-        let result = result.map_err(|e| match e.downcast_ref::<wasmtime::Trap>() {
-            Some(wasmtime::Trap::Interrupt) => GuestError::Timeout(timeout_ms),
-            _ => GuestError::Trap(format!("{e:#}")),
-        });
-        (result, keyed)
+        let stderr = stderr_tail(&stderr.contents());
+        Called {
+            result: result.map_err(|e| classify(e, timeout_ms, stderr.clone())),
+            keyed,
+            stderr,
+        }
     }
 
     fn call<T>(
@@ -685,7 +797,7 @@ impl Runtime {
         timeout_ms: u64,
         f: impl FnOnce(&mut Store<GuestData>, &bindings::StreamProcessor) -> wasmtime::Result<T>,
     ) -> Result<T, GuestError> {
-        self.call_keyed(name, p, d, timeout_ms, None, f).0
+        self.call_keyed(name, p, d, timeout_ms, None, f).result
     }
 
     /// [`Runtime::call`] with the processor's bucket open in `keyed`;
@@ -698,16 +810,20 @@ impl Runtime {
         timeout_ms: u64,
         keyed: Option<Session>,
         f: impl FnOnce(&mut Store<GuestData>, &bindings::StreamProcessor) -> wasmtime::Result<T>,
-    ) -> (Result<T, GuestError>, Option<Session>) {
+    ) -> Called<T> {
         let Some(pre) = &p.processor else {
             let e = GuestError::Failure {
                 message: format!("component {name:?} is not a processor: it does not export {PROCESSOR_INTERFACE}"),
                 retryable: false,
             };
-            return (Err(e), keyed);
+            return Called {
+                result: Err(e),
+                keyed,
+                stderr: String::new(),
+            };
         };
         self.run_keyed(name, d, timeout_ms, keyed, |store| {
-            let instance = pre.instantiate(&mut *store)?;
+            let instance = pre.instantiate(&mut *store).map_err(instantiation_failed)?;
             f(store, &instance)
         })
     }
@@ -723,7 +839,10 @@ impl Runtime {
         f: impl FnOnce(&mut Store<GuestData>, &wasmtime::component::Instance) -> wasmtime::Result<T>,
     ) -> Result<T, GuestError> {
         self.run(name, Determinism::default(), timeout_ms, |store| {
-            let instance = p.instance_pre.instantiate(&mut *store)?;
+            let instance = p
+                .instance_pre
+                .instantiate(&mut *store)
+                .map_err(instantiation_failed)?;
             f(store, &instance)
         })
     }
@@ -775,7 +894,10 @@ impl Runtime {
         let mut argument_error = None;
         let out = self
             .run(name, Determinism::default(), timeout_ms, |store| {
-                let instance = p.instance_pre.instantiate(&mut *store)?;
+                let instance = p
+                .instance_pre
+                .instantiate(&mut *store)
+                .map_err(instantiation_failed)?;
                 let func = instance
                     .get_func(&mut *store, index)
                     .ok_or_else(|| wasmtime::Error::msg("the export is not a function"))?;
@@ -869,14 +991,15 @@ impl Runtime {
         keyed: Session,
     ) -> (Result<Folded, GuestError>, Session) {
         let state = state.to_string();
-        let (out, session) = self.call_keyed(name, p, d, timeout_ms, Some(keyed), |s, i| {
+        let called = self.call_keyed(name, p, d, timeout_ms, Some(keyed), |s, i| {
             i.streamhost_processor_processor()
                 .call_fold(s, &state, batch)
         });
-        let session = session.expect("the store keeps its session");
-        let out = out.and_then(|r| {
+        let session = called.keyed.expect("the store keeps its session");
+        let stderr = called.stderr;
+        let out = called.result.and_then(|r| {
             r.map_err(|f| GuestError::Failure {
-                message: f.message,
+                message: format!("{}{}", f.message, quoting(&stderr)),
                 retryable: f.retryable,
             })
         });

@@ -68,6 +68,41 @@ pub async fn resume_halted(
     Ok(resumed)
 }
 
+/// Retries at once the subscriptions of `project` that are failing (not
+/// halted) on component `name` (a processor wake or an ITX call): a new
+/// version may be the fix. Answers those retrying; a stream that cannot be
+/// asked now is logged and left to its backoff.
+pub async fn retry_failing(streams: &Streams, project: &str, name: &str) -> Vec<Value> {
+    let storage = streams.storage().clone();
+    let p = project.to_string();
+    let paths = match tokio::task::spawn_blocking(move || storage.streams_failing(&p)).await {
+        Ok(Ok(paths)) => paths,
+        Ok(Err(e)) => {
+            tracing::warn!(component = name, error = %e, "finding failing subscriptions failed");
+            return Vec::new();
+        }
+        Err(e) => {
+            tracing::warn!(component = name, error = %e, "finding failing subscriptions panicked");
+            return Vec::new();
+        }
+    };
+    let mut retrying = Vec::new();
+    for path in paths {
+        let Ok(address) = StreamAddress::new(Namespace::Project(project.to_string()), &path) else {
+            continue;
+        };
+        match streams.retry(&address, None, Some(name)).await {
+            Ok(keys) => retrying.extend(
+                keys.into_iter()
+                    .map(|key| json!({"stream": path, "subscriptionKey": key})),
+            ),
+            Err(e) => tracing::warn!(stream = %address, component = name, error = %e.message,
+                "retrying failing subscriptions after a new version failed"),
+        }
+    }
+    retrying
+}
+
 /// At start: the resumes of new versions a previous process did not append.
 pub async fn resume_pending(streams: &Streams) {
     let storage = streams.storage().clone();

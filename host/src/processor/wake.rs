@@ -52,6 +52,7 @@ fn failure(message: String, retryable: bool) -> Failure {
         message,
         retryable,
         single_offset: None,
+        at_offset: None,
         detail: None,
     }
 }
@@ -115,11 +116,7 @@ fn start(job: &WakeJob, prepared: &super::runtime::Prepared) -> Result<Start, Fa
 }
 
 fn guest_failure(component: &str, call: &str, e: GuestError) -> Failure {
-    let retryable = match &e {
-        GuestError::Failure { retryable, .. } => *retryable,
-        GuestError::Trap(_) | GuestError::Timeout(_) => true,
-    };
-    failure(format!("processor {component:?} {call}: {e}"), retryable)
+    failure(format!("processor {component:?} {call}: {e}"), e.retryable())
 }
 
 /// The subscription's filter narrowed to the event types the processor
@@ -265,7 +262,9 @@ pub struct Guest<'a> {
 /// its result is dropped and the batch is folded again one event per call,
 /// each with its own event's environment: what it computes then depends on
 /// the events alone, never on the batching (see ARCHITECTURE.md,
-/// "Deterministic folds").
+/// "Deterministic folds"). A batch that fails for good (a trap, a failure
+/// the guest says is not retryable) is folded one event per call too, so
+/// the failure names the event that causes it.
 pub fn fold_events(
     guest: &Guest<'_>,
     stream: &StreamInfo,
@@ -280,16 +279,18 @@ pub fn fold_events(
     let whole = env(&events[0]);
     let witness = whole.witness.clone();
     let folded = fold_call(guest, stream, state, events, through, whole, bucket);
-    if events.len() == 1 || !witness.read() {
-        // (A failure is final too, unless the guest read the environment.)
+    // A batch that failed for good is folded again one event per call, to
+    // name the event that fails (the calls are deterministic).
+    let locate = matches!(&folded, Err((f, _)) if !f.retryable);
+    if events.len() == 1 || !(witness.read() || locate) {
         let (state_after, returned, session) = folded.map_err(|(f, _)| f)?;
         let effects = checked_effects(guest.component, &returned, through)?;
         return Ok((state_after, effects, session.keep()));
     }
     // The whole batch's call is dropped, its writes with it.
-    let mut bucket = match folded {
-        Ok((_, _, session)) => session.drop_writes(),
-        Err((_, bucket)) => bucket,
+    let (mut bucket, batch_failure) = match folded {
+        Ok((_, _, session)) => (session.drop_writes(), None),
+        Err((f, bucket)) => (bucket, Some(f)),
     };
     let mut state = state.to_string();
     let mut returned = Vec::new();
@@ -312,6 +313,10 @@ pub fn fold_events(
         bucket = session.keep();
         state = next;
         returned.append(&mut effects);
+    }
+    if let Some(f) = batch_failure {
+        // Every event folds alone: the batch failed as a whole.
+        return Err(f);
     }
     let effects = checked_effects(guest.component, &returned, through)?;
     Ok((state, effects, bucket))
@@ -368,6 +373,7 @@ fn fold_call(
                 f.message
             );
             f.single_offset = (events.len() == 1).then_some(events[0].offset);
+            f.at_offset = Some(events[0].offset);
             // The repro holds the whole state and batch: it goes with the
             // processor's last failure, not into the halt fact.
             f.detail = Some(super::wave::fold_command(
@@ -379,7 +385,10 @@ fn fold_call(
             return Err((f, bucket));
         }
     };
-    let refuse = |f: Failure, session: Session| Err((f, session.drop_writes()));
+    let refuse = |mut f: Failure, session: Session| {
+        f.at_offset = Some(events[0].offset);
+        Err((f, session.drop_writes()))
+    };
     if folded.state.len() > PROCESSOR_STATE_BYTES_MAX {
         return refuse(
             failure(

@@ -472,7 +472,7 @@ impl Storage {
         self.with_reader(|db| {
             db.query_all(
                 "SELECT subscription_key, generation, acknowledged_offset, failing_offset,
-                        failing_attempts, skips
+                        failing_attempts, skips, attempts, last_error
                  FROM subscription_cursors WHERE stream = ?1",
                 args![row_id],
                 |r| {
@@ -483,6 +483,8 @@ impl Storage {
                         failing_offset: r.opt_int(3)?.map(|o| o as u64),
                         failing_attempts: r.int(4)? as u32,
                         skips: r.int(5)? as u32,
+                        attempts: r.int(6)? as u32,
+                        last_error: r.opt_text(7)?,
                     })
                 },
             )
@@ -682,6 +684,19 @@ impl Storage {
                      ORDER BY path",
                 ),
                 args![project, text],
+                |r| r.text(0),
+            )
+        })
+    }
+
+    /// Paths of a project's streams with a failing delivery run (a cursor
+    /// row that counts failed attempts).
+    pub fn streams_failing(&self, project: &str) -> Result<Vec<String>> {
+        self.with_reader(|db| {
+            db.query_all(
+                "SELECT DISTINCT s.path FROM subscription_cursors c JOIN streams s ON s.id = c.stream
+                 WHERE s.project = ?1 AND c.attempts > 0 ORDER BY s.path",
+                args![project],
                 |r| r.text(0),
             )
         })

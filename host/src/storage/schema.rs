@@ -50,7 +50,22 @@ const MIGRATIONS: &[Migration] = &[
         name: "processor_keys: processors' keyed state, a bucket per checkpoint",
         apply: processor_keys,
     },
+    Migration {
+        name: "subscription_cursors.attempts and last_error: a failing run's failure survives restarts",
+        apply: cursor_failures,
+    },
 ];
+
+/// A failing run's attempts and last error on its cursor row.
+const CURSOR_FAILURES: &str = "
+ALTER TABLE subscription_cursors ADD COLUMN attempts BIGINT NOT NULL DEFAULT 0;
+ALTER TABLE subscription_cursors ADD COLUMN last_error TEXT;
+";
+
+fn cursor_failures(conn: &Connection) -> Result<()> {
+    conn.execute_batch(CURSOR_FAILURES)?;
+    Ok(())
+}
 
 /// Processors' keyed state: rows of a bucket, named by its checkpoint.
 const PROCESSOR_KEYS_SQLITE: &str = "
@@ -449,6 +464,7 @@ pub fn migrate_postgres(db: Db<'_>) -> Result<()> {
             None => {
                 db.batch(POSTGRES)?;
                 db.batch(PROCESSOR_KEYS_POSTGRES)?;
+                db.batch(CURSOR_FAILURES)?;
                 db.execute(
                     "INSERT INTO streamhost_schema (version) VALUES (?1)",
                     crate::storage::sql::args![i64::from(SCHEMA_VERSION)],
@@ -456,11 +472,14 @@ pub fn migrate_postgres(db: Db<'_>) -> Result<()> {
                 tracing::info!(version = SCHEMA_VERSION, "schema created on PostgreSQL");
             }
             Some(v) if v == i64::from(SCHEMA_VERSION) => {}
-            Some(v @ (5 | 6)) => {
+            Some(v @ 5..=7) => {
                 if v == 5 {
                     db.batch(EFFECT_LEASE_IDS)?;
                 }
-                db.batch(PROCESSOR_KEYS_POSTGRES)?;
+                if v <= 6 {
+                    db.batch(PROCESSOR_KEYS_POSTGRES)?;
+                }
+                db.batch(CURSOR_FAILURES)?;
                 db.execute(
                     "UPDATE streamhost_schema SET version = ?1",
                     crate::storage::sql::args![i64::from(SCHEMA_VERSION)],

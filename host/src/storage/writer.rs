@@ -56,6 +56,19 @@ pub struct CursorRow {
     pub failing_offset: Option<u64>,
     pub failing_attempts: u32,
     pub skips: u32,
+    /// Consecutive failed attempts of the run and the last one's error
+    /// (capped): `:runtime` shows them after a restart.
+    pub attempts: u32,
+    pub last_error: Option<String>,
+}
+
+impl CursorRow {
+    /// Whether `other` records the same counters (cursor aside).
+    pub fn same_counters(&self, other: &CursorRow) -> bool {
+        (self.failing_offset, self.failing_attempts, self.skips, self.attempts)
+            == (other.failing_offset, other.failing_attempts, other.skips, other.attempts)
+            && self.last_error == other.last_error
+    }
 }
 
 /// One actor round: events appended to one stream plus its new head and
@@ -513,7 +526,16 @@ fn apply(conn: Db<'_>, op: &WriteOp) -> Result<i64> {
                 |r| r.text(0),
             )?;
             if current.as_deref() == Some(d.digest.as_str()) {
-                // The same bytes again: not a new version.
+                // The same bytes again: not a new version, but a refold
+                // asked for runs all the same (recorded, as for a new one).
+                if d.refold {
+                    conn.execute(
+                        "INSERT INTO pending_refolds (project, name, digest, requested_at) VALUES (?1, ?2, ?3, ?4)
+                         ON CONFLICT (project, name) DO UPDATE SET digest = excluded.digest,
+                             requested_at = excluded.requested_at",
+                        args![&d.project, &d.name, &d.digest, &d.deployed_at],
+                    )?;
+                }
                 return Ok(0);
             }
             let exports = serde_json::to_string(&d.exports)?;
@@ -695,12 +717,12 @@ fn upsert_cursors(conn: Db<'_>, row_id: i64, cursors: &[CursorRow]) -> Result<()
     for c in cursors {
         conn.execute(
             "INSERT INTO subscription_cursors (stream, subscription_key, generation, acknowledged_offset,
-                                               failing_offset, failing_attempts, skips)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
+                                               failing_offset, failing_attempts, skips, attempts, last_error)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)
              ON CONFLICT (stream, subscription_key)
              DO UPDATE SET generation = excluded.generation, acknowledged_offset = excluded.acknowledged_offset,
                  failing_offset = excluded.failing_offset, failing_attempts = excluded.failing_attempts,
-                 skips = excluded.skips",
+                 skips = excluded.skips, attempts = excluded.attempts, last_error = excluded.last_error",
             args![
                 row_id,
                 &c.subscription_key,
@@ -708,7 +730,9 @@ fn upsert_cursors(conn: Db<'_>, row_id: i64, cursors: &[CursorRow]) -> Result<()
                 c.acknowledged_offset as i64,
                 c.failing_offset.map(|o| o as i64),
                 c.failing_attempts,
-                c.skips
+                c.skips,
+                c.attempts,
+                c.last_error.as_deref()
             ],
         )
         .with_context(|| {

@@ -373,6 +373,43 @@ impl Streams {
         self.call(address, |reply| Command::State { reply }).await
     }
 
+    /// Retries at once the failing (not halted) runs of subscription `key`,
+    /// or of every subscription calling `component`; on a stream another
+    /// host owns, through that host. Answers the keys that retry.
+    pub async fn retry(
+        &self,
+        address: &StreamAddress,
+        key: Option<&str>,
+        component: Option<&str>,
+    ) -> Result<Vec<String>, Error> {
+        let (key, component) = (key.map(str::to_string), component.map(str::to_string));
+        let here = self
+            .retry_here(address, key.clone(), component.clone())
+            .await;
+        match here {
+            Err(e) if e.owner_url.is_some() && self.inner.ctx.storage.cluster().is_some() => {
+                self.remote(address, e, remote::Call::Retry { key, component })
+                    .await
+            }
+            result => result,
+        }
+    }
+
+    /// [`Streams::retry`] through this host's actor only.
+    pub async fn retry_here(
+        &self,
+        address: &StreamAddress,
+        key: Option<String>,
+        component: Option<String>,
+    ) -> Result<Vec<String>, Error> {
+        self.call(address, |reply| Command::Retry {
+            key,
+            component,
+            reply,
+        })
+        .await
+    }
+
     /// Runtime state: subscription delivery progress and connections.
     pub async fn runtime(&self, address: &StreamAddress) -> Result<serde_json::Value, Error> {
         self.call(address, |reply| Command::Runtime { reply }).await

@@ -48,6 +48,11 @@ pub enum Call {
         digest: String,
         timeout_ms: u64,
     },
+    /// Retry failing subscriptions at once (`Streams::retry`).
+    Retry {
+        key: Option<String>,
+        component: Option<String>,
+    },
 }
 
 impl RemoteCall {

@@ -51,11 +51,13 @@ fn fresh_row(key: &str, generation: u64, cursor: u64) -> CursorRow {
         failing_offset: None,
         failing_attempts: 0,
         skips: 0,
+        attempts: 0,
+        last_error: None,
     }
 }
 
 /// The cursor row of a running subscription, skip counters included.
-fn cursor_row(key: &str, rt: &SubscriptionRuntime) -> CursorRow {
+pub(super) fn cursor_row(key: &str, rt: &SubscriptionRuntime) -> CursorRow {
     CursorRow {
         subscription_key: key.to_string(),
         generation: rt.generation,
@@ -63,10 +65,29 @@ fn cursor_row(key: &str, rt: &SubscriptionRuntime) -> CursorRow {
         failing_offset: rt.run.failing_event.map(|(o, _)| o),
         failing_attempts: rt.run.failing_event.map_or(0, |(_, n)| n),
         skips: rt.run.skips_since_success,
+        attempts: rt.run.attempt,
+        last_error: rt
+            .last_error
+            .as_deref()
+            .map(crate::delivery::schedule::cap_text),
     }
 }
 
 pub(super) use crate::clock::jitter;
+
+/// A loaded run's failure as it stood: a halted run's from its halt fact,
+/// a failing run's from its cursor row (so `:runtime` shows `lastError`
+/// and `attempt` after a release or a restart).
+fn restore_failure(rt: &mut SubscriptionRuntime, sub: &OutboundSubscription, row: Option<&CursorRow>) {
+    if let Some(halted) = &sub.delivery_halted {
+        rt.run.attempt = u32::try_from(halted.attempts).unwrap_or(u32::MAX);
+        rt.last_error = halted.error.clone();
+    } else if let Some(r) = row.filter(|r| r.attempts > 0) {
+        rt.run.attempt = r.attempts;
+        rt.run.isolating = true;
+        rt.last_error = r.last_error.clone();
+    }
+}
 
 impl Actor {
     /// Brings delivery state in line with `state`: a new generation starts a
@@ -101,6 +122,7 @@ impl Actor {
                         // Resumed: restart at the existing cursor.
                         rt.run.attempt = 0;
                         rt.next_attempt_at_ms = 0;
+                        rt.counters_dirty = true;
                     }
                     if halted {
                         rt.fact_pending = false;
@@ -117,6 +139,7 @@ impl Actor {
                             generation, route, checkpoint, checkpoint, halted,
                         );
                         rt.processor = Some(component);
+                        restore_failure(&mut rt, sub, row);
                         self.deliveries.runs.insert(key.clone(), rt);
                         continue;
                     }
@@ -132,6 +155,7 @@ impl Actor {
                         rt.run.skips_since_success = r.skips;
                         rt.run.isolating = r.failing_offset.is_some();
                     }
+                    restore_failure(&mut rt, sub, row);
                     self.deliveries.runs.insert(key.clone(), rt);
                 }
             }
@@ -186,7 +210,9 @@ impl Actor {
             .runs
             .iter()
             .filter(|(_, rt)| {
-                rt.processor.is_none() && (rt.cursor != rt.durable_cursor || rt.counters_dirty)
+                // A processor's cursor is its checkpoint: only its counters
+                // are written here.
+                rt.counters_dirty || (rt.processor.is_none() && rt.cursor != rt.durable_cursor)
             })
             .map(|(k, rt)| cursor_row(k, rt))
             .collect();

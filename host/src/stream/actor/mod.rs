@@ -134,6 +134,13 @@ pub enum Command {
         batch: Box<CopyBatch>,
         reply: Reply<CopyOutcome>,
     },
+    /// Retry at once the failing (not halted) runs of subscription `key`
+    /// or of those calling `component`; answers the keys that retry.
+    Retry {
+        key: Option<String>,
+        component: Option<String>,
+        reply: Reply<Vec<String>>,
+    },
     /// Runtime state (`:runtime`).
     Runtime {
         reply: Reply<serde_json::Value>,
@@ -565,6 +572,22 @@ impl Actor {
             Command::Reset { reply } => self.queue.push_back(Pending::Reset { reply }),
             Command::Deliver { batch, reply } => {
                 self.queue.push_back(Pending::Deliver { batch, reply })
+            }
+            Command::Retry {
+                key,
+                component,
+                reply,
+            } => {
+                let result = self.ensure_serving().await.and_then(|()| match &self.stream {
+                    Some(_) => Ok(self
+                        .deliveries
+                        .retry_now(key.as_deref(), component.as_deref())),
+                    None => Err(self.not_found()),
+                });
+                if result.as_ref().is_ok_and(|k| !k.is_empty()) {
+                    self.pump_deliveries();
+                }
+                let _ = reply.send(result);
             }
             Command::Runtime { reply } => {
                 let result = self
@@ -1191,9 +1214,8 @@ impl Actor {
                         if let Some(rt) = self.deliveries.runs.get_mut(&c.subscription_key) {
                             if rt.generation == c.generation {
                                 rt.durable_cursor = rt.durable_cursor.max(c.acknowledged_offset);
-                                if rt.run.failing_event
-                                    == c.failing_offset.map(|o| (o, c.failing_attempts))
-                                    && rt.run.skips_since_success == c.skips
+                                if delivery::cursor_row(&c.subscription_key, rt)
+                                    .same_counters(&c)
                                 {
                                     rt.counters_dirty = false;
                                 }
