@@ -181,6 +181,9 @@ impl Context<'_> {
     }
 }
 
+/// The prefix of the platform's own event types.
+pub const PLATFORM_TYPE_PREFIX: &str = "events.iterate.com/";
+
 /// A processor: a state type and a fold.
 pub trait Processor {
     /// The state, stored as JSON between batches.
@@ -189,8 +192,13 @@ pub trait Processor {
     const SLUG: &'static str;
     /// Its version, for humans (the host identifies versions by digest).
     const VERSION: &'static str;
-    /// Event types to fold; empty means all.
+    /// Event types to fold; empty means all (but the platform's, below).
     const CONSUMES: &'static [&'static str];
+    /// Whether [`Processor::fold`] sees the platform's own events
+    /// (`events.iterate.com/...`: the stream's creation, subscriptions,
+    /// connections, halts), which the stream's log holds beside yours. By
+    /// default it sees only those [`Processor::CONSUMES`] names.
+    const PLATFORM_EVENTS: bool = false;
 
     /// Folds one event into the state; effects go through `ctx`. Keep it deterministic.
     fn fold(state: &mut Self::State, event: &Event, ctx: &mut Context) -> Result<(), Failure>;
@@ -238,7 +246,12 @@ pub fn __fold<P: Processor>(state: String, batch: wit::Batch) -> Result<wit::Fol
             "the batch's events are not the JSON array the host sends: {e}"
         )))
     })?;
-    let mut keys: Vec<String> = events.iter().flat_map(P::prefetch).collect();
+    let folded = |e: &&Event| {
+        P::PLATFORM_EVENTS
+            || !e.event_type.starts_with(PLATFORM_TYPE_PREFIX)
+            || P::CONSUMES.contains(&e.event_type.as_str())
+    };
+    let mut keys: Vec<String> = events.iter().filter(folded).flat_map(P::prefetch).collect();
     keys.sort();
     keys.dedup();
     keyed::prefetch(keys).map_err(wit_failure)?;
@@ -246,7 +259,7 @@ pub fn __fold<P: Processor>(state: String, batch: wit::Batch) -> Result<wit::Fol
         stream: &batch.stream,
         effects: Vec::new(),
     };
-    for event in &events {
+    for event in events.iter().filter(folded) {
         P::fold(&mut s, event, &mut ctx).map_err(wit_failure)?;
     }
     let effects = ctx.effects;

@@ -150,7 +150,8 @@ impl Processor for {type_name} {{
     type State = State;
     const SLUG: &'static str = "{name}";
     const VERSION: &'static str = "0.1.0";
-    /// Event types to fold; empty means every type.
+    /// Event types to fold; empty means every type but the platform's own
+    /// (`events.iterate.com/...`; set `PLATFORM_EVENTS = true` for those).
     const CONSUMES: &'static [&'static str] = &[];
 
     fn fold(state: &mut State, event: &Event, _ctx: &mut Context) -> Result<(), Failure> {{

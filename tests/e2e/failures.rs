@@ -72,11 +72,8 @@ async fn panicking_processor(s: &Server, path: &str) -> u64 {
     )
     .await;
     let trap = out["events"][1]["offset"].as_u64().expect("an offset");
-    s.post(
-        &format!("{P}/streams{path}:append"),
-        wake_subscription("p"),
-    )
-    .await;
+    s.post(&format!("{P}/streams{path}:append"), wake_subscription("p"))
+        .await;
     trap
 }
 
@@ -100,7 +97,10 @@ async fn a_panicking_processor_halts_at_once_in_its_own_words_naming_the_event()
 
     let (_, p) = s.get(&format!("{stream}:processors/p")).await;
     let failure = &p["lastFailure"];
-    assert_eq!(failure["offset"], trap, "the event folded when it failed: {p}");
+    assert_eq!(
+        failure["offset"], trap,
+        "the event folded when it failed: {p}"
+    );
     assert!(
         failure["message"]
             .as_str()
@@ -211,7 +211,10 @@ async fn flaky() -> Flaky {
     use axum::http::StatusCode;
     use axum::Json;
     type Shared = (Arc<AtomicBool>, Arc<Mutex<Vec<u64>>>);
-    async fn hook(State((healthy, accepted)): State<Shared>, Json(body): Json<Value>) -> StatusCode {
+    async fn hook(
+        State((healthy, accepted)): State<Shared>,
+        Json(body): Json<Value>,
+    ) -> StatusCode {
         if !healthy.load(Ordering::SeqCst) {
             return StatusCode::SERVICE_UNAVAILABLE;
         }
@@ -259,7 +262,12 @@ async fn failing_webhook(s: &Server, url: &str) -> u64 {
 
 #[tokio::test]
 async fn resuming_a_failing_subscription_retries_it_at_once() {
-    let s = Server::start_with(Some(&format!("{SLOW}\n[webhooks]\ndeny-private-networks = false\n")), &[]);
+    let s = Server::start_with(
+        Some(&format!(
+            "{SLOW}\n[webhooks]\ndeny-private-networks = false\n"
+        )),
+        &[],
+    );
     let receiver = flaky().await;
     let offset = failing_webhook(&s, &receiver.url).await;
     let rt = runtime(&s, "/src").await;
@@ -298,7 +306,9 @@ async fn resuming_a_failing_subscription_retries_it_at_once() {
 #[tokio::test]
 async fn a_failing_subscriptions_last_error_survives_a_restart() {
     let mut s = Server::start_with(
-        Some(&format!("{SLOW}\n[webhooks]\ndeny-private-networks = false\n")),
+        Some(&format!(
+            "{SLOW}\n[webhooks]\ndeny-private-networks = false\n"
+        )),
         &[],
     );
     let receiver = flaky().await;
@@ -314,7 +324,10 @@ async fn a_failing_subscriptions_last_error_survives_a_restart() {
     .await;
     let after = runtime(&s, "/src").await;
     assert!(
-        after["lastError"].as_str().unwrap_or_default().contains("503"),
+        after["lastError"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("503"),
         "before the restart: {before}, after: {after}"
     );
     assert_eq!(after["halted"], false, "{after}");
@@ -389,4 +402,61 @@ async fn refold_true_refolds_unchanged_bytes_and_an_unchanged_deploy_says_so() {
     let after = processor().await;
     assert_eq!(after["state"], before["state"], "{after}");
     assert_eq!(after["checkpointOffset"], before["checkpointOffset"]);
+}
+
+/// A copy subscription `h` on `path` to `path`-out with the filter and
+/// transform given.
+fn copy_subscription(path: &str, filter: Value, transform: Option<&str>) -> Value {
+    let mut receiver = json!({"action": "copy-to-stream", "receivingStreamPath": format!("{path}-out"),
+        "delivery": {"start": "now", "onFailingEvent": "halt"}});
+    if let Some(t) = transform {
+        receiver["jsonataTransform"] = json!(t);
+    }
+    json!([{"type": "events.iterate.com/stream/subscription-configured",
+        "payload": {"subscriptionKey": "h", "filter": filter, "receiver": receiver}}])
+}
+
+#[tokio::test]
+async fn a_transform_or_condition_that_throws_halts_at_once_naming_where() {
+    let s = Server::start_with(Some(QUICK), &[]);
+    // What throws on an event throws again: no retries.
+    let transform = "payload.n > 1 ? $error(\"too big: \" & payload.n) : {}";
+    append(
+        &s,
+        "/t",
+        copy_subscription("/t", json!({"eventTypes": ["x.y/e"]}), Some(transform)),
+    )
+    .await;
+    append(&s, "/t", json!([{"type": "x.y/e", "payload": {"n": 2}}])).await;
+    let halted = s
+        .wait_halted(&format!("{P}/streams/t"), "h", Duration::from_secs(60))
+        .await;
+    assert_eq!(halted["attempts"], 1, "{halted}");
+    let error = halted["error"].as_str().unwrap_or_default();
+    assert!(error.contains("D3137: too big: 2"), "{halted}");
+    assert!(error.contains("at character 17 of"), "{halted}");
+
+    append(
+        &s,
+        "/c",
+        copy_subscription(
+            "/c",
+            json!({"jsonataCondition": "payload.total + \"a\" > 1"}),
+            None,
+        ),
+    )
+    .await;
+    append(
+        &s,
+        "/c",
+        json!([{"type": "x.y/e", "payload": {"total": 2}}]),
+    )
+    .await;
+    let halted = s
+        .wait_halted(&format!("{P}/streams/c"), "h", Duration::from_secs(60))
+        .await;
+    assert_eq!(halted["attempts"], 1, "{halted}");
+    let error = halted["error"].as_str().unwrap_or_default();
+    assert!(error.contains("T2002"), "{halted}");
+    assert!(error.contains("at character 15 of"), "{halted}");
 }

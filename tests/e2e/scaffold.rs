@@ -101,4 +101,12 @@ async fn a_scaffolded_processor_builds_alone_deploys_and_folds() {
         state["by_type"]["events.example/payment-received"], 1,
         "{state}"
     );
+    // The stream's own events (its creation, the subscription) are not
+    // folded unless the processor asks for them: 1 event, total 30.
+    assert_eq!(state["events"], 1, "{state}");
+    assert_eq!(
+        state["by_type"].as_object().map(|m| m.len()),
+        Some(1),
+        "{state}"
+    );
 }

@@ -546,7 +546,11 @@ mod tests {
             ..route(OnFailingEvent::Halt)
         };
         for key in ["a", "b", "ok"] {
-            let r = if key == "b" { wake("other") } else { wake("proc") };
+            let r = if key == "b" {
+                wake("other")
+            } else {
+                wake("proc")
+            };
             d.runs
                 .insert(key.into(), SubscriptionRuntime::new(1, Ok(r), 0, 0, false));
         }
@@ -562,14 +566,27 @@ mod tests {
             } else {
                 Err(failure(None))
             };
-            assert!(d.complete(done(job, result), 0, 0.0, &p, |_| None).is_none());
+            assert!(d
+                .complete(done(job, result), 0, 0.0, &p, |_| None)
+                .is_none());
         }
         assert!(d.due(1, 5, 100).0.is_empty(), "both wait out their backoff");
-        assert_eq!(d.retry_now(Some("ok"), None), Vec::<String>::new(), "not failing");
+        assert_eq!(
+            d.retry_now(Some("ok"), None),
+            Vec::<String>::new(),
+            "not failing"
+        );
         assert_eq!(d.retry_now(None, Some("proc")), vec!["a".to_string()]);
         let (jobs, _) = d.due(1, 5, 100);
-        assert_eq!(jobs.iter().map(|j| j.key.as_str()).collect::<Vec<_>>(), ["a"]);
-        assert_eq!(d.retry_now(Some("a"), None), vec!["a".to_string()], "in flight");
+        assert_eq!(
+            jobs.iter().map(|j| j.key.as_str()).collect::<Vec<_>>(),
+            ["a"]
+        );
+        assert_eq!(
+            d.retry_now(Some("a"), None),
+            vec!["a".to_string()],
+            "in flight"
+        );
         assert!(d.due(1, 5, 100).0.is_empty(), "one attempt at a time");
         assert_eq!(d.retry_now(Some("b"), None), vec!["b".to_string()]);
         // A halted run resumes with an event, not a retry.

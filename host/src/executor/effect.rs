@@ -386,10 +386,9 @@ async fn execute(
                         CallError::Err(v) => {
                             Failure::new(format!("{component}.{function} returned err: {v}"), true)
                         }
-                        CallError::Guest(g) => Failure::new(
-                            format!("{component}.{function}: {g}"),
-                            g.retryable(),
-                        ),
+                        CallError::Guest(g) => {
+                            Failure::new(format!("{component}.{function}: {g}"), g.retryable())
+                        }
                         CallError::Argument(m) => Failure::new(
                             format!("the args do not fit {component}.{function}: {m}"),
                             false,

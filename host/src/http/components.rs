@@ -63,12 +63,14 @@ pub async fn deploy(
         == 1;
     let mut answer = json!({"name": name, "digest": digest, "exports": exports});
     if new_version {
-        let versions = crate::processor::versions::resume_halted(&host.streams, project, name, &digest);
+        let versions =
+            crate::processor::versions::resume_halted(&host.streams, project, name, &digest);
         let resumed = versions.await?;
         if !resumed.is_empty() {
             answer["resumedSubscriptions"] = json!(resumed);
         }
-        let retrying = crate::processor::versions::retry_failing(&host.streams, project, name).await;
+        let retrying =
+            crate::processor::versions::retry_failing(&host.streams, project, name).await;
         if !retrying.is_empty() {
             answer["retryingSubscriptions"] = json!(retrying);
         }

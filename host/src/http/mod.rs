@@ -367,11 +367,9 @@ async fn internal_call(State(host): State<Host>, headers: HeaderMap, body: Body)
             Call::Deliver { batch } => {
                 remote::to_value(host.streams.deliver_here(&address, batch).await)
             }
-            Call::Retry { key, component } => remote::to_value(
-                host.streams
-                    .retry_here(&address, key, component)
-                    .await,
-            ),
+            Call::Retry { key, component } => {
+                remote::to_value(host.streams.retry_here(&address, key, component).await)
+            }
             Call::Refold {
                 component,
                 digest,

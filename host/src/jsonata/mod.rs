@@ -104,7 +104,10 @@ pub fn evaluation_error_position(source: &str, message: &str) -> Option<usize> {
         }
     }
     // "... of the + operator ...".
-    if let Some(rest) = text.split("the ").find_map(|part| part.strip_suffix(" operator").or_else(|| part.split_once(" operator").map(|(op, _)| op))) {
+    if let Some(rest) = text.split("the ").find_map(|part| {
+        part.strip_suffix(" operator")
+            .or_else(|| part.split_once(" operator").map(|(op, _)| op))
+    }) {
         if !rest.is_empty() && rest.len() <= 3 {
             tokens.push(rest.to_string());
         }
@@ -562,13 +565,19 @@ mod tests {
         };
         let (pos, text) = at("payload.total > 1 ? $error(\"too big: \" & payload.total) : 1");
         assert_eq!(pos, Some(21), "{text}");
-        assert!(text.starts_with("D3137: too big: 120 (at character 21 of"), "{text}");
+        assert!(
+            text.starts_with("D3137: too big: 120 (at character 21 of"),
+            "{text}"
+        );
         assert_eq!(at("payload.total + \"a\"").0, Some(15));
         assert_eq!(at("$assert(false, \"no\")").0, Some(1));
         assert_eq!(at("1 + $foo()").0, Some(5));
         let (pos, text) = at("$lookup(payload, 1, 2, 3)");
         assert_eq!(pos, None, "{text}");
-        assert!(text.contains("(in \"$lookup(payload, 1, 2, 3)\")"), "{text}");
+        assert!(
+            text.contains("(in \"$lookup(payload, 1, 2, 3)\")"),
+            "{text}"
+        );
     }
 
     #[test]

@@ -161,7 +161,9 @@ fn instantiation_failed(e: wasmtime::Error) -> wasmtime::Error {
     if e.downcast_ref::<wasmtime::Trap>().is_some() {
         e
     } else {
-        wasmtime::Error::new(HostFault(format!("instantiating the component failed: {e:#}")))
+        wasmtime::Error::new(HostFault(format!(
+            "instantiating the component failed: {e:#}"
+        )))
     }
 }
 
@@ -895,9 +897,9 @@ impl Runtime {
         let out = self
             .run(name, Determinism::default(), timeout_ms, |store| {
                 let instance = p
-                .instance_pre
-                .instantiate(&mut *store)
-                .map_err(instantiation_failed)?;
+                    .instance_pre
+                    .instantiate(&mut *store)
+                    .map_err(instantiation_failed)?;
                 let func = instance
                     .get_func(&mut *store, index)
                     .ok_or_else(|| wasmtime::Error::msg("the export is not a function"))?;

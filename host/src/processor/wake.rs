@@ -116,7 +116,10 @@ fn start(job: &WakeJob, prepared: &super::runtime::Prepared) -> Result<Start, Fa
 }
 
 fn guest_failure(component: &str, call: &str, e: GuestError) -> Failure {
-    failure(format!("processor {component:?} {call}: {e}"), e.retryable())
+    failure(
+        format!("processor {component:?} {call}: {e}"),
+        e.retryable(),
+    )
 }
 
 /// The subscription's filter narrowed to the event types the processor

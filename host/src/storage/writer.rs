@@ -65,9 +65,17 @@ pub struct CursorRow {
 impl CursorRow {
     /// Whether `other` records the same counters (cursor aside).
     pub fn same_counters(&self, other: &CursorRow) -> bool {
-        (self.failing_offset, self.failing_attempts, self.skips, self.attempts)
-            == (other.failing_offset, other.failing_attempts, other.skips, other.attempts)
-            && self.last_error == other.last_error
+        (
+            self.failing_offset,
+            self.failing_attempts,
+            self.skips,
+            self.attempts,
+        ) == (
+            other.failing_offset,
+            other.failing_attempts,
+            other.skips,
+            other.attempts,
+        ) && self.last_error == other.last_error
     }
 }
 

@@ -49,6 +49,8 @@ impl Processor for Clocky {
     const SLUG: &'static str = "clocky";
     const VERSION: &'static str = "1.0.0";
     const CONSUMES: &'static [&'static str] = &[];
+    // Every event of the stream, the platform's included.
+    const PLATFORM_EVENTS: bool = true;
 
     fn fold(state: &mut Seen, _event: &Event, _ctx: &mut Context) -> Result<(), Failure> {
         let counter = COUNTER.fetch_add(1, Ordering::Relaxed) + 1;

@@ -30,6 +30,8 @@ impl Processor for Counter {
     const SLUG: &'static str = "counter";
     const VERSION: &'static str = "1.0.0";
     const CONSUMES: &'static [&'static str] = &[];
+    // Every event of the stream, the platform's included.
+    const PLATFORM_EVENTS: bool = true;
 
     fn fold(state: &mut Count, event: &Event, _ctx: &mut Context) -> Result<(), Failure> {
         Counter::apply(state, event);

@@ -78,7 +78,11 @@ pub(super) use crate::clock::jitter;
 /// A loaded run's failure as it stood: a halted run's from its halt fact,
 /// a failing run's from its cursor row (so `:runtime` shows `lastError`
 /// and `attempt` after a release or a restart).
-fn restore_failure(rt: &mut SubscriptionRuntime, sub: &OutboundSubscription, row: Option<&CursorRow>) {
+fn restore_failure(
+    rt: &mut SubscriptionRuntime,
+    sub: &OutboundSubscription,
+    row: Option<&CursorRow>,
+) {
     if let Some(halted) = &sub.delivery_halted {
         rt.run.attempt = u32::try_from(halted.attempts).unwrap_or(u32::MAX);
         rt.last_error = halted.error.clone();

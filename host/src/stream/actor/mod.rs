@@ -578,12 +578,15 @@ impl Actor {
                 component,
                 reply,
             } => {
-                let result = self.ensure_serving().await.and_then(|()| match &self.stream {
-                    Some(_) => Ok(self
-                        .deliveries
-                        .retry_now(key.as_deref(), component.as_deref())),
-                    None => Err(self.not_found()),
-                });
+                let result = self
+                    .ensure_serving()
+                    .await
+                    .and_then(|()| match &self.stream {
+                        Some(_) => Ok(self
+                            .deliveries
+                            .retry_now(key.as_deref(), component.as_deref())),
+                        None => Err(self.not_found()),
+                    });
                 if result.as_ref().is_ok_and(|k| !k.is_empty()) {
                     self.pump_deliveries();
                 }
@@ -1214,9 +1217,7 @@ impl Actor {
                         if let Some(rt) = self.deliveries.runs.get_mut(&c.subscription_key) {
                             if rt.generation == c.generation {
                                 rt.durable_cursor = rt.durable_cursor.max(c.acknowledged_offset);
-                                if delivery::cursor_row(&c.subscription_key, rt)
-                                    .same_counters(&c)
-                                {
+                                if delivery::cursor_row(&c.subscription_key, rt).same_counters(&c) {
                                     rt.counters_dirty = false;
                                 }
                             }
