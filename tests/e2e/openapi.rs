@@ -111,3 +111,447 @@ async fn the_openapi_document_describes_every_route_and_only_those() {
         .unwrap()
         .contains("no route for"));
 }
+
+/// The schema at `pointer` (a JSON pointer into the OpenAPI document) as a
+/// validator: the whole document rides along, so its `$ref`s resolve.
+fn validator(doc: &Value, pointer: &str) -> jsonschema::Validator {
+    let mut schema = doc.clone();
+    // A URI fragment: what a fragment may not hold percent-encoded.
+    let fragment: String = pointer
+        .bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() || b"-._~/!$&'()*+,;=:@".contains(&b) {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect();
+    schema["$ref"] = Value::String(format!("#{fragment}"));
+    jsonschema::draft202012::new(&schema)
+        .unwrap_or_else(|e| panic!("the schema at {pointer} does not compile: {e}"))
+}
+
+/// `value` checked against the schema at `pointer`: a mismatch, naming
+/// every error, is added to `problems`.
+fn check_fits(doc: &Value, pointer: &str, value: &Value, what: &str, problems: &mut Vec<String>) {
+    let v = validator(doc, pointer);
+    let errors: Vec<String> = v
+        .iter_errors(value)
+        .map(|e| format!("{} at {}", e, e.instance_path()))
+        .collect();
+    if !errors.is_empty() {
+        problems.push(format!(
+            "{what} does not fit {pointer}:\n{}\n{value}",
+            errors.join("\n")
+        ));
+    }
+}
+
+/// A JSON pointer's escaping of one token.
+fn escape(token: &str) -> String {
+    token.replace('~', "~0").replace('/', "~1")
+}
+
+/// One real call: the documented operation, its concrete URL, its body.
+struct Call {
+    method: &'static str,
+    template: &'static str,
+    url: String,
+    body: Option<Value>,
+    wasm: Option<Vec<u8>>,
+    status: u16,
+}
+
+fn call(
+    method: &'static str,
+    template: &'static str,
+    url: &str,
+    body: Option<Value>,
+    status: u16,
+) -> Call {
+    Call {
+        method,
+        template,
+        url: url.to_string(),
+        body,
+        wasm: None,
+        status,
+    }
+}
+
+#[tokio::test]
+async fn every_operation_answers_a_real_request_as_the_openapi_document_says() {
+    use serde_json::json;
+    let s = Server::start();
+    let doc: Value = serde_json::from_str(streamhost::http::OPENAPI).unwrap();
+    let guest = crate::support::guest;
+    let acme = "/v1/projects/acme";
+    let stream = format!("{acme}/streams/orders");
+    let global = "/v1/global/streams/g";
+    // What the walk below needs: processors on /orders (a counter, the
+    // ledger for keys, the effector for an effect) and a global stream.
+    for (name, bytes) in [
+        ("counter", guest("counter")),
+        ("ledger", guest("ledger")),
+        ("effector", guest("effector")),
+        ("kinds", guest("kinds")),
+    ] {
+        assert_eq!(s.deploy("acme", name, bytes).await.0, 200);
+    }
+    let wake = |key: &str, component: &str| {
+        json!({"type": "events.iterate.com/stream/subscription-configured", "payload": {"subscriptionKey": key,
+            "receiver": {"action": "processor-wake", "expression": ["components", ["get", component], "wake"]}}})
+    };
+    let (status, out) = s
+        .post(
+            &format!("{stream}:append"),
+            json!({"events": [wake("count", "counter"), wake("ledger", "ledger"), wake("effects", "effector"),
+                {"type": "deposited", "payload": {"account": "a-1", "cents": 250}},
+                {"type": "events.example/effects-requested", "payload": {"effects": [
+                    {"key": "boom", "itx": {"expression": ["components", ["get", "kinds"], "boom"], "args": []}}]}}]}),
+        )
+        .await;
+    assert_eq!(status, 200, "{out}");
+    let head = out["events"][4]["offset"].clone();
+    crate::support::wait_for(
+        "the processors to catch up and the effect to fail",
+        Duration::from_secs(60),
+        async || {
+            let (_, e) = s.get(&format!("{acme}/effects")).await;
+            let (_, c) = s.get(&format!("{stream}:processors/counter")).await;
+            let (_, l) = s.get(&format!("{stream}:processors/ledger")).await;
+            let caught_up = |p: &Value| p["checkpointOffset"].as_u64() >= head.as_u64();
+            e["effects"][0]["status"] == "failed" && caught_up(&c) && caught_up(&l)
+        },
+    )
+    .await;
+    let effect = s.get(&format!("{acme}/effects")).await.1["effects"][0]["id"].clone();
+    let effect = format!("{acme}/effects/{effect}");
+    assert_eq!(
+        s.post(
+            &format!("{global}:append"),
+            json!({"events": [{"type": "x.y/g"}]})
+        )
+        .await
+        .0,
+        200
+    );
+
+    let p = "/v1/projects/{project}/streams/{path}";
+    let g = "/v1/global/streams/{path}";
+    let append = json!({"events": [{"type": "events.example/order-created", "payload": {"total": 120}, "idempotencyKey": "o-1"}]});
+    let subscribe = json!({"sourceStreamPath": "/orders", "subscriptionKey": "copy", "start": "beginning", "filter": {"eventTypes": ["x.y/none"]}});
+    let mut calls = vec![
+        call("GET", "/healthz", "/healthz", None, 200),
+        call("GET", "/metrics", "/metrics", None, 200),
+        call("GET", "/openapi.json", "/openapi.json", None, 200),
+        call("GET", "/console", "/console", None, 200),
+        call(
+            "GET",
+            "/v1/projects/{project}/streams",
+            &format!("{acme}/streams?prefix=/orders"),
+            None,
+            200,
+        ),
+        call("GET", "/v1/global/streams", "/v1/global/streams", None, 200),
+        call(
+            "GET",
+            "/v1/projects/{project}/components",
+            &format!("{acme}/components"),
+            None,
+            200,
+        ),
+        call(
+            "GET",
+            "/v1/projects/{project}/components/{name}",
+            &format!("{acme}/components/counter"),
+            None,
+            200,
+        ),
+        call(
+            "GET",
+            "/v1/projects/{project}/components/{name}/versions",
+            &format!("{acme}/components/counter/versions"),
+            None,
+            200,
+        ),
+        call(
+            "POST",
+            "/v1/projects/{project}/itx",
+            &format!("{acme}/itx"),
+            Some(json!({"expression": ["components", ["get", "kinds"], "add"], "args": [1, 2]})),
+            200,
+        ),
+        call(
+            "GET",
+            "/v1/projects/{project}/effects",
+            &format!("{acme}/effects"),
+            None,
+            200,
+        ),
+        call(
+            "GET",
+            "/v1/projects/{project}/effects/{id}",
+            &effect,
+            None,
+            200,
+        ),
+        call(
+            "POST",
+            "/v1/projects/{project}/effects/{id}:cancel",
+            &format!("{effect}:cancel"),
+            Some(json!({})),
+            200,
+        ),
+        call(
+            "POST",
+            "/v1/projects/{project}/effects/{id}:retry",
+            &format!("{effect}:retry"),
+            Some(json!({})),
+            200,
+        ),
+        call(
+            "POST",
+            "/v1/projects/{project}/ingest",
+            &format!("{acme}/ingest/paid"),
+            Some(json!({"events": [{"type": "x.y/paid", "idempotencyKey": "p-1"}]})),
+            202,
+        ),
+        call(
+            "POST",
+            "/v1/projects/{project}/ingest/{path}",
+            &format!("{acme}/ingest/paid/eu"),
+            Some(json!({"events": [{"type": "x.y/paid", "idempotencyKey": "p-2"}]})),
+            202,
+        ),
+        call("GET", "/v1/ingest", "/v1/ingest", None, 200),
+        call(
+            "POST",
+            "/v1/ingest:register",
+            "/v1/ingest:register",
+            Some(json!({})),
+            404,
+        ),
+        call("GET", "/v1/cluster", "/v1/cluster", None, 200),
+    ];
+    for (base, prefix) in [(p, stream.clone()), (g, global.to_string())] {
+        let project = base == p;
+        let ops: Vec<(&str, &str, String, Option<Value>, u16)> = vec![
+            (
+                "POST",
+                ":append",
+                format!("{prefix}:append"),
+                Some(append.clone()),
+                200,
+            ),
+            (
+                "GET",
+                ":events",
+                format!("{prefix}:events?afterOffset=0&limit=10"),
+                None,
+                200,
+            ),
+            ("GET", ":state", format!("{prefix}:state"), None, 200),
+            ("GET", ":runtime", format!("{prefix}:runtime"), None, 200),
+            (
+                "GET",
+                ":connect",
+                format!("{prefix}:connect?replayAfterOffset=0"),
+                None,
+                200,
+            ),
+            (
+                "POST",
+                ":waitForEvent",
+                format!("{prefix}:waitForEvent"),
+                Some(json!({"afterOffset": 0, "timeoutMs": 1000})),
+                200,
+            ),
+            (
+                "POST",
+                ":subscribeToEventsFrom",
+                format!("{prefix}/copy:subscribeToEventsFrom"),
+                Some(if project {
+                    subscribe.clone()
+                } else {
+                    json!({"sourceStreamPath": "/g", "subscriptionKey": "copy", "start": "now"})
+                }),
+                200,
+            ),
+            (
+                "POST",
+                ":setSubscriptionCursor",
+                format!("{prefix}:setSubscriptionCursor"),
+                Some(json!({"subscriptionKey": "copy", "afterOffset": 1})),
+                200,
+            ),
+            (
+                "POST",
+                ":resumeSubscription",
+                format!("{prefix}:resumeSubscription"),
+                Some(json!({"subscriptionKey": "copy"})),
+                200,
+            ),
+            (
+                "POST",
+                ":setSubscriptionCursorAndResume",
+                format!("{prefix}:setSubscriptionCursorAndResume"),
+                Some(json!({"subscriptionKey": "copy", "afterOffset": 1})),
+                200,
+            ),
+            (
+                "POST",
+                ":unsubscribeFromEvents",
+                format!("{prefix}/copy:unsubscribeFromEvents"),
+                Some(
+                    json!({"sourceStreamPath": if project { "/orders" } else { "/g" }, "subscriptionKey": "copy"}),
+                ),
+                200,
+            ),
+            (
+                "GET",
+                ":processors/{component}",
+                format!("{prefix}:processors/counter"),
+                None,
+                if project { 200 } else { 404 },
+            ),
+            (
+                "POST",
+                ":verifyProcessor",
+                format!("{prefix}:verifyProcessor"),
+                Some(json!({"component": "counter"})),
+                if project { 200 } else { 404 },
+            ),
+            (
+                "POST",
+                ":backfillProcessor",
+                format!("{prefix}:backfillProcessor"),
+                Some(json!({"component": "counter", "afterOffset": 0})),
+                if project { 200 } else { 404 },
+            ),
+            (
+                "GET",
+                ":processors/{component}/keys",
+                format!("{prefix}:processors/ledger/keys?limit=10"),
+                None,
+                if project { 200 } else { 404 },
+            ),
+            (
+                "GET",
+                ":processors/{component}/keys/{key}",
+                format!("{prefix}:processors/ledger/keys/balance%2Fa-1"),
+                None,
+                if project { 200 } else { 404 },
+            ),
+            (
+                "POST",
+                ":reset",
+                format!("{prefix}:reset"),
+                Some(json!({})),
+                200,
+            ),
+        ];
+        for (method, suffix, url, body, status) in ops {
+            let template: &'static str = Box::leak(format!("{base}{suffix}").into_boxed_str());
+            calls.push(call(method, template, &url, body, status));
+        }
+    }
+    let mut deploy = call(
+        "PUT",
+        "/v1/projects/{project}/components/{name}",
+        &format!("{acme}/components/counter?refold=true"),
+        None,
+        200,
+    );
+    deploy.wasm = Some(guest("counter"));
+    calls.push(deploy);
+
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let mut covered = BTreeSet::new();
+    let mut problems = Vec::new();
+    for c in &calls {
+        let operation = format!("/paths/{}/{}", escape(c.template), c.method.to_lowercase());
+        assert!(
+            doc.pointer(&operation).is_some(),
+            "{} {} is not documented",
+            c.method,
+            c.template
+        );
+        let method = reqwest::Method::from_bytes(c.method.as_bytes()).unwrap();
+        let mut request = client.request(method, format!("{}{}", s.url, c.url));
+        if let Some(body) = &c.body {
+            let schema = format!("{operation}/requestBody/content/application~1json/schema");
+            if doc.pointer(&schema).is_some() {
+                check_fits(
+                    &doc,
+                    &schema,
+                    body,
+                    &format!("the request of {} {}", c.method, c.url),
+                    &mut problems,
+                );
+            }
+            request = request.json(body);
+        }
+        if let Some(bytes) = &c.wasm {
+            request = request
+                .header("content-type", "application/wasm")
+                .body(bytes.clone());
+        }
+        let response = request.send().await.unwrap();
+        let status = response.status().as_u16();
+        let content_type = response
+            .headers()
+            .get("content-type")
+            .map(|v| v.to_str().unwrap().to_string())
+            .unwrap_or_default();
+        let documented = format!("{operation}/responses/{status}");
+        assert!(
+            doc.pointer(&documented).is_some(),
+            "{} {} answered {status}, which is not documented",
+            c.method,
+            c.url
+        );
+        let text = if content_type.starts_with("text/event-stream") {
+            // The first batch is enough: a live connection does not end.
+            drop(response);
+            String::new()
+        } else {
+            response.text().await.unwrap()
+        };
+        assert_eq!(status, c.status, "{} {}: {text}", c.method, c.url);
+        let json_schema = format!("{documented}/content/application~1json/schema");
+        if content_type.starts_with("application/json") {
+            assert!(
+                doc.pointer(&json_schema).is_some(),
+                "{} {} answered JSON the document does not describe",
+                c.method,
+                c.url
+            );
+            let value: Value = serde_json::from_str(&text).unwrap();
+            check_fits(
+                &doc,
+                &json_schema,
+                &value,
+                &format!("the answer to {} {}", c.method, c.url),
+                &mut problems,
+            );
+        }
+        covered.insert((c.method.to_string(), c.template.to_string()));
+    }
+    let mut all = BTreeSet::new();
+    for (path, item) in doc["paths"].as_object().unwrap() {
+        for method in item.as_object().unwrap().keys() {
+            all.insert((method.to_uppercase(), path.clone()));
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n\n"));
+    let missed: Vec<_> = all.difference(&covered).collect();
+    assert!(
+        missed.is_empty(),
+        "operations no real call checked: {missed:?}"
+    );
+}

@@ -1,6 +1,7 @@
-//! The README's shell blocks run as written against a real server: every
-//! ```sh block, in order, in one bash, with `streamhost` on the PATH and the
-//! server's address for `localhost:7410`.
+//! The docs' shell blocks run as written against a real server: every
+//! ```sh block of README.md and docs/http-api.md, in order, each in one
+//! bash, with `streamhost` on the PATH and the server's address for
+//! `localhost:7410`.
 
 use std::path::Path;
 use std::process::Command;
@@ -32,7 +33,41 @@ fn bounded(line: &str) -> String {
 #[test]
 fn every_shell_command_of_the_readme_runs_as_written() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    let (ran, skipped) = run_shell_blocks(&root.join("README.md"), &root, HARNESS);
+    let _ = std::fs::remove_file(root.join("events.jsonl"));
+    assert_eq!(
+        skipped, HARNESS,
+        "the harness blocks are still in the README"
+    );
+    assert!(ran >= 8, "only {ran} blocks ran");
+}
+
+#[test]
+fn every_curl_example_of_the_http_reference_runs_as_written() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    // The reference's examples run where the component files they send
+    // are (`--data-binary @kinds.wasm`).
+    let work = tempfile::tempdir().unwrap();
+    std::fs::write(
+        work.path().join("kinds.wasm"),
+        crate::support::guest("kinds"),
+    )
+    .unwrap();
+    let (ran, skipped) = run_shell_blocks(&root.join("docs/http-api.md"), work.path(), &[]);
+    assert!(skipped.is_empty());
+    assert!(ran >= 6, "only {ran} blocks ran");
+}
+
+/// Runs every ```sh block of `markdown` in order, each in one bash in
+/// `dir`, against one server; a block that fails or answers an error fails
+/// the test. Blocks holding one of `harness` are skipped. Answers the
+/// number run and the harness lines skipped.
+fn run_shell_blocks(
+    markdown: &Path,
+    dir: &Path,
+    harness: &[&'static str],
+) -> (usize, Vec<&'static str>) {
+    let text = std::fs::read_to_string(markdown).unwrap();
     let rt = tokio::runtime::Runtime::new().unwrap();
     let s = rt.block_on(async { Server::start() });
     let address = s.url.trim_start_matches("http://").to_string();
@@ -42,12 +77,12 @@ fn every_shell_command_of_the_readme_runs_as_written() {
         bin_dir.display(),
         std::env::var("PATH").unwrap_or_default()
     );
-    let work = tempfile::tempdir().unwrap();
+    let home = tempfile::tempdir().unwrap();
     let mut ran = 0;
     let mut skipped = Vec::new();
-    for block in readme.split("```sh\n").skip(1) {
+    for block in text.split("```sh\n").skip(1) {
         let block = block.split("```").next().unwrap();
-        if let Some(h) = HARNESS.iter().find(|h| block.contains(*h)) {
+        if let Some(h) = harness.iter().find(|h| block.contains(*h)) {
             skipped.push(*h);
             continue;
         }
@@ -60,30 +95,26 @@ fn every_shell_command_of_the_readme_runs_as_written() {
         // after five minutes instead of hanging the suite.
         let out = Command::new("timeout")
             .args(["300", "bash", "-e", "-o", "pipefail", "-c", &script])
-            .current_dir(&root)
+            .current_dir(dir)
             .env("PATH", &path)
             .env("STREAMHOST_URL", &s.url)
-            .env("HOME", work.path())
+            .env("HOME", home.path())
             .env_remove("CARGO_TARGET_DIR")
             .output()
             .expect("running bash");
         let stdout = String::from_utf8_lossy(&out.stdout);
         let stderr = String::from_utf8_lossy(&out.stderr);
+        let name = markdown.display();
         assert!(
             out.status.success(),
-            "this README block failed:\n{script}\n--- stdout\n{stdout}\n--- stderr\n{stderr}"
+            "this block of {name} failed:\n{script}\n--- stdout\n{stdout}\n--- stderr\n{stderr}"
         );
         // curl exits 0 on an HTTP error: its answers must not be errors.
         assert!(
             !stdout.contains("{\"error\":"),
-            "this README block answered an error:\n{script}\n--- stdout\n{stdout}"
+            "this block of {name} answered an error:\n{script}\n--- stdout\n{stdout}"
         );
         ran += 1;
     }
-    let _ = std::fs::remove_file(root.join("events.jsonl"));
-    assert_eq!(
-        skipped, HARNESS,
-        "the harness blocks are still in the README"
-    );
-    assert!(ran >= 8, "only {ran} blocks ran");
+    (ran, skipped)
 }
