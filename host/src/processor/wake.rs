@@ -286,14 +286,14 @@ pub fn fold_events(
     // name the event that fails (the calls are deterministic).
     let locate = matches!(&folded, Err((f, _)) if !f.retryable);
     if events.len() == 1 || !(witness.read() || locate) {
-        let (state_after, returned, session) = folded.map_err(|(f, _)| f)?;
+        let (state_after, returned, session) = folded.map_err(|(f, _)| *f)?;
         let effects = checked_effects(guest.component, &returned, through)?;
         return Ok((state_after, effects, session.keep()));
     }
     // The whole batch's call is dropped, its writes with it.
     let (mut bucket, batch_failure) = match folded {
         Ok((_, _, session)) => (session.drop_writes(), None),
-        Err((f, bucket)) => (bucket, Some(f)),
+        Err((f, bucket)) => (bucket, Some(*f)),
     };
     let mut state = state.to_string();
     let mut returned = Vec::new();
@@ -312,7 +312,7 @@ pub fn fold_events(
             env(e),
             bucket,
         )
-        .map_err(|(f, _)| f)?;
+        .map_err(|(f, _)| *f)?;
         bucket = session.keep();
         state = next;
         returned.append(&mut effects);
@@ -335,7 +335,7 @@ pub fn created_ms(created_at: &str) -> i64 {
 /// One fold call's outcome: the new state, the returned effects and the
 /// call's session (its writes not yet kept), or the failure and the bucket
 /// as it was before the call.
-type Call = Result<(String, Vec<super::runtime::Effect>, Session), (Failure, Bucket)>;
+type Call = Result<(String, Vec<super::runtime::Effect>, Session), (Box<Failure>, Bucket)>;
 
 /// One fold call, its state checked; a failure carries the repro command
 /// (with the keys the call read) and names the environment the call ran
@@ -385,12 +385,12 @@ fn fold_call(
                 &batch,
                 guest.prepared.keyed().then_some(&read[..]),
             ));
-            return Err((f, bucket));
+            return Err((Box::new(f), bucket));
         }
     };
     let refuse = |mut f: Failure, session: Session| {
         f.at_offset = Some(events[0].offset);
-        Err((f, session.drop_writes()))
+        Err((Box::new(f), session.drop_writes()))
     };
     if folded.state.len() > PROCESSOR_STATE_BYTES_MAX {
         return refuse(
