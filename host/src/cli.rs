@@ -888,7 +888,7 @@ async fn component_get(a: ComponentGetArgs) -> Result<()> {
     let status = response.status();
     if !status.is_success() {
         let text = response.text().await.unwrap_or_default();
-        bail!("{status}: {text}");
+        return Err(api_error(status, &text));
     }
     let bytes = response.bytes().await.context("reading the component")?;
     let path =
@@ -1097,6 +1097,32 @@ async fn ingest(command: IngestCommand) -> Result<()> {
     }
 }
 
+/// `--wake COMPONENT` names a deployed component that is not a processor
+/// (it does not export `fold`): an error naming what it exports. One not
+/// deployed yet passes (the server warns, and the wake waits for it).
+async fn refuse_non_processor(server: &Server, component: &str) -> Result<()> {
+    let url = format!("{}/components/{component}", server.namespace_url()?);
+    let Some(row) = get_json(&url, server.token.as_deref()).await? else {
+        return Ok(());
+    };
+    let exports: Vec<&str> = row["exports"]
+        .as_array()
+        .map(|e| e.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    if exports.contains(&"fold") {
+        return Ok(());
+    }
+    bail!(
+        "component {component:?} is not a processor: it exports {} and a wake needs fold \
+         (a processor built with the guest SDK's processor! macro); call its functions with --itx",
+        if exports.is_empty() {
+            "nothing".to_string()
+        } else {
+            exports.join(", ")
+        }
+    )
+}
+
 /// `streamhost subscribe`: a subscription-configured event on the source.
 async fn subscribe(a: SubscribeArgs) -> Result<()> {
     use crate::subscription::Subscription;
@@ -1110,6 +1136,7 @@ async fn subscribe(a: SubscribeArgs) -> Result<()> {
             .with_context(|| format!("--itx {expression:?} is not JSON"))?;
         Subscription::itx(&a.key, expression)
     } else if let Some(component) = &r.wake {
+        refuse_non_processor(&a.target.server, component).await?;
         Subscription::wake(&a.key, component)
     } else {
         bail!("name the receiver: --copy-to, --webhook, --itx or --wake");
@@ -1148,7 +1175,7 @@ async fn get_json(url: &str, token: Option<&str>) -> Result<Option<Value>> {
         return Ok(None);
     }
     if !status.is_success() {
-        bail!("{status}: {text}");
+        return Err(api_error(status, &text));
     }
     Ok(Some(
         serde_json::from_str(&text).context("an answer that is not JSON")?,
@@ -1238,10 +1265,7 @@ async fn keys(a: KeysArgs) -> Result<()> {
         let status = response.status();
         let page: Value = response.json().await.context("reading the answer")?;
         if !status.is_success() {
-            bail!(
-                "{url}: {status}: {}",
-                page["error"]["message"].as_str().unwrap_or_default()
-            );
+            return Err(api_error(status, &page.to_string()));
         }
         all.extend(page["keys"].as_array().cloned().unwrap_or_default());
         match page["nextAfter"].as_str() {
@@ -1307,7 +1331,7 @@ async fn events_jsonl(a: EventsArgs) -> Result<()> {
         let status = response.status();
         let text = response.text().await.context("reading the answer")?;
         if !status.is_success() {
-            bail!("{status}: {text}");
+            return Err(api_error(status, &text));
         }
         let page: Value = serde_json::from_str(&text).context("an answer that is not JSON")?;
         let events = page["events"].as_array().cloned().unwrap_or_default();
@@ -1403,10 +1427,10 @@ async fn verify(a: VerifyArgs) -> Result<()> {
     let response = with_progress(&label, send(req, &url, a.target.server.token.as_deref())).await?;
     let status = response.status();
     let v: Value = response.json().await.context("reading the answer")?;
-    print_line(&render(&v))?;
     if !status.is_success() {
-        bail!("{status}");
+        return Err(api_error(status, &v.to_string()));
     }
+    print_line(&render(&v))?;
     if v["matches"] != true {
         bail!("the stored state differs from the refold");
     }
@@ -1797,16 +1821,53 @@ async fn print_answer(response: reqwest::Response) -> Result<()> {
     let status = response.status();
     let text = response.text().await.context("reading the answer")?;
     let parsed = serde_json::from_str::<Value>(&text).ok();
-    if status.is_success() {
-        return print_line(&parsed.as_ref().map(render).unwrap_or(text));
+    if !status.is_success() {
+        return Err(api_error(status, &text));
     }
-    let hint = parsed
+    // Warnings go to stderr, so a piped answer stays the answer alone.
+    for w in parsed
         .as_ref()
-        .and_then(|v| v["error"]["hint"].as_str())
-        .map(|h| format!("\nhint: {h}"))
-        .unwrap_or_default();
-    let shown = parsed.as_ref().map(|v| v.to_string()).unwrap_or(text);
-    bail!("{status}: {shown}{hint}")
+        .and_then(|v| v["warnings"].as_array())
+        .into_iter()
+        .flatten()
+    {
+        eprintln!(
+            "warning: {}",
+            w.as_str()
+                .map(str::to_string)
+                .unwrap_or_else(|| w.to_string())
+        );
+    }
+    print_line(&parsed.as_ref().map(render).unwrap_or(text))
+}
+
+/// A failure answer as the command's error, one readable line: the error's
+/// code and message and the HTTP status (`stream-not-found: stream "/x"
+/// does not exist in project "acme" (404)`), then its hint, once, on a
+/// line of its own. An answer that is not the API's error shape is quoted
+/// (its first 500 bytes).
+fn api_error(status: reqwest::StatusCode, text: &str) -> anyhow::Error {
+    let parsed: Option<Value> = serde_json::from_str(text).ok();
+    let error = parsed.as_ref().map(|v| &v["error"]);
+    match error.and_then(|e| Some((e["code"].as_str()?, e["message"].as_str()?))) {
+        Some((code, message)) => {
+            let hint = error
+                .and_then(|e| e["hint"].as_str())
+                .filter(|h| !message.contains(h))
+                .map(|h| format!("\nhint: {h}"))
+                .unwrap_or_default();
+            anyhow::anyhow!("{code}: {message} ({}){hint}", status.as_u16())
+        }
+        None => {
+            let mut end = text.len().min(500);
+            while !text.is_char_boundary(end) {
+                end -= 1;
+            }
+            let text = text[..end].trim();
+            let reason = status.canonical_reason().unwrap_or("");
+            anyhow::anyhow!("the server answered {} {reason}: {text}", status.as_u16())
+        }
+    }
 }
 
 #[cfg(test)]

@@ -51,9 +51,10 @@ async fn append_events_and_state_commands() {
         "/cli/missing",
     ]);
     assert!(!ok);
-    assert!(
-        err.contains("stream-not-found") && err.contains("/cli/missing"),
-        "{err}"
+    // One readable line: the code, the message, the status.
+    assert_eq!(
+        err.trim(),
+        "error: stream-not-found: stream \"/cli/missing\" does not exist in project \"acme\" (404)"
     );
     let (ok, _, err) = run_cli(&[
         "append",
@@ -417,6 +418,8 @@ async fn subscriptions_pausing_reset_and_health_from_the_command_line() {
         err.contains("hint:") && err.contains("streamhost resume"),
         "{err}"
     );
+    assert_eq!(err.matches("hint:").count(), 1, "the hint once: {err}");
+    assert!(!err.contains("{\"error\""), "no raw JSON: {err}");
     cli_json(&s, &["resume", "/cli/src"]);
     cli_json(&s, &["append", "/cli/src", "--type", "x.y/a"]);
 
@@ -558,6 +561,44 @@ async fn a_subscription_to_a_component_not_deployed_is_accepted_with_a_warning()
     cli_json(&s, &["deploy", "counter", wasm.to_str().unwrap()]);
     let fine = cli_json(&s, &["subscribe", "/cli/w", "now", "--wake", "counter"]);
     assert!(fine.get("warnings").is_none(), "{fine}");
+
+    // The warning also goes to stderr, on a line of its own.
+    let (ok, out, err) = cli_with(&s, &["subscribe", "/cli/w", "again", "--wake", "payments"]);
+    assert!(ok, "{err}");
+    assert!(
+        err.lines()
+            .any(|l| l.starts_with("warning: ") && l.contains("\"payments\"")),
+        "{err}"
+    );
+    assert!(
+        serde_json::from_str::<Value>(&out).is_ok(),
+        "stdout is the answer alone: {out}"
+    );
+
+    // A wake of a component that is not a processor is refused before
+    // anything is appended, naming what it exports.
+    let kinds = file_in(wasm_dir.path(), "kinds.wasm");
+    std::fs::write(&kinds, crate::support::guest("kinds")).unwrap();
+    cli_json(&s, &["deploy", "kinds", kinds.to_str().unwrap()]);
+    let before = s.all_events("/v1/projects/acme/streams/cli/w").await.len();
+    let (ok, _, err) = cli_with(&s, &["subscribe", "/cli/w", "wrong", "--wake", "kinds"]);
+    assert!(!ok);
+    assert!(
+        err.contains("component \"kinds\" is not a processor")
+            && err.contains("process-event-batch"),
+        "{err}"
+    );
+    assert_eq!(
+        s.all_events("/v1/projects/acme/streams/cli/w").await.len(),
+        before
+    );
+}
+
+/// Runs the CLI against `s` in project acme: (success, stdout, stderr).
+fn cli_with(s: &Server, args: &[&str]) -> (bool, String, String) {
+    let mut all: Vec<&str> = args.to_vec();
+    all.extend(["--url", &s.url, "--project", "acme"]);
+    run_cli(&all)
 }
 
 #[tokio::test]
