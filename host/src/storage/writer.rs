@@ -537,12 +537,7 @@ fn apply(conn: Db<'_>, op: &WriteOp) -> Result<i64> {
                 // The same bytes again: not a new version, but a refold
                 // asked for runs all the same (recorded, as for a new one).
                 if d.refold {
-                    conn.execute(
-                        "INSERT INTO pending_refolds (project, name, digest, requested_at) VALUES (?1, ?2, ?3, ?4)
-                         ON CONFLICT (project, name) DO UPDATE SET digest = excluded.digest,
-                             requested_at = excluded.requested_at",
-                        args![&d.project, &d.name, &d.digest, &d.deployed_at],
-                    )?;
+                    record_refold(conn, d)?;
                 }
                 return Ok(0);
             }
@@ -563,12 +558,7 @@ fn apply(conn: Db<'_>, op: &WriteOp) -> Result<i64> {
                 args![&d.project, &d.name, &d.digest],
             )?;
             if d.refold {
-                conn.execute(
-                    "INSERT INTO pending_refolds (project, name, digest, requested_at) VALUES (?1, ?2, ?3, ?4)
-                     ON CONFLICT (project, name) DO UPDATE SET digest = excluded.digest,
-                         requested_at = excluded.requested_at",
-                    args![&d.project, &d.name, &d.digest, &d.deployed_at],
-                )?;
+                record_refold(conn, d)?;
             } else {
                 // A version deployed without a refold supersedes one pending.
                 conn.execute(
@@ -719,6 +709,18 @@ fn apply(conn: Db<'_>, op: &WriteOp) -> Result<i64> {
             Ok(*row_id)
         }
     }
+}
+
+/// Records the refold a deploy asked for (the newest wins), done when
+/// every instance has switched (`RefoldDone`).
+fn record_refold(conn: Db<'_>, d: &Deployment) -> Result<()> {
+    conn.execute(
+        "INSERT INTO pending_refolds (project, name, digest, requested_at) VALUES (?1, ?2, ?3, ?4)
+         ON CONFLICT (project, name) DO UPDATE SET digest = excluded.digest,
+             requested_at = excluded.requested_at",
+        args![&d.project, &d.name, &d.digest, &d.deployed_at],
+    )?;
+    Ok(())
 }
 
 fn upsert_cursors(conn: Db<'_>, row_id: i64, cursors: &[CursorRow]) -> Result<()> {
