@@ -75,14 +75,14 @@ pub async fn resume_halted(
 pub async fn retry_failing(streams: &Streams, project: &str, name: &str) -> Vec<Value> {
     let storage = streams.storage().clone();
     let p = project.to_string();
-    let paths = match tokio::task::spawn_blocking(move || storage.streams_failing(&p)).await {
-        Ok(Ok(paths)) => paths,
-        Ok(Err(e)) => {
-            tracing::warn!(component = name, error = %e, "finding failing subscriptions failed");
-            return Vec::new();
-        }
+    let found = tokio::task::spawn_blocking(move || storage.streams_failing(&p))
+        .await
+        .map_err(anyhow::Error::from)
+        .and_then(|r| r);
+    let paths = match found {
+        Ok(paths) => paths,
         Err(e) => {
-            tracing::warn!(component = name, error = %e, "finding failing subscriptions panicked");
+            tracing::warn!(component = name, error = %e, "finding failing subscriptions failed");
             return Vec::new();
         }
     };

@@ -383,11 +383,12 @@ impl Streams {
         component: Option<&str>,
     ) -> Result<Vec<String>, Error> {
         let (key, component) = (key.map(str::to_string), component.map(str::to_string));
-        let here = self
+        match self
             .retry_here(address, key.clone(), component.clone())
-            .await;
-        match here {
-            Err(e) if e.owner_url.is_some() && self.inner.ctx.storage.cluster().is_some() => {
+            .await
+        {
+            // (With no other host, `remote` answers the error itself.)
+            Err(e) if e.owner_url.is_some() => {
                 self.remote(address, e, remote::Call::Retry { key, component })
                     .await
             }
