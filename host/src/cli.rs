@@ -16,8 +16,10 @@ use crate::host::Host;
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
-    /// How answers print: `pretty` JSON (the default on a terminal) or
-    /// compact `json`, one value a line (the default when piped).
+    /// How answers print: `pretty` JSON (the default on a terminal),
+    /// compact `json`, one value a line (the default when piped), or a
+    /// `table` for people (a list's items as rows, other answers as
+    /// key/value lines).
     #[arg(long, global = true, value_enum)]
     pub output: Option<Output>,
 }
@@ -27,6 +29,7 @@ pub struct Cli {
 pub enum Output {
     Pretty,
     Json,
+    Table,
 }
 
 static OUTPUT: std::sync::OnceLock<Output> = std::sync::OnceLock::new();
@@ -36,7 +39,127 @@ fn render(v: &Value) -> String {
     match OUTPUT.get().copied().unwrap_or(Output::Json) {
         Output::Pretty => serde_json::to_string_pretty(v).unwrap_or_else(|_| v.to_string()),
         Output::Json => v.to_string(),
+        Output::Table => table(v),
     }
+}
+
+/// Widest cell of a table, in characters; longer values are cut with `…`.
+const TABLE_CELL_CHARS_MAX: usize = 60;
+
+/// A value as one table cell: text as it is, `null` as nothing, the rest
+/// as compact JSON; cut at [`TABLE_CELL_CHARS_MAX`].
+fn cell(v: &Value) -> String {
+    let text = match v {
+        Value::Null => String::new(),
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    };
+    let text = text.replace('\n', " ");
+    if text.chars().count() <= TABLE_CELL_CHARS_MAX {
+        return text;
+    }
+    let cut: String = text.chars().take(TABLE_CELL_CHARS_MAX - 1).collect();
+    format!("{cut}…")
+}
+
+/// Rows of objects as an aligned table: a header of their keys (in the
+/// order first seen) and a line per row.
+fn rows_table(rows: &[Value]) -> String {
+    let mut columns: Vec<String> = Vec::new();
+    for r in rows {
+        for k in r.as_object().into_iter().flat_map(|o| o.keys()) {
+            if !columns.contains(k) {
+                columns.push(k.clone());
+            }
+        }
+    }
+    let cells: Vec<Vec<String>> = rows
+        .iter()
+        .map(|r| columns.iter().map(|c| cell(&r[c.as_str()])).collect())
+        .collect();
+    let widths: Vec<usize> = columns
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            cells
+                .iter()
+                .map(|r| r[i].chars().count())
+                .chain([c.chars().count()])
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let line = |values: &[String]| {
+        let padded: Vec<String> = values
+            .iter()
+            .zip(&widths)
+            .map(|(v, w)| format!("{v:<w$}"))
+            .collect();
+        padded.join("  ").trim_end().to_string()
+    };
+    let mut out = vec![line(&columns)];
+    out.extend(cells.iter().map(|r| line(r)));
+    out.join("\n")
+}
+
+/// A field of an answer as table rows, if it is a list of objects (rows),
+/// a map of objects (a row each, its key first: `:runtime`'s
+/// subscriptions) or one object (one row); `None` for a plain value.
+fn as_rows(v: &Value) -> Option<Vec<Value>> {
+    match v {
+        Value::Array(a) if !a.is_empty() && a.iter().all(Value::is_object) => Some(a.clone()),
+        Value::Object(m) if !m.is_empty() && m.values().all(Value::is_object) => Some(
+            m.iter()
+                .map(|(k, row)| {
+                    let mut keyed = serde_json::Map::new();
+                    keyed.insert("key".into(), json!(k));
+                    keyed.extend(
+                        row.as_object()
+                            .into_iter()
+                            .flatten()
+                            .map(|(a, b)| (a.clone(), b.clone())),
+                    );
+                    Value::Object(keyed)
+                })
+                .collect(),
+        ),
+        Value::Object(m) if !m.is_empty() => Some(vec![v.clone()]),
+        _ => None,
+    }
+}
+
+/// An answer as a table: the plain fields as aligned `key  value` lines
+/// first, then every field that holds objects (streams, components,
+/// effects, versions, keys, halts, subscriptions, an event) as rows under
+/// its name.
+fn table(v: &Value) -> String {
+    let Some(fields) = v.as_object() else {
+        return match as_rows(v) {
+            Some(rows) => rows_table(&rows),
+            None => cell(v),
+        };
+    };
+    let plain: Vec<(&String, &Value)> = fields
+        .iter()
+        .filter(|(_, v)| as_rows(v).is_none())
+        .collect();
+    let width = plain
+        .iter()
+        .map(|(k, _)| k.chars().count())
+        .max()
+        .unwrap_or(0);
+    let mut out: Vec<String> = plain
+        .iter()
+        .map(|(k, v)| format!("{k:<width$}  {}", cell(v)).trim_end().to_string())
+        .collect();
+    for (k, rows) in fields.iter().filter_map(|(k, v)| Some((k, as_rows(v)?))) {
+        if !out.is_empty() {
+            out.push(String::new());
+        }
+        out.push(format!("{k}:"));
+        out.push(rows_table(&rows));
+    }
+    out.join("\n")
 }
 
 #[derive(Debug, Subcommand)]
@@ -53,6 +176,9 @@ pub enum Command {
     State(StateArgs),
     /// Print a stream's runtime: subscription delivery progress, connections.
     Runtime(StateArgs),
+    /// Wait for the next event after an offset that matches (`waitForEvent`);
+    /// prints it, or fails when none comes within the timeout.
+    Wait(WaitArgs),
     /// Subscribe a receiver to a source stream's events (appends
     /// subscription-configured to the source).
     Subscribe(SubscribeArgs),
@@ -105,6 +231,12 @@ pub enum Command {
     /// The server at a glance: health, streams, subscriptions, lag and halts
     /// of a project (or the global namespace).
     Status(StatusArgs),
+    /// The hosts sharing this server's database and the streams each holds
+    /// (`GET /v1/cluster`; admin). On SQLite: this host alone.
+    Cluster(AdminArgs),
+    /// The server's Prometheus metrics (`GET /metrics`; admin when tokens
+    /// are configured), as text.
+    Metrics(AdminArgs),
     /// Print a shell completion script: `streamhost completions bash >
     /// /etc/bash_completion.d/streamhost` (or zsh, fish, elvish, powershell).
     Completions(CompletionsArgs),
@@ -320,6 +452,8 @@ pub struct DeployArgs {
 pub enum ComponentCommand {
     /// Download a deployed component's .wasm (to run a repro command locally).
     Get(ComponentGetArgs),
+    /// The versions of a component, newest first: digest, deployedAt.
+    Versions(ComponentRef),
 }
 
 #[derive(Debug, Args)]
@@ -702,6 +836,24 @@ pub struct StateArgs {
     pub target: Target,
 }
 
+#[derive(Debug, Args)]
+pub struct WaitArgs {
+    #[command(flatten)]
+    pub target: Target,
+    /// Wait for an event after this offset (default: the stream's end).
+    #[arg(long, alias = "after")]
+    pub after_offset: Option<u64>,
+    /// Only events of this type (repeat for several).
+    #[arg(long = "type")]
+    pub event_types: Vec<String>,
+    /// Only events for which this JSONata condition is true.
+    #[arg(long = "where")]
+    pub condition: Option<String>,
+    /// How long to wait, in ms.
+    #[arg(long, default_value_t = 30_000)]
+    pub timeout_ms: u64,
+}
+
 /// Runs the parsed command line.
 pub async fn run(cli: Cli) -> Result<()> {
     use std::io::IsTerminal;
@@ -811,6 +963,47 @@ pub async fn run(cli: Cli) -> Result<()> {
         Command::Tail(a) => tail(a).await,
         Command::Deploy(a) => deploy(a).await,
         Command::Component(ComponentCommand::Get(a)) => component_get(a).await,
+        Command::Component(ComponentCommand::Versions(a)) => {
+            let url = format!("{}/versions", a.url());
+            let req = reqwest::Client::new().get(&url);
+            print_answer(send(req, &url, a.project.token.as_deref()).await?).await
+        }
+        Command::Wait(a) => {
+            let mut body = json!({"timeoutMs": a.timeout_ms});
+            if let Some(o) = a.after_offset {
+                body["afterOffset"] = json!(o);
+            }
+            if !a.event_types.is_empty() {
+                body["eventTypes"] = json!(a.event_types);
+            }
+            if let Some(c) = &a.condition {
+                body["jsonataCondition"] = json!(c);
+            }
+            request(
+                &a.target,
+                reqwest::Method::POST,
+                "waitForEvent",
+                "",
+                Some(body),
+            )
+            .await
+        }
+        Command::Cluster(a) => {
+            let url = format!("{}/v1/cluster", a.url.trim_end_matches('/'));
+            let req = reqwest::Client::new().get(&url);
+            print_answer(send(req, &url, a.token.as_deref()).await?).await
+        }
+        Command::Metrics(a) => {
+            let url = format!("{}/metrics", a.url.trim_end_matches('/'));
+            let req = reqwest::Client::new().get(&url);
+            let response = send(req, &url, a.token.as_deref()).await?;
+            let status = response.status();
+            let text = response.text().await.context("reading the metrics")?;
+            if !status.is_success() {
+                return Err(api_error(status, &text));
+            }
+            print_line(text.trim_end())
+        }
         Command::Verify(a) => verify(a).await,
         Command::Backfill(a) => backfill(a).await,
         Command::Effects(c) => effects(c).await,
@@ -1873,6 +2066,37 @@ fn api_error(status: reqwest::StatusCode, text: &str) -> anyhow::Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_table_lists_rows_under_their_field_and_plain_fields_first() {
+        let answer = json!({
+            "streams": [
+                {"path": "/orders", "maxOffset": 12, "paused": false},
+                {"path": "/a-much-longer/path", "maxOffset": 3, "note": "x".repeat(100)}
+            ],
+            "nextAfterPath": null,
+        });
+        let text = table(&answer);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines[0], "nextAfterPath");
+        assert_eq!(lines[2], "streams:");
+        assert_eq!(lines[3], "path                 maxOffset  paused  note");
+        assert_eq!(lines[4], "/orders              12         false");
+        assert!(
+            lines[5].starts_with("/a-much-longer/path  3                  xxx"),
+            "{text}"
+        );
+        // The 100-character note is cut to 60 (59 and the mark).
+        assert!(
+            lines[5].ends_with('…') && lines[5].chars().count() == 21 + 11 + 8 + 60,
+            "{text}"
+        );
+        // A map of objects is a row per key; a lone object is one row.
+        let runtime = table(&json!({"subscriptions": {"h": {"lag": 2, "halted": true}}}));
+        assert_eq!(runtime, "subscriptions:\nkey  lag  halted\nh    2    true");
+        assert_eq!(table(&json!({"event": {"offset": 2}})), "event:\noffset\n2");
+        assert_eq!(table(&json!("plain")), "plain");
+    }
 
     #[test]
     fn the_command_line_definition_is_consistent() {

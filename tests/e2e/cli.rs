@@ -707,3 +707,89 @@ async fn deploy_shows_its_progress_on_a_terminal_only() {
     assert!(!err.contains("deploying"), "{err}");
     assert!(piped.contains("sha256:"), "{piped}");
 }
+
+#[tokio::test]
+async fn versions_cluster_metrics_wait_and_tables_from_the_command_line() {
+    let s = Server::start();
+    let dir = tempfile::tempdir().unwrap();
+    let wasm = file_in(dir.path(), "counter.wasm");
+    std::fs::write(&wasm, crate::support::guest("counter")).unwrap();
+    let deployed = cli_json(&s, &["deploy", "counter", wasm.to_str().unwrap()]);
+    let versions = cli_json(&s, &["component", "versions", "counter"]);
+    assert_eq!(
+        versions["versions"][0]["digest"], deployed["digest"],
+        "{versions}"
+    );
+
+    let cluster = run_cli(&["cluster", "--url", &s.url]);
+    assert!(cluster.0, "{}", cluster.2);
+    let cluster: Value = serde_json::from_str(&cluster.1).unwrap();
+    assert_eq!(cluster["self"], s.url.as_str(), "{cluster}");
+
+    cli_json(
+        &s,
+        &[
+            "append",
+            "/cli/t",
+            "--type",
+            "x.y/a",
+            "--payload",
+            r#"{"n": 7}"#,
+        ],
+    );
+    let (ok, metrics, err) = run_cli(&["metrics", "--url", &s.url]);
+    assert!(ok, "{err}");
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("streamhost_append_requests_total{outcome=\"ok\"}")),
+        "{metrics}"
+    );
+
+    // `wait`: the next matching event after an offset, or a timeout.
+    let waited = cli_json(
+        &s,
+        &[
+            "wait",
+            "/cli/t",
+            "--after-offset",
+            "0",
+            "--type",
+            "x.y/a",
+            "--where",
+            "payload.n = 7",
+        ],
+    );
+    assert_eq!(waited["event"]["payload"]["n"], 7, "{waited}");
+    let (ok, _, err) = cli_with(
+        &s,
+        &[
+            "wait",
+            "/cli/t",
+            "--type",
+            "x.y/none",
+            "--timeout-ms",
+            "200",
+        ],
+    );
+    assert!(!ok);
+    assert!(err.starts_with("error: timeout: "), "{err}");
+
+    // Tables for people: a list's items as rows under their field.
+    let (ok, out, err) = cli_with(&s, &["streams", "--output", "table"]);
+    assert!(ok, "{err}");
+    let lines: Vec<&str> = out.lines().collect();
+    let header = lines
+        .iter()
+        .position(|l| l.starts_with("path "))
+        .expect(&out);
+    assert_eq!(lines[header - 1], "streams:", "{out}");
+    assert!(lines[header + 1].starts_with("/cli/t "), "{out}");
+    let (ok, out, err) = cli_with(&s, &["status", "--output", "table"]);
+    assert!(ok, "{err}");
+    assert!(
+        out.lines()
+            .any(|l| l.split_whitespace().collect::<Vec<_>>() == ["health", "ok"]),
+        "{out}"
+    );
+}
