@@ -6,7 +6,7 @@
 import { chromium } from "playwright-core";
 
 const args = JSON.parse(process.argv[2]);
-const { url, project, stream, subscription, shots, token } = args;
+const { url, project, stream, subscription, shots, token, failing } = args;
 const step = (what) => console.error(`console: ${what}`);
 
 const browser = await chromium.launch({
@@ -31,6 +31,24 @@ try {
     localStorage.setItem("streamhost.token", t ?? "");
   }, [project, token]);
 
+  if (failing) {
+    // A subscription that is failing, not halted: red in the health line
+    // and its row, with a button that retries it now.
+    step(`open ${stream} with ${failing} failing`);
+    await page.goto(`${url}/console#/stream?path=${encodeURIComponent(stream)}`);
+    await page.locator(`[data-testid=halt-${failing}]`, { hasText: "failing: attempt 1" }).waitFor();
+    await page.locator(`[data-testid=failing-count].bad`, { hasText: "1 failing" }).waitFor();
+    await page.locator(`tr.failing[data-key=${failing}]`).waitFor();
+    step(`retry ${failing} now`);
+    await page.locator(`[data-testid=retry-${failing}]`).click();
+    await page.locator(`[data-testid=halt-${failing}]`, { hasText: "delivering" }).waitFor();
+    await page.locator(`[data-testid=failing-count].ok`, { hasText: "0 failing" }).waitFor();
+    if (problems.length) throw new Error(problems.join("\n"));
+    step("done");
+    await browser.close();
+    process.exit(0);
+  }
+
   step("load the streams view");
   await page.goto(`${url}/console#/streams`);
   const link = page.getByRole("link", { name: stream, exact: true });
@@ -41,6 +59,15 @@ try {
   await link.click();
   await page.locator(`[data-testid=events] tr[data-offset]`).first().waitFor();
   await page.locator(`[data-testid=halt-${subscription}]`, { hasText: "halted" }).waitFor();
+
+  step("health leads the page");
+  await page.locator(`[data-testid=halted-count].bad`, { hasText: "1 halted" }).waitFor();
+  const healthFirst = await page.evaluate(() => {
+    const health = document.querySelector("[data-testid=health]");
+    const events = document.querySelector("[data-testid=events]");
+    return Boolean(health.compareDocumentPosition(events) & Node.DOCUMENT_POSITION_FOLLOWING);
+  });
+  if (!healthFirst) throw new Error("the health line does not come before the events");
 
   step("see an event arrive live");
   const appended = await fetch(`${url}/v1/projects/${project}/streams${stream}:append`, {

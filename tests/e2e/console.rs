@@ -150,4 +150,93 @@ async fn the_console_shows_streams_live_events_and_resumes_a_halted_subscription
         types.contains(&json!("events.example/effects-requested")),
         "{types:?}"
     );
+    // Looking at the stream changed nothing: no connection was recorded.
+    let recorded: Vec<Value> = s
+        .all_events(STREAM)
+        .await
+        .into_iter()
+        .filter(|e| {
+            e["type"]
+                .as_str()
+                .is_some_and(|t| t.starts_with("events.iterate.com/stream/connection-"))
+        })
+        .collect();
+    assert!(recorded.is_empty(), "the console appended {recorded:?}");
+}
+
+/// Runs the console driver with `args`; fails the test with its output.
+async fn drive(args: Value) {
+    let driver_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/console");
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new("node")
+            .arg("drive.mjs")
+            .arg(args.to_string())
+            .current_dir(&driver_dir)
+            .output()
+            .expect("running node")
+    })
+    .await
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "the console driver failed:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[tokio::test]
+async fn the_console_shows_a_failing_subscription_in_red_and_retries_it_now() {
+    // Ten minutes between retries: only the console's retry can deliver.
+    let config = format!(
+        "{TOKENS}\n[delivery]\nmax-attempts = 5\nbackoff-base-ms = 600000\nbackoff-max-ms = 600000\n\
+         [webhooks]\ndeny-private-networks = false\n"
+    );
+    let mut s = Server::start_with(Some(&config), &[]);
+    s.token = Some("t-acme".into());
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    append(
+        &s,
+        json!([
+            {"type": "events.iterate.com/stream/subscription-configured",
+             "payload": {"subscriptionKey": "slow", "receiver": {"action": "webhook-post",
+                "url": format!("http://127.0.0.1:{port}/hook"),
+                "delivery": {"start": "beginning", "onFailingEvent": "halt"}}}},
+            {"type": "events.example/held"},
+        ]),
+    )
+    .await;
+    wait_for("the webhook to fail once", Duration::from_secs(20), async || {
+        let (_, rt) = s.get(&format!("{STREAM}:runtime")).await;
+        rt["subscriptions"]["slow"]["attempt"] == 1
+    })
+    .await;
+    // Now a receiver listens there; the run still waits out its backoff.
+    let posts: Arc<Mutex<Vec<Value>>> = Arc::default();
+    async fn hook(State(posts): State<Arc<Mutex<Vec<Value>>>>, Json(body): Json<Value>) {
+        posts.lock().unwrap().push(body);
+    }
+    let app = Router::new()
+        .route("/hook", post(hook))
+        .with_state(posts.clone());
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
+        .await
+        .unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+
+    drive(json!({"url": s.url, "project": "acme", "token": "t-acme", "stream": "/orders",
+        "failing": "slow"}))
+    .await;
+    wait_for("the held event delivered", Duration::from_secs(20), async || {
+        posts
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|p| p["event"]["type"] == "events.example/held")
+    })
+    .await;
 }

@@ -49,36 +49,6 @@ async function api(method, path, body) {
   return value;
 }
 
-// Live connection: fetch (so the token goes in a header) read as SSE.
-let live = null;
-function closeLive() { if (live) { live.abort(); live = null; } }
-async function connect(path, afterOffset, onBatch) {
-  closeLive();
-  const controller = new AbortController();
-  live = controller;
-  const url = `${streamUrl(path)}:connect?replayAfterOffset=${afterOffset}&state=true`;
-  try {
-    const response = await fetch(url, { headers: headers(), signal: controller.signal });
-    if (!response.ok) throw new Error(`live connection: ${response.status} ${await response.text()}`);
-    const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
-    let buffer = "";
-    for (;;) {
-      const { value, done } = await reader.read();
-      if (done) break;
-      buffer += value;
-      let cut;
-      while ((cut = buffer.indexOf("\n\n")) >= 0) {
-        const message = buffer.slice(0, cut);
-        buffer = buffer.slice(cut + 2);
-        const data = message.split("\n").filter((l) => l.startsWith("data:")).map((l) => l.slice(5).trimStart()).join("\n");
-        if (data) onBatch(JSON.parse(data));
-      }
-    }
-  } catch (e) {
-    if (e.name !== "AbortError") showError(e);
-  }
-}
-
 function setActive(name) {
   for (const a of document.querySelectorAll("header a")) a.classList.toggle("active", a.dataset.nav === name);
 }
@@ -118,22 +88,25 @@ const KEYS_SHOWN = 50;
 async function streamView(params) {
   setActive("streams");
   const path = params.get("path") || "/";
+  const health = h("p", { "data-testid": "health", class: "health" });
   const events = h("tbody", { "data-testid": "events" });
   const state = h("pre", { "data-testid": "state" });
   const subs = h("tbody", { "data-testid": "subscriptions" });
   const procs = h("div", { "data-testid": "processors" });
   const effects = h("tbody", { "data-testid": "effects" });
   const head = h("span", { class: "muted" });
+  // Health first (what is failing, how far behind), then the events.
   $("#view").replaceChildren(
     h("h2", {}, "Stream ", h("code", {}, path), " ", head),
+    health,
+    h("h3", {}, "Subscriptions"),
+    h("table", {}, h("thead", {}, h("tr", {}, ["key", "receiver", "cursor", "lag", "attempt", "last error", "health", ""].map((c) => h("th", {}, c)))), subs),
+    h("h3", {}, "Processors"), procs,
     h("div", { class: "grid" },
       h("div", {},
-        h("h3", {}, "Events (live)"),
+        h("h3", {}, "Events (newest first)"),
         h("table", {}, h("thead", {}, h("tr", {}, ["offset", "type", "payload", "created"].map((c) => h("th", {}, c)))), events)),
       h("div", {}, h("h3", {}, "Core state"), state)),
-    h("h3", {}, "Subscriptions"),
-    h("table", {}, h("thead", {}, h("tr", {}, ["key", "receiver", "cursor", "lag", "attempt", "last error", "halt", ""].map((c) => h("th", {}, c)))), subs),
-    h("h3", {}, "Processors"), procs,
     h("h3", {}, "Effects"),
     h("table", {}, h("thead", {}, h("tr", {}, ["id", "component", "key", "target", "status", "attempts", "last error", ""].map((c) => h("th", {}, c)))), effects));
 
@@ -141,26 +114,40 @@ async function streamView(params) {
   const refresh = async () => {
     if (refreshing) return;
     refreshing = true;
-    try { await refreshDetails(path, { state, subs, procs, effects, head }); showError(null); }
+    try { await refreshDetails(path, { state, subs, procs, effects, head, health }); showError(null); }
     catch (e) { showError(e); }
     finally { refreshing = false; }
   };
   await refresh();
-  const seen = new Set();
-  connect(path, 0, (batch) => {
-    for (const e of batch.events) {
-      if (seen.has(e.offset)) continue;
-      seen.add(e.offset);
-      events.prepend(h("tr", { "data-offset": e.offset },
-        h("td", {}, e.offset), h("td", { class: "mono" }, e.type),
-        h("td", { class: "mono payload" }, json(e.payload)), h("td", { class: "muted" }, e.createdAt)));
-      while (events.children.length > EVENTS_SHOWN) events.lastChild.remove();
-    }
-    if (batch.events.length) refresh();
-  });
+  // Events by reading pages (`:events`), not a live connection: a live
+  // connection is recorded on the stream (connection-opened/-closed), and
+  // looking at a stream must not change it.
+  let after = Math.max(0, (Number(state.dataset.maxOffset) || 0) - EVENTS_SHOWN);
+  let polling = false;
+  const poll = async () => {
+    if (polling) return;
+    polling = true;
+    try {
+      let page;
+      do {
+        page = await api("GET", `${streamUrl(path)}:events?afterOffset=${after}&limit=500`);
+        for (const e of page.events) {
+          after = Math.max(after, e.offset);
+          events.prepend(h("tr", { "data-offset": e.offset },
+            h("td", {}, e.offset), h("td", { class: "mono" }, e.type),
+            h("td", { class: "mono payload" }, json(e.payload)), h("td", { class: "muted" }, e.createdAt)));
+        }
+        while (events.children.length > EVENTS_SHOWN) events.lastChild.remove();
+      } while (page.events.length === 500);
+      if (page.events.length) refresh();
+    } catch (e) { showError(e); }
+    finally { polling = false; }
+  };
+  await poll();
+  const eventsTimer = setInterval(() => { if (!document.hidden) poll(); }, 1000);
   // Runtime (cursors, lag, attempts) moves without events: look again now and then.
   const timer = setInterval(() => { if (!document.hidden) refresh(); }, 2000);
-  cleanup = () => { clearInterval(timer); closeLive(); };
+  cleanup = () => { clearInterval(timer); clearInterval(eventsTimer); };
 }
 
 function receiverText(receiver) {
@@ -178,29 +165,45 @@ async function refreshDetails(path, ui) {
   const base = streamUrl(path);
   const [core, runtime] = await Promise.all([api("GET", `${base}:state`), api("GET", `${base}:runtime`)]);
   ui.state.textContent = pretty(core);
+  ui.state.dataset.maxOffset = core.maxOffset;
   ui.head.textContent = `max offset ${core.maxOffset}${core.paused ? " · paused" : ""}`;
   const byKey = core.subscriptions?.outbound?.byKey ?? {};
   ui.subs.replaceChildren();
   const processors = [];
+  let [halted, failingCount, lag] = [0, 0, 0];
   for (const [key, sub] of Object.entries(byKey)) {
     const receiver = sub.configuration?.receiver;
     const rt = runtime.subscriptions?.[key] ?? {};
     const halt = sub.deliveryHalted;
     if (receiver?.action === "processor-wake") processors.push(receiver.expression?.[1]?.[1]);
-    const resume = halt ? h("button", {
-      "data-testid": `resume-${key}`,
+    // Failing: attempts failed, not halted yet (retrying after a backoff).
+    const failing = !halt && rt.attempt > 0;
+    if (halt) halted += 1;
+    if (failing) failingCount += 1;
+    lag += rt.lag ?? 0;
+    const button = (label) => h("button", {
+      "data-testid": `${label === "Resume" ? "resume" : "retry"}-${key}`,
       onclick: async () => {
         try { await api("POST", `${base}:resumeSubscription`, { subscriptionKey: key }); await refreshDetails(path, ui); }
         catch (e) { showError(e); }
       },
-    }, "Resume") : "";
-    ui.subs.append(h("tr", { "data-key": key },
+    }, label);
+    const status = halt ? h("span", { class: "pill bad" }, `halted after offset ${halt.afterOffset}: ${halt.reason}`)
+      : failing ? h("span", { class: "pill bad" }, `failing: attempt ${rt.attempt}` + (rt.nextAttemptAt ? `, next at ${new Date(rt.nextAttemptAt).toISOString()}` : ""))
+        : h("span", { class: "pill ok" }, "delivering");
+    ui.subs.append(h("tr", { "data-key": key, class: halt || failing ? "failing" : "" },
       h("td", { class: "mono" }, key), h("td", { class: "mono" }, receiverText(receiver)),
       h("td", { "data-testid": `cursor-${key}` }, rt.acknowledgedOffset ?? ""), h("td", {}, rt.lag ?? ""),
       h("td", {}, rt.attempt ?? ""), h("td", { class: "bad mono" }, rt.lastError ?? ""),
-      h("td", { "data-testid": `halt-${key}` }, halt ? h("span", { class: "pill bad" }, `halted after offset ${halt.afterOffset}: ${halt.reason}`) : h("span", { class: "pill ok" }, "delivering")),
-      h("td", {}, resume)));
+      h("td", { "data-testid": `halt-${key}` }, status),
+      h("td", {}, halt ? button("Resume") : failing ? button("Retry now") : "")));
   }
+  const total = Object.keys(byKey).length;
+  ui.health.replaceChildren(
+    h("span", {}, `${total} subscription${total === 1 ? "" : "s"}`), " · ",
+    h("span", { class: failingCount ? "bad" : "ok", "data-testid": "failing-count" }, `${failingCount} failing`), " · ",
+    h("span", { class: halted ? "bad" : "ok", "data-testid": "halted-count" }, `${halted} halted`), " · ",
+    h("span", {}, `lag ${lag}`));
   if (!Object.keys(byKey).length) ui.subs.append(h("tr", {}, h("td", { colspan: 8, class: "muted" }, "no subscriptions")));
 
   ui.procs.replaceChildren();
