@@ -210,10 +210,14 @@ async fn the_console_shows_a_failing_subscription_in_red_and_retries_it_now() {
         ]),
     )
     .await;
-    wait_for("the webhook to fail once", Duration::from_secs(20), async || {
-        let (_, rt) = s.get(&format!("{STREAM}:runtime")).await;
-        rt["subscriptions"]["slow"]["attempt"] == 1
-    })
+    wait_for(
+        "the webhook to fail once",
+        Duration::from_secs(20),
+        async || {
+            let (_, rt) = s.get(&format!("{STREAM}:runtime")).await;
+            rt["subscriptions"]["slow"]["attempt"] == 1
+        },
+    )
     .await;
     // Now a receiver listens there; the run still waits out its backoff.
     let posts: Arc<Mutex<Vec<Value>>> = Arc::default();
@@ -228,15 +232,21 @@ async fn the_console_shows_a_failing_subscription_in_red_and_retries_it_now() {
         .unwrap();
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
 
-    drive(json!({"url": s.url, "project": "acme", "token": "t-acme", "stream": "/orders",
-        "failing": "slow"}))
+    drive(
+        json!({"url": s.url, "project": "acme", "token": "t-acme", "stream": "/orders",
+        "failing": "slow"}),
+    )
     .await;
-    wait_for("the held event delivered", Duration::from_secs(20), async || {
-        posts
-            .lock()
-            .unwrap()
-            .iter()
-            .any(|p| p["event"]["type"] == "events.example/held")
-    })
+    wait_for(
+        "the held event delivered",
+        Duration::from_secs(20),
+        async || {
+            posts
+                .lock()
+                .unwrap()
+                .iter()
+                .any(|p| p["event"]["type"] == "events.example/held")
+        },
+    )
     .await;
 }

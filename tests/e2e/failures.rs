@@ -447,3 +447,49 @@ async fn a_transform_or_condition_that_throws_halts_at_once_naming_where() {
     assert!(error.contains("T2002"), "{halted}");
     assert!(error.contains("at character 15 of"), "{halted}");
 }
+
+#[tokio::test]
+async fn from_a_panicking_processor_to_a_fixed_caught_up_one_with_what_the_errors_say() {
+    let s = Server::start_with(Some(QUICK), &[]);
+    let trap = panicking_processor(&s, "/walk").await;
+    let stream = format!("{P}/streams/walk");
+    s.wait_halted(&stream, "h", Duration::from_secs(60)).await;
+    // What the user reads: the panic, where, and the command to replay it.
+    let (_, p) = s.get(&format!("{stream}:processors/p")).await;
+    let failure = &p["lastFailure"];
+    assert_eq!(p["status"], "halted", "{p}");
+    assert_eq!(failure["offset"], trap, "{p}");
+    let message = failure["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("panicked at hostile/src/lib.rs")
+            && message.contains("hostile guest traps"),
+        "{p}"
+    );
+    assert!(
+        failure["repro"]
+            .as_str()
+            .is_some_and(|r| r.starts_with("wasmtime run --invoke 'fold(")),
+        "{p}"
+    );
+    // The fix, deployed: the halted subscription resumes by itself.
+    let (status, out) = s.deploy("acme", "p", guest("counter")).await;
+    assert_eq!(status, 200, "{out}");
+    assert_eq!(
+        out["resumedSubscriptions"],
+        json!([{"stream": "/walk", "subscriptionKey": "h"}]),
+        "{out}"
+    );
+    wait_for(
+        "the fixed processor to catch up",
+        Duration::from_secs(60),
+        async || {
+            let head = s.get(&format!("{stream}:state")).await.1["maxOffset"].clone();
+            let (_, p) = s.get(&format!("{stream}:processors/p")).await;
+            p["status"] == "active" && p["checkpointOffset"] == head
+        },
+    )
+    .await;
+    let rt = runtime(&s, "/walk").await;
+    assert_eq!(rt["halted"], false, "{rt}");
+    assert_eq!(rt["lastError"], Value::Null, "{rt}");
+}
