@@ -29,17 +29,6 @@ async fn append(s: &Server, events: Value) -> Value {
 #[tokio::test]
 async fn the_console_shows_streams_live_events_and_resumes_a_halted_subscription() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let driver_dir = root.join("tests/console");
-    assert!(
-        driver_dir.join("node_modules/playwright-core").is_dir(),
-        "the console driver's packages are missing: npm ci --prefix tests/console \
-         (./scripts/test does it)"
-    );
-    let chromium = std::env::var("CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into());
-    assert!(
-        Path::new(&chromium).exists(),
-        "{chromium} is missing: apt-get install chromium (./scripts/test does it as root)"
-    );
 
     // The webhook receiver is on loopback, which tokens deny by default.
     let config = format!(
@@ -83,17 +72,7 @@ async fn the_console_shows_streams_live_events_and_resumes_a_halted_subscription
     s.wait_halted(STREAM, "hook", Duration::from_secs(20)).await;
 
     // Now a receiver listens there.
-    let posts: Arc<Mutex<Vec<Value>>> = Arc::default();
-    async fn hook(State(posts): State<Arc<Mutex<Vec<Value>>>>, Json(body): Json<Value>) {
-        posts.lock().unwrap().push(body);
-    }
-    let app = Router::new()
-        .route("/hook", post(hook))
-        .with_state(posts.clone());
-    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
-        .await
-        .unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let posts = listen(port).await;
 
     let shots = std::env::var("CONSOLE_SCREENSHOTS")
         .map(|d| root.join(d))
@@ -102,23 +81,7 @@ async fn the_console_shows_streams_live_events_and_resumes_a_halted_subscription
         "url": s.url, "project": "acme", "token": "t-acme", "stream": "/orders",
         "subscription": "hook", "shots": shots,
     });
-    let url = s.url.clone();
-    let out = tokio::task::spawn_blocking(move || {
-        Command::new("node")
-            .arg("drive.mjs")
-            .arg(args.to_string())
-            .current_dir(&driver_dir)
-            .output()
-            .expect("running node")
-    })
-    .await
-    .unwrap();
-    assert!(
-        out.status.success(),
-        "the console driver failed against {url}:\n{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    drive(args).await;
     for shot in ["streams", "stream", "components", "effects"] {
         assert!(
             shots.join(format!("console-{shot}.png")).is_file(),
@@ -164,9 +127,36 @@ async fn the_console_shows_streams_live_events_and_resumes_a_halted_subscription
     assert!(recorded.is_empty(), "the console appended {recorded:?}");
 }
 
+/// A webhook receiver on loopback `port` at `/hook`; answers the bodies
+/// it was posted.
+async fn listen(port: u16) -> Arc<Mutex<Vec<Value>>> {
+    let posts: Arc<Mutex<Vec<Value>>> = Arc::default();
+    async fn hook(State(posts): State<Arc<Mutex<Vec<Value>>>>, Json(body): Json<Value>) {
+        posts.lock().unwrap().push(body);
+    }
+    let app = Router::new()
+        .route("/hook", post(hook))
+        .with_state(posts.clone());
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
+        .await
+        .unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    posts
+}
+
 /// Runs the console driver with `args`; fails the test with its output.
 async fn drive(args: Value) {
     let driver_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/console");
+    assert!(
+        driver_dir.join("node_modules/playwright-core").is_dir(),
+        "the console driver's packages are missing: npm ci --prefix tests/console \
+         (./scripts/test does it)"
+    );
+    let chromium = std::env::var("CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into());
+    assert!(
+        Path::new(&chromium).exists(),
+        "{chromium} is missing: apt-get install chromium (./scripts/test does it as root)"
+    );
     let out = tokio::task::spawn_blocking(move || {
         Command::new("node")
             .arg("drive.mjs")
@@ -220,17 +210,7 @@ async fn the_console_shows_a_failing_subscription_in_red_and_retries_it_now() {
     )
     .await;
     // Now a receiver listens there; the run still waits out its backoff.
-    let posts: Arc<Mutex<Vec<Value>>> = Arc::default();
-    async fn hook(State(posts): State<Arc<Mutex<Vec<Value>>>>, Json(body): Json<Value>) {
-        posts.lock().unwrap().push(body);
-    }
-    let app = Router::new()
-        .route("/hook", post(hook))
-        .with_state(posts.clone());
-    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
-        .await
-        .unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let posts = listen(port).await;
 
     drive(
         json!({"url": s.url, "project": "acme", "token": "t-acme", "stream": "/orders",
