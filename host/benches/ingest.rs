@@ -155,7 +155,7 @@ impl Nats {
         std::fs::write(
             &conf,
             format!(
-                "listen: 127.0.0.1:{port}\njetstream {{ store_dir: {:?}, sync_interval: always }}\n",
+                "listen: 127.0.0.1:{port}\njetstream {{ store_dir: {:?}, max_file_store: 2GB, sync_interval: always }}\n",
                 dir.path().join("js")
             ),
         )
