@@ -54,10 +54,10 @@ async fn subscribe(host: &Host, source: &StreamAddress, key: &str, receiver: &st
 async fn caught_up(host: &Host, source: &StreamAddress, head: u64) {
     loop {
         let rt = host.streams.runtime(source).await.unwrap();
-        let subs = rt["subscriptions"].as_object().unwrap();
-        if subs
+        if rt
+            .subscriptions
             .values()
-            .all(|s| s["acknowledgedOffset"].as_u64() == Some(head))
+            .all(|s| s.acknowledged_offset == head)
         {
             return;
         }
@@ -90,7 +90,8 @@ async fn latency(rate: f64, seconds: f64) -> (usize, Value) {
     }
     caught_up(&host, &src, head).await;
     let rt = host.streams.runtime(&src).await.unwrap();
-    (n, rt["subscriptions"]["k"]["completionLatencyMs"].clone())
+    let stats = &rt.subscriptions["k"].completion_latency_ms;
+    (n, serde_json::to_value(stats).unwrap())
 }
 
 async fn throughput(subscriptions: usize, events: usize) -> f64 {

@@ -59,9 +59,19 @@ pub mod subscription;
 
 pub use config::Config;
 pub use error::{Error, ErrorKind};
+pub use host::backfill::{Backfill, BackfillProgress, Backfilled};
+pub use host::cluster::{ClusterHost, ClusterView};
+pub use host::components::{
+    Component, ComponentVersions, Deploy, Deployed, SubscriptionRef, Version,
+};
+pub use host::effects::{Effect, EffectFilter, EffectStatus, EffectsPage};
+pub use host::processors::{
+    DifferingKey, KeyValue, KeysPage, KeysQuery, ProcessorFailure, ProcessorInstance,
+    ProcessorStatus, Verification,
+};
 pub use host::Host;
 pub use http::error::ApiError;
-pub use stream::{EventInput, StreamAddress};
+pub use stream::{ConnectionView, DeliveryView, EventInput, Latency, RuntimeView, StreamAddress};
 pub use subscription::Subscription;
 
 #[cfg(test)]

@@ -70,12 +70,21 @@ async fn wait_bridge_error(server: &Server, parts: &[&str]) {
 }
 
 /// Deletes the JetStream stream and creates it again, safely configured:
-/// a new incarnation.
+/// a new incarnation. The bridge creates the stream when it finds it
+/// absent, so the two creations may race (nats-server then fails one with
+/// "error creating store for stream"): whichever lands is the new one.
 async fn recreate_safely(js: &jetstream::Context) {
     js.delete_stream("STREAMHOST_INGEST").await.unwrap();
-    js.create_stream(streamhost::ingest::nats::safe_config())
-        .await
-        .unwrap();
+    wait_for(
+        "the stream created again",
+        Duration::from_secs(10),
+        async || {
+            js.create_stream(streamhost::ingest::nats::safe_config())
+                .await
+                .is_ok()
+        },
+    )
+    .await;
 }
 
 pub(crate) async fn ingest_status(server: &Server) -> Value {

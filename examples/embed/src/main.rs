@@ -1,11 +1,15 @@
 //! Embedding streamhost: open a host on a data directory and use its streams
-//! directly from Rust, without HTTP.
+//! and processors directly from Rust, without HTTP.
 //!
-//! Run with `cargo run -p streamhost-example-embed`.
+//! Run with `cargo run -p streamhost-example-embed`. The processor part
+//! needs the example guests built first:
+//! `cargo build --release --target wasm32-wasip2 --manifest-path examples/processors/Cargo.toml`.
+
+use std::path::Path;
 
 use anyhow::Result;
 use serde_json::json;
-use streamhost::{Config, EventInput, Host, Subscription};
+use streamhost::{Config, Deploy, EffectFilter, EventInput, Host, Subscription};
 
 /// Appends two orders to `/orders/eu` of project `acme`, copies the big ones
 /// to `/orders/big`, and returns the stream's event count, the types read
@@ -78,10 +82,116 @@ async fn run(data_dir: &std::path::Path) -> Result<(u64, Vec<String>, i64)> {
     Ok((state.event_count, types, total))
 }
 
+/// Deploys the counter, kinds and effector processors from `guests` (their
+/// built `.wasm` files), folds a stream with the counter, calls an ITX
+/// function and runs an effect; returns the counter's state, the ITX
+/// result and the effect's status.
+async fn run_processors(
+    data_dir: &Path,
+    guests: &Path,
+) -> Result<(serde_json::Value, serde_json::Value, String)> {
+    let host = Host::open(Config {
+        data_dir: data_dir.to_path_buf(),
+        ..Config::default()
+    })?;
+    for name in ["counter", "kinds", "effector"] {
+        let bytes = std::fs::read(guests.join(format!("{name}.wasm")))?;
+        let deployed = host.deploy(Deploy::new("acme", name, bytes)).await?;
+        println!("deployed {name} at {}", deployed.digest);
+    }
+
+    // A processor folds its stream once a wake subscription names it.
+    let clicks = host.stream("acme", "/clicks")?;
+    host.subscribe(
+        &clicks,
+        &Subscription::wake("counter", "counter").from_beginning(),
+    )
+    .await?;
+    host.append(
+        &clicks,
+        [
+            EventInput::new("events.example/clicked").payload(json!({"n": 1})),
+            EventInput::new("events.example/clicked").payload(json!({"n": 2})),
+        ],
+    )
+    .await?;
+    let head = host.state(&clicks).await?.max_offset;
+    let state = wait("the counter to fold", async || {
+        let p = host.processor(&clicks, "counter").await.ok()?;
+        (p.checkpoint_offset == head).then_some(p.state?)
+    })
+    .await?;
+    println!("counter state: {state}");
+
+    // Any exported function of a deployed component can be called.
+    let sum = host
+        .call("acme", "kinds", "add", &[json!(2), json!(3)])
+        .await?;
+    println!("kinds.add(2, 3) = {sum}");
+
+    // A processor's effects are committed with its checkpoint, then run.
+    let jobs = host.stream("acme", "/jobs")?;
+    host.subscribe(
+        &jobs,
+        &Subscription::wake("effector", "effector").from_beginning(),
+    )
+    .await?;
+    host.append(
+        &jobs,
+        [
+            EventInput::new("events.example/effects-requested").payload(json!({"effects": [
+                {"key": "hello", "append": {"streamPath": "/greetings", "type": "greeted", "payload": {}}}
+            ]})),
+        ],
+    )
+    .await?;
+    let status = wait("the effect to run", async || {
+        let page = host
+            .effects("acme", EffectFilter::new().stream("/jobs"))
+            .await
+            .ok()?;
+        let effect = page.effects.into_iter().next()?;
+        (effect.status == streamhost::EffectStatus::Succeeded).then_some(effect.status)
+    })
+    .await?;
+    println!("effect \"hello\": {}", status.as_str());
+    Ok((state, sum, status.as_str().to_string()))
+}
+
+/// Polls `check` until it answers, for at most ten seconds.
+async fn wait<T>(what: &str, mut check: impl AsyncFnMut() -> Option<T>) -> Result<T> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        if let Some(v) = check().await {
+            return Ok(v);
+        }
+        anyhow::ensure!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+}
+
+/// Where `cargo build --release --target wasm32-wasip2` puts the example
+/// guests.
+fn guests_dir() -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../processors/target/wasm32-wasip2/release")
+}
+
 #[tokio::main]
 async fn main() -> Result<()> {
     let dir = tempfile::tempdir()?;
     run(dir.path()).await?;
+    if guests_dir().join("counter.wasm").exists() {
+        let dir = tempfile::tempdir()?;
+        run_processors(dir.path(), &guests_dir()).await?;
+    } else {
+        println!(
+            "build the example guests to run the processor part: cargo build --release \
+             --target wasm32-wasip2 --manifest-path examples/processors/Cargo.toml"
+        );
+    }
     Ok(())
 }
 
@@ -102,5 +212,20 @@ mod tests {
             ]
         );
         assert_eq!(total, 120, "only the order over 100 is copied");
+    }
+
+    /// The guests are built by the test command before the tests run.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn the_example_deploys_folds_calls_and_runs_an_effect() {
+        let dir = tempfile::tempdir().unwrap();
+        let (state, sum, status) = super::run_processors(dir.path(), &super::guests_dir())
+            .await
+            .unwrap();
+        assert_eq!(state["sum"], 3, "{state}");
+        // The counter counts the platform's events too: the stream's
+        // creation and the subscription.
+        assert_eq!(state["events"], 4, "{state}");
+        assert_eq!(sum, serde_json::json!(5));
+        assert_eq!(status, "succeeded");
     }
 }

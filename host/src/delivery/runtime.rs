@@ -4,7 +4,7 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use serde_json::{json, Value};
+use serde::{Deserialize, Serialize};
 
 use super::target::Route;
 use super::RunState;
@@ -28,22 +28,69 @@ impl LatencyStats {
         self.count += 1;
     }
 
-    /// `{count, p50, p99, max}` over the window, or `null` before any sample.
-    pub fn to_json(&self) -> Value {
+    /// The window's summary, or `None` before any sample.
+    pub fn summary(&self) -> Option<Latency> {
         if self.samples.is_empty() {
-            return Value::Null;
+            return None;
         }
         let mut s: Vec<f64> = self.samples.iter().copied().collect();
         s.sort_by(|a, b| a.total_cmp(b));
         let pick = |q: f64| s[((s.len() - 1) as f64 * q).round() as usize];
         let round = |v: f64| (v * 1000.0).round() / 1000.0;
-        json!({
-            "count": self.count,
-            "p50": round(pick(0.5)),
-            "p99": round(pick(0.99)),
-            "max": round(s[s.len() - 1]),
+        Some(Latency {
+            count: self.count,
+            p50: round(pick(0.5)),
+            p99: round(pick(0.99)),
+            max: round(s[s.len() - 1]),
         })
     }
+}
+
+/// A latency summary in milliseconds over the latest samples (at most
+/// 1024; `count` is all of them).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Latency {
+    /// Samples ever recorded.
+    pub count: u64,
+    /// The median of the window.
+    pub p50: f64,
+    /// The 99th percentile of the window.
+    pub p99: f64,
+    /// The largest in the window.
+    pub max: f64,
+}
+
+/// One subscription's delivery as `:runtime` shows it (not replayed: it
+/// starts again with each process).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DeliveryView {
+    /// The source offset delivered and acknowledged (exclusive cursor).
+    pub acknowledged_offset: u64,
+    /// Committed source events not yet acknowledged.
+    pub lag: u64,
+    /// The current attempt (0: not failing).
+    pub attempt: u32,
+    /// When a failing delivery is tried again (ms since the epoch).
+    pub next_attempt_at: Option<i64>,
+    /// When the delivery in flight is given up (ms since the epoch).
+    pub in_flight_deadline_at: Option<i64>,
+    /// The last failure's message.
+    pub last_error: Option<String>,
+    /// Halted: nothing is delivered until it is resumed.
+    pub halted: bool,
+    /// The run (`cursorChangedAtSourceOffset` of its configuration).
+    pub generation: u64,
+    /// Bytes of events delivered.
+    pub bytes_sent: u64,
+    /// From an event's commit to its acknowledgement.
+    pub completion_latency_ms: Option<Latency>,
+    /// From a delivery's start to its acknowledgement.
+    pub delivery_duration_ms: Option<Latency>,
+    /// The component a processor wake wakes.
+    pub processor: Option<String>,
+    /// When the last delivery succeeded (ms since the epoch).
+    pub last_delivery_at: Option<i64>,
 }
 
 /// A delivery in flight.
@@ -124,22 +171,23 @@ impl SubscriptionRuntime {
     }
 
     /// The `:runtime` view.
-    pub fn to_json(&self, head: u64) -> Value {
-        json!({
-            "acknowledgedOffset": self.cursor,
-            "lag": head.saturating_sub(self.cursor),
-            "attempt": self.run.attempt,
-            "nextAttemptAt": if self.halted || self.run.attempt == 0 { Value::Null } else { json!(self.next_attempt_at_ms) },
-            "inFlightDeadlineAt": self.in_flight.as_ref().map(|f| f.deadline_ms),
-            "lastError": self.last_error,
-            "halted": self.halted,
-            "generation": self.generation,
-            "bytesSent": self.bytes_sent,
-            "completionLatencyMs": self.completion_latency_ms.to_json(),
-            "deliveryDurationMs": self.delivery_duration_ms.to_json(),
-            "processor": self.processor,
-            "lastDeliveryAt": self.last_delivery_ms,
-        })
+    pub fn view(&self, head: u64) -> DeliveryView {
+        DeliveryView {
+            acknowledged_offset: self.cursor,
+            lag: head.saturating_sub(self.cursor),
+            attempt: self.run.attempt,
+            next_attempt_at: (!self.halted && self.run.attempt != 0)
+                .then_some(self.next_attempt_at_ms),
+            in_flight_deadline_at: self.in_flight.as_ref().map(|f| f.deadline_ms),
+            last_error: self.last_error.clone(),
+            halted: self.halted,
+            generation: self.generation,
+            bytes_sent: self.bytes_sent,
+            completion_latency_ms: self.completion_latency_ms.summary(),
+            delivery_duration_ms: self.delivery_duration_ms.summary(),
+            processor: self.processor.clone(),
+            last_delivery_at: self.last_delivery_ms,
+        }
     }
 }
 
@@ -150,13 +198,13 @@ mod tests {
     #[test]
     fn latency_stats() {
         let mut l = LatencyStats::default();
-        assert_eq!(l.to_json(), Value::Null);
+        assert_eq!(l.summary(), None);
         for i in 1..=100 {
             l.record(i as f64);
         }
-        let j = l.to_json();
-        assert_eq!(j["count"], 100);
-        assert_eq!(j["max"], 100.0);
-        assert_eq!(j["p50"], 51.0);
+        let j = l.summary().unwrap();
+        assert_eq!(j.count, 100);
+        assert_eq!(j.max, 100.0);
+        assert_eq!(j.p50, 51.0);
     }
 }

@@ -204,16 +204,23 @@ pub fn error_line_key(id: i64, retries: u32) -> String {
 }
 
 /// Where an effect is in its life.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Status {
+    /// Waiting for its (next) attempt.
     Pending,
+    /// An attempt is running.
     Running,
+    /// Done.
     Succeeded,
+    /// Failed for good, until retried.
     Failed,
+    /// Cancelled, until retried.
     Cancelled,
 }
 
 impl Status {
+    /// Every status.
     pub const ALL: [Status; 5] = [
         Status::Pending,
         Status::Running,
@@ -222,6 +229,7 @@ impl Status {
         Status::Cancelled,
     ];
 
+    /// The status as stored and served (`pending`).
     pub fn as_str(self) -> &'static str {
         match self {
             Status::Pending => "pending",
@@ -232,6 +240,7 @@ impl Status {
         }
     }
 
+    /// The status named `s`.
     pub fn parse(s: &str) -> Option<Status> {
         Status::ALL.into_iter().find(|x| x.as_str() == s)
     }

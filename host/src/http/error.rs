@@ -45,40 +45,9 @@ impl ApiError {
         Self::new(401, "unauthorized", message)
     }
 
-    /// `403 forbidden`.
-    pub fn forbidden(message: impl Into<String>) -> Self {
-        Self::new(403, "forbidden", message)
-    }
-
-    /// `403 platform-authored`.
-    pub fn platform_authored(message: impl Into<String>) -> Self {
-        Self::new(403, "platform-authored", message)
-    }
-
     /// `404` with the given code (`stream-not-found`, `not-found`, ...).
     pub fn not_found(code: &'static str, message: impl Into<String>) -> Self {
         Self::new(404, code, message)
-    }
-
-    /// `404 component-not-found`.
-    pub fn component_not_found(project: &str, component: &str) -> Self {
-        Self::not_found(
-            "component-not-found",
-            format!("component {component:?} is not deployed in project {project:?}"),
-        )
-    }
-
-    /// `404 stream-not-found`, for a stream whose stored row is missing.
-    pub fn stream_not_found(path: &str) -> Self {
-        Self::not_found(
-            "stream-not-found",
-            format!("stream {path:?} does not exist"),
-        )
-    }
-
-    /// `409` with the given conflict code.
-    pub fn conflict(code: &'static str, message: impl Into<String>) -> Self {
-        Self::new(409, code, message)
     }
 
     /// `413 too-large`.

@@ -10,7 +10,7 @@ pub mod error;
 mod forward;
 mod guard;
 mod ingest;
-pub mod itx;
+mod itx;
 pub mod listener;
 mod query;
 mod streams;
@@ -87,12 +87,12 @@ fn routes() -> Vec<Route> {
         ),
         route(
             "/v1/projects/{project}/components",
-            get(list_components),
+            get(components::list),
             &[("GET", &format!("{P}/components"))],
         ),
         route(
             "/v1/projects/{project}/components/{name}",
-            put(deploy_component).get(get_component),
+            put(components::deploy).get(components::get),
             &[
                 ("PUT", &format!("{P}/components/{{name}}")),
                 ("GET", &format!("{P}/components/{{name}}")),
@@ -100,22 +100,22 @@ fn routes() -> Vec<Route> {
         ),
         route(
             "/v1/projects/{project}/components/{name}/versions",
-            get(component_versions),
+            get(components::versions),
             &[("GET", &format!("{P}/components/{{name}}/versions"))],
         ),
         route(
             "/v1/projects/{project}/itx",
-            post(itx_call),
+            post(itx::call),
             &[("POST", &format!("{P}/itx"))],
         ),
         route(
             "/v1/projects/{project}/effects",
-            get(list_effects),
+            get(effects::list),
             &[("GET", &format!("{P}/effects"))],
         ),
         route(
             "/v1/projects/{project}/effects/{id}",
-            any(effect_route),
+            any(effects::route),
             &[
                 ("GET", &effect),
                 ("POST", &format!("{effect}:retry")),
@@ -264,61 +264,11 @@ fn authorize_project(host: &Host, headers: &HeaderMap, project: &str) -> Result<
 }
 
 /// A JSON answer or an error.
-fn answer(result: Result<serde_json::Value, ApiError>) -> Response {
+fn answer<T: Serialize>(result: Result<T, ApiError>) -> Response {
     match result {
         Ok(v) => ok_json(&v),
         Err(e) => e.into_response(),
     }
-}
-
-async fn list_components(
-    State(host): State<Host>,
-    axum::extract::Path(project): axum::extract::Path<String>,
-    headers: HeaderMap,
-) -> Response {
-    let result = async {
-        authorize_project(&host, &headers, &project)?;
-        components::list(&host, &project).await
-    }
-    .await;
-    answer(result)
-}
-
-async fn list_effects(
-    State(host): State<Host>,
-    axum::extract::Path(project): axum::extract::Path<String>,
-    uri: Uri,
-    headers: HeaderMap,
-) -> Response {
-    let result = async {
-        authorize_project(&host, &headers, &project)?;
-        effects::list(&host, &project, uri.query()).await
-    }
-    .await;
-    answer(result)
-}
-
-/// `GET .../effects/{id}`, `POST .../effects/{id}:retry|cancel`.
-async fn effect_route(
-    State(host): State<Host>,
-    axum::extract::Path((project, id)): axum::extract::Path<(String, String)>,
-    method: Method,
-    headers: HeaderMap,
-) -> Response {
-    let result = async {
-        authorize_project(&host, &headers, &project)?;
-        match (id.split_once(':'), &method) {
-            (None, &Method::GET) => effects::get(&host, &project, &id).await,
-            (Some((id, action)), &Method::POST) => effects::act(&host, &project, id, action).await,
-            _ => Err(ApiError::new(
-                405,
-                "method-not-allowed",
-                format!("{method} is not allowed here: GET an effect, POST its :retry or :cancel"),
-            )),
-        }
-    }
-    .await;
-    answer(result)
 }
 
 async fn list_project_streams(
@@ -410,32 +360,7 @@ async fn internal_call(State(host): State<Host>, headers: HeaderMap, body: Body)
 async fn cluster(State(host): State<Host>, headers: HeaderMap) -> Response {
     let result = async {
         authenticate(&host, &headers)?.require_admin("GET /v1/cluster")?;
-        let me = host.config.cluster.advertise_url.clone().unwrap_or_default();
-        let storage = host.streams.storage().clone();
-        if storage.cluster().is_none() {
-            // SQLite: one host, owning every stream (those in memory counted).
-            return Ok(json!({
-                "self": me,
-                "hosts": [{
-                    "url": me,
-                    "lastSeenAt": crate::clock::format_timestamp(chrono::Utc::now().timestamp_millis()),
-                    "streams": host.streams.actors(),
-                }],
-            }));
-        }
-        let hosts = tokio::task::spawn_blocking(move || storage.cluster_hosts())
-            .await
-            .map_err(|e| ApiError::internal(format!("the cluster read failed: {e}")))?
-            .map_err(|e| ApiError::internal(format!("reading the cluster failed: {e:#}")))?;
-        Ok(json!({
-            "self": me,
-            "hosts": hosts.iter().map(|h| json!({
-                "url": h.url,
-                "lastSeenAt": crate::clock::format_timestamp(h.heartbeat_ms),
-                "streams": h.streams,
-                "live": h.live,
-            })).collect::<Vec<_>>(),
-        }))
+        Ok(host.cluster().await?)
     }
     .await;
     answer(result)
@@ -455,81 +380,6 @@ async fn list_streams(
     caller.may_use(&namespace)?;
     let q = query::list_query(uri.query())?;
     streams::list(host, &namespace, q).await
-}
-
-async fn itx_call(
-    State(host): State<Host>,
-    axum::extract::Path(project): axum::extract::Path<String>,
-    headers: HeaderMap,
-    body: Body,
-) -> Response {
-    let result = async {
-        authorize_project(&host, &headers, &project)?;
-        let input = read_json(&host, body).await?;
-        itx::itx(&host, &project, input).await
-    }
-    .await;
-    answer(result)
-}
-
-async fn deploy_component(
-    State(host): State<Host>,
-    axum::extract::Path((project, name)): axum::extract::Path<(String, String)>,
-    uri: Uri,
-    headers: HeaderMap,
-    body: Body,
-) -> Response {
-    let result = async {
-        authorize_project(&host, &headers, &project)?;
-        let refold = query::deploy_query(uri.query())?;
-        let limit = components::COMPONENT_BYTES_MAX;
-        let bytes = read_body(&host, body, limit, "component").await?;
-        components::deploy(&host, &project, &name, bytes.to_vec(), refold).await
-    }
-    .await;
-    answer(result)
-}
-
-/// `GET .../components/{name}/versions`.
-async fn component_versions(
-    State(host): State<Host>,
-    axum::extract::Path((project, name)): axum::extract::Path<(String, String)>,
-    headers: HeaderMap,
-) -> Response {
-    let result = async {
-        authorize_project(&host, &headers, &project)?;
-        components::versions(&host, &project, &name).await
-    }
-    .await;
-    answer(result)
-}
-
-/// `GET .../components/{name}`: the component's row as JSON, or its bytes
-/// with `accept: application/wasm` (to run a repro command locally).
-async fn get_component(
-    State(host): State<Host>,
-    axum::extract::Path((project, name)): axum::extract::Path<(String, String)>,
-    headers: HeaderMap,
-) -> Response {
-    let wants_wasm = headers
-        .get(header::ACCEPT)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.contains("application/wasm"));
-    let result = async {
-        authorize_project(&host, &headers, &project)?;
-        components::get(&host, &project, &name, wants_wasm).await
-    }
-    .await;
-    match result {
-        Ok((_, Some(bytes))) => (
-            StatusCode::OK,
-            [(header::CONTENT_TYPE, "application/wasm")],
-            bytes,
-        )
-            .into_response(),
-        Ok((row, None)) => ok_json(&row),
-        Err(e) => e.into_response(),
-    }
 }
 
 async fn fallback(method: Method, uri: Uri) -> Response {
@@ -611,7 +461,7 @@ async fn stream_call(
         ("append", &Method::POST) => {
             let input: AppendInput = read_json(host, body).await?;
             let out = streams.append(address, input, Authority::Public).await?;
-            let warnings = components::undeployed_receivers(host, address, &out.events).await;
+            let warnings = host.undeployed_receivers(address, &out.events).await;
             if warnings.is_empty() {
                 return Ok(ok_json(&out));
             }
@@ -661,7 +511,7 @@ async fn stream_call(
             match keys.strip_prefix('/') {
                 None if keys.is_empty() => {
                     let q = query::keys_query(uri.query())?;
-                    Ok(ok_json(&components::keys(host, address, component, q).await?))
+                    Ok(ok_json(&host.processor_keys(address, component, q).await?))
                 }
                 Some(key) if !key.is_empty() => {
                     query::no_query(uri.query())?;
@@ -670,7 +520,7 @@ async fn stream_call(
                         .map_err(|_| {
                             ApiError::invalid(format!("key {key:?} is not UTF-8 once decoded"))
                         })?;
-                    Ok(ok_json(&components::key(host, address, component, &key).await?))
+                    Ok(ok_json(&host.processor_key(address, component, &key).await?))
                 }
                 _ => Err(ApiError::not_found(
                     "not-found",
@@ -680,9 +530,7 @@ async fn stream_call(
         }
         (m, &Method::GET) if m.starts_with("processors/") => {
             let component = &m["processors/".len()..];
-            Ok(ok_json(
-                &components::processor(host, address, component).await?,
-            ))
+            Ok(ok_json(&host.processor(address, component).await?))
         }
         ("backfillProcessor", &Method::POST) => {
             let input: backfill::BackfillInput = read_json(host, body).await?;
@@ -693,13 +541,13 @@ async fn stream_call(
             if streamed {
                 return Ok(backfill::streamed(host.clone(), address.clone(), input));
             }
-            Ok(ok_json(
-                &backfill::backfill(host, address, input, None).await?,
-            ))
+            Ok(ok_json(&host.backfill(address, input.into()).await?))
         }
         ("verifyProcessor", &Method::POST) => {
-            let input = read_json(host, body).await?;
-            Ok(ok_json(&components::verify(host, address, input).await?))
+            let input: components::VerifyInput = read_json(host, body).await?;
+            Ok(ok_json(
+                &host.verify_processor(address, &input.component).await?,
+            ))
         }
         ("subscribeToEventsFrom", &Method::POST) => {
             let input = read_json(host, body).await?;

@@ -2,9 +2,9 @@
 
 use super::error::ApiError;
 use crate::connection::ConnectParams;
-use crate::effect::Status;
 use crate::filter::CompiledFilter;
-use crate::storage::EffectQuery;
+use crate::host::effects::{EffectFilter, EffectStatus, EFFECT_LIMIT_MAX};
+use crate::host::processors::{KeysQuery, KEYS_LIMIT_MAX};
 use crate::stream::canonicalize_path;
 use crate::stream::{ReadQuery, READ_LIMIT_MAX};
 use crate::subscription::Filter;
@@ -186,24 +186,9 @@ pub fn list_query(query: Option<&str>) -> Result<ListQuery, ApiError> {
     Ok(q)
 }
 
-/// The parameters of `GET {stream}:processors/{component}/keys`.
-#[derive(Debug, Clone, PartialEq)]
-pub struct KeysQuery {
-    pub prefix: String,
-    pub after: Option<String>,
-    pub limit: usize,
-}
-
-/// Most keys in one page of `:processors/{component}/keys`.
-pub const KEYS_LIMIT_MAX: usize = 1000;
-
 /// Parses `prefix`, `after` and `limit` of `:processors/{component}/keys`.
 pub fn keys_query(query: Option<&str>) -> Result<KeysQuery, ApiError> {
-    let mut q = KeysQuery {
-        prefix: String::new(),
-        after: None,
-        limit: 100,
-    };
+    let mut q = KeysQuery::new();
     for (name, value) in decoded(query)? {
         match name.as_str() {
             "prefix" => q.prefix = value,
@@ -235,30 +220,23 @@ pub fn deploy_query(query: Option<&str>) -> Result<bool, ApiError> {
     Ok(refold)
 }
 
-/// Most effects in one page of the effect list.
-pub const EFFECT_LIMIT_MAX: usize = 500;
-
 /// Parses `stream`, `component`, `status`, `afterId` and `limit` of
 /// `GET /v1/projects/{p}/effects`.
-pub fn effect_query(project: &str, query: Option<&str>) -> Result<EffectQuery, ApiError> {
-    let mut q = EffectQuery {
-        project: project.to_string(),
-        limit: 100,
-        ..EffectQuery::default()
-    };
+pub fn effect_query(query: Option<&str>) -> Result<EffectFilter, ApiError> {
+    let mut q = EffectFilter::new();
     for (name, value) in decoded(query)? {
         match name.as_str() {
-            "stream" => q.path = Some(canonicalize_path(&value)?),
+            "stream" => q.stream = Some(canonicalize_path(&value)?),
             "component" => q.component = Some(value),
             "status" => {
-                let status = Status::parse(&value).ok_or_else(|| {
-                    let all: Vec<&str> = Status::ALL.iter().map(|s| s.as_str()).collect();
+                let status = EffectStatus::parse(&value).ok_or_else(|| {
+                    let all: Vec<&str> = EffectStatus::ALL.iter().map(|s| s.as_str()).collect();
                     ApiError::invalid(format!(
                         "status {value:?} is not an effect status ({})",
                         all.join(", ")
                     ))
                 })?;
-                q.status = Some(status.as_str().to_string());
+                q.status = Some(status);
             }
             "afterId" => q.after_id = offset("afterId", &value)? as i64,
             "limit" => q.limit = limit(&value, EFFECT_LIMIT_MAX)?,
@@ -304,16 +282,15 @@ mod tests {
 
     #[test]
     fn effect_queries() {
-        let q = effect_query(
-            "acme",
-            Some("stream=%2Forders%2F.%2Feu&component=totals&status=failed&afterId=7&limit=2"),
-        )
+        let q = effect_query(Some(
+            "stream=%2Forders%2F.%2Feu&component=totals&status=failed&afterId=7&limit=2",
+        ))
         .unwrap();
-        assert_eq!(q.path.as_deref(), Some("/orders/eu"));
+        assert_eq!(q.stream.as_deref(), Some("/orders/eu"));
         assert_eq!(q.component.as_deref(), Some("totals"));
-        assert_eq!(q.status.as_deref(), Some("failed"));
+        assert_eq!(q.status, Some(EffectStatus::Failed));
         assert_eq!((q.after_id, q.limit), (7, 2));
-        assert_eq!(effect_query("acme", None).unwrap().limit, 100);
+        assert_eq!(effect_query(None).unwrap().limit, 100);
         for (bad, named) in [
             ("status=done", "\"done\""),
             ("limit=501", "\"501\""),
@@ -321,7 +298,7 @@ mod tests {
             ("stream=%2Fa%20b", "/a b"),
             ("x=1", "\"x\""),
         ] {
-            let e = effect_query("acme", Some(bad)).unwrap_err();
+            let e = effect_query(Some(bad)).unwrap_err();
             assert!(e.message.contains(named), "{bad}: {}", e.message);
         }
     }

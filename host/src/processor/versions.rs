@@ -4,9 +4,10 @@
 //! record goes when the resumes are appended, so a crash in between is made
 //! good at the next start ([`resume_pending`]).
 
-use serde_json::{json, Value};
+use serde_json::json;
 
 use crate::error::Error;
+use crate::host::components::SubscriptionRef;
 use crate::storage::WriteOp;
 use crate::stream::{types, AppendInput, Authority, EventInput, Namespace, StreamAddress, Streams};
 
@@ -18,7 +19,7 @@ pub async fn resume_halted(
     project: &str,
     name: &str,
     digest: &str,
-) -> Result<Vec<Value>, Error> {
+) -> Result<Vec<SubscriptionRef>, Error> {
     let storage = streams.storage().clone();
     let (p, quoted) = (project.to_string(), format!("\"{name}\""));
     let candidates =
@@ -49,7 +50,10 @@ pub async fn resume_halted(
                 expected_stream_id: Some(state.stream_id.clone()),
             };
             match streams.append(&address, input, Authority::Platform).await {
-                Ok(_) => resumed.push(json!({"stream": path, "subscriptionKey": key})),
+                Ok(_) => resumed.push(SubscriptionRef {
+                    stream: path.clone(),
+                    subscription_key: key,
+                }),
                 Err(e) => {
                     tracing::warn!(stream = %address, subscription = %key, error = %e.message,
                     "resuming a subscription after a new version failed")
@@ -72,7 +76,7 @@ pub async fn resume_halted(
 /// halted) on component `name` (a processor wake or an ITX call): a new
 /// version may be the fix. Answers those retrying; a stream that cannot be
 /// asked now is logged and left to its backoff.
-pub async fn retry_failing(streams: &Streams, project: &str, name: &str) -> Vec<Value> {
+pub async fn retry_failing(streams: &Streams, project: &str, name: &str) -> Vec<SubscriptionRef> {
     let storage = streams.storage().clone();
     let p = project.to_string();
     let found = tokio::task::spawn_blocking(move || storage.streams_failing(&p))
@@ -92,10 +96,10 @@ pub async fn retry_failing(streams: &Streams, project: &str, name: &str) -> Vec<
             continue;
         };
         match streams.retry(&address, None, Some(name)).await {
-            Ok(keys) => retrying.extend(
-                keys.into_iter()
-                    .map(|key| json!({"stream": path, "subscriptionKey": key})),
-            ),
+            Ok(keys) => retrying.extend(keys.into_iter().map(|key| SubscriptionRef {
+                stream: path.clone(),
+                subscription_key: key,
+            })),
             Err(e) => tracing::warn!(stream = %address, component = name, error = %e.message,
                 "retrying failing subscriptions after a new version failed"),
         }

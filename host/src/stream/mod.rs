@@ -9,6 +9,7 @@ pub mod quota;
 mod registry;
 #[doc(hidden)]
 pub mod remote;
+mod runtime;
 mod state;
 
 pub use actor::ActorContext;
@@ -24,4 +25,5 @@ pub use event::{
     EventInput, EventSource, OFFSET_MAX, STREAM_TYPE_PREFIX,
 };
 pub use registry::{StreamSettings, Streams, StreamsRef};
+pub use runtime::{ConnectionView, DeliveryView, Latency, RuntimeView};
 pub use state::{CoreState, Inbound, Outbound, Subscriptions, STATE_BYTES_MAX};

@@ -412,7 +412,7 @@ impl Streams {
     }
 
     /// Runtime state: subscription delivery progress and connections.
-    pub async fn runtime(&self, address: &StreamAddress) -> Result<serde_json::Value, Error> {
+    pub async fn runtime(&self, address: &StreamAddress) -> Result<super::RuntimeView, Error> {
         self.call(address, |reply| Command::Runtime { reply }).await
     }
 

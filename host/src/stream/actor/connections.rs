@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 
-use serde_json::{json, Value};
+use serde_json::json;
 use tokio::sync::mpsc;
 
 use super::{Actor, Command, Reply};
@@ -226,27 +226,30 @@ impl Actor {
     }
 
     /// The `connections` part of `:runtime`.
-    pub(super) fn connections_json(&self) -> Value {
-        let map: serde_json::Map<String, Value> = self
-            .connections
+    pub(super) fn connections_view(
+        &self,
+    ) -> std::collections::BTreeMap<String, crate::stream::ConnectionView> {
+        self.connections
             .iter()
             .map(|(k, c)| {
-                (
-                    k.clone(),
-                    json!({
-                        "openedAt": c.opened_at_ms,
-                        "replayAfterOffset": c.params.replay_after_offset,
-                        "events": c.params.events,
-                        "state": c.params.state,
-                        "eventTypes": c.params.filter.event_types,
-                        "jsonataCondition": c.params.filter.condition.as_ref().map(|e| e.source().to_string()),
-                        "deliveredCommits": c.delivered_commits,
-                        "queuedBatches": CONNECTION_BUFFER_BATCHES - c.tx.capacity(),
-                    }),
-                )
+                let view = crate::stream::ConnectionView {
+                    opened_at: c.opened_at_ms,
+                    replay_after_offset: c.params.replay_after_offset,
+                    events: c.params.events,
+                    state: c.params.state,
+                    event_types: c.params.filter.event_types.clone(),
+                    jsonata_condition: c
+                        .params
+                        .filter
+                        .condition
+                        .as_ref()
+                        .map(|e| e.source().to_string()),
+                    delivered_commits: c.delivered_commits,
+                    queued_batches: CONNECTION_BUFFER_BATCHES - c.tx.capacity(),
+                };
+                (k.clone(), view)
             })
-            .collect();
-        Value::Object(map)
+            .collect()
     }
 }
 

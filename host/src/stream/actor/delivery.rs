@@ -10,7 +10,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use super::{Actor, Command, Pending};
 use crate::delivery::copy::SourceInfo;
@@ -353,14 +353,16 @@ impl Actor {
     }
 
     /// The `:runtime` answer.
-    pub(super) fn runtime_json(&self) -> Value {
+    pub(super) fn runtime_view(&self) -> crate::stream::RuntimeView {
         let head = self.stream.as_ref().map(|s| s.state_offset).unwrap_or(0);
-        let subscriptions: serde_json::Map<String, Value> = self
-            .deliveries
-            .runs
-            .iter()
-            .map(|(k, rt)| (k.clone(), rt.to_json(head)))
-            .collect();
-        json!({"subscriptions": subscriptions, "connections": self.connections_json()})
+        crate::stream::RuntimeView {
+            subscriptions: self
+                .deliveries
+                .runs
+                .iter()
+                .map(|(k, rt)| (k.clone(), rt.view(head)))
+                .collect(),
+            connections: self.connections_view(),
+        }
     }
 }

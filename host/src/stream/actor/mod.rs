@@ -143,7 +143,7 @@ pub enum Command {
     },
     /// Runtime state (`:runtime`).
     Runtime {
-        reply: Reply<serde_json::Value>,
+        reply: Reply<crate::stream::RuntimeView>,
     },
     /// Load the stream and resume its deliveries (sent at startup).
     Wake,
@@ -597,7 +597,7 @@ impl Actor {
                     .ensure_serving()
                     .await
                     .and_then(|()| match &self.stream {
-                        Some(_) => Ok(self.runtime_json()),
+                        Some(_) => Ok(self.runtime_view()),
                         None => Err(self.not_found()),
                     });
                 let _ = reply.send(result);

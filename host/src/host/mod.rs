@@ -1,6 +1,15 @@
 //! The host: storage, stream actors, auth and metrics wired together from a
 //! [`Config`]. This is the embedding API: open a host, then serve it over HTTP
-//! or call it directly.
+//! or call it directly. Each family of operations has its module: streams
+//! here, then [`components`], [`processors`], [`backfill`], [`itx`],
+//! [`effects`] and [`cluster`].
+
+pub mod backfill;
+pub mod cluster;
+pub mod components;
+pub mod effects;
+pub mod itx;
+pub mod processors;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -16,7 +25,7 @@ use crate::metrics::Metrics;
 use crate::storage::Storage;
 use crate::stream::{
     AppendInput, AppendOutput, Authority, CoreState, Event, EventInput, Namespace, ReadQuery,
-    StreamAddress, Streams,
+    RuntimeView, StreamAddress, Streams,
 };
 use crate::subscription::Subscription;
 
@@ -254,6 +263,26 @@ impl Host {
     /// A stream's reduced core state.
     pub async fn state(&self, stream: &StreamAddress) -> Result<CoreState, Error> {
         self.streams.state(stream).await
+    }
+
+    /// A stream's runtime: its subscriptions' deliveries (lag, attempts,
+    /// halts, latencies) and its live connections.
+    pub async fn runtime(&self, stream: &StreamAddress) -> Result<RuntimeView, Error> {
+        self.streams.runtime(stream).await
+    }
+
+    /// Runs a storage read on a blocking thread; its failure is `internal`,
+    /// prefixed with `what`.
+    pub(crate) async fn read_storage<T: Send + 'static>(
+        &self,
+        what: &'static str,
+        f: impl FnOnce(&Storage) -> anyhow::Result<T> + Send + 'static,
+    ) -> Result<T, Error> {
+        let storage = self.streams.storage().clone();
+        tokio::task::spawn_blocking(move || f(&storage))
+            .await
+            .map_err(|e| Error::internal(format!("{what} panicked: {e}")))?
+            .map_err(|e| Error::internal(format!("{what} failed: {e:#}")))
     }
 
     /// Configures `subscription` on its `source` stream; answers the

@@ -1,0 +1,427 @@
+//! Every public operation of `streamhost::Host`, used as an embedding
+//! platform uses it: no HTTP server, real storage, real wasmtime running the
+//! example processors (`examples/processors`, built for wasm32-wasip2).
+
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use streamhost::{
+    Backfill, Config, Deploy, EffectFilter, EffectStatus, EventInput, Host, KeysQuery,
+    ProcessorStatus, StreamAddress, Subscription,
+};
+
+/// The bytes of an example processor, built once per test run.
+fn guest(name: &str) -> Vec<u8> {
+    static BUILT: std::sync::OnceLock<()> = std::sync::OnceLock::new();
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../processors");
+    BUILT.get_or_init(|| {
+        let out = Command::new(env!("CARGO"))
+            .args(["build", "--release", "--target", "wasm32-wasip2"])
+            .current_dir(&root)
+            .env_remove("CARGO_TARGET_DIR")
+            .output()
+            .expect("running cargo for the guests");
+        assert!(
+            out.status.success(),
+            "building the guests failed (`rustup target add wasm32-wasip2`?):\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    });
+    let file = root.join(format!(
+        "target/wasm32-wasip2/release/{}.wasm",
+        name.replace('-', "_")
+    ));
+    std::fs::read(&file).unwrap_or_else(|e| panic!("reading {}: {e}", file.display()))
+}
+
+fn open(dir: &Path) -> Host {
+    Host::open(Config {
+        data_dir: dir.to_path_buf(),
+        ..Config::default()
+    })
+    .expect("opening the host")
+}
+
+/// Polls `check` until it answers `Some`, for at most ten seconds.
+async fn eventually<T>(what: &str, mut check: impl AsyncFnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn event(event_type: &str, payload: Value) -> EventInput {
+    EventInput::new(event_type).payload(payload)
+}
+
+/// Waits until processor `component` on `stream` has folded through the
+/// stream's head.
+async fn caught_up(host: &Host, stream: &StreamAddress, component: &str) {
+    let head = host.state(stream).await.unwrap().max_offset;
+    eventually("the processor to catch up", async || {
+        let p = host.processor(stream, component).await.ok()?;
+        (p.checkpoint_offset == head).then_some(())
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn components_deploy_list_read_and_keep_their_versions() {
+    let dir = tempfile::tempdir().unwrap();
+    let host = open(dir.path());
+    let counter = guest("counter");
+
+    let deployed = host
+        .deploy(Deploy::new("acme", "counter", counter.clone()))
+        .await
+        .unwrap();
+    assert_eq!(deployed.name, "counter");
+    assert!(
+        deployed.digest.starts_with("sha256:"),
+        "{}",
+        deployed.digest
+    );
+    assert!(!deployed.unchanged);
+    let again = host
+        .deploy(Deploy::new("acme", "counter", counter.clone()))
+        .await
+        .unwrap();
+    assert!(again.unchanged, "the same bytes make no new version");
+    let refolding = host
+        .deploy(Deploy::new("acme", "counter", counter.clone()).refold())
+        .await
+        .unwrap();
+    assert!(refolding.refolding);
+    assert_eq!(
+        refolding.refolding_streams,
+        Some(Vec::new()),
+        "no instances yet"
+    );
+
+    let listed = host.components("acme").await.unwrap();
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].digest, deployed.digest);
+    assert_eq!(host.component("acme", "counter").await.unwrap(), listed[0]);
+    assert_eq!(
+        host.component_bytes("acme", "counter").await.unwrap(),
+        counter
+    );
+    host.deploy(Deploy::new("acme", "counter", guest("minimal")))
+        .await
+        .unwrap();
+    let versions = host.component_versions("acme", "counter").await.unwrap();
+    assert_eq!(versions.versions.len(), 2);
+    assert_eq!(versions.versions[1].digest, deployed.digest, "newest first");
+
+    // Bad input: errors with a kind and a code, naming the value.
+    let e = host
+        .deploy(Deploy::new("acme", "Bad_Name", counter.clone()))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        (e.kind, e.code),
+        (streamhost::ErrorKind::Invalid, "invalid-request")
+    );
+    assert!(e.message.contains("Bad_Name"), "{}", e.message);
+    let e = host
+        .deploy(Deploy::new("acme", "junk", b"not wasm".to_vec()))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code, "invalid-component");
+    let e = host.component("acme", "ghost").await.unwrap_err();
+    assert_eq!(e.code, "component-not-found");
+    assert!(e.message.contains("ghost"), "{}", e.message);
+    let e = host.component_versions("acme", "ghost").await.unwrap_err();
+    assert_eq!(e.code, "component-not-found");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_processor_folds_its_keys_verify_and_backfill_without_http() {
+    let dir = tempfile::tempdir().unwrap();
+    let host = open(dir.path());
+    host.deploy(Deploy::new("acme", "ledger", guest("ledger")))
+        .await
+        .unwrap();
+    let bank = host.stream("acme", "/bank").unwrap();
+    host.subscribe(
+        &bank,
+        &Subscription::wake("ledger", "ledger").from_beginning(),
+    )
+    .await
+    .unwrap();
+    host.append(
+        &bank,
+        [
+            event("deposited", json!({"account": "alice", "cents": 500})),
+            event("deposited", json!({"account": "bob", "cents": 70})),
+            event("withdrawn", json!({"account": "alice", "cents": 120})),
+        ],
+    )
+    .await
+    .unwrap();
+    caught_up(&host, &bank, "ledger").await;
+
+    let p = host.processor(&bank, "ledger").await.unwrap();
+    assert_eq!(p.component, "ledger");
+    assert!(p.digest.as_deref().unwrap().starts_with("sha256:"));
+    assert_eq!(p.state.as_ref().unwrap()["events"], 3, "{:?}", p.state);
+    assert!(
+        matches!(p.status, ProcessorStatus::Active | ProcessorStatus::Idle),
+        "{:?}",
+        p.status
+    );
+    assert_eq!((p.last_error, p.last_failure), (None, None));
+
+    let page = host
+        .processor_keys(&bank, "ledger", KeysQuery::new().prefix("balance/"))
+        .await
+        .unwrap();
+    let keys: Vec<(&str, &[u8])> = page
+        .keys
+        .iter()
+        .map(|k| (k.key.as_str(), k.value.as_slice()))
+        .collect();
+    assert_eq!(
+        keys,
+        [("balance/alice", &b"380"[..]), ("balance/bob", &b"70"[..])]
+    );
+    let first = host
+        .processor_keys(
+            &bank,
+            "ledger",
+            KeysQuery::new().prefix("balance/").limit(1),
+        )
+        .await
+        .unwrap();
+    assert_eq!(first.next_after.as_deref(), Some("balance/alice"));
+    let rest = host
+        .processor_keys(
+            &bank,
+            "ledger",
+            KeysQuery::new().prefix("balance/").after("balance/alice"),
+        )
+        .await
+        .unwrap();
+    assert_eq!(rest.keys[0].key, "balance/bob");
+    assert_eq!(rest.next_after, None);
+    let bob = host
+        .processor_key(&bank, "ledger", "balance/bob")
+        .await
+        .unwrap();
+    assert_eq!(bob.value, b"70");
+    let e = host
+        .processor_key(&bank, "ledger", "balance/carol")
+        .await
+        .unwrap_err();
+    assert_eq!(e.code, "key-not-found");
+    assert!(e.message.contains("balance/carol"), "{}", e.message);
+    let e = host
+        .processor_keys(&bank, "ledger", KeysQuery::new().limit(0))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code, "invalid-request");
+    let e = host.processor(&bank, "ghost").await.unwrap_err();
+    assert_eq!(e.code, "processor-not-found");
+
+    let verified = host.verify_processor(&bank, "ledger").await.unwrap();
+    assert!(verified.matches, "{verified:?}");
+    assert_eq!(verified.checkpoint_offset, p.checkpoint_offset);
+    assert!(verified.keys_compared >= 2, "{verified:?}");
+    assert_eq!(verified.first_differing_key, None);
+
+    // A backfill folds again and keeps only effects: the ledger has none.
+    let reports = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let heard = reports.clone();
+    let done = host
+        .backfill_with_progress(&bank, Backfill::new("ledger").after(1), move |p| {
+            heard.lock().unwrap().push(p)
+        })
+        .await
+        .unwrap();
+    assert_eq!(done.folded, 3, "{done:?}");
+    assert_eq!(done.effects_created, 0);
+    let reports = reports.lock().unwrap().clone();
+    assert!(
+        !reports.is_empty(),
+        "a progress report after the first batch"
+    );
+    assert_eq!(reports[0].head_offset, p.checkpoint_offset);
+    let narrowed = host
+        .backfill(&bank, Backfill::new("ledger").event_types(["deposited"]))
+        .await
+        .unwrap();
+    assert_eq!(narrowed.folded, 2, "{narrowed:?}");
+    // A backfill starts from the initial state: withdrawals alone overdraw.
+    let e = host
+        .backfill(&bank, Backfill::new("ledger").event_types(["withdrawn"]))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code, "processor-failed");
+    assert!(e.message.contains("alice"), "{}", e.message);
+    let e = host
+        .backfill(&bank, Backfill::new("ledger").after(99).through(5))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code, "invalid-request");
+    assert!(e.message.contains("99"), "{}", e.message);
+    let e = host
+        .backfill(&bank, Backfill::new("ledger").condition("$$$("))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code, "invalid-jsonata");
+
+    // The runtime view: the wake subscription's delivery, caught up.
+    let runtime = host.runtime(&bank).await.unwrap();
+    let wake = &runtime.subscriptions["ledger"];
+    assert_eq!(wake.processor.as_deref(), Some("ledger"));
+    assert_eq!((wake.lag, wake.halted, wake.attempt), (0, false, 0));
+    assert!(runtime.connections.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn itx_calls_and_the_effect_outbox_without_http() {
+    let dir = tempfile::tempdir().unwrap();
+    let host = open(dir.path());
+    host.deploy(Deploy::new("acme", "kinds", guest("kinds")))
+        .await
+        .unwrap();
+    assert_eq!(
+        host.call("acme", "kinds", "add", &[json!(2), json!(3)])
+            .await
+            .unwrap(),
+        json!(5)
+    );
+    let expression = json!(["components", ["get", "kinds"], "divide"]);
+    assert_eq!(
+        host.call_expression("acme", &expression, &[json!(5.0), json!(2.0)])
+            .await
+            .unwrap(),
+        json!(2.5)
+    );
+    let e = host
+        .call("acme", "kinds", "divide", &[json!(1.0), json!(0.0)])
+        .await
+        .unwrap_err();
+    assert_eq!(
+        (e.kind, e.code),
+        (streamhost::ErrorKind::Unprocessable, "itx-failed")
+    );
+    let e = host
+        .call("acme", "kinds", "add", &[json!("two"), json!(3)])
+        .await
+        .unwrap_err();
+    assert_eq!(e.code, "invalid-argument");
+    let e = host.call("acme", "kinds", "nope", &[]).await.unwrap_err();
+    assert_eq!(e.code, "function-not-found");
+    assert!(e.message.contains("nope"), "{}", e.message);
+    let e = host
+        .call_expression("acme", &json!(["workers", "add"]), &[])
+        .await
+        .unwrap_err();
+    assert_eq!(e.code, "invalid-expression");
+
+    // The effector returns the effects its events ask for: one append that
+    // succeeds, one webhook to a closed port that keeps failing.
+    host.deploy(Deploy::new("acme", "effector", guest("effector")))
+        .await
+        .unwrap();
+    let jobs = host.stream("acme", "/jobs").unwrap();
+    host.subscribe(
+        &jobs,
+        &Subscription::wake("effector", "effector").from_beginning(),
+    )
+    .await
+    .unwrap();
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    host.append(
+        &jobs,
+        [event(
+            "events.example/effects-requested",
+            json!({"effects": [
+                {"key": "note", "append": {"streamPath": "/notes", "type": "noted", "payload": {"n": 1}}},
+                {"key": "hook", "webhook": {"url": format!("http://{closed}/"), "body": {}}},
+            ]}),
+        )],
+    )
+    .await
+    .unwrap();
+    let notes = host.stream("acme", "/notes").unwrap();
+    let appended = eventually("the append effect", async || {
+        let page = host
+            .effects("acme", EffectFilter::new().status(EffectStatus::Succeeded))
+            .await
+            .ok()?;
+        page.effects.into_iter().next()
+    })
+    .await;
+    assert_eq!(appended.key, "note");
+    assert_eq!(appended.stream, "/jobs");
+    assert_eq!(appended.component, "effector");
+    let copied = host.events(&notes, 0, 10).await.unwrap();
+    assert!(copied.iter().any(|e| e.event_type == "noted"), "{copied:?}");
+
+    let all = host
+        .effects("acme", EffectFilter::new().stream("/jobs"))
+        .await
+        .unwrap();
+    assert_eq!(all.effects.len(), 2);
+    let hook = all
+        .effects
+        .iter()
+        .find(|e| e.key == "hook")
+        .unwrap()
+        .clone();
+    assert_eq!(host.effect("acme", hook.id).await.unwrap().key, "hook");
+    let page = host
+        .effects("acme", EffectFilter::new().limit(1))
+        .await
+        .unwrap();
+    assert_eq!(page.next_after_id, Some(page.effects[0].id));
+    let next = host
+        .effects("acme", EffectFilter::new().after_id(page.effects[0].id))
+        .await
+        .unwrap();
+    assert_eq!(next.effects.len(), 1);
+
+    // The failing webhook: cancelled, then retried.
+    let e = host.retry_effect("acme", appended.id).await.unwrap_err();
+    assert_eq!(e.code, "effect-not-retryable");
+    assert!(e.message.contains("succeeded"), "{}", e.message);
+    let cancelled = eventually("the webhook to fail and be cancelled", async || {
+        host.cancel_effect("acme", hook.id).await.ok()
+    })
+    .await;
+    assert_eq!(cancelled.status, EffectStatus::Cancelled);
+    let e = host.cancel_effect("acme", hook.id).await.unwrap_err();
+    assert_eq!(e.code, "effect-not-cancellable");
+    let retried = host.retry_effect("acme", hook.id).await.unwrap();
+    assert!(
+        matches!(
+            retried.status,
+            EffectStatus::Pending | EffectStatus::Running
+        ),
+        "{:?}",
+        retried.status
+    );
+    let e = host.effect("acme", 9999).await.unwrap_err();
+    assert_eq!(e.code, "effect-not-found");
+    let e = host
+        .effects("acme", EffectFilter::new().limit(501))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code, "invalid-request");
+
+    // One host on SQLite: the cluster view names it alone.
+    let cluster = host.cluster().await.unwrap();
+    assert_eq!(cluster.hosts.len(), 1);
+    assert!(cluster.hosts[0].streams >= 2, "{cluster:?}");
+}

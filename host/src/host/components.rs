@@ -1,0 +1,337 @@
+//! Components: deploying a version, listing them, reading one (and its
+//! bytes) and its versions. `PUT`/`GET /v1/projects/{p}/components/...`
+//! over HTTP.
+
+use serde::Serialize;
+use serde_json::Value;
+
+use super::Host;
+use crate::clock::format_timestamp;
+use crate::error::Error;
+use crate::storage::{Deployment, WriteOp};
+use crate::stream::{types, validate_project, StreamAddress};
+
+/// Largest component accepted, in bytes.
+pub const COMPONENT_BYTES_MAX: usize = 64 * 1024 * 1024;
+
+/// A component to deploy: its project, name and bytes, and whether every
+/// instance refolds with it. Build with [`Deploy::new`].
+#[derive(Debug, Clone)]
+pub struct Deploy {
+    project: String,
+    name: String,
+    bytes: Vec<u8>,
+    refold: bool,
+}
+
+impl Deploy {
+    /// Deploys `bytes` (a WebAssembly component) as `name` in `project`.
+    pub fn new(project: impl Into<String>, name: impl Into<String>, bytes: Vec<u8>) -> Self {
+        Deploy {
+            project: project.into(),
+            name: name.into(),
+            bytes,
+            refold: false,
+        }
+    }
+
+    /// Refolds every instance of the component with this version, even when
+    /// its bytes are unchanged (`?refold=true` over HTTP).
+    pub fn refold(mut self) -> Self {
+        self.refold = true;
+        self
+    }
+}
+
+/// A subscription on a stream of the project: what a deploy resumed or
+/// retried.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SubscriptionRef {
+    /// The source stream's path.
+    pub stream: String,
+    /// The subscription's key on it.
+    pub subscription_key: String,
+}
+
+/// What a deploy did.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Deployed {
+    /// The component's name.
+    pub name: String,
+    /// The deployed version's digest (`sha256:...`).
+    pub digest: String,
+    /// Its exported functions (`interface.function` or `function`).
+    pub exports: Vec<String>,
+    /// The bytes are the current version's: no new version was made.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub unchanged: bool,
+    /// Subscriptions the component had halted, resumed by the new version.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub resumed_subscriptions: Vec<SubscriptionRef>,
+    /// Subscriptions failing on the component, retried at once.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub retrying_subscriptions: Vec<SubscriptionRef>,
+    /// Every instance refolds with this version ([`Deploy::refold`]).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub refolding: bool,
+    /// The streams whose instance refolds (with `refolding`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub refolding_streams: Option<Vec<String>>,
+}
+
+/// A deployed component: its current version.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Component {
+    /// The component's name.
+    pub name: String,
+    /// The current version's digest.
+    pub digest: String,
+    /// Its exported functions.
+    pub exports: Vec<String>,
+    /// When the current version was deployed (RFC 3339).
+    pub deployed_at: String,
+}
+
+impl From<crate::storage::ComponentRow> for Component {
+    fn from(r: crate::storage::ComponentRow) -> Self {
+        Component {
+            name: r.name,
+            digest: r.digest,
+            exports: r.exports,
+            deployed_at: r.deployed_at,
+        }
+    }
+}
+
+/// A component's versions, newest first.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ComponentVersions {
+    /// The component's name.
+    pub name: String,
+    /// Its versions, newest first.
+    pub versions: Vec<Version>,
+}
+
+/// One version of a component.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Version {
+    /// The version's digest.
+    pub digest: String,
+    /// When it was deployed (RFC 3339).
+    pub deployed_at: String,
+}
+
+/// `404 component-not-found`.
+pub(crate) fn component_not_found(project: &str, component: &str) -> Error {
+    Error::not_found(
+        "component-not-found",
+        format!("component {component:?} is not deployed in project {project:?}"),
+    )
+}
+
+/// Component names follow project names: `[a-z0-9][a-z0-9-]{0,62}`.
+fn validate_name(name: &str) -> Result<(), Error> {
+    validate_project(name).map_err(|_| {
+        Error::invalid(format!(
+            "component name {name:?} is invalid: it must match [a-z0-9][a-z0-9-]{{0,62}}"
+        ))
+    })
+}
+
+impl Host {
+    /// Deploys a component: a new version when its bytes differ from the
+    /// current one's. Subscriptions the component halted resume, failing
+    /// ones retry at once, and with [`Deploy::refold`] every instance
+    /// refolds.
+    ///
+    /// ```no_run
+    /// # async fn example(host: streamhost::Host) -> Result<(), streamhost::Error> {
+    /// use streamhost::Deploy;
+    ///
+    /// let bytes = std::fs::read("counter.wasm").expect("a built component");
+    /// let deployed = host.deploy(Deploy::new("acme", "counter", bytes)).await?;
+    /// println!("{} is at {}", deployed.name, deployed.digest);
+    /// # Ok(()) }
+    /// ```
+    pub async fn deploy(&self, deploy: Deploy) -> Result<Deployed, Error> {
+        let Deploy {
+            project,
+            name,
+            bytes,
+            refold,
+        } = deploy;
+        crate::stream::Namespace::project(&project)?;
+        validate_name(&name)?;
+        if bytes.len() > COMPONENT_BYTES_MAX {
+            return Err(Error::too_large(format!(
+                "the component is over the limit of {COMPONENT_BYTES_MAX} bytes"
+            )));
+        }
+        let runtime = self.streams.wasm_runtime().clone();
+        let checked = bytes.clone();
+        let exports =
+            tokio::task::spawn_blocking(move || runtime.validate(&checked).map(|(e, _)| e))
+                .await
+                .map_err(|e| Error::internal(format!("validating the component panicked: {e}")))?
+                .map_err(|m| Error::invalid_with("invalid-component", m))?;
+        let digest = crate::processor::runtime::digest(&bytes);
+        let deployment = Deployment {
+            project: project.clone(),
+            name: name.clone(),
+            digest: digest.clone(),
+            exports: exports.clone(),
+            bytes,
+            deployed_at: format_timestamp(chrono::Utc::now().timestamp_millis()),
+            refold,
+        };
+        let new_version = self
+            .streams
+            .storage()
+            .submit(WriteOp::Deploy(deployment))
+            .await
+            .map_err(|_| Error::internal("the storage writer stopped"))?
+            .map_err(|e| Error::internal(format!("storing the component failed: {e}")))?
+            == 1;
+        let mut deployed = Deployed {
+            name: name.clone(),
+            digest: digest.clone(),
+            exports,
+            unchanged: !new_version,
+            resumed_subscriptions: Vec::new(),
+            retrying_subscriptions: Vec::new(),
+            refolding: false,
+            refolding_streams: None,
+        };
+        if new_version {
+            let streams = &self.streams;
+            deployed.resumed_subscriptions =
+                crate::processor::versions::resume_halted(streams, &project, &name, &digest)
+                    .await?;
+            deployed.retrying_subscriptions =
+                crate::processor::versions::retry_failing(streams, &project, &name).await;
+        }
+        if refold {
+            let timeout_ms = self.config.delivery.timeout_ms;
+            let paths = crate::processor::refold::start(
+                &self.streams,
+                &project,
+                &name,
+                &digest,
+                timeout_ms,
+            )
+            .await
+            .map_err(|e| Error::internal(format!("starting the refold failed: {e:#}")))?;
+            deployed.refolding = true;
+            deployed.refolding_streams = Some(paths);
+        }
+        Ok(deployed)
+    }
+
+    /// The components deployed in `project`, by name.
+    pub async fn components(&self, project: &str) -> Result<Vec<Component>, Error> {
+        crate::stream::Namespace::project(project)?;
+        let p = project.to_string();
+        let rows = self
+            .read_storage("listing components", move |s| s.components(&p))
+            .await?;
+        Ok(rows.into_iter().map(Component::from).collect())
+    }
+
+    /// Component `name` of `project`, or `component-not-found`.
+    pub async fn component(&self, project: &str, name: &str) -> Result<Component, Error> {
+        let (p, n) = (project.to_string(), name.to_string());
+        self.read_storage("reading the component", move |s| s.component(&p, &n))
+            .await?
+            .map(Component::from)
+            .ok_or_else(|| component_not_found(project, name))
+    }
+
+    /// The bytes of component `name`'s current version (to run a repro
+    /// command locally), or `component-not-found`.
+    pub async fn component_bytes(&self, project: &str, name: &str) -> Result<Vec<u8>, Error> {
+        let (p, n) = (project.to_string(), name.to_string());
+        self.read_storage("reading the component", move |s| {
+            match s.component(&p, &n)? {
+                Some(row) => Ok(Some(s.component_bytes(&row.digest)?)),
+                None => Ok(None),
+            }
+        })
+        .await?
+        .ok_or_else(|| component_not_found(project, name))
+    }
+
+    /// Component `name`'s versions, newest first, or `component-not-found`.
+    pub async fn component_versions(
+        &self,
+        project: &str,
+        name: &str,
+    ) -> Result<ComponentVersions, Error> {
+        let (p, n) = (project.to_string(), name.to_string());
+        let rows = self
+            .read_storage("reading the versions", move |s| {
+                s.component_versions(&p, &n)
+            })
+            .await?;
+        if rows.is_empty() {
+            return Err(component_not_found(project, name));
+        }
+        Ok(ComponentVersions {
+            name: name.to_string(),
+            versions: rows
+                .into_iter()
+                .map(|(digest, deployed_at)| Version {
+                    digest,
+                    deployed_at,
+                })
+                .collect(),
+        })
+    }
+
+    /// Warnings for subscriptions just configured whose processor or ITX
+    /// component is not deployed: accepted (it may be deployed later, and then
+    /// the subscription starts or resumes), but said at once.
+    pub(crate) async fn undeployed_receivers(
+        &self,
+        address: &StreamAddress,
+        events: &[crate::stream::Event],
+    ) -> Vec<String> {
+        let Some(project) = address.namespace.project_id().map(str::to_string) else {
+            return Vec::new();
+        };
+        let named: Vec<(String, String)> = events
+            .iter()
+            .filter(|e| e.event_type == types::SUBSCRIPTION_CONFIGURED && !e.is_copy())
+            .filter_map(|e| {
+                let config: crate::subscription::SubscriptionConfig =
+                    serde_json::from_value(Value::Object(e.payload.clone())).ok()?;
+                let component = config.receiver.component()?;
+                let key = config.subscription_key.unwrap_or_default();
+                Some((key, component))
+            })
+            .collect();
+        if named.is_empty() {
+            return Vec::new();
+        }
+        let storage = self.streams.storage().clone();
+        tokio::task::spawn_blocking(move || {
+            named
+                .into_iter()
+                .filter(|(_, c)| matches!(storage.component(&project, c), Ok(None)))
+                .map(|(key, c)| {
+                    format!(
+                        "subscription {key:?} calls component {c:?}, which is not deployed in project \
+                         {project:?}: it fails (and retries, then halts) until it is; deploying it \
+                         resumes a halted subscription"
+                    )
+                })
+                .collect()
+        })
+        .await
+        .unwrap_or_default()
+    }
+}

@@ -1,0 +1,258 @@
+//! The processors' effect outbox: listing a project's effects, reading one,
+//! retrying and cancelling. `GET /v1/projects/{p}/effects[/{id}]` and
+//! `POST .../effects/{id}:retry|:cancel` over HTTP.
+
+use serde::Serialize;
+use serde_json::Value;
+
+use super::Host;
+use crate::clock::format_timestamp;
+use crate::error::Error;
+use crate::storage::{EffectOp, EffectRow, WriteOp};
+
+pub use crate::effect::Status as EffectStatus;
+
+/// Most effects in one page.
+pub const EFFECT_LIMIT_MAX: usize = 500;
+
+/// Which effects of a project to list: a page in id order, filtered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EffectFilter {
+    /// Only those of this source stream (a canonical path).
+    pub stream: Option<String>,
+    /// Only those of this component.
+    pub component: Option<String>,
+    /// Only those in this status.
+    pub status: Option<EffectStatus>,
+    /// Only those with a larger id (the previous page's `next_after_id`).
+    pub after_id: i64,
+    /// At most this many (1 to [`EFFECT_LIMIT_MAX`]).
+    pub limit: usize,
+}
+
+impl Default for EffectFilter {
+    fn default() -> Self {
+        EffectFilter {
+            stream: None,
+            component: None,
+            status: None,
+            after_id: 0,
+            limit: 100,
+        }
+    }
+}
+
+impl EffectFilter {
+    /// The first 100 effects.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Only those of source stream `path`.
+    pub fn stream(mut self, path: impl Into<String>) -> Self {
+        self.stream = Some(path.into());
+        self
+    }
+
+    /// Only those of `component`.
+    pub fn component(mut self, component: impl Into<String>) -> Self {
+        self.component = Some(component.into());
+        self
+    }
+
+    /// Only those in `status`.
+    pub fn status(mut self, status: EffectStatus) -> Self {
+        self.status = Some(status);
+        self
+    }
+
+    /// Only those after effect `id`.
+    pub fn after_id(mut self, id: i64) -> Self {
+        self.after_id = id;
+        self
+    }
+
+    /// At most `limit`.
+    pub fn limit(mut self, limit: usize) -> Self {
+        self.limit = limit;
+        self
+    }
+}
+
+/// An effect of the outbox.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Effect {
+    /// Its id in the project.
+    pub id: i64,
+    /// The processor's source stream.
+    pub stream: String,
+    /// The source stream's lifetime.
+    pub stream_id: String,
+    /// The processor's component.
+    pub component: String,
+    /// The effect's key (its identity with the instance).
+    pub key: String,
+    /// The checkpoint that committed it.
+    pub checkpoint_offset: u64,
+    /// What it does: `{"append": ...}`, `{"webhook": ...}` or `{"itx": ...}`.
+    pub target: Value,
+    /// Where it is in its life.
+    pub status: EffectStatus,
+    /// Attempts so far.
+    pub attempts: u32,
+    /// When a pending effect is next attempted (RFC 3339).
+    pub next_attempt_at: Option<String>,
+    /// The last attempt's failure.
+    pub last_error: Option<String>,
+    /// What a done effect answered.
+    pub result: Option<Value>,
+    /// When it was committed (RFC 3339).
+    pub created_at: String,
+    /// When it was done, failed or cancelled (RFC 3339).
+    pub settled_at: Option<String>,
+}
+
+impl From<EffectRow> for Effect {
+    fn from(e: EffectRow) -> Self {
+        // The outbox stores only these names (`effect::Status`).
+        let status = EffectStatus::parse(&e.status).unwrap_or(EffectStatus::Failed);
+        let next_attempt_at =
+            (status == EffectStatus::Pending).then(|| format_timestamp(e.due_at_ms));
+        Effect {
+            id: e.id,
+            stream: e.path,
+            stream_id: e.stream_id,
+            component: e.component,
+            key: e.key,
+            checkpoint_offset: e.checkpoint_offset,
+            target: e.target,
+            status,
+            attempts: e.attempts,
+            next_attempt_at,
+            last_error: e.last_error,
+            result: e.result,
+            created_at: e.created_at,
+            settled_at: e.settled_at,
+        }
+    }
+}
+
+/// A page of effects.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EffectsPage {
+    /// The effects, by id.
+    pub effects: Vec<Effect>,
+    /// The last id when the page is full: the next page's
+    /// [`EffectFilter::after_id`].
+    pub next_after_id: Option<i64>,
+}
+
+impl Host {
+    /// A page of `project`'s effects.
+    pub async fn effects(&self, project: &str, filter: EffectFilter) -> Result<EffectsPage, Error> {
+        crate::stream::Namespace::project(project)?;
+        if !(1..=EFFECT_LIMIT_MAX).contains(&filter.limit) {
+            return Err(Error::invalid(format!(
+                "limit {} is out of range: it must be 1 to {EFFECT_LIMIT_MAX}",
+                filter.limit
+            )));
+        }
+        let path = filter
+            .stream
+            .as_deref()
+            .map(crate::stream::canonicalize_path)
+            .transpose()?;
+        let q = crate::storage::EffectQuery {
+            project: project.to_string(),
+            path,
+            component: filter.component,
+            status: filter.status.map(|s| s.as_str().to_string()),
+            after_id: filter.after_id,
+            limit: filter.limit,
+        };
+        let limit = q.limit;
+        let rows = self
+            .read_storage("listing effects", move |s| s.list_effects(&q))
+            .await?;
+        let next_after_id = (rows.len() == limit).then(|| rows[rows.len() - 1].id);
+        Ok(EffectsPage {
+            effects: rows.into_iter().map(Effect::from).collect(),
+            next_after_id,
+        })
+    }
+
+    /// Effect `id` of `project`, or `effect-not-found`.
+    pub async fn effect(&self, project: &str, id: i64) -> Result<Effect, Error> {
+        let p = project.to_string();
+        self.read_storage("reading the effect", move |s| s.effect(&p, id))
+            .await?
+            .map(Effect::from)
+            .ok_or_else(|| {
+                Error::not_found(
+                    "effect-not-found",
+                    format!("effect {id} does not exist in project {project:?}"),
+                )
+            })
+    }
+
+    /// Attempts a failed or cancelled effect again (`effect-not-retryable`
+    /// otherwise); answers it, pending.
+    pub async fn retry_effect(&self, project: &str, id: i64) -> Result<Effect, Error> {
+        let now_ms = chrono::Utc::now().timestamp_millis();
+        let op = EffectOp::Retry { id, now_ms };
+        let retried = self
+            .change_effect(
+                project,
+                id,
+                op,
+                "effect-not-retryable",
+                "only a failed or cancelled effect can be retried",
+            )
+            .await?;
+        self.streams.executors().effects.ring();
+        Ok(retried)
+    }
+
+    /// Cancels a pending or failed effect (`effect-not-cancellable`
+    /// otherwise); answers it, cancelled.
+    pub async fn cancel_effect(&self, project: &str, id: i64) -> Result<Effect, Error> {
+        let settled_at = format_timestamp(chrono::Utc::now().timestamp_millis());
+        let op = EffectOp::Cancel { id, settled_at };
+        self.change_effect(
+            project,
+            id,
+            op,
+            "effect-not-cancellable",
+            "only a pending or failed effect can be cancelled",
+        )
+        .await
+    }
+
+    async fn change_effect(
+        &self,
+        project: &str,
+        id: i64,
+        op: EffectOp,
+        code: &'static str,
+        allowed: &str,
+    ) -> Result<Effect, Error> {
+        self.effect(project, id).await?;
+        let changed = self
+            .streams
+            .storage()
+            .submit(WriteOp::Effect(op))
+            .await
+            .map_err(|_| Error::internal("the storage writer stopped"))?
+            .map_err(|e| Error::internal(format!("updating effect {id} failed: {e}")))?;
+        let after = self.effect(project, id).await?;
+        if changed == 0 {
+            return Err(Error::conflict(
+                code,
+                format!("effect {id} is {}: {allowed}", after.status.as_str()),
+            ));
+        }
+        Ok(after)
+    }
+}

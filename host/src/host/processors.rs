@@ -1,0 +1,537 @@
+//! Processor instances on a stream: the instance's checkpoint and health,
+//! its keyed state, and verifying it against a refold of its log.
+//! `GET {stream}:processors/{component}[/keys[/{key}]]` and
+//! `POST {stream}:verifyProcessor` over HTTP.
+
+use serde::{Serialize, Serializer};
+use serde_json::Value;
+
+use super::Host;
+use crate::error::Error;
+use crate::processor::keyed::value_json;
+use crate::stream::{CoreState, StreamAddress};
+use crate::subscription::{OutboundSubscription, Receiver};
+
+/// What a processor instance is doing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ProcessorStatus {
+    /// Folding, or folded within the idle teardown time.
+    Active,
+    /// Caught up and torn down.
+    Idle,
+    /// Its last wake failed; it is retried with backoff.
+    Failing,
+    /// Stopped on a failure until it is resumed or a new version is deployed.
+    Halted,
+}
+
+/// A processor instance: its checkpoint, state and health.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ProcessorInstance {
+    /// The component.
+    pub component: String,
+    /// The version that wrote the checkpoint.
+    pub digest: Option<String>,
+    /// The source stream's lifetime.
+    pub stream_id: String,
+    /// The last source offset folded (0: none yet).
+    pub checkpoint_offset: u64,
+    /// The folded JSON state (`None` before the first checkpoint).
+    pub state: Option<Value>,
+    /// What the instance is doing.
+    pub status: ProcessorStatus,
+    /// The last failure's message while it is failing or halted.
+    pub last_error: Option<String>,
+    /// The last failure, kept across restarts.
+    pub last_failure: Option<ProcessorFailure>,
+    /// When the checkpoint was written (RFC 3339).
+    pub updated_at: Option<String>,
+}
+
+/// A processor's last failure.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ProcessorFailure {
+    /// When it failed (RFC 3339).
+    pub failed_at: String,
+    /// The event it failed on, when known.
+    pub offset: Option<u64>,
+    /// The guest's own words (its stderr's tail first).
+    pub message: String,
+    /// A command that runs the failing fold under the `wasmtime` CLI.
+    pub repro: Option<String>,
+}
+
+/// Which keys of a processor's keyed state to read: a page in byte order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeysQuery {
+    /// Only keys starting with this.
+    pub prefix: String,
+    /// Only keys after this one (the previous page's `next_after`).
+    pub after: Option<String>,
+    /// At most this many (at most [`KEYS_LIMIT_MAX`]).
+    pub limit: usize,
+}
+
+/// Most keys in one page.
+pub const KEYS_LIMIT_MAX: usize = 1000;
+
+impl Default for KeysQuery {
+    fn default() -> Self {
+        KeysQuery {
+            prefix: String::new(),
+            after: None,
+            limit: 100,
+        }
+    }
+}
+
+impl KeysQuery {
+    /// The first 100 keys.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Only keys starting with `prefix`.
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// Only keys after `key`.
+    pub fn after(mut self, key: impl Into<String>) -> Self {
+        self.after = Some(key.into());
+        self
+    }
+
+    /// At most `limit` keys (1 to [`KEYS_LIMIT_MAX`]).
+    pub fn limit(mut self, limit: usize) -> Self {
+        self.limit = limit;
+        self
+    }
+}
+
+/// One key of a processor's keyed state and its value.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct KeyValue {
+    /// The key.
+    pub key: String,
+    /// The value's bytes (served as text when UTF-8, else `{"base64": ...}`).
+    #[serde(serialize_with = "serialize_value")]
+    pub value: Vec<u8>,
+}
+
+fn serialize_value<S: Serializer>(value: &[u8], s: S) -> Result<S::Ok, S::Error> {
+    value_json(value).serialize(s)
+}
+
+fn serialize_maybe_value<S: Serializer>(value: &Option<Vec<u8>>, s: S) -> Result<S::Ok, S::Error> {
+    value.as_deref().map(value_json).serialize(s)
+}
+
+/// A page of keys.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct KeysPage {
+    /// The keys, in byte order.
+    pub keys: Vec<KeyValue>,
+    /// The last key when there are more: the next page's
+    /// [`KeysQuery::after`].
+    pub next_after: Option<String>,
+}
+
+/// What verifying an instance found.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Verification {
+    /// The component.
+    pub component: String,
+    /// The version refolded (the checkpoint's).
+    pub digest: String,
+    /// The offset folded up to.
+    pub checkpoint_offset: u64,
+    /// The refold's state and keys equal the stored ones.
+    pub matches: bool,
+    /// The stored JSON state.
+    pub stored_state: Value,
+    /// The refold's JSON state.
+    pub refolded_state: Value,
+    /// Distinct keys compared.
+    pub keys_compared: u64,
+    /// The first key (in byte order) whose values differ.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub first_differing_key: Option<DifferingKey>,
+}
+
+/// A key whose stored and refolded values differ (`None`: absent).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct DifferingKey {
+    /// The key.
+    pub key: String,
+    /// Its stored value.
+    #[serde(serialize_with = "serialize_maybe_value")]
+    pub stored: Option<Vec<u8>>,
+    /// Its refolded value.
+    #[serde(serialize_with = "serialize_maybe_value")]
+    pub refolded: Option<Vec<u8>>,
+}
+
+/// The subscription of a stream that wakes `component`.
+pub(crate) fn wake_subscription(
+    state: &CoreState,
+    component: &str,
+) -> Option<OutboundSubscription> {
+    state
+        .subscriptions
+        .outbound
+        .by_key
+        .values()
+        .find(|s| match &s.configuration.receiver {
+            Receiver::ProcessorWake { expression } => {
+                crate::itx::wake_component(expression).ok().as_deref() == Some(component)
+            }
+            _ => false,
+        })
+        .cloned()
+}
+
+fn processor_not_found(component: &str, address: &StreamAddress) -> Error {
+    Error::not_found(
+        "processor-not-found",
+        format!(
+            "processor {component:?} has no instance on stream {:?}",
+            address.path
+        ),
+    )
+}
+
+impl Host {
+    /// The instance of processor `component` on `stream`: its checkpoint,
+    /// state and health, or `processor-not-found`.
+    pub async fn processor(
+        &self,
+        stream: &StreamAddress,
+        component: &str,
+    ) -> Result<ProcessorInstance, Error> {
+        let state = self.streams.state(stream).await?;
+        let runtime = self.streams.runtime(stream).await?;
+        let (ns, path) = (
+            stream.namespace.storage_key().to_string(),
+            stream.path.clone(),
+        );
+        let name = component.to_string();
+        let (checkpoint, last_failure) = self
+            .read_storage("reading the checkpoint", move |s| {
+                Ok(match s.load_stream(&ns, &path)? {
+                    Some(r) => (
+                        s.checkpoint(r.row_id, &name)?,
+                        s.processor_failure(r.row_id, &name)?,
+                    ),
+                    None => (None, None),
+                })
+            })
+            .await?;
+        let checkpoint = checkpoint.filter(|c| c.stream_id == state.stream_id);
+        if wake_subscription(&state, component).is_none() && checkpoint.is_none() {
+            return Err(processor_not_found(component, stream));
+        }
+        let delivery = runtime
+            .subscriptions
+            .into_values()
+            .find(|d| d.processor.as_deref() == Some(component));
+        let idle_ms = self.config.processors.idle_teardown_ms as i64;
+        let now = chrono::Utc::now().timestamp_millis();
+        let status = match &delivery {
+            Some(d) if d.halted => ProcessorStatus::Halted,
+            Some(d) if d.attempt > 0 => ProcessorStatus::Failing,
+            Some(d)
+                if d.in_flight_deadline_at.is_some()
+                    || d.last_delivery_at.is_some_and(|t| now - t < idle_ms) =>
+            {
+                ProcessorStatus::Active
+            }
+            _ => ProcessorStatus::Idle,
+        };
+        Ok(ProcessorInstance {
+            component: component.to_string(),
+            digest: checkpoint.as_ref().map(|c| c.digest.clone()),
+            stream_id: state.stream_id.clone(),
+            checkpoint_offset: checkpoint.as_ref().map_or(0, |c| c.checkpoint_offset),
+            state: checkpoint
+                .as_ref()
+                .and_then(|c| serde_json::from_str(&c.state).ok()),
+            status,
+            last_error: delivery.and_then(|d| d.last_error),
+            last_failure: last_failure
+                .filter(|f| f.stream_id == state.stream_id)
+                .map(|f| ProcessorFailure {
+                    failed_at: f.failed_at,
+                    offset: f.offset,
+                    message: f.message,
+                    repro: f.repro,
+                }),
+            updated_at: checkpoint.map(|c| c.updated_at),
+        })
+    }
+
+    /// The bucket of `component`'s instance on `stream` (0: no keys yet),
+    /// or `processor-not-found`.
+    async fn bucket_of(&self, stream: &StreamAddress, component: &str) -> Result<i64, Error> {
+        let state = self.streams.state(stream).await?;
+        let (ns, path) = (
+            stream.namespace.storage_key().to_string(),
+            stream.path.clone(),
+        );
+        let name = component.to_string();
+        let checkpoint = self
+            .read_storage("reading the checkpoint", move |s| {
+                Ok(match s.load_stream(&ns, &path)? {
+                    Some(r) => s.checkpoint(r.row_id, &name)?,
+                    None => None,
+                })
+            })
+            .await?
+            .filter(|c| c.stream_id == state.stream_id);
+        match checkpoint {
+            Some(c) => Ok(c.bucket),
+            None if wake_subscription(&state, component).is_some() => Ok(0),
+            None => Err(processor_not_found(component, stream)),
+        }
+    }
+
+    /// A page of the committed keys of processor `component` on `stream`,
+    /// in byte order.
+    pub async fn processor_keys(
+        &self,
+        stream: &StreamAddress,
+        component: &str,
+        query: KeysQuery,
+    ) -> Result<KeysPage, Error> {
+        if !(1..=KEYS_LIMIT_MAX).contains(&query.limit) {
+            return Err(Error::invalid(format!(
+                "limit {} is out of range: it must be 1 to {KEYS_LIMIT_MAX}",
+                query.limit
+            )));
+        }
+        let bucket = self.bucket_of(stream, component).await?;
+        let limit = query.limit;
+        let mut rows = if bucket == 0 {
+            Vec::new()
+        } else {
+            self.read_storage("reading the keys", move |s| {
+                s.keys_page(bucket, &query.prefix, query.after.as_deref(), limit + 1)
+            })
+            .await?
+        };
+        let next_after = (rows.len() > limit).then(|| rows[limit - 1].0.clone());
+        rows.truncate(limit);
+        Ok(KeysPage {
+            keys: rows
+                .into_iter()
+                .map(|(key, value)| KeyValue { key, value })
+                .collect(),
+            next_after,
+        })
+    }
+
+    /// One committed key of processor `component` on `stream`, or
+    /// `key-not-found`.
+    pub async fn processor_key(
+        &self,
+        stream: &StreamAddress,
+        component: &str,
+        key: &str,
+    ) -> Result<KeyValue, Error> {
+        let bucket = self.bucket_of(stream, component).await?;
+        let k = key.to_string();
+        let value = if bucket == 0 {
+            None
+        } else {
+            self.read_storage("reading the key", move |s| s.key_value(bucket, &k))
+                .await?
+        };
+        match value {
+            Some(value) => Ok(KeyValue {
+                key: key.to_string(),
+                value,
+            }),
+            None => Err(Error::not_found(
+                "key-not-found",
+                format!(
+                    "processor {component:?} on stream {:?} has no key {key:?}",
+                    stream.path
+                ),
+            )),
+        }
+    }
+
+    /// Refolds processor `component` on `stream` from offset 0 in fresh
+    /// instances of its checkpoint's version, and compares the state and
+    /// every key with the stored ones.
+    pub async fn verify_processor(
+        &self,
+        stream: &StreamAddress,
+        component: &str,
+    ) -> Result<Verification, Error> {
+        let state = self.streams.state(stream).await?;
+        let storage = self.streams.storage().clone();
+        let runtime = self.streams.wasm_runtime().clone();
+        let ns = stream.namespace.storage_key().to_string();
+        let path = stream.path.clone();
+        let component = component.to_string();
+        let timeout_ms = self.config.delivery.timeout_ms;
+        let filter = wake_subscription(&state, &component).and_then(|s| s.configuration.filter);
+        tokio::task::spawn_blocking(move || -> Result<Verification, Error> {
+            let internal = |e: anyhow::Error| Error::internal(format!("{e:#}"));
+            let row = storage
+                .load_stream(&ns, &path)
+                .map_err(internal)?
+                .ok_or_else(|| {
+                    Error::not_found(
+                        "stream-not-found",
+                        format!("stream {path:?} does not exist"),
+                    )
+                })?;
+            let checkpoint = storage
+                .checkpoint(row.row_id, &component)
+                .map_err(internal)?
+                .filter(|c| c.stream_id == state.stream_id)
+                .ok_or_else(|| {
+                    Error::not_found(
+                        "processor-not-found",
+                        format!("processor {component:?} has no checkpoint on stream {path:?}"),
+                    )
+                })?;
+            let digest = checkpoint.digest.clone();
+            let bytes_storage = storage.clone();
+            let prepared = runtime
+                .prepare(&checkpoint.digest, move || {
+                    bytes_storage.component_bytes(&digest)
+                })
+                .map_err(internal)?;
+            let guest = |e: crate::processor::runtime::GuestError| {
+                Error::unprocessable("processor-failed", format!("processor {component:?}: {e}"))
+            };
+            let announcement = runtime
+                .describe(&component, &prepared, timeout_ms)
+                .map_err(guest)?;
+            let compiled = crate::processor::wake::consumed(
+                crate::filter::CompiledFilter::new(filter.as_ref(), false)
+                    .map_err(Error::invalid)?,
+                &announcement,
+            );
+            let initial = runtime
+                .initial_state(&component, &prepared, timeout_ms)
+                .map_err(guest)?;
+            // The wake's own batch fold (`wake::fold_events`): the environment
+            // is a function of the events, not of how the wakes cut the batches.
+            let fold = crate::processor::backfill::RangeFold {
+                guest: crate::processor::wake::Guest {
+                    runtime: &runtime,
+                    prepared: &prepared,
+                    component: &component,
+                    timeout_ms,
+                },
+                storage: &storage,
+                row_id: row.row_id,
+                stream: crate::processor::stream_info(&state, checkpoint.checkpoint_offset),
+                filter: compiled,
+                narrow: None,
+            };
+            // Into a scratch bucket: the refold's writes over an empty one.
+            let (folded, _, scratch) = fold
+                .run(
+                    initial,
+                    0,
+                    checkpoint.checkpoint_offset,
+                    crate::processor::keyed::Bucket::empty(),
+                    |_, _| Ok(()),
+                )
+                .map_err(|f| Error::unprocessable("processor-failed", f.message))?;
+            let stored: Value = serde_json::from_str(&checkpoint.state).unwrap_or(Value::Null);
+            let refolded: Value = serde_json::from_str(&folded).unwrap_or(Value::Null);
+            let keys =
+                compare_keys(&storage, checkpoint.bucket, scratch.writes()).map_err(internal)?;
+            Ok(Verification {
+                matches: stored == refolded && keys.differing.is_none(),
+                component,
+                digest: checkpoint.digest,
+                checkpoint_offset: checkpoint.checkpoint_offset,
+                stored_state: stored,
+                refolded_state: refolded,
+                keys_compared: keys.compared,
+                first_differing_key: keys.differing,
+            })
+        })
+        .await
+        .map_err(|e| Error::internal(format!("verifying the processor panicked: {e}")))?
+    }
+}
+
+/// A key the refold has and storage does not.
+fn refolded_only(key: &str, value: &[u8]) -> DifferingKey {
+    DifferingKey {
+        key: key.to_string(),
+        stored: None,
+        refolded: Some(value.to_vec()),
+    }
+}
+
+/// What comparing a stored bucket with a refold's found.
+struct Compared {
+    compared: u64,
+    differing: Option<DifferingKey>,
+}
+
+/// Compares every key of the stored `bucket` (0: none) with the refold's
+/// (`refolded`, its writes over an empty bucket), in byte order: the number
+/// of distinct keys compared, and the first that differs.
+fn compare_keys(
+    storage: &crate::storage::Storage,
+    bucket: i64,
+    refolded: &crate::storage::KeyWrites,
+) -> anyhow::Result<Compared> {
+    let mut theirs = refolded
+        .iter()
+        .filter_map(|(k, v)| v.as_ref().map(|v| (k, v)))
+        .peekable();
+    let mut compared = 0u64;
+    let mut differing: Option<DifferingKey> = None;
+    let note = |d: DifferingKey, differing: &mut Option<DifferingKey>| {
+        if differing.as_ref().is_none_or(|old| d.key < old.key) {
+            *differing = Some(d);
+        }
+    };
+    if bucket != 0 {
+        storage.each_key(bucket, |key, value| {
+            // Refolded keys before this stored one are missing from storage.
+            while let Some((k, v)) = theirs.next_if(|(k, _)| k.as_str() < key.as_str()) {
+                compared += 1;
+                note(refolded_only(k, v), &mut differing);
+            }
+            compared += 1;
+            match theirs.next_if(|(k, _)| k.as_str() == key.as_str()) {
+                Some((_, v)) if *v == value => {}
+                other => note(
+                    DifferingKey {
+                        key,
+                        stored: Some(value),
+                        refolded: other.map(|(_, v)| v.clone()),
+                    },
+                    &mut differing,
+                ),
+            }
+            Ok(())
+        })?;
+    }
+    for (k, v) in theirs {
+        compared += 1;
+        note(refolded_only(k, v), &mut differing);
+    }
+    Ok(Compared {
+        compared,
+        differing,
+    })
+}
