@@ -6,7 +6,8 @@
 use std::fmt;
 
 /// What kind of failure an [`Error`] is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
 pub enum ErrorKind {
     /// The request is malformed or names a bad value.
     Invalid,

@@ -78,7 +78,7 @@ pub async fn layer(State(host): State<Host>, request: Request, next: Next) -> Re
     let limit = host.config.max_body_bytes;
     let bytes = match super::read_body(&host, body, limit, "request body").await {
         Ok(b) => b,
-        Err(e) => return e.into_response(),
+        Err(e) => return ApiError::from(e).into_response(),
     };
     let forwarded = parts.headers.contains_key(&FORWARDED);
     let mut response = next

@@ -27,6 +27,7 @@ use serde::Serialize;
 use serde_json::json;
 
 use crate::auth::Caller;
+use crate::error::{Error, ErrorKind};
 use crate::host::Host;
 use crate::stream::{validate_project, AppendInput, Authority, Namespace, StreamAddress};
 use error::ApiError;
@@ -297,13 +298,13 @@ async fn internal_call(State(host): State<Host>, headers: HeaderMap, body: Body)
         let storage = host.streams.storage().clone();
         let me = storage
             .cluster()
-            .ok_or_else(|| ApiError::not_found("not-found", "this host is not in a cluster"))?;
+            .ok_or_else(|| Error::not_found("not-found", "this host is not in a cluster"))?;
         let given = headers
             .get(remote::SECRET_HEADER)
             .map(|v| v.as_bytes())
             .unwrap_or_default();
         if !remote::secret_matches(given, &me.secret) {
-            return Err(ApiError::unauthorized(
+            return Err(Error::unauthorized(
                 "a host-to-host call needs the cluster secret",
             ));
         }
@@ -335,13 +336,9 @@ async fn internal_call(State(host): State<Host>, headers: HeaderMap, body: Body)
                 .await
                 .map_err(|f| {
                     if f.retryable {
-                        crate::error::Error::unavailable("refold-failed", f.message, 1)
+                        Error::unavailable("refold-failed", f.message, 1)
                     } else {
-                        crate::error::Error::new(
-                            crate::error::ErrorKind::Unprocessable,
-                            "refold-failed",
-                            f.message,
-                        )
+                        Error::unprocessable("refold-failed", f.message)
                     }
                 }),
             ),
@@ -349,11 +346,13 @@ async fn internal_call(State(host): State<Host>, headers: HeaderMap, body: Body)
         // The lease moved on again: the caller retries (no second hop).
         answer.map_err(|mut e| {
             e.owner_url = None;
-            ApiError::from(e)
+            e
         })
     }
     .await;
-    answer(result)
+    // The answer's envelope carries the error's kind: the caller rebuilds
+    // the error as the owner had it, with no HTTP status in between.
+    ok_json(&remote::Answer::from(result))
 }
 
 /// `GET /v1/cluster`: this host and every host sharing its database.
@@ -655,7 +654,7 @@ fn unknown_method_message(method: &str) -> String {
 
 /// Reads a JSON body within the configured limit, naming the path of any
 /// field that does not fit.
-async fn read_json<T: DeserializeOwned>(host: &Host, body: Body) -> Result<T, ApiError> {
+async fn read_json<T: DeserializeOwned>(host: &Host, body: Body) -> Result<T, Error> {
     let limit = host.config.max_body_bytes;
     let bytes = read_body(host, body, limit, "request body").await?;
     parse_json(&bytes)
@@ -669,16 +668,16 @@ pub(crate) async fn read_body(
     body: Body,
     limit: usize,
     what: &str,
-) -> Result<axum::body::Bytes, ApiError> {
+) -> Result<axum::body::Bytes, Error> {
     let timeout_ms = host.config.http.body_timeout_ms;
     let within = std::time::Duration::from_millis(timeout_ms);
     match tokio::time::timeout(within, to_bytes(body, limit)).await {
         Ok(Ok(bytes)) => Ok(bytes),
-        Ok(Err(_)) => Err(ApiError::too_large(format!(
+        Ok(Err(_)) => Err(Error::too_large(format!(
             "the {what} is over the limit of {limit} bytes"
         ))),
-        Err(_) => Err(ApiError::new(
-            408,
+        Err(_) => Err(Error::new(
+            ErrorKind::Timeout,
             "timeout",
             format!("the {what} did not arrive within {timeout_ms} ms ([http] body-timeout-ms)"),
         )),
@@ -686,11 +685,9 @@ pub(crate) async fn read_body(
 }
 
 /// Parses a JSON body into `T`; errors name the offending field's path.
-pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, Error> {
     if bytes.iter().all(u8::is_ascii_whitespace) {
-        return Err(ApiError::invalid(
-            "request body is empty: send a JSON object",
-        ));
+        return Err(Error::invalid("request body is empty: send a JSON object"));
     }
     let mut de = serde_json::Deserializer::from_slice(bytes);
     let value = serde_path_to_error::deserialize(&mut de).map_err(|e| {
@@ -699,13 +696,13 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
         // not about a field: the path there may be half-read (`events[0].?`).
         let syntax = !matches!(e.inner().classify(), serde_json::error::Category::Data);
         if path == "." || syntax {
-            ApiError::invalid(format!("invalid JSON body: {}", e.inner()))
+            Error::invalid(format!("invalid JSON body: {}", e.inner()))
         } else {
-            ApiError::invalid(format!("invalid JSON body at {path}: {}", e.inner()))
+            Error::invalid(format!("invalid JSON body at {path}: {}", e.inner()))
         }
     })?;
     de.end()
-        .map_err(|e| ApiError::invalid(format!("invalid JSON body: {e}")))?;
+        .map_err(|e| Error::invalid(format!("invalid JSON body: {e}")))?;
     Ok(value)
 }
 

@@ -98,74 +98,75 @@ pub async fn send<T: serde::de::DeserializeOwned>(
         .send()
         .await
         .map_err(|e| unavailable(format!("did not answer: {e}")))?;
-    let status = answer.status().as_u16();
-    let value: Value = answer
+    if !answer.status().is_success() {
+        return Err(unavailable(format!("answered {}", answer.status())));
+    }
+    let answer: Answer = answer
         .json()
         .await
         .map_err(|e| unavailable(format!("answered unreadably: {e}")))?;
-    if status == 200 {
-        return serde_json::from_value(value)
-            .map_err(|e| unavailable(format!("answered unreadably: {e}")));
-    }
-    let code = value["error"]["code"].as_str().unwrap_or("internal");
-    let message = value["error"]["message"]
-        .as_str()
-        .unwrap_or("no message")
-        .to_string();
-    let mut e = Error::new(kind_of(status), static_code(code), message);
-    if kind_of(status) == ErrorKind::Unavailable {
-        e.retry_after_s = Some(1);
-    }
-    Err(e)
-}
-
-/// The kind of an HTTP status (the inverse of the HTTP layer's mapping).
-fn kind_of(status: u16) -> ErrorKind {
-    match status {
-        400 => ErrorKind::Invalid,
-        401 => ErrorKind::Unauthorized,
-        403 => ErrorKind::Forbidden,
-        404 => ErrorKind::NotFound,
-        408 => ErrorKind::Timeout,
-        409 => ErrorKind::Conflict,
-        413 => ErrorKind::TooLarge,
-        422 => ErrorKind::Unprocessable,
-        503 => ErrorKind::Unavailable,
-        429 => ErrorKind::TooMany,
-        _ => ErrorKind::Internal,
+    match answer {
+        Answer::Ok(value) => serde_json::from_value(value)
+            .map_err(|e| unavailable(format!("answered unreadably: {e}"))),
+        Answer::Error(e) => Err(e.into()),
     }
 }
 
-/// The codes an append or a copy can answer (an unknown one reads as
-/// `internal`, its message kept).
-fn static_code(code: &str) -> &'static str {
-    const CODES: &[&str] = &[
-        "invalid-request",
-        "invalid-jsonata",
-        "platform-authored",
-        "forbidden",
-        "stream-not-found",
-        "timeout",
-        "idempotency-conflict",
-        "offset-conflict",
-        "stream-id-changed",
-        "stale-delivery",
-        "too-large",
-        "transform-failed",
-        "jsonata-limit-exceeded",
-        "stream-paused",
-        "capacity-exhausted",
-        "overloaded",
-        "stream-owned-elsewhere",
-        "lease-lost",
-        "too-many-connections",
-        "ephemeral-capacity-exhausted",
-    ];
-    CODES
-        .iter()
-        .find(|c| **c == code)
-        .copied()
-        .unwrap_or("internal")
+/// What the owner answers: the call's result, or its error with the kind
+/// and code it had there.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum Answer {
+    /// The result.
+    Ok(Value),
+    /// The error.
+    Error(WireError),
+}
+
+impl From<Result<Value, Error>> for Answer {
+    fn from(r: Result<Value, Error>) -> Self {
+        match r {
+            Ok(v) => Answer::Ok(v),
+            Err(e) => Answer::Error(WireError {
+                kind: e.kind,
+                code: e.code.to_string(),
+                message: e.message,
+                retry_after_s: e.retry_after_s,
+            }),
+        }
+    }
+}
+
+/// An [`Error`] on the wire.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WireError {
+    kind: ErrorKind,
+    code: String,
+    message: String,
+    retry_after_s: Option<u32>,
+}
+
+impl From<WireError> for Error {
+    fn from(w: WireError) -> Self {
+        let mut e = Error::new(w.kind, intern(&w.code), w.message);
+        e.retry_after_s = w.retry_after_s;
+        e
+    }
+}
+
+/// The `&'static str` of an error code heard from another host: each
+/// distinct code is kept once (the codes are a fixed set; the peer holds
+/// the cluster secret).
+fn intern(code: &str) -> &'static str {
+    static CODES: std::sync::Mutex<Vec<&'static str>> = std::sync::Mutex::new(Vec::new());
+    let mut codes = CODES.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(known) = codes.iter().find(|c| **c == code) {
+        return known;
+    }
+    let code: &'static str = Box::leak(code.to_string().into_boxed_str());
+    codes.push(code);
+    code
 }
 
 /// Serializes a local result for the wire.
@@ -186,4 +187,27 @@ pub fn secret_matches(given: &[u8], secret: &str) -> bool {
             .zip(secret)
             .fold(0u8, |acc, (a, b)| acc | (a ^ b))
             == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_error_crosses_the_wire_with_its_kind_code_and_retry() {
+        for e in [
+            Error::conflict("offset-conflict", "offset 7 is taken"),
+            Error::unavailable("stream-paused", "stream \"/a\" is paused", 1),
+            Error::new(ErrorKind::TooMany, "too-many-connections", "at the bound"),
+            Error::unprocessable("a-code-added-later", "kept as it was"),
+        ] {
+            let wire = serde_json::to_string(&Answer::from(Err(e.clone()))).unwrap();
+            let Answer::Error(back) = serde_json::from_str(&wire).unwrap() else {
+                panic!("{wire}")
+            };
+            assert_eq!(Error::from(back), e, "{wire}");
+        }
+        let wire = serde_json::to_string(&Answer::from(Ok(serde_json::json!({"n": 1})))).unwrap();
+        assert_eq!(wire, r#"{"ok":{"n":1}}"#);
+    }
 }
