@@ -65,12 +65,18 @@ pub use host::components::{
     Component, ComponentVersions, Deploy, Deployed, SubscriptionRef, Version,
 };
 pub use host::effects::{Effect, EffectFilter, EffectStatus, EffectsPage};
+pub use host::live::{Batch, Connect, Live, LiveConnection, WaitFor};
 pub use host::processors::{
     DifferingKey, KeyValue, KeysPage, KeysQuery, ProcessorFailure, ProcessorInstance,
     ProcessorStatus, Verification,
 };
+pub use host::streams::{StreamSummary, StreamsPage, StreamsQuery};
+pub use host::subscriptions::{CopyFrom, CursorSetAndResumed, Resumed, Subscribed, Unsubscribed};
 pub use host::Host;
 pub use http::error::ApiError;
+pub use ingest::nats::{BridgeStatus, Diagnostic};
+pub use ingest::{HttpIngestStatus, IngestCapacity, IngestStatus};
+pub use storage::FenceIdentity;
 pub use stream::{ConnectionView, DeliveryView, EventInput, Latency, RuntimeView, StreamAddress};
 pub use subscription::Subscription;
 

@@ -5,6 +5,8 @@
 //! needs the example guests built first:
 //! `cargo build --release --target wasm32-wasip2 --manifest-path examples/processors/Cargo.toml`.
 
+mod mount;
+
 use std::path::Path;
 
 use anyhow::Result;
@@ -181,6 +183,15 @@ fn guests_dir() -> std::path::PathBuf {
 
 #[tokio::main]
 async fn main() -> Result<()> {
+    if std::env::args().nth(1).as_deref() == Some("mount") {
+        let host = Host::open(Config {
+            data_dir: "streamhost-data".into(),
+            ..Config::default()
+        })?;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:8080").await?;
+        println!("serving on http://127.0.0.1:8080 (streamhost under /streamhost)");
+        return mount::serve(host, listener).await;
+    }
     let dir = tempfile::tempdir()?;
     run(dir.path()).await?;
     if guests_dir().join("counter.wasm").exists() {
@@ -212,6 +223,70 @@ mod tests {
             ]
         );
         assert_eq!(total, 120, "only the order over 100 is copied");
+    }
+
+    /// The API mounted under a prefix answers there, beside the
+    /// application's own routes; the console's assets load under it.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn the_api_mounted_under_a_prefix_serves_there() {
+        let dir = tempfile::tempdir().unwrap();
+        let host = streamhost::Host::open(streamhost::Config {
+            data_dir: dir.path().to_path_buf(),
+            ..streamhost::Config::default()
+        })
+        .unwrap();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(super::mount::serve(host.clone(), listener));
+        let client = reqwest::Client::new();
+        let own = client.get(format!("{url}/")).send().await.unwrap();
+        assert!(own.text().await.unwrap().starts_with("my application"));
+        let stream = format!("{url}/streamhost/v1/projects/acme/streams/orders");
+        let appended = client
+            .post(format!("{stream}:append"))
+            .header("content-type", "application/json")
+            .body(r#"{"events": [{"type": "events.example/order-created"}]}"#)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(appended.status(), 200, "{}", appended.text().await.unwrap());
+        // Written through HTTP, read through the library: one host.
+        let orders = host.stream("acme", "/orders").unwrap();
+        assert_eq!(host.state(&orders).await.unwrap().max_offset, 2);
+        let state: serde_json::Value = client
+            .get(format!("{stream}:state"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(state["maxOffset"], 2, "{state}");
+        // The console's page names its assets under the prefix.
+        let page = client
+            .get(format!("{url}/streamhost/console"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        assert!(
+            page.contains(r#"src="/streamhost/console/console.js""#),
+            "{page}"
+        );
+        let script = client
+            .get(format!("{url}/streamhost/console/console.js"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(script.status(), 200);
+        let missing = client
+            .get(format!("{url}/streamhost/v1/nothing"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(missing.status(), 404);
     }
 
     /// The guests are built by the test command before the tests run.

@@ -425,3 +425,317 @@ async fn itx_calls_and_the_effect_outbox_without_http() {
     assert_eq!(cluster.hosts.len(), 1);
     assert!(cluster.hosts[0].streams >= 2, "{cluster:?}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn copies_cursors_resumes_lists_and_resets_without_http() {
+    use streamhost::{CopyFrom, Resumed, StreamsQuery, Unsubscribed};
+
+    let dir = tempfile::tempdir().unwrap();
+    let host = open(dir.path());
+    let src = host.stream("acme", "/orders/eu").unwrap();
+    let big = host.stream("acme", "/orders/big").unwrap();
+    host.append(
+        &src,
+        [
+            event("events.example/order", json!({"total": 120})),
+            event("events.example/order", json!({"total": 80})),
+        ],
+    )
+    .await
+    .unwrap();
+    let subscribed = host
+        .subscribe_to_events_from(
+            &big,
+            CopyFrom::new("/orders/eu", "big")
+                .condition("payload.total > 100")
+                .from_beginning(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(subscribed.subscription_key, "big");
+    assert_eq!(
+        subscribed.subscription_configured_event.event_type,
+        "events.iterate.com/stream/subscription-configured"
+    );
+    let copies = |host: Host, big: StreamAddress| async move {
+        match host.events(&big, 0, 100).await {
+            Ok(events) => events
+                .into_iter()
+                .filter(|e| e.event_type == "events.example/order")
+                .count(),
+            Err(_) => 0,
+        }
+    };
+    eventually("the copy", async || {
+        (copies(host.clone(), big.clone()).await == 1).then_some(())
+    })
+    .await;
+
+    // A new run from the start copies the big order again.
+    let set = host.set_subscription_cursor(&src, "big", 0).await.unwrap();
+    assert_eq!(
+        set.event_type,
+        "events.iterate.com/stream/subscription-cursor-set"
+    );
+    eventually("the copy again", async || {
+        (copies(host.clone(), big.clone()).await == 2).then_some(())
+    })
+    .await;
+
+    // Bad input names the value.
+    let e = host
+        .subscribe_to_events_from(&big, CopyFrom::new("/orders/big", "self"))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code, "invalid-request");
+    assert!(e.message.contains("itself"), "{}", e.message);
+    let mut keyless = CopyFrom::new("/orders/eu", "x");
+    keyless.subscription_key = None;
+    let e = host
+        .subscribe_to_events_from(&big, keyless)
+        .await
+        .unwrap_err();
+    assert!(e.message.contains("idempotencyKey"), "{}", e.message);
+
+    // A transform that throws halts the copy at once; resuming appends the
+    // resume (and it halts again on the same event).
+    let broken = host.stream("acme", "/orders/broken").unwrap();
+    host.subscribe_to_events_from(
+        &broken,
+        CopyFrom::new("/orders/eu", "broken")
+            .transform("$error('no copy')")
+            .from_beginning(),
+    )
+    .await
+    .unwrap();
+    eventually("the halt", async || {
+        let rt = host.runtime(&src).await.ok()?;
+        rt.subscriptions.get("broken").filter(|d| d.halted).cloned()
+    })
+    .await;
+    match host.resume_subscription(&src, "broken").await.unwrap() {
+        Resumed::Resumed(e) => assert_eq!(
+            e.event_type,
+            "events.iterate.com/stream/subscription-delivery-resumed"
+        ),
+        Resumed::Retrying => panic!("a halted subscription is resumed, not retried"),
+    }
+    let both = host
+        .set_subscription_cursor_and_resume(&src, "broken", 2)
+        .await
+        .unwrap();
+    assert_eq!(both.resumed.offset, both.cursor_set.offset + 1);
+
+    match host
+        .unsubscribe_from_events(&broken, "/orders/eu", "broken")
+        .await
+        .unwrap()
+    {
+        Unsubscribed::Removed {
+            subscription_removed_event,
+        } => assert_eq!(
+            subscription_removed_event.event_type,
+            "events.iterate.com/stream/subscription-removed"
+        ),
+        Unsubscribed::AlreadyAbsent => panic!("it was there"),
+    }
+    assert_eq!(
+        host.unsubscribe_from_events(&broken, "/orders/eu", "broken")
+            .await
+            .unwrap(),
+        Unsubscribed::AlreadyAbsent
+    );
+    let e = host
+        .unsubscribe_from_events(&broken, "/orders/eu", "big")
+        .await
+        .unwrap_err();
+    assert!(e.message.contains("is not a copy to"), "{}", e.message);
+
+    // The list, in path order and pages.
+    let ns = src.namespace.clone();
+    let page = host
+        .list_streams(&ns, StreamsQuery::new().prefix("/orders"))
+        .await
+        .unwrap();
+    let paths: Vec<&str> = page.streams.iter().map(|s| s.path.as_str()).collect();
+    // /orders/broken never received a copy: a receiver exists once one
+    // arrives.
+    assert_eq!(paths, ["/orders/big", "/orders/eu"]);
+    assert_eq!(page.streams[1].subscriptions, 1);
+    let first = host
+        .list_streams(&ns, StreamsQuery::new().limit(1))
+        .await
+        .unwrap();
+    assert_eq!(first.next_after_path.as_deref(), Some("/orders/big"));
+    let e = host
+        .list_streams(&ns, StreamsQuery::new().prefix("orders"))
+        .await
+        .unwrap_err();
+    assert!(e.message.contains("\"orders\""), "{}", e.message);
+
+    // Reset: the next touch starts a new lifetime.
+    let before = host.state(&big).await.unwrap().stream_id;
+    host.reset(&big).await.unwrap();
+    host.append(&big, [event("events.example/after", json!({}))])
+        .await
+        .unwrap();
+    assert_ne!(host.state(&big).await.unwrap().stream_id, before);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn live_connections_waits_and_ingest_without_http() {
+    use streamhost::{Connect, Live, WaitFor};
+
+    let dir = tempfile::tempdir().unwrap();
+    let host = open(dir.path());
+    let feed = host.stream("acme", "/feed").unwrap();
+    host.append(&feed, [event("events.example/a", json!({"n": 1}))])
+        .await
+        .unwrap();
+
+    // Replay, then live, filtered per connection.
+    let mut live = host
+        .connect(
+            &feed,
+            Connect::new()
+                .after(0)
+                .event_types(["events.example/a", "events.example/b"])
+                .condition("payload.n > 1"),
+        )
+        .await
+        .unwrap();
+    let Some(Live::Batch(first)) = live.next().await else {
+        panic!("a first batch")
+    };
+    assert!(
+        first.parsed_events().unwrap().is_empty(),
+        "n = 1 is filtered out"
+    );
+    assert!(first.parsed_state().unwrap().unwrap().max_offset >= 2);
+    host.append(
+        &feed,
+        [
+            event("events.example/b", json!({"n": 2})),
+            event("events.example/c", json!({"n": 3})),
+        ],
+    )
+    .await
+    .unwrap();
+    // The connection is a `futures::Stream` too.
+    let batch = loop {
+        match futures_util::StreamExt::next(&mut live).await {
+            Some(Live::Batch(b)) if !b.events.is_empty() => break b,
+            Some(Live::Batch(_)) => continue,
+            other => panic!("{other:?}"),
+        }
+    };
+    let types: Vec<String> = batch
+        .parsed_events()
+        .unwrap()
+        .into_iter()
+        .map(|e| e.event_type)
+        .collect();
+    assert_eq!(types, ["events.example/b"]);
+    assert_eq!(host.runtime(&feed).await.unwrap().connections.len(), 1);
+    drop(live);
+    eventually("the dropped connection to close", async || {
+        host.runtime(&feed)
+            .await
+            .ok()?
+            .connections
+            .is_empty()
+            .then_some(())
+    })
+    .await;
+    let e = host
+        .connect(&feed, Connect::new().events_only().state_only())
+        .await
+        .err()
+        .unwrap();
+    assert!(e.message.contains("would send nothing"), "{}", e.message);
+    let e = host
+        .connect(&feed, Connect::new().condition("$$$("))
+        .await
+        .err()
+        .unwrap();
+    assert_eq!(e.code, "invalid-jsonata");
+
+    // A wait finds an event in the history, or times out naming what it saw.
+    let found = host
+        .wait_for_event(
+            &feed,
+            WaitFor::new(5000)
+                .after(0)
+                .event_types(["events.example/c"]),
+        )
+        .await
+        .unwrap();
+    assert_eq!(found.payload["n"], 3);
+    let e = host
+        .wait_for_event(&feed, WaitFor::new(200).event_types(["events.example/z"]))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        (e.kind, e.code),
+        (streamhost::ErrorKind::Timeout, "timeout")
+    );
+    let e = host
+        .wait_for_event(&feed, WaitFor::new(0))
+        .await
+        .unwrap_err();
+    assert!(e.message.contains("timeoutMs 0"), "{}", e.message);
+    let waiting = {
+        let host = host.clone();
+        let feed = feed.clone();
+        tokio::spawn(async move {
+            host.wait_for_event(&feed, WaitFor::new(10_000).condition("payload.n = 9"))
+                .await
+        })
+    };
+    eventually("the wait to listen", async || {
+        let rt = host.runtime(&feed).await.ok()?;
+        (!rt.connections.is_empty()).then_some(())
+    })
+    .await;
+    host.append(&feed, [event("events.example/d", json!({"n": 9}))])
+        .await
+        .unwrap();
+    assert_eq!(
+        waiting.await.unwrap().unwrap().event_type,
+        "events.example/d"
+    );
+
+    // Ingest: accepted durably now, appended in order shortly after.
+    let inbox = host.stream("acme", "/inbox").unwrap();
+    let accepted = host
+        .ingest(
+            &inbox,
+            vec![
+                EventInput::new("events.example/in").idempotency_key("in-1"),
+                EventInput::new("events.example/in").idempotency_key("in-2"),
+            ],
+        )
+        .await
+        .unwrap();
+    assert_eq!(accepted, 2);
+    eventually("the ingested events", async || {
+        let events = host.events(&inbox, 0, 10).await.ok()?;
+        let keys: Vec<String> = events
+            .into_iter()
+            .filter_map(|e| e.idempotency_key)
+            .collect();
+        (keys == ["in-1", "in-2"]).then_some(())
+    })
+    .await;
+    let e = host
+        .ingest(&inbox, vec![EventInput::new("events.example/in")])
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind, streamhost::ErrorKind::Invalid);
+    let status = host.ingest_status().await.unwrap();
+    assert_eq!(status.http.pending, 0);
+    assert!(status.http.capacity.events > 0);
+    assert_eq!(status.nats, None);
+    let e = host.register_ingest().await.unwrap_err();
+    assert_eq!(e.code, "nats-not-configured");
+}

@@ -125,15 +125,34 @@ pub struct LiveEvent {
     pub value: Arc<Value>,
 }
 
-/// One SSE message: `{"events": [...], "state": {...} | null, "streamMaxOffset": n}`.
+/// One batch of a live connection (one SSE message: `{"events": [...],
+/// "state": {...} | null, "streamMaxOffset": n}`). Events and state are kept
+/// as the JSON text they are sent as; [`Batch::parsed_events`] and
+/// [`Batch::parsed_state`] read them.
 #[derive(Debug, Clone)]
 pub struct Batch {
+    /// Each event's JSON text, in offset order.
     pub events: Vec<Arc<str>>,
+    /// The reduced state's JSON text after the batch, when asked for.
     pub state: Option<Arc<str>>,
+    /// The stream's head offset when the batch was sent.
     pub stream_max_offset: u64,
 }
 
 impl Batch {
+    /// The batch's events.
+    pub fn parsed_events(&self) -> Result<Vec<crate::stream::Event>, serde_json::Error> {
+        self.events
+            .iter()
+            .map(|e| serde_json::from_str(e))
+            .collect()
+    }
+
+    /// The reduced state after the batch, when the connection asked for it.
+    pub fn parsed_state(&self) -> Option<Result<CoreState, serde_json::Error>> {
+        self.state.as_deref().map(serde_json::from_str)
+    }
+
     /// The message's JSON text, spliced from already-serialized parts.
     pub fn render(&self) -> String {
         let events_len: usize = self.events.iter().map(|e| e.len() + 1).sum();

@@ -1,15 +1,19 @@
 //! The host: storage, stream actors, auth and metrics wired together from a
 //! [`Config`]. This is the embedding API: open a host, then serve it over HTTP
 //! or call it directly. Each family of operations has its module: streams
-//! here, then [`components`], [`processors`], [`backfill`], [`itx`],
-//! [`effects`] and [`cluster`].
+//! here and in [`streams`], then [`components`], [`processors`], [`backfill`], [`itx`], [`ingest`], [`live`],
+//! [`effects`], [`subscriptions`] and [`cluster`].
 
 pub mod backfill;
 pub mod cluster;
 pub mod components;
 pub mod effects;
+pub mod ingest;
 pub mod itx;
+pub mod live;
 pub mod processors;
+pub mod streams;
+pub mod subscriptions;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -296,6 +300,28 @@ impl Host {
         out.events
             .pop()
             .ok_or_else(|| Error::internal("the subscription was not appended"))
+    }
+
+    /// The HTTP API as an axum [`Router`](axum::Router), to serve from an
+    /// application's own server, alone or under a prefix with
+    /// [`Router::nest`](axum::Router::nest) (the console finds the API
+    /// under the prefix it is served from). [`Host::serve`] adds what a
+    /// public listener needs around it (header and idle timeouts, a bound
+    /// on connections, handing streams over on shutdown); a mounted router
+    /// has the application's server's. With several hosts, each host's
+    /// `advertise-url` includes the prefix.
+    ///
+    /// ```no_run
+    /// # async fn example(host: streamhost::Host) -> anyhow::Result<()> {
+    /// let app = axum::Router::new()
+    ///     .route("/", axum::routing::get(|| async { "my application" }))
+    ///     .nest("/streamhost", host.router());
+    /// let listener = tokio::net::TcpListener::bind("127.0.0.1:8080").await?;
+    /// axum::serve(listener, app).await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn router(&self) -> axum::Router {
+        crate::http::router(self.clone())
     }
 
     /// Serves the HTTP API on `listener` until `shutdown` resolves.

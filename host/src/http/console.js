@@ -22,6 +22,9 @@ for (const id of ["project", "token"]) {
   input.value = settings[id];
   input.addEventListener("change", () => { localStorage.setItem("streamhost." + id, input.value.trim()); route(); });
 }
+// Where the API is: this page's path without "/console" (the API may be
+// mounted under a prefix inside another application).
+const apiBase = location.pathname.replace(/\/console\/?$/, "");
 const namespace = () => settings.project ? `/v1/projects/${encodeURIComponent(settings.project)}` : "/v1/global";
 const streamUrl = (path) => `${namespace()}/streams${path === "/" ? "/" : path}`;
 const headers = (extra = {}) => Object.assign(settings.token ? { authorization: `Bearer ${settings.token}` } : {}, extra);
@@ -34,7 +37,7 @@ function showError(e) {
 }
 
 async function api(method, path, body) {
-  const response = await fetch(path, {
+  const response = await fetch(apiBase + path, {
     method,
     headers: headers(body === undefined ? {} : { "content-type": "application/json" }),
     body: body === undefined ? undefined : json(body),

@@ -1,8 +1,6 @@
 //! Ingest over HTTP: `POST /v1/projects/{p}/ingest{path}` (accept, `202`),
 //! `GET /v1/ingest` and `POST /v1/ingest:register` (admin).
 
-use std::time::Duration;
-
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::{header, HeaderMap, StatusCode};
@@ -12,7 +10,6 @@ use serde_json::json;
 
 use super::error::ApiError;
 use super::{answer, authenticate, read_json};
-use crate::clock::format_timestamp;
 use crate::host::Host;
 use crate::stream::{EventInput, Namespace, StreamAddress};
 
@@ -67,35 +64,14 @@ async fn accept(
     caller.may_use(&namespace)?;
     let address = StreamAddress::new(namespace, path)?;
     let input: IngestInput = read_json(host, body).await?;
-    let now = format_timestamp(crate::clock::Clock::now_ms(&crate::clock::SystemClock));
-    Ok(crate::ingest::accept::accept(
-        host.streams.storage(),
-        &host.ingest,
-        &address,
-        input.events,
-        now,
-    )
-    .await?)
+    Ok(host.ingest(&address, input.events).await?)
 }
 
 /// `GET /v1/ingest`.
 pub async fn status(State(host): State<Host>, headers: HeaderMap) -> Response {
     let result = async {
         authenticate(&host, &headers)?.require_admin("GET /v1/ingest")?;
-        let mut status = host.ingest.status();
-        // Several hosts: what is pending is in the shared table, not in
-        // this host's memory.
-        let storage = host.streams.storage().clone();
-        if storage.cluster().is_some() {
-            let (events, bytes) =
-                tokio::task::spawn_blocking(move || storage.ingest_pending_totals())
-                    .await
-                    .map_err(|e| ApiError::internal(format!("reading pending ingest: {e}")))?
-                    .map_err(|e| ApiError::internal(format!("reading pending ingest: {e:#}")))?;
-            status["http"]["pending"] = events.into();
-            status["http"]["bytes"] = bytes.into();
-        }
-        Ok::<_, ApiError>(status)
+        Ok(host.ingest_status().await?)
     }
     .await;
     answer(result)
@@ -107,7 +83,7 @@ pub async fn status(State(host): State<Host>, headers: HeaderMap) -> Response {
 pub async fn register(State(host): State<Host>, headers: HeaderMap) -> Response {
     let result = async {
         authenticate(&host, &headers)?.require_admin("POST /v1/ingest:register")?;
-        Ok(host.ingest.register(Duration::from_secs(20)).await?)
+        Ok(host.register_ingest().await?)
     }
     .await;
     answer(result)

@@ -13,7 +13,6 @@ mod ingest;
 mod itx;
 pub mod listener;
 mod query;
-mod streams;
 mod subscriptions;
 
 use axum::body::{to_bytes, Body};
@@ -200,8 +199,21 @@ fn console_file(content_type: &'static str, body: &'static str) -> Response {
         .into_response()
 }
 
-async fn console() -> Response {
-    console_file("text/html; charset=utf-8", CONSOLE)
+/// The console's page. Nested under a prefix in another application
+/// ([`Host::router`]), its assets' paths carry the prefix (the script
+/// finds the API the same way, from the page's path).
+async fn console(axum::extract::OriginalUri(original): axum::extract::OriginalUri) -> Response {
+    let prefix = original.path().strip_suffix("/console").unwrap_or("");
+    let plain = prefix
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b"/-_.".contains(&b));
+    if prefix.is_empty() || !plain {
+        return console_file("text/html; charset=utf-8", CONSOLE);
+    }
+    let page = CONSOLE.replace("\"/console/", &format!("\"{prefix}/console/"));
+    let mut response = console_file("text/html; charset=utf-8", "");
+    *response.body_mut() = Body::from(page);
+    response
 }
 
 async fn console_js() -> Response {
@@ -374,11 +386,11 @@ async fn list_streams(
     headers: &HeaderMap,
     uri: &Uri,
     namespace: Namespace,
-) -> Result<serde_json::Value, ApiError> {
+) -> Result<crate::host::streams::StreamsPage, ApiError> {
     let caller = authenticate(host, headers)?;
     caller.may_use(&namespace)?;
     let q = query::list_query(uri.query())?;
-    streams::list(host, &namespace, q).await
+    Ok(host.list_streams(&namespace, q).await?)
 }
 
 async fn fallback(method: Method, uri: Uri) -> Response {
@@ -483,26 +495,17 @@ async fn stream_call(
         }
         ("reset", &Method::POST) => {
             caller.require_admin(&format!("resetting stream {:?}", address.path))?;
-            streams.reset(address).await?;
+            host.reset(address).await?;
             Ok(ok_json(&json!({"status": "reset"})))
         }
         ("connect", &Method::GET) => {
             let params = query::connect_query(uri.query())?;
-            crate::connection::try_condition(address.namespace.storage_key(), &params.filter)
-                .await
-                .map_err(|m| ApiError::new(422, "jsonata-limit-exceeded", m))?;
-            let feed = streams.connect(address, params.clone()).await?;
-            Ok(connections::sse(
-                feed,
-                params,
-                address.namespace.storage_key(),
-            ))
+            Ok(connections::sse(host.connect_with(address, params).await?))
         }
         ("waitForEvent", &Method::POST) => {
-            let input = read_json(host, body).await?;
-            Ok(ok_json(
-                &connections::wait_for_event(streams, address, input).await?,
-            ))
+            let input: connections::WaitInput = read_json(host, body).await?;
+            let event = host.wait_for_event(address, input.into()).await?;
+            Ok(ok_json(&json!({ "event": event })))
         }
         (m, &Method::GET) if m.starts_with("processors/") && m.contains("/keys") => {
             let rest = &m["processors/".len()..];
@@ -549,33 +552,39 @@ async fn stream_call(
             ))
         }
         ("subscribeToEventsFrom", &Method::POST) => {
-            let input = read_json(host, body).await?;
+            let from = read_json(host, body).await?;
             Ok(ok_json(
-                &subscriptions::subscribe(streams, address, input).await?,
+                &host.subscribe_to_events_from(address, from).await?,
             ))
         }
         ("unsubscribeFromEvents", &Method::POST) => {
-            let input = read_json(host, body).await?;
+            let input: subscriptions::UnsubscribeInput = read_json(host, body).await?;
+            let (source, key) = (&input.source_stream_path, &input.subscription_key);
             Ok(ok_json(
-                &subscriptions::unsubscribe(streams, address, input).await?,
+                &host.unsubscribe_from_events(address, source, key).await?,
             ))
         }
         ("setSubscriptionCursor", &Method::POST) => {
-            let input = read_json(host, body).await?;
-            Ok(ok_json(
-                &subscriptions::set_cursor(streams, address, input).await?,
-            ))
+            let input: subscriptions::CursorInput = read_json(host, body).await?;
+            let (key, after) = (&input.subscription_key, input.after_offset);
+            let event = host.set_subscription_cursor(address, key, after).await?;
+            Ok(ok_json(&json!({ "subscriptionCursorSetEvent": event })))
         }
         ("resumeSubscription", &Method::POST) => {
-            let input = read_json(host, body).await?;
+            let input: subscriptions::KeyInput = read_json(host, body).await?;
             Ok(ok_json(
-                &subscriptions::resume(streams, address, input).await?,
+                &host
+                    .resume_subscription(address, &input.subscription_key)
+                    .await?,
             ))
         }
         ("setSubscriptionCursorAndResume", &Method::POST) => {
-            let input = read_json(host, body).await?;
+            let input: subscriptions::CursorInput = read_json(host, body).await?;
+            let (key, after) = (&input.subscription_key, input.after_offset);
             Ok(ok_json(
-                &subscriptions::set_cursor_and_resume(streams, address, input).await?,
+                &host
+                    .set_subscription_cursor_and_resume(address, key, after)
+                    .await?,
             ))
         }
         (

@@ -5,6 +5,7 @@ use crate::connection::ConnectParams;
 use crate::filter::CompiledFilter;
 use crate::host::effects::{EffectFilter, EffectStatus, EFFECT_LIMIT_MAX};
 use crate::host::processors::{KeysQuery, KEYS_LIMIT_MAX};
+use crate::host::streams::{StreamsQuery, LIST_LIMIT_MAX};
 use crate::stream::canonicalize_path;
 use crate::stream::{ReadQuery, READ_LIMIT_MAX};
 use crate::subscription::Filter;
@@ -146,24 +147,9 @@ pub fn read_query(query: Option<&str>) -> Result<ReadQuery, ApiError> {
     Ok(q)
 }
 
-/// Most streams in one page of the stream list.
-pub const LIST_LIMIT_MAX: usize = 1000;
-
-/// The parameters of a stream list.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ListQuery {
-    pub prefix: String,
-    pub after_path: Option<String>,
-    pub limit: usize,
-}
-
 /// Parses `prefix`, `afterPath` and `limit` of `GET .../streams`.
-pub fn list_query(query: Option<&str>) -> Result<ListQuery, ApiError> {
-    let mut q = ListQuery {
-        prefix: "/".into(),
-        after_path: None,
-        limit: 100,
-    };
+pub fn list_query(query: Option<&str>) -> Result<StreamsQuery, ApiError> {
+    let mut q = StreamsQuery::new();
     for (name, value) in decoded(query)? {
         match name.as_str() {
             "prefix" => {
@@ -259,7 +245,7 @@ mod tests {
     fn list_queries() {
         assert_eq!(
             list_query(None).unwrap(),
-            ListQuery {
+            StreamsQuery {
                 prefix: "/".into(),
                 after_path: None,
                 limit: 100

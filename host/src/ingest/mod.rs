@@ -17,7 +17,6 @@ pub mod nats;
 
 use std::sync::{Arc, Mutex};
 
-use serde_json::{json, Value};
 use tokio::sync::Notify;
 
 use crate::config::IngestConfig;
@@ -261,7 +260,10 @@ impl Ingest {
     /// Asks the bridge to register the JetStream stream it sees now (it
     /// must be empty) and waits for its answer: the bridge's status once it
     /// consumes.
-    pub async fn register(&self, timeout: std::time::Duration) -> Result<Value, Error> {
+    pub async fn register(
+        &self,
+        timeout: std::time::Duration,
+    ) -> Result<nats::BridgeStatus, Error> {
         let consuming = match self.inner.nats.lock().expect("nats status").as_ref() {
             None => {
                 return Err(Error::not_found(
@@ -292,13 +294,18 @@ impl Ingest {
                         format!(
                             "the bridge did not answer the registration within {} ms: {}",
                             timeout.as_millis(),
-                            self.status()["nats"]["lastError"]
+                            self.status()
+                                .nats
+                                .and_then(|n| n.last_error)
+                                .unwrap_or_default()
                         ),
                     ))
                 }
             }
         }
-        Ok(self.status()["nats"].clone())
+        self.status()
+            .nats
+            .ok_or_else(|| Error::internal("the bridge's status is gone"))
     }
 
     /// The pending registration request, if any (the bridge answers it).
@@ -311,7 +318,8 @@ impl Ingest {
     }
 
     /// `GET /v1/ingest`.
-    pub fn status(&self) -> Value {
+    /// What `GET /v1/ingest` shows (this host's view of pending ingest).
+    pub fn status(&self) -> IngestStatus {
         let c = self.capacity();
         let nats = self
             .inner
@@ -319,17 +327,57 @@ impl Ingest {
             .lock()
             .expect("nats status")
             .as_ref()
-            .map(|s| s.to_json());
-        json!({
-            "http": {
-                "pending": c.events,
-                "bytes": c.bytes,
-                "capacity": {"events": c.max_events, "bytes": c.max_bytes},
-                "lastError": *self.inner.last_error.lock().expect("ingest last error"),
+            .map(|s| s.view());
+        IngestStatus {
+            http: HttpIngestStatus {
+                pending: c.events,
+                bytes: c.bytes,
+                capacity: IngestCapacity {
+                    events: c.max_events,
+                    bytes: c.max_bytes,
+                },
+                last_error: self
+                    .inner
+                    .last_error
+                    .lock()
+                    .expect("ingest last error")
+                    .clone(),
             },
-            "nats": nats,
-        })
+            nats,
+        }
     }
+}
+
+/// Ingest with broker acceptance: HTTP ingest and the JetStream bridge.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct IngestStatus {
+    /// HTTP ingest: accepted events waiting to be appended.
+    pub http: HttpIngestStatus,
+    /// The JetStream bridge (`None`: not configured).
+    pub nats: Option<nats::BridgeStatus>,
+}
+
+/// HTTP ingest's pending events and capacity.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HttpIngestStatus {
+    /// Accepted events not yet appended.
+    pub pending: u64,
+    /// Their bytes.
+    pub bytes: u64,
+    /// The most that may be pending.
+    pub capacity: IngestCapacity,
+    /// The last failure appending accepted events.
+    pub last_error: Option<String>,
+}
+
+/// How much accepted ingest may wait.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct IngestCapacity {
+    /// Events.
+    pub events: u64,
+    /// Bytes.
+    pub bytes: u64,
 }
 
 /// The stream a JetStream subject names: `streamhost.{project}.ingest.a.b`
@@ -394,6 +442,7 @@ pub fn event_from_message(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::{json, Value};
 
     #[test]
     fn capacity_refuses_what_does_not_fit_and_keeps_what_was_taken() {

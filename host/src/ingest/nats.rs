@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 
 use async_nats::jetstream::{self, consumer::pull, stream};
 use futures_util::{FutureExt, StreamExt};
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use super::{drain::is_retryable, event_from_message, parse_subject, Ingest};
 use crate::clock::format_timestamp;
@@ -71,19 +71,54 @@ pub struct Status {
 }
 
 impl Status {
-    pub fn to_json(&self) -> Value {
-        json!({
-            "url": self.url,
-            "stream": STREAM_NAME,
-            "fence": self.fence.as_ref().map(|(_, f)| f),
-            "consuming": self.consuming,
-            "pending": self.pending,
-            "lastError": self.last_error,
-            "diagnostics": self.diagnostics.iter()
-                .map(|(sequence, reason)| json!({"sequence": sequence, "reason": reason}))
-                .collect::<Vec<_>>(),
-        })
+    /// The view `GET /v1/ingest` serves.
+    pub fn view(&self) -> BridgeStatus {
+        BridgeStatus {
+            url: self.url.clone(),
+            stream: STREAM_NAME.to_string(),
+            fence: self.fence.as_ref().map(|(_, f)| f.clone()),
+            consuming: self.consuming,
+            pending: self.pending,
+            last_error: self.last_error.clone(),
+            diagnostics: self
+                .diagnostics
+                .iter()
+                .map(|(sequence, reason)| Diagnostic {
+                    sequence: *sequence,
+                    reason: reason.clone(),
+                })
+                .collect(),
+        }
     }
+}
+
+/// The JetStream bridge: what it consumes and how it goes.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BridgeStatus {
+    /// The NATS server's URL.
+    pub url: String,
+    /// The JetStream stream it consumes.
+    pub stream: String,
+    /// The registered stream's identity (`None`: none registered yet).
+    pub fence: Option<FenceIdentity>,
+    /// Whether it is consuming now.
+    pub consuming: bool,
+    /// Messages in the JetStream stream (accepted, not yet appended).
+    pub pending: Option<u64>,
+    /// Why it is not consuming, or the last failure.
+    pub last_error: Option<String>,
+    /// The latest messages removed as never appendable (at most 64).
+    pub diagnostics: Vec<Diagnostic>,
+}
+
+/// A message the bridge removed because it can never be appended.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Diagnostic {
+    /// Its JetStream sequence.
+    pub sequence: u64,
+    /// Why it cannot be appended.
+    pub reason: String,
 }
 
 /// The configuration the bridge creates its stream with.
@@ -199,7 +234,7 @@ async fn run(streams: StreamsRef, ingest: Ingest, url: String) {
                 }
                 // Logged when it changes: a refused stream stays refused
                 // (and shown in GET /v1/ingest) between the retries.
-                if ingest.status()["nats"]["consuming"] == true {
+                if ingest.status().nats.is_some_and(|n| n.consuming) {
                     last_logged = None; // it had recovered since
                 }
                 if last_logged.as_deref() != Some(e.as_str()) {

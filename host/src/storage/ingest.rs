@@ -62,8 +62,11 @@ pub struct PendingRow {
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct FenceIdentity {
+    /// The JetStream account.
     pub account: String,
+    /// The JetStream domain (empty: none).
     pub domain: String,
+    /// The stream's name.
     pub stream: String,
     /// Creation time, as the broker reports it (RFC 3339).
     pub created: String,
