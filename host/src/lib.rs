@@ -70,6 +70,7 @@ pub use host::processors::{
     DifferingKey, KeyValue, KeysPage, KeysQuery, ProcessorFailure, ProcessorInstance,
     ProcessorStatus, Verification,
 };
+pub use host::request::{StreamAnswer, StreamRequest};
 pub use host::streams::{StreamSummary, StreamsPage, StreamsQuery};
 pub use host::subscriptions::{CopyFrom, CursorSetAndResumed, Resumed, Subscribed, Unsubscribed};
 pub use host::Host;
@@ -77,7 +78,10 @@ pub use http::error::ApiError;
 pub use ingest::nats::{BridgeStatus, Diagnostic};
 pub use ingest::{HttpIngestStatus, IngestCapacity, IngestStatus};
 pub use storage::FenceIdentity;
-pub use stream::{ConnectionView, DeliveryView, EventInput, Latency, RuntimeView, StreamAddress};
+pub use stream::{
+    AppendInput, AppendOutput, ConnectionView, CoreState, DeliveryView, Event, EventInput, Latency,
+    Namespace, ReadOutput, ReadQuery, RuntimeView, StreamAddress,
+};
 pub use subscription::Subscription;
 
 #[cfg(test)]

@@ -739,3 +739,82 @@ async fn live_connections_waits_and_ingest_without_http() {
     let e = host.register_ingest().await.unwrap_err();
     assert_eq!(e.code, "nats-not-configured");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn typed_requests_are_applied_as_the_adapters_apply_them() {
+    use streamhost::{AppendInput, Connect, Live, StreamAnswer, StreamRequest};
+
+    let dir = tempfile::tempdir().unwrap();
+    let host = open(dir.path());
+    let stream = host.stream("acme", "/typed").unwrap();
+    let appended = host
+        .apply(
+            &stream,
+            StreamRequest::Append(AppendInput::new([event(
+                "events.example/t",
+                json!({"n": 1}),
+            )])),
+        )
+        .await
+        .unwrap();
+    let StreamAnswer::Appended { output, warnings } = appended else {
+        panic!("an append answers Appended")
+    };
+    assert_eq!(output.events[0].offset, 2);
+    assert!(warnings.is_empty());
+    // A wake of a component that is not deployed is accepted with a warning.
+    let wake = Subscription::wake("ghost", "ghost").to_event();
+    let StreamAnswer::Appended { warnings, .. } = host
+        .apply(&stream, StreamRequest::Append(AppendInput::new([wake])))
+        .await
+        .unwrap()
+    else {
+        panic!("an append answers Appended")
+    };
+    assert_eq!(warnings.len(), 1);
+    assert!(warnings[0].contains("\"ghost\""), "{warnings:?}");
+
+    let StreamAnswer::State(state) = host.apply(&stream, StreamRequest::State).await.unwrap()
+    else {
+        panic!("State")
+    };
+    assert_eq!(state.max_offset, 3);
+    let StreamAnswer::Live(mut live) = host
+        .apply(&stream, StreamRequest::Connect(Connect::new().after(0)))
+        .await
+        .unwrap()
+    else {
+        panic!("Live")
+    };
+    let Some(Live::Batch(batch)) = live.next().await else {
+        panic!("a batch")
+    };
+    assert!(batch
+        .parsed_events()
+        .unwrap()
+        .iter()
+        .any(|e| e.event_type == "events.example/t"));
+    drop(live);
+
+    assert!(StreamRequest::Reset.admin_only());
+    assert!(!StreamRequest::State.admin_only());
+    let e = host
+        .apply(
+            &stream,
+            StreamRequest::ProcessorKey {
+                component: "ghost".into(),
+                key: "k".into(),
+            },
+        )
+        .await
+        .err()
+        .unwrap();
+    assert_eq!(
+        e.code, "key-not-found",
+        "a wake names ghost, so it has an instance: {e}"
+    );
+    assert!(matches!(
+        host.apply(&stream, StreamRequest::Reset).await.unwrap(),
+        StreamAnswer::Reset
+    ));
+}

@@ -248,15 +248,7 @@ impl Host {
         stream: &StreamAddress,
         connect: Connect,
     ) -> Result<LiveConnection, Error> {
-        self.connect_with(stream, connect.params()?).await
-    }
-
-    /// As [`Host::connect`], with parameters already checked.
-    pub(crate) async fn connect_with(
-        &self,
-        stream: &StreamAddress,
-        params: ConnectParams,
-    ) -> Result<LiveConnection, Error> {
+        let params = connect.params()?;
         let project = stream.namespace.storage_key().to_string();
         try_condition(&project, &params.filter)
             .await

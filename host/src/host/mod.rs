@@ -2,7 +2,9 @@
 //! [`Config`]. This is the embedding API: open a host, then serve it over HTTP
 //! or call it directly. Each family of operations has its module: streams
 //! here and in [`streams`], then [`components`], [`processors`], [`backfill`], [`itx`], [`ingest`], [`live`],
-//! [`effects`], [`subscriptions`] and [`cluster`].
+//! [`effects`], [`subscriptions`] and [`cluster`];
+//! [`request`] is every stream operation as one typed request, applied by
+//! [`Host::apply`].
 
 pub mod backfill;
 pub mod cluster;
@@ -12,6 +14,7 @@ pub mod ingest;
 pub mod itx;
 pub mod live;
 pub mod processors;
+pub mod request;
 pub mod streams;
 pub mod subscriptions;
 

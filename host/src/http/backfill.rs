@@ -43,7 +43,7 @@ impl From<BackfillInput> for Backfill {
 }
 
 /// The backfill as a stream of JSON lines: progress, then the result.
-pub fn streamed(host: Host, address: StreamAddress, input: BackfillInput) -> Response {
+pub fn streamed(host: Host, address: StreamAddress, backfill: Backfill) -> Response {
     let (tx, rx) = mpsc::unbounded_channel::<Value>();
     let progress = tx.clone();
     tokio::spawn(async move {
@@ -51,7 +51,7 @@ pub fn streamed(host: Host, address: StreamAddress, input: BackfillInput) -> Res
             let _ = progress.send(json!({ "progress": p }));
         };
         let line = match host
-            .backfill_with_progress(&address, input.into(), report)
+            .backfill_with_progress(&address, backfill, report)
             .await
         {
             Ok(result) => json!({ "result": result }),

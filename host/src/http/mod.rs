@@ -27,8 +27,9 @@ use serde_json::json;
 
 use crate::auth::Caller;
 use crate::error::{Error, ErrorKind};
+use crate::host::request::{StreamAnswer, StreamRequest};
 use crate::host::Host;
-use crate::stream::{validate_project, AppendInput, Authority, Namespace, StreamAddress};
+use crate::stream::{validate_project, Namespace, StreamAddress};
 use error::ApiError;
 
 /// One route of the router: its path, what serves it, and the operations
@@ -467,125 +468,122 @@ async fn stream_call(
     let target = parse_stream_url(uri.path())?;
     caller.may_use(&target.address.namespace)?;
     let address = &target.address;
-    let streams = &host.streams;
-    match (target.method.as_str(), &method) {
-        ("append", &Method::POST) => {
-            let input: AppendInput = read_json(host, body).await?;
-            let out = streams.append(address, input, Authority::Public).await?;
-            let warnings = host.undeployed_receivers(address, &out.events).await;
-            if warnings.is_empty() {
-                return Ok(ok_json(&out));
-            }
-            let mut answer = serde_json::to_value(&out)
-                .map_err(|e| ApiError::internal(format!("serializing the answer failed: {e}")))?;
-            answer["warnings"] = json!(warnings);
-            Ok(ok_json(&answer))
+    let request = stream_request(host, &target.method, &method, uri.query(), body).await?;
+    if request.admin_only() {
+        caller.require_admin(&format!("resetting stream {:?}", address.path))?;
+    }
+    // A backfill asked for as NDJSON streams its progress as it goes.
+    if let StreamRequest::BackfillProcessor(backfill) = request {
+        let streamed = headers
+            .get(header::ACCEPT)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.contains("application/x-ndjson"));
+        if streamed {
+            return Ok(backfill::streamed(host.clone(), address.clone(), backfill));
         }
-        ("events", &Method::GET) => {
-            let query = query::read_query(uri.query())?;
-            Ok(ok_json(&streams.read(address, query).await?))
-        }
+        let done = host
+            .apply(address, StreamRequest::BackfillProcessor(backfill))
+            .await?;
+        return Ok(render(done));
+    }
+    Ok(render(host.apply(address, request).await?))
+}
+
+/// The one mapping from a `{stream}:method` call (its method name, HTTP
+/// method, query and body) to the typed request; `405` for a known method
+/// with another HTTP method, `404 method-not-found` for an unknown one.
+async fn stream_request(
+    host: &Host,
+    name: &str,
+    method: &Method,
+    query: Option<&str>,
+    body: Body,
+) -> Result<StreamRequest, ApiError> {
+    use StreamRequest as R;
+    Ok(match (name, method) {
+        ("append", &Method::POST) => R::Append(read_json(host, body).await?),
+        ("events", &Method::GET) => R::Events(query::read_query(query)?),
         ("state", &Method::GET) => {
-            query::no_query(uri.query())?;
-            Ok(ok_json(&streams.state(address).await?))
+            query::no_query(query)?;
+            R::State
         }
         ("runtime", &Method::GET) => {
-            query::no_query(uri.query())?;
-            Ok(ok_json(&streams.runtime(address).await?))
+            query::no_query(query)?;
+            R::Runtime
         }
-        ("reset", &Method::POST) => {
-            caller.require_admin(&format!("resetting stream {:?}", address.path))?;
-            host.reset(address).await?;
-            Ok(ok_json(&json!({"status": "reset"})))
-        }
-        ("connect", &Method::GET) => {
-            let params = query::connect_query(uri.query())?;
-            Ok(connections::sse(host.connect_with(address, params).await?))
-        }
+        ("reset", &Method::POST) => R::Reset,
+        ("connect", &Method::GET) => R::Connect(query::connect_query(query)?),
         ("waitForEvent", &Method::POST) => {
             let input: connections::WaitInput = read_json(host, body).await?;
-            let event = host.wait_for_event(address, input.into()).await?;
-            Ok(ok_json(&json!({ "event": event })))
+            R::WaitForEvent(input.into())
         }
         (m, &Method::GET) if m.starts_with("processors/") && m.contains("/keys") => {
             let rest = &m["processors/".len()..];
             let (component, keys) = rest.split_once("/keys").unwrap_or((rest, ""));
+            let component = component.to_string();
             match keys.strip_prefix('/') {
-                None if keys.is_empty() => {
-                    let q = query::keys_query(uri.query())?;
-                    Ok(ok_json(&host.processor_keys(address, component, q).await?))
-                }
+                None if keys.is_empty() => R::ProcessorKeys {
+                    component,
+                    query: query::keys_query(query)?,
+                },
                 Some(key) if !key.is_empty() => {
-                    query::no_query(uri.query())?;
+                    query::no_query(query)?;
                     let key = percent_encoding::percent_decode_str(key)
                         .decode_utf8()
                         .map_err(|_| {
                             ApiError::invalid(format!("key {key:?} is not UTF-8 once decoded"))
-                        })?;
-                    Ok(ok_json(&host.processor_key(address, component, &key).await?))
+                        })?
+                        .into_owned();
+                    R::ProcessorKey { component, key }
                 }
-                _ => Err(ApiError::not_found(
+                _ => return Err(ApiError::not_found(
                     "not-found",
                     format!("no route for :{m} (processors/{{component}}/keys or processors/{{component}}/keys/{{key}})"),
                 )),
             }
         }
-        (m, &Method::GET) if m.starts_with("processors/") => {
-            let component = &m["processors/".len()..];
-            Ok(ok_json(&host.processor(address, component).await?))
-        }
+        (m, &Method::GET) if m.starts_with("processors/") => R::Processor {
+            component: m["processors/".len()..].to_string(),
+        },
         ("backfillProcessor", &Method::POST) => {
             let input: backfill::BackfillInput = read_json(host, body).await?;
-            let streamed = headers
-                .get(header::ACCEPT)
-                .and_then(|v| v.to_str().ok())
-                .is_some_and(|v| v.contains("application/x-ndjson"));
-            if streamed {
-                return Ok(backfill::streamed(host.clone(), address.clone(), input));
-            }
-            Ok(ok_json(&host.backfill(address, input.into()).await?))
+            R::BackfillProcessor(input.into())
         }
         ("verifyProcessor", &Method::POST) => {
             let input: components::VerifyInput = read_json(host, body).await?;
-            Ok(ok_json(
-                &host.verify_processor(address, &input.component).await?,
-            ))
+            R::VerifyProcessor {
+                component: input.component,
+            }
         }
         ("subscribeToEventsFrom", &Method::POST) => {
-            let from = read_json(host, body).await?;
-            Ok(ok_json(
-                &host.subscribe_to_events_from(address, from).await?,
-            ))
+            R::SubscribeToEventsFrom(read_json(host, body).await?)
         }
         ("unsubscribeFromEvents", &Method::POST) => {
             let input: subscriptions::UnsubscribeInput = read_json(host, body).await?;
-            let (source, key) = (&input.source_stream_path, &input.subscription_key);
-            Ok(ok_json(
-                &host.unsubscribe_from_events(address, source, key).await?,
-            ))
+            R::UnsubscribeFromEvents {
+                source_stream_path: input.source_stream_path,
+                subscription_key: input.subscription_key,
+            }
         }
         ("setSubscriptionCursor", &Method::POST) => {
             let input: subscriptions::CursorInput = read_json(host, body).await?;
-            let (key, after) = (&input.subscription_key, input.after_offset);
-            let event = host.set_subscription_cursor(address, key, after).await?;
-            Ok(ok_json(&json!({ "subscriptionCursorSetEvent": event })))
+            R::SetSubscriptionCursor {
+                subscription_key: input.subscription_key,
+                after_offset: input.after_offset,
+            }
         }
         ("resumeSubscription", &Method::POST) => {
             let input: subscriptions::KeyInput = read_json(host, body).await?;
-            Ok(ok_json(
-                &host
-                    .resume_subscription(address, &input.subscription_key)
-                    .await?,
-            ))
+            R::ResumeSubscription {
+                subscription_key: input.subscription_key,
+            }
         }
         ("setSubscriptionCursorAndResume", &Method::POST) => {
             let input: subscriptions::CursorInput = read_json(host, body).await?;
-            let (key, after) = (&input.subscription_key, input.after_offset);
-            Ok(ok_json(
-                &host
-                    .set_subscription_cursor_and_resume(address, key, after)
-                    .await?,
-            ))
+            R::SetSubscriptionCursorAndResume {
+                subscription_key: input.subscription_key,
+                after_offset: input.after_offset,
+            }
         }
         (
             "append"
@@ -600,15 +598,53 @@ async fn stream_call(
             | "setSubscriptionCursorAndResume",
             _,
         )
-        | ("events" | "state" | "runtime" | "connect", _) => Err(ApiError::new(
-            405,
-            "method-not-allowed",
-            format!("{method} is not allowed on :{}", target.method),
-        )),
-        (other, _) => Err(ApiError::not_found(
-            "method-not-found",
-            unknown_method_message(other),
-        )),
+        | ("events" | "state" | "runtime" | "connect", _) => {
+            return Err(ApiError::new(
+                405,
+                "method-not-allowed",
+                format!("{method} is not allowed on :{name}"),
+            ))
+        }
+        (other, _) => {
+            return Err(ApiError::not_found(
+                "method-not-found",
+                unknown_method_message(other),
+            ))
+        }
+    })
+}
+
+/// A stream request's answer as HTTP: JSON, or server-sent events for a
+/// live connection.
+fn render(answer: StreamAnswer) -> Response {
+    use StreamAnswer as A;
+    match answer {
+        A::Appended { output, warnings } if warnings.is_empty() => ok_json(&output),
+        A::Appended { output, warnings } => match serde_json::to_value(&output) {
+            Ok(mut answer) => {
+                answer["warnings"] = json!(warnings);
+                ok_json(&answer)
+            }
+            Err(e) => {
+                ApiError::internal(format!("serializing the answer failed: {e}")).into_response()
+            }
+        },
+        A::Events(page) => ok_json(&page),
+        A::State(state) => ok_json(&state),
+        A::Runtime(runtime) => ok_json(&runtime),
+        A::Reset => ok_json(&json!({"status": "reset"})),
+        A::Live(live) => connections::sse(live),
+        A::Event(event) => ok_json(&json!({ "event": event })),
+        A::Subscribed(subscribed) => ok_json(&subscribed),
+        A::Unsubscribed(unsubscribed) => ok_json(&unsubscribed),
+        A::CursorSet(event) => ok_json(&json!({ "subscriptionCursorSetEvent": event })),
+        A::Resumed(resumed) => ok_json(&resumed),
+        A::CursorSetAndResumed(both) => ok_json(&both),
+        A::Processor(instance) => ok_json(&instance),
+        A::Keys(page) => ok_json(&page),
+        A::Key(key) => ok_json(&key),
+        A::Verification(verification) => ok_json(&verification),
+        A::Backfilled(done) => ok_json(&done),
     }
 }
 
@@ -718,6 +754,7 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::stream::AppendInput;
 
     #[test]
     fn syntax_errors_give_line_and_column_and_no_half_read_path() {

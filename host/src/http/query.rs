@@ -1,14 +1,12 @@
 //! Query-string parsing with errors that name the bad parameter and value.
 
 use super::error::ApiError;
-use crate::connection::ConnectParams;
-use crate::filter::CompiledFilter;
 use crate::host::effects::{EffectFilter, EffectStatus, EFFECT_LIMIT_MAX};
+use crate::host::live::Connect;
 use crate::host::processors::{KeysQuery, KEYS_LIMIT_MAX};
 use crate::host::streams::{StreamsQuery, LIST_LIMIT_MAX};
 use crate::stream::canonicalize_path;
 use crate::stream::{ReadQuery, READ_LIMIT_MAX};
-use crate::subscription::Filter;
 
 fn offset(name: &str, value: &str) -> Result<u64, ApiError> {
     let v = value.parse::<u64>().map_err(|_| {
@@ -53,12 +51,8 @@ fn boolean(name: &str, value: &str) -> Result<bool, ApiError> {
 }
 
 /// Parses the parameters of `:connect`.
-pub fn connect_query(query: Option<&str>) -> Result<ConnectParams, ApiError> {
-    let mut p = ConnectParams::default();
-    let mut filter = Filter {
-        event_types: None,
-        jsonata_condition: None,
-    };
+pub fn connect_query(query: Option<&str>) -> Result<Connect, ApiError> {
+    let mut p = Connect::new();
     for (name, value) in decoded(query)? {
         let v = value.as_str();
         match name.as_str() {
@@ -67,7 +61,7 @@ pub fn connect_query(query: Option<&str>) -> Result<ConnectParams, ApiError> {
             "expectedStreamId" => p.expected_stream_id = Some(value.clone()),
             "maxReplayOffsetGap" => p.max_replay_offset_gap = Some(offset(&name, v)?),
             "eventTypes" => {
-                filter.event_types = Some(
+                p.event_types = Some(
                     v.split(',')
                         .map(str::trim)
                         .filter(|t| !t.is_empty())
@@ -75,7 +69,7 @@ pub fn connect_query(query: Option<&str>) -> Result<ConnectParams, ApiError> {
                         .collect(),
                 )
             }
-            "jsonataCondition" => filter.jsonata_condition = Some(value.clone()),
+            "jsonataCondition" => p.jsonata_condition = Some(value.clone()),
             "events" => p.events = boolean(&name, v)?,
             "state" => p.state = boolean(&name, v)?,
             "maxDeliveryEvents" => p.max_delivery_events = positive(&name, v)?,
@@ -87,13 +81,6 @@ pub fn connect_query(query: Option<&str>) -> Result<ConnectParams, ApiError> {
             }
         }
     }
-    if !p.events && !p.state {
-        return Err(ApiError::invalid(
-            "events=false with state=false would send nothing: ask for events, state or both",
-        ));
-    }
-    p.filter = CompiledFilter::new(Some(&filter), false)
-        .map_err(|m| ApiError::new(400, "invalid-jsonata", format!("jsonataCondition: {m}")))?;
     Ok(p)
 }
 
