@@ -1,16 +1,55 @@
-//! streamhost: durable event streams on SQLite, served over HTTP.
+//! streamhost: durable event streams on SQLite (or PostgreSQL for several
+//! hosts) with sandboxed WebAssembly processors, served over HTTP or
+//! embedded in a Rust program.
 //!
-//! Start reading at [`host::Host`], which wires the parts together from a
-//! [`config::Config`]. A request travels `http` → [`stream::Streams`] (the
-//! registry) → the stream's actor (`stream/actor/`), which plans appends
-//! with the pure [`stream::plan_append`] and reducer ([`stream::CoreState`]),
-//! then commits them through the group-commit writer in [`storage`].
-//! `ARCHITECTURE.md` at the repository root is the map.
+//! # Embedding
 //!
-//! The embedding API: [`Host::open`] with a [`Config`], then
-//! [`Host::stream`], [`Host::append`] with [`EventInput`]s,
-//! [`Host::events`], [`Host::state`], [`Host::subscribe`] with a
-//! [`Subscription`], and [`Host::serve`] for the HTTP API. The modules
+//! [`Host::open`] with a [`Config`] opens a data directory; every operation
+//! of the HTTP API is then a typed method of [`Host`], with inputs built
+//! with builders, outputs as structs and failures as [`Error`] (a
+//! [`ErrorKind`] and the HTTP API's code):
+//!
+//! - streams: [`Host::stream`], [`Host::append`], [`Host::events`],
+//!   [`Host::state`], [`Host::runtime`], [`Host::list_streams`],
+//!   [`Host::reset`];
+//! - subscriptions: [`Host::subscribe`] (any receiver, with a
+//!   [`Subscription`]), [`Host::subscribe_to_events_from`],
+//!   [`Host::unsubscribe_from_events`], [`Host::set_subscription_cursor`],
+//!   [`Host::resume_subscription`];
+//! - live connections and waits: [`Host::connect`] (a `Stream` of
+//!   [`Live`] batches), [`Host::wait_for_event`];
+//! - components and processors: [`Host::deploy`], [`Host::components`],
+//!   [`Host::component_versions`], [`Host::processor`],
+//!   [`Host::processor_keys`], [`Host::verify_processor`],
+//!   [`Host::backfill`];
+//! - ITX calls: [`Host::call`], [`Host::call_expression`];
+//! - effects: [`Host::effects`], [`Host::retry_effect`],
+//!   [`Host::cancel_effect`];
+//! - ingest and hosts: [`Host::ingest`], [`Host::ingest_status`],
+//!   [`Host::cluster`];
+//! - every stream operation as one typed request: [`Host::apply`] with a
+//!   [`StreamRequest`];
+//! - HTTP: [`Host::serve`] on a listener, or [`Host::router`] to mount the
+//!   API in an axum application.
+//!
+//! ```no_run
+//! use streamhost::{Config, EventInput, Host};
+//!
+//! # async fn example() -> anyhow::Result<()> {
+//! let host = Host::open(Config { data_dir: "data".into(), ..Config::default() })?;
+//! let orders = host.stream("acme", "/orders/eu")?;
+//! host.append(&orders, [EventInput::new("events.example/order-created")]).await?;
+//! assert_eq!(host.state(&orders).await?.max_offset, 2);
+//! # Ok(()) }
+//! ```
+//!
+//! # Inside
+//!
+//! A request travels `http` → [`stream::Streams`] (the registry) → the
+//! stream's actor (`stream/actor/`), which plans appends with the pure
+//! [`stream::plan_append`] and reducer ([`stream::CoreState`]), then
+//! commits them through the group-commit writer in `storage`.
+//! `ARCHITECTURE.md` at the repository root is the map. The modules
 //! hidden from these docs are the host's internals: public for its own
 //! binary, benchmarks and tests, not a stable API.
 
