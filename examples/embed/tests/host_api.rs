@@ -317,11 +317,14 @@ async fn itx_calls_and_the_effect_outbox_without_http() {
         .await
         .unwrap_err();
     assert_eq!(e.code, "invalid-argument");
-    let e = host.call("acme", "kinds", "nope", &[]).await.unwrap_err();
+    let e = host
+        .call("acme", "kinds", "nope", Vec::new())
+        .await
+        .unwrap_err();
     assert_eq!(e.code, "function-not-found");
     assert!(e.message.contains("nope"), "{}", e.message);
     let e = host
-        .call_expression("acme", &json!(["workers", "add"]), &[])
+        .call_expression("acme", &json!(["workers", "add"]), Vec::new())
         .await
         .unwrap_err();
     assert_eq!(e.code, "invalid-expression");

@@ -63,7 +63,7 @@ impl Host {
     /// # async fn example(host: streamhost::Host) -> Result<(), streamhost::Error> {
     /// use serde_json::json;
     ///
-    /// let sum = host.call("acme", "calculator", "math.add", &[json!(2), json!(3)]).await?;
+    /// let sum = host.call("acme", "calculator", "math.add", [json!(2), json!(3)]).await?;
     /// assert_eq!(sum, json!(5));
     /// # Ok(()) }
     /// ```
@@ -72,7 +72,7 @@ impl Host {
         project: &str,
         component: &str,
         function: &str,
-        args: &[Value],
+        args: impl Into<Vec<Value>>,
     ) -> Result<Value, Error> {
         crate::stream::Namespace::project(project)?;
         let storage = self.streams.storage().clone();
@@ -82,7 +82,7 @@ impl Host {
             component.to_string(),
             function.to_string(),
         );
-        let args = args.to_vec();
+        let args = args.into();
         let timeout_ms = self.config.delivery.timeout_ms;
         tokio::task::spawn_blocking(move || {
             call_blocking(
@@ -100,7 +100,7 @@ impl Host {
         &self,
         project: &str,
         expression: &Value,
-        args: &[Value],
+        args: impl Into<Vec<Value>>,
     ) -> Result<Value, Error> {
         let Target::ComponentFunction {
             component,

@@ -30,7 +30,7 @@ pub(super) async fn call(
         authorize_project(&host, &headers, &project)?;
         let input: ItxInput = read_json(&host, body).await?;
         let result = host
-            .call_expression(&project, &input.expression, &input.args)
+            .call_expression(&project, &input.expression, input.args)
             .await?;
         Ok(json!({ "result": result }))
     }
