@@ -92,6 +92,14 @@ impl Error {
         Self::new(ErrorKind::NotFound, code, message)
     }
 
+    /// `stream-not-found`, for a stream whose stored row is missing.
+    pub fn stream_not_found(path: &str) -> Self {
+        Self::not_found(
+            "stream-not-found",
+            format!("stream {path:?} does not exist"),
+        )
+    }
+
     /// A conflict with the given code.
     pub fn conflict(code: &'static str, message: impl Into<String>) -> Self {
         Self::new(ErrorKind::Conflict, code, message)

@@ -18,7 +18,6 @@ use crate::processor::keyed::Bucket;
 use crate::processor::wake::{consumed, Guest};
 use crate::storage::{EffectOp, EffectSource, WriteOp};
 use crate::stream::StreamAddress;
-use crate::subscription::Filter;
 
 /// Least time between two progress reports.
 const PROGRESS_EVERY: Duration = Duration::from_millis(500);
@@ -154,13 +153,10 @@ impl Host {
             )));
         }
         let narrow = if backfill.event_types.is_some() || backfill.jsonata_condition.is_some() {
-            let filter = Filter {
-                event_types: backfill.event_types.clone(),
-                jsonata_condition: backfill.jsonata_condition.clone(),
-            };
-            Some(CompiledFilter::new(Some(&filter), false).map_err(|m| {
-                Error::invalid_with("invalid-jsonata", format!("jsonataCondition: {m}"))
-            })?)
+            Some(super::selection(
+                backfill.event_types.clone(),
+                backfill.jsonata_condition.clone(),
+            )?)
         } else {
             None
         };
@@ -180,12 +176,7 @@ impl Host {
             let row = storage
                 .load_stream(&project, &path)
                 .map_err(internal)?
-                .ok_or_else(|| {
-                    Error::not_found(
-                        "stream-not-found",
-                        format!("stream {path:?} does not exist"),
-                    )
-                })?;
+                .ok_or_else(|| Error::stream_not_found(&path))?;
             let (prepared, _) =
                 crate::processor::deployed(&storage, &runtime, &project, &component)
                     .map_err(internal)?

@@ -12,7 +12,7 @@ use crate::processor::runtime::{CallError, Runtime};
 use crate::storage::Storage;
 
 /// Calls `function` of `component` in `project` (blocking).
-pub(crate) fn call_blocking(
+fn call_blocking(
     storage: &Storage,
     runtime: &Runtime,
     project: &str,

@@ -18,9 +18,7 @@ use crate::connection::{
     LiveEvent, WAIT_RECENT_TYPES_MAX,
 };
 use crate::error::{Error, ErrorKind};
-use crate::filter::CompiledFilter;
 use crate::stream::{types, Event, StreamAddress};
-use crate::subscription::Filter;
 
 pub use crate::connection::Batch;
 
@@ -128,18 +126,12 @@ impl Connect {
                 "maxDeliveryEvents and maxDeliveryBytes must be positive",
             ));
         }
-        let filter = Filter {
-            event_types: self.event_types,
-            jsonata_condition: self.jsonata_condition,
-        };
         Ok(ConnectParams {
             connection_key: self.connection_key,
             replay_after_offset: self.replay_after_offset,
             expected_stream_id: self.expected_stream_id,
             max_replay_offset_gap: self.max_replay_offset_gap,
-            filter: CompiledFilter::new(Some(&filter), false).map_err(|m| {
-                Error::invalid_with("invalid-jsonata", format!("jsonataCondition: {m}"))
-            })?,
+            filter: super::selection(self.event_types, self.jsonata_condition)?,
             events: self.events,
             state: self.state,
             max_delivery_events: self.max_delivery_events,
@@ -352,14 +344,7 @@ impl Host {
                 wait.timeout_ms
             )));
         }
-        let filter = CompiledFilter::new(
-            Some(&Filter {
-                event_types: wait.event_types.clone(),
-                jsonata_condition: wait.jsonata_condition.clone(),
-            }),
-            false,
-        )
-        .map_err(|m| Error::invalid_with("invalid-jsonata", format!("jsonataCondition: {m}")))?;
+        let filter = super::selection(wait.event_types.clone(), wait.jsonata_condition.clone())?;
         let project = stream.namespace.storage_key();
         try_condition(project, &filter)
             .await

@@ -398,3 +398,17 @@ fn watch_tenure(streams: Streams, renewed: Arc<tokio::sync::Notify>) {
         }
     });
 }
+
+/// A selection by event types and a JSONata condition, compiled; a bad
+/// condition is `invalid-jsonata` naming `jsonataCondition`.
+pub(crate) fn selection(
+    event_types: Option<Vec<String>>,
+    jsonata_condition: Option<String>,
+) -> Result<crate::filter::CompiledFilter, Error> {
+    let filter = crate::subscription::Filter {
+        event_types,
+        jsonata_condition,
+    };
+    crate::filter::CompiledFilter::new(Some(&filter), false)
+        .map_err(|m| Error::invalid_with("invalid-jsonata", format!("jsonataCondition: {m}")))
+}

@@ -388,12 +388,7 @@ impl Host {
             let row = storage
                 .load_stream(&ns, &path)
                 .map_err(internal)?
-                .ok_or_else(|| {
-                    Error::not_found(
-                        "stream-not-found",
-                        format!("stream {path:?} does not exist"),
-                    )
-                })?;
+                .ok_or_else(|| Error::stream_not_found(&path))?;
             let checkpoint = storage
                 .checkpoint(row.row_id, &component)
                 .map_err(internal)?

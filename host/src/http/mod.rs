@@ -473,20 +473,16 @@ async fn stream_call(
         caller.require_admin(&format!("resetting stream {:?}", address.path))?;
     }
     // A backfill asked for as NDJSON streams its progress as it goes.
-    if let StreamRequest::BackfillProcessor(backfill) = request {
-        let streamed = headers
-            .get(header::ACCEPT)
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|v| v.contains("application/x-ndjson"));
-        if streamed {
-            return Ok(backfill::streamed(host.clone(), address.clone(), backfill));
+    let ndjson = headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.contains("application/x-ndjson"));
+    match request {
+        StreamRequest::BackfillProcessor(b) if ndjson => {
+            Ok(backfill::streamed(host.clone(), address.clone(), b))
         }
-        let done = host
-            .apply(address, StreamRequest::BackfillProcessor(backfill))
-            .await?;
-        return Ok(render(done));
+        request => Ok(render(host.apply(address, request).await?)),
     }
-    Ok(render(host.apply(address, request).await?))
 }
 
 /// The one mapping from a `{stream}:method` call (its method name, HTTP
