@@ -126,7 +126,7 @@ async fn run_once(scenario: Scenario, durability: Durability, seconds: f64) -> R
         ..Config::default()
     };
     let host = Host::open(config).expect("open host");
-    let metrics = host.metrics.clone();
+    let metrics = host.metrics().clone();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();

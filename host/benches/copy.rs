@@ -35,7 +35,7 @@ fn open(dir: &std::path::Path) -> (Host, Namespace) {
 }
 
 async fn subscribe(host: &Host, source: &StreamAddress, key: &str, receiver: &str, start: &str) {
-    host.streams
+    host.streams()
         .append(
             source,
             input(
@@ -53,7 +53,7 @@ async fn subscribe(host: &Host, source: &StreamAddress, key: &str, receiver: &st
 /// Waits until every subscription of `source` has acknowledged its head.
 async fn caught_up(host: &Host, source: &StreamAddress, head: u64) {
     loop {
-        let rt = host.streams.runtime(source).await.unwrap();
+        let rt = host.streams().runtime(source).await.unwrap();
         if rt
             .subscriptions
             .values()
@@ -77,7 +77,7 @@ async fn latency(rate: f64, seconds: f64) -> (usize, Value) {
     while start.elapsed().as_secs_f64() < seconds {
         tick.tick().await;
         let out = host
-            .streams
+            .streams()
             .append(
                 &src,
                 input(json!({"events": [{"type": "bench.example/e", "payload": {"n": n}}]})),
@@ -89,7 +89,7 @@ async fn latency(rate: f64, seconds: f64) -> (usize, Value) {
         n += 1;
     }
     caught_up(&host, &src, head).await;
-    let rt = host.streams.runtime(&src).await.unwrap();
+    let rt = host.streams().runtime(&src).await.unwrap();
     let stats = &rt.subscriptions["k"].completion_latency_ms;
     (n, serde_json::to_value(stats).unwrap())
 }
@@ -104,7 +104,7 @@ async fn throughput(subscriptions: usize, events: usize) -> f64 {
             .map(|i| json!({"type": "bench.example/e", "payload": {"n": chunk * 500 + i, "pad": "0123456789abcdef"}}))
             .collect();
         let out = host
-            .streams
+            .streams()
             .append(&src, input(json!({ "events": batch })), Authority::Public)
             .await
             .unwrap();

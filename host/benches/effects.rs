@@ -82,7 +82,7 @@ async fn subscribe(host: &Host, src: &StreamAddress, kind: Kind) {
         Kind::Copy => json!({"action": "copy-to-stream", "receivingStreamPath": OUT,
             "delivery": {"start": "beginning", "onFailingEvent": "halt"}}),
     };
-    host.streams
+    host.streams()
         .append(
             src,
             input(
@@ -101,7 +101,7 @@ async fn subscribe(host: &Host, src: &StreamAddress, kind: Kind) {
 /// connection, right after its commit).
 async fn watch(host: &Host) -> mpsc::UnboundedReceiver<(usize, Instant)> {
     let out = StreamAddress::new(Namespace::project("bench").unwrap(), OUT).unwrap();
-    host.streams
+    host.streams()
         .append(
             &out,
             input(json!({"events": [{"type": "bench.example/start"}]})),
@@ -110,7 +110,7 @@ async fn watch(host: &Host) -> mpsc::UnboundedReceiver<(usize, Instant)> {
         .await
         .unwrap();
     let mut feed = host
-        .streams
+        .streams()
         .connect(
             &out,
             ConnectParams {
@@ -145,7 +145,7 @@ async fn latency(kind: Kind, rate: f64, seconds: f64) -> (usize, [f64; 3]) {
     let mut arrivals = watch(&host).await;
     // Warm up (compile the component, start the actors), untimed.
     const WARM: usize = 1_000_000;
-    host.streams
+    host.streams()
         .append(
             &src,
             input(json!({ "events": [event(WARM)] })),
@@ -160,7 +160,7 @@ async fn latency(kind: Kind, rate: f64, seconds: f64) -> (usize, [f64; 3]) {
     let mut n = 0;
     while start.elapsed().as_secs_f64() < seconds {
         tick.tick().await;
-        host.streams
+        host.streams()
             .append(
                 &src,
                 input(json!({ "events": [event(n)] })),
@@ -200,7 +200,7 @@ async fn throughput(kind: Kind, events: usize) -> f64 {
         let batch: Vec<Value> = (chunk * 500..events.min(chunk * 500 + 500))
             .map(event)
             .collect();
-        host.streams
+        host.streams()
             .append(&src, input(json!({ "events": batch })), Authority::Public)
             .await
             .unwrap();

@@ -242,7 +242,13 @@ async fn nats_run(consumer: Consumer, messages: usize) -> f64 {
         let (host, url, stop) = serve(config).await;
         // The bridge creates the stream; wait until it consumes.
         let deadline = Instant::now() + Duration::from_secs(20);
-        while !host.ingest.status().nats.is_some_and(|n| n.consuming) {
+        while !host
+            .ingest_status()
+            .await
+            .expect("ingest status")
+            .nats
+            .is_some_and(|n| n.consuming)
+        {
             assert!(Instant::now() < deadline, "the bridge did not start");
             tokio::time::sleep(Duration::from_millis(10)).await;
         }

@@ -159,8 +159,8 @@ async fn http_overhead() -> (HttpSamples, f64) {
     })
     .unwrap();
     common::deploy(&host, "kinds", common::guest_wasm("kinds")).await;
-    let host_storage = host.streams.storage().clone();
-    let host_runtime = host.streams.wasm_runtime().clone();
+    let host_storage = host.streams().storage().clone();
+    let host_runtime = host.streams().wasm_runtime().clone();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();

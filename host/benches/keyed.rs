@@ -99,14 +99,14 @@ impl Bench {
         let input: AppendInput = serde_json::from_value(json!({ "events": events })).unwrap();
         let out = self
             .host
-            .streams
+            .streams()
             .append(&self.address, input, Authority::Public)
             .await
             .unwrap();
         self.head = out.events.last().unwrap().offset;
         self.stream_id = out.stream_id.clone();
         if self.row_id == 0 {
-            let storage = self.host.streams.storage();
+            let storage = self.host.streams().storage();
             self.row_id = storage
                 .load_stream("bench", "/bank")
                 .unwrap()
@@ -123,10 +123,10 @@ impl Bench {
 
     /// [`Bench::wake`], and the part of it the commit took (µs).
     fn wake_parts(&self, limit: usize) -> (f64, f64) {
-        let storage = self.host.streams.storage().clone();
+        let storage = self.host.streams().storage().clone();
         let job = WakeJob {
             storage: storage.clone(),
-            runtime: self.host.streams.wasm_runtime().clone(),
+            runtime: self.host.streams().wasm_runtime().clone(),
             row_id: self.row_id,
             project: "bench".into(),
             component: "ledger".into(),
@@ -194,7 +194,7 @@ async fn wake_p50(postgres: Option<&str>, keys: u64, iterations: usize, cache: u
             samples.push(us);
         }
     }
-    let (used, cap) = b.host.streams.storage().key_cache_usage();
+    let (used, cap) = b.host.streams().storage().key_cache_usage();
     eprintln!("  ({keys} keys: key cache {used} of {cap} bytes)");
     b.close();
     percentile(samples, 0.5)
@@ -212,8 +212,8 @@ async fn fold_throughput(postgres: Option<&str>, n: usize) -> (f64, f64, f64) {
         b.append(events).await;
     }
     // The component compiled and loaded before the clock starts.
-    let storage = b.host.streams.storage().clone();
-    let runtime = b.host.streams.wasm_runtime().clone();
+    let storage = b.host.streams().storage().clone();
+    let runtime = b.host.streams().wasm_runtime().clone();
     tokio::task::block_in_place(|| {
         streamhost::processor::deployed(&storage, &runtime, "bench", "ledger").unwrap()
     });
@@ -222,7 +222,7 @@ async fn fold_throughput(postgres: Option<&str>, n: usize) -> (f64, f64, f64) {
     let mut wakes = 0;
     let mut committing = 0.0;
     loop {
-        let storage = b.host.streams.storage();
+        let storage = b.host.streams().storage();
         let at = storage
             .checkpoint(b.row_id, "ledger")
             .unwrap()

@@ -137,7 +137,7 @@ async fn wake_latency(durability: Durability) -> WakeSamples {
     })
     .unwrap();
     common::deploy(&host, "counter", common::guest_wasm("counter")).await;
-    let storage = host.streams.storage().clone();
+    let storage = host.streams().storage().clone();
     let address = StreamAddress::new(Namespace::project("bench").unwrap(), "/p").unwrap();
     let mut samples = WakeSamples::default();
     for i in 0..ITERATIONS + 20 {
@@ -145,7 +145,7 @@ async fn wake_latency(durability: Durability) -> WakeSamples {
             serde_json::from_value(json!({"events": [{"type": "x.y/n", "payload": {"n": i}}]}))
                 .unwrap();
         let out = host
-            .streams
+            .streams()
             .append(&address, input, Authority::Public)
             .await
             .unwrap();
@@ -153,7 +153,7 @@ async fn wake_latency(durability: Durability) -> WakeSamples {
         let row = storage.load_stream("bench", "/p").unwrap().unwrap();
         let job = WakeJob {
             storage: storage.clone(),
-            runtime: host.streams.wasm_runtime().clone(),
+            runtime: host.streams().wasm_runtime().clone(),
             row_id: row.row_id,
             project: "bench".into(),
             component: "counter".into(),

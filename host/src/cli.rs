@@ -1,5 +1,7 @@
-//! The command line: `streamhost serve`, and client commands (`append`,
-//! `events`, `state`) that talk to a running server over HTTP.
+//! The `streamhost` command line: `streamhost serve`, and client commands
+//! (`append`, `events`, `state`, ...) that talk to a running server over
+//! HTTP. The binary is [`Cli::parse`](clap::Parser::parse) then [`run`];
+//! `streamhost --help` lists the commands.
 
 use std::path::PathBuf;
 
@@ -15,18 +17,18 @@ use crate::host::Host;
 #[command(name = "streamhost", version, about)]
 pub struct Cli {
     #[command(subcommand)]
-    pub command: Command,
+    command: Command,
     /// How answers print: `pretty` JSON (the default on a terminal),
     /// compact `json`, one value a line (the default when piped), or a
     /// `table` for people (a list's items as rows, other answers as
     /// key/value lines).
     #[arg(long, global = true, value_enum)]
-    pub output: Option<Output>,
+    output: Option<Output>,
 }
 
 /// The output style of answers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Output {
+pub(crate) enum Output {
     Pretty,
     Json,
     Table,
@@ -163,7 +165,7 @@ fn table(v: &Value) -> String {
 }
 
 #[derive(Debug, Subcommand)]
-pub enum Command {
+pub(crate) enum Command {
     /// Run the server (SQLite under the data dir).
     Serve(ServeArgs),
     /// Append one event to a stream.
@@ -243,7 +245,7 @@ pub enum Command {
 }
 
 #[derive(Debug, Args)]
-pub struct StatusArgs {
+pub(crate) struct StatusArgs {
     #[command(flatten)]
     pub server: Server,
     /// Only streams whose path starts with this.
@@ -252,20 +254,20 @@ pub struct StatusArgs {
 }
 
 #[derive(Debug, Args)]
-pub struct CompletionsArgs {
+pub(crate) struct CompletionsArgs {
     /// The shell.
     pub shell: clap_complete::Shell,
 }
 
 #[derive(Debug, Subcommand)]
-pub enum NewCommand {
+pub(crate) enum NewCommand {
     /// A standalone processor project: a working fold, a sample of events,
     /// a README; `cargo build --release` in it builds the component.
     Processor(NewProcessorArgs),
 }
 
 #[derive(Debug, Args)]
-pub struct NewProcessorArgs {
+pub(crate) struct NewProcessorArgs {
     /// The processor's name (the crate, the component): lowercase letters,
     /// digits and '-'.
     pub name: String,
@@ -282,7 +284,7 @@ pub struct NewProcessorArgs {
 }
 
 #[derive(Debug, Subcommand)]
-pub enum IngestCommand {
+pub(crate) enum IngestCommand {
     /// Accept one event for a stream (`202` once durable; it reaches the
     /// stream shortly after).
     Send(IngestSendArgs),
@@ -296,7 +298,7 @@ pub enum IngestCommand {
 
 /// A server, as an administrator.
 #[derive(Debug, Args)]
-pub struct AdminArgs {
+pub(crate) struct AdminArgs {
     /// Server URL.
     #[arg(long, env = "STREAMHOST_URL", default_value = "http://127.0.0.1:7410")]
     pub url: String,
@@ -306,7 +308,7 @@ pub struct AdminArgs {
 }
 
 #[derive(Debug, Args)]
-pub struct IngestSendArgs {
+pub(crate) struct IngestSendArgs {
     #[command(flatten)]
     pub project: Project,
     /// Stream path, such as /orders/eu.
@@ -324,7 +326,7 @@ pub struct IngestSendArgs {
 
 /// A project on a server.
 #[derive(Debug, Args)]
-pub struct Project {
+pub(crate) struct Project {
     /// Server URL.
     #[arg(long, env = "STREAMHOST_URL", default_value = "http://127.0.0.1:7410")]
     pub url: String,
@@ -349,7 +351,7 @@ impl Project {
 
 /// A component of a project on a server.
 #[derive(Debug, Args)]
-pub struct ComponentRef {
+pub(crate) struct ComponentRef {
     #[command(flatten)]
     pub project: Project,
     /// Component name.
@@ -363,7 +365,7 @@ impl ComponentRef {
 }
 
 #[derive(Debug, Subcommand)]
-pub enum EffectsCommand {
+pub(crate) enum EffectsCommand {
     /// List effects, oldest first (a page; --after-id continues).
     Ls(EffectsLsArgs),
     /// One effect, with its target, attempts, last error and result.
@@ -375,7 +377,7 @@ pub enum EffectsCommand {
 }
 
 #[derive(Debug, Args)]
-pub struct EffectsLsArgs {
+pub(crate) struct EffectsLsArgs {
     #[command(flatten)]
     pub project: Project,
     /// Only effects of processors on this source stream (such as /orders).
@@ -396,7 +398,7 @@ pub struct EffectsLsArgs {
 }
 
 #[derive(Debug, Args)]
-pub struct EffectArgs {
+pub(crate) struct EffectArgs {
     #[command(flatten)]
     pub project: Project,
     /// The effect id.
@@ -404,7 +406,7 @@ pub struct EffectArgs {
 }
 
 #[derive(Debug, Args)]
-pub struct EffectShowArgs {
+pub(crate) struct EffectShowArgs {
     #[command(flatten)]
     pub effect: EffectArgs,
     /// Wait until the effect exists and has settled (succeeded, failed or
@@ -417,7 +419,7 @@ pub struct EffectShowArgs {
 }
 
 #[derive(Debug, Args)]
-pub struct BackfillArgs {
+pub(crate) struct BackfillArgs {
     #[command(flatten)]
     pub target: Target,
     /// The processor's component name (one processor: there is no backfill of all).
@@ -437,7 +439,7 @@ pub struct BackfillArgs {
 }
 
 #[derive(Debug, Args)]
-pub struct DeployArgs {
+pub(crate) struct DeployArgs {
     #[command(flatten)]
     pub component: ComponentRef,
     /// The component (.wasm).
@@ -449,7 +451,7 @@ pub struct DeployArgs {
 }
 
 #[derive(Debug, Subcommand)]
-pub enum ComponentCommand {
+pub(crate) enum ComponentCommand {
     /// Download a deployed component's .wasm (to run a repro command locally).
     Get(ComponentGetArgs),
     /// The versions of a component, newest first: digest, deployedAt.
@@ -457,7 +459,7 @@ pub enum ComponentCommand {
 }
 
 #[derive(Debug, Args)]
-pub struct ComponentGetArgs {
+pub(crate) struct ComponentGetArgs {
     #[command(flatten)]
     pub component: ComponentRef,
     /// Where to write it (default: NAME.wasm in the current directory).
@@ -466,7 +468,7 @@ pub struct ComponentGetArgs {
 }
 
 #[derive(Debug, Args)]
-pub struct VerifyArgs {
+pub(crate) struct VerifyArgs {
     #[command(flatten)]
     pub target: Target,
     /// The processor's component name.
@@ -474,7 +476,7 @@ pub struct VerifyArgs {
 }
 
 #[derive(Debug, Args)]
-pub struct KeysArgs {
+pub(crate) struct KeysArgs {
     #[command(flatten)]
     pub target: Target,
     /// The processor's component name.
@@ -498,7 +500,7 @@ pub struct KeysArgs {
 }
 
 #[derive(Debug, Args)]
-pub struct FoldArgs {
+pub(crate) struct FoldArgs {
     /// The processor component (.wasm).
     pub component: PathBuf,
     /// Events, one JSON object per line (`type`, `payload`, optional
@@ -554,7 +556,7 @@ fn parse_seed_arg(s: &str) -> Result<[u8; 32], String> {
 }
 
 #[derive(Debug, Args)]
-pub struct ServeArgs {
+pub(crate) struct ServeArgs {
     /// TOML config file (see the README, "Using it"); flags override it.
     #[arg(long)]
     pub config: Option<PathBuf>,
@@ -589,7 +591,7 @@ fn parse_durability(s: &str) -> Result<Durability, String> {
 
 /// The server and namespace a client command talks to.
 #[derive(Debug, Args)]
-pub struct Server {
+pub(crate) struct Server {
     /// Server URL.
     #[arg(long, env = "STREAMHOST_URL", default_value = "http://127.0.0.1:7410")]
     pub url: String,
@@ -618,7 +620,7 @@ impl Server {
 
 /// Where a client command sends its request: a stream.
 #[derive(Debug, Args)]
-pub struct Target {
+pub(crate) struct Target {
     #[command(flatten)]
     pub server: Server,
     /// Stream path, such as /orders/eu.
@@ -626,7 +628,7 @@ pub struct Target {
 }
 
 #[derive(Debug, Args)]
-pub struct AppendArgs {
+pub(crate) struct AppendArgs {
     #[command(flatten)]
     pub target: Target,
     /// Event type.
@@ -650,7 +652,7 @@ pub struct AppendArgs {
 }
 
 #[derive(Debug, Args)]
-pub struct EventsArgs {
+pub(crate) struct EventsArgs {
     #[command(flatten)]
     pub target: Target,
     /// Read the events after this offset.
@@ -670,13 +672,13 @@ pub struct EventsArgs {
 
 /// A project on a server (for commands that need no stream).
 #[derive(Debug, Args)]
-pub struct ProjectArgs {
+pub(crate) struct ProjectArgs {
     #[command(flatten)]
     pub project: Project,
 }
 
 #[derive(Debug, Args)]
-pub struct HealthArgs {
+pub(crate) struct HealthArgs {
     /// Server URL.
     #[arg(long, env = "STREAMHOST_URL", default_value = "http://127.0.0.1:7410")]
     pub url: String,
@@ -685,7 +687,7 @@ pub struct HealthArgs {
 /// The receiver of a new subscription: exactly one.
 #[derive(Debug, Args)]
 #[group(required = true, multiple = false)]
-pub struct ReceiverArgs {
+pub(crate) struct ReceiverArgs {
     /// Copy the events to this stream (a path in the same namespace).
     #[arg(long, value_name = "PATH")]
     pub copy_to: Option<String>,
@@ -702,7 +704,7 @@ pub struct ReceiverArgs {
 }
 
 #[derive(Debug, Args)]
-pub struct SubscribeArgs {
+pub(crate) struct SubscribeArgs {
     #[command(flatten)]
     pub target: Target,
     /// The subscription key (unique on the source stream).
@@ -731,7 +733,7 @@ pub struct SubscribeArgs {
 }
 
 #[derive(Debug, Args)]
-pub struct SubscriptionArgs {
+pub(crate) struct SubscriptionArgs {
     #[command(flatten)]
     pub target: Target,
     /// The subscription key.
@@ -739,7 +741,7 @@ pub struct SubscriptionArgs {
 }
 
 #[derive(Debug, Args)]
-pub struct ResumeSubscriptionArgs {
+pub(crate) struct ResumeSubscriptionArgs {
     #[command(flatten)]
     pub target: Target,
     /// The subscription key.
@@ -750,7 +752,7 @@ pub struct ResumeSubscriptionArgs {
 }
 
 #[derive(Debug, Args)]
-pub struct SetCursorArgs {
+pub(crate) struct SetCursorArgs {
     #[command(flatten)]
     pub target: Target,
     /// The subscription key.
@@ -761,7 +763,7 @@ pub struct SetCursorArgs {
 }
 
 #[derive(Debug, Args)]
-pub struct PauseArgs {
+pub(crate) struct PauseArgs {
     #[command(flatten)]
     pub target: Target,
     /// Why (stated to every refused append: "stream paused: REASON").
@@ -770,7 +772,7 @@ pub struct PauseArgs {
 }
 
 #[derive(Debug, Args)]
-pub struct ProcessorArgs {
+pub(crate) struct ProcessorArgs {
     #[command(flatten)]
     pub target: Target,
     /// The processor's component name.
@@ -785,7 +787,7 @@ pub struct ProcessorArgs {
 }
 
 #[derive(Debug, Args)]
-pub struct ItxArgs {
+pub(crate) struct ItxArgs {
     #[command(flatten)]
     pub project: Project,
     /// The ITX expression as JSON: `'["components", ["get", "kinds"], "add"]'`.
@@ -795,7 +797,7 @@ pub struct ItxArgs {
 }
 
 #[derive(Debug, Args)]
-pub struct StreamsArgs {
+pub(crate) struct StreamsArgs {
     #[command(flatten)]
     pub server: Server,
     /// Only paths that start with this (such as /orders).
@@ -810,7 +812,7 @@ pub struct StreamsArgs {
 }
 
 #[derive(Debug, Args)]
-pub struct TailArgs {
+pub(crate) struct TailArgs {
     #[command(flatten)]
     pub target: Target,
     /// Replay the events after this offset first.
@@ -831,13 +833,13 @@ pub struct TailArgs {
 }
 
 #[derive(Debug, Args)]
-pub struct StateArgs {
+pub(crate) struct StateArgs {
     #[command(flatten)]
     pub target: Target,
 }
 
 #[derive(Debug, Args)]
-pub struct WaitArgs {
+pub(crate) struct WaitArgs {
     #[command(flatten)]
     pub target: Target,
     /// Wait for an event after this offset (default: the stream's end).

@@ -49,52 +49,58 @@
 //! stream's actor (`stream/actor/`), which plans appends with the pure
 //! [`stream::plan_append`] and reducer ([`stream::CoreState`]), then
 //! commits them through the group-commit writer in `storage`.
-//! `ARCHITECTURE.md` at the repository root is the map. The modules
-//! hidden from these docs are the host's internals: public for its own
-//! binary, benchmarks and tests, not a stable API.
+//! `ARCHITECTURE.md` at the repository root is the map. The host's other
+//! modules are private to the crate; the `internals` feature makes them
+//! public (undocumented, with no stability promise) for the crate's own
+//! benchmarks, end-to-end tests and fuzz targets.
 
 #![warn(missing_docs)]
 
-#[doc(hidden)]
-pub mod auth;
-#[doc(hidden)]
-pub mod cli;
-#[doc(hidden)]
-pub mod clock;
-pub mod config;
-#[doc(hidden)]
-pub mod connection;
-#[doc(hidden)]
-pub mod delivery;
-#[doc(hidden)]
-pub mod effect;
-pub mod error;
-#[doc(hidden)]
-pub mod executor;
-#[doc(hidden)]
-pub mod filter;
+/// Declares the host's internal modules: crate-private, or public (and
+/// hidden from the docs, with no stability promise) when the `internals`
+/// feature is on, which only the crate's own benchmarks, end-to-end tests
+/// and fuzz targets turn on.
+macro_rules! internal {
+    ($($(#[$attr:meta])* $name:ident;)*) => {$(
+        $(#[$attr])*
+        #[cfg(feature = "internals")]
+        #[doc(hidden)]
+        pub mod $name;
+        $(#[$attr])*
+        #[cfg(not(feature = "internals"))]
+        pub(crate) mod $name;
+    )*};
+}
+
+internal! {
+    auth;
+    clock;
+    connection;
+    delivery;
+    effect;
+    executor;
+    filter;
+    http;
+    ingest;
+    itx;
+    jsonata;
+    metrics;
+    processor;
+    scaffold;
+    storage;
+    subscription;
+}
+
+/// Inputs for the fuzz targets in `fuzz/` (with the `internals` feature).
+#[cfg(feature = "internals")]
 #[doc(hidden)]
 pub mod fuzzing;
+
+pub mod cli;
+pub mod config;
+pub mod error;
 pub mod host;
-#[doc(hidden)]
-pub mod http;
-#[doc(hidden)]
-pub mod ingest;
-#[doc(hidden)]
-pub mod itx;
-#[doc(hidden)]
-pub mod jsonata;
-#[doc(hidden)]
-pub mod metrics;
-#[doc(hidden)]
-pub mod processor;
-#[doc(hidden)]
-pub mod scaffold;
-#[doc(hidden)]
-pub mod storage;
 pub mod stream;
-#[doc(hidden)]
-pub mod subscription;
 
 pub use config::Config;
 pub use error::{Error, ErrorKind};
@@ -113,9 +119,23 @@ pub use host::request::{StreamAnswer, StreamRequest};
 pub use host::streams::{StreamSummary, StreamsPage, StreamsQuery};
 pub use host::subscriptions::{CopyFrom, CursorSetAndResumed, Resumed, Subscribed, Unsubscribed};
 pub use host::Host;
-pub use http::error::ApiError;
 pub use ingest::nats::{BridgeStatus, Diagnostic};
 pub use ingest::{HttpIngestStatus, IngestCapacity, IngestStatus};
+/// The global allocator that makes the JSONata allocation budget hold:
+/// the system allocator, counting each thread's bytes. The `streamhost`
+/// binary installs it; an embedding program that evaluates untrusted
+/// JSONata (subscription filters and transforms) installs it too:
+///
+/// ```
+/// #[global_allocator]
+/// static ALLOCATOR: streamhost::CountingAllocator = streamhost::CountingAllocator;
+/// # fn main() { assert_eq!(vec![1u8; 3].len(), 3); }
+/// ```
+///
+/// Without it, the bounds checked before and after every JSONata built-in
+/// still hold; only the budget of values an expression builds step by step
+/// (a path over a range, recursion) does not.
+pub use jsonata::memory::Counting as CountingAllocator;
 pub use storage::FenceIdentity;
 pub use stream::{
     AppendInput, AppendOutput, ConnectionView, CoreState, DeliveryView, Event, EventInput, Latency,
@@ -129,4 +149,4 @@ mod proptests;
 /// Unit tests count allocations as the binary does (the JSONata budget).
 #[cfg(test)]
 #[global_allocator]
-static ALLOCATOR: jsonata::memory::Counting = jsonata::memory::Counting;
+static ALLOCATOR: CountingAllocator = CountingAllocator;

@@ -24,4 +24,4 @@ async fn main() {
 
 /// Counts allocations per thread for the JSONata allocation budget.
 #[global_allocator]
-static ALLOCATOR: streamhost::jsonata::memory::Counting = streamhost::jsonata::memory::Counting;
+static ALLOCATOR: streamhost::CountingAllocator = streamhost::CountingAllocator;

@@ -17,7 +17,7 @@ fn input(v: Value) -> AppendInput {
 
 async fn events(host: &Host, at: &StreamAddress) -> Vec<Value> {
     match host
-        .streams
+        .streams()
         .read(
             at,
             ReadQuery {
@@ -57,13 +57,13 @@ async fn older_stamps_are_rejected_and_equal_ones_deduplicated() {
         )
     };
     let first = host
-        .streams
+        .streams()
         .append(&src, configure("v1"), Authority::Public)
         .await
         .unwrap();
     let gen1 = first.events[0].offset;
     let data = host
-        .streams
+        .streams()
         .append(
             &src,
             input(json!({"events": [{"type": "x.y/a", "payload": {"n": 1}}]})),
@@ -74,7 +74,7 @@ async fn older_stamps_are_rejected_and_equal_ones_deduplicated() {
     let event: Event = data.events[0].clone();
     // Replace: generation 2 delivers and the receiver records its stamp.
     let second = host
-        .streams
+        .streams()
         .append(&src, configure("v2"), Authority::Public)
         .await
         .unwrap();
@@ -109,7 +109,7 @@ async fn older_stamps_are_rejected_and_equal_ones_deduplicated() {
 
     // A delayed batch of the older configuration.
     let stale = host
-        .streams
+        .streams()
         .deliver(&dst, batch(gen1, source.clone()))
         .await
         .unwrap_err();
@@ -128,14 +128,14 @@ async fn older_stamps_are_rejected_and_equal_ones_deduplicated() {
         ..source.clone()
     };
     let stale = host
-        .streams
+        .streams()
         .deliver(&dst, batch(gen2 + 100, older_lifetime))
         .await
         .unwrap_err();
     assert_eq!(stale.code, "stale-delivery");
     // The same stamp again: accepted, and deduplicated by the copy identity.
     let again = host
-        .streams
+        .streams()
         .deliver(&dst, batch(gen2, source.clone()))
         .await
         .unwrap();
@@ -146,18 +146,18 @@ async fn older_stamps_are_rejected_and_equal_ones_deduplicated() {
         "a retried delivery collapses"
     );
     // A newer stamp is accepted and moves the fence.
-    host.streams
+    host.streams()
         .deliver(&dst, batch(gen2 + 1, source.clone()))
         .await
         .unwrap();
     assert_eq!(events(&host, &dst).await.len(), before + 1);
-    let state = host.streams.state(&dst).await.unwrap();
+    let state = host.streams().state(&dst).await.unwrap();
     assert_eq!(
         state.subscriptions.inbound.by_source_path["/src"]["k"].cursor_changed_at_source_offset,
         gen2 + 1
     );
     let stale = host
-        .streams
+        .streams()
         .deliver(&dst, batch(gen2, source))
         .await
         .unwrap_err();

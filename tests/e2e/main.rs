@@ -4,7 +4,7 @@
 /// The fuzz corpus replay evaluates JSONata in this process: count
 /// allocations for its budget, as the server does.
 #[global_allocator]
-static ALLOCATOR: streamhost::jsonata::memory::Counting = streamhost::jsonata::memory::Counting;
+static ALLOCATOR: streamhost::CountingAllocator = streamhost::CountingAllocator;
 
 mod adversarial;
 mod auth;

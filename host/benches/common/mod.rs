@@ -6,7 +6,7 @@
 /// The allocator the `streamhost` binary runs with (it counts allocations
 /// for the JSONata budget): an in-process host is measured as served.
 #[global_allocator]
-static ALLOCATOR: streamhost::jsonata::memory::Counting = streamhost::jsonata::memory::Counting;
+static ALLOCATOR: streamhost::CountingAllocator = streamhost::CountingAllocator;
 
 use std::io::Write;
 use std::path::Path;
@@ -67,7 +67,7 @@ pub fn guest_wasm(file: &str) -> Vec<u8> {
 /// Deploys `bytes` as component `name` of project `bench`.
 pub async fn deploy(host: &streamhost::Host, name: &str, bytes: Vec<u8>) {
     use streamhost::storage::{Deployment, WriteOp};
-    host.streams
+    host.streams()
         .storage()
         .submit(WriteOp::Deploy(Deployment {
             project: "bench".into(),

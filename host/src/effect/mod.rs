@@ -84,14 +84,6 @@ impl Target {
         Err(format!("unknown effect target {v}"))
     }
 
-    /// `append`, `webhook` or `itx`.
-    pub fn kind(&self) -> &'static str {
-        match self {
-            Target::Append { .. } => "append",
-            Target::Webhook { .. } => "webhook",
-            Target::Itx { .. } => "itx",
-        }
-    }
 }
 
 /// An effect as a fold returned it, its JSON fields still text.

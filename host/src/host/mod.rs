@@ -40,15 +40,15 @@ use crate::subscription::Subscription;
 #[derive(Clone)]
 pub struct Host {
     /// The configuration it was opened with.
-    pub config: Arc<Config>,
-    /// The stream registry: every stream actor (internal; prefer the methods above).
-    pub streams: Streams,
+    pub(crate) config: Arc<Config>,
+    /// The stream registry: every stream actor.
+    pub(crate) streams: Streams,
     /// Bearer-token authentication.
-    pub auth: Arc<Auth>,
+    pub(crate) auth: Arc<Auth>,
     /// Prometheus metrics.
-    pub metrics: Metrics,
+    pub(crate) metrics: Metrics,
     /// Ingest with broker acceptance (HTTP buffer, JetStream bridge).
-    pub ingest: crate::ingest::Ingest,
+    pub(crate) ingest: crate::ingest::Ingest,
     /// Sends requests for streams another host owns to it (several hosts).
     forwarder: reqwest::Client,
 }
@@ -201,9 +201,28 @@ impl Host {
         })
     }
 
-    /// The client that forwards requests to a stream's owning host.
+    /// The configuration it was opened with.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// The stream registry (with the `internals` feature: the crate's own
+    /// benchmarks and tests).
+    #[cfg(feature = "internals")]
     #[doc(hidden)]
-    pub fn forwarder(&self) -> &reqwest::Client {
+    pub fn streams(&self) -> &Streams {
+        &self.streams
+    }
+
+    /// Prometheus metrics (with the `internals` feature).
+    #[cfg(feature = "internals")]
+    #[doc(hidden)]
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    /// The client that forwards requests to a stream's owning host.
+    pub(crate) fn forwarder(&self) -> &reqwest::Client {
         &self.forwarder
     }
 

@@ -50,11 +50,6 @@ impl ApiError {
         Self::new(404, code, message)
     }
 
-    /// `413 too-large`.
-    pub fn too_large(message: impl Into<String>) -> Self {
-        Self::new(413, "too-large", message)
-    }
-
     /// `503` with a `retry-after` header.
     pub fn unavailable(code: &'static str, message: impl Into<String>, retry_after_s: u32) -> Self {
         ApiError {

@@ -9,7 +9,7 @@
 //!
 //! ```ignore
 //! #[global_allocator]
-//! static ALLOCATOR: streamhost::jsonata::memory::Counting = streamhost::jsonata::memory::Counting;
+//! static ALLOCATOR: streamhost::CountingAllocator = streamhost::CountingAllocator;
 //! ```
 //!
 //! Without it, the bounds checked before and after every built-in still

@@ -82,12 +82,8 @@ impl<K: Hash + Eq + Clone, V: Clone> Lru<K, V> {
         evicted
     }
 
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.entries.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
     }
 
     /// Total bytes of the entries kept.

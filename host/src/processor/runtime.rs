@@ -42,8 +42,7 @@ use super::keyed::{KeyedError, Session};
 pub struct BucketHandle;
 
 pub use bindings::exports::streamhost::processor::processor::{
-    Announcement, AppendEffect, Batch, Effect, EffectTarget, Failure, Folded, ItxEffect,
-    StreamInfo, WebhookEffect,
+    Announcement, Batch, Effect, EffectTarget, Folded, StreamInfo,
 };
 use bindings::StreamProcessorPre;
 

@@ -34,11 +34,11 @@ use crate::metrics::Metrics;
 pub use effects::{EffectOp, EffectQuery, EffectRow, EffectSource, NewEffect};
 pub use hot::{set_key_cache_bytes, KEY_CACHE_BYTES_DEFAULT};
 pub use ingest::{
-    FenceIdentity, FenceRow, IngestOp, NewPending, PendingRow, SharedBound, CAPACITY_EXHAUSTED,
+    FenceIdentity, IngestOp, NewPending, PendingRow, SharedBound, CAPACITY_EXHAUSTED,
     DIAGNOSTICS_KEPT, KEY_CONFLICT, KEY_IN_STREAM,
 };
-pub use keys::{read_offline, tag as key_tag, OfflineInstance, StoredBucket, Writes as KeyWrites};
-pub use lease::{tenure_clock_ms, ClusterHost, Fence, HostIdentity, LeaseLost, OwnedElsewhere};
+pub use keys::{read_offline, tag as key_tag, StoredBucket, Writes as KeyWrites};
+pub use lease::{tenure_clock_ms, Fence, HostIdentity, LeaseLost, OwnedElsewhere};
 pub use writer::{
     Checkpoint, CommitError, CursorRow, Deployment, NewStream, ProcessorFailure, StoredEvent,
     StreamCommit, StreamRef, WriteOp,

@@ -7,8 +7,7 @@ mod append;
 mod event;
 pub mod quota;
 mod registry;
-#[doc(hidden)]
-pub mod remote;
+pub(crate) mod remote;
 mod runtime;
 mod state;
 
