@@ -45,7 +45,7 @@
 //!
 //! # Inside
 //!
-//! A request travels `http` → [`stream::Streams`] (the registry) → the
+//! A request travels `http` → the stream registry (`stream/registry.rs`) → the
 //! stream's actor (`stream/actor/`), which plans appends with the pure
 //! [`stream::plan_append`] and reducer ([`stream::CoreState`]), then
 //! commits them through the group-commit writer in `storage`.
@@ -54,7 +54,7 @@
 //! public (undocumented, with no stability promise) for the crate's own
 //! benchmarks, end-to-end tests and fuzz targets.
 
-#![warn(missing_docs)]
+#![warn(missing_docs, unnameable_types)]
 
 /// Declares the host's internal modules: crate-private, or public (and
 /// hidden from the docs, with no stability promise) when the `internals`
@@ -70,6 +70,19 @@ macro_rules! internal {
         #[cfg(not(feature = "internals"))]
         pub(crate) mod $name;
     )*};
+}
+
+/// Re-exports an internal item: crate-wide, or public (hidden) with the
+/// `internals` feature (see [`internal!`]).
+macro_rules! internal_use {
+    ($($path:tt)*) => {
+        #[cfg(feature = "internals")]
+        #[doc(hidden)]
+        pub use $($path)*;
+        #[cfg(not(feature = "internals"))]
+        #[allow(unused_imports)]
+        pub(crate) use $($path)*;
+    };
 }
 
 internal! {
@@ -88,7 +101,6 @@ internal! {
     processor;
     scaffold;
     storage;
-    subscription;
 }
 
 /// Inputs for the fuzz targets in `fuzz/` (with the `internals` feature).
@@ -101,7 +113,9 @@ pub mod config;
 pub mod error;
 pub mod host;
 pub mod stream;
+pub mod subscription;
 
+pub use clock::{Clock, SystemClock};
 pub use config::Config;
 pub use error::{Error, ErrorKind};
 pub use host::backfill::{Backfill, BackfillProgress, Backfilled};

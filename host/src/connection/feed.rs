@@ -94,7 +94,6 @@ pub struct Replay {
 
 /// One registered connection, as its consumer sees it.
 pub struct Feed {
-    pub key: String,
     replay: Option<Replay>,
     initial_state: Option<Arc<str>>,
     head: u64,
@@ -107,7 +106,6 @@ pub struct Feed {
 
 impl Feed {
     pub fn new(
-        key: String,
         replay: Option<Replay>,
         initial_state: Option<Arc<str>>,
         head: u64,
@@ -115,7 +113,6 @@ impl Feed {
         guard: Guard,
     ) -> Feed {
         Feed {
-            key,
             replay,
             initial_state,
             head,

@@ -29,10 +29,7 @@ pub const WAIT_RECENT_TYPES_MAX: usize = 5;
 pub enum CloseReason {
     Replaced,
     ClosedByOwner,
-    RpcBroken,
     DeliveryFailed,
-    SubscriptionRemoved,
-    Idle,
     /// This host could not renew its lease on the stream in time (several
     /// hosts): the client reconnects and reaches the stream's owner.
     LeaseLost,
@@ -43,10 +40,7 @@ impl CloseReason {
         match self {
             CloseReason::Replaced => "replaced",
             CloseReason::ClosedByOwner => "closed-by-owner",
-            CloseReason::RpcBroken => "rpc-broken",
             CloseReason::DeliveryFailed => "delivery-failed",
-            CloseReason::SubscriptionRemoved => "subscription-removed",
-            CloseReason::Idle => "idle",
             CloseReason::LeaseLost => "lease-lost",
         }
     }

@@ -23,18 +23,23 @@ use crate::stream::StreamAddress;
 const PROGRESS_EVERY: Duration = Duration::from_millis(500);
 
 /// A backfill of one processor: which events it folds. Build with
-/// [`Backfill::new`].
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// [`Backfill::new`]; it is also the body of `:backfillProcessor`.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Backfill {
     /// The processor's component.
     pub component: String,
     /// Folds the events after this offset (0: from the start).
+    #[serde(default, deserialize_with = "crate::stream::bounded::offset")]
     pub after_offset: u64,
     /// Up to this offset (`None`: the stream's head when it starts).
+    #[serde(default, deserialize_with = "crate::stream::bounded::optional_offset")]
     pub through_offset: Option<u64>,
     /// Only events of these types (within what the processor consumes).
+    #[serde(default)]
     pub event_types: Option<Vec<String>>,
     /// Only events for which this JSONata expression is truthy.
+    #[serde(default)]
     pub jsonata_condition: Option<String>,
 }
 

@@ -95,8 +95,9 @@ pub struct Component {
     pub deployed_at: String,
 }
 
-impl From<crate::storage::ComponentRow> for Component {
-    fn from(r: crate::storage::ComponentRow) -> Self {
+impl Component {
+    /// The component of a stored row.
+    fn from_row(r: crate::storage::ComponentRow) -> Self {
         Component {
             name: r.name,
             digest: r.digest,
@@ -239,7 +240,7 @@ impl Host {
         let rows = self
             .read_storage("listing components", move |s| s.components(&p))
             .await?;
-        Ok(rows.into_iter().map(Component::from).collect())
+        Ok(rows.into_iter().map(Component::from_row).collect())
     }
 
     /// Component `name` of `project`, or `component-not-found`.
@@ -247,7 +248,7 @@ impl Host {
         let (p, n) = (project.to_string(), name.to_string());
         self.read_storage("reading the component", move |s| s.component(&p, &n))
             .await?
-            .map(Component::from)
+            .map(Component::from_row)
             .ok_or_else(|| component_not_found(project, name))
     }
 

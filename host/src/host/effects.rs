@@ -113,8 +113,9 @@ pub struct Effect {
     pub settled_at: Option<String>,
 }
 
-impl From<EffectRow> for Effect {
-    fn from(e: EffectRow) -> Self {
+impl Effect {
+    /// The effect of a stored row.
+    fn from_row(e: EffectRow) -> Self {
         // The outbox stores only these names (`effect::Status`).
         let status = EffectStatus::parse(&e.status).unwrap_or(EffectStatus::Failed);
         let next_attempt_at =
@@ -178,7 +179,7 @@ impl Host {
             .await?;
         let next_after_id = (rows.len() == limit).then(|| rows[rows.len() - 1].id);
         Ok(EffectsPage {
-            effects: rows.into_iter().map(Effect::from).collect(),
+            effects: rows.into_iter().map(Effect::from_row).collect(),
             next_after_id,
         })
     }
@@ -188,7 +189,7 @@ impl Host {
         let p = project.to_string();
         self.read_storage("reading the effect", move |s| s.effect(&p, id))
             .await?
-            .map(Effect::from)
+            .map(Effect::from_row)
             .ok_or_else(|| {
                 Error::not_found(
                     "effect-not-found",

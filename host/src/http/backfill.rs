@@ -7,40 +7,12 @@
 use axum::body::Body;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
-use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
 use crate::host::backfill::Backfill;
 use crate::host::Host;
 use crate::stream::StreamAddress;
-
-/// The body of `:backfillProcessor`.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct BackfillInput {
-    pub component: String,
-    #[serde(default, deserialize_with = "crate::stream::bounded::offset")]
-    pub after_offset: u64,
-    #[serde(default, deserialize_with = "crate::stream::bounded::optional_offset")]
-    pub through_offset: Option<u64>,
-    #[serde(default)]
-    pub event_types: Option<Vec<String>>,
-    #[serde(default)]
-    pub jsonata_condition: Option<String>,
-}
-
-impl From<BackfillInput> for Backfill {
-    fn from(i: BackfillInput) -> Self {
-        Backfill {
-            component: i.component,
-            after_offset: i.after_offset,
-            through_offset: i.through_offset,
-            event_types: i.event_types,
-            jsonata_condition: i.jsonata_condition,
-        }
-    }
-}
 
 /// The backfill as a stream of JSON lines: progress, then the result.
 pub fn streamed(host: Host, address: StreamAddress, backfill: Backfill) -> Response {

@@ -8,10 +8,9 @@ use std::time::Duration;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use futures_util::StreamExt;
-use serde::Deserialize;
 use serde_json::json;
 
-use crate::host::live::{Live, LiveConnection, WaitFor};
+use crate::host::live::{Live, LiveConnection};
 
 pub use crate::host::live::WAIT_TIMEOUT_MS_MAX;
 
@@ -31,26 +30,3 @@ pub fn sse(live: LiveConnection) -> Response {
         .into_response()
 }
 
-/// The body of `:waitForEvent`.
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct WaitInput {
-    #[serde(default, deserialize_with = "crate::stream::bounded::optional_offset")]
-    pub after_offset: Option<u64>,
-    #[serde(default)]
-    pub event_types: Option<Vec<String>>,
-    #[serde(default)]
-    pub jsonata_condition: Option<String>,
-    pub timeout_ms: u64,
-}
-
-impl From<WaitInput> for WaitFor {
-    fn from(i: WaitInput) -> Self {
-        WaitFor {
-            after_offset: i.after_offset,
-            event_types: i.event_types,
-            jsonata_condition: i.jsonata_condition,
-            timeout_ms: i.timeout_ms,
-        }
-    }
-}

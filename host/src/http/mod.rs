@@ -513,8 +513,7 @@ async fn stream_request(
         ("reset", &Method::POST) => R::Reset,
         ("connect", &Method::GET) => R::Connect(query::connect_query(query)?),
         ("waitForEvent", &Method::POST) => {
-            let input: connections::WaitInput = read_json(host, body).await?;
-            R::WaitForEvent(input.into())
+            R::WaitForEvent(read_json(host, body).await?)
         }
         (m, &Method::GET) if m.starts_with("processors/") && m.contains("/keys") => {
             let rest = &m["processors/".len()..];
@@ -545,8 +544,7 @@ async fn stream_request(
             component: m["processors/".len()..].to_string(),
         },
         ("backfillProcessor", &Method::POST) => {
-            let input: backfill::BackfillInput = read_json(host, body).await?;
-            R::BackfillProcessor(input.into())
+            R::BackfillProcessor(read_json(host, body).await?)
         }
         ("verifyProcessor", &Method::POST) => {
             let input: components::VerifyInput = read_json(host, body).await?;

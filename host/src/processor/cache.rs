@@ -82,12 +82,14 @@ impl<K: Hash + Eq + Clone, V: Clone> Lru<K, V> {
         evicted
     }
 
-    pub(crate) fn len(&self) -> usize {
+    #[cfg(test)]
+    fn len(&self) -> usize {
         self.entries.len()
     }
 
     /// Total bytes of the entries kept.
-    pub fn bytes(&self) -> usize {
+    #[cfg(test)]
+    fn bytes(&self) -> usize {
         self.bytes
     }
 }

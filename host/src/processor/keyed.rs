@@ -97,11 +97,6 @@ impl Bucket {
         &self.writes
     }
 
-    /// The committed bucket under the writes.
-    pub fn base(&self) -> &Arc<dyn Base> {
-        &self.base
-    }
-
     /// `key` as the fold sees it.
     pub fn get(&self, key: &str) -> anyhow::Result<Option<Vec<u8>>> {
         match self.writes.get(key) {

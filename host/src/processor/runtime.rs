@@ -692,12 +692,6 @@ impl Runtime {
         Ok(prepared)
     }
 
-    /// Prepared components held in memory, and their compiled bytes.
-    pub fn prepared_usage(&self) -> (usize, usize) {
-        let lru = self.prepared.lock().expect("prepared");
-        (lru.len(), lru.bytes())
-    }
-
     fn store(
         &self,
         name: &str,
@@ -832,6 +826,7 @@ impl Runtime {
     /// Runs `f` with a fresh instance of `p` in a fresh store (the same
     /// limits and WASI context as every call): for typed calls through
     /// `bindgen!` bindings, as the benchmarks do.
+    #[cfg_attr(not(feature = "internals"), allow(dead_code))] // the benchmarks' (internals)
     pub fn with_instance<T>(
         &self,
         name: &str,

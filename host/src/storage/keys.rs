@@ -44,6 +44,7 @@ pub struct KeyCache {
     values: quick_cache::sync::Cache<(i64, u64, String), CachedValue, Weigh>,
     tags: Mutex<std::collections::HashMap<i64, (String, u64)>>,
     generation: AtomicU64,
+    #[cfg_attr(not(feature = "internals"), allow(dead_code))] // the benchmarks' (internals)
     capacity: u64,
 }
 
@@ -73,6 +74,7 @@ impl KeyCache {
     }
 
     /// Bytes held, and the bound.
+    #[cfg_attr(not(feature = "internals"), allow(dead_code))] // the benchmarks' (internals)
     pub fn usage(&self) -> (u64, u64) {
         (self.values.weight(), self.capacity)
     }
@@ -282,6 +284,7 @@ impl Storage {
     }
 
     /// The key cache's bytes held and bound.
+    #[cfg_attr(not(feature = "internals"), allow(dead_code))] // the benchmarks' (internals)
     pub fn key_cache_usage(&self) -> (u64, u64) {
         self.inner.hot.keys.usage()
     }
@@ -292,6 +295,7 @@ impl Storage {
     }
 
     /// Up to `limit` committed keys of `bucket` after `after`, in byte order.
+    #[cfg(test)]
     pub fn keys_after(
         &self,
         bucket: i64,

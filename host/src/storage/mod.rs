@@ -38,6 +38,9 @@ pub use ingest::{
     DIAGNOSTICS_KEPT, KEY_CONFLICT, KEY_IN_STREAM,
 };
 pub use keys::{read_offline, tag as key_tag, StoredBucket, Writes as KeyWrites};
+// Named in the signatures the `internals` feature opens.
+#[cfg(feature = "internals")]
+pub use {ingest::FenceRow, keys::OfflineInstance, lease::ClusterHost};
 pub use lease::{tenure_clock_ms, Fence, HostIdentity, LeaseLost, OwnedElsewhere};
 pub use writer::{
     Checkpoint, CommitError, CursorRow, Deployment, NewStream, ProcessorFailure, StoredEvent,

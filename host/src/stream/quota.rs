@@ -95,10 +95,6 @@ impl LiveConnections {
         })
     }
 
-    /// Live connections of `project` now.
-    pub fn of(&self, project: &str) -> usize {
-        self.counts.lock().map(|c| c.of(project)).unwrap_or(0)
-    }
 }
 
 /// The bytes of ephemeral events held by every stream's buffer.
@@ -161,6 +157,7 @@ impl EphemeralMemory {
     }
 
     /// Bytes held now, by all streams.
+    #[cfg(test)]
     pub fn held(&self) -> usize {
         self.counts.lock().map(|c| c.total).unwrap_or(0)
     }

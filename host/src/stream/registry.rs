@@ -154,11 +154,6 @@ impl Streams {
         });
     }
 
-    /// Stream actors in memory.
-    pub fn actors_in_memory(&self) -> usize {
-        self.inner.actors.lock().expect("actor registry").len()
-    }
-
     /// Removes the actor `me` of `address` from the registry, unless a
     /// message is waiting in its mailbox. Called by the actor itself when it
     /// is idle; once it returns `true`, no new request can reach `me`.

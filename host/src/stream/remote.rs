@@ -108,7 +108,7 @@ pub async fn send<T: serde::de::DeserializeOwned>(
     match answer {
         Answer::Ok(value) => serde_json::from_value(value)
             .map_err(|e| unavailable(format!("answered unreadably: {e}"))),
-        Answer::Error(e) => Err(e.into()),
+        Answer::Error(e) => Err(e.into_error()),
     }
 }
 
@@ -147,8 +147,10 @@ pub struct WireError {
     retry_after_s: Option<u32>,
 }
 
-impl From<WireError> for Error {
-    fn from(w: WireError) -> Self {
+impl WireError {
+    /// The error as the owner raised it.
+    fn into_error(self) -> Error {
+        let w = self;
         let mut e = Error::new(w.kind, intern(&w.code), w.message);
         e.retry_after_s = w.retry_after_s;
         e
@@ -205,7 +207,7 @@ mod tests {
             let Answer::Error(back) = serde_json::from_str(&wire).unwrap() else {
                 panic!("{wire}")
             };
-            assert_eq!(Error::from(back), e, "{wire}");
+            assert_eq!(back.into_error(), e, "{wire}");
         }
         let wire = serde_json::to_string(&Answer::from(Ok(serde_json::json!({"n": 1})))).unwrap();
         assert_eq!(wire, r#"{"ok":{"n":1}}"#);

@@ -29,12 +29,16 @@ pub const COPY_HOPS_MAX: usize = 32;
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct SubscriptionConfig {
+    /// The key (generated as `subscription:<offset>` when absent).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub subscription_key: Option<String>,
+    /// Free text.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub description: Option<String>,
+    /// Which events it selects (`None`: all).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub filter: Option<Filter>,
+    /// Where they go.
     pub receiver: Receiver,
 }
 
@@ -42,8 +46,10 @@ pub struct SubscriptionConfig {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Filter {
+    /// Only events of these types.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub event_types: Option<Vec<String>>,
+    /// Only events for which this JSONata expression is truthy.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub jsonata_condition: Option<String>,
 }
@@ -52,7 +58,9 @@ pub struct Filter {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Start {
+    /// From the source's first event.
     Beginning,
+    /// From the events after the configuration.
     Now,
 }
 
@@ -60,7 +68,9 @@ pub enum Start {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum OnFailingEvent {
+    /// Stop, durably, until resumed.
     Halt,
+    /// Record it and go on with the next.
     Skip,
 }
 
@@ -68,7 +78,9 @@ pub enum OnFailingEvent {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Delivery {
+    /// Where reading begins.
     pub start: Start,
+    /// What an event that keeps failing does.
     pub on_failing_event: OnFailingEvent,
 }
 
@@ -81,25 +93,40 @@ pub struct Delivery {
     deny_unknown_fields
 )]
 pub enum Receiver {
+    /// Wakes a processor over the source's events.
     ProcessorWake {
+        /// The ITX expression naming the component
+        /// (`["components", "counter"]`).
         expression: Value,
     },
+    /// Copies each event to a stream of the same project.
     CopyToStream {
+        /// The receiving stream.
         receiving_stream_path: String,
+        /// Each copy is this JSONata expression applied to the event.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         jsonata_transform: Option<String>,
+        /// Start and failure policy.
         delivery: Delivery,
     },
+    /// Calls a function of a deployed component with each event.
     ItxCall {
+        /// The ITX expression naming the function.
         expression: Value,
+        /// The argument is this JSONata expression applied to the event.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         jsonata_transform: Option<String>,
+        /// Start and failure policy.
         delivery: Delivery,
     },
+    /// POSTs each event to a URL.
     WebhookPost {
+        /// Where.
         url: String,
+        /// The body is this JSONata expression applied to the event.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         jsonata_transform: Option<String>,
+        /// Start and failure policy.
         delivery: Delivery,
     },
 }
@@ -138,6 +165,7 @@ impl Receiver {
         }
     }
 
+    /// The receiver's JSONata transform, if it has one.
     pub fn jsonata_transform(&self) -> Option<&str> {
         match self {
             Receiver::ProcessorWake { .. } => None,
@@ -158,13 +186,19 @@ impl Receiver {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct OutboundSubscription {
+    /// The configuration, with its effective key.
     pub configuration: SubscriptionConfig,
+    /// The offset of its `subscription-configured` event.
     pub configured_at_offset: u64,
+    /// When it was configured.
     pub configured_at: String,
+    /// Whether its key was generated.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub subscription_key_was_generated: Option<bool>,
+    /// The latest explicit cursor.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cursor_set: Option<CursorSet>,
+    /// Set while it is halted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub delivery_halted: Option<DeliveryHalted>,
 }
@@ -217,7 +251,9 @@ pub fn resumed_by_new_version<'a>(
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct CursorSet {
+    /// Delivery resumes after this offset.
     pub after_offset: u64,
+    /// The offset of the `cursor-set` event.
     pub set_at_source_offset: u64,
 }
 
@@ -225,9 +261,13 @@ pub struct CursorSet {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct DeliveryHalted {
+    /// Why (`delivery-failed`).
     pub reason: String,
+    /// Delivered through this offset; the next event failed.
     pub after_offset: u64,
+    /// Attempts made.
     pub attempts: u64,
+    /// The last attempt's error.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
 }
@@ -236,13 +276,17 @@ pub struct DeliveryHalted {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct SubscriptionRemoved {
+    /// The subscription.
     pub subscription_key: String,
+    /// Why.
     pub reason: RemovedReason,
 }
 
+/// Why a subscription was removed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum RemovedReason {
+    /// Its owner asked.
     Requested,
 }
 
@@ -250,7 +294,9 @@ pub enum RemovedReason {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct SubscriptionCursorSet {
+    /// The subscription.
     pub subscription_key: String,
+    /// Delivery resumes after this offset.
     pub after_offset: u64,
 }
 
@@ -258,17 +304,24 @@ pub struct SubscriptionCursorSet {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct SubscriptionDeliveryHalted {
+    /// The subscription.
     pub subscription_key: String,
+    /// Why.
     pub reason: HaltReason,
+    /// Delivered through this offset; the next event failed.
     pub after_offset: u64,
+    /// Attempts made.
     pub attempts: u64,
+    /// The last attempt's error.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
 }
 
+/// Why a subscription halted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum HaltReason {
+    /// An event failed every attempt.
     DeliveryFailed,
 }
 
@@ -276,6 +329,7 @@ pub enum HaltReason {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct SubscriptionDeliveryResumed {
+    /// The subscription.
     pub subscription_key: String,
 }
 
@@ -283,10 +337,15 @@ pub struct SubscriptionDeliveryResumed {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct InboundRecord {
+    /// The source's stream id (its lifetime).
     pub stream_id: String,
+    /// When the source's lifetime began.
     pub stream_created_at: String,
+    /// The configuration generation copies must carry.
     pub cursor_changed_at_source_offset: u64,
+    /// Copies received.
     pub num_events_received: u64,
+    /// When the latest copy arrived.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_event_received_at: Option<String>,
 }
@@ -294,8 +353,11 @@ pub struct InboundRecord {
 /// The stamp of a delivery run: source lifetime and config generation.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Stamp {
+    /// When the source's lifetime began.
     pub stream_created_at: String,
+    /// The source's stream id.
     pub stream_id: String,
+    /// The configuration generation.
     pub cursor_changed_at_source_offset: u64,
 }
 
@@ -314,6 +376,7 @@ impl Stamp {
 }
 
 impl InboundRecord {
+    /// The stamp copies must carry to pass this fence.
     pub fn stamp(&self) -> Stamp {
         Stamp {
             stream_created_at: self.stream_created_at.clone(),

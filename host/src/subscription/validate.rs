@@ -9,7 +9,9 @@ use crate::stream::{canonicalize_path, types, CoreState, EventInput, Namespace};
 
 /// The stream a control event is appended to.
 pub struct ControlContext<'a> {
+    /// The stream's project (or the global namespace).
     pub namespace: &'a Namespace,
+    /// The stream's path.
     pub path: &'a str,
     /// Keys of the stream's live connections.
     pub connection_keys: &'a [String],

@@ -116,7 +116,7 @@ impl Actor {
             },
         );
         self.append_fact(types::CONNECTION_OPENED, audit);
-        Ok(Feed::new(key, replay, initial_state, head, rx, guard))
+        Ok(Feed::new(replay, initial_state, head, rx, guard))
     }
 
     /// A consumer ended its connection (client gone, or its filter failed).
