@@ -32,11 +32,13 @@
 //! - HTTP: [`Host::serve`] on a listener, or [`Host::router`] to mount the
 //!   API in an axum application.
 //!
-//! ```no_run
+//! ```
 //! use streamhost::{Config, EventInput, Host};
 //!
-//! # async fn example() -> anyhow::Result<()> {
-//! let host = Host::open(Config { data_dir: "data".into(), ..Config::default() })?;
+//! # #[tokio::main] async fn main() -> anyhow::Result<()> {
+//! # let dir = tempfile::tempdir()?;
+//! # let data = dir.path().to_path_buf();
+//! let host = Host::open(Config { data_dir: data, ..Config::default() })?;
 //! let orders = host.stream("acme", "/orders/eu")?;
 //! host.append(&orders, [EventInput::new("events.example/order-created")]).await?;
 //! assert_eq!(host.state(&orders).await?.max_offset, 2);

@@ -114,13 +114,37 @@ pub struct BackfillProgress {
 impl Host {
     /// Runs a backfill of a processor on `stream` to its end.
     ///
-    /// ```no_run
-    /// # async fn example(host: streamhost::Host) -> Result<(), streamhost::Error> {
+    /// ```
+    /// # async fn eventually<T>(what: &str, mut probe: impl AsyncFnMut() -> Option<T>) -> anyhow::Result<T> {
+    /// #     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    /// #     loop {
+    /// #         if let Some(v) = probe().await { return Ok(v) }
+    /// #         anyhow::ensure!(std::time::Instant::now() < deadline, "timed out waiting for {what}");
+    /// #         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    /// #     }
+    /// # }
+    /// # #[tokio::main] async fn main() -> anyhow::Result<()> {
+    /// # let dir = tempfile::tempdir()?;
+    /// # let host = streamhost::Host::open(streamhost::Config { data_dir: dir.path().into(), ..Default::default() })?;
+    /// # let guests = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/processors/target/wasm32-wasip2/release"));
+    /// # use serde_json::json;
+    /// # host.deploy(streamhost::Deploy::new("acme", "ledger", std::fs::read(guests.join("ledger.wasm"))?)).await?;
+    /// # let bank = host.stream("acme", "/bank")?;
+    /// # host.subscribe(&bank, &streamhost::Subscription::wake("ledger", "ledger").from_beginning()).await?;
+    /// # host.append(&bank, [
+    /// #     streamhost::EventInput::new("deposited").payload(json!({"account": "alice", "cents": 500})),
+    /// #     streamhost::EventInput::new("deposited").payload(json!({"account": "bob", "cents": 70})),
+    /// #     streamhost::EventInput::new("withdrawn").payload(json!({"account": "alice", "cents": 120})),
+    /// # ]).await?;
+    /// # let head = host.state(&bank).await?.max_offset;
+    /// # eventually("the ledger to fold", async || {
+    /// #     (host.processor(&bank, "ledger").await.ok()?.checkpoint_offset == head).then_some(())
+    /// # }).await?;
     /// use streamhost::Backfill;
     ///
-    /// let orders = host.stream("acme", "/orders/eu")?;
-    /// let done = host.backfill(&orders, Backfill::new("mailer").after(100)).await?;
-    /// println!("{} effects created", done.effects_created);
+    /// let done = host.backfill(&bank, Backfill::new("ledger").event_types(["deposited"])).await?;
+    /// assert_eq!(done.folded, 2);
+    /// assert_eq!(done.effects_created, 0); // the ledger returns no effects
     /// # Ok(()) }
     /// ```
     pub async fn backfill(
@@ -132,6 +156,43 @@ impl Host {
     }
 
     /// As [`Host::backfill`], telling `progress` how far it has come.
+    ///
+    /// ```
+    /// # async fn eventually<T>(what: &str, mut probe: impl AsyncFnMut() -> Option<T>) -> anyhow::Result<T> {
+    /// #     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    /// #     loop {
+    /// #         if let Some(v) = probe().await { return Ok(v) }
+    /// #         anyhow::ensure!(std::time::Instant::now() < deadline, "timed out waiting for {what}");
+    /// #         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    /// #     }
+    /// # }
+    /// # #[tokio::main] async fn main() -> anyhow::Result<()> {
+    /// # let dir = tempfile::tempdir()?;
+    /// # let host = streamhost::Host::open(streamhost::Config { data_dir: dir.path().into(), ..Default::default() })?;
+    /// # let guests = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/processors/target/wasm32-wasip2/release"));
+    /// # use serde_json::json;
+    /// # host.deploy(streamhost::Deploy::new("acme", "ledger", std::fs::read(guests.join("ledger.wasm"))?)).await?;
+    /// # let bank = host.stream("acme", "/bank")?;
+    /// # host.subscribe(&bank, &streamhost::Subscription::wake("ledger", "ledger").from_beginning()).await?;
+    /// # host.append(&bank, [
+    /// #     streamhost::EventInput::new("deposited").payload(json!({"account": "alice", "cents": 500})),
+    /// #     streamhost::EventInput::new("deposited").payload(json!({"account": "bob", "cents": 70})),
+    /// #     streamhost::EventInput::new("withdrawn").payload(json!({"account": "alice", "cents": 120})),
+    /// # ]).await?;
+    /// # let head = host.state(&bank).await?.max_offset;
+    /// # eventually("the ledger to fold", async || {
+    /// #     (host.processor(&bank, "ledger").await.ok()?.checkpoint_offset == head).then_some(())
+    /// # }).await?;
+    /// use streamhost::Backfill;
+    ///
+    /// let done = host
+    ///     .backfill_with_progress(&bank, Backfill::new("ledger").after(1), |p| {
+    ///         println!("{} of {} folded", p.through_offset, p.head_offset)
+    ///     })
+    ///     .await?;
+    /// assert_eq!(done.folded, 3);
+    /// # Ok(()) }
+    /// ```
     pub async fn backfill_with_progress(
         &self,
         stream: &StreamAddress,

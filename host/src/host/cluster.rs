@@ -36,6 +36,16 @@ pub struct ClusterHost {
 impl Host {
     /// This host and every host sharing its database. On SQLite, one host
     /// owning every stream.
+    ///
+    /// ```
+    /// # #[tokio::main] async fn main() -> anyhow::Result<()> {
+    /// # let dir = tempfile::tempdir()?;
+    /// # let host = streamhost::Host::open(streamhost::Config { data_dir: dir.path().into(), ..Default::default() })?;
+    /// // One host on SQLite: it alone, owning every stream.
+    /// let view = host.cluster().await?;
+    /// assert_eq!(view.hosts.len(), 1);
+    /// # Ok(()) }
+    /// ```
     pub async fn cluster(&self) -> Result<ClusterView, Error> {
         let me = self
             .config

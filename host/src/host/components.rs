@@ -150,13 +150,18 @@ impl Host {
     /// ones retry at once, and with [`Deploy::refold`] every instance
     /// refolds.
     ///
-    /// ```no_run
-    /// # async fn example(host: streamhost::Host) -> Result<(), streamhost::Error> {
+    /// ```
+    /// # #[tokio::main] async fn main() -> anyhow::Result<()> {
+    /// # let dir = tempfile::tempdir()?;
+    /// # let host = streamhost::Host::open(streamhost::Config { data_dir: dir.path().into(), ..Default::default() })?;
+    /// # let guests = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/processors/target/wasm32-wasip2/release"));
     /// use streamhost::Deploy;
     ///
-    /// let bytes = std::fs::read("counter.wasm").expect("a built component");
-    /// let deployed = host.deploy(Deploy::new("acme", "counter", bytes)).await?;
-    /// println!("{} is at {}", deployed.name, deployed.digest);
+    /// let bytes = std::fs::read(guests.join("counter.wasm"))?;
+    /// let deployed = host.deploy(Deploy::new("acme", "counter", bytes.clone())).await?;
+    /// assert!(deployed.digest.starts_with("sha256:"));
+    /// // The same bytes again make no new version.
+    /// assert!(host.deploy(Deploy::new("acme", "counter", bytes)).await?.unchanged);
     /// # Ok(()) }
     /// ```
     pub async fn deploy(&self, deploy: Deploy) -> Result<Deployed, Error> {
@@ -234,6 +239,18 @@ impl Host {
     }
 
     /// The components deployed in `project`, by name.
+    ///
+    /// ```
+    /// # #[tokio::main] async fn main() -> anyhow::Result<()> {
+    /// # let dir = tempfile::tempdir()?;
+    /// # let host = streamhost::Host::open(streamhost::Config { data_dir: dir.path().into(), ..Default::default() })?;
+    /// # let guests = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/processors/target/wasm32-wasip2/release"));
+    /// # host.deploy(streamhost::Deploy::new("acme", "counter", std::fs::read(guests.join("counter.wasm"))?)).await?;
+    /// let listed = host.components("acme").await?;
+    /// assert_eq!(listed.len(), 1);
+    /// assert_eq!(listed[0].name, "counter");
+    /// # Ok(()) }
+    /// ```
     pub async fn components(&self, project: &str) -> Result<Vec<Component>, Error> {
         crate::stream::Namespace::project(project)?;
         let p = project.to_string();
@@ -244,6 +261,19 @@ impl Host {
     }
 
     /// Component `name` of `project`, or `component-not-found`.
+    ///
+    /// ```
+    /// # #[tokio::main] async fn main() -> anyhow::Result<()> {
+    /// # let dir = tempfile::tempdir()?;
+    /// # let host = streamhost::Host::open(streamhost::Config { data_dir: dir.path().into(), ..Default::default() })?;
+    /// # let guests = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/processors/target/wasm32-wasip2/release"));
+    /// # host.deploy(streamhost::Deploy::new("acme", "counter", std::fs::read(guests.join("counter.wasm"))?)).await?;
+    /// let counter = host.component("acme", "counter").await?;
+    /// assert!(counter.exports.iter().any(|e| e == "fold"), "{:?}", counter.exports);
+    /// let missing = host.component("acme", "ghost").await.unwrap_err();
+    /// assert_eq!(missing.code, "component-not-found");
+    /// # Ok(()) }
+    /// ```
     pub async fn component(&self, project: &str, name: &str) -> Result<Component, Error> {
         let (p, n) = (project.to_string(), name.to_string());
         self.read_storage("reading the component", move |s| s.component(&p, &n))
@@ -254,6 +284,17 @@ impl Host {
 
     /// The bytes of component `name`'s current version (to run a repro
     /// command locally), or `component-not-found`.
+    ///
+    /// ```
+    /// # #[tokio::main] async fn main() -> anyhow::Result<()> {
+    /// # let dir = tempfile::tempdir()?;
+    /// # let host = streamhost::Host::open(streamhost::Config { data_dir: dir.path().into(), ..Default::default() })?;
+    /// # let guests = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/processors/target/wasm32-wasip2/release"));
+    /// # host.deploy(streamhost::Deploy::new("acme", "counter", std::fs::read(guests.join("counter.wasm"))?)).await?;
+    /// let bytes = host.component_bytes("acme", "counter").await?;
+    /// assert_eq!(bytes, std::fs::read(guests.join("counter.wasm"))?);
+    /// # Ok(()) }
+    /// ```
     pub async fn component_bytes(&self, project: &str, name: &str) -> Result<Vec<u8>, Error> {
         let (p, n) = (project.to_string(), name.to_string());
         self.read_storage("reading the component", move |s| {
@@ -267,6 +308,20 @@ impl Host {
     }
 
     /// Component `name`'s versions, newest first, or `component-not-found`.
+    ///
+    /// ```
+    /// # #[tokio::main] async fn main() -> anyhow::Result<()> {
+    /// # let dir = tempfile::tempdir()?;
+    /// # let host = streamhost::Host::open(streamhost::Config { data_dir: dir.path().into(), ..Default::default() })?;
+    /// # let guests = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/processors/target/wasm32-wasip2/release"));
+    /// # host.deploy(streamhost::Deploy::new("acme", "counter", std::fs::read(guests.join("counter.wasm"))?)).await?;
+    /// use streamhost::Deploy;
+    ///
+    /// host.deploy(Deploy::new("acme", "counter", std::fs::read(guests.join("minimal.wasm"))?)).await?;
+    /// let versions = host.component_versions("acme", "counter").await?;
+    /// assert_eq!(versions.versions.len(), 2); // newest first
+    /// # Ok(()) }
+    /// ```
     pub async fn component_versions(
         &self,
         project: &str,

@@ -152,6 +152,42 @@ pub struct EffectsPage {
 
 impl Host {
     /// A page of `project`'s effects.
+    ///
+    /// ```
+    /// # async fn eventually<T>(what: &str, mut probe: impl AsyncFnMut() -> Option<T>) -> anyhow::Result<T> {
+    /// #     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    /// #     loop {
+    /// #         if let Some(v) = probe().await { return Ok(v) }
+    /// #         anyhow::ensure!(std::time::Instant::now() < deadline, "timed out waiting for {what}");
+    /// #         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    /// #     }
+    /// # }
+    /// # #[tokio::main] async fn main() -> anyhow::Result<()> {
+    /// # let dir = tempfile::tempdir()?;
+    /// # let host = streamhost::Host::open(streamhost::Config { data_dir: dir.path().into(), ..Default::default() })?;
+    /// # let guests = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/processors/target/wasm32-wasip2/release"));
+    /// # host.deploy(streamhost::Deploy::new("acme", "effector", std::fs::read(guests.join("effector.wasm"))?)).await?;
+    /// # let jobs = host.stream("acme", "/jobs")?;
+    /// # host.subscribe(&jobs, &streamhost::Subscription::wake("effector", "effector").from_beginning()).await?;
+    /// # let closed = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
+    /// # host.append(&jobs, [streamhost::EventInput::new("events.example/effects-requested").payload(serde_json::json!({"effects": [
+    /// #     {"key": "note", "append": {"streamPath": "/notes", "type": "noted", "payload": {}}},
+    /// #     {"key": "hook", "webhook": {"url": format!("http://{closed}/"), "body": {}}},
+    /// # ]}))]).await?;
+    /// # eventually("the effects", async || {
+    /// #     (host.effects("acme", streamhost::EffectFilter::new()).await.ok()?.effects.len() == 2).then_some(())
+    /// # }).await?;
+    /// // `eventually` (not shown) polls until its probe answers `Some`, ten seconds at most.
+    /// use streamhost::{EffectFilter, EffectStatus};
+    ///
+    /// let note = eventually("the append effect to succeed", async || {
+    ///     let page = host.effects("acme", EffectFilter::new().status(EffectStatus::Succeeded)).await.ok()?;
+    ///     page.effects.into_iter().next()
+    /// })
+    /// .await?;
+    /// assert_eq!((note.key.as_str(), note.component.as_str()), ("note", "effector"));
+    /// # Ok(()) }
+    /// ```
     pub async fn effects(&self, project: &str, filter: EffectFilter) -> Result<EffectsPage, Error> {
         crate::stream::Namespace::project(project)?;
         if !(1..=EFFECT_LIMIT_MAX).contains(&filter.limit) {
@@ -185,6 +221,39 @@ impl Host {
     }
 
     /// Effect `id` of `project`, or `effect-not-found`.
+    ///
+    /// ```
+    /// # async fn eventually<T>(what: &str, mut probe: impl AsyncFnMut() -> Option<T>) -> anyhow::Result<T> {
+    /// #     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    /// #     loop {
+    /// #         if let Some(v) = probe().await { return Ok(v) }
+    /// #         anyhow::ensure!(std::time::Instant::now() < deadline, "timed out waiting for {what}");
+    /// #         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    /// #     }
+    /// # }
+    /// # #[tokio::main] async fn main() -> anyhow::Result<()> {
+    /// # let dir = tempfile::tempdir()?;
+    /// # let host = streamhost::Host::open(streamhost::Config { data_dir: dir.path().into(), ..Default::default() })?;
+    /// # let guests = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/processors/target/wasm32-wasip2/release"));
+    /// # host.deploy(streamhost::Deploy::new("acme", "effector", std::fs::read(guests.join("effector.wasm"))?)).await?;
+    /// # let jobs = host.stream("acme", "/jobs")?;
+    /// # host.subscribe(&jobs, &streamhost::Subscription::wake("effector", "effector").from_beginning()).await?;
+    /// # let closed = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
+    /// # host.append(&jobs, [streamhost::EventInput::new("events.example/effects-requested").payload(serde_json::json!({"effects": [
+    /// #     {"key": "note", "append": {"streamPath": "/notes", "type": "noted", "payload": {}}},
+    /// #     {"key": "hook", "webhook": {"url": format!("http://{closed}/"), "body": {}}},
+    /// # ]}))]).await?;
+    /// # eventually("the effects", async || {
+    /// #     (host.effects("acme", streamhost::EffectFilter::new()).await.ok()?.effects.len() == 2).then_some(())
+    /// # }).await?;
+    /// use streamhost::EffectFilter;
+    ///
+    /// let page = host.effects("acme", EffectFilter::new().stream("/jobs")).await?;
+    /// let first = host.effect("acme", page.effects[0].id).await?;
+    /// assert_eq!(first.stream, "/jobs");
+    /// assert_eq!(host.effect("acme", 9999).await.unwrap_err().code, "effect-not-found");
+    /// # Ok(()) }
+    /// ```
     pub async fn effect(&self, project: &str, id: i64) -> Result<Effect, Error> {
         let p = project.to_string();
         self.read_storage("reading the effect", move |s| s.effect(&p, id))
@@ -200,6 +269,42 @@ impl Host {
 
     /// Attempts a failed or cancelled effect again (`effect-not-retryable`
     /// otherwise); answers it, pending.
+    ///
+    /// ```
+    /// # async fn eventually<T>(what: &str, mut probe: impl AsyncFnMut() -> Option<T>) -> anyhow::Result<T> {
+    /// #     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    /// #     loop {
+    /// #         if let Some(v) = probe().await { return Ok(v) }
+    /// #         anyhow::ensure!(std::time::Instant::now() < deadline, "timed out waiting for {what}");
+    /// #         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    /// #     }
+    /// # }
+    /// # #[tokio::main] async fn main() -> anyhow::Result<()> {
+    /// # let dir = tempfile::tempdir()?;
+    /// # let host = streamhost::Host::open(streamhost::Config { data_dir: dir.path().into(), ..Default::default() })?;
+    /// # let guests = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/processors/target/wasm32-wasip2/release"));
+    /// # host.deploy(streamhost::Deploy::new("acme", "effector", std::fs::read(guests.join("effector.wasm"))?)).await?;
+    /// # let jobs = host.stream("acme", "/jobs")?;
+    /// # host.subscribe(&jobs, &streamhost::Subscription::wake("effector", "effector").from_beginning()).await?;
+    /// # let closed = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
+    /// # host.append(&jobs, [streamhost::EventInput::new("events.example/effects-requested").payload(serde_json::json!({"effects": [
+    /// #     {"key": "note", "append": {"streamPath": "/notes", "type": "noted", "payload": {}}},
+    /// #     {"key": "hook", "webhook": {"url": format!("http://{closed}/"), "body": {}}},
+    /// # ]}))]).await?;
+    /// # eventually("the effects", async || {
+    /// #     (host.effects("acme", streamhost::EffectFilter::new()).await.ok()?.effects.len() == 2).then_some(())
+    /// # }).await?;
+    /// // `eventually` (not shown) polls until its probe answers `Some`, ten seconds at most.
+    /// use streamhost::{EffectFilter, EffectStatus};
+    ///
+    /// let page = host.effects("acme", EffectFilter::new()).await?;
+    /// let hook = page.effects.iter().find(|e| e.key == "hook").expect("the webhook effect");
+    /// eventually("the cancel", async || host.cancel_effect("acme", hook.id).await.ok()).await?;
+    /// // A cancelled (or dead) effect runs again, from a first attempt.
+    /// let retried = host.retry_effect("acme", hook.id).await?;
+    /// assert!(matches!(retried.status, EffectStatus::Pending | EffectStatus::Running));
+    /// # Ok(()) }
+    /// ```
     pub async fn retry_effect(&self, project: &str, id: i64) -> Result<Effect, Error> {
         let now_ms = chrono::Utc::now().timestamp_millis();
         let op = EffectOp::Retry { id, now_ms };
@@ -218,6 +323,41 @@ impl Host {
 
     /// Cancels a pending or failed effect (`effect-not-cancellable`
     /// otherwise); answers it, cancelled.
+    ///
+    /// ```
+    /// # async fn eventually<T>(what: &str, mut probe: impl AsyncFnMut() -> Option<T>) -> anyhow::Result<T> {
+    /// #     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    /// #     loop {
+    /// #         if let Some(v) = probe().await { return Ok(v) }
+    /// #         anyhow::ensure!(std::time::Instant::now() < deadline, "timed out waiting for {what}");
+    /// #         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    /// #     }
+    /// # }
+    /// # #[tokio::main] async fn main() -> anyhow::Result<()> {
+    /// # let dir = tempfile::tempdir()?;
+    /// # let host = streamhost::Host::open(streamhost::Config { data_dir: dir.path().into(), ..Default::default() })?;
+    /// # let guests = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/processors/target/wasm32-wasip2/release"));
+    /// # host.deploy(streamhost::Deploy::new("acme", "effector", std::fs::read(guests.join("effector.wasm"))?)).await?;
+    /// # let jobs = host.stream("acme", "/jobs")?;
+    /// # host.subscribe(&jobs, &streamhost::Subscription::wake("effector", "effector").from_beginning()).await?;
+    /// # let closed = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
+    /// # host.append(&jobs, [streamhost::EventInput::new("events.example/effects-requested").payload(serde_json::json!({"effects": [
+    /// #     {"key": "note", "append": {"streamPath": "/notes", "type": "noted", "payload": {}}},
+    /// #     {"key": "hook", "webhook": {"url": format!("http://{closed}/"), "body": {}}},
+    /// # ]}))]).await?;
+    /// # eventually("the effects", async || {
+    /// #     (host.effects("acme", streamhost::EffectFilter::new()).await.ok()?.effects.len() == 2).then_some(())
+    /// # }).await?;
+    /// // `eventually` (not shown) polls until its probe answers `Some`, ten seconds at most.
+    /// use streamhost::{EffectFilter, EffectStatus};
+    ///
+    /// let page = host.effects("acme", EffectFilter::new()).await?;
+    /// let hook = page.effects.iter().find(|e| e.key == "hook").expect("the webhook effect");
+    /// // The webhook's receiver is down: cancel it once its first attempt is over.
+    /// let cancelled = eventually("the cancel", async || host.cancel_effect("acme", hook.id).await.ok()).await?;
+    /// assert_eq!(cancelled.status, EffectStatus::Cancelled);
+    /// # Ok(()) }
+    /// ```
     pub async fn cancel_effect(&self, project: &str, id: i64) -> Result<Effect, Error> {
         let settled_at = format_timestamp(chrono::Utc::now().timestamp_millis());
         let op = EffectOp::Cancel { id, settled_at };

@@ -17,14 +17,15 @@ impl Host {
     /// and will be appended in order, once each (their idempotency keys are
     /// required). Answers how many were accepted.
     ///
-    /// ```no_run
-    /// # async fn example(host: streamhost::Host) -> Result<(), streamhost::Error> {
+    /// ```
+    /// # #[tokio::main] async fn main() -> anyhow::Result<()> {
+    /// # let dir = tempfile::tempdir()?;
+    /// # let host = streamhost::Host::open(streamhost::Config { data_dir: dir.path().into(), ..Default::default() })?;
     /// use streamhost::EventInput;
     ///
     /// let orders = host.stream("acme", "/orders/eu")?;
     /// let accepted = host
-    ///     .ingest(&orders, vec![EventInput::new("events.example/order-created")
-    ///         .idempotency_key("order-7")])
+    ///     .ingest(&orders, vec![EventInput::new("events.example/order-created").idempotency_key("order-7")])
     ///     .await?;
     /// assert_eq!(accepted, 1);
     /// # Ok(()) }
@@ -41,6 +42,16 @@ impl Host {
 
     /// Pending ingest and the JetStream bridge (with several hosts, the
     /// pending events of all of them).
+    ///
+    /// ```
+    /// # #[tokio::main] async fn main() -> anyhow::Result<()> {
+    /// # let dir = tempfile::tempdir()?;
+    /// # let host = streamhost::Host::open(streamhost::Config { data_dir: dir.path().into(), ..Default::default() })?;
+    /// let status = host.ingest_status().await?;
+    /// assert_eq!(status.http.last_error, None);
+    /// assert!(status.nats.is_none()); // no JetStream bridge configured
+    /// # Ok(()) }
+    /// ```
     pub async fn ingest_status(&self) -> Result<IngestStatus, Error> {
         let mut status = self.ingest.status();
         // Several hosts: what is pending is in the shared table, not in
@@ -59,6 +70,16 @@ impl Host {
     /// empty) and consumes it: answers the bridge's status, or
     /// `registration-refused` with the reason (`nats-not-configured`
     /// without a bridge).
+    ///
+    /// ```
+    /// # #[tokio::main] async fn main() -> anyhow::Result<()> {
+    /// # let dir = tempfile::tempdir()?;
+    /// # let host = streamhost::Host::open(streamhost::Config { data_dir: dir.path().into(), ..Default::default() })?;
+    /// // Without a JetStream bridge there is nothing to register.
+    /// let refused = host.register_ingest().await.unwrap_err();
+    /// assert_eq!(refused.code, "nats-not-configured");
+    /// # Ok(()) }
+    /// ```
     pub async fn register_ingest(&self) -> Result<BridgeStatus, Error> {
         self.ingest.register(Duration::from_secs(20)).await
     }

@@ -59,12 +59,18 @@ impl Host {
     /// per parameter; answers its result as JSON. A guest's `err` or trap
     /// is `itx-failed`; a bad argument `invalid-argument`, naming its path.
     ///
-    /// ```no_run
-    /// # async fn example(host: streamhost::Host) -> Result<(), streamhost::Error> {
+    /// ```
+    /// # #[tokio::main] async fn main() -> anyhow::Result<()> {
+    /// # let dir = tempfile::tempdir()?;
+    /// # let host = streamhost::Host::open(streamhost::Config { data_dir: dir.path().into(), ..Default::default() })?;
+    /// # let guests = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/processors/target/wasm32-wasip2/release"));
+    /// # host.deploy(streamhost::Deploy::new("acme", "kinds", std::fs::read(guests.join("kinds.wasm"))?)).await?;
     /// use serde_json::json;
     ///
-    /// let sum = host.call("acme", "calculator", "math.add", [json!(2), json!(3)]).await?;
+    /// let sum = host.call("acme", "kinds", "add", [json!(2), json!(3)]).await?;
     /// assert_eq!(sum, json!(5));
+    /// let e = host.call("acme", "kinds", "divide", [json!(1.0), json!(0.0)]).await.unwrap_err();
+    /// assert_eq!(e.code, "itx-failed");
     /// # Ok(()) }
     /// ```
     pub async fn call(
@@ -96,6 +102,20 @@ impl Host {
     /// As [`Host::call`], the function named by an ITX expression
     /// (`["components", "calculator", "math.add"]`, as subscriptions name
     /// their ITX receivers).
+    ///
+    /// ```
+    /// # #[tokio::main] async fn main() -> anyhow::Result<()> {
+    /// # let dir = tempfile::tempdir()?;
+    /// # let host = streamhost::Host::open(streamhost::Config { data_dir: dir.path().into(), ..Default::default() })?;
+    /// # let guests = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/processors/target/wasm32-wasip2/release"));
+    /// # host.deploy(streamhost::Deploy::new("acme", "kinds", std::fs::read(guests.join("kinds.wasm"))?)).await?;
+    /// use serde_json::json;
+    ///
+    /// let expression = json!(["components", ["get", "kinds"], "divide"]);
+    /// let half = host.call_expression("acme", &expression, [json!(5.0), json!(2.0)]).await?;
+    /// assert_eq!(half, json!(2.5));
+    /// # Ok(()) }
+    /// ```
     pub async fn call_expression(
         &self,
         project: &str,

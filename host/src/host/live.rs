@@ -171,6 +171,24 @@ impl futures_util::Stream for LiveConnection {
 
 impl LiveConnection {
     /// The next message; `None` once the connection has ended.
+    ///
+    /// ```
+    /// # #[tokio::main] async fn main() -> anyhow::Result<()> {
+    /// # let dir = tempfile::tempdir()?;
+    /// # let host = streamhost::Host::open(streamhost::Config { data_dir: dir.path().into(), ..Default::default() })?;
+    /// use streamhost::{Connect, EventInput, Live};
+    ///
+    /// let orders = host.stream("acme", "/orders/eu")?;
+    /// host.append(&orders, [EventInput::new("events.example/order-placed")]).await?;
+    /// let mut live = host.connect(&orders, Connect::new().events_only()).await?;
+    /// host.append(&orders, [EventInput::new("events.example/order-created")]).await?;
+    /// while let Some(Live::Batch(batch)) = live.next().await {
+    ///     if batch.parsed_events()?.iter().any(|e| e.event_type == "events.example/order-created") {
+    ///         break;
+    ///     }
+    /// }
+    /// # Ok(()) }
+    /// ```
     pub async fn next(&mut self) -> Option<Live> {
         self.rx.recv().await
     }
@@ -227,17 +245,18 @@ impl WaitFor {
 impl Host {
     /// Opens a live connection to `stream`.
     ///
-    /// ```no_run
-    /// # async fn example(host: streamhost::Host) -> Result<(), streamhost::Error> {
-    /// use streamhost::{Connect, Live};
+    /// ```
+    /// # #[tokio::main] async fn main() -> anyhow::Result<()> {
+    /// # let dir = tempfile::tempdir()?;
+    /// # let host = streamhost::Host::open(streamhost::Config { data_dir: dir.path().into(), ..Default::default() })?;
+    /// use streamhost::{Connect, EventInput, Live};
     ///
     /// let orders = host.stream("acme", "/orders/eu")?;
+    /// host.append(&orders, [EventInput::new("events.example/order-created")]).await?;
     /// let mut live = host.connect(&orders, Connect::new().after(0).events_only()).await?;
-    /// while let Some(Live::Batch(batch)) = live.next().await {
-    ///     for event in batch.parsed_events().expect("events parse") {
-    ///         println!("{} {}", event.offset, event.event_type);
-    ///     }
-    /// }
+    /// let Some(Live::Batch(batch)) = live.next().await else { panic!("a batch") };
+    /// let events = batch.parsed_events()?;
+    /// assert_eq!(events.last().map(|e| e.offset), Some(2));
     /// # Ok(()) }
     /// ```
     pub async fn connect(
@@ -338,6 +357,23 @@ impl Host {
     /// The first event of `stream` that matches `wait` after its offset
     /// (history, the ephemeral buffer, or live), or `timeout` naming what
     /// it saw.
+    ///
+    /// ```
+    /// # #[tokio::main] async fn main() -> anyhow::Result<()> {
+    /// # let dir = tempfile::tempdir()?;
+    /// # let host = streamhost::Host::open(streamhost::Config { data_dir: dir.path().into(), ..Default::default() })?;
+    /// use streamhost::{EventInput, WaitFor};
+    ///
+    /// let orders = host.stream("acme", "/orders/eu")?;
+    /// host.append(&orders, [EventInput::new("events.example/order-shipped")]).await?;
+    /// let wait = WaitFor::new(5_000).after(0).event_types(["events.example/order-shipped"]);
+    /// let shipped = host.wait_for_event(&orders, wait).await?;
+    /// assert_eq!(shipped.offset, 2);
+    /// let cancelled = WaitFor::new(50).event_types(["events.example/order-cancelled"]);
+    /// let none = host.wait_for_event(&orders, cancelled).await.unwrap_err();
+    /// assert_eq!(none.code, "timeout");
+    /// # Ok(()) }
+    /// ```
     pub async fn wait_for_event(
         &self,
         stream: &StreamAddress,

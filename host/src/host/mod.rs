@@ -56,11 +56,45 @@ pub struct Host {
 impl Host {
     /// Opens the data directory and starts the storage writer. Must be called
     /// inside a Tokio runtime.
+    ///
+    /// ```
+    /// # #[tokio::main] async fn main() -> anyhow::Result<()> {
+    /// # let dir = tempfile::tempdir()?;
+    /// use streamhost::{Config, Host};
+    ///
+    /// let host = Host::open(Config { data_dir: dir.path().join("data"), ..Config::default() })?;
+    /// assert_eq!(host.config().data_dir, dir.path().join("data"));
+    /// # Ok(()) }
+    /// ```
     pub fn open(config: Config) -> Result<Host> {
         Self::open_with_clock(config, Arc::new(SystemClock))
     }
 
     /// As [`Host::open`], with an injected clock.
+    ///
+    /// ```
+    /// # #[tokio::main] async fn main() -> anyhow::Result<()> {
+    /// # let dir = tempfile::tempdir()?;
+    /// use std::sync::Arc;
+    /// use std::sync::atomic::{AtomicI64, Ordering};
+    /// use streamhost::{Clock, Config, EventInput, Host};
+    ///
+    /// /// A clock the program moves by hand.
+    /// struct Manual(AtomicI64);
+    /// impl Clock for Manual {
+    ///     fn now_ms(&self) -> i64 {
+    ///         self.0.load(Ordering::Relaxed)
+    ///     }
+    /// }
+    ///
+    /// let clock = Arc::new(Manual(AtomicI64::new(1_800_000_000_000)));
+    /// let config = Config { data_dir: dir.path().into(), ..Config::default() };
+    /// let host = Host::open_with_clock(config, clock.clone())?;
+    /// let orders = host.stream("acme", "/orders")?;
+    /// let out = host.append(&orders, [EventInput::new("events.example/order-created")]).await?;
+    /// assert_eq!(out.events[0].created_at, "2027-01-15T08:00:00.000Z");
+    /// # Ok(()) }
+    /// ```
     pub fn open_with_clock(config: Config, clock: Arc<dyn Clock>) -> Result<Host> {
         config.validate()?;
         let metrics = Metrics::new();
@@ -202,6 +236,14 @@ impl Host {
     }
 
     /// The configuration it was opened with.
+    ///
+    /// ```
+    /// # #[tokio::main] async fn main() -> anyhow::Result<()> {
+    /// # let dir = tempfile::tempdir()?;
+    /// # let host = streamhost::Host::open(streamhost::Config { data_dir: dir.path().into(), ..Default::default() })?;
+    /// assert_eq!(host.config().data_dir, dir.path());
+    /// # Ok(()) }
+    /// ```
     pub fn config(&self) -> &Config {
         &self.config
     }
@@ -228,6 +270,19 @@ impl Host {
 
     /// The address of stream `path` in `project` (canonicalized); a bad
     /// project or path is an error naming it.
+    ///
+    /// ```
+    /// # #[tokio::main] async fn main() -> anyhow::Result<()> {
+    /// # let dir = tempfile::tempdir()?;
+    /// # let host = streamhost::Host::open(streamhost::Config { data_dir: dir.path().into(), ..Default::default() })?;
+    /// let orders = host.stream("acme", "/orders/eu/")?;
+    /// assert_eq!(orders.path, "/orders/eu");
+    ///
+    /// let bad = host.stream("Acme Corp", "/orders").unwrap_err();
+    /// assert_eq!(bad.kind, streamhost::ErrorKind::Invalid);
+    /// assert!(bad.message.contains("Acme Corp"), "{}", bad.message);
+    /// # Ok(()) }
+    /// ```
     pub fn stream(&self, project: &str, path: &str) -> Result<StreamAddress, Error> {
         StreamAddress::new(Namespace::project(project)?, path)
     }
@@ -235,18 +290,23 @@ impl Host {
     /// Appends events to a stream (creating it) as an API caller would:
     /// answered once they are durably committed.
     ///
-    /// ```no_run
-    /// # async fn example(host: streamhost::Host) -> Result<(), streamhost::Error> {
+    /// ```
+    /// # #[tokio::main] async fn main() -> anyhow::Result<()> {
+    /// # let dir = tempfile::tempdir()?;
+    /// # let host = streamhost::Host::open(streamhost::Config { data_dir: dir.path().into(), ..Default::default() })?;
     /// use serde_json::json;
     /// use streamhost::EventInput;
     ///
     /// let orders = host.stream("acme", "/orders/eu")?;
-    /// let out = host
-    ///     .append(&orders, [EventInput::new("events.example/order-created")
-    ///         .payload(json!({"total": 120}))
-    ///         .idempotency_key("order-1")])
-    ///     .await?;
+    /// let order = EventInput::new("events.example/order-created")
+    ///     .payload(json!({"total": 120}))
+    ///     .idempotency_key("order-1");
+    /// let out = host.append(&orders, [order.clone()]).await?;
     /// assert_eq!(out.events[0].offset, 2); // offset 1: the stream's creation
+    ///
+    /// // The same idempotency key again: the first append's event, not a new one.
+    /// let again = host.append(&orders, [order]).await?;
+    /// assert_eq!(again.events[0].offset, 2);
     /// # Ok(()) }
     /// ```
     pub async fn append(
@@ -260,6 +320,20 @@ impl Host {
     }
 
     /// Up to `limit` (at most 500) committed events after `after_offset`.
+    ///
+    /// ```
+    /// # #[tokio::main] async fn main() -> anyhow::Result<()> {
+    /// # let dir = tempfile::tempdir()?;
+    /// # let host = streamhost::Host::open(streamhost::Config { data_dir: dir.path().into(), ..Default::default() })?;
+    /// use streamhost::EventInput;
+    ///
+    /// let orders = host.stream("acme", "/orders/eu")?;
+    /// host.append(&orders, [EventInput::new("events.example/order-created")]).await?;
+    /// let events = host.events(&orders, 0, 100).await?;
+    /// let types: Vec<&str> = events.iter().map(|e| e.event_type.as_str()).collect();
+    /// assert_eq!(types, ["events.iterate.com/stream/created", "events.example/order-created"]);
+    /// # Ok(()) }
+    /// ```
     pub async fn events(
         &self,
         stream: &StreamAddress,
@@ -287,12 +361,39 @@ impl Host {
     }
 
     /// A stream's reduced core state.
+    ///
+    /// ```
+    /// # #[tokio::main] async fn main() -> anyhow::Result<()> {
+    /// # let dir = tempfile::tempdir()?;
+    /// # let host = streamhost::Host::open(streamhost::Config { data_dir: dir.path().into(), ..Default::default() })?;
+    /// use streamhost::EventInput;
+    ///
+    /// let orders = host.stream("acme", "/orders/eu")?;
+    /// host.append(&orders, [EventInput::new("events.example/order-created")]).await?;
+    /// let state = host.state(&orders).await?;
+    /// assert_eq!((state.max_offset, state.event_count), (2, 2));
+    /// # Ok(()) }
+    /// ```
     pub async fn state(&self, stream: &StreamAddress) -> Result<CoreState, Error> {
         self.streams.state(stream).await
     }
 
     /// A stream's runtime: its subscriptions' deliveries (lag, attempts,
     /// halts, latencies) and its live connections.
+    ///
+    /// ```
+    /// # #[tokio::main] async fn main() -> anyhow::Result<()> {
+    /// # let dir = tempfile::tempdir()?;
+    /// # let host = streamhost::Host::open(streamhost::Config { data_dir: dir.path().into(), ..Default::default() })?;
+    /// use streamhost::Subscription;
+    ///
+    /// let orders = host.stream("acme", "/orders/eu")?;
+    /// host.subscribe(&orders, &Subscription::copy_to("audit", "/audit")).await?;
+    /// let runtime = host.runtime(&orders).await?;
+    /// assert!(!runtime.subscriptions["audit"].halted);
+    /// assert!(runtime.connections.is_empty());
+    /// # Ok(()) }
+    /// ```
     pub async fn runtime(&self, stream: &StreamAddress) -> Result<RuntimeView, Error> {
         self.streams.runtime(stream).await
     }
@@ -313,6 +414,23 @@ impl Host {
 
     /// Configures `subscription` on its `source` stream; answers the
     /// `subscription-configured` event.
+    ///
+    /// ```
+    /// # #[tokio::main] async fn main() -> anyhow::Result<()> {
+    /// # let dir = tempfile::tempdir()?;
+    /// # let host = streamhost::Host::open(streamhost::Config { data_dir: dir.path().into(), ..Default::default() })?;
+    /// use streamhost::{EventInput, Subscription};
+    ///
+    /// let orders = host.stream("acme", "/orders/eu")?;
+    /// let configured = host
+    ///     .subscribe(
+    ///         &orders,
+    ///         &Subscription::copy_to("big-orders", "/orders/big").condition("payload.total > 100"),
+    ///     )
+    ///     .await?;
+    /// assert_eq!(configured.event_type, "events.iterate.com/stream/subscription-configured");
+    /// # Ok(()) }
+    /// ```
     pub async fn subscribe(
         &self,
         source: &StreamAddress,
@@ -333,13 +451,23 @@ impl Host {
     /// has the application's server's. With several hosts, each host's
     /// `advertise-url` includes the prefix.
     ///
-    /// ```no_run
-    /// # async fn example(host: streamhost::Host) -> anyhow::Result<()> {
+    /// ```
+    /// # #[tokio::main] async fn main() -> anyhow::Result<()> {
+    /// # let dir = tempfile::tempdir()?;
+    /// # let host = streamhost::Host::open(streamhost::Config { data_dir: dir.path().into(), ..Default::default() })?;
     /// let app = axum::Router::new()
     ///     .route("/", axum::routing::get(|| async { "my application" }))
     ///     .nest("/streamhost", host.router());
-    /// let listener = tokio::net::TcpListener::bind("127.0.0.1:8080").await?;
-    /// axum::serve(listener, app).await?;
+    /// let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    /// let url = format!("http://{}", listener.local_addr()?);
+    /// tokio::spawn(async move { axum::serve(listener, app).await });
+    ///
+    /// let answer = reqwest::Client::new()
+    ///     .post(format!("{url}/streamhost/v1/projects/acme/streams/orders:append"))
+    ///     .json(&serde_json::json!({"events": [{"type": "events.example/order-created"}]}))
+    ///     .send()
+    ///     .await?;
+    /// assert_eq!(answer.status(), 200);
     /// # Ok(()) }
     /// ```
     pub fn router(&self) -> axum::Router {
@@ -347,6 +475,24 @@ impl Host {
     }
 
     /// Serves the HTTP API on `listener` until `shutdown` resolves.
+    ///
+    /// ```
+    /// # #[tokio::main] async fn main() -> anyhow::Result<()> {
+    /// # let dir = tempfile::tempdir()?;
+    /// # let host = streamhost::Host::open(streamhost::Config { data_dir: dir.path().into(), ..Default::default() })?;
+    /// let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    /// let url = format!("http://{}", listener.local_addr()?);
+    /// let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    /// let server = tokio::spawn(host.serve(listener, async move {
+    ///     let _ = stopped.await;
+    /// }));
+    ///
+    /// let health = reqwest::get(format!("{url}/healthz")).await?;
+    /// assert_eq!(health.status(), 200);
+    /// stop.send(()).ok();
+    /// server.await??;
+    /// # Ok(()) }
+    /// ```
     pub async fn serve(
         self,
         listener: TcpListener,

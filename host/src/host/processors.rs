@@ -210,6 +210,38 @@ fn processor_not_found(component: &str, address: &StreamAddress) -> Error {
 impl Host {
     /// The instance of processor `component` on `stream`: its checkpoint,
     /// state and health, or `processor-not-found`.
+    ///
+    /// ```
+    /// # async fn eventually<T>(what: &str, mut probe: impl AsyncFnMut() -> Option<T>) -> anyhow::Result<T> {
+    /// #     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    /// #     loop {
+    /// #         if let Some(v) = probe().await { return Ok(v) }
+    /// #         anyhow::ensure!(std::time::Instant::now() < deadline, "timed out waiting for {what}");
+    /// #         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    /// #     }
+    /// # }
+    /// # #[tokio::main] async fn main() -> anyhow::Result<()> {
+    /// # let dir = tempfile::tempdir()?;
+    /// # let host = streamhost::Host::open(streamhost::Config { data_dir: dir.path().into(), ..Default::default() })?;
+    /// # let guests = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/processors/target/wasm32-wasip2/release"));
+    /// # use serde_json::json;
+    /// # host.deploy(streamhost::Deploy::new("acme", "ledger", std::fs::read(guests.join("ledger.wasm"))?)).await?;
+    /// # let bank = host.stream("acme", "/bank")?;
+    /// # host.subscribe(&bank, &streamhost::Subscription::wake("ledger", "ledger").from_beginning()).await?;
+    /// # host.append(&bank, [
+    /// #     streamhost::EventInput::new("deposited").payload(json!({"account": "alice", "cents": 500})),
+    /// #     streamhost::EventInput::new("deposited").payload(json!({"account": "bob", "cents": 70})),
+    /// #     streamhost::EventInput::new("withdrawn").payload(json!({"account": "alice", "cents": 120})),
+    /// # ]).await?;
+    /// # let head = host.state(&bank).await?.max_offset;
+    /// # eventually("the ledger to fold", async || {
+    /// #     (host.processor(&bank, "ledger").await.ok()?.checkpoint_offset == head).then_some(())
+    /// # }).await?;
+    /// let ledger = host.processor(&bank, "ledger").await?;
+    /// assert_eq!(ledger.state.expect("folded")["events"], 3);
+    /// assert_eq!(ledger.last_failure, None);
+    /// # Ok(()) }
+    /// ```
     pub async fn processor(
         &self,
         stream: &StreamAddress,
@@ -303,6 +335,42 @@ impl Host {
 
     /// A page of the committed keys of processor `component` on `stream`,
     /// in byte order.
+    ///
+    /// ```
+    /// # async fn eventually<T>(what: &str, mut probe: impl AsyncFnMut() -> Option<T>) -> anyhow::Result<T> {
+    /// #     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    /// #     loop {
+    /// #         if let Some(v) = probe().await { return Ok(v) }
+    /// #         anyhow::ensure!(std::time::Instant::now() < deadline, "timed out waiting for {what}");
+    /// #         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    /// #     }
+    /// # }
+    /// # #[tokio::main] async fn main() -> anyhow::Result<()> {
+    /// # let dir = tempfile::tempdir()?;
+    /// # let host = streamhost::Host::open(streamhost::Config { data_dir: dir.path().into(), ..Default::default() })?;
+    /// # let guests = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/processors/target/wasm32-wasip2/release"));
+    /// # use serde_json::json;
+    /// # host.deploy(streamhost::Deploy::new("acme", "ledger", std::fs::read(guests.join("ledger.wasm"))?)).await?;
+    /// # let bank = host.stream("acme", "/bank")?;
+    /// # host.subscribe(&bank, &streamhost::Subscription::wake("ledger", "ledger").from_beginning()).await?;
+    /// # host.append(&bank, [
+    /// #     streamhost::EventInput::new("deposited").payload(json!({"account": "alice", "cents": 500})),
+    /// #     streamhost::EventInput::new("deposited").payload(json!({"account": "bob", "cents": 70})),
+    /// #     streamhost::EventInput::new("withdrawn").payload(json!({"account": "alice", "cents": 120})),
+    /// # ]).await?;
+    /// # let head = host.state(&bank).await?.max_offset;
+    /// # eventually("the ledger to fold", async || {
+    /// #     (host.processor(&bank, "ledger").await.ok()?.checkpoint_offset == head).then_some(())
+    /// # }).await?;
+    /// use streamhost::KeysQuery;
+    ///
+    /// let page = host.processor_keys(&bank, "ledger", KeysQuery::new().prefix("balance/")).await?;
+    /// let balances: Vec<(&str, &[u8])> =
+    ///     page.keys.iter().map(|k| (k.key.as_str(), k.value.as_slice())).collect();
+    /// assert_eq!(balances, [("balance/alice", &b"380"[..]), ("balance/bob", &b"70"[..])]);
+    /// assert_eq!(page.next_after, None);
+    /// # Ok(()) }
+    /// ```
     pub async fn processor_keys(
         &self,
         stream: &StreamAddress,
@@ -338,6 +406,39 @@ impl Host {
 
     /// One committed key of processor `component` on `stream`, or
     /// `key-not-found`.
+    ///
+    /// ```
+    /// # async fn eventually<T>(what: &str, mut probe: impl AsyncFnMut() -> Option<T>) -> anyhow::Result<T> {
+    /// #     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    /// #     loop {
+    /// #         if let Some(v) = probe().await { return Ok(v) }
+    /// #         anyhow::ensure!(std::time::Instant::now() < deadline, "timed out waiting for {what}");
+    /// #         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    /// #     }
+    /// # }
+    /// # #[tokio::main] async fn main() -> anyhow::Result<()> {
+    /// # let dir = tempfile::tempdir()?;
+    /// # let host = streamhost::Host::open(streamhost::Config { data_dir: dir.path().into(), ..Default::default() })?;
+    /// # let guests = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/processors/target/wasm32-wasip2/release"));
+    /// # use serde_json::json;
+    /// # host.deploy(streamhost::Deploy::new("acme", "ledger", std::fs::read(guests.join("ledger.wasm"))?)).await?;
+    /// # let bank = host.stream("acme", "/bank")?;
+    /// # host.subscribe(&bank, &streamhost::Subscription::wake("ledger", "ledger").from_beginning()).await?;
+    /// # host.append(&bank, [
+    /// #     streamhost::EventInput::new("deposited").payload(json!({"account": "alice", "cents": 500})),
+    /// #     streamhost::EventInput::new("deposited").payload(json!({"account": "bob", "cents": 70})),
+    /// #     streamhost::EventInput::new("withdrawn").payload(json!({"account": "alice", "cents": 120})),
+    /// # ]).await?;
+    /// # let head = host.state(&bank).await?.max_offset;
+    /// # eventually("the ledger to fold", async || {
+    /// #     (host.processor(&bank, "ledger").await.ok()?.checkpoint_offset == head).then_some(())
+    /// # }).await?;
+    /// let bob = host.processor_key(&bank, "ledger", "balance/bob").await?;
+    /// assert_eq!(bob.value, b"70");
+    /// let carol = host.processor_key(&bank, "ledger", "balance/carol").await.unwrap_err();
+    /// assert_eq!(carol.code, "key-not-found");
+    /// # Ok(()) }
+    /// ```
     pub async fn processor_key(
         &self,
         stream: &StreamAddress,
@@ -370,6 +471,38 @@ impl Host {
     /// Refolds processor `component` on `stream` from offset 0 in fresh
     /// instances of its checkpoint's version, and compares the state and
     /// every key with the stored ones.
+    ///
+    /// ```
+    /// # async fn eventually<T>(what: &str, mut probe: impl AsyncFnMut() -> Option<T>) -> anyhow::Result<T> {
+    /// #     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    /// #     loop {
+    /// #         if let Some(v) = probe().await { return Ok(v) }
+    /// #         anyhow::ensure!(std::time::Instant::now() < deadline, "timed out waiting for {what}");
+    /// #         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    /// #     }
+    /// # }
+    /// # #[tokio::main] async fn main() -> anyhow::Result<()> {
+    /// # let dir = tempfile::tempdir()?;
+    /// # let host = streamhost::Host::open(streamhost::Config { data_dir: dir.path().into(), ..Default::default() })?;
+    /// # let guests = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/processors/target/wasm32-wasip2/release"));
+    /// # use serde_json::json;
+    /// # host.deploy(streamhost::Deploy::new("acme", "ledger", std::fs::read(guests.join("ledger.wasm"))?)).await?;
+    /// # let bank = host.stream("acme", "/bank")?;
+    /// # host.subscribe(&bank, &streamhost::Subscription::wake("ledger", "ledger").from_beginning()).await?;
+    /// # host.append(&bank, [
+    /// #     streamhost::EventInput::new("deposited").payload(json!({"account": "alice", "cents": 500})),
+    /// #     streamhost::EventInput::new("deposited").payload(json!({"account": "bob", "cents": 70})),
+    /// #     streamhost::EventInput::new("withdrawn").payload(json!({"account": "alice", "cents": 120})),
+    /// # ]).await?;
+    /// # let head = host.state(&bank).await?.max_offset;
+    /// # eventually("the ledger to fold", async || {
+    /// #     (host.processor(&bank, "ledger").await.ok()?.checkpoint_offset == head).then_some(())
+    /// # }).await?;
+    /// let verified = host.verify_processor(&bank, "ledger").await?;
+    /// assert!(verified.matches);
+    /// assert_eq!(verified.first_differing_key, None);
+    /// # Ok(()) }
+    /// ```
     pub async fn verify_processor(
         &self,
         stream: &StreamAddress,

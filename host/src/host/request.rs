@@ -145,6 +145,21 @@ pub enum StreamAnswer {
 impl Host {
     /// Carries out `request` on `stream` as an API caller's (not an
     /// admin's: [`StreamRequest::admin_only`] is the adapter's to check).
+    ///
+    /// ```
+    /// # #[tokio::main] async fn main() -> anyhow::Result<()> {
+    /// # let dir = tempfile::tempdir()?;
+    /// # let host = streamhost::Host::open(streamhost::Config { data_dir: dir.path().into(), ..Default::default() })?;
+    /// use streamhost::{EventInput, StreamAnswer, StreamRequest};
+    ///
+    /// let orders = host.stream("acme", "/orders/eu")?;
+    /// let append = StreamRequest::Append(streamhost::AppendInput::new([EventInput::new("events.example/x")]));
+    /// let StreamAnswer::Appended { output, .. } = host.apply(&orders, append).await? else { unreachable!() };
+    /// assert_eq!(output.events[0].offset, 2);
+    /// let StreamAnswer::State(state) = host.apply(&orders, StreamRequest::State).await? else { unreachable!() };
+    /// assert_eq!(state.max_offset, 2);
+    /// # Ok(()) }
+    /// ```
     pub async fn apply(
         &self,
         stream: &StreamAddress,

@@ -91,6 +91,23 @@ pub struct StreamsPage {
 
 impl Host {
     /// A page of the streams of `namespace`, in path order.
+    ///
+    /// ```
+    /// # #[tokio::main] async fn main() -> anyhow::Result<()> {
+    /// # let dir = tempfile::tempdir()?;
+    /// # let host = streamhost::Host::open(streamhost::Config { data_dir: dir.path().into(), ..Default::default() })?;
+    /// use streamhost::{EventInput, Namespace, StreamsQuery};
+    ///
+    /// for path in ["/orders/eu", "/orders/us", "/users/1"] {
+    ///     host.append(&host.stream("acme", path)?, [EventInput::new("events.example/x")]).await?;
+    /// }
+    /// let acme = Namespace::project("acme")?;
+    /// let page = host.list_streams(&acme, StreamsQuery::new().prefix("/orders").limit(1)).await?;
+    /// assert_eq!(page.streams[0].path, "/orders/eu");
+    /// let next = StreamsQuery::new().prefix("/orders").after_path(page.next_after_path.unwrap());
+    /// assert_eq!(host.list_streams(&acme, next).await?.streams[0].path, "/orders/us");
+    /// # Ok(()) }
+    /// ```
     pub async fn list_streams(
         &self,
         namespace: &Namespace,
@@ -143,6 +160,21 @@ impl Host {
 
     /// Wipes a stream; the next touch starts a new lifetime (an admin's
     /// operation over HTTP).
+    ///
+    /// ```
+    /// # #[tokio::main] async fn main() -> anyhow::Result<()> {
+    /// # let dir = tempfile::tempdir()?;
+    /// # let host = streamhost::Host::open(streamhost::Config { data_dir: dir.path().into(), ..Default::default() })?;
+    /// use streamhost::EventInput;
+    ///
+    /// let orders = host.stream("acme", "/orders/eu")?;
+    /// host.append(&orders, [EventInput::new("events.example/x")]).await?;
+    /// let before = host.state(&orders).await?.stream_id;
+    /// host.reset(&orders).await?;
+    /// host.append(&orders, [EventInput::new("events.example/x")]).await?;
+    /// assert_ne!(host.state(&orders).await?.stream_id, before); // a new lifetime
+    /// # Ok(()) }
+    /// ```
     pub async fn reset(&self, stream: &StreamAddress) -> Result<(), Error> {
         self.streams.reset(stream).await
     }

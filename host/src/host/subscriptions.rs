@@ -213,8 +213,10 @@ impl Host {
     /// Subscribes `receiver` to copies of another stream of its namespace:
     /// the subscription is configured on the source.
     ///
-    /// ```no_run
-    /// # async fn example(host: streamhost::Host) -> Result<(), streamhost::Error> {
+    /// ```
+    /// # #[tokio::main] async fn main() -> anyhow::Result<()> {
+    /// # let dir = tempfile::tempdir()?;
+    /// # let host = streamhost::Host::open(streamhost::Config { data_dir: dir.path().into(), ..Default::default() })?;
     /// use streamhost::CopyFrom;
     ///
     /// let big = host.stream("acme", "/orders/big")?;
@@ -284,6 +286,21 @@ impl Host {
 
     /// Removes `receiver`'s copy subscription `key` from source
     /// `source_path`; a subscription that is absent is no error.
+    ///
+    /// ```
+    /// # #[tokio::main] async fn main() -> anyhow::Result<()> {
+    /// # let dir = tempfile::tempdir()?;
+    /// # let host = streamhost::Host::open(streamhost::Config { data_dir: dir.path().into(), ..Default::default() })?;
+    /// use streamhost::{CopyFrom, Unsubscribed};
+    ///
+    /// let big = host.stream("acme", "/orders/big")?;
+    /// host.subscribe_to_events_from(&big, CopyFrom::new("/orders/eu", "big-orders")).await?;
+    /// let removed = host.unsubscribe_from_events(&big, "/orders/eu", "big-orders").await?;
+    /// assert!(matches!(removed, Unsubscribed::Removed { .. }));
+    /// let again = host.unsubscribe_from_events(&big, "/orders/eu", "big-orders").await?;
+    /// assert_eq!(again, Unsubscribed::AlreadyAbsent);
+    /// # Ok(()) }
+    /// ```
     pub async fn unsubscribe_from_events(
         &self,
         receiver: &StreamAddress,
@@ -338,6 +355,20 @@ impl Host {
 
     /// Moves subscription `key` of `source` to deliver the events after
     /// `after_offset` (a new run); answers the `cursor-set` event.
+    ///
+    /// ```
+    /// # #[tokio::main] async fn main() -> anyhow::Result<()> {
+    /// # let dir = tempfile::tempdir()?;
+    /// # let host = streamhost::Host::open(streamhost::Config { data_dir: dir.path().into(), ..Default::default() })?;
+    /// use streamhost::Subscription;
+    ///
+    /// let orders = host.stream("acme", "/orders/eu")?;
+    /// host.subscribe(&orders, &Subscription::copy_to("audit", "/audit")).await?;
+    /// // Deliver everything again, from the stream's start.
+    /// let set = host.set_subscription_cursor(&orders, "audit", 0).await?;
+    /// assert_eq!(set.event_type, "events.iterate.com/stream/subscription-cursor-set");
+    /// # Ok(()) }
+    /// ```
     pub async fn set_subscription_cursor(
         &self,
         source: &StreamAddress,
@@ -352,6 +383,34 @@ impl Host {
 
     /// Resumes halted subscription `key` of `source`; a failing one is
     /// retried at once instead.
+    ///
+    /// ```
+    /// # async fn eventually<T>(what: &str, mut probe: impl AsyncFnMut() -> Option<T>) -> anyhow::Result<T> {
+    /// #     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    /// #     loop {
+    /// #         if let Some(v) = probe().await { return Ok(v) }
+    /// #         anyhow::ensure!(std::time::Instant::now() < deadline, "timed out waiting for {what}");
+    /// #         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    /// #     }
+    /// # }
+    /// # #[tokio::main] async fn main() -> anyhow::Result<()> {
+    /// # let dir = tempfile::tempdir()?;
+    /// # let host = streamhost::Host::open(streamhost::Config { data_dir: dir.path().into(), ..Default::default() })?;
+    /// // `eventually` (not shown) polls until its probe answers `Some`, ten seconds at most.
+    /// use streamhost::{EventInput, Resumed, Subscription};
+    ///
+    /// let orders = host.stream("acme", "/orders/eu")?;
+    /// // A transform that throws halts the copy at once.
+    /// host.subscribe(&orders, &Subscription::copy_to("broken", "/copies").transform("$error('no')")).await?;
+    /// host.append(&orders, [EventInput::new("events.example/x")]).await?;
+    /// eventually("the halt", async || {
+    ///     host.runtime(&orders).await.ok()?.subscriptions.get("broken").filter(|d| d.halted).cloned()
+    /// })
+    /// .await?;
+    /// let resumed = host.resume_subscription(&orders, "broken").await?;
+    /// assert!(matches!(resumed, Resumed::Resumed(_)));
+    /// # Ok(()) }
+    /// ```
     pub async fn resume_subscription(
         &self,
         source: &StreamAddress,
@@ -368,6 +427,34 @@ impl Host {
     }
 
     /// Sets subscription `key`'s cursor and resumes it in one append.
+    ///
+    /// ```
+    /// # async fn eventually<T>(what: &str, mut probe: impl AsyncFnMut() -> Option<T>) -> anyhow::Result<T> {
+    /// #     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    /// #     loop {
+    /// #         if let Some(v) = probe().await { return Ok(v) }
+    /// #         anyhow::ensure!(std::time::Instant::now() < deadline, "timed out waiting for {what}");
+    /// #         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    /// #     }
+    /// # }
+    /// # #[tokio::main] async fn main() -> anyhow::Result<()> {
+    /// # let dir = tempfile::tempdir()?;
+    /// # let host = streamhost::Host::open(streamhost::Config { data_dir: dir.path().into(), ..Default::default() })?;
+    /// // `eventually` (not shown) polls until its probe answers `Some`, ten seconds at most.
+    /// use streamhost::{EventInput, Subscription};
+    ///
+    /// let orders = host.stream("acme", "/orders/eu")?;
+    /// host.subscribe(&orders, &Subscription::copy_to("broken", "/copies").transform("$error('no')")).await?;
+    /// host.append(&orders, [EventInput::new("events.example/x")]).await?;
+    /// eventually("the halt", async || {
+    ///     host.runtime(&orders).await.ok()?.subscriptions.get("broken").filter(|d| d.halted).cloned()
+    /// })
+    /// .await?;
+    /// // Skip the failing event: deliver after it, and resume.
+    /// let both = host.set_subscription_cursor_and_resume(&orders, "broken", 2).await?;
+    /// assert_eq!(both.resumed.offset, both.cursor_set.offset + 1);
+    /// # Ok(()) }
+    /// ```
     pub async fn set_subscription_cursor_and_resume(
         &self,
         source: &StreamAddress,

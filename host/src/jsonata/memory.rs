@@ -5,12 +5,8 @@
 //! (`jsonata_core::bounds`), so an evaluation that builds values step by
 //! step (a path over a range, an object constructor, recursion) stops at its
 //! budget instead of filling the heap. The `streamhost` binary installs it;
-//! an embedding program that wants the same bound installs it too:
-//!
-//! ```ignore
-//! #[global_allocator]
-//! static ALLOCATOR: streamhost::CountingAllocator = streamhost::CountingAllocator;
-//! ```
+//! an embedding program that wants the same bound installs it too (it is
+//! public as `streamhost::CountingAllocator`).
 //!
 //! Without it, the bounds checked before and after every built-in still
 //! hold; only the budget of values built step by step does not.
