@@ -10,7 +10,11 @@ use clap::{Args, Parser, Subcommand};
 use serde_json::{json, Value};
 
 use crate::config::{Config, Durability};
+use crate::host::backfill::Backfill;
+use crate::host::live::{Connect, WaitFor};
+use crate::host::request::StreamRequest;
 use crate::host::Host;
+use crate::stream::{AppendInput, EventInput, ReadQuery};
 
 /// Durable event streams with sandboxed WebAssembly processors.
 #[derive(Debug, Parser)]
@@ -864,90 +868,74 @@ pub async fn run(cli: Cli) -> Result<()> {
     } else {
         Output::Json
     }));
+    use StreamRequest as R;
     match cli.command {
         Command::Serve(args) => serve(args).await,
         Command::Append(a) => {
-            let mut event = json!({"type": a.event_type});
+            let mut event = EventInput::new(a.event_type);
             if let Some(p) = &a.payload {
-                event["payload"] = parse_object("--payload", p)?;
+                event.payload = parse_object("--payload", p)?.as_object().cloned();
             }
             if let Some(m) = &a.metadata {
-                event["metadata"] = parse_object("--metadata", m)?;
+                event.metadata = parse_object("--metadata", m)?.as_object().cloned();
             }
-            if let Some(k) = a.idempotency_key {
-                event["idempotencyKey"] = json!(k);
-            }
-            if let Some(o) = a.offset {
-                event["offset"] = json!(o);
-            }
+            event.idempotency_key = a.idempotency_key;
+            event.offset = a.offset;
             if a.ephemeral {
-                event["ephemeral"] = json!(true);
+                event.ephemeral = Some(true);
             }
-            let body = json!({ "events": [event] });
-            request(&a.target, reqwest::Method::POST, "append", "", Some(body)).await
+            request(&a.target, R::Append(AppendInput::new([event]))).await
         }
         Command::Events(a) if a.jsonl => events_jsonl(a).await,
         Command::Events(a) => {
-            let query = format!(
-                "?afterOffset={}&limit={}&includeEphemeral={}",
-                a.after_offset, a.limit, a.include_ephemeral
-            );
-            request(&a.target, reqwest::Method::GET, "events", &query, None).await
+            let query = ReadQuery {
+                after_offset: a.after_offset,
+                limit: a.limit,
+                include_ephemeral: a.include_ephemeral,
+            };
+            request(&a.target, R::Events(query)).await
         }
-        Command::State(a) => request(&a.target, reqwest::Method::GET, "state", "", None).await,
-        Command::Runtime(a) => request(&a.target, reqwest::Method::GET, "runtime", "", None).await,
+        Command::State(a) => request(&a.target, R::State).await,
+        Command::Runtime(a) => request(&a.target, R::Runtime).await,
         Command::Subscribe(a) => subscribe(a).await,
         Command::Unsubscribe(a) => {
-            let event = json!({"type": "events.iterate.com/stream/subscription-removed",
-                "payload": {"subscriptionKey": a.key, "reason": "requested"}});
-            let body = json!({ "events": [event] });
-            request(&a.target, reqwest::Method::POST, "append", "", Some(body)).await
+            let removed = EventInput::new("events.iterate.com/stream/subscription-removed")
+                .payload(json!({"subscriptionKey": a.key, "reason": "requested"}));
+            request(&a.target, R::Append(AppendInput::new([removed]))).await
         }
         Command::ResumeSubscription(a) => {
-            let (method, body) = match a.after_offset {
-                Some(o) => (
-                    "setSubscriptionCursorAndResume",
-                    json!({"subscriptionKey": a.key, "afterOffset": o}),
-                ),
-                None => ("resumeSubscription", json!({"subscriptionKey": a.key})),
+            let resume = match a.after_offset {
+                Some(after_offset) => R::SetSubscriptionCursorAndResume {
+                    subscription_key: a.key,
+                    after_offset,
+                },
+                None => R::ResumeSubscription {
+                    subscription_key: a.key,
+                },
             };
-            request(&a.target, reqwest::Method::POST, method, "", Some(body)).await
+            request(&a.target, resume).await
         }
         Command::SetCursor(a) => {
-            let body = json!({"subscriptionKey": a.key, "afterOffset": a.after_offset});
-            request(
-                &a.target,
-                reqwest::Method::POST,
-                "setSubscriptionCursor",
-                "",
-                Some(body),
-            )
-            .await
+            let set = R::SetSubscriptionCursor {
+                subscription_key: a.key,
+                after_offset: a.after_offset,
+            };
+            request(&a.target, set).await
         }
         Command::Pause(a) => {
-            let event = json!({"type": "events.iterate.com/stream/paused", "payload": {"reason": a.reason}});
-            let body = json!({ "events": [event] });
-            request(&a.target, reqwest::Method::POST, "append", "", Some(body)).await
+            let paused = EventInput::new("events.iterate.com/stream/paused")
+                .payload(json!({"reason": a.reason}));
+            request(&a.target, R::Append(AppendInput::new([paused]))).await
         }
         Command::Resume(a) => {
-            let event = json!({"type": "events.iterate.com/stream/resumed"});
-            let body = json!({ "events": [event] });
-            request(&a.target, reqwest::Method::POST, "append", "", Some(body)).await
+            let resumed = EventInput::new("events.iterate.com/stream/resumed");
+            request(&a.target, R::Append(AppendInput::new([resumed]))).await
         }
-        Command::Reset(a) => {
-            request(
-                &a.target,
-                reqwest::Method::POST,
-                "reset",
-                "",
-                Some(json!({})),
-            )
-            .await
-        }
+        Command::Reset(a) => request(&a.target, R::Reset).await,
         Command::Processor(a) if a.wait => processor_caught_up(a).await,
         Command::Processor(a) => {
-            let method = format!("processors/{}", a.component);
-            request(&a.target, reqwest::Method::GET, &method, "", None).await
+            let component = a.component;
+            request(&a.target, R::Processor { component }).await
         }
         Command::Keys(a) => keys(a).await,
         Command::Itx(a) => itx(a).await,
@@ -971,24 +959,13 @@ pub async fn run(cli: Cli) -> Result<()> {
             print_answer(send(req, &url, a.project.token.as_deref()).await?).await
         }
         Command::Wait(a) => {
-            let mut body = json!({"timeoutMs": a.timeout_ms});
-            if let Some(o) = a.after_offset {
-                body["afterOffset"] = json!(o);
-            }
-            if !a.event_types.is_empty() {
-                body["eventTypes"] = json!(a.event_types);
-            }
-            if let Some(c) = &a.condition {
-                body["jsonataCondition"] = json!(c);
-            }
-            request(
-                &a.target,
-                reqwest::Method::POST,
-                "waitForEvent",
-                "",
-                Some(body),
-            )
-            .await
+            let wait = WaitFor {
+                after_offset: a.after_offset,
+                event_types: (!a.event_types.is_empty()).then_some(a.event_types),
+                jsonata_condition: a.condition,
+                timeout_ms: a.timeout_ms,
+            };
+            request(&a.target, R::WaitForEvent(wait)).await
         }
         Command::Cluster(a) => {
             let url = format!("{}/v1/cluster", a.url.trim_end_matches('/'));
@@ -1199,11 +1176,7 @@ async fn status(a: StatusArgs) -> Result<()> {
         if s["subscriptions"].as_u64().unwrap_or(0) == 0 {
             continue;
         }
-        let url = format!(
-            "{namespace}/streams{}:runtime",
-            if path == "/" { "/" } else { path }
-        );
-        let Some(rt) = get_json(&url, token).await? else {
+        let Some(rt) = stream_json(&a.server, path, &StreamRequest::Runtime).await? else {
             continue;
         };
         for (key, sub) in rt["subscriptions"].as_object().into_iter().flatten() {
@@ -1357,13 +1330,27 @@ async fn subscribe(a: SubscribeArgs) -> Result<()> {
     if let Some(d) = &a.description {
         subscription = subscription.description(d);
     }
-    let body = json!({ "events": [subscription.to_event()] });
-    request(&a.target, reqwest::Method::POST, "append", "", Some(body)).await
+    let configured = AppendInput::new([subscription.to_event()]);
+    request(&a.target, StreamRequest::Append(configured)).await
 }
 
 /// GETs `url` as JSON: `None` for a 404, an error for any other failure.
 async fn get_json(url: &str, token: Option<&str>) -> Result<Option<Value>> {
-    let response = send(reqwest::Client::new().get(url), url, token).await?;
+    answer_json(send(reqwest::Client::new().get(url), url, token).await?).await
+}
+
+/// [`get_json`] of a stream request on `stream` of `server`.
+async fn stream_json(
+    server: &Server,
+    stream: &str,
+    request: &StreamRequest,
+) -> Result<Option<Value>> {
+    let (req, url) = stream_http(server, stream, request)?;
+    answer_json(send(req, &url, server.token.as_deref()).await?).await
+}
+
+/// A JSON answer: `None` for a 404, an error for any other failure.
+async fn answer_json(response: reqwest::Response) -> Result<Option<Value>> {
     let status = response.status();
     let text = response.text().await.context("reading the answer")?;
     if status == reqwest::StatusCode::NOT_FOUND {
@@ -1399,20 +1386,23 @@ where
 /// `streamhost processor --wait`: the processor once its checkpoint is at
 /// the stream's head.
 async fn processor_caught_up(a: ProcessorArgs) -> Result<()> {
-    let token = a.target.server.token.clone();
-    let processor = stream_url(&a.target, &format!("processors/{}", a.component), "")?;
+    let processor = StreamRequest::Processor {
+        component: a.component.clone(),
+    };
     let what = format!("processor {:?} did not catch up", a.component);
     let p = poll(a.timeout_ms, &what, || async {
-        let Some(p) = get_json(&processor, token.as_deref()).await? else {
+        let Some(p) = stream_json(&a.target.server, &a.target.stream, &processor).await? else {
             return Ok(Err("it has no instance yet".to_string()));
         };
         let checkpoint = p["checkpointOffset"].as_u64().unwrap_or(0);
-        let next = stream_url(
-            &a.target,
-            "events",
-            &format!("?afterOffset={checkpoint}&limit=1"),
-        )?;
-        let page = get_json(&next, token.as_deref()).await?.unwrap_or_default();
+        let next = StreamRequest::Events(ReadQuery {
+            after_offset: checkpoint,
+            limit: 1,
+            include_ephemeral: false,
+        });
+        let page = stream_json(&a.target.server, &a.target.stream, &next)
+            .await?
+            .unwrap_or_default();
         Ok(match page["events"].as_array().map(Vec::len) {
             Some(0) => Ok(p),
             _ => Err(format!("its checkpoint is at offset {checkpoint}")),
@@ -1424,39 +1414,34 @@ async fn processor_caught_up(a: ProcessorArgs) -> Result<()> {
 
 /// `streamhost keys`: a processor's keys, every key, or one.
 async fn keys(a: KeysArgs) -> Result<()> {
-    let method = format!("processors/{}/keys", a.component);
-    let encode = |s: &str| {
-        percent_encoding::utf8_percent_encode(s, percent_encoding::NON_ALPHANUMERIC).to_string()
-    };
-    if let Some(key) = &a.key {
-        let one = format!("{method}/{}", encode(key));
-        return request(&a.target, reqwest::Method::GET, &one, "", None).await;
+    use crate::host::processors::{KeysQuery, KEYS_LIMIT_MAX};
+    let component = a.component.clone();
+    if let Some(key) = a.key {
+        return request(&a.target, StreamRequest::ProcessorKey { component, key }).await;
     }
-    let query = |after: Option<&str>| {
-        let mut q = form_urlencoded::Serializer::new(String::new());
+    let page = |after: Option<String>| {
+        let mut query = KeysQuery::new();
         if let Some(p) = &a.prefix {
-            q.append_pair("prefix", p);
+            query = query.prefix(p);
         }
-        if let Some(after) = after {
-            q.append_pair("after", after);
+        query.after = after;
+        match a.limit {
+            Some(l) => query.limit = l,
+            None if a.all => query.limit = KEYS_LIMIT_MAX,
+            None => {}
         }
-        if let Some(l) = a.limit {
-            q.append_pair("limit", &l.to_string());
-        } else if a.all {
-            q.append_pair("limit", "1000");
+        StreamRequest::ProcessorKeys {
+            component: component.clone(),
+            query,
         }
-        format!("?{}", q.finish())
     };
     if !a.all {
-        let q = query(a.after.as_deref());
-        return request(&a.target, reqwest::Method::GET, &method, &q, None).await;
+        return request(&a.target, page(a.after.clone())).await;
     }
-    let token = a.target.server.token.clone();
     let mut all = Vec::new();
     let mut after = a.after.clone();
     loop {
-        let url = stream_url(&a.target, &method, &query(after.as_deref()))?;
-        let response = send(reqwest::Client::new().get(&url), &url, token.as_deref()).await?;
+        let response = stream_call(&a.target, &page(after.clone())).await?;
         let status = response.status();
         let page: Value = response.json().await.context("reading the answer")?;
         if !status.is_success() {
@@ -1514,15 +1499,14 @@ async fn itx(a: ItxArgs) -> Result<()> {
 
 /// `streamhost events --jsonl`: every page after the offset, one event a line.
 async fn events_jsonl(a: EventsArgs) -> Result<()> {
-    let client = reqwest::Client::new();
     let mut after = a.after_offset;
     loop {
-        let query = format!(
-            "?afterOffset={after}&limit={}&includeEphemeral={}",
-            a.limit, a.include_ephemeral
-        );
-        let url = stream_url(&a.target, "events", &query)?;
-        let response = send(client.get(&url), &url, a.target.server.token.as_deref()).await?;
+        let page = StreamRequest::Events(ReadQuery {
+            after_offset: after,
+            limit: a.limit,
+            include_ephemeral: a.include_ephemeral,
+        });
+        let response = stream_call(&a.target, &page).await?;
         let status = response.status();
         let text = response.text().await.context("reading the answer")?;
         if !status.is_success() {
@@ -1544,21 +1528,15 @@ async fn events_jsonl(a: EventsArgs) -> Result<()> {
 /// them as a bar on a terminal (or prints them as lines otherwise).
 async fn backfill(a: BackfillArgs) -> Result<()> {
     use std::io::{IsTerminal, Write};
-    let mut body = json!({"component": a.component, "afterOffset": a.after_offset});
-    if let Some(t) = a.through_offset {
-        body["throughOffset"] = json!(t);
-    }
-    if !a.event_types.is_empty() {
-        body["eventTypes"] = json!(a.event_types);
-    }
-    if let Some(c) = &a.condition {
-        body["jsonataCondition"] = json!(c);
-    }
-    let url = stream_url(&a.target, "backfillProcessor", "")?;
-    let req = reqwest::Client::new()
-        .post(&url)
-        .header("accept", "application/x-ndjson")
-        .json(&body);
+    let backfill = StreamRequest::BackfillProcessor(Backfill {
+        component: a.component,
+        after_offset: a.after_offset,
+        through_offset: a.through_offset,
+        event_types: (!a.event_types.is_empty()).then_some(a.event_types),
+        jsonata_condition: a.condition,
+    });
+    let (req, url) = stream_http(&a.target.server, &a.target.stream, &backfill)?;
+    let req = req.header("accept", "application/x-ndjson");
     let mut response = send(req, &url, a.target.server.token.as_deref()).await?;
     if !response.status().is_success() {
         return print_answer(response).await;
@@ -1615,9 +1593,10 @@ fn progress_text(p: &Value) -> String {
 }
 
 async fn verify(a: VerifyArgs) -> Result<()> {
-    let body = json!({ "component": a.component });
-    let url = stream_url(&a.target, "verifyProcessor", "")?;
-    let req = reqwest::Client::new().post(&url).json(&body);
+    let verify = StreamRequest::VerifyProcessor {
+        component: a.component.clone(),
+    };
+    let (req, url) = stream_http(&a.target.server, &a.target.stream, &verify)?;
     let label = format!("verifying {} (refolding from offset 0)", a.component);
     let response = with_progress(&label, send(req, &url, a.target.server.token.as_deref())).await?;
     let status = response.status();
@@ -1859,20 +1838,17 @@ fn fold_offline(a: FoldArgs) -> Result<()> {
 }
 
 async fn tail(a: TailArgs) -> Result<()> {
-    let mut query = form_urlencoded::Serializer::new(String::new());
-    query.append_pair("state", "false");
+    let mut connect = Connect::new().events_only();
     if let Some(after) = a.after_offset {
-        query.append_pair("replayAfterOffset", &after.to_string());
+        connect = connect.after(after);
     }
     if !a.event_types.is_empty() {
-        query.append_pair("eventTypes", &a.event_types.join(","));
+        connect = connect.event_types(a.event_types.clone());
     }
     if let Some(c) = &a.condition {
-        query.append_pair("jsonataCondition", c);
+        connect = connect.condition(c);
     }
-    let url = stream_url(&a.target, "connect", &format!("?{}", query.finish()))?;
-    let req = reqwest::Client::new().get(&url);
-    let response = send(req, &url, a.target.server.token.as_deref()).await?;
+    let response = stream_call(&a.target, &StreamRequest::Connect(connect)).await?;
     if !response.status().is_success() {
         let status = response.status();
         bail!("{status}: {}", response.text().await.unwrap_or_default());
@@ -1981,34 +1957,45 @@ async fn shutdown_signal() {
     tracing::info!("shutting down");
 }
 
-fn stream_url(target: &Target, stream_method: &str, query: &str) -> Result<String> {
-    if !target.stream.starts_with('/') {
-        bail!("stream path {:?} must start with \"/\"", target.stream);
+/// The request's HTTP call on stream `stream` of `server`: the server's own
+/// mapping ([`crate::http::mapping::render`]) writes its method, name,
+/// query and body.
+fn stream_http(
+    server: &Server,
+    stream: &str,
+    request: &StreamRequest,
+) -> Result<(reqwest::RequestBuilder, String)> {
+    if !stream.starts_with('/') {
+        bail!("stream path {stream:?} must start with \"/\"");
     }
-    let path = if target.stream == "/" {
-        ""
+    let path = if stream == "/" { "" } else { stream };
+    let call = crate::http::mapping::render(request);
+    let query = if call.query.is_empty() {
+        String::new()
     } else {
-        &target.stream
+        format!("?{}", call.query)
     };
-    Ok(format!(
-        "{}/streams{path}:{stream_method}{query}",
-        target.server.namespace_url()?
-    ))
+    let url = format!(
+        "{}/streams{path}:{}{query}",
+        server.namespace_url()?,
+        call.name
+    );
+    let mut req = reqwest::Client::new().request(call.method, &url);
+    if let Some(body) = &call.body {
+        req = req.json(body);
+    }
+    Ok((req, url))
 }
 
-async fn request(
-    target: &Target,
-    method: reqwest::Method,
-    stream_method: &str,
-    query: &str,
-    body: Option<Value>,
-) -> Result<()> {
-    let url = stream_url(target, stream_method, query)?;
-    let mut req = reqwest::Client::new().request(method, &url);
-    if let Some(b) = body {
-        req = req.json(&b);
-    }
-    print_answer(send(req, &url, target.server.token.as_deref()).await?).await
+/// Sends `request` on the target's stream.
+async fn stream_call(target: &Target, request: &StreamRequest) -> Result<reqwest::Response> {
+    let (req, url) = stream_http(&target.server, &target.stream, request)?;
+    send(req, &url, target.server.token.as_deref()).await
+}
+
+/// Sends `request` on the target's stream and prints the answer.
+async fn request(target: &Target, request: StreamRequest) -> Result<()> {
+    print_answer(stream_call(target, &request).await?).await
 }
 
 /// Prints a JSON answer pretty; a failure status is the command's error.

@@ -24,7 +24,7 @@ const PROGRESS_EVERY: Duration = Duration::from_millis(500);
 
 /// A backfill of one processor: which events it folds. Build with
 /// [`Backfill::new`]; it is also the body of `:backfillProcessor`.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Backfill {
     /// The processor's component.
@@ -33,13 +33,17 @@ pub struct Backfill {
     #[serde(default, deserialize_with = "crate::stream::bounded::offset")]
     pub after_offset: u64,
     /// Up to this offset (`None`: the stream's head when it starts).
-    #[serde(default, deserialize_with = "crate::stream::bounded::optional_offset")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "crate::stream::bounded::optional_offset"
+    )]
     pub through_offset: Option<u64>,
     /// Only events of these types (within what the processor consumes).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub event_types: Option<Vec<String>>,
     /// Only events for which this JSONata expression is truthy.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub jsonata_condition: Option<String>,
 }
 

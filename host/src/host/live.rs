@@ -196,17 +196,21 @@ impl LiveConnection {
 
 /// An event to wait for. Build with [`WaitFor::new`]; it is also the body
 /// of `:waitForEvent`.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct WaitFor {
     /// Looks at the events after this offset (`None`: from now on).
-    #[serde(default, deserialize_with = "crate::stream::bounded::optional_offset")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "crate::stream::bounded::optional_offset"
+    )]
     pub after_offset: Option<u64>,
     /// Only events of these types.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub event_types: Option<Vec<String>>,
     /// Only events for which this JSONata expression is truthy.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub jsonata_condition: Option<String>,
     /// Gives up after this long (1 to [`WAIT_TIMEOUT_MS_MAX`] ms).
     pub timeout_ms: u64,

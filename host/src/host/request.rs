@@ -17,7 +17,7 @@ use crate::stream::{
 };
 
 /// One operation on a stream.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum StreamRequest {
     /// Append events (`:append`).
     Append(AppendInput),

@@ -17,29 +17,29 @@ use crate::subscription::{Filter, Receiver, Start, GENERATED_KEY_PREFIX};
 
 /// A receiving stream's copy subscription to a source stream of its
 /// namespace (`:subscribeToEventsFrom`). Build with [`CopyFrom::new`].
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct CopyFrom {
     /// The source stream's path.
     pub source_stream_path: String,
     /// The subscription's key (generated from the configure event's offset
     /// when absent, which then needs `idempotency_key`).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub subscription_key: Option<String>,
     /// Makes a keyless setup safe to retry.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idempotency_key: Option<String>,
     /// Free text kept with the subscription.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub description: Option<String>,
     /// Which events are copied.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub filter: Option<Filter>,
     /// A JSONata expression shaping each copy.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub jsonata_transform: Option<String>,
     /// Where copying begins (default: now).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub start: Option<Start>,
 }
 

@@ -5,7 +5,6 @@ use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::{header, HeaderMap, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
-use serde::Deserialize;
 use serde_json::json;
 
 use super::{answer, authorize_project, query, read_body};
@@ -90,9 +89,3 @@ pub(super) async fn get(
     }
 }
 
-/// The body of `POST {stream}:verifyProcessor`.
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub(super) struct VerifyInput {
-    pub component: String,
-}

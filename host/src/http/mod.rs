@@ -12,8 +12,8 @@ mod guard;
 mod ingest;
 mod itx;
 pub mod listener;
+pub mod mapping;
 mod query;
-mod subscriptions;
 
 use axum::body::{to_bytes, Body};
 use axum::extract::State;
@@ -52,7 +52,7 @@ fn route(path: &'static str, handler: MethodRouter<Host>, ops: &[(&'static str, 
 
 /// The documented operations of a stream route: every stream method.
 fn stream_operations(prefix: &str) -> Vec<(&'static str, String)> {
-    STREAM_METHODS
+    mapping::STREAM_METHODS
         .iter()
         .map(|(method, name)| (*method, format!("{prefix}/{{path}}:{name}")))
         .collect()
@@ -488,9 +488,8 @@ async fn stream_call(
     }
 }
 
-/// The one mapping from a `{stream}:method` call (its method name, HTTP
-/// method, query and body) to the typed request; `405` for a known method
-/// with another HTTP method, `404 method-not-found` for an unknown one.
+/// The `{stream}:method` call's typed request: its body read (bounded)
+/// when it is a `POST`, then [`mapping::parse`].
 async fn stream_request(
     host: &Host,
     name: &str,
@@ -498,117 +497,12 @@ async fn stream_request(
     query: Option<&str>,
     body: Body,
 ) -> Result<StreamRequest, ApiError> {
-    use StreamRequest as R;
-    Ok(match (name, method) {
-        ("append", &Method::POST) => R::Append(read_json(host, body).await?),
-        ("events", &Method::GET) => R::Events(query::read_query(query)?),
-        ("state", &Method::GET) => {
-            query::no_query(query)?;
-            R::State
-        }
-        ("runtime", &Method::GET) => {
-            query::no_query(query)?;
-            R::Runtime
-        }
-        ("reset", &Method::POST) => R::Reset,
-        ("connect", &Method::GET) => R::Connect(query::connect_query(query)?),
-        ("waitForEvent", &Method::POST) => {
-            R::WaitForEvent(read_json(host, body).await?)
-        }
-        (m, &Method::GET) if m.starts_with("processors/") && m.contains("/keys") => {
-            let rest = &m["processors/".len()..];
-            let (component, keys) = rest.split_once("/keys").unwrap_or((rest, ""));
-            let component = component.to_string();
-            match keys.strip_prefix('/') {
-                None if keys.is_empty() => R::ProcessorKeys {
-                    component,
-                    query: query::keys_query(query)?,
-                },
-                Some(key) if !key.is_empty() => {
-                    query::no_query(query)?;
-                    let key = percent_encoding::percent_decode_str(key)
-                        .decode_utf8()
-                        .map_err(|_| {
-                            ApiError::invalid(format!("key {key:?} is not UTF-8 once decoded"))
-                        })?
-                        .into_owned();
-                    R::ProcessorKey { component, key }
-                }
-                _ => return Err(ApiError::not_found(
-                    "not-found",
-                    format!("no route for :{m} (processors/{{component}}/keys or processors/{{component}}/keys/{{key}})"),
-                )),
-            }
-        }
-        (m, &Method::GET) if m.starts_with("processors/") => R::Processor {
-            component: m["processors/".len()..].to_string(),
-        },
-        ("backfillProcessor", &Method::POST) => {
-            R::BackfillProcessor(read_json(host, body).await?)
-        }
-        ("verifyProcessor", &Method::POST) => {
-            let input: components::VerifyInput = read_json(host, body).await?;
-            R::VerifyProcessor {
-                component: input.component,
-            }
-        }
-        ("subscribeToEventsFrom", &Method::POST) => {
-            R::SubscribeToEventsFrom(read_json(host, body).await?)
-        }
-        ("unsubscribeFromEvents", &Method::POST) => {
-            let input: subscriptions::UnsubscribeInput = read_json(host, body).await?;
-            R::UnsubscribeFromEvents {
-                source_stream_path: input.source_stream_path,
-                subscription_key: input.subscription_key,
-            }
-        }
-        ("setSubscriptionCursor", &Method::POST) => {
-            let input: subscriptions::CursorInput = read_json(host, body).await?;
-            R::SetSubscriptionCursor {
-                subscription_key: input.subscription_key,
-                after_offset: input.after_offset,
-            }
-        }
-        ("resumeSubscription", &Method::POST) => {
-            let input: subscriptions::KeyInput = read_json(host, body).await?;
-            R::ResumeSubscription {
-                subscription_key: input.subscription_key,
-            }
-        }
-        ("setSubscriptionCursorAndResume", &Method::POST) => {
-            let input: subscriptions::CursorInput = read_json(host, body).await?;
-            R::SetSubscriptionCursorAndResume {
-                subscription_key: input.subscription_key,
-                after_offset: input.after_offset,
-            }
-        }
-        (
-            "append"
-            | "reset"
-            | "waitForEvent"
-            | "verifyProcessor"
-            | "backfillProcessor"
-            | "subscribeToEventsFrom"
-            | "unsubscribeFromEvents"
-            | "setSubscriptionCursor"
-            | "resumeSubscription"
-            | "setSubscriptionCursorAndResume",
-            _,
-        )
-        | ("events" | "state" | "runtime" | "connect", _) => {
-            return Err(ApiError::new(
-                405,
-                "method-not-allowed",
-                format!("{method} is not allowed on :{name}"),
-            ))
-        }
-        (other, _) => {
-            return Err(ApiError::not_found(
-                "method-not-found",
-                unknown_method_message(other),
-            ))
-        }
-    })
+    let body = if method == Method::POST {
+        read_body(host, body, host.config.max_body_bytes, "request body").await?
+    } else {
+        axum::body::Bytes::new()
+    };
+    mapping::parse(name, method, query, &body)
 }
 
 /// A stream request's answer as HTTP: JSON, or server-sent events for a
@@ -643,55 +537,6 @@ fn render(answer: StreamAnswer) -> Response {
         A::Verification(verification) => ok_json(&verification),
         A::Backfilled(done) => ok_json(&done),
     }
-}
-
-/// Every stream method with its HTTP method, as routed above.
-pub const STREAM_METHODS: &[(&str, &str)] = &[
-    ("POST", "append"),
-    ("GET", "events"),
-    ("GET", "state"),
-    ("GET", "runtime"),
-    ("GET", "connect"),
-    ("POST", "waitForEvent"),
-    ("POST", "reset"),
-    ("POST", "subscribeToEventsFrom"),
-    ("POST", "unsubscribeFromEvents"),
-    ("POST", "setSubscriptionCursor"),
-    ("POST", "resumeSubscription"),
-    ("POST", "setSubscriptionCursorAndResume"),
-    ("GET", "processors/{component}"),
-    ("GET", "processors/{component}/keys"),
-    ("GET", "processors/{component}/keys/{key}"),
-    ("POST", "verifyProcessor"),
-    ("POST", "backfillProcessor"),
-];
-
-/// "unknown stream method", the closest method when one is close, and the
-/// whole list.
-fn unknown_method_message(method: &str) -> String {
-    let closest = STREAM_METHODS
-        .iter()
-        .map(|(_, m)| {
-            (
-                strsim::levenshtein(&method.to_lowercase(), &m.to_lowercase()),
-                m,
-            )
-        })
-        .min_by_key(|(d, _)| *d)
-        .filter(|(d, m)| *d <= 2.max(m.len() / 4));
-    let hint = match closest {
-        Some((_, m)) => format!(" (did you mean :{m}?)"),
-        None => String::new(),
-    };
-    let all: Vec<String> = STREAM_METHODS
-        .iter()
-        .map(|(_, m)| format!(":{m}"))
-        .collect();
-    format!(
-        "unknown stream method {:?}{hint}; stream methods: {}",
-        format!(":{method}"),
-        all.join(", ")
-    )
 }
 
 /// Reads a JSON body within the configured limit, naming the path of any
@@ -775,20 +620,6 @@ mod tests {
             "{}",
             e.message
         );
-    }
-
-    #[test]
-    fn an_unknown_method_names_the_closest_and_lists_all() {
-        let m = unknown_method_message("apend");
-        assert!(
-            m.starts_with("unknown stream method \":apend\" (did you mean :append?)"),
-            "{m}"
-        );
-        assert!(m.contains(":waitForEvent") && m.contains(":connect"), "{m}");
-        let m = unknown_method_message("waitforevent");
-        assert!(m.contains("did you mean :waitForEvent?"), "{m}");
-        let m = unknown_method_message("frobnicate");
-        assert!(!m.contains("did you mean"), "{m}");
     }
 
     #[test]

@@ -86,7 +86,7 @@ pub struct AppendOutput {
 }
 
 /// A page of events.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ReadQuery {
     /// Events after this offset.
     pub after_offset: u64,

@@ -1,0 +1,481 @@
+//! The one mapping between a stream's `{stream}:method` calls over HTTP and
+//! [`StreamRequest`]: [`parse`] reads what a client sent (the server's
+//! adapter, `http/mod.rs`), [`render`] writes what a client sends (the
+//! command line's, `cli.rs`). Method names, HTTP methods, query parameters
+//! and bodies are decided here and nowhere else; a unit test holds the two
+//! directions to each other.
+
+use axum::http::Method;
+use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::error::ApiError;
+use super::{parse_json, query};
+use crate::host::request::StreamRequest;
+
+/// A stream request as HTTP carries it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HttpCall {
+    /// `GET` or `POST`.
+    pub method: Method,
+    /// The stream method: what follows the stream path's `:`
+    /// (`append`, `processors/counter/keys/a%2Fb`).
+    pub name: String,
+    /// The query string, without its `?` (empty: none).
+    pub query: String,
+    /// The JSON body of a `POST`.
+    pub body: Option<Value>,
+}
+
+/// The body of `:unsubscribeFromEvents`.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct UnsubscribeInput {
+    source_stream_path: String,
+    subscription_key: String,
+}
+
+/// The body of `:setSubscriptionCursor` and
+/// `:setSubscriptionCursorAndResume`.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct CursorInput {
+    subscription_key: String,
+    #[serde(deserialize_with = "crate::stream::bounded::offset")]
+    after_offset: u64,
+}
+
+/// The body of `:resumeSubscription`.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct KeyInput {
+    subscription_key: String,
+}
+
+/// The body of `:verifyProcessor`.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct VerifyInput {
+    component: String,
+}
+
+/// The one mapping from a `{stream}:method` call (its method name, HTTP
+/// method, query and body) to the typed request; `405` for a known method
+/// with another HTTP method, `404 method-not-found` for an unknown one.
+pub fn parse(
+    name: &str,
+    method: &Method,
+    query: Option<&str>,
+    body: &[u8],
+) -> Result<StreamRequest, ApiError> {
+    use StreamRequest as R;
+    Ok(match (name, method) {
+        ("append", &Method::POST) => R::Append(parse_json(body)?),
+        ("events", &Method::GET) => R::Events(query::read_query(query)?),
+        ("state", &Method::GET) => {
+            query::no_query(query)?;
+            R::State
+        }
+        ("runtime", &Method::GET) => {
+            query::no_query(query)?;
+            R::Runtime
+        }
+        ("reset", &Method::POST) => R::Reset,
+        ("connect", &Method::GET) => R::Connect(query::connect_query(query)?),
+        ("waitForEvent", &Method::POST) => {
+            R::WaitForEvent(parse_json(body)?)
+        }
+        (m, &Method::GET) if m.starts_with("processors/") && m.contains("/keys") => {
+            let rest = &m["processors/".len()..];
+            let (component, keys) = rest.split_once("/keys").unwrap_or((rest, ""));
+            let component = component.to_string();
+            match keys.strip_prefix('/') {
+                None if keys.is_empty() => R::ProcessorKeys {
+                    component,
+                    query: query::keys_query(query)?,
+                },
+                Some(key) if !key.is_empty() => {
+                    query::no_query(query)?;
+                    let key = percent_encoding::percent_decode_str(key)
+                        .decode_utf8()
+                        .map_err(|_| {
+                            ApiError::invalid(format!("key {key:?} is not UTF-8 once decoded"))
+                        })?
+                        .into_owned();
+                    R::ProcessorKey { component, key }
+                }
+                _ => return Err(ApiError::not_found(
+                    "not-found",
+                    format!("no route for :{m} (processors/{{component}}/keys or processors/{{component}}/keys/{{key}})"),
+                )),
+            }
+        }
+        (m, &Method::GET) if m.starts_with("processors/") => R::Processor {
+            component: m["processors/".len()..].to_string(),
+        },
+        ("backfillProcessor", &Method::POST) => {
+            R::BackfillProcessor(parse_json(body)?)
+        }
+        ("verifyProcessor", &Method::POST) => {
+            let input: VerifyInput = parse_json(body)?;
+            R::VerifyProcessor {
+                component: input.component,
+            }
+        }
+        ("subscribeToEventsFrom", &Method::POST) => {
+            R::SubscribeToEventsFrom(parse_json(body)?)
+        }
+        ("unsubscribeFromEvents", &Method::POST) => {
+            let input: UnsubscribeInput = parse_json(body)?;
+            R::UnsubscribeFromEvents {
+                source_stream_path: input.source_stream_path,
+                subscription_key: input.subscription_key,
+            }
+        }
+        ("setSubscriptionCursor", &Method::POST) => {
+            let input: CursorInput = parse_json(body)?;
+            R::SetSubscriptionCursor {
+                subscription_key: input.subscription_key,
+                after_offset: input.after_offset,
+            }
+        }
+        ("resumeSubscription", &Method::POST) => {
+            let input: KeyInput = parse_json(body)?;
+            R::ResumeSubscription {
+                subscription_key: input.subscription_key,
+            }
+        }
+        ("setSubscriptionCursorAndResume", &Method::POST) => {
+            let input: CursorInput = parse_json(body)?;
+            R::SetSubscriptionCursorAndResume {
+                subscription_key: input.subscription_key,
+                after_offset: input.after_offset,
+            }
+        }
+        (name, _) if STREAM_METHODS.iter().any(|(_, m)| *m == name) => {
+            return Err(ApiError::new(
+                405,
+                "method-not-allowed",
+                format!("{method} is not allowed on :{name}"),
+            ))
+        }
+        (other, _) => {
+            return Err(ApiError::not_found(
+                "method-not-found",
+                unknown_method_message(other),
+            ))
+        }
+    })
+}
+
+
+/// Characters a key keeps as they are in a URL path segment.
+const KEY_SEGMENT: &AsciiSet = &NON_ALPHANUMERIC.remove(b'-').remove(b'_').remove(b'.').remove(b'~');
+
+/// The HTTP call that [`parse`] reads back as `request`.
+pub fn render(request: &StreamRequest) -> HttpCall {
+    use StreamRequest as R;
+    let (method, name, query, body): (Method, String, String, Option<Value>) = match request {
+        R::Append(input) => (Method::POST, "append".into(), String::new(), json(input)),
+        R::Events(q) => (Method::GET, "events".into(), query::render_read(q), None),
+        R::State => (Method::GET, "state".into(), String::new(), None),
+        R::Runtime => (Method::GET, "runtime".into(), String::new(), None),
+        R::Reset => (Method::POST, "reset".into(), String::new(), None),
+        R::Connect(c) => (Method::GET, "connect".into(), query::render_connect(c), None),
+        R::WaitForEvent(w) => (Method::POST, "waitForEvent".into(), String::new(), json(w)),
+        R::SubscribeToEventsFrom(from) => (
+            Method::POST,
+            "subscribeToEventsFrom".into(),
+            String::new(),
+            json(from),
+        ),
+        R::UnsubscribeFromEvents {
+            source_stream_path,
+            subscription_key,
+        } => (
+            Method::POST,
+            "unsubscribeFromEvents".into(),
+            String::new(),
+            json(&UnsubscribeInput {
+                source_stream_path: source_stream_path.clone(),
+                subscription_key: subscription_key.clone(),
+            }),
+        ),
+        R::SetSubscriptionCursor {
+            subscription_key,
+            after_offset,
+        } => (
+            Method::POST,
+            "setSubscriptionCursor".into(),
+            String::new(),
+            json(&CursorInput {
+                subscription_key: subscription_key.clone(),
+                after_offset: *after_offset,
+            }),
+        ),
+        R::ResumeSubscription { subscription_key } => (
+            Method::POST,
+            "resumeSubscription".into(),
+            String::new(),
+            json(&KeyInput {
+                subscription_key: subscription_key.clone(),
+            }),
+        ),
+        R::SetSubscriptionCursorAndResume {
+            subscription_key,
+            after_offset,
+        } => (
+            Method::POST,
+            "setSubscriptionCursorAndResume".into(),
+            String::new(),
+            json(&CursorInput {
+                subscription_key: subscription_key.clone(),
+                after_offset: *after_offset,
+            }),
+        ),
+        R::Processor { component } => (
+            Method::GET,
+            format!("processors/{component}"),
+            String::new(),
+            None,
+        ),
+        R::ProcessorKeys { component, query } => (
+            Method::GET,
+            format!("processors/{component}/keys"),
+            query::render_keys(query),
+            None,
+        ),
+        R::ProcessorKey { component, key } => (
+            Method::GET,
+            format!(
+                "processors/{component}/keys/{}",
+                utf8_percent_encode(key, KEY_SEGMENT)
+            ),
+            String::new(),
+            None,
+        ),
+        R::VerifyProcessor { component } => (
+            Method::POST,
+            "verifyProcessor".into(),
+            String::new(),
+            json(&VerifyInput {
+                component: component.clone(),
+            }),
+        ),
+        R::BackfillProcessor(b) => (Method::POST, "backfillProcessor".into(), String::new(), json(b)),
+    };
+    HttpCall {
+        method,
+        name,
+        query,
+        body,
+    }
+}
+
+/// A body as JSON (every body is plain data: serializing it does not fail).
+fn json<T: Serialize>(body: &T) -> Option<Value> {
+    serde_json::to_value(body).ok()
+}
+
+/// Every stream method with its HTTP method.
+pub const STREAM_METHODS: &[(&str, &str)] = &[
+    ("POST", "append"),
+    ("GET", "events"),
+    ("GET", "state"),
+    ("GET", "runtime"),
+    ("GET", "connect"),
+    ("POST", "waitForEvent"),
+    ("POST", "reset"),
+    ("POST", "subscribeToEventsFrom"),
+    ("POST", "unsubscribeFromEvents"),
+    ("POST", "setSubscriptionCursor"),
+    ("POST", "resumeSubscription"),
+    ("POST", "setSubscriptionCursorAndResume"),
+    ("GET", "processors/{component}"),
+    ("GET", "processors/{component}/keys"),
+    ("GET", "processors/{component}/keys/{key}"),
+    ("POST", "verifyProcessor"),
+    ("POST", "backfillProcessor"),
+];
+
+/// "unknown stream method", the closest method when one is close, and the
+/// whole list.
+fn unknown_method_message(method: &str) -> String {
+    let closest = STREAM_METHODS
+        .iter()
+        .map(|(_, m)| {
+            (
+                strsim::levenshtein(&method.to_lowercase(), &m.to_lowercase()),
+                m,
+            )
+        })
+        .min_by_key(|(d, _)| *d)
+        .filter(|(d, m)| *d <= 2.max(m.len() / 4));
+    let hint = match closest {
+        Some((_, m)) => format!(" (did you mean :{m}?)"),
+        None => String::new(),
+    };
+    let all: Vec<String> = STREAM_METHODS
+        .iter()
+        .map(|(_, m)| format!(":{m}"))
+        .collect();
+    format!(
+        "unknown stream method {:?}{hint}; stream methods: {}",
+        format!(":{method}"),
+        all.join(", ")
+    )
+}
+
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::host::backfill::Backfill;
+    use crate::host::live::{Connect, WaitFor};
+    use crate::host::processors::KeysQuery;
+    use crate::host::subscriptions::CopyFrom;
+    use crate::stream::{AppendInput, EventInput, ReadQuery};
+
+    /// One request of every kind, with the optional parts set and unset.
+    fn every_request() -> Vec<StreamRequest> {
+        use StreamRequest as R;
+        let mut append = AppendInput::new([
+            EventInput::new("events.example/a").payload(serde_json::json!({"n": 1})),
+            EventInput::new("events.example/b").idempotency_key("k"),
+        ]);
+        append.expected_stream_id = Some("s-1".into());
+        vec![
+            R::Append(append),
+            R::Events(ReadQuery {
+                after_offset: 7,
+                limit: 20,
+                include_ephemeral: true,
+            }),
+            R::State,
+            R::Runtime,
+            R::Reset,
+            R::Connect(Connect::new()),
+            R::Connect(
+                Connect::new()
+                    .after(3)
+                    .key("tail & more")
+                    .event_types(["a/b", "c/d"])
+                    .condition("payload.n > 1 and $contains(type, ',')")
+                    .events_only(),
+            ),
+            R::Connect(Connect::new().state_only()),
+            R::WaitForEvent(WaitFor::new(250)),
+            R::WaitForEvent(
+                WaitFor::new(1000)
+                    .after(4)
+                    .event_types(["x/y"])
+                    .condition("true"),
+            ),
+            R::SubscribeToEventsFrom(CopyFrom::new("/src", "k")),
+            R::SubscribeToEventsFrom(
+                CopyFrom::new("/src", "k")
+                    .from_beginning()
+                    .event_types(["a/b"])
+                    .condition("payload.total > 100")
+                    .transform("{'t': payload.total}")
+                    .description("big ones")
+                    .idempotency_key("setup-1"),
+            ),
+            R::UnsubscribeFromEvents {
+                source_stream_path: "/src".into(),
+                subscription_key: "k".into(),
+            },
+            R::SetSubscriptionCursor {
+                subscription_key: "k".into(),
+                after_offset: 9,
+            },
+            R::ResumeSubscription {
+                subscription_key: "k".into(),
+            },
+            R::SetSubscriptionCursorAndResume {
+                subscription_key: "k".into(),
+                after_offset: 0,
+            },
+            R::Processor {
+                component: "counter".into(),
+            },
+            R::ProcessorKeys {
+                component: "counter".into(),
+                query: KeysQuery::new(),
+            },
+            R::ProcessorKeys {
+                component: "counter".into(),
+                query: KeysQuery::new().prefix("a/b c").after("a/b c/1").limit(3),
+            },
+            R::ProcessorKey {
+                component: "counter".into(),
+                key: "balance/alice smith?&#%".into(),
+            },
+            R::VerifyProcessor {
+                component: "counter".into(),
+            },
+            R::BackfillProcessor(Backfill::new("counter")),
+            R::BackfillProcessor(
+                Backfill::new("counter")
+                    .after(2)
+                    .through(9)
+                    .event_types(["a/b"])
+                    .condition("true"),
+            ),
+        ]
+    }
+
+    #[test]
+    fn what_render_writes_parse_reads_back_as_the_same_request() {
+        let requests = every_request();
+        for request in &requests {
+            let call = render(request);
+            let body = call
+                .body
+                .as_ref()
+                .map(|b| serde_json::to_vec(b).unwrap())
+                .unwrap_or_default();
+            let query = (!call.query.is_empty()).then_some(call.query.as_str());
+            let back = parse(&call.name, &call.method, query, &body)
+                .unwrap_or_else(|e| panic!("{call:?} does not parse: {e:?}"));
+            assert_eq!(&back, request, "{call:?}");
+        }
+        // Every stream method is written by some request.
+        for (method, name) in STREAM_METHODS {
+            assert!(
+                requests.iter().map(render).any(|c| c.method.as_str() == *method
+                    && (c.name == *name
+                        || name.contains('{')
+                            && c.name.split('/').count() == name.split('/').count()
+                            && c.name.starts_with("processors/"))),
+                "no request renders {method} :{name}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_known_method_with_another_http_method_is_405_and_an_unknown_one_404() {
+        let e = parse("append", &Method::GET, None, b"").unwrap_err();
+        assert_eq!((e.status, e.code), (405, "method-not-allowed"));
+        let e = parse("state", &Method::POST, None, b"").unwrap_err();
+        assert_eq!((e.status, e.code), (405, "method-not-allowed"));
+        let e = parse("apend", &Method::POST, None, b"{}").unwrap_err();
+        assert_eq!((e.status, e.code), (404, "method-not-found"));
+        assert!(e.message.contains(":append"), "{}", e.message);
+    }
+
+    #[test]
+    fn an_unknown_method_names_the_closest_and_lists_all() {
+        let m = unknown_method_message("apend");
+        assert!(
+            m.starts_with("unknown stream method \":apend\" (did you mean :append?)"),
+            "{m}"
+        );
+        assert!(m.contains(":waitForEvent") && m.contains(":connect"), "{m}");
+        let m = unknown_method_message("waitforevent");
+        assert!(m.contains("did you mean :waitForEvent?"), "{m}");
+        let m = unknown_method_message("frobnicate");
+        assert!(!m.contains("did you mean"), "{m}");
+    }
+}
