@@ -224,6 +224,65 @@ pub fn effect_query(query: Option<&str>) -> Result<EffectFilter, ApiError> {
     Ok(q)
 }
 
+/// The query string [`read_query`] reads back as `q`.
+pub fn render_read(q: &ReadQuery) -> String {
+    let mut out = form_urlencoded::Serializer::new(String::new());
+    out.append_pair("afterOffset", &q.after_offset.to_string())
+        .append_pair("limit", &q.limit.to_string())
+        .append_pair("includeEphemeral", &q.include_ephemeral.to_string());
+    out.finish()
+}
+
+/// The query string [`connect_query`] reads back as `c`.
+pub fn render_connect(c: &Connect) -> String {
+    let mut out = form_urlencoded::Serializer::new(String::new());
+    if let Some(k) = &c.connection_key {
+        out.append_pair("connectionKey", k);
+    }
+    if let Some(o) = c.replay_after_offset {
+        out.append_pair("replayAfterOffset", &o.to_string());
+    }
+    if let Some(id) = &c.expected_stream_id {
+        out.append_pair("expectedStreamId", id);
+    }
+    if let Some(g) = c.max_replay_offset_gap {
+        out.append_pair("maxReplayOffsetGap", &g.to_string());
+    }
+    if let Some(types) = &c.event_types {
+        out.append_pair("eventTypes", &types.join(","));
+    }
+    if let Some(condition) = &c.jsonata_condition {
+        out.append_pair("jsonataCondition", condition);
+    }
+    let default = Connect::new();
+    if c.events != default.events {
+        out.append_pair("events", &c.events.to_string());
+    }
+    if c.state != default.state {
+        out.append_pair("state", &c.state.to_string());
+    }
+    if c.max_delivery_events != default.max_delivery_events {
+        out.append_pair("maxDeliveryEvents", &c.max_delivery_events.to_string());
+    }
+    if c.max_delivery_bytes != default.max_delivery_bytes {
+        out.append_pair("maxDeliveryBytes", &c.max_delivery_bytes.to_string());
+    }
+    out.finish()
+}
+
+/// The query string [`keys_query`] reads back as `q`.
+pub fn render_keys(q: &KeysQuery) -> String {
+    let mut out = form_urlencoded::Serializer::new(String::new());
+    if !q.prefix.is_empty() {
+        out.append_pair("prefix", &q.prefix);
+    }
+    if let Some(after) = &q.after {
+        out.append_pair("after", after);
+    }
+    out.append_pair("limit", &q.limit.to_string());
+    out.finish()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -296,63 +355,4 @@ mod tests {
             assert!(e.message.contains(named), "{bad}: {}", e.message);
         }
     }
-}
-
-/// The query string [`read_query`] reads back as `q`.
-pub fn render_read(q: &ReadQuery) -> String {
-    let mut out = form_urlencoded::Serializer::new(String::new());
-    out.append_pair("afterOffset", &q.after_offset.to_string())
-        .append_pair("limit", &q.limit.to_string())
-        .append_pair("includeEphemeral", &q.include_ephemeral.to_string());
-    out.finish()
-}
-
-/// The query string [`connect_query`] reads back as `c`.
-pub fn render_connect(c: &Connect) -> String {
-    let mut out = form_urlencoded::Serializer::new(String::new());
-    if let Some(k) = &c.connection_key {
-        out.append_pair("connectionKey", k);
-    }
-    if let Some(o) = c.replay_after_offset {
-        out.append_pair("replayAfterOffset", &o.to_string());
-    }
-    if let Some(id) = &c.expected_stream_id {
-        out.append_pair("expectedStreamId", id);
-    }
-    if let Some(g) = c.max_replay_offset_gap {
-        out.append_pair("maxReplayOffsetGap", &g.to_string());
-    }
-    if let Some(types) = &c.event_types {
-        out.append_pair("eventTypes", &types.join(","));
-    }
-    if let Some(condition) = &c.jsonata_condition {
-        out.append_pair("jsonataCondition", condition);
-    }
-    let default = Connect::new();
-    if c.events != default.events {
-        out.append_pair("events", &c.events.to_string());
-    }
-    if c.state != default.state {
-        out.append_pair("state", &c.state.to_string());
-    }
-    if c.max_delivery_events != default.max_delivery_events {
-        out.append_pair("maxDeliveryEvents", &c.max_delivery_events.to_string());
-    }
-    if c.max_delivery_bytes != default.max_delivery_bytes {
-        out.append_pair("maxDeliveryBytes", &c.max_delivery_bytes.to_string());
-    }
-    out.finish()
-}
-
-/// The query string [`keys_query`] reads back as `q`.
-pub fn render_keys(q: &KeysQuery) -> String {
-    let mut out = form_urlencoded::Serializer::new(String::new());
-    if !q.prefix.is_empty() {
-        out.append_pair("prefix", &q.prefix);
-    }
-    if let Some(after) = &q.after {
-        out.append_pair("after", after);
-    }
-    out.append_pair("limit", &q.limit.to_string());
-    out.finish()
 }
