@@ -12,9 +12,13 @@ use serde_json::{json, Value};
 use crate::config::{Config, Durability};
 use crate::host::backfill::Backfill;
 use crate::host::live::{Connect, WaitFor};
-use crate::host::request::StreamRequest;
+use crate::host::request::{
+    ClusterRequest, ComponentRequest, EffectRequest, IngestRequest, ItxRequest, StreamRequest,
+};
+use crate::host::streams::StreamsQuery;
 use crate::host::Host;
-use crate::stream::{AppendInput, EventInput, ReadQuery};
+use crate::http::mapping;
+use crate::stream::{AppendInput, EventInput, Namespace, ReadQuery, StreamAddress};
 
 /// Durable event streams with sandboxed WebAssembly processors.
 #[derive(Debug, Parser)]
@@ -342,17 +346,6 @@ pub(crate) struct Project {
     pub project: String,
 }
 
-impl Project {
-    /// `{url}/v1/projects/{project}/{rest}`.
-    fn url(&self, rest: &str) -> String {
-        format!(
-            "{}/v1/projects/{}/{rest}",
-            self.url.trim_end_matches('/'),
-            self.project
-        )
-    }
-}
-
 /// A component of a project on a server.
 #[derive(Debug, Args)]
 pub(crate) struct ComponentRef {
@@ -360,12 +353,6 @@ pub(crate) struct ComponentRef {
     pub project: Project,
     /// Component name.
     pub name: String,
-}
-
-impl ComponentRef {
-    fn url(&self) -> String {
-        self.project.url(&format!("components/{}", self.name))
-    }
 }
 
 #[derive(Debug, Subcommand)]
@@ -611,14 +598,13 @@ pub(crate) struct Server {
 }
 
 impl Server {
-    /// `{url}/v1/projects/{p}` or `{url}/v1/global`.
-    fn namespace_url(&self) -> Result<String> {
-        let namespace = match (&self.project, self.global) {
-            (Some(p), false) => format!("projects/{p}"),
-            (None, true) => "global".to_string(),
+    /// The project (or the global namespace) it names.
+    fn namespace(&self) -> Result<Namespace> {
+        Ok(match (&self.project, self.global) {
+            (Some(p), false) => Namespace::project(p)?,
+            (None, true) => Namespace::Global,
             _ => bail!("name the namespace: --project NAME (or STREAMHOST_PROJECT) or --global"),
-        };
-        Ok(format!("{}/v1/{namespace}", self.url.trim_end_matches('/')))
+        })
     }
 }
 
@@ -940,9 +926,7 @@ pub async fn run(cli: Cli) -> Result<()> {
         Command::Keys(a) => keys(a).await,
         Command::Itx(a) => itx(a).await,
         Command::Components(a) => {
-            let url = a.project.url("components");
-            let req = reqwest::Client::new().get(&url);
-            print_answer(send(req, &url, a.project.token.as_deref()).await?).await
+            print_answer(component_call(&a.project, &ComponentRequest::List).await?).await
         }
         Command::Health(a) => {
             let url = format!("{}/healthz", a.url.trim_end_matches('/'));
@@ -954,9 +938,8 @@ pub async fn run(cli: Cli) -> Result<()> {
         Command::Deploy(a) => deploy(a).await,
         Command::Component(ComponentCommand::Get(a)) => component_get(a).await,
         Command::Component(ComponentCommand::Versions(a)) => {
-            let url = format!("{}/versions", a.url());
-            let req = reqwest::Client::new().get(&url);
-            print_answer(send(req, &url, a.project.token.as_deref()).await?).await
+            let versions = ComponentRequest::Versions { name: a.name };
+            print_answer(component_call(&a.project, &versions).await?).await
         }
         Command::Wait(a) => {
             let wait = WaitFor {
@@ -968,9 +951,8 @@ pub async fn run(cli: Cli) -> Result<()> {
             request(&a.target, R::WaitForEvent(wait)).await
         }
         Command::Cluster(a) => {
-            let url = format!("{}/v1/cluster", a.url.trim_end_matches('/'));
-            let req = reqwest::Client::new().get(&url);
-            print_answer(send(req, &url, a.token.as_deref()).await?).await
+            let call = mapping::render_cluster(&ClusterRequest::View);
+            print_answer(api(&a.url, a.token.as_deref(), call).await?).await
         }
         Command::Metrics(a) => {
             let url = format!("{}/metrics", a.url.trim_end_matches('/'));
@@ -1040,23 +1022,17 @@ pub fn is_broken_pipe(e: &anyhow::Error) -> bool {
 }
 
 async fn list_streams(a: StreamsArgs) -> Result<()> {
-    let mut query = form_urlencoded::Serializer::new(String::new());
-    query.append_pair("prefix", &a.prefix);
-    query.append_pair("limit", &a.limit.to_string());
-    if let Some(after) = &a.after_path {
-        query.append_pair("afterPath", after);
-    }
-    let url = format!("{}/streams?{}", a.server.namespace_url()?, query.finish());
-    let req = reqwest::Client::new().get(&url);
-    print_answer(send(req, &url, a.server.token.as_deref()).await?).await
+    let mut query = StreamsQuery::new().prefix(&a.prefix).limit(a.limit);
+    query.after_path = a.after_path.clone();
+    let call = mapping::render_list(&a.server.namespace()?, &query);
+    print_answer(api(&a.server.url, a.server.token.as_deref(), call).await?).await
 }
 
 async fn component_get(a: ComponentGetArgs) -> Result<()> {
-    let url = a.component.url();
-    let req = reqwest::Client::new()
-        .get(&url)
-        .header("accept", "application/wasm");
-    let response = send(req, &url, a.component.project.token.as_deref()).await?;
+    let bytes = ComponentRequest::Bytes {
+        name: a.component.name.clone(),
+    };
+    let response = component_call(&a.component.project, &bytes).await?;
     let status = response.status();
     if !status.is_success() {
         let text = response.text().await.unwrap_or_default();
@@ -1074,42 +1050,37 @@ async fn component_get(a: ComponentGetArgs) -> Result<()> {
 }
 
 async fn effects(command: EffectsCommand) -> Result<()> {
-    let client = reqwest::Client::new();
-    let (project, req, url) = match &command {
+    use crate::host::effects::{EffectFilter, EffectStatus};
+    let (project, request) = match command {
         EffectsCommand::Ls(a) => {
-            let mut query = form_urlencoded::Serializer::new(String::new());
-            query.append_pair("limit", &a.limit.to_string());
-            for (name, value) in [
-                ("stream", &a.stream),
-                ("component", &a.component),
-                ("status", &a.status),
-            ] {
-                if let Some(v) = value {
-                    query.append_pair(name, v);
-                }
+            let mut filter = EffectFilter::new().limit(a.limit);
+            filter.stream = a.stream;
+            filter.component = a.component;
+            if let Some(status) = &a.status {
+                let parsed = EffectStatus::parse(status).ok_or_else(|| {
+                    let all: Vec<&str> = EffectStatus::ALL.iter().map(|s| s.as_str()).collect();
+                    anyhow::anyhow!(
+                        "--status {status:?} is not an effect status ({})",
+                        all.join(", ")
+                    )
+                })?;
+                filter.status = Some(parsed);
             }
-            if let Some(after) = a.after_id {
-                query.append_pair("afterId", &after.to_string());
-            }
-            let url = a.project.url(&format!("effects?{}", query.finish()));
-            (&a.project, client.get(&url), url)
+            filter.after_id = a.after_id.unwrap_or(0) as i64;
+            (a.project, EffectRequest::List(filter))
         }
-        EffectsCommand::Show(a) if a.wait => return effect_settled(a).await,
-        EffectsCommand::Show(a) => {
-            let url = a.effect.project.url(&format!("effects/{}", a.effect.id));
-            (&a.effect.project, client.get(&url), url)
-        }
-        EffectsCommand::Retry(a) | EffectsCommand::Cancel(a) => {
-            let action = if matches!(command, EffectsCommand::Retry(_)) {
-                "retry"
-            } else {
-                "cancel"
-            };
-            let url = a.project.url(&format!("effects/{}:{action}", a.id));
-            (&a.project, client.post(&url).json(&json!({})), url)
-        }
+        EffectsCommand::Show(a) if a.wait => return effect_settled(&a).await,
+        EffectsCommand::Show(a) => (
+            a.effect.project,
+            EffectRequest::Get {
+                id: a.effect.id as i64,
+            },
+        ),
+        EffectsCommand::Retry(a) => (a.project, EffectRequest::Retry { id: a.id as i64 }),
+        EffectsCommand::Cancel(a) => (a.project, EffectRequest::Cancel { id: a.id as i64 }),
     };
-    print_answer(send(req, &url, project.token.as_deref()).await?).await
+    let call = mapping::render_effect(&project.project, &request);
+    print_answer(api(&project.url, project.token.as_deref(), call).await?).await
 }
 
 /// Runs `work`, showing `label` and the seconds elapsed on a terminal's
@@ -1146,18 +1117,16 @@ async fn status(a: StatusArgs) -> Result<()> {
         .await?
         .and_then(|h| h["status"].as_str().map(str::to_string))
         .unwrap_or_else(|| "unknown".into());
-    let namespace = a.server.namespace_url()?;
+    let namespace = a.server.namespace()?;
     let mut streams = Vec::new();
     let mut after: Option<String> = None;
     loop {
-        let mut query = form_urlencoded::Serializer::new(String::new());
-        query
-            .append_pair("prefix", &a.prefix)
-            .append_pair("limit", "1000");
-        if let Some(p) = &after {
-            query.append_pair("afterPath", p);
-        }
-        let page = get_json(&format!("{namespace}/streams?{}", query.finish()), token)
+        let mut query = StreamsQuery::new()
+            .prefix(&a.prefix)
+            .limit(crate::host::streams::LIST_LIMIT_MAX);
+        query.after_path = after.clone();
+        let call = mapping::render_list(&namespace, &query);
+        let page = answer_json(api(&a.server.url, token, call).await?)
             .await?
             .unwrap_or_default();
         streams.extend(page["streams"].as_array().cloned().unwrap_or_default());
@@ -1244,23 +1213,23 @@ async fn ingest(command: IngestCommand) -> Result<()> {
     match command {
         IngestCommand::Send(a) => {
             let payload = parse_object("--payload", &a.payload)?;
-            let path = a.stream.trim_start_matches('/');
-            let url = a.project.url(&format!("ingest/{path}"));
-            let body = json!({"events": [{
-                "type": a.event_type, "payload": payload, "idempotencyKey": a.key,
-            }]});
-            let req = reqwest::Client::new().post(&url).json(&body);
-            print_answer(send(req, &url, a.project.token.as_deref()).await?).await
+            let stream = StreamAddress::new(Namespace::project(&a.project.project)?, &a.stream)?;
+            let event = EventInput::new(a.event_type)
+                .payload(payload)
+                .idempotency_key(a.key);
+            let call = mapping::render_ingest(&IngestRequest::Accept {
+                stream,
+                events: vec![event],
+            });
+            print_answer(api(&a.project.url, a.project.token.as_deref(), call).await?).await
         }
         IngestCommand::Status(a) => {
-            let url = format!("{}/v1/ingest", a.url.trim_end_matches('/'));
-            let req = reqwest::Client::new().get(&url);
-            print_answer(send(req, &url, a.token.as_deref()).await?).await
+            let call = mapping::render_ingest(&IngestRequest::Status);
+            print_answer(api(&a.url, a.token.as_deref(), call).await?).await
         }
         IngestCommand::Register(a) => {
-            let url = format!("{}/v1/ingest:register", a.url.trim_end_matches('/'));
-            let req = reqwest::Client::new().post(&url);
-            print_answer(send(req, &url, a.token.as_deref()).await?).await
+            let call = mapping::render_ingest(&IngestRequest::Register);
+            print_answer(api(&a.url, a.token.as_deref(), call).await?).await
         }
     }
 }
@@ -1269,8 +1238,16 @@ async fn ingest(command: IngestCommand) -> Result<()> {
 /// (it does not export `fold`): an error naming what it exports. One not
 /// deployed yet passes (the server warns, and the wake waits for it).
 async fn refuse_non_processor(server: &Server, component: &str) -> Result<()> {
-    let url = format!("{}/components/{component}", server.namespace_url()?);
-    let Some(row) = get_json(&url, server.token.as_deref()).await? else {
+    let project = match server.namespace()? {
+        Namespace::Project(p) => p,
+        Namespace::Global => return Ok(()),
+    };
+    let get = ComponentRequest::Get {
+        name: component.to_string(),
+    };
+    let call = mapping::render_component(&project, &get);
+    let Some(row) = answer_json(api(&server.url, server.token.as_deref(), call).await?).await?
+    else {
         return Ok(());
     };
     let exports: Vec<&str> = row["exports"]
@@ -1458,11 +1435,15 @@ async fn keys(a: KeysArgs) -> Result<()> {
 
 /// `streamhost effects show --wait`: the effect once it has settled.
 async fn effect_settled(a: &EffectShowArgs) -> Result<()> {
-    let token = a.effect.project.token.clone();
-    let url = a.effect.project.url(&format!("effects/{}", a.effect.id));
+    let project = &a.effect.project;
+    let get = EffectRequest::Get {
+        id: a.effect.id as i64,
+    };
     let what = format!("effect {} did not settle", a.effect.id);
     let e = poll(a.timeout_ms, &what, || async {
-        Ok(match get_json(&url, token.as_deref()).await? {
+        let call = mapping::render_effect(&project.project, &get);
+        let answer = api(&project.url, project.token.as_deref(), call).await?;
+        Ok(match answer_json(answer).await? {
             None => Err("it does not exist yet".to_string()),
             Some(e)
                 if ["succeeded", "failed", "cancelled"]
@@ -1490,11 +1471,8 @@ async fn itx(a: ItxArgs) -> Result<()> {
                 .with_context(|| format!("argument {} {text:?} is not JSON", i + 1))
         })
         .collect::<Result<Vec<_>>>()?;
-    let url = a.project.url("itx");
-    let req = reqwest::Client::new()
-        .post(&url)
-        .json(&json!({"expression": expression, "args": args}));
-    print_answer(send(req, &url, a.project.token.as_deref()).await?).await
+    let call = mapping::render_itx(&a.project.project, &ItxRequest { expression, args });
+    print_answer(api(&a.project.url, a.project.token.as_deref(), call).await?).await
 }
 
 /// `streamhost events --jsonl`: every page after the offset, one event a line.
@@ -1613,24 +1591,17 @@ async fn verify(a: VerifyArgs) -> Result<()> {
 
 async fn deploy(a: DeployArgs) -> Result<()> {
     let bytes = std::fs::read(&a.file).with_context(|| format!("reading {}", a.file.display()))?;
-    let mut url = a.component.url();
-    if a.refold {
-        url.push_str("?refold=true");
-    }
     let label = format!(
         "deploying {} ({} KiB; the server compiles it)",
         a.component.name,
         bytes.len() / 1024
     );
-    let req = reqwest::Client::new()
-        .put(&url)
-        .header("content-type", "application/wasm")
-        .body(bytes);
-    let response = with_progress(
-        &label,
-        send(req, &url, a.component.project.token.as_deref()),
-    )
-    .await?;
+    let deploy = ComponentRequest::Deploy {
+        name: a.component.name.clone(),
+        bytes,
+        refold: a.refold,
+    };
+    let response = with_progress(&label, component_call(&a.component.project, &deploy)).await?;
     print_answer(response).await
 }
 
@@ -1968,23 +1939,48 @@ fn stream_http(
     if !stream.starts_with('/') {
         bail!("stream path {stream:?} must start with \"/\"");
     }
-    let path = if stream == "/" { "" } else { stream };
-    let call = crate::http::mapping::render(request);
-    let query = if call.query.is_empty() {
-        String::new()
-    } else {
-        format!("?{}", call.query)
-    };
-    let url = format!(
-        "{}/streams{path}:{}{query}",
-        server.namespace_url()?,
-        call.name
-    );
+    let call = mapping::render_stream(&server.namespace()?, stream, request);
+    let mut url = format!("{}{}", server.url.trim_end_matches('/'), call.path);
+    if !call.query.is_empty() {
+        url.push('?');
+        url.push_str(&call.query);
+    }
     let mut req = reqwest::Client::new().request(call.method, &url);
-    if let Some(body) = &call.body {
+    if let mapping::ApiBody::Json(body) = &call.body {
         req = req.json(body);
     }
     Ok((req, url))
+}
+
+/// Sends `call` (a request as the server's mapping renders it) to the
+/// server at `url`.
+async fn api(url: &str, token: Option<&str>, call: mapping::ApiCall) -> Result<reqwest::Response> {
+    let mut target = format!("{}{}", url.trim_end_matches('/'), call.path);
+    if !call.query.is_empty() {
+        target.push('?');
+        target.push_str(&call.query);
+    }
+    let mut req = reqwest::Client::new().request(call.method, &target);
+    match call.body {
+        mapping::ApiBody::Empty => {}
+        mapping::ApiBody::Json(body) => req = req.json(&body),
+        mapping::ApiBody::Bytes(bytes) => {
+            req = req.header("content-type", mapping::WASM).body(bytes)
+        }
+    }
+    if let Some(accept) = call.accept {
+        req = req.header("accept", accept);
+    }
+    send(req, &target, token).await
+}
+
+/// Sends a component request to the project's server.
+async fn component_call(
+    project: &Project,
+    request: &ComponentRequest,
+) -> Result<reqwest::Response> {
+    let call = mapping::render_component(&project.project, request);
+    api(&project.url, project.token.as_deref(), call).await
 }
 
 /// Sends `request` on the target's stream.

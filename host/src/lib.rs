@@ -27,8 +27,10 @@
 //!   [`Host::cancel_effect`];
 //! - ingest and hosts: [`Host::ingest`], [`Host::ingest_status`],
 //!   [`Host::cluster`];
-//! - every stream operation as one typed request: [`Host::apply`] with a
-//!   [`StreamRequest`];
+//! - every operation as one typed request, an enum per family:
+//!   [`Host::apply`] with a [`StreamRequest`] (events, subscriptions,
+//!   processors), [`Host::apply_component`], [`Host::apply_effect`],
+//!   [`Host::apply_itx`], [`Host::apply_ingest`], [`Host::apply_cluster`];
 //! - HTTP: [`Host::serve`] on a listener, or [`Host::router`] to mount the
 //!   API in an axum application.
 //!
@@ -131,7 +133,10 @@ pub use host::processors::{
     DifferingKey, KeyValue, KeysPage, KeysQuery, ProcessorFailure, ProcessorInstance,
     ProcessorStatus, Verification,
 };
-pub use host::request::{StreamAnswer, StreamRequest};
+pub use host::request::{
+    ClusterRequest, ComponentAnswer, ComponentRequest, EffectAnswer, EffectRequest, IngestAnswer,
+    IngestRequest, ItxRequest, StreamAnswer, StreamRequest,
+};
 pub use host::streams::{StreamSummary, StreamsPage, StreamsQuery};
 pub use host::subscriptions::{CopyFrom, CursorSetAndResumed, Resumed, Subscribed, Unsubscribed};
 pub use host::Host;

@@ -1,19 +1,29 @@
-//! Every operation on a stream as one typed request: an adapter parses
-//! what it received once into a [`StreamRequest`] (HTTP's
-//! `{stream}:method` URLs in `http/mod.rs`), [`Host::apply`] carries it out
-//! and answers a [`StreamAnswer`], and the adapter renders that. The
-//! request is where a method's name, its inputs and who may make it are
-//! decided, in one place.
+//! Every operation as one typed request, an enum per family: an adapter
+//! parses what it received once into a request ([`StreamRequest`] for
+//! everything on a stream: events, subscriptions, processors;
+//! [`ComponentRequest`], [`EffectRequest`], [`ItxRequest`],
+//! [`IngestRequest`], [`ClusterRequest`]), the host's `apply` methods carry
+//! it out and answer, and the adapter renders that. HTTP's one mapping
+//! between requests and URLs, methods, queries and bodies is
+//! `http/mapping.rs`: the server parses with it, the command line renders
+//! with it.
+
+use serde_json::Value;
 
 use super::backfill::{Backfill, Backfilled};
+use super::cluster::ClusterView;
+use super::components::{Component, ComponentVersions, Deploy, Deployed};
+use super::effects::{Effect, EffectFilter, EffectsPage};
 use super::live::{Connect, LiveConnection, WaitFor};
 use super::processors::{KeyValue, KeysPage, KeysQuery, ProcessorInstance, Verification};
 use super::subscriptions::{CopyFrom, CursorSetAndResumed, Resumed, Subscribed, Unsubscribed};
 use super::Host;
 use crate::error::Error;
+use crate::ingest::nats::BridgeStatus;
+use crate::ingest::IngestStatus;
 use crate::stream::{
-    AppendInput, AppendOutput, Authority, CoreState, Event, ReadOutput, ReadQuery, RuntimeView,
-    StreamAddress,
+    AppendInput, AppendOutput, Authority, CoreState, Event, EventInput, ReadOutput, ReadQuery,
+    RuntimeView, StreamAddress,
 };
 
 /// One operation on a stream.
@@ -226,5 +236,222 @@ impl Host {
             }
             R::BackfillProcessor(backfill) => A::Backfilled(self.backfill(stream, backfill).await?),
         })
+    }
+}
+
+/// One operation on a project's components (`/v1/projects/{p}/components`).
+#[derive(Debug, Clone, PartialEq)]
+pub enum ComponentRequest {
+    /// Deploy bytes as component `name` (`PUT .../components/{name}`).
+    Deploy {
+        /// The component's name.
+        name: String,
+        /// The component's bytes.
+        bytes: Vec<u8>,
+        /// Refold every instance with the new version.
+        refold: bool,
+    },
+    /// The deployed components (`GET .../components`).
+    List,
+    /// One component (`GET .../components/{name}`).
+    Get {
+        /// The component's name.
+        name: String,
+    },
+    /// One component's bytes (`GET .../components/{name}`, `accept:
+    /// application/wasm`).
+    Bytes {
+        /// The component's name.
+        name: String,
+    },
+    /// One component's versions (`GET .../components/{name}/versions`).
+    Versions {
+        /// The component's name.
+        name: String,
+    },
+}
+
+/// What a [`ComponentRequest`] answers (serialized as the HTTP API's body).
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[serde(untagged)]
+pub enum ComponentAnswer {
+    /// What deploying did.
+    Deployed(Box<Deployed>),
+    /// The deployed components.
+    List {
+        /// In name order.
+        components: Vec<Component>,
+    },
+    /// One component.
+    Component(Box<Component>),
+    /// Its bytes (not JSON: `application/wasm`).
+    #[serde(skip)]
+    Bytes(Vec<u8>),
+    /// Its versions.
+    Versions(ComponentVersions),
+}
+
+/// One operation on a project's effect outbox (`/v1/projects/{p}/effects`).
+#[derive(Debug, Clone, PartialEq)]
+pub enum EffectRequest {
+    /// A page of effects (`GET .../effects`).
+    List(EffectFilter),
+    /// One effect (`GET .../effects/{id}`).
+    Get {
+        /// The effect's id.
+        id: i64,
+    },
+    /// Run it again from a first attempt (`POST .../effects/{id}:retry`).
+    Retry {
+        /// The effect's id.
+        id: i64,
+    },
+    /// Stop trying it (`POST .../effects/{id}:cancel`).
+    Cancel {
+        /// The effect's id.
+        id: i64,
+    },
+}
+
+/// What an [`EffectRequest`] answers.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[serde(untagged)]
+pub enum EffectAnswer {
+    /// A page.
+    Page(EffectsPage),
+    /// One effect.
+    Effect(Box<Effect>),
+}
+
+/// An ITX call (`POST /v1/projects/{p}/itx`).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ItxRequest {
+    /// The function, as subscriptions name their ITX receivers
+    /// (`["components", "calculator", "math.add"]`).
+    pub expression: Value,
+    /// One JSON value per parameter.
+    #[serde(default)]
+    pub args: Vec<Value>,
+}
+
+/// One ingest operation (`/v1/projects/{p}/ingest{path}`, `/v1/ingest`).
+#[derive(Debug, Clone, PartialEq)]
+pub enum IngestRequest {
+    /// Accept events for a stream once they are safe, before they commit
+    /// (`POST /v1/projects/{p}/ingest{path}`).
+    Accept {
+        /// The stream.
+        stream: StreamAddress,
+        /// The events.
+        events: Vec<EventInput>,
+    },
+    /// Pending ingest and the JetStream bridge (`GET /v1/ingest`, admins).
+    Status,
+    /// Register the JetStream stream the bridge sees now
+    /// (`POST /v1/ingest:register`, admins).
+    Register,
+}
+
+/// What an [`IngestRequest`] answers.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[serde(untagged)]
+pub enum IngestAnswer {
+    /// How many events were accepted.
+    Accepted {
+        /// Events accepted.
+        accepted: usize,
+    },
+    /// The status.
+    Status(Box<IngestStatus>),
+    /// The bridge after registering.
+    Registered(Box<BridgeStatus>),
+}
+
+/// One operation on the hosts (`/v1/cluster`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClusterRequest {
+    /// This host and the hosts sharing its database.
+    View,
+}
+
+impl IngestRequest {
+    /// Whether only an admin may make it.
+    pub fn admin_only(&self) -> bool {
+        !matches!(self, IngestRequest::Accept { .. })
+    }
+}
+
+impl Host {
+    /// Carries out `request` on `project`'s components.
+    pub async fn apply_component(
+        &self,
+        project: &str,
+        request: ComponentRequest,
+    ) -> Result<ComponentAnswer, Error> {
+        use ComponentAnswer as A;
+        use ComponentRequest as R;
+        Ok(match request {
+            R::Deploy {
+                name,
+                bytes,
+                refold,
+            } => {
+                let mut deploy = Deploy::new(project, name, bytes);
+                if refold {
+                    deploy = deploy.refold();
+                }
+                A::Deployed(Box::new(self.deploy(deploy).await?))
+            }
+            R::List => A::List {
+                components: self.components(project).await?,
+            },
+            R::Get { name } => A::Component(Box::new(self.component(project, &name).await?)),
+            R::Bytes { name } => A::Bytes(self.component_bytes(project, &name).await?),
+            R::Versions { name } => A::Versions(self.component_versions(project, &name).await?),
+        })
+    }
+
+    /// Carries out `request` on `project`'s effect outbox.
+    pub async fn apply_effect(
+        &self,
+        project: &str,
+        request: EffectRequest,
+    ) -> Result<EffectAnswer, Error> {
+        use EffectAnswer as A;
+        use EffectRequest as R;
+        Ok(match request {
+            R::List(filter) => A::Page(self.effects(project, filter).await?),
+            R::Get { id } => A::Effect(Box::new(self.effect(project, id).await?)),
+            R::Retry { id } => A::Effect(Box::new(self.retry_effect(project, id).await?)),
+            R::Cancel { id } => A::Effect(Box::new(self.cancel_effect(project, id).await?)),
+        })
+    }
+
+    /// Carries out an ITX call in `project`; answers the function's result.
+    pub async fn apply_itx(&self, project: &str, request: ItxRequest) -> Result<Value, Error> {
+        self.call_expression(project, &request.expression, request.args)
+            .await
+    }
+
+    /// Carries out `request` (admin-only requests are the adapter's to
+    /// check: [`IngestRequest::admin_only`]).
+    pub async fn apply_ingest(&self, request: IngestRequest) -> Result<IngestAnswer, Error> {
+        Ok(match request {
+            IngestRequest::Accept { stream, events } => IngestAnswer::Accepted {
+                accepted: self.ingest(&stream, events).await?,
+            },
+            IngestRequest::Status => IngestAnswer::Status(Box::new(self.ingest_status().await?)),
+            IngestRequest::Register => {
+                IngestAnswer::Registered(Box::new(self.register_ingest().await?))
+            }
+        })
+    }
+
+    /// Carries out `request` on the hosts.
+    pub async fn apply_cluster(&self, request: ClusterRequest) -> Result<ClusterView, Error> {
+        match request {
+            ClusterRequest::View => self.cluster().await,
+        }
     }
 }

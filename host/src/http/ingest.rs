@@ -5,20 +5,11 @@ use axum::body::Body;
 use axum::extract::State;
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use serde::Deserialize;
-use serde_json::json;
-
 use super::error::ApiError;
-use super::{answer, authenticate, read_json};
+use super::{answer, authenticate, mapping, read_body};
+use crate::host::request::{IngestAnswer, IngestRequest};
 use crate::host::Host;
-use crate::stream::{EventInput, Namespace, StreamAddress};
-
-/// The body of an ingest request.
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-struct IngestInput {
-    events: Vec<EventInput>,
-}
+use crate::stream::Namespace;
 
 /// `POST /v1/projects/{project}/ingest` (the root stream).
 pub async fn accept_root(
@@ -40,12 +31,12 @@ pub async fn accept_path(
     respond(accept(&host, &project, &format!("/{rest}"), &headers, body).await)
 }
 
-fn respond(result: Result<usize, ApiError>) -> Response {
-    match result {
-        Ok(n) => (
+fn respond(result: Result<IngestAnswer, ApiError>) -> Response {
+    match result.and_then(|a| serde_json::to_string(&a).map_err(|e| ApiError::internal(e.to_string()))) {
+        Ok(body) => (
             StatusCode::ACCEPTED,
             [(header::CONTENT_TYPE, "application/json")],
-            json!({"accepted": n}).to_string(),
+            body,
         )
             .into_response(),
         Err(e) => e.into_response(),
@@ -58,33 +49,33 @@ async fn accept(
     path: &str,
     headers: &HeaderMap,
     body: Body,
-) -> Result<usize, ApiError> {
+) -> Result<IngestAnswer, ApiError> {
     let caller = authenticate(host, headers)?;
-    let namespace = Namespace::project(project)?;
-    caller.may_use(&namespace)?;
-    let address = StreamAddress::new(namespace, path)?;
-    let input: IngestInput = read_json(host, body).await?;
-    Ok(host.ingest(&address, input.events).await?)
+    caller.may_use(&Namespace::project(project)?)?;
+    let limit = host.config.max_body_bytes;
+    let body = read_body(host, body, limit, "request body").await?;
+    let request = mapping::parse_ingest(project, path, &body)?;
+    Ok(host.apply_ingest(request).await?)
+}
+
+/// The admins' ingest requests: `GET /v1/ingest`, `POST /v1/ingest:register`.
+async fn admin(host: &Host, headers: &HeaderMap, request: IngestRequest, what: &str) -> Response {
+    let result = async {
+        authenticate(host, headers)?.require_admin(what)?;
+        Ok(host.apply_ingest(request).await?)
+    }
+    .await;
+    answer(result)
 }
 
 /// `GET /v1/ingest`.
 pub async fn status(State(host): State<Host>, headers: HeaderMap) -> Response {
-    let result = async {
-        authenticate(&host, &headers)?.require_admin("GET /v1/ingest")?;
-        Ok(host.ingest_status().await?)
-    }
-    .await;
-    answer(result)
+    admin(&host, &headers, IngestRequest::Status, "GET /v1/ingest").await
 }
 
 /// `POST /v1/ingest:register`: the bridge registers the JetStream stream
 /// it sees now (it must be empty) and consumes it; answers its status, or
 /// `409 registration-refused` with the reason.
 pub async fn register(State(host): State<Host>, headers: HeaderMap) -> Response {
-    let result = async {
-        authenticate(&host, &headers)?.require_admin("POST /v1/ingest:register")?;
-        Ok(host.register_ingest().await?)
-    }
-    .await;
-    answer(result)
+    admin(&host, &headers, IngestRequest::Register, "POST /v1/ingest:register").await
 }

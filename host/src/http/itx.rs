@@ -1,23 +1,15 @@
-//! `POST /v1/projects/{project}/itx` over HTTP: parse, call the host
-//! ([`crate::host::itx`]), render `{"result": ...}`.
+//! `POST /v1/projects/{project}/itx` over HTTP: parse
+//! ([`super::mapping::parse_itx`]), apply ([`Host::apply_itx`]), render
+//! `{"result": ...}`.
 
 use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::HeaderMap;
 use axum::response::Response;
-use serde::Deserialize;
-use serde_json::{json, Value};
+use serde_json::json;
 
-use super::{answer, authorize_project, read_json};
+use super::{answer, authorize_project, mapping, read_body};
 use crate::host::Host;
-
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-struct ItxInput {
-    expression: Value,
-    #[serde(default)]
-    args: Vec<Value>,
-}
 
 /// `POST /v1/projects/{project}/itx`.
 pub(super) async fn call(
@@ -28,11 +20,10 @@ pub(super) async fn call(
 ) -> Response {
     let result = async {
         authorize_project(&host, &headers, &project)?;
-        let input: ItxInput = read_json(&host, body).await?;
-        let result = host
-            .call_expression(&project, &input.expression, input.args)
-            .await?;
-        Ok(json!({ "result": result }))
+        let limit = host.config.max_body_bytes;
+        let body = read_body(&host, body, limit, "request body").await?;
+        let request = mapping::parse_itx(&body)?;
+        Ok(json!({ "result": host.apply_itx(&project, request).await? }))
     }
     .await;
     answer(result)

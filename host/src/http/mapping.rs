@@ -1,9 +1,9 @@
-//! The one mapping between a stream's `{stream}:method` calls over HTTP and
-//! [`StreamRequest`]: [`parse`] reads what a client sent (the server's
-//! adapter, `http/mod.rs`), [`render`] writes what a client sends (the
-//! command line's, `cli.rs`). Method names, HTTP methods, query parameters
-//! and bodies are decided here and nowhere else; a unit test holds the two
-//! directions to each other.
+//! The one mapping between the typed requests
+//! ([`crate::host::request`]) and HTTP: the `parse` functions read what a
+//! client sent (the server's handlers), the `render` functions write what a
+//! client sends (the command line). Stream method names, HTTP methods,
+//! paths, query parameters and bodies are decided here and nowhere else;
+//! unit tests hold the two directions to each other.
 
 use axum::http::Method;
 use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
@@ -12,7 +12,11 @@ use serde_json::Value;
 
 use super::error::ApiError;
 use super::{parse_json, query};
-use crate::host::request::StreamRequest;
+use crate::host::request::{
+    ClusterRequest, ComponentRequest, EffectRequest, IngestRequest, ItxRequest, StreamRequest,
+};
+use crate::host::streams::StreamsQuery;
+use crate::stream::{EventInput, Namespace, StreamAddress};
 
 /// A stream request as HTTP carries it.
 #[derive(Debug, Clone, PartialEq)]
@@ -278,6 +282,276 @@ fn json<T: Serialize>(body: &T) -> Option<Value> {
     serde_json::to_value(body).ok()
 }
 
+/// A request's HTTP call from the API's root.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ApiCall {
+    /// The HTTP method.
+    pub method: Method,
+    /// The path, from `/v1` (percent-encoded where it names a stream).
+    pub path: String,
+    /// The query string, without its `?` (empty: none).
+    pub query: String,
+    /// The body.
+    pub body: ApiBody,
+    /// The answer's media type when it is not JSON.
+    pub accept: Option<&'static str>,
+}
+
+/// A request's body.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ApiBody {
+    /// None.
+    Empty,
+    /// JSON.
+    Json(Value),
+    /// Bytes (a component).
+    Bytes(Vec<u8>),
+}
+
+/// The media type of a component's bytes.
+pub const WASM: &str = "application/wasm";
+
+fn call(method: Method, path: String, query: String, body: ApiBody) -> ApiCall {
+    ApiCall {
+        method,
+        path,
+        query,
+        body,
+        accept: None,
+    }
+}
+
+/// The HTTP call of a component request in `project`.
+pub fn render_component(project: &str, request: &ComponentRequest) -> ApiCall {
+    use ComponentRequest as R;
+    let base = format!("/v1/projects/{project}/components");
+    match request {
+        R::Deploy {
+            name,
+            bytes,
+            refold,
+        } => call(
+            Method::PUT,
+            format!("{base}/{name}"),
+            if *refold { "refold=true".into() } else { String::new() },
+            ApiBody::Bytes(bytes.clone()),
+        ),
+        R::List => call(Method::GET, base, String::new(), ApiBody::Empty),
+        R::Get { name } => call(Method::GET, format!("{base}/{name}"), String::new(), ApiBody::Empty),
+        R::Bytes { name } => ApiCall {
+            accept: Some(WASM),
+            ..call(Method::GET, format!("{base}/{name}"), String::new(), ApiBody::Empty)
+        },
+        R::Versions { name } => call(
+            Method::GET,
+            format!("{base}/{name}/versions"),
+            String::new(),
+            ApiBody::Empty,
+        ),
+    }
+}
+
+/// The component request of `PUT`/`GET .../components[/{name}[/versions]]`
+/// (`accept`: the request's `accept` header).
+pub fn parse_component(
+    method: &Method,
+    name: Option<&str>,
+    versions: bool,
+    query: Option<&str>,
+    accept: Option<&str>,
+    body: Option<Vec<u8>>,
+) -> Result<ComponentRequest, ApiError> {
+    use ComponentRequest as R;
+    let named = |n: Option<&str>| n.map(str::to_string);
+    Ok(match (method, named(name), versions) {
+        (&Method::GET, None, _) => R::List,
+        (&Method::GET, Some(name), true) => R::Versions { name },
+        (&Method::GET, Some(name), false) if accept.is_some_and(|a| a.contains(WASM)) => {
+            R::Bytes { name }
+        }
+        (&Method::GET, Some(name), false) => R::Get { name },
+        (&Method::PUT, Some(name), false) => R::Deploy {
+            name,
+            bytes: body.unwrap_or_default(),
+            refold: query::deploy_query(query)?,
+        },
+        _ => {
+            return Err(ApiError::new(
+                405,
+                "method-not-allowed",
+                format!("{method} is not allowed on components"),
+            ))
+        }
+    })
+}
+
+/// The HTTP call of an effect request in `project`.
+pub fn render_effect(project: &str, request: &EffectRequest) -> ApiCall {
+    use EffectRequest as R;
+    let base = format!("/v1/projects/{project}/effects");
+    match request {
+        R::List(filter) => call(Method::GET, base, query::render_effects(filter), ApiBody::Empty),
+        R::Get { id } => call(Method::GET, format!("{base}/{id}"), String::new(), ApiBody::Empty),
+        R::Retry { id } => call(
+            Method::POST,
+            format!("{base}/{id}:retry"),
+            String::new(),
+            ApiBody::Empty,
+        ),
+        R::Cancel { id } => call(
+            Method::POST,
+            format!("{base}/{id}:cancel"),
+            String::new(),
+            ApiBody::Empty,
+        ),
+    }
+}
+
+/// The effect request of `GET .../effects` (`id`: `None`) or
+/// `GET .../effects/{id}`, `POST .../effects/{id}:retry|cancel`.
+pub fn parse_effect(
+    method: &Method,
+    id: Option<&str>,
+    query: Option<&str>,
+) -> Result<EffectRequest, ApiError> {
+    use EffectRequest as R;
+    let parse_id = |raw: &str| {
+        raw.parse::<i64>()
+            .ok()
+            .filter(|id| *id > 0)
+            .ok_or_else(|| ApiError::invalid(format!("effect id {raw:?} is not a positive integer")))
+    };
+    let Some(id) = id else {
+        return Ok(R::List(query::effect_query(query)?));
+    };
+    Ok(match (id.split_once(':'), method) {
+        (None, &Method::GET) => R::Get { id: parse_id(id)? },
+        (Some((id, "retry")), &Method::POST) => R::Retry { id: parse_id(id)? },
+        (Some((id, "cancel")), &Method::POST) => R::Cancel { id: parse_id(id)? },
+        (Some((id, other)), &Method::POST) => {
+            parse_id(id)?;
+            return Err(ApiError::not_found(
+                "method-not-found",
+                format!("unknown effect method {other:?}: use :retry or :cancel"),
+            ));
+        }
+        _ => {
+            return Err(ApiError::new(
+                405,
+                "method-not-allowed",
+                format!("{method} is not allowed here: GET an effect, POST its :retry or :cancel"),
+            ))
+        }
+    })
+}
+
+/// The HTTP call of an ITX call in `project`.
+pub fn render_itx(project: &str, request: &ItxRequest) -> ApiCall {
+    call(
+        Method::POST,
+        format!("/v1/projects/{project}/itx"),
+        String::new(),
+        ApiBody::Json(json(request).unwrap_or_default()),
+    )
+}
+
+/// The ITX call of `POST .../itx`.
+pub fn parse_itx(body: &[u8]) -> Result<ItxRequest, ApiError> {
+    Ok(parse_json(body)?)
+}
+
+/// The body of an ingest request.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct IngestInput {
+    events: Vec<EventInput>,
+}
+
+/// The HTTP call of an ingest request.
+pub fn render_ingest(request: &IngestRequest) -> ApiCall {
+    match request {
+        IngestRequest::Accept { stream, events } => {
+            let project = stream.namespace.project_id().unwrap_or_default();
+            let path = if stream.path == "/" { "" } else { stream.path.as_str() };
+            let path = path
+                .split('/')
+                .map(|s| utf8_percent_encode(s, KEY_SEGMENT).to_string())
+                .collect::<Vec<_>>()
+                .join("/");
+            call(
+                Method::POST,
+                format!("/v1/projects/{project}/ingest{path}"),
+                String::new(),
+                ApiBody::Json(
+                    json(&IngestInput {
+                        events: events.clone(),
+                    })
+                    .unwrap_or_default(),
+                ),
+            )
+        }
+        IngestRequest::Status => call(Method::GET, "/v1/ingest".into(), String::new(), ApiBody::Empty),
+        IngestRequest::Register => call(
+            Method::POST,
+            "/v1/ingest:register".into(),
+            String::new(),
+            ApiBody::Empty,
+        ),
+    }
+}
+
+/// The ingest request of `POST /v1/projects/{project}/ingest{path}`.
+pub fn parse_ingest(project: &str, path: &str, body: &[u8]) -> Result<IngestRequest, ApiError> {
+    let stream = StreamAddress::new(Namespace::project(project)?, path)?;
+    let input: IngestInput = parse_json(body)?;
+    Ok(IngestRequest::Accept {
+        stream,
+        events: input.events,
+    })
+}
+
+/// The HTTP call of a cluster request.
+pub fn render_cluster(request: &ClusterRequest) -> ApiCall {
+    match request {
+        ClusterRequest::View => call(Method::GET, "/v1/cluster".into(), String::new(), ApiBody::Empty),
+    }
+}
+
+/// The HTTP call of `request` on stream `path` of `namespace`.
+pub fn render_stream(namespace: &Namespace, path: &str, request: &StreamRequest) -> ApiCall {
+    let HttpCall {
+        method,
+        name,
+        query,
+        body,
+    } = render(request);
+    let path = if path == "/" { "" } else { path };
+    call(
+        method,
+        format!("{}{path}:{name}", streams_path(namespace)),
+        query,
+        body.map_or(ApiBody::Empty, ApiBody::Json),
+    )
+}
+
+/// `/v1/projects/{p}/streams` or `/v1/global/streams`.
+fn streams_path(namespace: &Namespace) -> String {
+    match namespace.project_id() {
+        Some(p) => format!("/v1/projects/{p}/streams"),
+        None => "/v1/global/streams".into(),
+    }
+}
+
+/// The HTTP call of listing `namespace`'s streams.
+pub fn render_list(namespace: &Namespace, query: &StreamsQuery) -> ApiCall {
+    call(
+        Method::GET,
+        streams_path(namespace),
+        query::render_list(query),
+        ApiBody::Empty,
+    )
+}
+
 /// Every stream method with its HTTP method.
 pub const STREAM_METHODS: &[(&str, &str)] = &[
     ("POST", "append"),
@@ -452,6 +726,110 @@ mod tests {
                 "no request renders {method} :{name}"
             );
         }
+    }
+
+    /// The JSON or bytes of a body, as sent.
+    fn sent(body: &ApiBody) -> Vec<u8> {
+        match body {
+            ApiBody::Empty => Vec::new(),
+            ApiBody::Json(v) => serde_json::to_vec(v).unwrap(),
+            ApiBody::Bytes(b) => b.clone(),
+        }
+    }
+
+    fn query_of(call: &ApiCall) -> Option<&str> {
+        (!call.query.is_empty()).then_some(call.query.as_str())
+    }
+
+    #[test]
+    fn every_family_reads_back_what_it_renders() {
+        use crate::host::effects::{EffectFilter, EffectStatus};
+        use ComponentRequest as C;
+        use EffectRequest as E;
+
+        for request in [
+            C::Deploy {
+                name: "counter".into(),
+                bytes: b"\0asm".to_vec(),
+                refold: true,
+            },
+            C::Deploy {
+                name: "counter".into(),
+                bytes: Vec::new(),
+                refold: false,
+            },
+            C::List,
+            C::Get {
+                name: "counter".into(),
+            },
+            C::Bytes {
+                name: "counter".into(),
+            },
+            C::Versions {
+                name: "counter".into(),
+            },
+        ] {
+            let call = render_component("acme", &request);
+            let rest = call.path.strip_prefix("/v1/projects/acme/components").unwrap();
+            let (name, versions) = match rest.strip_prefix('/') {
+                None => (None, false),
+                Some(r) => match r.strip_suffix("/versions") {
+                    Some(n) => (Some(n), true),
+                    None => (Some(r), false),
+                },
+            };
+            let body = (call.method == Method::PUT).then(|| sent(&call.body));
+            let back =
+                parse_component(&call.method, name, versions, query_of(&call), call.accept, body)
+                    .unwrap();
+            assert_eq!(back, request, "{call:?}");
+        }
+
+        for request in [
+            E::List(EffectFilter::new()),
+            E::List(
+                EffectFilter::new()
+                    .stream("/jobs/a-b")
+                    .component("effector")
+                    .status(EffectStatus::Failed)
+                    .after_id(41)
+                    .limit(7),
+            ),
+            E::Get { id: 3 },
+            E::Retry { id: 3 },
+            E::Cancel { id: 3 },
+        ] {
+            let call = render_effect("acme", &request);
+            let rest = call.path.strip_prefix("/v1/projects/acme/effects").unwrap();
+            let id = rest.strip_prefix('/');
+            let back = parse_effect(&call.method, id, query_of(&call)).unwrap();
+            assert_eq!(back, request, "{call:?}");
+        }
+
+        let itx = ItxRequest {
+            expression: serde_json::json!(["components", "kinds", "add"]),
+            args: vec![serde_json::json!(2), serde_json::json!(3)],
+        };
+        let call = render_itx("acme", &itx);
+        assert_eq!((call.method.as_str(), call.path.as_str()), ("POST", "/v1/projects/acme/itx"));
+        assert_eq!(parse_itx(&sent(&call.body)).unwrap(), itx);
+
+        for path in ["/", "/orders/eu", "/a.b/c~d_e"] {
+            let stream = StreamAddress::new(Namespace::project("acme").unwrap(), path).unwrap();
+            let request = IngestRequest::Accept {
+                stream: stream.clone(),
+                events: vec![EventInput::new("events.example/x").idempotency_key("k")],
+            };
+            let call = render_ingest(&request);
+            let rest = call.path.strip_prefix("/v1/projects/acme/ingest").unwrap();
+            let decoded = percent_encoding::percent_decode_str(rest).decode_utf8().unwrap();
+            let decoded = if decoded.is_empty() { "/".into() } else { decoded };
+            let back = parse_ingest("acme", &decoded, &sent(&call.body)).unwrap();
+            assert_eq!(back, request, "{call:?}");
+        }
+        assert_eq!(render_ingest(&IngestRequest::Status).path, "/v1/ingest");
+        assert_eq!(render_ingest(&IngestRequest::Register).path, "/v1/ingest:register");
+        assert_eq!(render_cluster(&ClusterRequest::View).path, "/v1/cluster");
     }
 
     #[test]

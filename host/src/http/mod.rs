@@ -95,7 +95,7 @@ fn routes() -> Vec<Route> {
         ),
         route(
             "/v1/projects/{project}/components/{name}",
-            put(components::deploy).get(components::get),
+            put(components::one).get(components::one),
             &[
                 ("PUT", &format!("{P}/components/{{name}}")),
                 ("GET", &format!("{P}/components/{{name}}")),
@@ -375,7 +375,9 @@ async fn internal_call(State(host): State<Host>, headers: HeaderMap, body: Body)
 async fn cluster(State(host): State<Host>, headers: HeaderMap) -> Response {
     let result = async {
         authenticate(&host, &headers)?.require_admin("GET /v1/cluster")?;
-        Ok(host.cluster().await?)
+        Ok(host
+            .apply_cluster(crate::host::request::ClusterRequest::View)
+            .await?)
     }
     .await;
     answer(result)
@@ -537,14 +539,6 @@ fn render(answer: StreamAnswer) -> Response {
         A::Verification(verification) => ok_json(&verification),
         A::Backfilled(done) => ok_json(&done),
     }
-}
-
-/// Reads a JSON body within the configured limit, naming the path of any
-/// field that does not fit.
-async fn read_json<T: DeserializeOwned>(host: &Host, body: Body) -> Result<T, Error> {
-    let limit = host.config.max_body_bytes;
-    let bytes = read_body(host, body, limit, "request body").await?;
-    parse_json(&bytes)
 }
 
 /// A request body of at most `limit` bytes, whole within `[http]

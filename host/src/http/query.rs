@@ -283,6 +283,36 @@ pub fn render_keys(q: &KeysQuery) -> String {
     out.finish()
 }
 
+/// The query string [`effect_query`] reads back as `q`.
+pub fn render_effects(q: &EffectFilter) -> String {
+    let mut out = form_urlencoded::Serializer::new(String::new());
+    if let Some(stream) = &q.stream {
+        out.append_pair("stream", stream);
+    }
+    if let Some(component) = &q.component {
+        out.append_pair("component", component);
+    }
+    if let Some(status) = q.status {
+        out.append_pair("status", status.as_str());
+    }
+    if q.after_id > 0 {
+        out.append_pair("afterId", &q.after_id.to_string());
+    }
+    out.append_pair("limit", &q.limit.to_string());
+    out.finish()
+}
+
+/// The query string [`list_query`] reads back as `q`.
+pub fn render_list(q: &StreamsQuery) -> String {
+    let mut out = form_urlencoded::Serializer::new(String::new());
+    out.append_pair("prefix", &q.prefix);
+    if let Some(after) = &q.after_path {
+        out.append_pair("afterPath", after);
+    }
+    out.append_pair("limit", &q.limit.to_string());
+    out.finish()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
