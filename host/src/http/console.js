@@ -209,11 +209,13 @@ async function refreshDetails(path, ui) {
     h("span", {}, `lag ${lag}`));
   if (!Object.keys(byKey).length) ui.subs.append(h("tr", {}, h("td", { colspan: 8, class: "muted" }, "no subscriptions")));
 
-  ui.procs.replaceChildren();
+  // Built apart and put in place at the end: two refreshes that overlap
+  // (the timer's and a button's) must not both append to the page.
+  const procs = [];
   for (const component of processors.filter(Boolean)) {
     let p;
     try { p = await api("GET", `${base}:processors/${encodeURIComponent(component)}`); }
-    catch (e) { ui.procs.append(h("p", { class: "muted" }, `${component}: ${e.message}`)); continue; }
+    catch (e) { procs.push(h("p", { class: "muted" }, `${component}: ${e.message}`)); continue; }
     const shown = verdicts.get(`${path} ${component}`);
     const verdict = h("span", { "data-testid": `verify-${component}`, class: shown?.cls ?? "" }, shown?.text ?? "");
     const remember = (text, cls) => {
@@ -235,7 +237,7 @@ async function refreshDetails(path, ui) {
     const keyNote = keys.error ? h("p", { class: "bad" }, keys.error)
       : keys.nextAfter ? h("p", { class: "muted" }, `first ${KEYS_SHOWN} keys shown; the rest: streamhost keys ${path} ${component} --all`)
         : "";
-    ui.procs.append(h("div", {},
+    procs.push(h("div", {},
       h("p", {}, h("b", {}, component), ` · checkpoint ${p.checkpointOffset} · ${p.status} · digest `,
         h("code", {}, (p.digest ?? "").slice(0, 16)), " ",
         h("button", { onclick: async () => {
@@ -251,13 +253,16 @@ async function refreshDetails(path, ui) {
       p.lastFailure ? h("pre", { class: "bad" }, `${p.lastFailure.message}\n${p.lastFailure.repro ?? ""}`) : "",
       h("pre", {}, pretty(p.state)), keyTable, keyNote));
   }
-  if (!processors.length) ui.procs.append(h("p", { class: "muted" }, "no processors on this stream"));
+  if (!processors.length) procs.push(h("p", { class: "muted" }, "no processors on this stream"));
+  ui.procs.replaceChildren(...procs);
 
-  ui.effects.replaceChildren();
   if (settings.project) {
     const list = await api("GET", `${namespace()}/effects?stream=${encodeURIComponent(path)}&limit=100`);
-    for (const e of list.effects) ui.effects.append(effectRow(e, () => refreshDetails(path, ui)));
-    if (!list.effects.length) ui.effects.append(h("tr", {}, h("td", { colspan: 8, class: "muted" }, "no effects")));
+    const rows = list.effects.map((e) => effectRow(e, () => refreshDetails(path, ui)));
+    if (!rows.length) rows.push(h("tr", {}, h("td", { colspan: 8, class: "muted" }, "no effects")));
+    ui.effects.replaceChildren(...rows);
+  } else {
+    ui.effects.replaceChildren();
   }
 }
 
