@@ -29,7 +29,8 @@ pub const WAIT_TIMEOUT_MS_MAX: u64 = 300_000;
 
 /// A live connection to open: which events, from where, in what batches.
 /// Build with [`Connect::new`].
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
 pub struct Connect {
     /// The connection's key: a new connection with the same key replaces it.
     pub connection_key: Option<String>,

@@ -65,7 +65,8 @@ pub struct ProcessorFailure {
 }
 
 /// Which keys of a processor's keyed state to read: a page in byte order.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
 pub struct KeysQuery {
     /// Only keys starting with this.
     pub prefix: String,

@@ -26,8 +26,10 @@ use crate::stream::{
     RuntimeView, StreamAddress,
 };
 
-/// One operation on a stream.
-#[derive(Debug, Clone, PartialEq)]
+/// One operation on a stream. It is also what a host sends another host
+/// for a stream that host owns (`/internal/v1/call`).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase", rename_all_fields = "camelCase")]
 pub enum StreamRequest {
     /// Append events (`:append`).
     Append(AppendInput),
@@ -108,7 +110,9 @@ impl StreamRequest {
     }
 }
 
-/// What a [`StreamRequest`] answers, one variant per kind of answer.
+/// What a [`StreamRequest`] answers, one variant per kind of answer. It
+/// serializes as the HTTP API's body (a live connection, a stream of
+/// batches, does not serialize).
 pub enum StreamAnswer {
     /// The committed events, and warnings about subscriptions whose
     /// component is not deployed.
@@ -150,6 +154,44 @@ pub enum StreamAnswer {
     Verification(Box<Verification>),
     /// What a backfill came to.
     Backfilled(Backfilled),
+}
+
+impl serde::Serialize for StreamAnswer {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::Error as _;
+        use StreamAnswer as A;
+        /// An append's output with its warnings beside its fields.
+        #[derive(serde::Serialize)]
+        struct Warned<'a> {
+            #[serde(flatten)]
+            output: &'a AppendOutput,
+            warnings: &'a [String],
+        }
+        match self {
+            A::Appended { output, warnings } if warnings.is_empty() => output.serialize(s),
+            A::Appended { output, warnings } => Warned { output, warnings }.serialize(s),
+            A::Events(page) => page.serialize(s),
+            A::State(state) => state.serialize(s),
+            A::Runtime(runtime) => runtime.serialize(s),
+            A::Reset => serde_json::json!({"status": "reset"}).serialize(s),
+            A::Live(_) => Err(S::Error::custom(
+                "a live connection is a stream of batches, not one answer",
+            )),
+            A::Event(event) => serde_json::json!({ "event": event }).serialize(s),
+            A::Subscribed(subscribed) => subscribed.serialize(s),
+            A::Unsubscribed(unsubscribed) => unsubscribed.serialize(s),
+            A::CursorSet(event) => {
+                serde_json::json!({ "subscriptionCursorSetEvent": event }).serialize(s)
+            }
+            A::Resumed(resumed) => resumed.serialize(s),
+            A::CursorSetAndResumed(both) => both.serialize(s),
+            A::Processor(instance) => instance.serialize(s),
+            A::Keys(page) => page.serialize(s),
+            A::Key(key) => key.serialize(s),
+            A::Verification(verification) => verification.serialize(s),
+            A::Backfilled(done) => done.serialize(s),
+        }
+    }
 }
 
 impl Host {
@@ -452,6 +494,115 @@ impl Host {
     pub async fn apply_cluster(&self, request: ClusterRequest) -> Result<ClusterView, Error> {
         match request {
             ClusterRequest::View => self.cluster().await,
+        }
+    }
+}
+
+#[cfg(test)]
+pub(crate) use tests::every_request;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::host::live::Connect;
+    use crate::host::processors::KeysQuery;
+    use crate::host::subscriptions::CopyFrom;
+
+    /// One request of every kind, with the optional parts set and unset.
+    pub(crate) fn every_request() -> Vec<StreamRequest> {
+        use StreamRequest as R;
+        let mut append = AppendInput::new([
+            EventInput::new("events.example/a").payload(serde_json::json!({"n": 1})),
+            EventInput::new("events.example/b").idempotency_key("k"),
+        ]);
+        append.expected_stream_id = Some("s-1".into());
+        vec![
+            R::Append(append),
+            R::Events(ReadQuery {
+                after_offset: 7,
+                limit: 20,
+                include_ephemeral: true,
+            }),
+            R::State,
+            R::Runtime,
+            R::Reset,
+            R::Connect(Connect::new()),
+            R::Connect(
+                Connect::new()
+                    .after(3)
+                    .key("tail & more")
+                    .event_types(["a/b", "c/d"])
+                    .condition("payload.n > 1 and $contains(type, ',')")
+                    .events_only(),
+            ),
+            R::Connect(Connect::new().state_only()),
+            R::WaitForEvent(WaitFor::new(250)),
+            R::WaitForEvent(
+                WaitFor::new(1000)
+                    .after(4)
+                    .event_types(["x/y"])
+                    .condition("true"),
+            ),
+            R::SubscribeToEventsFrom(CopyFrom::new("/src", "k")),
+            R::SubscribeToEventsFrom(
+                CopyFrom::new("/src", "k")
+                    .from_beginning()
+                    .event_types(["a/b"])
+                    .condition("payload.total > 100")
+                    .transform("{'t': payload.total}")
+                    .description("big ones")
+                    .idempotency_key("setup-1"),
+            ),
+            R::UnsubscribeFromEvents {
+                source_stream_path: "/src".into(),
+                subscription_key: "k".into(),
+            },
+            R::SetSubscriptionCursor {
+                subscription_key: "k".into(),
+                after_offset: 9,
+            },
+            R::ResumeSubscription {
+                subscription_key: "k".into(),
+            },
+            R::SetSubscriptionCursorAndResume {
+                subscription_key: "k".into(),
+                after_offset: 0,
+            },
+            R::Processor {
+                component: "counter".into(),
+            },
+            R::ProcessorKeys {
+                component: "counter".into(),
+                query: KeysQuery::new(),
+            },
+            R::ProcessorKeys {
+                component: "counter".into(),
+                query: KeysQuery::new().prefix("a/b c").after("a/b c/1").limit(3),
+            },
+            R::ProcessorKey {
+                component: "counter".into(),
+                key: "balance/alice smith?&#%".into(),
+            },
+            R::VerifyProcessor {
+                component: "counter".into(),
+            },
+            R::BackfillProcessor(Backfill::new("counter")),
+            R::BackfillProcessor(
+                Backfill::new("counter")
+                    .after(2)
+                    .through(9)
+                    .event_types(["a/b"])
+                    .condition("true"),
+            ),
+        ]
+    }
+
+    #[test]
+    fn a_stream_request_crosses_the_wire_unchanged() {
+        for request in every_request() {
+            let wire = serde_json::to_string(&request).unwrap();
+            let back: StreamRequest = serde_json::from_str(&wire).unwrap();
+            assert_eq!(back, request, "{wire}");
         }
     }
 }

@@ -605,104 +605,10 @@ fn unknown_method_message(method: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::host::backfill::Backfill;
-    use crate::host::live::{Connect, WaitFor};
-    use crate::host::processors::KeysQuery;
-    use crate::host::subscriptions::CopyFrom;
-    use crate::stream::{AppendInput, EventInput, ReadQuery};
-
-    /// One request of every kind, with the optional parts set and unset.
-    fn every_request() -> Vec<StreamRequest> {
-        use StreamRequest as R;
-        let mut append = AppendInput::new([
-            EventInput::new("events.example/a").payload(serde_json::json!({"n": 1})),
-            EventInput::new("events.example/b").idempotency_key("k"),
-        ]);
-        append.expected_stream_id = Some("s-1".into());
-        vec![
-            R::Append(append),
-            R::Events(ReadQuery {
-                after_offset: 7,
-                limit: 20,
-                include_ephemeral: true,
-            }),
-            R::State,
-            R::Runtime,
-            R::Reset,
-            R::Connect(Connect::new()),
-            R::Connect(
-                Connect::new()
-                    .after(3)
-                    .key("tail & more")
-                    .event_types(["a/b", "c/d"])
-                    .condition("payload.n > 1 and $contains(type, ',')")
-                    .events_only(),
-            ),
-            R::Connect(Connect::new().state_only()),
-            R::WaitForEvent(WaitFor::new(250)),
-            R::WaitForEvent(
-                WaitFor::new(1000)
-                    .after(4)
-                    .event_types(["x/y"])
-                    .condition("true"),
-            ),
-            R::SubscribeToEventsFrom(CopyFrom::new("/src", "k")),
-            R::SubscribeToEventsFrom(
-                CopyFrom::new("/src", "k")
-                    .from_beginning()
-                    .event_types(["a/b"])
-                    .condition("payload.total > 100")
-                    .transform("{'t': payload.total}")
-                    .description("big ones")
-                    .idempotency_key("setup-1"),
-            ),
-            R::UnsubscribeFromEvents {
-                source_stream_path: "/src".into(),
-                subscription_key: "k".into(),
-            },
-            R::SetSubscriptionCursor {
-                subscription_key: "k".into(),
-                after_offset: 9,
-            },
-            R::ResumeSubscription {
-                subscription_key: "k".into(),
-            },
-            R::SetSubscriptionCursorAndResume {
-                subscription_key: "k".into(),
-                after_offset: 0,
-            },
-            R::Processor {
-                component: "counter".into(),
-            },
-            R::ProcessorKeys {
-                component: "counter".into(),
-                query: KeysQuery::new(),
-            },
-            R::ProcessorKeys {
-                component: "counter".into(),
-                query: KeysQuery::new().prefix("a/b c").after("a/b c/1").limit(3),
-            },
-            R::ProcessorKey {
-                component: "counter".into(),
-                key: "balance/alice smith?&#%".into(),
-            },
-            R::VerifyProcessor {
-                component: "counter".into(),
-            },
-            R::BackfillProcessor(Backfill::new("counter")),
-            R::BackfillProcessor(
-                Backfill::new("counter")
-                    .after(2)
-                    .through(9)
-                    .event_types(["a/b"])
-                    .condition("true"),
-            ),
-        ]
-    }
 
     #[test]
     fn what_render_writes_parse_reads_back_as_the_same_request() {
-        let requests = every_request();
+        let requests = crate::host::request::every_request();
         for request in &requests {
             let call = render(request);
             let body = call

@@ -328,9 +328,12 @@ async fn internal_call(State(host): State<Host>, headers: HeaderMap, body: Body)
         let call: RemoteCall = parse_json(&bytes)?;
         let address = call.address()?;
         let answer = match call.call {
-            Call::Append { input, authority } => {
-                remote::to_value(host.streams.append_here(&address, input, authority).await)
-            }
+            Call::Stream {
+                request: StreamRequest::Append(input),
+                authority,
+            } => remote::to_value(host.streams.append_here(&address, input, authority).await),
+            // Any other request on a stream, as its owner's API answers it.
+            Call::Stream { request, .. } => remote::to_value(host.apply(&address, request).await),
             Call::Deliver { batch } => {
                 remote::to_value(host.streams.deliver_here(&address, batch).await)
             }
@@ -510,34 +513,9 @@ async fn stream_request(
 /// A stream request's answer as HTTP: JSON, or server-sent events for a
 /// live connection.
 fn render(answer: StreamAnswer) -> Response {
-    use StreamAnswer as A;
     match answer {
-        A::Appended { output, warnings } if warnings.is_empty() => ok_json(&output),
-        A::Appended { output, warnings } => match serde_json::to_value(&output) {
-            Ok(mut answer) => {
-                answer["warnings"] = json!(warnings);
-                ok_json(&answer)
-            }
-            Err(e) => {
-                ApiError::internal(format!("serializing the answer failed: {e}")).into_response()
-            }
-        },
-        A::Events(page) => ok_json(&page),
-        A::State(state) => ok_json(&state),
-        A::Runtime(runtime) => ok_json(&runtime),
-        A::Reset => ok_json(&json!({"status": "reset"})),
-        A::Live(live) => connections::sse(live),
-        A::Event(event) => ok_json(&json!({ "event": event })),
-        A::Subscribed(subscribed) => ok_json(&subscribed),
-        A::Unsubscribed(unsubscribed) => ok_json(&unsubscribed),
-        A::CursorSet(event) => ok_json(&json!({ "subscriptionCursorSetEvent": event })),
-        A::Resumed(resumed) => ok_json(&resumed),
-        A::CursorSetAndResumed(both) => ok_json(&both),
-        A::Processor(instance) => ok_json(&instance),
-        A::Keys(page) => ok_json(&page),
-        A::Key(key) => ok_json(&key),
-        A::Verification(verification) => ok_json(&verification),
-        A::Backfilled(done) => ok_json(&done),
+        StreamAnswer::Live(live) => connections::sse(live),
+        answer => ok_json(&answer),
     }
 }
 

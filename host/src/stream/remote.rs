@@ -10,7 +10,8 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::{AppendInput, Authority, Namespace, StreamAddress};
+use super::{Authority, Namespace, StreamAddress};
+use crate::host::request::StreamRequest;
 use crate::delivery::copy::CopyBatch;
 use crate::error::{Error, ErrorKind};
 
@@ -33,8 +34,11 @@ pub struct RemoteCall {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub enum Call {
-    Append {
-        input: AppendInput,
+    /// A request on the stream: the API's own (`StreamRequest`), made with
+    /// `authority` (an append the host makes for an effect or a copy is
+    /// not a public caller's).
+    Stream {
+        request: StreamRequest,
         authority: Authority,
     },
     Deliver {

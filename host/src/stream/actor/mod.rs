@@ -86,7 +86,8 @@ pub struct AppendOutput {
 }
 
 /// A page of events.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
 pub struct ReadQuery {
     /// Events after this offset.
     pub after_offset: u64,
