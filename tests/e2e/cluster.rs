@@ -1165,3 +1165,55 @@ async fn a_forwarded_request_has_its_token_checked_before_its_body_is_read() {
     );
     assert!(answer.starts_with("HTTP/1.1 401"), "{answer}");
 }
+
+/// An effect's append to a stream another host owns travels to that host
+/// as the API's own request (`/internal/v1/call` carries a
+/// `StreamRequest`) and commits there once.
+#[tokio::test]
+async fn an_effects_append_to_a_stream_another_host_owns_commits_on_its_owner() {
+    if on_sqlite() {
+        return;
+    }
+    let a = Server::start_with(Some(CLUSTER), &[]);
+    let b = Server::joining(&a, Some(CLUSTER));
+    // B owns the target; A owns the processor's stream.
+    let notes = format!("{P}/owned-by-b");
+    let (status, out) = b
+        .post(&format!("{notes}:append"), ev("x.y/opened", json!({})))
+        .await;
+    assert_eq!(status, 200, "{out}");
+    let (status, v) = a.deploy("acme", "effector", guest("effector")).await;
+    assert_eq!(status, 200, "{v}");
+    let jobs = format!("{P}/jobs-on-a");
+    let setup = json!({"events": [
+        {"type": "events.iterate.com/stream/subscription-configured",
+         "payload": {"subscriptionKey": "fx", "receiver": {"action": "processor-wake",
+            "expression": ["components", ["get", "effector"], "wake"]}}},
+        {"type": "events.example/effects-requested", "payload": {"effects": [
+            {"key": "note-1", "append": {"streamPath": "/owned-by-b",
+                "type": "x.y/noted", "payload": {"n": 1}}}]}},
+    ]});
+    let (status, out) = a.post(&format!("{jobs}:append"), setup).await;
+    assert_eq!(status, 200, "{out}");
+    wait_for(
+        "the effect's append on B's stream",
+        Duration::from_secs(30),
+        async || {
+            let (_, page) = b.get(&format!("{notes}:events?afterOffset=0")).await;
+            page["events"]
+                .as_array()
+                .is_some_and(|e| e.iter().any(|e| e["type"] == "x.y/noted"))
+        },
+    )
+    .await;
+    let (_, page) = a.get(&format!("{notes}:events?afterOffset=0")).await;
+    let noted = page["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["type"] == "x.y/noted")
+        .count();
+    assert_eq!(noted, 1, "committed once: {page}");
+    let (_, effects) = a.get("/v1/projects/acme/effects?stream=/jobs-on-a").await;
+    assert_eq!(effects["effects"][0]["status"], "succeeded", "{effects}");
+}
