@@ -426,6 +426,26 @@ impl IngestRequest {
 
 impl Host {
     /// Carries out `request` on `project`'s components.
+    ///
+    /// ```
+    /// # #[tokio::main] async fn main() -> anyhow::Result<()> {
+    /// # let dir = tempfile::tempdir()?;
+    /// # let host = streamhost::Host::open(streamhost::Config { data_dir: dir.path().into(), ..Default::default() })?;
+    /// # let guests = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/processors/target/wasm32-wasip2/release"));
+    /// use streamhost::{ComponentAnswer, ComponentRequest};
+    ///
+    /// let bytes = std::fs::read(guests.join("counter.wasm"))?;
+    /// let deploy = ComponentRequest::Deploy { name: "counter".into(), bytes, refold: false };
+    /// let ComponentAnswer::Deployed(deployed) = host.apply_component("acme", deploy).await? else {
+    ///     unreachable!()
+    /// };
+    /// let ComponentAnswer::List { components } = host.apply_component("acme", ComponentRequest::List).await?
+    /// else {
+    ///     unreachable!()
+    /// };
+    /// assert_eq!(components[0].digest, deployed.digest);
+    /// # Ok(()) }
+    /// ```
     pub async fn apply_component(
         &self,
         project: &str,
@@ -455,6 +475,40 @@ impl Host {
     }
 
     /// Carries out `request` on `project`'s effect outbox.
+    ///
+    /// ```
+    /// # async fn eventually<T>(what: &str, mut probe: impl AsyncFnMut() -> Option<T>) -> anyhow::Result<T> {
+    /// #     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    /// #     loop {
+    /// #         if let Some(v) = probe().await { return Ok(v) }
+    /// #         anyhow::ensure!(std::time::Instant::now() < deadline, "timed out waiting for {what}");
+    /// #         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    /// #     }
+    /// # }
+    /// # #[tokio::main] async fn main() -> anyhow::Result<()> {
+    /// # let dir = tempfile::tempdir()?;
+    /// # let host = streamhost::Host::open(streamhost::Config { data_dir: dir.path().into(), ..Default::default() })?;
+    /// # let guests = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/processors/target/wasm32-wasip2/release"));
+    /// # host.deploy(streamhost::Deploy::new("acme", "effector", std::fs::read(guests.join("effector.wasm"))?)).await?;
+    /// # let jobs = host.stream("acme", "/jobs")?;
+    /// # host.subscribe(&jobs, &streamhost::Subscription::wake("effector", "effector").from_beginning()).await?;
+    /// # let closed = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
+    /// # host.append(&jobs, [streamhost::EventInput::new("events.example/effects-requested").payload(serde_json::json!({"effects": [
+    /// #     {"key": "note", "append": {"streamPath": "/notes", "type": "noted", "payload": {}}},
+    /// #     {"key": "hook", "webhook": {"url": format!("http://{closed}/"), "body": {}}},
+    /// # ]}))]).await?;
+    /// # eventually("the effects", async || {
+    /// #     (host.effects("acme", streamhost::EffectFilter::new()).await.ok()?.effects.len() == 2).then_some(())
+    /// # }).await?;
+    /// use streamhost::{EffectAnswer, EffectFilter, EffectRequest};
+    ///
+    /// let list = EffectRequest::List(EffectFilter::new().stream("/jobs"));
+    /// let EffectAnswer::Page(page) = host.apply_effect("acme", list).await? else { unreachable!() };
+    /// let get = EffectRequest::Get { id: page.effects[0].id };
+    /// let EffectAnswer::Effect(effect) = host.apply_effect("acme", get).await? else { unreachable!() };
+    /// assert_eq!(effect.component, "effector");
+    /// # Ok(()) }
+    /// ```
     pub async fn apply_effect(
         &self,
         project: &str,
@@ -471,6 +525,20 @@ impl Host {
     }
 
     /// Carries out an ITX call in `project`; answers the function's result.
+    ///
+    /// ```
+    /// # #[tokio::main] async fn main() -> anyhow::Result<()> {
+    /// # let dir = tempfile::tempdir()?;
+    /// # let host = streamhost::Host::open(streamhost::Config { data_dir: dir.path().into(), ..Default::default() })?;
+    /// # let guests = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/processors/target/wasm32-wasip2/release"));
+    /// # host.deploy(streamhost::Deploy::new("acme", "kinds", std::fs::read(guests.join("kinds.wasm"))?)).await?;
+    /// use serde_json::json;
+    /// use streamhost::ItxRequest;
+    ///
+    /// let add = ItxRequest { expression: json!(["components", "kinds", "add"]), args: vec![json!(2), json!(3)] };
+    /// assert_eq!(host.apply_itx("acme", add).await?, json!(5));
+    /// # Ok(()) }
+    /// ```
     pub async fn apply_itx(&self, project: &str, request: ItxRequest) -> Result<Value, Error> {
         self.call_expression(project, &request.expression, request.args)
             .await
@@ -478,6 +546,19 @@ impl Host {
 
     /// Carries out `request` (admin-only requests are the adapter's to
     /// check: [`IngestRequest::admin_only`]).
+    ///
+    /// ```
+    /// # #[tokio::main] async fn main() -> anyhow::Result<()> {
+    /// # let dir = tempfile::tempdir()?;
+    /// # let host = streamhost::Host::open(streamhost::Config { data_dir: dir.path().into(), ..Default::default() })?;
+    /// use streamhost::{EventInput, IngestAnswer, IngestRequest};
+    ///
+    /// let stream = host.stream("acme", "/orders/eu")?;
+    /// let events = vec![EventInput::new("events.example/order-created").idempotency_key("order-9")];
+    /// let answer = host.apply_ingest(IngestRequest::Accept { stream, events }).await?;
+    /// assert_eq!(answer, IngestAnswer::Accepted { accepted: 1 });
+    /// # Ok(()) }
+    /// ```
     pub async fn apply_ingest(&self, request: IngestRequest) -> Result<IngestAnswer, Error> {
         Ok(match request {
             IngestRequest::Accept { stream, events } => IngestAnswer::Accepted {
@@ -491,6 +572,15 @@ impl Host {
     }
 
     /// Carries out `request` on the hosts.
+    ///
+    /// ```
+    /// # #[tokio::main] async fn main() -> anyhow::Result<()> {
+    /// # let dir = tempfile::tempdir()?;
+    /// # let host = streamhost::Host::open(streamhost::Config { data_dir: dir.path().into(), ..Default::default() })?;
+    /// let view = host.apply_cluster(streamhost::ClusterRequest::View).await?;
+    /// assert_eq!(view.hosts.len(), 1);
+    /// # Ok(()) }
+    /// ```
     pub async fn apply_cluster(&self, request: ClusterRequest) -> Result<ClusterView, Error> {
         match request {
             ClusterRequest::View => self.cluster().await,
