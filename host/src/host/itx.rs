@@ -100,7 +100,7 @@ impl Host {
     }
 
     /// As [`Host::call`], the function named by an ITX expression
-    /// (`["components", "calculator", "math.add"]`, as subscriptions name
+    /// (`["components", ["get", "calculator"], "math.add"]`, as subscriptions name
     /// their ITX receivers).
     ///
     /// ```

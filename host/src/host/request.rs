@@ -370,7 +370,7 @@ pub enum EffectAnswer {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ItxRequest {
     /// The function, as subscriptions name their ITX receivers
-    /// (`["components", "calculator", "math.add"]`).
+    /// (`["components", ["get", "calculator"], "math.add"]`).
     pub expression: Value,
     /// One JSON value per parameter.
     #[serde(default)]
@@ -535,7 +535,7 @@ impl Host {
     /// use serde_json::json;
     /// use streamhost::ItxRequest;
     ///
-    /// let add = ItxRequest { expression: json!(["components", "kinds", "add"]), args: vec![json!(2), json!(3)] };
+    /// let add = ItxRequest { expression: json!(["components", ["get", "kinds"], "add"]), args: vec![json!(2), json!(3)] };
     /// assert_eq!(host.apply_itx("acme", add).await?, json!(5));
     /// # Ok(()) }
     /// ```

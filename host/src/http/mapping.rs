@@ -713,7 +713,7 @@ mod tests {
         }
 
         let itx = ItxRequest {
-            expression: serde_json::json!(["components", "kinds", "add"]),
+            expression: serde_json::json!(["components", ["get", "kinds"], "add"]),
             args: vec![serde_json::json!(2), serde_json::json!(3)],
         };
         let call = render_itx("acme", &itx);

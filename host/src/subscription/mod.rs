@@ -96,7 +96,7 @@ pub enum Receiver {
     /// Wakes a processor over the source's events.
     ProcessorWake {
         /// The ITX expression naming the component
-        /// (`["components", "counter"]`).
+        /// (`["components", ["get", "counter"], "wake"]`).
         expression: Value,
     },
     /// Copies each event to a stream of the same project.
