@@ -71,17 +71,7 @@ impl Backfill {
         self
     }
 
-    /// Only events of these types.
-    pub fn event_types<S: Into<String>>(mut self, types: impl IntoIterator<Item = S>) -> Self {
-        self.event_types = Some(types.into_iter().map(Into::into).collect());
-        self
-    }
-
-    /// Only events for which `expression` (JSONata) is truthy.
-    pub fn condition(mut self, expression: impl Into<String>) -> Self {
-        self.jsonata_condition = Some(expression.into());
-        self
-    }
+    selection_setters!();
 }
 
 /// What a backfill came to.

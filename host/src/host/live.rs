@@ -90,17 +90,7 @@ impl Connect {
         self
     }
 
-    /// Only events of these types.
-    pub fn event_types<S: Into<String>>(mut self, types: impl IntoIterator<Item = S>) -> Self {
-        self.event_types = Some(types.into_iter().map(Into::into).collect());
-        self
-    }
-
-    /// Only events for which `expression` (JSONata) is truthy.
-    pub fn condition(mut self, expression: impl Into<String>) -> Self {
-        self.jsonata_condition = Some(expression.into());
-        self
-    }
+    selection_setters!();
 
     /// Events only, without the state.
     pub fn events_only(mut self) -> Self {
@@ -234,17 +224,7 @@ impl WaitFor {
         self
     }
 
-    /// Only events of these types.
-    pub fn event_types<S: Into<String>>(mut self, types: impl IntoIterator<Item = S>) -> Self {
-        self.event_types = Some(types.into_iter().map(Into::into).collect());
-        self
-    }
-
-    /// Only events for which `expression` (JSONata) is truthy.
-    pub fn condition(mut self, expression: impl Into<String>) -> Self {
-        self.jsonata_condition = Some(expression.into());
-        self
-    }
+    selection_setters!();
 }
 
 impl Host {

@@ -6,6 +6,24 @@
 //! [`request`] is every stream operation as one typed request, applied by
 //! [`Host::apply`].
 
+/// The setters of an event selection (`event_types`, `jsonata_condition`)
+/// that a connection, a wait and a backfill share.
+macro_rules! selection_setters {
+    () => {
+        /// Only events of these types.
+        pub fn event_types<S: Into<String>>(mut self, types: impl IntoIterator<Item = S>) -> Self {
+            self.event_types = Some(types.into_iter().map(Into::into).collect());
+            self
+        }
+
+        /// Only events for which `expression` (JSONata) is truthy.
+        pub fn condition(mut self, expression: impl Into<String>) -> Self {
+            self.jsonata_condition = Some(expression.into());
+            self
+        }
+    };
+}
+
 pub mod backfill;
 pub mod cluster;
 pub mod components;
