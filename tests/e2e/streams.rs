@@ -163,6 +163,79 @@ async fn idempotency_keys_replay_the_original_or_conflict() {
     assert_eq!(body["events"][0], body["events"][1]);
 }
 
+/// Keys are checked by the log's own insert, not read first: a round that
+/// repeats a key the host no longer remembers (after a restart, or an event
+/// too large to keep) is refused by the log's index and planned again, and
+/// the requests it held that were new still commit, densely, once.
+#[tokio::test]
+async fn keys_the_host_no_longer_remembers_are_checked_by_the_log() {
+    let s = Server::start();
+    let big = "x".repeat(5000);
+    let keyed = |k: &str, n: u64| json!({"events": [{"type": "x.y/k", "payload": {"n": n}, "idempotencyKey": k}]});
+    let (_, large) = s
+        .post(&format!("{S}:append"), json!({"events": [{"type": "x.y/big", "payload": {"b": big}, "idempotencyKey": "large"}]}))
+        .await;
+    let (status, again) = s
+        .post(&format!("{S}:append"), json!({"events": [{"type": "x.y/big", "payload": {"b": big}, "idempotencyKey": "large"}]}))
+        .await;
+    assert_eq!(status, 200, "{again}");
+    assert_eq!(again["events"][0], large["events"][0]);
+    let conflict = s
+        .post(&format!("{S}:append"), json!({"events": [{"type": "x.y/big", "payload": {"b": "other"}, "idempotencyKey": "large"}]}))
+        .await;
+    assert_error(&conflict, 409, "idempotency-conflict", "\"large\"");
+
+    let mut originals = Vec::new();
+    for i in 0..16u64 {
+        let (_, body) = s
+            .post(&format!("{S}:append"), keyed(&format!("k{i}"), i))
+            .await;
+        originals.push(body["events"][0].clone());
+    }
+    let before = s.all_events(S).await.len();
+    let mut s = s;
+    s.restart();
+    // Old keys (replays) and new keys at once, so that rounds mix them.
+    let answers = futures_util::future::join_all((0..32u64).map(|i| {
+        let s = &s;
+        async move {
+            let key = if i % 2 == 0 {
+                format!("k{}", i / 2)
+            } else {
+                format!("new{i}")
+            };
+            let n = if i % 2 == 0 { i / 2 } else { i };
+            s.post(&format!("{S}:append"), keyed(&key, n)).await
+        }
+    }))
+    .await;
+    let mut new_offsets = Vec::new();
+    for (i, (status, body)) in answers.iter().enumerate() {
+        assert_eq!(*status, 200, "request {i}: {body}");
+        if i % 2 == 0 {
+            assert_eq!(
+                body["events"][0],
+                originals[i / 2],
+                "request {i} replays the original"
+            );
+        } else {
+            new_offsets.push(body["events"][0]["offset"].as_u64().unwrap());
+        }
+    }
+    new_offsets.sort_unstable();
+    let first = before as u64 + 1;
+    assert_eq!(
+        new_offsets,
+        (first..first + 16).collect::<Vec<_>>(),
+        "new keys commit once, densely"
+    );
+    assert_eq!(
+        s.all_events(S).await.len(),
+        before + 16,
+        "replays commit nothing"
+    );
+}
+
 #[tokio::test]
 async fn compare_and_append_and_expected_stream_id() {
     let s = Server::start();

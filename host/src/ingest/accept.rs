@@ -133,10 +133,10 @@ async fn commit(storage: &Storage, ingest: &Ingest, fresh: Vec<NewPending>) -> R
         }
         Ok(Err(e)) => {
             release(n, bytes);
-            if e.0.starts_with(KEY_IN_STREAM) {
+            if e.message().starts_with(KEY_IN_STREAM) {
                 return Err(Retry::KeyInStream);
             }
-            if let Some(what) = e.0.strip_prefix(CAPACITY_EXHAUSTED) {
+            if let Some(what) = e.message().strip_prefix(CAPACITY_EXHAUSTED) {
                 return Err(Retry::No(Error::unavailable(
                     "capacity-exhausted",
                     format!(
@@ -146,7 +146,7 @@ async fn commit(storage: &Storage, ingest: &Ingest, fresh: Vec<NewPending>) -> R
                     super::CAPACITY_RETRY_AFTER_S,
                 )));
             }
-            Err(Retry::No(match e.0.strip_prefix(KEY_CONFLICT) {
+            Err(Retry::No(match e.message().strip_prefix(KEY_CONFLICT) {
                 Some(key) => Error::conflict(
                     "idempotency-conflict",
                     format!(

@@ -334,8 +334,8 @@ async fn refold_fenced(
             };
             match storage.submit(WriteOp::Checkpoint(switch)).blocking_recv() {
                 Ok(Ok(_)) => return Ok(shadow_through),
-                Ok(Err(e)) if e.0.contains("moved") => continue, // a wake got there first
-                Ok(Err(e)) => return Err(Failure::new(e.0, true)),
+                Ok(Err(e)) if e.message().contains("moved") => continue, // a wake got there first
+                Ok(Err(e)) => return Err(Failure::new(e.message().to_string(), true)),
                 Err(_) => return Err(Failure::new("the storage writer stopped", true)),
             }
         }

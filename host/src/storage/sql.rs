@@ -502,9 +502,54 @@ impl Db<'_> {
     }
 }
 
+/// Whether `err` is the unique index `events_by_key` refusing an event
+/// whose idempotency key its stream already holds (either engine).
+pub fn is_duplicate_key(err: &anyhow::Error) -> bool {
+    err.chain().any(|cause| {
+        if let Some(rusqlite::Error::SqliteFailure(e, Some(message))) =
+            cause.downcast_ref::<rusqlite::Error>()
+        {
+            return e.extended_code == rusqlite::ffi::SQLITE_CONSTRAINT_UNIQUE
+                && message.contains("events.idempotency_key");
+        }
+        if let Some(db) = cause
+            .downcast_ref::<postgres::Error>()
+            .and_then(postgres::Error::as_db_error)
+        {
+            return *db.code() == postgres::error::SqlState::UNIQUE_VIOLATION
+                && db.constraint() == Some("events_by_key");
+        }
+        false
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_duplicate_idempotency_key_is_told_from_other_failures() {
+        let conn = rusqlite::Connection::open_in_memory().unwrap();
+        let db = Db::Sqlite(&conn);
+        db.batch(
+            "CREATE TABLE events (stream INTEGER, \"offset\" INTEGER, idempotency_key TEXT);
+             CREATE UNIQUE INDEX events_by_offset ON events (stream, \"offset\");
+             CREATE UNIQUE INDEX events_by_key ON events (stream, idempotency_key)
+                 WHERE idempotency_key IS NOT NULL;",
+        )
+        .unwrap();
+        let insert = |offset: i64, key: &str| {
+            db.execute(
+                "INSERT INTO events VALUES (1, ?1, ?2)",
+                args![offset, key],
+            )
+        };
+        insert(1, "a").unwrap();
+        assert!(is_duplicate_key(&insert(2, "a").unwrap_err()));
+        let same_offset = insert(1, "b").unwrap_err();
+        assert!(!is_duplicate_key(&same_offset), "{same_offset:#}");
+        assert!(!is_duplicate_key(&anyhow::anyhow!("events.idempotency_key")));
+    }
 
     #[test]
     fn numbered_parameters_become_dollars_outside_quotes() {

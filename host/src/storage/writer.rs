@@ -197,13 +197,70 @@ pub struct Checkpoint {
 
 /// Why a write did not commit.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CommitError(pub String);
+pub struct CommitError {
+    message: String,
+    duplicate_key: bool,
+    /// Known not to have committed (its own statements failed and were
+    /// rolled back), as opposed to an outcome the writer cannot know.
+    rolled_back: bool,
+}
+
+impl CommitError {
+    pub fn new(message: impl Into<String>) -> CommitError {
+        CommitError {
+            message: message.into(),
+            duplicate_key: false,
+            rolled_back: false,
+        }
+    }
+
+    /// The write's own failure (rolled back alone, nothing of it
+    /// committed).
+    fn of_write(e: &anyhow::Error) -> CommitError {
+        CommitError {
+            message: format!("{e:#}"),
+            duplicate_key: e.downcast_ref::<DuplicateKey>().is_some(),
+            rolled_back: true,
+        }
+    }
+
+    /// What went wrong, in words.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+
+    /// The write was refused, whole, because an event's idempotency key is
+    /// already in the stream's log: nothing of it committed, and planning
+    /// it again with its keys read from the log answers it.
+    pub fn duplicate_key(&self) -> bool {
+        self.duplicate_key
+    }
+}
 
 impl fmt::Display for CommitError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+        f.write_str(&self.message)
     }
 }
+
+/// An event's idempotency key is already in its stream's log (the unique
+/// index `events_by_key` refused the insert).
+#[derive(Debug)]
+pub struct DuplicateKey {
+    pub offset: u64,
+}
+
+impl fmt::Display for DuplicateKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "the idempotency key of the event at offset {} is already in the stream's log",
+            self.offset
+        )
+    }
+}
+
+impl std::error::Error for DuplicateKey {}
 
 struct Job {
     op: WriteOp,
@@ -284,7 +341,7 @@ impl WriterHandle {
         if let Err(mpsc::SendError(job)) = self.tx.send(Job { op, reply }) {
             let _ = job
                 .reply
-                .send(Err(CommitError("the storage writer has stopped".into())));
+                .send(Err(CommitError::new("the storage writer has stopped")));
         }
         rx
     }
@@ -304,7 +361,7 @@ impl WriterHandle {
             Err(_) => self
                 .submit(op)
                 .blocking_recv()
-                .unwrap_or_else(|_| Err(CommitError("the storage writer has stopped".into()))),
+                .unwrap_or_else(|_| Err(CommitError::new("the storage writer has stopped"))),
         }
     }
 }
@@ -356,9 +413,13 @@ fn commit(shared: &Shared, conn: Db<'_>, ops: &mut [WriteOp]) -> Vec<Result<i64,
     shared.metrics.observe_commit(elapsed, ops.len(), committed);
     tracing::debug!(elapsed_us = elapsed.as_micros() as u64, "group committed");
     drop(span);
-    if results.iter().any(Result::is_err) {
+    if results
+        .iter()
+        .any(|r| r.as_ref().is_err_and(|e| !e.rolled_back))
+    {
         // A failed COMMIT may still have reached the disk (an fsync error
         // leaves the outcome unknown): nothing cached is trusted any more.
+        // (A write whose own statement failed was rolled back alone.)
         shared.hot.clear();
     }
     shared.hot.committed(
@@ -378,7 +439,7 @@ fn control(conn: Db<'_>, sql: &str) -> Result<()> {
 fn commit_group(conn: Db<'_>, ops: &[WriteOp], faults: &Faults) -> Vec<Result<i64, CommitError>> {
     let fail_all = |e: &dyn fmt::Display| -> Vec<Result<i64, CommitError>> {
         ops.iter()
-            .map(|_| Err(CommitError(format!("transaction failed: {e}"))))
+            .map(|_| Err(CommitError::new(format!("transaction failed: {e}"))))
             .collect()
     };
     // COMMIT, or the fault injected in its place (see `faults`).
@@ -417,7 +478,7 @@ fn commit_group(conn: Db<'_>, ops: &[WriteOp], faults: &Faults) -> Vec<Result<i6
             Err(e) => {
                 tracing::error!(error = %format!("{e:#}"), "write rolled back");
                 let _ = control(conn, "ROLLBACK");
-                vec![Err(CommitError(format!("{e:#}")))]
+                vec![Err(CommitError::of_write(&e))]
             }
         };
     }
@@ -436,7 +497,7 @@ fn commit_group(conn: Db<'_>, ops: &[WriteOp], faults: &Faults) -> Vec<Result<i6
                 tracing::error!(error = %format!("{e:#}"), "write rolled back");
                 let _ = control(conn, "ROLLBACK TO op");
                 let _ = control(conn, "RELEASE op");
-                results.push(Err(CommitError(format!("{e:#}"))));
+                results.push(Err(CommitError::of_write(&e)));
             }
         }
     }
@@ -492,7 +553,13 @@ fn apply(conn: Db<'_>, op: &WriteOp) -> Result<i64> {
                         &e.body
                     ],
                 )
-                .with_context(|| format!("inserting the event at offset {}", e.offset))?;
+                .map_err(|err| {
+                    if super::sql::is_duplicate_key(&err) {
+                        anyhow::Error::new(DuplicateKey { offset: e.offset })
+                    } else {
+                        err.context(format!("inserting the event at offset {}", e.offset))
+                    }
+                })?;
             }
             conn.execute(
                 "UPDATE streams SET head_offset = ?2, state_json = ?3, state_offset = ?4 WHERE id = ?1",

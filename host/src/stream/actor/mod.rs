@@ -49,6 +49,7 @@ use crate::storage::{
 
 mod connections;
 mod delivery;
+mod recent_keys;
 use crate::delivery::schedule::DeliveryDone;
 
 /// Bytes of ephemeral events kept per stream; the oldest are evicted first.
@@ -208,9 +209,44 @@ struct Loaded {
 }
 
 /// A write waiting for its commit.
+/// A planned request, kept until its round commits: a round the log's
+/// idempotency index refuses is planned again from these.
+enum Request {
+    Append {
+        input: AppendInput,
+        authority: Authority,
+    },
+    Deliver {
+        batch: Box<CopyBatch>,
+    },
+}
+
+impl Request {
+    fn into_pending(self, answer: Answer) -> Pending {
+        match (self, answer) {
+            (Request::Append { input, authority }, Answer::Append(reply, run)) => Pending::Append {
+                input,
+                authority,
+                reply,
+                run,
+            },
+            (Request::Deliver { batch }, Answer::Deliver(reply, _)) => {
+                Pending::Deliver { batch, reply }
+            }
+            _ => unreachable!("a request is answered by its own kind"),
+        }
+    }
+}
+
 enum InFlight {
     Round {
         outcomes: Vec<(Answer, Result<AppendPlan, Error>)>,
+        requests: Vec<Request>,
+        /// Whether the round's keys were read from the log before planning
+        /// (after the index refused it once).
+        keys_read: bool,
+        /// The stored size of each durable event with a key, by offset.
+        keyed_bytes: HashMap<u64, usize>,
         next_state: Box<CoreState>,
         state_offset: u64,
         cursors: Vec<CursorRow>,
@@ -320,6 +356,8 @@ pub fn spawn(
         deliveries: Deliveries::default(),
         self_tx: tx.downgrade(),
         recent_commits: VecDeque::new(),
+        recent_keys: recent_keys::RecentKeys::default(),
+        read_keys: false,
         connections: HashMap::new(),
         next_connection_id: 0,
         fence: None,
@@ -348,6 +386,11 @@ struct Actor {
     self_tx: mpsc::WeakSender<Command>,
     /// Commit instants of recent durable events, for delivery latency.
     recent_commits: VecDeque<(u64, std::time::Instant)>,
+    /// Idempotency keys committed lately, with their events.
+    recent_keys: recent_keys::RecentKeys,
+    /// The next round reads its idempotency keys from the log before
+    /// planning (the log's index refused the round as planned without).
+    read_keys: bool,
     /// Live connections by key.
     connections: HashMap<String, connections::Conn>,
     next_connection_id: u64,
@@ -455,7 +498,7 @@ impl Actor {
                 Wake::Committed(result) => {
                     let (round, _) = in_flight.take().expect("a commit was in flight");
                     let result = result.unwrap_or_else(|_| {
-                        Err(CommitError("the storage writer dropped the commit".into()))
+                        Err(CommitError::new("the storage writer dropped the commit"))
                     });
                     self.finish(round, result);
                 }
@@ -782,6 +825,7 @@ impl Actor {
     fn apply_load(&mut self, loaded: Option<LoadedStream>) {
         self.deliveries.runs.clear();
         self.stream = None;
+        self.recent_keys.clear();
         if let Some(l) = loaded {
             let state = l.stream.state.clone();
             self.stream = Some(l.stream);
@@ -900,7 +944,8 @@ impl Actor {
         &mut self,
         round: Vec<Pending>,
     ) -> Option<(InFlight, oneshot::Receiver<Result<i64, CommitError>>)> {
-        let (committed_by_key, committed_by_offset) = match self.lookups(&round).await {
+        let keys_read = std::mem::take(&mut self.read_keys);
+        let (committed_by_key, committed_by_offset) = match self.lookups(&round, keys_read).await {
             Ok(found) => found,
             Err(e) => {
                 let err = Error::internal(format!("reading the stream failed: {e:#}"));
@@ -930,6 +975,7 @@ impl Actor {
         let mut state = self.stream.as_ref().map(|s| s.state.clone());
         let mut round_keys = HashMap::new();
         let mut outcomes = Vec::with_capacity(round.len());
+        let mut requests = Vec::with_capacity(round.len());
         let mut new_events: Vec<Event> = Vec::new();
         for p in round {
             let (answer, outcome) = match p {
@@ -938,12 +984,17 @@ impl Actor {
                     authority,
                     reply,
                     run,
-                } => (
-                    Answer::Append(reply, run),
-                    plan_append(&mut state, &mut round_keys, &input, authority, &mut ctx),
-                ),
+                } => {
+                    let outcome =
+                        plan_append(&mut state, &mut round_keys, &input, authority, &mut ctx);
+                    requests.push(Request::Append { input, authority });
+                    (Answer::Append(reply, run), outcome)
+                }
                 Pending::Deliver { batch, reply } => {
-                    match plan_copy(&mut state, &mut round_keys, &self.address, &batch, &mut ctx) {
+                    let planned =
+                        plan_copy(&mut state, &mut round_keys, &self.address, &batch, &mut ctx);
+                    requests.push(Request::Deliver { batch });
+                    match planned {
                         Ok((plan, outcome)) => (Answer::Deliver(reply, outcome), Ok(plan)),
                         Err(e) => (Answer::Deliver(reply, CopyOutcome::default()), Err(e)),
                     }
@@ -980,6 +1031,11 @@ impl Actor {
                 body: serde_json::to_string(e).expect("events serialize"),
             })
             .collect();
+        let keyed_bytes = durable
+            .iter()
+            .filter(|e| e.idempotency_key.is_some())
+            .map(|e| (e.offset, e.body.len()))
+            .collect();
         let state_offset = durable
             .last()
             .map(|e| e.offset)
@@ -1011,6 +1067,9 @@ impl Actor {
         Some((
             InFlight::Round {
                 outcomes,
+                requests,
+                keys_read,
+                keyed_bytes,
                 next_state: Box::new(next_state),
                 state_offset,
                 cursors,
@@ -1022,9 +1081,15 @@ impl Actor {
     /// Committed events the round's planning needs: those holding its
     /// idempotency keys, and the configure events it refers to. Read on a
     /// blocking thread, and only when the round names any.
+    ///
+    /// Keys are read from the log only when `read_keys` (the log's index
+    /// refused the round planned without): otherwise a key is taken as new
+    /// unless it is among the recent ones, and the commit's insert checks it
+    /// against the whole log.
     async fn lookups(
         &self,
         round: &[Pending],
+        read_keys: bool,
     ) -> Result<(HashMap<String, Event>, HashMap<u64, Event>)> {
         let Some(stream) = &self.stream else {
             return Ok((HashMap::new(), HashMap::new()));
@@ -1051,8 +1116,20 @@ impl Actor {
         // A key with a NUL byte is refused by planning; storage (PostgreSQL)
         // cannot even look it up.
         keys.retain(|k| !k.contains('\0'));
+        let mut recent = HashMap::new();
+        if !read_keys {
+            // (A key missing here, or a displaced platform key, is taken as
+            // new; the commit's insert tells otherwise.)
+            recent = keys
+                .drain(..)
+                .filter_map(|k| {
+                    let event = self.recent_keys.get(&k)?.clone();
+                    Some((k, event))
+                })
+                .collect();
+        }
         if keys.is_empty() && offsets.is_empty() {
-            return Ok((HashMap::new(), HashMap::new()));
+            return Ok((recent, HashMap::new()));
         }
         offsets.sort_unstable();
         offsets.dedup();
@@ -1101,6 +1178,10 @@ impl Actor {
         })
         .await
         .map_err(|e| anyhow::anyhow!("the lookup task failed: {e}"))?
+        .map(|(mut by_key, by_offset)| {
+            by_key.extend(recent);
+            (by_key, by_offset)
+        })
     }
 
     /// Answers one planned request; returns the delivery run whose fact
@@ -1166,6 +1247,9 @@ impl Actor {
         match in_flight {
             InFlight::Round {
                 outcomes,
+                requests,
+                keys_read,
+                keyed_bytes,
                 next_state,
                 state_offset,
                 cursors,
@@ -1179,6 +1263,11 @@ impl Actor {
                                     self.ephemeral.push(e.clone());
                                 } else {
                                     self.recent_commits.push_back((e.offset, now));
+                                    if let (Some(key), Some(bytes)) =
+                                        (&e.idempotency_key, keyed_bytes.get(&e.offset))
+                                    {
+                                        self.recent_keys.insert(key, e, *bytes);
+                                    }
                                 }
                             }
                         }
@@ -1201,6 +1290,16 @@ impl Actor {
                     self.fan_out(&committed);
                     for (answer, outcome) in outcomes {
                         failed.extend(self.answer(answer, outcome, state.as_ref()));
+                    }
+                }
+                Err(e) if e.duplicate_key() && !keys_read => {
+                    // Planned with its keys taken as new, and one was not:
+                    // nothing of the round committed; plan it again, first
+                    // in line, with its keys read from the log.
+                    tracing::debug!(stream = %self.address, error = %e, "a round repeats an idempotency key: planning it again");
+                    self.read_keys = true;
+                    for ((answer, _), request) in outcomes.into_iter().zip(requests).rev() {
+                        self.queue.push_front(request.into_pending(answer));
                     }
                 }
                 Err(e) => {
@@ -1236,6 +1335,7 @@ impl Actor {
                     self.stream = None;
                     self.deliveries.runs.clear();
                     self.recent_commits.clear();
+                    self.recent_keys.clear();
                     self.ephemeral.clear();
                     let _ = reply.send(Ok(()));
                 }
