@@ -896,7 +896,7 @@ mod tests {
         assert_eq!(storage.key_value(7, "b").unwrap(), None);
         // A writer that started from another bucket changes nothing.
         let stale = with_keys(at(2, 8), 3, 8, &[("a", Some("stale"))], None);
-        assert!(stale.unwrap_err().0.contains("moved"));
+        assert!(stale.unwrap_err().message().contains("moved"));
         assert_eq!(storage.key_value(8, "a").unwrap(), None);
         assert_eq!(storage.key_value(7, "a").unwrap(), Some(b"10".to_vec()));
         // A switch to a new bucket drops the old one's rows with it.
@@ -975,20 +975,20 @@ mod tests {
         storage.commit_blocking(checkpoint(None, 5, "v1")).unwrap();
         // A second first checkpoint (another writer read "none" too) fails.
         let again = storage.commit_blocking(checkpoint(None, 6, "v1"));
-        assert!(again.unwrap_err().0.contains("moved"));
+        assert!(again.unwrap_err().message().contains("moved"));
         // Two wakes from offset 5: the first wins, the second fails.
         storage
             .commit_blocking(checkpoint(id(5, "v1"), 8, "v1"))
             .unwrap();
         let stale = storage.commit_blocking(checkpoint(id(5, "v1"), 9, "v1"));
-        assert!(stale.unwrap_err().0.contains("moved"));
+        assert!(stale.unwrap_err().message().contains("moved"));
         // A refold's switch keeps the offset and changes the version: a
         // wake that read the row before the switch cannot overwrite it.
         storage
             .commit_blocking(checkpoint(id(8, "v1"), 8, "v2"))
             .unwrap();
         let old_version = storage.commit_blocking(checkpoint(id(8, "v1"), 10, "v1"));
-        assert!(old_version.unwrap_err().0.contains("moved"));
+        assert!(old_version.unwrap_err().message().contains("moved"));
         let row = storage.checkpoint(1, "c").unwrap().unwrap();
         assert_eq!((row.checkpoint_offset, row.digest.as_str()), (8, "v2"));
         assert!(row.state.contains("v2"), "{}", row.state);
