@@ -449,6 +449,79 @@ CREATE TABLE ingest_diagnostics (
 );
 "#;
 
+/// One stream round's whole write on PostgreSQL, in one statement (so a
+/// group commit's rounds go in one pipelined round trip): the owner's lease
+/// checked (`p_owner` NULL: no lease, one host), the stream created
+/// (`p_row` NULL) or its head moved from `p_expected` (anything else is
+/// refused: a lost commit never leaves a gap), its events inserted (the
+/// unique index `events_by_key` checks their idempotency keys against the
+/// whole log), its cursor rows written and removed. Every refusal raises,
+/// so the statements after it in the transaction fail too.
+pub const APPEND_FUNCTION_POSTGRES: &str = r#"
+CREATE OR REPLACE FUNCTION streamhost_append_v1(
+    p_fence_project TEXT, p_fence_path TEXT, p_owner TEXT, p_epoch BIGINT,
+    p_row BIGINT, p_expected BIGINT,
+    p_project TEXT, p_path TEXT, p_stream_id TEXT, p_created_at TEXT,
+    p_head BIGINT, p_state TEXT, p_state_offset BIGINT,
+    p_offsets BIGINT[], p_types TEXT[], p_keys TEXT[], p_bodies TEXT[],
+    c_keys TEXT[], c_generations BIGINT[], c_acknowledged BIGINT[],
+    c_failing_offsets BIGINT[], c_failing_attempts BIGINT[], c_skips BIGINT[],
+    c_attempts BIGINT[], c_last_errors TEXT[], p_removed TEXT[]
+) RETURNS BIGINT LANGUAGE plpgsql AS $fn$
+DECLARE
+    v_owner TEXT;
+    v_epoch BIGINT;
+    v_head BIGINT;
+    v_row BIGINT := p_row;
+BEGIN
+    IF p_owner IS NOT NULL THEN
+        SELECT owner, epoch INTO v_owner, v_epoch FROM stream_leases
+            WHERE project = p_fence_project AND path = p_fence_path FOR SHARE;
+        IF NOT FOUND THEN
+            RAISE EXCEPTION 'stream % has no lease (this host held epoch %): the write is refused',
+                to_json(p_fence_path), p_epoch;
+        ELSIF v_owner <> p_owner OR v_epoch <> p_epoch THEN
+            RAISE EXCEPTION 'stream % was taken over by host % (lease epoch %; this host held epoch %): a deposed owner''s write is refused',
+                to_json(p_fence_path), v_owner, v_epoch, p_epoch;
+        END IF;
+    END IF;
+    IF v_row IS NULL THEN
+        INSERT INTO streams (project, path, stream_id, created_at, head_offset, state_json, state_offset)
+            VALUES (p_project, p_path, p_stream_id, p_created_at, p_head, p_state, p_state_offset)
+            RETURNING id INTO v_row;
+    ELSE
+        UPDATE streams SET head_offset = p_head, state_json = p_state, state_offset = p_state_offset
+            WHERE id = v_row AND head_offset = p_expected;
+        IF NOT FOUND THEN
+            SELECT head_offset INTO v_head FROM streams WHERE id = v_row;
+            IF NOT FOUND THEN
+                RAISE EXCEPTION 'stream row % is missing', v_row;
+            END IF;
+            RAISE EXCEPTION 'stream row % has head offset %, expected %', v_row, v_head, p_expected;
+        END IF;
+    END IF;
+    INSERT INTO events (stream, "offset", type, idempotency_key, body)
+        SELECT v_row, u.o, u.t, u.k, u.b FROM unnest(p_offsets, p_types, p_keys, p_bodies) AS u(o, t, k, b);
+    IF cardinality(c_keys) > 0 THEN
+        INSERT INTO subscription_cursors (stream, subscription_key, generation, acknowledged_offset,
+                                          failing_offset, failing_attempts, skips, attempts, last_error)
+            SELECT v_row, u.k, u.g, u.a, u.fo, u.fa, u.s, u.at, u.e
+            FROM unnest(c_keys, c_generations, c_acknowledged, c_failing_offsets,
+                        c_failing_attempts, c_skips, c_attempts, c_last_errors)
+                AS u(k, g, a, fo, fa, s, at, e)
+            ON CONFLICT (stream, subscription_key)
+            DO UPDATE SET generation = excluded.generation, acknowledged_offset = excluded.acknowledged_offset,
+                failing_offset = excluded.failing_offset, failing_attempts = excluded.failing_attempts,
+                skips = excluded.skips, attempts = excluded.attempts, last_error = excluded.last_error;
+    END IF;
+    IF cardinality(p_removed) > 0 THEN
+        DELETE FROM subscription_cursors WHERE stream = v_row AND subscription_key = ANY (p_removed);
+    END IF;
+    RETURN v_row;
+END
+$fn$;
+"#;
+
 /// Brings a PostgreSQL database to [`SCHEMA_VERSION`]: an empty one gets
 /// the whole schema; hosts starting together take turns (an advisory lock).
 pub fn migrate_postgres(db: Db<'_>) -> Result<()> {
@@ -498,6 +571,8 @@ pub fn migrate_postgres(db: Db<'_>) -> Result<()> {
         // The tables of several hosts (IF NOT EXISTS: added after version 5
         // was first written on PostgreSQL).
         db.batch(super::lease::SCHEMA)?;
+        // Code, not data: (re)defined by every start, versioned by name.
+        db.batch(APPEND_FUNCTION_POSTGRES)?;
         Ok(())
     })();
     match result {

@@ -30,6 +30,10 @@ pub enum Arg<'a> {
     Text(&'a str),
     Bytes(&'a [u8]),
     Null,
+    /// An array of integers (PostgreSQL only: `BIGINT[]`).
+    Ints(&'a [Option<i64>]),
+    /// An array of texts (PostgreSQL only: `TEXT[]`).
+    Texts(&'a [Option<&'a str>]),
 }
 
 impl From<i64> for Arg<'_> {
@@ -114,14 +118,24 @@ impl rusqlite::ToSql for Arg<'_> {
             Arg::Text(v) => ValueRef::Text(v.as_bytes()),
             Arg::Bytes(v) => ValueRef::Blob(v),
             Arg::Null => ValueRef::Null,
+            Arg::Ints(_) | Arg::Texts(_) => {
+                return Err(rusqlite::Error::ToSqlConversionFailure(
+                    "SQLite takes no array parameters".into(),
+                ))
+            }
         }))
     }
 }
 
-/// A PostgreSQL connection with its prepared statements.
+/// A PostgreSQL connection with its prepared statements. Each call blocks
+/// on the connection's own small runtime; [`PgConn::pipeline`] sends several
+/// statements before reading any answer (one round trip for all).
 pub struct PgConn {
-    client: RefCell<postgres::Client>,
-    statements: RefCell<HashMap<String, postgres::Statement>>,
+    /// Always `Some` until dropped (taken to shut it down without blocking:
+    /// a connection may be dropped on an async worker).
+    runtime: Option<tokio::runtime::Runtime>,
+    client: tokio_postgres::Client,
+    statements: RefCell<HashMap<String, tokio_postgres::Statement>>,
 }
 
 /// Runs a call of the blocking PostgreSQL client. Its client runs its own
@@ -145,7 +159,7 @@ fn blocking<T>(f: impl FnOnce() -> T) -> T {
 pub struct PgTarget {
     /// The `postgres://` URL as configured.
     pub url: String,
-    config: std::sync::Arc<postgres::Config>,
+    config: std::sync::Arc<tokio_postgres::Config>,
     /// `sslrootcert` of the URL: the CA that `sslmode=require` trusts.
     root_cert: Option<std::path::PathBuf>,
 }
@@ -164,7 +178,7 @@ impl PgTarget {
     /// half-open connection fails instead of waiting for hours).
     pub fn new(url: &str, timeout_ms: u64) -> Result<PgTarget> {
         let (parsed, root_cert) = super::tls::split_root_cert(url);
-        let mut config: postgres::Config = parsed
+        let mut config: tokio_postgres::Config = parsed
             .parse()
             .with_context(|| format!("parsing the PostgreSQL URL {}", redact(url)))?;
         let timeout = std::time::Duration::from_millis(timeout_ms.max(1));
@@ -191,9 +205,11 @@ impl PgTarget {
         })
     }
 
-    /// A new client (TLS as the URL's `sslmode` says).
+    /// A new blocking client (TLS as the URL's `sslmode` says), for a
+    /// connection that listens for notifications.
     pub fn client(&self) -> Result<postgres::Client> {
-        blocking(|| super::tls::connect(&self.config, self.root_cert.as_deref()))
+        let config = postgres::Config::from((*self.config).clone());
+        blocking(|| super::tls::connect(&config, self.root_cert.as_deref()))
             .with_context(|| format!("connecting to PostgreSQL at {}", redact(&self.url)))
     }
 }
@@ -201,19 +217,46 @@ impl PgTarget {
 impl PgConn {
     /// Connects to `target`.
     pub fn connect(target: &PgTarget) -> Result<PgConn> {
-        let client = target.client()?;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .context("starting a PostgreSQL connection's runtime")?;
+        let connected = blocking(|| {
+            runtime.block_on(super::tls::connect_async(
+                &target.config,
+                target.root_cert.as_deref(),
+            ))
+        });
+        let client = match connected {
+            Ok(client) => client,
+            Err(e) => {
+                runtime.shutdown_background();
+                return Err(e).with_context(|| {
+                    format!("connecting to PostgreSQL at {}", redact(&target.url))
+                });
+            }
+        };
         Ok(PgConn {
-            client: RefCell::new(client),
+            runtime: Some(runtime),
+            client,
             statements: RefCell::new(HashMap::new()),
         })
     }
 
-    fn statement(&self, sql: &str) -> Result<postgres::Statement> {
+    /// Runs `f` to its end on this connection's runtime (which also drives
+    /// the connection itself).
+    fn run<T>(&self, f: impl std::future::Future<Output = T>) -> T {
+        let runtime = self.runtime.as_ref().expect("a live connection has its runtime");
+        blocking(|| runtime.block_on(f))
+    }
+
+    fn statement(&self, sql: &str) -> Result<tokio_postgres::Statement> {
         if let Some(s) = self.statements.borrow().get(sql) {
             return Ok(s.clone());
         }
         let translated = numbered_to_dollar(sql);
-        let s = blocking(|| self.client.borrow_mut().prepare(&translated))
+        let s = self
+            .run(self.client.prepare(&translated))
             .with_context(|| format!("preparing {}", first_line(sql)))?;
         self.statements
             .borrow_mut()
@@ -223,7 +266,69 @@ impl PgConn {
 
     /// Whether the connection is gone (its next use would fail).
     pub fn is_closed(&self) -> bool {
-        self.client.borrow().is_closed()
+        self.client.is_closed()
+    }
+
+    /// Runs `statements` in order, sending them all before reading any
+    /// answer: one round trip instead of one each. Answers each one's rows
+    /// or its error, in order. (Inside a transaction, a statement after a
+    /// failed one fails too: the transaction is aborted.)
+    pub fn pipeline(
+        &self,
+        statements: &[(&str, &[Arg<'_>])],
+    ) -> Result<Vec<Result<Vec<tokio_postgres::Row>, tokio_postgres::Error>>> {
+        use std::future::Future;
+        use std::pin::Pin;
+        use std::task::Poll;
+        let prepared = statements
+            .iter()
+            .map(|(sql, _)| self.statement(sql))
+            .collect::<Result<Vec<_>>>()?;
+        let params: Vec<Vec<&(dyn postgres::types::ToSql + Sync)>> =
+            statements.iter().map(|(_, args)| pg_params(args)).collect();
+        type Query<'q> = Pin<
+            Box<
+                dyn Future<Output = Result<Vec<tokio_postgres::Row>, tokio_postgres::Error>>
+                    + 'q,
+            >,
+        >;
+        let mut queries: Vec<Query<'_>> = prepared
+            .iter()
+            .zip(&params)
+            .map(|(s, p)| Box::pin(self.client.query(s, p)) as Query<'_>)
+            .collect();
+        let mut answers: Vec<Option<Result<Vec<tokio_postgres::Row>, tokio_postgres::Error>>> =
+            statements.iter().map(|_| None).collect();
+        // Each query is first polled in order, which sends it: the server
+        // runs them in that order.
+        self.run(std::future::poll_fn(|cx| {
+            let mut pending = false;
+            for (query, answer) in queries.iter_mut().zip(answers.iter_mut()) {
+                if answer.is_none() {
+                    match query.as_mut().poll(cx) {
+                        Poll::Ready(r) => *answer = Some(r),
+                        Poll::Pending => pending = true,
+                    }
+                }
+            }
+            if pending {
+                Poll::Pending
+            } else {
+                Poll::Ready(())
+            }
+        }));
+        Ok(answers
+            .into_iter()
+            .map(|a| a.expect("every query answered"))
+            .collect())
+    }
+}
+
+impl Drop for PgConn {
+    fn drop(&mut self) {
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
+        }
     }
 }
 
@@ -287,6 +392,8 @@ impl postgres::types::ToSql for Arg<'_> {
                 &Type::TEXT | &Type::VARCHAR | &Type::BPCHAR | &Type::NAME | &Type::UNKNOWN,
             ) => v.to_sql(ty, out),
             (Arg::Bytes(v), &Type::BYTEA) => v.to_sql(ty, out),
+            (Arg::Ints(v), &Type::INT8_ARRAY) => v.to_sql(ty, out),
+            (Arg::Texts(v), &Type::TEXT_ARRAY) => v.to_sql(ty, out),
             (arg, ty) => Err(format!("a parameter of type {ty} cannot take {arg:?}").into()),
         }
     }
@@ -302,7 +409,7 @@ impl postgres::types::ToSql for Arg<'_> {
 /// One row of an answer.
 pub enum Row<'r> {
     Sqlite(&'r rusqlite::Row<'r>),
-    Postgres(&'r postgres::Row),
+    Postgres(&'r tokio_postgres::Row),
 }
 
 impl Row<'_> {
@@ -386,7 +493,7 @@ impl Db<'_> {
     pub fn batch(&self, sql: &str) -> Result<()> {
         match self {
             Db::Sqlite(c) => c.execute_batch(sql)?,
-            Db::Postgres(c) => blocking(|| c.client.borrow_mut().batch_execute(sql))?,
+            Db::Postgres(c) => c.run(c.client.batch_execute(sql))?,
         }
         Ok(())
     }
@@ -400,7 +507,7 @@ impl Db<'_> {
             }
             Db::Postgres(c) => {
                 let s = c.statement(sql)?;
-                blocking(|| c.client.borrow_mut().execute(&s, &[]))?;
+                c.run(c.client.execute(&s, &[]))?;
             }
         }
         Ok(())
@@ -414,9 +521,7 @@ impl Db<'_> {
                 .execute(rusqlite::params_from_iter(args))? as u64),
             Db::Postgres(c) => {
                 let s = c.statement(sql)?;
-                Ok(blocking(|| {
-                    c.client.borrow_mut().execute(&s, &pg_params(args))
-                })?)
+                Ok(c.run(c.client.execute(&s, &pg_params(args)))?)
             }
         }
     }
@@ -439,7 +544,7 @@ impl Db<'_> {
             }
             Db::Postgres(c) => {
                 let s = c.statement(sql)?;
-                let rows = blocking(|| c.client.borrow_mut().query(&s, &pg_params(args)))?;
+                let rows = c.run(c.client.query(&s, &pg_params(args)))?;
                 match rows.first() {
                     Some(r) => Ok(Some(f(&Row::Postgres(r))?)),
                     None => Ok(None),
@@ -480,7 +585,7 @@ impl Db<'_> {
             }
             Db::Postgres(c) => {
                 let s = c.statement(sql)?;
-                for r in blocking(|| c.client.borrow_mut().query(&s, &pg_params(args)))? {
+                for r in c.run(c.client.query(&s, &pg_params(args)))? {
                     match f(&Row::Postgres(&r))? {
                         Some(v) => out.push(v),
                         None => break,

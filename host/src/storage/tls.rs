@@ -46,6 +46,37 @@ pub(super) fn connect(
     })
 }
 
+/// Opens an asynchronous client with `config` (TLS as for [`connect`]);
+/// its connection runs as a task of the current runtime.
+pub(super) async fn connect_async(
+    config: &tokio_postgres::Config,
+    root_cert: Option<&Path>,
+) -> Result<tokio_postgres::Client> {
+    fn drive<S, T>(connection: tokio_postgres::Connection<S, T>)
+    where
+        S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+        T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::debug!(error = %e, "a PostgreSQL connection ended");
+            }
+        });
+    }
+    Ok(match config.get_ssl_mode() {
+        SslMode::Require => {
+            let (client, connection) = config.connect(connector(root_cert)?).await?;
+            drive(connection);
+            client
+        }
+        _ => {
+            let (client, connection) = config.connect(tokio_postgres::NoTls).await?;
+            drive(connection);
+            client
+        }
+    })
+}
+
 fn connector(root_cert: Option<&Path>) -> Result<tokio_postgres_rustls::MakeRustlsConnect> {
     use rustls::pki_types::{pem::PemObject, CertificateDer};
     let mut roots = rustls::RootCertStore::empty();

@@ -247,16 +247,19 @@ impl fmt::Display for CommitError {
 /// index `events_by_key` refused the insert).
 #[derive(Debug)]
 pub struct DuplicateKey {
-    pub offset: u64,
+    /// The refused event's offset, where the engine tells.
+    pub offset: Option<u64>,
 }
 
 impl fmt::Display for DuplicateKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "the idempotency key of the event at offset {} is already in the stream's log",
-            self.offset
-        )
+        match self.offset {
+            Some(offset) => write!(
+                f,
+                "the idempotency key of the event at offset {offset} is already in the stream's log"
+            ),
+            None => f.write_str("an event's idempotency key is already in the stream's log"),
+        }
     }
 }
 
@@ -436,26 +439,35 @@ fn control(conn: Db<'_>, sql: &str) -> Result<()> {
     conn.control(sql)
 }
 
-fn commit_group(conn: Db<'_>, ops: &[WriteOp], faults: &Faults) -> Vec<Result<i64, CommitError>> {
-    let fail_all = |e: &dyn fmt::Display| -> Vec<Result<i64, CommitError>> {
-        ops.iter()
-            .map(|_| Err(CommitError::new(format!("transaction failed: {e}"))))
-            .collect()
-    };
-    // COMMIT, or the fault injected in its place (see `faults`).
-    let finish = || -> Result<(), String> {
-        match faults.next() {
-            Fault::None => control(conn, "COMMIT").map_err(|e| e.to_string()),
-            Fault::BeforeCommit => {
-                let _ = control(conn, "ROLLBACK");
-                Err("disk I/O error (injected before commit)".into())
-            }
-            Fault::AfterCommit => {
-                control(conn, "COMMIT").map_err(|e| e.to_string())?;
-                Err("disk I/O error (injected after commit: the outcome is unknown)".into())
-            }
+/// COMMIT, or the fault injected in its place (see `faults`).
+fn finish(conn: Db<'_>, faults: &Faults) -> Result<(), String> {
+    match faults.next() {
+        Fault::None => control(conn, "COMMIT").map_err(|e| e.to_string()),
+        Fault::BeforeCommit => {
+            let _ = control(conn, "ROLLBACK");
+            Err("disk I/O error (injected before commit)".into())
         }
-    };
+        Fault::AfterCommit => {
+            control(conn, "COMMIT").map_err(|e| e.to_string())?;
+            Err("disk I/O error (injected after commit: the outcome is unknown)".into())
+        }
+    }
+}
+
+fn fail_all(ops: &[WriteOp], e: &dyn fmt::Display) -> Vec<Result<i64, CommitError>> {
+    ops.iter()
+        .map(|_| Err(CommitError::new(format!("transaction failed: {e}"))))
+        .collect()
+}
+
+fn commit_group(conn: Db<'_>, ops: &[WriteOp], faults: &Faults) -> Vec<Result<i64, CommitError>> {
+    if let Db::Postgres(pg) = conn {
+        if ops.iter().any(|op| matches!(op, WriteOp::Commit(_))) {
+            return commit_group_pipelined(pg, ops, faults);
+        }
+    }
+    let fail_all = |e: &dyn fmt::Display| fail_all(ops, e);
+    let finish = || finish(conn, faults);
     let begin = match conn.dialect() {
         Dialect::Sqlite => "BEGIN IMMEDIATE",
         Dialect::Postgres => "BEGIN",
@@ -509,6 +521,224 @@ fn commit_group(conn: Db<'_>, ops: &[WriteOp], faults: &Faults) -> Vec<Result<i6
     results
 }
 
+/// The statement of one stream round on PostgreSQL (see
+/// `schema::APPEND_FUNCTION_POSTGRES`).
+const APPEND_ROUND: &str = "SELECT streamhost_append_v1(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, \
+     ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26)";
+
+/// A stream round's columns, as the arrays `streamhost_append_v1` takes.
+struct RoundArrays<'a> {
+    offsets: Vec<Option<i64>>,
+    types: Vec<Option<&'a str>>,
+    keys: Vec<Option<&'a str>>,
+    bodies: Vec<Option<&'a str>>,
+    cursor_keys: Vec<Option<&'a str>>,
+    generations: Vec<Option<i64>>,
+    acknowledged: Vec<Option<i64>>,
+    failing_offsets: Vec<Option<i64>>,
+    failing_attempts: Vec<Option<i64>>,
+    skips: Vec<Option<i64>>,
+    attempts: Vec<Option<i64>>,
+    last_errors: Vec<Option<&'a str>>,
+    removed: Vec<Option<&'a str>>,
+}
+
+impl<'a> RoundArrays<'a> {
+    fn of(c: &'a StreamCommit) -> RoundArrays<'a> {
+        let cursors = &c.cursors;
+        RoundArrays {
+            offsets: c.events.iter().map(|e| Some(e.offset as i64)).collect(),
+            types: c.events.iter().map(|e| Some(&*e.event_type)).collect(),
+            keys: c.events.iter().map(|e| e.idempotency_key.as_deref()).collect(),
+            bodies: c.events.iter().map(|e| Some(&*e.body)).collect(),
+            cursor_keys: cursors.iter().map(|c| Some(&*c.subscription_key)).collect(),
+            generations: cursors.iter().map(|c| Some(c.generation as i64)).collect(),
+            acknowledged: cursors
+                .iter()
+                .map(|c| Some(c.acknowledged_offset as i64))
+                .collect(),
+            failing_offsets: cursors
+                .iter()
+                .map(|c| c.failing_offset.map(|o| o as i64))
+                .collect(),
+            failing_attempts: cursors
+                .iter()
+                .map(|c| Some(c.failing_attempts.into()))
+                .collect(),
+            skips: cursors.iter().map(|c| Some(c.skips.into())).collect(),
+            attempts: cursors.iter().map(|c| Some(c.attempts.into())).collect(),
+            last_errors: cursors.iter().map(|c| c.last_error.as_deref()).collect(),
+            removed: c.removed_cursors.iter().map(|k| Some(&**k)).collect(),
+        }
+    }
+
+    fn args(&'a self, c: &'a StreamCommit) -> Vec<super::sql::Arg<'a>> {
+        use super::sql::Arg;
+        let text = |v: &'a str| Arg::Text(v);
+        let (fence_project, fence_path, owner, epoch) = match &c.fence {
+            Some(f) => (
+                text(&f.project),
+                text(&f.path),
+                text(&f.owner),
+                Arg::Int(f.epoch),
+            ),
+            None => (Arg::Null, Arg::Null, Arg::Null, Arg::Null),
+        };
+        let (row, expected, project, path, stream_id, created_at) = match &c.stream {
+            StreamRef::Existing {
+                row_id,
+                expected_head,
+            } => (
+                Arg::Int(*row_id),
+                Arg::Int(*expected_head as i64),
+                Arg::Null,
+                Arg::Null,
+                Arg::Null,
+                Arg::Null,
+            ),
+            StreamRef::New(n) => (
+                Arg::Null,
+                Arg::Int(0),
+                text(&n.project),
+                text(&n.path),
+                text(&n.stream_id),
+                text(&n.created_at),
+            ),
+        };
+        vec![
+            fence_project,
+            fence_path,
+            owner,
+            epoch,
+            row,
+            expected,
+            project,
+            path,
+            stream_id,
+            created_at,
+            Arg::Int(c.head_offset as i64),
+            text(&c.state_json),
+            Arg::Int(c.state_offset as i64),
+            Arg::Ints(&self.offsets),
+            Arg::Texts(&self.types),
+            Arg::Texts(&self.keys),
+            Arg::Texts(&self.bodies),
+            Arg::Texts(&self.cursor_keys),
+            Arg::Ints(&self.generations),
+            Arg::Ints(&self.acknowledged),
+            Arg::Ints(&self.failing_offsets),
+            Arg::Ints(&self.failing_attempts),
+            Arg::Ints(&self.skips),
+            Arg::Ints(&self.attempts),
+            Arg::Texts(&self.last_errors),
+            Arg::Texts(&self.removed),
+        ]
+    }
+}
+
+/// A group on PostgreSQL: `BEGIN` and every stream round (one statement
+/// each, whose refusals raise) go in one pipelined round trip; the other
+/// writes follow one by one, each in a savepoint; then `COMMIT`. A round
+/// that fails aborts the transaction: it is rolled back and the group runs
+/// again without that round (nothing of the refused round committed).
+fn commit_group_pipelined(
+    pg: &PgConn,
+    ops: &[WriteOp],
+    faults: &Faults,
+) -> Vec<Result<i64, CommitError>> {
+    let conn = Db::Postgres(pg);
+    let mut refused: Vec<Option<CommitError>> = vec![None; ops.len()];
+    'group: loop {
+        let rounds: Vec<(usize, &StreamCommit)> = ops
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| refused[*i].is_none())
+            .filter_map(|(i, op)| match op {
+                WriteOp::Commit(c) => Some((i, c)),
+                _ => None,
+            })
+            .collect();
+        let arrays: Vec<RoundArrays<'_>> = rounds.iter().map(|(_, c)| RoundArrays::of(c)).collect();
+        let args: Vec<Vec<super::sql::Arg<'_>>> = arrays
+            .iter()
+            .zip(&rounds)
+            .map(|(a, (_, c))| a.args(c))
+            .collect();
+        let mut statements: Vec<(&str, &[super::sql::Arg<'_>])> = vec![("BEGIN", &[])];
+        statements.extend(args.iter().map(|a| (APPEND_ROUND, a.as_slice())));
+        let answers = match pg.pipeline(&statements) {
+            Ok(answers) => answers,
+            Err(e) => {
+                let _ = control(conn, "ROLLBACK");
+                return fail_all(ops, &format!("{e:#}"));
+            }
+        };
+        let mut answers = answers.into_iter();
+        if let Some(Err(e)) = answers.next() {
+            let _ = control(conn, "ROLLBACK");
+            return fail_all(ops, &e);
+        }
+        let mut row_ids: Vec<Option<i64>> = vec![None; ops.len()];
+        for ((i, _), answer) in rounds.iter().zip(answers) {
+            let row_id = answer
+                .map_err(anyhow::Error::from)
+                .and_then(|rows| {
+                    let row = rows.first().context("the round answered no row")?;
+                    Ok(row.try_get::<_, i64>(0)?)
+                });
+            match row_id {
+                Ok(row_id) => row_ids[*i] = Some(row_id),
+                Err(e) => {
+                    // The first failure is the real one (every statement
+                    // after it failed for the aborted transaction).
+                    let _ = control(conn, "ROLLBACK");
+                    let e = if super::sql::is_duplicate_key(&e) {
+                        anyhow::Error::new(DuplicateKey { offset: None })
+                    } else {
+                        e
+                    };
+                    tracing::error!(error = %format!("{e:#}"), "write rolled back");
+                    refused[*i] = Some(CommitError::of_write(&e));
+                    continue 'group;
+                }
+            }
+        }
+        let mut results: Vec<Result<i64, CommitError>> = Vec::with_capacity(ops.len());
+        for (i, op) in ops.iter().enumerate() {
+            if let Some(e) = &refused[i] {
+                results.push(Err(e.clone()));
+                continue;
+            }
+            if let Some(row_id) = row_ids[i] {
+                results.push(Ok(row_id));
+                continue;
+            }
+            if let Err(e) = control(conn, "SAVEPOINT op") {
+                let _ = control(conn, "ROLLBACK");
+                return fail_all(ops, &e);
+            }
+            match apply(conn, op) {
+                Ok(row_id) => {
+                    let _ = control(conn, "RELEASE op");
+                    results.push(Ok(row_id));
+                }
+                Err(e) => {
+                    tracing::error!(error = %format!("{e:#}"), "write rolled back");
+                    let _ = control(conn, "ROLLBACK TO op");
+                    let _ = control(conn, "RELEASE op");
+                    results.push(Err(CommitError::of_write(&e)));
+                }
+            }
+        }
+        if let Err(e) = finish(conn, faults) {
+            tracing::error!(error = %e, "group commit failed");
+            let _ = control(conn, "ROLLBACK");
+            return fail_all(ops, &e);
+        }
+        return results;
+    }
+}
+
 fn apply(conn: Db<'_>, op: &WriteOp) -> Result<i64> {
     match op {
         WriteOp::Commit(c) => {
@@ -555,7 +785,9 @@ fn apply(conn: Db<'_>, op: &WriteOp) -> Result<i64> {
                 )
                 .map_err(|err| {
                     if super::sql::is_duplicate_key(&err) {
-                        anyhow::Error::new(DuplicateKey { offset: e.offset })
+                        anyhow::Error::new(DuplicateKey {
+                            offset: Some(e.offset),
+                        })
                     } else {
                         err.context(format!("inserting the event at offset {}", e.offset))
                     }
