@@ -1,8 +1,11 @@
 //! Durable append throughput on PostgreSQL with 1, 2 and 3 hosts, beside
 //! the same binary on SQLite, in one run: real server processes (the
-//! release binary) on loopback, 64 clients appending single events, each
-//! to its own stream, spread over the hosts. Also where the CPU went: the
-//! hosts' and PostgreSQL's CPU seconds per 1,000 events (from /proc).
+//! release binary) on loopback, 64 clients each appending to its own
+//! stream, spread over the hosts, in three loads: single events, single
+//! events each with an idempotency key, and batches of 100 events; with
+//! several hosts, also single events sent through a host that does not own
+//! the stream (forwarded). Also where the CPU went: the hosts' and
+//! PostgreSQL's CPU seconds per 1,000 events (from /proc).
 //!
 //! Needs a PostgreSQL to create databases on:
 //!
@@ -100,6 +103,49 @@ struct Measured {
     pg_cpu_per_k: f64,
 }
 
+/// What each client sends.
+#[derive(Clone, Copy, PartialEq)]
+enum Load {
+    Single,
+    Keyed,
+    Batch,
+}
+
+impl Load {
+    const ALL: [Load; 3] = [Load::Single, Load::Keyed, Load::Batch];
+
+    fn name(self) -> &'static str {
+        match self {
+            Load::Single => "single events",
+            Load::Keyed => "single events with keys",
+            Load::Batch => "batches of 100",
+        }
+    }
+
+    /// The body of client `client`'s `n`th call.
+    fn body(self, client: usize, n: u64) -> serde_json::Value {
+        match self {
+            Load::Single => {
+                serde_json::json!({"events": [{"type": "bench.x/e", "payload": {"n": client}}]})
+            }
+            Load::Keyed => {
+                serde_json::json!({"events": [{"type": "bench.x/e", "payload": {"n": client},
+                "idempotencyKey": format!("c{client}-{n}")}]})
+            }
+            Load::Batch => serde_json::json!({"events": (0..100)
+                .map(|_| serde_json::json!({"type": "bench.x/e", "payload": {"n": client}}))
+                .collect::<Vec<_>>()}),
+        }
+    }
+
+    fn events(self) -> u64 {
+        match self {
+            Load::Batch => 100,
+            _ => 1,
+        }
+    }
+}
+
 /// `clients` appenders for `seconds`: client i appends to its stream
 /// `/s{i}` (created through host `i % hosts`, its owner) through host
 /// `(i + through) % hosts` (`through` 0: the owner; 1: the next host, which
@@ -110,6 +156,7 @@ fn measure(
     clients: usize,
     seconds: f64,
     through: usize,
+    load: Load,
 ) -> Measured {
     let client = reqwest::Client::new();
     let urls: Vec<String> = hosts.iter().map(|h| h.url.clone()).collect();
@@ -145,12 +192,19 @@ fn measure(
                 );
                 let done = done.clone();
                 tokio::spawn(async move {
-                    let body =
-                        serde_json::json!({"events": [{"type": "bench.x/e", "payload": {"n": i}}]});
+                    let mut n = 0;
                     while Instant::now() < until {
-                        let r = client.post(&url).json(&body).send().await.unwrap();
+                        let body = serde_json::to_vec(&load.body(i, n)).unwrap();
+                        n += 1;
+                        let r = client
+                            .post(&url)
+                            .header("content-type", "application/json")
+                            .body(body)
+                            .send()
+                            .await
+                            .unwrap();
                         assert!(r.status().is_success(), "{}", r.status());
-                        done.fetch_add(1, Ordering::Relaxed);
+                        done.fetch_add(load.events(), Ordering::Relaxed);
                     }
                 })
             })
@@ -169,6 +223,21 @@ fn measure(
     }
 }
 
+fn row(name: &str, m: &Measured, pg: bool, against: Option<f64>) {
+    let pg_cpu = if pg {
+        format!("{:.3}", m.pg_cpu_per_k)
+    } else {
+        "-".to_string()
+    };
+    let ratio = against.map_or(String::new(), |base| {
+        format!("   (÷ SQLite {:.2})", m.rate / base)
+    });
+    println!(
+        "{name:<44} {:>10.0} {:>16.3} {:>18}{ratio}",
+        m.rate, m.host_cpu_per_k, pg_cpu
+    );
+}
+
 fn main() {
     let seconds = common::arg("--seconds", 5.0);
     let clients = common::arg("--clients", 64.0) as usize;
@@ -181,21 +250,23 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
+    println!("durable appends: {clients} clients, a stream each, {seconds} s per row");
     println!(
-        "durable appends: {clients} clients, single events, a stream each, {seconds} s per row"
+        "{:<44} {:>10} {:>16} {:>18}",
+        "storage, load", "events/s", "host CPU s/1k", "postgres CPU s/1k"
     );
-    println!(
-        "{:<34} {:>10} {:>16} {:>18}",
-        "storage", "events/s", "host CPU s/1k", "postgres CPU s/1k"
-    );
-    let sqlite = {
+    let sqlite: Vec<Measured> = {
         let host = start(None);
-        measure(&rt, std::slice::from_ref(&host), clients, seconds, 0)
+        Load::ALL
+            .iter()
+            .map(|load| {
+                let m = measure(&rt, std::slice::from_ref(&host), clients, seconds, 0, *load);
+                row(&format!("SQLite, 1 host, {}", load.name()), &m, false, None);
+                m
+            })
+            .collect()
     };
-    println!(
-        "{:<34} {:>10.0} {:>16.3} {:>18}",
-        "SQLite, 1 host", sqlite.rate, sqlite.host_cpu_per_k, "-"
-    );
+    println!("  keys ÷ no keys: {:.2}", sqlite[1].rate / sqlite[0].rate);
     let (prefix, _) = base.rsplit_once('/').expect("a database in the URL");
     for n in 1..=3 {
         let name = format!("streamhost_bench_{}_{n}", std::process::id());
@@ -203,25 +274,27 @@ fn main() {
         admin(&base, &format!("CREATE DATABASE {name}"));
         let url = format!("{prefix}/{name}");
         let hosts: Vec<Host> = (0..n).map(|_| start(Some(&url))).collect();
-        let m = measure(&rt, &hosts, clients, seconds, 0);
-        println!(
-            "{:<34} {:>10.0} {:>16.3} {:>18.3}   (÷ SQLite {:.2})",
-            format!("PostgreSQL, {n} host(s)"),
-            m.rate,
-            m.host_cpu_per_k,
-            m.pg_cpu_per_k,
-            m.rate / sqlite.rate
-        );
-        if n > 1 {
-            let f = measure(&rt, &hosts, clients, seconds, 1);
-            println!(
-                "{:<34} {:>10.0} {:>16.3} {:>18.3}   (÷ SQLite {:.2})",
-                "  through a non-owner (forwarded)",
-                f.rate,
-                f.host_cpu_per_k,
-                f.pg_cpu_per_k,
-                f.rate / sqlite.rate
+        let mut rates = Vec::new();
+        for (load, base_rate) in Load::ALL.iter().zip(&sqlite) {
+            let m = measure(&rt, &hosts, clients, seconds, 0, *load);
+            row(
+                &format!("PostgreSQL, {n} host(s), {}", load.name()),
+                &m,
+                true,
+                Some(base_rate.rate),
             );
+            rates.push(m.rate);
+        }
+        println!("  keys ÷ no keys: {:.2}", rates[1] / rates[0]);
+        if n > 1 {
+            let f = measure(&rt, &hosts, clients, seconds, 1, Load::Single);
+            row(
+                "  through a non-owner (forwarded), single",
+                &f,
+                true,
+                Some(sqlite[0].rate),
+            );
+            println!("  forwarded ÷ direct: {:.2}", f.rate / rates[0]);
         }
         drop(hosts);
         admin(
