@@ -15,7 +15,12 @@
 //!   cargo bench -p streamhost --bench cluster
 //! ```
 //!
-//! Options: `--seconds S` per measurement (5), `--clients N` (64).
+//! Each row is the median of `--runs` measurements, taken in turns with the
+//! other rows of the same hosts (single, keyed, batch, single, …), since a
+//! row measured later meets a larger database.
+//!
+//! Options: `--seconds S` per measurement (3), `--runs N` (3), `--clients N`
+//! (64).
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
@@ -97,6 +102,7 @@ fn admin(base: &str, sql: &str) {
     c.batch_execute(sql).expect(sql);
 }
 
+#[derive(Clone, Copy)]
 struct Measured {
     rate: f64,
     host_cpu_per_k: f64,
@@ -223,6 +229,30 @@ fn measure(
     }
 }
 
+/// Every load of `loads` measured `runs` times in turns; the median run of
+/// each (by rate).
+fn medians(
+    rt: &tokio::runtime::Runtime,
+    hosts: &[Host],
+    clients: usize,
+    seconds: f64,
+    runs: usize,
+    loads: &[(Load, usize)],
+) -> Vec<Measured> {
+    let mut all: Vec<Vec<Measured>> = loads.iter().map(|_| Vec::new()).collect();
+    for _ in 0..runs.max(1) {
+        for (i, (load, through)) in loads.iter().enumerate() {
+            all[i].push(measure(rt, hosts, clients, seconds, *through, *load));
+        }
+    }
+    all.into_iter()
+        .map(|mut runs| {
+            runs.sort_by(|a, b| a.rate.total_cmp(&b.rate));
+            runs[runs.len() / 2]
+        })
+        .collect()
+}
+
 fn row(name: &str, m: &Measured, pg: bool, against: Option<f64>) {
     let pg_cpu = if pg {
         format!("{:.3}", m.pg_cpu_per_k)
@@ -239,7 +269,8 @@ fn row(name: &str, m: &Measured, pg: bool, against: Option<f64>) {
 }
 
 fn main() {
-    let seconds = common::arg("--seconds", 5.0);
+    let seconds = common::arg("--seconds", 3.0);
+    let runs = common::arg("--runs", 3.0) as usize;
     let clients = common::arg("--clients", 64.0) as usize;
     let Ok(base) = std::env::var("STREAMHOST_BENCH_POSTGRES") else {
         println!("cluster: set STREAMHOST_BENCH_POSTGRES to a PostgreSQL URL (see the file's header); skipped");
@@ -250,21 +281,28 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
-    println!("durable appends: {clients} clients, a stream each, {seconds} s per row");
+    println!(
+        "durable appends: {clients} clients, a stream each; medians of {runs} runs of {seconds} s, in turns"
+    );
     println!(
         "{:<44} {:>10} {:>16} {:>18}",
         "storage, load", "events/s", "host CPU s/1k", "postgres CPU s/1k"
     );
+    let all: Vec<(Load, usize)> = Load::ALL.iter().map(|l| (*l, 0)).collect();
     let sqlite: Vec<Measured> = {
         let host = start(None);
-        Load::ALL
-            .iter()
-            .map(|load| {
-                let m = measure(&rt, std::slice::from_ref(&host), clients, seconds, 0, *load);
-                row(&format!("SQLite, 1 host, {}", load.name()), &m, false, None);
-                m
-            })
-            .collect()
+        let m = medians(
+            &rt,
+            std::slice::from_ref(&host),
+            clients,
+            seconds,
+            runs,
+            &all,
+        );
+        for (load, m) in Load::ALL.iter().zip(&m) {
+            row(&format!("SQLite, 1 host, {}", load.name()), m, false, None);
+        }
+        m
     };
     println!("  keys ÷ no keys: {:.2}", sqlite[1].rate / sqlite[0].rate);
     let (prefix, _) = base.rsplit_once('/').expect("a database in the URL");
@@ -274,27 +312,28 @@ fn main() {
         admin(&base, &format!("CREATE DATABASE {name}"));
         let url = format!("{prefix}/{name}");
         let hosts: Vec<Host> = (0..n).map(|_| start(Some(&url))).collect();
-        let mut rates = Vec::new();
-        for (load, base_rate) in Load::ALL.iter().zip(&sqlite) {
-            let m = measure(&rt, &hosts, clients, seconds, 0, *load);
+        let mut loads = all.clone();
+        if n > 1 {
+            loads.push((Load::Single, 1));
+        }
+        let m = medians(&rt, &hosts, clients, seconds, runs, &loads);
+        for ((load, _), (m, base_rate)) in all.iter().zip(m.iter().zip(&sqlite)) {
             row(
                 &format!("PostgreSQL, {n} host(s), {}", load.name()),
-                &m,
+                m,
                 true,
                 Some(base_rate.rate),
             );
-            rates.push(m.rate);
         }
-        println!("  keys ÷ no keys: {:.2}", rates[1] / rates[0]);
+        println!("  keys ÷ no keys: {:.2}", m[1].rate / m[0].rate);
         if n > 1 {
-            let f = measure(&rt, &hosts, clients, seconds, 1, Load::Single);
             row(
                 "  through a non-owner (forwarded), single",
-                &f,
+                &m[3],
                 true,
                 Some(sqlite[0].rate),
             );
-            println!("  forwarded ÷ direct: {:.2}", f.rate / rates[0]);
+            println!("  forwarded ÷ direct: {:.2}", m[3].rate / m[0].rate);
         }
         drop(hosts);
         admin(
