@@ -63,16 +63,24 @@ pub async fn layer(State(host): State<Host>, request: Request, next: Next) -> Re
     }
     // The token is checked before the body is read, here as in the
     // handlers: an unauthorized caller never makes this host buffer a body.
+    let target = super::parse_stream_url(path).ok();
     let allowed = super::authenticate(&host, request.headers()).and_then(|caller| {
-        match super::parse_stream_url(path) {
-            Ok(target) => Ok(caller.may_use(&target.address.namespace)?),
+        match &target {
+            Some(target) => Ok(caller.may_use(&target.address.namespace)?),
             // A bad URL is the handler's to answer.
-            Err(_) => Ok(()),
+            None => Ok(()),
         }
     });
     if let Err(e) = allowed {
         return e.into_response();
     }
+    // An owner this host learned lately: straight there, without asking
+    // this host's own handler first (which would answer that owner).
+    let known = target.and_then(|t| {
+        host.streams
+            .storage()
+            .known_owner(t.address.namespace.storage_key(), &t.address.path)
+    });
     let (parts, body) = request.into_parts();
     // Kept to be sent again: bounded as every body is.
     let limit = host.config.max_body_bytes;
@@ -81,21 +89,27 @@ pub async fn layer(State(host): State<Host>, request: Request, next: Next) -> Re
         Err(e) => return ApiError::from(e).into_response(),
     };
     let forwarded = parts.headers.contains_key(&FORWARDED);
-    let mut response = next
-        .run(Request::from_parts(
-            parts.clone(),
-            Body::from(bytes.clone()),
-        ))
-        .await;
-    let Some(owner) = response.headers_mut().remove(&OWNER) else {
-        return response;
+    let owner = match known {
+        Some(owner) if !forwarded && owner != me.url => owner,
+        _ => {
+            let mut response = next
+                .run(Request::from_parts(
+                    parts.clone(),
+                    Body::from(bytes.clone()),
+                ))
+                .await;
+            let Some(owner) = response.headers_mut().remove(&OWNER) else {
+                return response;
+            };
+            let Ok(owner) = owner.to_str().map(str::to_string) else {
+                return response;
+            };
+            if forwarded || owner.is_empty() || owner == me.url {
+                return response;
+            }
+            owner
+        }
     };
-    let Ok(owner) = owner.to_str().map(str::to_string) else {
-        return response;
-    };
-    if forwarded || owner.is_empty() || owner == me.url {
-        return response;
-    }
     let target = format!(
         "{}{}",
         owner.trim_end_matches('/'),

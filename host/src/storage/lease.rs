@@ -386,6 +386,18 @@ impl Storage {
         })
     }
 
+    /// The URL of the live host this host last found owning stream `path`
+    /// of `project`, while that is fresh (within the owner's lease); `None`
+    /// when it is not known, or on SQLite.
+    pub fn known_owner(&self, project: &str, path: &str) -> Option<String> {
+        self.cluster()?;
+        self.inner
+            .owners
+            .get(project, path)
+            .map(|known| known.url)
+            .filter(|url| !url.is_empty())
+    }
+
     /// Whether this host gave its leases up (it is stopping).
     pub fn is_stopping(&self) -> bool {
         self.inner
