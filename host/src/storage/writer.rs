@@ -467,7 +467,6 @@ fn commit_group(conn: Db<'_>, ops: &[WriteOp], faults: &Faults) -> Vec<Result<i6
         }
     }
     let fail_all = |e: &dyn fmt::Display| fail_all(ops, e);
-    let finish = || finish(conn, faults);
     let begin = match conn.dialect() {
         Dialect::Sqlite => "BEGIN IMMEDIATE",
         Dialect::Postgres => "BEGIN",
@@ -479,13 +478,9 @@ fn commit_group(conn: Db<'_>, ops: &[WriteOp], faults: &Faults) -> Vec<Result<i6
     // transaction back undoes it the same.
     if let [op] = ops {
         return match apply(conn, op) {
-            Ok(row_id) => match finish() {
+            Ok(row_id) => match finish_group(conn, faults) {
                 Ok(()) => vec![Ok(row_id)],
-                Err(e) => {
-                    tracing::error!(error = %e, "group commit failed");
-                    let _ = control(conn, "ROLLBACK");
-                    fail_all(&e)
-                }
+                Err(e) => fail_all(&e),
             },
             Err(e) => {
                 tracing::error!(error = %format!("{e:#}"), "write rolled back");
@@ -496,29 +491,46 @@ fn commit_group(conn: Db<'_>, ops: &[WriteOp], faults: &Faults) -> Vec<Result<i6
     }
     let mut results = Vec::with_capacity(ops.len());
     for op in ops {
-        if let Err(e) = control(conn, "SAVEPOINT op") {
-            let _ = control(conn, "ROLLBACK");
-            return fail_all(&e);
-        }
-        match apply(conn, op) {
-            Ok(row_id) => {
-                let _ = control(conn, "RELEASE op");
-                results.push(Ok(row_id));
-            }
-            Err(e) => {
-                tracing::error!(error = %format!("{e:#}"), "write rolled back");
-                let _ = control(conn, "ROLLBACK TO op");
-                let _ = control(conn, "RELEASE op");
-                results.push(Err(CommitError::of_write(&e)));
-            }
+        match apply_in_savepoint(conn, op) {
+            Ok(result) => results.push(result),
+            Err(e) => return fail_all(&e),
         }
     }
-    if let Err(e) = finish() {
+    match finish_group(conn, faults) {
+        Ok(()) => results,
+        Err(e) => fail_all(&e),
+    }
+}
+
+/// Applies `op` in a savepoint of its own: its failure rolls back only
+/// its own statements. An error: the savepoint itself failed (the
+/// transaction is rolled back).
+fn apply_in_savepoint(conn: Db<'_>, op: &WriteOp) -> Result<Result<i64, CommitError>> {
+    if let Err(e) = control(conn, "SAVEPOINT op") {
+        let _ = control(conn, "ROLLBACK");
+        return Err(e);
+    }
+    Ok(match apply(conn, op) {
+        Ok(row_id) => {
+            let _ = control(conn, "RELEASE op");
+            Ok(row_id)
+        }
+        Err(e) => {
+            tracing::error!(error = %format!("{e:#}"), "write rolled back");
+            let _ = control(conn, "ROLLBACK TO op");
+            let _ = control(conn, "RELEASE op");
+            Err(CommitError::of_write(&e))
+        }
+    })
+}
+
+/// Commits the group's transaction (see [`finish`]); rolls it back when
+/// that fails.
+fn finish_group(conn: Db<'_>, faults: &Faults) -> Result<(), String> {
+    finish(conn, faults).inspect_err(|e| {
         tracing::error!(error = %e, "group commit failed");
         let _ = control(conn, "ROLLBACK");
-        return fail_all(&e);
-    }
-    results
+    })
 }
 
 /// The statement of one stream round on PostgreSQL (see
@@ -713,29 +725,15 @@ fn commit_group_pipelined(
                 results.push(Ok(row_id));
                 continue;
             }
-            if let Err(e) = control(conn, "SAVEPOINT op") {
-                let _ = control(conn, "ROLLBACK");
-                return fail_all(ops, &e);
-            }
-            match apply(conn, op) {
-                Ok(row_id) => {
-                    let _ = control(conn, "RELEASE op");
-                    results.push(Ok(row_id));
-                }
-                Err(e) => {
-                    tracing::error!(error = %format!("{e:#}"), "write rolled back");
-                    let _ = control(conn, "ROLLBACK TO op");
-                    let _ = control(conn, "RELEASE op");
-                    results.push(Err(CommitError::of_write(&e)));
-                }
+            match apply_in_savepoint(conn, op) {
+                Ok(result) => results.push(result),
+                Err(e) => return fail_all(ops, &e),
             }
         }
-        if let Err(e) = finish(conn, faults) {
-            tracing::error!(error = %e, "group commit failed");
-            let _ = control(conn, "ROLLBACK");
-            return fail_all(ops, &e);
-        }
-        return results;
+        return match finish_group(conn, faults) {
+            Ok(()) => results,
+            Err(e) => fail_all(ops, &e),
+        };
     }
 }
 
