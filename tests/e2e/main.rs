@@ -24,6 +24,7 @@ mod effects;
 mod failures;
 mod fence;
 mod fuzz_corpus;
+mod group_commit;
 mod hostile;
 mod ingest;
 mod isolation;
