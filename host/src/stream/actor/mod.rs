@@ -208,7 +208,6 @@ struct Loaded {
     state_offset: u64,
 }
 
-/// A write waiting for its commit.
 /// A planned request, kept until its round commits: a round the log's
 /// idempotency index refuses is planned again from these.
 enum Request {
@@ -238,6 +237,7 @@ impl Request {
     }
 }
 
+/// A write waiting for its commit.
 enum InFlight {
     Round {
         outcomes: Vec<(Answer, Result<AppendPlan, Error>)>,
