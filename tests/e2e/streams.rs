@@ -192,9 +192,31 @@ async fn keys_the_host_no_longer_remembers_are_checked_by_the_log() {
             .await;
         originals.push(body["events"][0].clone());
     }
+    // A compare-and-append, whose retry (the same key, the same expected
+    // offset) must replay it, not meet its own offset as a conflict.
+    let cas = |offset: usize| json!({"events": [{"type": "x.y/k", "idempotencyKey": "cas", "offset": offset}]});
+    let next = s.all_events(S).await.len() + 1;
+    let (status, cas_first) = s.post(&format!("{S}:append"), cas(next)).await;
+    assert_eq!(status, 200, "{cas_first}");
     let before = s.all_events(S).await.len();
     let mut s = s;
     s.restart();
+    let (status, cas_again) = s.post(&format!("{S}:append"), cas(next)).await;
+    assert_eq!(
+        status, 200,
+        "a retried compare-and-append replays: {cas_again}"
+    );
+    assert_eq!(cas_again["events"][0], cas_first["events"][0]);
+    assert_error(
+        &s.post(
+            &format!("{S}:append"),
+            json!({"events": [{"type": "x.y/k", "offset": next}]}),
+        )
+        .await,
+        409,
+        "offset-conflict",
+        &format!("expected next offset {next}"),
+    );
     // Old keys (replays) and new keys at once, so that rounds mix them.
     let answers = futures_util::future::join_all((0..32u64).map(|i| {
         let s = &s;

@@ -235,6 +235,18 @@ impl Request {
             _ => unreachable!("a request is answered by its own kind"),
         }
     }
+
+    /// Whether it names idempotency keys (its own, or a copy's).
+    fn has_keys(&self, receiver: &StreamAddress) -> bool {
+        match self {
+            Request::Append { input, .. } => {
+                input.events.iter().any(|e| e.idempotency_key.is_some())
+            }
+            Request::Deliver { batch } => {
+                !crate::delivery::copy::batch_keys(batch, receiver).is_empty()
+            }
+        }
+    }
 }
 
 /// A write waiting for its commit.
@@ -1005,6 +1017,23 @@ impl Actor {
                 new_events.extend(plan.new_events.iter().cloned());
             }
             outcomes.push((answer, outcome));
+        }
+        // A refusal in planning (an offset conflict, a paused stream, ...)
+        // may be wrong for a request whose keys were taken as new: if a key
+        // is in the log, the request is a replay of what committed, which no
+        // such check refuses. Such a round is planned again with its keys
+        // read (only rounds with a refusal pay the read).
+        if !keys_read
+            && outcomes
+                .iter()
+                .zip(&requests)
+                .any(|((_, outcome), request)| outcome.is_err() && request.has_keys(&self.address))
+        {
+            self.read_keys = true;
+            for ((answer, _), request) in outcomes.into_iter().zip(requests).rev() {
+                self.queue.push_front(request.into_pending(answer));
+            }
+            return None;
         }
         let next_state = match state {
             Some(s) if !new_events.is_empty() => s,
