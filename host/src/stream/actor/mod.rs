@@ -889,6 +889,11 @@ impl Actor {
             let Some(front) = self.queue.pop_front() else {
                 return self.start_cursor_write();
             };
+            // The leases lapsed since the fence was taken (another host may
+            // have written): load again before planning on this state.
+            if self.fence.is_some() && self.ctx.storage.lease_lapses() != self.lease_lapses {
+                self.reload_needed = true;
+            }
             if self.reload_needed {
                 if let Err(err) = self.ensure_loaded().await {
                     self.fail_pending(front, err.clone());
@@ -1038,11 +1043,21 @@ impl Actor {
         let next_state = match state {
             Some(s) if !new_events.is_empty() => s,
             _ => {
-                // Nothing to commit: rejections and replays of committed events.
+                // Nothing to commit: rejections and replays of committed
+                // events. No fenced commit proves the state current, so
+                // with several hosts they are answered only while the
+                // lease is surely this host's (as reads are).
+                let stale = self.fence.is_some() && !self.ctx.storage.lease_valid();
                 let state = self.stream.as_ref().map(|s| &s.state);
                 let failed: Vec<_> = outcomes
                     .into_iter()
-                    .filter_map(|(reply, outcome)| self.answer(reply, outcome, state))
+                    .filter_map(|(reply, outcome)| {
+                        let outcome = match stale {
+                            true => Err(Error::lease_lost(&self.address.path)),
+                            false => outcome,
+                        };
+                        self.answer(reply, outcome, state)
+                    })
                     .collect();
                 for run in &failed {
                     self.run_fact_failed(run);
