@@ -74,16 +74,22 @@ fn start(postgres: Option<&str>) -> Host {
     }
 }
 
-/// CPU seconds (user + system) of process `pid` and its threads so far.
-fn cpu_seconds(pid: u32) -> f64 {
+/// The sum of fields `fields` (0 = the field after the command name) of
+/// `/proc/<pid>/stat`, clock ticks as seconds.
+fn stat_seconds(pid: u32, fields: [usize; 2]) -> f64 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
     let after = stat.rsplit(')').next().unwrap_or_default();
-    let fields: Vec<&str> = after.split_whitespace().collect();
-    let ticks: f64 = [11, 12]
+    let values: Vec<&str> = after.split_whitespace().collect();
+    let ticks: f64 = fields
         .iter()
-        .filter_map(|i| fields.get(*i).and_then(|v| v.parse::<f64>().ok()))
+        .filter_map(|i| values.get(*i).and_then(|v| v.parse::<f64>().ok()))
         .sum();
     ticks / 100.0
+}
+
+/// CPU seconds (user + system) of process `pid` and its threads so far.
+fn cpu_seconds(pid: u32) -> f64 {
+    stat_seconds(pid, [11, 12])
 }
 
 /// CPU seconds of every process named `postgres` so far, with those of
@@ -103,14 +109,7 @@ fn postgres_cpu_seconds() -> f64 {
 
 /// CPU seconds of the children process `pid` waited for.
 fn reaped_cpu_seconds(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let after = stat.rsplit(')').next().unwrap_or_default();
-    let fields: Vec<&str> = after.split_whitespace().collect();
-    let ticks: f64 = [13, 14]
-        .iter()
-        .filter_map(|i| fields.get(*i).and_then(|v| v.parse::<f64>().ok()))
-        .sum();
-    ticks / 100.0
+    stat_seconds(pid, [13, 14])
 }
 
 fn admin(base: &str, sql: &str) {
