@@ -967,3 +967,105 @@ async fn resumes_a_new_version_owed_before_a_crash_are_appended_at_the_next_star
     })
     .await;
 }
+
+/// Several hosts lease due effects in one statement that skips rows another
+/// transaction holds (`FOR UPDATE SKIP LOCKED`): an effect whose row is
+/// locked elsewhere (another host's lease, an operator's transaction) waits
+/// for its lock, and every other due effect runs meanwhile.
+#[tokio::test]
+async fn a_due_effect_whose_row_another_transaction_holds_does_not_hold_back_the_others() {
+    if crate::cluster::on_sqlite() {
+        return;
+    }
+    let r = Receiver::start().await;
+    let s = Server::start_with(Some(EFFECTS), &[]);
+    effector_on(&s, SRC).await;
+    // "held" fails at once (404), then is made due again, towards /ok, by
+    // an operator who keeps its row locked.
+    request(
+        &s,
+        SRC,
+        json!([{"key": "held", "webhook": {"url": format!("{}/gone/held", r.base), "body": {}}}]),
+    )
+    .await;
+    let held = settled(&s, "held", "failed").await;
+    let crate::support::TestDb::Postgres(url) = s.db() else {
+        unreachable!("several hosts run on PostgreSQL")
+    };
+    let (locked_tx, locked_rx) = std::sync::mpsc::channel::<()>();
+    let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+    let id = held["id"].as_i64().unwrap();
+    let holder = std::thread::spawn(move || {
+        let mut c = postgres::Client::connect(&url, postgres::NoTls).expect("connecting");
+        // Due in 1.5 s on the database's clock (the executor's clock on
+        // PostgreSQL), locked well before that.
+        c.batch_execute(&format!(
+            "UPDATE effects SET status = 'pending', attempts = 0, settled_at = NULL,
+                 target = replace(target, '/gone/', '/ok/'),
+                 due_at_ms = CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT) + 1500
+             WHERE id = {id}"
+        ))
+        .expect("making the effect due");
+        let mut tx = c.transaction().expect("BEGIN");
+        tx.query_one(
+            &format!("SELECT id FROM effects WHERE id = {id} FOR UPDATE"),
+            &[],
+        )
+        .expect("locking the effect's row");
+        locked_tx.send(()).unwrap();
+        release_rx.recv().unwrap();
+        tx.rollback().expect("ROLLBACK");
+    });
+    locked_rx.recv().unwrap();
+    let db = s.db();
+    wait_for(
+        "the held effect to be due",
+        Duration::from_secs(10),
+        async || {
+            db.query_i64(&format!(
+                "SELECT id FROM effects WHERE id = {id}
+               AND due_at_ms <= CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT)"
+            )) == Some(id)
+        },
+    )
+    .await;
+    // Due effects requested while the row is locked: each runs (leasing
+    // them does not wait for the lock), the held one does not.
+    request(
+        &s,
+        SRC,
+        json!([{"key": "free-1", "webhook": {"url": format!("{}/ok/free-1", r.base), "body": {}}},
+               {"key": "free-2", "webhook": {"url": format!("{}/ok/free-2", r.base), "body": {}}},
+               {"key": "free-3", "webhook": {"url": format!("{}/ok/free-3", r.base), "body": {}}}]),
+    )
+    .await;
+    // Meanwhile no session of this database waits for a lock (leasing row
+    // by row, the writer would wait on the held row, stalling every write).
+    let waiting = "SELECT count(*) FROM pg_stat_activity
+         WHERE datname = current_database() AND wait_event_type = 'Lock'";
+    wait_for(
+        "the free effects to succeed",
+        Duration::from_secs(30),
+        async || {
+            assert_eq!(db.query_i64(waiting), Some(0), "a session waits for a lock");
+            let done = all_effects(&s, "&status=succeeded").await;
+            ["free-1", "free-2", "free-3"]
+                .iter()
+                .all(|k| done.iter().any(|e| e["key"] == *k))
+        },
+    )
+    .await;
+    for key in ["free-1", "free-2", "free-3"] {
+        assert_eq!(r.posts_to(&format!("/ok/{key}")).len(), 1, "{key}");
+    }
+    let (_, still) = s.get(&format!("{FX}/{id}")).await;
+    assert_eq!(still["status"], "pending", "{still}");
+    assert_eq!(still["attempts"], 0, "{still}");
+    assert!(r.posts_to("/ok/held").is_empty());
+    // The lock goes: the held effect runs once.
+    release_tx.send(()).unwrap();
+    holder.join().expect("the holding transaction");
+    let held = settled(&s, "held", "succeeded").await;
+    assert_eq!(held["attempts"], 1, "{held}");
+    assert_eq!(r.posts_to("/ok/held").len(), 1);
+}

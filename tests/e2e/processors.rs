@@ -1,7 +1,7 @@
 //! Wasm processors end to end: real guest components built from
 //! `examples/processors`, run by the real server.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
@@ -37,23 +37,29 @@ async fn append(s: &Server, stream: &str, events: Value) -> Value {
     out
 }
 
-/// Waits until the processor's checkpoint reaches the stream's durable head.
+/// Waits until the processor's checkpoint reaches the stream's durable head;
+/// on timeout the panic shows the processor as last read (its status and
+/// last error say why it did not get there).
 pub async fn caught_up(s: &Server, stream: &str, component: &str) -> Value {
-    wait_for(
-        &format!("{component} to catch up on {stream}"),
-        Duration::from_secs(30),
-        async || {
-            let events = s.all_events(stream).await;
-            let head = events
-                .last()
-                .map(|e| e["offset"].clone())
-                .unwrap_or(json!(0));
-            let (status, p) = s.get(&format!("{stream}:processors/{component}")).await;
-            status == 200 && p["checkpointOffset"] == head
-        },
-    )
-    .await;
-    s.get(&format!("{stream}:processors/{component}")).await.1
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut last = (json!(null), json!(null));
+    while Instant::now() < deadline {
+        let events = s.all_events(stream).await;
+        let head = events
+            .last()
+            .map(|e| e["offset"].clone())
+            .unwrap_or(json!(0));
+        let (status, p) = s.get(&format!("{stream}:processors/{component}")).await;
+        if status == 200 && p["checkpointOffset"] == head {
+            return p;
+        }
+        last = (head, p);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!(
+        "timed out after 30s waiting for {component} to catch up on {stream} (head {}): {}",
+        last.0, last.1
+    );
 }
 
 /// The counter's fold of the stream's durable events, computed here.

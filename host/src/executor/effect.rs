@@ -36,6 +36,10 @@ use crate::stream::{
 const IDLE_LOOK_MS: i64 = 5_000;
 /// Shortest pause before looking again for due effects.
 const BUSY_LOOK_MS: i64 = 5;
+/// Shortest pause when a look leased nothing although an effect is due: it
+/// is running here past its lease, or its row is locked by another
+/// transaction (PostgreSQL), so looking again at once would spin.
+const STUCK_LOOK_MS: i64 = 100;
 
 /// Wakes the effect worker: new effects were committed, or one was retried.
 #[derive(Clone, Default)]
@@ -100,26 +104,39 @@ async fn run(streams: StreamsRef, bell: EffectsBell, settings: Settings) {
             // The effects running here hold leases that expire in the future,
             // so the due ones are others: ask for just the free slots.
             let want = concurrency - running.len();
+            let lease_ms = settings.effects.lease_ms as i64;
+            let here: Vec<i64> = running.iter().copied().collect();
+            // PostgreSQL: due rows are leased in one statement (one round
+            // trip for the whole batch); SQLite: read, then leased by the
+            // writer in one group.
             let due = blocking(move || {
-                storage
-                    .due_effects(now, want)
-                    .map_err(|e| Failure::new(format!("{e:#}"), true))
+                let due = match storage.lease_due_effects(lease_ms, want, &here) {
+                    Ok(Some(leased)) => Ok(Due::Leased(leased)),
+                    Ok(None) => storage.due_effects(now, want).map(Due::Read),
+                    Err(e) => Err(e),
+                };
+                due.map_err(|e| Failure::new(format!("{e:#}"), true))
             })
             .await;
             match due {
                 Ok(due) => {
-                    let fresh: Vec<EffectRow> = due
-                        .into_iter()
-                        .filter(|e| !running.contains(&e.id))
-                        .take(concurrency - running.len())
-                        .collect();
-                    if fresh.is_empty() {
+                    let (leased, storage_failed) = match due {
+                        Due::Leased(leased) => (leased, false),
+                        Due::Read(due) => {
+                            let fresh: Vec<EffectRow> = due
+                                .into_iter()
+                                .filter(|e| !running.contains(&e.id))
+                                .take(want)
+                                .collect();
+                            lease(&exec, &settings, fresh, now).await
+                        }
+                    };
+                    if leased.is_empty() {
                         wait_ms = next_wait(&exec, now).await;
                     } else {
                         // More may be due than this round took: look again soon.
                         wait_ms = BUSY_LOOK_MS;
                     }
-                    let (leased, storage_failed) = lease(&exec, &settings, fresh, now).await;
                     if storage_failed {
                         // Storage refuses writes: do not spin on it.
                         wait_ms = 1_000;
@@ -158,7 +175,17 @@ async fn run(streams: StreamsRef, bell: EffectsBell, settings: Settings) {
     }
 }
 
-/// How long until the next effect falls due (bounded by [`IDLE_LOOK_MS`]).
+/// What one look at the outbox found.
+enum Due {
+    /// Leased already (PostgreSQL).
+    Leased(Vec<EffectRow>),
+    /// Due, to be leased by the writer (SQLite).
+    Read(Vec<EffectRow>),
+}
+
+/// How long to wait after a look that leased nothing: until the next
+/// effect falls due (at most [`IDLE_LOOK_MS`]), or [`STUCK_LOOK_MS`] when
+/// one is due already.
 async fn next_wait(exec: &Executors, now: i64) -> i64 {
     let storage = exec.storage.clone();
     let next = blocking(move || {
@@ -168,6 +195,8 @@ async fn next_wait(exec: &Executors, now: i64) -> i64 {
     })
     .await;
     match next {
+        // Due already, yet not leased: held elsewhere, or running here.
+        Ok(Some(at)) if at <= now => STUCK_LOOK_MS,
         Ok(Some(at)) => (at - now).clamp(BUSY_LOOK_MS, IDLE_LOOK_MS),
         _ => IDLE_LOOK_MS,
     }

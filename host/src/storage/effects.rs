@@ -14,7 +14,7 @@
 use anyhow::Result;
 use serde_json::Value;
 
-use super::sql::{args, Db, Row};
+use super::sql::{args, Arg, Db, Row};
 use super::Storage;
 
 /// One effect as stored.
@@ -209,6 +209,63 @@ impl Storage {
                     row,
                 ),
             }
+        })
+    }
+
+    /// Several hosts (PostgreSQL): leases up to `limit` due effects of the
+    /// streams this host owns in one statement, each for one execution
+    /// (`attempts + 1`, a new `lease_id`, due again `lease_ms` from now on
+    /// the database's clock), and answers them. `FOR UPDATE SKIP LOCKED`:
+    /// a row another transaction holds is left to it, not waited for.
+    /// `running_here` are the effects this host is still executing (a lease
+    /// that expired under a slow execution is not taken twice). `None` on
+    /// SQLite, whose one writer leases through [`EffectOp::Lease`].
+    pub fn lease_due_effects(
+        &self,
+        lease_ms: i64,
+        limit: usize,
+        running_here: &[i64],
+    ) -> Result<Option<Vec<EffectRow>>> {
+        let Some(me) = self.cluster() else {
+            return Ok(None);
+        };
+        let running: Vec<Option<i64>> = running_here.iter().map(|id| Some(*id)).collect();
+        self.with_reader(|db| {
+            db.query_all(
+                &format!(
+                    "WITH now AS (
+                         SELECT CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT) AS ms
+                     ), due AS (
+                         SELECT id FROM effects, now
+                         WHERE status IN ('pending', 'running') AND due_at_ms <= now.ms
+                           AND NOT (id = ANY(?4)) {}
+                         ORDER BY due_at_ms, id LIMIT ?2
+                         FOR UPDATE OF effects SKIP LOCKED
+                     )
+                     UPDATE effects SET status = 'running', attempts = attempts + 1,
+                         due_at_ms = (SELECT ms FROM now) + ?1, lease_id = lease_id + 1
+                     FROM due WHERE effects.id = due.id
+                     RETURNING {}",
+                    owned_by(3),
+                    COLUMNS
+                        .split(", ")
+                        .map(|c| format!("effects.{c}"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+                &[
+                    Arg::Int(lease_ms),
+                    Arg::Int(limit as i64),
+                    Arg::Text(&me.id),
+                    Arg::Ints(&running),
+                ],
+                row,
+            )
+            .map(|mut rows| {
+                // RETURNING follows no order: the oldest first.
+                rows.sort_by_key(|r| r.id);
+                Some(rows)
+            })
         })
     }
 
