@@ -46,17 +46,6 @@ struct Bench {
     head: u64,
 }
 
-/// A fresh database of its own on the server of `base` (dropped first).
-fn fresh_postgres(base: &str) -> String {
-    const DB: &str = "streamhost_bench_keyed";
-    let mut c = postgres::Client::connect(base, postgres::NoTls).expect("PostgreSQL");
-    c.batch_execute(&format!("DROP DATABASE IF EXISTS {DB} WITH (FORCE)"))
-        .unwrap();
-    c.batch_execute(&format!("CREATE DATABASE {DB}")).unwrap();
-    let (server, _) = base.rsplit_once('/').expect("a URL with a database");
-    format!("{server}/{DB}")
-}
-
 impl Bench {
     async fn new(postgres: Option<&str>, cache_bytes: u64) -> Bench {
         let dir = tempfile::tempdir().unwrap();
@@ -71,7 +60,7 @@ impl Bench {
             // runtime's threads.)
             let base = base.to_string();
             config.storage = Some(
-                std::thread::spawn(move || fresh_postgres(&base))
+                std::thread::spawn(move || common::fresh_postgres(&base, "streamhost_bench_keyed"))
                     .join()
                     .unwrap(),
             );

@@ -128,3 +128,15 @@ pub fn run_child(role: &str, args: &[String]) -> String {
         .unwrap_or_default()
         .to_string()
 }
+
+/// A fresh database `name` on the PostgreSQL server of `base` (dropped
+/// first); answers its URL. Call it off any async runtime's threads (the
+/// blocking client runs a runtime of its own).
+pub fn fresh_postgres(base: &str, name: &str) -> String {
+    let mut c = postgres::Client::connect(base, postgres::NoTls).expect("PostgreSQL");
+    c.batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+        .unwrap();
+    c.batch_execute(&format!("CREATE DATABASE {name}")).unwrap();
+    let (server, _) = base.rsplit_once('/').expect("a URL with a database");
+    format!("{server}/{name}")
+}
