@@ -306,3 +306,83 @@ async fn the_transform_shapes_each_event_of_an_itx_batch() {
         "delivered at the first attempt: {rt}"
     );
 }
+
+/// What the kinds guest printed of each batch: (subscription key, run,
+/// offsets), in call order.
+fn stamps(log: &str) -> Vec<(String, u64, String)> {
+    log.lines()
+        .filter(|l| l.contains("itx batch delivery-id="))
+        .filter_map(|l| {
+            let field = |name: &str| Some(l.split(name).nth(1)?.split(' ').next()?.to_string());
+            Some((
+                field("subscription-key=")?,
+                field("run=")?.parse().ok()?,
+                field("offsets=")?,
+            ))
+        })
+        .collect()
+}
+
+/// Every ITX batch carries its run's stamp as fields (`subscriptionKey`,
+/// `cursorChangedAtSourceOffset`, beside the stream's id and creation
+/// time), and once a cursor set starts a new run, no batch of the
+/// superseded one arrives after the new run's first.
+#[tokio::test]
+async fn itx_batches_carry_the_runs_stamp_and_a_superseded_run_delivers_nothing_after_the_new_one()
+{
+    let s = deployed().await;
+    let src = "/v1/projects/acme/streams/itx-stamp";
+    let (status, out) = s
+        .post(&format!("{src}:append"), itx_subscription("halt"))
+        .await;
+    assert_eq!(status, 200, "{out}");
+    let configured_at = out["events"][0]["offset"].as_u64().unwrap();
+    let events = json!({"events": [
+        {"type": "x.y/e", "payload": {"n": 1}}, {"type": "x.y/e", "payload": {"n": 2}},
+    ]});
+    s.post(&format!("{src}:append"), events.clone()).await;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let delivered = |log: &str, run: u64, offset: &str| {
+        stamps(log)
+            .iter()
+            .any(|(_, r, o)| *r == run && o.split(',').any(|x| x == offset))
+    };
+    let first = (configured_at + 1).to_string();
+    while !delivered(&s.log(), configured_at, &first) {
+        assert!(std::time::Instant::now() < deadline, "{}", s.log());
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    // A new run from the start: the same events again, under a new stamp,
+    // while more arrive.
+    let (status, set) = s
+        .post(
+            &format!("{src}:setSubscriptionCursor"),
+            json!({"subscriptionKey": "itx", "afterOffset": 0}),
+        )
+        .await;
+    assert_eq!(status, 200, "{set}");
+    let run = set["subscriptionCursorSetEvent"]["offset"]
+        .as_u64()
+        .unwrap();
+    assert!(run > configured_at);
+    let (_, more) = s.post(&format!("{src}:append"), events).await;
+    let last = more["events"][1]["offset"].as_u64().unwrap().to_string();
+    while !delivered(&s.log(), run, &last) {
+        assert!(std::time::Instant::now() < deadline, "{}", s.log());
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let seen = stamps(&s.log());
+    assert!(seen.iter().all(|(key, _, _)| key == "itx"), "{seen:?}");
+    assert!(
+        seen.iter()
+            .all(|(_, r, _)| *r == configured_at || *r == run),
+        "{seen:?}"
+    );
+    let first_new = seen.iter().position(|(_, r, _)| *r == run).unwrap();
+    assert!(
+        seen[first_new..].iter().all(|(_, r, _)| *r == run),
+        "a batch of the superseded run after the new run's first: {seen:?}"
+    );
+    // The new run delivers the history again, from the first event.
+    assert!(delivered(&s.log(), run, &first), "{seen:?}");
+}

@@ -66,6 +66,10 @@ pub async fn send(
             "events": events,
             "scannedThroughOffset": selection.through,
             "deliveryId": delivery_id,
+            // The run's stamp as fields (the lifetime is in `stream`): a
+            // receiver fences a superseded run by comparing them.
+            "subscriptionKey": key,
+            "cursorChangedAtSourceOffset": generation,
         });
         let prepared = super::deployed_component(&storage, &runtime, &project, &component)?;
         let opts = crate::itx::value::ToVal {

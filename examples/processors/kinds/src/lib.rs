@@ -42,10 +42,12 @@ impl Guest for Kinds {
         let offsets: Vec<String> = batch.events.iter().map(|e| e.offset.to_string()).collect();
         // The host logs guest stdout; the tests read it to see each batch.
         println!(
-            "itx batch delivery-id={} offsets={} scanned-through={}",
+            "itx batch delivery-id={} offsets={} scanned-through={} subscription-key={} run={}",
             batch.delivery_id,
             offsets.join(","),
-            batch.scanned_through_offset
+            batch.scanned_through_offset,
+            batch.subscription_key,
+            batch.cursor_changed_at_source_offset
         );
         for e in &batch.events {
             if e.payload.contains("\"fatal\":true") {
