@@ -325,8 +325,9 @@ fn stamps(log: &str) -> Vec<(String, u64, String)> {
 
 /// Every ITX batch carries its run's stamp as fields (`subscriptionKey`,
 /// `cursorChangedAtSourceOffset`, beside the stream's id and creation
-/// time), and once a cursor set starts a new run, no batch of the
-/// superseded one arrives after the new run's first.
+/// time): once a cursor set starts a new run, its batches (the history
+/// again, then new events) carry the new stamp, and with nothing of the
+/// old run in flight none of the old stamp follows.
 #[tokio::test]
 async fn itx_batches_carry_the_runs_stamp_and_a_superseded_run_delivers_nothing_after_the_new_one()
 {
