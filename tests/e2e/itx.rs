@@ -329,8 +329,7 @@ fn stamps(log: &str) -> Vec<(String, u64, String)> {
 /// again, then new events) carry the new stamp, and with nothing of the
 /// old run in flight none of the old stamp follows.
 #[tokio::test]
-async fn itx_batches_carry_the_runs_stamp_and_a_superseded_run_delivers_nothing_after_the_new_one()
-{
+async fn itx_batches_carry_their_runs_stamp_and_a_new_run_redelivers_under_its_own() {
     let s = deployed().await;
     let src = "/v1/projects/acme/streams/itx-stamp";
     let (status, out) = s
