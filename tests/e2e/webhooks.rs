@@ -273,3 +273,85 @@ async fn deny_private_networks_refuses_loopback_targets_after_resolution() {
     assert!(r.posts.lock().unwrap().is_empty(), "nothing was posted");
     // The default lets loopback targets through (the other tests here).
 }
+
+/// A transform that throws on an event halts a webhook, an ITX and a copy
+/// receiver at once (the same event would throw on every retry), after
+/// delivering the events before it in the same batch. Each halt names the
+/// JSONata error and the event it failed on.
+#[tokio::test]
+async fn a_transform_that_throws_at_delivery_halts_every_receiver_after_the_events_before_it() {
+    let r = receiver().await;
+    let s = Server::start_with(Some(FAST), &[]);
+    let (status, out) = s
+        .deploy("acme", "kinds", crate::support::guest("kinds"))
+        .await;
+    assert_eq!(status, 200, "{out}");
+    let transform = "payload.n > 1 ? $error(\"too big: \" & payload.n) : {\"payload\": payload}";
+    let (status, out) = s
+        .post(
+            &format!("{P}/src:append"),
+            webhook(&r.url, "halt", Some(transform)),
+        )
+        .await;
+    assert_eq!(status, 200, "{out}");
+    let itx = json!({"events": [{"type": "events.iterate.com/stream/subscription-configured",
+        "payload": {"subscriptionKey": "itx", "filter": {"eventTypes": ["x.y/e"]},
+            "receiver": {"action": "itx-call", "jsonataTransform": transform,
+                "expression": ["components", ["get", "kinds"], "processEventBatch"],
+                "delivery": {"start": "now", "onFailingEvent": "skip"}}}}]});
+    let (status, out) = s.post(&format!("{P}/src:append"), itx).await;
+    assert_eq!(status, 200, "{out}");
+    let copy = json!({"events": [{"type": "events.iterate.com/stream/subscription-configured",
+        "payload": {"subscriptionKey": "copy", "filter": {"eventTypes": ["x.y/e"]},
+            "receiver": {"action": "copy-to-stream", "receivingStreamPath": "/src-out",
+                "jsonataTransform": transform,
+                "delivery": {"start": "now", "onFailingEvent": "halt"}}}}]});
+    let (status, out) = s.post(&format!("{P}/src:append"), copy).await;
+    assert_eq!(status, 200, "{out}");
+    let (status, out) = s
+        .post(
+            &format!("{P}/src:append"),
+            json!({"events": [{"type": "x.y/e", "payload": {"n": 1}},
+                              {"type": "x.y/e", "payload": {"n": 2}}]}),
+        )
+        .await;
+    assert_eq!(status, 200, "{out}");
+    let (ok, bad) = (
+        out["events"][0]["offset"].as_u64().unwrap(),
+        out["events"][1]["offset"].as_u64().unwrap(),
+    );
+    for key in ["hook", "itx", "copy"] {
+        let halted = s
+            .wait_halted(&format!("{P}/src"), key, Duration::from_secs(20))
+            .await;
+        assert_eq!(halted["attempts"], 1, "{key}: {halted}");
+        assert_eq!(halted["afterOffset"], ok, "{key}: {halted}");
+        let error = halted["error"].as_str().unwrap_or_default();
+        assert!(error.contains("D3137: too big: 2"), "{key}: {halted}");
+        assert!(error.contains(&format!("offset {bad}")), "{key}: {halted}");
+    }
+    // What each receiver got: the first event, transformed, and nothing of
+    // the second (even "skip" does not skip what would throw again).
+    let posts = r.posts.lock().unwrap().clone();
+    assert_eq!(posts.len(), 1, "{posts:?}");
+    assert_eq!(posts[0]["event"]["offset"], ok);
+    assert_eq!(posts[0]["event"]["payload"], json!({"n": 1}));
+    let log = s.log();
+    let batches: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("itx batch delivery-id="))
+        .collect();
+    assert_eq!(batches.len(), 1, "{batches:?}");
+    assert!(
+        batches[0].contains(&format!("offsets={ok} ")),
+        "{batches:?}"
+    );
+    let copies: Vec<Value> = s
+        .all_events(&format!("{P}/src-out"))
+        .await
+        .into_iter()
+        .filter(|e| e["type"] == "x.y/e")
+        .collect();
+    assert_eq!(copies.len(), 1, "{copies:?}");
+    assert_eq!(copies[0]["payload"], json!({"n": 1}));
+}

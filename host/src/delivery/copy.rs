@@ -62,6 +62,22 @@ impl CopyBatch {
         );
     }
 
+    /// After [`CopyBatch::shape`]: when the transform throws on an event
+    /// after the first, drops it and every later event (the events before
+    /// it still go: progress; the next attempt starts at it, alone, and
+    /// halts); answers the offset just before it.
+    pub fn cut_before_failing(&mut self) -> Option<u64> {
+        let shaped = self.shaped.as_mut()?;
+        let at = shaped.iter().position(Result::is_err)?;
+        if at == 0 {
+            return None;
+        }
+        shaped.truncate(at);
+        let offset = self.events[at].offset;
+        self.events.truncate(at);
+        Some(offset - 1)
+    }
+
     pub fn stamp(&self) -> Stamp {
         Stamp {
             stream_created_at: self.source.stream_created_at.clone(),

@@ -7,12 +7,16 @@ use crate::delivery::select::Selection;
 use crate::delivery::Failure;
 use crate::stream::StreamAddress;
 
+/// Delivers the batch; answers the cursor after what it delivered (less
+/// than the selection's when the transform throws on an event after the
+/// first: see [`CopyBatch::cut_before_failing`]).
 pub async fn send(
     Attempt { exec, job, source }: Attempt<'_>,
     selection: Selection,
     receiver: &StreamAddress,
     transform: Option<String>,
-) -> Result<(), Failure> {
+) -> Result<u64, Failure> {
+    let mut through = selection.through;
     let streams = exec
         .streams
         .upgrade()
@@ -33,11 +37,14 @@ pub async fn send(
             Ok(batch)
         })
         .await?;
+        if let Some(before) = batch.cut_before_failing() {
+            through = before;
+        }
     }
     streams
         .deliver(receiver, batch)
         .await
-        .map(|_| ())
+        .map(|_| through)
         .map_err(|e| {
             Failure::new(
                 format!("{} failed: {}", job.route.target.label(), e.message),

@@ -18,11 +18,15 @@ pub struct Call {
     pub transform: Option<Expression>,
 }
 
+/// Calls the function with the batch; answers the cursor after what it
+/// delivered. A transform that throws on an event after the first
+/// delivers the events before it (progress; the next attempt starts at
+/// that event, alone, and halts).
 pub async fn send(
     Attempt { exec, job, source }: Attempt<'_>,
     selection: Selection,
     call: Call,
-) -> Result<(), Failure> {
+) -> Result<u64, Failure> {
     let Call {
         project,
         component,
@@ -36,10 +40,19 @@ pub async fn send(
     let info = source.info.clone();
     // Transforms and the call itself run on a blocking thread.
     let called = blocking(move || {
-        let offsets: Vec<u64> = selection.events.iter().map(|e| e.offset).collect();
+        let mut offsets: Vec<u64> = Vec::with_capacity(selection.events.len());
         let mut events = Vec::with_capacity(selection.events.len());
+        let mut through = selection.through;
         for e in &selection.events {
-            let posted = posted_event(e, transform.as_ref(), &key)?;
+            let posted = match posted_event(e, transform.as_ref(), &key) {
+                Ok(posted) => posted,
+                Err(_) if !offsets.is_empty() => {
+                    through = e.offset - 1;
+                    break;
+                }
+                Err(f) => return Err(f),
+            };
+            offsets.push(e.offset);
             events.push(json!({
                 "offset": e.offset,
                 "type": posted["type"],
@@ -64,7 +77,7 @@ pub async fn send(
                 "maxOffset": head,
             },
             "events": events,
-            "scannedThroughOffset": selection.through,
+            "scannedThroughOffset": through,
             "deliveryId": delivery_id,
             // The run's stamp as fields (the lifetime is in `stream`): a
             // receiver fences a superseded run by comparing them.
@@ -77,7 +90,7 @@ pub async fn send(
         };
         runtime
             .call_function(&component, &prepared, &function, &[batch], timeout_ms, opts)
-            .map(|_| ())
+            .map(|_| through)
             .map_err(|e| match e {
                 CallError::Err(v) => Failure::new(
                     v["message"]

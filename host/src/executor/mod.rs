@@ -157,7 +157,9 @@ async fn execute(exec: Executors, job: Job, source: Arc<Source>) -> Result<Deliv
             url,
             transform,
             configured_at,
-        } => webhook::send(attempt, selection, url, transform.clone(), *configured_at).await,
+        } => webhook::send(attempt, selection, url, transform.clone(), *configured_at)
+            .await
+            .map(|()| through),
         Target::Itx {
             project,
             component,
@@ -175,9 +177,11 @@ async fn execute(exec: Executors, job: Job, source: Arc<Source>) -> Result<Deliv
         Target::Wake { .. } => unreachable!("handled above"),
     };
     match sent {
-        Ok(()) => Ok(Delivered {
-            through,
-            offsets,
+        // (Less than the selection when a copy or ITX batch stopped before
+        // an event its transform throws on.)
+        Ok(delivered) => Ok(Delivered {
+            through: delivered,
+            offsets: offsets.into_iter().filter(|o| *o <= delivered).collect(),
             bytes,
         }),
         Err(mut f) => {
