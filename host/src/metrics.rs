@@ -1,6 +1,9 @@
 //! Prometheus metrics served at `GET /metrics`: appends, commit latency and
-//! group sizes, stream actors in memory, stream loads, effect executions and
-//! the memory SQLite holds (page caches, statements).
+//! group sizes, stream actors in memory, stream loads, delivery attempts,
+//! halts and skips by receiver kind, processor wake time, effect executions
+//! and effects by status, pending ingest per project, and the memory SQLite
+//! holds (page caches, statements). Labels have bounded values: receiver
+//! kinds, outcomes, statuses, and projects with pending ingest.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -29,6 +32,17 @@ struct Inner {
     stream_loads: Family<Vec<(String, String)>, Counter>,
     effect_executions: Family<Vec<(String, String)>, Counter>,
     sqlite_memory: Gauge,
+    delivery_attempts: Family<Vec<(String, String)>, Counter>,
+    subscription_halts: Family<Vec<(String, String)>, Counter>,
+    subscription_skips: Family<Vec<(String, String)>, Counter>,
+    wake_seconds: Histogram,
+    effects: Family<Vec<(String, String)>, Gauge>,
+    ingest_pending_events: Family<Vec<(String, String)>, Gauge>,
+    ingest_pending_bytes: Family<Vec<(String, String)>, Gauge>,
+}
+
+fn label(name: &str, value: &str) -> Vec<(String, String)> {
+    vec![(name.to_string(), value.to_string())]
 }
 
 impl Default for Metrics {
@@ -94,8 +108,57 @@ impl Metrics {
             "Heap memory held by SQLite (page caches and prepared statements of every connection)",
             sqlite_memory.clone(),
         );
+        let delivery_attempts = Family::<Vec<(String, String)>, Counter>::default();
+        registry.register(
+            "delivery_attempts",
+            "Delivery attempts of subscriptions, by receiver kind (copy, webhook, itx, wake) and outcome (ok or failed)",
+            delivery_attempts.clone(),
+        );
+        let subscription_halts = Family::<Vec<(String, String)>, Counter>::default();
+        registry.register(
+            "subscription_halts",
+            "Subscriptions halted (a subscription-delivery-halted fact committed), by receiver kind",
+            subscription_halts.clone(),
+        );
+        let subscription_skips = Family::<Vec<(String, String)>, Counter>::default();
+        registry.register(
+            "subscription_skips",
+            "Failing events skipped by a subscription's skip policy, by receiver kind",
+            subscription_skips.clone(),
+        );
+        let wake_seconds = Histogram::new(exponential_buckets(0.000_1, 2.0, 18));
+        registry.register(
+            "processor_wake_duration_seconds",
+            "Time of one processor wake: the fold of its batches and the commit of its checkpoint",
+            wake_seconds.clone(),
+        );
+        let effects = Family::<Vec<(String, String)>, Gauge>::default();
+        registry.register(
+            "effects",
+            "Effects in the outbox that are not done, by status (pending, running, failed), read at scrape time",
+            effects.clone(),
+        );
+        let ingest_pending_events = Family::<Vec<(String, String)>, Gauge>::default();
+        registry.register(
+            "ingest_pending_events",
+            "Events accepted over HTTP ingest and not yet appended, by project, read at scrape time",
+            ingest_pending_events.clone(),
+        );
+        let ingest_pending_bytes = Family::<Vec<(String, String)>, Gauge>::default();
+        registry.register(
+            "ingest_pending_bytes",
+            "Bytes of the pending ingest events, by project, read at scrape time",
+            ingest_pending_bytes.clone(),
+        );
         Metrics {
             inner: Arc::new(Inner {
+                delivery_attempts,
+                subscription_halts,
+                subscription_skips,
+                wake_seconds,
+                effects,
+                ingest_pending_events,
+                ingest_pending_bytes,
                 sqlite_memory,
                 effect_executions,
                 stream_actors,
@@ -146,6 +209,62 @@ impl Metrics {
             .effect_executions
             .get_or_create(&vec![("outcome".to_string(), outcome.to_string())])
             .inc();
+    }
+
+    /// Counts one delivery attempt of a subscription.
+    pub fn delivery_attempted(&self, receiver: &str, ok: bool) {
+        let mut labels = label("receiver", receiver);
+        labels.push(("outcome".into(), if ok { "ok" } else { "failed" }.into()));
+        self.inner.delivery_attempts.get_or_create(&labels).inc();
+    }
+
+    /// Counts a committed halt fact.
+    pub fn subscription_halted(&self, receiver: &str) {
+        self.inner
+            .subscription_halts
+            .get_or_create(&label("receiver", receiver))
+            .inc();
+    }
+
+    /// Counts a committed skip line.
+    pub fn subscription_skipped(&self, receiver: &str) {
+        self.inner
+            .subscription_skips
+            .get_or_create(&label("receiver", receiver))
+            .inc();
+    }
+
+    /// Records one processor wake.
+    pub fn observe_wake(&self, elapsed: Duration) {
+        self.inner.wake_seconds.observe(elapsed.as_secs_f64());
+    }
+
+    /// Sets the outbox's counts by status (statuses absent count 0).
+    pub fn set_effects(&self, by_status: &[(String, i64)]) {
+        for status in ["pending", "running", "failed"] {
+            let n = by_status
+                .iter()
+                .find(|(s, _)| s == status)
+                .map_or(0, |(_, n)| *n);
+            self.inner.effects.get_or_create(&label("status", status)).set(n);
+        }
+    }
+
+    /// Sets the pending ingest per project (projects absent are dropped).
+    pub fn set_ingest_pending(&self, by_project: &[(String, u64, u64)]) {
+        self.inner.ingest_pending_events.clear();
+        self.inner.ingest_pending_bytes.clear();
+        for (project, events, bytes) in by_project {
+            let labels = label("project", project);
+            self.inner
+                .ingest_pending_events
+                .get_or_create(&labels)
+                .set(*events as i64);
+            self.inner
+                .ingest_pending_bytes
+                .get_or_create(&labels)
+                .set(*bytes as i64);
+        }
     }
 
     /// Sets the memory SQLite holds, read at scrape time.

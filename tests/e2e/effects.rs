@@ -303,6 +303,9 @@ async fn webhook_effects_carry_their_id_and_a_4xx_fails_at_once_with_one_error_l
         "a 503 is retried up to max-attempts: {busy}"
     );
     assert_eq!(r.posts_to("/busy/1").len(), 3);
+    // /metrics counts the outbox by status: both failed, nothing pending.
+    assert_eq!(s.metric("streamhost_effects{status=\"failed\"}").await, 2);
+    assert_eq!(s.metric("streamhost_effects{status=\"pending\"}").await, 0);
 
     let lines = error_lines(&s.all_events(SRC).await);
     assert_eq!(lines.len(), 2, "{lines:?}");

@@ -291,6 +291,19 @@ async fn ingest_at_capacity_refuses_new_work_keeps_what_it_accepted_and_paused_s
     let status = ingest_status(&server).await;
     assert_eq!(status["http"]["pending"], 5, "{status}");
     assert_eq!(status["http"]["capacity"]["events"], 5, "{status}");
+    // Operators see it in /metrics too, by project.
+    assert_eq!(
+        server
+            .metric("streamhost_ingest_pending_events{project=\"acme\"}")
+            .await,
+        5
+    );
+    assert!(
+        server
+            .metric("streamhost_ingest_pending_bytes{project=\"acme\"}")
+            .await
+            > 0
+    );
     assert!(status["http"]["bytes"].as_u64().unwrap() > 0);
     assert!(orders(&server, STREAM).await.is_empty());
 

@@ -169,6 +169,18 @@ async fn the_counter_state_equals_the_fold_and_never_sees_ephemeral_events() {
     assert_eq!(p["component"], "counter");
     let (_, list) = s.get("/v1/projects/acme/components").await;
     assert_eq!(p["digest"], list["components"][0]["digest"]);
+    // Each wake is timed in /metrics (its commit included), and counted as
+    // a delivery attempt of a wake receiver.
+    assert!(
+        s.metric("streamhost_processor_wake_duration_seconds_count")
+            .await
+            >= 1
+    );
+    assert!(
+        s.metric("streamhost_delivery_attempts_total{receiver=\"wake\",outcome=\"ok\"}")
+            .await
+            >= 1
+    );
     let (_, v) = s
         .post(
             &format!("{S}:verifyProcessor"),

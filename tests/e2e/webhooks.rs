@@ -173,6 +173,28 @@ async fn skip_policy_attempts_a_failing_event_three_times_then_skips_it() {
         message.starts_with("subscription \"hook\" skipped failing event at offset 3 after 3 event-specific attempts: webhook responded 422 bad event"),
         "{message}"
     );
+    // /metrics counts the skip (not a halt) and the attempts (the count
+    // follows the line's commit).
+    wait_for(
+        "the skip in /metrics",
+        Duration::from_secs(10),
+        async || {
+            s.metric("streamhost_subscription_skips_total{receiver=\"webhook\"}")
+                .await
+                == 1
+        },
+    )
+    .await;
+    assert_eq!(
+        s.metric("streamhost_subscription_halts_total{receiver=\"webhook\"}")
+            .await,
+        0
+    );
+    assert_eq!(
+        s.metric("streamhost_delivery_attempts_total{receiver=\"webhook\",outcome=\"failed\"}")
+            .await,
+        3
+    );
 }
 
 #[tokio::test]
@@ -346,6 +368,26 @@ async fn a_transform_that_throws_at_delivery_halts_every_receiver_after_the_even
         batches[0].contains(&format!("offsets={ok} ")),
         "{batches:?}"
     );
+    // /metrics: one halt per receiver kind, and the attempts that led there
+    // (copy and ITX succeeded once, each kind failed once).
+    for kind in ["webhook", "itx", "copy"] {
+        let of = |name: &str| format!("streamhost_{name}_total{{receiver=\"{kind}\"");
+        // (The count follows the fact's commit.)
+        wait_for(
+            "the halt in /metrics",
+            Duration::from_secs(10),
+            async || s.metric(&of("subscription_halts")).await == 1,
+        )
+        .await;
+        assert_eq!(s.metric(&of("subscription_skips")).await, 0, "{kind}");
+        let attempts = |outcome: &str| {
+            format!(
+                "streamhost_delivery_attempts_total{{receiver=\"{kind}\",outcome=\"{outcome}\"}}"
+            )
+        };
+        assert_eq!(s.metric(&attempts("failed")).await, 1, "{kind}");
+        assert!(s.metric(&attempts("ok")).await >= 1, "{kind}");
+    }
     let copies: Vec<Value> = s
         .all_events(&format!("{P}/src-out"))
         .await

@@ -36,6 +36,16 @@ pub enum Target {
 }
 
 impl Target {
+    /// The receiver's kind, as metrics label it.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Target::Copy { .. } => "copy",
+            Target::Webhook { .. } => "webhook",
+            Target::Itx { .. } => "itx",
+            Target::Wake { .. } => "wake",
+        }
+    }
+
     /// Short text for logs and failure messages.
     pub fn label(&self) -> String {
         match self {

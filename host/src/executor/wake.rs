@@ -43,6 +43,7 @@ pub async fn send(
     };
     let storage = exec.storage.clone();
     let name = component.to_string();
+    let started = std::time::Instant::now();
     let result = async {
         // Fold and commit on one blocking thread: the commit happens right
         // there when the writer is idle (`commit_blocking`), so a wake
@@ -73,6 +74,7 @@ pub async fn send(
         })
     }
     .await;
+    exec.metrics.observe_wake(started.elapsed());
     let Err(mut failure) = result else {
         return result;
     };

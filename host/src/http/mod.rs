@@ -263,6 +263,23 @@ async fn metrics(State(host): State<Host>, headers: HeaderMap) -> Response {
     }
     host.metrics
         .set_sqlite_memory(crate::storage::Storage::memory_used());
+    // What only storage knows, read now (off the async workers).
+    let storage = host.streams.storage().clone();
+    let counts = tokio::task::spawn_blocking(move || {
+        (storage.effect_counts(), storage.ingest_pending_by_project())
+    })
+    .await;
+    match counts {
+        Ok((Ok(effects), Ok(ingest))) => {
+            host.metrics.set_effects(&effects);
+            host.metrics.set_ingest_pending(&ingest);
+        }
+        Ok((effects, ingest)) => {
+            let e = effects.err().or(ingest.err());
+            tracing::warn!(error = ?e, "reading the outbox and ingest counts for /metrics failed");
+        }
+        Err(e) => tracing::warn!(error = %e, "reading the counts for /metrics failed"),
+    }
     (
         StatusCode::OK,
         [(

@@ -269,6 +269,19 @@ impl Storage {
         })
     }
 
+    /// How many effects are pending, running and failed (the statuses not
+    /// done; succeeded and cancelled rows are history).
+    pub fn effect_counts(&self) -> Result<Vec<(String, i64)>> {
+        self.with_reader(|db| {
+            db.query_all(
+                "SELECT status, COUNT(*) FROM effects
+                 WHERE status IN ('pending', 'running', 'failed') GROUP BY status",
+                args![],
+                |r| Ok((r.text(0)?, r.int(1)?)),
+            )
+        })
+    }
+
     /// When the next effect falls due (a retry or an expiring lease); with
     /// several hosts, of the streams this host owns.
     pub fn next_effect_due(&self) -> Result<Option<i64>> {

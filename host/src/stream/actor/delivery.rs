@@ -286,11 +286,37 @@ impl Actor {
         }
     }
 
+    /// The receiver kind of run `key`, as metrics label it.
+    fn receiver_kind(&self, key: &str) -> &'static str {
+        self.deliveries
+            .runs
+            .get(key)
+            .and_then(|rt| rt.route.as_ref().ok())
+            .map_or("unknown", |route| route.target.kind())
+    }
+
+    /// Counts the halt and skip facts of run `key` that just committed.
+    pub(super) fn count_run_facts(&self, key: &str, events: &[crate::stream::Event]) {
+        let kind = self.receiver_kind(key);
+        for e in events {
+            match e.event_type.as_str() {
+                crate::stream::types::SUBSCRIPTION_DELIVERY_HALTED => {
+                    self.ctx.metrics.subscription_halted(kind)
+                }
+                crate::stream::types::ERROR_OCCURRED => self.ctx.metrics.subscription_skipped(kind),
+                _ => {}
+            }
+        }
+    }
+
     /// Applies a delivery report, unless it belongs to an older attempt.
     pub(super) fn delivery_done(&mut self, done: DeliveryDone) {
         if self.stream.is_none() {
             return;
         }
+        self.ctx
+            .metrics
+            .delivery_attempted(self.receiver_kind(&done.key), done.result.is_ok());
         if let Err(failure) = &done.result {
             tracing::warn!(stream = %self.address, key = %done.key, error = %failure.message, "delivery failed");
         }

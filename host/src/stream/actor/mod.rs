@@ -1260,7 +1260,11 @@ impl Actor {
                         tracing::warn!(stream = %self.address, error = %e, "platform append rejected");
                         return run;
                     }
-                    (None, Ok(_)) => {}
+                    (None, Ok(out)) => {
+                        if let Some((key, _)) = &run {
+                            self.count_run_facts(key, &out.events);
+                        }
+                    }
                 }
                 None
             }
