@@ -1214,6 +1214,14 @@ async fn an_effects_append_to_a_stream_another_host_owns_commits_on_its_owner() 
         .filter(|e| e["type"] == "x.y/noted")
         .count();
     assert_eq!(noted, 1, "committed once: {page}");
-    let (_, effects) = a.get("/v1/projects/acme/effects?stream=/jobs-on-a").await;
-    assert_eq!(effects["effects"][0]["status"], "succeeded", "{effects}");
+    // It settles after its append commits: wait for that.
+    wait_for(
+        "the effect to settle",
+        Duration::from_secs(30),
+        async || {
+            let (_, effects) = a.get("/v1/projects/acme/effects?stream=/jobs-on-a").await;
+            effects["effects"][0]["status"] == "succeeded"
+        },
+    )
+    .await;
 }

@@ -230,42 +230,64 @@ impl Storage {
             return Ok(None);
         };
         let running: Vec<Option<i64>> = running_here.iter().map(|id| Some(*id)).collect();
+        let sql = format!(
+            "WITH now AS (
+                 SELECT {PG_NOW_MS} AS ms
+             ), due AS (
+                 SELECT id FROM effects, now
+                 WHERE status IN ('pending', 'running') AND due_at_ms <= now.ms
+                   AND NOT (id = ANY(?4)) {}
+                 ORDER BY due_at_ms, id LIMIT ?2
+                 FOR UPDATE OF effects SKIP LOCKED
+             )
+             UPDATE effects SET status = 'running', attempts = attempts + 1,
+                 due_at_ms = (SELECT ms FROM now) + ?1, lease_id = lease_id + 1
+             FROM due WHERE effects.id = due.id
+             RETURNING {}",
+            owned_by(3),
+            COLUMNS
+                .split(", ")
+                .map(|c| format!("effects.{c}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        let args = [
+            Arg::Int(lease_ms),
+            Arg::Int(limit as i64),
+            Arg::Text(&me.id),
+            Arg::Ints(&running),
+        ];
         self.with_reader(|db| {
-            db.query_all(
-                &format!(
-                    "WITH now AS (
-                         SELECT CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT) AS ms
-                     ), due AS (
-                         SELECT id FROM effects, now
-                         WHERE status IN ('pending', 'running') AND due_at_ms <= now.ms
-                           AND NOT (id = ANY(?4)) {}
-                         ORDER BY due_at_ms, id LIMIT ?2
-                         FOR UPDATE OF effects SKIP LOCKED
-                     )
-                     UPDATE effects SET status = 'running', attempts = attempts + 1,
-                         due_at_ms = (SELECT ms FROM now) + ?1, lease_id = lease_id + 1
-                     FROM due WHERE effects.id = due.id
-                     RETURNING {}",
-                    owned_by(3),
-                    COLUMNS
-                        .split(", ")
-                        .map(|c| format!("effects.{c}"))
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                ),
-                &[
-                    Arg::Int(lease_ms),
-                    Arg::Int(limit as i64),
-                    Arg::Text(&me.id),
-                    Arg::Ints(&running),
-                ],
-                row,
-            )
-            .map(|mut rows| {
-                // RETURNING follows no order: the oldest first.
-                rows.sort_by_key(|r| r.id);
-                Some(rows)
-            })
+            let Db::Postgres(pg) = db else {
+                anyhow::bail!("several hosts run on PostgreSQL");
+            };
+            // Its own transaction, whose commit waits for no fsync: a lease
+            // lost in a crash of the database only lets the effect run
+            // again (at least once), which its target's idempotency covers.
+            let answers = pg.pipeline(&[
+                ("BEGIN", &[]),
+                ("SET LOCAL synchronous_commit TO off", &[]),
+                (&sql, &args),
+                ("COMMIT", &[]),
+            ])?;
+            let mut leased = Vec::new();
+            for (n, answer) in answers.into_iter().enumerate() {
+                match answer {
+                    Ok(rows) if n == 2 => {
+                        for r in &rows {
+                            leased.push(row(&Row::Postgres(r))?);
+                        }
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
+                        let _ = db.control("ROLLBACK");
+                        return Err(anyhow::Error::from(e).context("leasing due effects"));
+                    }
+                }
+            }
+            // RETURNING follows no order: the oldest first.
+            leased.sort_by_key(|r| r.id);
+            Ok(Some(leased))
         })
     }
 
@@ -314,6 +336,9 @@ fn owned_by(n: usize) -> String {
     )
 }
 
+/// PostgreSQL's clock in milliseconds since the epoch, as SQL.
+const PG_NOW_MS: &str = "CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT)";
+
 /// The time to use in this table: `host_now_ms` on SQLite (one host, its
 /// injected clock), the database's clock on PostgreSQL (several hosts).
 pub(super) fn db_now(conn: Db<'_>, host_now_ms: i64) -> Result<i64> {
@@ -336,11 +361,38 @@ pub(super) fn insert(
     now_ms: i64,
     created_at: &str,
 ) -> Result<i64> {
-    let now_ms = if effects.is_empty() {
-        now_ms
-    } else {
-        db_now(conn, now_ms)?
-    };
+    if effects.is_empty() {
+        return Ok(0);
+    }
+    if conn.dialect() == super::sql::Dialect::Postgres {
+        // One statement for all of them, on the database's clock.
+        let keys: Vec<Option<&str>> = effects.iter().map(|e| Some(e.key.as_str())).collect();
+        let offsets: Vec<Option<i64>> = effects
+            .iter()
+            .map(|e| Some(e.checkpoint_offset as i64))
+            .collect();
+        let targets: Vec<Option<&str>> =
+            effects.iter().map(|e| Some(e.target.as_str())).collect();
+        return Ok(conn.execute(
+            &format!(
+                "INSERT INTO effects (project, path, stream_id, component, effect_key,
+                     checkpoint_offset, target, status, due_at_ms, created_at)
+                 SELECT ?1, ?2, ?3, ?4, k, o, t, 'pending', {PG_NOW_MS}, ?8
+                 FROM UNNEST(CAST(?5 AS TEXT[]), CAST(?6 AS BIGINT[]), CAST(?7 AS TEXT[])) AS u(k, o, t)
+                 ON CONFLICT DO NOTHING"
+            ),
+            &[
+                Arg::Text(&source.project),
+                Arg::Text(&source.path),
+                Arg::Text(&source.stream_id),
+                Arg::Text(&source.component),
+                Arg::Texts(&keys),
+                Arg::Ints(&offsets),
+                Arg::Texts(&targets),
+                Arg::Text(created_at),
+            ],
+        )? as i64);
+    }
     let mut created = 0;
     for e in effects {
         created += conn.execute(
@@ -361,6 +413,62 @@ pub(super) fn insert(
         )? as i64;
     }
     Ok(created)
+}
+
+/// A settlement's one statement and its `?4`: on PostgreSQL the due time
+/// moves to the database's clock inside the statement (no round trip to
+/// read it first).
+pub(super) fn settle_statement(
+    dialect: super::sql::Dialect,
+    now_ms: i64,
+    due_at_ms: i64,
+) -> (&'static str, i64) {
+    match dialect {
+        super::sql::Dialect::Sqlite => (
+            "UPDATE effects SET status = ?3, due_at_ms = ?4, last_error = ?5, result = ?6,
+                 settled_at = ?7
+             WHERE id = ?1 AND lease_id = ?2 AND status = 'running'",
+            due_at_ms,
+        ),
+        super::sql::Dialect::Postgres => (
+            "UPDATE effects SET status = ?3,
+                 due_at_ms = CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT) + ?4,
+                 last_error = ?5, result = ?6, settled_at = ?7
+             WHERE id = ?1 AND lease_id = ?2 AND status = 'running' RETURNING id",
+            due_at_ms - now_ms,
+        ),
+    }
+}
+
+/// A settlement as its one PostgreSQL statement and arguments (each row it
+/// answers is a row it changed), for the writer to pipeline.
+pub(super) fn settle_pipelined(op: &EffectOp) -> Option<(&'static str, Vec<Arg<'_>>)> {
+    let EffectOp::Settle {
+        id,
+        lease_id,
+        now_ms,
+        status,
+        due_at_ms,
+        last_error,
+        result,
+        settled_at,
+    } = op
+    else {
+        return None;
+    };
+    let (sql, due) = settle_statement(super::sql::Dialect::Postgres, *now_ms, *due_at_ms);
+    Some((
+        sql,
+        vec![
+            Arg::Int(*id),
+            Arg::Int(*lease_id),
+            Arg::Text(status),
+            Arg::Int(due),
+            Arg::from(last_error),
+            Arg::from(result),
+            Arg::from(settled_at),
+        ],
+    ))
 }
 
 pub(super) fn apply(conn: Db<'_>, op: &EffectOp) -> Result<i64> {
@@ -401,11 +509,9 @@ pub(super) fn apply(conn: Db<'_>, op: &EffectOp) -> Result<i64> {
             result,
             settled_at,
         } => {
-            let due = db_now(conn, *now_ms)? + (due_at_ms - now_ms);
+            let (sql, due) = settle_statement(conn.dialect(), *now_ms, *due_at_ms);
             conn.execute(
-                "UPDATE effects SET status = ?3, due_at_ms = ?4, last_error = ?5, result = ?6,
-                     settled_at = ?7
-                 WHERE id = ?1 AND lease_id = ?2 AND status = 'running'",
+                sql,
                 args![id, lease_id, *status, due, last_error, result, settled_at],
             )?
         }

@@ -524,6 +524,63 @@ fn apply_in_savepoint(conn: Db<'_>, op: &WriteOp) -> Result<Result<i64, CommitEr
     })
 }
 
+/// Runs one-statement writes, each in a savepoint of its own as
+/// [`apply_in_savepoint`] does, pipelined: one round trip for all of them
+/// unless one fails (then the rest go again after it is rolled back).
+/// Answers each write's rows. An error: a savepoint itself failed (the
+/// transaction is rolled back).
+fn pipeline_in_savepoints(
+    pg: &PgConn,
+    writes: &[(&str, Vec<super::sql::Arg<'_>>)],
+) -> Result<Vec<Result<i64, CommitError>>> {
+    let conn = Db::Postgres(pg);
+    let mut out = Vec::with_capacity(writes.len());
+    while out.len() < writes.len() {
+        let rest = &writes[out.len()..];
+        let mut statements: Vec<(&str, &[super::sql::Arg<'_>])> = Vec::with_capacity(3 * rest.len());
+        for (sql, args) in rest {
+            statements.push(("SAVEPOINT op", &[]));
+            statements.push((sql, args.as_slice()));
+            statements.push(("RELEASE op", &[]));
+        }
+        let answers = pg.pipeline(&statements).inspect_err(|_| {
+            let _ = control(conn, "ROLLBACK");
+        })?;
+        let mut answers = answers.into_iter();
+        while let (Some(savepoint), Some(write), Some(release)) =
+            (answers.next(), answers.next(), answers.next())
+        {
+            if let Err(e) = savepoint {
+                let _ = control(conn, "ROLLBACK");
+                return Err(e.into());
+            }
+            match write {
+                Ok(rows) => {
+                    if let Err(e) = release {
+                        let _ = control(conn, "ROLLBACK");
+                        return Err(e.into());
+                    }
+                    out.push(Ok(rows.len() as i64));
+                }
+                Err(e) => {
+                    // Every statement after it failed for the aborted
+                    // transaction: undo this one, then send the rest again.
+                    let e = anyhow::Error::from(e);
+                    tracing::error!(error = %format!("{e:#}"), "write rolled back");
+                    control(conn, "ROLLBACK TO op")
+                        .and_then(|()| control(conn, "RELEASE op"))
+                        .inspect_err(|_| {
+                            let _ = control(conn, "ROLLBACK");
+                        })?;
+                    out.push(Err(CommitError::of_write(&e)));
+                    break;
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
 /// Commits the group's transaction (see [`finish`]); rolls it back when
 /// that fails.
 fn finish_group(conn: Db<'_>, faults: &Faults) -> Result<(), String> {
@@ -716,19 +773,40 @@ fn commit_group_pipelined(
             }
         }
         let mut results: Vec<Result<i64, CommitError>> = Vec::with_capacity(ops.len());
-        for (i, op) in ops.iter().enumerate() {
+        let mut i = 0;
+        while i < ops.len() {
             if let Some(e) = &refused[i] {
                 results.push(Err(e.clone()));
+                i += 1;
                 continue;
             }
             if let Some(row_id) = row_ids[i] {
                 results.push(Ok(row_id));
+                i += 1;
                 continue;
             }
-            match apply_in_savepoint(conn, op) {
+            // Effect settlements, one statement each: the consecutive ones
+            // go in one round trip.
+            let settles: Vec<(&str, Vec<super::sql::Arg<'_>>)> = ops[i..]
+                .iter()
+                .map_while(|op| match op {
+                    WriteOp::Effect(e) => super::effects::settle_pipelined(e),
+                    _ => None,
+                })
+                .collect();
+            if !settles.is_empty() {
+                match pipeline_in_savepoints(pg, &settles) {
+                    Ok(settled) => results.extend(settled),
+                    Err(e) => return fail_all(ops, &e),
+                }
+                i += settles.len();
+                continue;
+            }
+            match apply_in_savepoint(conn, &ops[i]) {
                 Ok(result) => results.push(result),
                 Err(e) => return fail_all(ops, &e),
             }
+            i += 1;
         }
         return match finish_group(conn, faults) {
             Ok(()) => results,
