@@ -157,7 +157,7 @@ pub use ingest::{HttpIngestStatus, IngestCapacity, IngestStatus};
 /// still hold; only the budget of values an expression builds step by step
 /// (a path over a range, recursion) does not.
 pub use jsonata::memory::Counting as CountingAllocator;
-pub use storage::FenceIdentity;
+pub use storage::{DroppedEvent, FenceIdentity};
 pub use stream::{
     AppendInput, AppendOutput, ConnectionView, CoreState, DeliveryView, Event, EventInput, Latency,
     Namespace, ReadOutput, ReadQuery, RuntimeView, StreamAddress,

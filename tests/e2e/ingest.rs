@@ -635,3 +635,47 @@ async fn the_bridge_holds_a_paused_streams_messages_in_jetstream_until_resumed()
     assert_eq!(got, want);
     wait_jetstream_empty(&js).await;
 }
+
+/// An accepted event that can never be appended is dropped with its reason
+/// kept in storage: `GET /v1/ingest` names it (stream, key, reason, when)
+/// after a restart too, and the events beside it still arrive.
+#[tokio::test]
+async fn an_event_dropped_for_good_keeps_its_reason_across_a_restart() {
+    let mut server = Server::start();
+    // Held by a paused stream while the store is damaged under it.
+    set_paused(&server, STREAM, true).await;
+    let events = json!({"events": [order("o-1", 1), order("o-2", 2)]});
+    assert_eq!(server.post(INGEST, events).await.0, 202);
+    server
+        .db()
+        .execute("UPDATE ingest_pending SET body = 'not an event' WHERE idempotency_key = 'o-1'");
+    set_paused(&server, STREAM, false).await;
+    let got = wait_orders(&server, STREAM, 1).await;
+    assert_eq!(got, vec![("o-2".to_string(), 2)]);
+    wait_http_drained(&server).await;
+    let check = |status: &Value| {
+        let drops = status["http"]["drops"].as_array().expect("drops").clone();
+        assert_eq!(drops.len(), 1, "{status}");
+        assert_eq!(drops[0]["project"], "acme");
+        assert_eq!(drops[0]["path"], "/orders");
+        assert_eq!(drops[0]["idempotencyKey"], "o-1");
+        assert!(
+            drops[0]["reason"]
+                .as_str()
+                .unwrap()
+                .contains("the accepted event is unreadable"),
+            "{status}"
+        );
+        assert!(drops[0]["droppedAt"].as_str().unwrap().ends_with('Z'));
+        let last = status["http"]["lastError"].as_str().unwrap();
+        assert!(
+            last.contains("\"o-1\"") && last.contains("unreadable"),
+            "{last}"
+        );
+    };
+    check(&ingest_status(&server).await);
+    server.kill();
+    server.restart();
+    check(&ingest_status(&server).await);
+    assert_eq!(orders(&server, STREAM).await.len(), 1);
+}

@@ -54,6 +54,16 @@ impl Host {
     /// ```
     pub async fn ingest_status(&self) -> Result<IngestStatus, Error> {
         let mut status = self.ingest.status();
+        status.http.drops = self
+            .read_storage("reading dropped ingest", |s| s.ingest_drops())
+            .await?;
+        status.http.last_error = status.http.drops.last().map(|d| {
+            format!(
+                "event with idempotency key {:?} for {} in {:?} could not be appended and was \
+                 dropped at {}: {}",
+                d.idempotency_key, d.path, d.project, d.dropped_at, d.reason
+            )
+        });
         // Several hosts: what is pending is in the shared table, not in
         // this host's memory.
         if self.streams.storage().cluster().is_some() {

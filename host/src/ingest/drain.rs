@@ -15,7 +15,8 @@ use futures_util::StreamExt;
 
 use super::Ingest;
 use crate::error::{Error, ErrorKind};
-use crate::storage::{IngestOp, PendingRow, WriteOp};
+use crate::clock::format_timestamp;
+use crate::storage::{DroppedEvent, IngestOp, PendingRow, WriteOp};
 use crate::stream::{
     AppendInput, Authority, EventInput, Namespace, StreamAddress, Streams, StreamsRef,
     APPEND_EVENTS_MAX,
@@ -205,19 +206,28 @@ async fn one_by_one(
             }
             Err(e) if is_retryable(&e) => return false,
             Err(e) => {
-                let message = format!(
+                tracing::error!(
                     "event with idempotency key {:?} for {address} could not be appended and \
                      was dropped: {}",
-                    row.key, e.message
+                    row.key,
+                    e.message
                 );
-                tracing::error!("{message}");
-                let op = IngestOp::Drop { ids: vec![row.id] };
+                let why = DroppedEvent {
+                    project: address.namespace.storage_key().to_string(),
+                    path: address.path.clone(),
+                    idempotency_key: row.key.clone(),
+                    reason: e.message.clone(),
+                    dropped_at: format_timestamp(chrono::Utc::now().timestamp_millis()),
+                };
+                let op = IngestOp::Drop {
+                    ids: vec![row.id],
+                    why: Some(why),
+                };
                 match streams.storage().submit(WriteOp::Ingest(op)).await {
                     Ok(Ok(gone)) => {
                         if gone > 0 {
                             ingest.release(address.namespace.storage_key(), 1, row.bytes as u64);
                         }
-                        ingest.set_last_error(message);
                     }
                     _ => return false,
                 }

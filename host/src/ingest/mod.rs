@@ -175,8 +175,6 @@ struct Inner {
     capacity: Mutex<Capacity>,
     /// Rung when events are accepted: the drain looks at once.
     bell: Notify,
-    /// The last event the drain could not append and dropped.
-    last_error: Mutex<Option<String>>,
     nats: Mutex<Option<nats::Status>>,
     /// Rung by `POST /v1/ingest:register`: the bridge checks again.
     register: Notify,
@@ -203,7 +201,6 @@ impl Ingest {
                 config,
                 capacity: Mutex::new(capacity),
                 bell: Notify::new(),
-                last_error: Mutex::new(None),
                 nats: Mutex::new(nats),
                 register: Notify::new(),
                 register_reply: Mutex::new(None),
@@ -241,10 +238,6 @@ impl Ingest {
 
     pub(crate) fn bell(&self) -> &Notify {
         &self.inner.bell
-    }
-
-    pub(crate) fn set_last_error(&self, message: String) {
-        *self.inner.last_error.lock().expect("ingest last error") = Some(message);
     }
 
     pub(crate) fn update_nats(&self, f: impl FnOnce(&mut nats::Status)) {
@@ -336,12 +329,8 @@ impl Ingest {
                     events: c.max_events,
                     bytes: c.max_bytes,
                 },
-                last_error: self
-                    .inner
-                    .last_error
-                    .lock()
-                    .expect("ingest last error")
-                    .clone(),
+                last_error: None,
+                drops: Vec::new(),
             },
             nats,
         }
@@ -367,8 +356,12 @@ pub struct HttpIngestStatus {
     pub bytes: u64,
     /// The most that may be pending.
     pub capacity: IngestCapacity,
-    /// The last failure appending accepted events.
+    /// The last event dropped for good, and why (from `drops`).
     pub last_error: Option<String>,
+    /// The events dropped for good (they can never be appended: their key
+    /// was used with other content, the stream refuses them for good),
+    /// oldest first: the latest 64, kept in storage across restarts.
+    pub drops: Vec<crate::storage::DroppedEvent>,
 }
 
 /// How much accepted ingest may wait.

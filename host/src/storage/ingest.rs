@@ -48,6 +48,25 @@ pub struct NewPending {
     pub accepted_at: String,
 }
 
+/// Drops of HTTP ingest events kept.
+pub const DROPS_KEPT: i64 = 64;
+
+/// An HTTP ingest event dropped for good, and why.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DroppedEvent {
+    /// Its project (empty: a global stream).
+    pub project: String,
+    /// Its stream's path.
+    pub path: String,
+    /// Its idempotency key.
+    pub idempotency_key: String,
+    /// Why it can never be appended.
+    pub reason: String,
+    /// When it was dropped (RFC 3339).
+    pub dropped_at: String,
+}
+
 /// A pending event as stored.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PendingRow {
@@ -97,7 +116,11 @@ pub enum IngestOp {
     /// drain deleted first are not counted twice).
     Appended { ids: Vec<i64> },
     /// Pending rows that can never be appended; answers how many went.
-    Drop { ids: Vec<i64> },
+    /// `why` is kept (the latest [`DROPS_KEPT`]).
+    Drop {
+        ids: Vec<i64>,
+        why: Option<DroppedEvent>,
+    },
     /// Registers a stream's identity; answers the fence id.
     Register {
         identity: FenceIdentity,
@@ -291,11 +314,23 @@ pub(super) fn apply(conn: Db<'_>, op: &IngestOp) -> Result<i64> {
             // At most 1000 rows of at most 4 MiB in all: both fit.
             (gone << 32) | (bytes & 0xffff_ffff)
         }
-        IngestOp::Drop { ids } => {
+        IngestOp::Drop { ids, why } => {
             ingest_lock(conn)?;
             let mut gone = 0;
             for id in ids {
                 gone += conn.execute("DELETE FROM ingest_pending WHERE id = ?1", args![id])? as i64;
+            }
+            if let (Some(d), true) = (why, gone > 0) {
+                conn.execute(
+                    "INSERT INTO ingest_drops (project, path, idempotency_key, reason, dropped_at)
+                     VALUES (?1, ?2, ?3, ?4, ?5)",
+                    args![&d.project, &d.path, &d.idempotency_key, &d.reason, &d.dropped_at],
+                )?;
+                conn.execute(
+                    "DELETE FROM ingest_drops WHERE id NOT IN
+                     (SELECT id FROM ingest_drops ORDER BY id DESC LIMIT ?1)",
+                    args![DROPS_KEPT],
+                )?;
             }
             gone
         }
@@ -355,6 +390,27 @@ impl Storage {
                 "SELECT COUNT(*), CAST(COALESCE(SUM(bytes), 0) AS BIGINT) FROM ingest_pending",
                 args![],
                 |r| Ok((r.int(0)? as u64, r.int(1)? as u64)),
+            )
+        })
+    }
+
+    /// The HTTP ingest events dropped for good, oldest first (the latest
+    /// [`DROPS_KEPT`]).
+    pub fn ingest_drops(&self) -> Result<Vec<DroppedEvent>> {
+        self.with_reader(|db| {
+            db.query_all(
+                "SELECT project, path, idempotency_key, reason, dropped_at FROM ingest_drops
+                 ORDER BY id",
+                args![],
+                |r| {
+                    Ok(DroppedEvent {
+                        project: r.text(0)?,
+                        path: r.text(1)?,
+                        idempotency_key: r.text(2)?,
+                        reason: r.text(3)?,
+                        dropped_at: r.text(4)?,
+                    })
+                },
             )
         })
     }

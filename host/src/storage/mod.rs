@@ -34,8 +34,8 @@ use crate::metrics::Metrics;
 pub use effects::{EffectOp, EffectQuery, EffectRow, EffectSource, NewEffect};
 pub use hot::{set_key_cache_bytes, KEY_CACHE_BYTES_DEFAULT};
 pub use ingest::{
-    FenceIdentity, IngestOp, NewPending, PendingRow, SharedBound, CAPACITY_EXHAUSTED,
-    DIAGNOSTICS_KEPT, KEY_CONFLICT, KEY_IN_STREAM,
+    DroppedEvent, FenceIdentity, IngestOp, NewPending, PendingRow, SharedBound,
+    CAPACITY_EXHAUSTED, DIAGNOSTICS_KEPT, KEY_CONFLICT, KEY_IN_STREAM,
 };
 pub use keys::{read_offline, tag as key_tag, StoredBucket, Writes as KeyWrites};
 // Named in the signatures the `internals` feature opens.
