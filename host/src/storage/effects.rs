@@ -440,9 +440,13 @@ pub(super) fn settle_statement(
     }
 }
 
-/// A settlement as its one PostgreSQL statement and arguments (each row it
-/// answers is a row it changed), for the writer to pipeline.
-pub(super) fn settle_pipelined(op: &EffectOp) -> Option<(&'static str, Vec<Arg<'_>>)> {
+/// A settlement as its one statement and arguments in `dialect` (on
+/// PostgreSQL each row it answers is a row it changed); `None` for any
+/// other write. The writer pipelines PostgreSQL's.
+pub(super) fn settle_write(
+    dialect: super::sql::Dialect,
+    op: &EffectOp,
+) -> Option<(&'static str, Vec<Arg<'_>>)> {
     let EffectOp::Settle {
         id,
         lease_id,
@@ -456,7 +460,7 @@ pub(super) fn settle_pipelined(op: &EffectOp) -> Option<(&'static str, Vec<Arg<'
     else {
         return None;
     };
-    let (sql, due) = settle_statement(super::sql::Dialect::Postgres, *now_ms, *due_at_ms);
+    let (sql, due) = settle_statement(dialect, *now_ms, *due_at_ms);
     Some((
         sql,
         vec![
@@ -499,21 +503,9 @@ pub(super) fn apply(conn: Db<'_>, op: &EffectOp) -> Result<i64> {
                 )?
                 .unwrap_or(0));
         }
-        EffectOp::Settle {
-            id,
-            lease_id,
-            now_ms,
-            status,
-            due_at_ms,
-            last_error,
-            result,
-            settled_at,
-        } => {
-            let (sql, due) = settle_statement(conn.dialect(), *now_ms, *due_at_ms);
-            conn.execute(
-                sql,
-                args![id, lease_id, *status, due, last_error, result, settled_at],
-            )?
+        EffectOp::Settle { .. } => {
+            let (sql, args) = settle_write(conn.dialect(), op).expect("a settlement");
+            conn.execute(sql, &args)?
         }
         EffectOp::Retry { id, now_ms } => conn.execute(
             "UPDATE effects SET status = 'pending', attempts = 0, due_at_ms = ?2,

@@ -790,7 +790,7 @@ fn commit_group_pipelined(
             let settles: Vec<(&str, Vec<super::sql::Arg<'_>>)> = ops[i..]
                 .iter()
                 .map_while(|op| match op {
-                    WriteOp::Effect(e) => super::effects::settle_pipelined(e),
+                    WriteOp::Effect(e) => super::effects::settle_write(super::sql::Dialect::Postgres, e),
                     _ => None,
                 })
                 .collect();
