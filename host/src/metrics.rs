@@ -1,9 +1,10 @@
 //! Prometheus metrics served at `GET /metrics`: appends, commit latency and
 //! group sizes, stream actors in memory, stream loads, delivery attempts,
 //! halts and skips by receiver kind, processor wake time, effect executions
-//! and effects by status, pending ingest per project, and the memory SQLite
-//! holds (page caches, statements). Labels have bounded values: receiver
-//! kinds, outcomes, statuses, and projects with pending ingest.
+//! and effects by status, pending ingest per project, subscription lag (the
+//! ten furthest behind by name, and totals), and the memory SQLite holds
+//! (page caches, statements). Labels have bounded values: receiver kinds,
+//! outcomes, statuses, projects with pending ingest, the ten laggards.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -39,7 +40,14 @@ struct Inner {
     effects: Family<Vec<(String, String)>, Gauge>,
     ingest_pending_events: Family<Vec<(String, String)>, Gauge>,
     ingest_pending_bytes: Family<Vec<(String, String)>, Gauge>,
+    lag_top: Family<Vec<(String, String)>, Gauge>,
+    lag_events: Gauge,
+    lagging: Gauge,
 }
+
+/// Subscriptions named in `streamhost_subscription_lag_events`: the ones
+/// furthest behind.
+pub const LAG_TOP: usize = 10;
 
 fn label(name: &str, value: &str) -> Vec<(String, String)> {
     vec![(name.to_string(), value.to_string())]
@@ -150,8 +158,29 @@ impl Metrics {
             "Bytes of the pending ingest events, by project, read at scrape time",
             ingest_pending_bytes.clone(),
         );
+        let lag_top = Family::<Vec<(String, String)>, Gauge>::default();
+        registry.register(
+            "subscription_lag_events",
+            "Events after the cursor of the subscriptions furthest behind (the top 10 of the streams in memory), by stream and subscription key, read at scrape time",
+            lag_top.clone(),
+        );
+        let lag_events = Gauge::default();
+        registry.register(
+            "subscriptions_lag_events",
+            "Events after the cursors of every subscription of the streams in memory, summed, read at scrape time",
+            lag_events.clone(),
+        );
+        let lagging = Gauge::default();
+        registry.register(
+            "subscriptions_lagging",
+            "Subscriptions of the streams in memory with events after their cursor, read at scrape time",
+            lagging.clone(),
+        );
         Metrics {
             inner: Arc::new(Inner {
+                lag_top,
+                lag_events,
+                lagging,
                 delivery_attempts,
                 subscription_halts,
                 subscription_skips,
@@ -267,6 +296,20 @@ impl Metrics {
         }
     }
 
+    /// Sets the lag series from every run's (stream, key, lag): the
+    /// [`LAG_TOP`] furthest behind by name, and totals.
+    pub fn set_lags(&self, mut lags: Vec<(String, String, u64)>) {
+        lags.retain(|(_, _, lag)| *lag > 0);
+        self.inner.lag_events.set(lags.iter().map(|l| l.2 as i64).sum());
+        self.inner.lagging.set(lags.len() as i64);
+        lags.sort_by(|a, b| b.2.cmp(&a.2).then_with(|| (&a.0, &a.1).cmp(&(&b.0, &b.1))));
+        self.inner.lag_top.clear();
+        for (stream, key, lag) in lags.into_iter().take(LAG_TOP) {
+            let labels = vec![("stream".to_string(), stream), ("subscription".to_string(), key)];
+            self.inner.lag_top.get_or_create(&labels).set(lag as i64);
+        }
+    }
+
     /// Sets the memory SQLite holds, read at scrape time.
     pub fn set_sqlite_memory(&self, bytes: i64) {
         self.inner.sqlite_memory.set(bytes);
@@ -277,5 +320,36 @@ impl Metrics {
         let mut out = String::new();
         encode(&mut out, &self.inner.registry).expect("writing to a String cannot fail");
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lag_names_the_furthest_behind_and_sums_every_one() {
+        let m = Metrics::new();
+        let mut lags: Vec<(String, String, u64)> = (0..12u64)
+            .map(|i| (format!("p:/s{i}"), "k".to_string(), i))
+            .collect();
+        lags.push(("p:/caught-up".into(), "k".into(), 0));
+        m.set_lags(lags);
+        let text = m.render();
+        // 1..=11 lag (0 does not); the top 10 are 2..=11.
+        assert!(text.contains("streamhost_subscriptions_lagging 11\n"), "{text}");
+        assert!(text.contains("streamhost_subscriptions_lag_events 66\n"), "{text}");
+        let named = text
+            .lines()
+            .filter(|l| l.starts_with("streamhost_subscription_lag_events{"))
+            .count();
+        assert_eq!(named, LAG_TOP, "{text}");
+        assert!(text.contains("{stream=\"p:/s11\",subscription=\"k\"} 11"), "{text}");
+        assert!(!text.contains("stream=\"p:/s1\","), "{text}");
+        // A later scrape forgets what is no longer behind.
+        m.set_lags(vec![("p:/s3".into(), "k".into(), 3)]);
+        let text = m.render();
+        assert!(!text.contains("p:/s11"), "{text}");
+        assert!(text.contains("streamhost_subscriptions_lagging 1\n"), "{text}");
     }
 }

@@ -388,6 +388,17 @@ async fn a_transform_that_throws_at_delivery_halts_every_receiver_after_the_even
         assert_eq!(s.metric(&attempts("failed")).await, 1, "{kind}");
         assert!(s.metric(&attempts("ok")).await >= 1, "{kind}");
     }
+    // The halted runs stay behind: named among the furthest behind, and
+    // counted (the stream is in memory).
+    for key in ["hook", "itx", "copy"] {
+        let lag = s
+            .metric(&format!(
+                "streamhost_subscription_lag_events{{stream=\"acme:/src\",subscription=\"{key}\"}}"
+            ))
+            .await;
+        assert!(lag >= 1, "{key}: lag {lag}");
+    }
+    assert!(s.metric("streamhost_subscriptions_lagging ").await >= 3);
     let copies: Vec<Value> = s
         .all_events(&format!("{P}/src-out"))
         .await

@@ -263,6 +263,7 @@ async fn metrics(State(host): State<Host>, headers: HeaderMap) -> Response {
     }
     host.metrics
         .set_sqlite_memory(crate::storage::Storage::memory_used());
+    host.metrics.set_lags(host.streams.lags().await);
     // What only storage knows, read now (off the async workers).
     let storage = host.streams.storage().clone();
     let counts = tokio::task::spawn_blocking(move || {

@@ -114,6 +114,45 @@ impl Streams {
         Streams { inner }
     }
 
+    /// The lag of every delivery run of the streams in memory now: (stream,
+    /// subscription key, events after its cursor). An actor too busy to
+    /// answer within a second is left out; none is loaded or kept in memory
+    /// by the asking.
+    pub async fn lags(&self) -> Vec<(String, String, u64)> {
+        let actors: Vec<(StreamAddress, mpsc::Sender<Command>)> = self
+            .inner
+            .actors
+            .lock()
+            .expect("actor registry")
+            .iter()
+            .map(|(a, e)| (a.clone(), e.tx.clone()))
+            .collect();
+        let asked = actors.into_iter().filter_map(|(address, tx)| {
+            let (reply, rx) = oneshot::channel();
+            tx.try_send(Command::Lags { reply }).ok()?;
+            Some(async move {
+                let lags = tokio::time::timeout(std::time::Duration::from_secs(1), rx)
+                    .await
+                    .ok()?
+                    .ok()?;
+                Some((address, lags))
+            })
+        });
+        let mut out = Vec::new();
+        for (address, lags) in futures_util::future::join_all(asked)
+            .await
+            .into_iter()
+            .flatten()
+        {
+            let stream = address.to_string();
+            out.extend(
+                lags.into_iter()
+                    .map(|(key, lag)| (stream.clone(), key, lag)),
+            );
+        }
+        out
+    }
+
     /// Stream actors in memory now.
     pub fn actors(&self) -> usize {
         self.inner.actors.lock().map(|a| a.len()).unwrap_or(0)

@@ -147,6 +147,12 @@ pub enum Command {
     Runtime {
         reply: Reply<crate::stream::RuntimeView>,
     },
+    /// Each delivery run's lag (events after its cursor), as this actor
+    /// holds it now, for `/metrics`: loads nothing, and is no request (the
+    /// actor may still go idle).
+    Lags {
+        reply: tokio::sync::oneshot::Sender<Vec<(String, u64)>>,
+    },
     /// Load the stream and resume its deliveries (sent at startup).
     Wake,
     /// This host's lease on the stream, once it is loaded (a write made
@@ -501,6 +507,7 @@ impl Actor {
                             | Command::ConnectionEnded { .. }
                             | Command::IdleCheck
                             | Command::LeaseChanged
+                            | Command::Lags { .. }
                     ) {
                         self.last_request = tokio::time::Instant::now();
                     }
@@ -647,6 +654,19 @@ impl Actor {
                     self.pump_deliveries();
                 }
                 let _ = reply.send(result);
+            }
+            Command::Lags { reply } => {
+                let head = self.stream.as_ref().map(|s| s.state_offset);
+                let lags = match head {
+                    Some(head) => self
+                        .deliveries
+                        .runs
+                        .iter()
+                        .map(|(key, rt)| (key.clone(), head.saturating_sub(rt.cursor)))
+                        .collect(),
+                    None => Vec::new(),
+                };
+                let _ = reply.send(lags);
             }
             Command::Runtime { reply } => {
                 let result = self
