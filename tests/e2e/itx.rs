@@ -4,7 +4,7 @@
 use serde_json::{json, Value};
 
 use crate::subscriptions::wait_for_type;
-use crate::support::{assert_error, guest, Server};
+use crate::support::{assert_error, guest, wait_for, Server};
 
 async fn deployed() -> Server {
     let s = Server::start_with(Some("[delivery]\ntimeout-ms = 500\n"), &[]);
@@ -341,17 +341,17 @@ async fn itx_batches_carry_their_runs_stamp_and_a_new_run_redelivers_under_its_o
         {"type": "x.y/e", "payload": {"n": 1}}, {"type": "x.y/e", "payload": {"n": 2}},
     ]});
     s.post(&format!("{src}:append"), events.clone()).await;
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
     let delivered = |log: &str, run: u64, offset: &str| {
         stamps(log)
             .iter()
             .any(|(_, r, o)| *r == run && o.split(',').any(|x| x == offset))
     };
     let first = (configured_at + 1).to_string();
-    while !delivered(&s.log(), configured_at, &first) {
-        assert!(std::time::Instant::now() < deadline, "{}", s.log());
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
+    let twenty = std::time::Duration::from_secs(20);
+    wait_for("the first run's batch", twenty, async || {
+        delivered(&s.log(), configured_at, &first)
+    })
+    .await;
     // A new run from the start: the same events again, under a new stamp,
     // while more arrive.
     let (status, set) = s
@@ -367,10 +367,10 @@ async fn itx_batches_carry_their_runs_stamp_and_a_new_run_redelivers_under_its_o
     assert!(run > configured_at);
     let (_, more) = s.post(&format!("{src}:append"), events).await;
     let last = more["events"][1]["offset"].as_u64().unwrap().to_string();
-    while !delivered(&s.log(), run, &last) {
-        assert!(std::time::Instant::now() < deadline, "{}", s.log());
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
+    wait_for("the new run's batches", twenty, async || {
+        delivered(&s.log(), run, &last)
+    })
+    .await;
     let seen = stamps(&s.log());
     assert!(seen.iter().all(|(key, _, _)| key == "itx"), "{seen:?}");
     assert!(

@@ -1,7 +1,7 @@
 //! Wasm processors end to end: real guest components built from
 //! `examples/processors`, run by the real server.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::{json, Value};
 
@@ -41,25 +41,25 @@ async fn append(s: &Server, stream: &str, events: Value) -> Value {
 /// on timeout the panic shows the processor as last read (its status and
 /// last error say why it did not get there).
 pub async fn caught_up(s: &Server, stream: &str, component: &str) -> Value {
-    let deadline = Instant::now() + Duration::from_secs(30);
     let mut last = (json!(null), json!(null));
-    while Instant::now() < deadline {
+    let done = crate::support::poll_until(Duration::from_secs(30), async || {
         let events = s.all_events(stream).await;
         let head = events
             .last()
             .map(|e| e["offset"].clone())
             .unwrap_or(json!(0));
         let (status, p) = s.get(&format!("{stream}:processors/{component}")).await;
-        if status == 200 && p["checkpointOffset"] == head {
-            return p;
-        }
+        let done = status == 200 && p["checkpointOffset"] == head;
         last = (head, p);
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    panic!(
+        done
+    })
+    .await;
+    assert!(
+        done,
         "timed out after 30s waiting for {component} to catch up on {stream} (head {}): {}",
         last.0, last.1
     );
+    last.1
 }
 
 /// The counter's fold of the stream's durable events, computed here.

@@ -549,15 +549,23 @@ pub fn assert_error(answer: &(u16, Value), status: u16, code: &str, mention: &st
 }
 
 /// Polls `check` until it returns true or `timeout` passes.
-pub async fn wait_for(what: &str, timeout: Duration, mut check: impl AsyncFnMut() -> bool) {
+pub async fn wait_for(what: &str, timeout: Duration, check: impl AsyncFnMut() -> bool) {
+    if !poll_until(timeout, check).await {
+        panic!("timed out after {timeout:?} waiting for {what}");
+    }
+}
+
+/// Polls `check` until it holds (true) or `timeout` passes (false), for a
+/// caller that says more than [`wait_for`] when it times out.
+pub async fn poll_until(timeout: Duration, mut check: impl AsyncFnMut() -> bool) -> bool {
     let deadline = Instant::now() + timeout;
     while Instant::now() < deadline {
         if check().await {
-            return;
+            return true;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    panic!("timed out after {timeout:?} waiting for {what}");
+    false
 }
 
 /// Runs a client command against `s` in project `acme`; its JSON answer.
