@@ -26,6 +26,25 @@
 //! streamhost_guest::processor!(Counter);
 //! ```
 //!
+//! A reactor runs for each event appended to a stream that configures it,
+//! inside the append: its effects commit with the event, or the append
+//! fails. It is a [`Reactor`] and a [`reactor!`] call (a crate may export
+//! both a processor and a reactor):
+//!
+//! ```ignore
+//! use streamhost_guest::{Effects, Event, Failure, Reactor};
+//!
+//! struct Welcome;
+//! impl Reactor for Welcome {
+//!     fn react(event: &Event, effects: &mut Effects) -> Result<(), Failure> {
+//!         let user = event.payload["userId"].as_str().ok_or_else(|| Failure::fatal("no userId"))?;
+//!         effects.webhook(format!("welcome:{user}"), "https://mail.example/welcome", &event.payload);
+//!         Ok(())
+//!     }
+//! }
+//! streamhost_guest::reactor!(Welcome);
+//! ```
+//!
 //! A state that outgrows one JSON text (an entry per account, per order)
 //! goes into keyed state: [`keyed::Map`], a typed map over the processor's
 //! bucket, which a wake reads and writes key by key.
@@ -43,6 +62,19 @@ pub mod bindings {
         pub_export_macro: true,
         export_macro_name: "export_stream_processor",
         default_bindings_module: "streamhost_guest::bindings",
+    });
+}
+
+#[doc(hidden)]
+pub mod reactor_bindings {
+    // The reactor's world (it imports nothing); a component that exports
+    // both calls both export macros, and the componentizer merges them.
+    wit_bindgen::generate!({
+        path: "wit",
+        world: "stream-reactor",
+        pub_export_macro: true,
+        export_macro_name: "export_stream_reactor",
+        default_bindings_module: "streamhost_guest::reactor_bindings",
     });
 }
 
@@ -124,14 +156,55 @@ impl Failure {
 }
 
 /// What a fold may use besides the state: the stream, and effects to run
-/// after the fold commits.
+/// after the fold commits (the [`Effects`] methods, through `ctx`).
 pub struct Context<'a> {
     /// The stream being folded.
     pub stream: &'a StreamInfo,
-    effects: Vec<wit::Effect>,
+    effects: Effects,
 }
 
-impl Context<'_> {
+impl std::ops::Deref for Context<'_> {
+    type Target = Effects;
+    fn deref(&self) -> &Effects {
+        &self.effects
+    }
+}
+
+impl std::ops::DerefMut for Context<'_> {
+    fn deref_mut(&mut self) -> &mut Effects {
+        &mut self.effects
+    }
+}
+
+/// One effect as asked for, before it takes a world's WIT type.
+enum Asked {
+    Append {
+        stream_path: String,
+        event_type: String,
+        payload: String,
+    },
+    Webhook {
+        url: String,
+        body: String,
+    },
+    Itx {
+        expression: String,
+        args: String,
+    },
+}
+
+/// Effects to run after the commit (a fold's, or a reactor's), each with a
+/// key that makes it idempotent.
+#[derive(Default)]
+pub struct Effects {
+    asked: Vec<(String, Asked)>,
+}
+
+fn json_text(value: &impl Serialize) -> String {
+    serde_json::to_string(value).unwrap_or_else(|_| "null".into())
+}
+
+impl Effects {
     /// Append an event to a stream of the same project after the commit.
     pub fn append(
         &mut self,
@@ -140,15 +213,14 @@ impl Context<'_> {
         event_type: &str,
         payload: &impl Serialize,
     ) {
-        self.effects.push(wit::Effect {
-            key: key.into(),
-            target: wit::EffectTarget::Append(wit::AppendEffect {
+        self.asked.push((
+            key.into(),
+            Asked::Append {
                 stream_path: stream_path.to_string(),
-                type_: event_type.to_string(),
-                payload: serde_json::to_string(payload).unwrap_or_else(|_| "null".into()),
-                metadata: None,
-            }),
-        });
+                event_type: event_type.to_string(),
+                payload: json_text(payload),
+            },
+        ));
     }
 
     /// Call an ITX expression (`["components", ["get", NAME], FUNCTION]`)
@@ -160,26 +232,78 @@ impl Context<'_> {
         expression: &impl Serialize,
         args: &impl Serialize,
     ) {
-        self.effects.push(wit::Effect {
-            key: key.into(),
-            target: wit::EffectTarget::Itx(wit::ItxEffect {
-                expression: serde_json::to_string(expression).unwrap_or_else(|_| "null".into()),
-                args: serde_json::to_string(args).unwrap_or_else(|_| "null".into()),
-            }),
-        });
+        self.asked.push((
+            key.into(),
+            Asked::Itx {
+                expression: json_text(expression),
+                args: json_text(args),
+            },
+        ));
     }
 
     /// POST a JSON body to a URL after the commit.
     pub fn webhook(&mut self, key: impl Into<String>, url: &str, body: &impl Serialize) {
-        self.effects.push(wit::Effect {
-            key: key.into(),
-            target: wit::EffectTarget::Webhook(wit::WebhookEffect {
+        self.asked.push((
+            key.into(),
+            Asked::Webhook {
                 url: url.to_string(),
-                body: serde_json::to_string(body).unwrap_or_else(|_| "null".into()),
-            }),
-        });
+                body: json_text(body),
+            },
+        ));
+    }
+
+    /// How many effects were asked for so far.
+    pub fn len(&self) -> usize {
+        self.asked.len()
+    }
+
+    /// Whether none were.
+    pub fn is_empty(&self) -> bool {
+        self.asked.is_empty()
     }
 }
+
+/// The same conversion for each world's copy of the effect types.
+macro_rules! into_wit_effects {
+    ($name:ident, $($m:ident)::+) => {
+        fn $name(effects: Effects) -> Vec<$($m)::+::Effect> {
+            use $($m)::+ as w;
+            effects
+                .asked
+                .into_iter()
+                .map(|(key, asked)| w::Effect {
+                    key,
+                    target: match asked {
+                        Asked::Append {
+                            stream_path,
+                            event_type,
+                            payload,
+                        } => w::EffectTarget::Append(w::AppendEffect {
+                            stream_path,
+                            type_: event_type,
+                            payload,
+                            metadata: None,
+                        }),
+                        Asked::Webhook { url, body } => {
+                            w::EffectTarget::Webhook(w::WebhookEffect { url, body })
+                        }
+                        Asked::Itx { expression, args } => {
+                            w::EffectTarget::Itx(w::ItxEffect { expression, args })
+                        }
+                    },
+                })
+                .collect()
+        }
+    };
+}
+into_wit_effects!(
+    fold_effects,
+    bindings::exports::streamhost::processor::processor
+);
+into_wit_effects!(
+    react_effects,
+    reactor_bindings::exports::streamhost::processor::reactor
+);
 
 /// The prefix of the platform's own event types.
 pub const PLATFORM_TYPE_PREFIX: &str = "events.iterate.com/";
@@ -257,12 +381,12 @@ pub fn __fold<P: Processor>(state: String, batch: wit::Batch) -> Result<wit::Fol
     keyed::prefetch(keys).map_err(wit_failure)?;
     let mut ctx = Context {
         stream: &batch.stream,
-        effects: Vec::new(),
+        effects: Effects::default(),
     };
     for event in events.iter().filter(folded) {
         P::fold(&mut s, event, &mut ctx).map_err(wit_failure)?;
     }
-    let effects = ctx.effects;
+    let effects = fold_effects(ctx.effects);
     let state = serde_json::to_string(&s)
         .map_err(|e| wit_failure(Failure::fatal(format!("the state does not serialize: {e}"))))?;
     Ok(wit::Folded { state, effects })
@@ -297,5 +421,58 @@ macro_rules! processor {
         // plain Rust library (tests, benchmarks).
         #[cfg(target_arch = "wasm32")]
         $crate::bindings::export_stream_processor!(__StreamhostProcessor with_types_in $crate::bindings);
+    };
+}
+
+/// A reactor: the effects of one appended event, committed with it. Keep it
+/// deterministic (the clock reads the event's `createdAt`).
+pub trait Reactor {
+    /// The effects of `event` go into `effects`; an error fails the append
+    /// that carries the event (`422 reactor-failed`, nothing commits).
+    fn react(event: &Event, effects: &mut Effects) -> Result<(), Failure>;
+}
+
+#[doc(hidden)]
+pub fn __react<R: Reactor>(
+    event: String,
+) -> Result<
+    Vec<reactor_bindings::exports::streamhost::processor::reactor::Effect>,
+    reactor_bindings::exports::streamhost::processor::reactor::Failure,
+> {
+    use reactor_bindings::exports::streamhost::processor::reactor as w;
+    let failure = |f: Failure| w::Failure {
+        message: f.message,
+        retryable: f.retryable,
+    };
+    let event: Event = serde_json::from_str(&event).map_err(|e| {
+        failure(Failure::fatal(format!(
+            "the event is not the JSON object the host sends: {e}"
+        )))
+    })?;
+    let mut effects = Effects::default();
+    R::react(&event, &mut effects).map_err(failure)?;
+    Ok(react_effects(effects))
+}
+
+/// Exports a [`Reactor`] as the component's `reactor` interface.
+#[macro_export]
+macro_rules! reactor {
+    ($reactor:ty) => {
+        #[doc(hidden)]
+        pub struct __StreamhostReactor;
+
+        impl $crate::reactor_bindings::exports::streamhost::processor::reactor::Guest for __StreamhostReactor {
+            fn react(
+                event: ::std::string::String,
+            ) -> ::core::result::Result<
+                ::std::vec::Vec<$crate::reactor_bindings::exports::streamhost::processor::reactor::Effect>,
+                $crate::reactor_bindings::exports::streamhost::processor::reactor::Failure,
+            > {
+                $crate::__react::<$reactor>(event)
+            }
+        }
+
+        #[cfg(target_arch = "wasm32")]
+        $crate::reactor_bindings::export_stream_reactor!(__StreamhostReactor with_types_in $crate::reactor_bindings);
     };
 }

@@ -103,6 +103,7 @@ internal! {
     jsonata;
     metrics;
     processor;
+    reactor;
     scaffold;
     storage;
 }
@@ -133,6 +134,7 @@ pub use host::processors::{
     DifferingKey, KeyValue, KeysPage, KeysQuery, ProcessorFailure, ProcessorInstance,
     ProcessorStatus, Verification,
 };
+pub use host::reactors::{ReactorBackfill, ReactorBackfilled};
 pub use host::request::{
     ClusterRequest, ComponentAnswer, ComponentRequest, EffectAnswer, EffectRequest, IngestAnswer,
     IngestRequest, ItxRequest, StreamAnswer, StreamRequest,

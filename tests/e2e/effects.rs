@@ -33,21 +33,21 @@ const FX: &str = "/v1/projects/acme/effects";
 
 /// One POST the receiver got.
 #[derive(Debug, Clone)]
-struct Post {
-    path: String,
-    key: Option<String>,
-    body: Value,
+pub struct Post {
+    pub path: String,
+    pub key: Option<String>,
+    pub body: Value,
 }
 
 /// A loopback receiver: `/ok/*` answers 200, `/gone/*` 404, `/busy/*` 503,
 /// `/hang/*` not for ten minutes.
-struct Receiver {
-    base: String,
-    posts: Arc<Mutex<Vec<Post>>>,
+pub struct Receiver {
+    pub base: String,
+    pub posts: Arc<Mutex<Vec<Post>>>,
 }
 
 impl Receiver {
-    async fn start() -> Receiver {
+    pub async fn start() -> Receiver {
         let posts: Arc<Mutex<Vec<Post>>> = Arc::default();
         async fn hook(
             State(posts): State<Arc<Mutex<Vec<Post>>>>,
@@ -83,7 +83,7 @@ impl Receiver {
         Receiver { base, posts }
     }
 
-    fn posts_to(&self, path: &str) -> Vec<Post> {
+    pub fn posts_to(&self, path: &str) -> Vec<Post> {
         let posts = self.posts.lock().unwrap();
         posts.iter().filter(|p| p.path == path).cloned().collect()
     }
@@ -96,7 +96,7 @@ pub async fn effector_on(s: &Server, stream: &str) {
 }
 
 /// Deploys the guest `guest_name` as component `name`; answers the deploy.
-async fn deploy(s: &Server, name: &str, guest_name: &str) -> Value {
+pub async fn deploy(s: &Server, name: &str, guest_name: &str) -> Value {
     let (status, out) = s.deploy("acme", name, guest(guest_name)).await;
     assert_eq!(status, 200, "{out}");
     out
@@ -142,7 +142,7 @@ pub async fn request(s: &Server, stream: &str, effects: Value) -> u64 {
 }
 
 /// Every effect of the project, following pages.
-async fn all_effects(s: &Server, filter: &str) -> Vec<Value> {
+pub async fn all_effects(s: &Server, filter: &str) -> Vec<Value> {
     let mut out = Vec::new();
     let mut after = 0;
     loop {

@@ -27,6 +27,7 @@ fn commit(stream: StreamRef, events: Vec<StoredEvent>) -> WriteOp {
         cursors: Vec::new(),
         removed_cursors: Vec::new(),
         fence: None,
+        effects: Vec::new(),
     })
 }
 

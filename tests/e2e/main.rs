@@ -34,6 +34,7 @@ mod memory;
 mod migrations;
 mod openapi;
 mod processors;
+mod reactors;
 mod readme;
 mod scaffold;
 mod storage_failures;

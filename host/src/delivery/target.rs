@@ -152,6 +152,9 @@ impl Route {
                 project: project()?,
                 component: crate::itx::wake_component(expression)?,
             },
+            Receiver::Reactor { .. } => {
+                return Err("a reactor runs inside appends: it has no delivery".into())
+            }
         };
         Ok(Route {
             target,

@@ -32,6 +32,7 @@ pub mod ingest;
 pub mod itx;
 pub mod live;
 pub mod processors;
+pub mod reactors;
 pub mod request;
 pub mod streams;
 pub mod subscriptions;

@@ -16,6 +16,7 @@ use super::components::{Component, ComponentVersions, Deploy, Deployed};
 use super::effects::{Effect, EffectFilter, EffectsPage};
 use super::live::{Connect, LiveConnection, WaitFor};
 use super::processors::{KeyValue, KeysPage, KeysQuery, ProcessorInstance, Verification};
+use super::reactors::{ReactorBackfill, ReactorBackfilled};
 use super::subscriptions::{CopyFrom, CursorSetAndResumed, Resumed, Subscribed, Unsubscribed};
 use super::Host;
 use crate::error::Error;
@@ -101,6 +102,8 @@ pub enum StreamRequest {
     },
     /// Fold a processor over a range for its effects (`:backfillProcessor`).
     BackfillProcessor(Backfill),
+    /// Rerun a reactor over a range for its effects (`:backfillReactor`).
+    BackfillReactor(ReactorBackfill),
 }
 
 impl StreamRequest {
@@ -154,6 +157,8 @@ pub enum StreamAnswer {
     Verification(Box<Verification>),
     /// What a backfill came to.
     Backfilled(Backfilled),
+    /// What a reactor backfill came to.
+    ReactorBackfilled(ReactorBackfilled),
 }
 
 impl serde::Serialize for StreamAnswer {
@@ -190,6 +195,7 @@ impl serde::Serialize for StreamAnswer {
             A::Key(key) => key.serialize(s),
             A::Verification(verification) => verification.serialize(s),
             A::Backfilled(done) => done.serialize(s),
+            A::ReactorBackfilled(done) => done.serialize(s),
         }
     }
 }
@@ -277,6 +283,9 @@ impl Host {
                 A::Verification(Box::new(self.verify_processor(stream, &component).await?))
             }
             R::BackfillProcessor(backfill) => A::Backfilled(self.backfill(stream, backfill).await?),
+            R::BackfillReactor(backfill) => {
+                A::ReactorBackfilled(self.backfill_reactor(stream, backfill).await?)
+            }
         })
     }
 }
@@ -682,6 +691,14 @@ mod tests {
                     .after(2)
                     .through(9)
                     .event_types(["a/b"])
+                    .condition("true"),
+            ),
+            R::BackfillReactor(ReactorBackfill::new("welcome.v1")),
+            R::BackfillReactor(
+                ReactorBackfill::new("welcome.v1")
+                    .after(1)
+                    .through(4)
+                    .event_types(["user-signed-up"])
                     .condition("true"),
             ),
         ]

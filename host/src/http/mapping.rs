@@ -118,6 +118,7 @@ pub fn parse(
         (m, &Method::GET) if m.starts_with("processors/") => R::Processor {
             component: m["processors/".len()..].to_string(),
         },
+        ("backfillReactor", &Method::POST) => R::BackfillReactor(parse_json(body)?),
         ("backfillProcessor", &Method::POST) => {
             R::BackfillProcessor(parse_json(body)?)
         }
@@ -268,6 +269,7 @@ pub fn render(request: &StreamRequest) -> HttpCall {
             }),
         ),
         R::BackfillProcessor(b) => (Method::POST, "backfillProcessor".into(), String::new(), json(b)),
+        R::BackfillReactor(b) => (Method::POST, "backfillReactor".into(), String::new(), json(b)),
     };
     HttpCall {
         method,
@@ -571,6 +573,7 @@ pub const STREAM_METHODS: &[(&str, &str)] = &[
     ("GET", "processors/{component}/keys/{key}"),
     ("POST", "verifyProcessor"),
     ("POST", "backfillProcessor"),
+    ("POST", "backfillReactor"),
 ];
 
 /// "unknown stream method", the closest method when one is close, and the

@@ -119,10 +119,20 @@ pub fn resolve(expression: &Value) -> Result<Target, String> {
 /// The component a `processor-wake` expression names:
 /// `["components", ["get", NAME], "wake"]`.
 pub fn wake_component(expression: &Value) -> Result<String, String> {
+    component_with_method(expression, "wake", "processor-wake")
+}
+
+/// The component a `reactor` expression names:
+/// `["components", ["get", NAME], "react"]`.
+pub fn reactor_component(expression: &Value) -> Result<String, String> {
+    component_with_method(expression, "react", "reactor")
+}
+
+fn component_with_method(expression: &Value, method: &str, action: &str) -> Result<String, String> {
     let steps = expression.as_array().map(Vec::as_slice).unwrap_or(&[]);
     match steps {
-        [Value::String(root), Value::Array(get), Value::String(method)]
-            if root == "components" && method == "wake" =>
+        [Value::String(root), Value::Array(get), Value::String(m)]
+            if root == "components" && m == method =>
         {
             match get.as_slice() {
                 [Value::String(g), Value::String(name)] if g == "get" => Ok(name.clone()),
@@ -130,7 +140,7 @@ pub fn wake_component(expression: &Value) -> Result<String, String> {
             }
         }
         _ => Err(format!(
-            "a processor-wake expression must read [\"components\", [\"get\", NAME], \"wake\"], got {expression}"
+            "a {action} expression must read [\"components\", [\"get\", NAME], \"{method}\"], got {expression}"
         )),
     }
 }

@@ -32,6 +32,20 @@ mod bindings {
     });
 }
 
+/// The reactor's world: exports `reactor`, imports nothing of its own (a
+/// component exporting both is linked as a processor is).
+mod reactor_bindings {
+    wasmtime::component::bindgen!({
+        path: "../wit",
+        world: "stream-reactor",
+    });
+}
+
+pub use reactor_bindings::exports::streamhost::processor::reactor::{
+    Effect as ReactorEffect, EffectTarget as ReactorEffectTarget,
+};
+use reactor_bindings::StreamReactorPre;
+
 use bindings::wasi::keyvalue::store::{Error as KvError, KeyResponse};
 use wasmtime::component::Resource;
 
@@ -48,6 +62,8 @@ use bindings::StreamProcessorPre;
 
 /// The interface a processor component must export.
 pub const PROCESSOR_INTERFACE: &str = "streamhost:processor/processor@0.2.0";
+/// The interface a reactor component must export.
+pub const REACTOR_INTERFACE: &str = "streamhost:processor/reactor@0.2.0";
 /// Linear memory a guest may use.
 pub const GUEST_MEMORY_BYTES_MAX: usize = 256 * 1024 * 1024;
 /// Virtual address space reserved per guest memory.
@@ -476,6 +492,8 @@ pub struct Prepared {
     instance_pre: wasmtime::component::InstancePre<GuestData>,
     /// Present when the component exports the processor interface.
     processor: Option<StreamProcessorPre<GuestData>>,
+    /// Present when the component exports the reactor interface.
+    reactor: Option<StreamReactorPre<GuestData>>,
     announcement: OnceLock<Announcement>,
     /// Whether it imports `wasi:keyvalue` (keeps keyed state).
     keyed: bool,
@@ -671,6 +689,7 @@ impl Runtime {
         };
         let instance_pre = self.linker.instantiate_pre(&component)?;
         let processor = StreamProcessorPre::new(instance_pre.clone()).ok();
+        let reactor = StreamReactorPre::new(instance_pre.clone()).ok();
         let keyed = component
             .component_type()
             .imports(&self.engine)
@@ -680,6 +699,7 @@ impl Runtime {
             component,
             instance_pre,
             processor,
+            reactor,
             announcement: OnceLock::new(),
             keyed,
         });
@@ -958,6 +978,46 @@ impl Runtime {
         })?;
         let _ = p.announcement.set(a.clone());
         Ok(a)
+    }
+
+    /// Runs a reactor over one event (JSON text, as the HTTP API serves
+    /// it) in a fresh instance with the event's determinism; answers the
+    /// effects as returned (unchecked).
+    pub fn react(
+        &self,
+        name: &str,
+        p: &Prepared,
+        event: &str,
+        d: Determinism,
+        timeout_ms: u64,
+    ) -> Result<Vec<ReactorEffect>, GuestError> {
+        let Some(pre) = &p.reactor else {
+            return Err(GuestError::Failure {
+                message: format!(
+                    "component {name:?} is not a reactor: it does not export {REACTOR_INTERFACE}"
+                ),
+                retryable: false,
+            });
+        };
+        let event = event.to_string();
+        let called = self.run_keyed(name, d, timeout_ms, None, |store| {
+            let instance = pre.instantiate(&mut *store).map_err(instantiation_failed)?;
+            instance
+                .streamhost_processor_reactor()
+                .call_react(&mut *store, &event)
+        });
+        let quoted = quoting(&called.stderr);
+        called.result.and_then(|r| {
+            r.map_err(|f| GuestError::Failure {
+                message: format!("{}{quoted}", f.message),
+                retryable: f.retryable,
+            })
+        })
+    }
+
+    /// Whether the component exports the reactor interface.
+    pub fn is_reactor(p: &Prepared) -> bool {
+        p.reactor.is_some()
     }
 
     /// The processor's state before any event.

@@ -59,6 +59,68 @@ pub struct EffectSource {
     pub component: String,
 }
 
+/// Effects to insert with a stream's commit (a reactor's, over one round).
+#[derive(Debug, Clone)]
+pub struct EffectInsert {
+    pub source: EffectSource,
+    pub effects: Vec<NewEffect>,
+    pub now_ms: i64,
+    pub created_at: String,
+}
+
+/// PostgreSQL's one statement inserting many effects (on the database's
+/// clock), as the writer's pipeline and a lone insert both send it.
+pub(super) struct PgInsert<'a> {
+    source: &'a EffectSource,
+    created_at: &'a str,
+    keys: Vec<Option<&'a str>>,
+    offsets: Vec<Option<i64>>,
+    targets: Vec<Option<&'a str>>,
+}
+
+impl<'a> PgInsert<'a> {
+    pub(super) fn of(
+        source: &'a EffectSource,
+        effects: &'a [NewEffect],
+        created_at: &'a str,
+    ) -> PgInsert<'a> {
+        PgInsert {
+            source,
+            created_at,
+            keys: effects.iter().map(|e| Some(e.key.as_str())).collect(),
+            offsets: effects
+                .iter()
+                .map(|e| Some(e.checkpoint_offset as i64))
+                .collect(),
+            targets: effects.iter().map(|e| Some(e.target.as_str())).collect(),
+        }
+    }
+
+    pub(super) fn sql(&self) -> &'static str {
+        const SQL: &str = "INSERT INTO effects (project, path, stream_id, component, effect_key,
+                 checkpoint_offset, target, status, due_at_ms, created_at)
+             SELECT ?1, ?2, ?3, ?4, k, o, t, 'pending',
+                    CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT), ?8
+             FROM UNNEST(CAST(?5 AS TEXT[]), CAST(?6 AS BIGINT[]), CAST(?7 AS TEXT[])) AS u(k, o, t)
+             ON CONFLICT DO NOTHING";
+        SQL
+    }
+
+    pub(super) fn args(&'a self) -> Vec<Arg<'a>> {
+        let source = self.source;
+        vec![
+            Arg::Text(&source.project),
+            Arg::Text(&source.path),
+            Arg::Text(&source.stream_id),
+            Arg::Text(&source.component),
+            Arg::Texts(&self.keys),
+            Arg::Ints(&self.offsets),
+            Arg::Texts(&self.targets),
+            Arg::Text(self.created_at),
+        ]
+    }
+}
+
 /// A write to the outbox (besides the effects a checkpoint commits).
 #[derive(Debug, Clone)]
 pub enum EffectOp {
@@ -366,32 +428,8 @@ pub(super) fn insert(
     }
     if conn.dialect() == super::sql::Dialect::Postgres {
         // One statement for all of them, on the database's clock.
-        let keys: Vec<Option<&str>> = effects.iter().map(|e| Some(e.key.as_str())).collect();
-        let offsets: Vec<Option<i64>> = effects
-            .iter()
-            .map(|e| Some(e.checkpoint_offset as i64))
-            .collect();
-        let targets: Vec<Option<&str>> =
-            effects.iter().map(|e| Some(e.target.as_str())).collect();
-        return Ok(conn.execute(
-            &format!(
-                "INSERT INTO effects (project, path, stream_id, component, effect_key,
-                     checkpoint_offset, target, status, due_at_ms, created_at)
-                 SELECT ?1, ?2, ?3, ?4, k, o, t, 'pending', {PG_NOW_MS}, ?8
-                 FROM UNNEST(CAST(?5 AS TEXT[]), CAST(?6 AS BIGINT[]), CAST(?7 AS TEXT[])) AS u(k, o, t)
-                 ON CONFLICT DO NOTHING"
-            ),
-            &[
-                Arg::Text(&source.project),
-                Arg::Text(&source.path),
-                Arg::Text(&source.stream_id),
-                Arg::Text(&source.component),
-                Arg::Texts(&keys),
-                Arg::Ints(&offsets),
-                Arg::Texts(&targets),
-                Arg::Text(created_at),
-            ],
-        )? as i64);
+        let pg = PgInsert::of(source, effects, created_at);
+        return Ok(conn.execute(pg.sql(), &pg.args())? as i64);
     }
     let mut created = 0;
     for e in effects {

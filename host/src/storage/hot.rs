@@ -445,6 +445,7 @@ mod tests {
             cursors: Vec::new(),
             removed_cursors: Vec::new(),
             fence: None,
+            effects: Vec::new(),
         })
     }
 

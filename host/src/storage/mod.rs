@@ -31,7 +31,7 @@ use sql::{args, Db, PgConn, Row};
 
 use crate::config::Durability;
 use crate::metrics::Metrics;
-pub use effects::{EffectOp, EffectQuery, EffectRow, EffectSource, NewEffect};
+pub use effects::{EffectInsert, EffectOp, EffectQuery, EffectRow, EffectSource, NewEffect};
 pub use hot::{set_key_cache_bytes, KEY_CACHE_BYTES_DEFAULT};
 pub use ingest::{
     DroppedEvent, FenceIdentity, IngestOp, NewPending, PendingRow, SharedBound,

@@ -92,6 +92,9 @@ pub struct StreamCommit {
     pub removed_cursors: Vec<String>,
     /// The owner's lease, checked in the transaction (several hosts).
     pub fence: Option<super::Fence>,
+    /// The effects of the round's events (reactors'): inserted in the
+    /// same transaction as the events, or not at all.
+    pub effects: Vec<super::effects::EffectInsert>,
 }
 
 /// A write for the group-commit writer.
@@ -733,8 +736,31 @@ fn commit_group_pipelined(
             .zip(&rounds)
             .map(|(a, (_, c))| a.args(c))
             .collect();
+        // Each round's effects (reactors') follow it in the pipeline, one
+        // statement per reactor: (round index in `rounds`, statement).
+        let effect_arrays: Vec<(usize, super::effects::PgInsert<'_>)> = rounds
+            .iter()
+            .enumerate()
+            .flat_map(|(r, (_, c))| {
+                c.effects
+                    .iter()
+                    .filter(|e| !e.effects.is_empty())
+                    .map(move |e| (r, super::effects::PgInsert::of(&e.source, &e.effects, &e.created_at)))
+            })
+            .collect();
+        let effect_args: Vec<Vec<super::sql::Arg<'_>>> =
+            effect_arrays.iter().map(|(_, p)| p.args()).collect();
         let mut statements: Vec<(&str, &[super::sql::Arg<'_>])> = vec![("BEGIN", &[])];
-        statements.extend(args.iter().map(|a| (APPEND_ROUND, a.as_slice())));
+        let mut owners: Vec<usize> = Vec::new();
+        let mut effects_of = effect_arrays.iter().zip(&effect_args).peekable();
+        for (r, a) in args.iter().enumerate() {
+            statements.push((APPEND_ROUND, a.as_slice()));
+            owners.push(r);
+            while let Some(((_, insert), a)) = effects_of.next_if(|((er, _), _)| *er == r) {
+                statements.push((insert.sql(), a.as_slice()));
+                owners.push(r);
+            }
+        }
         let answers = match pg.pipeline(&statements) {
             Ok(answers) => answers,
             Err(e) => {
@@ -748,15 +774,23 @@ fn commit_group_pipelined(
             return fail_all(ops, &e);
         }
         let mut row_ids: Vec<Option<i64>> = vec![None; ops.len()];
-        for ((i, _), answer) in rounds.iter().zip(answers) {
-            let row_id = answer
-                .map_err(anyhow::Error::from)
-                .and_then(|rows| {
-                    let row = rows.first().context("the round answered no row")?;
-                    Ok(row.try_get::<_, i64>(0)?)
-                });
+        let mut previous = None;
+        for (r, answer) in owners.iter().zip(answers) {
+            let (i, _) = rounds[*r];
+            // A round's first answer is its row id; the answers after it
+            // (its effects' inserts) only need to have succeeded.
+            let first = previous != Some(*r);
+            previous = Some(*r);
+            let row_id = answer.map_err(anyhow::Error::from).and_then(|rows| {
+                if !first {
+                    return Ok(None);
+                }
+                let row = rows.first().context("the round answered no row")?;
+                Ok(Some(row.try_get::<_, i64>(0)?))
+            });
             match row_id {
-                Ok(row_id) => row_ids[*i] = Some(row_id),
+                Ok(Some(row_id)) => row_ids[i] = Some(row_id),
+                Ok(None) => {}
                 Err(e) => {
                     // The first failure is the real one (every statement
                     // after it failed for the aborted transaction).
@@ -767,7 +801,7 @@ fn commit_group_pipelined(
                         e
                     };
                     tracing::error!(error = %format!("{e:#}"), "write rolled back");
-                    refused[*i] = Some(CommitError::of_write(&e));
+                    refused[i] = Some(CommitError::of_write(&e));
                     continue 'group;
                 }
             }
@@ -884,6 +918,9 @@ fn apply(conn: Db<'_>, op: &WriteOp) -> Result<i64> {
                     "DELETE FROM subscription_cursors WHERE stream = ?1 AND subscription_key = ?2",
                     args![row_id, key],
                 )?;
+            }
+            for e in &c.effects {
+                super::effects::insert(conn, &e.source, &e.effects, e.now_ms, &e.created_at)?;
             }
             Ok(row_id)
         }

@@ -119,6 +119,13 @@ pub enum Receiver {
         /// Start and failure policy.
         delivery: Delivery,
     },
+    /// Runs a reactor (a component's `react`) for each event appended
+    /// after it, inside the append's transaction: no cursor, no delivery.
+    Reactor {
+        /// The ITX expression naming the component
+        /// (`["components", ["get", "welcome"], "react"]`).
+        expression: Value,
+    },
     /// POSTs each event to a URL.
     WebhookPost {
         /// Where.
@@ -136,6 +143,7 @@ impl Receiver {
     pub fn component(&self) -> Option<String> {
         match self {
             Receiver::ProcessorWake { expression } => crate::itx::wake_component(expression).ok(),
+            Receiver::Reactor { expression } => crate::itx::reactor_component(expression).ok(),
             Receiver::ItxCall { expression, .. } => match crate::itx::resolve(expression) {
                 Ok(crate::itx::Target::ComponentFunction { component, .. }) => Some(component),
                 Err(_) => None,
@@ -148,6 +156,7 @@ impl Receiver {
     pub fn action(&self) -> &'static str {
         match self {
             Receiver::ProcessorWake { .. } => "processor-wake",
+            Receiver::Reactor { .. } => "reactor",
             Receiver::CopyToStream { .. } => "copy-to-stream",
             Receiver::ItxCall { .. } => "itx-call",
             Receiver::WebhookPost { .. } => "webhook-post",
@@ -155,10 +164,10 @@ impl Receiver {
     }
 
     /// Delivery settings; `None` for processor-wake (its cursor is the
-    /// processor's checkpoint).
+    /// processor's checkpoint) and reactors (they run inside appends).
     pub fn delivery(&self) -> Option<&Delivery> {
         match self {
-            Receiver::ProcessorWake { .. } => None,
+            Receiver::ProcessorWake { .. } | Receiver::Reactor { .. } => None,
             Receiver::CopyToStream { delivery, .. }
             | Receiver::ItxCall { delivery, .. }
             | Receiver::WebhookPost { delivery, .. } => Some(delivery),
@@ -168,7 +177,7 @@ impl Receiver {
     /// The receiver's JSONata transform, if it has one.
     pub fn jsonata_transform(&self) -> Option<&str> {
         match self {
-            Receiver::ProcessorWake { .. } => None,
+            Receiver::ProcessorWake { .. } | Receiver::Reactor { .. } => None,
             Receiver::CopyToStream {
                 jsonata_transform, ..
             }

@@ -53,6 +53,12 @@ pub fn validate_control(
             let sub = by_key
                 .get(&p.subscription_key)
                 .ok_or_else(|| missing_key(&p.subscription_key))?;
+            if matches!(sub.configuration.receiver, Receiver::Reactor { .. }) {
+                return Err(invalid(format!(
+                    "subscription {:?} is a reactor: it runs inside appends and has no cursor",
+                    p.subscription_key
+                )));
+            }
             if sub.configuration.receiver.delivery().is_none() {
                 return Err(invalid(format!(
                     "subscription {:?} is a processor-wake subscription: its cursor is the processor's checkpoint, not set on the source",
@@ -143,6 +149,20 @@ fn validate_configured(
             "subscription key {key:?} is already used by a live session connection"
         )));
     }
+    // A reactor's name is its effects' identity: it is never reconfigured
+    // in place (a new version takes a new name, the old one is removed).
+    if let Some(existing) = by_key.get(&key) {
+        let reactor = |r: &Receiver| matches!(r, Receiver::Reactor { .. });
+        if reactor(&config.receiver) || reactor(&existing.configuration.receiver) {
+            return Err(Error::conflict(
+                "reactor-name-taken",
+                format!(
+                    "subscription key {key:?} is taken by a {} subscription: remove it first (subscription-removed), or configure the reactor under a new name such as \"{key}.v2\"",
+                    existing.configuration.receiver.action()
+                ),
+            ));
+        }
+    }
     if let Some(filter) = &config.filter {
         if let Some(types) = &filter.event_types {
             if let Some(t) = types.iter().find(|t| t.trim().is_empty()) {
@@ -225,6 +245,21 @@ fn validate_configured(
                 ));
             }
         }
+        Receiver::Reactor { expression } => {
+            crate::itx::validate_expression(&format!("{at}.receiver.expression"), expression)
+                .map_err(|m| Error::invalid_with("invalid-expression", m))?;
+            crate::itx::reactor_component(expression).map_err(|m| {
+                Error::invalid_with(
+                    "invalid-expression",
+                    format!("{at}.receiver.expression: {m}"),
+                )
+            })?;
+            if matches!(ctx.namespace, Namespace::Global) {
+                return Err(invalid(
+                    "reactor subscriptions require a project stream (components belong to projects)".into(),
+                ));
+            }
+        }
         Receiver::WebhookPost { url, .. } => {
             if matches!(ctx.namespace, Namespace::Global) {
                 return Err(invalid(
@@ -290,7 +325,7 @@ fn receiver_error(at: &str, receiver: &Value) -> Option<String> {
         super::parse_payload::<T>(at, object).err()
     }
     match receiver.get("action").and_then(Value::as_str)? {
-        "processor-wake" => check::<Wake>(at, receiver),
+        "processor-wake" | "reactor" => check::<Wake>(at, receiver),
         "copy-to-stream" => check::<Copy>(at, receiver),
         "itx-call" => check::<Itx>(at, receiver),
         "webhook-post" => check::<Webhook>(at, receiver),

@@ -268,6 +268,9 @@ enum InFlight {
         next_state: Box<CoreState>,
         state_offset: u64,
         cursors: Vec<CursorRow>,
+        /// Whether reactors' effects commit with it (the outbox's worker
+        /// looks at once).
+        effects: bool,
     },
     Reset {
         reply: Reply<()>,
@@ -381,6 +384,7 @@ pub fn spawn(
         fence: None,
         lease_lapses: 0,
         not_here: false,
+        reactors: Default::default(),
     };
     tokio::spawn(actor.run(rx));
 }
@@ -422,6 +426,9 @@ struct Actor {
     /// unable to serve it) with nothing of it held here: the actor goes as
     /// soon as it has answered, like one of a missing stream.
     not_here: bool,
+    /// The stream's reactors, compiled, with what identifies them (their
+    /// names and configure offsets): compiled again when that changes.
+    reactors: (Vec<(String, u64)>, Arc<Vec<crate::reactor::Reactor>>),
 }
 
 /// Commit instants kept for latency measurement, at most.
@@ -992,57 +999,62 @@ impl Actor {
                 return None;
             }
         };
-        let _span = tracing::debug_span!("append", stream = %self.address, requests = round.len())
+        let span = tracing::debug_span!("append", stream = %self.address, requests = round.len())
             .entered();
         let now = format_timestamp(self.ctx.clock.now_ms());
         let project_id = self.address.namespace.project_id().map(str::to_string);
         let path = self.address.path.clone();
-        let mut new_stream_id = || uuid::Uuid::new_v4().to_string();
-        let connection_keys = self.connection_keys();
-        let mut ctx = AppendContext {
-            connection_keys: &connection_keys,
-            namespace: &self.address.namespace,
-            committed_by_offset: &committed_by_offset,
-            project_id: project_id.as_deref(),
-            path: &path,
-            now: &now,
-            new_stream_id: &mut new_stream_id,
-            committed_by_key: &committed_by_key,
-        };
-        let mut state = self.stream.as_ref().map(|s| s.state.clone());
-        let mut round_keys = HashMap::new();
-        let mut outcomes = Vec::with_capacity(round.len());
-        let mut requests = Vec::with_capacity(round.len());
-        let mut new_events: Vec<Event> = Vec::new();
-        for p in round {
-            let (answer, outcome) = match p {
-                Pending::Append {
-                    input,
-                    authority,
-                    reply,
-                    run,
-                } => {
-                    let outcome =
-                        plan_append(&mut state, &mut round_keys, &input, authority, &mut ctx);
-                    requests.push(Request::Append { input, authority });
-                    (Answer::Append(reply, run), outcome)
-                }
-                Pending::Deliver { batch, reply } => {
-                    let planned =
-                        plan_copy(&mut state, &mut round_keys, &self.address, &batch, &mut ctx);
-                    requests.push(Request::Deliver { batch });
-                    match planned {
-                        Ok((plan, outcome)) => (Answer::Deliver(reply, outcome), Ok(plan)),
-                        Err(e) => (Answer::Deliver(reply, CopyOutcome::default()), Err(e)),
-                    }
-                }
-                Pending::Reset { .. } => unreachable!("a round holds appends and deliveries only"),
+        let (state, outcomes, requests, new_events) = {
+            let mut new_stream_id = || uuid::Uuid::new_v4().to_string();
+            let connection_keys = self.connection_keys();
+            let mut ctx = AppendContext {
+                connection_keys: &connection_keys,
+                namespace: &self.address.namespace,
+                committed_by_offset: &committed_by_offset,
+                project_id: project_id.as_deref(),
+                path: &path,
+                now: &now,
+                new_stream_id: &mut new_stream_id,
+                committed_by_key: &committed_by_key,
             };
-            if let Ok(plan) = &outcome {
-                new_events.extend(plan.new_events.iter().cloned());
+            let mut state = self.stream.as_ref().map(|s| s.state.clone());
+            let mut round_keys = HashMap::new();
+            let mut outcomes = Vec::with_capacity(round.len());
+            let mut requests = Vec::with_capacity(round.len());
+            let mut new_events: Vec<Event> = Vec::new();
+            for p in round {
+                let (answer, outcome) = match p {
+                    Pending::Append {
+                        input,
+                        authority,
+                        reply,
+                        run,
+                    } => {
+                        let outcome =
+                            plan_append(&mut state, &mut round_keys, &input, authority, &mut ctx);
+                        requests.push(Request::Append { input, authority });
+                        (Answer::Append(reply, run), outcome)
+                    }
+                    Pending::Deliver { batch, reply } => {
+                        let planned =
+                            plan_copy(&mut state, &mut round_keys, &self.address, &batch, &mut ctx);
+                        requests.push(Request::Deliver { batch });
+                        match planned {
+                            Ok((plan, outcome)) => (Answer::Deliver(reply, outcome), Ok(plan)),
+                            Err(e) => (Answer::Deliver(reply, CopyOutcome::default()), Err(e)),
+                        }
+                    }
+                    Pending::Reset { .. } => {
+                        unreachable!("a round holds appends and deliveries only")
+                    }
+                };
+                if let Ok(plan) = &outcome {
+                    new_events.extend(plan.new_events.iter().cloned());
+                }
+                outcomes.push((answer, outcome));
             }
-            outcomes.push((answer, outcome));
-        }
+            (state, outcomes, requests, new_events)
+        };
         // A refusal in planning (an offset conflict, a paused stream, ...)
         // may be wrong for a request whose keys were taken as new: if a key
         // is in the log, the request is a replay of what committed, which no
@@ -1117,6 +1129,32 @@ impl Actor {
                 created_at: next_state.created_at.clone(),
             }),
         };
+        // (The span does not live across an await.)
+        drop(span);
+        let effects = match self.react(&outcomes, &durable, &next_state).await {
+            Ok(effects) => effects,
+            Err(refusal) => {
+                // Nothing of the round commits: the refused request is
+                // answered, the others are planned again without it.
+                let mut failed = Vec::new();
+                let mut rest = Vec::new();
+                for (i, ((answer, _), request)) in outcomes.into_iter().zip(requests).enumerate() {
+                    if i == refusal.request {
+                        failed.extend(self.answer(answer, Err(refusal.error.clone()), None));
+                    } else {
+                        rest.push(request.into_pending(answer));
+                    }
+                }
+                for p in rest.into_iter().rev() {
+                    self.queue.push_front(p);
+                }
+                for run in &failed {
+                    self.run_fact_failed(run);
+                }
+                return None;
+            }
+        };
+        let has_effects = !effects.is_empty();
         let (cursors, removed_cursors) = self.cursor_rows_for(&next_state);
         let rx = self.ctx.storage.submit(WriteOp::Commit(StreamCommit {
             stream: stream_ref,
@@ -1127,6 +1165,7 @@ impl Actor {
             cursors: cursors.clone(),
             removed_cursors,
             fence: self.fence.clone(),
+            effects,
         }));
         Some((
             InFlight::Round {
@@ -1137,9 +1176,108 @@ impl Actor {
                 next_state: Box::new(next_state),
                 state_offset,
                 cursors,
+                effects: has_effects,
             },
             rx,
         ))
+    }
+
+    /// Runs the stream's reactors over the round's durable events (on a
+    /// blocking thread: guests run there); answers their effects for the
+    /// round's transaction, or the request one of them refused.
+    async fn react(
+        &mut self,
+        outcomes: &[(Answer, Result<AppendPlan, Error>)],
+        durable: &[StoredEvent],
+        state: &CoreState,
+    ) -> Result<Vec<crate::storage::EffectInsert>, crate::reactor::Refusal> {
+        let identities = crate::reactor::identities(state);
+        if identities.is_empty() {
+            return Ok(Vec::new());
+        }
+        let same = identities.len() == self.reactors.0.len()
+            && identities
+                .iter()
+                .zip(&self.reactors.0)
+                .all(|((n, o), (m, p))| *n == m.as_str() && o == p);
+        if !same {
+            self.reactors = (
+                identities
+                    .iter()
+                    .map(|(n, o)| (n.to_string(), *o))
+                    .collect(),
+                Arc::new(crate::reactor::configured(state)),
+            );
+        }
+        let reactors = Arc::clone(&self.reactors.1);
+        let first = reactors
+            .iter()
+            .map(|r| r.configured_at_offset)
+            .min()
+            .unwrap_or(0);
+        let bodies: HashMap<u64, &str> = durable
+            .iter()
+            .map(|e| (e.offset, e.body.as_str()))
+            .collect();
+        let mut events = Vec::new();
+        for (request, (_, outcome)) in outcomes.iter().enumerate() {
+            let Ok(plan) = outcome else { continue };
+            for e in plan
+                .new_events
+                .iter()
+                .filter(|e| !e.ephemeral && e.offset > first)
+            {
+                let Some(body) = bodies.get(&e.offset) else {
+                    continue;
+                };
+                events.push(crate::reactor::Appended {
+                    request,
+                    index: plan.events.iter().position(|x| x.offset == e.offset),
+                    event: e.clone(),
+                    body: body.to_string(),
+                });
+            }
+        }
+        if events.is_empty() {
+            return Ok(Vec::new());
+        }
+        let storage = self.ctx.storage.clone();
+        let runtime = Arc::clone(&self.ctx.runtime);
+        let project = self.address.namespace.storage_key().to_string();
+        let stream_id = state.stream_id.clone();
+        let reacted = tokio::task::spawn_blocking(move || {
+            crate::reactor::Reacting {
+                storage: &storage,
+                runtime: &runtime,
+                project: &project,
+                stream_id: &stream_id,
+            }
+            .react(&reactors, &events)
+            .map(|(reactions, _)| reactions)
+        })
+        .await
+        .unwrap_or_else(|e| {
+            Err(crate::reactor::Refusal {
+                request: 0,
+                error: Error::internal(format!("the reactors' task failed: {e}")),
+            })
+        })?;
+        let now_ms = self.ctx.clock.now_ms();
+        let created_at = format_timestamp(now_ms);
+        Ok(reacted
+            .into_iter()
+            .map(|r| crate::storage::EffectInsert {
+                source: crate::storage::EffectSource {
+                    project: self.address.namespace.storage_key().to_string(),
+                    path: self.address.path.clone(),
+                    stream_id: state.stream_id.clone(),
+                    component: r.component,
+                },
+                effects: r.effects,
+                now_ms,
+                created_at: created_at.clone(),
+            })
+            .collect())
     }
 
     /// Committed events the round's planning needs: those holding its
@@ -1321,8 +1459,12 @@ impl Actor {
                 next_state,
                 state_offset,
                 cursors,
+                effects,
             } => match result {
                 Ok(row_id) => {
+                    if effects {
+                        self.ctx.executors.effects.ring();
+                    }
                     let now = std::time::Instant::now();
                     for (_, outcome) in &outcomes {
                         if let Ok(plan) = outcome {

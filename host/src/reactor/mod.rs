@@ -1,0 +1,318 @@
+//! Reactors: effects committed with their events (seed 004's dispatcher).
+//!
+//! A reactor is a component's `react(event) -> result<list<effect>,
+//! failure>`, configured on a stream as a subscription whose receiver is
+//! `{"action": "reactor", "expression": ["components", ["get", NAME],
+//! "react"]}`; its subscription key is its durable name. The stream's actor
+//! runs every configured reactor whose filter matches over each durable
+//! event a round would commit, on a blocking thread, before the round goes
+//! to storage; the effects go into the outbox in the round's transaction.
+//! A reactor that fails refuses the request that carried the event
+//! (`422 reactor-failed`); the rest of the round is planned again without
+//! it. Nothing here decides delivery: the outbox's executor runs the
+//! effects as it runs a processor's.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use crate::effect::{parse, Returned};
+use crate::error::Error;
+use crate::filter::CompiledFilter;
+use crate::processor::runtime::{
+    Determinism, GuestError, ReactorEffect, ReactorEffectTarget, Runtime,
+};
+use crate::storage::{NewEffect, Storage};
+use crate::stream::{CoreState, Event};
+use crate::subscription::Receiver;
+
+/// The outbox's `component` of a reactor's effects: `reactor:<name>`
+/// (component names never hold a `:`, so the two never share an identity).
+pub const EFFECT_COMPONENT_PREFIX: &str = "reactor:";
+/// How long one reactor call may run (the append waits for it).
+pub const REACT_TIMEOUT_MS: u64 = 1_000;
+/// The largest event a refusal quotes whole in its repro command.
+const REPRO_EVENT_BYTES_MAX: usize = 4096;
+
+/// The outbox component of reactor `name`'s effects.
+pub fn effect_component(name: &str) -> String {
+    format!("{EFFECT_COMPONENT_PREFIX}{name}")
+}
+
+/// The reactor whose effect this outbox component is, if a reactor's.
+pub fn reactor_of(component: &str) -> Option<&str> {
+    component.strip_prefix(EFFECT_COMPONENT_PREFIX)
+}
+
+/// A reactor configured on a stream.
+#[derive(Debug, Clone)]
+pub struct Reactor {
+    /// Its durable name (the subscription key).
+    pub name: String,
+    /// The component whose `react` it calls.
+    pub component: String,
+    /// Events at or before this offset are not its.
+    pub configured_at_offset: u64,
+    /// Which events it runs for.
+    pub filter: CompiledFilter,
+}
+
+/// What identifies the reactors a state configures (name, configure
+/// offset): an actor compiles them again only when this changes.
+pub fn identities(state: &CoreState) -> Vec<(&str, u64)> {
+    state
+        .subscriptions
+        .outbound
+        .by_key
+        .iter()
+        .filter(|(_, s)| matches!(s.configuration.receiver, Receiver::Reactor { .. }))
+        .map(|(k, s)| (k.as_str(), s.configured_at_offset))
+        .collect()
+}
+
+/// The reactors `state` configures, filters compiled (validated when
+/// configured: one that no longer compiles runs for no event and is
+/// logged).
+pub fn configured(state: &CoreState) -> Vec<Reactor> {
+    state
+        .subscriptions
+        .outbound
+        .by_key
+        .iter()
+        .filter_map(|(name, sub)| {
+            let Receiver::Reactor { expression } = &sub.configuration.receiver else {
+                return None;
+            };
+            let component = crate::itx::reactor_component(expression).ok()?;
+            let filter = match CompiledFilter::new(sub.configuration.filter.as_ref(), false) {
+                Ok(f) => f,
+                Err(e) => {
+                    tracing::error!(reactor = %name, error = %e, "a reactor's filter does not compile");
+                    return None;
+                }
+            };
+            Some(Reactor {
+                name: name.clone(),
+                component,
+                configured_at_offset: sub.configured_at_offset,
+                filter,
+            })
+        })
+        .collect()
+}
+
+/// One durable event a round would commit, as the reactors see it.
+#[derive(Debug, Clone)]
+pub struct Appended {
+    /// Which request of the round carries it.
+    pub request: usize,
+    /// Its index among that request's events (`None`: an event the
+    /// platform adds, such as the stream's creation).
+    pub index: Option<usize>,
+    pub event: Event,
+    /// The event as the HTTP API serves it (JSON text).
+    pub body: String,
+}
+
+/// The effects of one reactor over a round, in their stored form.
+#[derive(Debug, Clone)]
+pub struct Reaction {
+    /// The outbox component (`reactor:<name>`).
+    pub component: String,
+    pub effects: Vec<NewEffect>,
+}
+
+/// A reactor refused an event: the request that carried it fails.
+#[derive(Debug, Clone)]
+pub struct Refusal {
+    pub request: usize,
+    pub error: Error,
+}
+
+/// Where the reactors of one stream run.
+pub struct Reacting<'a> {
+    pub storage: &'a Storage,
+    pub runtime: &'a Runtime,
+    pub project: &'a str,
+    pub stream_id: &'a str,
+}
+
+impl Reacting<'_> {
+    /// Runs each reactor over each event after its configuration that its
+    /// filter selects; answers their effects and how many calls were made,
+    /// or the first refusal. Blocking: guests run here.
+    pub fn react(
+        &self,
+        reactors: &[Reactor],
+        events: &[Appended],
+    ) -> Result<(Vec<Reaction>, u64), Refusal> {
+        let mut reactions = Vec::new();
+        let mut calls = 0;
+        for reactor in reactors {
+            let mut effects = Vec::new();
+            let mut keys = HashSet::new();
+            let mut prepared = None;
+            for a in events
+                .iter()
+                .filter(|a| a.event.offset > reactor.configured_at_offset)
+            {
+                let refuse = |message: String| Refusal {
+                    request: a.request,
+                    error: refusal(reactor, a, &message),
+                };
+                let value = serde_json::to_value(&a.event).expect("events serialize");
+                match reactor
+                    .filter
+                    .matches(&a.event.event_type, &a.event.payload, &value)
+                {
+                    Ok(true) => {}
+                    Ok(false) => continue,
+                    Err(e) => return Err(refuse(format!("its filter failed: {e}"))),
+                }
+                let p = match &prepared {
+                    Some(p) => Arc::clone(p),
+                    None => {
+                        let p = self.component(reactor).map_err(refuse)?;
+                        prepared = Some(Arc::clone(&p));
+                        p
+                    }
+                };
+                let d = Determinism::for_event(
+                    self.stream_id,
+                    a.event.offset,
+                    crate::processor::wake::created_ms(&a.event.created_at),
+                );
+                let clock_ms = d.wall_clock_ms;
+                calls += 1;
+                let returned = self
+                    .runtime
+                    .react(&reactor.component, &p, &a.body, d, REACT_TIMEOUT_MS)
+                    .map_err(|e| refuse(failed_call(reactor, a, e, clock_ms)))?;
+                for e in checked(&returned).map_err(refuse)? {
+                    if keys.insert(e.0.clone()) {
+                        effects.push(NewEffect {
+                            key: e.0,
+                            target: e.1,
+                            checkpoint_offset: a.event.offset,
+                        });
+                    }
+                }
+            }
+            if !effects.is_empty() {
+                reactions.push(Reaction {
+                    component: effect_component(&reactor.name),
+                    effects,
+                });
+            }
+        }
+        Ok((reactions, calls))
+    }
+
+    fn component(
+        &self,
+        reactor: &Reactor,
+    ) -> Result<Arc<crate::processor::runtime::Prepared>, String> {
+        let found = crate::processor::deployed(
+            self.storage,
+            self.runtime,
+            self.project,
+            &reactor.component,
+        )
+        .map_err(|e| format!("loading component {:?} failed: {e:#}", reactor.component))?;
+        let (p, _) = found.ok_or_else(|| {
+            format!(
+                "component {:?} is not deployed in project {:?}",
+                reactor.component, self.project
+            )
+        })?;
+        if !Runtime::is_reactor(&p) {
+            return Err(format!(
+                "component {:?} does not export {}",
+                reactor.component,
+                crate::processor::runtime::REACTOR_INTERFACE
+            ));
+        }
+        Ok(p)
+    }
+}
+
+/// The effects a reactor returned, checked (`(key, stored target)`).
+fn checked(returned: &[ReactorEffect]) -> Result<Vec<(String, String)>, String> {
+    returned
+        .iter()
+        .enumerate()
+        .map(|(i, e)| {
+            let at = format!("effects[{i}]");
+            let parsed = match &e.target {
+                ReactorEffectTarget::Append(a) => Returned::Append {
+                    stream_path: &a.stream_path,
+                    event_type: &a.type_,
+                    payload: &a.payload,
+                    metadata: a.metadata.as_deref(),
+                },
+                ReactorEffectTarget::Webhook(w) => Returned::Webhook {
+                    url: &w.url,
+                    body: &w.body,
+                },
+                ReactorEffectTarget::Itx(x) => Returned::Itx {
+                    expression: &x.expression,
+                    args: &x.args,
+                },
+            };
+            let target = parse(&at, &e.key, parsed)
+                .map_err(|m| format!("it returned a bad effect: {m}"))?;
+            Ok((e.key.clone(), target.to_json().to_string()))
+        })
+        .collect()
+}
+
+/// Why a call failed, with how to run it again by hand.
+fn failed_call(reactor: &Reactor, a: &Appended, e: GuestError, clock_ms: i64) -> String {
+    let repro = if a.body.len() <= REPRO_EVENT_BYTES_MAX {
+        let call = format!(
+            "react({})",
+            crate::processor::wave::string(&a.body)
+        );
+        format!(
+            "; reproduce with `wasmtime run --invoke '{}' {}.wasm` (the call's clock read {clock_ms} ms)",
+            call.replace('\'', "'\\''"),
+            reactor.component
+        )
+    } else {
+        format!(
+            "; the event is {} bytes, too large to quote in a repro",
+            a.body.len()
+        )
+    };
+    format!("{e}{repro}")
+}
+
+/// The `422 reactor-failed` of a refused event.
+fn refusal(reactor: &Reactor, a: &Appended, message: &str) -> Error {
+    Error::unprocessable(
+        "reactor-failed",
+        format!(
+            "reactor {:?} (component {:?}) failed on {} (offset {}, type {:?}), so nothing of this append was committed: {message}",
+            reactor.name,
+            reactor.component,
+            match a.index {
+                Some(i) => format!("events[{i}]"),
+                None => "the event the platform adds".to_string(),
+            },
+            a.event.offset,
+            a.event.event_type
+        ),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reactor_effects_never_share_an_identity_with_a_processors() {
+        assert_eq!(effect_component("welcome.v1"), "reactor:welcome.v1");
+        assert_eq!(reactor_of("reactor:welcome.v1"), Some("welcome.v1"));
+        // Component names are [a-z0-9][a-z0-9-]*: never with a ':'.
+        assert_eq!(reactor_of("welcome"), None);
+    }
+}

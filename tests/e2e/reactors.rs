@@ -1,0 +1,339 @@
+//! Reactors: effects committed with their events. The `welcome` example
+//! (a reactor and a processor in one component) sends one webhook per new
+//! user; a sign-up without a `userId` is refused by the reactor, and with
+//! it the whole append.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use crate::effects::{all_effects, deploy, Receiver, EFFECTS};
+use crate::support::{assert_error, post_until_ok, wait_for, Server};
+
+const USERS: &str = "/v1/projects/acme/streams/users";
+const CONFIGURED: &str = "events.iterate.com/stream/subscription-configured";
+
+/// Configures reactor `name` (component `welcome`) on `stream`.
+async fn configure(s: &Server, stream: &str, name: &str) -> (u16, Value) {
+    s.post(
+        &format!("{stream}:append"),
+        json!({"events": [{"type": CONFIGURED, "payload": {
+            "subscriptionKey": name,
+            "filter": {"eventTypes": ["user-signed-up"]},
+            "receiver": {"action": "reactor",
+                "expression": ["components", ["get", "welcome"], "react"]}}}]}),
+    )
+    .await
+}
+
+fn sign_up(user: Option<&str>, url: &str) -> Value {
+    let mut payload = json!({"email": "someone@example.com", "welcomeUrl": url});
+    if let Some(user) = user {
+        payload["userId"] = json!(user);
+    }
+    json!({"type": "user-signed-up", "payload": payload})
+}
+
+async fn head(s: &Server, stream: &str) -> u64 {
+    let (status, state) = s.get(&format!("{stream}:state")).await;
+    assert_eq!(status, 200, "{state}");
+    state["maxOffset"].as_u64().unwrap()
+}
+
+/// The effects of reactor `name`, by key.
+async fn reactor_effects(s: &Server, name: &str) -> HashMap<String, Value> {
+    all_effects(s, &format!("&component=reactor:{name}"))
+        .await
+        .into_iter()
+        .map(|e| (e["key"].as_str().unwrap().to_string(), e))
+        .collect()
+}
+
+#[tokio::test]
+async fn a_reactor_commits_each_sign_ups_webhook_with_it_and_a_refused_sign_up_commits_nothing() {
+    let r = Receiver::start().await;
+    let s = Server::start_with(Some(EFFECTS), &[]);
+    deploy(&s, "welcome", "welcome").await;
+    let (status, out) = configure(&s, USERS, "welcome.v1").await;
+    assert_eq!(status, 200, "{out}");
+    let url = |user: &str| format!("{}/ok/welcome/{user}", r.base);
+
+    // The effect is in the outbox when the append is acknowledged.
+    let (status, out) = s
+        .post(
+            &format!("{USERS}:append"),
+            json!({"events": [sign_up(Some("ada"), &url("ada"))]}),
+        )
+        .await;
+    assert_eq!(status, 200, "{out}");
+    let offset = out["events"][0]["offset"].as_u64().unwrap();
+    let effects = reactor_effects(&s, "welcome.v1").await;
+    let ada = &effects["welcome:ada"];
+    assert_eq!(ada["checkpointOffset"], offset, "{ada}");
+    assert_eq!(ada["stream"], "/users", "{ada}");
+    assert_eq!(
+        ada["target"]["webhook"]["body"],
+        json!({"userId": "ada", "email": "someone@example.com", "template": "welcome"})
+    );
+    wait_for("ada's welcome", Duration::from_secs(30), async || {
+        r.posts_to("/ok/welcome/ada").len() == 1
+    })
+    .await;
+
+    // A refusal commits nothing of its append: neither the good sign-up
+    // before the bad one nor any effect.
+    let before = head(&s, USERS).await;
+    let refused = s
+        .post(
+            &format!("{USERS}:append"),
+            json!({"events": [sign_up(Some("bob"), &url("bob")), sign_up(None, &url("x"))]}),
+        )
+        .await;
+    assert_error(&refused, 422, "reactor-failed", "welcome.v1");
+    let message = refused.1["error"]["message"].as_str().unwrap();
+    for part in [
+        "events[1]",
+        "has no userId",
+        "wasmtime run --invoke 'react(",
+        "welcome.wasm",
+    ] {
+        assert!(message.contains(part), "{message:?} should say {part:?}");
+    }
+    assert_eq!(head(&s, USERS).await, before, "nothing committed");
+    assert!(!reactor_effects(&s, "welcome.v1")
+        .await
+        .contains_key("welcome:bob"));
+
+    // A second sign-up of ada: a new event, the same effect identity.
+    let (status, out) = s
+        .post(
+            &format!("{USERS}:append"),
+            json!({"events": [sign_up(Some("ada"), &url("ada"))]}),
+        )
+        .await;
+    assert_eq!(status, 200, "{out}");
+    assert_eq!(reactor_effects(&s, "welcome.v1").await.len(), 1);
+
+    // Events of other types do not run it (its filter).
+    let (status, out) = s
+        .post(
+            &format!("{USERS}:append"),
+            json!({"events": [{"type": "user-renamed", "payload": {}}]}),
+        )
+        .await;
+    assert_eq!(status, 200, "{out}");
+
+    // Its name is its effects' identity: never reconfigured in place (the
+    // same configuration again is a no-op that answers the first).
+    let (status, again) = configure(&s, USERS, "welcome.v1").await;
+    assert_eq!(status, 200, "{again}");
+    assert_eq!(again["events"][0]["offset"], 2, "{again}");
+    let changed = s
+        .post(
+            &format!("{USERS}:append"),
+            json!({"events": [{"type": CONFIGURED, "payload": {
+                "subscriptionKey": "welcome.v1",
+                "receiver": {"action": "reactor",
+                    "expression": ["components", ["get", "welcome"], "react"]}}}]}),
+        )
+        .await;
+    assert_error(&changed, 409, "reactor-name-taken", "welcome.v1");
+
+    // Appends racing each other, half of them refused: each good one
+    // commits with exactly its effect, each bad one commits nothing (a
+    // refusal inside a round leaves the round's other requests alone).
+    let before = head(&s, USERS).await;
+    let appends = (0..40).map(|i| {
+        let s = &s;
+        let user = format!("user-{i}");
+        let event = sign_up((i % 2 == 0).then_some(user.as_str()), &url(&user));
+        async move {
+            let (status, out) = s
+                .post(&format!("{USERS}:append"), json!({"events": [event]}))
+                .await;
+            (i, status, out)
+        }
+    });
+    let answers = futures_util::future::join_all(appends).await;
+    for (i, status, out) in &answers {
+        let expected = if i % 2 == 0 { 200 } else { 422 };
+        assert_eq!(*status, expected, "append {i}: {out}");
+    }
+    assert_eq!(head(&s, USERS).await, before + 20);
+    let effects = reactor_effects(&s, "welcome.v1").await;
+    for (i, _, out) in answers.iter().filter(|(i, _, _)| i % 2 == 0) {
+        let e = &effects[&format!("welcome:user-{i}")];
+        assert_eq!(e["checkpointOffset"], out["events"][0]["offset"], "{e}");
+    }
+    assert_eq!(effects.len(), 21, "ada and the twenty good sign-ups");
+    wait_for("every welcome", Duration::from_secs(30), async || {
+        r.posts.lock().unwrap().len() >= 21
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn backfill_reruns_one_reactor_over_history_and_creates_nothing_the_second_time() {
+    let r = Receiver::start().await;
+    let s = Server::start_with(Some(EFFECTS), &[]);
+    deploy(&s, "welcome", "welcome").await;
+    let url = |user: &str| format!("{}/ok/welcome/{user}", r.base);
+    // History from before the reactor: three sign-ups and another event.
+    let (status, out) = s
+        .post(
+            &format!("{USERS}:append"),
+            json!({"events": [sign_up(Some("a"), &url("a")), sign_up(Some("b"), &url("b")),
+                {"type": "user-renamed", "payload": {}}, sign_up(Some("c"), &url("c"))]}),
+        )
+        .await;
+    assert_eq!(status, 200, "{out}");
+    assert_eq!(configure(&s, USERS, "welcome.v1").await.0, 200);
+    assert!(
+        reactor_effects(&s, "welcome.v1").await.is_empty(),
+        "a reactor applies to events appended after it"
+    );
+    let head_before = head(&s, USERS).await;
+
+    let path = format!("{USERS}:backfillReactor");
+    let backfill = |body: Value| s.post(&path, body);
+    let (status, done) = backfill(json!({"name": "welcome.v1", "throughOffset": 3})).await;
+    assert_eq!(status, 200, "{done}");
+    assert_eq!(
+        done,
+        json!({"scanned": 3, "matched": 2, "effectsCreated": 2, "effectsExisting": 0}),
+        "the created event, a and b"
+    );
+    let (status, done) = backfill(json!({"name": "welcome.v1"})).await;
+    assert_eq!(status, 200, "{done}");
+    assert_eq!(done["matched"], 3, "{done}");
+    assert_eq!(done["effectsCreated"], 1, "{done}");
+    assert_eq!(done["effectsExisting"], 2, "{done}");
+    let effects = reactor_effects(&s, "welcome.v1").await;
+    assert_eq!(
+        effects.keys().cloned().collect::<HashSet<_>>(),
+        HashSet::from(["welcome:a".into(), "welcome:b".into(), "welcome:c".into()])
+    );
+    assert_eq!(
+        head(&s, USERS).await,
+        head_before,
+        "a backfill appends nothing"
+    );
+    wait_for(
+        "the backfilled welcomes",
+        Duration::from_secs(30),
+        async || r.posts.lock().unwrap().len() == 3,
+    )
+    .await;
+
+    assert_error(
+        &backfill(json!({"name": "welcome.v9"})).await,
+        404,
+        "reactor-not-found",
+        "welcome.v9",
+    );
+    assert_error(
+        &backfill(json!({"name": "welcome.v1", "jsonataCondition": "$$$("})).await,
+        400,
+        "invalid-jsonata",
+        "jsonataCondition",
+    );
+}
+
+#[tokio::test]
+async fn under_sigkill_every_acknowledged_sign_up_has_exactly_its_effect_and_no_effect_lacks_its_event(
+) {
+    const USERS_N: usize = 150;
+    const KILLS: usize = 3;
+    let r = Receiver::start().await;
+    let mut s = Server::start_with(Some(EFFECTS), &[]);
+    deploy(&s, "welcome", "welcome").await;
+    assert_eq!(configure(&s, USERS, "welcome.v1").await.0, 200);
+    let url = Arc::new(RwLock::new(s.url.clone()));
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let acknowledged: Arc<std::sync::Mutex<Vec<(String, u64)>>> = Arc::default();
+    let appender = {
+        let (url, client, base, acked) = (
+            url.clone(),
+            client.clone(),
+            r.base.clone(),
+            acknowledged.clone(),
+        );
+        tokio::spawn(async move {
+            for i in 0..USERS_N {
+                let user = format!("u{i}");
+                let mut event = sign_up(Some(&user), &format!("{base}/ok/welcome/{user}"));
+                event["idempotencyKey"] = json!(format!("sign-up-{i}"));
+                let out = post_until_ok(
+                    &client,
+                    &url,
+                    &format!("{USERS}:append"),
+                    &json!({"events": [event]}),
+                )
+                .await;
+                let offset = out["events"][0]["offset"].as_u64().unwrap();
+                acked.lock().unwrap().push((user, offset));
+            }
+        })
+    };
+    for k in 0..KILLS {
+        let seen = acknowledged.lock().unwrap().len();
+        wait_for(
+            "sign-ups before the kill",
+            Duration::from_secs(60),
+            async || acknowledged.lock().unwrap().len() > seen + 20 || appender.is_finished(),
+        )
+        .await;
+        s.restart();
+        *url.write().unwrap() = s.url.clone();
+        eprintln!("kill {} done", k + 1);
+    }
+    appender.await.unwrap();
+    // The log: each user's sign-up once (the key collapses retries).
+    let events = s.all_events(USERS).await;
+    let signed_up: HashMap<String, u64> = events
+        .iter()
+        .filter(|e| e["type"] == "user-signed-up")
+        .map(|e| {
+            (
+                e["payload"]["userId"].as_str().unwrap().to_string(),
+                e["offset"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(signed_up.len(), USERS_N, "every sign-up committed once");
+    for (user, offset) in acknowledged.lock().unwrap().iter() {
+        assert_eq!(signed_up.get(user), Some(offset), "{user} as acknowledged");
+    }
+    // The outbox: exactly one effect per committed sign-up, at its offset,
+    // and none without its event.
+    let effects = reactor_effects(&s, "welcome.v1").await;
+    assert_eq!(effects.len(), USERS_N);
+    for (user, offset) in &signed_up {
+        let e = &effects[&format!("welcome:{user}")];
+        assert_eq!(e["checkpointOffset"], *offset, "{e}");
+    }
+    wait_for(
+        "every welcome to be sent",
+        Duration::from_secs(120),
+        async || {
+            reactor_effects(&s, "welcome.v1")
+                .await
+                .values()
+                .all(|e| e["status"] == "succeeded")
+        },
+    )
+    .await;
+    let posted: HashSet<String> = r
+        .posts
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|p| p.body["userId"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(posted, signed_up.keys().cloned().collect::<HashSet<_>>());
+}
