@@ -1245,7 +1245,7 @@ impl Actor {
         let runtime = Arc::clone(&self.ctx.runtime);
         let project = self.address.namespace.storage_key().to_string();
         let stream_id = state.stream_id.clone();
-        let reacted = tokio::task::spawn_blocking(move || {
+        let run = move || {
             crate::reactor::Reacting {
                 storage: &storage,
                 runtime: &runtime,
@@ -1254,14 +1254,20 @@ impl Actor {
             }
             .react(&reactors, &events)
             .map(|(reactions, _)| reactions)
-        })
-        .await
-        .unwrap_or_else(|e| {
-            Err(crate::reactor::Refusal {
-                request: 0,
-                error: Error::internal(format!("the reactors' task failed: {e}")),
-            })
-        })?;
+        };
+        // Guests run off the async workers: on a multi-thread runtime this
+        // worker becomes a blocking thread for the call (its other tasks
+        // move to another worker), which spares the append two thread
+        // hand-offs; elsewhere the call goes to the blocking pool.
+        let reacted = match tokio::runtime::Handle::current().runtime_flavor() {
+            tokio::runtime::RuntimeFlavor::MultiThread => tokio::task::block_in_place(run),
+            _ => tokio::task::spawn_blocking(run).await.unwrap_or_else(|e| {
+                Err(crate::reactor::Refusal {
+                    request: 0,
+                    error: Error::internal(format!("the reactors' task failed: {e}")),
+                })
+            }),
+        }?;
         let now_ms = self.ctx.clock.now_ms();
         let created_at = format_timestamp(now_ms);
         Ok(reacted
