@@ -159,7 +159,11 @@ impl Reacting<'_> {
                     request: a.request,
                     error: refusal(reactor, a, &message),
                 };
-                let value = serde_json::to_value(&a.event).expect("events serialize");
+                // The JSON value only a condition reads.
+                let value = match reactor.filter.condition {
+                    Some(_) => serde_json::to_value(&a.event).expect("events serialize"),
+                    None => serde_json::Value::Null,
+                };
                 match reactor
                     .filter
                     .matches(&a.event.event_type, &a.event.payload, &value)
