@@ -7,8 +7,10 @@
 //! one to three events), compare-and-append on one stream per writer, a copy
 //! chain of two hops, a webhook subscription to a loopback receiver, an ITX
 //! subscription into the `kinds` component, a processor (`counter`), the
-//! `effector` processor's webhook effects, live SSE connections, and a
-//! poller of the processor's checkpoint.
+//! `effector` processor's webhook effects, sign-ups whose welcome webhook
+//! the `welcome` reactor commits with each event (checked: exactly one
+//! effect per sign-up in the log, at its offset, none without its event),
+//! live SSE connections, and a poller of the processor's checkpoint.
 //!
 //! With several hosts (`several_hosts_under_kills_pauses_and_cuts_keep_the_history`,
 //! on PostgreSQL) requests go to the hosts in turn, the supervisor also
@@ -63,6 +65,10 @@ const SHARED: u64 = 4;
 const WRITERS: usize = 4;
 const SSE_CLIENTS: usize = 2;
 const FX: &str = "/chaos/fx";
+/// Sign-ups, each committed with its welcome effect by the `welcome`
+/// reactor (`welcome.v1`).
+const USERS: &str = "/chaos/users";
+const SIGNED_UP: &str = "user-signed-up";
 /// Events accepted here reach `/chaos/in`.
 const INGEST: &str = "/v1/projects/acme/ingest/chaos/in";
 /// How long the system gets to deliver everything after the load stops.
@@ -289,6 +295,12 @@ async fn writer(run: Arc<Run>, w: usize, seed: u64, fx_url: String, rate: Option
                     run.violation(format!("ingest of {ids:?} answered {out}"));
                 }
             }
+        } else if rng.below(2) == 0 {
+            let id = format!("su-w{w}-{i}");
+            let welcome_url = fx_url.replace("/fx", "/welcome");
+            let event = json!({"type": SIGNED_UP, "idempotencyKey": id, "payload": {"id": id,
+                "userId": id, "email": "someone@example.com", "welcomeUrl": welcome_url}});
+            run.append(USERS, vec![event]).await;
         } else {
             let id = format!("fx-w{w}-{i}");
             let event = json!({"type": EFFECTS_REQUESTED, "idempotencyKey": id, "payload": {"id": id,
@@ -413,6 +425,7 @@ struct Received {
     hook: Vec<Value>,
     flaky: Vec<Value>,
     fx: Vec<(Option<String>, Value)>,
+    welcome: Vec<(Option<String>, Value)>,
 }
 
 async fn receiver() -> (String, Arc<Mutex<Received>>) {
@@ -442,10 +455,23 @@ async fn receiver() -> (String, Arc<Mutex<Received>>) {
         got.lock().unwrap().fx.push((key, body));
         StatusCode::OK
     }
+    async fn welcome(
+        State(got): State<Arc<Mutex<Received>>>,
+        headers: HeaderMap,
+        Json(body): Json<Value>,
+    ) -> StatusCode {
+        let key = headers
+            .get("idempotency-key")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
+        got.lock().unwrap().welcome.push((key, body));
+        StatusCode::OK
+    }
     let app = Router::new()
         .route("/hook", post(hook))
         .route("/flaky", post(flaky))
         .route("/fx", post(fx))
+        .route("/welcome", post(welcome))
         .with_state(got.clone());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
@@ -467,6 +493,7 @@ async fn set_up(s: &Server, receiver_base: &str) {
         ("counter", guest("counter")),
         ("kinds", guest("kinds")),
         ("effector", guest("effector")),
+        ("welcome", guest("welcome")),
     ] {
         let (status, out) = s.deploy("acme", name, bytes).await;
         assert_eq!(status, 200, "{out}");
@@ -520,6 +547,13 @@ async fn set_up(s: &Server, receiver_base: &str) {
                 json!({"action": "processor-wake", "expression": ["components", ["get", "counter"], "wake"]}),
                 false,
             ),
+        ),
+        (
+            USERS,
+            json!({"events": [{"type": "events.iterate.com/stream/subscription-configured",
+                "payload": {"subscriptionKey": "welcome.v1", "filter": {"eventTypes": [SIGNED_UP]},
+                    "receiver": {"action": "reactor",
+                        "expression": ["components", ["get", "welcome"], "react"]}}}]}),
         ),
         (
             FX,
@@ -929,6 +963,30 @@ async fn chaos(hosts: usize, crashes: u64, pauses: u64, cuts: u64) {
         wanted_effects.iter().all(|id| have.contains(id.as_str()))
     })
     .await;
+    // Every sign-up in the log has its welcome effect, which ran.
+    let signed_up: HashMap<String, u64> = s
+        .all_events(&format!("{P}{USERS}"))
+        .await
+        .iter()
+        .filter(|e| e["type"] == SIGNED_UP)
+        .map(|e| {
+            (
+                format!("welcome:{}", e["payload"]["userId"].as_str().unwrap_or_default()),
+                e["offset"].as_u64().unwrap_or_default(),
+            )
+        })
+        .collect();
+    wait_for("every welcome effect", SETTLE, async || {
+        let got = received.lock().unwrap();
+        let have: HashSet<String> = got
+            .welcome
+            .iter()
+            .filter_map(|(_, b)| b["userId"].as_str())
+            .map(|u| format!("welcome:{u}"))
+            .collect();
+        signed_up.keys().all(|k| have.contains(k))
+    })
+    .await;
     let ingested: Vec<String> = run.history.lock().unwrap().ingested.clone();
     wait_for("every accepted ingest event", SETTLE, async || {
         let stored = ids(&s.all_events(&format!("{P}/chaos/in")).await, MATCHED);
@@ -1053,15 +1111,49 @@ async fn chaos(hosts: usize, crashes: u64, pauses: u64, cuts: u64) {
         }
     }
 
-    let (hook_posts, fx_posts) = {
+    // 6. Reactor: the outbox holds exactly one welcome effect per sign-up
+    //    in the log, at the sign-up's offset, and none without its event
+    //    (the effects commit with the events, or neither does).
+    let welcome_effects: HashMap<String, u64> =
+        crate::effects::all_effects(&s, "&component=reactor:welcome.v1")
+            .await
+            .iter()
+            .map(|e| {
+                (
+                    e["key"].as_str().unwrap_or_default().to_string(),
+                    e["checkpointOffset"].as_u64().unwrap_or_default(),
+                )
+            })
+            .collect();
+    if welcome_effects != signed_up {
+        let missing: Vec<_> = signed_up
+            .iter()
+            .filter(|(k, o)| welcome_effects.get(*k) != Some(o))
+            .collect();
+        let without_event: Vec<_> = welcome_effects
+            .iter()
+            .filter(|(k, o)| signed_up.get(*k) != Some(o))
+            .collect();
+        run.violation(format!(
+            "reactor: sign-ups without their effect {missing:?}; effects without their sign-up {without_event:?}"
+        ));
+    }
+    for (key, body) in &received.lock().unwrap().welcome {
+        let user = body["userId"].as_str().unwrap_or_default();
+        if !signed_up.contains_key(&format!("welcome:{user}")) || key.is_none() {
+            run.violation(format!("welcome of {user:?} posted (key {key:?}) without its sign-up"));
+        }
+    }
+
+    let (hook_posts, fx_posts, welcome_posts) = {
         let got = received.lock().unwrap();
-        (got.hook.len(), got.fx.len())
+        (got.hook.len(), got.fx.len(), got.welcome.len())
     };
     let h = run.history.lock().unwrap();
     println!(
         "chaos: seed {seed}: {hosts} hosts, {crashes} crashes, {pauses} pauses, {cuts} cuts in {:.1} s; {} appends ({} events acknowledged, {} retried requests), \
-         {} ingest events accepted, {} webhook posts ({} events skipped by policy), {} ITX event deliveries, {} effect posts, {} SSE connections ({} events), \
-         {} checkpoint reads, {} fresh reads; violations: {}",
+         {} ingest events accepted, {} webhook posts ({} events skipped by policy), {} ITX event deliveries, {} effect posts, {} sign-ups ({} welcome effects, {} posts), \
+         {} SSE connections ({} events), {} checkpoint reads, {} fresh reads; violations: {}",
         load_time.as_secs_f64(),
         h.appends,
         h.acked.len(),
@@ -1071,6 +1163,9 @@ async fn chaos(hosts: usize, crashes: u64, pauses: u64, cuts: u64) {
         skipped.len(),
         itx_offsets(&all_logs()).len(),
         fx_posts,
+        signed_up.len(),
+        welcome_effects.len(),
+        welcome_posts,
         h.sse_connections,
         h.sse_events,
         h.checkpoints,
