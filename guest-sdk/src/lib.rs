@@ -193,11 +193,38 @@ enum Asked {
     },
 }
 
+/// One effect asked for: its key, what it does, and its envelope.
+struct AskedEffect {
+    key: String,
+    asked: Asked,
+    effect_type: Option<String>,
+    metadata: Option<String>,
+}
+
 /// Effects to run after the commit (a fold's, or a reactor's), each with a
 /// key that makes it idempotent.
 #[derive(Default)]
 pub struct Effects {
-    asked: Vec<(String, Asked)>,
+    asked: Vec<AskedEffect>,
+}
+
+/// The effect just asked for: give it an envelope. A reactor's effects
+/// keep it (a webhook sends it as headers); a processor's WIT (0.2.0) has
+/// no place for it, so a fold's effects drop it.
+pub struct EffectEnvelope<'a>(&'a mut AskedEffect);
+
+impl EffectEnvelope<'_> {
+    /// Its type (`SendWelcome`).
+    pub fn typed(self, effect_type: impl Into<String>) -> Self {
+        self.0.effect_type = Some(effect_type.into());
+        self
+    }
+
+    /// Its metadata, a JSON object (`{"correlationId": ...}`).
+    pub fn metadata(self, metadata: &impl Serialize) -> Self {
+        self.0.metadata = Some(json_text(metadata));
+        self
+    }
 }
 
 fn json_text(value: &impl Serialize) -> String {
@@ -205,6 +232,16 @@ fn json_text(value: &impl Serialize) -> String {
 }
 
 impl Effects {
+    fn ask(&mut self, key: String, asked: Asked) -> EffectEnvelope<'_> {
+        self.asked.push(AskedEffect {
+            key,
+            asked,
+            effect_type: None,
+            metadata: None,
+        });
+        EffectEnvelope(self.asked.last_mut().expect("just pushed"))
+    }
+
     /// Append an event to a stream of the same project after the commit.
     pub fn append(
         &mut self,
@@ -212,15 +249,15 @@ impl Effects {
         stream_path: &str,
         event_type: &str,
         payload: &impl Serialize,
-    ) {
-        self.asked.push((
+    ) -> EffectEnvelope<'_> {
+        self.ask(
             key.into(),
             Asked::Append {
                 stream_path: stream_path.to_string(),
                 event_type: event_type.to_string(),
                 payload: json_text(payload),
             },
-        ));
+        )
     }
 
     /// Call an ITX expression (`["components", ["get", NAME], FUNCTION]`)
@@ -231,25 +268,30 @@ impl Effects {
         key: impl Into<String>,
         expression: &impl Serialize,
         args: &impl Serialize,
-    ) {
-        self.asked.push((
+    ) -> EffectEnvelope<'_> {
+        self.ask(
             key.into(),
             Asked::Itx {
                 expression: json_text(expression),
                 args: json_text(args),
             },
-        ));
+        )
     }
 
     /// POST a JSON body to a URL after the commit.
-    pub fn webhook(&mut self, key: impl Into<String>, url: &str, body: &impl Serialize) {
-        self.asked.push((
+    pub fn webhook(
+        &mut self,
+        key: impl Into<String>,
+        url: &str,
+        body: &impl Serialize,
+    ) -> EffectEnvelope<'_> {
+        self.ask(
             key.into(),
             Asked::Webhook {
                 url: url.to_string(),
                 body: json_text(body),
             },
-        ));
+        )
     }
 
     /// How many effects were asked for so far.
@@ -264,46 +306,67 @@ impl Effects {
 }
 
 /// The same conversion for each world's copy of the effect types.
-macro_rules! into_wit_effects {
+macro_rules! into_wit_target {
     ($name:ident, $($m:ident)::+) => {
-        fn $name(effects: Effects) -> Vec<$($m)::+::Effect> {
+        fn $name(asked: Asked) -> $($m)::+::EffectTarget {
             use $($m)::+ as w;
-            effects
-                .asked
-                .into_iter()
-                .map(|(key, asked)| w::Effect {
-                    key,
-                    target: match asked {
-                        Asked::Append {
-                            stream_path,
-                            event_type,
-                            payload,
-                        } => w::EffectTarget::Append(w::AppendEffect {
-                            stream_path,
-                            type_: event_type,
-                            payload,
-                            metadata: None,
-                        }),
-                        Asked::Webhook { url, body } => {
-                            w::EffectTarget::Webhook(w::WebhookEffect { url, body })
-                        }
-                        Asked::Itx { expression, args } => {
-                            w::EffectTarget::Itx(w::ItxEffect { expression, args })
-                        }
-                    },
-                })
-                .collect()
+            match asked {
+                Asked::Append {
+                    stream_path,
+                    event_type,
+                    payload,
+                } => w::EffectTarget::Append(w::AppendEffect {
+                    stream_path,
+                    type_: event_type,
+                    payload,
+                    metadata: None,
+                }),
+                Asked::Webhook { url, body } => {
+                    w::EffectTarget::Webhook(w::WebhookEffect { url, body })
+                }
+                Asked::Itx { expression, args } => {
+                    w::EffectTarget::Itx(w::ItxEffect { expression, args })
+                }
+            }
         }
     };
 }
-into_wit_effects!(
-    fold_effects,
+into_wit_target!(
+    fold_target,
     bindings::exports::streamhost::processor::processor
 );
-into_wit_effects!(
-    react_effects,
+into_wit_target!(
+    react_target,
     reactor_bindings::exports::streamhost::processor::reactor
 );
+
+fn fold_effects(effects: Effects) -> Vec<wit::Effect> {
+    effects
+        .asked
+        .into_iter()
+        .map(|e| wit::Effect {
+            key: e.key,
+            target: fold_target(e.asked),
+        })
+        .collect()
+}
+
+fn react_effects(
+    effects: Effects,
+) -> Vec<reactor_bindings::exports::streamhost::processor::reactor::Effect> {
+    effects
+        .asked
+        .into_iter()
+        .map(
+            |e| reactor_bindings::exports::streamhost::processor::reactor::Effect {
+                key: e.key,
+                target: react_target(e.asked),
+                type_: e.effect_type,
+                metadata: e.metadata,
+            },
+        )
+        .collect()
+}
 
 /// The prefix of the platform's own event types.
 pub const PLATFORM_TYPE_PREFIX: &str = "events.iterate.com/";

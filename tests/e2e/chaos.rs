@@ -971,7 +971,10 @@ async fn chaos(hosts: usize, crashes: u64, pauses: u64, cuts: u64) {
         .filter(|e| e["type"] == SIGNED_UP)
         .map(|e| {
             (
-                format!("welcome:{}", e["payload"]["userId"].as_str().unwrap_or_default()),
+                format!(
+                    "welcome:{}",
+                    e["payload"]["userId"].as_str().unwrap_or_default()
+                ),
                 e["offset"].as_u64().unwrap_or_default(),
             )
         })
@@ -1141,7 +1144,9 @@ async fn chaos(hosts: usize, crashes: u64, pauses: u64, cuts: u64) {
     for (key, body) in &received.lock().unwrap().welcome {
         let user = body["userId"].as_str().unwrap_or_default();
         if !signed_up.contains_key(&format!("welcome:{user}")) || key.is_none() {
-            run.violation(format!("welcome of {user:?} posted (key {key:?}) without its sign-up"));
+            run.violation(format!(
+                "welcome of {user:?} posted (key {key:?}) without its sign-up"
+            ));
         }
     }
 

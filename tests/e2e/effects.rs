@@ -36,6 +36,8 @@ const FX: &str = "/v1/projects/acme/effects";
 pub struct Post {
     pub path: String,
     pub key: Option<String>,
+    /// Its `streamhost-effect-*` headers (the effect's envelope).
+    pub envelope: HashMap<String, String>,
     pub body: Value,
 }
 
@@ -59,9 +61,15 @@ impl Receiver {
                 .get("idempotency-key")
                 .and_then(|v| v.to_str().ok())
                 .map(str::to_string);
+            let envelope = headers
+                .iter()
+                .filter(|(name, _)| name.as_str().starts_with("streamhost-effect-"))
+                .map(|(name, v)| (name.to_string(), v.to_str().unwrap_or("").to_string()))
+                .collect();
             posts.lock().unwrap().push(Post {
                 path: format!("/{kind}/{rest}"),
                 key,
+                envelope,
                 body,
             });
             match kind.as_str() {
@@ -289,6 +297,22 @@ async fn webhook_effects_carry_their_id_and_a_4xx_fails_at_once_with_one_error_l
     assert_eq!(posts.len(), 1);
     assert_eq!(posts[0].key.as_deref(), Some(ok["id"].to_string().as_str()));
     assert_eq!(posts[0].body, json!({"hello": 1}));
+    // Its envelope: who produced it, and its key (a processor's effects
+    // have no type or metadata).
+    assert_eq!(
+        posts[0].envelope,
+        HashMap::from([
+            (
+                "streamhost-effect-consumer".to_string(),
+                "processor:effector".to_string()
+            ),
+            ("streamhost-effect-key".to_string(), "ok".to_string()),
+        ])
+    );
+    assert_eq!(
+        (&ok["consumer"], &ok["consumerKind"]),
+        (&json!("effector"), &json!("processor"))
+    );
 
     let gone = settled(&s, "gone", "failed").await;
     assert_eq!(gone["attempts"], 1, "a 404 is not retried: {gone}");

@@ -196,6 +196,7 @@ async fn every_operation_answers_a_real_request_as_the_openapi_document_says() {
         ("ledger", guest("ledger")),
         ("effector", guest("effector")),
         ("kinds", guest("kinds")),
+        ("welcome", guest("welcome")),
     ] {
         assert_eq!(s.deploy("acme", name, bytes).await.0, 200);
     }
@@ -207,13 +208,16 @@ async fn every_operation_answers_a_real_request_as_the_openapi_document_says() {
         .post(
             &format!("{stream}:append"),
             json!({"events": [wake("count", "counter"), wake("ledger", "ledger"), wake("effects", "effector"),
+                {"type": "events.iterate.com/stream/subscription-configured", "payload": {"subscriptionKey": "welcome.v1",
+                    "filter": {"eventTypes": ["user-signed-up"]},
+                    "receiver": {"action": "reactor", "expression": ["components", ["get", "welcome"], "react"]}}},
                 {"type": "deposited", "payload": {"account": "a-1", "cents": 250}},
                 {"type": "events.example/effects-requested", "payload": {"effects": [
                     {"key": "boom", "itx": {"expression": ["components", ["get", "kinds"], "boom"], "args": []}}]}}]}),
         )
         .await;
     assert_eq!(status, 200, "{out}");
-    let head = out["events"][4]["offset"].clone();
+    let head = out["events"][5]["offset"].clone();
     crate::support::wait_for(
         "the processors to catch up and the effect to fail",
         Duration::from_secs(60),
@@ -428,6 +432,13 @@ async fn every_operation_answers_a_real_request_as_the_openapi_document_says() {
                 ":backfillProcessor",
                 format!("{prefix}:backfillProcessor"),
                 Some(json!({"component": "counter", "afterOffset": 0})),
+                if project { 200 } else { 404 },
+            ),
+            (
+                "POST",
+                ":backfillReactor",
+                format!("{prefix}:backfillReactor"),
+                Some(json!({"name": "welcome.v1", "afterOffset": 0})),
                 if project { 200 } else { 404 },
             ),
             (

@@ -77,10 +77,44 @@ async fn a_reactor_commits_each_sign_ups_webhook_with_it_and_a_refused_sign_up_c
         ada["target"]["webhook"]["body"],
         json!({"userId": "ada", "email": "someone@example.com", "template": "welcome"})
     );
+    // Its envelope: the reactor as consumer, the type and metadata it gave.
+    assert_eq!(ada["consumer"], "welcome.v1", "{ada}");
+    assert_eq!(ada["consumerKind"], "reactor", "{ada}");
+    assert_eq!(ada["component"], "reactor:welcome.v1", "{ada}");
+    assert_eq!(ada["type"], "SendWelcome", "{ada}");
+    let correlation = format!("sign-up-{offset}");
+    assert_eq!(
+        ada["metadata"],
+        json!({"correlationId": correlation}),
+        "{ada}"
+    );
     wait_for("ada's welcome", Duration::from_secs(30), async || {
         r.posts_to("/ok/welcome/ada").len() == 1
     })
     .await;
+    let post = &r.posts_to("/ok/welcome/ada")[0];
+    assert_eq!(post.key.as_deref(), Some(ada["id"].to_string().as_str()));
+    assert_eq!(
+        post.envelope,
+        HashMap::from([
+            (
+                "streamhost-effect-consumer".to_string(),
+                "reactor:welcome.v1".to_string()
+            ),
+            (
+                "streamhost-effect-key".to_string(),
+                "welcome:ada".to_string()
+            ),
+            (
+                "streamhost-effect-type".to_string(),
+                "SendWelcome".to_string()
+            ),
+            (
+                "streamhost-effect-metadata".to_string(),
+                json!({"correlationId": correlation}).to_string()
+            ),
+        ])
+    );
 
     // A refusal commits nothing of its append: neither the good sign-up
     // before the bad one nor any effect.

@@ -184,6 +184,53 @@ fn preview(text: &str) -> String {
     }
 }
 
+/// Who produced an effect: the processor's component, or the reactor's
+/// name (its outbox component is `reactor:<name>`).
+pub fn consumer(component: &str) -> (&'static str, &str) {
+    match crate::reactor::reactor_of(component) {
+        Some(name) => ("reactor", name),
+        None => ("processor", component),
+    }
+}
+
+/// The headers of a webhook effect's POST: `idempotency-key` (the effect
+/// id), and its envelope: `streamhost-effect-consumer` (`processor:<component>`
+/// or `reactor:<name>`), `streamhost-effect-key`, and when the effect has
+/// them `streamhost-effect-type` and `streamhost-effect-metadata` (JSON,
+/// non-ASCII escaped).
+pub fn webhook_headers(row: &crate::storage::EffectRow) -> Vec<(&'static str, String)> {
+    let (kind, name) = consumer(&row.component);
+    let mut headers = vec![
+        ("idempotency-key", row.id.to_string()),
+        ("streamhost-effect-consumer", format!("{kind}:{name}")),
+        ("streamhost-effect-key", ascii(&row.key)),
+    ];
+    if let Some(t) = row.target.get("type").and_then(Value::as_str) {
+        headers.push(("streamhost-effect-type", ascii(t)));
+    }
+    if let Some(m) = row.target.get("metadata").filter(|m| m.is_object()) {
+        headers.push(("streamhost-effect-metadata", ascii(&m.to_string())));
+    }
+    headers
+}
+
+/// A header value: printable ASCII kept, anything else escaped as `\uXXXX`
+/// (JSON's escape, so JSON stays JSON).
+fn ascii(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if (' '..='~').contains(&c) {
+            out.push(c);
+        } else {
+            let mut units = [0u16; 2];
+            for u in c.encode_utf16(&mut units) {
+                out.push_str(&format!("\\u{u:04x}"));
+            }
+        }
+    }
+    out
+}
+
 /// The idempotency key of an `append` effect's event.
 pub fn append_idempotency_key(component: &str, source_path: &str, key: &str) -> String {
     format!("effect:{component}:{source_path}:{key}")
@@ -322,10 +369,11 @@ pub fn error_line(
     error: &str,
 ) -> Map<String, Value> {
     let mut line = Map::new();
+    let (kind, name) = consumer(component);
     line.insert(
         "message".into(),
         Value::String(format!(
-            "effect {key:?} of processor {component:?} failed after {attempts} attempt(s): {error}"
+            "effect {key:?} of {kind} {name:?} failed after {attempts} attempt(s): {error}"
         )),
     );
     line.insert(

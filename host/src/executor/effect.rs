@@ -247,7 +247,8 @@ async fn lease(
 
 async fn execute_and_settle(exec: &Executors, settings: &Settings, row: EffectRow) {
     let timeout_ms = settings.delivery.timeout_ms;
-    let label = format!("effect {:?} of processor {:?}", row.key, row.component);
+    let (kind, name) = effect::consumer(&row.component);
+    let label = format!("effect {:?} of {kind} {name:?}", row.key);
     let outcome = match Target::from_json(&row.target) {
         Ok(target) => {
             let wait = Duration::from_millis(timeout_ms);
@@ -381,7 +382,7 @@ async fn execute(
         }
         Target::Webhook { url, body } => exec
             .webhooks
-            .post_keyed(&url, &body, timeout_ms, Some(&row.id.to_string()))
+            .post_keyed(&url, &body, timeout_ms, &effect::webhook_headers(&row))
             .await
             .map(|()| None)
             .map_err(|(mut f, status)| {

@@ -44,7 +44,7 @@ impl Client {
     /// POSTs one body; any 2xx acknowledges, every failure is retryable
     /// (a subscription's skip and halt policy decides what follows).
     pub async fn post(&self, url: &str, body: &Value, timeout_ms: u64) -> Result<(), Failure> {
-        self.post_keyed(url, body, timeout_ms, None)
+        self.post_keyed(url, body, timeout_ms, &[])
             .await
             .map_err(|(failure, _)| failure)
     }
@@ -56,7 +56,7 @@ impl Client {
         url: &str,
         body: &Value,
         timeout_ms: u64,
-        idempotency_key: Option<&str>,
+        headers: &[(&'static str, String)],
     ) -> Result<(), (Failure, Option<u16>)> {
         if self.deny_private_networks {
             check_target(url).await.map_err(|f| (f, None))?;
@@ -67,8 +67,8 @@ impl Client {
             .post(url)
             .timeout(Duration::from_millis(timeout_ms))
             .json(body);
-        if let Some(key) = idempotency_key {
-            request = request.header("idempotency-key", key);
+        for (name, value) in headers {
+            request = request.header(*name, value);
         }
         let response = request.send().await.map_err(|e| {
             let message = if e.is_timeout() {

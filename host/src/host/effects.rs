@@ -89,8 +89,18 @@ pub struct Effect {
     pub stream: String,
     /// The source stream's lifetime.
     pub stream_id: String,
-    /// The processor's component.
+    /// The processor's component, or `reactor:<name>` for a reactor's.
     pub component: String,
+    /// Who produced it: the processor's component or the reactor's name.
+    pub consumer: String,
+    /// `processor` or `reactor`.
+    pub consumer_kind: &'static str,
+    /// Its envelope's type, if it has one (reactors' effects).
+    #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
+    pub effect_type: Option<String>,
+    /// Its envelope's metadata, if it has one (reactors' effects).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<Value>,
     /// The effect's key (its identity with the instance).
     pub key: String,
     /// The checkpoint that committed it.
@@ -120,14 +130,31 @@ impl Effect {
         let status = EffectStatus::parse(&e.status).unwrap_or(EffectStatus::Failed);
         let next_attempt_at =
             (status == EffectStatus::Pending).then(|| format_timestamp(e.due_at_ms));
+        let (kind, consumer) = crate::effect::consumer(&e.component);
+        let consumer = consumer.to_string();
+        let effect_type = e
+            .target
+            .get("type")
+            .and_then(Value::as_str)
+            .map(str::to_string);
+        let metadata = e.target.get("metadata").filter(|m| m.is_object()).cloned();
+        let mut target = e.target;
+        if let Value::Object(t) = &mut target {
+            t.remove("type");
+            t.remove("metadata");
+        }
         Effect {
             id: e.id,
             stream: e.path,
             stream_id: e.stream_id,
             component: e.component,
+            consumer,
+            consumer_kind: kind,
+            effect_type,
+            metadata,
             key: e.key,
             checkpoint_offset: e.checkpoint_offset,
-            target: e.target,
+            target,
             status,
             attempts: e.attempts,
             next_attempt_at,

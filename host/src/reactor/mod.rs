@@ -15,6 +15,8 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
+use serde_json::Value;
+
 use crate::effect::{parse, Returned};
 use crate::error::Error;
 use crate::filter::CompiledFilter;
@@ -30,6 +32,8 @@ use crate::subscription::Receiver;
 pub const EFFECT_COMPONENT_PREFIX: &str = "reactor:";
 /// How long one reactor call may run (the append waits for it).
 pub const REACT_TIMEOUT_MS: u64 = 1_000;
+/// The longest envelope `type` of an effect.
+const ENVELOPE_TYPE_BYTES_MAX: usize = 256;
 /// The largest event a refusal quotes whole in its repro command.
 const REPRO_EVENT_BYTES_MAX: usize = 4096;
 
@@ -264,7 +268,26 @@ fn checked(returned: &[ReactorEffect]) -> Result<Vec<(String, String)>, String> 
             };
             let target = parse(&at, &e.key, parsed)
                 .map_err(|m| format!("it returned a bad effect: {m}"))?;
-            Ok((e.key.clone(), target.to_json().to_string()))
+            let mut stored = target.to_json();
+            if let Some(t) = &e.type_ {
+                if t.trim().is_empty() || t.len() > ENVELOPE_TYPE_BYTES_MAX || t.contains(char::is_control) {
+                    return Err(format!(
+                        "it returned a bad effect: {at}.type {t:?} must be 1 to {ENVELOPE_TYPE_BYTES_MAX} bytes without control characters"
+                    ));
+                }
+                stored["type"] = Value::String(t.clone());
+            }
+            if let Some(m) = &e.metadata {
+                match serde_json::from_str::<Value>(m) {
+                    Ok(v @ Value::Object(_)) => stored["metadata"] = v,
+                    _ => {
+                        return Err(format!(
+                            "it returned a bad effect: {at}.metadata must be a JSON object, got {m:?}"
+                        ))
+                    }
+                }
+            }
+            Ok((e.key.clone(), stored.to_string()))
         })
         .collect()
 }

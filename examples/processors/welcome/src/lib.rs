@@ -3,7 +3,8 @@
 //! (`{"userId", "email", "welcomeUrl"}`) yields one webhook effect keyed
 //! `welcome:<userId>` (so a second sign-up of the same user sends nothing
 //! new) that POSTs `{"userId", "email", "template": "welcome"}` to
-//! `welcomeUrl`. A sign-up without a `userId` is refused: the append fails
+//! `welcomeUrl`, typed `SendWelcome` with metadata
+//! `{"correlationId": "sign-up-<offset>"}`. A sign-up without a `userId` is refused: the append fails
 //! with `422 reactor-failed` and commits nothing.
 //!
 //! The same component is also a processor (it exports both interfaces):
@@ -38,11 +39,14 @@ impl Reactor for Welcome {
                 event.offset
             )));
         };
-        effects.webhook(
-            format!("welcome:{user}"),
-            &signed_up.welcome_url,
-            &serde_json::json!({"userId": user, "email": signed_up.email, "template": "welcome"}),
-        );
+        effects
+            .webhook(
+                format!("welcome:{user}"),
+                &signed_up.welcome_url,
+                &serde_json::json!({"userId": user, "email": signed_up.email, "template": "welcome"}),
+            )
+            .typed("SendWelcome")
+            .metadata(&serde_json::json!({"correlationId": format!("sign-up-{}", event.offset)}));
         Ok(())
     }
 }
