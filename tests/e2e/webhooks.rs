@@ -408,3 +408,62 @@ async fn a_transform_that_throws_at_delivery_halts_every_receiver_after_the_even
     assert_eq!(copies.len(), 1, "{copies:?}");
     assert_eq!(copies[0]["payload"], json!({"n": 1}));
 }
+
+#[tokio::test]
+async fn a_runs_attempts_next_attempt_error_bytes_and_latency_survive_a_restart() {
+    // A retry a minute away: the failing run is still waiting at restart.
+    const SLOW_RETRY: &str = "[delivery]\nmax-attempts = 10\nbackoff-base-ms = 60000\nbackoff-max-ms = 60000\ntimeout-ms = 2000\n";
+    let r = receiver().await;
+    let mut s = Server::start_with(Some(SLOW_RETRY), &[]);
+    s.post(&format!("{P}/src:append"), webhook(&r.url, "halt", None))
+        .await;
+    append(
+        &s,
+        json!([{"type": "x.y/e", "payload": {"n": 1}}, {"type": "x.y/e", "payload": {"n": 2}}]),
+    )
+    .await;
+    append(&s, json!([{"type": "x.y/e", "payload": {"bad": true}}])).await;
+    let view = async |s: &Server| {
+        let (status, rt) = s.get(&format!("{P}/src:runtime")).await;
+        assert_eq!(status, 200, "{rt}");
+        rt["subscriptions"]["hook"].clone()
+    };
+    let mut before = Value::Null;
+    wait_for(
+        "the bad event's first attempt to fail",
+        Duration::from_secs(20),
+        async || {
+            before = view(&s).await;
+            before["attempt"] == 1 && before["nextAttemptAt"].is_i64()
+        },
+    )
+    .await;
+    assert!(before["bytesSent"].as_u64().unwrap() > 0, "{before}");
+    assert_eq!(before["completionLatencyMs"]["count"], 2, "{before}");
+    assert!(
+        before["lastError"].as_str().unwrap().contains("422"),
+        "{before}"
+    );
+    assert!(before["lastDeliveryAt"].is_i64(), "{before}");
+    let posts = r.posts.lock().unwrap().len();
+
+    s.restart();
+    let after = view(&s).await;
+    for field in [
+        "attempt",
+        "nextAttemptAt",
+        "lastError",
+        "bytesSent",
+        "completionLatencyMs",
+        "deliveryDurationMs",
+        "lastDeliveryAt",
+        "acknowledgedOffset",
+    ] {
+        assert_eq!(
+            after[field], before[field],
+            "{field} after the restart: {after}"
+        );
+    }
+    // The retry is still a minute away: the restart did not bring it forward.
+    assert_eq!(r.posts.lock().unwrap().len(), posts);
+}

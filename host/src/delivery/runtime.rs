@@ -17,6 +17,9 @@ const LATENCY_SAMPLES_MAX: usize = 1024;
 pub struct LatencyStats {
     samples: VecDeque<f64>,
     count: u64,
+    /// The summary kept by the run's cursor row (a restart): shown until
+    /// new samples come, and counted in with them.
+    restored: Option<Latency>,
 }
 
 impl LatencyStats {
@@ -28,21 +31,79 @@ impl LatencyStats {
         self.count += 1;
     }
 
+    /// Starts from a summary kept across a restart.
+    pub fn restored(summary: Option<Latency>) -> Self {
+        LatencyStats {
+            restored: summary,
+            ..LatencyStats::default()
+        }
+    }
+
     /// The window's summary, or `None` before any sample.
     pub fn summary(&self) -> Option<Latency> {
         if self.samples.is_empty() {
-            return None;
+            return self.restored.clone();
         }
         let mut s: Vec<f64> = self.samples.iter().copied().collect();
         s.sort_by(|a, b| a.total_cmp(b));
         let pick = |q: f64| s[((s.len() - 1) as f64 * q).round() as usize];
         let round = |v: f64| (v * 1000.0).round() / 1000.0;
         Some(Latency {
-            count: self.count,
+            count: self.count + self.restored.as_ref().map_or(0, |r| r.count),
             p50: round(pick(0.5)),
             p99: round(pick(0.99)),
             max: round(s[s.len() - 1]),
         })
+    }
+}
+
+/// What a run measured, kept on its cursor row so `:runtime` shows it
+/// after a restart (JSON in `subscription_cursors.measurements`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Measurements {
+    /// The run measured (a row that a new run took over, on PostgreSQL,
+    /// may still hold the old run's until its first write).
+    #[serde(default)]
+    pub generation: u64,
+    /// When a failing run tries again (ms since the epoch; 0: not failing).
+    #[serde(default)]
+    pub next_attempt_at_ms: i64,
+    #[serde(default)]
+    pub bytes_sent: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completion_latency_ms: Option<Latency>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delivery_duration_ms: Option<Latency>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_delivery_ms: Option<i64>,
+}
+
+impl SubscriptionRuntime {
+    /// What the run measured, for its cursor row.
+    pub fn measurements(&self) -> Measurements {
+        Measurements {
+            generation: self.generation,
+            next_attempt_at_ms: if self.run.attempt > 0 { self.next_attempt_at_ms } else { 0 },
+            bytes_sent: self.bytes_sent,
+            completion_latency_ms: self.completion_latency_ms.summary(),
+            delivery_duration_ms: self.delivery_duration_ms.summary(),
+            last_delivery_ms: self.last_delivery_ms,
+        }
+    }
+
+    /// Takes up what a cursor row kept for this run.
+    pub fn restore_measurements(&mut self, m: Measurements) {
+        if m.generation != self.generation {
+            return;
+        }
+        if self.run.attempt > 0 {
+            self.next_attempt_at_ms = m.next_attempt_at_ms;
+        }
+        self.bytes_sent = m.bytes_sent;
+        self.completion_latency_ms = LatencyStats::restored(m.completion_latency_ms);
+        self.delivery_duration_ms = LatencyStats::restored(m.delivery_duration_ms);
+        self.last_delivery_ms = m.last_delivery_ms;
     }
 }
 
@@ -60,8 +121,11 @@ pub struct Latency {
     pub max: f64,
 }
 
-/// One subscription's delivery as `:runtime` shows it (not replayed: it
-/// starts again with each process).
+/// One subscription's delivery as `:runtime` shows it. A push run's
+/// attempt, next attempt, last error, bytes and latencies are kept on its
+/// cursor row as of its last cursor write, so a restart or a release
+/// shows them again; a processor wake's measurements start again with
+/// each process (its cursor is the processor's checkpoint).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct DeliveryView {

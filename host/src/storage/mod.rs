@@ -475,7 +475,7 @@ impl Storage {
         self.with_reader(|db| {
             db.query_all(
                 "SELECT subscription_key, generation, acknowledged_offset, failing_offset,
-                        failing_attempts, skips, attempts, last_error
+                        failing_attempts, skips, attempts, last_error, measurements
                  FROM subscription_cursors WHERE stream = ?1",
                 args![row_id],
                 |r| {
@@ -488,6 +488,7 @@ impl Storage {
                         skips: r.int(5)? as u32,
                         attempts: r.int(6)? as u32,
                         last_error: r.opt_text(7)?,
+                        measurements: r.opt_text(8)?,
                     })
                 },
             )

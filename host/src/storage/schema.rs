@@ -58,7 +58,20 @@ const MIGRATIONS: &[Migration] = &[
         name: "ingest_drops: HTTP ingest events dropped for good, and why (the latest 64)",
         apply: ingest_drops,
     },
+    Migration {
+        name: "subscription_cursors.measurements: a run's next attempt, bytes and latencies survive restarts",
+        apply: cursor_measurements,
+    },
 ];
+
+/// What a run measured, on its cursor row (JSON).
+const CURSOR_MEASUREMENTS: &str =
+    "ALTER TABLE subscription_cursors ADD COLUMN measurements TEXT";
+
+fn cursor_measurements(conn: &Connection) -> Result<()> {
+    conn.execute_batch(CURSOR_MEASUREMENTS)?;
+    Ok(())
+}
 
 /// HTTP ingest events the drain could never append, kept with the reason
 /// (the latest 64), as the bridge keeps its
@@ -574,6 +587,7 @@ pub fn migrate_postgres(db: Db<'_>) -> Result<()> {
                 db.batch(PROCESSOR_KEYS_POSTGRES)?;
                 db.batch(CURSOR_FAILURES)?;
                 db.batch(INGEST_DROPS_POSTGRES)?;
+                db.batch(CURSOR_MEASUREMENTS)?;
                 db.execute(
                     "INSERT INTO streamhost_schema (version) VALUES (?1)",
                     crate::storage::sql::args![i64::from(SCHEMA_VERSION)],
@@ -581,7 +595,7 @@ pub fn migrate_postgres(db: Db<'_>) -> Result<()> {
                 tracing::info!(version = SCHEMA_VERSION, "schema created on PostgreSQL");
             }
             Some(v) if v == i64::from(SCHEMA_VERSION) => {}
-            Some(v @ 5..=8) => {
+            Some(v @ 5..=9) => {
                 if v == 5 {
                     db.batch(EFFECT_LEASE_IDS)?;
                 }
@@ -591,7 +605,10 @@ pub fn migrate_postgres(db: Db<'_>) -> Result<()> {
                 if v <= 7 {
                     db.batch(CURSOR_FAILURES)?;
                 }
-                db.batch(INGEST_DROPS_POSTGRES)?;
+                if v <= 8 {
+                    db.batch(INGEST_DROPS_POSTGRES)?;
+                }
+                db.batch(CURSOR_MEASUREMENTS)?;
                 db.execute(
                     "UPDATE streamhost_schema SET version = ?1",
                     crate::storage::sql::args![i64::from(SCHEMA_VERSION)],

@@ -60,6 +60,9 @@ pub struct CursorRow {
     /// (capped): `:runtime` shows them after a restart.
     pub attempts: u32,
     pub last_error: Option<String>,
+    /// What the run measured (next attempt, bytes, latencies), JSON; it
+    /// rides on the writes the cursor and counters cause.
+    pub measurements: Option<String>,
 }
 
 impl CursorRow {
@@ -1139,12 +1142,14 @@ fn upsert_cursors(conn: Db<'_>, row_id: i64, cursors: &[CursorRow]) -> Result<()
     for c in cursors {
         conn.execute(
             "INSERT INTO subscription_cursors (stream, subscription_key, generation, acknowledged_offset,
-                                               failing_offset, failing_attempts, skips, attempts, last_error)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)
+                                               failing_offset, failing_attempts, skips, attempts, last_error,
+                                               measurements)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)
              ON CONFLICT (stream, subscription_key)
              DO UPDATE SET generation = excluded.generation, acknowledged_offset = excluded.acknowledged_offset,
                  failing_offset = excluded.failing_offset, failing_attempts = excluded.failing_attempts,
-                 skips = excluded.skips, attempts = excluded.attempts, last_error = excluded.last_error",
+                 skips = excluded.skips, attempts = excluded.attempts, last_error = excluded.last_error,
+                 measurements = excluded.measurements",
             args![
                 row_id,
                 &c.subscription_key,
@@ -1154,7 +1159,8 @@ fn upsert_cursors(conn: Db<'_>, row_id: i64, cursors: &[CursorRow]) -> Result<()
                 c.failing_attempts,
                 c.skips,
                 c.attempts,
-                c.last_error.as_deref()
+                c.last_error.as_deref(),
+                c.measurements.as_deref()
             ],
         )
         .with_context(|| {

@@ -53,6 +53,7 @@ fn fresh_row(key: &str, generation: u64, cursor: u64) -> CursorRow {
         skips: 0,
         attempts: 0,
         last_error: None,
+        measurements: None,
     }
 }
 
@@ -70,6 +71,7 @@ pub(super) fn cursor_row(key: &str, rt: &SubscriptionRuntime) -> CursorRow {
             .last_error
             .as_deref()
             .map(crate::delivery::schedule::cap_text),
+        measurements: serde_json::to_string(&rt.measurements()).ok(),
     }
 }
 
@@ -90,6 +92,12 @@ fn restore_failure(
         rt.run.attempt = r.attempts;
         rt.run.isolating = true;
         rt.last_error = r.last_error.clone();
+    }
+    let kept = row
+        .and_then(|r| r.measurements.as_deref())
+        .and_then(|m| serde_json::from_str(m).ok());
+    if let Some(m) = kept {
+        rt.restore_measurements(m);
     }
 }
 
