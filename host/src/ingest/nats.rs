@@ -298,12 +298,7 @@ async fn session(
         .map_err(|e| format!("connecting to NATS at {url}: {e}"))?;
     let js = jetstream::new(client.clone());
     let account = account_of(&client).await?;
-    let domain = js
-        .query_account()
-        .await
-        .map_err(|e| format!("reading the JetStream account: {e}"))?
-        .domain
-        .unwrap_or_default();
+    let domain = domain_of(&js).await?;
     // Created with the safe configuration if absent; an existing one is
     // left as it is and checked below.
     let mut stream = js
@@ -369,6 +364,8 @@ async fn session(
     }
     let mut bridge = Bridge {
         ingest: ingest.clone(),
+        client,
+        js,
         stream,
         identity,
         fence,
@@ -413,6 +410,33 @@ async fn session(
             ingest.update_nats(|s| s.pending = Some(pending));
         }
     }
+}
+
+/// The JetStream domain of the connection's account (empty: none).
+async fn domain_of(js: &jetstream::Context) -> Result<String, String> {
+    Ok(js
+        .query_account()
+        .await
+        .map_err(|e| format!("reading the JetStream account: {e}"))?
+        .domain
+        .unwrap_or_default())
+}
+
+/// How the identity the broker reports now differs from the fence's: the
+/// account, the domain or the stream's creation time (empty: the same).
+pub fn identity_changes(fence: &FenceIdentity, now: &FenceIdentity) -> Vec<String> {
+    let mut changes = Vec::new();
+    for (what, was, is) in [
+        ("account", &fence.account, &now.account),
+        ("domain", &fence.domain, &now.domain),
+        ("stream name", &fence.stream, &now.stream),
+        ("creation time", &fence.created, &now.created),
+    ] {
+        if was != is {
+            changes.push(format!("{what} {is:?}, the fence's {was:?}"));
+        }
+    }
+    changes
 }
 
 /// The account this connection acts in, as the broker reports it.
@@ -505,6 +529,9 @@ struct Queue {
 
 struct Bridge {
     ingest: Ingest,
+    /// The connection, to ask the broker again which account it acts in.
+    client: async_nats::Client,
+    js: jetstream::Context,
     stream: stream::Stream,
     identity: FenceIdentity,
     fence: i64,
@@ -764,20 +791,31 @@ impl Bridge {
         Ok(())
     }
 
-    /// The stream is still the incarnation of the fence.
+    /// The stream is still the incarnation of the fence, in the same
+    /// account and domain: asked of the broker again before every round
+    /// of acks, purges and deletes (the broker has no conditional delete,
+    /// so this check is what keeps a round off another incarnation).
     async fn check_fence(&mut self) -> Result<(), String> {
         self.still_held()?;
+        let account = account_of(&self.client).await?;
+        let domain = domain_of(&self.js).await?;
         let info = self
             .stream
             .info()
             .await
             .map_err(|e| format!("reading JetStream stream {STREAM_NAME}: {e}"))?;
-        let created = created_of(info);
-        if created != self.identity.created {
+        let now = FenceIdentity {
+            account,
+            domain,
+            stream: info.config.name.clone(),
+            created: created_of(info),
+        };
+        let changes = identity_changes(&self.identity, &now);
+        if !changes.is_empty() {
             return Err(format!(
-                "JetStream stream {STREAM_NAME} was recreated while consumed (created {created}, \
-                 the fence's was created {}): nothing more is deleted from it",
-                self.identity.created
+                "JetStream stream {STREAM_NAME} is no longer the fenced one ({}): it was recreated \
+                 or the connection acts elsewhere, so nothing more is acked or deleted from it",
+                changes.join("; ")
             ));
         }
         Ok(())
@@ -787,6 +825,28 @@ impl Bridge {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_fence_names_each_part_of_the_identity_that_changed() {
+        let fence = FenceIdentity {
+            account: "A".into(),
+            domain: "hub".into(),
+            stream: STREAM_NAME.into(),
+            created: "2026-12-01T00:00:00Z".into(),
+        };
+        assert!(identity_changes(&fence, &fence.clone()).is_empty());
+        let moved = FenceIdentity {
+            account: "B".into(),
+            domain: "leaf".into(),
+            created: "2026-12-02T00:00:00Z".into(),
+            ..fence.clone()
+        };
+        let changes = identity_changes(&fence, &moved);
+        assert_eq!(changes.len(), 3, "{changes:?}");
+        assert!(changes[0].contains("account \"B\", the fence's \"A\""));
+        assert!(changes[1].contains("domain \"leaf\""));
+        assert!(changes[2].contains("creation time"));
+    }
 
     #[test]
     fn the_safe_configuration_passes_and_each_unsafe_field_is_named() {
