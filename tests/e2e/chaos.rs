@@ -1118,7 +1118,7 @@ async fn chaos(hosts: usize, crashes: u64, pauses: u64, cuts: u64) {
     //    in the log, at the sign-up's offset, and none without its event
     //    (the effects commit with the events, or neither does).
     let welcome_effects: HashMap<String, u64> =
-        crate::effects::all_effects(&s, "&component=reactor:welcome.v1")
+        crate::effects::all_effects(s, "&component=reactor:welcome.v1")
             .await
             .iter()
             .map(|e| {

@@ -382,7 +382,7 @@ async fn execute(
         }
         Target::Webhook { url, body } => exec
             .webhooks
-            .post_keyed(&url, &body, timeout_ms, &effect::webhook_headers(&row))
+            .post_keyed(&url, &body, timeout_ms, &effect::webhook_headers(row))
             .await
             .map(|()| None)
             .map_err(|(mut f, status)| {
