@@ -371,3 +371,69 @@ async fn under_sigkill_every_acknowledged_sign_up_has_exactly_its_effect_and_no_
         .collect();
     assert_eq!(posted, signed_up.keys().cloned().collect::<HashSet<_>>());
 }
+
+#[tokio::test]
+async fn a_reactor_sees_the_events_clock_and_seed_so_a_backfill_creates_the_live_effects_again() {
+    const C: &str = "/v1/projects/acme/streams/c";
+    let s = Server::start_with(Some(EFFECTS), &[]);
+    deploy(&s, "clocky", "clocky").await;
+    let clocky = |name: &str| {
+        json!({"events": [{"type": CONFIGURED, "payload": {"subscriptionKey": name,
+            "filter": {"eventTypes": ["x.y/tick"]},
+            "receiver": {"action": "reactor", "expression": ["components", ["get", "clocky"], "react"]}}}]})
+    };
+    assert_eq!(
+        s.post(&format!("{C}:append"), clocky("clocky.v1")).await.0,
+        200
+    );
+    let mut created = HashMap::new();
+    for _ in 0..3 {
+        let (status, out) = s
+            .post(
+                &format!("{C}:append"),
+                json!({"events": [{"type": "x.y/tick"}, {"type": "x.y/tick"}]}),
+            )
+            .await;
+        assert_eq!(status, 200, "{out}");
+        for e in out["events"].as_array().unwrap() {
+            let at = chrono::DateTime::parse_from_rfc3339(e["createdAt"].as_str().unwrap())
+                .unwrap()
+                .timestamp_millis();
+            created.insert(e["offset"].as_u64().unwrap(), at);
+        }
+    }
+    let payloads = |effects: HashMap<String, Value>| -> HashMap<String, Value> {
+        effects
+            .into_iter()
+            .map(|(k, e)| (k, e["target"]["append"]["payload"].clone()))
+            .collect()
+    };
+    let live = payloads(reactor_effects(&s, "clocky.v1").await);
+    assert_eq!(live.len(), 6);
+    for (offset, at) in &created {
+        let p = &live[&format!("seen-{offset}")];
+        assert_eq!(
+            p["clockMs"], *at,
+            "the clock reads the event's createdAt: {p}"
+        );
+        assert_eq!(p["counter"], 1, "a fresh instance per call: {p}");
+    }
+    let rands: HashSet<String> = live.values().map(|p| p["rand"].to_string()).collect();
+    assert_eq!(rands.len(), 6, "each event its own seed: {live:?}");
+
+    // Another reactor of the same component, backfilled over the same
+    // events, sees exactly what the live one saw.
+    assert_eq!(
+        s.post(&format!("{C}:append"), clocky("clocky.v2")).await.0,
+        200
+    );
+    let (status, done) = s
+        .post(
+            &format!("{C}:backfillReactor"),
+            json!({"name": "clocky.v2"}),
+        )
+        .await;
+    assert_eq!(status, 200, "{done}");
+    assert_eq!(done["effectsCreated"], 6, "{done}");
+    assert_eq!(payloads(reactor_effects(&s, "clocky.v2").await), live);
+}

@@ -4,11 +4,17 @@
 //! of the events alone: verify, refolds and `streamhost fold` reproduce its
 //! state whatever batches the wakes folded; and `maxCounter` stays 1, since
 //! every call runs in a fresh instance.
+//!
+//! It is a reactor too: each event yields one append effect (key
+//! `seen-<offset>`) to `/clocky/seen` whose payload is what the call saw:
+//! `{"offset", "clockMs", "rand", "counter"}`, so a test can hold a
+//! reactor's environment to the event (the clock reads its `createdAt`,
+//! the random bytes are the same for the same event, the counter is 1).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde::{Deserialize, Serialize};
-use streamhost_guest::{Context, Event, Failure, Processor};
+use streamhost_guest::{Context, Effects, Event, Failure, Processor, Reactor};
 
 #[allow(clippy::all)]
 mod random {
@@ -68,4 +74,30 @@ impl Processor for Clocky {
     }
 }
 
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+impl Reactor for Clocky {
+    fn react(event: &Event, effects: &mut Effects) -> Result<(), Failure> {
+        let counter = COUNTER.fetch_add(1, Ordering::Relaxed) + 1;
+        effects.append(
+            format!("seen-{}", event.offset),
+            "/clocky/seen",
+            "clocky.example/seen",
+            &serde_json::json!({
+                "offset": event.offset,
+                "clockMs": now_ms(),
+                "rand": random::wasi::random::random::get_random_u64() >> 32,
+                "counter": counter,
+            }),
+        );
+        Ok(())
+    }
+}
+
 streamhost_guest::processor!(Clocky);
+streamhost_guest::reactor!(Clocky);
