@@ -439,6 +439,11 @@ pub(crate) struct DeployArgs {
     /// state (the old state serves reads until the new one has caught up).
     #[arg(long)]
     pub refold: bool,
+    /// With --refold: store the effects the new version returns for events
+    /// the old version already folded (by default they are dropped: they
+    /// ran under the old version).
+    #[arg(long, requires = "refold")]
+    pub replay_effects: bool,
 }
 
 #[derive(Debug, Subcommand)]
@@ -1600,6 +1605,7 @@ async fn deploy(a: DeployArgs) -> Result<()> {
         name: a.component.name.clone(),
         bytes,
         refold: a.refold,
+        replay_effects: a.replay_effects,
     };
     let response = with_progress(&label, component_call(&a.component.project, &deploy)).await?;
     print_answer(response).await

@@ -820,8 +820,14 @@ async fn a_refold_folds_every_instance_again_from_the_initial_state_and_switches
         "the counter's state: {before}"
     );
 
+    // History's effects are stored only when asked (the effect gate).
     let (status, out) = s
-        .deploy_with_query("acme", "proc", guest("effector"), "refold=true")
+        .deploy_with_query(
+            "acme",
+            "proc",
+            guest("effector"),
+            "refold=true&replayEffects=true",
+        )
         .await;
     assert_eq!(status, 200, "{out}");
     assert_eq!(out["refolding"], true, "{out}");
@@ -850,6 +856,87 @@ async fn a_refold_folds_every_instance_again_from_the_initial_state_and_switches
         .deploy_with_query("acme", "proc", guest("effector"), "refold=maybe")
         .await;
     assert_error(&bad, 400, "invalid-request", "\"maybe\"");
+}
+
+#[tokio::test]
+async fn a_refold_runs_no_effect_of_history_and_one_for_each_new_event_unless_asked_to_replay() {
+    let r = Receiver::start().await;
+    let s = Server::start_with(Some(EFFECTS), &[]);
+    // Version 1 (the counter) folds history: three events, each asking for
+    // a webhook, which the counter ignores.
+    deploy(&s, "proc", "counter").await;
+    wake(&s, SRC, "p", "proc").await;
+    let hook = |k: &str| json!([{"key": k, "webhook": {"url": format!("{}/ok/{k}", r.base), "body": {"k": k}}}]);
+    for i in 0..3 {
+        request(&s, SRC, hook(&format!("old-{i}"))).await;
+    }
+    let before = crate::processors::caught_up(&s, SRC, "proc").await;
+    // Version 2 (the effector) returns the webhooks: refolded, it sends
+    // none for history.
+    let (status, v2) = s
+        .deploy_with_query("acme", "proc", guest("effector"), "refold=true")
+        .await;
+    assert_eq!(status, 200, "{v2}");
+    wait_for(
+        "the refold to switch",
+        Duration::from_secs(30),
+        async || {
+            let (_, p) = s.get(&format!("{SRC}:processors/proc")).await;
+            p["digest"] == v2["digest"] && p["state"]["events"] == 3
+        },
+    )
+    .await;
+    let (_, after) = s.get(&format!("{SRC}:processors/proc")).await;
+    assert_eq!(
+        after["checkpointOffset"], before["checkpointOffset"],
+        "{after}"
+    );
+    assert!(
+        all_effects(&s, "").await.is_empty(),
+        "history's effects are gated"
+    );
+    // New events: one effect each.
+    for i in 0..2 {
+        request(&s, SRC, hook(&format!("new-{i}"))).await;
+    }
+    settled(&s, "new-0", "succeeded").await;
+    settled(&s, "new-1", "succeeded").await;
+    let keys: HashSet<String> = all_effects(&s, "")
+        .await
+        .iter()
+        .map(|e| e["key"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(keys, HashSet::from(["new-0".into(), "new-1".into()]));
+    assert!(
+        r.posts
+            .lock()
+            .unwrap()
+            .iter()
+            .all(|p| p.path.starts_with("/ok/new-")),
+        "nothing of history was posted"
+    );
+
+    // Asked to replay: a refold (the same bytes) stores history's too,
+    // deduplicated by identity.
+    let (status, v3) = s
+        .deploy_with_query(
+            "acme",
+            "proc",
+            guest("effector"),
+            "refold=true&replayEffects=true",
+        )
+        .await;
+    assert_eq!(status, 200, "{v3}");
+    for i in 0..3 {
+        settled(&s, &format!("old-{i}"), "succeeded").await;
+    }
+    assert_eq!(all_effects(&s, "").await.len(), 5);
+    assert_eq!(r.posts_to("/ok/new-0").len(), 1, "not run again");
+
+    let bad = s
+        .deploy_with_query("acme", "proc", guest("effector"), "replayEffects=true")
+        .await;
+    assert_error(&bad, 400, "invalid-request", "refold=true");
 }
 
 #[tokio::test]

@@ -22,6 +22,7 @@ pub struct Deploy {
     name: String,
     bytes: Vec<u8>,
     refold: bool,
+    replay_effects: bool,
 }
 
 impl Deploy {
@@ -32,6 +33,7 @@ impl Deploy {
             name: name.into(),
             bytes,
             refold: false,
+            replay_effects: false,
         }
     }
 
@@ -39,6 +41,17 @@ impl Deploy {
     /// its bytes are unchanged (`?refold=true` over HTTP).
     pub fn refold(mut self) -> Self {
         self.refold = true;
+        self
+    }
+
+    /// With [`Deploy::refold`]: the effects the new version's fold returns
+    /// for events the old version had already folded are stored too
+    /// (deduplicated by identity; `?refold=true&replayEffects=true`). By
+    /// default a refold drops them: history's effects ran under the old
+    /// version, so only events after its checkpoint produce effects.
+    pub fn replay_effects(mut self) -> Self {
+        self.refold = true;
+        self.replay_effects = true;
         self
     }
 }
@@ -170,6 +183,7 @@ impl Host {
             name,
             bytes,
             refold,
+            replay_effects,
         } = deploy;
         crate::stream::Namespace::project(&project)?;
         validate_name(&name)?;
@@ -194,6 +208,7 @@ impl Host {
             bytes,
             deployed_at: format_timestamp(chrono::Utc::now().timestamp_millis()),
             refold,
+            replay_effects,
         };
         let new_version = self
             .streams

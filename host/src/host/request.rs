@@ -301,6 +301,9 @@ pub enum ComponentRequest {
         bytes: Vec<u8>,
         /// Refold every instance with the new version.
         refold: bool,
+        /// With `refold`: store the effects the new version returns for
+        /// history too (by default they are dropped).
+        replay_effects: bool,
     },
     /// The deployed components (`GET .../components`).
     List,
@@ -444,7 +447,7 @@ impl Host {
     /// use streamhost::{ComponentAnswer, ComponentRequest};
     ///
     /// let bytes = std::fs::read(guests.join("counter.wasm"))?;
-    /// let deploy = ComponentRequest::Deploy { name: "counter".into(), bytes, refold: false };
+    /// let deploy = ComponentRequest::Deploy { name: "counter".into(), bytes, refold: false, replay_effects: false };
     /// let ComponentAnswer::Deployed(deployed) = host.apply_component("acme", deploy).await? else {
     ///     unreachable!()
     /// };
@@ -467,10 +470,14 @@ impl Host {
                 name,
                 bytes,
                 refold,
+                replay_effects,
             } => {
                 let mut deploy = Deploy::new(project, name, bytes);
                 if refold {
                     deploy = deploy.refold();
+                }
+                if replay_effects {
+                    deploy = deploy.replay_effects();
                 }
                 A::Deployed(Box::new(self.deploy(deploy).await?))
             }

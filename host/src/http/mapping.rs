@@ -332,10 +332,15 @@ pub fn render_component(project: &str, request: &ComponentRequest) -> ApiCall {
             name,
             bytes,
             refold,
+            replay_effects,
         } => call(
             Method::PUT,
             format!("{base}/{name}"),
-            if *refold { "refold=true".into() } else { String::new() },
+            match (refold, replay_effects) {
+                (_, true) => "refold=true&replayEffects=true".into(),
+                (true, false) => "refold=true".into(),
+                (false, false) => String::new(),
+            },
             ApiBody::Bytes(bytes.clone()),
         ),
         R::List => call(Method::GET, base, String::new(), ApiBody::Empty),
@@ -372,11 +377,15 @@ pub fn parse_component(
             R::Bytes { name }
         }
         (&Method::GET, Some(name), false) => R::Get { name },
-        (&Method::PUT, Some(name), false) => R::Deploy {
-            name,
-            bytes: body.unwrap_or_default(),
-            refold: query::deploy_query(query)?,
-        },
+        (&Method::PUT, Some(name), false) => {
+            let (refold, replay_effects) = query::deploy_query(query)?;
+            R::Deploy {
+                name,
+                bytes: body.unwrap_or_default(),
+                refold,
+                replay_effects,
+            }
+        }
         _ => {
             return Err(ApiError::new(
                 405,
@@ -661,11 +670,19 @@ mod tests {
                 name: "counter".into(),
                 bytes: b"\0asm".to_vec(),
                 refold: true,
+                replay_effects: false,
+            },
+            C::Deploy {
+                name: "counter".into(),
+                bytes: b"\0asm".to_vec(),
+                refold: true,
+                replay_effects: true,
             },
             C::Deploy {
                 name: "counter".into(),
                 bytes: Vec::new(),
                 refold: false,
+                replay_effects: false,
             },
             C::List,
             C::Get {

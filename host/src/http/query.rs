@@ -178,19 +178,28 @@ pub fn keys_query(query: Option<&str>) -> Result<KeysQuery, ApiError> {
 }
 
 /// Parses `refold` of `PUT .../components/{name}`.
-pub fn deploy_query(query: Option<&str>) -> Result<bool, ApiError> {
+/// Parses `refold` and `replayEffects` of a deploy: (refold, replay
+/// history's effects); `replayEffects=true` needs `refold=true`.
+pub fn deploy_query(query: Option<&str>) -> Result<(bool, bool), ApiError> {
     let mut refold = false;
+    let mut replay = false;
     for (name, value) in decoded(query)? {
         match name.as_str() {
             "refold" => refold = boolean("refold", &value)?,
+            "replayEffects" => replay = boolean("replayEffects", &value)?,
             other => {
                 return Err(ApiError::invalid(format!(
-                    "unknown query parameter {other:?} for a deploy (refold)"
+                    "unknown query parameter {other:?} for a deploy (refold, replayEffects)"
                 )))
             }
         }
     }
-    Ok(refold)
+    if replay && !refold {
+        return Err(ApiError::invalid(
+            "replayEffects=true needs refold=true: only a refold folds history again",
+        ));
+    }
+    Ok((refold, replay))
 }
 
 /// Parses `stream`, `component`, `status`, `afterId` and `limit` of

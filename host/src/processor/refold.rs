@@ -8,6 +8,11 @@
 //! switch is atomic, and if a wake moved the checkpoint meanwhile the refold
 //! folds the rest and tries again.
 //!
+//! The effect gate: the refold's effects for events at or below the old
+//! version's checkpoint are dropped (they ran under the old version); only
+//! later events produce effects, unless the deploy asked
+//! `replayEffects=true` (`pending_refolds.replay_effects`).
+//!
 //! The deploy records the refold (`pending_refolds`) in its own transaction;
 //! the record goes when every instance is done, so a refold cut short by a
 //! restart starts again at the next start ([`resume_pending`]).
@@ -262,6 +267,12 @@ async fn refold_fenced(
                 false,
             ));
         }
+        // The effect gate: unless the deploy asked to replay them, the
+        // effects of events the old version already folded are dropped
+        // (they ran under it); only later events' are stored.
+        let replay = storage
+            .refold_replays_effects(&project, &component, &wanted)
+            .map_err(io)?;
         let guest = |e| Failure::new(format!("{component}: {e}"), false);
         let announcement = runtime
             .describe(&component, &prepared, timeout_ms)
@@ -287,7 +298,9 @@ async fn refold_fenced(
         // switch makes the instance's (the old one's rows go with it).
         let mut bucket = Bucket::empty();
         let new_bucket = storage.new_bucket();
-        let mut effects: Vec<NewEffect> = Vec::new();
+        // Each batch's effects with the range it folded, (after, through]:
+        // at the switch those within the old version's checkpoint go.
+        let mut effects: Vec<(u64, u64, Vec<NewEffect>)> = Vec::new();
         let mut target = row.log_head;
         for _ in 0..SWITCH_ROUNDS_MAX {
             let live = storage
@@ -296,10 +309,22 @@ async fn refold_fenced(
                 .filter(|c| c.stream_id == state.stream_id)
                 .ok_or_else(|| Failure::new("the instance's checkpoint is gone", false))?;
             target = target.max(live.checkpoint_offset);
-            if shadow_through < target {
+            if !replay && shadow_through < live.checkpoint_offset {
+                // History the old version folded: its effects ran then.
                 let (next, progress, next_bucket) =
-                    fold.run(shadow, shadow_through, target, bucket, |batch, _| {
-                        effects.extend(batch);
+                    fold.run(shadow, shadow_through, live.checkpoint_offset, bucket, |_, _| {
+                        Ok(())
+                    })?;
+                shadow = next;
+                bucket = next_bucket;
+                shadow_through = progress.through.max(shadow_through);
+            }
+            if shadow_through < target {
+                let mut after = shadow_through;
+                let (next, progress, next_bucket) =
+                    fold.run(shadow, shadow_through, target, bucket, |batch, at| {
+                        effects.push((after, at.through, batch));
+                        after = at.through;
                         Ok(())
                     })?;
                 shadow = next;
@@ -309,6 +334,16 @@ async fn refold_fenced(
             if shadow_through < live.checkpoint_offset {
                 continue;
             }
+            // Batches the old version has folded since (its checkpoint
+            // moved on while this one folded) ran their effects under it
+            // too. (A batch that straddles its checkpoint keeps its
+            // effects: at least once.)
+            let gate = live.checkpoint_offset;
+            let kept: Vec<NewEffect> = effects
+                .iter()
+                .filter(|(_, through, _)| replay || *through > gate)
+                .flat_map(|(_, _, batch)| batch.iter().cloned())
+                .collect();
             let now = chrono::Utc::now().timestamp_millis();
             let switch = Checkpoint {
                 row_id: row.row_id,
@@ -320,7 +355,7 @@ async fn refold_fenced(
                 offset: shadow_through,
                 state: shadow.clone(),
                 digest: prepared.digest.clone(),
-                effects: effects.clone(),
+                effects: kept,
                 bucket: new_bucket,
                 keys: bucket.writes().clone(),
                 drop_bucket: Some(live.bucket).filter(|b| *b != 0),

@@ -649,6 +649,21 @@ impl Storage {
         Ok(pending)
     }
 
+    /// Whether the refold of `name` with `digest` stores history's effects
+    /// (`replayEffects`); false once it is done.
+    pub fn refold_replays_effects(&self, project: &str, name: &str, digest: &str) -> Result<bool> {
+        self.with_reader(|db| {
+            Ok(db
+                .query_opt(
+                    "SELECT replay_effects FROM pending_refolds
+                     WHERE project = ?1 AND name = ?2 AND digest = ?3",
+                    args![project, name, digest],
+                    |r| r.int(0),
+                )?
+                .is_some_and(|v| v != 0))
+        })
+    }
+
     /// Refolds asked for and not yet done: (project, name, digest).
     pub fn pending_refolds(&self) -> Result<Vec<(String, String, String)>> {
         self.with_reader(|db| {

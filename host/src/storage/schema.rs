@@ -62,7 +62,20 @@ const MIGRATIONS: &[Migration] = &[
         name: "subscription_cursors.measurements: a run's next attempt, bytes and latencies survive restarts",
         apply: cursor_measurements,
     },
+    Migration {
+        name: "pending_refolds.replay_effects: whether a refold stores history's effects",
+        apply: refold_replay_effects,
+    },
 ];
+
+/// A refold asked with `replayEffects=true` stores history's effects.
+const REFOLD_REPLAY_EFFECTS: &str =
+    "ALTER TABLE pending_refolds ADD COLUMN replay_effects BIGINT NOT NULL DEFAULT 0";
+
+fn refold_replay_effects(conn: &Connection) -> Result<()> {
+    conn.execute_batch(REFOLD_REPLAY_EFFECTS)?;
+    Ok(())
+}
 
 /// What a run measured, on its cursor row (JSON).
 const CURSOR_MEASUREMENTS: &str =
@@ -588,6 +601,7 @@ pub fn migrate_postgres(db: Db<'_>) -> Result<()> {
                 db.batch(CURSOR_FAILURES)?;
                 db.batch(INGEST_DROPS_POSTGRES)?;
                 db.batch(CURSOR_MEASUREMENTS)?;
+                db.batch(REFOLD_REPLAY_EFFECTS)?;
                 db.execute(
                     "INSERT INTO streamhost_schema (version) VALUES (?1)",
                     crate::storage::sql::args![i64::from(SCHEMA_VERSION)],
@@ -595,7 +609,7 @@ pub fn migrate_postgres(db: Db<'_>) -> Result<()> {
                 tracing::info!(version = SCHEMA_VERSION, "schema created on PostgreSQL");
             }
             Some(v) if v == i64::from(SCHEMA_VERSION) => {}
-            Some(v @ 5..=9) => {
+            Some(v @ 5..=10) => {
                 if v == 5 {
                     db.batch(EFFECT_LEASE_IDS)?;
                 }
@@ -608,7 +622,10 @@ pub fn migrate_postgres(db: Db<'_>) -> Result<()> {
                 if v <= 8 {
                     db.batch(INGEST_DROPS_POSTGRES)?;
                 }
-                db.batch(CURSOR_MEASUREMENTS)?;
+                if v <= 9 {
+                    db.batch(CURSOR_MEASUREMENTS)?;
+                }
+                db.batch(REFOLD_REPLAY_EFFECTS)?;
                 db.execute(
                     "UPDATE streamhost_schema SET version = ?1",
                     crate::storage::sql::args![i64::from(SCHEMA_VERSION)],

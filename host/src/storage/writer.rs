@@ -166,6 +166,8 @@ pub struct Deployment {
     /// Record, in the same transaction, that every instance must be
     /// refolded with this version (done even across a restart).
     pub refold: bool,
+    /// With `refold`: the refold stores history's effects too.
+    pub replay_effects: bool,
 }
 
 /// A processor checkpoint to commit: the state after folding through
@@ -1130,10 +1132,11 @@ fn apply(conn: Db<'_>, op: &WriteOp) -> Result<i64> {
 /// every instance has switched (`RefoldDone`).
 fn record_refold(conn: Db<'_>, d: &Deployment) -> Result<()> {
     conn.execute(
-        "INSERT INTO pending_refolds (project, name, digest, requested_at) VALUES (?1, ?2, ?3, ?4)
+        "INSERT INTO pending_refolds (project, name, digest, requested_at, replay_effects)
+         VALUES (?1, ?2, ?3, ?4, ?5)
          ON CONFLICT (project, name) DO UPDATE SET digest = excluded.digest,
-             requested_at = excluded.requested_at",
-        args![&d.project, &d.name, &d.digest, &d.deployed_at],
+             requested_at = excluded.requested_at, replay_effects = excluded.replay_effects",
+        args![&d.project, &d.name, &d.digest, &d.deployed_at, i64::from(d.replay_effects)],
     )?;
     Ok(())
 }
