@@ -132,7 +132,7 @@ pub use host::effects::{Effect, EffectFilter, EffectStatus, EffectsPage};
 pub use host::live::{Batch, Connect, Live, LiveConnection, WaitFor};
 pub use host::processors::{
     DifferingKey, KeyValue, KeysPage, KeysQuery, ProcessorFailure, ProcessorInstance,
-    ProcessorStatus, Verification,
+    ProcessorStatus, StateAt, Verification,
 };
 pub use host::reactors::{ReactorBackfill, ReactorBackfilled};
 pub use host::request::{

@@ -688,3 +688,64 @@ async fn a_backfill_folds_with_a_scratch_bucket_and_leaves_the_instances_keys_al
         "backfills write no keys"
     );
 }
+
+#[tokio::test]
+async fn the_state_at_any_offset_is_folded_on_demand_keys_included_and_stored_nowhere() {
+    let s = ledger().await;
+    let (_, created) = s.get(&format!("{S}:state")).await;
+    let base = created["maxOffset"].as_u64().unwrap();
+    append(&s, json!([deposit("a", 100), deposit("b", 250)])).await;
+    append(&s, json!([deposit("a", 50), withdraw("b", 200)])).await;
+    let live = caught_up(&s, S, "ledger").await;
+    let s = &s;
+    let at = async |offset: u64, query: &str| {
+        s.get(&format!("{S}:processors/ledger/at/{offset}{query}"))
+            .await
+    };
+    // After the first two deposits: a=100, b=250.
+    let (status, two) = at(base + 2, "?keys=balance/").await;
+    assert_eq!(status, 200, "{two}");
+    assert_eq!(two["offset"], base + 2, "{two}");
+    assert_eq!(two["state"]["totalCents"], 350, "{two}");
+    assert_eq!(
+        two["keys"],
+        json!([{"key": "balance/a", "value": "100"}, {"key": "balance/b", "value": "250"}])
+    );
+    assert_eq!(
+        two["digest"], live["digest"],
+        "the deployed version folds it"
+    );
+    // At the head it is the live state; without `keys` no keys are listed.
+    let (_, head) = at(base + 4, "").await;
+    assert_eq!(head["state"], live["state"], "{head}");
+    assert!(head.get("keys").is_none(), "{head}");
+    // Before any of the ledger's events: its initial state, no keys.
+    let (_, zero) = at(0, "?keys=").await;
+    assert_eq!(zero["state"]["totalCents"], 0, "{zero}");
+    assert_eq!(zero["keys"], json!([]));
+    // Stored nowhere: the live instance did not move.
+    let (_, after) = s.get(&format!("{S}:processors/ledger")).await;
+    assert_eq!(after["checkpointOffset"], live["checkpointOffset"]);
+    assert_eq!(after["state"], live["state"]);
+    assert_eq!(balance(s, "a").await.1["value"], "150");
+
+    assert_error(&at(base + 99, "").await, 400, "invalid-request", "beyond");
+    assert_error(
+        &at(1, "?colour=red").await,
+        400,
+        "invalid-request",
+        "colour",
+    );
+    assert_error(
+        &s.get(&format!("{S}:processors/ledger/at/x")).await,
+        400,
+        "invalid-request",
+        "\"x\"",
+    );
+    assert_error(
+        &s.get(&format!("{S}:processors/nope/at/1")).await,
+        404,
+        "processor-not-found",
+        "nope",
+    );
+}

@@ -435,6 +435,13 @@ async fn every_operation_answers_a_real_request_as_the_openapi_document_says() {
                 if project { 200 } else { 404 },
             ),
             (
+                "GET",
+                ":processors/{component}/at/{offset}",
+                format!("{prefix}:processors/ledger/at/2?keys=balance%2F"),
+                None,
+                if project { 200 } else { 404 },
+            ),
+            (
                 "POST",
                 ":backfillReactor",
                 format!("{prefix}:backfillReactor"),

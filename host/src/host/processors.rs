@@ -540,45 +540,19 @@ impl Host {
                     bytes_storage.component_bytes(&digest)
                 })
                 .map_err(internal)?;
-            let guest = |e: crate::processor::runtime::GuestError| {
-                Error::unprocessable("processor-failed", format!("processor {component:?}: {e}"))
-            };
-            let announcement = runtime
-                .describe(&component, &prepared, timeout_ms)
-                .map_err(guest)?;
-            let compiled = crate::processor::wake::consumed(
-                crate::filter::CompiledFilter::new(filter.as_ref(), false)
-                    .map_err(Error::invalid)?,
-                &announcement,
-            );
-            let initial = runtime
-                .initial_state(&component, &prepared, timeout_ms)
-                .map_err(guest)?;
-            // The wake's own batch fold (`wake::fold_events`): the environment
-            // is a function of the events, not of how the wakes cut the batches.
-            let fold = crate::processor::backfill::RangeFold {
-                guest: crate::processor::wake::Guest {
+            let (folded, scratch) = fold_from_start(
+                &FromStart {
+                    storage: &storage,
                     runtime: &runtime,
                     prepared: &prepared,
                     component: &component,
                     timeout_ms,
+                    row_id: row.row_id,
+                    filter: filter.as_ref(),
                 },
-                storage: &storage,
-                row_id: row.row_id,
-                stream: crate::processor::stream_info(&state, checkpoint.checkpoint_offset),
-                filter: compiled,
-                narrow: None,
-            };
-            // Into a scratch bucket: the refold's writes over an empty one.
-            let (folded, _, scratch) = fold
-                .run(
-                    initial,
-                    0,
-                    checkpoint.checkpoint_offset,
-                    crate::processor::keyed::Bucket::empty(),
-                    |_, _| Ok(()),
-                )
-                .map_err(|f| Error::unprocessable("processor-failed", f.message))?;
+                crate::processor::stream_info(&state, checkpoint.checkpoint_offset),
+                checkpoint.checkpoint_offset,
+            )?;
             let stored: Value = serde_json::from_str(&checkpoint.state).unwrap_or(Value::Null);
             let refolded: Value = serde_json::from_str(&folded).unwrap_or(Value::Null);
             let keys =
@@ -596,6 +570,184 @@ impl Host {
         })
         .await
         .map_err(|e| Error::internal(format!("verifying the processor panicked: {e}")))?
+    }
+}
+
+/// What folding a processor from its initial state needs.
+struct FromStart<'a> {
+    storage: &'a crate::storage::Storage,
+    runtime: &'a crate::processor::runtime::Runtime,
+    prepared: &'a crate::processor::runtime::Prepared,
+    component: &'a str,
+    timeout_ms: u64,
+    row_id: i64,
+    /// The processor-wake subscription's filter.
+    filter: Option<&'a crate::subscription::Filter>,
+}
+
+/// Folds a processor from its initial state over the stream's committed
+/// events in `(0, through]`, as its wakes would (`wake::fold_events`: the
+/// environment is a function of the events, not of how the wakes cut the
+/// batches), into a scratch bucket; answers the state and the bucket.
+fn fold_from_start(
+    f: &FromStart<'_>,
+    stream: crate::processor::runtime::StreamInfo,
+    through: u64,
+) -> Result<(String, crate::processor::keyed::Bucket), Error> {
+    let guest = |e: crate::processor::runtime::GuestError| {
+        Error::unprocessable(
+            "processor-failed",
+            format!("processor {:?}: {e}", f.component),
+        )
+    };
+    let announcement = f
+        .runtime
+        .describe(f.component, f.prepared, f.timeout_ms)
+        .map_err(guest)?;
+    let compiled = crate::processor::wake::consumed(
+        crate::filter::CompiledFilter::new(f.filter, false).map_err(Error::invalid)?,
+        &announcement,
+    );
+    let initial = f
+        .runtime
+        .initial_state(f.component, f.prepared, f.timeout_ms)
+        .map_err(guest)?;
+    let fold = crate::processor::backfill::RangeFold {
+        guest: crate::processor::wake::Guest {
+            runtime: f.runtime,
+            prepared: f.prepared,
+            component: f.component,
+            timeout_ms: f.timeout_ms,
+        },
+        storage: f.storage,
+        row_id: f.row_id,
+        stream,
+        filter: compiled,
+        narrow: None,
+    };
+    let (folded, _, scratch) = fold
+        .run(
+            initial,
+            0,
+            through,
+            crate::processor::keyed::Bucket::empty(),
+            |_, _| Ok(()),
+        )
+        .map_err(|f| Error::unprocessable("processor-failed", f.message))?;
+    Ok((folded, scratch))
+}
+
+/// A processor's state at an offset, folded on demand
+/// (`:processors/{component}/at/{offset}`).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StateAt {
+    /// The component.
+    pub component: String,
+    /// The version that folded it: the one deployed now.
+    pub digest: String,
+    /// The offset it folded through.
+    pub offset: u64,
+    /// The state after the event at `offset`.
+    pub state: Value,
+    /// With a key prefix: its keyed state's keys under the prefix (in key
+    /// order, at most [`STATE_AT_KEYS_MAX`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub keys: Option<Vec<KeyValue>>,
+    /// Whether more keys matched than are listed.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub keys_truncated: bool,
+}
+
+/// The most keys a state at an offset lists.
+pub const STATE_AT_KEYS_MAX: usize = 1000;
+
+impl Host {
+    /// The state (and, with `keys_prefix`, the keyed state under it) that
+    /// the deployed version of `component` folds from its initial state
+    /// over `stream` up to `offset`: computed on demand, stored nowhere,
+    /// checkpoint and state untouched. The fold is the wakes' own (each
+    /// guest call bounded by the delivery timeout, as a backfill's).
+    pub async fn processor_at(
+        &self,
+        stream: &StreamAddress,
+        component: &str,
+        offset: u64,
+        keys_prefix: Option<String>,
+    ) -> Result<StateAt, Error> {
+        let state = self.streams.state(stream).await?;
+        let sub = wake_subscription(&state, component).ok_or_else(|| {
+            Error::not_found(
+                "processor-not-found",
+                format!(
+                    "processor {component:?} has no processor-wake subscription on stream {:?}",
+                    stream.path
+                ),
+            )
+        })?;
+        if offset > state.max_offset {
+            return Err(Error::invalid(format!(
+                "offset {offset} is beyond this stream's current maximum offset {}",
+                state.max_offset
+            )));
+        }
+        let storage = self.streams.storage().clone();
+        let runtime = self.streams.wasm_runtime().clone();
+        let ns = stream.namespace.storage_key().to_string();
+        let path = stream.path.clone();
+        let component = component.to_string();
+        let timeout_ms = self.config.delivery.timeout_ms;
+        tokio::task::spawn_blocking(move || -> Result<StateAt, Error> {
+            let internal = |e: anyhow::Error| Error::internal(format!("{e:#}"));
+            let row = storage
+                .load_stream(&ns, &path)
+                .map_err(internal)?
+                .ok_or_else(|| Error::stream_not_found(&path))?;
+            let (prepared, _) = crate::processor::deployed(&storage, &runtime, &ns, &component)
+                .map_err(internal)?
+                .ok_or_else(|| super::components::component_not_found(&ns, &component))?;
+            let (folded, scratch) = fold_from_start(
+                &FromStart {
+                    storage: &storage,
+                    runtime: &runtime,
+                    prepared: &prepared,
+                    component: &component,
+                    timeout_ms,
+                    row_id: row.row_id,
+                    filter: sub.configuration.filter.as_ref(),
+                },
+                crate::processor::stream_info(&state, offset),
+                offset,
+            )?;
+            let mut keys_truncated = false;
+            let keys = keys_prefix.map(|prefix| {
+                let mut listed: Vec<KeyValue> = scratch
+                    .writes()
+                    .range(prefix.clone()..)
+                    .take_while(|(k, _)| k.starts_with(&prefix))
+                    .filter_map(|(k, v)| {
+                        Some(KeyValue {
+                            key: k.clone(),
+                            value: v.clone()?,
+                        })
+                    })
+                    .take(STATE_AT_KEYS_MAX + 1)
+                    .collect();
+                keys_truncated = listed.len() > STATE_AT_KEYS_MAX;
+                listed.truncate(STATE_AT_KEYS_MAX);
+                listed
+            });
+            Ok(StateAt {
+                component,
+                digest: prepared.digest.clone(),
+                offset,
+                state: serde_json::from_str(&folded).unwrap_or(Value::Null),
+                keys,
+                keys_truncated,
+            })
+        })
+        .await
+        .map_err(|e| Error::internal(format!("folding the processor panicked: {e}")))?
     }
 }
 

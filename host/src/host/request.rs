@@ -15,7 +15,7 @@ use super::cluster::ClusterView;
 use super::components::{Component, ComponentVersions, Deploy, Deployed};
 use super::effects::{Effect, EffectFilter, EffectsPage};
 use super::live::{Connect, LiveConnection, WaitFor};
-use super::processors::{KeyValue, KeysPage, KeysQuery, ProcessorInstance, Verification};
+use super::processors::{KeyValue, KeysPage, KeysQuery, ProcessorInstance, StateAt, Verification};
 use super::reactors::{ReactorBackfill, ReactorBackfilled};
 use super::subscriptions::{CopyFrom, CursorSetAndResumed, Resumed, Subscribed, Unsubscribed};
 use super::Host;
@@ -88,6 +88,16 @@ pub enum StreamRequest {
         /// Which keys.
         query: KeysQuery,
     },
+    /// A processor's state at an offset, folded on demand by the deployed
+    /// version (`:processors/{component}/at/{offset}`).
+    ProcessorAt {
+        /// The component.
+        component: String,
+        /// The offset to fold through.
+        offset: u64,
+        /// A key prefix: list the keyed state under it too.
+        keys: Option<String>,
+    },
     /// One of a processor's keys (`:processors/{component}/keys/{key}`).
     ProcessorKey {
         /// The component.
@@ -155,6 +165,8 @@ pub enum StreamAnswer {
     Key(KeyValue),
     /// What verifying found.
     Verification(Box<Verification>),
+    /// A processor's state at an offset.
+    StateAt(Box<StateAt>),
     /// What a backfill came to.
     Backfilled(Backfilled),
     /// What a reactor backfill came to.
@@ -194,6 +206,7 @@ impl serde::Serialize for StreamAnswer {
             A::Keys(page) => page.serialize(s),
             A::Key(key) => key.serialize(s),
             A::Verification(verification) => verification.serialize(s),
+            A::StateAt(at) => at.serialize(s),
             A::Backfilled(done) => done.serialize(s),
             A::ReactorBackfilled(done) => done.serialize(s),
         }
@@ -279,6 +292,13 @@ impl Host {
             R::ProcessorKey { component, key } => {
                 A::Key(self.processor_key(stream, &component, &key).await?)
             }
+            R::ProcessorAt {
+                component,
+                offset,
+                keys,
+            } => A::StateAt(Box::new(
+                self.processor_at(stream, &component, offset, keys).await?,
+            )),
             R::VerifyProcessor { component } => {
                 A::Verification(Box::new(self.verify_processor(stream, &component).await?))
             }
@@ -691,6 +711,16 @@ mod tests {
             },
             R::VerifyProcessor {
                 component: "counter".into(),
+            },
+            R::ProcessorAt {
+                component: "ledger".into(),
+                offset: 7,
+                keys: None,
+            },
+            R::ProcessorAt {
+                component: "ledger".into(),
+                offset: 0,
+                keys: Some("balance/a b?&#%".into()),
             },
             R::BackfillProcessor(Backfill::new("counter")),
             R::BackfillProcessor(

@@ -115,6 +115,20 @@ pub fn parse(
                 )),
             }
         }
+        (m, &Method::GET) if m.starts_with("processors/") && m.contains("/at/") => {
+            let rest = &m["processors/".len()..];
+            let (component, offset) = rest.split_once("/at/").unwrap_or((rest, ""));
+            let offset = offset.parse::<u64>().map_err(|_| {
+                ApiError::invalid(format!(
+                    "offset {offset:?} in :processors/{component}/at/{{offset}} is not a whole number"
+                ))
+            })?;
+            R::ProcessorAt {
+                component: component.to_string(),
+                offset,
+                keys: query::at_query(query)?,
+            }
+        }
         (m, &Method::GET) if m.starts_with("processors/") => R::Processor {
             component: m["processors/".len()..].to_string(),
         },
@@ -249,6 +263,18 @@ pub fn render(request: &StreamRequest) -> HttpCall {
             Method::GET,
             format!("processors/{component}/keys"),
             query::render_keys(query),
+            None,
+        ),
+        R::ProcessorAt {
+            component,
+            offset,
+            keys,
+        } => (
+            Method::GET,
+            format!("processors/{component}/at/{offset}"),
+            keys.as_ref()
+                .map(|k| format!("keys={}", utf8_percent_encode(k, KEY_SEGMENT)))
+                .unwrap_or_default(),
             None,
         ),
         R::ProcessorKey { component, key } => (
@@ -580,6 +606,7 @@ pub const STREAM_METHODS: &[(&str, &str)] = &[
     ("GET", "processors/{component}"),
     ("GET", "processors/{component}/keys"),
     ("GET", "processors/{component}/keys/{key}"),
+    ("GET", "processors/{component}/at/{offset}"),
     ("POST", "verifyProcessor"),
     ("POST", "backfillProcessor"),
     ("POST", "backfillReactor"),

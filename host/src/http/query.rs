@@ -177,7 +177,22 @@ pub fn keys_query(query: Option<&str>) -> Result<KeysQuery, ApiError> {
     Ok(q)
 }
 
-/// Parses `refold` of `PUT .../components/{name}`.
+/// Parses `keys` (a key prefix) of `:processors/{component}/at/{offset}`.
+pub fn at_query(query: Option<&str>) -> Result<Option<String>, ApiError> {
+    let mut keys = None;
+    for (name, value) in decoded(query)? {
+        match name.as_str() {
+            "keys" => keys = Some(value),
+            other => {
+                return Err(ApiError::invalid(format!(
+                    "unknown query parameter {other:?} for a processor's state at an offset (keys)"
+                )))
+            }
+        }
+    }
+    Ok(keys)
+}
+
 /// Parses `refold` and `replayEffects` of a deploy: (refold, replay
 /// history's effects); `replayEffects=true` needs `refold=true`.
 pub fn deploy_query(query: Option<&str>) -> Result<(bool, bool), ApiError> {
