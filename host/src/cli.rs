@@ -231,6 +231,9 @@ pub(crate) enum Command {
     Effects(EffectsCommand),
     /// Fold a processor component over a JSONL file of events, offline.
     Fold(FoldArgs),
+    /// Check a processor over fixture events: no trap, the same state on a
+    /// second run and whatever the batch cuts, and the expected state.
+    Test(TestArgs),
     /// Ingest with broker acceptance: accept events, the buffer's and the
     /// JetStream bridge's status, register a JetStream stream.
     #[command(subcommand)]
@@ -545,6 +548,30 @@ pub(crate) struct FoldArgs {
     /// call's message states.
     #[arg(long, value_parser = parse_seed_arg)]
     pub seed: Option<[u8; 32]>,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct TestArgs {
+    /// The processor component (.wasm).
+    pub component: PathBuf,
+    /// Fixture events, one JSON object per line (as `fold --events`).
+    #[arg(long)]
+    pub events: PathBuf,
+    /// The state the fold must end in (JSON).
+    #[arg(long)]
+    pub expect: Option<PathBuf>,
+    /// Random batch cuts to try (besides one event at a time).
+    #[arg(long, default_value_t = 20)]
+    pub splits: usize,
+    /// Seed of the cuts: a failing run names it, and repeats with it.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Deadline of one guest call, in ms.
+    #[arg(long, default_value_t = 20_000)]
+    pub timeout_ms: u64,
+    /// The stream id the environment is derived from (as `fold`).
+    #[arg(long, default_value = "offline")]
+    pub stream_id: String,
 }
 
 fn parse_seed_arg(s: &str) -> Result<[u8; 32], String> {
@@ -974,6 +1001,7 @@ pub async fn run(cli: Cli) -> Result<()> {
         Command::Backfill(a) => backfill(a).await,
         Command::Effects(c) => effects(c).await,
         Command::Fold(a) => tokio::task::spawn_blocking(move || fold_offline(a)).await?,
+        Command::Test(a) => tokio::task::spawn_blocking(move || test_offline(a)).await?,
         Command::Ingest(c) => ingest(c).await,
         Command::New(NewCommand::Processor(a)) => new_processor(a),
         Command::Status(a) => status(a).await,
@@ -1611,30 +1639,148 @@ async fn deploy(a: DeployArgs) -> Result<()> {
     print_answer(response).await
 }
 
-/// `streamhost fold`: folds a component over a JSONL file, offline.
-fn fold_offline(a: FoldArgs) -> Result<()> {
-    use crate::processor::runtime::{Batch, Determinism, Runtime, StreamInfo};
-    let bytes = std::fs::read(&a.component)
-        .with_context(|| format!("reading {}", a.component.display()))?;
+/// Events from a JSONL file (`type`, `payload`, optional `offset`,
+/// `metadata`, `createdAt`, `idempotencyKey`), those of `consumes` (empty:
+/// all).
+fn read_events(path: &std::path::Path, consumes: &[String]) -> Result<Vec<crate::stream::Event>> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let mut events: Vec<crate::stream::Event> = Vec::new();
+    for (i, line) in text
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+    {
+        let at = || format!("{} line {}", path.display(), i + 1);
+        let v: Value = serde_json::from_str(line).with_context(|| format!("{}: not JSON", at()))?;
+        let event_type = v["type"]
+            .as_str()
+            .with_context(|| format!("{}: no \"type\"", at()))?
+            .to_string();
+        if !consumes.is_empty() && !consumes.contains(&event_type) {
+            continue;
+        }
+        let object = |field: &str| -> Result<Option<serde_json::Map<String, Value>>> {
+            match v.get(field) {
+                None | Some(Value::Null) => Ok(None),
+                Some(Value::Object(m)) => Ok(Some(m.clone())),
+                Some(other) => bail!("{}: {field} must be a JSON object, got {other}", at()),
+            }
+        };
+        events.push(crate::stream::Event {
+            offset: v["offset"].as_u64().unwrap_or(i as u64 + 1),
+            event_type,
+            payload: object("payload")?.unwrap_or_default(),
+            metadata: object("metadata")?,
+            idempotency_key: v["idempotencyKey"].as_str().map(str::to_string),
+            created_at: v["createdAt"]
+                .as_str()
+                .unwrap_or("1970-01-01T00:00:00.000Z")
+                .to_string(),
+            source: None,
+            ephemeral: false,
+        });
+    }
+    Ok(events)
+}
+
+/// A processor component from a file, compiled for an offline fold: the
+/// runtime, the component, its name (the file's stem) and announcement.
+struct OfflineProcessor {
+    runtime: std::sync::Arc<crate::processor::runtime::Runtime>,
+    prepared: std::sync::Arc<crate::processor::runtime::Prepared>,
+    name: String,
+    announcement: crate::processor::runtime::Announcement,
+}
+
+fn offline_processor(component: &std::path::Path, timeout_ms: u64) -> Result<OfflineProcessor> {
+    use crate::processor::runtime::Runtime;
+    let bytes =
+        std::fs::read(component).with_context(|| format!("reading {}", component.display()))?;
     let runtime = Runtime::new(std::env::temp_dir().join("streamhost-fold-cache"))?;
     let (_, is_processor) = runtime.validate(&bytes).map_err(anyhow::Error::msg)?;
     if !is_processor {
         bail!(
             "{} is not a processor: it does not export {}",
-            a.component.display(),
+            component.display(),
             crate::processor::runtime::PROCESSOR_INTERFACE
         );
     }
     let digest = crate::processor::runtime::digest(&bytes);
     let prepared = runtime.prepare(&digest, || Ok(bytes.clone()))?;
-    let name = a
-        .component
+    let name = component
         .file_stem()
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_else(|| "processor".into());
     let announcement = runtime
-        .describe(&name, &prepared, a.timeout_ms)
+        .describe(&name, &prepared, timeout_ms)
         .map_err(|e| anyhow::anyhow!("describe: {e}"))?;
+    Ok(OfflineProcessor {
+        runtime,
+        prepared,
+        name,
+        announcement,
+    })
+}
+
+/// `streamhost test`: a processor over fixture events, checked for the
+/// properties every fold must have (`processor::check`).
+fn test_offline(a: TestArgs) -> Result<()> {
+    let p = offline_processor(&a.component, a.timeout_ms)?;
+    let events = read_events(&a.events, &p.announcement.consumes)?;
+    if events.is_empty() {
+        bail!(
+            "{} holds no event the processor consumes ({:?})",
+            a.events.display(),
+            p.announcement.consumes
+        );
+    }
+    let expected = match &a.expect {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            Some(
+                serde_json::from_str::<Value>(&text)
+                    .with_context(|| format!("{}: not JSON", path.display()))?,
+            )
+        }
+        None => None,
+    };
+    let check = crate::processor::check::Check {
+        guest: crate::processor::wake::Guest {
+            runtime: &p.runtime,
+            prepared: &p.prepared,
+            component: &p.name,
+            timeout_ms: a.timeout_ms,
+        },
+        component_path: &a.component.display().to_string(),
+        stream: crate::processor::runtime::StreamInfo {
+            project_id: None,
+            path: "/test".into(),
+            stream_id: a.stream_id.clone(),
+            stream_created_at: "1970-01-01T00:00:00.000Z".into(),
+            max_offset: events.last().map_or(0, |e| e.offset),
+        },
+        events: &events,
+        expected,
+        splits: a.splits,
+        seed: a.seed,
+    };
+    match check.run(|line| println!("ok: {line}")) {
+        Ok(()) => Ok(()),
+        Err(counterexample) => bail!("{counterexample}"),
+    }
+}
+
+/// `streamhost fold`: folds a component over a JSONL file, offline.
+fn fold_offline(a: FoldArgs) -> Result<()> {
+    use crate::processor::runtime::{Batch, Determinism, StreamInfo};
+    let OfflineProcessor {
+        runtime,
+        prepared,
+        name,
+        announcement,
+    } = offline_processor(&a.component, a.timeout_ms)?;
     let mut state = match &a.state {
         Some(p) => {
             std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?
@@ -1683,44 +1829,7 @@ fn fold_offline(a: FoldArgs) -> Result<()> {
     // Kept for --keys-out: the keys given, under the fold's writes.
     let given = std::sync::Arc::new(crate::processor::keyed::Memory(keys));
     let mut bucket = crate::processor::keyed::Bucket::new(given.clone());
-    let text = std::fs::read_to_string(&a.events)
-        .with_context(|| format!("reading {}", a.events.display()))?;
-    let mut events: Vec<crate::stream::Event> = Vec::new();
-    for (i, line) in text
-        .lines()
-        .enumerate()
-        .filter(|(_, l)| !l.trim().is_empty())
-    {
-        let at = || format!("{} line {}", a.events.display(), i + 1);
-        let v: Value = serde_json::from_str(line).with_context(|| format!("{}: not JSON", at()))?;
-        let event_type = v["type"]
-            .as_str()
-            .with_context(|| format!("{}: no \"type\"", at()))?
-            .to_string();
-        if !announcement.consumes.is_empty() && !announcement.consumes.contains(&event_type) {
-            continue;
-        }
-        let object = |field: &str| -> Result<Option<serde_json::Map<String, Value>>> {
-            match v.get(field) {
-                None | Some(Value::Null) => Ok(None),
-                Some(Value::Object(m)) => Ok(Some(m.clone())),
-                Some(other) => bail!("{}: {field} must be a JSON object, got {other}", at()),
-            }
-        };
-        events.push(crate::stream::Event {
-            offset: v["offset"].as_u64().unwrap_or(i as u64 + 1),
-            event_type,
-            payload: object("payload")?.unwrap_or_default(),
-            metadata: object("metadata")?,
-            idempotency_key: v["idempotencyKey"].as_str().map(str::to_string),
-            created_at: v["createdAt"]
-                .as_str()
-                .unwrap_or("1970-01-01T00:00:00.000Z")
-                .to_string(),
-            source: None,
-            ephemeral: false,
-        });
-    }
+    let events = read_events(&a.events, &announcement.consumes)?;
     let stream = StreamInfo {
         project_id: None,
         path: "/offline".into(),

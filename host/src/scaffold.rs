@@ -178,6 +178,15 @@ streamhost_guest::processor!({type_name});
 {"type": "events.example/refund-requested", "payload": {"reason": "late"}}
 "#
     .to_string();
+    // The state the sample folds to: `streamhost test --expect`.
+    let expected = r#"{
+  "events": 3,
+  "by_type": {"events.example/payment-received": 2, "events.example/refund-requested": 1},
+  "total": 42.5,
+  "last_offset": 3
+}
+"#
+    .to_string();
     let readme = format!(
         r#"# {name}
 
@@ -196,6 +205,15 @@ sample offline, no server needed:
 
 ```sh
 streamhost fold target/wasm32-wasip2/release/{krate}.wasm --events events.jsonl
+```
+
+Test it: the fold over the sample must end in `expected.json`, without a
+trap, the same on a second run and whatever the batch cuts (as the server
+cuts batches while events arrive); a failure prints the batch that went
+wrong and a `wasmtime` command that replays it:
+
+```sh
+streamhost test target/wasm32-wasip2/release/{krate}.wasm --events events.jsonl --expect expected.json
 ```
 
 Run it on a server (`streamhost serve` in another terminal): deploy it,
@@ -219,6 +237,7 @@ whole stream again instead). `streamhost verify --project acme /payments
         (".cargo/config.toml", config.to_string()),
         ("src/lib.rs", lib),
         ("events.jsonl", sample),
+        ("expected.json", expected),
         ("README.md", readme),
         (".gitignore", "/target\n".to_string()),
     ]

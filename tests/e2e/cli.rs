@@ -229,6 +229,93 @@ fn fold_folds_offline_and_prints_a_wave_repro_command_on_failure() {
     assert!(err.contains("not a valid WebAssembly component"), "{err}");
 }
 
+#[test]
+fn test_checks_a_processor_over_fixture_events_and_names_a_counterexample() {
+    let dir = tempfile::tempdir().unwrap();
+    let write = |name: &str, text: &str| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        path.to_str().unwrap().to_string()
+    };
+    let counter = dir.path().join("counter.wasm");
+    std::fs::write(&counter, crate::support::guest("counter")).unwrap();
+    let counter = counter.to_str().unwrap();
+    let lines: String = (1..=12)
+        .map(|n| format!("{{\"type\": \"x.y/n\", \"payload\": {{\"n\": {n}}}}}\n"))
+        .collect();
+    let events = write("events.jsonl", &lines);
+    let expected = write(
+        "expected.json",
+        r#"{"events": 12, "sum": 78, "last_offset": 12}"#,
+    );
+    let (ok, out, err) = run_cli(&["test", counter, "--events", &events, "--expect", &expected]);
+    assert!(ok, "{err}");
+    for line in [
+        "ok: folds 12 events without a trap",
+        "ok: a second run ends in the same state",
+        "ok: the same state whatever the batch cuts: whole batches and 20 random cuts (seed 1)",
+        "ok: the state is the expected one",
+    ] {
+        assert!(out.contains(line), "{line:?} in {out}");
+    }
+    // The wrong expectation: named, both states shown.
+    let wrong = write(
+        "wrong.json",
+        r#"{"events": 12, "sum": 77, "last_offset": 12}"#,
+    );
+    let (ok, _, err) = run_cli(&["test", counter, "--events", &events, "--expect", &wrong]);
+    assert!(!ok);
+    assert!(err.contains("not the expected one"), "{err}");
+    assert!(
+        err.contains("\"sum\":77") && err.contains("\"sum\":78"),
+        "{err}"
+    );
+
+    // A fold that counts its calls: its state depends on the cuts.
+    let hostile = dir.path().join("hostile.wasm");
+    std::fs::write(&hostile, crate::support::guest("hostile")).unwrap();
+    let cut = write(
+        "cut.jsonl",
+        "{\"type\": \"x.y/a\"}\n{\"type\": \"hostile/batch\"}\n{\"type\": \"x.y/b\"}\n{\"type\": \"hostile/batch\"}\n",
+    );
+    let (ok, _, err) = run_cli(&[
+        "test",
+        hostile.to_str().unwrap(),
+        "--events",
+        &cut,
+        "--seed",
+        "3",
+    ]);
+    assert!(!ok, "a cut-dependent fold passed");
+    assert!(err.contains("depends on how the batches are cut"), "{err}");
+    assert!(
+        err.contains("cut #0 (batch sizes [4]"),
+        "whole batches first: {err}"
+    );
+    assert!(err.contains("the batch, as a fixture (JSONL):"), "{err}");
+    assert!(err.contains("hostile/batch"), "{err}");
+    let command = err
+        .split("reproduce with: ")
+        .nth(1)
+        .expect("a repro command")
+        .lines()
+        .next()
+        .unwrap()
+        .trim();
+    assert!(
+        command.starts_with("wasmtime run --invoke 'fold(")
+            && command.ends_with(&format!(" {}", hostile.display())),
+        "{command}"
+    );
+
+    // A trap: the failing batch and its repro.
+    let bad = write("bad.jsonl", "{\"type\": \"hostile/trap\"}\n");
+    let (ok, _, err) = run_cli(&["test", hostile.to_str().unwrap(), "--events", &bad]);
+    assert!(!ok);
+    assert!(err.contains("the guest trapped"), "{err}");
+    assert!(err.contains("reproduce with: wasmtime run"), "{err}");
+}
+
 #[tokio::test]
 async fn deploy_and_verify_commands() {
     let s = Server::start();

@@ -23,6 +23,7 @@ async fn a_scaffolded_processor_builds_alone_deploys_and_folds() {
         ".cargo/config.toml",
         "src/lib.rs",
         "events.jsonl",
+        "expected.json",
         "README.md",
     ] {
         assert!(dir.join(f).is_file(), "{f} was not written");
@@ -60,6 +61,18 @@ async fn a_scaffolded_processor_builds_alone_deploys_and_folds() {
     let folded: Value = serde_json::from_str(&out).unwrap();
     assert_eq!(folded["events"], 3, "{folded}");
     assert_eq!(folded["total"], 42.5, "{folded}");
+    // And passes its test: the expected state, whatever the batch cuts.
+    let expected = dir.join("expected.json");
+    let (ok, out, err) = run_cli(&[
+        "test",
+        wasm_s,
+        "--events",
+        events.to_str().unwrap(),
+        "--expect",
+        expected.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    assert!(out.contains("ok: the state is the expected one"), "{out}");
 
     // And it runs on a server.
     let s = Server::start();

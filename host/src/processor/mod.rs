@@ -9,6 +9,7 @@
 
 pub mod backfill;
 pub mod cache;
+pub mod check;
 pub mod keyed;
 pub mod refold;
 pub mod runtime;

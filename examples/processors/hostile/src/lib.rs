@@ -1,7 +1,9 @@
 //! A deliberately misbehaving processor for the host's containment tests.
 //! It implements the WIT interface directly (not through the SDK's fold) so
 //! it can return anything. The event type picks the misbehaviour; other
-//! events are counted.
+//! events are counted. `hostile/batch` counts the calls that fold one
+//! (`batches`): a state that depends on how the batches were cut, which
+//! `streamhost test` must catch.
 
 use streamhost_guest::bindings::exports::streamhost::processor::processor::{
     Announcement, Batch, Failure, Folded, Guest,
@@ -31,10 +33,16 @@ impl Guest for Hostile {
     }
 
     fn fold(state: String, batch: Batch) -> Result<Folded, Failure> {
-        let mut events: u64 = serde_json::from_str::<serde_json::Value>(&state)
-            .ok()
+        let before = serde_json::from_str::<serde_json::Value>(&state).ok();
+        let mut events: u64 = before
+            .as_ref()
             .and_then(|v| v["events"].as_u64())
             .unwrap_or(0);
+        let mut batches: u64 = before
+            .as_ref()
+            .and_then(|v| v["batches"].as_u64())
+            .unwrap_or(0);
+        let mut counted_batch = false;
         // Only the types are read (the host sends the events as one JSON array).
         #[derive(serde::Deserialize)]
         struct Typed {
@@ -88,11 +96,21 @@ impl Guest for Hostile {
                         effects: Vec::new(),
                     });
                 }
+                "hostile/batch" => {
+                    if !counted_batch {
+                        batches += 1;
+                        counted_batch = true;
+                    }
+                }
                 _ => events += 1,
             }
         }
+        let state = match batches {
+            0 => format!("{{\"events\":{events}}}"),
+            b => format!("{{\"events\":{events},\"batches\":{b}}}"),
+        };
         Ok(Folded {
-            state: format!("{{\"events\":{events}}}"),
+            state,
             effects: Vec::new(),
         })
     }
