@@ -1,6 +1,7 @@
 //! Prometheus metrics served at `GET /metrics`: appends, commit latency and
 //! group sizes, stream actors in memory, stream loads, delivery attempts,
-//! halts and skips by receiver kind, processor wake time, effect executions
+//! halts and skips by receiver kind, processor wake time, reactor calls,
+//! effect executions
 //! and effects by status, pending ingest per project, subscription lag (the
 //! ten furthest behind by name, and totals), and the memory SQLite holds
 //! (page caches, statements). Labels have bounded values: receiver kinds,
@@ -37,6 +38,7 @@ struct Inner {
     subscription_halts: Family<Vec<(String, String)>, Counter>,
     subscription_skips: Family<Vec<(String, String)>, Counter>,
     wake_seconds: Histogram,
+    reactor_calls: Family<Vec<(String, String)>, Counter>,
     effects: Family<Vec<(String, String)>, Gauge>,
     ingest_pending_events: Family<Vec<(String, String)>, Gauge>,
     ingest_pending_bytes: Family<Vec<(String, String)>, Gauge>,
@@ -158,6 +160,12 @@ impl Metrics {
             "Bytes of the pending ingest events, by project, read at scrape time",
             ingest_pending_bytes.clone(),
         );
+        let reactor_calls = Family::<Vec<(String, String)>, Counter>::default();
+        registry.register(
+            "reactor_calls",
+            "Reactor calls inside appends, by outcome (ok, or refused: the call failed the append)",
+            reactor_calls.clone(),
+        );
         let lag_top = Family::<Vec<(String, String)>, Gauge>::default();
         registry.register(
             "subscription_lag_events",
@@ -185,6 +193,7 @@ impl Metrics {
                 subscription_halts,
                 subscription_skips,
                 wake_seconds,
+                reactor_calls,
                 effects,
                 ingest_pending_events,
                 ingest_pending_bytes,
@@ -261,6 +270,14 @@ impl Metrics {
             .subscription_skips
             .get_or_create(&label("receiver", receiver))
             .inc();
+    }
+
+    /// Counts reactor calls: `ok` ones, or one that refused its append.
+    pub fn reactor_called(&self, outcome: &str, calls: u64) {
+        self.inner
+            .reactor_calls
+            .get_or_create(&label("outcome", outcome))
+            .inc_by(calls);
     }
 
     /// Records one processor wake.

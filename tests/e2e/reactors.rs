@@ -202,6 +202,18 @@ async fn a_reactor_commits_each_sign_ups_webhook_with_it_and_a_refused_sign_up_c
         assert_eq!(e["checkpointOffset"], out["events"][0]["offset"], "{e}");
     }
     assert_eq!(effects.len(), 21, "ada and the twenty good sign-ups");
+    assert_eq!(
+        s.metric("streamhost_reactor_calls_total{outcome=\"refused\"}")
+            .await,
+        21,
+        "the refused batch and the twenty refused sign-ups"
+    );
+    assert!(
+        s.metric("streamhost_reactor_calls_total{outcome=\"ok\"}")
+            .await
+            >= 22,
+        "ada twice and the twenty good sign-ups"
+    );
     wait_for("every welcome", Duration::from_secs(30), async || {
         r.posts.lock().unwrap().len() >= 21
     })

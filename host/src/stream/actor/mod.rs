@@ -1256,7 +1256,6 @@ impl Actor {
                 stream_id: &stream_id,
             }
             .react(&reactors, &events)
-            .map(|(reactions, _)| reactions)
         };
         // Guests run off the async workers: on a multi-thread runtime this
         // worker becomes a blocking thread for the call (its other tasks
@@ -1270,7 +1269,17 @@ impl Actor {
                     error: Error::internal(format!("the reactors' task failed: {e}")),
                 })
             }),
-        }?;
+        };
+        let reacted = match reacted {
+            Ok((reactions, calls)) => {
+                self.ctx.metrics.reactor_called("ok", calls);
+                reactions
+            }
+            Err(refusal) => {
+                self.ctx.metrics.reactor_called("refused", 1);
+                return Err(refusal);
+            }
+        };
         let now_ms = self.ctx.clock.now_ms();
         let created_at = format_timestamp(now_ms);
         Ok(reacted
