@@ -443,16 +443,20 @@ async fn receiver() -> (String, Arc<Mutex<Received>>) {
             StatusCode::OK
         }
     }
+    /// An effect's POST: its `Idempotency-Key` and body.
+    fn keyed(headers: &HeaderMap, body: Value) -> (Option<String>, Value) {
+        let key = headers
+            .get("idempotency-key")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
+        (key, body)
+    }
     async fn fx(
         State(got): State<Arc<Mutex<Received>>>,
         headers: HeaderMap,
         Json(body): Json<Value>,
     ) -> StatusCode {
-        let key = headers
-            .get("idempotency-key")
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_string);
-        got.lock().unwrap().fx.push((key, body));
+        got.lock().unwrap().fx.push(keyed(&headers, body));
         StatusCode::OK
     }
     async fn welcome(
@@ -460,11 +464,7 @@ async fn receiver() -> (String, Arc<Mutex<Received>>) {
         headers: HeaderMap,
         Json(body): Json<Value>,
     ) -> StatusCode {
-        let key = headers
-            .get("idempotency-key")
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_string);
-        got.lock().unwrap().welcome.push((key, body));
+        got.lock().unwrap().welcome.push(keyed(&headers, body));
         StatusCode::OK
     }
     let app = Router::new()

@@ -230,36 +230,20 @@ fn validate_configured(
                 ));
             }
         }
-        Receiver::ProcessorWake { expression } => {
-            crate::itx::validate_expression(&format!("{at}.receiver.expression"), expression)
-                .map_err(|m| Error::invalid_with("invalid-expression", m))?;
-            crate::itx::wake_component(expression).map_err(|m| {
-                Error::invalid_with(
-                    "invalid-expression",
-                    format!("{at}.receiver.expression: {m}"),
-                )
-            })?;
-            if matches!(ctx.namespace, Namespace::Global) {
-                return Err(invalid(
-                    "processor-wake subscriptions require a project stream (components belong to projects)".into(),
-                ));
-            }
-        }
-        Receiver::Reactor { expression } => {
-            crate::itx::validate_expression(&format!("{at}.receiver.expression"), expression)
-                .map_err(|m| Error::invalid_with("invalid-expression", m))?;
-            crate::itx::reactor_component(expression).map_err(|m| {
-                Error::invalid_with(
-                    "invalid-expression",
-                    format!("{at}.receiver.expression: {m}"),
-                )
-            })?;
-            if matches!(ctx.namespace, Namespace::Global) {
-                return Err(invalid(
-                    "reactor subscriptions require a project stream (components belong to projects)".into(),
-                ));
-            }
-        }
+        Receiver::ProcessorWake { expression } => component_receiver(
+            at,
+            ctx,
+            expression,
+            "processor-wake",
+            crate::itx::wake_component,
+        )?,
+        Receiver::Reactor { expression } => component_receiver(
+            at,
+            ctx,
+            expression,
+            "reactor",
+            crate::itx::reactor_component,
+        )?,
         Receiver::WebhookPost { url, .. } => {
             if matches!(ctx.namespace, Namespace::Global) {
                 return Err(invalid(
@@ -275,6 +259,31 @@ fn validate_configured(
                 )));
             }
         }
+    }
+    Ok(())
+}
+
+/// A receiver that names a component of the project by an ITX expression
+/// of one shape (`["components", ["get", NAME], METHOD]`).
+fn component_receiver(
+    at: &str,
+    ctx: &ControlContext<'_>,
+    expression: &Value,
+    action: &str,
+    component: fn(&Value) -> Result<String, String>,
+) -> Result<(), Error> {
+    crate::itx::validate_expression(&format!("{at}.receiver.expression"), expression)
+        .map_err(|m| Error::invalid_with("invalid-expression", m))?;
+    component(expression).map_err(|m| {
+        Error::invalid_with(
+            "invalid-expression",
+            format!("{at}.receiver.expression: {m}"),
+        )
+    })?;
+    if matches!(ctx.namespace, Namespace::Global) {
+        return Err(invalid(format!(
+            "{action} subscriptions require a project stream (components belong to projects)"
+        )));
     }
     Ok(())
 }
