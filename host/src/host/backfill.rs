@@ -59,18 +59,7 @@ impl Backfill {
         }
     }
 
-    /// Only the events after `offset`.
-    pub fn after(mut self, offset: u64) -> Self {
-        self.after_offset = offset;
-        self
-    }
-
-    /// Only the events up to `offset`.
-    pub fn through(mut self, offset: u64) -> Self {
-        self.through_offset = Some(offset);
-        self
-    }
-
+    range_setters!();
     selection_setters!();
 }
 

@@ -24,6 +24,24 @@ macro_rules! selection_setters {
     };
 }
 
+/// `after` and `through` of a backfill's range (`after_offset`,
+/// `through_offset`).
+macro_rules! range_setters {
+    () => {
+        /// Only the events after `offset`.
+        pub fn after(mut self, offset: u64) -> Self {
+            self.after_offset = offset;
+            self
+        }
+
+        /// Only the events up to `offset`.
+        pub fn through(mut self, offset: u64) -> Self {
+            self.through_offset = Some(offset);
+            self
+        }
+    };
+}
+
 pub mod backfill;
 pub mod cluster;
 pub mod components;

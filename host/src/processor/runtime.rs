@@ -505,6 +505,11 @@ impl Prepared {
     pub fn keyed(&self) -> bool {
         self.keyed
     }
+
+    /// Whether the component exports the reactor interface.
+    pub fn is_reactor(&self) -> bool {
+        self.reactor.is_some()
+    }
 }
 
 /// Why a dynamic (ITX) call did not return a value.
@@ -1013,11 +1018,6 @@ impl Runtime {
                 retryable: f.retryable,
             })
         })
-    }
-
-    /// Whether the component exports the reactor interface.
-    pub fn is_reactor(p: &Prepared) -> bool {
-        p.reactor.is_some()
     }
 
     /// The processor's state before any event.

@@ -232,7 +232,7 @@ impl Reacting<'_> {
                 reactor.component, self.project
             )
         })?;
-        if !Runtime::is_reactor(&p) {
+        if !p.is_reactor() {
             return Err(format!(
                 "component {:?} does not export {}",
                 reactor.component,
