@@ -41,18 +41,22 @@ backoff-max-ms = 200
 /// against a release build (`STREAMHOST_BIN=$PWD/target/release/streamhost`,
 /// the figure RELIABILITY.md records: 1.4x to 2.0x here). The debug binary
 /// the normal suite starts spends about ten times the CPU on every request,
-/// the probes' included, on the same two cores: measured at 2.0x to 2.5x, it
-/// is held at 3x so a noisy CI machine does not fail it, while a regression
-/// (JSONata or a flood on the threads that serve HTTP: 10x and more) still
-/// does.
+/// the probes' included, on the same two cores, while the suite's other
+/// tests (headless Chromium among them) run beside it: measured at 2.0x to
+/// 2.5x alone and above 3x beside the suite, it is held at 5x. What it
+/// guards is the regression this suite exists for: JSONata or a flood on
+/// the threads that serve HTTP costs the second project 10x and more.
 fn ratio_bound() -> f64 {
     if std::env::var_os("STREAMHOST_BIN").is_some() {
         2.0
     } else {
-        3.0
+        5.0
     }
 }
 
+/// Windows timed under the probes (and as many quiet ones after them, plus
+/// the first): the medians of their p99s are compared.
+const WINDOWS: usize = 5;
 /// The server's resident memory stays under this while the probes run.
 const RSS_BOUND_BYTES: u64 = 384 * 1024 * 1024;
 /// Operations (an append, then a read) the second project times per phase.
@@ -385,7 +389,7 @@ async fn hostile_project_run() {
     // machine is shared and noisy, so the medians of each are compared.
     let mut quiets = vec![quiet];
     let mut busies = Vec::new();
-    for _ in 0..3 {
+    for _ in 0..WINDOWS {
         let url = s.url.clone();
         let timing = std::thread::spawn(move || time_good_project(url));
         while !timing.is_finished() {
