@@ -135,6 +135,7 @@ pub use host::processors::{
     ProcessorStatus, StateAt, Verification,
 };
 pub use host::reactors::{ReactorBackfill, ReactorBackfilled};
+pub use host::shadows::{HeldEffects, KeyChange, KeysDiff, Promote, ShadowEnded, ShadowView};
 pub use host::request::{
     ClusterRequest, ComponentAnswer, ComponentRequest, EffectAnswer, EffectRequest, IngestAnswer,
     IngestRequest, ItxRequest, StreamAnswer, StreamRequest,

@@ -45,6 +45,8 @@ pub struct Executors {
     pub effects: effect::EffectsBell,
     /// Processor instances being refolded by a new version.
     pub refolds: crate::processor::refold::Refolds,
+    /// Shadow versions folding beside the live ones, on this host.
+    pub shadows: crate::processor::shadow::Shadows,
     pub metrics: crate::metrics::Metrics,
 }
 

@@ -23,6 +23,7 @@ pub struct Deploy {
     bytes: Vec<u8>,
     refold: bool,
     replay_effects: bool,
+    shadow: bool,
 }
 
 impl Deploy {
@@ -34,13 +35,28 @@ impl Deploy {
             bytes,
             refold: false,
             replay_effects: false,
+            shadow: false,
         }
+    }
+
+    /// Folds every instance with this version beside the current one,
+    /// which keeps serving and waking (`?refold=shadow` over HTTP): its
+    /// effects are held, its state and keys compared
+    /// ([`Host::processor_shadow`]) until each instance is promoted
+    /// ([`Host::promote_shadow`]) or discarded ([`Host::discard_shadow`]).
+    /// A deploy while a shadow exists replaces it.
+    pub fn shadow(mut self) -> Self {
+        self.shadow = true;
+        self.refold = false;
+        self.replay_effects = false;
+        self
     }
 
     /// Refolds every instance of the component with this version, even when
     /// its bytes are unchanged (`?refold=true` over HTTP).
     pub fn refold(mut self) -> Self {
         self.refold = true;
+        self.shadow = false;
         self
     }
 
@@ -51,6 +67,7 @@ impl Deploy {
     /// version, so only events after its checkpoint produce effects.
     pub fn replay_effects(mut self) -> Self {
         self.refold = true;
+        self.shadow = false;
         self.replay_effects = true;
         self
     }
@@ -92,6 +109,9 @@ pub struct Deployed {
     /// The streams whose instance refolds (with `refolding`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub refolding_streams: Option<Vec<String>>,
+    /// With [`Deploy::shadow`]: the streams whose instance it shadows.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shadowing: Option<Vec<String>>,
 }
 
 /// A deployed component: its current version.
@@ -184,6 +204,7 @@ impl Host {
             bytes,
             refold,
             replay_effects,
+            shadow,
         } = deploy;
         crate::stream::Namespace::project(&project)?;
         validate_name(&name)?;
@@ -200,6 +221,10 @@ impl Host {
                 .map_err(|e| Error::internal(format!("validating the component panicked: {e}")))?
                 .map_err(|m| Error::invalid_with("invalid-component", m))?;
         let digest = crate::processor::runtime::digest(&bytes);
+        if shadow {
+            // A shadow folds beside the current version: there must be one.
+            self.component(&project, &name).await?;
+        }
         let deployment = Deployment {
             project: project.clone(),
             name: name.clone(),
@@ -209,6 +234,7 @@ impl Host {
             deployed_at: format_timestamp(chrono::Utc::now().timestamp_millis()),
             refold,
             replay_effects,
+            shadow,
         };
         let new_version = self
             .streams
@@ -227,7 +253,23 @@ impl Host {
             retrying_subscriptions: Vec::new(),
             refolding: false,
             refolding_streams: None,
+            shadowing: None,
         };
+        // Any deploy replaces the shadows folding now.
+        self.streams
+            .executors()
+            .shadows
+            .stop_component(&project, &name);
+        if shadow {
+            let timeout_ms = self.config.delivery.timeout_ms;
+            let paths =
+                crate::processor::shadow::start(&self.streams, &project, &name, &digest, timeout_ms)
+                    .await
+                    .map_err(|e| Error::internal(format!("starting the shadow failed: {e:#}")))?;
+            deployed.unchanged = false;
+            deployed.shadowing = Some(paths);
+            return Ok(deployed);
+        }
         if new_version {
             let streams = &self.streams;
             deployed.resumed_subscriptions =

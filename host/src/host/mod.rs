@@ -52,6 +52,7 @@ pub mod live;
 pub mod processors;
 pub mod reactors;
 pub mod request;
+pub mod shadows;
 pub mod streams;
 pub mod subscriptions;
 
@@ -195,7 +196,8 @@ impl Host {
             let timeout_ms = config.delivery.timeout_ms;
             tokio::spawn(async move {
                 crate::processor::versions::resume_pending(&streams).await;
-                crate::processor::refold::resume_pending(&streams, timeout_ms).await
+                crate::processor::refold::resume_pending(&streams, timeout_ms).await;
+                crate::processor::shadow::resume_pending(&streams, timeout_ms).await
             });
         }
         // Several hosts: renew this host's leases, and take over the streams

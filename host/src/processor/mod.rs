@@ -13,6 +13,7 @@ pub mod check;
 pub mod keyed;
 pub mod refold;
 pub mod runtime;
+pub mod shadow;
 pub mod versions;
 pub mod wake;
 pub mod wave;

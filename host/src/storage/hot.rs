@@ -589,6 +589,7 @@ mod tests {
             bytes: vec![],
             deployed_at: "t".into(),
             refold: false,
+            shadow: false,
             replay_effects: false,
         });
         hot.committed(std::iter::once((&mut deploy, 0)));

@@ -665,12 +665,39 @@ impl Storage {
     }
 
     /// Refolds asked for and not yet done: (project, name, digest).
+    /// Shadows are not among them ([`Storage::pending_shadows`]).
     pub fn pending_refolds(&self) -> Result<Vec<(String, String, String)>> {
         self.with_reader(|db| {
             db.query_all(
-                "SELECT project, name, digest FROM pending_refolds ORDER BY project, name",
+                "SELECT project, name, digest FROM pending_refolds WHERE shadow = 0
+                 ORDER BY project, name",
                 args![],
                 |r| Ok((r.text(0)?, r.text(1)?, r.text(2)?)),
+            )
+        })
+    }
+
+    /// Shadow versions folding beside the live ones: (project, name,
+    /// digest).
+    pub fn pending_shadows(&self) -> Result<Vec<(String, String, String)>> {
+        self.with_reader(|db| {
+            db.query_all(
+                "SELECT project, name, digest FROM pending_refolds WHERE shadow <> 0
+                 ORDER BY project, name",
+                args![],
+                |r| Ok((r.text(0)?, r.text(1)?, r.text(2)?)),
+            )
+        })
+    }
+
+    /// The version component `name` of `project` is shadowed by, if any.
+    pub fn shadow_of(&self, project: &str, name: &str) -> Result<Option<String>> {
+        self.with_reader(|db| {
+            db.query_opt(
+                "SELECT digest FROM pending_refolds
+                 WHERE project = ?1 AND name = ?2 AND shadow <> 0",
+                args![project, name],
+                |r| r.text(0),
             )
         })
     }

@@ -66,7 +66,21 @@ const MIGRATIONS: &[Migration] = &[
         name: "pending_refolds.replay_effects: whether a refold stores history's effects",
         apply: refold_replay_effects,
     },
+    Migration {
+        name: "pending_refolds.shadow: a version folded beside the live one, not switched to",
+        apply: refold_shadow,
+    },
 ];
+
+/// A shadow (`?refold=shadow`): folded beside the live version, switched
+/// to only when promoted.
+const REFOLD_SHADOW: &str =
+    "ALTER TABLE pending_refolds ADD COLUMN shadow BIGINT NOT NULL DEFAULT 0";
+
+fn refold_shadow(conn: &Connection) -> Result<()> {
+    conn.execute_batch(REFOLD_SHADOW)?;
+    Ok(())
+}
 
 /// A refold asked with `replayEffects=true` stores history's effects.
 const REFOLD_REPLAY_EFFECTS: &str =
@@ -602,6 +616,7 @@ pub fn migrate_postgres(db: Db<'_>) -> Result<()> {
                 db.batch(INGEST_DROPS_POSTGRES)?;
                 db.batch(CURSOR_MEASUREMENTS)?;
                 db.batch(REFOLD_REPLAY_EFFECTS)?;
+                db.batch(REFOLD_SHADOW)?;
                 db.execute(
                     "INSERT INTO streamhost_schema (version) VALUES (?1)",
                     crate::storage::sql::args![i64::from(SCHEMA_VERSION)],
@@ -609,7 +624,7 @@ pub fn migrate_postgres(db: Db<'_>) -> Result<()> {
                 tracing::info!(version = SCHEMA_VERSION, "schema created on PostgreSQL");
             }
             Some(v) if v == i64::from(SCHEMA_VERSION) => {}
-            Some(v @ 5..=10) => {
+            Some(v @ 5..=11) => {
                 if v == 5 {
                     db.batch(EFFECT_LEASE_IDS)?;
                 }
@@ -625,7 +640,10 @@ pub fn migrate_postgres(db: Db<'_>) -> Result<()> {
                 if v <= 9 {
                     db.batch(CURSOR_MEASUREMENTS)?;
                 }
-                db.batch(REFOLD_REPLAY_EFFECTS)?;
+                if v <= 10 {
+                    db.batch(REFOLD_REPLAY_EFFECTS)?;
+                }
+                db.batch(REFOLD_SHADOW)?;
                 db.execute(
                     "UPDATE streamhost_schema SET version = ?1",
                     crate::storage::sql::args![i64::from(SCHEMA_VERSION)],

@@ -168,6 +168,9 @@ pub struct Deployment {
     pub refold: bool,
     /// With `refold`: the refold stores history's effects too.
     pub replay_effects: bool,
+    /// A shadow (`?refold=shadow`): the bytes are stored and the refold
+    /// recorded as a shadow, while the current version stays current.
+    pub shadow: bool,
 }
 
 /// A processor checkpoint to commit: the state after folding through
@@ -945,6 +948,21 @@ fn apply(conn: Db<'_>, op: &WriteOp) -> Result<i64> {
                 "INSERT INTO component_blobs (digest, bytes) VALUES (?1, ?2) ON CONFLICT DO NOTHING",
                 args![&d.digest, &d.bytes],
             )?;
+            if d.shadow {
+                // Not a version yet: recorded (replacing any refold or
+                // shadow pending) until promoted everywhere or discarded.
+                record_refold(conn, d)?;
+                if conn.dialect() == super::sql::Dialect::Postgres {
+                    conn.execute(
+                        "SELECT pg_notify(?1, ?2)",
+                        args![
+                            super::lease::DEPLOYED_CHANNEL,
+                            &super::lease::deployed_payload(&d.project, &d.name)
+                        ],
+                    )?;
+                }
+                return Ok(1);
+            }
             let current = conn.query_opt(
                 "SELECT digest FROM components WHERE project = ?1 AND name = ?2",
                 args![&d.project, &d.name],
@@ -1132,11 +1150,19 @@ fn apply(conn: Db<'_>, op: &WriteOp) -> Result<i64> {
 /// every instance has switched (`RefoldDone`).
 fn record_refold(conn: Db<'_>, d: &Deployment) -> Result<()> {
     conn.execute(
-        "INSERT INTO pending_refolds (project, name, digest, requested_at, replay_effects)
-         VALUES (?1, ?2, ?3, ?4, ?5)
+        "INSERT INTO pending_refolds (project, name, digest, requested_at, replay_effects, shadow)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6)
          ON CONFLICT (project, name) DO UPDATE SET digest = excluded.digest,
-             requested_at = excluded.requested_at, replay_effects = excluded.replay_effects",
-        args![&d.project, &d.name, &d.digest, &d.deployed_at, i64::from(d.replay_effects)],
+             requested_at = excluded.requested_at, replay_effects = excluded.replay_effects,
+             shadow = excluded.shadow",
+        args![
+            &d.project,
+            &d.name,
+            &d.digest,
+            &d.deployed_at,
+            i64::from(d.replay_effects),
+            i64::from(d.shadow)
+        ],
     )?;
     Ok(())
 }

@@ -92,6 +92,7 @@ impl Streams {
                     webhooks: settings.webhooks,
                     effects: Default::default(),
                     refolds: Default::default(),
+                    shadows: Default::default(),
                     metrics: metrics.clone(),
                 },
                 storage,

@@ -1,0 +1,246 @@
+//! Shadow versions on the `Host` (`crate::processor::shadow`): a shadow's
+//! view against the live instance (`:processors/{component}/shadow`), its
+//! promotion (`:promoteShadow`) and its discard (`:discardShadow`).
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::Host;
+use crate::error::Error;
+pub use crate::processor::shadow::SAMPLE_MAX;
+use crate::processor::shadow::{self, Promotion};
+use crate::stream::StreamAddress;
+
+/// The body of `:promoteShadow`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Promote {
+    /// The component whose shadow takes over.
+    pub component: String,
+    /// Store the shadow's held effects to run (deduplicated by identity);
+    /// by default they are dropped.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub run_held_effects: bool,
+}
+
+/// What a promotion or discard did.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ShadowEnded {
+    /// The component.
+    pub component: String,
+    /// The shadow's version.
+    pub digest: String,
+    /// `promoted` or `discarded`.
+    pub outcome: &'static str,
+    /// Promoted: the checkpoint the instance switched at.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub checkpoint_offset: Option<u64>,
+    /// Promoted: how many held effects were stored to run.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub effects_stored: Option<u64>,
+}
+
+/// A shadow as `GET {stream}:processors/{component}/shadow` shows it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ShadowView {
+    /// The component.
+    pub component: String,
+    /// The shadow's version.
+    pub digest: String,
+    /// The live version.
+    pub live_digest: String,
+    /// `catching-up`, `ready` (folded through the live checkpoint) or
+    /// `failed`.
+    pub status: &'static str,
+    /// The live checkpoint.
+    pub checkpoint_offset: u64,
+    /// How far the shadow has folded.
+    pub shadow_offset: u64,
+    /// When ready: RFC 6902 operations from the live state to the
+    /// shadow's.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub state_diff: Option<Value>,
+    /// When ready: how the keyed states differ.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub keys_diff: Option<KeysDiff>,
+    /// The effects the shadow returned for events after the live
+    /// checkpoint it started from: held, never run.
+    pub held_effects: HeldEffects,
+    /// Why the shadow stopped folding (status `failed`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// How a shadow's keyed state differs from the live one.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct KeysDiff {
+    /// Keys only the shadow has.
+    pub added: u64,
+    /// Keys only the live state has.
+    pub removed: u64,
+    /// Keys both have, with different values.
+    pub changed: u64,
+    /// The first differences in key order (at most [`SAMPLE_MAX`]).
+    pub sample: Vec<KeyChange>,
+}
+
+/// One key that differs.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct KeyChange {
+    /// The key.
+    pub key: String,
+    /// `added`, `removed` or `changed`.
+    pub change: &'static str,
+    /// Its live value (JSON when it is, else base64), if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub live: Option<Value>,
+    /// Its shadow value, if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shadow: Option<Value>,
+}
+
+/// A shadow's held effects.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct HeldEffects {
+    /// How many.
+    pub count: u64,
+    /// The first (at most [`SAMPLE_MAX`]): key, target and the checkpoint
+    /// of the batch that returned it.
+    pub sample: Vec<Value>,
+}
+
+fn shadow_not_found(stream: &StreamAddress, component: &str) -> Error {
+    Error::not_found(
+        "shadow-not-found",
+        format!(
+            "processor {component:?} on stream {:?} has no shadow (deploy one with \
+             PUT .../components/{component}?refold=shadow)",
+            stream.path
+        ),
+    )
+}
+
+impl Host {
+    async fn shadow_instance(
+        &self,
+        stream: &StreamAddress,
+        component: &str,
+    ) -> Result<std::sync::Arc<shadow::Instance>, Error> {
+        shadow::instance(
+            &self.streams,
+            stream,
+            component,
+            self.config.delivery.timeout_ms,
+        )
+        .await
+        .map_err(|e| Error::internal(format!("finding the shadow failed: {e:#}")))?
+        .ok_or_else(|| shadow_not_found(stream, component))
+    }
+
+    /// The shadow of processor `component` on `stream` against the live
+    /// instance: `catching-up` until it has folded through the live
+    /// checkpoint, then `ready` with the state's RFC 6902 diff and the
+    /// keys' diff; its held effects either way.
+    pub async fn processor_shadow(
+        &self,
+        stream: &StreamAddress,
+        component: &str,
+    ) -> Result<ShadowView, Error> {
+        let instance = self.shadow_instance(stream, component).await?;
+        let state = self.streams.state(stream).await?;
+        let exec = self.streams.executors().clone();
+        let project = stream.namespace.storage_key().to_string();
+        let component = component.to_string();
+        let timeout_ms = self.config.delivery.timeout_ms;
+        tokio::task::spawn_blocking(move || {
+            shadow::view(
+                &exec.storage,
+                &exec.runtime,
+                &project,
+                &state,
+                &component,
+                &instance,
+                timeout_ms,
+            )
+        })
+        .await
+        .map_err(|e| Error::internal(format!("showing the shadow panicked: {e}")))?
+        .map_err(|f| Error::unprocessable("shadow-failed", f.message))
+    }
+
+    /// Switches the instance of `promote.component` on `stream` to its
+    /// shadow in one write (the shadow folds what the live version folded
+    /// since, first). Its held effects are dropped unless
+    /// `run_held_effects`.
+    pub async fn promote_shadow(
+        &self,
+        stream: &StreamAddress,
+        promote: Promote,
+    ) -> Result<ShadowEnded, Error> {
+        let instance = self.shadow_instance(stream, &promote.component).await?;
+        let fence = self.streams.fence(stream).await?;
+        let state = self.streams.state(stream).await?;
+        let exec = self.streams.executors().clone();
+        let project = stream.namespace.storage_key().to_string();
+        let timeout_ms = self.config.delivery.timeout_ms;
+        let (component, i) = (promote.component.clone(), std::sync::Arc::clone(&instance));
+        let promotion = Promotion {
+            run_held: promote.run_held_effects,
+            fence,
+        };
+        let (through, held) = tokio::task::spawn_blocking(move || {
+            let through = shadow::promote(
+                &exec.storage,
+                &exec.runtime,
+                &project,
+                &state,
+                &component,
+                &i,
+                &promotion,
+                timeout_ms,
+            )?;
+            Ok::<_, crate::delivery::Failure>((through, i.held_count()))
+        })
+        .await
+        .map_err(|e| Error::internal(format!("promoting the shadow panicked: {e}")))?
+        .map_err(|f| Error::unprocessable("shadow-failed", f.message))?;
+        shadow::end(
+            &self.streams,
+            stream,
+            &promote.component,
+            &instance.digest,
+            true,
+        )
+        .await;
+        self.streams.executors().effects.ring();
+        // The instance's next wake runs the new version.
+        self.streams.wake(stream).await;
+        Ok(ShadowEnded {
+            component: promote.component,
+            digest: instance.digest.clone(),
+            outcome: "promoted",
+            checkpoint_offset: Some(through),
+            effects_stored: Some(if promote.run_held_effects { held } else { 0 }),
+        })
+    }
+
+    /// Drops the shadow of processor `component` on `stream`; the live
+    /// instance is untouched.
+    pub async fn discard_shadow(
+        &self,
+        stream: &StreamAddress,
+        component: &str,
+    ) -> Result<ShadowEnded, Error> {
+        let instance = self.shadow_instance(stream, component).await?;
+        shadow::end(&self.streams, stream, component, &instance.digest, false).await;
+        Ok(ShadowEnded {
+            component: component.to_string(),
+            digest: instance.digest.clone(),
+            outcome: "discarded",
+            checkpoint_offset: None,
+            effects_stored: None,
+        })
+    }
+}

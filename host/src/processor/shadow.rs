@@ -1,0 +1,773 @@
+//! Shadow versions (`PUT .../components/{name}?refold=shadow`): the new
+//! version folds every instance beside the live one, from its initial
+//! state, while the live version keeps serving and waking. A shadow's state,
+//! keyed state and effects live in the memory of the host that folds it
+//! (its effects are held, never run); its record (`pending_refolds.shadow`)
+//! pins every instance's wakes to the version of its checkpoint, so an
+//! instance's promotion (one checkpoint write guarded by the live checkpoint
+//! it replaces, as a refold's switch) moves that instance alone to the new
+//! version. When no instance shadows any more the record goes; if any
+//! instance was promoted the version becomes the component's current one
+//! (as a plain deploy of it: instances still on the old version take it over
+//! at their checkpoint).
+//!
+//! A restart folds the shadows again from the start (the record survives;
+//! the folds are memory); an instance already on the shadow's version
+//! counts as promoted. A host asked about a shadow it does not fold (the
+//! deploy went through another host) starts folding it then.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::Value;
+
+use super::backfill::RangeFold;
+use super::keyed::Bucket;
+use super::wake::{consumed, Guest};
+use crate::clock::format_timestamp;
+use crate::host::shadows::{HeldEffects, KeyChange, KeysDiff, ShadowView};
+use crate::delivery::Failure;
+use crate::filter::CompiledFilter;
+use crate::storage::{Checkpoint, CheckpointRow, NewEffect, Storage, WriteOp};
+use crate::stream::{CoreState, Namespace, StreamAddress, Streams};
+
+/// How often a shadow looks for what the live version folded since.
+const FOLLOW_EVERY: Duration = Duration::from_millis(200);
+/// The most offsets one step folds (the instance is locked meanwhile: a
+/// view or promotion waits at most one step).
+const STEP_OFFSETS: u64 = 10_000;
+/// Rounds of "fold the rest, try to switch" before a promotion gives up.
+const PROMOTE_ROUNDS_MAX: usize = 50;
+
+/// (project, path, component).
+type InstanceKey = (String, String, String);
+
+/// The shadows this host folds, by instance, and the components of which
+/// an instance was promoted.
+#[derive(Clone, Default)]
+pub struct Shadows(Arc<Mutex<Registry>>);
+
+#[derive(Default)]
+struct Registry {
+    instances: HashMap<InstanceKey, Arc<Instance>>,
+    /// Instances discarded, with the version they shadowed: not shadowed
+    /// again on this host for that version.
+    discarded: HashSet<(InstanceKey, String)>,
+    /// (project, component) → whether an instance was promoted.
+    components: HashMap<(String, String), bool>,
+}
+
+/// One instance's shadow.
+pub struct Instance {
+    /// The shadow's version.
+    pub digest: String,
+    stopped: AtomicBool,
+    fold: Mutex<Folded>,
+}
+
+/// What a shadow has folded.
+struct Folded {
+    /// The source's lifetime it folds (a reset starts it again).
+    stream_id: String,
+    /// Folded through this offset (`None`: not started).
+    through: Option<u64>,
+    state: String,
+    bucket: Bucket,
+    /// The live checkpoint when the shadow started: effects of later
+    /// events are held (history's ran under the live version).
+    gate: u64,
+    held: Vec<NewEffect>,
+    failure: Option<String>,
+}
+
+impl Folded {
+    fn new() -> Folded {
+        Folded {
+            stream_id: String::new(),
+            through: None,
+            state: String::new(),
+            bucket: Bucket::empty(),
+            gate: 0,
+            held: Vec::new(),
+            failure: None,
+        }
+    }
+}
+
+impl Instance {
+    /// How many effects the shadow holds.
+    pub fn held_count(&self) -> u64 {
+        self.fold.lock().expect("shadow").held.len() as u64
+    }
+
+    fn new(digest: String) -> Arc<Instance> {
+        Arc::new(Instance {
+            digest,
+            stopped: AtomicBool::new(false),
+            fold: Mutex::new(Folded::new()),
+        })
+    }
+}
+
+impl Shadows {
+    fn key(project: &str, path: &str, component: &str) -> InstanceKey {
+        (project.to_string(), path.to_string(), component.to_string())
+    }
+
+    /// Stops and forgets every shadow of `component` (a deploy replaces
+    /// them).
+    pub fn stop_component(&self, project: &str, component: &str) {
+        let mut registry = self.0.lock().expect("shadows");
+        registry.instances.retain(|(p, _, c), i| {
+            let gone = p == project && c == component;
+            if gone {
+                i.stopped.store(true, Ordering::Relaxed);
+            }
+            !gone
+        });
+        registry
+            .components
+            .remove(&(project.to_string(), component.to_string()));
+        registry
+            .discarded
+            .retain(|((p, _, c), _)| !(p == project && c == component));
+    }
+
+    /// Ends an instance's shadow; answers, when it was the component's
+    /// last, whether any instance was promoted.
+    fn end(&self, project: &str, path: &str, component: &str, promoted: bool) -> Option<bool> {
+        let mut registry = self.0.lock().expect("shadows");
+        let key = Self::key(project, path, component);
+        if let Some(i) = registry.instances.remove(&key) {
+            i.stopped.store(true, Ordering::Relaxed);
+            if !promoted {
+                registry.discarded.insert((key, i.digest.clone()));
+            }
+        }
+        let component_key = (project.to_string(), component.to_string());
+        let any = registry.components.entry(component_key.clone()).or_default();
+        *any |= promoted;
+        let any = *any;
+        let left = registry
+            .instances
+            .keys()
+            .any(|(p, _, c)| p == project && c == component);
+        if left {
+            return None;
+        }
+        registry.components.remove(&component_key);
+        Some(any)
+    }
+}
+
+/// Starts a shadow of `digest` for every instance of `component` in
+/// `project` (recorded by its deploy), replacing any this host folds;
+/// answers the source paths shadowed.
+pub async fn start(
+    streams: &Streams,
+    project: &str,
+    component: &str,
+    digest: &str,
+    timeout_ms: u64,
+) -> anyhow::Result<Vec<String>> {
+    let shadows = streams.executors().shadows.clone();
+    shadows.stop_component(project, component);
+    let storage = streams.storage().clone();
+    let (p, c) = (project.to_string(), component.to_string());
+    let paths = tokio::task::spawn_blocking(move || storage.processor_instances(&p, &c)).await??;
+    let mut shadowing = Vec::new();
+    let mut promoted = false;
+    for path in paths {
+        let storage = streams.storage().clone();
+        let (p, c, at) = (project.to_string(), component.to_string(), path.clone());
+        let live =
+            tokio::task::spawn_blocking(move || live_checkpoint_by_path(&storage, &p, &at, &c))
+                .await??;
+        if live.is_some_and(|l| l.digest == digest) {
+            // On the shadow's version already (promoted before a restart).
+            promoted = true;
+            continue;
+        }
+        let instance = Instance::new(digest.to_string());
+        {
+            let mut registry = shadows.0.lock().expect("shadows");
+            registry.instances.insert(
+                Shadows::key(project, &path, component),
+                Arc::clone(&instance),
+            );
+        }
+        let address = StreamAddress::new(Namespace::Project(project.to_string()), &path)?;
+        let (streams, component) = (streams.clone(), component.to_string());
+        tokio::spawn(
+            async move { follow(streams, address, component, instance, timeout_ms).await },
+        );
+        shadowing.push(path);
+    }
+    if shadowing.is_empty() {
+        // Nothing to shadow: every instance is on it, or there is none.
+        finish(streams, project, component, digest, promoted).await;
+    } else if promoted {
+        shadows
+            .0
+            .lock()
+            .expect("shadows")
+            .components
+            .insert((project.to_string(), component.to_string()), true);
+    }
+    Ok(shadowing)
+}
+
+/// The shadow of an instance: the one this host folds, or, when the
+/// component has a shadow this host does not fold for the instance yet
+/// (deployed through another host), one started now. `None`: no shadow.
+pub async fn instance(
+    streams: &Streams,
+    address: &StreamAddress,
+    component: &str,
+    timeout_ms: u64,
+) -> anyhow::Result<Option<Arc<Instance>>> {
+    let project = address.namespace.storage_key().to_string();
+    let shadows = streams.executors().shadows.clone();
+    let storage = streams.storage().clone();
+    let (p, c, path) = (
+        project.clone(),
+        component.to_string(),
+        address.path.clone(),
+    );
+    let (recorded, live) = tokio::task::spawn_blocking(move || -> anyhow::Result<_> {
+        Ok((
+            storage.shadow_of(&p, &c)?,
+            live_checkpoint_by_path(&storage, &p, &path, &c)?,
+        ))
+    })
+    .await??;
+    let Some(digest) = recorded else {
+        return Ok(None);
+    };
+    let key = Shadows::key(&project, &address.path, component);
+    let instance = {
+        let mut registry = shadows.0.lock().expect("shadows");
+        if let Some(i) = registry.instances.get(&key) {
+            return Ok(Some(Arc::clone(i)).filter(|i| i.digest == digest));
+        }
+        if live.is_none_or(|l| l.digest == digest)
+            || registry.discarded.contains(&(key.clone(), digest.clone()))
+        {
+            return Ok(None);
+        }
+        let instance = Instance::new(digest);
+        registry.instances.insert(key, Arc::clone(&instance));
+        instance
+    };
+    let (streams, address, component) = (
+        streams.clone(),
+        address.clone(),
+        component.to_string(),
+    );
+    let i = Arc::clone(&instance);
+    tokio::spawn(async move { follow(streams, address, component, i, timeout_ms).await });
+    Ok(Some(instance))
+}
+
+/// At start: the shadows recorded before a restart fold again.
+pub async fn resume_pending(streams: &Streams, timeout_ms: u64) {
+    let storage = streams.storage().clone();
+    let pending = match tokio::task::spawn_blocking(move || storage.pending_shadows()).await {
+        Ok(Ok(p)) => p,
+        _ => return,
+    };
+    for (project, component, digest) in pending {
+        tracing::info!(project, component, "folding a shadow again after a restart");
+        if let Err(e) = start(streams, &project, &component, &digest, timeout_ms).await {
+            tracing::warn!(component, error = %e, "resuming a shadow failed");
+        }
+    }
+}
+
+/// Folds an instance's shadow, then follows the live checkpoint until the
+/// shadow is promoted, discarded or replaced.
+async fn follow(
+    streams: Streams,
+    address: StreamAddress,
+    component: String,
+    instance: Arc<Instance>,
+    timeout_ms: u64,
+) {
+    let project = address.namespace.storage_key().to_string();
+    while !instance.stopped.load(Ordering::Relaxed) {
+        let stepped = match streams.state(&address).await {
+            Ok(state) => {
+                let (exec, c, i, p) = (
+                    streams.executors().clone(),
+                    component.clone(),
+                    Arc::clone(&instance),
+                    project.clone(),
+                );
+                tokio::task::spawn_blocking(move || {
+                    let at = Stepper {
+                        storage: &exec.storage,
+                        project: &p,
+                        runtime: &exec.runtime,
+                        state: &state,
+                        component: &c,
+                        timeout_ms,
+                    };
+                    at.step(&mut i.fold.lock().expect("shadow"), &i.digest)
+                })
+                .await
+                .unwrap_or_else(|e| Err(Failure::new(format!("the shadow panicked: {e}"), false)))
+            }
+            Err(e) => Err(Failure::new(e.message, true)),
+        };
+        match stepped {
+            Ok(true) => continue, // more to fold now
+            Ok(false) => {}
+            Err(f) if f.retryable => {
+                tracing::debug!(stream = %address, component, error = %f.message,
+                    "a shadow step failed; retrying")
+            }
+            Err(f) => {
+                tracing::warn!(stream = %address, component, error = %f.message, "the shadow failed");
+                instance.fold.lock().expect("shadow").failure = Some(f.message);
+                return;
+            }
+        }
+        tokio::time::sleep(FOLLOW_EVERY).await;
+    }
+}
+
+/// The live checkpoint of an instance, by path.
+fn live_checkpoint_by_path(
+    storage: &Storage,
+    project: &str,
+    path: &str,
+    component: &str,
+) -> anyhow::Result<Option<CheckpointRow>> {
+    let Some(row) = storage.load_stream(project, path)? else {
+        return Ok(None);
+    };
+    storage.checkpoint(row.row_id, component)
+}
+
+/// What a shadow's step folds with.
+struct Stepper<'a> {
+    storage: &'a Storage,
+    /// The instance's project (its storage key).
+    project: &'a str,
+    runtime: &'a super::runtime::Runtime,
+    state: &'a CoreState,
+    component: &'a str,
+    timeout_ms: u64,
+}
+
+impl Stepper<'_> {
+    /// The instance's live checkpoint and the stream's row id.
+    fn live(&self) -> Result<(i64, CheckpointRow), Failure> {
+        let io = |e: anyhow::Error| Failure::new(format!("{e:#}"), true);
+        let row = self
+            .storage
+            .load_stream(self.project, &self.state.path)
+            .map_err(io)?
+            .ok_or_else(|| Failure::new("the stream is gone", false))?;
+        let live = self
+            .storage
+            .checkpoint(row.row_id, self.component)
+            .map_err(io)?
+            .filter(|c| c.stream_id == self.state.stream_id)
+            .ok_or_else(|| Failure::new("the instance's checkpoint is gone", false))?;
+        Ok((row.row_id, live))
+    }
+
+    /// Folds the shadow up to [`STEP_OFFSETS`] further toward the live
+    /// checkpoint; answers whether more is left to fold.
+    fn step(&self, f: &mut Folded, digest: &str) -> Result<bool, Failure> {
+        if let Some(failure) = &f.failure {
+            return Err(Failure::new(failure.clone(), false));
+        }
+        let (row_id, live) = self.live()?;
+        let through = self.fold_toward(f, digest, row_id, &live, STEP_OFFSETS)?;
+        Ok(through < live.checkpoint_offset)
+    }
+
+    /// Folds at most `offsets` further toward `live`; answers how far the
+    /// shadow has folded.
+    fn fold_toward(
+        &self,
+        f: &mut Folded,
+        digest: &str,
+        row_id: i64,
+        live: &CheckpointRow,
+        offsets: u64,
+    ) -> Result<u64, Failure> {
+        let storage = self.storage.clone();
+        let d = digest.to_string();
+        let prepared = self
+            .runtime
+            .prepare(digest, move || storage.component_bytes(&d))
+            .map_err(|e| Failure::new(format!("loading version {digest} failed: {e:#}"), true))?;
+        let guest = |e| Failure::new(format!("{}: {e}", self.component), false);
+        if f.through.is_none() || f.stream_id != self.state.stream_id {
+            // Not started, or the source was reset: from the initial state.
+            *f = Folded::new();
+            f.stream_id = self.state.stream_id.clone();
+            f.state = self
+                .runtime
+                .initial_state(self.component, &prepared, self.timeout_ms)
+                .map_err(guest)?;
+            f.gate = live.checkpoint_offset;
+            f.through = Some(0);
+        }
+        let from = f.through.unwrap_or(0);
+        let target = live.checkpoint_offset.min(from.saturating_add(offsets));
+        if from >= target {
+            return Ok(from);
+        }
+        let subscription = self
+            .state
+            .subscriptions
+            .outbound
+            .by_key
+            .values()
+            .find(|s| {
+                s.configuration.receiver.action() == "processor-wake"
+                    && s.configuration.receiver.component().as_deref() == Some(self.component)
+            })
+            .ok_or_else(|| Failure::new("no processor-wake subscription wakes it", false))?;
+        let filter =
+            CompiledFilter::for_subscription(subscription).map_err(|m| Failure::new(m, false))?;
+        let announcement = self
+            .runtime
+            .describe(self.component, &prepared, self.timeout_ms)
+            .map_err(guest)?;
+        let fold = RangeFold {
+            guest: Guest {
+                runtime: self.runtime,
+                prepared: &prepared,
+                component: self.component,
+                timeout_ms: self.timeout_ms,
+            },
+            storage: self.storage,
+            row_id,
+            stream: super::stream_info(self.state, target),
+            filter: consumed(filter, &announcement),
+            narrow: None,
+        };
+        let gate = f.gate;
+        let bucket = std::mem::replace(&mut f.bucket, Bucket::empty());
+        let held = &mut f.held;
+        let folded = fold.run(f.state.clone(), from, target, bucket, |batch, at| {
+            if at.through > gate {
+                held.extend(batch);
+            }
+            Ok(())
+        });
+        match folded {
+            Ok((state, progress, bucket)) => {
+                f.state = state;
+                f.bucket = bucket;
+                // Events past the last the filter lets through are folded
+                // (by skipping them) all the same.
+                let through = progress.through.max(target);
+                f.through = Some(through);
+                Ok(through)
+            }
+            Err(e) => {
+                if !e.retryable {
+                    f.failure = Some(e.message.clone());
+                }
+                Err(e)
+            }
+        }
+    }
+}
+
+/// The most keys or effects a shadow's view samples.
+pub const SAMPLE_MAX: usize = 20;
+
+/// Folds the shadow (one step) toward the live checkpoint and shows it
+/// against the live state.
+pub fn view(
+    storage: &Storage,
+    runtime: &super::runtime::Runtime,
+    project: &str,
+    state: &CoreState,
+    component: &str,
+    instance: &Instance,
+    timeout_ms: u64,
+) -> Result<ShadowView, Failure> {
+    let stepper = Stepper {
+        storage,
+        project,
+        runtime,
+        state,
+        component,
+        timeout_ms,
+    };
+    let mut f = instance.fold.lock().expect("shadow");
+    let (row_id, live) = stepper.live()?;
+    let stepped = match &f.failure {
+        Some(_) => None,
+        None => Some(stepper.fold_toward(&mut f, &instance.digest, row_id, &live, STEP_OFFSETS)),
+    };
+    let through = f.through.unwrap_or(0);
+    let ready = f.failure.is_none() && through == live.checkpoint_offset;
+    let held_effects = HeldEffects {
+        count: f.held.len() as u64,
+        sample: f.held.iter().take(SAMPLE_MAX).map(effect_json).collect(),
+    };
+    let (state_diff, keys_diff) = if ready {
+        let from: Value = serde_json::from_str(&live.state).unwrap_or(Value::Null);
+        let to: Value = serde_json::from_str(&f.state).unwrap_or(Value::Null);
+        let keys = keys_diff(storage, live.bucket, f.bucket.writes())
+            .map_err(|e| Failure::new(format!("reading the live keys failed: {e:#}"), true))?;
+        (Some(patch_json(&json_patch::diff(&from, &to))), Some(keys))
+    } else {
+        (None, None)
+    };
+    let error = f
+        .failure
+        .clone()
+        .or_else(|| stepped.and_then(|s| s.err()).map(|e| e.message));
+    Ok(ShadowView {
+        component: component.to_string(),
+        digest: instance.digest.clone(),
+        live_digest: live.digest,
+        status: match (&f.failure, ready) {
+            (Some(_), _) => "failed",
+            (None, true) => "ready",
+            (None, false) => "catching-up",
+        },
+        checkpoint_offset: live.checkpoint_offset,
+        shadow_offset: through,
+        state_diff,
+        keys_diff,
+        held_effects,
+        error,
+    })
+}
+
+/// An RFC 6902 patch as JSON (an array of operations).
+fn patch_json(patch: &json_patch::Patch) -> Value {
+    serde_json::to_value(patch).unwrap_or_else(|_| Value::Array(Vec::new()))
+}
+
+fn effect_json(e: &NewEffect) -> Value {
+    serde_json::json!({
+        "key": e.key,
+        "target": serde_json::from_str::<Value>(&e.target).unwrap_or(Value::Null),
+        "checkpointOffset": e.checkpoint_offset,
+    })
+}
+
+/// Compares the live bucket (0: none) with the shadow's writes over an
+/// empty bucket, in key order.
+fn keys_diff(
+    storage: &Storage,
+    bucket: i64,
+    shadow: &super::keyed::Writes,
+) -> anyhow::Result<KeysDiff> {
+    let mut theirs = shadow
+        .iter()
+        .filter_map(|(k, v)| v.as_ref().map(|v| (k, v)))
+        .peekable();
+    let mut diff = KeysDiff::default();
+    let value = |v: &[u8]| Some(super::keyed::value_json(v));
+    let note = |diff: &mut KeysDiff, change: KeyChange| {
+        match change.change {
+            "added" => diff.added += 1,
+            "removed" => diff.removed += 1,
+            _ => diff.changed += 1,
+        }
+        if diff.sample.len() < SAMPLE_MAX {
+            diff.sample.push(change);
+        }
+    };
+    let added = |k: &String, v: &Vec<u8>| KeyChange {
+        key: k.clone(),
+        change: "added",
+        live: None,
+        shadow: value(v),
+    };
+    if bucket != 0 {
+        storage.each_key(bucket, |key, live| {
+            while let Some((k, v)) = theirs.next_if(|(k, _)| k.as_str() < key.as_str()) {
+                note(&mut diff, added(k, v));
+            }
+            match theirs.next_if(|(k, _)| k.as_str() == key.as_str()) {
+                Some((_, v)) if *v == live => {}
+                Some((_, v)) => note(
+                    &mut diff,
+                    KeyChange {
+                        key,
+                        change: "changed",
+                        live: value(&live),
+                        shadow: value(v),
+                    },
+                ),
+                None => note(
+                    &mut diff,
+                    KeyChange {
+                        key,
+                        change: "removed",
+                        live: value(&live),
+                        shadow: None,
+                    },
+                ),
+            }
+            Ok(())
+        })?;
+    }
+    for (k, v) in theirs {
+        note(&mut diff, added(k, v));
+    }
+    Ok(diff)
+}
+
+/// What a promotion writes besides the shadow: whether its held effects
+/// are stored (to run), and the owner's fence.
+pub struct Promotion {
+    /// Store the held effects (deduplicated by identity).
+    pub run_held: bool,
+    /// The stream owner's lease.
+    pub fence: Option<crate::storage::Fence>,
+}
+
+/// Switches an instance to its shadow: folds the rest, then commits the
+/// shadow's state, keys and version (and, with `run_held`, its held
+/// effects) guarded by the live checkpoint it replaces. Answers the offset
+/// it switched at.
+pub fn promote(
+    storage: &Storage,
+    runtime: &super::runtime::Runtime,
+    project: &str,
+    state: &CoreState,
+    component: &str,
+    instance: &Instance,
+    promotion: &Promotion,
+    timeout_ms: u64,
+) -> Result<u64, Failure> {
+    let stepper = Stepper {
+        storage,
+        project,
+        runtime,
+        state,
+        component,
+        timeout_ms,
+    };
+    let mut f = instance.fold.lock().expect("shadow");
+    if let Some(failure) = &f.failure {
+        return Err(Failure::new(
+            format!("the shadow failed and cannot be promoted: {failure}"),
+            false,
+        ));
+    }
+    for _ in 0..PROMOTE_ROUNDS_MAX {
+        let (row_id, live) = stepper.live()?;
+        let through = stepper.fold_toward(&mut f, &instance.digest, row_id, &live, u64::MAX)?;
+        if through < live.checkpoint_offset {
+            continue;
+        }
+        let now = chrono::Utc::now().timestamp_millis();
+        let switch = Checkpoint {
+            row_id,
+            project: project.to_string(),
+            path: state.path.clone(),
+            component: component.to_string(),
+            stream_id: state.stream_id.clone(),
+            previous_offset: Some(live.id()),
+            offset: through,
+            state: f.state.clone(),
+            digest: instance.digest.clone(),
+            effects: if promotion.run_held {
+                f.held.clone()
+            } else {
+                Vec::new()
+            },
+            bucket: storage.new_bucket(),
+            keys: f.bucket.writes().clone(),
+            drop_bucket: Some(live.bucket).filter(|b| *b != 0),
+            updated_at: format_timestamp(now),
+            now_ms: now,
+            fence: promotion.fence.clone(),
+        };
+        match storage.submit(WriteOp::Checkpoint(switch)).blocking_recv() {
+            Ok(Ok(_)) => return Ok(through),
+            Ok(Err(e)) if e.message().contains("moved") => continue, // a wake got there first
+            Ok(Err(e)) => return Err(Failure::new(e.message().to_string(), true)),
+            Err(_) => return Err(Failure::new("the storage writer stopped", true)),
+        }
+    }
+    Err(Failure::new(
+        format!("the live processor kept moving for {PROMOTE_ROUNDS_MAX} rounds"),
+        true,
+    ))
+}
+
+/// Ends an instance's shadow (promoted or discarded); the component's last
+/// one ends its record, making the version current if any instance was
+/// promoted.
+pub async fn end(
+    streams: &Streams,
+    address: &StreamAddress,
+    component: &str,
+    digest: &str,
+    promoted: bool,
+) {
+    let project = address.namespace.storage_key().to_string();
+    let last = streams
+        .executors()
+        .shadows
+        .end(&project, &address.path, component, promoted);
+    if let Some(any_promoted) = last {
+        finish(streams, &project, component, digest, any_promoted).await;
+    }
+}
+
+/// The component's shadow of `digest` is over: adopted as its current
+/// version (a plain deploy of the same bytes) if any instance was
+/// promoted, else its record goes.
+async fn finish(streams: &Streams, project: &str, component: &str, digest: &str, promoted: bool) {
+    let storage = streams.storage().clone();
+    let runtime = streams.wasm_runtime().clone();
+    let (p, c, d) = (project.to_string(), component.to_string(), digest.to_string());
+    let op = tokio::task::spawn_blocking(move || -> anyhow::Result<Option<WriteOp>> {
+        // Still this shadow's record (a deploy may have replaced it).
+        if storage.shadow_of(&p, &c)?.as_deref() != Some(d.as_str()) {
+            return Ok(None);
+        }
+        if !promoted {
+            return Ok(Some(WriteOp::RefoldDone {
+                project: p,
+                name: c,
+                digest: d,
+            }));
+        }
+        let bytes = storage.component_bytes(&d)?;
+        let (exports, _) = runtime.validate(&bytes).map_err(anyhow::Error::msg)?;
+        Ok(Some(WriteOp::Deploy(crate::storage::Deployment {
+            project: p,
+            name: c,
+            digest: d,
+            exports,
+            bytes,
+            deployed_at: format_timestamp(chrono::Utc::now().timestamp_millis()),
+            refold: false,
+            replay_effects: false,
+            shadow: false,
+        })))
+    })
+    .await
+    .map_err(anyhow::Error::from)
+    .and_then(|r| r);
+    match op {
+        Ok(None) => {}
+        Ok(Some(op)) => {
+            if let Ok(Err(e)) = streams.storage().submit(op).await {
+                tracing::warn!(component, error = %e, "recording the end of a shadow failed");
+            }
+        }
+        Err(e) => tracing::warn!(component, error = %e, "ending a shadow failed"),
+    }
+}
