@@ -224,6 +224,10 @@ pub(crate) enum Command {
     Component(ComponentCommand),
     /// Refold a processor from offset 0 and compare with its stored state.
     Verify(VerifyArgs),
+    /// A processor's shadow version (`deploy --shadow`): show, promote,
+    /// discard.
+    #[command(subcommand)]
+    Shadow(ShadowCommand),
     /// Create a processor's effects for past events (its state does not change).
     Backfill(BackfillArgs),
     /// The processor outbox: effects and their execution.
@@ -447,6 +451,39 @@ pub(crate) struct DeployArgs {
     /// ran under the old version).
     #[arg(long, requires = "refold")]
     pub replay_effects: bool,
+    /// Fold the new version beside the current one, which keeps serving:
+    /// compare with `streamhost shadow show`, then `shadow promote` or
+    /// `shadow discard` each instance.
+    #[arg(long, conflicts_with = "refold")]
+    pub shadow: bool,
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum ShadowCommand {
+    /// The shadow against the live instance: status, state diff (RFC 6902),
+    /// keys diff, held effects.
+    Show(ShadowArgs),
+    /// Switch the instance to its shadow in one write.
+    Promote(PromoteArgs),
+    /// Drop the instance's shadow; the live instance is untouched.
+    Discard(ShadowArgs),
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct ShadowArgs {
+    #[command(flatten)]
+    pub target: Target,
+    /// The processor's component name.
+    pub component: String,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct PromoteArgs {
+    #[command(flatten)]
+    pub shadow: ShadowArgs,
+    /// Store the shadow's held effects to run (by default they are dropped).
+    #[arg(long)]
+    pub run_held_effects: bool,
 }
 
 #[derive(Debug, Subcommand)]
@@ -998,6 +1035,7 @@ pub async fn run(cli: Cli) -> Result<()> {
             print_line(text.trim_end())
         }
         Command::Verify(a) => verify(a).await,
+        Command::Shadow(c) => shadow(c).await,
         Command::Backfill(a) => backfill(a).await,
         Command::Effects(c) => effects(c).await,
         Command::Fold(a) => tokio::task::spawn_blocking(move || fold_offline(a)).await?,
@@ -1622,6 +1660,26 @@ async fn verify(a: VerifyArgs) -> Result<()> {
     Ok(())
 }
 
+async fn shadow(c: ShadowCommand) -> Result<()> {
+    match c {
+        ShadowCommand::Show(a) => {
+            let component = a.component;
+            request(&a.target, StreamRequest::Shadow { component }).await
+        }
+        ShadowCommand::Promote(a) => {
+            let promote = crate::host::shadows::Promote {
+                component: a.shadow.component,
+                run_held_effects: a.run_held_effects,
+            };
+            request(&a.shadow.target, StreamRequest::PromoteShadow(promote)).await
+        }
+        ShadowCommand::Discard(a) => {
+            let component = a.component;
+            request(&a.target, StreamRequest::DiscardShadow { component }).await
+        }
+    }
+}
+
 async fn deploy(a: DeployArgs) -> Result<()> {
     let bytes = std::fs::read(&a.file).with_context(|| format!("reading {}", a.file.display()))?;
     let label = format!(
@@ -1634,6 +1692,7 @@ async fn deploy(a: DeployArgs) -> Result<()> {
         bytes,
         refold: a.refold,
         replay_effects: a.replay_effects,
+        shadow: a.shadow,
     };
     let response = with_progress(&label, component_call(&a.component.project, &deploy)).await?;
     print_answer(response).await

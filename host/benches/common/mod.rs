@@ -78,6 +78,7 @@ pub async fn deploy(host: &streamhost::Host, name: &str, bytes: Vec<u8>) {
             deployed_at: "2026-11-30T00:00:00.000Z".into(),
             refold: false,
             replay_effects: false,
+            shadow: false,
         }))
         .await
         .unwrap()

@@ -17,6 +17,7 @@ use super::effects::{Effect, EffectFilter, EffectsPage};
 use super::live::{Connect, LiveConnection, WaitFor};
 use super::processors::{KeyValue, KeysPage, KeysQuery, ProcessorInstance, StateAt, Verification};
 use super::reactors::{ReactorBackfill, ReactorBackfilled};
+use super::shadows::{Promote, ShadowEnded, ShadowView};
 use super::subscriptions::{CopyFrom, CursorSetAndResumed, Resumed, Subscribed, Unsubscribed};
 use super::Host;
 use crate::error::Error;
@@ -114,6 +115,19 @@ pub enum StreamRequest {
     BackfillProcessor(Backfill),
     /// Rerun a reactor over a range for its effects (`:backfillReactor`).
     BackfillReactor(ReactorBackfill),
+    /// A processor's shadow against the live instance
+    /// (`:processors/{component}/shadow`).
+    Shadow {
+        /// The component.
+        component: String,
+    },
+    /// Switch a processor instance to its shadow (`:promoteShadow`).
+    PromoteShadow(Promote),
+    /// Drop a processor instance's shadow (`:discardShadow`).
+    DiscardShadow {
+        /// The component.
+        component: String,
+    },
 }
 
 impl StreamRequest {
@@ -171,6 +185,10 @@ pub enum StreamAnswer {
     Backfilled(Backfilled),
     /// What a reactor backfill came to.
     ReactorBackfilled(ReactorBackfilled),
+    /// A shadow against the live instance.
+    Shadow(Box<ShadowView>),
+    /// A shadow promoted or discarded.
+    ShadowEnded(ShadowEnded),
 }
 
 impl serde::Serialize for StreamAnswer {
@@ -209,6 +227,8 @@ impl serde::Serialize for StreamAnswer {
             A::StateAt(at) => at.serialize(s),
             A::Backfilled(done) => done.serialize(s),
             A::ReactorBackfilled(done) => done.serialize(s),
+            A::Shadow(view) => view.serialize(s),
+            A::ShadowEnded(ended) => ended.serialize(s),
         }
     }
 }
@@ -306,6 +326,13 @@ impl Host {
             R::BackfillReactor(backfill) => {
                 A::ReactorBackfilled(self.backfill_reactor(stream, backfill).await?)
             }
+            R::Shadow { component } => {
+                A::Shadow(Box::new(self.processor_shadow(stream, &component).await?))
+            }
+            R::PromoteShadow(promote) => A::ShadowEnded(self.promote_shadow(stream, promote).await?),
+            R::DiscardShadow { component } => {
+                A::ShadowEnded(self.discard_shadow(stream, &component).await?)
+            }
         })
     }
 }
@@ -324,6 +351,9 @@ pub enum ComponentRequest {
         /// With `refold`: store the effects the new version returns for
         /// history too (by default they are dropped).
         replay_effects: bool,
+        /// Fold the new version beside the current one as a shadow
+        /// (`?refold=shadow`).
+        shadow: bool,
     },
     /// The deployed components (`GET .../components`).
     List,
@@ -491,6 +521,7 @@ impl Host {
                 bytes,
                 refold,
                 replay_effects,
+                shadow,
             } => {
                 let mut deploy = Deploy::new(project, name, bytes);
                 if refold {
@@ -498,6 +529,9 @@ impl Host {
                 }
                 if replay_effects {
                     deploy = deploy.replay_effects();
+                }
+                if shadow {
+                    deploy = deploy.shadow();
                 }
                 A::Deployed(Box::new(self.deploy(deploy).await?))
             }
@@ -738,6 +772,20 @@ mod tests {
                     .event_types(["user-signed-up"])
                     .condition("true"),
             ),
+            R::Shadow {
+                component: "counter".into(),
+            },
+            R::PromoteShadow(Promote {
+                component: "counter".into(),
+                run_held_effects: false,
+            }),
+            R::PromoteShadow(Promote {
+                component: "counter".into(),
+                run_held_effects: true,
+            }),
+            R::DiscardShadow {
+                component: "counter".into(),
+            },
         ]
     }
 

@@ -57,7 +57,7 @@ struct KeyInput {
     subscription_key: String,
 }
 
-/// The body of `:verifyProcessor`.
+/// The body of `:verifyProcessor` and `:discardShadow`.
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct VerifyInput {
@@ -129,10 +129,23 @@ pub fn parse(
                 keys: query::at_query(query)?,
             }
         }
+        (m, &Method::GET) if m.starts_with("processors/") && m.ends_with("/shadow") => {
+            query::no_query(query)?;
+            R::Shadow {
+                component: m["processors/".len()..m.len() - "/shadow".len()].to_string(),
+            }
+        }
         (m, &Method::GET) if m.starts_with("processors/") => R::Processor {
             component: m["processors/".len()..].to_string(),
         },
         ("backfillReactor", &Method::POST) => R::BackfillReactor(parse_json(body)?),
+        ("promoteShadow", &Method::POST) => R::PromoteShadow(parse_json(body)?),
+        ("discardShadow", &Method::POST) => {
+            let input: VerifyInput = parse_json(body)?;
+            R::DiscardShadow {
+                component: input.component,
+            }
+        }
         ("backfillProcessor", &Method::POST) => {
             R::BackfillProcessor(parse_json(body)?)
         }
@@ -296,6 +309,21 @@ pub fn render(request: &StreamRequest) -> HttpCall {
         ),
         R::BackfillProcessor(b) => (Method::POST, "backfillProcessor".into(), String::new(), json(b)),
         R::BackfillReactor(b) => (Method::POST, "backfillReactor".into(), String::new(), json(b)),
+        R::Shadow { component } => (
+            Method::GET,
+            format!("processors/{component}/shadow"),
+            String::new(),
+            None,
+        ),
+        R::PromoteShadow(p) => (Method::POST, "promoteShadow".into(), String::new(), json(p)),
+        R::DiscardShadow { component } => (
+            Method::POST,
+            "discardShadow".into(),
+            String::new(),
+            json(&VerifyInput {
+                component: component.clone(),
+            }),
+        ),
     };
     HttpCall {
         method,
@@ -359,13 +387,15 @@ pub fn render_component(project: &str, request: &ComponentRequest) -> ApiCall {
             bytes,
             refold,
             replay_effects,
+            shadow,
         } => call(
             Method::PUT,
             format!("{base}/{name}"),
-            match (refold, replay_effects) {
-                (_, true) => "refold=true&replayEffects=true".into(),
-                (true, false) => "refold=true".into(),
-                (false, false) => String::new(),
+            match (refold, replay_effects, shadow) {
+                (_, _, true) => "refold=shadow".into(),
+                (_, true, false) => "refold=true&replayEffects=true".into(),
+                (true, false, false) => "refold=true".into(),
+                (false, false, false) => String::new(),
             },
             ApiBody::Bytes(bytes.clone()),
         ),
@@ -404,12 +434,13 @@ pub fn parse_component(
         }
         (&Method::GET, Some(name), false) => R::Get { name },
         (&Method::PUT, Some(name), false) => {
-            let (refold, replay_effects) = query::deploy_query(query)?;
+            let (refold, replay_effects, shadow) = query::deploy_query(query)?;
             R::Deploy {
                 name,
                 bytes: body.unwrap_or_default(),
                 refold,
                 replay_effects,
+                shadow,
             }
         }
         _ => {
@@ -607,6 +638,9 @@ pub const STREAM_METHODS: &[(&str, &str)] = &[
     ("GET", "processors/{component}/keys"),
     ("GET", "processors/{component}/keys/{key}"),
     ("GET", "processors/{component}/at/{offset}"),
+    ("GET", "processors/{component}/shadow"),
+    ("POST", "promoteShadow"),
+    ("POST", "discardShadow"),
     ("POST", "verifyProcessor"),
     ("POST", "backfillProcessor"),
     ("POST", "backfillReactor"),
@@ -698,18 +732,28 @@ mod tests {
                 bytes: b"\0asm".to_vec(),
                 refold: true,
                 replay_effects: false,
+                shadow: false,
+            },
+            C::Deploy {
+                name: "counter".into(),
+                bytes: b"\0asm".to_vec(),
+                refold: false,
+                replay_effects: false,
+                shadow: true,
             },
             C::Deploy {
                 name: "counter".into(),
                 bytes: b"\0asm".to_vec(),
                 refold: true,
                 replay_effects: true,
+                shadow: false,
             },
             C::Deploy {
                 name: "counter".into(),
                 bytes: Vec::new(),
                 refold: false,
                 replay_effects: false,
+                shadow: false,
             },
             C::List,
             C::Get {

@@ -195,12 +195,20 @@ pub fn at_query(query: Option<&str>) -> Result<Option<String>, ApiError> {
 
 /// Parses `refold` and `replayEffects` of a deploy: (refold, replay
 /// history's effects); `replayEffects=true` needs `refold=true`.
-pub fn deploy_query(query: Option<&str>) -> Result<(bool, bool), ApiError> {
+pub fn deploy_query(query: Option<&str>) -> Result<(bool, bool, bool), ApiError> {
     let mut refold = false;
     let mut replay = false;
+    let mut shadow = false;
     for (name, value) in decoded(query)? {
         match name.as_str() {
-            "refold" => refold = boolean("refold", &value)?,
+            "refold" if value == "shadow" => shadow = true,
+            "refold" => {
+                refold = boolean("refold", &value).map_err(|_| {
+                    ApiError::invalid(format!(
+                        "refold is {value:?}; expected true, false or shadow"
+                    ))
+                })?
+            }
             "replayEffects" => replay = boolean("replayEffects", &value)?,
             other => {
                 return Err(ApiError::invalid(format!(
@@ -209,12 +217,18 @@ pub fn deploy_query(query: Option<&str>) -> Result<(bool, bool), ApiError> {
             }
         }
     }
+    if replay && shadow {
+        return Err(ApiError::invalid(
+            "replayEffects=true does not go with refold=shadow: a shadow holds its effects \
+             (promote with runHeldEffects to run them)",
+        ));
+    }
     if replay && !refold {
         return Err(ApiError::invalid(
             "replayEffects=true needs refold=true: only a refold folds history again",
         ));
     }
-    Ok((refold, replay))
+    Ok((refold, replay, shadow))
 }
 
 /// Parses `stream`, `component`, `status`, `afterId` and `limit` of
