@@ -135,11 +135,11 @@ pub use host::processors::{
     ProcessorStatus, StateAt, Verification,
 };
 pub use host::reactors::{ReactorBackfill, ReactorBackfilled};
-pub use host::shadows::{HeldEffects, KeyChange, KeysDiff, Promote, ShadowEnded, ShadowView};
 pub use host::request::{
     ClusterRequest, ComponentAnswer, ComponentRequest, EffectAnswer, EffectRequest, IngestAnswer,
     IngestRequest, ItxRequest, StreamAnswer, StreamRequest,
 };
+pub use host::shadows::{HeldEffects, KeyChange, KeysDiff, Promote, ShadowEnded, ShadowView};
 pub use host::streams::{StreamSummary, StreamsPage, StreamsQuery};
 pub use host::subscriptions::{CopyFrom, CursorSetAndResumed, Resumed, Subscribed, Unsubscribed};
 pub use host::Host;

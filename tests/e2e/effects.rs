@@ -111,7 +111,7 @@ pub async fn deploy(s: &Server, name: &str, guest_name: &str) -> Value {
 }
 
 /// Wakes processor `component` on `stream` with subscription `key`.
-async fn wake(s: &Server, stream: &str, key: &str, component: &str) {
+pub async fn wake(s: &Server, stream: &str, key: &str, component: &str) {
     let (status, out) = s
         .post(
             &format!("{stream}:append"),

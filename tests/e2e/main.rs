@@ -37,6 +37,7 @@ mod processors;
 mod reactors;
 mod readme;
 mod scaffold;
+mod shadows;
 mod storage_failures;
 mod streams;
 mod subscription_bad_input;

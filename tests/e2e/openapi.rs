@@ -448,6 +448,29 @@ async fn every_operation_answers_a_real_request_as_the_openapi_document_says() {
                 Some(json!({"name": "welcome.v1", "afterOffset": 0})),
                 if project { 200 } else { 404 },
             ),
+            // No shadow is deployed here: each answers its documented 404
+            // (`shadows::*` walks them with one).
+            (
+                "GET",
+                ":processors/{component}/shadow",
+                format!("{prefix}:processors/counter/shadow"),
+                None,
+                404,
+            ),
+            (
+                "POST",
+                ":promoteShadow",
+                format!("{prefix}:promoteShadow"),
+                Some(json!({"component": "counter", "runHeldEffects": false})),
+                404,
+            ),
+            (
+                "POST",
+                ":discardShadow",
+                format!("{prefix}:discardShadow"),
+                Some(json!({"component": "counter"})),
+                404,
+            ),
             (
                 "GET",
                 ":processors/{component}/keys",

@@ -262,10 +262,15 @@ impl Host {
             .stop_component(&project, &name);
         if shadow {
             let timeout_ms = self.config.delivery.timeout_ms;
-            let paths =
-                crate::processor::shadow::start(&self.streams, &project, &name, &digest, timeout_ms)
-                    .await
-                    .map_err(|e| Error::internal(format!("starting the shadow failed: {e:#}")))?;
+            let paths = crate::processor::shadow::start(
+                &self.streams,
+                &project,
+                &name,
+                &digest,
+                timeout_ms,
+            )
+            .await
+            .map_err(|e| Error::internal(format!("starting the shadow failed: {e:#}")))?;
             deployed.unchanged = false;
             deployed.shadowing = Some(paths);
             return Ok(deployed);

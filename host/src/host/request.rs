@@ -329,7 +329,9 @@ impl Host {
             R::Shadow { component } => {
                 A::Shadow(Box::new(self.processor_shadow(stream, &component).await?))
             }
-            R::PromoteShadow(promote) => A::ShadowEnded(self.promote_shadow(stream, promote).await?),
+            R::PromoteShadow(promote) => {
+                A::ShadowEnded(self.promote_shadow(stream, promote).await?)
+            }
             R::DiscardShadow { component } => {
                 A::ShadowEnded(self.discard_shadow(stream, &component).await?)
             }

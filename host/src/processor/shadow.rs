@@ -75,9 +75,10 @@ struct Folded {
     through: Option<u64>,
     state: String,
     bucket: Bucket,
-    /// The live checkpoint when the shadow started: effects of later
-    /// events are held (history's ran under the live version).
-    gate: u64,
+    /// The live checkpoint when the shadow started (for this source
+    /// lifetime): effects of later events are held (history's ran under
+    /// the live version).
+    gate: Option<u64>,
     held: Vec<NewEffect>,
     failure: Option<String>,
 }
@@ -89,7 +90,7 @@ impl Folded {
             through: None,
             state: String::new(),
             bucket: Bucket::empty(),
-            gate: 0,
+            gate: None,
             held: Vec::new(),
             failure: None,
         }
@@ -102,11 +103,15 @@ impl Instance {
         self.fold.lock().expect("shadow").held.len() as u64
     }
 
-    fn new(digest: String) -> Arc<Instance> {
+    /// A shadow of `digest` whose effects are held after `gate` (the live
+    /// checkpoint as it starts).
+    fn new(digest: String, gate: Option<u64>) -> Arc<Instance> {
+        let mut folded = Folded::new();
+        folded.gate = gate;
         Arc::new(Instance {
             digest,
             stopped: AtomicBool::new(false),
-            fold: Mutex::new(Folded::new()),
+            fold: Mutex::new(folded),
         })
     }
 }
@@ -185,12 +190,12 @@ pub async fn start(
         let live =
             tokio::task::spawn_blocking(move || live_checkpoint_by_path(&storage, &p, &at, &c))
                 .await??;
-        if live.is_some_and(|l| l.digest == digest) {
+        if live.as_ref().is_some_and(|l| l.digest == digest) {
             // On the shadow's version already (promoted before a restart).
             promoted = true;
             continue;
         }
-        let instance = Instance::new(digest.to_string());
+        let instance = Instance::new(digest.to_string(), live.map(|l| l.checkpoint_offset));
         {
             let mut registry = shadows.0.lock().expect("shadows");
             registry.instances.insert(
@@ -252,12 +257,13 @@ pub async fn instance(
         if let Some(i) = registry.instances.get(&key) {
             return Ok(Some(Arc::clone(i)).filter(|i| i.digest == digest));
         }
-        if live.is_none_or(|l| l.digest == digest)
-            || registry.discarded.contains(&(key.clone(), digest.clone()))
-        {
+        let Some(live) = live.filter(|l| l.digest != digest) else {
+            return Ok(None);
+        };
+        if registry.discarded.contains(&(key.clone(), digest.clone())) {
             return Ok(None);
         }
-        let instance = Instance::new(digest);
+        let instance = Instance::new(digest, Some(live.checkpoint_offset));
         registry.instances.insert(key, Arc::clone(&instance));
         instance
     };
@@ -410,13 +416,15 @@ impl Stepper<'_> {
         let guest = |e| Failure::new(format!("{}: {e}", self.component), false);
         if f.through.is_none() || f.stream_id != self.state.stream_id {
             // Not started, or the source was reset: from the initial state.
+            let reset = !f.stream_id.is_empty();
+            let gate = f.gate.filter(|_| !reset).unwrap_or(live.checkpoint_offset);
             *f = Folded::new();
             f.stream_id = self.state.stream_id.clone();
             f.state = self
                 .runtime
                 .initial_state(self.component, &prepared, self.timeout_ms)
                 .map_err(guest)?;
-            f.gate = live.checkpoint_offset;
+            f.gate = Some(gate);
             f.through = Some(0);
         }
         let from = f.through.unwrap_or(0);
@@ -454,7 +462,7 @@ impl Stepper<'_> {
             filter: consumed(filter, &announcement),
             narrow: None,
         };
-        let gate = f.gate;
+        let gate = f.gate.unwrap_or(0);
         let bucket = std::mem::replace(&mut f.bucket, Bucket::empty());
         let held = &mut f.held;
         let folded = fold.run(f.state.clone(), from, target, bucket, |batch, at| {

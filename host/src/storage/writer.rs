@@ -973,6 +973,12 @@ fn apply(conn: Db<'_>, op: &WriteOp) -> Result<i64> {
                 // asked for runs all the same (recorded, as for a new one).
                 if d.refold {
                     record_refold(conn, d)?;
+                } else {
+                    // Deploying the current version replaces a shadow.
+                    conn.execute(
+                        "DELETE FROM pending_refolds WHERE project = ?1 AND name = ?2 AND shadow <> 0",
+                        args![&d.project, &d.name],
+                    )?;
                 }
                 return Ok(0);
             }
