@@ -9,7 +9,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use crate::effects::{all_effects, request, settled, wake, Receiver, EFFECTS};
-use crate::support::{assert_error, guest, wait_for, Server};
+use crate::support::{assert_error, cli_json, guest, wait_for, Server};
 
 const ACME: &str = "/v1/projects/acme";
 
@@ -296,4 +296,58 @@ async fn a_shadow_survives_a_restart_a_deploy_replaces_it_and_bad_requests_name_
     let live = crate::processors::caught_up(&s, &stream("/orders"), "proc").await;
     assert_eq!(live["digest"], v1["digest"]);
     assert!(all_effects(&s, "").await.is_empty());
+}
+
+#[tokio::test]
+async fn the_cli_deploys_a_shadow_shows_its_diff_and_promotes_it() {
+    let r = Receiver::start().await;
+    let s = Server::start_with(Some(EFFECTS), &[]);
+    let (_, v1) = s.deploy("acme", "proc", guest("counter")).await;
+    wake(&s, &stream("/orders"), "p", "proc").await;
+    request(&s, &stream("/orders"), hook(&r, "old")).await;
+    crate::processors::caught_up(&s, &stream("/orders"), "proc").await;
+    let dir = tempfile::tempdir().unwrap();
+    let wasm = dir.path().join("effector.wasm");
+    std::fs::write(&wasm, guest("effector")).unwrap();
+
+    let deployed = cli_json(&s, &["deploy", "--shadow", "proc", wasm.to_str().unwrap()]);
+    assert_eq!(deployed["shadowing"], json!(["/orders"]), "{deployed}");
+    let conflicting = crate::support::run_cli(&[
+        "deploy",
+        "--shadow",
+        "--refold",
+        "--url",
+        &s.url,
+        "--project",
+        "acme",
+        "proc",
+        wasm.to_str().unwrap(),
+    ]);
+    assert!(
+        !conflicting.0 && conflicting.2.contains("--refold"),
+        "{conflicting:?}"
+    );
+    ready(&s, "/orders").await;
+    let shown = cli_json(&s, &["shadow", "show", "/orders", "proc"]);
+    assert_eq!(shown["status"], "ready", "{shown}");
+    assert_eq!(shown["liveDigest"], v1["digest"]);
+    assert!(
+        !shown["stateDiff"].as_array().unwrap().is_empty(),
+        "{shown}"
+    );
+    let promoted = cli_json(&s, &["shadow", "promote", "/orders", "proc"]);
+    assert_eq!(promoted["outcome"], "promoted", "{promoted}");
+    // The only instance promoted: the version is current.
+    assert_eq!(digest_of(&s).await, deployed["digest"]);
+    let (ok, _, err) = crate::support::run_cli(&[
+        "shadow",
+        "discard",
+        "--url",
+        &s.url,
+        "--project",
+        "acme",
+        "/orders",
+        "proc",
+    ]);
+    assert!(!ok && err.contains("shadow-not-found"), "{err}");
 }
