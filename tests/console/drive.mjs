@@ -31,6 +31,29 @@ try {
     localStorage.setItem("streamhost.token", t ?? "");
   }, [project, token]);
 
+  if (args.shadow) {
+    // A shadow version: its diff shown, a look back in time with the
+    // slider, then promoted with its button.
+    const c = args.shadow;
+    step(`open ${stream} with a shadow of ${c}`);
+    await page.goto(`${url}/console#/stream?path=${encodeURIComponent(stream)}`);
+    await page.locator(`[data-testid=shadow-${c}]`, { hasText: "ready" }).waitFor();
+    await page.locator(`[data-testid=shadow-diff-${c}]`, { hasText: "/effects" }).waitFor();
+    step(`the state at offset ${args.at}`);
+    await page.locator(`[data-testid=at-${c}]`).fill(String(args.at));
+    await page.locator(`[data-testid=at-state-${c}]`, { hasText: `state at offset ${args.at}` }).waitFor();
+    await page.locator(`[data-testid=at-state-${c}]`, { hasText: args.atShows }).waitFor();
+    if (shots) await page.screenshot({ path: `${shots}/console-shadow.png`, fullPage: true });
+    step("promote the shadow");
+    await page.locator(`[data-testid=promote-${c}]`).click();
+    await page.locator(`[data-testid=digest-${c}]`, { hasText: args.digest.slice(0, 16) }).waitFor();
+    await page.locator(`[data-testid=shadow-${c}]`).waitFor({ state: "detached" });
+    if (problems.length) throw new Error(problems.join("\n"));
+    step("done");
+    await browser.close();
+    process.exit(0);
+  }
+
   if (failing) {
     // A subscription that is failing, not halted: red in the health line
     // and its row, with a button that retries it now.

@@ -230,3 +230,44 @@ async fn the_console_shows_a_failing_subscription_in_red_and_retries_it_now() {
     )
     .await;
 }
+
+#[tokio::test]
+async fn the_console_shows_a_shadows_diff_a_past_state_and_promotes_it() {
+    let mut s = Server::start_with(Some(TOKENS), &[]);
+    s.token = Some("t-acme".into());
+    let (status, v1) = s.deploy("acme", "proc", guest("counter")).await;
+    assert_eq!(status, 200, "{v1}");
+    append(
+        &s,
+        json!([
+            {"type": "events.iterate.com/stream/subscription-configured",
+             "payload": {"subscriptionKey": "p", "receiver": {"action": "processor-wake",
+                "expression": ["components", ["get", "proc"], "wake"]}}},
+            {"type": "events.example/effects-requested", "payload": {"effects": []}},
+            {"type": "events.example/effects-requested", "payload": {"effects": []}},
+        ]),
+    )
+    .await;
+    crate::processors::caught_up(&s, STREAM, "proc").await;
+    let (status, v2) = s
+        .deploy_with_query("acme", "proc", guest("effector"), "refold=shadow")
+        .await;
+    assert_eq!(status, 200, "{v2}");
+    // What the slider must show at offset 2: the live version's fold.
+    let (status, at) = s.get(&format!("{STREAM}:processors/proc/at/2")).await;
+    assert_eq!(status, 200, "{at}");
+    let at_shows = format!("\"events\": {}", at["state"]["events"]);
+
+    let shots = std::env::var("CONSOLE_SCREENSHOTS")
+        .map(|d| Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(d))
+        .unwrap_or_else(|_| s.dir.path().to_path_buf());
+    drive(json!({
+        "url": s.url, "project": "acme", "token": "t-acme", "stream": "/orders",
+        "shadow": "proc", "at": 2, "atShows": at_shows, "digest": v2["digest"], "shots": shots,
+    }))
+    .await;
+    assert!(shots.join("console-shadow.png").is_file());
+    // The button promoted the instance.
+    let (_, p) = s.get(&format!("{STREAM}:processors/proc")).await;
+    assert_eq!(p["digest"], v2["digest"], "{p}");
+}

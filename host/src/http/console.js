@@ -87,6 +87,9 @@ const EVENTS_SHOWN = 200;
 const verdicts = new Map();
 // Keys of a processor's keyed state shown with it.
 const KEYS_SHOWN = 50;
+// The offset each processor's time-travel slider was left at, and what it
+// showed (the processors section is rebuilt on every refresh).
+const timeTravel = new Map();
 
 async function streamView(params) {
   setActive("streams");
@@ -237,9 +240,13 @@ async function refreshDetails(path, ui) {
     const keyNote = keys.error ? h("p", { class: "bad" }, keys.error)
       : keys.nextAfter ? h("p", { class: "muted" }, `first ${KEYS_SHOWN} keys shown; the rest: streamhost keys ${path} ${component} --all`)
         : "";
+    // A shadow version (deploy --shadow): its diff, promote or discard.
+    let shadow = null;
+    try { shadow = await api("GET", `${base}:processors/${encodeURIComponent(component)}/shadow`); }
+    catch (e) { if (!e.message.includes("shadow-not-found")) shadow = { failure: e.message }; }
     procs.push(h("div", {},
       h("p", {}, h("b", {}, component), ` · checkpoint ${p.checkpointOffset} · ${p.status} · digest `,
-        h("code", {}, (p.digest ?? "").slice(0, 16)), " ",
+        h("code", { "data-testid": `digest-${component}` }, (p.digest ?? "").slice(0, 16)), " ",
         h("button", { onclick: async () => {
           remember(" verifying…", "muted");
           try {
@@ -251,7 +258,9 @@ async function refreshDetails(path, ui) {
           } catch (e) { remember(" " + e.message, "bad"); }
         } }, "Verify"), verdict),
       p.lastFailure ? h("pre", { class: "bad" }, `${p.lastFailure.message}\n${p.lastFailure.repro ?? ""}`) : "",
-      h("pre", {}, pretty(p.state)), keyTable, keyNote));
+      h("pre", {}, pretty(p.state)), keyTable, keyNote,
+      shadow ? shadowView(base, component, shadow, () => refreshDetails(path, ui)) : "",
+      timeTravelView(base, path, component, core.maxOffset, p.checkpointOffset)));
   }
   if (!processors.length) procs.push(h("p", { class: "muted" }, "no processors on this stream"));
   ui.procs.replaceChildren(...procs);
@@ -264,6 +273,57 @@ async function refreshDetails(path, ui) {
   } else {
     ui.effects.replaceChildren();
   }
+}
+
+// A processor's shadow against its live state: the RFC 6902 diff, the keys'
+// diff, the held effects, and the two buttons.
+function shadowView(base, component, s, after) {
+  if (s.failure) return h("p", { class: "bad" }, `shadow: ${s.failure}`);
+  const ops = (s.stateDiff ?? []).map((op) => h("tr", {},
+    h("td", { class: "mono" }, op.op), h("td", { class: "mono" }, op.path),
+    h("td", { class: "mono payload" }, op.value === undefined ? "" : json(op.value))));
+  const diff = !s.stateDiff ? ""
+    : ops.length ? h("table", { "data-testid": `shadow-diff-${component}` },
+      h("thead", {}, h("tr", {}, ["op", "path", "value"].map((c) => h("th", {}, c)))), h("tbody", {}, ops))
+      : h("p", { class: "muted", "data-testid": `shadow-diff-${component}` }, "the states are equal");
+  const k = s.keysDiff;
+  const run = h("input", { type: "checkbox", "data-testid": `run-held-${component}` });
+  const act = (action, body) => h("button", {
+    "data-testid": `${action}-${component}`,
+    onclick: async () => {
+      try { await api("POST", `${base}:${action}Shadow`, body()); await after(); } catch (e) { showError(e); }
+    },
+  }, action === "promote" ? "Promote" : "Discard");
+  return h("div", { class: "shadow", "data-testid": `shadow-${component}` },
+    h("p", {}, h("b", {}, "shadow "), h("code", {}, (s.digest ?? "").slice(0, 16)),
+      ` · ${s.status} · folded through ${s.shadowOffset} of ${s.checkpointOffset} · ${s.heldEffects.count} held effects`,
+      s.error ? h("span", { class: "bad" }, ` · ${s.error}`) : ""),
+    diff,
+    k ? h("p", { class: "muted" }, `keys: ${k.added} added, ${k.removed} removed, ${k.changed} changed`) : "",
+    h("p", {}, act("promote", () => ({ component, runHeldEffects: run.checked })), " ",
+      h("label", {}, run, " run held effects"), " ", act("discard", () => ({ component }))));
+}
+
+// A slider over the stream's offsets: the processor's state at the chosen
+// one, folded on demand by the server (`:processors/{component}/at/{offset}`).
+function timeTravelView(base, path, component, maxOffset, checkpoint) {
+  const key = `${path} ${component}`;
+  const kept = timeTravel.get(key);
+  const slider = h("input", { type: "range", min: 0, max: maxOffset, value: kept?.offset ?? checkpoint, "data-testid": `at-${component}` });
+  const label = h("span", { "data-testid": `at-offset-${component}` }, String(slider.value));
+  const shown = h("pre", { "data-testid": `at-state-${component}` }, kept?.text ?? "");
+  slider.addEventListener("input", () => { label.textContent = slider.value; });
+  slider.addEventListener("change", async () => {
+    const offset = slider.value;
+    let text;
+    try {
+      const at = await api("GET", `${base}:processors/${encodeURIComponent(component)}/at/${offset}`);
+      text = `state at offset ${at.offset}:\n${pretty(at.state)}`;
+    } catch (e) { text = e.message; }
+    timeTravel.set(key, { offset, text });
+    shown.textContent = text;
+  });
+  return h("div", { class: "time-travel" }, h("p", {}, "state at offset ", slider, " ", label), shown);
 }
 
 function effectRow(e, after) {
