@@ -351,3 +351,101 @@ async fn the_cli_deploys_a_shadow_shows_its_diff_and_promotes_it() {
     ]);
     assert!(!ok && err.contains("shadow-not-found"), "{err}");
 }
+
+#[tokio::test]
+async fn a_shadows_keys_diff_names_the_keys_it_adds_and_removes_and_its_promotion_moves_the_bucket()
+{
+    let s = Server::start_with(Some(EFFECTS), &[]);
+    // /bank: the ledger keeps a balance per account; its shadow (the
+    // counter) keeps none. /tally: the other way round.
+    let (_, ledger) = s.deploy("acme", "books", guest("ledger")).await;
+    let (_, counter) = s.deploy("acme", "tally", guest("counter")).await;
+    wake(&s, &stream("/bank"), "b", "books").await;
+    wake(&s, &stream("/tally"), "t", "tally").await;
+    for path in ["/bank", "/tally"] {
+        for (account, cents) in [("a-1", 250), ("a-2", 40)] {
+            let (status, out) = s
+                .post(
+                    &format!("{}:append", stream(path)),
+                    json!({"events": [{"type": "deposited", "payload": {"account": account, "cents": cents}}]}),
+                )
+                .await;
+            assert_eq!(status, 200, "{out}");
+        }
+    }
+    crate::processors::caught_up(&s, &stream("/bank"), "books").await;
+    crate::processors::caught_up(&s, &stream("/tally"), "tally").await;
+
+    let (status, out) = s
+        .deploy_with_query("acme", "books", guest("counter"), "refold=shadow")
+        .await;
+    assert_eq!(status, 200, "{out}");
+    let (status, out) = s
+        .deploy_with_query("acme", "tally", guest("ledger"), "refold=shadow")
+        .await;
+    assert_eq!(status, 200, "{out}");
+
+    let shadow_of = async |path: &str, component: &str| {
+        let mut seen = Value::Null;
+        wait_for(
+            "the shadow to be ready",
+            Duration::from_secs(30),
+            async || {
+                let (status, v) = s
+                    .get(&format!("{}:processors/{component}/shadow", stream(path)))
+                    .await;
+                assert_eq!(status, 200, "{v}");
+                seen = v;
+                seen["status"] == "ready"
+            },
+        )
+        .await;
+        seen
+    };
+    let bank = shadow_of("/bank", "books").await;
+    assert_eq!(
+        bank["keysDiff"],
+        json!({"added": 0, "removed": 2, "changed": 0, "sample": [
+            {"key": "balance/a-1", "change": "removed", "live": "250"},
+            {"key": "balance/a-2", "change": "removed", "live": "40"},
+        ]}),
+        "{bank}"
+    );
+    assert_eq!(bank["liveDigest"], ledger["digest"]);
+    let tally = shadow_of("/tally", "tally").await;
+    assert_eq!(
+        tally["keysDiff"],
+        json!({"added": 2, "removed": 0, "changed": 0, "sample": [
+            {"key": "balance/a-1", "change": "added", "shadow": "250"},
+            {"key": "balance/a-2", "change": "added", "shadow": "40"},
+        ]}),
+        "{tally}"
+    );
+    assert_eq!(tally["liveDigest"], counter["digest"]);
+
+    // Promoted, /tally's instance has the shadow's keys.
+    let (status, out) = s
+        .post(
+            &format!("{}:promoteShadow", stream("/tally")),
+            json!({"component": "tally"}),
+        )
+        .await;
+    assert_eq!(status, 200, "{out}");
+    let (status, key) = s
+        .get(&format!(
+            "{}:processors/tally/keys/balance%2Fa-1",
+            stream("/tally")
+        ))
+        .await;
+    assert_eq!(status, 200, "{key}");
+    assert_eq!(key["value"], "250");
+    // The instance verifies: its state and keys are the new version's fold.
+    let (status, v) = s
+        .post(
+            &format!("{}:verifyProcessor", stream("/tally")),
+            json!({"component": "tally"}),
+        )
+        .await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["matches"], true, "{v}");
+}

@@ -93,7 +93,8 @@ pub struct KeyChange {
     pub key: String,
     /// `added`, `removed` or `changed`.
     pub change: &'static str,
-    /// Its live value (JSON when it is, else base64), if any.
+    /// Its live value (text when it is UTF-8, else `{"base64": ...}`), if
+    /// any.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub live: Option<Value>,
     /// Its shadow value, if any.
@@ -155,15 +156,15 @@ impl Host {
         let component = component.to_string();
         let timeout_ms = self.config.delivery.timeout_ms;
         tokio::task::spawn_blocking(move || {
-            shadow::view(
-                &exec.storage,
-                &exec.runtime,
-                &project,
-                &state,
-                &component,
-                &instance,
+            let stepper = shadow::Stepper {
+                storage: &exec.storage,
+                runtime: &exec.runtime,
+                project: &project,
+                state: &state,
+                component: &component,
                 timeout_ms,
-            )
+            };
+            shadow::view(&stepper, &instance)
         })
         .await
         .map_err(|e| Error::internal(format!("showing the shadow panicked: {e}")))?
@@ -191,16 +192,15 @@ impl Host {
             fence,
         };
         let (through, held) = tokio::task::spawn_blocking(move || {
-            let through = shadow::promote(
-                &exec.storage,
-                &exec.runtime,
-                &project,
-                &state,
-                &component,
-                &i,
-                &promotion,
+            let stepper = shadow::Stepper {
+                storage: &exec.storage,
+                runtime: &exec.runtime,
+                project: &project,
+                state: &state,
+                component: &component,
                 timeout_ms,
-            )?;
+            };
+            let through = shadow::promote(&stepper, &i, &promotion)?;
             Ok::<_, crate::delivery::Failure>((through, i.held_count()))
         })
         .await

@@ -357,15 +357,17 @@ fn live_checkpoint_by_path(
     storage.checkpoint(row.row_id, component)
 }
 
-/// What a shadow's step folds with.
-struct Stepper<'a> {
-    storage: &'a Storage,
+/// The processor instance a shadow folds beside, and what it folds with.
+pub struct Stepper<'a> {
+    pub storage: &'a Storage,
+    pub runtime: &'a super::runtime::Runtime,
     /// The instance's project (its storage key).
-    project: &'a str,
-    runtime: &'a super::runtime::Runtime,
-    state: &'a CoreState,
-    component: &'a str,
-    timeout_ms: u64,
+    pub project: &'a str,
+    /// The source stream's state (its processor-wake subscription).
+    pub state: &'a CoreState,
+    pub component: &'a str,
+    /// Each guest call's bound.
+    pub timeout_ms: u64,
 }
 
 impl Stepper<'_> {
@@ -496,23 +498,8 @@ pub const SAMPLE_MAX: usize = 20;
 
 /// Folds the shadow (one step) toward the live checkpoint and shows it
 /// against the live state.
-pub fn view(
-    storage: &Storage,
-    runtime: &super::runtime::Runtime,
-    project: &str,
-    state: &CoreState,
-    component: &str,
-    instance: &Instance,
-    timeout_ms: u64,
-) -> Result<ShadowView, Failure> {
-    let stepper = Stepper {
-        storage,
-        project,
-        runtime,
-        state,
-        component,
-        timeout_ms,
-    };
+pub fn view(stepper: &Stepper<'_>, instance: &Instance) -> Result<ShadowView, Failure> {
+    let (storage, component) = (stepper.storage, stepper.component);
     let mut f = instance.fold.lock().expect("shadow");
     let (row_id, live) = stepper.live()?;
     let stepped = match &f.failure {
@@ -576,61 +563,85 @@ fn keys_diff(
     bucket: i64,
     shadow: &super::keyed::Writes,
 ) -> anyhow::Result<KeysDiff> {
-    let mut theirs = shadow
-        .iter()
-        .filter_map(|(k, v)| v.as_ref().map(|v| (k, v)))
-        .peekable();
-    let mut diff = KeysDiff::default();
-    let value = |v: &[u8]| Some(super::keyed::value_json(v));
-    let note = |diff: &mut KeysDiff, change: KeyChange| {
-        match change.change {
-            "added" => diff.added += 1,
-            "removed" => diff.removed += 1,
-            _ => diff.changed += 1,
-        }
-        if diff.sample.len() < SAMPLE_MAX {
-            diff.sample.push(change);
-        }
-    };
-    let added = |k: &String, v: &Vec<u8>| KeyChange {
-        key: k.clone(),
-        change: "added",
-        live: None,
-        shadow: value(v),
-    };
+    let mut differ = KeysDiffer::new(shadow);
     if bucket != 0 {
         storage.each_key(bucket, |key, live| {
-            while let Some((k, v)) = theirs.next_if(|(k, _)| k.as_str() < key.as_str()) {
-                note(&mut diff, added(k, v));
-            }
-            match theirs.next_if(|(k, _)| k.as_str() == key.as_str()) {
-                Some((_, v)) if *v == live => {}
-                Some((_, v)) => note(
-                    &mut diff,
-                    KeyChange {
-                        key,
-                        change: "changed",
-                        live: value(&live),
-                        shadow: value(v),
-                    },
-                ),
-                None => note(
-                    &mut diff,
-                    KeyChange {
-                        key,
-                        change: "removed",
-                        live: value(&live),
-                        shadow: None,
-                    },
-                ),
-            }
+            differ.live(key, live);
             Ok(())
         })?;
     }
-    for (k, v) in theirs {
-        note(&mut diff, added(k, v));
+    Ok(differ.finish())
+}
+
+/// A shadow's keys that exist, in byte order.
+type ShadowKeys<'a> = Box<dyn Iterator<Item = (&'a String, &'a Vec<u8>)> + 'a>;
+
+/// Compares keys, streaming: the live ones are fed in byte order (they may
+/// be millions), the shadow's are its writes over an empty bucket (a
+/// delete is no key). Counts every difference, samples the first
+/// [`SAMPLE_MAX`].
+struct KeysDiffer<'a> {
+    shadow: std::iter::Peekable<ShadowKeys<'a>>,
+    diff: KeysDiff,
+}
+
+impl<'a> KeysDiffer<'a> {
+    fn new(shadow: &'a super::keyed::Writes) -> KeysDiffer<'a> {
+        let present: ShadowKeys<'a> = Box::new(
+            shadow
+                .iter()
+                .filter_map(|(k, v)| v.as_ref().map(|v| (k, v))),
+        );
+        KeysDiffer {
+            shadow: present.peekable(),
+            diff: KeysDiff::default(),
+        }
     }
-    Ok(diff)
+
+    fn note(&mut self, key: String, live: Option<&[u8]>, shadow: Option<&[u8]>) {
+        let change = match (live, shadow) {
+            (None, _) => {
+                self.diff.added += 1;
+                "added"
+            }
+            (_, None) => {
+                self.diff.removed += 1;
+                "removed"
+            }
+            _ => {
+                self.diff.changed += 1;
+                "changed"
+            }
+        };
+        if self.diff.sample.len() < SAMPLE_MAX {
+            self.diff.sample.push(KeyChange {
+                key,
+                change,
+                live: live.map(super::keyed::value_json),
+                shadow: shadow.map(super::keyed::value_json),
+            });
+        }
+    }
+
+    /// The next live key (keys arrive in byte order).
+    fn live(&mut self, key: String, value: Vec<u8>) {
+        while let Some((k, v)) = self.shadow.next_if(|(k, _)| k.as_str() < key.as_str()) {
+            self.note(k.clone(), None, Some(v));
+        }
+        match self.shadow.next_if(|(k, _)| k.as_str() == key.as_str()) {
+            Some((_, v)) if *v == value => {}
+            Some((_, v)) => self.note(key, Some(&value), Some(v)),
+            None => self.note(key, Some(&value), None),
+        }
+    }
+
+    /// The shadow's keys after the last live one are added.
+    fn finish(mut self) -> KeysDiff {
+        while let Some((k, v)) = self.shadow.next() {
+            self.note(k.clone(), None, Some(v));
+        }
+        self.diff
+    }
 }
 
 /// What a promotion writes besides the shadow: whether its held effects
@@ -647,23 +658,16 @@ pub struct Promotion {
 /// effects) guarded by the live checkpoint it replaces. Answers the offset
 /// it switched at.
 pub fn promote(
-    storage: &Storage,
-    runtime: &super::runtime::Runtime,
-    project: &str,
-    state: &CoreState,
-    component: &str,
+    stepper: &Stepper<'_>,
     instance: &Instance,
     promotion: &Promotion,
-    timeout_ms: u64,
 ) -> Result<u64, Failure> {
-    let stepper = Stepper {
-        storage,
-        project,
-        runtime,
-        state,
-        component,
-        timeout_ms,
-    };
+    let (storage, project, state, component) = (
+        stepper.storage,
+        stepper.project,
+        stepper.state,
+        stepper.component,
+    );
     let mut f = instance.fold.lock().expect("shadow");
     if let Some(failure) = &f.failure {
         return Err(Failure::new(
@@ -777,5 +781,73 @@ async fn finish(streams: &Streams, project: &str, component: &str, digest: &str,
             }
         }
         Err(e) => tracing::warn!(component, error = %e, "ending a shadow failed"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn writes(pairs: &[(&str, Option<&str>)]) -> super::super::keyed::Writes {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.map(|v| v.as_bytes().to_vec())))
+            .collect()
+    }
+
+    #[test]
+    fn the_keys_diff_counts_added_removed_and_changed_in_key_order() {
+        let shadow = writes(&[
+            ("a", Some("1")),
+            ("b", Some("2")),
+            ("c", Some("30")),
+            ("d", None),
+            ("f", Some("6")),
+        ]);
+        let mut differ = KeysDiffer::new(&shadow);
+        for (k, v) in [("b", "2"), ("c", "3"), ("d", "4"), ("e", "5")] {
+            differ.live(k.into(), v.as_bytes().to_vec());
+        }
+        let diff = differ.finish();
+        assert_eq!((diff.added, diff.removed, diff.changed), (2, 2, 1));
+        let sample: Vec<(&str, &str)> = diff
+            .sample
+            .iter()
+            .map(|c| (c.key.as_str(), c.change))
+            .collect();
+        assert_eq!(
+            sample,
+            [
+                ("a", "added"),
+                ("c", "changed"),
+                ("d", "removed"),
+                ("e", "removed"),
+                ("f", "added")
+            ]
+        );
+        assert_eq!(diff.sample[1].live, Some(serde_json::json!("3")));
+        assert_eq!(diff.sample[1].shadow, Some(serde_json::json!("30")));
+    }
+
+    #[test]
+    fn the_keys_diff_samples_the_first_differences_and_counts_them_all() {
+        let shadow = writes(&[]);
+        let mut differ = KeysDiffer::new(&shadow);
+        for i in 0..(SAMPLE_MAX + 5) {
+            differ.live(format!("k{i:03}"), b"1".to_vec());
+        }
+        let diff = differ.finish();
+        assert_eq!(diff.removed, (SAMPLE_MAX + 5) as u64);
+        assert_eq!(diff.sample.len(), SAMPLE_MAX);
+        assert_eq!(diff.sample[0].key, "k000");
+    }
+
+    #[test]
+    fn equal_keyed_states_have_no_diff() {
+        let shadow = writes(&[("a", Some("1")), ("b", Some("x"))]);
+        let mut differ = KeysDiffer::new(&shadow);
+        differ.live("a".into(), b"1".to_vec());
+        differ.live("b".into(), b"x".to_vec());
+        assert_eq!(differ.finish(), KeysDiff::default());
     }
 }
