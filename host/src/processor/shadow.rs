@@ -384,7 +384,8 @@ impl Stepper<'_> {
             .checkpoint(row.row_id, self.component)
             .map_err(io)?
             .filter(|c| c.stream_id == self.state.stream_id)
-            .ok_or_else(|| Failure::new("the instance's checkpoint is gone", false))?;
+            // A reset source has none until its first wake: wait for it.
+            .ok_or_else(|| Failure::new("the instance has no checkpoint in this lifetime", true))?;
         Ok((row.row_id, live))
     }
 
