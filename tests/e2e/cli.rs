@@ -398,9 +398,8 @@ fn help_never_shows_the_token() {
 
 #[test]
 fn an_unreachable_server_is_one_line_with_a_hint() {
-    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let url = format!("http://{}", closed.local_addr().unwrap());
-    drop(closed);
+    let (_refusing, port) = crate::support::refusing_port();
+    let url = format!("http://127.0.0.1:{port}");
     let (ok, _, err) = run_cli(&["events", "--url", &url, "--project", "acme", "/x"]);
     assert!(!ok);
     assert_eq!(err.trim().lines().count(), 1, "{err}");

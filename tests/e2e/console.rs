@@ -6,10 +6,12 @@
 
 use std::path::Path;
 use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::extract::State;
+use axum::http::StatusCode;
 use axum::routing::post;
 use axum::{Json, Router};
 use serde_json::{json, Value};
@@ -42,13 +44,9 @@ async fn the_console_shows_streams_live_events_and_resumes_a_halted_subscription
     let (status, out) = s.deploy("acme", "ledger", guest("ledger")).await;
     assert_eq!(status, 200, "{out}");
 
-    // A processor with an effect, and a webhook that halts: nothing listens
-    // on its port yet.
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    // A processor with an effect, and a webhook that halts: its receiver
+    // answers 503 until armed.
+    let receiver = Receiver::start().await;
     append(
         &s,
         json!([
@@ -57,7 +55,7 @@ async fn the_console_shows_streams_live_events_and_resumes_a_halted_subscription
                 "expression": ["components", ["get", "effector"], "wake"]}}},
             {"type": "events.iterate.com/stream/subscription-configured",
              "payload": {"subscriptionKey": "hook", "receiver": {"action": "webhook-post",
-                "url": format!("http://127.0.0.1:{port}/hook"),
+                "url": receiver.url.clone(),
                 "delivery": {"start": "beginning", "onFailingEvent": "halt"}}}},
             {"type": "events.iterate.com/stream/subscription-configured",
              "payload": {"subscriptionKey": "ledger", "receiver": {"action": "processor-wake",
@@ -71,8 +69,9 @@ async fn the_console_shows_streams_live_events_and_resumes_a_halted_subscription
     .await;
     s.wait_halted(STREAM, "hook", Duration::from_secs(20)).await;
 
-    // Now a receiver listens there.
-    let posts = listen(port).await;
+    // Now the receiver takes what it is sent.
+    receiver.arm();
+    let posts = receiver.posts.clone();
 
     let shots = std::env::var("CONSOLE_SCREENSHOTS")
         .map(|d| root.join(d))
@@ -127,21 +126,41 @@ async fn the_console_shows_streams_live_events_and_resumes_a_halted_subscription
     assert!(recorded.is_empty(), "the console appended {recorded:?}");
 }
 
-/// A webhook receiver on loopback `port` at `/hook`; answers the bodies
-/// it was posted.
-async fn listen(port: u16) -> Arc<Mutex<Vec<Value>>> {
-    let posts: Arc<Mutex<Vec<Value>>> = Arc::default();
-    async fn hook(State(posts): State<Arc<Mutex<Vec<Value>>>>, Json(body): Json<Value>) {
-        posts.lock().unwrap().push(body);
+/// A webhook receiver on loopback at `/hook`: `503` until armed, then
+/// `200`, keeping the bodies it took.
+struct Receiver {
+    url: String,
+    armed: Arc<AtomicBool>,
+    posts: Arc<Mutex<Vec<Value>>>,
+}
+
+impl Receiver {
+    async fn start() -> Receiver {
+        type Shared = (Arc<AtomicBool>, Arc<Mutex<Vec<Value>>>);
+        let shared: Shared = Default::default();
+        async fn hook(State((armed, posts)): State<Shared>, Json(body): Json<Value>) -> StatusCode {
+            if !armed.load(Ordering::SeqCst) {
+                return StatusCode::SERVICE_UNAVAILABLE;
+            }
+            posts.lock().unwrap().push(body);
+            StatusCode::OK
+        }
+        let app = Router::new()
+            .route("/hook", post(hook))
+            .with_state(shared.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/hook", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        Receiver {
+            url,
+            armed: shared.0,
+            posts: shared.1,
+        }
     }
-    let app = Router::new()
-        .route("/hook", post(hook))
-        .with_state(posts.clone());
-    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
-        .await
-        .unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    posts
+
+    fn arm(&self) {
+        self.armed.store(true, Ordering::SeqCst);
+    }
 }
 
 /// Runs the console driver with `args`; fails the test with its output.
@@ -184,17 +203,13 @@ async fn the_console_shows_a_failing_subscription_in_red_and_retries_it_now() {
     );
     let mut s = Server::start_with(Some(&config), &[]);
     s.token = Some("t-acme".into());
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let receiver = Receiver::start().await;
     append(
         &s,
         json!([
             {"type": "events.iterate.com/stream/subscription-configured",
              "payload": {"subscriptionKey": "slow", "receiver": {"action": "webhook-post",
-                "url": format!("http://127.0.0.1:{port}/hook"),
+                "url": receiver.url.clone(),
                 "delivery": {"start": "beginning", "onFailingEvent": "halt"}}}},
             {"type": "events.example/held"},
         ]),
@@ -209,8 +224,10 @@ async fn the_console_shows_a_failing_subscription_in_red_and_retries_it_now() {
         },
     )
     .await;
-    // Now a receiver listens there; the run still waits out its backoff.
-    let posts = listen(port).await;
+    // Now the receiver takes what it is sent; the run still waits out its
+    // backoff.
+    receiver.arm();
+    let posts = receiver.posts.clone();
 
     drive(
         json!({"url": s.url, "project": "acme", "token": "t-acme", "stream": "/orders",

@@ -142,10 +142,9 @@ async fn a_halt_fact_that_fails_to_commit_is_decided_again_and_lands() {
         "AND NEW.type = 'events.iterate.com/stream/subscription-delivery-halted'",
     );
     switch(&c, true);
-    // A webhook to a closed port fails every attempt: after two, it halts.
-    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let url = format!("http://{}/hook", closed.local_addr().unwrap());
-    drop(closed);
+    // A webhook to a refusing port fails every attempt: after two, it halts.
+    let (_refusing, port) = crate::support::refusing_port();
+    let url = format!("http://127.0.0.1:{port}/hook");
     s.post(
         &format!("{P}/src:append"),
         json!({"events": [{"type": "events.iterate.com/stream/subscription-configured",

@@ -1017,3 +1017,15 @@ impl TcpCut {
         self.cut.send_replace(false);
     }
 }
+
+/// A loopback port that refuses connections for as long as the returned
+/// socket lives: bound, never listening. (A port picked by binding and
+/// releasing a listener could be taken by another test meanwhile.)
+pub fn refusing_port() -> (tokio::net::TcpSocket, u16) {
+    let socket = tokio::net::TcpSocket::new_v4().expect("a socket");
+    socket
+        .bind("127.0.0.1:0".parse().expect("an address"))
+        .expect("binding a loopback port");
+    let port = socket.local_addr().expect("its address").port();
+    (socket, port)
+}
