@@ -56,6 +56,9 @@ concurrency = 8
 "#;
 
 /// The type every subscription matches, and one they filter out.
+/// How long one request may go without a definite answer (the server
+/// killed and restarted meanwhile) before it counts as a violation.
+const SEND_DEADLINE: Duration = Duration::from_secs(120);
 const MATCHED: &str = "chaos.test/e";
 const OTHER: &str = "chaos.test/other";
 const EFFECTS_REQUESTED: &str = "events.example/effects-requested";
@@ -164,7 +167,12 @@ impl Run {
     /// the same request (same idempotency keys) goes again. Returns a 2xx
     /// answer; any other is a violation.
     async fn send(&self, path: &str, body: &Value) -> Option<Value> {
+        let deadline = Instant::now() + SEND_DEADLINE;
         loop {
+            if Instant::now() >= deadline {
+                self.violation(format!("{path}: no definite answer in {SEND_DEADLINE:?}"));
+                return None;
+            }
             let sent = self
                 .client
                 .post(format!("{}{path}", self.base()))

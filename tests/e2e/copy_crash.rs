@@ -36,23 +36,10 @@ async fn every_matching_event_is_copied_exactly_once_in_order_across_sigkills() 
             for i in 0..EVENTS {
                 let t = if i % 3 == 0 { "x.y/skip" } else { "x.y/keep" };
                 let body = json!({"events": [{"type": t, "payload": {"i": i}, "idempotencyKey": format!("e{i}")}]});
-                loop {
-                    let base = url.read().unwrap().clone();
-                    let ok = match client
-                        .post(format!("{base}{P}/src:append"))
-                        .json(&body)
-                        .send()
-                        .await
-                    {
-                        Ok(r) => r.status() == 200,
-                        Err(_) => false,
-                    };
-                    if ok {
-                        break;
-                    }
-                    // The server is down or restarting: pace the retries.
-                    tokio::time::sleep(Duration::from_millis(5)).await;
-                }
+                // Through kills and restarts: the same idempotency key until
+                // acknowledged (with a deadline).
+                crate::support::post_until_ok(&client, &url, &format!("{P}/src:append"), &body)
+                    .await;
                 acked.fetch_add(1, Ordering::SeqCst);
             }
         })

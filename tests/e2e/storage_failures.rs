@@ -252,7 +252,8 @@ async fn a_commit_reported_failed_after_reaching_the_disk_is_kept_once_and_live_
     for i in 1..24 {
         // Until answered: the same idempotency key, so a retry of a commit
         // that did reach the disk answers the stored event.
-        loop {
+        for attempt in 0.. {
+            assert!(attempt < 100, "append {i} was refused 100 times in a row");
             match append_once(&s, "/src", i).await {
                 Ok(offset) => {
                     acked.insert(i, offset);
@@ -305,7 +306,10 @@ async fn a_commit_that_fails_before_reaching_the_disk_is_never_acknowledged_and_
     let (status, page) = s.get(&format!("{P}/src:events")).await;
     assert_eq!(status, 200, "{page}");
     let retry = refused[0];
+    let mut attempts = 0;
     let offset = loop {
+        attempts += 1;
+        assert!(attempts <= 100, "the retry was refused 100 times in a row");
         if let Ok(offset) = append_once(&s, "/src", retry).await {
             break offset;
         }
