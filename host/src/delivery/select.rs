@@ -36,6 +36,11 @@ pub fn select_batch(
         through: cursor,
     };
     for (offset, body) in stored {
+        assert!(
+            *offset > selection.through,
+            "invariant cursor-monotonic: {key:?} read offset {offset} after offset {}",
+            selection.through
+        );
         let value: Value = serde_json::from_str(body).map_err(|e| Failure {
             message: format!("the stored event at offset {offset} is not JSON: {e}"),
             retryable: true,

@@ -205,6 +205,16 @@ pub fn wake(job: WakeJob) -> Result<Woken, Failure> {
         job.limit,
         checkpoint,
     )?;
+    assert!(
+        selection.through >= checkpoint
+            && selection
+                .events
+                .iter()
+                .all(|e| e.offset > checkpoint && e.offset <= selection.through),
+        "invariant processor-state-is-the-fold: a wake from checkpoint {checkpoint} folds only \
+         events after it, through {}",
+        selection.through
+    );
     let offsets: Vec<u64> = selection.events.iter().map(|e| e.offset).collect();
     let (new_state, effects, bucket) = if selection.events.is_empty() {
         (state, Vec::new(), bucket)

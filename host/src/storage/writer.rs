@@ -100,6 +100,43 @@ pub struct StreamCommit {
     pub effects: Vec<super::effects::EffectInsert>,
 }
 
+impl StreamCommit {
+    /// Asserts the log's invariants on what this round writes, for both
+    /// engines (a failure is a bug in the actor, never bad input): its
+    /// events follow the stream's head in increasing offsets (ephemeral
+    /// events take offsets without rows, so the stored ones may skip), a
+    /// new stream starts at offset 1, and the head covers them all.
+    pub fn assert_invariants(&self) {
+        let head = match &self.stream {
+            StreamRef::New(_) => {
+                if let Some(first) = self.events.first() {
+                    assert_eq!(
+                        first.offset, 1,
+                        "invariant dense-offsets: a new stream's first stored event is offset 1"
+                    );
+                }
+                0
+            }
+            StreamRef::Existing { expected_head, .. } => *expected_head,
+        };
+        let mut previous = head;
+        for e in &self.events {
+            assert!(
+                e.offset > previous,
+                "invariant dense-offsets: the round's event at offset {} does not follow \
+                 offset {previous} (the stream's head was {head})",
+                e.offset
+            );
+            previous = e.offset;
+        }
+        assert!(
+            self.head_offset >= previous,
+            "invariant dense-offsets: head offset {} is below the round's last event {previous}",
+            self.head_offset
+        );
+    }
+}
+
 /// A write for the group-commit writer.
 #[derive(Debug, Clone)]
 pub enum WriteOp {
@@ -1021,6 +1058,15 @@ fn apply(conn: Db<'_>, op: &WriteOp) -> Result<i64> {
             Ok(1)
         }
         WriteOp::Checkpoint(c) => {
+            if let Some(previous) = c.previous_offset.as_ref() {
+                assert!(
+                    previous.stream_id != c.stream_id || c.offset >= previous.offset,
+                    "invariant processor-state-is-the-fold: a checkpoint at offset {} would \
+                     replace one at offset {} of the same source lifetime",
+                    c.offset,
+                    previous.offset
+                );
+            }
             if let Some(fence) = &c.fence {
                 super::lease::check(conn, fence)?;
             }

@@ -300,6 +300,11 @@ pub fn plan_append(
             ephemeral: e.ephemeral.unwrap_or(false),
         };
         current.reduce(&event);
+        assert_eq!(
+            current.max_offset, offset,
+            "invariant dense-offsets: the fold of offset {offset} left maxOffset at {}",
+            current.max_offset
+        );
         if let Some(key) = &event.idempotency_key {
             new_keys.push((key.clone(), event.clone()));
         }
@@ -317,7 +322,10 @@ pub fn plan_append(
             }
         }
     }
-    debug_assert!(!created || plan.new_events.first().map(|e| e.offset) == Some(1));
+    assert!(
+        !created || plan.new_events.first().map(|e| e.offset) == Some(1),
+        "invariant dense-offsets: a new stream's first event is offset 1"
+    );
     *state = next;
     round_keys.extend(new_keys);
     Ok(plan)

@@ -1159,7 +1159,7 @@ impl Actor {
         };
         let has_effects = !effects.is_empty();
         let (cursors, removed_cursors) = self.cursor_rows_for(&next_state);
-        let rx = self.ctx.storage.submit(WriteOp::Commit(StreamCommit {
+        let commit = StreamCommit {
             stream: stream_ref,
             events: durable,
             head_offset: next_state.max_offset,
@@ -1169,7 +1169,9 @@ impl Actor {
             removed_cursors,
             fence: self.fence.clone(),
             effects,
-        }));
+        };
+        commit.assert_invariants();
+        let rx = self.ctx.storage.submit(WriteOp::Commit(commit));
         Some((
             InFlight::Round {
                 outcomes,
