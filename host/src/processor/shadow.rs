@@ -38,6 +38,9 @@ const FOLLOW_EVERY: Duration = Duration::from_millis(200);
 /// The most offsets one step folds (the instance is locked meanwhile: a
 /// view or promotion waits at most one step).
 const STEP_OFFSETS: u64 = 10_000;
+/// Every this many steps a shadow checks that its record still names its
+/// version (another host may have replaced or ended it).
+const RECORD_CHECK_STEPS: u32 = 25;
 /// Rounds of "fold the rest, try to switch" before a promotion gives up.
 const PROMOTE_ROUNDS_MAX: usize = 50;
 
@@ -138,6 +141,20 @@ impl Shadows {
         registry
             .discarded
             .retain(|((p, _, c), _)| !(p == project && c == component));
+    }
+
+    /// Stops and forgets `instance` if it is still the one registered
+    /// under `key` (no tombstone: it may be started again).
+    fn forget(&self, key: &InstanceKey, instance: &Arc<Instance>) {
+        instance.stopped.store(true, Ordering::Relaxed);
+        let mut registry = self.0.lock().expect("shadows");
+        if registry
+            .instances
+            .get(key)
+            .is_some_and(|i| Arc::ptr_eq(i, instance))
+        {
+            registry.instances.remove(key);
+        }
     }
 
     /// Ends an instance's shadow; answers, when it was the component's
@@ -254,8 +271,11 @@ pub async fn instance(
     let key = Shadows::key(&project, &address.path, component);
     let instance = {
         let mut registry = shadows.0.lock().expect("shadows");
-        if let Some(i) = registry.instances.get(&key) {
-            return Ok(Some(Arc::clone(i)).filter(|i| i.digest == digest));
+        match registry.instances.get(&key) {
+            Some(i) if i.digest == digest => return Ok(Some(Arc::clone(i))),
+            // A shadow of a version since replaced (through another host).
+            Some(i) => i.stopped.store(true, Ordering::Relaxed),
+            None => {}
         }
         let Some(live) = live.filter(|l| l.digest != digest) else {
             return Ok(None);
@@ -302,7 +322,22 @@ async fn follow(
     timeout_ms: u64,
 ) {
     let project = address.namespace.storage_key().to_string();
+    let shadows = streams.executors().shadows.clone();
+    let key = Shadows::key(&project, &address.path, &component);
+    let mut steps = 0u32;
     while !instance.stopped.load(Ordering::Relaxed) {
+        steps = steps.wrapping_add(1);
+        if steps.is_multiple_of(RECORD_CHECK_STEPS) {
+            let (storage, p, c) = (streams.storage().clone(), project.clone(), component.clone());
+            let recorded = tokio::task::spawn_blocking(move || storage.shadow_of(&p, &c)).await;
+            if let Ok(Ok(recorded)) = recorded {
+                if recorded.as_deref() != Some(instance.digest.as_str()) {
+                    // Replaced or ended (through another host).
+                    shadows.forget(&key, &instance);
+                    return;
+                }
+            }
+        }
         let stepped = match streams.state(&address).await {
             Ok(state) => {
                 let (exec, c, i, p) = (
@@ -324,6 +359,12 @@ async fn follow(
                 })
                 .await
                 .unwrap_or_else(|e| Err(Failure::new(format!("the shadow panicked: {e}"), false)))
+            }
+            Err(e) if e.owner_url.as_deref().is_some_and(|u| !u.is_empty()) => {
+                // Another host owns the stream: its owner folds the
+                // shadow when asked (requests are forwarded there).
+                shadows.forget(&key, &instance);
+                return;
             }
             Err(e) => Err(Failure::new(e.message, true)),
         };
