@@ -732,6 +732,53 @@ async fn a_version_deployed_through_another_host_is_the_one_the_owner_runs() {
     .await;
 }
 
+/// A shadow deployed through a host that does not own the stream: the
+/// owner folds it when asked (requests are forwarded there), and its
+/// promotion through the other host switches the owner's instance.
+#[tokio::test]
+async fn a_shadow_deployed_through_another_host_is_folded_and_promoted_by_the_owner() {
+    if on_sqlite() {
+        return;
+    }
+    let a = Server::start_with(Some(CLUSTER), &[]);
+    let b = Server::joining(&a, Some(CLUSTER));
+    let stream = format!("{P}/orders");
+    let v1 = counter_woken_by(&a, &stream).await;
+    a.post(&format!("{stream}:append"), ev("x.y/a", json!({})))
+        .await;
+    crate::processors::caught_up(&a, &stream, "proc").await;
+    let (status, v2) = b
+        .deploy_with_query("acme", "proc", guest("effector"), "refold=shadow")
+        .await;
+    assert_eq!(status, 200, "{v2}");
+    assert_eq!(v2["shadowing"], json!(["/orders"]), "{v2}");
+    let mut seen = Value::Null;
+    wait_for(
+        "the shadow to be ready, asked through B",
+        Duration::from_secs(30),
+        async || {
+            let (status, v) = b.get(&format!("{stream}:processors/proc/shadow")).await;
+            assert_eq!(status, 200, "{v}");
+            seen = v;
+            seen["status"] == "ready"
+        },
+    )
+    .await;
+    assert_eq!(seen["liveDigest"], v1["digest"], "{seen}");
+    assert!(!seen["stateDiff"].as_array().unwrap().is_empty(), "{seen}");
+    let (_, live) = a.get(&format!("{stream}:processors/proc")).await;
+    assert_eq!(live["digest"], v1["digest"], "the live version serves");
+    let (status, promoted) = b
+        .post(
+            &format!("{stream}:promoteShadow"),
+            json!({"component": "proc"}),
+        )
+        .await;
+    assert_eq!(status, 200, "{promoted}");
+    let (_, after) = a.get(&format!("{stream}:processors/proc")).await;
+    assert_eq!(after["digest"], v2["digest"], "{after}");
+}
+
 /// Holds a lock in the server's database from a connection of the test's
 /// own (its own thread): `sql` runs inside a transaction that stays open
 /// until the returned sender is dropped or sent to.
