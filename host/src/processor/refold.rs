@@ -367,11 +367,8 @@ async fn refold_fenced(
                 // commits nothing.
                 fence: fence.clone(),
             };
-            match storage.submit(WriteOp::Checkpoint(switch)).blocking_recv() {
-                Ok(Ok(_)) => return Ok(shadow_through),
-                Ok(Err(e)) if e.message().contains("moved") => continue, // a wake got there first
-                Ok(Err(e)) => return Err(Failure::new(e.message().to_string(), true)),
-                Err(_) => return Err(Failure::new("the storage writer stopped", true)),
+            if switched(storage, switch)? {
+                return Ok(shadow_through);
             }
         }
         Err(Failure::new(
@@ -383,4 +380,16 @@ async fn refold_fenced(
     .map_err(|e| Failure::new(format!("the refold panicked: {e}"), true))??;
     streams.executors().effects.ring();
     Ok(through)
+}
+
+/// Submits a switch to a new version's state (a refold's, a shadow's
+/// promotion), guarded by the live checkpoint it replaces: `false` when a
+/// wake moved that checkpoint first (fold the rest and try again).
+pub(super) fn switched(storage: &crate::storage::Storage, switch: Checkpoint) -> Result<bool, Failure> {
+    match storage.submit(WriteOp::Checkpoint(switch)).blocking_recv() {
+        Ok(Ok(_)) => Ok(true),
+        Ok(Err(e)) if e.message().contains("moved") => Ok(false),
+        Ok(Err(e)) => Err(Failure::new(e.message().to_string(), true)),
+        Err(_) => Err(Failure::new("the storage writer stopped", true)),
+    }
 }

@@ -746,11 +746,8 @@ pub fn promote(
             now_ms: now,
             fence: promotion.fence.clone(),
         };
-        match storage.submit(WriteOp::Checkpoint(switch)).blocking_recv() {
-            Ok(Ok(_)) => return Ok(through),
-            Ok(Err(e)) if e.message().contains("moved") => continue, // a wake got there first
-            Ok(Err(e)) => return Err(Failure::new(e.message().to_string(), true)),
-            Err(_) => return Err(Failure::new("the storage writer stopped", true)),
+        if super::refold::switched(storage, switch)? {
+            return Ok(through);
         }
     }
     Err(Failure::new(

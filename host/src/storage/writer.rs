@@ -989,15 +989,7 @@ fn apply(conn: Db<'_>, op: &WriteOp) -> Result<i64> {
                 // Not a version yet: recorded (replacing any refold or
                 // shadow pending) until promoted everywhere or discarded.
                 record_refold(conn, d)?;
-                if conn.dialect() == super::sql::Dialect::Postgres {
-                    conn.execute(
-                        "SELECT pg_notify(?1, ?2)",
-                        args![
-                            super::lease::DEPLOYED_CHANNEL,
-                            &super::lease::deployed_payload(&d.project, &d.name)
-                        ],
-                    )?;
-                }
+                notify_deployed(conn, &d.project, &d.name)?;
                 return Ok(1);
             }
             let current = conn.query_opt(
@@ -1044,17 +1036,7 @@ fn apply(conn: Db<'_>, op: &WriteOp) -> Result<i64> {
                     args![&d.project, &d.name],
                 )?;
             }
-            if conn.dialect() == super::sql::Dialect::Postgres {
-                // Delivered with the commit: the other hosts forget their
-                // cached row of this component (`lease::listen`).
-                conn.execute(
-                    "SELECT pg_notify(?1, ?2)",
-                    args![
-                        super::lease::DEPLOYED_CHANNEL,
-                        &super::lease::deployed_payload(&d.project, &d.name)
-                    ],
-                )?;
-            }
+            notify_deployed(conn, &d.project, &d.name)?;
             Ok(1)
         }
         WriteOp::Checkpoint(c) => {
@@ -1166,16 +1148,8 @@ fn apply(conn: Db<'_>, op: &WriteOp) -> Result<i64> {
                 "DELETE FROM pending_refolds WHERE project = ?1 AND name = ?2 AND digest = ?3",
                 args![project, name, digest],
             )? as i64;
-            if conn.dialect() == super::sql::Dialect::Postgres {
-                // The other hosts' wakes stop pinning the old version.
-                conn.execute(
-                    "SELECT pg_notify(?1, ?2)",
-                    args![
-                        super::lease::DEPLOYED_CHANNEL,
-                        &super::lease::deployed_payload(project, name)
-                    ],
-                )?;
-            }
+            // The other hosts' wakes stop pinning the old version.
+            notify_deployed(conn, project, name)?;
             Ok(done)
         }
         WriteOp::Reset { row_id, fence } => {
@@ -1200,6 +1174,22 @@ fn apply(conn: Db<'_>, op: &WriteOp) -> Result<i64> {
 
 /// Records the refold a deploy asked for (the newest wins), done when
 /// every instance has switched (`RefoldDone`).
+/// On PostgreSQL, tells the other hosts with the commit that component
+/// `name` of `project` changed (a version, a refold's or shadow's record):
+/// they forget their cached rows of it (`lease::listen`).
+fn notify_deployed(conn: Db<'_>, project: &str, name: &str) -> Result<()> {
+    if conn.dialect() == super::sql::Dialect::Postgres {
+        conn.execute(
+            "SELECT pg_notify(?1, ?2)",
+            args![
+                super::lease::DEPLOYED_CHANNEL,
+                &super::lease::deployed_payload(project, name)
+            ],
+        )?;
+    }
+    Ok(())
+}
+
 fn record_refold(conn: Db<'_>, d: &Deployment) -> Result<()> {
     conn.execute(
         "INSERT INTO pending_refolds (project, name, digest, requested_at, replay_effects, shadow)
