@@ -59,11 +59,9 @@ pub struct ShadowView {
     /// How far the shadow has folded.
     pub shadow_offset: u64,
     /// When ready: RFC 6902 operations from the live state to the
-    /// shadow's.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    /// shadow's (`null` until then: the two are not at one offset).
     pub state_diff: Option<Value>,
-    /// When ready: how the keyed states differ.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    /// When ready: how the keyed states differ (`null` until then).
     pub keys_diff: Option<KeysDiff>,
     /// The effects the shadow returned for events after the live
     /// checkpoint it started from: held, never run.
