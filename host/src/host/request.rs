@@ -499,7 +499,7 @@ impl Host {
     /// use streamhost::{ComponentAnswer, ComponentRequest};
     ///
     /// let bytes = std::fs::read(guests.join("counter.wasm"))?;
-    /// let deploy = ComponentRequest::Deploy { name: "counter".into(), bytes, refold: false, replay_effects: false };
+    /// let deploy = ComponentRequest::Deploy { name: "counter".into(), bytes, refold: false, replay_effects: false, shadow: false };
     /// let ComponentAnswer::Deployed(deployed) = host.apply_component("acme", deploy).await? else {
     ///     unreachable!()
     /// };
