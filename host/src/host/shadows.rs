@@ -148,24 +148,39 @@ impl Host {
         component: &str,
     ) -> Result<ShadowView, Error> {
         let instance = self.shadow_instance(stream, component).await?;
+        self.on_blocking_thread(stream, component, "showing the shadow", move |stepper| {
+            shadow::view(stepper, &instance)
+        })
+        .await
+    }
+
+    /// Runs `work` over the instance of `component` on `stream` on a
+    /// blocking thread (guests and storage run there); its failure is
+    /// `422 shadow-failed`.
+    async fn on_blocking_thread<T: Send + 'static>(
+        &self,
+        stream: &StreamAddress,
+        component: &str,
+        what: &'static str,
+        work: impl FnOnce(&shadow::Stepper<'_>) -> Result<T, crate::delivery::Failure> + Send + 'static,
+    ) -> Result<T, Error> {
         let state = self.streams.state(stream).await?;
         let exec = self.streams.executors().clone();
         let project = stream.namespace.storage_key().to_string();
         let component = component.to_string();
         let timeout_ms = self.config.delivery.timeout_ms;
         tokio::task::spawn_blocking(move || {
-            let stepper = shadow::Stepper {
+            work(&shadow::Stepper {
                 storage: &exec.storage,
                 runtime: &exec.runtime,
                 project: &project,
                 state: &state,
                 component: &component,
                 timeout_ms,
-            };
-            shadow::view(&stepper, &instance)
+            })
         })
         .await
-        .map_err(|e| Error::internal(format!("showing the shadow panicked: {e}")))?
+        .map_err(|e| Error::internal(format!("{what} panicked: {e}")))?
         .map_err(|f| Error::unprocessable("shadow-failed", f.message))
     }
 
@@ -180,30 +195,22 @@ impl Host {
     ) -> Result<ShadowEnded, Error> {
         let instance = self.shadow_instance(stream, &promote.component).await?;
         let fence = self.streams.fence(stream).await?;
-        let state = self.streams.state(stream).await?;
-        let exec = self.streams.executors().clone();
-        let project = stream.namespace.storage_key().to_string();
-        let timeout_ms = self.config.delivery.timeout_ms;
-        let (component, i) = (promote.component.clone(), std::sync::Arc::clone(&instance));
         let promotion = Promotion {
             run_held: promote.run_held_effects,
             fence,
         };
-        let (through, held) = tokio::task::spawn_blocking(move || {
-            let stepper = shadow::Stepper {
-                storage: &exec.storage,
-                runtime: &exec.runtime,
-                project: &project,
-                state: &state,
-                component: &component,
-                timeout_ms,
-            };
-            let through = shadow::promote(&stepper, &i, &promotion)?;
-            Ok::<_, crate::delivery::Failure>((through, i.held_count()))
-        })
-        .await
-        .map_err(|e| Error::internal(format!("promoting the shadow panicked: {e}")))?
-        .map_err(|f| Error::unprocessable("shadow-failed", f.message))?;
+        let i = std::sync::Arc::clone(&instance);
+        let (through, held) = self
+            .on_blocking_thread(
+                stream,
+                &promote.component,
+                "promoting the shadow",
+                move |stepper| {
+                    let through = shadow::promote(stepper, &i, &promotion)?;
+                    Ok((through, i.held_count()))
+                },
+            )
+            .await?;
         shadow::end(
             &self.streams,
             stream,
