@@ -7,6 +7,12 @@ use chrono::{DateTime, SecondsFormat, Utc};
 pub trait Clock: Send + Sync + 'static {
     /// Milliseconds since the Unix epoch.
     fn now_ms(&self) -> i64;
+
+    /// Microseconds since the Unix epoch (measurements); by default the
+    /// milliseconds, scaled.
+    fn now_us(&self) -> i64 {
+        self.now_ms().saturating_mul(1000)
+    }
 }
 
 /// The system's clock.
@@ -16,6 +22,10 @@ pub struct SystemClock;
 impl Clock for SystemClock {
     fn now_ms(&self) -> i64 {
         Utc::now().timestamp_millis()
+    }
+
+    fn now_us(&self) -> i64 {
+        Utc::now().timestamp_micros()
     }
 }
 

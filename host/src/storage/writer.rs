@@ -262,6 +262,16 @@ impl CommitError {
         }
     }
 
+    /// A write the log's idempotency index refused (simulated storage).
+    #[cfg(test)]
+    pub(crate) fn duplicate(message: impl Into<String>) -> CommitError {
+        CommitError {
+            message: message.into(),
+            duplicate_key: true,
+            rolled_back: true,
+        }
+    }
+
     /// The write's own failure (rolled back alone, nothing of it
     /// committed).
     fn of_write(e: &anyhow::Error) -> CommitError {

@@ -10,14 +10,35 @@ use std::sync::Arc;
 use serde_json::json;
 use tokio::sync::mpsc;
 
-use super::{Actor, Command, Reply};
-use crate::connection::feed::{ConnMsg, Feed, Guard, Replay};
+use super::core::{ActorCore, Output};
+use super::Reply;
+use crate::connection::feed::{ConnMsg, Feed};
 use crate::connection::{
     validate_coordinates, CloseReason, ConnectParams, LiveEvent, CONNECTION_BUFFER_BATCHES,
 };
 use crate::error::Error;
 use crate::stream::{types, Event};
 use crate::subscription::KEY_CHARS_MAX;
+
+/// A connection the core registered, for the runtime to hand its feed
+/// over (with storage for its replay and a guard that reports its end).
+pub struct NewConnection {
+    pub key: String,
+    pub id: u64,
+    pub replay: Option<ReplayFrom>,
+    pub initial_state: Option<Arc<str>>,
+    pub head: u64,
+    pub rx: mpsc::Receiver<ConnMsg>,
+}
+
+/// Where a new connection's replay starts and ends.
+pub struct ReplayFrom {
+    pub row_id: i64,
+    pub after: u64,
+    pub head: u64,
+    /// Buffered ephemeral events in `(after, head]`, in order.
+    pub ephemeral: Vec<LiveEvent>,
+}
 
 /// A registered connection.
 pub(super) struct Conn {
@@ -28,14 +49,14 @@ pub(super) struct Conn {
     delivered_commits: u64,
 }
 
-impl Actor {
+impl ActorCore {
     pub(super) fn connect(&mut self, params: ConnectParams, reply: Reply<Feed>) {
         let result = self.try_connect(params);
-        let _ = reply.send(result);
+        self.push_output(Output::Connected { reply, result });
     }
 
     /// Registers a connection; the stream is loaded already.
-    fn try_connect(&mut self, params: ConnectParams) -> Result<Feed, Error> {
+    fn try_connect(&mut self, params: ConnectParams) -> Result<NewConnection, Error> {
         let Some(stream) = &self.stream else {
             return Err(self.not_found());
         };
@@ -50,7 +71,7 @@ impl Actor {
                 }
                 k
             }
-            None => format!("connection:{}", uuid::Uuid::new_v4()),
+            None => format!("connection:{}", self.env.new_id()),
         };
         if stream
             .state
@@ -69,8 +90,7 @@ impl Actor {
         }
         let stream = self.stream.as_ref().expect("checked above");
         let head = stream.state.max_offset;
-        let replay = params.replay_after_offset.map(|after| Replay {
-            storage: self.ctx.storage.clone(),
+        let replay = params.replay_after_offset.map(|after| ReplayFrom {
             row_id: stream.row_id,
             after,
             head,
@@ -87,18 +107,6 @@ impl Actor {
         self.next_connection_id += 1;
         let id = self.next_connection_id;
         let (tx, rx) = mpsc::channel(CONNECTION_BUFFER_BATCHES);
-        let notify = self.self_tx.clone();
-        let notice_key = key.clone();
-        let guard = Guard::new(Box::new(move |reason, error| {
-            if let Some(tx) = notify.upgrade() {
-                let _ = tx.try_send(Command::ConnectionEnded {
-                    key: notice_key,
-                    id,
-                    reason,
-                    error,
-                });
-            }
-        }));
         let audit = json!({
             "connectionKey": key,
             "replayAfterOffset": params.replay_after_offset,
@@ -111,12 +119,19 @@ impl Actor {
                 id,
                 params,
                 tx,
-                opened_at_ms: self.ctx.clock.now_ms(),
+                opened_at_ms: self.env.now_ms(),
                 delivered_commits: 0,
             },
         );
         self.append_fact(types::CONNECTION_OPENED, audit);
-        Ok(Feed::new(replay, initial_state, head, rx, guard))
+        Ok(NewConnection {
+            key,
+            id,
+            replay,
+            initial_state,
+            head,
+            rx,
+        })
     }
 
     /// A consumer ended its connection (client gone, or its filter failed).

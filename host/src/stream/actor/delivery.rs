@@ -12,14 +12,14 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
-use super::{Actor, Command, Pending};
+use super::core::{ActorCore, Output};
 use crate::delivery::copy::SourceInfo;
 use crate::delivery::runtime::SubscriptionRuntime;
 use crate::delivery::schedule::{DeliveryDone, Fact};
 use crate::delivery::target::Route;
 use crate::executor::Source;
-use crate::storage::{CursorRow, WriteOp};
-use crate::stream::{AppendInput, Authority, CoreState, EventInput};
+use crate::storage::CursorRow;
+use crate::stream::CoreState;
 use crate::subscription::OutboundSubscription;
 
 /// Push subscriptions have a cursor on the source; processor-wake does not.
@@ -75,8 +75,6 @@ pub(super) fn cursor_row(key: &str, rt: &SubscriptionRuntime) -> CursorRow {
     }
 }
 
-pub(super) use crate::clock::jitter;
-
 /// A loaded run's failure as it stood: a halted run's from its halt fact,
 /// a failing run's from its cursor row (so `:runtime` shows `lastError`
 /// and `attempt` after a release or a restart).
@@ -101,7 +99,7 @@ fn restore_failure(
     }
 }
 
-impl Actor {
+impl ActorCore {
     /// Brings delivery state in line with `state`: a new generation starts a
     /// new run at its start cursor (or the committed row of that run), a
     /// removed subscription loses its state, halts and resumes are applied.
@@ -206,39 +204,6 @@ impl Actor {
         (rows, removed)
     }
 
-    /// A write of advanced cursors, when there is nothing else to commit.
-    pub(super) fn start_cursor_write(
-        &mut self,
-    ) -> Option<(
-        super::InFlight,
-        tokio::sync::oneshot::Receiver<Result<i64, crate::storage::CommitError>>,
-    )> {
-        let stream = self.stream.as_ref()?;
-        if self.reload_needed {
-            return None;
-        }
-        let cursors: Vec<CursorRow> = self
-            .deliveries
-            .runs
-            .iter()
-            .filter(|(_, rt)| {
-                // A processor's cursor is its checkpoint: only its counters
-                // are written here.
-                rt.counters_dirty || (rt.processor.is_none() && rt.cursor != rt.durable_cursor)
-            })
-            .map(|(k, rt)| cursor_row(k, rt))
-            .collect();
-        if cursors.is_empty() {
-            return None;
-        }
-        let rx = self.ctx.storage.submit(WriteOp::Cursors {
-            row_id: stream.row_id,
-            cursors: cursors.clone(),
-            fence: self.fence.clone(),
-        });
-        Some((super::InFlight::Cursors { cursors }, rx))
-    }
-
     /// When the schedule needs the actor next (retries, deadlines), in ms
     /// since the epoch.
     pub(super) fn next_delivery_at_ms(&self) -> Option<i64> {
@@ -253,14 +218,14 @@ impl Actor {
     pub(super) fn pump_deliveries(&mut self) {
         // Several hosts: nothing is delivered while this host's leases may
         // be lapsing (`LeaseChanged` resumes it).
-        if self.reload_needed || !self.ctx.storage.lease_valid() {
+        if self.reload_needed || !self.env.lease_valid() {
             return;
         }
         let Some(stream) = &self.stream else { return };
         let head = stream.state_offset;
-        let now_ms = self.ctx.clock.now_ms();
-        let policy = self.ctx.delivery.clone();
-        let expired = self.deliveries.expire(now_ms, jitter(), &policy);
+        let now_ms = self.env.now_ms();
+        let policy = self.config.delivery.clone();
+        let expired = self.deliveries.expire(now_ms, self.env.jitter(), &policy);
         let (jobs, facts) = self.deliveries.due(now_ms, head, policy.timeout_ms);
         for fact in expired.into_iter().chain(facts) {
             self.append_run_fact(fact);
@@ -279,19 +244,7 @@ impl Actor {
             },
             fence: self.fence.clone(),
         });
-        for job in jobs {
-            let self_tx = self.self_tx.clone();
-            crate::executor::spawn(
-                &self.ctx.executors,
-                job,
-                source.clone(),
-                |done| async move {
-                    if let Some(tx) = self_tx.upgrade() {
-                        let _ = tx.send(Command::DeliveryDone(Box::new(done))).await;
-                    }
-                },
-            );
-        }
+        self.push_output(Output::Spawn { jobs, source });
     }
 
     /// The receiver kind of run `key`, as metrics label it.
@@ -309,9 +262,11 @@ impl Actor {
         for e in events {
             match e.event_type.as_str() {
                 crate::stream::types::SUBSCRIPTION_DELIVERY_HALTED => {
-                    self.ctx.metrics.subscription_halted(kind)
+                    self.config.metrics.subscription_halted(kind)
                 }
-                crate::stream::types::ERROR_OCCURRED => self.ctx.metrics.subscription_skipped(kind),
+                crate::stream::types::ERROR_OCCURRED => {
+                    self.config.metrics.subscription_skipped(kind)
+                }
                 _ => {}
             }
         }
@@ -322,25 +277,25 @@ impl Actor {
         if self.stream.is_none() {
             return;
         }
-        self.ctx
+        self.config
             .metrics
             .delivery_attempted(self.receiver_kind(&done.key), done.result.is_ok());
         if let Err(failure) = &done.result {
             tracing::warn!(stream = %self.address, key = %done.key, error = %failure.message, "delivery failed");
         }
-        let now_ms = self.ctx.clock.now_ms();
-        let now = std::time::Instant::now();
+        let now_ms = self.env.now_ms();
+        let now_us = self.env.now_us();
         let recent = &self.recent_commits;
         let latency = |offset: u64| {
             recent
                 .binary_search_by_key(&offset, |(o, _)| *o)
                 .ok()
-                .map(|i| now.duration_since(recent[i].1).as_secs_f64() * 1000.0)
+                .map(|i| (now_us - recent[i].1).max(0) as f64 / 1000.0)
         };
-        let policy = self.ctx.delivery.clone();
+        let policy = self.config.delivery.clone();
         let fact = self
             .deliveries
-            .complete(done, now_ms, jitter(), &policy, latency);
+            .complete(done, now_ms, self.env.jitter(), &policy, latency);
         self.prune_recent_commits();
         if let Some(fact) = fact {
             self.append_run_fact(fact);
@@ -359,30 +314,9 @@ impl Actor {
         self.queue_fact(event_type, payload, None);
     }
 
-    fn queue_fact(&mut self, event_type: &str, payload: Value, run: Option<(String, u64)>) {
-        let input = AppendInput {
-            events: vec![EventInput {
-                event_type: event_type.to_string(),
-                payload: payload.as_object().cloned(),
-                metadata: None,
-                idempotency_key: None,
-                ephemeral: None,
-                offset: None,
-                source: None,
-            }],
-            expected_stream_id: None,
-        };
-        self.queue.push_back(Pending::Append {
-            input,
-            authority: Authority::Platform,
-            reply: None,
-            run,
-        });
-    }
-
     /// A run's fact was rejected or failed to commit.
     pub(super) fn run_fact_failed(&mut self, run: &(String, u64)) {
-        let now_ms = self.ctx.clock.now_ms();
+        let now_ms = self.env.now_ms();
         self.deliveries.fact_failed(&run.0, run.1, now_ms);
     }
 
