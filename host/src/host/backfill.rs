@@ -213,6 +213,7 @@ impl Host {
             .map_err(|m| Error::invalid_with("invalid-jsonata", m))?;
         let storage = self.streams.storage().clone();
         let runtime = self.streams.wasm_runtime().clone();
+        let clock = self.streams.clock();
         let project = stream.namespace.storage_key().to_string();
         let path = stream.path.clone();
         let component = backfill.component;
@@ -264,7 +265,7 @@ impl Host {
             let (_, end, _) = fold
                 .run(initial, after, through, Bucket::empty(), |effects, at| {
                     if !effects.is_empty() {
-                        let now = chrono::Utc::now().timestamp_millis();
+                        let now = clock.now_ms();
                         let returned = effects.len() as u64;
                         let created = storage
                             .submit(WriteOp::Effect(EffectOp::Insert {

@@ -58,7 +58,7 @@ impl Host {
                 this_host: me.clone(),
                 hosts: vec![ClusterHost {
                     url: me,
-                    last_seen_at: format_timestamp(chrono::Utc::now().timestamp_millis()),
+                    last_seen_at: format_timestamp(self.streams.now_ms()),
                     streams: self.streams.actors() as u64,
                     live: None,
                 }],

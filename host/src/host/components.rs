@@ -231,7 +231,7 @@ impl Host {
             digest: digest.clone(),
             exports: exports.clone(),
             bytes,
-            deployed_at: format_timestamp(chrono::Utc::now().timestamp_millis()),
+            deployed_at: format_timestamp(self.streams.now_ms()),
             refold,
             replay_effects,
             shadow,

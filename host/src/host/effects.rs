@@ -333,7 +333,7 @@ impl Host {
     /// # Ok(()) }
     /// ```
     pub async fn retry_effect(&self, project: &str, id: i64) -> Result<Effect, Error> {
-        let now_ms = chrono::Utc::now().timestamp_millis();
+        let now_ms = self.streams.now_ms();
         let op = EffectOp::Retry { id, now_ms };
         let retried = self
             .change_effect(
@@ -386,7 +386,7 @@ impl Host {
     /// # Ok(()) }
     /// ```
     pub async fn cancel_effect(&self, project: &str, id: i64) -> Result<Effect, Error> {
-        let settled_at = format_timestamp(chrono::Utc::now().timestamp_millis());
+        let settled_at = format_timestamp(self.streams.now_ms());
         let op = EffectOp::Cancel { id, settled_at };
         self.change_effect(
             project,

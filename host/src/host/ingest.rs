@@ -35,7 +35,7 @@ impl Host {
         stream: &StreamAddress,
         events: Vec<EventInput>,
     ) -> Result<usize, Error> {
-        let now = format_timestamp(chrono::Utc::now().timestamp_millis());
+        let now = format_timestamp(self.streams.now_ms());
         crate::ingest::accept::accept(self.streams.storage(), &self.ingest, stream, events, now)
             .await
     }

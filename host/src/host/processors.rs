@@ -275,7 +275,7 @@ impl Host {
             .into_values()
             .find(|d| d.processor.as_deref() == Some(component));
         let idle_ms = self.config.processors.idle_teardown_ms as i64;
-        let now = chrono::Utc::now().timestamp_millis();
+        let now = self.streams.now_ms();
         let status = match &delivery {
             Some(d) if d.halted => ProcessorStatus::Halted,
             Some(d) if d.attempt > 0 => ProcessorStatus::Failing,

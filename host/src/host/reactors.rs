@@ -113,6 +113,7 @@ impl Host {
             None
         };
         let storage = self.streams.storage().clone();
+        let clock = self.streams.clock();
         let runtime = self.streams.wasm_runtime().clone();
         let project = stream.namespace.storage_key().to_string();
         let path = stream.path.clone();
@@ -173,7 +174,7 @@ impl Host {
                 counts.matched += calls;
                 for reaction in reactions {
                     let returned = reaction.effects.len() as u64;
-                    let now = chrono::Utc::now().timestamp_millis();
+                    let now = clock.now_ms();
                     let created = storage
                         .submit(WriteOp::Effect(EffectOp::Insert {
                             source: source.clone(),

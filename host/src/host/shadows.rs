@@ -198,6 +198,7 @@ impl Host {
         let promotion = Promotion {
             run_held: promote.run_held_effects,
             fence,
+            now_ms: self.streams.now_ms(),
         };
         let i = std::sync::Arc::clone(&instance);
         let (through, held) = self

@@ -217,7 +217,7 @@ async fn one_by_one(
                     path: address.path.clone(),
                     idempotency_key: row.key.clone(),
                     reason: e.message.clone(),
-                    dropped_at: format_timestamp(chrono::Utc::now().timestamp_millis()),
+                    dropped_at: format_timestamp(streams.now_ms()),
                 };
                 let op = IngestOp::Drop {
                     ids: vec![row.id],

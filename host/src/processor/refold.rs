@@ -247,6 +247,7 @@ async fn refold_fenced(
     let path = address.path.clone();
     let component = component.to_string();
     let wanted = digest.to_string();
+    let clock = streams.clock();
     let through = tokio::task::spawn_blocking(move || -> Result<u64, Failure> {
         let storage = &exec.storage;
         let runtime = &exec.runtime;
@@ -344,7 +345,7 @@ async fn refold_fenced(
                 .filter(|(_, through, _)| replay || *through > gate)
                 .flat_map(|(_, _, batch)| batch.iter().cloned())
                 .collect();
-            let now = chrono::Utc::now().timestamp_millis();
+            let now = clock.now_ms();
             let switch = Checkpoint {
                 row_id: row.row_id,
                 project: project.clone(),

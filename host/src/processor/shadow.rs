@@ -693,6 +693,8 @@ pub struct Promotion {
     pub run_held: bool,
     /// The stream owner's lease.
     pub fence: Option<crate::storage::Fence>,
+    /// The injected clock's time (the checkpoint's `updated_at`).
+    pub now_ms: i64,
 }
 
 /// Switches an instance to its shadow: folds the rest, then commits the
@@ -723,7 +725,7 @@ pub fn promote(
         if through < live.checkpoint_offset {
             continue;
         }
-        let now = chrono::Utc::now().timestamp_millis();
+        let now = promotion.now_ms;
         let switch = Checkpoint {
             row_id,
             project: project.to_string(),
@@ -783,6 +785,7 @@ async fn finish(streams: &Streams, project: &str, component: &str, digest: &str,
     let storage = streams.storage().clone();
     let runtime = streams.wasm_runtime().clone();
     let (p, c, d) = (project.to_string(), component.to_string(), digest.to_string());
+    let clock = streams.clock();
     let op = tokio::task::spawn_blocking(move || -> anyhow::Result<Option<WriteOp>> {
         // Still this shadow's record (a deploy may have replaced it).
         if storage.shadow_of(&p, &c)?.as_deref() != Some(d.as_str()) {
@@ -803,7 +806,7 @@ async fn finish(streams: &Streams, project: &str, component: &str, digest: &str,
             digest: d,
             exports,
             bytes,
-            deployed_at: format_timestamp(chrono::Utc::now().timestamp_millis()),
+            deployed_at: format_timestamp(clock.now_ms()),
             refold: false,
             replay_effects: false,
             shadow: false,

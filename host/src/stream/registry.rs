@@ -481,6 +481,16 @@ impl Streams {
         &self.inner.ctx.storage
     }
 
+    /// The injected clock's time, ms since the epoch.
+    pub fn now_ms(&self) -> i64 {
+        self.inner.ctx.clock.now_ms()
+    }
+
+    /// The injected clock.
+    pub fn clock(&self) -> Arc<dyn Clock> {
+        Arc::clone(&self.inner.ctx.clock)
+    }
+
     /// What delivery jobs and effects execute with.
     pub fn executors(&self) -> &crate::executor::Executors {
         &self.inner.ctx.executors

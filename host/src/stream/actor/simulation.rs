@@ -18,20 +18,24 @@
 //! - every request is answered exactly once, and once the failures stop,
 //!   every matching event of a run that did not halt reaches the receiver.
 //!
-//! It catches planted off-by-ones. Checked by hand with
-//! `cargo test -p streamhost --lib simulation`:
-//! - `head + 1` for a job's `head` in `Deliveries::due`
-//!   (`delivery/schedule.rs`) fails seed 1 with "invariant
-//!   no-delivery-past-head: ... job for \"hook\" reaches offset 4, the log's
-//!   head is 3";
-//! - `state.max_offset + 2` for the next offset in `plan_append`
-//!   (`stream/append.rs`) fails seed 1 with "invariant dense-offsets: ...
-//!   offset 3 follows 1";
-//! - answering a round's requests in `plan` before its commit instead of in
-//!   `finish_write` fails seed 1 with "invariant
-//!   acknowledged-means-committed".
+//! It catches planted off-by-ones. Each was checked by hand, by making
+//! the change and running `cargo test -p streamhost --lib simulation`:
+//! - a job's `head: head + 1` in `Deliveries::due` (`delivery/schedule.rs`):
+//!   "seed 1: invariant no-delivery-past-head: /a: job for \"hook\" reaches
+//!   offset 3, the log's head is 2";
+//! - `current.max_offset + 2` for the next offset in `plan_append`
+//!   (`stream/append.rs`): "seed 1: invariant dense-offsets: /a: offset 3
+//!   follows 1" (the production assertion only sees offsets increase: a
+//!   gap is legal there, ephemeral events leave them);
+//! - `d.through + 1` for the cursor after a delivery in
+//!   `Deliveries::complete`: "seed 1: invariant no-delivery-past-head: /a:
+//!   \"hook\" cursor 3 past head 2";
+//! - a failed commit's requests answered with their plans in
+//!   `ActorCore::finish_write` instead of the error: "seed 1: invariant
+//!   acknowledged-means-committed: /c: offset 3 was acknowledged, the log
+//!   ends at 2".
 //!
-//! `STREAMHOST_SIM_SEEDS=N` runs more seeds (300 in CI).
+//! `STREAMHOST_SIM_SEEDS=N` runs more (or fewer) seeds than the 300 of CI.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
