@@ -169,6 +169,8 @@ pub use subscription::Subscription;
 
 #[cfg(test)]
 mod proptests;
+#[cfg(test)]
+mod seeded;
 
 /// Unit tests count allocations as the binary does (the JSONata budget).
 #[cfg(test)]

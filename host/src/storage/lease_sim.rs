@@ -20,6 +20,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 
 use super::lease::{lease_live, Tenure};
+use crate::seeded::Rng;
 
 const LEASE_MS: i64 = 1_000;
 const HOSTS: usize = 3;
@@ -45,26 +46,6 @@ const CURRENT: Protocol = Protocol {
     exact_ingest_delete: true,
     bridge_lease: true,
 };
-
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        // xorshift64*
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-
-    fn chance(&mut self, per_mille: u64) -> bool {
-        self.below(1000) < per_mille
-    }
-}
 
 /// An ingest row: its id is taken at insert, it is visible once its
 /// transaction commits (ids are not assigned in commit order).
@@ -176,7 +157,7 @@ struct Sim {
 
 impl Sim {
     fn new(p: Protocol, seed: u64) -> Sim {
-        let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+        let mut rng = Rng::new(seed);
         let hosts = (0..HOSTS)
             .map(|i| Host {
                 clock_offset: 1_000_000 + (i as i64) * 7_919 + rng.below(5_000) as i64,
@@ -231,13 +212,13 @@ impl Sim {
                     continue;
                 }
                 sim.renew(h);
-                if sim.rng.chance(300) {
+                if sim.rng.per_mille(300) {
                     sim.stream_work(h);
                 }
-                if sim.rng.chance(200) {
+                if sim.rng.per_mille(200) {
                     sim.drain(h);
                 }
-                if sim.rng.chance(200) {
+                if sim.rng.per_mille(200) {
                     sim.bridge(h);
                 }
             }
@@ -311,7 +292,7 @@ impl Sim {
     /// A message's delay: mostly short, sometimes slow (a loaded database),
     /// so messages overtake each other.
     fn delay(&mut self) -> i64 {
-        if self.rng.chance(50) {
+        if self.rng.per_mille(50) {
             self.rng.below(1_500) as i64
         } else {
             self.rng.below(40) as i64
@@ -319,12 +300,12 @@ impl Sim {
     }
 
     fn faults(&mut self) {
-        if self.rng.chance(4) {
+        if self.rng.per_mille(4) {
             let h = self.rng.below(HOSTS as u64) as usize;
             let pause = 300 + self.rng.below(2_700) as i64;
             self.hosts[h].paused_until = self.hosts[h].paused_until.max(self.now + pause);
         }
-        if self.rng.chance(4) {
+        if self.rng.per_mille(4) {
             let h = self.rng.below(HOSTS as u64) as usize;
             let cut = 300 + self.rng.below(2_700) as i64;
             self.hosts[h].cut_until = self.hosts[h].cut_until.max(self.now + cut);
@@ -332,7 +313,7 @@ impl Sim {
     }
 
     fn producers(&mut self) {
-        if self.rng.chance(250) {
+        if self.rng.per_mille(250) {
             // An acceptance: its id now, visible when its commit lands.
             let id = self.db.next_id;
             self.db.next_id += 1;
@@ -345,7 +326,7 @@ impl Sim {
                 },
             );
         }
-        if self.rng.chance(250) {
+        if self.rng.per_mille(250) {
             self.db.js_next += 1;
             self.db.js.insert(self.db.js_next, false);
         }
@@ -397,7 +378,7 @@ impl Sim {
             }
             return;
         };
-        if self.rng.chance(500) {
+        if self.rng.per_mille(500) {
             // An append: committed only under the lease's owner and epoch.
             if self.cut(h) {
                 return;
@@ -633,7 +614,7 @@ fn the_simulation_actually_moves_streams_between_hosts() {
             for h in 0..HOSTS {
                 if !sim.paused(h) {
                     sim.renew(h);
-                    if sim.rng.chance(300) {
+                    if sim.rng.per_mille(300) {
                         sim.stream_work(h);
                     }
                 }

@@ -53,6 +53,7 @@ use crate::config::DeliveryConfig;
 use crate::delivery::schedule::{Delivered, DeliveryDone, Job};
 use crate::delivery::Failure;
 use crate::error::Error;
+use crate::seeded::Rng;
 use crate::storage::{CommitError, CursorRow, StoredEvent, StreamRef, WriteOp};
 use crate::stream::{Authority, CoreState, Event, Namespace, StreamAddress};
 
@@ -61,31 +62,6 @@ const MATCHED: &str = "sim.example/e";
 /// An event type they pass over.
 const OTHER: &str = "sim.example/other";
 const PATHS: [&str; 3] = ["/a", "/b", "/c"];
-
-/// A small seeded generator (xorshift64*): the simulation must not depend
-/// on anything but its seed.
-struct Rng(u64);
-
-impl Rng {
-    fn new(seed: u64) -> Rng {
-        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
-    }
-
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-
-    fn chance(&mut self, percent: u64) -> bool {
-        self.below(100) < percent
-    }
-}
 
 /// The cores' environment: a clock the schedule moves, ids from a counter.
 struct SimEnv {
@@ -595,12 +571,12 @@ impl World {
         let mut used = HashSet::new();
         let events: Vec<_> = (0..count)
             .map(|_| {
-                let keyed = self.rng.chance(30);
+                let keyed = self.rng.percent(30);
                 let key = format!("k{}", self.rng.below(8));
                 if keyed && used.insert(key.clone()) {
                     json!({"type": MATCHED, "payload": {"key": key}, "idempotencyKey": key})
                 } else {
-                    let t = if self.rng.chance(70) { MATCHED } else { OTHER };
+                    let t = if self.rng.percent(70) { MATCHED } else { OTHER };
                     json!({"type": t, "payload": {"n": self.rng.below(1000)}})
                 }
             })
@@ -655,7 +631,7 @@ impl World {
             return;
         };
         let path = self.nodes[n].path;
-        let fail = self.failing && self.rng.chance(10);
+        let fail = self.failing && self.rng.percent(10);
         self.faults.reads_failed += usize::from(fail);
         let input = match io {
             Io::Load => {
