@@ -1,6 +1,8 @@
 //! A seeded, deterministic simulation of stream actors: three
-//! [`ActorCore`]s (one per stream), each with a webhook subscription, driven
-//! through their step function against a simulated log whose commits fail
+//! [`ActorCore`]s (one per stream), each with a webhook subscription and
+//! /a copying to /b (the copy batches go to /b's core as the copy executor
+//! sends them), driven through their step function against a simulated log
+//! whose commits fail
 //! before or after they reach it and complete in any order across streams,
 //! whose loads and lookups fail or answer late (inputs arriving meanwhile
 //! are held), a simulated receiver that fails, times out and loses its
@@ -15,10 +17,12 @@
 //!   committed head, and every delivered offset is committed;
 //! - **cursor-monotonic**: a run's stored cursor never moves back, and
 //!   within one load of the stream its jobs' cursors never move back;
+//! - **copies-exactly-once**: /b never holds a copy of an /a event twice;
 //! - every request is answered exactly once, and once the failures stop,
-//!   every matching event of a run that did not halt reaches the receiver.
+//!   every matching event of a run that did not halt reaches the receiver
+//!   (and /b).
 //!
-//! It catches planted off-by-ones. Each was checked by hand, by making
+//! It catches planted off-by-ones (and a lost key). Each was checked by hand, by making
 //! the change and running `cargo test -p streamhost --lib simulation`:
 //! - a job's `head: head + 1` in `Deliveries::due` (`delivery/schedule.rs`):
 //!   "seed 1: invariant no-delivery-past-head: /a: job for \"hook\" reaches
@@ -33,7 +37,10 @@
 //! - a failed commit's requests answered with their plans in
 //!   `ActorCore::finish_write` instead of the error: "seed 1: invariant
 //!   acknowledged-means-committed: /c: offset 3 was acknowledged, the log
-//!   ends at 2".
+//!   ends at 2";
+//! - a copy without its idempotency key in `plan_copy`
+//!   (`delivery/copy.rs`): "seed 1: invariant copies-exactly-once: /b holds
+//!   /a@4 twice".
 //!
 //! `STREAMHOST_SIM_SEEDS=N` runs more (or fewer) seeds than the 300 of CI.
 
@@ -50,6 +57,7 @@ use super::core::{
 };
 use super::{AppendOutput, Command, ReadQuery};
 use crate::config::DeliveryConfig;
+use crate::delivery::copy::{CopyBatch, CopyOutcome, SourceInfo};
 use crate::delivery::schedule::{Delivered, DeliveryDone, Job};
 use crate::delivery::Failure;
 use crate::error::Error;
@@ -62,6 +70,9 @@ const MATCHED: &str = "sim.example/e";
 /// An event type they pass over.
 const OTHER: &str = "sim.example/other";
 const PATHS: [&str; 3] = ["/a", "/b", "/c"];
+/// /a's copy subscription, and where it copies to.
+const COPY: &str = "copy";
+const COPY_TO: &str = "/b";
 
 /// The cores' environment: a clock the schedule moves, ids from a counter.
 struct SimEnv {
@@ -325,6 +336,16 @@ struct Asked {
 struct Held {
     path: &'static str,
     job: Job,
+    source: SourceInfo,
+}
+
+/// A copy batch the receiving stream's core holds, waiting for its commit.
+struct Copying {
+    path: &'static str,
+    job: Job,
+    through: u64,
+    offsets: Vec<u64>,
+    rx: oneshot::Receiver<Result<CopyOutcome, Error>>,
 }
 
 struct World {
@@ -335,6 +356,7 @@ struct World {
     nodes: Vec<Node>,
     asked: Vec<Asked>,
     jobs: Vec<Held>,
+    copies: Vec<Copying>,
     reports: Vec<(&'static str, DeliveryDone)>,
     /// Whether storage and the receiver fail now.
     failing: bool,
@@ -404,6 +426,7 @@ impl World {
             nodes,
             asked: Vec::new(),
             jobs: Vec::new(),
+            copies: Vec::new(),
             reports: Vec::new(),
             failing: true,
             keyed: HashMap::new(),
@@ -474,7 +497,7 @@ impl World {
                     events,
                 }));
             }
-            Output::Spawn { jobs, .. } => {
+            Output::Spawn { jobs, source } => {
                 let head = self.log.row(path).map_or(0, |r| r.events.len() as u64);
                 let loads = self.nodes[n].loads;
                 for job in jobs {
@@ -500,7 +523,11 @@ impl World {
                         job.cursor
                     );
                     *last = job.cursor;
-                    self.jobs.push(Held { path, job });
+                    self.jobs.push(Held {
+                        path,
+                        job,
+                        source: source.info.clone(),
+                    });
                 }
             }
             Output::React { .. } => panic!("seed {seed}: no reactor is configured"),
@@ -653,7 +680,7 @@ impl World {
 
     /// The receiver takes job `i`: it succeeds, fails, or loses its report.
     fn receive(&mut self, i: usize) {
-        let Held { path, job } = self.jobs.swap_remove(i);
+        let Held { path, job, source } = self.jobs.swap_remove(i);
         let seed = self.seed;
         let row = self.log.row(path).expect("a delivering stream has a log");
         let mut offsets = Vec::new();
@@ -675,6 +702,36 @@ impl World {
         if self.failing && roll < 5 {
             self.faults.reports_lost += 1;
             return; // lost: the attempt's deadline must catch it
+        }
+        if job.key == COPY {
+            let events = offsets
+                .iter()
+                .map(|o| event_at(row, *o).expect("selected from the log"))
+                .collect();
+            let batch = CopyBatch {
+                source,
+                subscription_key: job.key.clone(),
+                generation: job.generation,
+                transform: None,
+                events,
+                shaped: None,
+            };
+            let (reply, rx) = oneshot::channel();
+            self.copies.push(Copying {
+                path,
+                job,
+                through,
+                offsets,
+                rx,
+            });
+            let to = self.node(COPY_TO);
+            return self.command(
+                to,
+                Command::Deliver {
+                    batch: Box::new(batch),
+                    reply,
+                },
+            );
         }
         let result = if self.failing && roll < 25 && !offsets.is_empty() {
             self.faults.reports_failed += 1;
@@ -699,6 +756,46 @@ impl World {
                 offsets,
                 bytes: 0,
             })
+        };
+        let done = DeliveryDone {
+            key: job.key,
+            generation: job.generation,
+            id: job.id,
+            duration: std::time::Duration::from_millis(1),
+            result,
+        };
+        self.reports.push((path, done));
+    }
+
+    /// Reports copy batch `i` once the receiving core has answered it (as
+    /// the copy executor does).
+    fn copied(&mut self, i: usize) {
+        let answer = match self.copies[i].rx.try_recv() {
+            Ok(answer) => answer,
+            Err(oneshot::error::TryRecvError::Empty) => return,
+            Err(oneshot::error::TryRecvError::Closed) => {
+                panic!("seed {}: a copy batch was dropped unanswered", self.seed)
+            }
+        };
+        let Copying {
+            path,
+            job,
+            through,
+            offsets,
+            ..
+        } = self.copies.swap_remove(i);
+        let result = match answer {
+            Ok(_) => Ok(Delivered {
+                through,
+                offsets,
+                bytes: 0,
+            }),
+            Err(e) => Err(Failure {
+                retryable: !matches!(e.code, "stale-delivery" | "too-large"),
+                single_offset: (offsets.len() == 1).then(|| offsets[0]),
+                at_offset: offsets.first().copied(),
+                ..Failure::new(e.message, true)
+            }),
         };
         let done = DeliveryDone {
             key: job.key,
@@ -762,7 +859,11 @@ impl World {
                 let i = self.rng.below(self.jobs.len() as u64) as usize;
                 self.receive(i)
             }
-            70..=79 if !self.reports.is_empty() => {
+            70..=74 if !self.copies.is_empty() => {
+                let i = self.rng.below(self.copies.len() as u64) as usize;
+                self.copied(i)
+            }
+            75..=79 if !self.reports.is_empty() => {
                 let i = self.rng.below(self.reports.len() as u64) as usize;
                 self.report(i)
             }
@@ -774,8 +875,15 @@ impl World {
         }
     }
 
-    /// Configures each stream's webhook subscription.
+    /// Configures each stream's webhook subscription, and /a's copies to /b.
     fn configure(&mut self) {
+        self.append_json(
+            0,
+            json!({"events": [{"type": crate::stream::types::SUBSCRIPTION_CONFIGURED,
+                "payload": {"subscriptionKey": COPY, "filter": {"eventTypes": [MATCHED]},
+                    "receiver": {"action": "copy-to-stream", "receivingStreamPath": COPY_TO,
+                        "delivery": {"start": "beginning", "onFailingEvent": "halt"}}}}]}),
+        );
         for n in 0..self.nodes.len() {
             let policy = if n == 2 { "skip" } else { "halt" };
             self.append_json(
@@ -798,10 +906,14 @@ impl World {
             while !self.jobs.is_empty() {
                 self.receive(0);
             }
+            for i in (0..self.copies.len()).rev() {
+                self.copied(i);
+            }
             while !self.reports.is_empty() {
                 self.report(0);
             }
             let idle = self.asked.is_empty()
+                && self.copies.is_empty()
                 && self.nodes.iter().all(|n| n.core.drained())
                 && self.nodes.iter().all(|n| n.core.next_timer_ms().is_none());
             if idle {
@@ -864,6 +976,9 @@ impl World {
                 row.state_json,
                 "seed {seed}: {path}: the stored state is not the fold of the log"
             );
+            if path == COPY_TO {
+                self.check_copies(row);
+            }
             // A run that did not halt has delivered every matching event.
             let hook = state.subscriptions.outbound.by_key.get("hook");
             assert!(
@@ -898,6 +1013,43 @@ impl World {
     }
 }
 
+impl World {
+    /// Every matching event of /a is in /b once: never twice (the copies'
+    /// idempotency keys), and, unless the copy run halted, at least once.
+    fn check_copies(&self, to: &Row) {
+        let seed = self.seed;
+        let mut copied = HashSet::new();
+        for e in &to.events {
+            let event: Event = serde_json::from_str(&e.body).expect("stored events parse");
+            let Some(from) = event.source.as_ref().and_then(|s| s.copied_from.last()) else {
+                continue;
+            };
+            assert!(
+                copied.insert(from.offset),
+                "seed {seed}: invariant copies-exactly-once: {COPY_TO} holds /a@{} twice",
+                from.offset
+            );
+        }
+        let from = self.log.row(PATHS[0]).expect("/a has a log");
+        let state = fold(&from.events);
+        let halted = state
+            .subscriptions
+            .outbound
+            .by_key
+            .get(COPY)
+            .is_none_or(|s| s.delivery_halted.is_some());
+        if !halted {
+            for e in from.events.iter().filter(|e| e.event_type == MATCHED) {
+                assert!(
+                    copied.contains(&e.offset),
+                    "seed {seed}: /a@{} was never copied to {COPY_TO}",
+                    e.offset
+                );
+            }
+        }
+    }
+}
+
 fn run(seed: u64, steps: usize) -> World {
     let mut world = World::new(seed);
     for n in 0..world.nodes.len() {
@@ -926,6 +1078,7 @@ fn seeded_schedules_of_storage_and_receiver_failures_keep_the_logs_invariants() 
         .unwrap_or(300);
     let mut appended = 0;
     let mut delivered = 0;
+    let mut copied = 0;
     let mut faults = Vec::new();
     for seed in 1..=seeds {
         let world = run(seed, 300);
@@ -936,13 +1089,19 @@ fn seeded_schedules_of_storage_and_receiver_failures_keep_the_logs_invariants() 
             .map(|r| r.events.len())
             .sum::<usize>();
         delivered += world.received.values().map(HashSet::len).sum::<usize>();
+        copied += world.log.row(COPY_TO).map_or(0, |r| {
+            r.events
+                .iter()
+                .filter(|e| e.body.contains("\"copiedFrom\""))
+                .count()
+        });
         faults.push(world.faults);
     }
     // The schedules did work, and met every kind of failure.
     let total = |f: fn(&Faults) -> usize| faults.iter().map(f).sum::<usize>();
     let seeds = seeds as usize;
     println!(
-        "{seeds} seeds: {appended} events committed, {delivered} delivered; {:?}",
+        "{seeds} seeds: {appended} events committed, {delivered} delivered, {copied} copied; {:?}",
         Faults {
             commits_lost: total(|f| f.commits_lost),
             commits_unknown: total(|f| f.commits_unknown),
@@ -954,6 +1113,7 @@ fn seeded_schedules_of_storage_and_receiver_failures_keep_the_logs_invariants() 
     );
     assert!(appended > seeds * 20, "only {appended} events committed");
     assert!(delivered > seeds * 5, "only {delivered} events delivered");
+    assert!(copied > seeds * 5, "only {copied} events copied");
     assert!(
         total(|f| f.commits_lost) >= seeds,
         "commits that never reach the log"
