@@ -1,6 +1,7 @@
-//! Live connections inside the stream's actor: registering (after the
+//! Live connections inside the stream's actor core: registering (after the
 //! coordinates are checked, replacing an older connection with the same
-//! key), fanning out each commit's events, closing with an audit event.
+//! key; the runtime builds the consumer's feed from [`NewConnection`]),
+//! fanning out each commit's events, closing with an audit event.
 //!
 //! **Architecture Invariant:** a slow connection never blocks appends or
 //! other connections: each has a bounded queue, and a full queue closes it.

@@ -840,6 +840,10 @@ impl ActorCore {
             .map(|s| (s.row_id, s.state.stream_id.clone(), s.state.max_offset));
         self.out.push(Output::Load { known });
         self.waiting = Some(Waiting::Load(then));
+        // This load is the one the backoff waited for: only its own failure
+        // schedules another (a stream owned elsewhere or a lost lease
+        // schedules none: a request or `LeaseChanged` loads again).
+        self.reload_at_ms = None;
     }
 
     /// Takes over a load's result. A failure schedules the next attempt with

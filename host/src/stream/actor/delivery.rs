@@ -1,7 +1,8 @@
-//! The delivery engine inside a source stream's actor: it keeps the runs of
-//! the stream's subscriptions in line with core state after every commit,
-//! hands the jobs that the pure schedule (`delivery::schedule`) finds due to
-//! the executors (`crate::executor`), and applies their reports.
+//! The delivery engine inside a source stream's actor core: it keeps the
+//! runs of the stream's subscriptions in line with core state after every
+//! commit, asks the runtime (`Output::Spawn`) to hand the jobs that the
+//! pure schedule (`delivery::schedule`) finds due to the executors
+//! (`crate::executor`), and applies their reports.
 //!
 //! **Architecture Invariant:** delivery never runs inside an append. A
 //! delivery is a task; its result comes back as a message, and a result from

@@ -1173,3 +1173,75 @@ fn a_commit_that_fails_after_reaching_the_log_is_answered_as_failed_and_its_retr
         "the retry answers the committed offset (1 is the stream's creation)"
     );
 }
+
+#[test]
+fn a_reload_that_finds_the_stream_owned_elsewhere_asks_for_nothing_more_and_lets_the_actor_go() {
+    // A deposed owner (several hosts): its commit fails, the reload due at
+    // once finds another host owning the stream. The core must not load
+    // again on its own (its runtime carries out each load's follow-up in
+    // the same step: a reload scheduled in the past would loop), and the
+    // actor may leave memory.
+    let mut w = World::new(11);
+    w.failing = false;
+    w.append_json(0, json!({"events": [{"type": MATCHED}]}));
+    w.answer_io(0);
+    w.complete_commit(0);
+    w.append_json(0, json!({"events": [{"type": MATCHED}]}));
+    w.nodes[0].commit.take().expect("a write in flight");
+    w.step(
+        0,
+        Input::Committed(Err(CommitError::new("simulated: fenced out"))),
+    );
+    assert!(
+        matches!(w.nodes[0].io, Some(Io::Load)),
+        "the first failure reloads at once"
+    );
+    w.nodes[0].io = None;
+    w.nodes[0].loads += 1;
+    let owned = LoadError::OwnedElsewhere {
+        path: "/a".into(),
+        url: "http://other.invalid".into(),
+        owner: "other".into(),
+    };
+    w.step(
+        0,
+        Input::Loaded(Box::new(LoadResult {
+            lapses: 0,
+            result: Err(owned),
+        })),
+    );
+    assert!(w.nodes[0].io.is_none(), "no second load without a request");
+    assert_eq!(
+        w.nodes[0].core.next_timer_ms(),
+        None,
+        "and no timer for one"
+    );
+    assert!(
+        w.nodes[0].core.releasable(),
+        "nothing of the stream stays here"
+    );
+    assert_eq!(w.answered, 2);
+    // A request asks again, and is answered with where the stream lives.
+    let (reply, mut rx) = oneshot::channel();
+    w.command(0, Command::State { reply });
+    assert!(matches!(w.nodes[0].io, Some(Io::Load)));
+    w.nodes[0].io = None;
+    let owned = LoadError::OwnedElsewhere {
+        path: "/a".into(),
+        url: "http://other.invalid".into(),
+        owner: "other".into(),
+    };
+    w.step(
+        0,
+        Input::Loaded(Box::new(LoadResult {
+            lapses: 0,
+            result: Err(owned),
+        })),
+    );
+    let err = rx
+        .try_recv()
+        .expect("answered")
+        .expect_err("owned elsewhere");
+    assert_eq!(err.owner_url.as_deref(), Some("http://other.invalid"));
+    assert!(w.nodes[0].io.is_none());
+}
