@@ -702,11 +702,9 @@ async fn counter_woken_by(host: &Server, stream: &str) -> Value {
     v1
 }
 
-#[tokio::test]
-async fn a_version_deployed_through_another_host_is_the_one_the_owner_runs() {
-    if on_sqlite() {
-        return;
-    }
+/// Two hosts; A owns `/orders`, whose processor runs the counter (the
+/// version answered) and has folded one event.
+async fn two_hosts_with_a_counter_on_a() -> (Server, Server, String, Value) {
     let a = Server::start_with(Some(CLUSTER), &[]);
     let b = Server::joining(&a, Some(CLUSTER));
     let stream = format!("{P}/orders");
@@ -715,6 +713,15 @@ async fn a_version_deployed_through_another_host_is_the_one_the_owner_runs() {
         .await;
     let p = crate::processors::caught_up(&a, &stream, "proc").await;
     assert_eq!(p["digest"], v1["digest"], "{p}");
+    (a, b, stream, v1)
+}
+
+#[tokio::test]
+async fn a_version_deployed_through_another_host_is_the_one_the_owner_runs() {
+    if on_sqlite() {
+        return;
+    }
+    let (a, b, stream, v1) = two_hosts_with_a_counter_on_a().await;
     // A new version through B; A owns the stream and runs the processor.
     let (status, v2) = b.deploy("acme", "proc", guest("effector")).await;
     assert_eq!(status, 200, "{v2}");
@@ -740,13 +747,7 @@ async fn a_shadow_deployed_through_another_host_is_folded_and_promoted_by_the_ow
     if on_sqlite() {
         return;
     }
-    let a = Server::start_with(Some(CLUSTER), &[]);
-    let b = Server::joining(&a, Some(CLUSTER));
-    let stream = format!("{P}/orders");
-    let v1 = counter_woken_by(&a, &stream).await;
-    a.post(&format!("{stream}:append"), ev("x.y/a", json!({})))
-        .await;
-    crate::processors::caught_up(&a, &stream, "proc").await;
+    let (a, b, stream, v1) = two_hosts_with_a_counter_on_a().await;
     let (status, v2) = b
         .deploy_with_query("acme", "proc", guest("effector"), "refold=shadow")
         .await;

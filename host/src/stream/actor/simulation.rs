@@ -757,14 +757,7 @@ impl World {
                 bytes: 0,
             })
         };
-        let done = DeliveryDone {
-            key: job.key,
-            generation: job.generation,
-            id: job.id,
-            duration: std::time::Duration::from_millis(1),
-            result,
-        };
-        self.reports.push((path, done));
+        self.reports.push((path, done(job, result)));
     }
 
     /// Reports copy batch `i` once the receiving core has answered it (as
@@ -797,14 +790,7 @@ impl World {
                 ..Failure::new(e.message, true)
             }),
         };
-        let done = DeliveryDone {
-            key: job.key,
-            generation: job.generation,
-            id: job.id,
-            duration: std::time::Duration::from_millis(1),
-            result,
-        };
-        self.reports.push((path, done));
+        self.reports.push((path, done(job, result)));
     }
 
     fn node(&self, path: &str) -> usize {
@@ -1174,6 +1160,29 @@ fn a_commit_that_fails_after_reaching_the_log_is_answered_as_failed_and_its_retr
     );
 }
 
+/// The report of `job`'s attempt.
+fn done(job: Job, result: Result<Delivered, Failure>) -> DeliveryDone {
+    DeliveryDone {
+        key: job.key,
+        generation: job.generation,
+        id: job.id,
+        duration: std::time::Duration::from_millis(1),
+        result,
+    }
+}
+
+/// The answer to a load that finds /a owned by another host.
+fn owned_elsewhere() -> Input {
+    Input::Loaded(Box::new(LoadResult {
+        lapses: 0,
+        result: Err(LoadError::OwnedElsewhere {
+            path: "/a".into(),
+            url: "http://other.invalid".into(),
+            owner: "other".into(),
+        }),
+    }))
+}
+
 #[test]
 fn a_reload_that_finds_the_stream_owned_elsewhere_asks_for_nothing_more_and_lets_the_actor_go() {
     // A deposed owner (several hosts): its commit fails, the reload due at
@@ -1198,18 +1207,7 @@ fn a_reload_that_finds_the_stream_owned_elsewhere_asks_for_nothing_more_and_lets
     );
     w.nodes[0].io = None;
     w.nodes[0].loads += 1;
-    let owned = LoadError::OwnedElsewhere {
-        path: "/a".into(),
-        url: "http://other.invalid".into(),
-        owner: "other".into(),
-    };
-    w.step(
-        0,
-        Input::Loaded(Box::new(LoadResult {
-            lapses: 0,
-            result: Err(owned),
-        })),
-    );
+    w.step(0, owned_elsewhere());
     assert!(w.nodes[0].io.is_none(), "no second load without a request");
     assert_eq!(
         w.nodes[0].core.next_timer_ms(),
@@ -1226,18 +1224,7 @@ fn a_reload_that_finds_the_stream_owned_elsewhere_asks_for_nothing_more_and_lets
     w.command(0, Command::State { reply });
     assert!(matches!(w.nodes[0].io, Some(Io::Load)));
     w.nodes[0].io = None;
-    let owned = LoadError::OwnedElsewhere {
-        path: "/a".into(),
-        url: "http://other.invalid".into(),
-        owner: "other".into(),
-    };
-    w.step(
-        0,
-        Input::Loaded(Box::new(LoadResult {
-            lapses: 0,
-            result: Err(owned),
-        })),
-    );
+    w.step(0, owned_elsewhere());
     let err = rx
         .try_recv()
         .expect("answered")
