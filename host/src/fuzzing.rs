@@ -20,6 +20,7 @@ pub const TARGETS: &[&str] = &[
     "jsonata",
     "jsonata_builtins",
     "wit_value",
+    "http_mapping",
 ];
 
 /// The built-in functions `jsonata_builtins` calls.
@@ -137,6 +138,44 @@ pub fn stream_path(data: &[u8]) {
         );
         assert_eq!(canonicalize_path(&path), Ok(path.clone()), "{raw:?}");
     }
+}
+
+/// A `{stream}:method` call as the server's handlers read it: the first
+/// line is `GET|POST name[?query]`, the rest is the body. The parser answers
+/// every input (no request may panic the server), and what it accepts
+/// renders back to a call that it reads as the same request.
+pub fn http_mapping(data: &[u8]) {
+    use crate::http::mapping::{parse, render};
+    use axum::http::Method;
+    let (line, body) = match data.iter().position(|b| *b == b'\n') {
+        Some(i) => (&data[..i], &data[i + 1..]),
+        None => (data, &[][..]),
+    };
+    let Ok(line) = std::str::from_utf8(line) else {
+        return;
+    };
+    let (method, call) = match line.split_once(' ') {
+        Some(("POST", call)) => (Method::POST, call),
+        Some((_, call)) => (Method::GET, call),
+        None => (Method::GET, line),
+    };
+    let (name, query) = match call.split_once('?') {
+        Some((name, query)) => (name, Some(query)),
+        None => (call, None),
+    };
+    let Ok(request) = parse(name, &method, query, body) else {
+        return;
+    };
+    let call = render(&request);
+    let body = call
+        .body
+        .as_ref()
+        .map(|b| serde_json::to_vec(b).expect("a body serializes"))
+        .unwrap_or_default();
+    let query = (!call.query.is_empty()).then_some(call.query.as_str());
+    let back = parse(&call.name, &call.method, query, &body)
+        .unwrap_or_else(|e| panic!("{call:?} (rendered from {request:?}) does not parse: {e:?}"));
+    assert_eq!(back, request, "{call:?}");
 }
 
 /// An ITX call expression.

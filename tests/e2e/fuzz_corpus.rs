@@ -95,6 +95,7 @@ fn every_fuzz_target_survives_its_seed_corpus_and_a_short_mutation_run() {
             "jsonata" => fuzzing::jsonata(data),
             "jsonata_builtins" => fuzzing::jsonata_builtins(data),
             "wit_value" => fuzzing::wit_value(&types, data),
+            "http_mapping" => fuzzing::http_mapping(data),
             other => panic!("no entry point for fuzz target {other:?}"),
         };
         let dir = corpus.join(target);

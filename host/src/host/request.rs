@@ -661,7 +661,7 @@ impl Host {
 }
 
 #[cfg(test)]
-pub(crate) use tests::every_request;
+pub(crate) use tests::{every_request, every_request_named};
 
 #[cfg(test)]
 mod tests {
@@ -789,6 +789,44 @@ mod tests {
                 component: "counter".into(),
             },
         ]
+    }
+
+    /// [`every_request`] with every component name set to `name` and every
+    /// processor key (and key prefix) to `key`.
+    pub(crate) fn every_request_named(name: &str, key: &str) -> Vec<StreamRequest> {
+        use StreamRequest as R;
+        let mut requests = every_request();
+        for request in &mut requests {
+            match request {
+                R::Processor { component }
+                | R::VerifyProcessor { component }
+                | R::Shadow { component }
+                | R::DiscardShadow { component } => *component = name.into(),
+                R::ProcessorKeys { component, query } => {
+                    *component = name.into();
+                    query.prefix = key.into();
+                    if query.after.is_some() {
+                        query.after = Some(key.into());
+                    }
+                }
+                R::ProcessorKey { component, key: k } => {
+                    *component = name.into();
+                    *k = key.into();
+                }
+                R::ProcessorAt {
+                    component, keys, ..
+                } => {
+                    *component = name.into();
+                    if keys.is_some() {
+                        *keys = Some(key.into());
+                    }
+                }
+                R::BackfillProcessor(b) => b.component = name.into(),
+                R::PromoteShadow(p) => p.component = name.into(),
+                _ => {}
+            }
+        }
+        requests
     }
 
     #[test]

@@ -90,54 +90,9 @@ pub fn parse(
         ("waitForEvent", &Method::POST) => {
             R::WaitForEvent(parse_json(body)?)
         }
-        (m, &Method::GET) if m.starts_with("processors/") && m.contains("/keys") => {
-            let rest = &m["processors/".len()..];
-            let (component, keys) = rest.split_once("/keys").unwrap_or((rest, ""));
-            let component = component.to_string();
-            match keys.strip_prefix('/') {
-                None if keys.is_empty() => R::ProcessorKeys {
-                    component,
-                    query: query::keys_query(query)?,
-                },
-                Some(key) if !key.is_empty() => {
-                    query::no_query(query)?;
-                    let key = percent_encoding::percent_decode_str(key)
-                        .decode_utf8()
-                        .map_err(|_| {
-                            ApiError::invalid(format!("key {key:?} is not UTF-8 once decoded"))
-                        })?
-                        .into_owned();
-                    R::ProcessorKey { component, key }
-                }
-                _ => return Err(ApiError::not_found(
-                    "not-found",
-                    format!("no route for :{m} (processors/{{component}}/keys or processors/{{component}}/keys/{{key}})"),
-                )),
-            }
+        (m, &Method::GET) if m.starts_with("processors/") => {
+            return parse_processor_read(m, query);
         }
-        (m, &Method::GET) if m.starts_with("processors/") && m.contains("/at/") => {
-            let rest = &m["processors/".len()..];
-            let (component, offset) = rest.split_once("/at/").unwrap_or((rest, ""));
-            let offset = offset.parse::<u64>().map_err(|_| {
-                ApiError::invalid(format!(
-                    "offset {offset:?} in :processors/{component}/at/{{offset}} is not a whole number"
-                ))
-            })?;
-            R::ProcessorAt {
-                component: component.to_string(),
-                offset,
-                keys: query::at_query(query)?,
-            }
-        }
-        (m, &Method::GET) if m.starts_with("processors/") && m.ends_with("/shadow") => {
-            query::no_query(query)?;
-            R::Shadow {
-                component: m["processors/".len()..m.len() - "/shadow".len()].to_string(),
-            }
-        }
-        (m, &Method::GET) if m.starts_with("processors/") => R::Processor {
-            component: m["processors/".len()..].to_string(),
-        },
         ("backfillReactor", &Method::POST) => R::BackfillReactor(parse_json(body)?),
         ("promoteShadow", &Method::POST) => R::PromoteShadow(parse_json(body)?),
         ("discardShadow", &Method::POST) => {
@@ -201,6 +156,62 @@ pub fn parse(
     })
 }
 
+
+/// A `GET {stream}:processors/...` read, matched on its path segments: a
+/// component may be named like any route word (`keys`, `at`, `shadow`), and
+/// a key is everything after `keys/` (percent-decoded; a `/` in it arrives
+/// encoded from our clients, or as is from others).
+fn parse_processor_read(name: &str, query: Option<&str>) -> Result<StreamRequest, ApiError> {
+    use StreamRequest as R;
+    let segments: Vec<&str> = name.split('/').collect();
+    let no_route = || {
+        ApiError::not_found(
+            "not-found",
+            format!(
+                "no route for :{name} (processors/{{component}}, processors/{{component}}/keys, \
+                 processors/{{component}}/keys/{{key}}, processors/{{component}}/at/{{offset}} \
+                 or processors/{{component}}/shadow)"
+            ),
+        )
+    };
+    let component = match segments.get(1) {
+        Some(c) if !c.is_empty() => c.to_string(),
+        _ => return Err(no_route()),
+    };
+    Ok(match &segments[2..] {
+        [] => R::Processor { component },
+        ["keys"] => R::ProcessorKeys {
+            component,
+            query: query::keys_query(query)?,
+        },
+        ["keys", key @ ..] if key.iter().any(|s| !s.is_empty()) => {
+            query::no_query(query)?;
+            let key = key.join("/");
+            let key = percent_encoding::percent_decode_str(&key)
+                .decode_utf8()
+                .map_err(|_| ApiError::invalid(format!("key {key:?} is not UTF-8 once decoded")))?
+                .into_owned();
+            R::ProcessorKey { component, key }
+        }
+        ["at", offset] => {
+            let offset = offset.parse::<u64>().map_err(|_| {
+                ApiError::invalid(format!(
+                    "offset {offset:?} in :processors/{component}/at/{{offset}} is not a whole number"
+                ))
+            })?;
+            R::ProcessorAt {
+                component,
+                offset,
+                keys: query::at_query(query)?,
+            }
+        }
+        ["shadow"] => {
+            query::no_query(query)?;
+            R::Shadow { component }
+        }
+        _ => return Err(no_route()),
+    })
+}
 
 /// Characters a key keeps as they are in a URL path segment.
 const KEY_SEGMENT: &AsciiSet = &NON_ALPHANUMERIC.remove(b'-').remove(b'_').remove(b'.').remove(b'~');
@@ -704,6 +715,78 @@ mod tests {
                             && c.name.starts_with("processors/"))),
                 "no request renders {method} :{name}"
             );
+        }
+    }
+
+    /// Round trips and totality over generated names (proptest).
+    mod generated {
+        use super::*;
+        use proptest::prelude::*;
+
+        /// A component name, route words among them.
+        fn component_name() -> impl Strategy<Value = String> {
+            prop_oneof![
+                prop::sample::select(vec![
+                    "shadow", "keys", "at", "versions", "processors", "append", "state", "0", "7",
+                ])
+                .prop_map(String::from),
+                "[a-z0-9][a-z0-9-]{0,62}",
+            ]
+        }
+
+        /// A processor key: route words, slashes, escapes, any text.
+        fn key() -> impl Strategy<Value = String> {
+            prop_oneof![
+                prop::sample::select(vec!["keys", "at/3", "shadow", "/", "a/keys/b", "%2F", "%zz"])
+                    .prop_map(String::from),
+                // Any text but NUL, which queries refuse by design.
+                "[^\\x00]{1,24}",
+            ]
+        }
+
+        proptest! {
+            #[test]
+            fn every_request_round_trips_over_any_component_name_and_key(
+                name in component_name(),
+                key in key(),
+            ) {
+                for request in crate::host::request::every_request_named(&name, &key) {
+                    let call = render(&request);
+                    let body = call.body.as_ref().map(|b| serde_json::to_vec(b).unwrap()).unwrap_or_default();
+                    let query = (!call.query.is_empty()).then_some(call.query.as_str());
+                    let back = parse(&call.name, &call.method, query, &body);
+                    prop_assert_eq!(back.as_ref().ok(), Some(&request), "{:?} gave {:?}", call, back);
+                }
+            }
+
+            #[test]
+            fn no_stream_method_name_panics_the_parser(
+                name in prop_oneof![
+                    "processors(/[a-z%0-9]{0,6}|/keys|/at|/shadow|/){0,5}",
+                    "[a-zA-Z/%:.]{0,30}",
+                    ".{0,40}",
+                ],
+                post in any::<bool>(),
+                query in prop::option::of("[a-z=&%]{0,20}"),
+            ) {
+                let method = if post { Method::POST } else { Method::GET };
+                let _ = parse(&name, &method, query.as_deref(), b"{}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_component_named_like_a_route_word_is_that_component() {
+        for name in ["shadow", "keys", "at", "versions"] {
+            let r = parse(&format!("processors/{name}"), &Method::GET, None, b"").unwrap();
+            assert_eq!(r, StreamRequest::Processor { component: name.into() });
+            let r = parse(&format!("processors/{name}/shadow"), &Method::GET, None, b"").unwrap();
+            assert_eq!(r, StreamRequest::Shadow { component: name.into() });
+        }
+        for bad in ["processors/", "processors//keys", "processors/c/keys/", "processors/c/at", "processors/c/x"] {
+            let e = parse(bad, &Method::GET, None, b"").unwrap_err();
+            assert_eq!((e.status, e.code), (404, "not-found"), "{bad}");
+            assert!(e.message.contains(bad), "{bad}: {}", e.message);
         }
     }
 
