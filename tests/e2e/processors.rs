@@ -387,3 +387,62 @@ async fn a_deployed_component_can_be_downloaded() {
     );
     assert_eq!(std::fs::read(&out).unwrap(), bytes);
 }
+
+/// The compiled form of every component in the server's cache directory.
+fn compiled_files(s: &Server) -> Vec<std::path::PathBuf> {
+    let dir = s.data_dir().join("compiled");
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|e| e.unwrap().path())
+        .collect();
+    files.sort();
+    files
+}
+
+#[tokio::test]
+async fn a_truncated_or_flipped_compiled_component_is_compiled_again_never_loaded() {
+    let mut s = Server::start_with(Some(PROC), &[]);
+    s.deploy("acme", "counter", guest("counter")).await;
+    s.post(&format!("{S}:append"), wake("counter", "count", None))
+        .await;
+    append(&s, S, json!([{"type": "x.y/n", "payload": {"n": 1}}])).await;
+    caught_up(&s, S, "counter").await;
+    let files = compiled_files(&s);
+    assert_eq!(files.len(), 1, "one compiled component: {files:?}");
+    let path = &files[0];
+    let good = std::fs::read(path).unwrap();
+    assert!(
+        !files
+            .iter()
+            .any(|f| f.extension().is_some_and(|e| e == "tmp")),
+        "no temporary file left: {files:?}"
+    );
+
+    let truncate = |bytes: &[u8]| bytes[..bytes.len() / 2].to_vec();
+    let flip = |bytes: &[u8]| {
+        let mut b = bytes.to_vec();
+        let middle = b.len() / 2;
+        b[middle] ^= 0x10;
+        b
+    };
+    for (what, corrupt) in [
+        ("truncated", &truncate as &dyn Fn(&[u8]) -> Vec<u8>),
+        ("flipped", &flip),
+    ] {
+        s.stop();
+        let bad = corrupt(&good);
+        std::fs::write(path, &bad).unwrap();
+        s.launch();
+        append(&s, S, json!([{"type": "x.y/n", "payload": {"n": 2}}])).await;
+        let p = caught_up(&s, S, "counter").await;
+        assert_eq!(p["state"], expected_count(&s, S).await, "{what}: {p}");
+        let log = s.log();
+        assert!(
+            log.contains("compiled component not loaded"),
+            "{what}: the server says why it compiled again:\n{log}"
+        );
+        let now = std::fs::read(path).unwrap();
+        assert_ne!(now, bad, "{what}: the cache file is rewritten");
+        assert_eq!(now.len(), good.len(), "{what}: rewritten whole");
+    }
+}

@@ -10,6 +10,7 @@
 pub mod backfill;
 pub mod cache;
 pub mod check;
+pub mod compiled;
 pub mod keyed;
 pub mod refold;
 pub mod runtime;

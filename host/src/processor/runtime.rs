@@ -663,13 +663,30 @@ impl Runtime {
             return Ok(p);
         }
         let path = self.cache_path(digest);
-        // SAFETY: files in the cache directory are written only by
-        // `Component::serialize` of this engine configuration (the file name
-        // carries the engine's compatibility hash).
-        let cached = if path.exists() {
-            unsafe { Component::deserialize_file(&self.engine, &path) }.ok()
-        } else {
-            None
+        let cached = match super::compiled::read(&path, &self.compatibility) {
+            Ok(Some(Ok(payload))) => {
+                // SAFETY: the payload is byte for byte what
+                // `Component::serialize` of this engine configuration wrote
+                // (its length and SHA-256 are checked against the header,
+                // which names this engine); wasmtime checks its own header
+                // again.
+                match unsafe { Component::deserialize(&self.engine, &payload) } {
+                    Ok(c) => Some(c),
+                    Err(e) => {
+                        tracing::warn!(path = %path.display(), error = %root_cause(&e), "compiled component refused; compiling again");
+                        None
+                    }
+                }
+            }
+            Ok(Some(Err(defect))) => {
+                tracing::warn!(path = %path.display(), %defect, "compiled component not loaded; compiling again");
+                None
+            }
+            Ok(None) => None,
+            Err(e) => {
+                tracing::warn!(path = %path.display(), error = %e, "compiled component unreadable; compiling again");
+                None
+            }
         };
         let component = match cached {
             Some(c) => c,
@@ -679,14 +696,8 @@ impl Runtime {
                     .map_err(anyhow::Error::from)
                     .context("compiling the component")?;
                 if let Ok(serialized) = c.serialize() {
-                    // A temp file of this call's own, so concurrent prepares
-                    // never feed each other's half-written files to
-                    // `deserialize_file`; the rename is atomic.
-                    let tmp = unique_temp_path(&path);
-                    if std::fs::write(&tmp, serialized).is_ok()
-                        && std::fs::rename(&tmp, &path).is_err()
-                    {
-                        let _ = std::fs::remove_file(&tmp);
+                    if let Err(e) = super::compiled::write(&path, &self.compatibility, &serialized) {
+                        tracing::warn!(path = %path.display(), error = %e, "compiled component not cached");
                     }
                 }
                 c
@@ -1150,13 +1161,6 @@ impl Sha256Hasher {
     }
 }
 
-/// A temp file beside `path` that no other call uses at the same time.
-fn unique_temp_path(path: &std::path::Path) -> PathBuf {
-    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    path.with_extension(format!("{}.{n}.tmp", std::process::id()))
-}
-
 #[cfg(test)]
 mod cache_file_tests {
     use super::*;
@@ -1175,16 +1179,6 @@ mod cache_file_tests {
             None,
             "a component header"
         );
-    }
-
-    #[test]
-    fn temp_files_are_unique_per_call_and_beside_the_target() {
-        let path = std::path::Path::new("/cache/abc-0123.cwasm");
-        let a = unique_temp_path(path);
-        let b = unique_temp_path(path);
-        assert_ne!(a, b);
-        assert_eq!(a.parent(), path.parent());
-        assert!(a.to_str().unwrap().ends_with(".tmp"));
     }
 
     #[test]
