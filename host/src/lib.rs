@@ -99,6 +99,7 @@ internal! {
     filter;
     http;
     ingest;
+    invariant;
     itx;
     jsonata;
     metrics;
@@ -145,6 +146,7 @@ pub use host::subscriptions::{CopyFrom, CursorSetAndResumed, Resumed, Subscribed
 pub use host::Host;
 pub use ingest::nats::{BridgeStatus, Diagnostic};
 pub use ingest::{HttpIngestStatus, IngestCapacity, IngestStatus};
+pub use invariant::stop_on_broken_invariant;
 /// The global allocator that makes the JSONata allocation budget hold:
 /// the system allocator, counting each thread's bytes. The `streamhost`
 /// binary installs it; an embedding program that evaluates untrusted

@@ -12,6 +12,8 @@ async fn main() {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
+    // A panic inside the host is a broken invariant: the process stops.
+    streamhost::stop_on_broken_invariant();
     let cli = streamhost::cli::Cli::parse();
     if let Err(e) = streamhost::cli::run(cli).await {
         if streamhost::cli::is_broken_pipe(&e) {

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use crate::subscriptions::{ev, subscribe, wait_count, P};
-use crate::support::{skipped_on_postgres, wait_for, Server, SseClient, TestDb};
+use crate::support::{assert_error, skipped_on_postgres, wait_for, Server, SseClient, TestDb};
 
 const CONFIG: &str =
     "[delivery]\nmax-attempts = 2\nbackoff-base-ms = 10\nbackoff-max-ms = 20\ntimeout-ms = 2000\n";
@@ -363,8 +363,14 @@ async fn a_full_disk_refuses_appends_keeps_serving_reads_and_recovers_a_consiste
         !acked.is_empty(),
         "some appends fit before the disk filled up"
     );
-    // Full, the server still answers reads, of this stream and others.
-    assert_eq!(s.get("/healthz").await.0, 200);
+    // Full, the server says it cannot write, and still answers reads, of
+    // this stream and others.
+    crate::support::assert_error(
+        &s.get("/healthz").await,
+        503,
+        "storage-unavailable",
+        "commit failed",
+    );
     assert_eq!(s.all_events(&format!("{P}/other")).await, other);
     let (status, _) = s
         .get(&format!("{P}/big:events?afterOffset=0&limit=5"))
@@ -377,5 +383,81 @@ async fn a_full_disk_refuses_appends_keeps_serving_reads_and_recovers_a_consiste
     assert_log_is(&s, "/big", &acked).await;
     assert_eq!(s.all_events(&format!("{P}/other")).await, other);
     let next = append_once(&s, "/big", 1000).await.expect("room again");
+    assert_eq!(next, *acked.values().max().unwrap() + 1);
+}
+
+#[tokio::test]
+async fn a_host_whose_commits_fail_answers_healthz_503_and_acknowledges_no_write() {
+    let mut s = with_faults("before-commit=1/1");
+    for i in 0..3 {
+        let answer = append_once(&s, "/src", i)
+            .await
+            .expect_err("no commit can succeed");
+        assert_injected(&answer);
+    }
+    let health = s.get("/healthz").await;
+    assert_error(
+        &health,
+        503,
+        "storage-unavailable",
+        "disk I/O error (injected before commit)",
+    );
+    let message = health.1["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.starts_with("this host cannot write"), "{message}");
+    // Without the fault, the host writes again and says so.
+    s.env.clear();
+    s.restart();
+    assert_eq!(s.get("/healthz").await, (200, json!({"status": "ok"})));
+    let offset = append_once(&s, "/src", 0).await.expect("room again");
+    assert_log_is(&s, "/src", &HashMap::from([(0, offset)])).await;
+}
+
+#[tokio::test]
+async fn a_writer_panic_stops_the_process_naming_it_and_a_restart_keeps_every_acknowledged_event() {
+    let mut s = with_faults("writer-panic=1/8");
+    let client = reqwest::Client::new();
+    let mut acked = HashMap::new();
+    let mut unanswered = None;
+    for i in 0..40 {
+        let sent = client
+            .post(format!("{}{P}/src:append", s.url))
+            .json(&json!({"events": [{"type": "x.y/a", "payload": {"i": i}, "idempotencyKey": format!("k{i}")}]}))
+            .send()
+            .await;
+        match sent {
+            Ok(r) if r.status() == 200 => {
+                let out: Value = r.json().await.expect("an append's answer");
+                acked.insert(i, out["events"][0]["offset"].as_u64().unwrap());
+            }
+            Ok(r) => {
+                unanswered = Some(format!(
+                    "{i}: {} {}",
+                    r.status(),
+                    r.text().await.unwrap_or_default()
+                ));
+                break;
+            }
+            Err(e) => {
+                unanswered = Some(format!("{i}: {e}"));
+                break;
+            }
+        }
+    }
+    let unanswered = unanswered.expect("the eighth commit panics the writer");
+    let status = s.exited_within(Duration::from_secs(20)).unwrap_or_else(|| {
+        panic!("the process still runs after the writer panicked ({unanswered})")
+    });
+    assert!(!status.success(), "{status}");
+    let log = s.log();
+    assert!(
+        log.contains("broken invariant: invariant writer-test: a writer panic injected on purpose"),
+        "the process says which invariant broke:\n{log}"
+    );
+    assert!(!acked.is_empty() && acked.len() < 8, "{acked:?}");
+    // Restart is the recovery: every acknowledged event, nothing else.
+    s.env.clear();
+    s.launch();
+    assert_log_is(&s, "/src", &acked).await;
+    let next = append_once(&s, "/src", 100).await.expect("writes go on");
     assert_eq!(next, *acked.values().max().unwrap() + 1);
 }

@@ -411,6 +411,23 @@ impl Server {
         }
     }
 
+    /// Waits up to `timeout` for the server process to exit by itself: its
+    /// exit status, or `None` if it still runs.
+    pub fn exited_within(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = std::time::Instant::now() + timeout;
+        let child = self.child.as_mut()?;
+        loop {
+            if let Some(status) = child.try_wait().expect("waiting for the server") {
+                self.child = None;
+                return Some(status);
+            }
+            if std::time::Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// SIGKILLs the server.
     pub fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {

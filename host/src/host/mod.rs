@@ -287,6 +287,14 @@ impl Host {
         &self.config
     }
 
+    /// Why this host cannot write now (`None`: it can): its storage writer
+    /// stopped, or its last transaction failed as a whole (a full disk, a
+    /// lost database). Cleared by the next commit. `GET /healthz` answers
+    /// `503` while it is set.
+    pub fn unable_to_write(&self) -> Option<String> {
+        self.streams.storage().unable_to_write()
+    }
+
     /// The stream registry (with the `internals` feature: the crate's own
     /// benchmarks and tests).
     #[cfg(feature = "internals")]

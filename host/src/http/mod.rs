@@ -249,8 +249,18 @@ fn ok_json<T: Serialize>(value: &T) -> Response {
     }
 }
 
-async fn healthz() -> Response {
-    ok_json(&json!({"status": "ok"}))
+/// `200 {"status": "ok"}`, or `503 storage-unavailable` naming why this
+/// host cannot write (it then acknowledges no write).
+async fn healthz(State(host): State<Host>) -> Response {
+    match host.unable_to_write() {
+        None => ok_json(&json!({"status": "ok"})),
+        Some(why) => ApiError::unavailable(
+            "storage-unavailable",
+            format!("this host cannot write: {why}"),
+            1,
+        )
+        .into_response(),
+    }
 }
 
 async fn metrics(State(host): State<Host>, headers: HeaderMap) -> Response {

@@ -13,7 +13,6 @@ pub mod memory;
 pub mod pool;
 
 use std::collections::HashMap;
-use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -184,7 +183,7 @@ fn split_code(message: &str) -> (String, String) {
 }
 
 fn parse(text: &str) -> Result<AstNode, String> {
-    match catch_unwind(AssertUnwindSafe(|| jsonata_core::parser::parse(text))) {
+    match crate::invariant::contained(|| jsonata_core::parser::parse(text)) {
         Ok(Ok(ast)) => Ok(ast),
         Ok(Err(e)) => Err(e.to_string()),
         Err(_) => Err("S0201: the JSONata parser failed on this expression".to_string()),
@@ -314,9 +313,9 @@ impl Expression {
         let budget = jsonata_core::bounds::Budget::start(
             limits.max_bytes.saturating_mul(BUDGET_PER_VALUE_BYTE),
         );
-        let result = catch_unwind(AssertUnwindSafe(|| {
+        let result = crate::invariant::contained(|| {
             Evaluator::with_options(Context::new(), options).evaluate(ast, &input.0)
-        }));
+        });
         drop(budget);
         match result {
             Ok(Ok(v)) => Ok(v),

@@ -6,6 +6,8 @@
 //! and every 70th just after it (the transaction is durable but reported as
 //! failed: the unknown outcome an I/O error during fsync leaves). Commits
 //! are counted from 1; when both fire on one commit, `before-commit` wins.
+//! `writer-panic=1/N` panics the writer thread at every Nth group commit,
+//! before its `COMMIT` (a broken invariant: the process stops).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -20,6 +22,8 @@ pub enum Fault {
     BeforeCommit,
     /// Commit, then report an I/O error.
     AfterCommit,
+    /// Panic before committing.
+    Panic,
 }
 
 /// The configured faults and the commits counted so far.
@@ -27,6 +31,7 @@ pub enum Fault {
 pub struct Faults {
     before_every: Option<u64>,
     after_every: Option<u64>,
+    panic_every: Option<u64>,
     commits: AtomicU64,
 }
 
@@ -54,9 +59,10 @@ impl Faults {
             match point {
                 "before-commit" => faults.before_every = Some(every),
                 "after-commit" => faults.after_every = Some(every),
+                "writer-panic" => faults.panic_every = Some(every),
                 other => {
                     return Err(format!(
-                        "unknown fault point {other:?} (before-commit or after-commit)"
+                        "unknown fault point {other:?} (before-commit, after-commit or writer-panic)"
                     ))
                 }
             }
@@ -66,7 +72,7 @@ impl Faults {
 
     /// Whether any fault is configured.
     pub fn active(&self) -> bool {
-        self.before_every.is_some() || self.after_every.is_some()
+        self.before_every.is_some() || self.after_every.is_some() || self.panic_every.is_some()
     }
 
     /// Counts a group commit and says what to do to it.
@@ -76,7 +82,9 @@ impl Faults {
         }
         let n = self.commits.fetch_add(1, Ordering::Relaxed) + 1;
         let hits = |every: Option<u64>| every.is_some_and(|e| n.is_multiple_of(e));
-        if hits(self.before_every) {
+        if hits(self.panic_every) {
+            Fault::Panic
+        } else if hits(self.before_every) {
             Fault::BeforeCommit
         } else if hits(self.after_every) {
             Fault::AfterCommit
@@ -107,6 +115,8 @@ mod tests {
             ]
         );
         assert!(!Faults::parse("").unwrap().active());
+        let f = Faults::parse("writer-panic=1/2,before-commit=1/1").unwrap();
+        assert_eq!([f.next(), f.next()], [BeforeCommit, Panic]);
         assert_eq!(Faults::default().next(), Fault::None);
     }
 

@@ -308,6 +308,12 @@ impl Storage {
         self.inner.writer.submit(op)
     }
 
+    /// Why this host cannot write now: its writer thread stopped, or its
+    /// last transaction failed as a whole (`None`: it can write).
+    pub fn unable_to_write(&self) -> Option<String> {
+        self.inner.writer.unable_to_write()
+    }
+
     /// Commits a write from a blocking thread (never an async worker): on
     /// this thread when the writer is idle, else in the writer's next group;
     /// answers after the commit, like [`Storage::submit`].

@@ -370,6 +370,31 @@ struct Shared {
     metrics: Metrics,
     hot: Arc<super::hot::Hot>,
     faults: Faults,
+    /// Why the host cannot write now: the writer thread stopped, or the
+    /// last transaction failed as a whole (cleared by the next commit).
+    unable: std::sync::Mutex<Option<String>>,
+}
+
+impl Shared {
+    fn set_unable(&self, why: Option<String>) {
+        *self.unable.lock().unwrap_or_else(|p| p.into_inner()) = why;
+    }
+}
+
+/// Marks the host unable to write when the writer thread ends, whatever
+/// ends it (a panic unwinding it when no stop-the-process policy is
+/// installed, see `crate::invariant`).
+struct WriterExit(Arc<Shared>);
+
+impl Drop for WriterExit {
+    fn drop(&mut self) {
+        let why = if std::thread::panicking() {
+            "the storage writer thread panicked"
+        } else {
+            "the storage writer thread stopped"
+        };
+        self.0.set_unable(Some(why.into()));
+    }
 }
 
 impl WriterHandle {
@@ -388,13 +413,26 @@ impl WriterHandle {
             metrics,
             hot,
             faults,
+            unable: std::sync::Mutex::new(None),
         });
         let writer = shared.clone();
         std::thread::Builder::new()
             .name("streamhost-writer".into())
-            .spawn(move || run(&writer, rx))
+            .spawn(move || {
+                let exit = WriterExit(writer);
+                run(&exit.0, rx)
+            })
             .context("starting the writer thread")?;
         Ok(WriterHandle { tx, shared })
+    }
+
+    /// Why the host cannot write now (`None`: it can).
+    pub(super) fn unable_to_write(&self) -> Option<String> {
+        self.shared
+            .unable
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     pub(super) fn submit(&self, op: WriteOp) -> oneshot::Receiver<Result<i64, CommitError>> {
@@ -472,6 +510,12 @@ fn commit(shared: &Shared, conn: Db<'_>, ops: &mut [WriteOp]) -> Vec<Result<i64,
         .map(|(op, _)| events(op))
         .sum();
     shared.metrics.observe_commit(elapsed, ops.len(), committed);
+    if results.iter().any(Result::is_ok) {
+        shared.set_unable(None);
+    } else if let Some(Err(e)) = results.iter().find(|r| r.as_ref().is_err_and(|e| !e.rolled_back)) {
+        // The transaction failed as a whole (not one write's own refusal).
+        shared.set_unable(Some(format!("the last commit failed: {e}")));
+    }
     tracing::debug!(elapsed_us = elapsed.as_micros() as u64, "group committed");
     drop(span);
     if results
@@ -509,6 +553,7 @@ fn finish(conn: Db<'_>, faults: &Faults) -> Result<(), String> {
             control(conn, "COMMIT").map_err(|e| e.to_string())?;
             Err("disk I/O error (injected after commit: the outcome is unknown)".into())
         }
+        Fault::Panic => panic!("invariant writer-test: a writer panic injected on purpose ({})", super::faults::ENV),
     }
 }
 
