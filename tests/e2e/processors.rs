@@ -446,3 +446,56 @@ async fn a_truncated_or_flipped_compiled_component_is_compiled_again_never_loade
         assert_eq!(now.len(), good.len(), "{what}: rewritten whole");
     }
 }
+
+#[tokio::test]
+async fn a_wake_the_host_gave_up_on_commits_nothing_afterwards() {
+    // One attempt: the first wake's timeout halts the subscription. That
+    // wake is held for 1.5 s after its fold (as a slow first compile
+    // would hold it), past its 300 ms deadline.
+    const CONFIG: &str = "[delivery]\nmax-attempts = 1\nbackoff-base-ms = 10\nbackoff-max-ms = 40\ntimeout-ms = 300\n";
+    let mut s = Server::unstarted(None, Some(CONFIG), &[]);
+    s.env
+        .push(("STREAMHOST_FAULTS".into(), "wake-stall-ms=1500".into()));
+    s.launch();
+    s.deploy("acme", "counter", guest("counter")).await;
+    s.post(&format!("{S}:append"), wake("counter", "count", None))
+        .await;
+    append(&s, S, json!([{"type": "x.y/n", "payload": {"n": 1}}])).await;
+    let halted = s.wait_halted(S, "count", Duration::from_secs(30)).await;
+    assert!(
+        halted["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("timed out after 300ms")),
+        "{halted}"
+    );
+    // Until the late wake ends: discarded, or (the defect) committed.
+    wait_for(
+        "the late wake to end",
+        Duration::from_secs(30),
+        async || {
+            s.log().contains("a late wake result discarded")
+                || s.get(&format!("{S}:processors/counter")).await.1["checkpointOffset"]
+                    .as_u64()
+                    .unwrap_or(0)
+                    > 0
+        },
+    )
+    .await;
+    let (_, p) = s.get(&format!("{S}:processors/counter")).await;
+    assert_eq!(p["status"], "halted", "{p}");
+    assert!(
+        p["checkpointOffset"].as_u64().unwrap_or(0) == 0,
+        "the late fold committed nothing: {p}"
+    );
+    // Resumed, the next wake folds and commits; status and checkpoint agree.
+    let (status, out) = s
+        .post(
+            &format!("{S}:resumeSubscription"),
+            json!({"subscriptionKey": "count"}),
+        )
+        .await;
+    assert_eq!(status, 200, "{out}");
+    let p = caught_up(&s, S, "counter").await;
+    assert_eq!(p["status"], "active", "{p}");
+    assert_eq!(p["state"], expected_count(&s, S).await, "{p}");
+}

@@ -256,6 +256,7 @@ async fn execute_and_settle(exec: &Executors, settings: &Settings, row: EffectRo
                 &label,
                 wait,
                 timeout_ms,
+                &super::Gate::default(),
                 execute(exec, &row, target, timeout_ms),
             )
             .await

@@ -81,7 +81,15 @@ where
         let wait = Duration::from_millis((job.deadline_ms - job.now_ms).max(0) as u64);
         let (key, generation, id, timeout_ms) =
             (job.key.clone(), job.generation, job.id, job.timeout_ms);
-        let result = guarded(&label, wait, timeout_ms, execute(exec, job, source)).await;
+        let gate = Arc::new(Gate::default());
+        let result = guarded(
+            &label,
+            wait,
+            timeout_ms,
+            &gate.clone(),
+            execute(exec, job, source, gate),
+        )
+        .await;
         report(DeliveryDone {
             key,
             generation,
@@ -93,29 +101,78 @@ where
     });
 }
 
+/// Decides, once, between an attempt's commit and the host giving up on
+/// it at its deadline: whichever comes first wins, so an attempt the host
+/// gave up on commits nothing afterwards (its late result is discarded),
+/// and an attempt whose commit has begun is waited for, not reported as
+/// timed out while its commit lands.
+#[derive(Debug, Default)]
+pub struct Gate(std::sync::atomic::AtomicU8);
+
+const GATE_OPEN: u8 = 0;
+const GATE_COMMITTING: u8 = 1;
+const GATE_ABANDONED: u8 = 2;
+
+impl Gate {
+    fn swap_from_open(&self, to: u8) -> bool {
+        use std::sync::atomic::Ordering;
+        self.0
+            .compare_exchange(GATE_OPEN, to, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
+
+    /// The attempt is about to commit: `false` once the host gave up on it
+    /// (then it must commit nothing).
+    pub fn begin_commit(&self) -> bool {
+        self.swap_from_open(GATE_COMMITTING)
+    }
+
+    /// The host gives up on the attempt: `true` when no commit had begun
+    /// (none will), `false` when one has (its result is the attempt's).
+    pub fn abandon(&self) -> bool {
+        self.swap_from_open(GATE_ABANDONED)
+    }
+
+    /// Whether the host gave up on the attempt.
+    pub fn abandoned(&self) -> bool {
+        self.0.load(std::sync::atomic::Ordering::Acquire) == GATE_ABANDONED
+    }
+}
+
 /// Runs `attempt`, waiting at most `wait` for it: a panic becomes a
 /// retryable failure, and so does the deadline (the attempt is then
-/// dropped, which cancels it). Whatever happens, there is a result to
-/// report. (No task of its own: a copy's latency is a chain of hand-offs.)
+/// abandoned through `gate` and dropped, which cancels it), unless the
+/// attempt's commit began before the deadline: then its outcome is the
+/// result. Whatever happens, there is a result to report. (No task of its
+/// own: a copy's latency is a chain of hand-offs.)
 pub async fn guarded<T>(
     label: &str,
     wait: Duration,
     timeout_ms: u64,
+    gate: &Gate,
     attempt: impl Future<Output = Result<T, Failure>>,
 ) -> Result<T, Failure> {
     use futures_util::FutureExt;
     let attempt = std::panic::AssertUnwindSafe(attempt).catch_unwind();
-    match tokio::time::timeout(wait, attempt).await {
-        Ok(Ok(result)) => result,
-        Ok(Err(panic)) => Err(Failure::new(
+    tokio::pin!(attempt);
+    let finished = match tokio::time::timeout(wait, &mut attempt).await {
+        Ok(finished) => finished,
+        Err(_) if gate.abandon() => {
+            return Err(Failure::new(
+                format!("{label} timed out after {timeout_ms}ms"),
+                true,
+            ))
+        }
+        // Its commit began before the deadline: that commit's outcome is
+        // the attempt's.
+        Err(_) => attempt.await,
+    };
+    finished.unwrap_or_else(|panic| {
+        Err(Failure::new(
             format!("{label} panicked: {}", panic_text(panic)),
             true,
-        )),
-        Err(_) => Err(Failure::new(
-            format!("{label} timed out after {timeout_ms}ms"),
-            true,
-        )),
-    }
+        ))
+    })
 }
 
 fn panic_text(payload: Box<dyn std::any::Any + Send>) -> String {
@@ -127,10 +184,15 @@ fn panic_text(payload: Box<dyn std::any::Any + Send>) -> String {
 }
 
 /// One attempt: read → select → send.
-async fn execute(exec: Executors, job: Job, source: Arc<Source>) -> Result<Delivered, Failure> {
+async fn execute(
+    exec: Executors,
+    job: Job,
+    source: Arc<Source>,
+    gate: Arc<Gate>,
+) -> Result<Delivered, Failure> {
     if let Target::Wake { project, component } = &job.route.target {
         // A wake reads after the processor's checkpoint, not a cursor.
-        return wake::send(&exec, &job, &source, project, component).await;
+        return wake::send(&exec, &job, &source, project, component, gate).await;
     }
     let selection = read_and_select(&exec.storage, &job, source.row_id).await?;
     let offsets: Vec<u64> = selection.events.iter().map(|e| e.offset).collect();
@@ -250,7 +312,7 @@ mod tests {
     #[tokio::test]
     async fn a_panicking_attempt_reports_a_retryable_failure() {
         let result: Result<(), Failure> =
-            guarded("copy to \"/x\"", Duration::from_secs(5), 5000, async {
+            guarded("copy to \"/x\"", Duration::from_secs(5), 5000, &Gate::default(), async {
                 panic!("the receiver exploded")
             })
             .await;
@@ -269,6 +331,7 @@ mod tests {
             "webhook POST",
             Duration::from_millis(100),
             100,
+            &Gate::default(),
             async move {
                 // Never finishes; dropping `tx` tells the test it was aborted.
                 let _tx = tx;
@@ -284,10 +347,43 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn past_its_deadline_an_attempt_is_abandoned_unless_its_commit_began() {
+        // Abandoned: the late attempt may not commit.
+        let gate = Arc::new(Gate::default());
+        let late = gate.clone();
+        let (tx, rx) = tokio::sync::oneshot::channel::<bool>();
+        let result: Result<(), Failure> = guarded("wake", Duration::from_millis(50), 50, &gate, async move {
+            let work = tokio::task::spawn_blocking(move || {
+                std::thread::sleep(Duration::from_millis(200));
+                let _ = tx.send(late.begin_commit());
+            });
+            let _ = work.await;
+            Ok(())
+        })
+        .await;
+        assert_eq!(result.unwrap_err().message, "wake timed out after 50ms");
+        assert!(gate.abandoned());
+        assert_eq!(rx.await, Ok(false), "the late attempt's commit is refused");
+
+        // Committing at the deadline: the attempt is waited for, and its
+        // result is the answer.
+        let gate = Arc::new(Gate::default());
+        let committing = gate.clone();
+        let result = guarded("wake", Duration::from_millis(50), 50, &gate, async move {
+            assert!(committing.begin_commit());
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            Ok(9)
+        })
+        .await;
+        assert_eq!(result.unwrap(), 9);
+        assert!(!gate.abandoned());
+    }
+
+    #[tokio::test]
     async fn a_finished_attempt_passes_its_result_through() {
-        let ok = guarded("x", Duration::from_secs(1), 1000, async { Ok(7) }).await;
+        let ok = guarded("x", Duration::from_secs(1), 1000, &Gate::default(), async { Ok(7) }).await;
         assert_eq!(ok.unwrap(), 7);
-        let err: Result<u8, Failure> = guarded("x", Duration::from_secs(1), 1000, async {
+        let err: Result<u8, Failure> = guarded("x", Duration::from_secs(1), 1000, &Gate::default(), async {
             Err(Failure::new("no", false))
         })
         .await;

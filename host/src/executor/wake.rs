@@ -19,6 +19,7 @@ pub async fn send(
     source: &Source,
     project: &str,
     component: &str,
+    gate: std::sync::Arc<super::Gate>,
 ) -> Result<Delivered, Failure> {
     let wake_job = WakeJob {
         storage: exec.storage.clone(),
@@ -40,6 +41,7 @@ pub async fn send(
         now_ms: job.now_ms,
         pinned: exec.refolds.contains(project, &source.info.path, component),
         fence: source.fence.clone(),
+        gate: gate.clone(),
     };
     let storage = exec.storage.clone();
     let name = component.to_string();
@@ -50,6 +52,16 @@ pub async fn send(
         // crosses threads once.
         let (through, has_effects, bytes, offsets) = blocking(move || {
             let woken = wake(wake_job)?;
+            crate::storage::faults::stall_first_wake();
+            if !gate.begin_commit() {
+                // The host gave up on this wake (its deadline passed) and
+                // reported it: its late result commits nothing.
+                tracing::warn!(component = %name, through = woken.checkpoint.offset, "a late wake result discarded: the host had given up on it");
+                return Err(Failure::new(
+                    format!("the wake of processor {name:?} finished after the host gave up on it; its result is discarded"),
+                    true,
+                ));
+            }
             let through = woken.checkpoint.offset;
             let has_effects = !woken.checkpoint.effects.is_empty();
             let bytes = woken.checkpoint.state.len();

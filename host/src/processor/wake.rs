@@ -39,6 +39,9 @@ pub struct WakeJob {
     pub pinned: bool,
     /// The source's owner's lease (several hosts), checked by the commit.
     pub fence: Option<crate::storage::Fence>,
+    /// Tells whether the host gave up on this wake (its deadline passed):
+    /// then no guest runs any more and nothing commits.
+    pub gate: std::sync::Arc<crate::executor::Gate>,
 }
 
 /// A wake that produced a checkpoint to commit.
@@ -166,6 +169,15 @@ fn component_of(job: &WakeJob) -> anyhow::Result<Option<Arc<Prepared>>> {
     Ok(super::deployed(&job.storage, &job.runtime, &job.project, &job.component)?.map(|(p, _)| p))
 }
 
+/// The failure of a wake the host gave up on (never reported: the timeout
+/// was).
+fn gave_up(component: &str) -> Failure {
+    failure(
+        format!("the wake of processor {component:?} was given up on (its deadline passed)"),
+        true,
+    )
+}
+
 /// Runs one wake (blocking).
 pub fn wake(job: WakeJob) -> Result<Woken, Failure> {
     let prepared = component_of(&job)
@@ -181,6 +193,10 @@ pub fn wake(job: WakeJob) -> Result<Woken, Failure> {
                 true,
             )
         })?;
+    // Compiling a large component may take longer than the wake's deadline.
+    if job.gate.abandoned() {
+        return Err(gave_up(&job.component));
+    }
     let announcement = job
         .runtime
         .describe(&job.component, &prepared, job.timeout_ms)

@@ -8,6 +8,8 @@
 //! are counted from 1; when both fire on one commit, `before-commit` wins.
 //! `writer-panic=1/N` panics the writer thread at every Nth group commit,
 //! before its `COMMIT` (a broken invariant: the process stops).
+//! `wake-stall-ms=N` holds the process's first processor wake for N ms
+//! after its fold, before its commit (a slow first compile, once).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -32,6 +34,7 @@ pub struct Faults {
     before_every: Option<u64>,
     after_every: Option<u64>,
     panic_every: Option<u64>,
+    wake_stall_ms: Option<u64>,
     commits: AtomicU64,
 }
 
@@ -51,6 +54,13 @@ impl Faults {
             let (point, rate) = part
                 .split_once('=')
                 .ok_or_else(|| format!("{part:?} is not point=1/N"))?;
+            if point == "wake-stall-ms" {
+                let ms = rate
+                    .parse::<u64>()
+                    .map_err(|_| format!("{rate:?} in {part:?} is not a number of milliseconds"))?;
+                faults.wake_stall_ms = Some(ms);
+                continue;
+            }
             let every = rate
                 .strip_prefix("1/")
                 .and_then(|n| n.parse::<u64>().ok())
@@ -62,7 +72,7 @@ impl Faults {
                 "writer-panic" => faults.panic_every = Some(every),
                 other => {
                     return Err(format!(
-                        "unknown fault point {other:?} (before-commit, after-commit or writer-panic)"
+                        "unknown fault point {other:?} (before-commit, after-commit, writer-panic or wake-stall-ms)"
                     ))
                 }
             }
@@ -94,6 +104,20 @@ impl Faults {
     }
 }
 
+/// Holds the process's first processor wake for `wake-stall-ms` (see the
+/// module's documentation); nothing unless that fault is set.
+pub fn stall_first_wake() {
+    static STALL: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
+    static STALLED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    let stall = STALL.get_or_init(|| Faults::from_env().ok().and_then(|f| f.wake_stall_ms));
+    if let Some(ms) = *stall {
+        if !STALLED.swap(true, Ordering::Relaxed) {
+            tracing::warn!(ms, "the first wake is held on purpose ({ENV})");
+            std::thread::sleep(std::time::Duration::from_millis(ms));
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -117,6 +141,9 @@ mod tests {
         assert!(!Faults::parse("").unwrap().active());
         let f = Faults::parse("writer-panic=1/2,before-commit=1/1").unwrap();
         assert_eq!([f.next(), f.next()], [BeforeCommit, Panic]);
+        let f = Faults::parse("wake-stall-ms=1500").unwrap();
+        assert_eq!(f.wake_stall_ms, Some(1500));
+        assert_eq!(f.next(), None, "a stall fails no commit");
         assert_eq!(Faults::default().next(), Fault::None);
     }
 

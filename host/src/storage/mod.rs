@@ -8,7 +8,7 @@
 //! that holds it has committed (and, with `durability = "full"`, been fsync'd).
 
 mod effects;
-mod faults;
+pub(crate) mod faults;
 mod hot;
 mod ingest;
 mod keys;
