@@ -133,6 +133,7 @@ impl Bench {
             now_ms: 0,
             pinned: false,
             fence: None,
+            gate: Default::default(),
         };
         let start = Instant::now();
         let commit = tokio::task::block_in_place(|| {

@@ -169,6 +169,7 @@ async fn wake_latency(durability: Durability) -> WakeSamples {
             now_ms: 0,
             pinned: false,
             fence: None,
+            gate: Default::default(),
         };
         let start = Instant::now();
         // As the server runs it: the wake and its commit on one blocking
