@@ -48,6 +48,13 @@ pub struct Error {
     /// The URL of the host that owns the stream, for
     /// `stream-owned-elsewhere` (several hosts): the request goes there.
     pub owner_url: Option<String>,
+    /// Whether the same request may succeed later (`reactor-unavailable`:
+    /// `Some(true)`; `reactor-failed`: `Some(false)`); `None` where the code
+    /// alone says.
+    pub retryable: Option<bool>,
+    /// The reactor that refused the request (`reactor-failed`,
+    /// `reactor-unavailable`).
+    pub reactor: Option<String>,
 }
 
 impl Error {
@@ -59,6 +66,8 @@ impl Error {
             message: message.into(),
             retry_after_s: None,
             owner_url: None,
+            retryable: None,
+            reactor: None,
         }
     }
 

@@ -42,6 +42,7 @@ struct Inner {
     effects: Family<Vec<(String, String)>, Gauge>,
     ingest_pending_events: Family<Vec<(String, String)>, Gauge>,
     ingest_pending_bytes: Family<Vec<(String, String)>, Gauge>,
+    ingest_blocked_streams: Gauge,
     lag_top: Family<Vec<(String, String)>, Gauge>,
     lag_events: Gauge,
     lagging: Gauge,
@@ -160,6 +161,12 @@ impl Metrics {
             "Bytes of the pending ingest events, by project, read at scrape time",
             ingest_pending_bytes.clone(),
         );
+        let ingest_blocked_streams = Gauge::default();
+        registry.register(
+            "ingest_blocked_streams",
+            "Streams whose HTTP ingest waits because their next append was refused for now (GET /v1/ingest lists them with lastError), read at scrape time",
+            ingest_blocked_streams.clone(),
+        );
         let reactor_calls = Family::<Vec<(String, String)>, Counter>::default();
         registry.register(
             "reactor_calls",
@@ -197,6 +204,7 @@ impl Metrics {
                 effects,
                 ingest_pending_events,
                 ingest_pending_bytes,
+                ingest_blocked_streams,
                 sqlite_memory,
                 effect_executions,
                 stream_actors,
@@ -294,6 +302,11 @@ impl Metrics {
                 .map_or(0, |(_, n)| *n);
             self.inner.effects.get_or_create(&label("status", status)).set(n);
         }
+    }
+
+    /// Sets how many streams' ingest waits on a refusal for now.
+    pub fn set_ingest_blocked(&self, streams: usize) {
+        self.inner.ingest_blocked_streams.set(streams as i64);
     }
 
     /// Sets the pending ingest per project (projects absent are dropped).

@@ -435,3 +435,140 @@ async fn a_reactor_sees_the_events_clock_and_seed_so_a_backfill_creates_the_live
     assert_eq!(done["effectsCreated"], 6, "{done}");
     assert_eq!(payloads(reactor_effects(&s, "clocky.v2").await), live);
 }
+
+#[tokio::test]
+async fn a_reactor_that_cannot_run_for_now_refuses_retryably_and_one_that_refuses_for_good_does_not(
+) {
+    let s = Server::start();
+    let (status, out) = configure(&s, USERS, "welcome.v1").await;
+    assert_eq!(status, 200, "{out}");
+    let r = Receiver::start().await;
+    let url = format!("{}/ok/welcome", r.base);
+    // Not deployed yet: a later try may pass.
+    let before = head(&s, USERS).await;
+    let answer = reqwest::Client::new()
+        .post(format!("{}{USERS}:append", s.url))
+        .json(&json!({"events": [sign_up(Some("ada"), &url)]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 503);
+    assert_eq!(answer.headers()["retry-after"], "1");
+    let body: Value = answer.json().await.unwrap();
+    let unavailable = (503, body);
+    assert_error(&unavailable, 503, "reactor-unavailable", "is not deployed");
+    assert_eq!(
+        unavailable.1["error"]["retryable"], true,
+        "{}",
+        unavailable.1
+    );
+    assert_eq!(
+        unavailable.1["error"]["reactor"], "welcome.v1",
+        "{}",
+        unavailable.1
+    );
+    assert_eq!(head(&s, USERS).await, before, "nothing committed");
+
+    deploy(&s, "welcome", "welcome").await;
+    // The reactor's own retryable err.
+    let mut later = sign_up(Some("bob"), &url);
+    later["payload"]["email"] = json!("later@example.com");
+    let refused = append_users(&s, json!([later])).await;
+    assert_error(
+        &refused,
+        503,
+        "reactor-unavailable",
+        "the mail system is down",
+    );
+    assert_eq!(refused.1["error"]["retryable"], true, "{}", refused.1);
+    // Its err marked not retryable: final.
+    let refused = append_users(&s, json!([sign_up(None, &url)])).await;
+    assert_error(&refused, 422, "reactor-failed", "has no userId");
+    assert_eq!(refused.1["error"]["retryable"], false, "{}", refused.1);
+    assert_eq!(refused.1["error"]["reactor"], "welcome.v1", "{}", refused.1);
+    let message = refused.1["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("reactor \"welcome.v1\" (component \"welcome\") refused"),
+        "{message}"
+    );
+    assert_eq!(head(&s, USERS).await, before, "nothing committed");
+    // Deployed, the first append goes through.
+    let (status, out) = append_users(&s, json!([sign_up(Some("ada"), &url)])).await;
+    assert_eq!(status, 200, "{out}");
+}
+
+#[tokio::test]
+async fn events_ingested_before_their_reactor_is_deployed_are_appended_once_it_is() {
+    let s = Server::start();
+    let (status, out) = configure(&s, USERS, "welcome.v1").await;
+    assert_eq!(status, 200, "{out}");
+    let r = Receiver::start().await;
+    let url = format!("{}/ok/welcome", r.base);
+    let users: Vec<String> = (0..5).map(|i| format!("user-{i}")).collect();
+    for user in &users {
+        let mut event = sign_up(Some(user), &url);
+        event["idempotencyKey"] = json!(format!("sign-up-{user}"));
+        let (status, out) = s
+            .post(
+                "/v1/projects/acme/ingest/users",
+                json!({ "events": [event] }),
+            )
+            .await;
+        assert_eq!(status, 202, "{out}");
+    }
+    // Refused for now while the component is missing: held, in order, and
+    // shown as blocked with why.
+    wait_for(
+        "the stream's ingest to show as blocked",
+        Duration::from_secs(30),
+        async || {
+            s.get("/v1/ingest").await.1["http"]["blocked"]
+                .as_array()
+                .is_some_and(|b| !b.is_empty())
+        },
+    )
+    .await;
+    let (_, ingest) = s.get("/v1/ingest").await;
+    assert_eq!(ingest["http"]["pending"], 5, "{ingest}");
+    let blocked = &ingest["http"]["blocked"][0];
+    assert_eq!(blocked["path"], "/users", "{ingest}");
+    assert!(
+        blocked["lastError"]
+            .as_str()
+            .is_some_and(|e| e.contains("welcome.v1") && e.contains("is not deployed")),
+        "{ingest}"
+    );
+    assert_eq!(
+        ingest["http"]["drops"],
+        json!([]),
+        "nothing dropped: {ingest}"
+    );
+    assert_eq!(s.metric("streamhost_ingest_blocked_streams").await, 1);
+    deploy(&s, "welcome", "welcome").await;
+    wait_for(
+        "the five sign-ups to be appended",
+        Duration::from_secs(30),
+        async || {
+            s.all_events(USERS)
+                .await
+                .iter()
+                .filter(|e| e["type"] == "user-signed-up")
+                .count()
+                == 5
+        },
+    )
+    .await;
+    let appended: Vec<String> = s
+        .all_events(USERS)
+        .await
+        .iter()
+        .filter(|e| e["type"] == "user-signed-up")
+        .map(|e| e["payload"]["userId"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(appended, users, "every accepted event, once, in order");
+    let effects = reactor_effects(&s, "welcome.v1").await;
+    assert_eq!(effects.len(), 5, "{effects:?}");
+    let (_, ingest) = s.get("/v1/ingest").await;
+    assert_eq!(ingest["http"]["blocked"], json!([]), "{ingest}");
+    assert_eq!(ingest["http"]["pending"], 0, "{ingest}");
+}

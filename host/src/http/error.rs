@@ -22,6 +22,10 @@ pub struct ApiError {
     /// The owning host's URL of a `stream-owned-elsewhere` answer (the
     /// forwarding layer takes it from the `streamhost-owner` header).
     pub owner_url: Option<String>,
+    /// `"retryable"` in the body, when the error says.
+    pub retryable: Option<bool>,
+    /// `"reactor"` in the body: the reactor that refused.
+    pub reactor: Option<String>,
 }
 
 impl ApiError {
@@ -32,6 +36,8 @@ impl ApiError {
             message: message.into(),
             retry_after_s: None,
             owner_url: None,
+            retryable: None,
+            reactor: None,
         }
     }
 
@@ -89,6 +95,8 @@ impl From<Error> for ApiError {
             message: e.message,
             retry_after_s: e.retry_after_s,
             owner_url: e.owner_url,
+            retryable: e.retryable,
+            reactor: e.reactor,
         }
     }
 }
@@ -111,6 +119,12 @@ impl IntoResponse for ApiError {
         let mut body = json!({"error": {"code": self.code, "message": self.message}});
         if let Some(hint) = hint_of(self.code) {
             body["error"]["hint"] = json!(hint);
+        }
+        if let Some(retryable) = self.retryable {
+            body["error"]["retryable"] = json!(retryable);
+        }
+        if let Some(reactor) = &self.reactor {
+            body["error"]["reactor"] = json!(reactor);
         }
         let mut response = (
             status,

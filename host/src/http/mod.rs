@@ -274,6 +274,8 @@ async fn metrics(State(host): State<Host>, headers: HeaderMap) -> Response {
     host.metrics
         .set_sqlite_memory(crate::storage::Storage::memory_used());
     host.metrics.set_lags(host.streams.lags().await);
+    host.metrics
+        .set_ingest_blocked(host.ingest.blocked_streams());
     // What only storage knows, read now (off the async workers).
     let storage = host.streams.storage().clone();
     let counts = tokio::task::spawn_blocking(move || {

@@ -128,6 +128,7 @@ async fn drain_stream(streams: &Streams, ingest: &Ingest, project: &str, path: &
             _ => return false,
         };
         if rows.is_empty() {
+            ingest.unblock(project, path);
             return true;
         }
         let events: Vec<EventInput> = match rows
@@ -150,12 +151,14 @@ async fn drain_stream(streams: &Streams, ingest: &Ingest, project: &str, path: &
         };
         match streams.append(&address, input, Authority::Public).await {
             Ok(_) => {
+                ingest.unblock(project, path);
                 if !appended(streams, ingest, project, &rows).await {
                     return false;
                 }
             }
             Err(e) if is_retryable(&e) => {
                 tracing::debug!(stream = %address, error = %e.message, "ingest held");
+                ingest.block(project, path, &e.message, format_timestamp(streams.now_ms()));
                 return false;
             }
             Err(_) => {
@@ -193,6 +196,7 @@ async fn one_by_one(
         };
         match result {
             Ok(()) => {
+                ingest.unblock(address.namespace.storage_key(), &address.path);
                 if !appended(
                     streams,
                     ingest,
@@ -204,7 +208,15 @@ async fn one_by_one(
                     return false;
                 }
             }
-            Err(e) if is_retryable(&e) => return false,
+            Err(e) if is_retryable(&e) => {
+                ingest.block(
+                    address.namespace.storage_key(),
+                    &address.path,
+                    &e.message,
+                    format_timestamp(streams.now_ms()),
+                );
+                return false;
+            }
             Err(e) => {
                 tracing::error!(
                     "event with idempotency key {:?} for {address} could not be appended and \

@@ -180,6 +180,9 @@ struct Inner {
     register: Notify,
     /// Where the bridge answers a registration request.
     register_reply: Mutex<Option<RegisterReply>>,
+    /// Streams whose HTTP ingest waits on a refusal for now: (project,
+    /// path) → (last error, since).
+    blocked: Mutex<std::collections::BTreeMap<(String, String), (String, String)>>,
 }
 
 /// The answer to a registration request: the bridge consumes, or why not.
@@ -204,6 +207,7 @@ impl Ingest {
                 nats: Mutex::new(nats),
                 register: Notify::new(),
                 register_reply: Mutex::new(None),
+                blocked: Mutex::new(Default::default()),
             }),
         }
     }
@@ -310,7 +314,30 @@ impl Ingest {
             .take()
     }
 
-    /// `GET /v1/ingest`.
+    /// Records that `project`'s stream `path` refused its next append for
+    /// now (`at`: an RFC 3339 time): its events wait, in order.
+    pub(crate) fn block(&self, project: &str, path: &str, error: &str, at: String) {
+        let mut blocked = self.inner.blocked.lock().expect("blocked streams");
+        let entry = blocked
+            .entry((project.to_string(), path.to_string()))
+            .or_insert_with(|| (String::new(), at));
+        entry.0 = error.to_string();
+    }
+
+    /// `project`'s stream `path` took its pending events again.
+    pub(crate) fn unblock(&self, project: &str, path: &str) {
+        self.inner
+            .blocked
+            .lock()
+            .expect("blocked streams")
+            .remove(&(project.to_string(), path.to_string()));
+    }
+
+    /// How many streams' ingest waits on a refusal for now.
+    pub fn blocked_streams(&self) -> usize {
+        self.inner.blocked.lock().expect("blocked streams").len()
+    }
+
     /// What `GET /v1/ingest` shows (this host's view of pending ingest).
     pub fn status(&self) -> IngestStatus {
         let c = self.capacity();
@@ -331,6 +358,19 @@ impl Ingest {
                 },
                 last_error: None,
                 drops: Vec::new(),
+                blocked: self
+                    .inner
+                    .blocked
+                    .lock()
+                    .expect("blocked streams")
+                    .iter()
+                    .map(|((project, path), (last_error, since))| BlockedStream {
+                        project: project.clone(),
+                        path: path.clone(),
+                        last_error: last_error.clone(),
+                        since: since.clone(),
+                    })
+                    .collect(),
             },
             nats,
         }
@@ -362,6 +402,24 @@ pub struct HttpIngestStatus {
     /// was used with other content, the stream refuses them for good),
     /// oldest first: the latest 64, kept in storage across restarts.
     pub drops: Vec<crate::storage::DroppedEvent>,
+    /// Streams whose pending events wait because their next append was
+    /// refused for now (a reactor that cannot run yet, a paused stream,
+    /// storage); they are tried again, in order.
+    pub blocked: Vec<BlockedStream>,
+}
+
+/// A stream whose HTTP ingest waits on a refusal for now.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BlockedStream {
+    /// The project (empty: the global namespace).
+    pub project: String,
+    /// The stream's path.
+    pub path: String,
+    /// Why its last append was refused.
+    pub last_error: String,
+    /// Since when (RFC 3339).
+    pub since: String,
 }
 
 /// How much accepted ingest may wait.

@@ -32,6 +32,9 @@ use crate::subscription::Receiver;
 pub const EFFECT_COMPONENT_PREFIX: &str = "reactor:";
 /// How long one reactor call may run (the append waits for it).
 pub const REACT_TIMEOUT_MS: u64 = 1_000;
+/// Seconds a client waits before retrying an append a reactor could not
+/// run for (`retry-after` of `503 reactor-unavailable`).
+pub const REFUSED_FOR_NOW_RETRY_AFTER_S: u32 = 1;
 /// The longest envelope `type` of an effect.
 const ENVELOPE_TYPE_BYTES_MAX: usize = 256;
 /// The largest event a refusal quotes whole in its repro command.
@@ -159,9 +162,16 @@ impl Reacting<'_> {
                 .iter()
                 .filter(|a| a.event.offset > reactor.configured_at_offset)
             {
+                // Final: the same event is refused again whenever it is
+                // tried. Retryable: a later try may pass (a deploy, a
+                // slow call, storage).
                 let refuse = |message: String| Refusal {
                     request: a.request,
-                    error: refusal(reactor, a, &message),
+                    error: refusal(reactor, a, &message, false),
+                };
+                let refuse_for_now = |message: String| Refusal {
+                    request: a.request,
+                    error: refusal(reactor, a, &message, true),
                 };
                 // The JSON value only a condition reads.
                 let value = match reactor.filter.condition {
@@ -179,7 +189,7 @@ impl Reacting<'_> {
                 let p = match &prepared {
                     Some(p) => Arc::clone(p),
                     None => {
-                        let p = self.component(reactor).map_err(refuse)?;
+                        let p = self.component(reactor).map_err(refuse_for_now)?;
                         prepared = Some(Arc::clone(&p));
                         p
                     }
@@ -194,7 +204,15 @@ impl Reacting<'_> {
                 let returned = self
                     .runtime
                     .react(&reactor.component, &p, &a.body, d, REACT_TIMEOUT_MS)
-                    .map_err(|e| refuse(failed_call(reactor, a, e, clock_ms)))?;
+                    .map_err(|e| {
+                        let retryable = e.retryable();
+                        let message = failed_call(reactor, a, e, clock_ms);
+                        if retryable {
+                            refuse_for_now(message)
+                        } else {
+                            refuse(message)
+                        }
+                    })?;
                 for e in checked(&returned).map_err(refuse)? {
                     if keys.insert(e.0.clone()) {
                         effects.push(NewEffect {
@@ -313,22 +331,34 @@ fn failed_call(reactor: &Reactor, a: &Appended, e: GuestError, clock_ms: i64) ->
     format!("{e}{repro}")
 }
 
-/// The `422 reactor-failed` of a refused event.
-fn refusal(reactor: &Reactor, a: &Appended, message: &str) -> Error {
-    Error::unprocessable(
-        "reactor-failed",
-        format!(
-            "reactor {:?} (component {:?}) failed on {} (offset {}, type {:?}), so nothing of this append was committed: {message}",
+/// The refusal of an event: `422 reactor-failed` when it is final (the
+/// reactor would refuse the event again), `503 reactor-unavailable` when a
+/// later try may pass; either way nothing of the append committed.
+fn refusal(reactor: &Reactor, a: &Appended, message: &str, retryable: bool) -> Error {
+    let (verb, then) = if retryable {
+        ("could not run", "; retry later")
+    } else {
+        ("refused", "")
+    };
+    let message = format!(
+        "reactor {:?} (component {:?}) {verb} on {} (offset {}, type {:?}), so nothing of this append was committed: {message}{then}",
             reactor.name,
             reactor.component,
             match a.index {
                 Some(i) => format!("events[{i}]"),
                 None => "the event the platform adds".to_string(),
             },
-            a.event.offset,
-            a.event.event_type
-        ),
-    )
+        a.event.offset,
+        a.event.event_type
+    );
+    let mut error = if retryable {
+        Error::unavailable("reactor-unavailable", message, REFUSED_FOR_NOW_RETRY_AFTER_S)
+    } else {
+        Error::unprocessable("reactor-failed", message)
+    };
+    error.retryable = Some(retryable);
+    error.reactor = Some(reactor.name.clone());
+    error
 }
 
 #[cfg(test)]

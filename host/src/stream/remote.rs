@@ -136,6 +136,8 @@ impl From<Result<Value, Error>> for Answer {
                 code: e.code.to_string(),
                 message: e.message,
                 retry_after_s: e.retry_after_s,
+                retryable: e.retryable,
+                reactor: e.reactor,
             }),
         }
     }
@@ -149,6 +151,10 @@ pub struct WireError {
     code: String,
     message: String,
     retry_after_s: Option<u32>,
+    #[serde(default)]
+    retryable: Option<bool>,
+    #[serde(default)]
+    reactor: Option<String>,
 }
 
 impl WireError {
@@ -157,6 +163,8 @@ impl WireError {
         let w = self;
         let mut e = Error::new(w.kind, intern(&w.code), w.message);
         e.retry_after_s = w.retry_after_s;
+        e.retryable = w.retryable;
+        e.reactor = w.reactor;
         e
     }
 }

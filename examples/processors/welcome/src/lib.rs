@@ -5,7 +5,9 @@
 //! new) that POSTs `{"userId", "email", "template": "welcome"}` to
 //! `welcomeUrl`, typed `SendWelcome` with metadata
 //! `{"correlationId": "sign-up-<offset>"}`. A sign-up without a `userId` is refused: the append fails
-//! with `422 reactor-failed` and commits nothing.
+//! with `422 reactor-failed` and commits nothing. A sign-up whose email is
+//! `later@example.com` is refused for now (`retryable`: the mail system is
+//! down, say): the append fails with `503 reactor-unavailable`.
 //!
 //! The same component is also a processor (it exports both interfaces):
 //! its state counts the sign-ups it folded.
@@ -39,6 +41,11 @@ impl Reactor for Welcome {
                 event.offset
             )));
         };
+        if signed_up.email == "later@example.com" {
+            return Err(Failure::retryable(format!(
+                "cannot welcome {user} now: the mail system is down"
+            )));
+        }
         effects
             .webhook(
                 format!("welcome:{user}"),
