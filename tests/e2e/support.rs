@@ -65,6 +65,15 @@ pub fn postgres_base() -> Option<String> {
 }
 
 /// True, with a line saying so, when the suite runs on PostgreSQL: for the
+/// tests that exercise no storage engine of their own (documentation run as
+/// written, the console's pages, the fuzz corpus in this process, a
+/// scaffold's build, the server's memory under reads), which the SQLite pass
+/// runs; the PostgreSQL pass runs what storage decides.
+pub fn sqlite_pass_only(why: &str) -> bool {
+    skipped_on_postgres(why)
+}
+
+/// True, with a line saying so, when the suite runs on PostgreSQL: for the
 /// tests of SQLite's own files and failure modes.
 pub fn skipped_on_postgres(why: &str) -> bool {
     let on = postgres_base().is_some();
