@@ -56,9 +56,12 @@ pub fn stop_message(message: &str, location: Option<&std::panic::Location<'_>>) 
     )
 }
 
-/// Installs the policy: a panic outside [`contained`] prints
-/// [`stop_message`] and aborts the process. Panics inside [`contained`] keep
-/// the hook that was installed before (silently answered as errors there).
+/// Installs the failure policy for broken invariants: a panic inside the
+/// host (outside the third-party parsers it runs on outside input, whose
+/// panics are that input's errors) prints `broken invariant: <message> at
+/// <file:line>; the process stops ...` and aborts the process. Restart is
+/// the recovery: every acknowledged write is durable. The `streamhost`
+/// binary installs it before it starts; an embedding program may too.
 pub fn stop_on_broken_invariant() {
     let previous = std::panic::take_hook();
     std::panic::set_hook(Box::new(move |info| {

@@ -236,11 +236,11 @@ async fn an_itx_receiver_gets_awaited_batches_and_skips_an_event_after_three_lon
 }
 
 #[tokio::test]
-async fn a_non_retryable_failure_halts_at_once() {
+async fn a_final_failure_halts_at_once_under_halt_and_is_skipped_at_once_under_skip() {
     let s = Server::start_with(Some(crate::subscriptions::FAST), &[]);
     s.deploy("acme", "kinds", guest("kinds")).await;
     let src = "/v1/projects/acme/streams/itx-fatal";
-    s.post(&format!("{src}:append"), itx_subscription("skip"))
+    s.post(&format!("{src}:append"), itx_subscription("halt"))
         .await;
     s.post(
         &format!("{src}:append"),
@@ -263,6 +263,47 @@ async fn a_non_retryable_failure_halts_at_once() {
         .as_str()
         .unwrap()
         .contains("is fatal"));
+
+    // Under skip, the same final failure is skipped at once (one attempt),
+    // and the events after it are delivered.
+    let skipping = "/v1/projects/acme/streams/itx-skip";
+    s.post(&format!("{skipping}:append"), itx_subscription("skip"))
+        .await;
+    let (status, out) = s
+        .post(
+            &format!("{skipping}:append"),
+            json!({"events": [{"type": "x.y/e", "payload": {"fatal": true}}, {"type": "x.y/e", "payload": {"n": 1}}]}),
+        )
+        .await;
+    assert_eq!(status, 200, "{out}");
+    let good = out["events"][1]["offset"].as_u64().unwrap();
+    let mut last = Value::Null;
+    let delivered = crate::support::poll_until(std::time::Duration::from_secs(20), async || {
+        last = s.get(&format!("{skipping}:runtime")).await.1;
+        last["subscriptions"]["itx"]["acknowledgedOffset"]
+            .as_u64()
+            .is_some_and(|o| o >= good)
+    })
+    .await;
+    assert!(
+        delivered,
+        "the event after the skipped one was not delivered: {last}\n{:?}",
+        s.all_events(skipping).await
+    );
+    let skipped: Vec<Value> = s
+        .all_events(skipping)
+        .await
+        .into_iter()
+        .filter(|e| e["type"] == "events.iterate.com/stream/error-occurred")
+        .collect();
+    assert_eq!(skipped.len(), 1, "{skipped:?}");
+    let message = skipped[0]["payload"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("at once (the failure is final") && message.contains("is fatal"),
+        "{message}"
+    );
+    let (_, rt) = s.get(&format!("{skipping}:runtime")).await;
+    assert_eq!(rt["subscriptions"]["itx"]["halted"], false, "{rt}");
     // Configure-time checks: unknown roots are refused.
     let mut bad = itx_subscription("halt");
     bad["events"][0]["payload"]["receiver"]["expression"] = json!(["workers", ["get", "w"], "run"]);

@@ -283,7 +283,7 @@ async fn deny_private_networks_refuses_loopback_targets_after_resolution() {
         ),
     ] {
         let s = Server::start_with(Some(&config), &[]);
-        s.post(&format!("{P}/src:append"), webhook(&url, "skip", None))
+        s.post(&format!("{P}/src:append"), webhook(&url, "halt", None))
             .await;
         append(&s, json!([{"type": "x.y/e", "payload": {"n": 1}}])).await;
         let halt = halted(&s).await;
@@ -292,16 +292,33 @@ async fn deny_private_networks_refuses_loopback_targets_after_resolution() {
         assert!(error.contains("deny-private-networks"), "{halt}");
         assert_eq!(halt["attempts"], 1, "refused at once: {halt}");
     }
+    // Under skip, a refused address is a final failure of the event: skipped
+    // at once, with the reason.
+    let s = Server::start_with(Some(&config), &[]);
+    s.post(&format!("{P}/src:append"), webhook(&r.url, "skip", None))
+        .await;
+    append(&s, json!([{"type": "x.y/e", "payload": {"n": 1}}])).await;
+    let lines =
+        crate::subscriptions::wait_for_type(&s, "/src", "events.iterate.com/stream/error-occurred")
+            .await;
+    let message = lines[0]["payload"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("at once") && message.contains("deny-private-networks"),
+        "{message}"
+    );
+    let (_, rt) = s.get(&format!("{P}/src:runtime")).await;
+    assert_eq!(rt["subscriptions"]["hook"]["halted"], false, "{rt}");
     assert!(r.posts.lock().unwrap().is_empty(), "nothing was posted");
     // The default lets loopback targets through (the other tests here).
 }
 
-/// A transform that throws on an event halts a webhook, an ITX and a copy
-/// receiver at once (the same event would throw on every retry), after
-/// delivering the events before it in the same batch. Each halt names the
-/// JSONata error and the event it failed on.
+/// A transform that throws on an event is a final failure (the same event
+/// would throw on every retry): a webhook and a copy receiver under `halt`
+/// halt at once, an ITX receiver under `skip` skips the event at once, each
+/// after delivering the events before it in the same batch. Each halt and
+/// the skip name the JSONata error and the event it failed on.
 #[tokio::test]
-async fn a_transform_that_throws_at_delivery_halts_every_receiver_after_the_events_before_it() {
+async fn a_transform_that_throws_at_delivery_halts_or_skips_at_once_after_the_events_before_it() {
     let r = receiver().await;
     let s = Server::start_with(Some(FAST), &[]);
     let (status, out) = s
@@ -342,7 +359,7 @@ async fn a_transform_that_throws_at_delivery_halts_every_receiver_after_the_even
         out["events"][0]["offset"].as_u64().unwrap(),
         out["events"][1]["offset"].as_u64().unwrap(),
     );
-    for key in ["hook", "itx", "copy"] {
+    for key in ["hook", "copy"] {
         let halted = s
             .wait_halted(&format!("{P}/src"), key, Duration::from_secs(20))
             .await;
@@ -352,8 +369,36 @@ async fn a_transform_that_throws_at_delivery_halts_every_receiver_after_the_even
         assert!(error.contains("D3137: too big: 2"), "{key}: {halted}");
         assert!(error.contains(&format!("offset {bad}")), "{key}: {halted}");
     }
+    // The ITX receiver skipped it at once, with what it said.
+    let mut last = Value::Null;
+    let skipped = crate::support::poll_until(Duration::from_secs(20), async || {
+        last = s.get(&format!("{P}/src:runtime")).await.1;
+        last["subscriptions"]["itx"]["acknowledgedOffset"]
+            .as_u64()
+            .is_some_and(|o| o >= bad)
+    })
+    .await;
+    assert!(
+        skipped,
+        "the ITX receiver did not skip the event that throws: {last}\n{:?}",
+        s.all_events(&format!("{P}/src")).await
+    );
+    let skips: Vec<Value> = s
+        .all_events(&format!("{P}/src"))
+        .await
+        .into_iter()
+        .filter(|e| e["type"] == "events.iterate.com/stream/error-occurred")
+        .collect();
+    assert_eq!(skips.len(), 1, "{skips:?}");
+    assert_eq!(skips[0]["payload"]["subscriptionKey"], "itx");
+    assert_eq!(skips[0]["payload"]["offset"], bad);
+    let message = skips[0]["payload"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("at once") && message.contains("D3137: too big: 2"),
+        "{message}"
+    );
     // What each receiver got: the first event, transformed, and nothing of
-    // the second (even "skip" does not skip what would throw again).
+    // the second.
     let posts = r.posts.lock().unwrap().clone();
     assert_eq!(posts.len(), 1, "{posts:?}");
     assert_eq!(posts[0]["event"]["offset"], ok);
@@ -368,18 +413,21 @@ async fn a_transform_that_throws_at_delivery_halts_every_receiver_after_the_even
         batches[0].contains(&format!("offsets={ok} ")),
         "{batches:?}"
     );
-    // /metrics: one halt per receiver kind, and the attempts that led there
-    // (copy and ITX succeeded once, each kind failed once).
-    for kind in ["webhook", "itx", "copy"] {
+    // /metrics: a halt for the webhook and the copy, a skip for the ITX
+    // receiver, and the attempts that led there (each kind succeeded once
+    // and failed once).
+    for (kind, halts, skips) in [("webhook", 1, 0), ("itx", 0, 1), ("copy", 1, 0)] {
         let of = |name: &str| format!("streamhost_{name}_total{{receiver=\"{kind}\"");
         // (The count follows the fact's commit.)
         wait_for(
-            "the halt in /metrics",
+            "the halt or skip in /metrics",
             Duration::from_secs(10),
-            async || s.metric(&of("subscription_halts")).await == 1,
+            async || {
+                s.metric(&of("subscription_halts")).await == halts
+                    && s.metric(&of("subscription_skips")).await == skips
+            },
         )
         .await;
-        assert_eq!(s.metric(&of("subscription_skips")).await, 0, "{kind}");
         let attempts = |outcome: &str| {
             format!(
                 "streamhost_delivery_attempts_total{{receiver=\"{kind}\",outcome=\"{outcome}\"}}"
@@ -390,7 +438,7 @@ async fn a_transform_that_throws_at_delivery_halts_every_receiver_after_the_even
     }
     // The halted runs stay behind: named among the furthest behind, and
     // counted (the stream is in memory).
-    for key in ["hook", "itx", "copy"] {
+    for key in ["hook", "copy"] {
         let lag = s
             .metric(&format!(
                 "streamhost_subscription_lag_events{{stream=\"acme:/src\",subscription=\"{key}\"}}"
@@ -398,7 +446,7 @@ async fn a_transform_that_throws_at_delivery_halts_every_receiver_after_the_even
             .await;
         assert!(lag >= 1, "{key}: lag {lag}");
     }
-    assert!(s.metric("streamhost_subscriptions_lagging ").await >= 3);
+    assert!(s.metric("streamhost_subscriptions_lagging ").await >= 2);
     let copies: Vec<Value> = s
         .all_events(&format!("{P}/src-out"))
         .await

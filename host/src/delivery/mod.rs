@@ -44,6 +44,9 @@ pub struct Failure {
     /// What reproduces the failure (a processor's `wasmtime` command):
     /// kept with the processor's last failure, not in the halt fact.
     pub detail: Option<String>,
+    /// The subscription's own filter failed: never skipped, whatever the
+    /// policy (the reference's rule).
+    pub filter: bool,
 }
 
 impl Failure {
@@ -55,6 +58,7 @@ impl Failure {
             single_offset: None,
             at_offset: None,
             detail: None,
+            filter: false,
         }
     }
 }
@@ -115,19 +119,24 @@ impl RunState {
                 _ => Some((offset, 1)),
             };
         }
+        let skipping = on_failing_event == OnFailingEvent::Skip && !failure.filter;
         if !failure.retryable {
-            return Decision::Halt;
+            // Final: the same event fails the same way again. `halt` halts
+            // at once; `skip` skips the event at once, or first isolates it
+            // (a batch of one, at once) when the batch failed as a whole.
+            if !skipping {
+                return Decision::Halt;
+            }
+            return match failure.single_offset {
+                Some(offset) => self.skip(offset),
+                None if self.attempt < policy.max_attempts => Decision::Retry { at_ms: now_ms },
+                None => Decision::Halt,
+            };
         }
-        if on_failing_event == OnFailingEvent::Skip {
+        if skipping {
             if let Some((offset, n)) = self.failing_event {
                 if n >= EVENT_ATTEMPTS_BEFORE_SKIP {
-                    if self.skips_since_success + 1 >= SKIPS_BEFORE_HALT {
-                        return Decision::Halt;
-                    }
-                    self.skips_since_success += 1;
-                    self.attempt = 0;
-                    self.failing_event = None;
-                    return Decision::Skip { offset };
+                    return self.skip(offset);
                 }
             }
         }
@@ -137,6 +146,20 @@ impl RunState {
         Decision::Retry {
             at_ms: now_ms + backoff_ms(policy, self.attempt, jitter) as i64,
         }
+    }
+}
+
+impl RunState {
+    /// Skips the event at `offset`, unless that would be the
+    /// [`SKIPS_BEFORE_HALT`]th skip in a row: then halts.
+    fn skip(&mut self, offset: u64) -> Decision {
+        if self.skips_since_success + 1 >= SKIPS_BEFORE_HALT {
+            return Decision::Halt;
+        }
+        self.skips_since_success += 1;
+        self.attempt = 0;
+        self.failing_event = None;
+        Decision::Skip { offset }
     }
 }
 
@@ -165,6 +188,55 @@ mod tests {
         }
     }
 
+    fn final_failure(single: Option<u64>) -> Failure {
+        Failure {
+            retryable: false,
+            ..failure(single)
+        }
+    }
+
+    #[test]
+    fn a_final_failure_skips_at_once_under_skip_and_halts_at_once_under_halt() {
+        let mut run = RunState::default();
+        let d = run.on_failure(&final_failure(Some(7)), &policy(), OnFailingEvent::Skip, 0, 0.0);
+        assert_eq!(d, Decision::Skip { offset: 7 });
+        let mut run = RunState::default();
+        let d = run.on_failure(&final_failure(Some(7)), &policy(), OnFailingEvent::Halt, 0, 0.0);
+        assert_eq!(d, Decision::Halt);
+    }
+
+    #[test]
+    fn a_final_failure_of_a_whole_batch_isolates_its_event_at_once_then_skips_it() {
+        let mut run = RunState::default();
+        let d = run.on_failure(&final_failure(None), &policy(), OnFailingEvent::Skip, 1000, 0.0);
+        assert_eq!(d, Decision::Retry { at_ms: 1000 }, "at once, alone");
+        assert_eq!(run.batch_limit(), 1);
+        let d = run.on_failure(&final_failure(Some(3)), &policy(), OnFailingEvent::Skip, 1000, 0.0);
+        assert_eq!(d, Decision::Skip { offset: 3 });
+    }
+
+    #[test]
+    fn a_filter_failure_never_skips_and_final_skips_in_a_row_halt() {
+        let mut run = RunState::default();
+        let filter = Failure {
+            filter: true,
+            ..final_failure(Some(4))
+        };
+        assert_eq!(
+            run.on_failure(&filter, &policy(), OnFailingEvent::Skip, 0, 0.0),
+            Decision::Halt
+        );
+        let mut run = RunState::default();
+        let mut decisions = Vec::new();
+        for offset in 1..=SKIPS_BEFORE_HALT as u64 {
+            decisions.push(run.on_failure(&final_failure(Some(offset)), &policy(), OnFailingEvent::Skip, 0, 0.0));
+        }
+        assert_eq!(
+            decisions,
+            [Decision::Skip { offset: 1 }, Decision::Skip { offset: 2 }, Decision::Halt]
+        );
+    }
+
     fn failure(single: Option<u64>) -> Failure {
         Failure {
             message: "boom".into(),
@@ -172,6 +244,7 @@ mod tests {
             single_offset: single,
             at_offset: None,
             detail: None,
+            filter: false,
         }
     }
 
@@ -219,14 +292,14 @@ mod tests {
     }
 
     #[test]
-    fn non_retryable_failures_halt_at_once() {
+    fn non_retryable_failures_halt_at_once_under_halt() {
         let mut s = RunState::default();
         let f = Failure {
             retryable: false,
             ..failure(None)
         };
         assert_eq!(
-            s.on_failure(&f, &policy(), OnFailingEvent::Skip, 0, 0.0),
+            s.on_failure(&f, &policy(), OnFailingEvent::Halt, 0, 0.0),
             Decision::Halt
         );
     }

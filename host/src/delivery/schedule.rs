@@ -246,6 +246,7 @@ impl Deliveries {
                 single_offset: None,
                 at_offset: None,
                 detail: None,
+                filter: false,
             };
             facts.extend(fail(&key, rt, &failure, now_ms, jitter, policy));
         }
@@ -372,10 +373,17 @@ fn fail(
         Decision::Skip { offset } => {
             rt.cursor = rt.cursor.max(offset);
             rt.next_attempt_at_ms = 0;
-            let message = format!(
-                "subscription {key:?} skipped failing event at offset {offset} after {EVENT_ATTEMPTS_BEFORE_SKIP} event-specific attempts: {}",
-                failure.message
-            );
+            let message = if failure.retryable {
+                format!(
+                    "subscription {key:?} skipped failing event at offset {offset} after {EVENT_ATTEMPTS_BEFORE_SKIP} event-specific attempts: {}",
+                    failure.message
+                )
+            } else {
+                format!(
+                    "subscription {key:?} skipped failing event at offset {offset} at once (the failure is final: retrying cannot help): {}",
+                    failure.message
+                )
+            };
             Some(Fact {
                 event_type: types::ERROR_OCCURRED,
                 payload: json!({"message": cap_text(&message), "subscriptionKey": key, "offset": offset}),
@@ -432,6 +440,7 @@ mod tests {
             single_offset: single,
             at_offset: None,
             detail: None,
+            filter: false,
         }
     }
 

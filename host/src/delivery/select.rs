@@ -47,6 +47,7 @@ pub fn select_batch(
             single_offset: Some(*offset),
             at_offset: None,
             detail: None,
+            filter: false,
         })?;
         let event: Event = serde_json::from_value(value.clone()).map_err(|e| Failure {
             message: format!("the stored event at offset {offset} is malformed: {e}"),
@@ -54,6 +55,7 @@ pub fn select_batch(
             single_offset: Some(*offset),
             at_offset: None,
             detail: None,
+            filter: false,
         })?;
         let matches = match filter.matches(&event.event_type, &event.payload, &value) {
             Ok(m) => m,
@@ -68,6 +70,7 @@ pub fn select_batch(
                     single_offset: Some(*offset),
                     at_offset: None,
                     detail: None,
+                    filter: true,
                 });
             }
             // Deliver what precedes it; the next attempt starts here.

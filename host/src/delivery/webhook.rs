@@ -59,6 +59,7 @@ pub fn posted_event(
                 single_offset: Some(event.offset),
                 at_offset: None,
                 detail: None,
+                filter: false,
             })?;
         value["type"] = json!(event_type);
         value["payload"] = Value::Object(payload);

@@ -57,6 +57,7 @@ fn failure(message: String, retryable: bool) -> Failure {
         single_offset: None,
         at_offset: None,
         detail: None,
+        filter: false,
     }
 }
 

@@ -741,6 +741,7 @@ impl World {
                 single_offset: (offsets.len() == 1).then(|| offsets[0]),
                 at_offset: Some(offsets[0]),
                 detail: None,
+                filter: false,
             })
         } else {
             let received = self.received.entry(path).or_default();
