@@ -277,25 +277,11 @@ async fn a_final_failure_halts_at_once_under_halt_and_is_skipped_at_once_under_s
         .await;
     assert_eq!(status, 200, "{out}");
     let good = out["events"][1]["offset"].as_u64().unwrap();
-    let mut last = Value::Null;
-    let delivered = crate::support::poll_until(std::time::Duration::from_secs(20), async || {
-        last = s.get(&format!("{skipping}:runtime")).await.1;
-        last["subscriptions"]["itx"]["acknowledgedOffset"]
-            .as_u64()
-            .is_some_and(|o| o >= good)
-    })
-    .await;
-    assert!(
-        delivered,
-        "the event after the skipped one was not delivered: {last}\n{:?}",
-        s.all_events(skipping).await
-    );
-    let skipped: Vec<Value> = s
-        .all_events(skipping)
-        .await
-        .into_iter()
-        .filter(|e| e["type"] == "events.iterate.com/stream/error-occurred")
-        .collect();
+    s.wait_acknowledged(skipping, "itx", good, "the event after the skipped one")
+        .await;
+    let skipped = s
+        .events_of_type(skipping, "events.iterate.com/stream/error-occurred")
+        .await;
     assert_eq!(skipped.len(), 1, "{skipped:?}");
     let message = skipped[0]["payload"]["message"].as_str().unwrap();
     assert!(

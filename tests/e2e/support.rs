@@ -792,6 +792,34 @@ impl Server {
         halted().await.expect("halted")
     }
 
+    /// Waits (up to 20 s) until subscription `key` on `stream` (an API path)
+    /// has acknowledged `offset` or later; on timeout the panic shows `what`,
+    /// the stream's runtime and its events.
+    pub async fn wait_acknowledged(&self, stream: &str, key: &str, offset: u64, what: &str) {
+        let mut last = Value::Null;
+        let done = poll_until(Duration::from_secs(20), async || {
+            last = self.get(&format!("{stream}:runtime")).await.1;
+            last["subscriptions"][key]["acknowledgedOffset"]
+                .as_u64()
+                .is_some_and(|o| o >= offset)
+        })
+        .await;
+        assert!(
+            done,
+            "timed out waiting for {what} (subscription {key:?} past offset {offset}): {last}\n{:?}",
+            self.all_events(stream).await
+        );
+    }
+
+    /// The events of type `event_type` on `stream` (an API path).
+    pub async fn events_of_type(&self, stream: &str, event_type: &str) -> Vec<Value> {
+        self.all_events(stream)
+            .await
+            .into_iter()
+            .filter(|e| e["type"] == event_type)
+            .collect()
+    }
+
     /// The sum of the samples of the Prometheus lines that start with
     /// `prefix` (a metric name, with labels if wanted) at `GET /metrics`.
     pub async fn metric(&self, prefix: &str) -> u64 {

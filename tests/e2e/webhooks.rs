@@ -370,25 +370,17 @@ async fn a_transform_that_throws_at_delivery_halts_or_skips_at_once_after_the_ev
         assert!(error.contains(&format!("offset {bad}")), "{key}: {halted}");
     }
     // The ITX receiver skipped it at once, with what it said.
-    let mut last = Value::Null;
-    let skipped = crate::support::poll_until(Duration::from_secs(20), async || {
-        last = s.get(&format!("{P}/src:runtime")).await.1;
-        last["subscriptions"]["itx"]["acknowledgedOffset"]
-            .as_u64()
-            .is_some_and(|o| o >= bad)
-    })
+    let src = format!("{P}/src");
+    s.wait_acknowledged(
+        &src,
+        "itx",
+        bad,
+        "the ITX receiver to skip the event that throws",
+    )
     .await;
-    assert!(
-        skipped,
-        "the ITX receiver did not skip the event that throws: {last}\n{:?}",
-        s.all_events(&format!("{P}/src")).await
-    );
-    let skips: Vec<Value> = s
-        .all_events(&format!("{P}/src"))
-        .await
-        .into_iter()
-        .filter(|e| e["type"] == "events.iterate.com/stream/error-occurred")
-        .collect();
+    let skips = s
+        .events_of_type(&src, "events.iterate.com/stream/error-occurred")
+        .await;
     assert_eq!(skips.len(), 1, "{skips:?}");
     assert_eq!(skips[0]["payload"]["subscriptionKey"], "itx");
     assert_eq!(skips[0]["payload"]["offset"], bad);

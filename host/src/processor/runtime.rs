@@ -613,7 +613,9 @@ impl Runtime {
 
     /// Compiles `bytes`, checks that it is a component that links with WASI
     /// alone and exports functions; returns the exported function names and
-    /// whether it is a processor.
+    /// whether it is a processor. The compiled form is kept in the disk
+    /// cache, so the first `prepare` of the same bytes does not compile
+    /// again.
     pub fn validate(&self, bytes: &[u8]) -> Result<(Vec<String>, bool), String> {
         if let Some(what) = not_a_component(bytes) {
             return Err(format!(
@@ -638,6 +640,16 @@ impl Runtime {
             return Err(format!(
                 "the component exports no functions: a processor must export the {PROCESSOR_INTERFACE} interface"
             ));
+        }
+        // Its compiled form, for the first `prepare` of these bytes: a
+        // deploy and its first wake (or an offline fold) compile once.
+        let path = self.cache_path(&digest(bytes));
+        if !path.exists() {
+            if let Ok(serialized) = component.serialize() {
+                if let Err(e) = super::compiled::write(&path, &self.compatibility, &serialized) {
+                    tracing::warn!(path = %path.display(), error = %e, "compiled component not cached");
+                }
+            }
         }
         Ok((exports, processor))
     }
