@@ -373,11 +373,22 @@ struct Shared {
     /// Why the host cannot write now: the writer thread stopped, or the
     /// last transaction failed as a whole (cleared by the next commit).
     unable: std::sync::Mutex<Option<String>>,
+    /// Whether `unable` holds a reason (read on every commit without the
+    /// lock).
+    unable_set: std::sync::atomic::AtomicBool,
 }
 
 impl Shared {
     fn set_unable(&self, why: Option<String>) {
-        *self.unable.lock().unwrap_or_else(|p| p.into_inner()) = why;
+        use std::sync::atomic::Ordering;
+        // A commit that succeeds while all is well (the usual case) takes
+        // no lock.
+        if why.is_none() && !self.unable_set.load(Ordering::Acquire) {
+            return;
+        }
+        let mut unable = self.unable.lock().unwrap_or_else(|p| p.into_inner());
+        self.unable_set.store(why.is_some(), Ordering::Release);
+        *unable = why;
     }
 }
 
@@ -414,6 +425,7 @@ impl WriterHandle {
             hot,
             faults,
             unable: std::sync::Mutex::new(None),
+            unable_set: std::sync::atomic::AtomicBool::new(false),
         });
         let writer = shared.clone();
         std::thread::Builder::new()
