@@ -572,3 +572,67 @@ async fn events_ingested_before_their_reactor_is_deployed_are_appended_once_it_i
     assert_eq!(ingest["http"]["blocked"], json!([]), "{ingest}");
     assert_eq!(ingest["http"]["pending"], 0, "{ingest}");
 }
+
+#[tokio::test]
+async fn a_copy_a_reactor_refuses_for_good_halts_at_once_and_one_refused_for_now_waits() {
+    // Retries enough to outlast a deploy (a refusal for now is retried
+    // like any failure that may heal, then halts).
+    const PATIENT: &str = "[delivery]\nmax-attempts = 50\nbackoff-base-ms = 20\nbackoff-max-ms = 200\ntimeout-ms = 5000\n";
+    let s = Server::start_with(Some(PATIENT), &[]);
+    let r = Receiver::start().await;
+    let url = format!("{}/ok/welcome", r.base);
+    let (status, out) = configure(&s, USERS, "welcome.v1").await;
+    assert_eq!(status, 200, "{out}");
+    let copy = |key: &str| {
+        json!({"events": [{"type": CONFIGURED, "payload": {
+            "subscriptionKey": key, "filter": {"eventTypes": ["user-signed-up"]},
+            "receiver": {"action": "copy-to-stream", "receivingStreamPath": "/users",
+                "delivery": {"start": "now", "onFailingEvent": "halt"}}}}]})
+    };
+    // Not deployed yet: the copy waits (retried), then lands once it is.
+    let early = "/v1/projects/acme/streams/early";
+    s.post(&format!("{early}:append"), copy("to-users")).await;
+    let (status, out) = s
+        .post(
+            &format!("{early}:append"),
+            json!({"events": [sign_up(Some("ada"), &url)]}),
+        )
+        .await;
+    assert_eq!(status, 200, "{out}");
+    wait_for(
+        "the copy to meet the missing reactor",
+        Duration::from_secs(20),
+        async || {
+            s.get(&format!("{early}:runtime")).await.1["subscriptions"]["to-users"]["lastError"]
+                .as_str()
+                .is_some_and(|e| e.contains("is not deployed"))
+        },
+    )
+    .await;
+    deploy(&s, "welcome", "welcome").await;
+    s.wait_acknowledged(early, "to-users", 3, "the copy after the deploy")
+        .await;
+    let (_, rt) = s.get(&format!("{early}:runtime")).await;
+    assert_eq!(rt["subscriptions"]["to-users"]["halted"], false, "{rt}");
+
+    // Refused for good: halted at once, naming the reactor.
+    let late = "/v1/projects/acme/streams/late";
+    s.post(&format!("{late}:append"), copy("to-users")).await;
+    let (status, out) = s
+        .post(
+            &format!("{late}:append"),
+            json!({"events": [sign_up(None, &url)]}),
+        )
+        .await;
+    assert_eq!(status, 200, "{out}");
+    let halted = s
+        .wait_halted(late, "to-users", Duration::from_secs(20))
+        .await;
+    assert_eq!(halted["attempts"], 1, "{halted}");
+    let error = halted["error"].as_str().unwrap_or_default();
+    assert!(
+        error.contains("reactor \"welcome.v1\" (component \"welcome\") refused")
+            && error.contains("has no userId"),
+        "{halted}"
+    );
+}

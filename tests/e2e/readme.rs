@@ -83,6 +83,17 @@ fn run_shell_blocks(
         std::env::var("PATH").unwrap_or_default()
     );
     let home = tempfile::tempdir().unwrap();
+    // A project the blocks build under $HOME (`streamhost new`, then
+    // `cargo build`) keeps its intermediate files where `scaffold.rs`
+    // builds the same project, so the two compile its dependencies once;
+    // its own `target/` still holds what it builds.
+    let shared = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/scaffold-test");
+    std::fs::create_dir_all(home.path().join(".cargo")).unwrap();
+    std::fs::write(
+        home.path().join(".cargo/config.toml"),
+        format!("[build]\nbuild-dir = {:?}\n", shared.display().to_string()),
+    )
+    .unwrap();
     let mut ran = 0;
     let mut skipped = Vec::new();
     for block in text.split("```sh\n").skip(1) {

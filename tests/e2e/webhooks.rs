@@ -486,6 +486,21 @@ async fn a_runs_attempts_next_attempt_error_bytes_and_latency_survive_a_restart(
     );
     assert!(before["lastDeliveryAt"].is_i64(), "{before}");
     let posts = r.posts.lock().unwrap().len();
+    // The failed attempt's counters reach the row with the actor's next
+    // write, shortly after the view shows them: the restart comes after.
+    let db = s.db();
+    wait_for(
+        "the failed attempt's counters to be stored",
+        Duration::from_secs(20),
+        async || {
+            db.query_i64(
+                "SELECT attempts FROM subscription_cursors WHERE subscription_key = 'hook'",
+            ) == Some(1)
+        },
+    )
+    .await;
+    // Nothing moved meanwhile: the retry is a minute away.
+    assert_eq!(view(&s).await, before);
 
     s.restart();
     let after = view(&s).await;

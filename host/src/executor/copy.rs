@@ -48,10 +48,16 @@ pub async fn send(
         .map_err(|e| {
             Failure::new(
                 format!("{} failed: {}", job.route.target.label(), e.message),
-                // What the same batch meets again halts at once.
+                // What the same batch meets again halts at once (a
+                // reactor's final refusal among it; its refusal for now,
+                // `reactor-unavailable`, is retried).
                 !matches!(
                     e.code,
-                    "stale-delivery" | "jsonata-limit-exceeded" | "transform-failed" | "too-large"
+                    "stale-delivery"
+                        | "jsonata-limit-exceeded"
+                        | "transform-failed"
+                        | "too-large"
+                        | "reactor-failed"
                 ),
             )
         })
