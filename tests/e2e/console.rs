@@ -30,7 +30,7 @@ async fn append(s: &Server, events: Value) -> Value {
 
 #[tokio::test]
 async fn the_console_shows_streams_live_events_and_resumes_a_halted_subscription() {
-    if crate::support::sqlite_pass_only("the console is pages over the HTTP API") {
+    if crate::support::skipped_on_postgres("the console is pages over the HTTP API") {
         return;
     }
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
@@ -199,7 +199,7 @@ async fn drive(args: Value) {
 
 #[tokio::test]
 async fn the_console_shows_a_failing_subscription_in_red_and_retries_it_now() {
-    if crate::support::sqlite_pass_only("the console is pages over the HTTP API") {
+    if crate::support::skipped_on_postgres("the console is pages over the HTTP API") {
         return;
     }
     // Ten minutes between retries: only the console's retry can deliver.
@@ -256,7 +256,7 @@ async fn the_console_shows_a_failing_subscription_in_red_and_retries_it_now() {
 
 #[tokio::test]
 async fn the_console_shows_a_shadows_diff_a_past_state_and_promotes_it() {
-    if crate::support::sqlite_pass_only("the console is pages over the HTTP API") {
+    if crate::support::skipped_on_postgres("the console is pages over the HTTP API") {
         return;
     }
     let mut s = Server::start_with(Some(TOKENS), &[]);

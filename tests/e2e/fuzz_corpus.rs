@@ -84,7 +84,7 @@ fn mutate(rng: &mut Rng, seeds: &[Vec<u8>]) -> Vec<u8> {
 
 #[test]
 fn every_fuzz_target_survives_its_seed_corpus_and_a_short_mutation_run() {
-    if crate::support::sqlite_pass_only("the fuzz targets run in this process, with no server") {
+    if crate::support::skipped_on_postgres("the fuzz targets run in this process, with no server") {
         return;
     }
     let types = WitTypes::of_component(&guest("kinds")).expect("the kinds component's types");

@@ -32,7 +32,7 @@ fn bounded(line: &str) -> String {
 
 #[test]
 fn every_shell_command_of_the_readme_runs_as_written() {
-    if crate::support::sqlite_pass_only(
+    if crate::support::skipped_on_postgres(
         "the README is run as a user runs it, on the default engine",
     ) {
         return;

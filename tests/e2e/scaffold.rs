@@ -12,7 +12,9 @@ use crate::support::{cli_json, run_cli, wait_for, Server};
 
 #[tokio::test]
 async fn a_scaffolded_processor_builds_alone_deploys_and_folds() {
-    if crate::support::sqlite_pass_only("a scaffold's build and fold do not depend on the engine") {
+    if crate::support::skipped_on_postgres(
+        "a scaffold's build and fold do not depend on the engine",
+    ) {
         return;
     }
     let work = tempfile::tempdir().unwrap();

@@ -65,16 +65,10 @@ pub fn postgres_base() -> Option<String> {
 }
 
 /// True, with a line saying so, when the suite runs on PostgreSQL: for the
-/// tests that exercise no storage engine of their own (documentation run as
-/// written, the console's pages, the fuzz corpus in this process, a
-/// scaffold's build, the server's memory under reads), which the SQLite pass
-/// runs; the PostgreSQL pass runs what storage decides.
-pub fn sqlite_pass_only(why: &str) -> bool {
-    skipped_on_postgres(why)
-}
-
-/// True, with a line saying so, when the suite runs on PostgreSQL: for the
-/// tests of SQLite's own files and failure modes.
+/// tests of SQLite's own files and failure modes, and those that exercise no
+/// storage of their own (documentation run as written, the console's pages,
+/// the fuzz corpus in this process, a scaffold's build, the server's memory
+/// under reads), which the SQLite pass runs.
 pub fn skipped_on_postgres(why: &str) -> bool {
     let on = postgres_base().is_some();
     if on {
@@ -809,6 +803,42 @@ impl Server {
             "timed out waiting for {what} (subscription {key:?} past offset {offset}): {last}\n{:?}",
             self.all_events(stream).await
         );
+    }
+
+    /// Waits until subscription `key` on `stream` (an API path) has skipped
+    /// one event at once as a final failure, and asserts that it is the only
+    /// skip, its message names each of `mentions`, and the run is not
+    /// halted. Answers the skip's `error-occurred` event.
+    pub async fn assert_skipped_at_once(
+        &self,
+        stream: &str,
+        key: &str,
+        mentions: &[&str],
+    ) -> Value {
+        const ERROR_OCCURRED: &str = "events.iterate.com/stream/error-occurred";
+        wait_for(
+            &format!("subscription {key:?} on {stream} to skip an event"),
+            Duration::from_secs(20),
+            async || !self.events_of_type(stream, ERROR_OCCURRED).await.is_empty(),
+        )
+        .await;
+        let skips = self.events_of_type(stream, ERROR_OCCURRED).await;
+        assert_eq!(skips.len(), 1, "{skips:?}");
+        assert_eq!(skips[0]["payload"]["subscriptionKey"], key, "{skips:?}");
+        let message = skips[0]["payload"]["message"].as_str().unwrap_or_default();
+        assert!(
+            message.contains("at once (the failure is final"),
+            "{message}"
+        );
+        for mention in mentions {
+            assert!(
+                message.contains(mention),
+                "{message} should say {mention:?}"
+            );
+        }
+        let (_, rt) = self.get(&format!("{stream}:runtime")).await;
+        assert_eq!(rt["subscriptions"][key]["halted"], false, "{rt}");
+        skips[0].clone()
     }
 
     /// The events of type `event_type` on `stream` (an API path).

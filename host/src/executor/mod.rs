@@ -348,13 +348,15 @@ mod tests {
 
     #[tokio::test]
     async fn past_its_deadline_an_attempt_is_abandoned_unless_its_commit_began() {
-        // Abandoned: the late attempt may not commit.
+        // Abandoned: the late attempt (released only once the host has
+        // reported the timeout) may not commit.
         let gate = Arc::new(Gate::default());
         let late = gate.clone();
+        let (release, released) = std::sync::mpsc::channel::<()>();
         let (tx, rx) = tokio::sync::oneshot::channel::<bool>();
         let result: Result<(), Failure> = guarded("wake", Duration::from_millis(50), 50, &gate, async move {
             let work = tokio::task::spawn_blocking(move || {
-                std::thread::sleep(Duration::from_millis(200));
+                let _ = released.recv();
                 let _ = tx.send(late.begin_commit());
             });
             let _ = work.await;
@@ -363,6 +365,7 @@ mod tests {
         .await;
         assert_eq!(result.unwrap_err().message, "wake timed out after 50ms");
         assert!(gate.abandoned());
+        release.send(()).unwrap();
         assert_eq!(rx.await, Ok(false), "the late attempt's commit is refused");
 
         // Committing at the deadline: the attempt is waited for, and its
@@ -371,6 +374,8 @@ mod tests {
         let committing = gate.clone();
         let result = guarded("wake", Duration::from_millis(50), 50, &gate, async move {
             assert!(committing.begin_commit());
+            // A commit that outlasts the deadline (its length is the
+            // subject here, not a wait for a condition).
             tokio::time::sleep(Duration::from_millis(200)).await;
             Ok(9)
         })

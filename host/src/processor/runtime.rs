@@ -645,13 +645,19 @@ impl Runtime {
         // deploy and its first wake (or an offline fold) compile once.
         let path = self.cache_path(&digest(bytes));
         if !path.exists() {
-            if let Ok(serialized) = component.serialize() {
-                if let Err(e) = super::compiled::write(&path, &self.compatibility, &serialized) {
-                    tracing::warn!(path = %path.display(), error = %e, "compiled component not cached");
-                }
-            }
+            self.cache_compiled(&path, &component);
         }
         Ok((exports, processor))
+    }
+
+    /// Writes `component`'s compiled form to `path` (best effort: a
+    /// failure only costs a compile later).
+    fn cache_compiled(&self, path: &std::path::Path, component: &Component) {
+        if let Ok(serialized) = component.serialize() {
+            if let Err(e) = super::compiled::write(path, &self.compatibility, &serialized) {
+                tracing::warn!(path = %path.display(), error = %e, "compiled component not cached");
+            }
+        }
     }
 
     fn cache_path(&self, digest: &str) -> PathBuf {
@@ -707,11 +713,7 @@ impl Runtime {
                 let c = Component::new(&self.engine, &bytes)
                     .map_err(anyhow::Error::from)
                     .context("compiling the component")?;
-                if let Ok(serialized) = c.serialize() {
-                    if let Err(e) = super::compiled::write(&path, &self.compatibility, &serialized) {
-                        tracing::warn!(path = %path.display(), error = %e, "compiled component not cached");
-                    }
-                }
+                self.cache_compiled(&path, &c);
                 c
             }
         };
