@@ -145,7 +145,10 @@ pub use host::streams::{StreamSummary, StreamsPage, StreamsQuery};
 pub use host::subscriptions::{CopyFrom, CursorSetAndResumed, Resumed, Subscribed, Unsubscribed};
 pub use host::Host;
 pub use ingest::nats::{BridgeStatus, Diagnostic};
-pub use ingest::{BlockedStream, HttpIngestStatus, IngestCapacity, IngestStatus};
+pub use ingest::{
+    BlockedStream, HttpIngestStatus, IngestCapacity, IngestStatus, ParkedEvent, ParkedMessage,
+    ParkedPage, ParkedQuery,
+};
 pub use invariant::stop_on_broken_invariant;
 /// The global allocator that makes the JSONata allocation budget hold:
 /// the system allocator, counting each thread's bytes. The `streamhost`

@@ -43,6 +43,7 @@ struct Inner {
     ingest_pending_events: Family<Vec<(String, String)>, Gauge>,
     ingest_pending_bytes: Family<Vec<(String, String)>, Gauge>,
     ingest_blocked_streams: Gauge,
+    ingest_parked_events: Family<Vec<(String, String)>, Gauge>,
     lag_top: Family<Vec<(String, String)>, Gauge>,
     lag_events: Gauge,
     lagging: Gauge,
@@ -167,6 +168,12 @@ impl Metrics {
             "Streams whose HTTP ingest waits because their next append was refused for now (GET /v1/ingest lists them with lastError), read at scrape time",
             ingest_blocked_streams.clone(),
         );
+        let ingest_parked_events = Family::<Vec<(String, String)>, Gauge>::default();
+        registry.register(
+            "ingest_parked_events",
+            "Ingested events refused for good and kept until redriven or discarded (they count against ingest capacity), by project, read at scrape time",
+            ingest_parked_events.clone(),
+        );
         let reactor_calls = Family::<Vec<(String, String)>, Counter>::default();
         registry.register(
             "reactor_calls",
@@ -205,6 +212,7 @@ impl Metrics {
                 ingest_pending_events,
                 ingest_pending_bytes,
                 ingest_blocked_streams,
+                ingest_parked_events,
                 sqlite_memory,
                 effect_executions,
                 stream_actors,
@@ -307,6 +315,18 @@ impl Metrics {
     /// Sets how many streams' ingest waits on a refusal for now.
     pub fn set_ingest_blocked(&self, streams: usize) {
         self.inner.ingest_blocked_streams.set(streams as i64);
+    }
+
+    /// Sets the parked ingest events per project (projects absent are
+    /// dropped).
+    pub fn set_ingest_parked(&self, by_project: &[(String, u64)]) {
+        self.inner.ingest_parked_events.clear();
+        for (project, events) in by_project {
+            self.inner
+                .ingest_parked_events
+                .get_or_create(&label("project", project))
+                .set(*events as i64);
+        }
     }
 
     /// Sets the pending ingest per project (projects absent are dropped).

@@ -244,6 +244,8 @@ impl Host {
             .map_err(|_| Error::internal("the storage writer stopped"))?
             .map_err(|e| Error::internal(format!("storing the component failed: {e}")))?
             == 1;
+        // Ingest held on a reactor that could not run may go on now.
+        self.ingest.retry_now();
         let mut deployed = Deployed {
             name: name.clone(),
             digest: digest.clone(),

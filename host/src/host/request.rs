@@ -22,7 +22,7 @@ use super::subscriptions::{CopyFrom, CursorSetAndResumed, Resumed, Subscribed, U
 use super::Host;
 use crate::error::Error;
 use crate::ingest::nats::BridgeStatus;
-use crate::ingest::IngestStatus;
+use crate::ingest::{IngestStatus, ParkedEvent, ParkedPage, ParkedQuery};
 use crate::stream::{
     AppendInput, AppendOutput, Authority, CoreState, Event, EventInput, ReadOutput, ReadQuery,
     RuntimeView, StreamAddress,
@@ -260,10 +260,18 @@ impl Host {
         use StreamRequest as R;
         Ok(match request {
             R::Append(input) => {
+                let resumes = input
+                    .events
+                    .iter()
+                    .any(|e| e.event_type == crate::stream::types::RESUMED);
                 let output = self
                     .streams
                     .append(stream, input, Authority::Public)
                     .await?;
+                if resumes {
+                    // Ingest held behind the pause goes on now.
+                    self.ingest.retry_now();
+                }
                 let warnings = self.undeployed_receivers(stream, &output.events).await;
                 A::Appended { output, warnings }
             }
@@ -457,6 +465,30 @@ pub enum IngestRequest {
     /// Register the JetStream stream the bridge sees now
     /// (`POST /v1/ingest:register`, admins).
     Register,
+    /// A project's parked events, oldest first
+    /// (`GET /v1/projects/{p}/ingest/parked`).
+    Parked {
+        /// The project.
+        project: String,
+        /// Which.
+        query: ParkedQuery,
+    },
+    /// Append a parked event again; once in its stream it is settled
+    /// (`POST /v1/projects/{p}/ingest/parked/{id}:redrive`).
+    Redrive {
+        /// The project.
+        project: String,
+        /// The parked event's id.
+        id: i64,
+    },
+    /// Drop a parked event, recorded as an `error-occurred` line on its
+    /// stream (`POST /v1/projects/{p}/ingest/parked/{id}:discard`).
+    Discard {
+        /// The project.
+        project: String,
+        /// The parked event's id.
+        id: i64,
+    },
 }
 
 /// What an [`IngestRequest`] answers.
@@ -472,6 +504,15 @@ pub enum IngestAnswer {
     Status(Box<IngestStatus>),
     /// The bridge after registering.
     Registered(Box<BridgeStatus>),
+    /// A page of parked events.
+    Parked(Box<ParkedPage>),
+    /// A parked event redriven: the append's answer.
+    Redriven(Box<AppendOutput>),
+    /// A parked event discarded.
+    Discarded {
+        /// It, as it was parked.
+        discarded: Box<ParkedEvent>,
+    },
 }
 
 /// One operation on the hosts (`/v1/cluster`).
@@ -484,7 +525,7 @@ pub enum ClusterRequest {
 impl IngestRequest {
     /// Whether only an admin may make it.
     pub fn admin_only(&self) -> bool {
-        !matches!(self, IngestRequest::Accept { .. })
+        matches!(self, IngestRequest::Status | IngestRequest::Register)
     }
 }
 
@@ -640,6 +681,15 @@ impl Host {
             IngestRequest::Register => {
                 IngestAnswer::Registered(Box::new(self.register_ingest().await?))
             }
+            IngestRequest::Parked { project, query } => {
+                IngestAnswer::Parked(Box::new(self.ingest_parked(&project, query).await?))
+            }
+            IngestRequest::Redrive { project, id } => {
+                IngestAnswer::Redriven(Box::new(self.redrive_parked(&project, id).await?))
+            }
+            IngestRequest::Discard { project, id } => IngestAnswer::Discarded {
+                discarded: Box::new(self.discard_parked(&project, id).await?),
+            },
         })
     }
 

@@ -1,12 +1,14 @@
 //! Ingest over HTTP: `POST /v1/projects/{p}/ingest{path}` (accept, `202`),
-//! `GET /v1/ingest` and `POST /v1/ingest:register` (admin).
+//! a project's parked events (`GET .../ingest/parked`, `POST
+//! .../ingest/parked/{id}:redrive|discard`), `GET /v1/ingest` and
+//! `POST /v1/ingest:register` (admin).
 
 use axum::body::Body;
 use axum::extract::State;
-use axum::http::{header, HeaderMap, StatusCode};
+use axum::http::{header, HeaderMap, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use super::error::ApiError;
-use super::{answer, authenticate, mapping, read_body};
+use super::{answer, authenticate, authorize_project, mapping, read_body};
 use crate::host::request::{IngestAnswer, IngestRequest};
 use crate::host::Host;
 use crate::stream::Namespace;
@@ -21,13 +23,33 @@ pub async fn accept_root(
     respond(accept(&host, &project, "/", &headers, body).await)
 }
 
-/// `POST /v1/projects/{project}/ingest/{path}`.
-pub async fn accept_path(
+/// `POST /v1/projects/{project}/ingest/{path}`, and the parked events:
+/// `GET .../ingest/parked`, `POST .../ingest/parked/{id}:redrive|discard`
+/// (a stream path has no `:`, and `GET` accepts nothing).
+pub async fn path_route(
     State(host): State<Host>,
     axum::extract::Path((project, rest)): axum::extract::Path<(String, String)>,
+    method: Method,
+    uri: Uri,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
+    if let Some(request) = mapping::parse_parked(&project, &method, &rest, uri.query()) {
+        let result = async {
+            authorize_project(&host, &headers, &project)?;
+            Ok(host.apply_ingest(request?).await?)
+        }
+        .await;
+        return answer(result);
+    }
+    if method != Method::POST {
+        return ApiError::new(
+            405,
+            "method-not-allowed",
+            format!("{method} is not allowed here: POST events to ingest them"),
+        )
+        .into_response();
+    }
     respond(accept(&host, &project, &format!("/{rest}"), &headers, body).await)
 }
 

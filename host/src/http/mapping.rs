@@ -576,7 +576,69 @@ pub fn render_ingest(request: &IngestRequest) -> ApiCall {
             String::new(),
             ApiBody::Empty,
         ),
+        IngestRequest::Parked { project, query } => call(
+            Method::GET,
+            format!("/v1/projects/{project}/ingest/parked"),
+            query::render_parked(query),
+            ApiBody::Empty,
+        ),
+        IngestRequest::Redrive { project, id } => call(
+            Method::POST,
+            format!("/v1/projects/{project}/ingest/parked/{id}:redrive"),
+            String::new(),
+            ApiBody::Empty,
+        ),
+        IngestRequest::Discard { project, id } => call(
+            Method::POST,
+            format!("/v1/projects/{project}/ingest/parked/{id}:discard"),
+            String::new(),
+            ApiBody::Empty,
+        ),
     }
+}
+
+/// The parked-event request of `rest` under `/v1/projects/{project}/ingest/`
+/// (`parked`, `parked/{id}:redrive`, `parked/{id}:discard`), or `None`:
+/// `rest` is a stream path to accept events for (a path has no `:`).
+pub fn parse_parked(
+    project: &str,
+    method: &Method,
+    rest: &str,
+    query: Option<&str>,
+) -> Option<Result<IngestRequest, ApiError>> {
+    let segments: Vec<&str> = rest.split('/').collect();
+    let project = project.to_string();
+    let parse_id = |raw: &str| {
+        raw.parse::<i64>().ok().filter(|id| *id > 0).ok_or_else(|| {
+            ApiError::invalid(format!("parked event id {raw:?} is not a positive integer"))
+        })
+    };
+    Some(match (segments.as_slice(), method) {
+        (["parked"], &Method::GET) => query::parked_query(query)
+            .map(|query| IngestRequest::Parked { project, query }),
+        (["parked", one], &Method::POST) if one.contains(':') => {
+            let (id, verb) = one.split_once(':').unwrap_or((one, ""));
+            match verb {
+                "redrive" => parse_id(id).map(|id| IngestRequest::Redrive { project, id }),
+                "discard" => parse_id(id).map(|id| IngestRequest::Discard { project, id }),
+                other => Err(ApiError::not_found(
+                    "method-not-found",
+                    format!("unknown parked event method {other:?}: use :redrive or :discard"),
+                )),
+            }
+        }
+        (["parked"], _) => Err(ApiError::new(
+            405,
+            "method-not-allowed",
+            format!("{method} is not allowed here: GET the parked events"),
+        )),
+        (["parked", one], _) if one.contains(':') => Err(ApiError::new(
+            405,
+            "method-not-allowed",
+            format!("{method} is not allowed here: POST a parked event's :redrive or :discard"),
+        )),
+        _ => return None,
+    })
 }
 
 /// The ingest request of `POST /v1/projects/{project}/ingest{path}`.

@@ -132,8 +132,13 @@ fn routes() -> Vec<Route> {
         ),
         route(
             "/v1/projects/{project}/ingest/{*rest}",
-            post(ingest::accept_path),
-            &[("POST", &format!("{P}/ingest/{{path}}"))],
+            any(ingest::path_route),
+            &[
+                ("POST", &format!("{P}/ingest/{{path}}")),
+                ("GET", &format!("{P}/ingest/parked")),
+                ("POST", &format!("{P}/ingest/parked/{{id}}:redrive")),
+                ("POST", &format!("{P}/ingest/parked/{{id}}:discard")),
+            ],
         ),
         route("/v1/ingest", get(ingest::status), &[("GET", "/v1/ingest")]),
         route("/v1/cluster", get(cluster), &[("GET", "/v1/cluster")]),
@@ -279,16 +284,24 @@ async fn metrics(State(host): State<Host>, headers: HeaderMap) -> Response {
     // What only storage knows, read now (off the async workers).
     let storage = host.streams.storage().clone();
     let counts = tokio::task::spawn_blocking(move || {
-        (storage.effect_counts(), storage.ingest_pending_by_project())
+        (
+            storage.effect_counts(),
+            storage.ingest_pending_by_project(),
+            storage.ingest_parked_by_project(),
+        )
     })
     .await;
     match counts {
-        Ok((Ok(effects), Ok(ingest))) => {
+        Ok((Ok(effects), Ok(ingest), Ok(parked))) => {
             host.metrics.set_effects(&effects);
             host.metrics.set_ingest_pending(&ingest);
+            host.metrics.set_ingest_parked(&parked);
         }
-        Ok((effects, ingest)) => {
-            let e = effects.err().or(ingest.err());
+        Ok((effects, ingest, parked)) => {
+            let e = effects
+                .err()
+                .or(ingest.err())
+                .or(parked.err().map(|e| e.context("parked")));
             tracing::warn!(error = ?e, "reading the outbox and ingest counts for /metrics failed");
         }
         Err(e) => tracing::warn!(error = %e, "reading the counts for /metrics failed"),

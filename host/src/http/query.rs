@@ -262,6 +262,38 @@ pub fn effect_query(query: Option<&str>) -> Result<EffectFilter, ApiError> {
     Ok(q)
 }
 
+/// The query of `GET /v1/projects/{p}/ingest/parked`.
+pub fn parked_query(query: Option<&str>) -> Result<crate::ingest::ParkedQuery, ApiError> {
+    let mut q = crate::ingest::ParkedQuery::default();
+    for (name, value) in decoded(query)? {
+        match name.as_str() {
+            "path" => q.path = Some(canonicalize_path(&value)?),
+            "afterId" => q.after_id = offset("afterId", &value)? as i64,
+            "limit" => q.limit = limit(&value, crate::ingest::PARKED_LIMIT_MAX)?,
+            other => {
+                return Err(ApiError::invalid(format!(
+                    "unknown query parameter {other:?} for the parked events (path, afterId, \
+                     limit)"
+                )))
+            }
+        }
+    }
+    Ok(q)
+}
+
+/// The query string [`parked_query`] reads back as `q`.
+pub fn render_parked(q: &crate::ingest::ParkedQuery) -> String {
+    let mut out = form_urlencoded::Serializer::new(String::new());
+    if let Some(path) = &q.path {
+        out.append_pair("path", path);
+    }
+    if q.after_id > 0 {
+        out.append_pair("afterId", &q.after_id.to_string());
+    }
+    out.append_pair("limit", &q.limit.to_string());
+    out.finish()
+}
+
 /// The query string [`read_query`] reads back as `q`.
 pub fn render_read(q: &ReadQuery) -> String {
     let mut out = form_urlencoded::Serializer::new(String::new());

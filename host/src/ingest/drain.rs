@@ -3,10 +3,12 @@
 //! append), then deletes their rows, which frees their capacity. A crash
 //! between the two appends them again, answered from their idempotency keys:
 //! nothing twice. A stream that refuses for now (paused, overloaded, a
-//! storage failure) keeps its events, counted against capacity, and is tried
-//! again a second later; an event refused for good (its key was used by a
-//! direct append with other content) is dropped with its reason logged and
-//! shown in `GET /v1/ingest`.
+//! reactor that cannot run yet, a storage failure) keeps its events, in
+//! order and counted against capacity, and is tried again after the
+//! delivery backoff; an event refused for good (a reactor's final refusal,
+//! its key used by a direct append with other content) is parked: kept with
+//! its reason, still counted, until redriven or discarded, and the events
+//! behind it go on.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -16,7 +18,7 @@ use futures_util::StreamExt;
 use super::Ingest;
 use crate::error::{Error, ErrorKind};
 use crate::clock::format_timestamp;
-use crate::storage::{DroppedEvent, IngestOp, PendingRow, WriteOp};
+use crate::storage::{IngestOp, PendingRow, WriteOp};
 use crate::stream::{
     AppendInput, Authority, EventInput, Namespace, StreamAddress, Streams, StreamsRef,
     APPEND_EVENTS_MAX,
@@ -26,8 +28,6 @@ use crate::stream::{
 const CONCURRENCY: usize = 16;
 /// Most bytes of pending events in one append.
 const APPEND_BYTES_MAX: i64 = 4 * 1024 * 1024;
-/// How long a stream that refused for now waits before it is tried again.
-const HOLD: Duration = Duration::from_secs(1);
 /// Longest the worker sleeps without looking (acceptances wake it at once).
 const IDLE_LOOK: Duration = Duration::from_secs(5);
 
@@ -45,8 +45,16 @@ pub fn start(streams: StreamsRef, ingest: Ingest) {
 }
 
 async fn run(streams: StreamsRef, ingest: Ingest) {
+    // Streams refused for now: until when they wait, and how many
+    // refusals in a row (their backoff).
     let mut held: HashMap<(String, String), Instant> = HashMap::new();
+    let mut failures: HashMap<(String, String), u32> = HashMap::new();
+    let mut round = ingest.retry_round();
     loop {
+        if ingest.retry_round() != round {
+            round = ingest.retry_round();
+            held.clear();
+        }
         let Some(live) = streams.upgrade() else {
             return;
         };
@@ -83,8 +91,12 @@ async fn run(streams: StreamsRef, ingest: Ingest) {
             .await;
         drop(live);
         for (s, drained) in outcomes {
-            if !drained {
-                held.insert(s, Instant::now() + HOLD);
+            if drained {
+                failures.remove(&s);
+            } else {
+                let n = failures.entry(s.clone()).or_insert(0);
+                *n = n.saturating_add(1);
+                held.insert(s, Instant::now() + ingest.backoff(*n));
             }
         }
         if worked && held.is_empty() {
@@ -170,7 +182,7 @@ async fn drain_stream(streams: &Streams, ingest: &Ingest, project: &str, path: &
     }
 }
 
-/// Appends `rows` one at a time, dropping those refused for good; false if
+/// Appends `rows` one at a time, parking those refused for good; false if
 /// the stream refused for now.
 async fn one_by_one(
     streams: &Streams,
@@ -218,29 +230,21 @@ async fn one_by_one(
                 return false;
             }
             Err(e) => {
-                tracing::error!(
-                    "event with idempotency key {:?} for {address} could not be appended and \
-                     was dropped: {}",
-                    row.key,
-                    e.message
+                tracing::warn!(
+                    stream = %address,
+                    key = %row.key,
+                    reason = %e.message,
+                    "an accepted event was refused for good: parked (list, redrive or discard it \
+                     at /v1/projects/{{p}}/ingest/parked)"
                 );
-                let why = DroppedEvent {
-                    project: address.namespace.storage_key().to_string(),
-                    path: address.path.clone(),
-                    idempotency_key: row.key.clone(),
+                let op = IngestOp::Park {
+                    id: row.id,
                     reason: e.message.clone(),
-                    dropped_at: format_timestamp(streams.now_ms()),
+                    parked_at: format_timestamp(streams.now_ms()),
                 };
-                let op = IngestOp::Drop {
-                    ids: vec![row.id],
-                    why: Some(why),
-                };
+                // Parked, it keeps its capacity until it is settled.
                 match streams.storage().submit(WriteOp::Ingest(op)).await {
-                    Ok(Ok(gone)) => {
-                        if gone > 0 {
-                            ingest.release(address.namespace.storage_key(), 1, row.bytes as u64);
-                        }
-                    }
+                    Ok(Ok(_)) => {}
                     _ => return false,
                 }
             }

@@ -148,6 +148,17 @@ impl Capacity {
         Ok(())
     }
 
+    /// Takes room without a check: a JetStream message parked (JetStream
+    /// accepted it already; it counts until settled, so HTTP acceptances
+    /// of a project whose parked events fill its share are refused).
+    pub fn charge(&mut self, project: &str, events: u64, bytes: u64) {
+        self.events += events;
+        self.bytes += bytes;
+        let entry = self.by_project.entry(project.to_string()).or_insert((0, 0));
+        entry.0 += events;
+        entry.1 += bytes;
+    }
+
     /// Gives back room: events of `project` left the pending table (or
     /// never entered it).
     pub fn release(&mut self, project: &str, events: u64, bytes: u64) {
@@ -172,6 +183,10 @@ pub struct Ingest {
 
 struct Inner {
     config: IngestConfig,
+    /// The backoff of a stream refused for now: the delivery policy's.
+    retry: crate::config::DeliveryConfig,
+    /// See [`Ingest::retry_now`].
+    retry_round: std::sync::atomic::AtomicU64,
     capacity: Mutex<Capacity>,
     /// Rung when events are accepted: the drain looks at once.
     bell: Notify,
@@ -191,7 +206,11 @@ pub type RegisterReply = tokio::sync::oneshot::Sender<Result<(), String>>;
 impl Ingest {
     /// `pending`: what the pending table holds at start, per project
     /// (project, events, bytes).
-    pub fn new(config: IngestConfig, pending: Vec<(String, u64, u64)>) -> Ingest {
+    pub fn new(
+        config: IngestConfig,
+        retry: crate::config::DeliveryConfig,
+        pending: Vec<(String, u64, u64)>,
+    ) -> Ingest {
         let mut capacity = Capacity::new(&config);
         for (project, events, bytes) in pending {
             capacity.events += events;
@@ -202,6 +221,8 @@ impl Ingest {
         Ingest {
             inner: Arc::new(Inner {
                 config,
+                retry,
+                retry_round: Default::default(),
                 capacity: Mutex::new(capacity),
                 bell: Notify::new(),
                 nats: Mutex::new(nats),
@@ -232,12 +253,48 @@ impl Ingest {
             .release(project, events, bytes)
     }
 
+    pub fn charge(&self, project: &str, events: u64, bytes: u64) {
+        self.inner
+            .capacity
+            .lock()
+            .expect("ingest capacity")
+            .charge(project, events, bytes)
+    }
+
+    /// How long a stream whose append was refused for now waits before
+    /// its `failures`-th retry: the delivery backoff (`[delivery]
+    /// backoff-base-ms`, doubling up to `backoff-max-ms`, jittered).
+    pub fn backoff(&self, failures: u32) -> std::time::Duration {
+        std::time::Duration::from_millis(crate::delivery::backoff_ms(
+            &self.inner.retry,
+            failures,
+            crate::clock::jitter(),
+        ))
+    }
+
     pub fn capacity(&self) -> Capacity {
         self.inner.capacity.lock().expect("ingest capacity").clone()
     }
 
     pub fn ring(&self) {
         self.inner.bell.notify_one();
+    }
+
+    /// What held streams waited for may have changed (a component was
+    /// deployed, a stream resumed): they are tried again now, not after
+    /// their backoff.
+    pub fn retry_now(&self) {
+        self.inner
+            .retry_round
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.inner.bell.notify_one();
+    }
+
+    /// Bumped by [`Ingest::retry_now`].
+    pub(crate) fn retry_round(&self) -> u64 {
+        self.inner
+            .retry_round
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     pub(crate) fn bell(&self) -> &Notify {
@@ -358,6 +415,7 @@ impl Ingest {
                 },
                 last_error: None,
                 drops: Vec::new(),
+                parked: 0,
                 blocked: self
                     .inner
                     .blocked
@@ -390,18 +448,23 @@ pub struct IngestStatus {
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct HttpIngestStatus {
-    /// Accepted events not yet appended.
+    /// Accepted events waiting to be appended (parked ones apart).
     pub pending: u64,
-    /// Their bytes.
+    /// The bytes of the pending and parked events: what counts against
+    /// capacity.
     pub bytes: u64,
     /// The most that may be pending.
     pub capacity: IngestCapacity,
-    /// The last event dropped for good, and why (from `drops`).
+    /// The last event dropped for good, and why (from `drops`; events
+    /// refused for good are parked now, never dropped).
     pub last_error: Option<String>,
     /// The events dropped for good (they can never be appended: their key
     /// was used with other content, the stream refuses them for good),
     /// oldest first: the latest 64, kept in storage across restarts.
     pub drops: Vec<crate::storage::DroppedEvent>,
+    /// Accepted events refused for good and kept (all projects; each
+    /// project lists its own at `GET /v1/projects/{p}/ingest/parked`).
+    pub parked: u64,
     /// Streams whose pending events wait because their next append was
     /// refused for now (a reactor that cannot run yet, a paused stream,
     /// storage); they are tried again, in order.
@@ -420,6 +483,101 @@ pub struct BlockedStream {
     pub last_error: String,
     /// Since when (RFC 3339).
     pub since: String,
+}
+
+/// An accepted event refused for good (a reactor's final refusal, a key
+/// used with other content, a JetStream message that is not an event):
+/// kept with its whole input until it is redriven or discarded
+/// (`GET /v1/projects/{p}/ingest/parked`).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ParkedEvent {
+    /// Its id, for `:redrive` and `:discard`.
+    pub id: i64,
+    /// Its stream's path (empty: a JetStream subject that names none).
+    pub path: String,
+    /// The event as accepted (`null`: a JetStream message that is not one).
+    pub event: Option<serde_json::Value>,
+    /// Why it was refused.
+    pub reason: String,
+    /// When it was accepted (RFC 3339).
+    pub accepted_at: String,
+    /// When it was parked (RFC 3339).
+    pub parked_at: String,
+    /// `http` or `nats`.
+    pub source: String,
+    /// For `nats`: the message as JetStream held it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nats: Option<ParkedMessage>,
+}
+
+/// A parked JetStream message as the broker held it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ParkedMessage {
+    /// Its subject.
+    pub subject: String,
+    /// Its stream sequence.
+    pub sequence: u64,
+    /// Its payload, base64 (standard alphabet, padded).
+    pub raw: String,
+}
+
+impl ParkedEvent {
+    pub(crate) fn from_row(row: crate::storage::ParkedRow) -> ParkedEvent {
+        let nats = match (row.subject, row.sequence) {
+            (Some(subject), Some(sequence)) => Some(ParkedMessage {
+                subject,
+                sequence: sequence as u64,
+                raw: row.raw.unwrap_or_default(),
+            }),
+            _ => None,
+        };
+        ParkedEvent {
+            id: row.id,
+            path: row.path,
+            event: serde_json::from_str(&row.body).ok(),
+            reason: row.reason,
+            accepted_at: row.accepted_at,
+            parked_at: row.parked_at,
+            source: row.source,
+            nats,
+        }
+    }
+}
+
+/// A page of a project's parked events, oldest first.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ParkedPage {
+    /// The events.
+    pub parked: Vec<ParkedEvent>,
+    /// Pass as `afterId` for the next page (`null`: none).
+    pub next_after_id: Option<i64>,
+}
+
+/// Which parked events to list.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParkedQuery {
+    /// Only this stream's.
+    pub path: Option<String>,
+    /// After this id.
+    pub after_id: i64,
+    /// At most this many (1 to [`PARKED_LIMIT_MAX`]).
+    pub limit: usize,
+}
+
+/// The most parked events in one page.
+pub const PARKED_LIMIT_MAX: usize = 1000;
+
+impl Default for ParkedQuery {
+    fn default() -> ParkedQuery {
+        ParkedQuery {
+            path: None,
+            after_id: 0,
+            limit: 100,
+        }
+    }
 }
 
 /// How much accepted ingest may wait.

@@ -18,11 +18,14 @@
 //! capacity (under `LimitsPolicy` an ack alone frees nothing): the prefix of
 //! terminal messages with one purge, a message behind a waiting one alone. A crash
 //! before the delete redelivers the message, and its idempotency key makes
-//! the append a replay. A message that can never be appended is rejected:
-//! its diagnostic (sequence, reason) is committed to the fence's latest 64,
-//! then it is acked and deleted. A stream that refuses for now (paused)
-//! keeps its messages unacked in JetStream (capacity stays taken) and its
-//! later messages wait behind them.
+//! the append a replay. A message that can never be appended (not an event,
+//! or refused for good, as by a reactor's final refusal) is parked with its
+//! raw bytes, subject and sequence (see `drain.rs`: listed, redriven or
+//! discarded per project) and its diagnostic (sequence, reason) committed
+//! to the fence's latest 64, then it is acked and deleted. A stream that
+//! refuses for now (paused, a reactor that cannot run yet) keeps its
+//! messages unacked in JetStream (capacity stays taken) and its later
+//! messages wait behind them, tried again after the delivery backoff.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::{Duration, Instant};
@@ -55,6 +58,7 @@ pub const MAX_MESSAGE_SIZE: i32 = 1024 * 1024;
 /// alive with progress acks well before).
 const ACK_WAIT: Duration = Duration::from_secs(30);
 const PROGRESS_EVERY: Duration = Duration::from_secs(10);
+/// Longest wait for the next message before looking at held streams again.
 const HOLD: Duration = Duration::from_secs(1);
 const BATCH_MAX: usize = 1000;
 
@@ -375,6 +379,7 @@ async fn session(
         purged_below: 0,
         last_progress: Instant::now(),
         lease,
+        retry_round: ingest.retry_round(),
     };
     loop {
         let first = tokio::time::timeout(HOLD, messages.next()).await;
@@ -525,6 +530,8 @@ struct Queued {
 struct Queue {
     messages: VecDeque<Queued>,
     not_before: Instant,
+    /// Refusals for now in a row: the backoff before the next try.
+    failures: u32,
 }
 
 struct Bridge {
@@ -546,6 +553,8 @@ struct Bridge {
     /// Several hosts: the storage whose tenure holds the bridge's lease,
     /// and its lapse count when the lease was taken.
     lease: Option<(crate::storage::Storage, u64)>,
+    /// The last [`Ingest::retry_now`] round seen.
+    retry_round: u64,
 }
 
 impl Bridge {
@@ -603,6 +612,7 @@ impl Bridge {
                     .or_insert_with(|| Queue {
                         messages: VecDeque::new(),
                         not_before: Instant::now(),
+                        failures: 0,
                     })
                     .messages
                     .push_back(Queued {
@@ -612,7 +622,7 @@ impl Bridge {
                     });
                 Ok(())
             }
-            Err(reason) => self.reject(streams, &message, sequence, reason).await,
+            Err(reason) => self.reject(streams, &message, sequence, None, reason).await,
         }
     }
 
@@ -620,6 +630,12 @@ impl Bridge {
     /// and deletes them.
     async fn append_due(&mut self, streams: &Streams) -> Result<(), String> {
         let now = Instant::now();
+        if self.ingest.retry_round() != self.retry_round {
+            self.retry_round = self.ingest.retry_round();
+            for q in self.queues.values_mut() {
+                q.not_before = now;
+            }
+        }
         let due: Vec<(StreamAddress, Vec<Queued>)> = self
             .queues
             .iter_mut()
@@ -647,7 +663,12 @@ impl Bridge {
         let mut done: Vec<Queued> = Vec::new();
         for (address, msgs, result) in results {
             match result {
-                Ok(_) => done.extend(msgs),
+                Ok(_) => {
+                    if let Some(q) = self.queues.get_mut(&address) {
+                        q.failures = 0;
+                    }
+                    done.extend(msgs)
+                }
                 Err(e) if is_retryable(&e) => self.hold(address, msgs),
                 Err(_) => {
                     // One of them can never be appended: find it.
@@ -658,7 +679,12 @@ impl Bridge {
                             expected_stream_id: None,
                         };
                         match streams.append(&address, input, Authority::Public).await {
-                            Ok(_) => done.push(q),
+                            Ok(_) => {
+                                if let Some(queue) = self.queues.get_mut(&address) {
+                                    queue.failures = 0;
+                                }
+                                done.push(q)
+                            }
                             Err(e) if is_retryable(&e) => {
                                 let rest: Vec<Queued> = std::iter::once(q).chain(msgs).collect();
                                 self.hold(address.clone(), rest);
@@ -670,7 +696,14 @@ impl Bridge {
                                     e.message, e.code
                                 );
                                 self.queued.remove(&q.sequence);
-                                self.reject(streams, &q.message, q.sequence, reason).await?;
+                                self.reject(
+                                    streams,
+                                    &q.message,
+                                    q.sequence,
+                                    Some(&q.event),
+                                    reason,
+                                )
+                                .await?;
                             }
                         }
                     }
@@ -727,16 +760,18 @@ impl Bridge {
     }
 
     /// Puts messages back at the front of their stream's queue, to be tried
-    /// again after [`HOLD`].
+    /// again after the delivery backoff.
     fn hold(&mut self, address: StreamAddress, msgs: Vec<Queued>) {
         let q = self.queues.entry(address).or_insert_with(|| Queue {
             messages: VecDeque::new(),
             not_before: Instant::now(),
+            failures: 0,
         });
         for m in msgs.into_iter().rev() {
             q.messages.push_front(m);
         }
-        q.not_before = Instant::now() + HOLD;
+        q.failures = q.failures.saturating_add(1);
+        q.not_before = Instant::now() + self.ingest.backoff(q.failures);
     }
 
     /// Held messages stay delivered to this consumer (no redelivery behind
@@ -751,15 +786,61 @@ impl Bridge {
         }
     }
 
-    /// Commits a rejection's diagnostic, then acks and deletes the message.
+    /// Parks a message refused for good (or not an event at all) with its
+    /// whole input and a diagnostic, then acks and deletes it: it stays in
+    /// storage, counted against its project's ingest capacity, until it is
+    /// redriven or discarded.
     async fn reject(
         &mut self,
         streams: &Streams,
         message: &jetstream::Message,
         sequence: u64,
+        event: Option<&EventInput>,
         reason: String,
     ) -> Result<(), String> {
-        tracing::warn!(sequence, %reason, "ingest message rejected");
+        use base64::Engine as _;
+        tracing::warn!(sequence, %reason, "ingest message refused for good: parked");
+        let subject = message.subject.as_str();
+        let (project, path) = match parse_subject(subject) {
+            Ok(a) => (a.namespace.storage_key().to_string(), a.path),
+            // Its project, if the subject names a valid one.
+            Err(_) => (
+                subject
+                    .split('.')
+                    .nth(1)
+                    .filter(|p| crate::stream::Namespace::project(p).is_ok())
+                    .unwrap_or_default()
+                    .to_string(),
+                String::new(),
+            ),
+        };
+        let now = format_timestamp(streams.now_ms());
+        let row = crate::storage::NewParked {
+            project: project.clone(),
+            path,
+            key: format!("nats:{}:{sequence}", self.fence),
+            body: event
+                .and_then(|e| serde_json::to_string(e).ok())
+                .unwrap_or_default(),
+            raw: base64::engine::general_purpose::STANDARD.encode(&message.payload),
+            subject: subject.to_string(),
+            sequence,
+            reason: reason.clone(),
+            accepted_at: now.clone(),
+        };
+        let park = IngestOp::ParkMessage {
+            row,
+            parked_at: now,
+        };
+        match streams.storage().submit(WriteOp::Ingest(park)).await {
+            Ok(Ok(bytes)) => {
+                if bytes > 0 {
+                    self.ingest.charge(&project, 1, bytes as u64);
+                }
+            }
+            Ok(Err(e)) => return Err(format!("parking a refused message: {e}")),
+            Err(_) => return Err("the storage writer stopped".into()),
+        }
         let op = IngestOp::Diagnostic {
             fence: self.fence,
             sequence,

@@ -48,10 +48,8 @@ pub struct NewPending {
     pub accepted_at: String,
 }
 
-/// Drops of HTTP ingest events kept.
-pub const DROPS_KEPT: i64 = 64;
-
-/// An HTTP ingest event dropped for good, and why.
+/// An HTTP ingest event dropped for good, and why (by a build from before
+/// parking; what is refused for good now is parked, never dropped).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct DroppedEvent {
@@ -65,6 +63,66 @@ pub struct DroppedEvent {
     pub reason: String,
     /// When it was dropped (RFC 3339).
     pub dropped_at: String,
+}
+
+/// A JetStream message parked: refused for good (or not an event at all),
+/// kept with its whole input until redriven or discarded.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewParked {
+    /// Its project, if its subject names one (empty: none, an admin's).
+    pub project: String,
+    /// Its stream's path, if its subject names one (empty: none).
+    pub path: String,
+    /// Unique per stream: the message's fence and sequence.
+    pub key: String,
+    /// The `EventInput`, JSON (empty: the message is not an event).
+    pub body: String,
+    /// The message's bytes, base64.
+    pub raw: String,
+    pub subject: String,
+    pub sequence: u64,
+    pub reason: String,
+    pub accepted_at: String,
+}
+
+/// An accepted event refused for good, as stored: it stays in
+/// `ingest_pending` (so it counts against capacity) with `parked_at` set,
+/// and the drain passes it by.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ParkedRow {
+    pub id: i64,
+    pub project: String,
+    pub path: String,
+    /// The `EventInput`, JSON (empty: a message that is not an event).
+    pub body: String,
+    pub reason: String,
+    pub accepted_at: String,
+    pub parked_at: String,
+    /// `http` or `nats`.
+    pub source: String,
+    pub subject: Option<String>,
+    pub sequence: Option<i64>,
+    /// The message's bytes, base64 (NATS).
+    pub raw: Option<String>,
+}
+
+const PARKED_COLUMNS: &str = "id, project, path, body, reason, accepted_at, parked_at, source, \
+                              nats_subject, nats_sequence, raw";
+
+fn parked_row(r: &super::sql::Row<'_>) -> Result<ParkedRow> {
+    Ok(ParkedRow {
+        id: r.int(0)?,
+        project: r.text(1)?,
+        path: r.text(2)?,
+        body: r.text(3)?,
+        reason: r.opt_text(4)?.unwrap_or_default(),
+        accepted_at: r.text(5)?,
+        parked_at: r.opt_text(6)?.unwrap_or_default(),
+        source: r.text(7)?,
+        subject: r.opt_text(8)?,
+        sequence: r.opt_int(9)?,
+        raw: r.opt_text(10)?,
+    })
 }
 
 /// A pending event as stored.
@@ -115,12 +173,21 @@ pub enum IngestOp {
     /// went and their bytes, read with [`IngestOp::accepted`] (rows another
     /// drain deleted first are not counted twice).
     Appended { ids: Vec<i64> },
-    /// Pending rows that can never be appended; answers how many went.
-    /// `why` is kept (the latest [`DROPS_KEPT`]).
-    Drop {
-        ids: Vec<i64>,
-        why: Option<DroppedEvent>,
+    /// A pending row that can never be appended as it is: kept, with the
+    /// reason, and passed by (the rows behind it go on). Answers 1 if it
+    /// was pending.
+    Park {
+        id: i64,
+        reason: String,
+        parked_at: String,
     },
+    /// A JetStream message that can never be appended as it is, parked
+    /// with its whole input; answers its bytes (0: parked already).
+    ParkMessage { row: NewParked, parked_at: String },
+    /// A parked row of `project` redriven or discarded: it goes, which
+    /// frees its capacity. Answers what went, read with
+    /// [`IngestOp::accepted`].
+    Settle { project: String, id: i64 },
     /// Registers a stream's identity; answers the fence id.
     Register {
         identity: FenceIdentity,
@@ -314,25 +381,56 @@ pub(super) fn apply(conn: Db<'_>, op: &IngestOp) -> Result<i64> {
             // At most 1000 rows of at most 4 MiB in all: both fit.
             (gone << 32) | (bytes & 0xffff_ffff)
         }
-        IngestOp::Drop { ids, why } => {
+        IngestOp::Park {
+            id,
+            reason,
+            parked_at,
+        } => {
             ingest_lock(conn)?;
-            let mut gone = 0;
-            for id in ids {
-                gone += conn.execute("DELETE FROM ingest_pending WHERE id = ?1", args![id])? as i64;
+            conn.execute(
+                "UPDATE ingest_pending SET parked_at = ?1, reason = ?2
+                 WHERE id = ?3 AND parked_at IS NULL",
+                args![parked_at, reason, id],
+            )? as i64
+        }
+        IngestOp::ParkMessage { row: r, parked_at } => {
+            ingest_lock(conn)?;
+            let bytes = (r.body.len() + r.raw.len()) as i64;
+            let new = conn.execute(
+                "INSERT INTO ingest_pending
+                     (project, path, idempotency_key, body, bytes, accepted_at, source,
+                      parked_at, reason, nats_subject, nats_sequence, raw)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'nats', ?7, ?8, ?9, ?10, ?11)
+                 ON CONFLICT DO NOTHING",
+                args![
+                    &r.project,
+                    &r.path,
+                    &r.key,
+                    &r.body,
+                    bytes,
+                    &r.accepted_at,
+                    parked_at,
+                    &r.reason,
+                    &r.subject,
+                    r.sequence as i64,
+                    &r.raw
+                ],
+            )?;
+            if new == 1 {
+                bytes
+            } else {
+                0
             }
-            if let (Some(d), true) = (why, gone > 0) {
-                conn.execute(
-                    "INSERT INTO ingest_drops (project, path, idempotency_key, reason, dropped_at)
-                     VALUES (?1, ?2, ?3, ?4, ?5)",
-                    args![&d.project, &d.path, &d.idempotency_key, &d.reason, &d.dropped_at],
-                )?;
-                conn.execute(
-                    "DELETE FROM ingest_drops WHERE id NOT IN
-                     (SELECT id FROM ingest_drops ORDER BY id DESC LIMIT ?1)",
-                    args![DROPS_KEPT],
-                )?;
-            }
-            gone
+        }
+        IngestOp::Settle { project, id } => {
+            ingest_lock(conn)?;
+            let gone = conn.query_all(
+                "DELETE FROM ingest_pending
+                 WHERE id = ?1 AND project = ?2 AND parked_at IS NOT NULL RETURNING bytes",
+                args![id, project],
+                |r| r.int(0),
+            )?;
+            ((gone.len() as i64) << 32) | (gone.iter().sum::<i64>() & 0xffff_ffff)
         }
         IngestOp::Register {
             identity: i,
@@ -394,8 +492,8 @@ impl Storage {
         })
     }
 
-    /// The HTTP ingest events dropped for good, oldest first (the latest
-    /// [`DROPS_KEPT`]).
+    /// The HTTP ingest events dropped for good by a build from before
+    /// parking, oldest first (the latest 64).
     pub fn ingest_drops(&self) -> Result<Vec<DroppedEvent>> {
         self.with_reader(|db| {
             db.query_all(
@@ -420,7 +518,7 @@ impl Storage {
         self.with_reader(|db| {
             db.query_all(
                 "SELECT project, path, MIN(id) AS first FROM ingest_pending
-                 GROUP BY project, path ORDER BY first",
+                 WHERE parked_at IS NULL GROUP BY project, path ORDER BY first",
                 args![],
                 |r| Ok((r.text(0)?, r.text(1)?)),
             )
@@ -441,7 +539,7 @@ impl Storage {
             let mut first = true;
             db.query_while(
                 "SELECT id, idempotency_key, body, bytes FROM ingest_pending
-                 WHERE project = ?1 AND path = ?2 ORDER BY id LIMIT ?3",
+                 WHERE project = ?1 AND path = ?2 AND parked_at IS NULL ORDER BY id LIMIT ?3",
                 args![project, path, limit as i64],
                 |r| {
                     let row = PendingRow {
@@ -474,6 +572,64 @@ impl Storage {
                  WHERE project = ?1 AND path = ?2 AND idempotency_key = ?3",
                 args![project, path, key],
                 |r| r.text(0),
+            )
+        })
+    }
+
+    /// `project`'s parked events after id `after_id` (of stream `path`
+    /// if given), oldest first, at most `limit`.
+    pub fn ingest_parked(
+        &self,
+        project: &str,
+        path: Option<&str>,
+        after_id: i64,
+        limit: usize,
+    ) -> Result<Vec<ParkedRow>> {
+        let limit = limit as i64;
+        self.with_reader(|db| match path {
+            Some(path) => db.query_all(
+                &format!(
+                    "SELECT {PARKED_COLUMNS} FROM ingest_pending
+                     WHERE project = ?1 AND parked_at IS NOT NULL AND id > ?2 AND path = ?3
+                     ORDER BY id LIMIT ?4"
+                ),
+                args![project, after_id, path, limit],
+                parked_row,
+            ),
+            None => db.query_all(
+                &format!(
+                    "SELECT {PARKED_COLUMNS} FROM ingest_pending
+                     WHERE project = ?1 AND parked_at IS NOT NULL AND id > ?2
+                     ORDER BY id LIMIT ?3"
+                ),
+                args![project, after_id, limit],
+                parked_row,
+            ),
+        })
+    }
+
+    /// One parked event of `project`.
+    pub fn ingest_parked_one(&self, project: &str, id: i64) -> Result<Option<ParkedRow>> {
+        self.with_reader(|db| {
+            db.query_opt(
+                &format!(
+                    "SELECT {PARKED_COLUMNS} FROM ingest_pending
+                     WHERE project = ?1 AND id = ?2 AND parked_at IS NOT NULL"
+                ),
+                args![project, id],
+                parked_row,
+            )
+        })
+    }
+
+    /// How many events are parked, per project.
+    pub fn ingest_parked_by_project(&self) -> Result<Vec<(String, u64)>> {
+        self.with_reader(|db| {
+            db.query_all(
+                "SELECT project, COUNT(*) FROM ingest_pending WHERE parked_at IS NOT NULL
+                 GROUP BY project",
+                args![],
+                |r| Ok((r.text(0)?, r.int(1)? as u64)),
             )
         })
     }

@@ -34,7 +34,8 @@ use crate::metrics::Metrics;
 pub use effects::{EffectInsert, EffectOp, EffectQuery, EffectRow, EffectSource, NewEffect};
 pub use hot::{set_key_cache_bytes, KEY_CACHE_BYTES_DEFAULT};
 pub use ingest::{
-    DroppedEvent, FenceIdentity, IngestOp, NewPending, PendingRow, SharedBound,
+    DroppedEvent, FenceIdentity, IngestOp, NewParked, NewPending, ParkedRow, PendingRow,
+    SharedBound,
     CAPACITY_EXHAUSTED, DIAGNOSTICS_KEPT, KEY_CONFLICT, KEY_IN_STREAM,
 };
 pub use keys::{read_offline, tag as key_tag, StoredBucket, Writes as KeyWrites};

@@ -70,7 +70,28 @@ const MIGRATIONS: &[Migration] = &[
         name: "pending_refolds.shadow: a version folded beside the live one, not switched to",
         apply: refold_shadow,
     },
+    Migration {
+        name: "ingest_pending.parked_at: accepted events refused for good, kept until settled",
+        apply: ingest_parked,
+    },
 ];
+
+/// Parked ingest: a pending row refused for good stays (counted against
+/// capacity) with when and why; JetStream messages parked keep their
+/// subject, sequence and raw bytes (base64).
+const INGEST_PARKED: &str = "
+ALTER TABLE ingest_pending ADD COLUMN source TEXT NOT NULL DEFAULT 'http';
+ALTER TABLE ingest_pending ADD COLUMN parked_at TEXT;
+ALTER TABLE ingest_pending ADD COLUMN reason TEXT;
+ALTER TABLE ingest_pending ADD COLUMN nats_subject TEXT;
+ALTER TABLE ingest_pending ADD COLUMN nats_sequence BIGINT;
+ALTER TABLE ingest_pending ADD COLUMN raw TEXT;
+";
+
+fn ingest_parked(conn: &Connection) -> Result<()> {
+    conn.execute_batch(INGEST_PARKED)?;
+    Ok(())
+}
 
 /// A shadow (`?refold=shadow`): folded beside the live version, switched
 /// to only when promoted.
@@ -617,6 +638,7 @@ pub fn migrate_postgres(db: Db<'_>) -> Result<()> {
                 db.batch(CURSOR_MEASUREMENTS)?;
                 db.batch(REFOLD_REPLAY_EFFECTS)?;
                 db.batch(REFOLD_SHADOW)?;
+                db.batch(INGEST_PARKED)?;
                 db.execute(
                     "INSERT INTO streamhost_schema (version) VALUES (?1)",
                     crate::storage::sql::args![i64::from(SCHEMA_VERSION)],
@@ -624,7 +646,7 @@ pub fn migrate_postgres(db: Db<'_>) -> Result<()> {
                 tracing::info!(version = SCHEMA_VERSION, "schema created on PostgreSQL");
             }
             Some(v) if v == i64::from(SCHEMA_VERSION) => {}
-            Some(v @ 5..=11) => {
+            Some(v @ 5..=12) => {
                 if v == 5 {
                     db.batch(EFFECT_LEASE_IDS)?;
                 }
@@ -643,7 +665,10 @@ pub fn migrate_postgres(db: Db<'_>) -> Result<()> {
                 if v <= 10 {
                     db.batch(REFOLD_REPLAY_EFFECTS)?;
                 }
-                db.batch(REFOLD_SHADOW)?;
+                if v <= 11 {
+                    db.batch(REFOLD_SHADOW)?;
+                }
+                db.batch(INGEST_PARKED)?;
                 db.execute(
                     "UPDATE streamhost_schema SET version = ?1",
                     crate::storage::sql::args![i64::from(SCHEMA_VERSION)],

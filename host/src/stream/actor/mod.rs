@@ -59,7 +59,7 @@ pub const EPHEMERAL_BYTES_MAX: usize = 10 * 1024 * 1024;
 pub const READ_LIMIT_MAX: usize = 500;
 
 /// The answer to an append.
-#[derive(Debug, Clone, Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct AppendOutput {
     /// The stream's id (a new one per lifetime).
