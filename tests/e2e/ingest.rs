@@ -457,11 +457,46 @@ async fn the_bridge_creates_a_safe_stream_and_appends_in_order_keyed_by_msg_id()
 }
 
 #[tokio::test]
-async fn the_bridge_rejects_bad_messages_with_diagnostics_and_deletes_them() {
+async fn the_bridge_parks_bad_messages_with_their_bytes_and_deletes_them() {
     let nats = NatsServer::start();
     let server = bridged_server(&nats);
     wait_consuming(&server).await;
     let js = nats.jetstream().await;
+    // A reactor on /users refuses a sign-up without a userId for good.
+    let users = "/v1/projects/acme/streams/users";
+    let (status, out) = server
+        .post(
+            &format!("{users}:append"),
+            json!({"events": [{"type": "events.iterate.com/stream/subscription-configured",
+                "payload": {"subscriptionKey": "welcome.v1",
+                    "filter": {"eventTypes": ["user-signed-up"]},
+                    "receiver": {"action": "reactor",
+                        "expression": ["components", ["get", "welcome"], "react"]}}}]}),
+        )
+        .await;
+    assert_eq!(status, 200, "{out}");
+    crate::effects::deploy(&server, "welcome", "welcome").await;
+    let sign_up = |user: Option<&str>| {
+        let mut payload = json!({"email": "a@example.com", "welcomeUrl": "http://127.0.0.1:9/"});
+        if let Some(user) = user {
+            payload["userId"] = json!(user);
+        }
+        json!({"type": "user-signed-up", "payload": payload}).to_string()
+    };
+    let refused = publish(
+        &js,
+        "streamhost.acme.ingest.users",
+        Some("n-1"),
+        sign_up(None).as_bytes(),
+    )
+    .await;
+    publish(
+        &js,
+        "streamhost.acme.ingest.users",
+        Some("n-2"),
+        sign_up(Some("ada")).as_bytes(),
+    )
+    .await;
     let no_id = publish(&js, SUBJECT, None, br#"{"type":"order-placed"}"#).await;
     let not_json = publish(&js, SUBJECT, Some("b-1"), b"not json").await;
     let platform = publish(
@@ -480,23 +515,26 @@ async fn the_bridge_rejects_bad_messages_with_diagnostics_and_deletes_them() {
     .await;
     publish_orders(&js, 1, 1).await;
     wait_orders(&server, BRIDGED, 1).await;
-    wait_for("four diagnostics", Duration::from_secs(10), async || {
+    wait_for("five diagnostics", Duration::from_secs(10), async || {
         ingest_status(&server).await["nats"]["diagnostics"]
             .as_array()
-            .is_some_and(|d| d.len() == 4)
+            .is_some_and(|d| d.len() == 5)
     })
     .await;
     let d = ingest_status(&server).await["nats"]["diagnostics"].clone();
-    let seqs: Vec<u64> = d
+    // The reactor's refusal comes at append time, the others on arrival.
+    let (at_append, on_arrival): (Vec<&Value>, Vec<&Value>) = d
         .as_array()
         .unwrap()
+        .iter()
+        .partition(|x| x["sequence"] == refused);
+    assert_eq!(at_append.len(), 1, "{d}");
+    let seqs: Vec<u64> = on_arrival
         .iter()
         .map(|x| x["sequence"].as_u64().unwrap())
         .collect();
     assert_eq!(seqs, vec![no_id, not_json, platform, bad_project], "{d}");
-    let reasons: Vec<&str> = d
-        .as_array()
-        .unwrap()
+    let reasons: Vec<&str> = on_arrival
         .iter()
         .map(|x| x["reason"].as_str().unwrap())
         .collect();
@@ -506,6 +544,92 @@ async fn the_bridge_rejects_bad_messages_with_diagnostics_and_deletes_them() {
     assert!(reasons[3].contains("Bad_Project"), "{d}");
     wait_jetstream_empty(&js).await;
     assert_eq!(orders(&server, BRIDGED).await.len(), 1);
+
+    // Each is parked with its whole input, for its project (the one whose
+    // subject names no valid project has none to list it under).
+    let (status, page) = server.get("/v1/projects/acme/ingest/parked").await;
+    assert_eq!(status, 200, "{page}");
+    let parked = page["parked"].as_array().unwrap().clone();
+    let mut seqs: Vec<u64> = parked
+        .iter()
+        .map(|p| p["nats"]["sequence"].as_u64().unwrap())
+        .collect();
+    // In the order they were parked: the reactor's refusal at its append.
+    seqs.sort();
+    let mut want = vec![refused, no_id, not_json, platform];
+    want.sort();
+    assert_eq!(seqs, want, "{page}");
+    let by_seq = |seq: u64| {
+        parked
+            .iter()
+            .find(|p| p["nats"]["sequence"] == seq)
+            .unwrap()
+            .clone()
+    };
+    let raw = |p: &Value| {
+        use base64::Engine as _;
+        base64::engine::general_purpose::STANDARD
+            .decode(p["nats"]["raw"].as_str().unwrap())
+            .unwrap()
+    };
+    let p = by_seq(not_json);
+    assert_eq!(
+        (&p["source"], &p["path"], &p["event"]),
+        (&json!("nats"), &json!("/orders/eu"), &Value::Null),
+        "{p}"
+    );
+    assert_eq!(p["nats"]["subject"], SUBJECT);
+    assert_eq!(raw(&p), b"not json");
+    assert!(
+        p["reason"].as_str().unwrap().contains("not an event"),
+        "{p}"
+    );
+    let p = by_seq(refused);
+    assert_eq!(
+        (&p["path"], &p["event"]["idempotencyKey"]),
+        (&json!("/users"), &json!("n-1")),
+        "{p}"
+    );
+    assert_eq!(raw(&p), sign_up(None).as_bytes());
+    assert!(
+        p["reason"].as_str().unwrap().contains("has no userId"),
+        "{p}"
+    );
+    // The sign-up behind the refused one went on.
+    let types: Vec<Value> = server
+        .all_events(users)
+        .await
+        .iter()
+        .map(|e| e["payload"]["userId"].clone())
+        .filter(|u| !u.is_null())
+        .collect();
+    assert_eq!(types, [json!("ada")]);
+    let status = ingest_status(&server).await;
+    assert_eq!(status["http"]["parked"], 5, "{status}");
+    // A message that is not an event cannot be redriven; it is discarded.
+    let id = by_seq(not_json)["id"].as_i64().unwrap();
+    let (code, out) = server
+        .post(
+            &format!("/v1/projects/acme/ingest/parked/{id}:redrive"),
+            json!({}),
+        )
+        .await;
+    assert_eq!(code, 400, "{out}");
+    assert!(
+        out["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("not an event"),
+        "{out}"
+    );
+    let (code, out) = server
+        .post(
+            &format!("/v1/projects/acme/ingest/parked/{id}:discard"),
+            json!({}),
+        )
+        .await;
+    assert_eq!(code, 200, "{out}");
+    assert_eq!(ingest_status(&server).await["http"]["parked"], 4);
 }
 
 #[tokio::test]
@@ -636,46 +760,164 @@ async fn the_bridge_holds_a_paused_streams_messages_in_jetstream_until_resumed()
     wait_jetstream_empty(&js).await;
 }
 
-/// An accepted event that can never be appended is dropped with its reason
-/// kept in storage: `GET /v1/ingest` names it (stream, key, reason, when)
-/// after a restart too, and the events beside it still arrive.
+/// An accepted event that can never be appended is parked, never dropped:
+/// its project lists it (stream, event, reason, when) after a restart too,
+/// the events beside it still arrive, and a redrive answers the append's
+/// refusal until it is discarded.
 #[tokio::test]
-async fn an_event_dropped_for_good_keeps_its_reason_across_a_restart() {
+async fn an_event_refused_for_good_is_parked_across_a_restart_until_discarded() {
     let mut server = Server::start();
     // Held by a paused stream while the store is damaged under it.
     set_paused(&server, STREAM, true).await;
     let events = json!({"events": [order("o-1", 1), order("o-2", 2)]});
     assert_eq!(server.post(INGEST, events).await.0, 202);
-    server
-        .db()
-        .execute("UPDATE ingest_pending SET body = 'not an event' WHERE idempotency_key = 'o-1'");
+    server.db().execute(
+        "UPDATE ingest_pending SET body = '{\"type\":\"events.iterate.com/stream/subscription-delivery-halted\",\"idempotencyKey\":\"o-1\"}' WHERE idempotency_key = 'o-1'",
+    );
     set_paused(&server, STREAM, false).await;
     let got = wait_orders(&server, STREAM, 1).await;
     assert_eq!(got, vec![("o-2".to_string(), 2)]);
     wait_http_drained(&server).await;
-    let check = |status: &Value| {
-        let drops = status["http"]["drops"].as_array().expect("drops").clone();
-        assert_eq!(drops.len(), 1, "{status}");
-        assert_eq!(drops[0]["project"], "acme");
-        assert_eq!(drops[0]["path"], "/orders");
-        assert_eq!(drops[0]["idempotencyKey"], "o-1");
-        assert!(
-            drops[0]["reason"]
-                .as_str()
-                .unwrap()
-                .contains("the accepted event is unreadable"),
-            "{status}"
-        );
-        assert!(drops[0]["droppedAt"].as_str().unwrap().ends_with('Z'));
-        let last = status["http"]["lastError"].as_str().unwrap();
-        assert!(
-            last.contains("\"o-1\"") && last.contains("unreadable"),
-            "{last}"
-        );
+    let parked = async |server: &Server| {
+        let (status, page) = server
+            .get("/v1/projects/acme/ingest/parked?path=/orders")
+            .await;
+        assert_eq!(status, 200, "{page}");
+        page["parked"].as_array().expect("parked").clone()
     };
-    check(&ingest_status(&server).await);
+    let check = |p: &[Value]| {
+        assert_eq!(p.len(), 1, "{p:?}");
+        assert_eq!(p[0]["path"], "/orders");
+        assert_eq!(p[0]["source"], "http");
+        assert_eq!(p[0]["event"]["idempotencyKey"], "o-1");
+        let reason = p[0]["reason"].as_str().unwrap();
+        assert!(reason.contains("platform-authored"), "{reason}");
+        assert!(p[0]["parkedAt"].as_str().unwrap().ends_with('Z'));
+    };
+    check(&parked(&server).await);
+    let status = ingest_status(&server).await;
+    assert_eq!(
+        (&status["http"]["parked"], &status["http"]["pending"]),
+        (&json!(1), &json!(0)),
+        "{status}"
+    );
     server.kill();
     server.restart();
-    check(&ingest_status(&server).await);
-    assert_eq!(orders(&server, STREAM).await.len(), 1);
+    let p = parked(&server).await;
+    check(&p);
+    let id = p[0]["id"].as_i64().unwrap();
+    // Another stream's filter lists none of it.
+    let (_, other) = server
+        .get("/v1/projects/acme/ingest/parked?path=/other")
+        .await;
+    assert_eq!(other["parked"], json!([]), "{other}");
+    // The command line: list, redrive (refused again), discard.
+    let cli = |verb: &str, extra: &[&str]| {
+        let mut args = vec!["ingest", verb, "--url", &server.url, "--project", "acme"];
+        args.extend_from_slice(extra);
+        run_cli(&args)
+    };
+    let (ok, out, err) = cli("parked", &["--path", "/orders"]);
+    assert!(ok, "{err}");
+    let listed: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(listed["parked"][0]["id"], id, "{out}");
+    let id_arg = id.to_string();
+    let (ok, _, err) = cli("redrive", &[&id_arg]);
+    assert!(!ok);
+    assert!(err.contains("platform-authored"), "{err}");
+    let (ok, out, err) = cli("discard", &[&id_arg]);
+    assert!(ok, "{err}");
+    let discarded: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(discarded["discarded"]["id"], id, "{out}");
+    assert!(parked(&server).await.is_empty());
+    assert_eq!(ingest_status(&server).await["http"]["bytes"], 0);
+    let types: Vec<String> = server
+        .all_events("/v1/projects/acme/streams/orders")
+        .await
+        .iter()
+        .map(|e| e["type"].as_str().unwrap().to_string())
+        .filter(|t| t == "order-placed" || t.ends_with("/error-occurred"))
+        .collect();
+    assert_eq!(
+        types,
+        ["order-placed", "events.iterate.com/stream/error-occurred"]
+    );
+}
+
+/// The parked-event routes answer bad ids, verbs and methods plainly.
+#[tokio::test]
+async fn parked_event_routes_refuse_bad_ids_verbs_and_methods() {
+    let server = Server::start();
+    for (method, path, status, code) in [
+        (
+            "POST",
+            "/v1/projects/acme/ingest/parked/0:redrive",
+            400,
+            "invalid-request",
+        ),
+        (
+            "POST",
+            "/v1/projects/acme/ingest/parked/x:discard",
+            400,
+            "invalid-request",
+        ),
+        (
+            "POST",
+            "/v1/projects/acme/ingest/parked/7:explode",
+            404,
+            "method-not-found",
+        ),
+        (
+            "POST",
+            "/v1/projects/acme/ingest/parked/7:redrive",
+            404,
+            "parked-event-not-found",
+        ),
+        (
+            "GET",
+            "/v1/projects/acme/ingest/parked/7:redrive",
+            405,
+            "method-not-allowed",
+        ),
+        (
+            "DELETE",
+            "/v1/projects/acme/ingest/parked",
+            405,
+            "method-not-allowed",
+        ),
+        (
+            "GET",
+            "/v1/projects/acme/ingest/parked?limit=0",
+            400,
+            "invalid-request",
+        ),
+        (
+            "GET",
+            "/v1/projects/acme/ingest/parked?colour=red",
+            400,
+            "invalid-request",
+        ),
+        (
+            "GET",
+            "/v1/projects/acme/ingest/orders",
+            405,
+            "method-not-allowed",
+        ),
+    ] {
+        let (got, body) = server.send(method, path).await;
+        assert_eq!(
+            (got, body["error"]["code"].as_str()),
+            (status, Some(code)),
+            "{method} {path}: {body}"
+        );
+    }
+    // A stream named `parked` still takes ingest.
+    let (status, out) = server
+        .post(
+            "/v1/projects/acme/ingest/parked",
+            json!({"events": [order("p-1", 1)]}),
+        )
+        .await;
+    assert_eq!(status, 202, "{out}");
+    wait_orders(&server, "/v1/projects/acme/streams/parked", 1).await;
 }

@@ -242,6 +242,28 @@ async fn every_operation_answers_a_real_request_as_the_openapi_document_says() {
         200
     );
 
+    // Two sign-ups without a userId, which the welcome reactor refuses for
+    // good: parked.
+    let refused = |key: &str| {
+        json!({"type": "user-signed-up", "idempotencyKey": key,
+        "payload": {"email": "a@example.com", "welcomeUrl": "http://127.0.0.1:9/"}})
+    };
+    let (status, out) = s
+        .post(
+            &format!("{acme}/ingest/orders"),
+            json!({"events": [refused("u-1"), refused("u-2")]}),
+        )
+        .await;
+    assert_eq!(status, 202, "{out}");
+    crate::support::wait_for("two parked", Duration::from_secs(30), async || {
+        s.get(&format!("{acme}/ingest/parked")).await.1["parked"]
+            .as_array()
+            .is_some_and(|p| p.len() == 2)
+    })
+    .await;
+    let parked = s.get(&format!("{acme}/ingest/parked")).await.1["parked"].clone();
+    let parked = |i: usize| format!("{acme}/ingest/parked/{}", parked[i]["id"]);
+
     let p = "/v1/projects/{project}/streams/{path}";
     let g = "/v1/global/streams/{path}";
     let append = json!({"events": [{"type": "events.example/order-created", "payload": {"total": 120}, "idempotencyKey": "o-1"}]});
@@ -328,6 +350,27 @@ async fn every_operation_answers_a_real_request_as_the_openapi_document_says() {
             &format!("{acme}/ingest/paid/eu"),
             Some(json!({"events": [{"type": "x.y/paid", "idempotencyKey": "p-2"}]})),
             202,
+        ),
+        call(
+            "GET",
+            "/v1/projects/{project}/ingest/parked",
+            &format!("{acme}/ingest/parked?path=/orders&limit=10"),
+            None,
+            200,
+        ),
+        call(
+            "POST",
+            "/v1/projects/{project}/ingest/parked/{id}:redrive",
+            &format!("{}:redrive", parked(0)),
+            Some(json!({})),
+            422,
+        ),
+        call(
+            "POST",
+            "/v1/projects/{project}/ingest/parked/{id}:discard",
+            &format!("{}:discard", parked(1)),
+            Some(json!({})),
+            200,
         ),
         call("GET", "/v1/ingest", "/v1/ingest", None, 200),
         call(

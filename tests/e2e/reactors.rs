@@ -636,3 +636,187 @@ async fn a_copy_a_reactor_refuses_for_good_halts_at_once_and_one_refused_for_now
         "{halted}"
     );
 }
+
+/// The parked events of project acme, as its own token sees them.
+async fn parked(s: &Server) -> Vec<Value> {
+    let (status, page) = s
+        .get_as(Some("t-acme"), "/v1/projects/acme/ingest/parked")
+        .await;
+    assert_eq!(status, 200, "{page}");
+    page["parked"].as_array().expect("parked").clone()
+}
+
+/// Ingests one sign-up to the users stream as project acme.
+async fn ingest_sign_up(s: &Server, user: Option<&str>, key: &str, url: &str) -> (u16, Value) {
+    let mut event = sign_up(user, url);
+    event["idempotencyKey"] = json!(key);
+    s.post_as(
+        Some("t-acme"),
+        "/v1/projects/acme/ingest/users",
+        json!({ "events": [event] }),
+    )
+    .await
+}
+
+/// The user ids signed up on the users stream, in order.
+async fn signed_up(s: &Server) -> Vec<String> {
+    s.all_events(USERS)
+        .await
+        .iter()
+        .filter(|e| e["type"] == "user-signed-up")
+        .map(|e| e["payload"]["userId"].as_str().unwrap_or("?").to_string())
+        .collect()
+}
+
+#[tokio::test]
+async fn an_ingested_event_a_reactor_refuses_for_good_is_parked_for_its_project_to_redrive_or_discard(
+) {
+    let config = format!(
+        "{}\n[ingest]\nmax-pending-events-per-project = 3\n",
+        crate::support::TOKENS
+    );
+    let mut s = Server::start_with(Some(&config), &[]);
+    s.token = Some("t-admin".into());
+    let (status, out) = configure(&s, USERS, "welcome.v1").await;
+    assert_eq!(status, 200, "{out}");
+    deploy(&s, "welcome", "welcome").await;
+    let r = Receiver::start().await;
+    let url = format!("{}/ok/welcome", r.base);
+    for (user, key) in [
+        (Some("ada"), "k-ada"),
+        (None, "k-bad-1"),
+        (Some("bob"), "k-bob"),
+    ] {
+        let (status, out) = ingest_sign_up(&s, user, key, &url).await;
+        assert_eq!(status, 202, "{out}");
+    }
+    // The refused one is parked; the ones behind it go on, in order.
+    wait_for(
+        "ada and bob signed up",
+        Duration::from_secs(30),
+        async || signed_up(&s).await.len() == 2,
+    )
+    .await;
+    assert_eq!(signed_up(&s).await, ["ada", "bob"]);
+    let p = parked(&s).await;
+    assert_eq!(p.len(), 1, "{p:?}");
+    let first = &p[0];
+    assert_eq!(
+        (&first["path"], &first["source"]),
+        (&json!("/users"), &json!("http"))
+    );
+    assert_eq!(first["event"]["idempotencyKey"], "k-bad-1", "{first}");
+    assert_eq!(first["event"]["type"], "user-signed-up", "{first}");
+    let reason = first["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("welcome.v1") && reason.contains("has no userId"),
+        "{reason}"
+    );
+    assert!(
+        first["acceptedAt"].as_str().unwrap().ends_with('Z'),
+        "{first}"
+    );
+    assert!(
+        first["parkedAt"].as_str().unwrap().ends_with('Z'),
+        "{first}"
+    );
+    let bad_1 = first["id"].as_i64().unwrap();
+    // Only a caller of the project sees them.
+    let (status, _) = s.get_as(None, "/v1/projects/acme/ingest/parked").await;
+    assert_eq!(status, 401);
+
+    // Parked events keep their capacity: with three parked, the project's
+    // share (3) is full and nothing was dropped to make room.
+    for key in ["k-bad-2", "k-bad-3"] {
+        let (status, out) = ingest_sign_up(&s, None, key, &url).await;
+        assert_eq!(status, 202, "{out}");
+    }
+    wait_for("three parked", Duration::from_secs(30), async || {
+        parked(&s).await.len() == 3
+    })
+    .await;
+    let full = ingest_sign_up(&s, Some("carl"), "k-carl", &url).await;
+    assert_error(&full, 503, "capacity-exhausted", "project \"acme\"");
+    let (_, status) = s.get("/v1/ingest").await;
+    assert_eq!(
+        (&status["http"]["parked"], &status["http"]["pending"]),
+        (&json!(3), &json!(0)),
+        "{status}"
+    );
+    assert_eq!(
+        s.metric("streamhost_ingest_parked_events{project=\"acme\"}")
+            .await,
+        3
+    );
+
+    // Redriven while the reactor still refuses: the append's refusal, and
+    // it stays parked.
+    let again = s
+        .post_as(
+            Some("t-acme"),
+            &format!("/v1/projects/acme/ingest/parked/{bad_1}:redrive"),
+            json!({}),
+        )
+        .await;
+    assert_error(&again, 422, "reactor-failed", "has no userId");
+    assert_eq!(parked(&s).await.len(), 3);
+
+    // Discarded: gone, recorded on its stream, its room given back.
+    let bad_2 = parked(&s).await[1]["id"].as_i64().unwrap();
+    let (status, out) = s
+        .post_as(
+            Some("t-acme"),
+            &format!("/v1/projects/acme/ingest/parked/{bad_2}:discard"),
+            json!({}),
+        )
+        .await;
+    assert_eq!(status, 200, "{out}");
+    assert_eq!(out["discarded"]["id"], bad_2, "{out}");
+    let lines: Vec<Value> = s
+        .all_events(USERS)
+        .await
+        .into_iter()
+        .filter(|e| e["type"] == "events.iterate.com/stream/error-occurred")
+        .filter(|e| e["payload"]["ingest"].is_object())
+        .collect();
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    let message = lines[0]["payload"]["message"].as_str().unwrap();
+    assert!(
+        message.contains(&format!("parked ingest event {bad_2}"))
+            && message.contains("\"k-bad-2\"")
+            && message.contains("has no userId"),
+        "{message}"
+    );
+    assert_eq!(parked(&s).await.len(), 2);
+    let (status, out) = ingest_sign_up(&s, Some("carl"), "k-carl", &url).await;
+    assert_eq!(status, 202, "{out}");
+    wait_for("carl signed up", Duration::from_secs(30), async || {
+        signed_up(&s).await.len() == 3
+    })
+    .await;
+
+    // Without the reactor, a redrive appends it (once: its key).
+    let (status, out) = s
+        .post(
+            &format!("{USERS}:append"),
+            json!({"events": [{"type": "events.iterate.com/stream/subscription-removed",
+                "payload": {"subscriptionKey": "welcome.v1", "reason": "requested"}}]}),
+        )
+        .await;
+    assert_eq!(status, 200, "{out}");
+    let path = format!("/v1/projects/acme/ingest/parked/{bad_1}:redrive");
+    let (status, out) = s.post_as(Some("t-acme"), &path, json!({})).await;
+    assert_eq!(status, 200, "{out}");
+    assert_eq!(out["events"][0]["idempotencyKey"], "k-bad-1", "{out}");
+    let twice = s.post_as(Some("t-acme"), &path, json!({})).await;
+    assert_error(&twice, 404, "parked-event-not-found", &format!("{bad_1}"));
+    assert_eq!(signed_up(&s).await, ["ada", "bob", "carl", "?"]);
+    let left: Vec<Value> = parked(&s).await;
+    assert_eq!(left.len(), 1, "{left:?}");
+    assert_eq!(left[0]["event"]["idempotencyKey"], "k-bad-3");
+    assert_eq!(
+        s.metric("streamhost_ingest_parked_events{project=\"acme\"}")
+            .await,
+        1
+    );
+}

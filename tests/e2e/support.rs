@@ -461,6 +461,12 @@ impl Server {
         respond(self.request(reqwest::Method::GET, path)).await
     }
 
+    /// A request of any method without a body.
+    pub async fn send(&self, method: &str, path: &str) -> (u16, Value) {
+        let method = reqwest::Method::from_bytes(method.as_bytes()).expect("a method");
+        respond(self.request(method, path)).await
+    }
+
     pub async fn post_as(&self, token: Option<&str>, path: &str, body: Value) -> (u16, Value) {
         let mut r = self
             .client

@@ -11,9 +11,7 @@ use crate::error::Error;
 use crate::ingest::nats::BridgeStatus;
 use crate::ingest::{IngestStatus, ParkedEvent, ParkedPage, ParkedQuery};
 use crate::storage::{IngestOp, WriteOp};
-use crate::stream::{
-    AppendInput, AppendOutput, Authority, EventInput, Namespace, StreamAddress,
-};
+use crate::stream::{AppendInput, AppendOutput, Authority, EventInput, Namespace, StreamAddress};
 
 impl Host {
     /// Accepts `events` for `stream`: once this answers they are durable

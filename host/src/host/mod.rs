@@ -180,7 +180,8 @@ impl Host {
                 clock,
             },
         );
-        let ingest = crate::ingest::Ingest::new(config.ingest.clone(), config.delivery.clone(), pending);
+        let ingest =
+            crate::ingest::Ingest::new(config.ingest.clone(), config.delivery.clone(), pending);
         crate::ingest::drain::start(streams.executors().streams.clone(), ingest.clone());
         if let Some(url) = &config.ingest.nats_url {
             crate::ingest::nats::start(

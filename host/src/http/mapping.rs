@@ -627,7 +627,8 @@ pub fn parse_parked(
                 )),
             }
         }
-        (["parked"], _) => Err(ApiError::new(
+        // POST: events for a stream named `parked`.
+        (["parked"], m) if m != Method::POST => Err(ApiError::new(
             405,
             "method-not-allowed",
             format!("{method} is not allowed here: GET the parked events"),
@@ -969,6 +970,38 @@ mod tests {
             let back = parse_ingest("acme", &decoded, &sent(&call.body)).unwrap();
             assert_eq!(back, request, "{call:?}");
         }
+        for request in [
+            IngestRequest::Parked {
+                project: "acme".into(),
+                query: crate::ingest::ParkedQuery::default(),
+            },
+            IngestRequest::Parked {
+                project: "acme".into(),
+                query: crate::ingest::ParkedQuery {
+                    path: Some("/orders/eu".into()),
+                    after_id: 41,
+                    limit: 7,
+                },
+            },
+            IngestRequest::Redrive {
+                project: "acme".into(),
+                id: 3,
+            },
+            IngestRequest::Discard {
+                project: "acme".into(),
+                id: 4,
+            },
+        ] {
+            let call = render_ingest(&request);
+            let rest = call.path.strip_prefix("/v1/projects/acme/ingest/").unwrap();
+            let back = parse_parked("acme", &call.method, rest, query_of(&call)).unwrap();
+            assert_eq!(back.unwrap(), request, "{call:?}");
+        }
+        // A stream path is not a parked-event route, `parked` included.
+        for rest in ["orders", "parked/3", "a/parked"] {
+            assert!(parse_parked("acme", &Method::POST, rest, None).is_none(), "{rest}");
+        }
+        assert!(parse_parked("acme", &Method::POST, "parked", None).is_none());
         assert_eq!(render_ingest(&IngestRequest::Status).path, "/v1/ingest");
         assert_eq!(render_ingest(&IngestRequest::Register).path, "/v1/ingest:register");
         assert_eq!(render_cluster(&ClusterRequest::View).path, "/v1/cluster");
