@@ -54,6 +54,27 @@ try {
     process.exit(0);
   }
 
+  if (args.parked) {
+    // Parked ingest: listed with why; one redriven, one discarded.
+    const [redrive, discard] = args.parked;
+    step("open the parked ingest view");
+    await page.goto(`${url}/console#/ingest`);
+    await page.locator(`[data-testid=parked] tr[data-parked="${redrive}"]`, { hasText: args.reason }).waitFor();
+    await page.locator(`[data-testid=parked] tr[data-parked="${discard}"]`).waitFor();
+    if (shots) await page.screenshot({ path: `${shots}/console-ingest.png`, fullPage: true });
+    step(`discard ${discard}`);
+    await page.locator(`[data-testid=discard-parked-${discard}]`).click();
+    await page.locator(`[data-testid=parked] tr[data-parked="${discard}"]`).waitFor({ state: "detached" });
+    step(`redrive ${redrive}`);
+    await page.locator(`[data-testid=redrive-parked-${redrive}]`).click();
+    await page.locator(`[data-testid=parked] tr[data-parked="${redrive}"]`).waitFor({ state: "detached" });
+    await page.locator(`[data-testid=parked]`, { hasText: "nothing parked" }).waitFor();
+    if (problems.length) throw new Error(problems.join("\n"));
+    step("done");
+    await browser.close();
+    process.exit(0);
+  }
+
   if (failing) {
     // A subscription that is failing, not halted: red in the health line
     // and its row, with a button that retries it now.

@@ -297,3 +297,73 @@ async fn the_console_shows_a_shadows_diff_a_past_state_and_promotes_it() {
     let (_, p) = s.get(&format!("{STREAM}:processors/proc")).await;
     assert_eq!(p["digest"], v2["digest"], "{p}");
 }
+
+#[tokio::test]
+async fn the_console_lists_parked_ingest_and_redrives_or_discards_it() {
+    if crate::support::skipped_on_postgres("the console is pages over the HTTP API") {
+        return;
+    }
+    let mut s = Server::start_with(Some(TOKENS), &[]);
+    s.token = Some("t-acme".into());
+    let (status, out) = s.deploy("acme", "welcome", guest("welcome")).await;
+    assert_eq!(status, 200, "{out}");
+    append(
+        &s,
+        json!([{"type": "events.iterate.com/stream/subscription-configured",
+            "payload": {"subscriptionKey": "welcome.v1", "filter": {"eventTypes": ["user-signed-up"]},
+                "receiver": {"action": "reactor", "expression": ["components", ["get", "welcome"], "react"]}}}]),
+    )
+    .await;
+    // Two sign-ups without a userId: the reactor refuses them for good.
+    let sign_up = |key: &str| {
+        json!({"type": "user-signed-up", "idempotencyKey": key,
+        "payload": {"email": "a@example.com", "welcomeUrl": "http://127.0.0.1:9/"}})
+    };
+    let (status, out) = s
+        .post(
+            "/v1/projects/acme/ingest/orders",
+            json!({"events": [sign_up("u-1"), sign_up("u-2")]}),
+        )
+        .await;
+    assert_eq!(status, 202, "{out}");
+    let parked = async || s.get("/v1/projects/acme/ingest/parked").await.1["parked"].clone();
+    wait_for("two parked", Duration::from_secs(30), async || {
+        parked().await.as_array().is_some_and(|p| p.len() == 2)
+    })
+    .await;
+    let ids: Vec<i64> = parked()
+        .await
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["id"].as_i64().unwrap())
+        .collect();
+    // Without the reactor, a redrive appends.
+    append(
+        &s,
+        json!([{"type": "events.iterate.com/stream/subscription-removed",
+            "payload": {"subscriptionKey": "welcome.v1", "reason": "requested"}}]),
+    )
+    .await;
+    let shots = std::env::var("CONSOLE_SCREENSHOTS")
+        .map(|d| Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(d))
+        .unwrap_or_else(|_| s.dir.path().to_path_buf());
+    drive(json!({
+        "url": s.url, "project": "acme", "token": "t-acme", "stream": "/orders",
+        "parked": [ids[0], ids[1]], "reason": "has no userId", "shots": shots,
+    }))
+    .await;
+    assert!(shots.join("console-ingest.png").is_file());
+    let events = s.all_events(STREAM).await;
+    let keys: Vec<&str> = events
+        .iter()
+        .filter(|e| e["type"] == "user-signed-up")
+        .map(|e| e["idempotencyKey"].as_str().unwrap())
+        .collect();
+    assert_eq!(keys, ["u-1"], "the redriven one landed");
+    let discarded: Vec<&Value> = events
+        .iter()
+        .filter(|e| e["payload"]["ingest"]["parkedId"] == ids[1])
+        .collect();
+    assert_eq!(discarded.len(), 1, "one error-occurred line: {events:?}");
+}

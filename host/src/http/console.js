@@ -351,6 +351,30 @@ async function effectsView() {
   if (!list.effects.length) body.append(h("tr", {}, h("td", { colspan: 8, class: "muted" }, "no effects")));
 }
 
+// --- Parked ingest of the project ------------------------------------------
+// Accepted events refused for good: kept until redriven (appended again,
+// once at most) or discarded (an error-occurred line on the stream).
+async function ingestView() {
+  setActive("ingest");
+  const body = h("tbody", { "data-testid": "parked" });
+  $("#view").replaceChildren(h("h2", {}, "Parked ingest"),
+    h("p", { class: "muted" }, "Accepted events refused for good, kept (and counted against ingest capacity) until redriven or discarded."),
+    h("table", {}, h("thead", {}, h("tr", {}, ["id", "stream", "source", "key", "reason", "parked at", ""].map((c) => h("th", {}, c)))), body));
+  if (!settings.project) { body.append(h("tr", {}, h("td", { colspan: 7, class: "muted" }, "parked events belong to projects: enter one"))); return; }
+  const list = await api("GET", `${namespace()}/ingest/parked?limit=500`);
+  for (const p of list.parked) {
+    const act = (action) => h("button", { "data-testid": `${action}-parked-${p.id}`, onclick: async () => {
+      try { await api("POST", `${namespace()}/ingest/parked/${p.id}:${action}`, {}); await ingestView(); } catch (err) { showError(err); }
+    } }, action === "redrive" ? "Redrive" : "Discard");
+    const key = p.event?.idempotencyKey ?? (p.nats ? `${p.nats.subject} #${p.nats.sequence}` : "");
+    body.append(h("tr", { "data-parked": p.id },
+      h("td", {}, p.id), h("td", { class: "mono" }, p.path), h("td", {}, p.source), h("td", { class: "mono" }, key),
+      h("td", { class: "bad mono" }, p.reason), h("td", { class: "muted" }, p.parkedAt),
+      h("td", {}, p.event ? act("redrive") : "", " ", act("discard"))));
+  }
+  if (!list.parked.length) body.append(h("tr", {}, h("td", { colspan: 7, class: "muted" }, "nothing parked")));
+}
+
 // --- Components -----------------------------------------------------------
 async function componentsView() {
   setActive("components");
@@ -376,7 +400,7 @@ async function route() {
   showError(null);
   const [name, query] = (location.hash.slice(2) || "streams").split("?");
   const params = new URLSearchParams(query ?? "");
-  const views = { streams: streamsView, stream: streamView, components: componentsView, effects: effectsView };
+  const views = { streams: streamsView, stream: streamView, components: componentsView, effects: effectsView, ingest: ingestView };
   try { await (views[name] ?? streamsView)(params); } catch (e) { showError(e); }
 }
 window.addEventListener("hashchange", route);

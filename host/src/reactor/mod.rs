@@ -328,7 +328,12 @@ fn failed_call(reactor: &Reactor, a: &Appended, e: GuestError, clock_ms: i64) ->
             a.body.len()
         )
     };
-    format!("{e}{repro}")
+    // A reactor's `err` is its refusal, in its own words.
+    let what = match &e {
+        GuestError::Failure { message, .. } => format!("its err: {message}"),
+        other => other.to_string(),
+    };
+    format!("{what}{repro}")
 }
 
 /// The refusal of an event: `422 reactor-failed` when it is final (the
