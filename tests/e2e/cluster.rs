@@ -1279,3 +1279,84 @@ async fn an_effects_append_to_a_stream_another_host_owns_commits_on_its_owner() 
     )
     .await;
 }
+
+/// Parked ingest is in the shared database: an event one host parked is
+/// listed, redriven and discarded through another (whose writes go to the
+/// stream's owner).
+#[tokio::test]
+async fn an_event_parked_by_one_host_is_listed_redriven_and_discarded_through_another() {
+    if on_sqlite() {
+        return;
+    }
+    let a = Server::start_with(Some(CLUSTER), &[]);
+    let b = Server::joining(&a, Some(CLUSTER));
+    let users = format!("{P}/users");
+    let (status, out) = a.deploy("acme", "welcome", guest("welcome")).await;
+    assert_eq!(status, 200, "{out}");
+    let configure = json!({"events": [{"type": "events.iterate.com/stream/subscription-configured",
+        "payload": {"subscriptionKey": "welcome.v1", "filter": {"eventTypes": ["user-signed-up"]},
+            "receiver": {"action": "reactor", "expression": ["components", ["get", "welcome"], "react"]}}}]});
+    let (status, out) = a.post(&format!("{users}:append"), configure).await;
+    assert_eq!(status, 200, "{out}");
+    let sign_up = |key: &str| {
+        json!({"type": "user-signed-up", "idempotencyKey": key,
+        "payload": {"email": "a@example.com", "welcomeUrl": "http://127.0.0.1:9/"}})
+    };
+    let (status, out) = a
+        .post(
+            "/v1/projects/acme/ingest/users",
+            json!({"events": [sign_up("u-1"), sign_up("u-2")]}),
+        )
+        .await;
+    assert_eq!(status, 202, "{out}");
+    let parked = async |host: &Server| {
+        host.get("/v1/projects/acme/ingest/parked").await.1["parked"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+    };
+    wait_for(
+        "two parked, seen from B",
+        Duration::from_secs(30),
+        async || parked(&b).await.len() == 2,
+    )
+    .await;
+    let ids: Vec<i64> = parked(&b)
+        .await
+        .iter()
+        .map(|p| p["id"].as_i64().unwrap())
+        .collect();
+    let removed = json!({"events": [{"type": "events.iterate.com/stream/subscription-removed",
+        "payload": {"subscriptionKey": "welcome.v1", "reason": "requested"}}]});
+    let (status, out) = b.post(&format!("{users}:append"), removed).await;
+    assert_eq!(status, 200, "{out}");
+    let (status, out) = b
+        .post(
+            &format!("/v1/projects/acme/ingest/parked/{}:redrive", ids[0]),
+            json!({}),
+        )
+        .await;
+    assert_eq!(status, 200, "{out}");
+    let (status, out) = b
+        .post(
+            &format!("/v1/projects/acme/ingest/parked/{}:discard", ids[1]),
+            json!({}),
+        )
+        .await;
+    assert_eq!(status, 200, "{out}");
+    assert!(parked(&a).await.is_empty());
+    let events = a.all_events(&users).await;
+    let keys: Vec<&str> = events
+        .iter()
+        .filter(|e| e["type"] == "user-signed-up")
+        .map(|e| e["idempotencyKey"].as_str().unwrap())
+        .collect();
+    assert_eq!(keys, ["u-1"]);
+    assert_eq!(
+        events
+            .iter()
+            .filter(|e| e["payload"]["ingest"]["parkedId"] == ids[1])
+            .count(),
+        1
+    );
+}
