@@ -820,3 +820,64 @@ async fn an_ingested_event_a_reactor_refuses_for_good_is_parked_for_its_project_
         1
     );
 }
+
+/// `streamhost subscribe --reactor` configures a reactor; a component that
+/// exports no reactor is refused naming what it exports.
+#[tokio::test]
+async fn the_cli_configures_a_reactor_and_refuses_a_component_without_one() {
+    let s = Server::start();
+    deploy(&s, "welcome", "welcome").await;
+    deploy(&s, "kinds", "kinds").await;
+    let configured = crate::support::cli_json(
+        &s,
+        &[
+            "subscribe",
+            "/users",
+            "welcome.v1",
+            "--reactor",
+            "welcome",
+            "--type",
+            "user-signed-up",
+        ],
+    );
+    let receiver = &configured["events"][0]["payload"]["receiver"];
+    assert_eq!(receiver["action"], "reactor", "{configured}");
+    let refused = append_users(&s, json!([sign_up(None, "http://127.0.0.1:9/")])).await;
+    assert_error(
+        &refused,
+        422,
+        "reactor-failed",
+        "its err: the user-signed-up event",
+    );
+    let (ok, _, err) = crate::support::run_cli(&[
+        "subscribe",
+        "/users",
+        "other",
+        "--reactor",
+        "kinds",
+        "--url",
+        &s.url,
+        "--project",
+        "acme",
+    ]);
+    assert!(!ok);
+    assert!(
+        err.contains("\"kinds\" is not a reactor: it exports"),
+        "{err}"
+    );
+    let (ok, _, err) = crate::support::run_cli(&[
+        "subscribe",
+        "/users",
+        "other",
+        "--reactor",
+        "welcome",
+        "--transform",
+        "$",
+        "--url",
+        &s.url,
+        "--project",
+        "acme",
+    ]);
+    assert!(!ok);
+    assert!(err.contains("--transform does not apply"), "{err}");
+}

@@ -19,6 +19,10 @@ pub(crate) struct ReceiverArgs {
     /// Wake this processor component with the events.
     #[arg(long, value_name = "COMPONENT")]
     pub wake: Option<String>,
+    /// Run this component's reactor inside each matching append (its
+    /// refusal refuses the append).
+    #[arg(long, value_name = "COMPONENT")]
+    pub reactor: Option<String>,
 }
 
 #[derive(Debug, Args)]
@@ -41,8 +45,9 @@ pub(crate) struct SubscribeArgs {
     /// Where delivery starts: `beginning` (the whole log) or `now`.
     #[arg(long, default_value = "now", value_parser = ["beginning", "now"])]
     pub start: String,
-    /// What a permanently failing event does: `halt` the subscription, or
-    /// `skip` it with an error-occurred line (retryable failures only).
+    /// What a failing event does: `halt` the subscription, or `skip` it
+    /// with an error-occurred line (a final failure at once, one that may
+    /// heal once its retries are spent).
     #[arg(long, default_value = "halt", value_parser = ["halt", "skip"])]
     pub on_failing_event: String,
     /// A description kept with the subscription.
@@ -84,6 +89,13 @@ pub(crate) struct SetCursorArgs {
 /// (it does not export `fold`): an error naming what it exports. One not
 /// deployed yet passes (the server warns, and the wake waits for it).
 pub(super) async fn refuse_non_processor(server: &Server, component: &str) -> Result<()> {
+    refuse_without(server, component, "fold").await
+}
+
+/// `--flag COMPONENT` names a deployed component that does not export
+/// `export` (`fold` for a wake, `react` for a reactor): an error naming
+/// what it exports. One not deployed yet passes.
+async fn refuse_without(server: &Server, component: &str, export: &str) -> Result<()> {
     let project = match server.namespace()? {
         Namespace::Project(p) => p,
         Namespace::Global => return Ok(()),
@@ -100,17 +112,24 @@ pub(super) async fn refuse_non_processor(server: &Server, component: &str) -> Re
         .as_array()
         .map(|e| e.iter().filter_map(Value::as_str).collect())
         .unwrap_or_default();
-    if exports.contains(&"fold") {
+    if exports.contains(&export) {
         return Ok(());
     }
+    let exported = if exports.is_empty() {
+        "nothing".to_string()
+    } else {
+        exports.join(", ")
+    };
+    if export == "fold" {
+        bail!(
+            "component {component:?} is not a processor: it exports {exported} and a wake needs \
+             fold (a processor built with the guest SDK's processor! macro); call its functions \
+             with --itx"
+        )
+    }
     bail!(
-        "component {component:?} is not a processor: it exports {} and a wake needs fold \
-         (a processor built with the guest SDK's processor! macro); call its functions with --itx",
-        if exports.is_empty() {
-            "nothing".to_string()
-        } else {
-            exports.join(", ")
-        }
+        "component {component:?} is not a reactor: it exports {exported} and a reactor needs \
+         {export} (built with the guest SDK's reactor! macro)"
     )
 }
 
@@ -129,8 +148,11 @@ pub(super) async fn subscribe(a: SubscribeArgs) -> Result<()> {
     } else if let Some(component) = &r.wake {
         refuse_non_processor(&a.target.server, component).await?;
         Subscription::wake(&a.key, component)
+    } else if let Some(component) = &r.reactor {
+        refuse_without(&a.target.server, component, "react").await?;
+        Subscription::reactor(&a.key, component)
     } else {
-        bail!("name the receiver: --copy-to, --webhook, --itx or --wake");
+        bail!("name the receiver: --copy-to, --webhook, --itx, --wake or --reactor");
     };
     if a.start == "beginning" {
         subscription = subscription.from_beginning();
@@ -139,8 +161,8 @@ pub(super) async fn subscribe(a: SubscribeArgs) -> Result<()> {
         subscription = subscription.skip_failing_events();
     }
     if let Some(t) = &a.transform {
-        if r.wake.is_some() {
-            bail!("--transform does not apply to a processor wake");
+        if r.wake.is_some() || r.reactor.is_some() {
+            bail!("--transform does not apply to a processor wake or a reactor");
         }
         subscription = subscription.transform(t);
     }

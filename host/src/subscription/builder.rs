@@ -68,6 +68,25 @@ impl Subscription {
         Self::with(key, receiver)
     }
 
+    /// Runs the reactor of `component` inside each matching append: its
+    /// refusal refuses the append (`422 reactor-failed` for good, `503
+    /// reactor-unavailable` for now), its effects go to the outbox.
+    ///
+    /// ```
+    /// use streamhost::Subscription;
+    ///
+    /// let s = Subscription::reactor("welcome.v1", "welcome").event_types(["user-signed-up"]);
+    /// let payload = s.to_event().payload.unwrap();
+    /// assert_eq!(payload["receiver"]["action"], "reactor");
+    /// assert_eq!(payload["receiver"]["expression"][2], "react");
+    /// assert_eq!(payload["filter"]["eventTypes"][0], "user-signed-up");
+    /// ```
+    pub fn reactor(key: impl Into<String>, component: &str) -> Subscription {
+        let receiver = json!({"action": "reactor",
+            "expression": ["components", ["get", component], "react"]});
+        Self::with(key, receiver)
+    }
+
     /// Only events of these types.
     pub fn event_types<S: Into<String>>(mut self, types: impl IntoIterator<Item = S>) -> Self {
         self.event_types = types.into_iter().map(Into::into).collect();
@@ -80,7 +99,8 @@ impl Subscription {
         self
     }
 
-    /// Transforms each event with this JSONata expression (not for wakes).
+    /// Transforms each event with this JSONata expression (not for wakes
+    /// or reactors).
     pub fn transform(mut self, jsonata: impl Into<String>) -> Self {
         self.receiver["jsonataTransform"] = json!(jsonata.into());
         self
@@ -94,8 +114,8 @@ impl Subscription {
         self
     }
 
-    /// Skips a permanently failing event (after three lone attempts, with an
-    /// error line) instead of halting.
+    /// Skips a failing event with an error line instead of halting: a
+    /// final failure at once, one that may heal once its retries are spent.
     pub fn skip_failing_events(mut self) -> Self {
         if self.receiver.get("delivery").is_some() {
             self.receiver["delivery"]["onFailingEvent"] = json!("skip");
