@@ -10,7 +10,10 @@
 //! `effector` processor's webhook effects, sign-ups whose welcome webhook
 //! the `welcome` reactor commits with each event (checked: exactly one
 //! effect per sign-up in the log, at its offset, none without its event),
-//! live SSE connections, and a poller of the processor's checkpoint.
+//! HTTP ingest behind a reactor (`gate.v1`) whose component is deployed
+//! mid-run and which then refuses some sign-ups for good (checked: every
+//! accepted event appended once, in order, or parked once), live SSE
+//! connections, and a poller of the processor's checkpoint.
 //!
 //! With several hosts (`several_hosts_under_kills_pauses_and_cuts_keep_the_history`,
 //! on PostgreSQL) requests go to the hosts in turn, the supervisor also
@@ -109,6 +112,9 @@ struct History {
     effects: Vec<String>,
     /// Ids of the events accepted by `POST .../ingest/chaos/in`, in order.
     ingested: Vec<String>,
+    /// Those of them the `gate.v1` reactor refuses for good (sign-ups
+    /// without a userId): parked, never appended.
+    ingest_refused: HashSet<String>,
     violations: Vec<String>,
     appends: u64,
     retries: u64,
@@ -291,14 +297,32 @@ async fn writer(run: Arc<Run>, w: usize, seed: u64, fx_url: String, rate: Option
             let ids: Vec<String> = (0..1 + rng.below(3))
                 .map(|j| format!("in-w{w}-{i}-{j}"))
                 .collect();
+            // One in five is a sign-up the `gate.v1` reactor on /chaos/in
+            // sees: refused for now until its component is deployed
+            // mid-run, then accepted, or (without a userId) refused for good.
+            let mut refused = Vec::new();
             let events: Vec<Value> = ids
                 .iter()
-                .map(|id| json!({"type": MATCHED, "payload": {"id": id}, "idempotencyKey": id}))
+                .map(|id| {
+                    if rng.below(5) != 0 {
+                        return json!({"type": MATCHED, "payload": {"id": id}, "idempotencyKey": id});
+                    }
+                    let gate_url = fx_url.replace("/fx", "/gate");
+                    let mut payload = json!({"id": id, "email": "someone@example.com", "welcomeUrl": gate_url});
+                    if rng.below(2) == 0 {
+                        refused.push(id.clone());
+                    } else {
+                        payload["userId"] = json!(id);
+                    }
+                    json!({"type": SIGNED_UP, "payload": payload, "idempotencyKey": id})
+                })
                 .collect();
             let body = json!({ "events": events });
             if let Some(out) = run.send(INGEST, &body).await {
                 if out["accepted"] == ids.len() {
-                    run.history.lock().unwrap().ingested.extend(ids);
+                    let mut h = run.history.lock().unwrap();
+                    h.ingested.extend(ids);
+                    h.ingest_refused.extend(refused);
                 } else {
                     run.violation(format!("ingest of {ids:?} answered {out}"));
                 }
@@ -434,6 +458,8 @@ struct Received {
     flaky: Vec<Value>,
     fx: Vec<(Option<String>, Value)>,
     welcome: Vec<(Option<String>, Value)>,
+    /// The `gate.v1` reactor's effects (its sign-ups arrive by ingest).
+    gate: usize,
 }
 
 async fn receiver() -> (String, Arc<Mutex<Received>>) {
@@ -475,7 +501,12 @@ async fn receiver() -> (String, Arc<Mutex<Received>>) {
         got.lock().unwrap().welcome.push(keyed(&headers, body));
         StatusCode::OK
     }
+    async fn gate(State(got): State<Arc<Mutex<Received>>>) -> StatusCode {
+        got.lock().unwrap().gate += 1;
+        StatusCode::OK
+    }
     let app = Router::new()
+        .route("/gate", post(gate))
         .route("/hook", post(hook))
         .route("/flaky", post(flaky))
         .route("/fx", post(fx))
@@ -563,6 +594,15 @@ async fn set_up(s: &Server, receiver_base: &str) {
                     "receiver": {"action": "reactor",
                         "expression": ["components", ["get", "welcome"], "react"]}}}]}),
         ),
+        // A reactor on the ingest stream whose component ("gate") is
+        // deployed mid-run: until then it refuses for now.
+        (
+            "/chaos/in",
+            json!({"events": [{"type": "events.iterate.com/stream/subscription-configured",
+                "payload": {"subscriptionKey": "gate.v1", "filter": {"eventTypes": [SIGNED_UP]},
+                    "receiver": {"action": "reactor",
+                        "expression": ["components", ["get", "gate"], "react"]}}}]}),
+        ),
         (
             FX,
             configured(
@@ -575,6 +615,62 @@ async fn set_up(s: &Server, receiver_base: &str) {
         let (status, out) = s.post(&format!("{P}{stream}:append"), body).await;
         assert_eq!(status, 200, "{out}");
     }
+}
+
+/// The ids of the ingested events in `/chaos/in` (plain ones and sign-ups).
+fn ingest_ids(events: &[Value]) -> Vec<String> {
+    events
+        .iter()
+        .filter(|e| e["type"] == MATCHED || e["type"] == SIGNED_UP)
+        .filter_map(|e| e["payload"]["id"].as_str().map(str::to_string))
+        .collect()
+}
+
+/// The ids of every parked ingest event of project acme, page by page.
+async fn parked_ids(s: &Server) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut after = 0;
+    loop {
+        let (status, page) = s
+            .get(&format!(
+                "/v1/projects/acme/ingest/parked?afterId={after}&limit=1000"
+            ))
+            .await;
+        assert_eq!(status, 200, "{page}");
+        for p in page["parked"].as_array().into_iter().flatten() {
+            out.push(
+                p["event"]["payload"]["id"]
+                    .as_str()
+                    .unwrap_or("?")
+                    .to_string(),
+            );
+        }
+        match page["nextAfterId"].as_i64() {
+            Some(next) => after = next,
+            None => return out,
+        }
+    }
+}
+
+/// Parking: every event refused for good parked exactly once, nothing else.
+fn check_parked(refused: &HashSet<String>, parked: &[String]) -> Vec<String> {
+    let mut violations = Vec::new();
+    let mut count: HashMap<&str, usize> = HashMap::new();
+    for id in parked {
+        *count.entry(id).or_default() += 1;
+    }
+    for id in refused {
+        if count.get(id.as_str()) != Some(&1) {
+            violations.push(format!(
+                "ingest: {id} refused for good, parked {} times",
+                count.get(id.as_str()).unwrap_or(&0)
+            ));
+        }
+    }
+    for id in parked.iter().filter(|id| !refused.contains(*id)) {
+        violations.push(format!("ingest: {id} parked, never refused for good"));
+    }
+    violations
 }
 
 fn ids(events: &[Value], of_type: &str) -> Vec<String> {
@@ -816,7 +912,22 @@ async fn chaos(hosts: usize, crashes: u64, pauses: u64, cuts: u64) {
         schedule.swap(i, rng.below(i as u64 + 1) as usize);
     }
     let total = schedule.len();
+    // Mid-run, the gate reactor's component is deployed (ingest held on it
+    // goes on); with no faults scheduled, once the load has run a while.
+    let deploy_gate = async |servers: &[Server]| {
+        let (status, out) = servers[0].deploy("acme", "gate", guest("welcome")).await;
+        assert_eq!(status, 200, "{out}");
+        println!("chaos: the gate reactor's component deployed");
+    };
+    if total == 0 {
+        // Not a wait for a condition: the load's length before the deploy.
+        tokio::time::sleep(Duration::from_millis(1000)).await;
+        deploy_gate(&servers).await;
+    }
     for (n, fault) in schedule.into_iter().enumerate() {
+        if n == total / 2 {
+            deploy_gate(&servers).await;
+        }
         let after = 200 + rng.below(1300);
         let host = rng.below(hosts as u64) as usize;
         // Not a wait for a condition: the fault points are the schedule itself.
@@ -999,11 +1110,17 @@ async fn chaos(hosts: usize, crashes: u64, pauses: u64, cuts: u64) {
     })
     .await;
     let ingested: Vec<String> = run.history.lock().unwrap().ingested.clone();
-    wait_for("every accepted ingest event", SETTLE, async || {
-        let stored = ids(&s.all_events(&format!("{P}/chaos/in")).await, MATCHED);
-        let stored: HashSet<&str> = stored.iter().map(String::as_str).collect();
-        ingested.iter().all(|id| stored.contains(id.as_str()))
-    })
+    let refused: HashSet<String> = run.history.lock().unwrap().ingest_refused.clone();
+    wait_for(
+        "every accepted ingest event appended or parked",
+        SETTLE,
+        async || {
+            let stored = ingest_ids(&s.all_events(&format!("{P}/chaos/in")).await);
+            let parked = parked_ids(s).await;
+            let done: HashSet<&str> = stored.iter().chain(&parked).map(String::as_str).collect();
+            ingested.iter().all(|id| done.contains(id.as_str()))
+        },
+    )
     .await;
     let head0 = a0.last().map_or(0, |e| e["offset"].as_u64().unwrap());
     wait_for("the SSE clients to reach the head", SETTLE, async || {
@@ -1090,8 +1207,19 @@ async fn chaos(hosts: usize, crashes: u64, pauses: u64, cuts: u64) {
     }
     // 3b. Every accepted ingest event reached its stream once, each
     //     producer's in the order accepted; nothing else did.
+    //     A sign-up the gate reactor refuses for good is parked instead
+    //     (once, and only those are).
     let log_in = s.all_events(&format!("{P}/chaos/in")).await;
-    for v in check_ingest(&ingested, &ids(&log_in, MATCHED)) {
+    let parked = parked_ids(s).await;
+    for v in check_parked(&refused, &parked) {
+        run.violation(v);
+    }
+    let appendable: Vec<String> = ingested
+        .iter()
+        .filter(|id| !refused.contains(*id))
+        .cloned()
+        .collect();
+    for v in check_ingest(&appendable, &ingest_ids(&log_in)) {
         run.violation(v);
     }
     // 4. Processor state = fold(log).
@@ -1165,13 +1293,15 @@ async fn chaos(hosts: usize, crashes: u64, pauses: u64, cuts: u64) {
     let h = run.history.lock().unwrap();
     println!(
         "chaos: seed {seed}: {hosts} hosts, {crashes} crashes, {pauses} pauses, {cuts} cuts in {:.1} s; {} appends ({} events acknowledged, {} retried requests), \
-         {} ingest events accepted, {} webhook posts ({} events skipped by policy), {} ITX event deliveries, {} effect posts, {} sign-ups ({} welcome effects, {} posts), \
+         {} ingest events accepted ({} parked, {} gate effect posts), {} webhook posts ({} events skipped by policy), {} ITX event deliveries, {} effect posts, {} sign-ups ({} welcome effects, {} posts), \
          {} SSE connections ({} events), {} checkpoint reads, {} fresh reads; violations: {}",
         load_time.as_secs_f64(),
         h.appends,
         h.acked.len(),
         h.retries,
         h.ingested.len(),
+        h.ingest_refused.len(),
+        received.lock().unwrap().gate,
         hook_posts,
         skipped.len(),
         itx_offsets(&all_logs()).len(),
