@@ -1293,19 +1293,12 @@ async fn an_event_parked_by_one_host_is_listed_redriven_and_discarded_through_an
     let users = format!("{P}/users");
     let (status, out) = a.deploy("acme", "welcome", guest("welcome")).await;
     assert_eq!(status, 200, "{out}");
-    let configure = json!({"events": [{"type": "events.iterate.com/stream/subscription-configured",
-        "payload": {"subscriptionKey": "welcome.v1", "filter": {"eventTypes": ["user-signed-up"]},
-            "receiver": {"action": "reactor", "expression": ["components", ["get", "welcome"], "react"]}}}]});
-    let (status, out) = a.post(&format!("{users}:append"), configure).await;
-    assert_eq!(status, 200, "{out}");
-    let sign_up = |key: &str| {
-        json!({"type": "user-signed-up", "idempotencyKey": key,
-        "payload": {"email": "a@example.com", "welcomeUrl": "http://127.0.0.1:9/"}})
-    };
+    crate::reactors::welcome_reactor(&a, &users, "welcome.v1").await;
+    let refused = crate::reactors::refused_sign_up;
     let (status, out) = a
         .post(
             "/v1/projects/acme/ingest/users",
-            json!({"events": [sign_up("u-1"), sign_up("u-2")]}),
+            json!({"events": [refused("u-1"), refused("u-2")]}),
         )
         .await;
     assert_eq!(status, 202, "{out}");
@@ -1326,10 +1319,7 @@ async fn an_event_parked_by_one_host_is_listed_redriven_and_discarded_through_an
         .iter()
         .map(|p| p["id"].as_i64().unwrap())
         .collect();
-    let removed = json!({"events": [{"type": "events.iterate.com/stream/subscription-removed",
-        "payload": {"subscriptionKey": "welcome.v1", "reason": "requested"}}]});
-    let (status, out) = b.post(&format!("{users}:append"), removed).await;
-    assert_eq!(status, 200, "{out}");
+    crate::reactors::unsubscribe(&b, &users, "welcome.v1").await;
     let (status, out) = b
         .post(
             &format!("/v1/projects/acme/ingest/parked/{}:redrive", ids[0]),

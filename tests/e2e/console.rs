@@ -307,22 +307,13 @@ async fn the_console_lists_parked_ingest_and_redrives_or_discards_it() {
     s.token = Some("t-acme".into());
     let (status, out) = s.deploy("acme", "welcome", guest("welcome")).await;
     assert_eq!(status, 200, "{out}");
-    append(
-        &s,
-        json!([{"type": "events.iterate.com/stream/subscription-configured",
-            "payload": {"subscriptionKey": "welcome.v1", "filter": {"eventTypes": ["user-signed-up"]},
-                "receiver": {"action": "reactor", "expression": ["components", ["get", "welcome"], "react"]}}}]),
-    )
-    .await;
+    crate::reactors::welcome_reactor(&s, STREAM, "welcome.v1").await;
     // Two sign-ups without a userId: the reactor refuses them for good.
-    let sign_up = |key: &str| {
-        json!({"type": "user-signed-up", "idempotencyKey": key,
-        "payload": {"email": "a@example.com", "welcomeUrl": "http://127.0.0.1:9/"}})
-    };
+    let refused = crate::reactors::refused_sign_up;
     let (status, out) = s
         .post(
             "/v1/projects/acme/ingest/orders",
-            json!({"events": [sign_up("u-1"), sign_up("u-2")]}),
+            json!({"events": [refused("u-1"), refused("u-2")]}),
         )
         .await;
     assert_eq!(status, 202, "{out}");
@@ -339,12 +330,7 @@ async fn the_console_lists_parked_ingest_and_redrives_or_discards_it() {
         .map(|p| p["id"].as_i64().unwrap())
         .collect();
     // Without the reactor, a redrive appends.
-    append(
-        &s,
-        json!([{"type": "events.iterate.com/stream/subscription-removed",
-            "payload": {"subscriptionKey": "welcome.v1", "reason": "requested"}}]),
-    )
-    .await;
+    crate::reactors::unsubscribe(&s, STREAM, "welcome.v1").await;
     let shots = std::env::var("CONSOLE_SCREENSHOTS")
         .map(|d| Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(d))
         .unwrap_or_else(|_| s.dir.path().to_path_buf());

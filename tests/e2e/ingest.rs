@@ -464,25 +464,10 @@ async fn the_bridge_parks_bad_messages_with_their_bytes_and_deletes_them() {
     let js = nats.jetstream().await;
     // A reactor on /users refuses a sign-up without a userId for good.
     let users = "/v1/projects/acme/streams/users";
-    let (status, out) = server
-        .post(
-            &format!("{users}:append"),
-            json!({"events": [{"type": "events.iterate.com/stream/subscription-configured",
-                "payload": {"subscriptionKey": "welcome.v1",
-                    "filter": {"eventTypes": ["user-signed-up"]},
-                    "receiver": {"action": "reactor",
-                        "expression": ["components", ["get", "welcome"], "react"]}}}]}),
-        )
-        .await;
-    assert_eq!(status, 200, "{out}");
+    crate::reactors::welcome_reactor(&server, users, "welcome.v1").await;
     crate::effects::deploy(&server, "welcome", "welcome").await;
-    let sign_up = |user: Option<&str>| {
-        let mut payload = json!({"email": "a@example.com", "welcomeUrl": "http://127.0.0.1:9/"});
-        if let Some(user) = user {
-            payload["userId"] = json!(user);
-        }
-        json!({"type": "user-signed-up", "payload": payload}).to_string()
-    };
+    let sign_up =
+        |user: Option<&str>| crate::reactors::sign_up(user, "http://127.0.0.1:9/").to_string();
     let refused = publish(
         &js,
         "streamhost.acme.ingest.users",

@@ -244,10 +244,7 @@ async fn every_operation_answers_a_real_request_as_the_openapi_document_says() {
 
     // Two sign-ups without a userId, which the welcome reactor refuses for
     // good: parked.
-    let refused = |key: &str| {
-        json!({"type": "user-signed-up", "idempotencyKey": key,
-        "payload": {"email": "a@example.com", "welcomeUrl": "http://127.0.0.1:9/"}})
-    };
+    let refused = crate::reactors::refused_sign_up;
     let (status, out) = s
         .post(
             &format!("{acme}/ingest/orders"),

@@ -28,7 +28,30 @@ async fn configure(s: &Server, stream: &str, name: &str) -> (u16, Value) {
     .await
 }
 
-fn sign_up(user: Option<&str>, url: &str) -> Value {
+/// Configures reactor `name` (component `welcome`, on sign-ups) on
+/// `stream` (a full path), asserting it was.
+pub(crate) async fn welcome_reactor(s: &Server, stream: &str, name: &str) {
+    let (status, out) = configure(s, stream, name).await;
+    assert_eq!(status, 200, "{out}");
+}
+
+/// A sign-up keyed `key` that the welcome reactor refuses for good (it
+/// has no userId).
+pub(crate) fn refused_sign_up(key: &str) -> Value {
+    let mut event = sign_up(None, "http://127.0.0.1:9/");
+    event["idempotencyKey"] = json!(key);
+    event
+}
+
+/// Removes subscription `key` from `stream` (a full path).
+pub(crate) async fn unsubscribe(s: &Server, stream: &str, key: &str) {
+    let removed = json!({"events": [{"type": "events.iterate.com/stream/subscription-removed",
+        "payload": {"subscriptionKey": key, "reason": "requested"}}]});
+    let (status, out) = s.post(&format!("{stream}:append"), removed).await;
+    assert_eq!(status, 200, "{out}");
+}
+
+pub(crate) fn sign_up(user: Option<&str>, url: &str) -> Value {
     let mut payload = json!({"email": "someone@example.com", "welcomeUrl": url});
     if let Some(user) = user {
         payload["userId"] = json!(user);
@@ -796,14 +819,7 @@ async fn an_ingested_event_a_reactor_refuses_for_good_is_parked_for_its_project_
     .await;
 
     // Without the reactor, a redrive appends it (once: its key).
-    let (status, out) = s
-        .post(
-            &format!("{USERS}:append"),
-            json!({"events": [{"type": "events.iterate.com/stream/subscription-removed",
-                "payload": {"subscriptionKey": "welcome.v1", "reason": "requested"}}]}),
-        )
-        .await;
-    assert_eq!(status, 200, "{out}");
+    unsubscribe(&s, USERS, "welcome.v1").await;
     let path = format!("/v1/projects/acme/ingest/parked/{bad_1}:redrive");
     let (status, out) = s.post_as(Some("t-acme"), &path, json!({})).await;
     assert_eq!(status, 200, "{out}");

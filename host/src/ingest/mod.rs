@@ -563,7 +563,7 @@ pub struct ParkedQuery {
     pub path: Option<String>,
     /// After this id.
     pub after_id: i64,
-    /// At most this many (1 to [`PARKED_LIMIT_MAX`]).
+    /// At most this many (1 to 1000).
     pub limit: usize,
 }
 
