@@ -391,20 +391,19 @@ impl Host {
                 item = feed.next() => item,
                 _ = tokio::time::sleep_until(deadline) => {
                     feed.guard.end(CloseReason::ClosedByOwner, None);
-                    let recent: Vec<String> = recent.into_iter().collect();
-                    return Err(Error::new(
-                        ErrorKind::Timeout,
-                        "timeout",
-                        wait_timeout_message(wait.timeout_ms, seen, &recent),
-                    ));
+                    return Err(wait_timed_out(wait.timeout_ms, seen, recent));
                 }
             };
             match item {
                 Some(FeedItem::Events { events, .. }) => {
                     let own = key.clone();
-                    let found =
-                        match_events(project, &filter, &events, move |e| is_own_audit(e, &own))
-                            .await;
+                    let matching =
+                        match_events(project, &filter, &events, move |e| is_own_audit(e, &own));
+                    // The wait's own timeout holds while its condition runs.
+                    let Ok(found) = tokio::time::timeout_at(deadline, matching).await else {
+                        feed.guard.end(CloseReason::ClosedByOwner, None);
+                        return Err(wait_timed_out(wait.timeout_ms, seen, recent));
+                    };
                     for (e, m) in events.iter().zip(found) {
                         if is_own_audit(e, &key) {
                             continue;
@@ -467,4 +466,15 @@ impl Host {
 fn is_own_audit(e: &LiveEvent, key: &str) -> bool {
     (e.event_type == types::CONNECTION_OPENED || e.event_type == types::CONNECTION_CLOSED)
         && e.value["payload"]["connectionKey"] == key
+}
+
+/// The timeout of a wait that saw `seen` events (the latest types in
+/// `recent`).
+fn wait_timed_out(timeout_ms: u64, seen: u64, recent: VecDeque<String>) -> Error {
+    let recent: Vec<String> = recent.into_iter().collect();
+    Error::new(
+        ErrorKind::Timeout,
+        "timeout",
+        wait_timeout_message(timeout_ms, seen, &recent),
+    )
 }

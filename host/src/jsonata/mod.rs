@@ -313,9 +313,12 @@ impl Expression {
         let budget = jsonata_core::bounds::Budget::start(
             limits.max_bytes.saturating_mul(BUDGET_PER_VALUE_BYTE),
         );
+        // Inside built-ins too (the evaluator's own loops check `timeout_ms`).
+        let deadline = jsonata_core::bounds::Deadline::start(limits.timeout_ms);
         let result = crate::invariant::contained(|| {
             Evaluator::with_options(Context::new(), options).evaluate(ast, &input.0)
         });
+        drop(deadline);
         drop(budget);
         match result {
             Ok(Ok(v)) => Ok(v),
@@ -542,6 +545,28 @@ mod tests {
                 .evaluate(&event())
                 .unwrap(),
             Some(json!({"a": 1, "b": 2}))
+        );
+    }
+
+    #[test]
+    fn a_quadratic_built_in_ends_at_the_time_bound() {
+        // $distinct over 30,000 numbers is 450 million comparisons (seconds
+        // of CPU); the deadline inside it ends the call at the bound.
+        let started = std::time::Instant::now();
+        let e = limit_error("$count($distinct([1..30000])) = 0");
+        assert!(e.contains("jsonata-timeout-ms"), "{e}");
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(2),
+            "ended after {:?}",
+            started.elapsed()
+        );
+        // Below the bound it still answers.
+        assert_eq!(
+            compile("$count($distinct([1, 2, 2, 3]))")
+                .unwrap()
+                .evaluate(&event())
+                .unwrap(),
+            Some(json!(3))
         );
     }
 

@@ -258,6 +258,67 @@ pub(crate) fn check_concat(
     check_bytes("&", text(left).saturating_add(text(right)), options)
 }
 
+thread_local! {
+    /// The deadline of the evaluation running on this thread: its CPU-time
+    /// start and its bound in ms (`None`: no deadline).
+    static DEADLINE: Cell<Option<(std::time::Duration, u64)>> = const { Cell::new(None) };
+    /// Work done since the clock was last read (see [`check_deadline`]).
+    static WORK: Cell<usize> = const { Cell::new(0) };
+}
+
+/// Work units between two reads of the thread's CPU clock in
+/// [`check_deadline`] (a unit is about one value comparison: a few
+/// nanoseconds, so the clock is read every few tens of microseconds).
+const WORK_PER_CLOCK_READ: usize = 4096;
+
+/// Patched: a deadline for the evaluations run on this thread while it
+/// lives, checked inside the built-ins whose work is not linear in their
+/// input (`$distinct`) as well as the evaluator's loops: they fail with
+/// D1012 once `ms` of the thread's CPU time have passed since
+/// [`Deadline::start`].
+pub struct Deadline {
+    previous: Option<(std::time::Duration, u64)>,
+}
+
+impl Deadline {
+    /// Starts a deadline of `ms` on this thread.
+    pub fn start(ms: u64) -> Deadline {
+        let previous = DEADLINE.with(|d| d.replace(Some((thread_cpu_time(), ms))));
+        WORK.with(|w| w.set(0));
+        Deadline { previous }
+    }
+}
+
+impl Drop for Deadline {
+    fn drop(&mut self) {
+        DEADLINE.with(|d| d.set(self.previous));
+    }
+}
+
+/// Counts `work` units done by a built-in and fails with D1012 once the
+/// thread's deadline has passed. The clock is read once per
+/// [`WORK_PER_CLOCK_READ`] units, so a call is cheap.
+#[inline]
+pub(crate) fn check_deadline(work: usize) -> Result<(), String> {
+    let Some((start, ms)) = DEADLINE.with(Cell::get) else {
+        return Ok(());
+    };
+    let done = WORK.with(|w| {
+        let done = w.get().saturating_add(work);
+        w.set(if done >= WORK_PER_CLOCK_READ { 0 } else { done });
+        done
+    });
+    if done < WORK_PER_CLOCK_READ {
+        return Ok(());
+    }
+    if thread_cpu_time().saturating_sub(start).as_millis() as u64 > ms {
+        return Err(format!(
+            "D1012: Evaluation timeout after {ms} milliseconds. Check for infinite loop"
+        ));
+    }
+    Ok(())
+}
+
 /// Patched: the clock `timeout_ms` is measured on: the evaluating
 /// thread's CPU time, not the wall clock. The host evaluates conditions on
 /// low-priority threads; on saturated CPUs they wait without running, and a

@@ -1904,6 +1904,8 @@ pub mod array {
             #[cfg(not(feature = "python"))]
             let compare_value = value.clone();
 
+            // Patched: quadratic, so bounded in time (bounds.rs).
+            crate::bounds::check_deadline(seen.len() + 1).map_err(FunctionError::RuntimeError)?;
             let mut is_new = true;
             for seen_value in &seen {
                 if values_equal(&compare_value, seen_value) {
