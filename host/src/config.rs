@@ -134,6 +134,11 @@ pub struct HttpConfig {
     pub body_timeout_ms: u64,
     /// Open connections at most; more wait to be accepted (4096).
     pub max_connections: usize,
+    /// Open mode (no tokens): the host names served besides IP addresses,
+    /// `localhost` and names under `.localhost` (none). A web page whose
+    /// DNS name was pointed at this server (DNS rebinding) sends its own
+    /// name as `Host`, and is refused.
+    pub allowed_hosts: Vec<String>,
 }
 
 impl Default for HttpConfig {
@@ -143,6 +148,7 @@ impl Default for HttpConfig {
             idle_timeout_ms: 60_000,
             body_timeout_ms: 30_000,
             max_connections: 4096,
+            allowed_hosts: Vec::new(),
         }
     }
 }

@@ -334,9 +334,53 @@ async fn open_mode_refuses_cross_site_requests() {
     let own = s.url.clone();
     assert_eq!(send(Some(&own), "application/json").await.0, 200);
     assert_eq!(send(None, "application/json; charset=utf-8").await.0, 200);
+    // DNS rebinding: a page at evil.example, its name pointed at this
+    // server, sends its own name as Host and as Origin.
+    let port = s.url.rsplit(':').next().unwrap().to_string();
+    let rebound = format!("evil.example:{port}");
+    let r = client
+        .post(&url)
+        .header("host", &rebound)
+        .header("origin", format!("http://{rebound}"))
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    let answer = (r.status().as_u16(), r.json::<Value>().await.unwrap());
+    assert_error(&answer, 403, "host-not-allowed", &rebound);
+    // Loopback names pass.
+    let local = client
+        .get(format!("{}/healthz", s.url))
+        .header("host", format!("localhost:{port}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(local.status().as_u16(), 200);
     // Nothing the refused requests sent was appended.
     let events = s.all_events(&format!("{P}/a")).await;
     assert_eq!(events.iter().filter(|e| e["type"] == "x.y/a").count(), 2);
+}
+
+#[tokio::test]
+async fn open_mode_serves_a_host_name_listed_in_allowed_hosts() {
+    let s = Server::start_with(
+        Some("[http]\nallowed-hosts = [\"streams.example.org\"]\n"),
+        &[],
+    );
+    let port = s.url.rsplit(':').next().unwrap().to_string();
+    let get = async |host: &str| {
+        reqwest::Client::new()
+            .get(format!("{}/healthz", s.url))
+            .header("host", host)
+            .send()
+            .await
+            .unwrap()
+            .status()
+            .as_u16()
+    };
+    assert_eq!(get(&format!("streams.example.org:{port}")).await, 200);
+    assert_eq!(get(&format!("other.example.org:{port}")).await, 403);
 }
 
 #[tokio::test]

@@ -45,7 +45,8 @@ const HOP_BY_HOP: [&str; 8] = [
 pub async fn layer(State(host): State<Host>, request: Request, next: Next) -> Response {
     if host.auth.is_open() {
         let (method, path, headers) = (request.method(), request.uri().path(), request.headers());
-        if let Err(e) = super::guard::open_mode(method, path, headers) {
+        let allowed = &host.config.http.allowed_hosts;
+        if let Err(e) = super::guard::open_mode(method, path, headers, allowed) {
             return e.into_response();
         }
     }

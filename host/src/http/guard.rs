@@ -7,13 +7,57 @@
 //! PUT body that is not `application/json` (`application/wasm` for a
 //! component), the content types a cross-site form cannot send without a
 //! CORS preflight this server never answers (`415 unsupported-media-type`).
+//! It also refuses a `Host` that names neither an IP address nor a loopback
+//! name (`localhost`, `*.localhost`) nor one of `[http] allowed-hosts`
+//! (`403 host-not-allowed`): a page whose DNS name was pointed at this server
+//! (DNS rebinding) sends its own name, and its own `Origin`, which matches.
 
 use axum::http::{header, HeaderMap, Method};
 
 use super::error::ApiError;
 
-/// The open-mode checks of one request.
-pub fn open_mode(method: &Method, path: &str, headers: &HeaderMap) -> Result<(), ApiError> {
+/// Whether open mode serves a request whose `Host` is `host` (a name or an
+/// IP address, with or without a port).
+pub fn host_allowed(host: &str, allowed: &[String]) -> bool {
+    let name = match host.strip_prefix('[') {
+        // `[::1]:7410`
+        Some(v6) => v6.split(']').next().unwrap_or(""),
+        None => match host.rsplit_once(':') {
+            Some((name, port)) if port.bytes().all(|b| b.is_ascii_digit()) => name,
+            _ => host,
+        },
+    };
+    let name = name.trim_end_matches('.').to_ascii_lowercase();
+    name.parse::<std::net::IpAddr>().is_ok()
+        || name == "localhost"
+        || name.ends_with(".localhost")
+        || allowed
+            .iter()
+            .any(|a| a.trim_end_matches('.').eq_ignore_ascii_case(&name))
+}
+
+/// The open-mode checks of one request (`allowed_hosts`: `[http]
+/// allowed-hosts`).
+pub fn open_mode(
+    method: &Method,
+    path: &str,
+    headers: &HeaderMap,
+    allowed_hosts: &[String],
+) -> Result<(), ApiError> {
+    if let Some(host) = headers.get(header::HOST) {
+        let host = host.to_str().unwrap_or("(not text)");
+        if !host_allowed(host, allowed_hosts) {
+            return Err(ApiError::new(
+                403,
+                "host-not-allowed",
+                format!(
+                    "Host {host:?} is neither an IP address nor a loopback name: with no tokens \
+                     configured, other names are served only when listed in [http] allowed-hosts \
+                     (a web page's DNS name pointed at this server must not reach it)"
+                ),
+            ));
+        }
+    }
     if let Some(origin) = headers.get(header::ORIGIN) {
         let origin = origin.to_str().unwrap_or("(not text)");
         let host = headers
@@ -82,14 +126,15 @@ mod tests {
     #[test]
     fn only_the_servers_own_origin_passes() {
         let get = Method::GET;
-        assert!(open_mode(&get, "/x", &headers(&[("host", "127.0.0.1:7410")])).is_ok());
+        assert!(open_mode(&get, "/x", &headers(&[("host", "127.0.0.1:7410")]), &[]).is_ok());
         assert!(open_mode(
             &get,
             "/x",
             &headers(&[
                 ("host", "127.0.0.1:7410"),
                 ("origin", "http://127.0.0.1:7410")
-            ])
+            ]),
+            &[]
         )
         .is_ok());
         for foreign in ["https://evil.example", "null", "http://127.0.0.1:7411"] {
@@ -98,10 +143,37 @@ mod tests {
                 h.insert("origin", HeaderValue::from_str(foreign).unwrap());
                 h
             };
-            let e = open_mode(&get, "/x", &h).unwrap_err();
+            let e = open_mode(&get, "/x", &h, &[]).unwrap_err();
             assert_eq!((e.status, e.code), (403, "cross-origin"), "{foreign}");
             assert!(e.message.contains(foreign), "{}", e.message);
         }
+    }
+
+    #[test]
+    fn open_mode_serves_ip_addresses_loopback_names_and_the_allowed_hosts_only() {
+        let allowed = ["streams.example.org".to_string()];
+        for ok in [
+            "127.0.0.1:7410",
+            "127.0.0.1",
+            "192.168.1.5:7410",
+            "[::1]:7410",
+            "localhost:7410",
+            "LOCALHOST",
+            "app.localhost:8080",
+            "streams.example.org:7410",
+            "streams.example.org.",
+        ] {
+            assert!(host_allowed(ok, &allowed), "{ok}");
+        }
+        for refused in ["evil.example:7410", "localhost.evil.example", "example.org", "[evil]"] {
+            assert!(!host_allowed(refused, &allowed), "{refused}");
+        }
+        // A rebound page sends its own name as Host and Origin alike.
+        let h = headers(&[("host", "evil.example:7410"), ("origin", "http://evil.example:7410")]);
+        let e = open_mode(&Method::GET, "/x", &h, &[]).unwrap_err();
+        assert_eq!((e.status, e.code), (403, "host-not-allowed"));
+        assert!(e.message.contains("evil.example:7410") && e.message.contains("allowed-hosts"), "{}", e.message);
+        assert!(open_mode(&Method::GET, "/x", &h, &["evil.example".into()]).is_ok());
     }
 
     #[test]
@@ -111,18 +183,18 @@ mod tests {
             ("content-length", "2"),
             ("content-type", "application/json; charset=utf-8"),
         ]);
-        assert!(open_mode(&post, "/v1/x", &json).is_ok());
+        assert!(open_mode(&post, "/v1/x", &json, &[]).is_ok());
         let text = headers(&[("content-length", "2"), ("content-type", "text/plain")]);
-        let e = open_mode(&post, "/v1/x", &text).unwrap_err();
+        let e = open_mode(&post, "/v1/x", &text, &[]).unwrap_err();
         assert_eq!((e.status, e.code), (415, "unsupported-media-type"));
-        assert!(open_mode(&post, "/v1/x", &headers(&[("content-length", "0")])).is_ok());
+        assert!(open_mode(&post, "/v1/x", &headers(&[("content-length", "0")]), &[]).is_ok());
         let wasm = headers(&[
             ("content-length", "9"),
             ("content-type", "application/wasm"),
         ]);
-        assert!(open_mode(&Method::PUT, "/v1/projects/a/components/c", &wasm).is_ok());
-        assert!(open_mode(&Method::PUT, "/v1/projects/a/components/c", &json).is_err());
+        assert!(open_mode(&Method::PUT, "/v1/projects/a/components/c", &wasm, &[]).is_ok());
+        assert!(open_mode(&Method::PUT, "/v1/projects/a/components/c", &json, &[]).is_err());
         let chunked = headers(&[("transfer-encoding", "chunked")]);
-        assert!(open_mode(&post, "/v1/x", &chunked).is_err());
+        assert!(open_mode(&post, "/v1/x", &chunked, &[]).is_err());
     }
 }
