@@ -14,6 +14,14 @@ async fn main() {
         .init();
     // A panic inside the host is a broken invariant: the process stops.
     streamhost::stop_on_broken_invariant();
+    // A write past the file size limit (RLIMIT_FSIZE) fails with EFBIG and
+    // answers `503 storage-full`, as a full disk does, instead of the
+    // signal ending the process.
+    // SAFETY: setting a signal's disposition to "ignore" at start, before
+    // any other thread exists.
+    unsafe {
+        libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+    }
     let cli = streamhost::cli::Cli::parse();
     if let Err(e) = streamhost::cli::run(cli).await {
         if streamhost::cli::is_broken_pipe(&e) {

@@ -356,9 +356,13 @@ async fn a_full_disk_refuses_appends_keeps_serving_reads_and_recovers_a_consiste
         }
     }
     let (status, body) = refusal.expect("the disk never filled up");
-    assert_eq!(status, 500, "{body}");
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(body["error"]["code"], "storage-full", "{body}");
     let message = body["error"]["message"].as_str().unwrap_or_default();
-    assert!(message.contains("commit failed"), "{message}");
+    assert!(
+        message.contains("commit failed") && message.contains("file size limit"),
+        "{message}"
+    );
     assert!(
         !acked.is_empty(),
         "some appends fit before the disk filled up"
@@ -369,7 +373,7 @@ async fn a_full_disk_refuses_appends_keeps_serving_reads_and_recovers_a_consiste
         &s.get("/healthz").await,
         503,
         "storage-unavailable",
-        "commit failed",
+        "the disk is full",
     );
     assert_eq!(s.all_events(&format!("{P}/other")).await, other);
     let (status, _) = s

@@ -42,7 +42,7 @@ pub struct Server {
     /// Environment variables of the next start (`STREAMHOST_FAULTS`).
     pub env: Vec<(String, String)>,
     /// RLIMIT_FSIZE of the next start, in bytes: writes past it fail with
-    /// EFBIG, as on a full disk (SIGXFSZ is ignored).
+    /// EFBIG, as on a full disk (the server ignores SIGXFSZ).
     pub file_size_limit: Option<u64>,
     starts: u32,
     pub token: Option<String>,
@@ -344,9 +344,7 @@ impl Server {
                     if libc::setrlimit(libc::RLIMIT_FSIZE, &rlimit) != 0 {
                         return Err(std::io::Error::last_os_error());
                     }
-                    // An ignored signal stays ignored across exec: writes
-                    // past the limit then fail with EFBIG instead of killing.
-                    libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+                    // SIGXFSZ is left as it is: the server ignores it itself.
                     Ok(())
                 });
             }

@@ -248,6 +248,8 @@ pub struct Checkpoint {
 pub struct CommitError {
     message: String,
     duplicate_key: bool,
+    /// The disk (or the process's file size limit) is full.
+    full: bool,
     /// Known not to have committed (its own statements failed and were
     /// rolled back), as opposed to an outcome the writer cannot know.
     rolled_back: bool,
@@ -258,6 +260,7 @@ impl CommitError {
         CommitError {
             message: message.into(),
             duplicate_key: false,
+            full: false,
             rolled_back: false,
         }
     }
@@ -268,6 +271,7 @@ impl CommitError {
         CommitError {
             message: message.into(),
             duplicate_key: true,
+            full: false,
             rolled_back: true,
         }
     }
@@ -278,8 +282,22 @@ impl CommitError {
         CommitError {
             message: format!("{e:#}"),
             duplicate_key: e.downcast_ref::<DuplicateKey>().is_some(),
+            full: false,
             rolled_back: true,
         }
+    }
+
+    /// The write failed because the disk is full (`why` says what is).
+    fn of_full_disk(mut self, why: &str) -> CommitError {
+        self.message = format!("{} (the disk is full: {why})", self.message);
+        self.full = true;
+        self
+    }
+
+    /// The disk (or the process's file size limit) is full: nothing more
+    /// commits until room is made.
+    pub fn full(&self) -> bool {
+        self.full
     }
 
     /// What went wrong, in words.
@@ -376,6 +394,8 @@ struct Shared {
     /// Whether `unable` holds a reason (read on every commit without the
     /// lock).
     unable_set: std::sync::atomic::AtomicBool,
+    /// SQLite: the data dir, whose room is looked at when a commit fails.
+    dir: Option<std::path::PathBuf>,
 }
 
 impl Shared {
@@ -419,7 +439,14 @@ impl WriterHandle {
         if faults.active() {
             tracing::warn!(faults = ?faults, "storage faults are injected on purpose ({})", super::faults::ENV);
         }
+        let dir = match &conn {
+            WriteConn::Sqlite(c) => c
+                .path()
+                .and_then(|p| std::path::Path::new(p).parent().map(|d| d.to_path_buf())),
+            WriteConn::Postgres(..) => None,
+        };
         let shared = Arc::new(Shared {
+            dir,
             conn: std::sync::Mutex::new(conn),
             metrics,
             hot,
@@ -513,7 +540,17 @@ fn commit(shared: &Shared, conn: Db<'_>, ops: &mut [WriteOp]) -> Vec<Result<i64,
     )
     .entered();
     let started = Instant::now();
-    let results = commit_group(conn, ops, &shared.faults);
+    let mut results = commit_group(conn, ops, &shared.faults);
+    if results.iter().any(|r| r.as_ref().is_err_and(|e| !e.rolled_back)) {
+        // A failed transaction: was it for want of room?
+        if let Some(why) = shared.dir.as_deref().and_then(disk_full) {
+            for r in results.iter_mut() {
+                if let Err(e) = r {
+                    *e = e.clone().of_full_disk(&why);
+                }
+            }
+        }
+    }
     let elapsed = started.elapsed();
     let committed: usize = ops
         .iter()
@@ -567,6 +604,48 @@ fn finish(conn: Db<'_>, faults: &Faults) -> Result<(), String> {
         }
         Fault::Panic => panic!("invariant writer-test: a writer panic injected on purpose ({})", super::faults::ENV),
     }
+}
+
+/// Free bytes below which a data dir's disk counts as full.
+const FULL_BELOW_BYTES: u64 = 1024 * 1024;
+
+/// Why the disk holding `dir` is full, if it is: almost no room left on
+/// its file system, or a database file at the process's file size limit
+/// (RLIMIT_FSIZE; the server ignores SIGXFSZ, so a write past it fails).
+fn disk_full(dir: &std::path::Path) -> Option<String> {
+    use std::os::unix::ffi::OsStrExt;
+    let path = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
+    // SAFETY: `path` is a valid C string; `st` is a valid statvfs to write.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statvfs(path.as_ptr(), &mut st) } == 0 {
+        let free = st.f_bavail as u64 * st.f_frsize as u64;
+        if free < FULL_BELOW_BYTES {
+            return Some(format!("{} has {free} bytes free", dir.display()));
+        }
+    }
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `limit` is a valid rlimit to write.
+    if unsafe { libc::getrlimit(libc::RLIMIT_FSIZE, &mut limit) } == 0
+        && limit.rlim_cur != libc::RLIM_INFINITY
+    {
+        let largest = ["streamhost.db", "streamhost.db-wal"]
+            .iter()
+            .filter_map(|f| std::fs::metadata(dir.join(f)).ok())
+            .map(|m| m.len())
+            .max()
+            .unwrap_or(0);
+        if largest.saturating_add(FULL_BELOW_BYTES) >= limit.rlim_cur {
+            return Some(format!(
+                "a database file of {largest} bytes is at the process's file size limit \
+                 (RLIMIT_FSIZE, {} bytes)",
+                limit.rlim_cur
+            ));
+        }
+    }
+    None
 }
 
 fn fail_all(ops: &[WriteOp], e: &dyn fmt::Display) -> Vec<Result<i64, CommitError>> {

@@ -41,6 +41,9 @@ use crate::storage::{
     CommitError, CursorRow, NewStream, StoredEvent, StreamCommit, StreamRef, WriteOp,
 };
 
+
+/// Seconds a caller waits after `503 storage-full` before retrying.
+const STORAGE_FULL_RETRY_AFTER_S: u32 = 5;
 /// Most append requests planned into one round.
 pub const ROUND_REQUESTS_MAX: usize = 1024;
 /// Wait before loading again after the second storage failure in a row (the
@@ -1510,7 +1513,18 @@ impl ActorCore {
                 Err(e) => {
                     tracing::error!(stream = %self.address, error = %e, "append round failed to commit");
                     self.reload_soon();
-                    let err = Error::internal(format!("commit failed: {e}"));
+                    let err = if e.full() {
+                        Error::unavailable(
+                            "storage-full",
+                            format!(
+                                "commit failed: {e}; nothing more is written until room is \
+                                 made (retry later with the same idempotency keys)"
+                            ),
+                            STORAGE_FULL_RETRY_AFTER_S,
+                        )
+                    } else {
+                        Error::internal(format!("commit failed: {e}"))
+                    };
                     for (answer, _) in round.outcomes {
                         failed.extend(self.answer(answer, Err(err.clone()), None));
                     }
