@@ -396,6 +396,28 @@ async fn keys_and_values_over_their_limits_halt_the_processor_naming_the_size() 
         "key-not-found",
         "memo/a",
     );
+
+    // A NUL in a key is refused the same on both engines, never passed to
+    // the database: the processor halts naming it, and a read is a 400.
+    let s = ledger().await;
+    append(&s, json!([deposit("a\u{0}b", 1)])).await;
+    let halted = s.wait_halted(S, "ledger", Duration::from_secs(30)).await;
+    let text = halted.to_string();
+    assert!(text.contains("holds a NUL byte"), "{text}");
+    assert_error(
+        &s.get(&format!("{S}:processors/ledger/keys/balance%2Fa%00b"))
+            .await,
+        400,
+        "invalid-request",
+        "NUL",
+    );
+    assert_error(
+        &s.get(&format!("{S}:processors/ledger/keys?prefix=a%00"))
+            .await,
+        400,
+        "invalid-request",
+        "NUL",
+    );
 }
 
 #[tokio::test]

@@ -384,6 +384,16 @@ impl Host {
                 query.limit
             )));
         }
+        for (what, text) in [
+            ("prefix", Some(&query.prefix)),
+            ("after", query.after.as_ref()),
+        ] {
+            if text.is_some_and(|t| t.contains('\0')) {
+                return Err(Error::invalid(format!(
+                    "{what} {text:?} holds a NUL byte: keys are text without NUL"
+                )));
+            }
+        }
         let bucket = self.bucket_of(stream, component).await?;
         let limit = query.limit;
         let mut rows = if bucket == 0 {
@@ -446,6 +456,10 @@ impl Host {
         component: &str,
         key: &str,
     ) -> Result<KeyValue, Error> {
+        crate::processor::keyed::check_key(key).map_err(|e| match e {
+            crate::processor::keyed::KeyedError::Refused(m) => Error::invalid(m),
+            crate::processor::keyed::KeyedError::Storage(e) => Error::internal(format!("{e:#}")),
+        })?;
         let bucket = self.bucket_of(stream, component).await?;
         let k = key.to_string();
         let value = if bucket == 0 {

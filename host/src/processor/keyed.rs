@@ -147,7 +147,15 @@ pub struct Session {
     cursors: Vec<String>,
 }
 
-fn check_key(key: &str) -> Result<(), KeyedError> {
+pub(crate) fn check_key(key: &str) -> Result<(), KeyedError> {
+    // PostgreSQL's text holds no NUL; neither engine takes one, so a key
+    // means the same on both.
+    if let Some(at) = key.find('\0') {
+        let head: String = key.chars().take(32).collect();
+        return Err(KeyedError::Refused(format!(
+            "key {head:?} holds a NUL byte (at byte {at}): keys are text without NUL"
+        )));
+    }
     if key.len() > KEY_BYTES_MAX {
         let head: String = key.chars().take(32).collect();
         return Err(KeyedError::Refused(format!(

@@ -41,7 +41,6 @@ use crate::storage::{
     CommitError, CursorRow, NewStream, StoredEvent, StreamCommit, StreamRef, WriteOp,
 };
 
-
 /// Seconds a caller waits after `503 storage-full` before retrying.
 const STORAGE_FULL_RETRY_AFTER_S: u32 = 5;
 /// Most append requests planned into one round.
