@@ -176,6 +176,11 @@ pub struct ProcessorsConfig {
     /// Bytes of committed keyed-state values the host keeps in memory, over
     /// all processors (256 MiB).
     pub keyed_cache_bytes: u64,
+    /// Where compiled components are kept (default `DATA_DIR/compiled`).
+    /// Each file is named by the component's digest and the engine's
+    /// configuration and checked before it is loaded, so servers may share
+    /// one directory.
+    pub compile_cache_dir: Option<std::path::PathBuf>,
 }
 
 /// The processor outbox's executors.
@@ -309,6 +314,7 @@ impl Default for ProcessorsConfig {
         ProcessorsConfig {
             idle_teardown_ms: 5 * 60 * 1000,
             keyed_cache_bytes: crate::storage::KEY_CACHE_BYTES_DEFAULT,
+            compile_cache_dir: None,
         }
     }
 }

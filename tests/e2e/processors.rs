@@ -401,7 +401,14 @@ fn compiled_files(s: &Server) -> Vec<std::path::PathBuf> {
 
 #[tokio::test]
 async fn a_truncated_or_flipped_compiled_component_is_compiled_again_never_loaded() {
-    let mut s = Server::start_with(Some(PROC), &[]);
+    // Its own cache (the suite's servers share one): the data dir's.
+    let mut s = Server::unstarted(None, Some(PROC), &[]);
+    let own = s.data_dir().join("compiled");
+    s.env.push((
+        "STREAMHOST_COMPILE_CACHE_DIR".into(),
+        own.display().to_string(),
+    ));
+    s.launch();
     s.deploy("acme", "counter", guest("counter")).await;
     s.post(&format!("{S}:append"), wake("counter", "count", None))
         .await;

@@ -57,6 +57,18 @@ pub struct Server {
 
 /// The PostgreSQL server the suite runs against
 /// (`STREAMHOST_TEST_POSTGRES=postgres://user@host:port/db`), or `None`
+/// The compiled-component cache the suite's servers share: beside the
+/// test binary (so `cargo clean` clears it), one per build of the server.
+pub fn shared_compile_cache() -> PathBuf {
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let dir = exe
+        .parent()
+        .expect("the test binary's directory")
+        .join("streamhost-e2e-compiled");
+    std::fs::create_dir_all(&dir).expect("the shared compile cache");
+    dir
+}
+
 /// for SQLite. Each test server gets a database of its own on it.
 pub fn postgres_base() -> Option<String> {
     std::env::var("STREAMHOST_TEST_POSTGRES")
@@ -321,6 +333,10 @@ impl Server {
             std::fs::File::create(self.dir.path().join(format!("server-{}.log", self.starts)))
                 .expect("log file");
         let mut cmd = Command::new(server_bin());
+        // Every test server shares one cache of compiled components (a
+        // component is compiled once per suite run, not once per server);
+        // a test of the cache itself sets its own in `env`.
+        cmd.env("STREAMHOST_COMPILE_CACHE_DIR", shared_compile_cache());
         cmd.arg("serve")
             .arg("--listen")
             .arg("127.0.0.1:0")

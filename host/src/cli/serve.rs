@@ -24,6 +24,11 @@ pub(crate) struct ServeArgs {
     /// server (`nats://host:port`; `[ingest] nats-url`).
     #[arg(long)]
     pub nats: Option<String>,
+    /// Keep compiled components here instead of DATA_DIR/compiled (several
+    /// data dirs on one machine, or servers started often, share the work
+    /// of compiling; `[processors] compile-cache-dir`).
+    #[arg(long, value_name = "DIR", env = "STREAMHOST_COMPILE_CACHE_DIR")]
+    pub compile_cache_dir: Option<PathBuf>,
 }
 
 pub(super) fn parse_durability(s: &str) -> Result<Durability, String> {
@@ -55,6 +60,9 @@ pub(super) async fn serve(args: ServeArgs) -> Result<()> {
     }
     if let Some(url) = args.postgres {
         config.storage = Some(url);
+    }
+    if let Some(dir) = args.compile_cache_dir {
+        config.processors.compile_cache_dir = Some(dir);
     }
     config.validate()?;
     let listener = tokio::net::TcpListener::bind(config.listen)

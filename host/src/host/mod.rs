@@ -160,8 +160,14 @@ impl Host {
         let waking = storage
             .streams_with_cursors()
             .context("listing streams with subscriptions")?;
-        let runtime = crate::processor::runtime::Runtime::new(config.data_dir.join("compiled"))
-            .context("starting the wasm runtime")?;
+        let runtime = crate::processor::runtime::Runtime::new(
+            config
+                .processors
+                .compile_cache_dir
+                .clone()
+                .unwrap_or_else(|| config.data_dir.join("compiled")),
+        )
+        .context("starting the wasm runtime")?;
         let settings = crate::stream::StreamSettings {
             delivery: config.delivery.clone(),
             webhooks: crate::executor::webhook::Client::new(config.deny_private_networks())

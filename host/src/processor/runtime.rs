@@ -622,12 +622,21 @@ impl Runtime {
                 "the body is not a valid WebAssembly component: {what}. {BUILD_HINT}"
             ));
         }
-        let component = Component::new(&self.engine, bytes).map_err(|e| {
-            format!(
-                "the body is not a valid WebAssembly component: {}",
-                root_cause(&e)
-            )
-        })?;
+        // These bytes compiled before (their digest names the cached form,
+        // which is checked before it is loaded): valid, and not compiled
+        // again.
+        let path = self.cache_path(&digest(bytes));
+        let cached = self.load_cached(&path);
+        let fresh = cached.is_none();
+        let component = match cached {
+            Some(c) => c,
+            None => Component::new(&self.engine, bytes).map_err(|e| {
+                format!(
+                    "the body is not a valid WebAssembly component: {}",
+                    root_cause(&e)
+                )
+            })?,
+        };
         let exports = exported_functions(&self.engine, &component);
         let pre = self.linker.instantiate_pre(&component).map_err(|e| {
             format!(
@@ -643,11 +652,40 @@ impl Runtime {
         }
         // Its compiled form, for the first `prepare` of these bytes: a
         // deploy and its first wake (or an offline fold) compile once.
-        let path = self.cache_path(&digest(bytes));
-        if !path.exists() {
+        if fresh {
             self.cache_compiled(&path, &component);
         }
         Ok((exports, processor))
+    }
+
+    /// The compiled component cached at `path`, if one is there and passes
+    /// its checks (anything else is compiled again, never loaded).
+    fn load_cached(&self, path: &std::path::Path) -> Option<Component> {
+        match super::compiled::read(path, &self.compatibility) {
+            Ok(Some(Ok(payload))) => {
+                // SAFETY: the payload is byte for byte what
+                // `Component::serialize` of this engine configuration wrote
+                // (its length and SHA-256 are checked against the header,
+                // which names this engine); wasmtime checks its own header
+                // again.
+                match unsafe { Component::deserialize(&self.engine, &payload) } {
+                    Ok(c) => Some(c),
+                    Err(e) => {
+                        tracing::warn!(path = %path.display(), error = %root_cause(&e), "compiled component refused; compiling again");
+                        None
+                    }
+                }
+            }
+            Ok(Some(Err(defect))) => {
+                tracing::warn!(path = %path.display(), %defect, "compiled component not loaded; compiling again");
+                None
+            }
+            Ok(None) => None,
+            Err(e) => {
+                tracing::warn!(path = %path.display(), error = %e, "compiled component unreadable; compiling again");
+                None
+            }
+        }
     }
 
     /// Writes `component`'s compiled form to `path` (best effort: a
@@ -681,32 +719,7 @@ impl Runtime {
             return Ok(p);
         }
         let path = self.cache_path(digest);
-        let cached = match super::compiled::read(&path, &self.compatibility) {
-            Ok(Some(Ok(payload))) => {
-                // SAFETY: the payload is byte for byte what
-                // `Component::serialize` of this engine configuration wrote
-                // (its length and SHA-256 are checked against the header,
-                // which names this engine); wasmtime checks its own header
-                // again.
-                match unsafe { Component::deserialize(&self.engine, &payload) } {
-                    Ok(c) => Some(c),
-                    Err(e) => {
-                        tracing::warn!(path = %path.display(), error = %root_cause(&e), "compiled component refused; compiling again");
-                        None
-                    }
-                }
-            }
-            Ok(Some(Err(defect))) => {
-                tracing::warn!(path = %path.display(), %defect, "compiled component not loaded; compiling again");
-                None
-            }
-            Ok(None) => None,
-            Err(e) => {
-                tracing::warn!(path = %path.display(), error = %e, "compiled component unreadable; compiling again");
-                None
-            }
-        };
-        let component = match cached {
+        let component = match self.load_cached(&path) {
             Some(c) => c,
             None => {
                 let bytes = bytes()?;
