@@ -906,3 +906,52 @@ async fn parked_event_routes_refuse_bad_ids_verbs_and_methods() {
     assert_eq!(status, 202, "{out}");
     wait_orders(&server, "/v1/projects/acme/streams/parked", 1).await;
 }
+
+/// The drain works on each stream by itself: a stream with a long backlog
+/// holds up no other project's events accepted after its drain began.
+#[tokio::test]
+async fn a_streams_long_backlog_holds_up_no_other_projects_ingest() {
+    let s = Server::start();
+    let pad = "x".repeat(8 * 1024);
+    // 6,000 events of 8 KiB for /bulk of project bulk: a dozen appends.
+    for batch in 0..12 {
+        let events: Vec<Value> = (0..500)
+            .map(|i| {
+                let n = batch * 500 + i;
+                json!({"type": "bulk-loaded", "payload": {"n": n, "pad": pad},
+                    "idempotencyKey": format!("b-{n}")})
+            })
+            .collect();
+        let (status, out) = s
+            .post("/v1/projects/bulk/ingest/bulk", json!({ "events": events }))
+            .await;
+        assert_eq!(status, 202, "{out}");
+    }
+    let bulk_head = async || {
+        let (_, st) = s.get("/v1/projects/bulk/streams/bulk:state").await;
+        st["maxOffset"].as_u64().unwrap_or(0)
+    };
+    wait_for(
+        "the bulk drain to begin",
+        Duration::from_secs(60),
+        async || bulk_head().await > 0,
+    )
+    .await;
+    let (status, out) = s
+        .post(
+            "/v1/projects/quiet/ingest/orders",
+            json!({"events": [order("q-1", 1)]}),
+        )
+        .await;
+    assert_eq!(status, 202, "{out}");
+    wait_orders(&s, "/v1/projects/quiet/streams/orders", 1).await;
+    // The quiet project's event went in while the backlog was still
+    // draining (6,000 events and the created event: a head of 6,001).
+    let at = bulk_head().await;
+    assert!(
+        at < 6_001,
+        "the quiet event waited for the whole backlog (head {at})"
+    );
+    wait_http_drained(&s).await;
+    assert_eq!(bulk_head().await, 6_001);
+}

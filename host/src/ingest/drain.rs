@@ -1,6 +1,8 @@
 //! Moves events accepted over HTTP to their streams: one worker per host
-//! appends each stream's pending events in acceptance order (up to 1000 an
-//! append), then deletes their rows, which frees their capacity. A crash
+//! drains each stream with pending events in a task of its own (16 at
+//! once, 4 of one project), appending its events in acceptance order (up
+//! to 1000 an append), then deletes their rows, which frees their
+//! capacity; a stream with a long backlog holds up no other. A crash
 //! between the two appends them again, answered from their idempotency keys:
 //! nothing twice. A stream that refuses for now (paused, overloaded, a
 //! reactor that cannot run yet, a storage failure) keeps its events, in
@@ -10,10 +12,10 @@
 //! its reason, still counted, until redriven or discarded, and the events
 //! behind it go on.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
-use futures_util::StreamExt;
+use tokio::task::JoinSet;
 
 use super::Ingest;
 use crate::error::{Error, ErrorKind};
@@ -26,6 +28,11 @@ use crate::stream::{
 
 /// Streams drained at once.
 const CONCURRENCY: usize = 16;
+/// Streams of one project drained at once: a project with many slow
+/// streams leaves the others room.
+const PROJECT_CONCURRENCY: usize = CONCURRENCY / 4;
+/// A stream: (project, path).
+type Stream = (String, String);
 /// Most bytes of pending events in one append.
 const APPEND_BYTES_MAX: i64 = 4 * 1024 * 1024;
 /// Longest the worker sleeps without looking (acceptances wake it at once).
@@ -47,8 +54,14 @@ pub fn start(streams: StreamsRef, ingest: Ingest) {
 async fn run(streams: StreamsRef, ingest: Ingest) {
     // Streams refused for now: until when they wait, and how many
     // refusals in a row (their backoff).
-    let mut held: HashMap<(String, String), Instant> = HashMap::new();
-    let mut failures: HashMap<(String, String), u32> = HashMap::new();
+    let mut held: HashMap<Stream, Instant> = HashMap::new();
+    let mut failures: HashMap<Stream, u32> = HashMap::new();
+    // Streams being drained, each by a task of its own: a slow stream
+    // holds up no other, and a project drains at most
+    // [`PROJECT_CONCURRENCY`] streams at once.
+    let mut draining: JoinSet<(Stream, bool)> = JoinSet::new();
+    let mut in_flight: HashSet<Stream> = HashSet::new();
+    let mut tasks: HashMap<tokio::task::Id, Stream> = HashMap::new();
     let mut round = ingest.retry_round();
     loop {
         if ingest.retry_round() != round {
@@ -56,6 +69,7 @@ async fn run(streams: StreamsRef, ingest: Ingest) {
             held.clear();
         }
         let Some(live) = streams.upgrade() else {
+            draining.abort_all();
             return;
         };
         let storage = live.storage().clone();
@@ -73,43 +87,70 @@ async fn run(streams: StreamsRef, ingest: Ingest) {
         };
         let now = Instant::now();
         held.retain(|_, until| *until > now);
-        let todo: Vec<(String, String)> = pending
-            .into_iter()
-            .filter(|s| !held.contains_key(s))
-            .collect();
-        let worked = !todo.is_empty();
-        let outcomes: Vec<((String, String), bool)> = futures_util::stream::iter(todo)
-            .map(|s| {
-                let (live, ingest) = (live.clone(), ingest.clone());
-                async move {
-                    let drained = drain_stream(&live, &ingest, &s.0, &s.1).await;
-                    (s, drained)
-                }
-            })
-            .buffer_unordered(CONCURRENCY)
-            .collect()
-            .await;
-        drop(live);
-        for (s, drained) in outcomes {
-            if drained {
-                failures.remove(&s);
-            } else {
-                let n = failures.entry(s.clone()).or_insert(0);
-                *n = n.saturating_add(1);
-                held.insert(s, Instant::now() + ingest.backoff(*n));
+        let mut per_project: HashMap<String, usize> = HashMap::new();
+        for s in &in_flight {
+            *per_project.entry(s.0.clone()).or_default() += 1;
+        }
+        for s in pending {
+            if in_flight.len() >= CONCURRENCY {
+                break;
             }
+            let busy = per_project.entry(s.0.clone()).or_default();
+            if held.contains_key(&s) || in_flight.contains(&s) || *busy >= PROJECT_CONCURRENCY {
+                continue;
+            }
+            *busy += 1;
+            in_flight.insert(s.clone());
+            let (live, ingest) = (live.clone(), ingest.clone());
+            let key = s.clone();
+            let task = draining.spawn(async move {
+                let drained = drain_stream(&live, &ingest, &s.0, &s.1).await;
+                (s, drained)
+            });
+            tasks.insert(task.id(), key);
         }
-        if worked && held.is_empty() {
-            // Events accepted during the round are looked at at once.
-            continue;
-        }
+        drop(live);
         let wait = held
             .values()
             .min()
             .map(|t| t.saturating_duration_since(Instant::now()))
             .unwrap_or(IDLE_LOOK)
             .min(IDLE_LOOK);
-        let _ = tokio::time::timeout(wait, ingest.bell().notified()).await;
+        // A stream done (its next events, or another stream's, go next),
+        // an acceptance, or the first held stream's time.
+        tokio::select! {
+            Some(done) = draining.join_next_with_id(), if !draining.is_empty() => {
+                let mut finished = vec![done];
+                while let Some(more) = draining.try_join_next_with_id() {
+                    finished.push(more);
+                }
+                for done in finished {
+                    let (s, drained) = match done {
+                        Ok((id, (s, drained))) => {
+                            tasks.remove(&id);
+                            (s, drained)
+                        }
+                        Err(e) => {
+                            // A drain task that failed: its stream is
+                            // looked at again (its rows are still pending).
+                            if let Some(s) = tasks.remove(&e.id()) {
+                                in_flight.remove(&s);
+                            }
+                            continue;
+                        }
+                    };
+                    in_flight.remove(&s);
+                    if drained {
+                        failures.remove(&s);
+                    } else {
+                        let n = failures.entry(s.clone()).or_insert(0);
+                        *n = n.saturating_add(1);
+                        held.insert(s, Instant::now() + ingest.backoff(*n));
+                    }
+                }
+            }
+            _ = tokio::time::timeout(wait, ingest.bell().notified()) => {}
+        }
     }
 }
 
