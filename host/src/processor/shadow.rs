@@ -472,7 +472,13 @@ impl Stepper<'_> {
             f.through = Some(0);
         }
         let from = f.through.unwrap_or(0);
-        let target = live.checkpoint_offset.min(from.saturating_add(offsets));
+        let mut target = live.checkpoint_offset.min(from.saturating_add(offsets));
+        // History (through the gate) and what came after are folded in
+        // steps of their own: a batch spanning the gate would hold
+        // history's effects, which ran under the live version.
+        if let Some(gate) = f.gate.filter(|g| from < *g && *g < target) {
+            target = gate;
+        }
         if from >= target {
             return Ok(from);
         }
