@@ -920,8 +920,11 @@ async fn chaos(hosts: usize, crashes: u64, pauses: u64, cuts: u64) {
         println!("chaos: the gate reactor's component deployed");
     };
     if total == 0 {
-        // Not a wait for a condition: the load's length before the deploy.
-        tokio::time::sleep(Duration::from_millis(1000)).await;
+        // With no faults to run it between: once some ingest was accepted.
+        wait_for("some ingest accepted", SETTLE, async || {
+            run.history.lock().unwrap().ingested.len() >= 20
+        })
+        .await;
         deploy_gate(&servers).await;
     }
     for (n, fault) in schedule.into_iter().enumerate() {
