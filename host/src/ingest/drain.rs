@@ -12,7 +12,7 @@
 //! its reason, still counted, until redriven or discarded, and the events
 //! behind it go on.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use tokio::task::JoinSet;
@@ -60,8 +60,8 @@ async fn run(streams: StreamsRef, ingest: Ingest) {
     // holds up no other, and a project drains at most
     // [`PROJECT_CONCURRENCY`] streams at once.
     let mut draining: JoinSet<(Stream, bool)> = JoinSet::new();
-    let mut in_flight: HashSet<Stream> = HashSet::new();
-    let mut tasks: HashMap<tokio::task::Id, Stream> = HashMap::new();
+    // The stream each drain task works on.
+    let mut in_flight: HashMap<tokio::task::Id, Stream> = HashMap::new();
     let mut round = ingest.retry_round();
     loop {
         if ingest.retry_round() != round {
@@ -88,7 +88,7 @@ async fn run(streams: StreamsRef, ingest: Ingest) {
         let now = Instant::now();
         held.retain(|_, until| *until > now);
         let mut per_project: HashMap<String, usize> = HashMap::new();
-        for s in &in_flight {
+        for s in in_flight.values() {
             *per_project.entry(s.0.clone()).or_default() += 1;
         }
         for s in pending {
@@ -96,18 +96,17 @@ async fn run(streams: StreamsRef, ingest: Ingest) {
                 break;
             }
             let busy = per_project.entry(s.0.clone()).or_default();
-            if held.contains_key(&s) || in_flight.contains(&s) || *busy >= PROJECT_CONCURRENCY {
+            if held.contains_key(&s) || in_flight.values().any(|f| *f == s) || *busy >= PROJECT_CONCURRENCY {
                 continue;
             }
             *busy += 1;
-            in_flight.insert(s.clone());
             let (live, ingest) = (live.clone(), ingest.clone());
             let key = s.clone();
             let task = draining.spawn(async move {
                 let drained = drain_stream(&live, &ingest, &s.0, &s.1).await;
                 (s, drained)
             });
-            tasks.insert(task.id(), key);
+            in_flight.insert(task.id(), key);
         }
         drop(live);
         let wait = held
@@ -127,19 +126,16 @@ async fn run(streams: StreamsRef, ingest: Ingest) {
                 for done in finished {
                     let (s, drained) = match done {
                         Ok((id, (s, drained))) => {
-                            tasks.remove(&id);
+                            in_flight.remove(&id);
                             (s, drained)
                         }
                         Err(e) => {
                             // A drain task that failed: its stream is
                             // looked at again (its rows are still pending).
-                            if let Some(s) = tasks.remove(&e.id()) {
-                                in_flight.remove(&s);
-                            }
+                            in_flight.remove(&e.id());
                             continue;
                         }
                     };
-                    in_flight.remove(&s);
                     if drained {
                         failures.remove(&s);
                     } else {
