@@ -134,11 +134,30 @@ pub struct HttpConfig {
     pub body_timeout_ms: u64,
     /// Open connections at most; more wait to be accepted (4096).
     pub max_connections: usize,
+    /// Open connections from one client address at most (an IPv6 client's
+    /// /64 counts as one address); one more is answered `429
+    /// too-many-connections` and closed (1024).
+    pub max_connections_per_address: usize,
+    /// With tokens configured: of `max-connections`, the last this many are
+    /// kept for authenticated requests. A connection given one of them is
+    /// answered `503 connections-reserved` and closed on its first request
+    /// without a valid token, so unauthenticated sockets never take the last
+    /// places (a sixteenth of `max-connections` unless set: 256; none in
+    /// open mode, which has no tokens).
+    pub reserved_connections: Option<usize>,
     /// Open mode (no tokens): the host names served besides IP addresses,
     /// `localhost` and names under `.localhost` (none). A web page whose
     /// DNS name was pointed at this server (DNS rebinding) sends its own
     /// name as `Host`, and is refused.
     pub allowed_hosts: Vec<String>,
+}
+
+impl HttpConfig {
+    /// `reserved-connections`, or its default.
+    pub fn reserved(&self) -> usize {
+        self.reserved_connections
+            .unwrap_or(self.max_connections / 16)
+    }
 }
 
 impl Default for HttpConfig {
@@ -148,6 +167,8 @@ impl Default for HttpConfig {
             idle_timeout_ms: 60_000,
             body_timeout_ms: 30_000,
             max_connections: 4096,
+            max_connections_per_address: 1024,
+            reserved_connections: None,
             allowed_hosts: Vec::new(),
         }
     }
@@ -418,10 +439,22 @@ impl Config {
             ("idle-timeout-ms", h.idle_timeout_ms),
             ("body-timeout-ms", h.body_timeout_ms),
             ("max-connections", h.max_connections as u64),
+            (
+                "max-connections-per-address",
+                h.max_connections_per_address as u64,
+            ),
         ] {
             if v == 0 {
                 bail!("http.{name} must be at least 1, got 0");
             }
+        }
+        if h.reserved() >= h.max_connections {
+            bail!(
+                "http.reserved-connections ({}) must be fewer than http.max-connections ({}): \
+                 some connections must be open to anyone",
+                h.reserved(),
+                h.max_connections
+            );
         }
         if self.processors.idle_teardown_ms == 0 {
             bail!("processors.idle-teardown-ms must be at least 1, got 0");
@@ -565,6 +598,7 @@ header-timeout-ms = 10000
 idle-timeout-ms = 60000
 body-timeout-ms = 30000
 max-connections = 4096
+max-connections-per-address = 1024
 
 [[tokens]]
 token = "s3cret-acme"
@@ -649,5 +683,18 @@ admin = true
             .unwrap_err()
             .to_string();
         assert!(e.contains("effects.lease-ms (5000)"), "{e}");
+        let e = Config::from_toml("[http]\nmax-connections = 8\nreserved-connections = 8")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("reserved-connections (8)"), "{e}");
+    }
+
+    #[test]
+    fn the_reserved_connections_are_a_sixteenth_unless_set() {
+        assert_eq!(Config::default().http.reserved(), 256);
+        let c = Config::from_toml("[http]\nmax-connections = 4").unwrap();
+        assert_eq!(c.http.reserved(), 0);
+        let c = Config::from_toml("[http]\nreserved-connections = 10").unwrap();
+        assert_eq!(c.http.reserved(), 10);
     }
 }

@@ -1207,17 +1207,26 @@ async fn a_forwarded_request_has_its_token_checked_before_its_body_is_read() {
         .await;
     assert_eq!(status, 200, "{out}");
     let host = b.url.trim_start_matches("http://").to_string();
-    let mut tcp = crate::isolation::connect(&b);
     // The body never comes: an answer at all (before the body timeout)
     // means the token was judged without it.
-    let answer = crate::isolation::exchange(
-        &mut tcp,
-        &format!(
-            "POST {P}/orders:append HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer wrong\r\n\
-             Content-Type: application/json\r\nContent-Length: 100000000\r\n\r\n"
-        ),
-    );
-    assert!(answer.starts_with("HTTP/1.1 401"), "{answer}");
+    for (url, token, status) in [
+        (format!("{P}/orders:append"), "wrong", "401"),
+        // A URL that names no stream method is refused before its body too.
+        (format!("{P}/orders"), "t-acme", "400"),
+    ] {
+        let mut tcp = crate::isolation::connect(&b);
+        let answer = crate::isolation::exchange(
+            &mut tcp,
+            &format!(
+                "POST {url} HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {token}\r\n\
+                 Content-Type: application/json\r\nContent-Length: 100000000\r\n\r\n"
+            ),
+        );
+        assert!(
+            answer.starts_with(&format!("HTTP/1.1 {status}")),
+            "{url}: {answer}"
+        );
+    }
 }
 
 /// An effect's append to a stream another host owns travels to that host

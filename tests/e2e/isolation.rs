@@ -660,6 +660,88 @@ async fn connections_beyond_max_connections_wait_for_a_free_one() {
     assert_eq!(r.status().as_u16(), 200);
 }
 
+/// A kept-alive connection from `from` (a loopback address of its own) that
+/// has been served one `GET /healthz` with `token`: its answer's head.
+async fn held_from(s: &Server, from: &str, token: Option<&str>) -> (std::net::TcpStream, String) {
+    let to: std::net::SocketAddr = s.url.trim_start_matches("http://").parse().unwrap();
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind(format!("{from}:0").parse().unwrap()).unwrap();
+    let mut tcp = socket.connect(to).await.unwrap().into_std().unwrap();
+    tcp.set_nonblocking(false).unwrap();
+    let auth = token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
+    let request = format!("GET /healthz HTTP/1.1\r\nHost: {to}\r\n{auth}\r\n");
+    let answer = tokio::task::block_in_place(|| exchange(&mut tcp, &request));
+    (tcp, answer)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn one_address_cannot_take_every_connection_and_the_last_are_kept_for_tokens() {
+    let config = format!(
+        "{}\n[http]\nmax-connections = 24\nmax-connections-per-address = 12\n\
+         reserved-connections = 4\n",
+        crate::support::TOKENS
+    );
+    let s = Server::start_with(Some(&config), &[]);
+    // One client address takes its share and no more: the next is told why.
+    let mut held = Vec::new();
+    for _ in 0..12 {
+        let (tcp, answer) = held_from(&s, "127.0.0.2", None).await;
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        held.push(tcp);
+    }
+    let (_, refused) = held_from(&s, "127.0.0.2", None).await;
+    assert!(refused.starts_with("HTTP/1.1 429"), "{refused}");
+    for mention in [
+        "too-many-connections",
+        "127.0.0.2",
+        "max-connections-per-address = 12",
+    ] {
+        assert!(refused.contains(mention), "{mention}: {refused}");
+    }
+    assert!(
+        refused.to_ascii_lowercase().contains("retry-after: 1"),
+        "{refused}"
+    );
+    // A second address is served meanwhile, and fills every place open to
+    // anyone (24 - 4 reserved).
+    for _ in 0..8 {
+        let (tcp, answer) = held_from(&s, "127.0.0.3", None).await;
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        held.push(tcp);
+    }
+    // Now an unauthenticated connection gets a reserved place only to be
+    // told it is reserved; one with a token is served there.
+    let (mut anonymous, answer) = held_from(&s, "127.0.0.4", None).await;
+    assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+    for mention in ["connections-reserved", "reserved-connections = 4"] {
+        assert!(answer.contains(mention), "{mention}: {answer}");
+    }
+    assert!(closed_within(&mut anonymous, Duration::from_secs(10)));
+    let mut served = Vec::new();
+    for _ in 0..4 {
+        let (tcp, answer) = held_from(&s, "127.0.0.4", Some("t-admin")).await;
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        served.push(tcp);
+    }
+    // Closing the first address's connections gives their places back.
+    drop(held);
+    let mut again = None;
+    crate::support::wait_for("a place given back", Duration::from_secs(10), async || {
+        let (tcp, answer) = held_from(&s, "127.0.0.2", None).await;
+        again = Some(tcp);
+        answer.starts_with("HTTP/1.1 200")
+    })
+    .await;
+    let append = s
+        .post_as(
+            Some("t-acme"),
+            "/v1/projects/acme/streams/a:append",
+            ev("x.y/a", json!({})),
+        )
+        .await;
+    assert_eq!(append.0, 200, "{append:?}");
+}
+
 #[tokio::test]
 async fn a_project_at_its_live_connection_bound_gets_429_and_others_connect() {
     let s = Server::start_with(

@@ -559,7 +559,8 @@ impl Host {
         }
         let storage = self.streams.storage().clone();
         let streams = self.streams.clone();
-        let limits = crate::http::listener::Limits::from_config(&self.config.http);
+        let limits =
+            crate::http::listener::Limits::from_config(&self.config.http, self.auth.is_open());
         let app = crate::http::router(self);
         // Stopping hands this host's streams over at once (several hosts):
         // requests still in flight here finish or move with them.

@@ -43,6 +43,26 @@ const HOP_BY_HOP: [&str; 8] = [
 /// The middleware (see the module). Open mode's checks (`guard.rs`) run
 /// first, for every request: one layer, not two, on every request's path.
 pub async fn layer(State(host): State<Host>, request: Request, next: Next) -> Response {
+    if request.extensions().get::<super::listener::Reserved>().is_some()
+        && super::authenticate(&host, request.headers()).is_err()
+    {
+        let reserved = host.config.http.reserved();
+        let mut response = ApiError::unavailable(
+            "connections-reserved",
+            format!(
+                "every connection open to anyone is taken; the last {reserved} are kept for \
+                 requests with a valid token ([http] reserved-connections = {reserved})"
+            ),
+            1,
+        )
+        .into_response();
+        // This connection holds a reserved place: it ends with this answer.
+        response.headers_mut().insert(
+            axum::http::header::CONNECTION,
+            HeaderValue::from_static("close"),
+        );
+        return response;
+    }
     if host.auth.is_open() {
         let (method, path, headers) = (request.method(), request.uri().path(), request.headers());
         let allowed = &host.config.http.allowed_hosts;
@@ -64,24 +84,21 @@ pub async fn layer(State(host): State<Host>, request: Request, next: Next) -> Re
     }
     // The token is checked before the body is read, here as in the
     // handlers: an unauthorized caller never makes this host buffer a body.
-    let target = super::parse_stream_url(path).ok();
-    let allowed = super::authenticate(&host, request.headers()).and_then(|caller| {
-        match &target {
-            Some(target) => Ok(caller.may_use(&target.address.namespace)?),
-            // A bad URL is the handler's to answer.
-            None => Ok(()),
-        }
-    });
+    // A bad URL is the handler's to answer, before any body is read.
+    let Ok(target) = super::parse_stream_url(path) else {
+        return next.run(request).await;
+    };
+    let allowed = super::authenticate(&host, request.headers())
+        .and_then(|caller| Ok(caller.may_use(&target.address.namespace)?));
     if let Err(e) = allowed {
         return e.into_response();
     }
     // An owner this host learned lately: straight there, without asking
     // this host's own handler first (which would answer that owner).
-    let known = target.and_then(|t| {
-        host.streams
-            .storage()
-            .known_owner(t.address.namespace.storage_key(), &t.address.path)
-    });
+    let known = host
+        .streams
+        .storage()
+        .known_owner(target.address.namespace.storage_key(), &target.address.path);
     let (parts, body) = request.into_parts();
     // Kept to be sent again: bounded as every body is.
     let limit = host.config.max_body_bytes;
