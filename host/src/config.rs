@@ -107,6 +107,11 @@ pub struct LimitsConfig {
     /// Ephemeral events held in memory by all streams together, in bytes
     /// (256 MiB).
     pub max_ephemeral_bytes: usize,
+    /// The bytes of events or keys one read holds at most: an `:events`
+    /// page, a replay page of a live connection, a delivery, copy or wake
+    /// scan, a key listing (4 MiB). A read always holds at least one event
+    /// or key; a shorter page is continued from its last offset or key.
+    pub max_read_bytes: usize,
 }
 
 impl Default for LimitsConfig {
@@ -117,6 +122,7 @@ impl Default for LimitsConfig {
             jsonata_max_bytes: crate::jsonata::VALUE_BYTES_MAX,
             max_live_connections_per_project: 1000,
             max_ephemeral_bytes: 256 * 1024 * 1024,
+            max_read_bytes: crate::storage::READ_BYTES_MAX_DEFAULT,
         }
     }
 }
@@ -428,6 +434,7 @@ impl Config {
                 l.max_live_connections_per_project as u64,
             ),
             ("max-ephemeral-bytes", l.max_ephemeral_bytes as u64),
+            ("max-read-bytes", l.max_read_bytes as u64),
         ] {
             if v == 0 {
                 bail!("limits.{name} must be at least 1, got 0");
@@ -592,6 +599,7 @@ jsonata-timeout-ms = 100
 jsonata-max-bytes = 1048576
 max-live-connections-per-project = 1000
 max-ephemeral-bytes = 268435456
+max-read-bytes = 4194304
 
 [http]
 header-timeout-ms = 10000

@@ -421,6 +421,58 @@ async fn keys_and_values_over_their_limits_halt_the_processor_naming_the_size() 
 }
 
 #[tokio::test]
+async fn a_key_listing_is_bounded_in_bytes_and_next_after_continues_it() {
+    const BOUND: usize = 100_000;
+    let config = format!("{PROC}\n[limits]\nmax-read-bytes = {BOUND}\n");
+    let s = Server::start_with(Some(&config), &[]);
+    let (status, out) = s.deploy("acme", "ledger", guest("ledger")).await;
+    assert!(status == 200 || status == 201, "{out}");
+    append(&s, json!([wake()["events"][0]])).await;
+    let memo = "m".repeat(30_000);
+    let notes: Vec<Value> = (0..10)
+        .map(|n| json!({"type": "noted", "payload": {"account": format!("a{n}"), "memo": memo}}))
+        .collect();
+    append(&s, json!(notes)).await;
+    caught_up(&s, S, "ledger").await;
+    // One page of 1000 would hold 300 KB: it stops at the key reaching 100 KB.
+    let (mut after, mut keys, mut pages) = (String::new(), Vec::new(), 0);
+    loop {
+        let (status, page) = s
+            .get(&format!(
+                "{S}:processors/ledger/keys?prefix=memo%2F&limit=1000&after={}",
+                enc(&after)
+            ))
+            .await;
+        assert_eq!(status, 200, "{page}");
+        let listed = page["keys"].as_array().unwrap();
+        let sizes: Vec<usize> = listed
+            .iter()
+            .map(|k| k["key"].as_str().unwrap().len() + k["value"].to_string().len())
+            .collect();
+        assert!(
+            sizes[..sizes.len().saturating_sub(1)].iter().sum::<usize>() < BOUND,
+            "a page of {sizes:?}"
+        );
+        pages += 1;
+        keys.extend(
+            listed
+                .iter()
+                .map(|k| k["key"].as_str().unwrap().to_string()),
+        );
+        match page["nextAfter"].as_str() {
+            Some(next) => after = next.to_string(),
+            None => break,
+        }
+    }
+    let expected: Vec<String> = (0..10).map(|n| format!("memo/a{n}")).collect();
+    assert_eq!(keys, expected);
+    assert!(
+        pages >= 3,
+        "300 KB of keys in pages of 100 KB: {pages} pages"
+    );
+}
+
+#[tokio::test]
 async fn the_offline_fold_sees_what_the_wake_saw_given_the_keys() {
     let s = ledger().await;
     let first = json!([deposit("a", 10), deposit("b", 20)]);

@@ -754,3 +754,90 @@ async fn streams_list_in_path_order_with_prefix_and_pages() {
     let cli: Value = serde_json::from_str(&out).unwrap();
     assert_eq!(cli["nextAfterPath"], "/orders/eu/returns");
 }
+
+/// Bytes of the events of a page but its last: under the bound, however
+/// large the last one.
+fn bytes_before_last(events: &[Value]) -> usize {
+    let n = events.len().saturating_sub(1);
+    events[..n].iter().map(|e| e.to_string().len()).sum()
+}
+
+#[tokio::test]
+async fn pages_replays_and_copies_are_bounded_in_bytes_and_lose_nothing() {
+    const BOUND: usize = 100_000;
+    let config = format!(
+        "{}\n[limits]\nmax-read-bytes = {BOUND}\n",
+        crate::subscriptions::FAST
+    );
+    let s = Server::start_with(Some(&config), &[]);
+    let (p, src) = (crate::subscriptions::P, "/big");
+    // A copy of everything, subscribed before the events (from its start).
+    crate::subscriptions::subscribe(
+        &s,
+        "/copy",
+        json!({"sourceStreamPath": src, "subscriptionKey": "k"}),
+    )
+    .await;
+    let pad = "x".repeat(40_000);
+    for n in 0..20 {
+        // One event alone is over the bound: it is read, alone or last.
+        let pad = if n == 10 {
+            "y".repeat(3 * BOUND / 2)
+        } else {
+            pad.clone()
+        };
+        let (status, out) = s
+            .post(
+                &format!("{p}{src}:append"),
+                one("x.y/big", json!({"n": n, "pad": pad})),
+            )
+            .await;
+        assert_eq!(status, 200, "{out}");
+    }
+    // Twice: the first pages come from the database, the second from the
+    // tail of recent events that a read starts keeping.
+    for round in 0..2 {
+        let (mut after, mut offsets, mut pages) = (0u64, Vec::new(), 0);
+        loop {
+            let (status, page) = s
+                .get(&format!("{p}{src}:events?afterOffset={after}&limit=500"))
+                .await;
+            assert_eq!(status, 200, "{page}");
+            let events = page["events"].as_array().unwrap();
+            let Some(last) = events.last() else { break };
+            assert!(
+                bytes_before_last(events) < BOUND,
+                "round {round}, page after {after}"
+            );
+            pages += 1;
+            after = last["offset"].as_u64().unwrap();
+            offsets.extend(events.iter().map(|e| e["offset"].as_u64().unwrap()));
+        }
+        // `created`, the subscription's configure event, the 20.
+        assert_eq!(offsets, (1..=22).collect::<Vec<_>>(), "round {round}");
+        // 910 KB in pages that stop at the first event reaching 100 KB.
+        assert!(
+            pages >= 6,
+            "20 events of 40 KB and more, 100 KB pages: {pages} pages"
+        );
+    }
+    // The copy's scans too: every event, once, in order.
+    let copied = crate::subscriptions::wait_count(&s, "/copy", 20).await;
+    let ns: Vec<u64> = copied
+        .iter()
+        .map(|e| e["payload"]["n"].as_u64().unwrap())
+        .collect();
+    assert_eq!(ns, (0..20).collect::<Vec<_>>());
+    // A live connection's replay reads pages of the same bound, in order.
+    let mut sse = crate::support::SseClient::open(
+        &s,
+        &format!("{p}{src}:connect?replayAfterOffset=0&state=false"),
+    )
+    .await
+    .expect("a connection");
+    let mut replayed = Vec::new();
+    while replayed.last() != Some(&22) {
+        replayed.extend(sse.batch_offsets().await);
+    }
+    assert_eq!(replayed, (1..=22).collect::<Vec<_>>());
+}

@@ -409,15 +409,24 @@ impl Server {
 
     /// The server process's resident set size, in bytes (Linux).
     pub fn rss_bytes(&self) -> u64 {
+        self.proc_status_kb("VmRSS:") * 1024
+    }
+
+    /// The most the server process's resident set has been, in bytes
+    /// (Linux): what a burst needed, even once it was given back.
+    pub fn peak_rss_bytes(&self) -> u64 {
+        self.proc_status_kb("VmHWM:") * 1024
+    }
+
+    fn proc_status_kb(&self, field: &str) -> u64 {
         let pid = self.child.as_ref().expect("running").id();
         let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
-        let kb: u64 = status
+        status
             .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .find_map(|l| l.strip_prefix(field))
             .and_then(|v| v.split_whitespace().next())
             .and_then(|v| v.parse().ok())
-            .expect("VmRSS");
-        kb * 1024
+            .unwrap_or_else(|| panic!("{field} in /proc/{pid}/status"))
     }
 
     /// Stops the server with SIGTERM and waits for it to exit.

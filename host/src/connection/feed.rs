@@ -190,7 +190,11 @@ async fn next_replay_page(r: &mut Replay) -> anyhow::Result<Option<Vec<LiveEvent
         storage.events_after(row_id, after, REPLAY_PAGE_EVENTS, head)
     })
     .await??;
-    let full = page.len() == REPLAY_PAGE_EVENTS;
+    // A page cut short by its count or its bytes ends at its last event
+    // (one that just reached the byte bound counts as cut: the next page
+    // then simply starts after it).
+    let bytes: usize = page.iter().map(|(_, body)| body.len()).sum();
+    let full = page.len() == REPLAY_PAGE_EVENTS || bytes >= crate::storage::read_bytes_max();
     let through = if full {
         page.last().map(|(o, _)| *o).unwrap_or(head)
     } else {

@@ -400,11 +400,27 @@ impl Host {
             Vec::new()
         } else {
             self.read_storage("reading the keys", move |s| {
-                s.keys_page(bucket, &query.prefix, query.after.as_deref(), limit + 1)
+                let max_bytes = crate::storage::read_bytes_max();
+                s.keys_page(
+                    bucket,
+                    &query.prefix,
+                    query.after.as_deref(),
+                    limit + 1,
+                    max_bytes,
+                )
             })
             .await?
         };
-        let next_after = (rows.len() > limit).then(|| rows[limit - 1].0.clone());
+        // Cut by its count (one more was read than is answered) or by its
+        // bytes ([limits] max-read-bytes): the next page starts after it.
+        let bytes: usize = rows.iter().map(|(k, v)| k.len() + v.len()).sum();
+        let next_after = if rows.len() > limit {
+            Some(rows[limit - 1].0.clone())
+        } else if bytes >= crate::storage::read_bytes_max() {
+            rows.last().map(|(k, _)| k.clone())
+        } else {
+            None
+        };
         rows.truncate(limit);
         Ok(KeysPage {
             keys: rows

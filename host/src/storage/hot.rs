@@ -107,13 +107,15 @@ impl Hot {
     }
 
     /// Stored events of `row_id` with `after < offset <= up_to`, at most
-    /// `limit`, in order, if the stream's tail holds all of them.
+    /// `limit` and no more bytes than reach `max_bytes` (at least one), in
+    /// order, if the stream's tail holds all of them.
     pub fn events_after(
         &self,
         row_id: i64,
         after: u64,
         limit: usize,
         up_to: u64,
+        max_bytes: usize,
     ) -> Option<Vec<(u64, String)>> {
         let shared: Vec<(u64, Arc<String>)> = {
             let state = self.read();
@@ -130,10 +132,16 @@ impl Hot {
             }
             // Offsets in a tail are increasing: skip to the first one after.
             let start = tail.events.partition_point(|(o, _)| *o <= after);
+            let mut bytes = 0usize;
             tail.events
                 .range(start..)
                 .take_while(|(o, _)| *o <= up_to)
                 .take(limit)
+                .take_while(|(_, body)| {
+                    let more = bytes < max_bytes;
+                    bytes = bytes.saturating_add(body.len());
+                    more
+                })
                 .cloned()
                 .collect()
         };
@@ -459,59 +467,65 @@ mod tests {
         let mut unread = [commit(1, 1..=4)];
         hot.committed(unread.iter_mut().map(|op| (op, 1)));
         assert_eq!(
-            hot.events_after(1, 0, 10, u64::MAX),
+            hot.events_after(1, 0, 10, u64::MAX, usize::MAX),
             None,
             "a stream nobody read has no tail; this read asks for one"
         );
         let mut ops = [commit(1, 5..=7), commit(1, 8..=9)];
         hot.committed(ops.iter_mut().map(|op| (op, 1)));
-        assert_eq!(offsets(hot.events_after(1, 3, 10, 9)), None, "4 may exist");
+        assert_eq!(offsets(hot.events_after(1, 3, 10, 9, usize::MAX)), None, "4 may exist");
         assert_eq!(
-            offsets(hot.events_after(1, 4, 10, 9)),
+            offsets(hot.events_after(1, 4, 10, 9, usize::MAX)),
             Some(vec![5, 6, 7, 8, 9])
         );
-        assert_eq!(offsets(hot.events_after(1, 6, 2, 9)), Some(vec![7, 8]));
-        assert_eq!(offsets(hot.events_after(1, 6, 10, 7)), Some(vec![7]));
-        assert_eq!(offsets(hot.events_after(1, 9, 10, u64::MAX)), Some(vec![]));
-        assert_eq!(hot.events_after(2, 0, 10, u64::MAX), None, "another row");
+        assert_eq!(offsets(hot.events_after(1, 6, 2, 9, usize::MAX)), Some(vec![7, 8]));
+        assert_eq!(offsets(hot.events_after(1, 6, 10, 7, usize::MAX)), Some(vec![7]));
+        // A byte bound stops at the first event that reaches it, never
+        // before the first.
+        let size = hot.events_after(1, 4, 1, 9, usize::MAX).unwrap()[0].1.len();
+        assert_eq!(offsets(hot.events_after(1, 4, 10, 9, 1)), Some(vec![5]));
+        assert_eq!(offsets(hot.events_after(1, 4, 10, 9, size)), Some(vec![5]));
+        assert_eq!(offsets(hot.events_after(1, 4, 10, 9, size + 1)), Some(vec![5, 6]));
+        assert_eq!(offsets(hot.events_after(1, 9, 10, u64::MAX, usize::MAX)), Some(vec![]));
+        assert_eq!(hot.events_after(2, 0, 10, u64::MAX, usize::MAX), None, "another row");
     }
 
     #[test]
     fn a_tail_keeps_the_newest_events_and_a_reset_drops_it() {
         let hot = Hot::default();
-        assert_eq!(hot.events_after(1, 0, 1, 1), None, "asks for a tail");
+        assert_eq!(hot.events_after(1, 0, 1, 1, usize::MAX), None, "asks for a tail");
         let n = TAIL_EVENTS_MAX as u64 + 10;
         let mut op = commit(1, 1..=n);
         hot.committed(std::iter::once((&mut op, 1)));
-        assert_eq!(hot.events_after(1, 9, 1, n), None, "10 was evicted");
-        assert_eq!(offsets(hot.events_after(1, 10, 1, n)), Some(vec![11]));
+        assert_eq!(hot.events_after(1, 9, 1, n, usize::MAX), None, "10 was evicted");
+        assert_eq!(offsets(hot.events_after(1, 10, 1, n, usize::MAX)), Some(vec![11]));
         let mut reset = WriteOp::Reset {
             row_id: 1,
             fence: None,
         };
         hot.committed(std::iter::once((&mut reset, 1)));
-        assert_eq!(hot.events_after(1, 10, 1, n), None);
+        assert_eq!(hot.events_after(1, 10, 1, n, usize::MAX), None);
     }
 
     #[test]
     fn a_write_the_cache_never_saw_drops_the_tail_and_a_failed_commit_clears_all() {
         let hot = Hot::default();
-        assert_eq!(hot.events_after(1, 0, 10, 9), None, "asks for a tail");
+        assert_eq!(hot.events_after(1, 0, 10, 9, usize::MAX), None, "asks for a tail");
         let mut first = commit(1, 1..=3);
         hot.committed(std::iter::once((&mut first, 1)));
-        assert_eq!(offsets(hot.events_after(1, 0, 10, 3)), Some(vec![1, 2, 3]));
+        assert_eq!(offsets(hot.events_after(1, 0, 10, 3, usize::MAX)), Some(vec![1, 2, 3]));
         // 4..=5 committed but its answer was an error (never applied here).
         let mut after_gap = commit(1, 6..=7);
         hot.committed(std::iter::once((&mut after_gap, 1)));
-        assert_eq!(hot.events_after(1, 0, 10, 7), None, "no tail with a hole");
-        assert_eq!(hot.events_after(1, 5, 10, 7), None);
+        assert_eq!(hot.events_after(1, 0, 10, 7, usize::MAX), None, "no tail with a hole");
+        assert_eq!(hot.events_after(1, 5, 10, 7, usize::MAX), None);
 
         let mut again = commit(1, 8..=8);
         hot.committed(std::iter::once((&mut again, 1)));
-        assert_eq!(offsets(hot.events_after(1, 7, 10, 8)), Some(vec![8]));
+        assert_eq!(offsets(hot.events_after(1, 7, 10, 8, usize::MAX)), Some(vec![8]));
         let miss = hot.checkpoint(1, "c").unwrap_err();
         hot.clear();
-        assert_eq!(hot.events_after(1, 7, 10, 8), None, "cleared");
+        assert_eq!(hot.events_after(1, 7, 10, 8, usize::MAX), None, "cleared");
         let row = CheckpointRow {
             stream_id: "s".into(),
             checkpoint_offset: 1,

@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 
 use anyhow::Result;
 
-use super::sql::{args, Arg, Db};
+use super::sql::{self, args, Arg, Db};
 use super::Storage;
 
 /// Writes to a bucket: a value, or `None` for a delete.
@@ -313,13 +313,15 @@ impl Storage {
     }
 
     /// Up to `limit` committed keys and values of `bucket` that start with
-    /// `prefix`, after `after`, in byte order.
+    /// `prefix`, after `after`, in byte order, and no more bytes of them
+    /// than reach `max_bytes` (at least one key).
     pub fn keys_page(
         &self,
         bucket: i64,
         prefix: &str,
         after: Option<&str>,
         limit: usize,
+        max_bytes: usize,
     ) -> Result<Vec<(String, Vec<u8>)>> {
         // Keys at or after the prefix, in order: those that start with it
         // come first, so the page ends at the first that does not.
@@ -327,19 +329,48 @@ impl Storage {
             Some(a) if a >= prefix => a,
             _ => prefix,
         };
-        let inclusive = after.is_none_or(|a| a < prefix);
-        let rows = self.with_reader(|db| {
-            db.query_all(
-                if inclusive {
-                    "SELECT key, value FROM processor_keys WHERE bucket = ?1 AND key >= ?2
-                     ORDER BY key LIMIT ?3"
-                } else {
-                    "SELECT key, value FROM processor_keys WHERE bucket = ?1 AND key > ?2
-                     ORDER BY key LIMIT ?3"
-                },
-                args![bucket, from, limit as i64],
+        let op = if after.is_none_or(|a| a < prefix) {
+            ">="
+        } else {
+            ">"
+        };
+        let bound = max_bytes.min(i64::MAX as usize) as i64;
+        let rows = self.with_reader(|db| match db.dialect() {
+            // Rows are read one by one: stop at the bound.
+            sql::Dialect::Sqlite => {
+                let mut bytes = 0usize;
+                db.query_while(
+                    &format!(
+                        "SELECT key, value FROM processor_keys WHERE bucket = ?1 AND key {op} ?2
+                         ORDER BY key LIMIT ?3"
+                    ),
+                    args![bucket, from, limit as i64],
+                    |r| {
+                        if bytes >= max_bytes {
+                            return Ok(None);
+                        }
+                        let (key, value) = (r.text(0)?, r.bytes(1)?);
+                        bytes += key.len() + value.len();
+                        Ok(Some((key, value)))
+                    },
+                )
+            }
+            // The client takes the whole answer: the database cuts it.
+            sql::Dialect::Postgres => db.query_all(
+                &format!(
+                    "SELECT key, value FROM (
+                         SELECT key, value,
+                                SUM(octet_length(key) + octet_length(value)) OVER (ORDER BY key)
+                                    - octet_length(key) - octet_length(value) AS before
+                         FROM processor_keys WHERE bucket = ?1 AND key {op} ?2
+                         ORDER BY key LIMIT ?3
+                     ) page
+                     WHERE before < ?4
+                     ORDER BY key"
+                ),
+                args![bucket, from, limit as i64, bound],
                 |r| Ok((r.text(0)?, r.bytes(1)?)),
-            )
+            ),
         })?;
         Ok(rows
             .into_iter()
@@ -356,7 +387,7 @@ impl Storage {
     ) -> Result<()> {
         let mut after: Option<String> = None;
         loop {
-            let page = self.keys_page(bucket, "", after.as_deref(), 1000)?;
+            let page = self.keys_page(bucket, "", after.as_deref(), 1000, super::read_bytes_max())?;
             let Some((last, _)) = page.last() else {
                 return Ok(());
             };

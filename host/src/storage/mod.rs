@@ -33,6 +33,24 @@ use crate::config::Durability;
 use crate::metrics::Metrics;
 pub use effects::{EffectInsert, EffectOp, EffectQuery, EffectRow, EffectSource, NewEffect};
 pub use hot::{set_key_cache_bytes, KEY_CACHE_BYTES_DEFAULT};
+
+/// The default of `[limits] max-read-bytes` (4 MiB).
+pub const READ_BYTES_MAX_DEFAULT: usize = 4 * 1024 * 1024;
+
+static READ_BYTES_MAX: std::sync::atomic::AtomicUsize =
+    std::sync::atomic::AtomicUsize::new(READ_BYTES_MAX_DEFAULT);
+
+/// Sets the bytes one read of events or keys holds at most (`[limits]
+/// max-read-bytes`): a page, a replay page, a delivery or copy scan.
+pub fn set_read_bytes_max(bytes: usize) {
+    READ_BYTES_MAX.store(bytes.max(1), std::sync::atomic::Ordering::Relaxed);
+}
+
+/// The bytes one read of events or keys holds at most (at least one event
+/// or key is read, however large).
+pub fn read_bytes_max() -> usize {
+    READ_BYTES_MAX.load(std::sync::atomic::Ordering::Relaxed)
+}
 pub use ingest::{
     DroppedEvent, FenceIdentity, IngestOp, NewParked, NewPending, ParkedRow, PendingRow,
     SharedBound,
@@ -445,7 +463,10 @@ impl Storage {
     }
 
     /// Committed event bodies with offsets in `(after_offset, up_to_offset]`,
-    /// at most `limit`, in order.
+    /// at most `limit`, in order, and no more bytes of them than
+    /// [`read_bytes_max`] (at least one event: a page that reaches the
+    /// bound ends with the event that reached it; the next page continues
+    /// after it).
     pub fn events_after(
         &self,
         row_id: i64,
@@ -453,27 +474,66 @@ impl Storage {
         limit: usize,
         up_to_offset: u64,
     ) -> Result<Vec<(u64, String)>> {
-        if let Some(events) = self
-            .inner
-            .hot
-            .events_after(row_id, after_offset, limit, up_to_offset)
+        self.events_within(row_id, after_offset, limit, up_to_offset, read_bytes_max())
+    }
+
+    /// [`Storage::events_after`] with a byte bound of its own
+    /// (`usize::MAX`: every event of the range).
+    pub fn events_within(
+        &self,
+        row_id: i64,
+        after_offset: u64,
+        limit: usize,
+        up_to_offset: u64,
+        max_bytes: usize,
+    ) -> Result<Vec<(u64, String)>> {
+        if let Some(events) =
+            self.inner
+                .hot
+                .events_after(row_id, after_offset, limit, up_to_offset, max_bytes)
         {
             return Ok(events);
         }
-        self.with_reader(|db| {
-            db.query_all(
-                "SELECT \"offset\", body FROM events
-                 WHERE stream = ?1 AND \"offset\" > ?2 AND \"offset\" <= ?4
-                 ORDER BY \"offset\" LIMIT ?3",
-                args![
-                    row_id,
-                    after_offset as i64,
-                    limit as i64,
-                    up_to_offset.min(i64::MAX as u64) as i64
-                ],
-                |r| Ok((r.int(0)? as u64, r.text(1)?)),
-            )
-            .context("reading events")
+        let (after, limit) = (after_offset as i64, limit as i64);
+        let up_to = up_to_offset.min(i64::MAX as u64) as i64;
+        let bound = max_bytes.min(i64::MAX as usize) as i64;
+        self.with_reader(|db| match db.dialect() {
+            // Rows are read one by one: stop at the bound.
+            sql::Dialect::Sqlite => {
+                let mut bytes = 0usize;
+                db.query_while(
+                    "SELECT \"offset\", body FROM events
+                     WHERE stream = ?1 AND \"offset\" > ?2 AND \"offset\" <= ?4
+                     ORDER BY \"offset\" LIMIT ?3",
+                    args![row_id, after, limit, up_to],
+                    |r| {
+                        if bytes >= max_bytes {
+                            return Ok(None);
+                        }
+                        let body = r.text(1)?;
+                        bytes += body.len();
+                        Ok(Some((r.int(0)? as u64, body)))
+                    },
+                )
+                .context("reading events")
+            }
+            // The client takes the whole answer: the database cuts it.
+            sql::Dialect::Postgres => db
+                .query_all(
+                    "SELECT \"offset\", body FROM (
+                         SELECT \"offset\", body,
+                                SUM(octet_length(body)) OVER (ORDER BY \"offset\")
+                                    - octet_length(body) AS before
+                         FROM events
+                         WHERE stream = ?1 AND \"offset\" > ?2 AND \"offset\" <= ?4
+                         ORDER BY \"offset\" LIMIT ?3
+                     ) page
+                     WHERE before < ?5
+                     ORDER BY \"offset\"",
+                    args![row_id, after, limit, up_to, bound],
+                    |r| Ok((r.int(0)? as u64, r.text(1)?)),
+                )
+                .context("reading events"),
         })
     }
 

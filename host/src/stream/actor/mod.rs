@@ -483,7 +483,19 @@ impl Actor {
             let result = storage
                 .events_after(row_id, query.after_offset, query.limit, head)
                 .map_err(|e| Error::internal(format!("reading events failed: {e:#}")))
-                .and_then(|durable| merge_page(durable, ephemeral, query.limit))
+                .and_then(|durable| {
+                    // A page its bytes cut short ends at its last stored
+                    // event: the next page (after it) has what follows.
+                    let bytes: usize = durable.iter().map(|(_, body)| body.len()).sum();
+                    let ephemeral = match durable.last() {
+                        Some((last, _)) if bytes >= crate::storage::read_bytes_max() => ephemeral
+                            .into_iter()
+                            .filter(|e| e.offset <= *last)
+                            .collect(),
+                        _ => ephemeral,
+                    };
+                    merge_page(durable, ephemeral, query.limit)
+                })
                 .map(|events| ReadOutput {
                     stream_id,
                     stream_created_at: created_at,
@@ -603,7 +615,8 @@ fn lookup(
 
 /// The stored events of `row_id` in `(after, up_to]`, parsed.
 fn unseen_events(storage: &Storage, row_id: i64, after: u64, up_to: u64) -> Result<Vec<Event>> {
-    let bodies = storage.events_after(row_id, after, (up_to - after) as usize, up_to)?;
+    let bodies =
+        storage.events_within(row_id, after, (up_to - after) as usize, up_to, usize::MAX)?;
     bodies
         .iter()
         .map(|(offset, body)| {
