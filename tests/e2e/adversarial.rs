@@ -24,12 +24,14 @@ const CONFIG: &str = r#"
 [limits]
 max-live-connections-per-project = 100
 max-ephemeral-bytes = 67108864
+max-read-bytes = 1048576
 
 [ingest]
 max-pending-events = 400
 
 [http]
 header-timeout-ms = 1000
+max-connections-per-address = 200
 
 [delivery]
 max-attempts = 3
@@ -280,15 +282,17 @@ async fn hostile_project_run() {
             }
         });
     }
-    // Idle sockets that never send a request head: 300 at a time.
+    // Idle sockets that never send a request head: 150 at a time, from an
+    // address of their own (127.0.0.3; the per-address bound is 200).
     {
-        let addr = s.url.trim_start_matches("http://").to_string();
-        spawn_probe(&stop, &rounds, move || {
-            let addr = addr.clone();
-            async move {
+        let to: std::net::SocketAddr = s.url.trim_start_matches("http://").parse().unwrap();
+        spawn_probe(&stop, &rounds, move || async move {
+            {
                 let mut idle = Vec::new();
-                for _ in 0..300 {
-                    if let Ok(c) = tokio::net::TcpStream::connect(&addr).await {
+                for _ in 0..150 {
+                    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+                    socket.bind("127.0.0.3:0".parse().unwrap()).unwrap();
+                    if let Ok(c) = socket.connect(to).await {
                         idle.push(c);
                     }
                 }
@@ -304,6 +308,69 @@ async fn hostile_project_run() {
                 }
             }
         });
+    }
+    // Kept-alive connections from one address of its own (127.0.0.2), each
+    // serving a `GET /healthz` now and then: 20 more a round, held, past
+    // the per-address bound (refused with 429 there).
+    {
+        let to: std::net::SocketAddr = s.url.trim_start_matches("http://").parse().unwrap();
+        let kept = Arc::new(tokio::sync::Mutex::new(Vec::new()));
+        spawn_probe(&stop, &rounds, move || {
+            let kept = Arc::clone(&kept);
+            async move {
+                use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                let request = format!("GET /healthz HTTP/1.1\r\nHost: {to}\r\n\r\n");
+                let mut kept = kept.lock().await;
+                kept.retain(|c: &tokio::net::TcpStream| c.peer_addr().is_ok());
+                for _ in 0..20 {
+                    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+                    socket.bind("127.0.0.2:0".parse().unwrap()).unwrap();
+                    let Ok(mut c) = socket.connect(to).await else {
+                        continue;
+                    };
+                    let mut head = [0u8; 12];
+                    let served = c.write_all(request.as_bytes()).await.is_ok()
+                        && c.read_exact(&mut head).await.is_ok();
+                    if served && head.starts_with(b"HTTP/1.1 200") {
+                        let mut rest = [0u8; 512];
+                        let _ = c.read(&mut rest).await;
+                        kept.push(c);
+                    } else {
+                        assert!(
+                            !served || head.starts_with(b"HTTP/1.1 429"),
+                            "a connection past the per-address bound: {}",
+                            String::from_utf8_lossy(&head)
+                        );
+                    }
+                }
+                assert!(kept.len() <= 200, "{} held from one address", kept.len());
+            }
+        });
+    }
+    // Pages of large events (four of 600 KB), two readers at once: each
+    // page stops at max-read-bytes.
+    {
+        let pad = "x".repeat(600_000);
+        for n in 0..4 {
+            let body = json!({"events": [{"type": "x.y/big", "payload": {"n": n, "pad": pad}}]});
+            assert_eq!(post(&client, format!("{evil}/big:append"), body).await, 200);
+        }
+        for _ in 0..2 {
+            let (client, url) = (client.clone(), format!("{evil}/big:events?limit=500"));
+            spawn_probe(&stop, &rounds, move || {
+                let (client, url) = (client.clone(), url.clone());
+                async move {
+                    let page = match client.get(url).send().await {
+                        Ok(r) => r.json::<Value>().await.ok(),
+                        Err(_) => None,
+                    };
+                    if let Some(page) = page {
+                        let n = page["events"].as_array().map_or(0, Vec::len);
+                        assert!(n < 5, "a page of {n} events of 600 KB past a 1 MiB bound");
+                    }
+                }
+            });
+        }
     }
     // Ephemeral events of 50 KB into forty streams.
     {
