@@ -208,6 +208,13 @@ pub struct ProcessorsConfig {
     /// configuration and checked before it is loaded, so servers may share
     /// one directory.
     pub compile_cache_dir: Option<std::path::PathBuf>,
+    /// Calls into components running at once on this host: ITX calls, ITX
+    /// receivers' batches, wakes, folds to an offset (256; well under the
+    /// 512 blocking threads, which also serve storage reads).
+    pub max_concurrent_calls: usize,
+    /// Of those, one project's at most (16): more wait their turn (an ITX
+    /// call over HTTP at most a second, then `429 too-many-calls`).
+    pub max_concurrent_calls_per_project: usize,
 }
 
 /// The processor outbox's executors.
@@ -342,6 +349,8 @@ impl Default for ProcessorsConfig {
             idle_teardown_ms: 5 * 60 * 1000,
             keyed_cache_bytes: crate::storage::KEY_CACHE_BYTES_DEFAULT,
             compile_cache_dir: None,
+            max_concurrent_calls: 256,
+            max_concurrent_calls_per_project: 16,
         }
     }
 }
@@ -463,8 +472,18 @@ impl Config {
                 h.max_connections
             );
         }
-        if self.processors.idle_teardown_ms == 0 {
-            bail!("processors.idle-teardown-ms must be at least 1, got 0");
+        let p = &self.processors;
+        for (name, v) in [
+            ("idle-teardown-ms", p.idle_teardown_ms),
+            ("max-concurrent-calls", p.max_concurrent_calls as u64),
+            (
+                "max-concurrent-calls-per-project",
+                p.max_concurrent_calls_per_project as u64,
+            ),
+        ] {
+            if v == 0 {
+                bail!("processors.{name} must be at least 1, got 0");
+            }
         }
         let e = &self.effects;
         if e.max_attempts == 0 {

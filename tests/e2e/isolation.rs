@@ -743,6 +743,61 @@ async fn one_address_cannot_take_every_connection_and_the_last_are_kept_for_toke
 }
 
 #[tokio::test]
+async fn a_project_whose_calls_take_its_share_waits_and_another_projects_calls_do_not() {
+    let config = "[processors]\nmax-concurrent-calls = 4\nmax-concurrent-calls-per-project = 2\n\
+                  [delivery]\ntimeout-ms = 4000\nmax-attempts = 50\nbackoff-base-ms = 10\n\
+                  backoff-max-ms = 20\n";
+    let s = Server::start_with(Some(config), &[]);
+    for project in ["evil", "good"] {
+        let (status, out) = s
+            .deploy(project, "kinds", crate::support::guest("kinds"))
+            .await;
+        assert!(status == 200 || status == 201, "{out}");
+    }
+    let (status, out) = s
+        .deploy("evil", "hostile", crate::support::guest("hostile"))
+        .await;
+    assert!(status == 200 || status == 201, "{out}");
+    // Six processors of evil's that each spin until their timeout, again
+    // and again: more wakes than evil's two places.
+    for i in 0..6 {
+        let stream = format!("/v1/projects/evil/streams/spin{i}");
+        let wake = json!({"events": [{"type": "events.iterate.com/stream/subscription-configured",
+            "payload": {"subscriptionKey": "hostile",
+                "receiver": {"action": "processor-wake",
+                    "expression": ["components", ["get", "hostile"], "wake"]}}}]});
+        assert_eq!(s.post(&format!("{stream}:append"), wake).await.0, 200);
+        let spin = ev("hostile/loop", json!({}));
+        assert_eq!(s.post(&format!("{stream}:append"), spin).await.0, 200);
+    }
+    let add = json!({"expression": ["components", ["get", "kinds"], "add"], "args": [2, 3]});
+    // Evil's own call waits behind its spinning wakes, then is refused.
+    let mut refused = None;
+    crate::support::wait_for(
+        "evil's call refused at its share",
+        Duration::from_secs(30),
+        async || {
+            let answer = s.post("/v1/projects/evil/itx", add.clone()).await;
+            let at_share = answer.0 == 429;
+            refused = Some(answer);
+            at_share
+        },
+    )
+    .await;
+    assert_error(
+        &refused.unwrap(),
+        429,
+        "too-many-calls",
+        "max-concurrent-calls-per-project = 2",
+    );
+    // Meanwhile another project's calls run at once.
+    for _ in 0..3 {
+        let answer = s.post("/v1/projects/good/itx", add.clone()).await;
+        assert_eq!(answer, (200, json!({"result": 5})), "good's call");
+    }
+}
+
+#[tokio::test]
 async fn a_project_at_its_live_connection_bound_gets_429_and_others_connect() {
     let s = Server::start_with(
         Some("[limits]\nmax-live-connections-per-project = 3\n"),

@@ -48,6 +48,8 @@ pub struct Executors {
     /// Shadow versions folding beside the live ones, on this host.
     pub shadows: crate::processor::shadow::Shadows,
     pub metrics: crate::metrics::Metrics,
+    /// Guest calls at once, per project and in all.
+    pub calls: Arc<crate::processor::share::Shares>,
 }
 
 /// What a target's `send` works with.
@@ -82,6 +84,14 @@ where
         let (key, generation, id, timeout_ms) =
             (job.key.clone(), job.generation, job.id, job.timeout_ms);
         let gate = Arc::new(Gate::default());
+        // A call into a component waits for its project's place first: the
+        // attempt's time starts when it has one (waiting is no failure).
+        let _place = match &job.route.target {
+            Target::Wake { project, .. } | Target::Itx { project, .. } => {
+                Some(exec.calls.enter(project).await)
+            }
+            _ => None,
+        };
         let result = guarded(
             &label,
             wait,

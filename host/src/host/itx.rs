@@ -11,6 +11,11 @@ use crate::itx::{resolve, Target};
 use crate::processor::runtime::{CallError, Runtime};
 use crate::storage::Storage;
 
+/// How long an ITX call waits for its project's place among the calls
+/// running (`[processors] max-concurrent-calls-per-project`) before it is
+/// refused with `429 too-many-calls`.
+pub(super) const CALL_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// Calls `function` of `component` in `project` (blocking).
 fn call_blocking(
     storage: &Storage,
@@ -90,7 +95,16 @@ impl Host {
         );
         let args = args.into();
         let timeout_ms = self.config.delivery.timeout_ms;
+        let place = self
+            .streams
+            .executors()
+            .calls
+            .enter_within(&project, CALL_WAIT)
+            .await?;
+        // The place goes with the call: a caller that goes away does not
+        // give it back while the guest still runs.
         tokio::task::spawn_blocking(move || {
+            let _place = place;
             call_blocking(
                 &storage, &runtime, &project, &component, &function, &args, timeout_ms,
             )

@@ -176,6 +176,10 @@ impl Host {
             idle_stream_ms: config.limits.idle_stream_ms,
             max_live_connections_per_project: config.limits.max_live_connections_per_project,
             max_ephemeral_bytes: config.limits.max_ephemeral_bytes,
+            calls: crate::processor::share::Shares::new(
+                config.processors.max_concurrent_calls,
+                config.processors.max_concurrent_calls_per_project,
+            ),
         };
         let streams = Streams::new(storage, clock.clone(), metrics.clone(), settings, runtime);
         crate::executor::effect::start(

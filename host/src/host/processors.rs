@@ -727,7 +727,17 @@ impl Host {
         let path = stream.path.clone();
         let component = component.to_string();
         let timeout_ms = self.config.delivery.timeout_ms;
+        // A fold is a call into the component: it takes one of the
+        // project's places (a project folding back in time again and again
+        // waits behind its own folds, then is refused).
+        let place = self
+            .streams
+            .executors()
+            .calls
+            .enter_within(&ns, super::itx::CALL_WAIT)
+            .await?;
         tokio::task::spawn_blocking(move || -> Result<StateAt, Error> {
+            let _place = place;
             let internal = |e: anyhow::Error| Error::internal(format!("{e:#}"));
             let row = storage
                 .load_stream(&ns, &path)

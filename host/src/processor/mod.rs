@@ -15,6 +15,7 @@ pub mod keyed;
 pub mod refold;
 pub mod runtime;
 pub mod shadow;
+pub mod share;
 pub mod versions;
 pub mod wake;
 pub mod wave;

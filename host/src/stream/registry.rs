@@ -37,6 +37,8 @@ pub struct StreamSettings {
     pub max_live_connections_per_project: usize,
     /// `[limits] max-ephemeral-bytes`.
     pub max_ephemeral_bytes: usize,
+    /// Guest calls at once, per project and in all (`[processors]`).
+    pub calls: Arc<crate::processor::share::Shares>,
 }
 
 /// All stream actors of a host. Cheap to clone.
@@ -94,6 +96,7 @@ impl Streams {
                     refolds: Default::default(),
                     shadows: Default::default(),
                     metrics: metrics.clone(),
+                    calls: settings.calls,
                 },
                 storage,
                 clock,

@@ -1,0 +1,167 @@
+//! Guest calls at once, per project and in all: every call into a
+//! component (an ITX call, an ITX receiver's batch, a processor's wake, a
+//! fold to an offset) holds a place of its project's share
+//! (`[processors] max-concurrent-calls-per-project`) and one of the host's
+//! (`max-concurrent-calls`, well under the blocking pool's threads), so one
+//! project's looping calls never take the threads that serve another's
+//! reads and writes.
+//!
+//! A call waits for its project's place first, then for the host's: a
+//! project at its share queues behind its own calls, never in front of
+//! another project's (the host's places are handed out first come, first
+//! served, and a project has at most its share waiting for them).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use crate::error::Error;
+
+/// The places of guest calls (see the module).
+pub struct Shares {
+    host: Arc<Semaphore>,
+    per_project: usize,
+    projects: Mutex<HashMap<String, Arc<Semaphore>>>,
+}
+
+/// A call's places, given back when dropped (fields drop in order: the
+/// places, then the project's entry).
+pub struct Place {
+    _host: OwnedSemaphorePermit,
+    _project: OwnedSemaphorePermit,
+    _entry: Entry,
+}
+
+/// A call's claim on its project's share: when the last is gone (placed,
+/// or given up waiting), the share is forgotten, so a project touched once
+/// costs nothing after.
+struct Entry {
+    name: String,
+    shares: Arc<Shares>,
+}
+
+impl Shares {
+    pub fn new(total: usize, per_project: usize) -> Arc<Shares> {
+        Arc::new(Shares {
+            host: Arc::new(Semaphore::new(total.max(1))),
+            per_project: per_project.max(1),
+            projects: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// A project's share of places (the first call makes it).
+    fn of(&self, project: &str) -> Arc<Semaphore> {
+        let mut projects = self.projects.lock().unwrap_or_else(|e| e.into_inner());
+        Arc::clone(
+            projects
+                .entry(project.to_string())
+                .or_insert_with(|| Arc::new(Semaphore::new(self.per_project))),
+        )
+    }
+
+    /// Places for one call of `project`, waited for as long as it takes.
+    pub async fn enter(self: &Arc<Self>, project: &str) -> Place {
+        // Dropped last, also when the caller stops waiting.
+        let entry = Entry {
+            name: project.to_string(),
+            shares: Arc::clone(self),
+        };
+        let project_place = self.of(project).acquire_owned().await.expect("never closed");
+        let host_place = Arc::clone(&self.host)
+            .acquire_owned()
+            .await
+            .expect("never closed");
+        Place {
+            _host: host_place,
+            _project: project_place,
+            _entry: entry,
+        }
+    }
+
+    /// Places for one call of `project` within `wait`, else `429
+    /// too-many-calls` naming the share.
+    pub async fn enter_within(self: &Arc<Self>, project: &str, wait: Duration) -> Result<Place, Error> {
+        tokio::time::timeout(wait, self.enter(project))
+            .await
+            .map_err(|_| {
+                let mut e = Error::new(
+                    crate::error::ErrorKind::TooMany,
+                    "too-many-calls",
+                    format!(
+                        "project {project:?} has {} calls into its components running \
+                         ([processors] max-concurrent-calls-per-project = {}), or the host all \
+                         it runs at once; this one waited {} ms: retry later",
+                        self.per_project,
+                        self.per_project,
+                        wait.as_millis()
+                    ),
+                );
+                e.retry_after_s = Some(1);
+                e
+            })
+    }
+
+    /// Calls of `project` running now.
+    #[cfg(test)]
+    pub fn running(&self, project: &str) -> usize {
+        let projects = self.projects.lock().unwrap_or_else(|e| e.into_inner());
+        projects
+            .get(project)
+            .map_or(0, |s| self.per_project - s.available_permits())
+    }
+}
+
+impl Drop for Entry {
+    fn drop(&mut self) {
+        // Only the map holds a share nobody holds or waits for.
+        let mut projects = self.shares.projects.lock().unwrap_or_else(|e| e.into_inner());
+        if projects
+            .get(&self.name)
+            .is_some_and(|s| Arc::strong_count(s) == 1)
+        {
+            projects.remove(&self.name);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_project_at_its_share_waits_and_another_does_not() {
+        let shares = Shares::new(8, 2);
+        let a1 = shares.enter("a").await;
+        let _a2 = shares.enter("a").await;
+        let refused = shares
+            .enter_within("a", Duration::from_millis(20))
+            .await
+            .err()
+            .expect("a third call of a waits");
+        assert_eq!((refused.code, refused.retry_after_s), ("too-many-calls", Some(1)));
+        assert!(refused.message.contains("max-concurrent-calls-per-project = 2"), "{}", refused.message);
+        let _b = shares
+            .enter_within("b", Duration::from_millis(20))
+            .await
+            .expect("b has its own share");
+        assert_eq!(shares.running("a"), 2);
+        drop(a1);
+        let _a3 = shares
+            .enter_within("a", Duration::from_millis(20))
+            .await
+            .expect("a place given back");
+    }
+
+    #[tokio::test]
+    async fn the_host_bound_holds_over_all_projects_and_shares_are_forgotten() {
+        let shares = Shares::new(2, 2);
+        let a = shares.enter("a").await;
+        let b = shares.enter("b").await;
+        assert!(shares.enter_within("c", Duration::from_millis(20)).await.is_err());
+        drop((a, b));
+        assert!(shares.projects.lock().unwrap().is_empty());
+        assert!(shares.enter_within("c", Duration::from_millis(20)).await.is_ok());
+    }
+}
