@@ -215,6 +215,11 @@ pub struct ProcessorsConfig {
     /// Of those, one project's at most (16): more wait their turn (an ITX
     /// call over HTTP at most a second, then `429 too-many-calls`).
     pub max_concurrent_calls_per_project: usize,
+    /// Versions of one component kept (50): a deploy past it lets the
+    /// oldest go from the history, and their bytes once nothing else (a
+    /// current component, a pending refold or shadow, a checkpoint) names
+    /// them.
+    pub max_versions_per_component: usize,
 }
 
 /// The processor outbox's executors.
@@ -351,6 +356,7 @@ impl Default for ProcessorsConfig {
             compile_cache_dir: None,
             max_concurrent_calls: 256,
             max_concurrent_calls_per_project: 16,
+            max_versions_per_component: crate::storage::VERSIONS_KEPT_DEFAULT,
         }
     }
 }
@@ -479,6 +485,10 @@ impl Config {
             (
                 "max-concurrent-calls-per-project",
                 p.max_concurrent_calls_per_project as u64,
+            ),
+            (
+                "max-versions-per-component",
+                p.max_versions_per_component as u64,
             ),
         ] {
             if v == 0 {

@@ -797,6 +797,61 @@ async fn a_project_whose_calls_take_its_share_waits_and_another_projects_calls_d
     }
 }
 
+/// `bytes` with a custom section naming `n`: a new digest, the same code.
+fn version(mut bytes: Vec<u8>, n: u8) -> Vec<u8> {
+    let name = b"streamhost-test-version";
+    let mut payload = vec![name.len() as u8];
+    payload.extend_from_slice(name);
+    payload.push(b'0' + n);
+    bytes.push(0); // custom section id
+    bytes.push(payload.len() as u8);
+    bytes.extend_from_slice(&payload);
+    bytes
+}
+
+#[tokio::test]
+async fn a_component_keeps_its_newest_versions_and_the_bytes_of_older_ones_go() {
+    let s = Server::start_with(Some("[processors]\nmax-versions-per-component = 2\n"), &[]);
+    let kinds = crate::support::guest("kinds");
+    // Bytes are stored once by digest: another project's component names
+    // the first version's too.
+    let (status, out) = s.deploy("other", "kinds", version(kinds.clone(), 0)).await;
+    assert!(status == 200 || status == 201, "{out}");
+    let mut digests = Vec::new();
+    for n in 0..5 {
+        let (status, out) = s.deploy("acme", "kinds", version(kinds.clone(), n)).await;
+        assert!(status == 200 || status == 201, "{out}");
+        digests.push(out["digest"].as_str().unwrap().to_string());
+    }
+    let (status, versions) = s.get("/v1/projects/acme/components/kinds/versions").await;
+    assert_eq!(status, 200, "{versions}");
+    let listed: Vec<&str> = versions["versions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["digest"].as_str().unwrap())
+        .collect();
+    assert_eq!(listed, [digests[4].as_str(), digests[3].as_str()]);
+    let db = s.db();
+    let kept = |digest: &str| {
+        db.query_i64(&format!(
+            "SELECT count(*) FROM component_blobs WHERE digest = '{digest}'"
+        )) == Some(1)
+    };
+    assert!(kept(&digests[0]), "named by the other project's component");
+    assert!(
+        !kept(&digests[1]) && !kept(&digests[2]),
+        "let go, named by nothing"
+    );
+    assert!(kept(&digests[3]) && kept(&digests[4]));
+    // The current version still calls.
+    let add = json!({"expression": ["components", ["get", "kinds"], "add"], "args": [2, 3]});
+    assert_eq!(
+        s.post("/v1/projects/acme/itx", add).await,
+        (200, json!({"result": 5}))
+    );
+}
+
 #[tokio::test]
 async fn a_project_at_its_live_connection_bound_gets_429_and_others_connect() {
     let s = Server::start_with(

@@ -143,6 +143,7 @@ impl Host {
         crate::stream::set_event_bytes_max(config.max_body_bytes);
         crate::storage::set_key_cache_bytes(config.processors.keyed_cache_bytes);
         crate::storage::set_read_bytes_max(config.limits.max_read_bytes);
+        crate::storage::set_versions_kept(config.processors.max_versions_per_component);
         let storage = match config.postgres_url()? {
             Some(url) => Storage::open_postgres(
                 url,

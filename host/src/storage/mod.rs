@@ -34,6 +34,23 @@ use crate::metrics::Metrics;
 pub use effects::{EffectInsert, EffectOp, EffectQuery, EffectRow, EffectSource, NewEffect};
 pub use hot::{set_key_cache_bytes, KEY_CACHE_BYTES_DEFAULT};
 
+/// The default of `[processors] max-versions-per-component`.
+pub const VERSIONS_KEPT_DEFAULT: usize = 50;
+
+static VERSIONS_KEPT: std::sync::atomic::AtomicUsize =
+    std::sync::atomic::AtomicUsize::new(VERSIONS_KEPT_DEFAULT);
+
+/// Sets how many versions of a component a deploy keeps, the newest
+/// (`[processors] max-versions-per-component`).
+pub fn set_versions_kept(n: usize) {
+    VERSIONS_KEPT.store(n.max(1), std::sync::atomic::Ordering::Relaxed);
+}
+
+/// How many versions of a component a deploy keeps, the newest.
+pub fn versions_kept() -> usize {
+    VERSIONS_KEPT.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// The default of `[limits] max-read-bytes` (4 MiB).
 pub const READ_BYTES_MAX_DEFAULT: usize = 4 * 1024 * 1024;
 

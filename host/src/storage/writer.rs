@@ -584,6 +584,44 @@ fn commit(shared: &Shared, conn: Db<'_>, ops: &mut [WriteOp]) -> Vec<Result<i64,
     results
 }
 
+/// Keeps the newest [`super::versions_kept`] versions of `d`'s component
+/// (`[processors] max-versions-per-component`), and drops
+/// the bytes of those it let go that nothing else names (a current
+/// component, a version kept, a refold or shadow pending, a checkpoint
+/// folded by it; bytes are shared by digest across projects).
+fn trim_versions(conn: Db<'_>, d: &Deployment) -> Result<()> {
+    let id = conn.pick("rowid", "id");
+    let keep = super::versions_kept() as i64;
+    let older = format!(
+        "FROM component_versions WHERE project = ?1 AND name = ?2 AND {id} NOT IN (
+             SELECT {id} FROM component_versions WHERE project = ?1 AND name = ?2
+             ORDER BY {id} DESC LIMIT ?3)"
+    );
+    let gone = conn.query_all(
+        &format!("SELECT DISTINCT digest {older}"),
+        args![&d.project, &d.name, keep],
+        |r| r.text(0),
+    )?;
+    if gone.is_empty() {
+        return Ok(());
+    }
+    conn.execute(
+        &format!("DELETE {older}"),
+        args![&d.project, &d.name, keep],
+    )?;
+    for digest in gone {
+        conn.execute(
+            "DELETE FROM component_blobs WHERE digest = ?1
+               AND NOT EXISTS (SELECT 1 FROM component_versions WHERE digest = ?1)
+               AND NOT EXISTS (SELECT 1 FROM components WHERE digest = ?1)
+               AND NOT EXISTS (SELECT 1 FROM pending_refolds WHERE digest = ?1)
+               AND NOT EXISTS (SELECT 1 FROM processor_checkpoints WHERE digest = ?1)",
+            args![&digest],
+        )?;
+    }
+    Ok(())
+}
+
 /// Runs one of the fixed transaction-control statements (prepared once per
 /// connection, not parsed per commit).
 fn control(conn: Db<'_>, sql: &str) -> Result<()> {
@@ -1168,6 +1206,7 @@ fn apply(conn: Db<'_>, op: &WriteOp) -> Result<i64> {
                 "INSERT INTO component_versions (project, name, digest, deployed_at) VALUES (?1, ?2, ?3, ?4)",
                 args![&d.project, &d.name, &d.digest, &d.deployed_at],
             )?;
+            trim_versions(conn, d)?;
             conn.execute(
                 "INSERT INTO pending_resumes (project, name, digest) VALUES (?1, ?2, ?3)
                  ON CONFLICT (project, name) DO UPDATE SET digest = excluded.digest",
