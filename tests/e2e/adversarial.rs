@@ -350,19 +350,22 @@ async fn hostile_project_run() {
             }
         });
     }
-    // Pages of large events (four of 600 KB), two readers at once: each
-    // page stops at max-read-bytes.
+    // Pages of large events (four of 600 KB): each page stops at
+    // max-read-bytes. One reader, a page every 200 ms: pages of a megabyte
+    // every 20 ms (60 MB/s) are a flood of reads within the bounds, whose
+    // CPU is shared (RELIABILITY.md gives its cost), not what this probes.
     {
         let pad = "x".repeat(600_000);
         for n in 0..4 {
             let body = json!({"events": [{"type": "x.y/big", "payload": {"n": n, "pad": pad}}]});
             assert_eq!(post(&client, format!("{evil}/big:append"), body).await, 200);
         }
-        for _ in 0..2 {
+        for _ in 0..1 {
             let (client, url) = (client.clone(), format!("{evil}/big:events?limit=500"));
             spawn_probe(&stop, &rounds, move || {
                 let (client, url) = (client.clone(), url.clone());
                 async move {
+                    tokio::time::sleep(Duration::from_millis(180)).await;
                     let page = match client.get(url).send().await {
                         Ok(r) => r.json::<Value>().await.ok(),
                         Err(_) => None,
