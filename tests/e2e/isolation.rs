@@ -797,29 +797,29 @@ async fn a_project_whose_calls_take_its_share_waits_and_another_projects_calls_d
     }
 }
 
-/// `bytes` with a custom section naming `n`: a new digest, the same code.
-fn version(mut bytes: Vec<u8>, n: u8) -> Vec<u8> {
-    let name = b"streamhost-test-version";
-    let mut payload = vec![name.len() as u8];
-    payload.extend_from_slice(name);
-    payload.push(b'0' + n);
-    bytes.push(0); // custom section id
-    bytes.push(payload.len() as u8);
-    bytes.extend_from_slice(&payload);
-    bytes
-}
-
 #[tokio::test]
 async fn a_component_keeps_its_newest_versions_and_the_bytes_of_older_ones_go() {
     let s = Server::start_with(Some("[processors]\nmax-versions-per-component = 2\n"), &[]);
     let kinds = crate::support::guest("kinds");
     // Bytes are stored once by digest: another project's component names
     // the first version's too.
-    let (status, out) = s.deploy("other", "kinds", version(kinds.clone(), 0)).await;
+    let (status, out) = s
+        .deploy(
+            "other",
+            "kinds",
+            crate::support::component_version(kinds.clone(), 0),
+        )
+        .await;
     assert!(status == 200 || status == 201, "{out}");
     let mut digests = Vec::new();
     for n in 0..5 {
-        let (status, out) = s.deploy("acme", "kinds", version(kinds.clone(), n)).await;
+        let (status, out) = s
+            .deploy(
+                "acme",
+                "kinds",
+                crate::support::component_version(kinds.clone(), n),
+            )
+            .await;
         assert!(status == 200 || status == 201, "{out}");
         digests.push(out["digest"].as_str().unwrap().to_string());
     }

@@ -301,15 +301,8 @@ async fn a_reset_clears_the_bucket_and_the_new_lifetime_starts_empty() {
 
 /// The same component with one more custom section: a new digest, the
 /// same code.
-fn another_version(mut bytes: Vec<u8>) -> Vec<u8> {
-    let name = b"streamhost-test-version";
-    let mut payload = vec![name.len() as u8];
-    payload.extend_from_slice(name);
-    payload.extend_from_slice(b"2");
-    bytes.push(0); // custom section id
-    bytes.push(payload.len() as u8);
-    bytes.extend_from_slice(&payload);
-    bytes
+fn another_version(bytes: Vec<u8>) -> Vec<u8> {
+    crate::support::component_version(bytes, 2)
 }
 
 #[tokio::test]

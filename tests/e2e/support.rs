@@ -32,6 +32,19 @@ token = "t-admin"
 admin = true
 "#;
 
+/// `bytes` (a component) with a custom section naming version `n` (0 to
+/// 9): a new digest, the same code.
+pub fn component_version(mut bytes: Vec<u8>, n: u8) -> Vec<u8> {
+    let name = b"streamhost-test-version";
+    let mut payload = vec![name.len() as u8];
+    payload.extend_from_slice(name);
+    payload.push(b'0' + n);
+    bytes.push(0); // custom section id
+    bytes.push(payload.len() as u8);
+    bytes.extend_from_slice(&payload);
+    bytes
+}
+
 /// A running server process; killed when dropped.
 pub struct Server {
     child: Option<Child>,
