@@ -35,6 +35,18 @@ use crate::stream::{CoreState, Namespace, StreamAddress, Streams};
 
 /// How often a shadow looks for what the live version folded since.
 const FOLLOW_EVERY: Duration = Duration::from_millis(200);
+/// The longest a shadow waits after steps that failed in a row.
+const RETRY_EVERY_MAX: Duration = Duration::from_secs(60);
+
+/// The wait before a shadow's next step after `failures` steps in a row
+/// failed (retryably): [`FOLLOW_EVERY`], doubled per failure up to
+/// [`RETRY_EVERY_MAX`]. A version that times out on every step (a loop)
+/// costs its project a step a minute, not five a second.
+fn next_step_after(failures: u32) -> Duration {
+    FOLLOW_EVERY
+        .saturating_mul(1u32.checked_shl(failures.min(16)).unwrap_or(u32::MAX))
+        .min(RETRY_EVERY_MAX)
+}
 /// The most offsets one step folds (the instance is locked meanwhile: a
 /// view or promotion waits at most one step).
 const STEP_OFFSETS: u64 = 10_000;
@@ -325,6 +337,7 @@ async fn follow(
     let shadows = streams.executors().shadows.clone();
     let key = Shadows::key(&project, &address.path, &component);
     let mut steps = 0u32;
+    let mut failures = 0u32;
     while !instance.stopped.load(Ordering::Relaxed) {
         steps = steps.wrapping_add(1);
         if steps.is_multiple_of(RECORD_CHECK_STEPS) {
@@ -346,7 +359,11 @@ async fn follow(
                     Arc::clone(&instance),
                     project.clone(),
                 );
+                // A step calls the shadow's guest: one of its project's
+                // places, as a wake's call.
+                let place = exec.calls.enter(&project).await;
                 tokio::task::spawn_blocking(move || {
+                    let _place = place;
                     let at = Stepper {
                         storage: &exec.storage,
                         project: &p,
@@ -369,11 +386,15 @@ async fn follow(
             Err(e) => Err(Failure::new(e.message, true)),
         };
         match stepped {
-            Ok(true) => continue, // more to fold now
-            Ok(false) => {}
+            Ok(true) => {
+                failures = 0;
+                continue; // more to fold now
+            }
+            Ok(false) => failures = 0,
             Err(f) if f.retryable => {
-                tracing::debug!(stream = %address, component, error = %f.message,
-                    "a shadow step failed; retrying")
+                failures = failures.saturating_add(1);
+                tracing::debug!(stream = %address, component, error = %f.message, failures,
+                    "a shadow step failed; retrying after a backoff")
             }
             Err(f) => {
                 tracing::warn!(stream = %address, component, error = %f.message, "the shadow failed");
@@ -381,7 +402,7 @@ async fn follow(
                 return;
             }
         }
-        tokio::time::sleep(FOLLOW_EVERY).await;
+        tokio::time::sleep(next_step_after(failures)).await;
     }
 }
 
@@ -835,6 +856,15 @@ async fn finish(streams: &Streams, project: &str, component: &str, digest: &str,
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_failing_shadow_backs_off_to_a_step_a_minute_and_a_step_that_works_resets_it() {
+        assert_eq!(next_step_after(0), FOLLOW_EVERY);
+        assert_eq!(next_step_after(1), FOLLOW_EVERY * 2);
+        assert_eq!(next_step_after(3), FOLLOW_EVERY * 8);
+        assert_eq!(next_step_after(9), RETRY_EVERY_MAX);
+        assert_eq!(next_step_after(u32::MAX), RETRY_EVERY_MAX);
+    }
 
     fn writes(pairs: &[(&str, Option<&str>)]) -> super::super::keyed::Writes {
         pairs
