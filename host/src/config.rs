@@ -208,9 +208,9 @@ pub struct ProcessorsConfig {
     /// configuration and checked before it is loaded, so servers may share
     /// one directory.
     pub compile_cache_dir: Option<std::path::PathBuf>,
-    /// Calls into components running at once on this host: ITX calls, ITX
-    /// receivers' batches, wakes, folds to an offset (256; well under the
-    /// 512 blocking threads, which also serve storage reads).
+    /// Calls into components running at once on this host: ITX calls, folds
+    /// to an offset, shadow steps (256; well under the 512 blocking
+    /// threads, which also serve storage reads).
     pub max_concurrent_calls: usize,
     /// Of those, one project's at most (16): more wait their turn (an ITX
     /// call over HTTP at most a second, then `429 too-many-calls`).

@@ -754,24 +754,36 @@ async fn a_project_whose_calls_take_its_share_waits_and_another_projects_calls_d
             .await;
         assert!(status == 200 || status == 201, "{out}");
     }
+    // Six processors of evil's (the counter), then a shadow version (the
+    // hostile guest) that spins on every step until its timeout, again
+    // and again: more steps at once than evil's two places.
     let (status, out) = s
-        .deploy("evil", "hostile", crate::support::guest("hostile"))
+        .deploy("evil", "proc", crate::support::guest("counter"))
         .await;
     assert!(status == 200 || status == 201, "{out}");
-    // Six processors of evil's that each spin until their timeout, again
-    // and again: more wakes than evil's two places.
     for i in 0..6 {
         let stream = format!("/v1/projects/evil/streams/spin{i}");
         let wake = json!({"events": [{"type": "events.iterate.com/stream/subscription-configured",
-            "payload": {"subscriptionKey": "hostile",
+            "payload": {"subscriptionKey": "p",
                 "receiver": {"action": "processor-wake",
-                    "expression": ["components", ["get", "hostile"], "wake"]}}}]});
+                    "expression": ["components", ["get", "proc"], "wake"]}}}]});
         assert_eq!(s.post(&format!("{stream}:append"), wake).await.0, 200);
         let spin = ev("hostile/loop", json!({}));
         assert_eq!(s.post(&format!("{stream}:append"), spin).await.0, 200);
+        crate::processors::caught_up(&s, &stream, "proc").await;
     }
+    let (status, out) = s
+        .deploy_with_query(
+            "evil",
+            "proc",
+            crate::support::guest("hostile"),
+            "refold=shadow",
+        )
+        .await;
+    assert_eq!(status, 200, "{out}");
     let add = json!({"expression": ["components", ["get", "kinds"], "add"], "args": [2, 3]});
-    // Evil's own call waits behind its spinning wakes, then is refused.
+    // Evil's own call waits behind its spinning shadow steps, then is
+    // refused.
     let mut refused = None;
     crate::support::wait_for(
         "evil's call refused at its share",

@@ -84,14 +84,6 @@ where
         let (key, generation, id, timeout_ms) =
             (job.key.clone(), job.generation, job.id, job.timeout_ms);
         let gate = Arc::new(Gate::default());
-        // A call into a component waits for its project's place first: the
-        // attempt's time starts when it has one (waiting is no failure).
-        let _place = match &job.route.target {
-            Target::Wake { project, .. } | Target::Itx { project, .. } => {
-                Some(exec.calls.enter(project).await)
-            }
-            _ => None,
-        };
         let result = guarded(
             &label,
             wait,

@@ -1,6 +1,6 @@
-//! Guest calls at once, per project and in all: every call into a
-//! component (an ITX call, an ITX receiver's batch, a processor's wake, a
-//! fold to an offset) holds a place of its project's share
+//! Guest calls at once, per project and in all: a call into a component
+//! that a caller asks for (an ITX call, a fold to an offset) or a shadow
+//! runs holds a place of its project's share
 //! (`[processors] max-concurrent-calls-per-project`) and one of the host's
 //! (`max-concurrent-calls`, well under the blocking pool's threads), so one
 //! project's looping calls never take the threads that serve another's
@@ -10,6 +10,12 @@
 //! project at its share queues behind its own calls, never in front of
 //! another project's (the host's places are handed out first come, first
 //! served, and a project has at most its share waiting for them).
+//!
+//! Wakes and ITX receivers' batches take no place yet: the delivery
+//! schedule gives each attempt a deadline when it decides it, and counts an
+//! attempt unreported past it as failed, so waiting for a place there would
+//! be a failure (and a second attempt). They need the schedule to start an
+//! attempt only once its place is held.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
