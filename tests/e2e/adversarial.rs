@@ -131,14 +131,27 @@ static ACTIVE: AtomicU64 = AtomicU64::new(0);
 
 /// Runs `probe` again and again until `stop`, [`PACE`] after the previous
 /// round ends (not while [`PAUSED`]); counts its rounds.
-fn spawn_probe<F, Fut>(stop: &Arc<AtomicBool>, rounds: &Arc<AtomicU64>, mut probe: F)
+fn spawn_probe<F, Fut>(stop: &Arc<AtomicBool>, rounds: &Arc<AtomicU64>, probe: F)
 where
+    F: FnMut() -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send,
+{
+    spawn_probe_every(PACE, stop, rounds, probe);
+}
+
+/// [`spawn_probe`], `pace` after the previous round ends.
+fn spawn_probe_every<F, Fut>(
+    pace: Duration,
+    stop: &Arc<AtomicBool>,
+    rounds: &Arc<AtomicU64>,
+    mut probe: F,
+) where
     F: FnMut() -> Fut + Send + 'static,
     Fut: std::future::Future<Output = ()> + Send,
 {
     let (stop, rounds) = (Arc::clone(stop), Arc::clone(rounds));
     tokio::spawn(async move {
-        let mut pace = tokio::time::interval(PACE);
+        let mut pace = tokio::time::interval(pace);
         pace.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         while !stop.load(Ordering::Relaxed) {
             pace.tick().await;
@@ -360,12 +373,11 @@ async fn hostile_project_run() {
             let body = json!({"events": [{"type": "x.y/big", "payload": {"n": n, "pad": pad}}]});
             assert_eq!(post(&client, format!("{evil}/big:append"), body).await, 200);
         }
-        for _ in 0..1 {
+        {
             let (client, url) = (client.clone(), format!("{evil}/big:events?limit=500"));
-            spawn_probe(&stop, &rounds, move || {
+            spawn_probe_every(Duration::from_millis(200), &stop, &rounds, move || {
                 let (client, url) = (client.clone(), url.clone());
                 async move {
-                    tokio::time::sleep(Duration::from_millis(180)).await;
                     let page = match client.get(url).send().await {
                         Ok(r) => r.json::<Value>().await.ok(),
                         Err(_) => None,

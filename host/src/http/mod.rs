@@ -532,7 +532,7 @@ async fn stream_call(
         StreamRequest::BackfillProcessor(b) if ndjson => {
             Ok(backfill::streamed(host.clone(), address.clone(), b))
         }
-        request => Ok(render(host.apply(address, request).await?).await),
+        request => Ok(render(host.apply(address, request).await?)),
     }
 }
 
@@ -553,27 +553,11 @@ async fn stream_request(
     mapping::parse(name, method, query, &body)
 }
 
-/// Events of a page beyond which its answer is written off the async
-/// workers: a megabyte of JSON takes a millisecond and more to write, which
-/// would hold the worker every other request on it waits for.
-const PAGE_BYTES_WRITTEN_INLINE: usize = 64 * 1024;
-
 /// A stream request's answer as HTTP: JSON, or server-sent events for a
 /// live connection.
-async fn render(answer: StreamAnswer) -> Response {
+fn render(answer: StreamAnswer) -> Response {
     match answer {
         StreamAnswer::Live(live) => connections::sse(live),
-        StreamAnswer::Events(page)
-            if page.events.iter().map(|e| e.get().len()).sum::<usize>()
-                > PAGE_BYTES_WRITTEN_INLINE =>
-        {
-            let answer = StreamAnswer::Events(page);
-            tokio::task::spawn_blocking(move || ok_json(&answer))
-                .await
-                .unwrap_or_else(|e| {
-                    ApiError::internal(format!("writing the answer failed: {e}")).into_response()
-                })
-        }
         answer => ok_json(&answer),
     }
 }
