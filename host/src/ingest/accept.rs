@@ -106,7 +106,10 @@ async fn commit(storage: &Storage, ingest: &Ingest, fresh: Vec<NewPending>) -> R
     // counted there, in the acceptance's own transaction. One host counts
     // in memory (no table scan per acceptance).
     let shared = storage.cluster().is_some();
-    let project = fresh.first().map(|r| r.project.clone()).unwrap_or_default();
+    let (project, path) = fresh
+        .first()
+        .map(|r| (r.project.clone(), r.path.clone()))
+        .unwrap_or_default();
     let bound = shared.then(|| SharedBound {
         max_events: ingest.config().max_pending_events,
         max_bytes: ingest.config().max_pending_bytes,
@@ -128,7 +131,7 @@ async fn commit(storage: &Storage, ingest: &Ingest, fresh: Vec<NewPending>) -> R
         Ok(Ok(answer)) => {
             let (stored, stored_bytes) = IngestOp::accepted(answer);
             release(n - stored, bytes - stored_bytes);
-            ingest.ring();
+            ingest.ring(&project, &path);
             Ok(())
         }
         Ok(Err(e)) => {

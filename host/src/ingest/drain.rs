@@ -63,27 +63,44 @@ async fn run(streams: StreamsRef, ingest: Ingest) {
     // The stream each drain task works on.
     let mut in_flight: HashMap<tokio::task::Id, Stream> = HashMap::new();
     let mut round = ingest.retry_round();
+    // Whether to read the pending table next: at start, after a drain task
+    // ends, when a held stream's time comes and now and then (another
+    // host's acceptances). An acceptance on this host names its stream
+    // instead: reading the whole table for each would cost as much as
+    // the drain under a backlog.
+    let mut look = true;
     loop {
         if ingest.retry_round() != round {
             round = ingest.retry_round();
             held.clear();
+            look = true;
         }
         let Some(live) = streams.upgrade() else {
             draining.abort_all();
             return;
         };
-        let storage = live.storage().clone();
-        let pending = tokio::task::spawn_blocking(move || storage.ingest_pending_streams()).await;
-        let pending = match pending {
-            Ok(Ok(p)) => p,
-            Ok(Err(e)) => {
-                tracing::warn!(error = %format!("{e:#}"), "reading pending ingest failed");
-                Vec::new()
+        let rung = ingest.take_rung();
+        let pending = if look {
+            look = false;
+            let storage = live.storage().clone();
+            match tokio::task::spawn_blocking(move || storage.ingest_pending_streams()).await {
+                Ok(Ok(p)) => p,
+                Ok(Err(e)) => {
+                    tracing::warn!(error = %format!("{e:#}"), "reading pending ingest failed");
+                    Vec::new()
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "reading pending ingest failed");
+                    Vec::new()
+                }
             }
-            Err(e) => {
-                tracing::warn!(error = %e, "reading pending ingest failed");
-                Vec::new()
-            }
+        } else {
+            // A rung stream not started now (its project at its share,
+            // all places taken, held) is read from the table when a task
+            // ends or its time comes.
+            let mut rung: Vec<Stream> = rung.into_iter().collect();
+            rung.sort();
+            rung
         };
         let now = Instant::now();
         held.retain(|_, until| *until > now);
@@ -123,6 +140,7 @@ async fn run(streams: StreamsRef, ingest: Ingest) {
                 while let Some(more) = draining.try_join_next_with_id() {
                     finished.push(more);
                 }
+                look = true;
                 for done in finished {
                     let (s, drained) = match done {
                         Ok((id, (s, drained))) => {
@@ -145,7 +163,11 @@ async fn run(streams: StreamsRef, ingest: Ingest) {
                     }
                 }
             }
-            _ = tokio::time::timeout(wait, ingest.bell().notified()) => {}
+            rang = tokio::time::timeout(wait, ingest.bell().notified()) => {
+                if rang.is_err() {
+                    look = true;
+                }
+            }
         }
     }
 }

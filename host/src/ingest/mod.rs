@@ -190,6 +190,9 @@ struct Inner {
     capacity: Mutex<Capacity>,
     /// Rung when events are accepted: the drain looks at once.
     bell: Notify,
+    /// The streams that accepted events since the drain last looked: it
+    /// starts their drains without reading the pending table.
+    rung: Mutex<std::collections::HashSet<(String, String)>>,
     nats: Mutex<Option<nats::Status>>,
     /// Rung by `POST /v1/ingest:register`: the bridge checks again.
     register: Notify,
@@ -225,6 +228,7 @@ impl Ingest {
                 retry_round: Default::default(),
                 capacity: Mutex::new(capacity),
                 bell: Notify::new(),
+                rung: Mutex::new(Default::default()),
                 nats: Mutex::new(nats),
                 register: Notify::new(),
                 register_reply: Mutex::new(None),
@@ -276,8 +280,20 @@ impl Ingest {
         self.inner.capacity.lock().expect("ingest capacity").clone()
     }
 
-    pub fn ring(&self) {
+    /// Events were accepted for `project`'s stream `path`: the drain
+    /// takes them at once.
+    pub fn ring(&self, project: &str, path: &str) {
+        self.inner
+            .rung
+            .lock()
+            .expect("rung streams")
+            .insert((project.to_string(), path.to_string()));
         self.inner.bell.notify_one();
+    }
+
+    /// The streams rung since the last call.
+    pub(crate) fn take_rung(&self) -> std::collections::HashSet<(String, String)> {
+        std::mem::take(&mut *self.inner.rung.lock().expect("rung streams"))
     }
 
     /// What held streams waited for may have changed (a component was

@@ -271,20 +271,17 @@ fn key_in_stream(conn: Db<'_>, rows: &[NewPending]) -> Result<Option<String>> {
     else {
         return Ok(None);
     };
-    let sql = {
-        let list: Vec<String> = (2..DELETE_CHUNK + 2).map(|i| format!("?{i}")).collect();
-        format!(
+    // As many placeholders as keys (an acceptance is mostly one event): a
+    // list padded to a hundred made SQLite build and probe a hundred-entry
+    // list on the writer's thread for every acceptance.
+    for chunk in rows.chunks(DELETE_CHUNK) {
+        let list: Vec<String> = (2..chunk.len() + 2).map(|i| format!("?{i}")).collect();
+        let sql = format!(
             "SELECT idempotency_key FROM events WHERE stream = ?1 AND idempotency_key IN ({}) LIMIT 1",
             list.join(", ")
-        )
-    };
-    for chunk in rows.chunks(DELETE_CHUNK) {
+        );
         let mut params: Vec<super::sql::Arg<'_>> = vec![super::sql::Arg::from(stream)];
-        for i in 0..DELETE_CHUNK {
-            params.push(super::sql::Arg::from(
-                chunk[i.min(chunk.len() - 1)].key.as_str(),
-            ));
-        }
+        params.extend(chunk.iter().map(|r| super::sql::Arg::from(r.key.as_str())));
         if let Some(key) = conn.query_opt(&sql, &params, |r| r.text(0))? {
             return Ok(Some(key));
         }
