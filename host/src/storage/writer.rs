@@ -505,14 +505,36 @@ impl WriterHandle {
 }
 
 fn run(shared: &Shared, rx: mpsc::Receiver<Job>) {
-    while let Ok(first) = rx.recv() {
-        let mut jobs = vec![first];
-        while jobs.len() < GROUP_WRITES_MAX {
+    // Writes queued and not yet committed, oldest first.
+    let mut queued: std::collections::VecDeque<Job> = std::collections::VecDeque::new();
+    let mut large_turn = false;
+    loop {
+        if queued.is_empty() {
+            match rx.recv() {
+                Ok(job) => queued.push_back(job),
+                Err(_) => return,
+            }
+        }
+        while queued.len() < GROUP_WRITES_MAX {
             match rx.try_recv() {
-                Ok(job) => jobs.push(job),
+                Ok(job) => queued.push_back(job),
                 Err(_) => break,
             }
         }
+        let bytes: Vec<usize> = queued.iter().map(|j| op_bytes(&j.op)).collect();
+        let group = next_group(&bytes, large_turn);
+        large_turn = next_is_large_turn(&bytes, &group);
+        let mut jobs = Vec::with_capacity(group.len());
+        let mut rest = std::collections::VecDeque::with_capacity(queued.len() - group.len());
+        let mut taken = group.iter().peekable();
+        for (i, job) in queued.drain(..).enumerate() {
+            if taken.next_if_eq(&&i).is_some() {
+                jobs.push(job);
+            } else {
+                rest.push_back(job);
+            }
+        }
+        queued = rest;
         let (mut ops, replies): (Vec<WriteOp>, Vec<_>) =
             jobs.into_iter().map(|j| (j.op, j.reply)).unzip();
         let results = {
@@ -523,6 +545,63 @@ fn run(shared: &Shared, rx: mpsc::Receiver<Job>) {
             let _ = reply.send(result);
         }
     }
+}
+
+/// A write of more bytes than this commits in a group of its own: the
+/// small writes queued beside it (other streams', other projects') do
+/// not wait for its bytes to reach the disk.
+const LARGE_WRITE_BYTES: usize = 256 * 1024;
+/// Most bytes of small writes in one group.
+const GROUP_BYTES_MAX: usize = 4 * 1024 * 1024;
+
+/// The bytes a write puts on disk, roughly: its events, state and
+/// component (what makes one write slow to commit).
+fn op_bytes(op: &WriteOp) -> usize {
+    match op {
+        WriteOp::Commit(c) => {
+            c.events.iter().map(|e| e.body.len()).sum::<usize>() + c.state_json.len()
+        }
+        WriteOp::Deploy(d) => d.bytes.len(),
+        WriteOp::Checkpoint(c) => c.state.len(),
+        _ => 0,
+    }
+}
+
+/// Which queued writes (their bytes, oldest first) commit next, in order:
+/// the small ones, up to [`GROUP_BYTES_MAX`] (always one) and
+/// [`GROUP_WRITES_MAX`]; a large one alone, when no small one waits or on
+/// its turn (`large_turn`: a group of small ones went while it waited).
+/// Every write a stream or a caller submits waits for its answer before
+/// the next, so writes queued together are independent and may commit in
+/// any order.
+fn next_group(bytes: &[usize], large_turn: bool) -> Vec<usize> {
+    let first_large = bytes.iter().position(|&b| b > LARGE_WRITE_BYTES);
+    if let (true, Some(i)) = (large_turn, first_large) {
+        return vec![i];
+    }
+    let mut group = Vec::new();
+    let mut total = 0;
+    for (i, &b) in bytes.iter().enumerate() {
+        if b > LARGE_WRITE_BYTES {
+            continue;
+        }
+        if group.len() == GROUP_WRITES_MAX || (!group.is_empty() && total + b > GROUP_BYTES_MAX) {
+            break;
+        }
+        total += b;
+        group.push(i);
+    }
+    if group.is_empty() {
+        group.extend(first_large);
+    }
+    group
+}
+
+/// Whether a large write goes next: one waits, and `group` (of
+/// [`next_group`]) passed it by.
+fn next_is_large_turn(bytes: &[usize], group: &[usize]) -> bool {
+    group.iter().all(|&i| bytes[i] <= LARGE_WRITE_BYTES)
+        && bytes.iter().any(|&b| b > LARGE_WRITE_BYTES)
 }
 
 /// Commits `ops` in one transaction (the caller holds the connection),
@@ -1433,6 +1512,86 @@ fn upsert_cursors(conn: Db<'_>, row_id: i64, cursors: &[CursorRow]) -> Result<()
 mod tests {
     use super::*;
     use crate::storage::{CheckpointId, Storage};
+
+    const SMALL: usize = 100;
+    const LARGE: usize = LARGE_WRITE_BYTES + 1;
+
+    /// Runs the writer's grouping over `bytes` queued at once (nothing
+    /// more arriving): the groups it commits, in order, as indexes into
+    /// `bytes`.
+    fn groups(bytes: &[usize]) -> Vec<Vec<usize>> {
+        let mut queued: Vec<(usize, usize)> = bytes.iter().copied().enumerate().collect();
+        let (mut out, mut large_turn) = (Vec::new(), false);
+        while !queued.is_empty() {
+            let sizes: Vec<usize> = queued.iter().map(|q| q.1).collect();
+            let group = next_group(&sizes, large_turn);
+            large_turn = next_is_large_turn(&sizes, &group);
+            out.push(group.iter().map(|&i| queued[i].0).collect());
+            let mut i = 0;
+            queued.retain(|_| {
+                i += 1;
+                !group.contains(&(i - 1))
+            });
+        }
+        out
+    }
+
+    #[test]
+    fn small_writes_commit_together_in_order() {
+        assert_eq!(groups(&[SMALL; 5]), vec![vec![0, 1, 2, 3, 4]]);
+    }
+
+    #[test]
+    fn a_large_write_commits_alone_after_the_small_writes_queued_beside_it() {
+        assert_eq!(
+            groups(&[LARGE, SMALL, SMALL, LARGE, SMALL]),
+            vec![vec![1, 2, 4], vec![0], vec![3]]
+        );
+    }
+
+    #[test]
+    fn a_large_write_waits_for_one_group_at_most_while_small_writes_keep_coming() {
+        // The large write passed once: the next group is it, whatever
+        // small writes arrived meanwhile.
+        assert_eq!(next_group(&[LARGE, SMALL, SMALL], true), vec![0]);
+        assert!(next_is_large_turn(&[LARGE, SMALL], &[1]));
+        assert!(!next_is_large_turn(&[LARGE, SMALL], &[0]));
+        assert!(!next_is_large_turn(&[SMALL, SMALL], &[0, 1]));
+    }
+
+    #[test]
+    fn small_writes_are_grouped_up_to_the_byte_bound_and_one_always_goes() {
+        // The largest small write: 16 of them fill a group.
+        let most = LARGE_WRITE_BYTES;
+        assert_eq!(
+            groups(&[most; 20]),
+            vec![(0..16).collect::<Vec<_>>(), (16..20).collect()]
+        );
+        assert_eq!(next_group(&[LARGE], false), vec![0]);
+        assert_eq!(next_group(&[LARGE, LARGE], false), vec![0]);
+    }
+
+    #[test]
+    fn a_write_counts_its_events_state_and_component_bytes() {
+        let commit = WriteOp::Commit(StreamCommit {
+            stream: StreamRef::Existing { row_id: 1, expected_head: 0 },
+            events: vec![StoredEvent {
+                offset: 1,
+                event_type: "t".into(),
+                idempotency_key: None,
+                body: "x".repeat(1000),
+            }],
+            head_offset: 1,
+            state_json: "y".repeat(10),
+            state_offset: 1,
+            cursors: Vec::new(),
+            removed_cursors: Vec::new(),
+            fence: None,
+            effects: Vec::new(),
+        });
+        assert_eq!(op_bytes(&commit), 1010);
+        assert_eq!(op_bytes(&checkpoint(None, 1, "d")), r#"{"through":1,"by":"d"}"#.len());
+    }
 
     fn checkpoint(previous: Option<CheckpointId>, offset: u64, digest: &str) -> WriteOp {
         WriteOp::Checkpoint(Checkpoint {
