@@ -57,8 +57,16 @@ fn ratio_bound() -> f64 {
 }
 
 /// Windows timed under the probes (and as many quiet ones after them, plus
-/// the first): the medians of their p99s are compared.
-const WINDOWS: usize = 5;
+/// the first): the medians of their p99s are compared. Five against a
+/// release build (the figure RELIABILITY.md records); three in the normal
+/// suite, whose bound is looser (see [`ratio_bound`]).
+fn windows() -> usize {
+    if std::env::var_os("STREAMHOST_BIN").is_some() {
+        5
+    } else {
+        3
+    }
+}
 /// The server's resident memory stays under this while the probes run.
 const RSS_BOUND_BYTES: u64 = 384 * 1024 * 1024;
 /// Operations (an append, then a read) the second project times per phase.
@@ -474,7 +482,7 @@ async fn hostile_project_run() {
     // machine is shared and noisy, so the medians of each are compared.
     let mut quiets = vec![quiet];
     let mut busies = Vec::new();
-    for _ in 0..WINDOWS {
+    for _ in 0..windows() {
         let url = s.url.clone();
         let timing = std::thread::spawn(move || time_good_project(url));
         while !timing.is_finished() {
