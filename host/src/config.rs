@@ -233,19 +233,6 @@ pub struct EffectsConfig {
     pub lease_ms: u64,
     /// Effects executing at once (16).
     pub concurrency: usize,
-    /// Effects of one project executing at once (a quarter of
-    /// `concurrency`, at least 1; see [`EffectsConfig::project_concurrency`]):
-    /// a project whose receivers hang leaves the others room.
-    pub concurrency_per_project: Option<usize>,
-}
-
-impl EffectsConfig {
-    /// Effects of one project executing at once.
-    pub fn project_concurrency(&self) -> usize {
-        self.concurrency_per_project
-            .unwrap_or(self.concurrency / 4)
-            .clamp(1, self.concurrency)
-    }
 }
 
 impl Default for EffectsConfig {
@@ -254,7 +241,6 @@ impl Default for EffectsConfig {
             max_attempts: 15,
             lease_ms: 30_000,
             concurrency: 16,
-            concurrency_per_project: None,
         }
     }
 }
@@ -515,9 +501,6 @@ impl Config {
         }
         if e.concurrency == 0 {
             bail!("effects.concurrency must be at least 1, got 0");
-        }
-        if e.concurrency_per_project == Some(0) {
-            bail!("effects.concurrency-per-project must be at least 1, got 0");
         }
         if e.lease_ms <= d.timeout_ms {
             bail!(

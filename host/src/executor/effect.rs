@@ -1,8 +1,7 @@
 //! Runs the processor outbox: one worker per host leases due effects (a
 //! `pending` one whose time has come, or a `running` one whose lease
 //! expired), executes each as a task (at most `[effects] concurrency` at
-//! once, `concurrency-per-project` of one project, each bounded by
-//! `[delivery] timeout-ms`), and settles it with the
+//! once, each bounded by `[delivery] timeout-ms`), and settles it with the
 //! pure decision of `crate::effect::settle`. A terminal failure first
 //! appends its one `error-occurred` line (idempotent) to the source stream,
 //! then settles, so a crash between the two repeats nothing visible.
@@ -12,7 +11,7 @@
 //! the effects left `running` by the previous process run again at once (the
 //! data dir is locked to one host, so their executor is gone).
 
-use std::collections::HashMap;
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -90,10 +89,8 @@ async fn run(streams: StreamsRef, bell: EffectsBell, settings: Settings) {
         }
     }
     let (done_tx, mut done_rx) = mpsc::unbounded_channel::<i64>();
-    // The effects executing here, and their projects.
-    let mut running: HashMap<i64, String> = HashMap::new();
+    let mut running: HashSet<i64> = HashSet::new();
     let concurrency = settings.effects.concurrency;
-    let share = settings.effects.project_concurrency();
     loop {
         let Some(live) = streams.upgrade() else {
             return;
@@ -108,28 +105,14 @@ async fn run(streams: StreamsRef, bell: EffectsBell, settings: Settings) {
             // so the due ones are others: ask for just the free slots.
             let want = concurrency - running.len();
             let lease_ms = settings.effects.lease_ms as i64;
-            let here: Vec<i64> = running.keys().copied().collect();
-            let mut per_project: HashMap<String, usize> = HashMap::new();
-            for project in running.values() {
-                *per_project.entry(project.clone()).or_default() += 1;
-            }
-            // A project at its share is passed by: its due effects wait,
-            // the others' run.
-            let passed: Vec<String> = per_project
-                .iter()
-                .filter(|(_, n)| **n >= share)
-                .map(|(p, _)| p.clone())
-                .collect();
+            let here: Vec<i64> = running.iter().copied().collect();
             // PostgreSQL: due rows are leased in one statement (one round
-            // trip for the whole batch), at most a share of them, so one
-            // project passes its share by less than one share; SQLite:
-            // read, then leased by the writer in one group, each project
-            // within its share.
+            // trip for the whole batch); SQLite: read, then leased by the
+            // writer in one group.
             let due = blocking(move || {
-                let due = match storage.lease_due_effects(lease_ms, want.min(share), &here, &passed)
-                {
+                let due = match storage.lease_due_effects(lease_ms, want, &here) {
                     Ok(Some(leased)) => Ok(Due::Leased(leased)),
-                    Ok(None) => storage.due_effects(now, want, &passed).map(Due::Read),
+                    Ok(None) => storage.due_effects(now, want).map(Due::Read),
                     Err(e) => Err(e),
                 };
                 due.map_err(|e| Failure::new(format!("{e:#}"), true))
@@ -142,12 +125,7 @@ async fn run(streams: StreamsRef, bell: EffectsBell, settings: Settings) {
                         Due::Read(due) => {
                             let fresh: Vec<EffectRow> = due
                                 .into_iter()
-                                .filter(|e| !running.contains_key(&e.id))
-                                .filter(|e| {
-                                    let n = per_project.entry(e.project.clone()).or_default();
-                                    *n += 1;
-                                    *n <= share
-                                })
+                                .filter(|e| !running.contains(&e.id))
                                 .take(want)
                                 .collect();
                             lease(&exec, &settings, fresh, now).await
@@ -164,7 +142,7 @@ async fn run(streams: StreamsRef, bell: EffectsBell, settings: Settings) {
                         wait_ms = 1_000;
                     }
                     for row in leased {
-                        running.insert(row.id, row.project.clone());
+                        running.insert(row.id);
                         let (exec, settings, done) =
                             (exec.clone(), settings.clone(), done_tx.clone());
                         tokio::spawn(async move {
