@@ -571,6 +571,37 @@ mod tests {
     }
 
     #[test]
+    fn built_ins_whose_work_grows_faster_than_their_input_end_at_the_time_bound() {
+        // Each builds at most a few hundred kilobytes, well within the size
+        // bound, and takes seconds unbounded (a debug build): sorting,
+        // grouping, merging, membership and deduplication over 20,000
+        // items, by key or by value, with and without a function. Each
+        // answers or is refused at the time bound, within it and a margin.
+        for src in [
+            "$count($keys([1..20000].{$string($): 1}))",
+            "$count([1..20000]{$string($): $})",
+            "$count([1..20000][$ in [1..20000]])",
+            "$count($sort([1..20000].$string()))",
+            "$count($merge([1..20000].{$string($): 1}))",
+            "$count($spread([1..20000].{$string($): 1}))",
+            "$count($split($join([1..20000].$string(), ','), ','))",
+            "$count($each($merge([1..20000].{$string($): 1}), function($v, $k) {$k}))",
+            "$count($distinct([1..20000].{'a': $}))",
+            "$count($filter([1..20000], function($v) {$v in [1..20000]}))",
+            "$boolean([1..20000].$string() = '19999')",
+        ] {
+            let started = std::time::Instant::now();
+            let answer = compile(src).unwrap().evaluate(&event());
+            let took = started.elapsed();
+            if let Err(e) = answer {
+                assert!(is_limit_exceeded(&e) && e.contains("jsonata-timeout-ms"), "{src}: {e}");
+            }
+            // 100 ms, and a margin for a debug build on a busy machine.
+            assert!(took < std::time::Duration::from_millis(600), "{src} ended after {took:?}");
+        }
+    }
+
+    #[test]
     fn recursion_is_bounded_by_depth_and_time() {
         let e = limit_error("($f := function($n) { $f($n + 1) + 1 }; $f(0))");
         assert!(e.contains("levels"), "{e}");
