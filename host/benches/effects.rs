@@ -15,7 +15,8 @@
 //!
 //! Options (after `--`): `--rate N` appends/s (default 200), `--seconds S`
 //! of steady appends (default 4), `--events N` per throughput run (5000),
-//! `--concurrency N` effects at once (`[effects] concurrency`, default 16).
+//! `--concurrency N` effects at once (`[effects] concurrency`; default: the
+//! configuration's, 64, of which one project takes all but a share's worth).
 //! `STREAMHOST_BENCH_POSTGRES=postgres://…` also runs the throughput rows
 //! on a fresh PostgreSQL database of that server.
 //! Needs the guests built: `cargo build --release --target wasm32-wasip2
@@ -78,7 +79,8 @@ async fn open(dir: &Path, postgres: Option<&str>) -> (Host, StreamAddress) {
                 .unwrap(),
         );
     }
-    config.effects.concurrency = arg("--concurrency", 16.0) as usize;
+    let default = config.effects.concurrency as f64;
+    config.effects.concurrency = arg("--concurrency", default) as usize;
     let host = Host::open(config).unwrap();
     common::deploy(&host, "effector", common::guest_wasm("effector")).await;
     let src = StreamAddress::new(Namespace::project("bench").unwrap(), "/bench/src").unwrap();

@@ -231,8 +231,23 @@ pub struct EffectsConfig {
     /// A `running` effect whose executor vanished is retried after this
     /// (30 s); longer than `delivery.timeout-ms`, which bounds one execution.
     pub lease_ms: u64,
-    /// Effects executing at once (16).
+    /// Effects executing at once (64).
     pub concurrency: usize,
+    /// One project's share of them (a quarter of `concurrency`, at least
+    /// 1; see [`EffectsConfig::project_concurrency`]): past it, a project's
+    /// effects wait while another's are due, and take no place of the
+    /// last share's worth, so a project whose receivers hang leaves the
+    /// others room.
+    pub concurrency_per_project: Option<usize>,
+}
+
+impl EffectsConfig {
+    /// Effects of one project executing at once.
+    pub fn project_concurrency(&self) -> usize {
+        self.concurrency_per_project
+            .unwrap_or(self.concurrency / 4)
+            .clamp(1, self.concurrency)
+    }
 }
 
 impl Default for EffectsConfig {
@@ -240,7 +255,8 @@ impl Default for EffectsConfig {
         EffectsConfig {
             max_attempts: 15,
             lease_ms: 30_000,
-            concurrency: 16,
+            concurrency: 64,
+            concurrency_per_project: None,
         }
     }
 }
@@ -501,6 +517,9 @@ impl Config {
         }
         if e.concurrency == 0 {
             bail!("effects.concurrency must be at least 1, got 0");
+        }
+        if e.concurrency_per_project == Some(0) {
+            bail!("effects.concurrency-per-project must be at least 1, got 0");
         }
         if e.lease_ms <= d.timeout_ms {
             bail!(

@@ -810,6 +810,69 @@ async fn a_project_whose_calls_take_its_share_waits_and_another_projects_calls_d
 }
 
 #[tokio::test]
+async fn a_project_whose_effects_hang_takes_its_share_of_the_outbox_and_another_projects_run() {
+    // Eight effects at once, two of one project's share (more only while
+    // two places stay free); an execution may hang for two minutes before
+    // it times out.
+    let config = "[effects]\nconcurrency = 8\nconcurrency-per-project = 2\nlease-ms = 300000\n\
+                  [delivery]\ntimeout-ms = 120000\n";
+    let s = Server::start_with(Some(config), &[]);
+    let r = crate::effects::Receiver::start().await;
+    for project in ["evil", "good"] {
+        let (status, out) = s
+            .deploy(project, "effector", crate::support::guest("effector"))
+            .await;
+        assert_eq!(status, 200, "{out}");
+        let stream = format!("/v1/projects/{project}/streams/orders");
+        let wake = json!({"events": [{"type": "events.iterate.com/stream/subscription-configured",
+            "payload": {"subscriptionKey": "fx",
+                "receiver": {"action": "processor-wake",
+                    "expression": ["components", ["get", "effector"], "wake"]}}}]});
+        assert_eq!(s.post(&format!("{stream}:append"), wake).await.0, 200);
+    }
+    // Ten webhooks of evil's to a receiver that never answers.
+    let hang: Vec<Value> = (0..10)
+        .map(|i| json!({"key": format!("hang-{i}"), "webhook": {"url": format!("{}/hang/{i}", r.base), "body": {}}}))
+        .collect();
+    crate::effects::request(&s, "/v1/projects/evil/streams/orders", json!(hang)).await;
+    let evil_posts = || {
+        r.posts
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|p| p.path.starts_with("/hang/"))
+            .count()
+    };
+    // Evil alone takes the outbox but a share's worth of places: its own
+    // two, and four more while two stay free.
+    crate::support::wait_for(
+        "evil's effects to take their places",
+        Duration::from_secs(30),
+        async || evil_posts() >= 6,
+    )
+    .await;
+    // Another project's effect runs while evil's hang.
+    crate::effects::request(
+        &s,
+        "/v1/projects/good/streams/orders",
+        json!([{"key": "ok", "webhook": {"url": format!("{}/ok/good", r.base), "body": {}}}]),
+    )
+    .await;
+    crate::support::wait_for(
+        "good's effect to run",
+        Duration::from_secs(30),
+        async || !r.posts_to("/ok/good").is_empty(),
+    )
+    .await;
+    // Evil never took the places kept for the others.
+    assert_eq!(
+        evil_posts(),
+        6,
+        "evil's hanging effects executing (8 places, 2 kept)"
+    );
+}
+
+#[tokio::test]
 async fn a_component_keeps_its_newest_versions_and_the_bytes_of_older_ones_go() {
     let s = Server::start_with(Some("[processors]\nmax-versions-per-component = 2\n"), &[]);
     let kinds = crate::support::guest("kinds");

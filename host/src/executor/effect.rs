@@ -1,7 +1,9 @@
 //! Runs the processor outbox: one worker per host leases due effects (a
 //! `pending` one whose time has come, or a `running` one whose lease
 //! expired), executes each as a task (at most `[effects] concurrency` at
-//! once, each bounded by `[delivery] timeout-ms`), and settles it with the
+//! once, each bounded by `[delivery] timeout-ms`; one project past its
+//! share only while no other's effect is due, and never in the last
+//! share's worth of places), and settles it with the
 //! pure decision of `crate::effect::settle`. A terminal failure first
 //! appends its one `error-occurred` line (idempotent) to the source stream,
 //! then settles, so a crash between the two repeats nothing visible.
@@ -11,7 +13,7 @@
 //! the effects left `running` by the previous process run again at once (the
 //! data dir is locked to one host, so their executor is gone).
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -36,6 +38,11 @@ use crate::stream::{
 const IDLE_LOOK_MS: i64 = 5_000;
 /// Shortest pause before looking again for due effects.
 const BUSY_LOOK_MS: i64 = 5;
+/// How often a look also asks for the due effects of projects under their
+/// share alone, while some project is at its share or the open places are
+/// taken (that read passes over the whole backlog of the projects at
+/// theirs).
+const SHARE_LOOK_MS: i64 = 25;
 /// Shortest pause when a look leased nothing although an effect is due: it
 /// is running here past its lease, or its row is locked by another
 /// transaction (PostgreSQL), so looking again at once would spin.
@@ -89,8 +96,11 @@ async fn run(streams: StreamsRef, bell: EffectsBell, settings: Settings) {
         }
     }
     let (done_tx, mut done_rx) = mpsc::unbounded_channel::<i64>();
-    let mut running: HashSet<i64> = HashSet::new();
+    // The effects executing here, and their projects.
+    let mut running: HashMap<i64, String> = HashMap::new();
     let concurrency = settings.effects.concurrency;
+    let share = settings.effects.project_concurrency();
+    let mut share_look_at = i64::MIN;
     loop {
         let Some(live) = streams.upgrade() else {
             return;
@@ -105,29 +115,38 @@ async fn run(streams: StreamsRef, bell: EffectsBell, settings: Settings) {
             // so the due ones are others: ask for just the free slots.
             let want = concurrency - running.len();
             let lease_ms = settings.effects.lease_ms as i64;
-            let here: Vec<i64> = running.iter().copied().collect();
-            // PostgreSQL: due rows are leased in one statement (one round
-            // trip for the whole batch); SQLite: read, then leased by the
-            // writer in one group.
+            let here: Vec<i64> = running.keys().copied().collect();
+            let at_share = at_share(&running, share);
+            let open = concurrency.saturating_sub(share);
+            // Now and then, while a project is at its share or the open
+            // places are taken, a second read finds the due effects of
+            // the projects under their share (behind another's backlog).
+            let share_look = (!at_share.is_empty() || running.len() >= open)
+                && now.saturating_sub(share_look_at) >= SHARE_LOOK_MS;
+            if share_look {
+                share_look_at = now;
+            }
+            let look = Look {
+                now,
+                lease_ms,
+                want,
+                share,
+                // Places a project past its share may take: all but a
+                // share's worth.
+                open,
+                taken: running.len(),
+            };
             let due = blocking(move || {
-                let due = match storage.lease_due_effects(lease_ms, want, &here) {
-                    Ok(Some(leased)) => Ok(Due::Leased(leased)),
-                    Ok(None) => storage.due_effects(now, want).map(Due::Read),
-                    Err(e) => Err(e),
-                };
-                due.map_err(|e| Failure::new(format!("{e:#}"), true))
+                look.due(&storage, here, &at_share, share_look)
+                    .map_err(|e| Failure::new(format!("{e:#}"), true))
             })
             .await;
             match due {
                 Ok(due) => {
                     let (leased, storage_failed) = match due {
                         Due::Leased(leased) => (leased, false),
-                        Due::Read(due) => {
-                            let fresh: Vec<EffectRow> = due
-                                .into_iter()
-                                .filter(|e| !running.contains(&e.id))
-                                .take(want)
-                                .collect();
+                        Due::Read(any, under) => {
+                            let fresh = choose(any, under, &running, concurrency, share);
                             lease(&exec, &settings, fresh, now).await
                         }
                     };
@@ -142,7 +161,7 @@ async fn run(streams: StreamsRef, bell: EffectsBell, settings: Settings) {
                         wait_ms = 1_000;
                     }
                     for row in leased {
-                        running.insert(row.id);
+                        running.insert(row.id, row.project.clone());
                         let (exec, settings, done) =
                             (exec.clone(), settings.clone(), done_tx.clone());
                         tokio::spawn(async move {
@@ -179,8 +198,123 @@ async fn run(streams: StreamsRef, bell: EffectsBell, settings: Settings) {
 enum Due {
     /// Leased already (PostgreSQL).
     Leased(Vec<EffectRow>),
-    /// Due, to be leased by the writer (SQLite).
-    Read(Vec<EffectRow>),
+    /// Due, to be leased by the writer (SQLite): the oldest, and those of
+    /// projects under their share (when looked for).
+    Read(Vec<EffectRow>, Vec<EffectRow>),
+}
+
+/// The projects with `share` or more effects running here.
+fn at_share(running: &HashMap<i64, String>, share: usize) -> Vec<String> {
+    let mut per_project: HashMap<&str, usize> = HashMap::new();
+    for project in running.values() {
+        *per_project.entry(project).or_default() += 1;
+    }
+    per_project
+        .into_iter()
+        .filter(|(_, n)| *n >= share)
+        .map(|(p, _)| p.to_string())
+        .collect()
+}
+
+/// One look at the outbox for due effects.
+struct Look {
+    now: i64,
+    lease_ms: i64,
+    /// Free places.
+    want: usize,
+    share: usize,
+    /// Places that effects of projects past their share may fill.
+    open: usize,
+    /// Places taken before this look.
+    taken: usize,
+}
+
+impl Look {
+    /// PostgreSQL leases as it reads (one statement a read): the oldest due
+    /// effects, as many as projects at their share may still take (all
+    /// free places when none is), then, on a share look, those of the
+    /// projects under their share. SQLite reads the same two ways; the
+    /// worker chooses ([`choose`]) and the writer leases.
+    fn due(
+        &self,
+        storage: &crate::storage::Storage,
+        mut here: Vec<i64>,
+        at_share: &[String],
+        share_look: bool,
+    ) -> anyhow::Result<Due> {
+        // Leased before their projects are known: only into the open
+        // places (a project under its share finds the last ones on a
+        // share look).
+        let oldest = self.open.saturating_sub(self.taken).min(self.want);
+        if storage.cluster().is_none() {
+            let any = storage.due_effects(self.now, self.want, &[])?;
+            let under = if share_look {
+                storage.due_effects(self.now, self.want, at_share)?
+            } else {
+                Vec::new()
+            };
+            return Ok(Due::Read(any, under));
+        }
+        let mut leased = Vec::new();
+        if oldest > 0 {
+            if let Some(rows) = storage.lease_due_effects(self.lease_ms, oldest, &here, &[])? {
+                leased = rows;
+            }
+        }
+        let left = self.want - leased.len();
+        if share_look && left > 0 {
+            here.extend(leased.iter().map(|e| e.id));
+            if let Some(rows) =
+                storage.lease_due_effects(self.lease_ms, left.min(self.share), &here, at_share)?
+            {
+                leased.extend(rows);
+            }
+        }
+        Ok(Due::Leased(leased))
+    }
+}
+
+/// The due effects to lease (SQLite), given what runs here: from the
+/// oldest (`any`) and those of projects under their share (`under`), each
+/// project up to its `share` while the places allow, and past it only
+/// while a share's worth of places stays free; at most the free places.
+fn choose(
+    any: Vec<EffectRow>,
+    under: Vec<EffectRow>,
+    running: &HashMap<i64, String>,
+    concurrency: usize,
+    share: usize,
+) -> Vec<EffectRow> {
+    let mut per_project: HashMap<String, usize> = HashMap::new();
+    for project in running.values() {
+        *per_project.entry(project.clone()).or_default() += 1;
+    }
+    let mut ids: HashSet<i64> = running.keys().copied().collect();
+    let mut chosen: Vec<EffectRow> = Vec::new();
+    // Within the shares first (the oldest first), then past them.
+    let mut past = Vec::new();
+    for e in any.into_iter().chain(under) {
+        if ids.contains(&e.id) {
+            continue;
+        }
+        let n = per_project.entry(e.project.clone()).or_default();
+        if *n < share && running.len() + chosen.len() < concurrency {
+            *n += 1;
+            ids.insert(e.id);
+            chosen.push(e);
+        } else {
+            past.push(e);
+        }
+    }
+    for e in past {
+        if running.len() + chosen.len() + share >= concurrency {
+            break;
+        }
+        if ids.insert(e.id) {
+            chosen.push(e);
+        }
+    }
+    chosen
 }
 
 /// How long to wait after a look that leased nothing: until the next
@@ -480,4 +614,68 @@ async fn append_error_line(exec: &Executors, row: &EffectRow, error: &str) -> Re
     append(exec, &address, event, Authority::Platform)
         .await
         .map_err(|f| f.message)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn due(id: i64, project: &str) -> EffectRow {
+        EffectRow {
+            id,
+            project: project.into(),
+            path: "/s".into(),
+            stream_id: "s1".into(),
+            component: "c".into(),
+            key: format!("k{id}"),
+            checkpoint_offset: 1,
+            target: Value::Null,
+            status: "pending".into(),
+            attempts: 0,
+            due_at_ms: 0,
+            last_error: None,
+            result: None,
+            retries: 0,
+            created_at: String::new(),
+            settled_at: None,
+            lease_id: 0,
+        }
+    }
+
+    fn ids(rows: &[EffectRow]) -> Vec<i64> {
+        rows.iter().map(|r| r.id).collect()
+    }
+
+    #[test]
+    fn one_busy_project_alone_takes_all_but_a_share_of_the_places() {
+        let evil: Vec<EffectRow> = (1..=20).map(|i| due(i, "evil")).collect();
+        let chosen = choose(evil, Vec::new(), &HashMap::new(), 8, 2);
+        assert_eq!(ids(&chosen), vec![1, 2, 3, 4, 5, 6]);
+    }
+
+    #[test]
+    fn a_project_under_its_share_takes_the_kept_places_and_one_past_it_none() {
+        let running: HashMap<i64, String> = (1..=6).map(|i| (i, "evil".to_string())).collect();
+        // The oldest are evil's; the share look finds good's behind them.
+        let any = vec![due(7, "evil"), due(8, "evil")];
+        let under = vec![due(20, "good"), due(21, "good"), due(22, "good")];
+        let chosen = choose(any, under, &running, 8, 2);
+        assert_eq!(ids(&chosen), vec![20, 21], "good's share; evil's wait");
+    }
+
+    #[test]
+    fn the_oldest_go_first_each_project_up_to_its_share_then_past_it() {
+        let any = vec![due(1, "a"), due(2, "a"), due(3, "a"), due(4, "b")];
+        let chosen = choose(any, Vec::new(), &HashMap::new(), 16, 2);
+        assert_eq!(ids(&chosen), vec![1, 2, 4, 3]);
+    }
+
+    #[test]
+    fn the_projects_at_their_share_are_named() {
+        let running: HashMap<i64, String> = [(1, "a"), (2, "a"), (3, "b")]
+            .into_iter()
+            .map(|(i, p)| (i, p.to_string()))
+            .collect();
+        assert_eq!(at_share(&running, 2), vec!["a".to_string()]);
+    }
 }

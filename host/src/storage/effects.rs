@@ -246,28 +246,35 @@ impl Storage {
     /// ones whose lease expired, soonest first. With several hosts, only
     /// those of streams this host owns (effects run on the owner; a dead
     /// owner's run where its streams are taken over).
-    pub fn due_effects(&self, now_ms: i64, limit: usize) -> Result<Vec<EffectRow>> {
+    pub fn due_effects(
+        &self,
+        now_ms: i64,
+        limit: usize,
+        passed_projects: &[String],
+    ) -> Result<Vec<EffectRow>> {
         let owner = self.cluster().map(|me| me.id.clone());
+        let passed = serde_json::to_string(passed_projects)?;
         self.with_reader(|db| {
             let now_ms = db_now(db, now_ms)?;
+            let not_passed = not_in_projects(db, 3);
             match &owner {
                 None => db.query_all(
                     &format!(
                         "SELECT {COLUMNS} FROM effects
-                     WHERE status IN ('pending', 'running') AND due_at_ms <= ?1
+                     WHERE status IN ('pending', 'running') AND due_at_ms <= ?1 {not_passed}
                      ORDER BY due_at_ms, id LIMIT ?2"
                     ),
-                    args![now_ms, limit as i64],
+                    args![now_ms, limit as i64, passed.as_str()],
                     row,
                 ),
                 Some(owner) => db.query_all(
                     &format!(
                         "SELECT {COLUMNS} FROM effects
-                     WHERE status IN ('pending', 'running') AND due_at_ms <= ?1 {}
+                     WHERE status IN ('pending', 'running') AND due_at_ms <= ?1 {not_passed} {}
                      ORDER BY due_at_ms, id LIMIT ?2",
-                        owned_by(3)
+                        owned_by(4)
                     ),
-                    args![now_ms, limit as i64, owner],
+                    args![now_ms, limit as i64, passed.as_str(), owner],
                     row,
                 ),
             }
@@ -287,18 +294,20 @@ impl Storage {
         lease_ms: i64,
         limit: usize,
         running_here: &[i64],
+        passed_projects: &[String],
     ) -> Result<Option<Vec<EffectRow>>> {
         let Some(me) = self.cluster() else {
             return Ok(None);
         };
         let running: Vec<Option<i64>> = running_here.iter().map(|id| Some(*id)).collect();
+        let passed: Vec<Option<&str>> = passed_projects.iter().map(|p| Some(p.as_str())).collect();
         let sql = format!(
             "WITH now AS (
                  SELECT {PG_NOW_MS} AS ms
              ), due AS (
                  SELECT id FROM effects, now
                  WHERE status IN ('pending', 'running') AND due_at_ms <= now.ms
-                   AND NOT (id = ANY(?4)) {}
+                   AND NOT (id = ANY(?4)) AND NOT (project = ANY(?5)) {}
                  ORDER BY due_at_ms, id LIMIT ?2
                  FOR UPDATE OF effects SKIP LOCKED
              )
@@ -318,6 +327,7 @@ impl Storage {
             Arg::Int(limit as i64),
             Arg::Text(&me.id),
             Arg::Ints(&running),
+            Arg::Texts(&passed),
         ];
         self.with_reader(|db| {
             let Db::Postgres(pg) = db else {
@@ -391,6 +401,18 @@ impl Storage {
 
 /// With several hosts (PostgreSQL; parameter `?n` is this host's id): the
 /// effect's source stream is owned by this host, or by none yet.
+/// `AND project NOT IN` the JSON array of names bound at `?n`.
+fn not_in_projects(db: Db<'_>, n: usize) -> String {
+    match db.dialect() {
+        super::sql::Dialect::Sqlite => {
+            format!("AND project NOT IN (SELECT value FROM json_each(?{n}))")
+        }
+        super::sql::Dialect::Postgres => format!(
+            "AND project NOT IN (SELECT jsonb_array_elements_text(CAST(CAST(?{n} AS TEXT) AS jsonb)))"
+        ),
+    }
+}
+
 fn owned_by(n: usize) -> String {
     format!(
         "AND COALESCE((SELECT l.owner FROM stream_leases l

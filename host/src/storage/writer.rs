@@ -1696,7 +1696,7 @@ mod tests {
             created_at: "2026-12-01T00:00:00.000Z".into(),
         });
         assert_eq!(inserted, 1);
-        let id = storage.due_effects(1_000, 10).unwrap()[0].id;
+        let id = storage.due_effects(1_000, 10, &[]).unwrap()[0].id;
         let lease = |attempts: u32, now_ms: i64| {
             effect(EffectOp::Lease {
                 id,
