@@ -675,7 +675,16 @@ admin = true
         assert_eq!(c.limits.idle_stream_ms, 60_000);
         assert_eq!(c.ingest.max_pending_events, 50_000);
         assert_eq!(c.ingest.nats_url.as_deref(), Some("nats://127.0.0.1:4222"));
-        assert_eq!(c.effects, EffectsConfig::default());
+        // The example sets 16 effects at once (the default is 64): a
+        // project's share is then 4, and 12 places are open to one project.
+        assert_eq!(
+            c.effects,
+            EffectsConfig {
+                concurrency: 16,
+                ..EffectsConfig::default()
+            }
+        );
+        assert_eq!(c.effects.project_concurrency(), 4);
     }
 
     #[test]
