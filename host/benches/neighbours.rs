@@ -16,7 +16,7 @@
 //! (1000000).
 
 mod common;
-use common::arg;
+use common::{arg, percentile};
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -25,18 +25,12 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 use streamhost::{Config, Host};
 
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[i.min(sorted.len() - 1)]
+fn median(xs: Vec<f64>) -> f64 {
+    percentile(xs, 0.5)
 }
 
-fn median(mut xs: Vec<f64>) -> f64 {
-    xs.sort_by(|a, b| a.total_cmp(b));
-    xs[xs.len() / 2]
-}
-
-/// The quiet project's appends for `seconds`: their latencies, sorted.
-async fn quiet(client: &reqwest::Client, url: &str, seconds: f64) -> Vec<Duration> {
+/// The quiet project's appends for `seconds`: their latencies in ms.
+async fn quiet(client: &reqwest::Client, url: &str, seconds: f64) -> Vec<f64> {
     let mut latencies = Vec::new();
     let mut pace = tokio::time::interval(Duration::from_millis(10));
     pace.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -54,9 +48,8 @@ async fn quiet(client: &reqwest::Client, url: &str, seconds: f64) -> Vec<Duratio
             .expect("quiet append");
         assert_eq!(r.status(), 200, "quiet append failed");
         let _ = r.bytes().await;
-        latencies.push(started.elapsed());
+        latencies.push(started.elapsed().as_secs_f64() * 1e3);
     }
-    latencies.sort();
     latencies
 }
 
@@ -83,12 +76,12 @@ async fn run_once(seconds: f64, writers: usize, events: usize, event_bytes: usiz
     // Warm: the canary stream exists and its first appends are done.
     quiet(&client, &url, 0.3).await;
 
-    let ms = |d: Duration| d.as_secs_f64() * 1e3;
-    let figures = |l: &[Duration]| (ms(percentile(l, 0.5)), ms(percentile(l, 0.99)));
-    let before = figures(&quiet(&client, &url, seconds).await);
+    let figures = |l: Vec<f64>| (percentile(l.clone(), 0.5), percentile(l, 0.99));
+    let before = figures(quiet(&client, &url, seconds).await);
 
     let stop = Arc::new(AtomicBool::new(false));
     let written = Arc::new(AtomicU64::new(0));
+    let first_written = Arc::new(tokio::sync::Notify::new());
     let pad = "x".repeat(event_bytes.saturating_sub(64));
     let body = serde_json::to_vec(&json!({
         "events": (0..events)
@@ -98,11 +91,12 @@ async fn run_once(seconds: f64, writers: usize, events: usize, event_bytes: usiz
     .unwrap();
     let mut loud = Vec::new();
     for w in 0..writers {
-        let (client, url, stop, written, body) = (
+        let (client, url, stop, written, first_written, body) = (
             client.clone(),
             url.clone(),
             stop.clone(),
             written.clone(),
+            first_written.clone(),
             body.clone(),
         );
         loud.push(tokio::spawn(async move {
@@ -117,24 +111,23 @@ async fn run_once(seconds: f64, writers: usize, events: usize, event_bytes: usiz
                 assert_eq!(r.status(), 200, "loud append failed");
                 let _ = r.bytes().await;
                 written.fetch_add(body.len() as u64, Ordering::Relaxed);
+                first_written.notify_one();
             }
         }));
     }
     // The loud project's first appends are under way before timing.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while written.load(Ordering::Relaxed) == 0 {
-        assert!(Instant::now() < deadline, "the loud project wrote nothing");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    tokio::time::timeout(Duration::from_secs(60), first_written.notified())
+        .await
+        .expect("the loud project wrote nothing in a minute");
     let (start, at_start) = (Instant::now(), written.load(Ordering::Relaxed));
-    let during = figures(&quiet(&client, &url, seconds).await);
+    let during = figures(quiet(&client, &url, seconds).await);
     let loud_mb_s =
         (written.load(Ordering::Relaxed) - at_start) as f64 / start.elapsed().as_secs_f64() / 1e6;
     stop.store(true, Ordering::Relaxed);
     for t in loud {
         t.await.unwrap();
     }
-    let after = figures(&quiet(&client, &url, seconds).await);
+    let after = figures(quiet(&client, &url, seconds).await);
     let _ = stop_tx.send(());
     let _ = server.await;
     Run {

@@ -203,16 +203,21 @@ enum Due {
     Read(Vec<EffectRow>, Vec<EffectRow>),
 }
 
+/// How many effects of each project run here.
+fn per_project(running: &HashMap<i64, String>) -> HashMap<String, usize> {
+    let mut counts: HashMap<String, usize> = HashMap::new();
+    for project in running.values() {
+        *counts.entry(project.clone()).or_default() += 1;
+    }
+    counts
+}
+
 /// The projects with `share` or more effects running here.
 fn at_share(running: &HashMap<i64, String>, share: usize) -> Vec<String> {
-    let mut per_project: HashMap<&str, usize> = HashMap::new();
-    for project in running.values() {
-        *per_project.entry(project).or_default() += 1;
-    }
-    per_project
+    per_project(running)
         .into_iter()
         .filter(|(_, n)| *n >= share)
-        .map(|(p, _)| p.to_string())
+        .map(|(p, _)| p)
         .collect()
 }
 
@@ -285,10 +290,7 @@ fn choose(
     concurrency: usize,
     share: usize,
 ) -> Vec<EffectRow> {
-    let mut per_project: HashMap<String, usize> = HashMap::new();
-    for project in running.values() {
-        *per_project.entry(project.clone()).or_default() += 1;
-    }
+    let mut per_project = per_project(running);
     let mut ids: HashSet<i64> = running.keys().copied().collect();
     let mut chosen: Vec<EffectRow> = Vec::new();
     // Within the shares first (the oldest first), then past them.
