@@ -192,6 +192,23 @@ pub struct DeliveryConfig {
     pub backoff_max_ms: u64,
     /// Deadline of one receiver call (20 s).
     pub timeout_ms: u64,
+    /// Webhook POSTs and copies of subscriptions running at once on this
+    /// host (1024). A processor wake or an ITX receiver's call holds a
+    /// place of `[processors] max-concurrent-calls` instead.
+    pub concurrency: usize,
+    /// One project's share of them (a quarter of `concurrency`, at least 1;
+    /// see [`DeliveryConfig::project_concurrency`]). A run due past its
+    /// project's share waits for a place; its deadline starts with it.
+    pub concurrency_per_project: Option<usize>,
+}
+
+impl DeliveryConfig {
+    /// Webhook and copy attempts of one project running at once.
+    pub fn project_concurrency(&self) -> usize {
+        self.concurrency_per_project
+            .unwrap_or(self.concurrency / 4)
+            .clamp(1, self.concurrency.max(1))
+    }
 }
 
 /// Processor runtime settings.
@@ -360,6 +377,8 @@ impl Default for DeliveryConfig {
             backoff_base_ms: 1000,
             backoff_max_ms: 30 * 60 * 1000,
             timeout_ms: 20_000,
+            concurrency: 1024,
+            concurrency_per_project: None,
         }
     }
 }
@@ -510,6 +529,17 @@ impl Config {
             if v == 0 {
                 bail!("processors.{name} must be at least 1, got 0");
             }
+        }
+        if d.concurrency == 0 {
+            bail!("delivery.concurrency must be at least 1, got 0");
+        }
+        match d.concurrency_per_project {
+            Some(0) => bail!("delivery.concurrency-per-project must be at least 1, got 0"),
+            Some(v) if v > d.concurrency => bail!(
+                "delivery.concurrency-per-project ({v}) is above the total it is a share of ({})",
+                d.concurrency
+            ),
+            _ => {}
         }
         let e = &self.effects;
         if e.max_attempts == 0 {
@@ -708,6 +738,22 @@ admin = true
             .unwrap_err()
             .to_string();
         assert!(e.contains("max-pending-events-per-project (60000)"), "{e}");
+    }
+
+    #[test]
+    fn a_projects_delivery_share_defaults_to_a_quarter_and_names_a_bad_one() {
+        let c = Config::default();
+        assert_eq!(c.delivery.project_concurrency(), 256);
+        let c = Config::from_toml("[delivery]\nconcurrency = 8").unwrap();
+        assert_eq!(c.delivery.project_concurrency(), 2);
+        let e = Config::from_toml("[delivery]\nconcurrency = 8\nconcurrency-per-project = 9")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("delivery.concurrency-per-project (9)"), "{e}");
+        let e = Config::from_toml("[delivery]\nconcurrency = 0")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("delivery.concurrency must be at least 1"), "{e}");
     }
 
     #[test]

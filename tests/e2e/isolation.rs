@@ -873,6 +873,133 @@ async fn a_project_whose_effects_hang_takes_its_share_of_the_outbox_and_another_
 }
 
 #[tokio::test]
+async fn a_project_whose_webhooks_hang_takes_its_share_of_deliveries_and_another_projects_deliver()
+{
+    // Eight deliveries at once, two of one project's; an attempt may hang
+    // for two minutes before it times out.
+    let config = "[delivery]\nconcurrency = 8\nconcurrency-per-project = 2\ntimeout-ms = 120000\n\
+                  [effects]\nlease-ms = 300000\n";
+    let s = Server::start_with(Some(config), &[]);
+    let r = crate::effects::Receiver::start().await;
+    // Six subscriptions of evil's to a receiver that never answers.
+    let evil = "/v1/projects/evil/streams/orders";
+    for i in 0..6 {
+        let url = format!("{}/hang/{i}", r.base);
+        let sub = webhook_subscription(&format!("hang-{i}"), &url);
+        assert_eq!(s.post(&format!("{evil}:append"), sub).await.0, 200);
+    }
+    let order = ev("order/placed", json!({"n": 1}));
+    assert_eq!(
+        s.post(&format!("{evil}:append"), order.clone()).await.0,
+        200
+    );
+    let evil_posts = || {
+        r.posts
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|p| p.path.starts_with("/hang/"))
+            .count()
+    };
+    let waiting = async || {
+        let (status, rt) = s.get(&format!("{evil}:runtime")).await;
+        assert_eq!(status, 200, "{rt}");
+        let runs = rt["subscriptions"].as_object().cloned().unwrap_or_default();
+        for (key, run) in &runs {
+            assert_eq!(
+                run["attempt"], 0,
+                "{key}: waiting or hanging is no failure: {run}"
+            );
+            assert!(run["lastError"].is_null(), "{key}: {run}");
+        }
+        runs.values()
+            .filter(|run| run["waitingForPlace"] == true)
+            .count()
+    };
+    crate::support::wait_for(
+        "evil's deliveries to take their share and the rest to wait",
+        Duration::from_secs(30),
+        async || evil_posts() == 2 && waiting().await == 4,
+    )
+    .await;
+    // Another project's delivery runs while evil's hang.
+    let good = "/v1/projects/good/streams/orders";
+    let url = format!("{}/ok/good", r.base);
+    assert_eq!(
+        s.post(&format!("{good}:append"), webhook_subscription("ok", &url))
+            .await
+            .0,
+        200
+    );
+    assert_eq!(s.post(&format!("{good}:append"), order).await.0, 200);
+    crate::support::wait_for("good's delivery", Duration::from_secs(30), async || {
+        !r.posts_to("/ok/good").is_empty()
+    })
+    .await;
+    assert_eq!(evil_posts(), 2, "evil's deliveries at once (its share)");
+    assert_eq!(
+        waiting().await,
+        4,
+        "evil's other deliveries wait for a place"
+    );
+}
+
+#[tokio::test]
+async fn a_projects_wakes_take_places_of_its_call_share() {
+    let config = "[processors]\nmax-concurrent-calls = 4\nmax-concurrent-calls-per-project = 2\n\
+                  [delivery]\ntimeout-ms = 4000\nmax-attempts = 50\nbackoff-base-ms = 10\n\
+                  backoff-max-ms = 20\n";
+    let s = Server::start_with(Some(config), &[]);
+    for project in ["evil", "good"] {
+        let (status, out) = s
+            .deploy(project, "kinds", crate::support::guest("kinds"))
+            .await;
+        assert!(status == 200 || status == 201, "{out}");
+    }
+    // Four processors of evil's that spin on every wake until its timeout,
+    // again and again: more wakes at once than evil's two places.
+    let (status, out) = s
+        .deploy("evil", "proc", crate::support::guest("hostile"))
+        .await;
+    assert!(status == 200 || status == 201, "{out}");
+    for i in 0..4 {
+        let stream = format!("/v1/projects/evil/streams/spin{i}");
+        let wake = json!({"events": [{"type": "events.iterate.com/stream/subscription-configured",
+            "payload": {"subscriptionKey": "p",
+                "receiver": {"action": "processor-wake",
+                    "expression": ["components", ["get", "proc"], "wake"]}}}]});
+        assert_eq!(s.post(&format!("{stream}:append"), wake).await.0, 200);
+        let spin = ev("hostile/loop", json!({}));
+        assert_eq!(s.post(&format!("{stream}:append"), spin).await.0, 200);
+    }
+    let add = json!({"expression": ["components", ["get", "kinds"], "add"], "args": [2, 3]});
+    // Evil's own call waits behind its spinning wakes, then is refused.
+    let mut refused = None;
+    crate::support::wait_for(
+        "evil's call refused at its share",
+        Duration::from_secs(30),
+        async || {
+            let answer = s.post("/v1/projects/evil/itx", add.clone()).await;
+            let at_share = answer.0 == 429;
+            refused = Some(answer);
+            at_share
+        },
+    )
+    .await;
+    assert_error(
+        &refused.unwrap(),
+        429,
+        "too-many-calls",
+        "max-concurrent-calls-per-project = 2",
+    );
+    // Meanwhile another project's calls run at once.
+    for _ in 0..3 {
+        let answer = s.post("/v1/projects/good/itx", add.clone()).await;
+        assert_eq!(answer, (200, json!({"result": 5})), "good's call");
+    }
+}
+
+#[tokio::test]
 async fn a_component_keeps_its_newest_versions_and_the_bytes_of_older_ones_go() {
     let s = Server::start_with(Some("[processors]\nmax-versions-per-component = 2\n"), &[]);
     let kinds = crate::support::guest("kinds");

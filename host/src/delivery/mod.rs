@@ -185,6 +185,7 @@ mod tests {
             backoff_base_ms: 100,
             backoff_max_ms: 1000,
             timeout_ms: 50,
+            ..DeliveryConfig::default()
         }
     }
 

@@ -139,6 +139,11 @@ pub struct DeliveryView {
     pub next_attempt_at: Option<i64>,
     /// When the delivery in flight is given up (ms since the epoch).
     pub in_flight_deadline_at: Option<i64>,
+    /// The next attempt is due but waits for a place: its project's share
+    /// of receivers running at once is taken (`[delivery]
+    /// concurrency-per-project`; for wakes and ITX receivers `[processors]
+    /// max-concurrent-calls-per-project`). Waiting is not a failure.
+    pub waiting_for_place: bool,
     /// The last failure's message.
     pub last_error: Option<String>,
     /// Halted: nothing is delivered until it is resumed.
@@ -162,8 +167,12 @@ pub struct DeliveryView {
 pub struct InFlight {
     /// The attempt id; only its report can settle it.
     pub id: u64,
-    /// When the executor gives up on it (ms since the epoch).
-    pub deadline_ms: i64,
+    /// When the executor gives up on it (ms since the epoch); none while
+    /// it waits for a place (its project's share of receivers is taken),
+    /// since its time starts with its place.
+    pub deadline_ms: Option<i64>,
+    /// Its time once it runs: the timeout (and a receiver's grace).
+    pub budget_ms: i64,
 }
 
 /// Delivery state of one push subscription on its source stream.
@@ -242,7 +251,11 @@ impl SubscriptionRuntime {
             attempt: self.run.attempt,
             next_attempt_at: (!self.halted && self.run.attempt != 0)
                 .then_some(self.next_attempt_at_ms),
-            in_flight_deadline_at: self.in_flight.as_ref().map(|f| f.deadline_ms),
+            in_flight_deadline_at: self.in_flight.as_ref().and_then(|f| f.deadline_ms),
+            waiting_for_place: self
+                .in_flight
+                .as_ref()
+                .is_some_and(|f| f.deadline_ms.is_none()),
             last_error: self.last_error.clone(),
             halted: self.halted,
             generation: self.generation,

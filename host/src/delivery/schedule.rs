@@ -66,6 +66,18 @@ pub struct DeliveryDone {
     pub result: Result<Delivered, Failure>,
 }
 
+/// An attempt's executor found its project's share of places taken
+/// (`placed: false`: the attempt waits, without a deadline), or got a place
+/// after waiting (`placed: true`: its time starts now). See
+/// [`Deliveries::placed`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct Placement {
+    pub key: String,
+    pub generation: u64,
+    pub id: u64,
+    pub placed: bool,
+}
+
 /// A successful attempt.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Delivered {
@@ -133,10 +145,12 @@ impl Deliveries {
                     } else {
                         0
                     };
-                    let deadline_ms = now_ms + timeout_ms as i64 + grace;
+                    let budget_ms = timeout_ms as i64 + grace;
+                    let deadline_ms = now_ms + budget_ms;
                     rt.in_flight = Some(InFlight {
                         id: self.next_id,
-                        deadline_ms,
+                        deadline_ms: Some(deadline_ms),
+                        budget_ms,
                     });
                     jobs.push(Job {
                         key: key.clone(),
@@ -217,6 +231,22 @@ impl Deliveries {
         }
     }
 
+    /// An attempt's executor found no free place for it (`placed: false`):
+    /// it has no deadline until it gets one; or it got one late (`placed:
+    /// true`): its deadline is its whole time from `now_ms`. Waiting is
+    /// not a failure. A report of a stale attempt changes nothing.
+    pub fn placed(&mut self, placement: &Placement, now_ms: i64) {
+        let Some(rt) = self.runs.get_mut(&placement.key) else {
+            return;
+        };
+        if rt.generation != placement.generation {
+            return;
+        }
+        if let Some(f) = rt.in_flight.as_mut().filter(|f| f.id == placement.id) {
+            f.deadline_ms = placement.placed.then_some(now_ms + f.budget_ms);
+        }
+    }
+
     /// Counts every attempt still unreported [`EXPIRY_SLACK_MS`] after its
     /// deadline as failed; its report, if it ever comes, is then stale.
     pub fn expire(&mut self, now_ms: i64, jitter: f64, policy: &DeliveryConfig) -> Vec<Fact> {
@@ -227,7 +257,8 @@ impl Deliveries {
             .filter(|(_, rt)| {
                 rt.in_flight
                     .as_ref()
-                    .is_some_and(|f| now_ms > f.deadline_ms + EXPIRY_SLACK_MS)
+                    .and_then(|f| f.deadline_ms)
+                    .is_some_and(|deadline_ms| now_ms > deadline_ms + EXPIRY_SLACK_MS)
             })
             .map(|(k, _)| k.clone())
             .collect();
@@ -301,7 +332,9 @@ impl Deliveries {
             .values()
             .filter(|rt| !rt.halted && !rt.fact_pending)
             .filter_map(|rt| match &rt.in_flight {
-                Some(f) => Some(f.deadline_ms + EXPIRY_SLACK_MS + 1),
+                // (Waiting for a place: its executor reports when it has
+                // one.)
+                Some(f) => f.deadline_ms.map(|d| d + EXPIRY_SLACK_MS + 1),
                 None if rt.cursor < head => Some(rt.next_attempt_at_ms),
                 None => None,
             })
@@ -420,6 +453,7 @@ mod tests {
             backoff_base_ms: 10,
             backoff_max_ms: 200,
             timeout_ms: 100,
+            ..DeliveryConfig::default()
         }
     }
 
@@ -652,6 +686,39 @@ mod tests {
             .complete(done(&jobs[0], Ok(late)), 3000, 0.0, &policy(), |_| None)
             .is_none());
         assert_eq!(d.runs["k"].cursor, 0, "a stale report moves nothing");
+    }
+
+    #[test]
+    fn an_attempt_waiting_for_a_place_has_no_deadline_until_it_has_one() {
+        let mut d = Deliveries::default();
+        d.runs.insert(
+            "k".into(),
+            SubscriptionRuntime::new(1, Ok(route(OnFailingEvent::Halt)), 0, 0, false),
+        );
+        let (jobs, _) = d.due(0, 5, 100);
+        let placement = |placed| Placement {
+            key: "k".into(),
+            generation: jobs[0].generation,
+            id: jobs[0].id,
+            placed,
+        };
+        d.placed(&placement(false), 10);
+        assert!(d.runs["k"].view(5).waiting_for_place);
+        assert_eq!(d.next_wake_at_ms(5), None, "its executor reports when placed");
+        assert!(d.expire(1_000_000, 0.0, &policy()).is_empty());
+        assert_eq!(d.runs["k"].run.attempt, 0, "waiting is not a failure");
+        assert_eq!(d.due(1_000_000, 5, 100).0.len(), 0, "still in flight");
+        // Placed at 1,000,000: its whole time from then.
+        d.placed(&placement(true), 1_000_000);
+        let view = d.runs["k"].view(5);
+        assert!(!view.waiting_for_place);
+        assert_eq!(view.in_flight_deadline_at, Some(1_000_100));
+        assert!(d.expire(1_000_100 + EXPIRY_SLACK_MS, 0.0, &policy()).is_empty());
+        assert_eq!(d.expire(1_000_101 + EXPIRY_SLACK_MS, 0.0, &policy()).len(), 0);
+        assert_eq!(d.runs["k"].run.attempt, 1, "then it expires like any attempt");
+        // A placement of a stale attempt changes nothing.
+        d.placed(&placement(false), 2_000_000);
+        assert!(d.runs["k"].in_flight.is_none());
     }
 
     /// Many schedules of failures, timeouts (lost reports), duplicate and

@@ -414,6 +414,7 @@ mod tests {
             backoff_base_ms: 1000,
             backoff_max_ms: 60_000,
             timeout_ms: 1000,
+            ..DeliveryConfig::default()
         }
     }
 

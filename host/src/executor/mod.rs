@@ -21,7 +21,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::delivery::copy::SourceInfo;
-use crate::delivery::schedule::{Delivered, DeliveryDone, Job};
+use crate::delivery::schedule::{Delivered, DeliveryDone, Job, Placement};
 use crate::delivery::select::{select_batch, Selection};
 use crate::delivery::target::Target;
 use crate::delivery::Failure;
@@ -50,6 +50,9 @@ pub struct Executors {
     pub metrics: crate::metrics::Metrics,
     /// Guest calls at once, per project and in all.
     pub calls: Arc<crate::processor::share::Shares>,
+    /// Webhook POSTs and copies of subscriptions at once, per project and
+    /// in all (`[delivery] concurrency`).
+    pub sends: Arc<crate::processor::share::Shares>,
 }
 
 /// What a target's `send` works with.
@@ -70,19 +73,75 @@ pub struct Source {
     pub fence: Option<crate::storage::Fence>,
 }
 
-/// Runs `job` as a task; `report` receives its result exactly once.
-pub fn spawn<R, F>(exec: &Executors, job: Job, source: Arc<Source>, report: R)
+/// What an attempt tells its source's actor: that it waits for a place,
+/// or got one after waiting (see [`Executors::share_of`]), and, exactly
+/// once, its result.
+#[derive(Debug)]
+pub enum Report {
+    Placement(Placement),
+    Done(DeliveryDone),
+}
+
+impl Executors {
+    /// The places an attempt holds while it runs, and whose: a call into a
+    /// component (a wake, an ITX receiver) holds one of the guest calls'
+    /// (`[processors] max-concurrent-calls`), of the component's project; a
+    /// webhook POST or a copy one of the deliveries' (`[delivery]
+    /// concurrency`), of the source's project.
+    pub fn share_of<'a>(
+        &'a self,
+        job: &'a Job,
+        source: &'a Source,
+    ) -> (&'a Arc<crate::processor::share::Shares>, &'a str) {
+        match &job.route.target {
+            Target::Wake { project, .. } | Target::Itx { project, .. } => (&self.calls, project),
+            Target::Copy { .. } | Target::Webhook { .. } => {
+                (&self.sends, source.info.project_id.as_deref().unwrap_or(""))
+            }
+        }
+    }
+}
+
+/// Runs `job` as a task once it holds its places: at once when they are
+/// free; else it tells `report` that it waits (no deadline runs while it
+/// does), and again when it has them (its time starts then). `report`
+/// receives its result exactly once.
+pub fn spawn<R, F>(exec: &Executors, mut job: Job, source: Arc<Source>, report: R)
 where
-    R: FnOnce(DeliveryDone) -> F + Send + 'static,
+    R: Fn(Report) -> F + Send + 'static,
     F: Future<Output = ()> + Send,
 {
     let exec = exec.clone();
     tokio::spawn(async move {
+        let (key, generation, id, timeout_ms) =
+            (job.key.clone(), job.generation, job.id, job.timeout_ms);
+        let (shares, project) = exec.share_of(&job, &source);
+        let (shares, project) = (Arc::clone(shares), project.to_string());
+        let place = match shares.try_enter(&project) {
+            Some(place) => place,
+            None => {
+                let waiting = Instant::now();
+                let placement = |placed| {
+                    Report::Placement(Placement {
+                        key: key.clone(),
+                        generation,
+                        id,
+                        placed,
+                    })
+                };
+                report(placement(false)).await;
+                let place = shares.enter(&project).await;
+                report(placement(true)).await;
+                // The attempt's time starts now.
+                let waited_ms = i64::try_from(waiting.elapsed().as_millis()).unwrap_or(i64::MAX);
+                job.now_ms = job.now_ms.saturating_add(waited_ms);
+                job.deadline_ms = job.deadline_ms.saturating_add(waited_ms);
+                place
+            }
+        };
         let started = Instant::now();
         let label = job.route.target.label();
         let wait = Duration::from_millis((job.deadline_ms - job.now_ms).max(0) as u64);
-        let (key, generation, id, timeout_ms) =
-            (job.key.clone(), job.generation, job.id, job.timeout_ms);
         let gate = Arc::new(Gate::default());
         let result = guarded(
             &label,
@@ -92,13 +151,14 @@ where
             execute(exec, job, source, gate),
         )
         .await;
-        report(DeliveryDone {
+        drop(place);
+        report(Report::Done(DeliveryDone {
             key,
             generation,
             id,
             duration: started.elapsed(),
             result,
-        })
+        }))
         .await;
     });
 }

@@ -281,6 +281,7 @@ impl Host {
             Some(d) if d.attempt > 0 => ProcessorStatus::Failing,
             Some(d)
                 if d.in_flight_deadline_at.is_some()
+                    || d.waiting_for_place
                     || d.last_delivery_at.is_some_and(|t| now - t < idle_ms) =>
             {
                 ProcessorStatus::Active

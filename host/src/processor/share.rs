@@ -11,11 +11,11 @@
 //! another project's (the host's places are handed out first come, first
 //! served, and a project has at most its share waiting for them).
 //!
-//! Wakes and ITX receivers' batches take no place yet: the delivery
-//! schedule gives each attempt a deadline when it decides it, and counts an
-//! attempt unreported past it as failed, so waiting for a place there would
-//! be a failure (and a second attempt). They need the schedule to start an
-//! attempt only once its place is held.
+//! A processor wake and an ITX receiver's batch take the same places
+//! (`executor::spawn`): one that must wait has no deadline until it has
+//! them (the delivery schedule's `placed`). The deliveries' places
+//! (`[delivery] concurrency`: webhook POSTs and copies) are another
+//! `Shares`.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -84,6 +84,22 @@ impl Shares {
             _project: project_place,
             _entry: entry,
         }
+    }
+
+    /// Places for one call of `project` if both are free now, without
+    /// waiting (and without passing anyone who waits).
+    pub fn try_enter(self: &Arc<Self>, project: &str) -> Option<Place> {
+        let entry = Entry {
+            name: project.to_string(),
+            shares: Arc::clone(self),
+        };
+        let project_place = self.of(project).try_acquire_owned().ok()?;
+        let host_place = Arc::clone(&self.host).try_acquire_owned().ok()?;
+        Some(Place {
+            _host: host_place,
+            _project: project_place,
+            _entry: entry,
+        })
     }
 
     /// Places for one call of `project` within `wait`, else `429
@@ -158,6 +174,31 @@ mod tests {
             .enter_within("a", Duration::from_millis(20))
             .await
             .expect("a place given back");
+    }
+
+    #[tokio::test]
+    async fn a_place_is_taken_without_waiting_only_when_both_are_free() {
+        let shares = Shares::new(3, 2);
+        let a1 = shares.try_enter("a").expect("free");
+        let _a2 = shares.try_enter("a").expect("free");
+        assert!(shares.try_enter("a").is_none(), "a is at its share");
+        let b = shares.try_enter("b").expect("b has its own share");
+        assert!(shares.try_enter("c").is_none(), "the host is full");
+        assert_eq!(shares.running("c"), 0, "a refused try holds nothing");
+        drop(b);
+        assert!(shares.try_enter("c").is_some());
+        // Someone waiting is not passed: a's waiter gets a's place back.
+        let waiter = tokio::spawn({
+            let shares = Arc::clone(&shares);
+            async move { shares.enter("a").await }
+        });
+        // (The test runs on one thread: yielding runs the waiter until it
+        // waits.)
+        tokio::task::yield_now().await;
+        assert!(!waiter.is_finished(), "a is at its share");
+        drop(a1);
+        assert!(shares.try_enter("a").is_none(), "a's freed place is the waiter's");
+        assert!(waiter.await.is_ok());
     }
 
     #[tokio::test]

@@ -97,6 +97,10 @@ impl Streams {
                     shadows: Default::default(),
                     metrics: metrics.clone(),
                     calls: settings.calls,
+                    sends: crate::processor::share::Shares::new(
+                        settings.delivery.concurrency,
+                        settings.delivery.project_concurrency(),
+                    ),
                 },
                 storage,
                 clock,

@@ -511,6 +511,7 @@ impl ActorCore {
                 if !matches!(
                     cmd,
                     Command::DeliveryDone(_)
+                        | Command::DeliveryPlaced(_)
                         | Command::ConnectionEnded { .. }
                         | Command::IdleCheck
                         | Command::LeaseChanged
@@ -709,6 +710,10 @@ impl ActorCore {
                 let _ = reply.send(lags);
             }
             Command::DeliveryDone(done) => self.delivery_done(*done),
+            Command::DeliveryPlaced(placement) => {
+                let now_ms = self.env.now_ms();
+                self.deliveries.placed(&placement, now_ms);
+            }
             // The runtime decides (idle long enough, nothing pending).
             Command::IdleCheck => {}
             Command::LeaseChanged => {

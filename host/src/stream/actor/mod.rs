@@ -151,6 +151,8 @@ pub enum Command {
     IdleCheck,
     /// The result of a delivery this actor started.
     DeliveryDone(Box<DeliveryDone>),
+    /// A delivery this actor started waits for a place, or got one.
+    DeliveryPlaced(Box<crate::delivery::schedule::Placement>),
     /// Open a live connection.
     Connect {
         params: Box<crate::connection::ConnectParams>,
@@ -195,6 +197,15 @@ pub struct ActorContext {
 struct HostEnvironment {
     clock: Arc<dyn Clock>,
     storage: Storage,
+}
+
+impl From<crate::executor::Report> for Command {
+    fn from(report: crate::executor::Report) -> Command {
+        match report {
+            crate::executor::Report::Placement(p) => Command::DeliveryPlaced(Box::new(p)),
+            crate::executor::Report::Done(done) => Command::DeliveryDone(Box::new(done)),
+        }
+    }
 }
 
 impl core::Environment for HostEnvironment {
@@ -371,9 +382,12 @@ impl Actor {
                             &self.ctx.executors,
                             job,
                             source.clone(),
-                            |done| async move {
-                                if let Some(tx) = self_tx.upgrade() {
-                                    let _ = tx.send(Command::DeliveryDone(Box::new(done))).await;
+                            move |report| {
+                                let self_tx = self_tx.clone();
+                                async move {
+                                    if let Some(tx) = self_tx.upgrade() {
+                                        let _ = tx.send(Command::from(report)).await;
+                                    }
                                 }
                             },
                         );

@@ -399,6 +399,7 @@ impl World {
                 backoff_base_ms: 100,
                 backoff_max_ms: 2_000,
                 timeout_ms: 1_000,
+                ..DeliveryConfig::default()
             },
             idle_stream_ms: 60_000,
             ephemeral: crate::stream::quota::EphemeralMemory::new(1 << 20),
