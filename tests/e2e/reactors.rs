@@ -906,3 +906,153 @@ async fn the_cli_configures_a_reactor_and_refuses_a_component_without_one() {
     assert!(!ok);
     assert!(err.contains("--transform does not apply"), "{err}");
 }
+
+/// Configures reactor `name` of component `component` on `stream`, for
+/// the events of `types` (every event: `None`).
+async fn configure_any(
+    s: &Server,
+    stream: &str,
+    name: &str,
+    component: &str,
+    types: Option<&[&str]>,
+) {
+    let mut payload = json!({
+        "subscriptionKey": name,
+        "receiver": {"action": "reactor",
+            "expression": ["components", ["get", component], "react"]}});
+    if let Some(types) = types {
+        payload["filter"] = json!({"eventTypes": types});
+    }
+    let (status, out) = s
+        .post(
+            &format!("{stream}:append"),
+            json!({"events": [{"type": CONFIGURED, "payload": payload}]}),
+        )
+        .await;
+    assert_eq!(status, 200, "{out}");
+}
+
+/// Appends one event of `event_type` to `stream`: the status, the answer,
+/// its `retry-after`.
+async fn append_raw(s: &Server, stream: &str, event_type: &str) -> (u16, Value, Option<String>) {
+    let answer = reqwest::Client::new()
+        .post(format!("{}{stream}:append", s.url))
+        .json(&json!({"events": [{"type": event_type, "payload": {}}]}))
+        .send()
+        .await
+        .unwrap();
+    let status = answer.status().as_u16();
+    let retry_after = answer
+        .headers()
+        .get("retry-after")
+        .map(|v| v.to_str().unwrap().to_string());
+    (status, answer.json().await.unwrap(), retry_after)
+}
+
+#[tokio::test]
+async fn a_reactor_that_times_out_again_and_again_rests_and_the_streams_other_appends_go_on() {
+    let s = Server::start();
+    let (status, out) = s
+        .deploy("evil", "hostile", crate::support::guest("hostile"))
+        .await;
+    assert!(status == 200 || status == 201, "{out}");
+    let stream = "/v1/projects/evil/streams/spin";
+    configure_any(&s, stream, "spin", "hostile", Some(&["hostile/loop"])).await;
+    let before = head(&s, stream).await;
+    // Two calls in a row run to their timeout: each refuses its append.
+    for _ in 0..2 {
+        let (status, body, retry_after) = append_raw(&s, stream, "hostile/loop").await;
+        assert_error(
+            &(status, body.clone()),
+            503,
+            "reactor-unavailable",
+            "timed out",
+        );
+        assert_eq!(retry_after.as_deref(), Some("1"), "{body}");
+    }
+    // Then it rests: refused at once, without a call, for the rest left.
+    let (status, body, retry_after) = append_raw(&s, stream, "hostile/loop").await;
+    assert_error(
+        &(status, body.clone()),
+        503,
+        "reactor-unavailable",
+        "its last 2 calls ran to their timeout (1000 ms each), so it is not called until",
+    );
+    let retry_after: u64 = retry_after.expect("a retry-after").parse().unwrap();
+    assert!((1..=2).contains(&retry_after), "{retry_after} s");
+    // The stream's other appends go on (none waits behind a call).
+    for _ in 0..3 {
+        let (status, body, _) = append_raw(&s, stream, "order/placed").await;
+        assert_eq!(status, 200, "{body}");
+    }
+    assert_eq!(head(&s, stream).await, before + 3, "only the other events");
+    // After its rest it is called again: another timeout.
+    let mut answer = None;
+    wait_for(
+        "the reactor called again after its rest",
+        Duration::from_secs(30),
+        async || {
+            let (status, body, _) = append_raw(&s, stream, "hostile/loop").await;
+            let called = body["error"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("timed out"));
+            answer = Some((status, body));
+            called
+        },
+    )
+    .await;
+    assert_error(&answer.unwrap(), 503, "reactor-unavailable", "timed out");
+}
+
+#[tokio::test]
+async fn a_projects_reactors_take_places_of_its_call_share_and_another_projects_do_not_wait() {
+    let config = "[processors]\nmax-concurrent-calls = 4\nmax-concurrent-calls-per-project = 2\n\
+                  [delivery]\ntimeout-ms = 30000\nmax-attempts = 50\n[effects]\nlease-ms = 300000\n";
+    let s = Server::start_with(Some(config), &[]);
+    for project in ["evil", "good"] {
+        let (status, out) = s
+            .deploy(project, "hostile", crate::support::guest("hostile"))
+            .await;
+        assert!(status == 200 || status == 201, "{out}");
+    }
+    // Evil's two places held by wakes that spin for thirty seconds.
+    for i in 0..2 {
+        let stream = format!("/v1/projects/evil/streams/spin{i}");
+        let wake = json!({"events": [{"type": CONFIGURED,
+            "payload": {"subscriptionKey": "p",
+                "receiver": {"action": "processor-wake",
+                    "expression": ["components", ["get", "hostile"], "wake"]}}}]});
+        assert_eq!(s.post(&format!("{stream}:append"), wake).await.0, 200);
+        let spin = json!({"events": [{"type": "hostile/loop", "payload": {}}]});
+        assert_eq!(s.post(&format!("{stream}:append"), spin).await.0, 200);
+    }
+    let evil = "/v1/projects/evil/streams/orders";
+    let good = "/v1/projects/good/streams/orders";
+    configure_any(&s, evil, "audit", "hostile", None).await;
+    configure_any(&s, good, "audit", "hostile", None).await;
+    // Evil's reactor waits for a place of its own project's, then its
+    // append is refused naming the share.
+    let mut refused = None;
+    wait_for(
+        "evil's reactor refused at its share",
+        Duration::from_secs(30),
+        async || {
+            let (status, body, _) = append_raw(&s, evil, "order/placed").await;
+            let at_share = status == 503;
+            refused = Some((status, body));
+            at_share
+        },
+    )
+    .await;
+    assert_error(
+        &refused.unwrap(),
+        503,
+        "reactor-unavailable",
+        "max-concurrent-calls-per-project = 2",
+    );
+    // Another project's reactor runs at once.
+    for _ in 0..3 {
+        let (status, body, _) = append_raw(&s, good, "order/placed").await;
+        assert_eq!(status, 200, "good's append: {body}");
+    }
+}

@@ -130,6 +130,7 @@ impl Host {
                 runtime: &runtime,
                 project: &project,
                 stream_id: &stream_id,
+                rests: None,
             };
             let source = EffectSource {
                 project: project.clone(),

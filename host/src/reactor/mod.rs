@@ -12,8 +12,10 @@
 //! it. Nothing here decides delivery: the outbox's executor runs the
 //! effects as it runs a processor's.
 
+pub mod rest;
+
 use std::collections::HashSet;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use serde_json::Value;
 
@@ -141,6 +143,10 @@ pub struct Reacting<'a> {
     pub runtime: &'a Runtime,
     pub project: &'a str,
     pub stream_id: &'a str,
+    /// The host's resting reactors and its clock: a reactor version whose
+    /// calls time out again and again is not called while it rests
+    /// (`rest.rs`). `None`: every call runs (a backfill).
+    pub rests: Option<(&'a Mutex<rest::Rests>, &'a dyn crate::clock::Clock)>,
 }
 
 impl Reacting<'_> {
@@ -200,10 +206,33 @@ impl Reacting<'_> {
                     crate::processor::wake::created_ms(&a.event.created_at),
                 );
                 let clock_ms = d.wall_clock_ms;
+                if let Some((rests, clock)) = self.rests {
+                    let now_ms = clock.now_ms();
+                    let admitted = rests
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .admit(self.project, &p.digest, now_ms);
+                    if let Err(resting) = admitted {
+                        return Err(Refusal {
+                            request: a.request,
+                            error: resting_refusal(reactor, a, resting, now_ms),
+                        });
+                    }
+                }
                 calls += 1;
-                let returned = self
+                let called = self
                     .runtime
-                    .react(&reactor.component, &p, &a.body, d, REACT_TIMEOUT_MS)
+                    .react(&reactor.component, &p, &a.body, d, REACT_TIMEOUT_MS);
+                if let Some((rests, clock)) = self.rests {
+                    let mut rests = rests.lock().unwrap_or_else(|e| e.into_inner());
+                    match &called {
+                        Err(GuestError::Timeout { .. }) => {
+                            rests.timed_out(self.project, &p.digest, clock.now_ms())
+                        }
+                        _ => rests.ran(self.project, &p.digest),
+                    }
+                }
+                let returned = called
                     .map_err(|e| {
                         let retryable = e.retryable();
                         let message = failed_call(reactor, a, e, clock_ms);
@@ -334,6 +363,21 @@ fn failed_call(reactor: &Reactor, a: &Appended, e: GuestError, clock_ms: i64) ->
         other => other.to_string(),
     };
     format!("{what}{repro}")
+}
+
+/// The refusal of an event for a reactor that rests (`rest.rs`): `503
+/// reactor-unavailable`, retry after the rest left.
+fn resting_refusal(reactor: &Reactor, a: &Appended, resting: rest::Resting, now_ms: i64) -> Error {
+    let message = format!(
+        "its last {} calls ran to their timeout ({REACT_TIMEOUT_MS} ms each), so it is not called \
+         until {}",
+        resting.timeouts,
+        crate::clock::format_timestamp(resting.until_ms)
+    );
+    let mut error = refusal(reactor, a, &message, true);
+    let left_ms = (resting.until_ms - now_ms).max(1);
+    error.retry_after_s = Some(u32::try_from((left_ms + 999) / 1000).unwrap_or(u32::MAX));
+    error
 }
 
 /// The refusal of an event: `422 reactor-failed` when it is final (the

@@ -110,6 +110,7 @@ impl Streams {
                 streams: StreamsRef(weak.clone()),
                 idle_stream_ms: settings.idle_stream_ms,
                 ephemeral: super::quota::EphemeralMemory::new(settings.max_ephemeral_bytes),
+                reactor_rests: Default::default(),
             },
             live: super::quota::LiveConnections::new(settings.max_live_connections_per_project),
             actors: Mutex::new(HashMap::new()),

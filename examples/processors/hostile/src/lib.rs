@@ -3,7 +3,8 @@
 //! it can return anything. The event type picks the misbehaviour; other
 //! events are counted. `hostile/batch` counts the calls that fold one
 //! (`batches`): a state that depends on how the batches were cut, which
-//! `streamhost test` must catch.
+//! `streamhost test` must catch. As a reactor, `hostile/loop` spins until
+//! the call's timeout.
 
 use streamhost_guest::bindings::exports::streamhost::processor::processor::{
     Announcement, Batch, Failure, Folded, Guest,
@@ -117,3 +118,21 @@ impl Guest for Hostile {
 }
 
 streamhost_guest::bindings::export_stream_processor!(Hostile with_types_in streamhost_guest::bindings);
+
+/// As a reactor: `hostile/loop` spins until the call's timeout; any other
+/// event has no effect.
+impl streamhost_guest::Reactor for Hostile {
+    fn react(
+        event: &streamhost_guest::Event,
+        _effects: &mut streamhost_guest::Effects,
+    ) -> Result<(), streamhost_guest::Failure> {
+        if event.event_type == "hostile/loop" {
+            loop {
+                std::hint::black_box(event);
+            }
+        }
+        Ok(())
+    }
+}
+
+streamhost_guest::reactor!(Hostile);

@@ -190,6 +190,8 @@ pub struct ActorContext {
     pub idle_stream_ms: u64,
     /// The ephemeral events all streams hold in memory.
     pub ephemeral: Arc<crate::stream::quota::EphemeralMemory>,
+    /// The reactor versions that rest after timing out again and again.
+    pub reactor_rests: Arc<std::sync::Mutex<crate::reactor::rest::Rests>>,
 }
 
 /// What a stream actor's core may ask of the host: the injected clock and
@@ -455,14 +457,49 @@ impl Actor {
         project: String,
         stream_id: String,
     ) -> core::Reacted {
+        // The round's calls hold a place of the project's share of guest
+        // calls: a project whose reactors loop holds up its own appends,
+        // never another project's.
+        let calls = &self.ctx.executors.calls;
+        let _place = match calls.try_enter(&project) {
+            Some(place) => place,
+            None => match calls
+                .enter_within(
+                    &project,
+                    std::time::Duration::from_millis(crate::reactor::REACT_TIMEOUT_MS),
+                )
+                .await
+            {
+                Ok(place) => place,
+                Err(e) => {
+                    let mut error = Error::unavailable(
+                        "reactor-unavailable",
+                        format!(
+                            "the stream's reactors could not run, so nothing of this append was \
+                             committed: {}",
+                            e.message
+                        ),
+                        crate::reactor::REFUSED_FOR_NOW_RETRY_AFTER_S,
+                    );
+                    error.retryable = Some(true);
+                    return Err(crate::reactor::Refusal {
+                        request: events.first().map_or(0, |a| a.request),
+                        error,
+                    });
+                }
+            },
+        };
         let storage = self.ctx.storage.clone();
         let runtime = Arc::clone(&self.ctx.runtime);
+        let rests = Arc::clone(&self.ctx.reactor_rests);
+        let clock = Arc::clone(&self.ctx.clock);
         let run = move || {
             crate::reactor::Reacting {
                 storage: &storage,
                 runtime: &runtime,
                 project: &project,
                 stream_id: &stream_id,
+                rests: Some((&rests, &*clock)),
             }
             .react(&reactors, &events)
         };
