@@ -1030,6 +1030,15 @@ async fn a_projects_reactors_take_places_of_its_call_share_and_another_projects_
     let good = "/v1/projects/good/streams/orders";
     configure_any(&s, evil, "audit", "hostile", None).await;
     configure_any(&s, good, "audit", "hostile", None).await;
+    let evil_filtered = "/v1/projects/evil/streams/filtered";
+    configure_any(
+        &s,
+        evil_filtered,
+        "spin",
+        "hostile",
+        Some(&["hostile/loop"]),
+    )
+    .await;
     // Evil's reactor waits for a place of its own project's, then its
     // append is refused naming the share.
     let mut refused = None;
@@ -1055,4 +1064,7 @@ async fn a_projects_reactors_take_places_of_its_call_share_and_another_projects_
         let (status, body, _) = append_raw(&s, good, "order/placed").await;
         assert_eq!(status, 200, "good's append: {body}");
     }
+    // An event no reactor runs for needs no place, evil's or not.
+    let (status, body, _) = append_raw(&s, evil_filtered, "order/placed").await;
+    assert_eq!(status, 200, "{body}");
 }

@@ -131,6 +131,7 @@ impl Host {
                 project: &project,
                 stream_id: &stream_id,
                 rests: None,
+                enter: None,
             };
             let source = EffectSource {
                 project: project.clone(),

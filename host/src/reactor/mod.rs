@@ -147,6 +147,9 @@ pub struct Reacting<'a> {
     /// calls time out again and again is not called while it rests
     /// (`rest.rs`). `None`: every call runs (a backfill).
     pub rests: Option<(&'a Mutex<rest::Rests>, &'a dyn crate::clock::Clock)>,
+    /// Takes the place of the calls (`processor/share.rs`), before the
+    /// first; its error says why there is none. `None`: no place is taken.
+    pub enter: Option<&'a dyn Fn() -> Result<crate::processor::share::Place, String>>,
 }
 
 impl Reacting<'_> {
@@ -160,6 +163,7 @@ impl Reacting<'_> {
     ) -> Result<(Vec<Reaction>, u64), Refusal> {
         let mut reactions = Vec::new();
         let mut calls = 0;
+        let mut place = None;
         for reactor in reactors {
             let mut effects = Vec::new();
             let mut keys = HashSet::new();
@@ -217,6 +221,11 @@ impl Reacting<'_> {
                             request: a.request,
                             error: resting_refusal(reactor, a, resting, now_ms),
                         });
+                    }
+                }
+                if place.is_none() {
+                    if let Some(enter) = self.enter {
+                        place = Some(enter().map_err(&refuse_for_now)?);
                     }
                 }
                 calls += 1;

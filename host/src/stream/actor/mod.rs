@@ -457,49 +457,33 @@ impl Actor {
         project: String,
         stream_id: String,
     ) -> core::Reacted {
-        // The round's calls hold a place of the project's share of guest
-        // calls: a project whose reactors loop holds up its own appends,
-        // never another project's.
-        let calls = &self.ctx.executors.calls;
-        let _place = match calls.try_enter(&project) {
-            Some(place) => place,
-            None => match calls
-                .enter_within(
-                    &project,
-                    std::time::Duration::from_millis(crate::reactor::REACT_TIMEOUT_MS),
-                )
-                .await
-            {
-                Ok(place) => place,
-                Err(e) => {
-                    let mut error = Error::unavailable(
-                        "reactor-unavailable",
-                        format!(
-                            "the stream's reactors could not run, so nothing of this append was \
-                             committed: {}",
-                            e.message
-                        ),
-                        crate::reactor::REFUSED_FOR_NOW_RETRY_AFTER_S,
-                    );
-                    error.retryable = Some(true);
-                    return Err(crate::reactor::Refusal {
-                        request: events.first().map_or(0, |a| a.request),
-                        error,
-                    });
-                }
-            },
-        };
         let storage = self.ctx.storage.clone();
         let runtime = Arc::clone(&self.ctx.runtime);
         let rests = Arc::clone(&self.ctx.reactor_rests);
         let clock = Arc::clone(&self.ctx.clock);
+        let calls = Arc::clone(&self.ctx.executors.calls);
+        let handle = tokio::runtime::Handle::current();
         let run = move || {
+            // The round's first call takes a place of the project's share
+            // of guest calls (here, off the async workers), waiting at most
+            // a reactor call's time for it: a project whose reactors loop
+            // holds up its own appends, never another project's.
+            let enter = || match calls.try_enter(&project) {
+                Some(place) => Ok(place),
+                None => handle
+                    .block_on(calls.enter_within(
+                        &project,
+                        std::time::Duration::from_millis(crate::reactor::REACT_TIMEOUT_MS),
+                    ))
+                    .map_err(|e| e.message),
+            };
             crate::reactor::Reacting {
                 storage: &storage,
                 runtime: &runtime,
                 project: &project,
                 stream_id: &stream_id,
                 rests: Some((&rests, &*clock)),
+                enter: Some(&enter),
             }
             .react(&reactors, &events)
         };
