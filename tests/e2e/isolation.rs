@@ -742,8 +742,9 @@ async fn one_address_cannot_take_every_connection_and_the_last_are_kept_for_toke
     assert_eq!(append.0, 200, "{append:?}");
 }
 
-#[tokio::test]
-async fn a_project_whose_calls_take_its_share_waits_and_another_projects_calls_do_not() {
+/// A server with two places of guest calls a project (four in all), and
+/// the `kinds` component deployed in `evil` and `good`.
+async fn call_share_server() -> Server {
     let config = "[processors]\nmax-concurrent-calls = 4\nmax-concurrent-calls-per-project = 2\n\
                   [delivery]\ntimeout-ms = 4000\nmax-attempts = 50\nbackoff-base-ms = 10\n\
                   backoff-max-ms = 20\n";
@@ -754,6 +755,56 @@ async fn a_project_whose_calls_take_its_share_waits_and_another_projects_calls_d
             .await;
         assert!(status == 200 || status == 201, "{out}");
     }
+    s
+}
+
+/// Evil's ITX call, its share of calls taken, waits and is refused with
+/// `429 too-many-calls`; good's calls answer at once.
+async fn evils_call_is_refused_and_goods_run(s: &Server) {
+    let add = json!({"expression": ["components", ["get", "kinds"], "add"], "args": [2, 3]});
+    let mut refused = None;
+    crate::support::wait_for(
+        "evil's call refused at its share",
+        Duration::from_secs(30),
+        async || {
+            let answer = s.post("/v1/projects/evil/itx", add.clone()).await;
+            let at_share = answer.0 == 429;
+            refused = Some(answer);
+            at_share
+        },
+    )
+    .await;
+    assert_error(
+        &refused.unwrap(),
+        429,
+        "too-many-calls",
+        "max-concurrent-calls-per-project = 2",
+    );
+    for _ in 0..3 {
+        let answer = s.post("/v1/projects/good/itx", add.clone()).await;
+        assert_eq!(answer, (200, json!({"result": 5})), "good's call");
+    }
+}
+
+/// `n` streams of `project` woken into `component` (the hostile guest)
+/// with an event it spins on: each wake runs until its timeout, again and
+/// again.
+pub(crate) async fn spinning_wakes(s: &Server, project: &str, component: &str, n: usize) {
+    for i in 0..n {
+        let stream = format!("/v1/projects/{project}/streams/spin{i}");
+        let wake = json!({"events": [{"type": "events.iterate.com/stream/subscription-configured",
+            "payload": {"subscriptionKey": "p",
+                "receiver": {"action": "processor-wake",
+                    "expression": ["components", ["get", component], "wake"]}}}]});
+        assert_eq!(s.post(&format!("{stream}:append"), wake).await.0, 200);
+        let spin = ev("hostile/loop", json!({}));
+        assert_eq!(s.post(&format!("{stream}:append"), spin).await.0, 200);
+    }
+}
+
+#[tokio::test]
+async fn a_project_whose_calls_take_its_share_waits_and_another_projects_calls_do_not() {
+    let s = call_share_server().await;
     // Six processors of evil's (the counter), then a shadow version (the
     // hostile guest) that spins on every step until its timeout, again
     // and again: more steps at once than evil's two places.
@@ -781,32 +832,9 @@ async fn a_project_whose_calls_take_its_share_waits_and_another_projects_calls_d
         )
         .await;
     assert_eq!(status, 200, "{out}");
-    let add = json!({"expression": ["components", ["get", "kinds"], "add"], "args": [2, 3]});
     // Evil's own call waits behind its spinning shadow steps, then is
     // refused.
-    let mut refused = None;
-    crate::support::wait_for(
-        "evil's call refused at its share",
-        Duration::from_secs(30),
-        async || {
-            let answer = s.post("/v1/projects/evil/itx", add.clone()).await;
-            let at_share = answer.0 == 429;
-            refused = Some(answer);
-            at_share
-        },
-    )
-    .await;
-    assert_error(
-        &refused.unwrap(),
-        429,
-        "too-many-calls",
-        "max-concurrent-calls-per-project = 2",
-    );
-    // Meanwhile another project's calls run at once.
-    for _ in 0..3 {
-        let answer = s.post("/v1/projects/good/itx", add.clone()).await;
-        assert_eq!(answer, (200, json!({"result": 5})), "good's call");
-    }
+    evils_call_is_refused_and_goods_run(&s).await;
 }
 
 #[tokio::test]
@@ -946,57 +974,16 @@ async fn a_project_whose_webhooks_hang_takes_its_share_of_deliveries_and_another
 
 #[tokio::test]
 async fn a_projects_wakes_take_places_of_its_call_share() {
-    let config = "[processors]\nmax-concurrent-calls = 4\nmax-concurrent-calls-per-project = 2\n\
-                  [delivery]\ntimeout-ms = 4000\nmax-attempts = 50\nbackoff-base-ms = 10\n\
-                  backoff-max-ms = 20\n";
-    let s = Server::start_with(Some(config), &[]);
-    for project in ["evil", "good"] {
-        let (status, out) = s
-            .deploy(project, "kinds", crate::support::guest("kinds"))
-            .await;
-        assert!(status == 200 || status == 201, "{out}");
-    }
+    let s = call_share_server().await;
     // Four processors of evil's that spin on every wake until its timeout,
     // again and again: more wakes at once than evil's two places.
     let (status, out) = s
         .deploy("evil", "proc", crate::support::guest("hostile"))
         .await;
     assert!(status == 200 || status == 201, "{out}");
-    for i in 0..4 {
-        let stream = format!("/v1/projects/evil/streams/spin{i}");
-        let wake = json!({"events": [{"type": "events.iterate.com/stream/subscription-configured",
-            "payload": {"subscriptionKey": "p",
-                "receiver": {"action": "processor-wake",
-                    "expression": ["components", ["get", "proc"], "wake"]}}}]});
-        assert_eq!(s.post(&format!("{stream}:append"), wake).await.0, 200);
-        let spin = ev("hostile/loop", json!({}));
-        assert_eq!(s.post(&format!("{stream}:append"), spin).await.0, 200);
-    }
-    let add = json!({"expression": ["components", ["get", "kinds"], "add"], "args": [2, 3]});
+    spinning_wakes(&s, "evil", "proc", 4).await;
     // Evil's own call waits behind its spinning wakes, then is refused.
-    let mut refused = None;
-    crate::support::wait_for(
-        "evil's call refused at its share",
-        Duration::from_secs(30),
-        async || {
-            let answer = s.post("/v1/projects/evil/itx", add.clone()).await;
-            let at_share = answer.0 == 429;
-            refused = Some(answer);
-            at_share
-        },
-    )
-    .await;
-    assert_error(
-        &refused.unwrap(),
-        429,
-        "too-many-calls",
-        "max-concurrent-calls-per-project = 2",
-    );
-    // Meanwhile another project's calls run at once.
-    for _ in 0..3 {
-        let answer = s.post("/v1/projects/good/itx", add.clone()).await;
-        assert_eq!(answer, (200, json!({"result": 5})), "good's call");
-    }
+    evils_call_is_refused_and_goods_run(&s).await;
 }
 
 #[tokio::test]

@@ -1016,16 +1016,7 @@ async fn a_projects_reactors_take_places_of_its_call_share_and_another_projects_
         assert!(status == 200 || status == 201, "{out}");
     }
     // Evil's two places held by wakes that spin for thirty seconds.
-    for i in 0..2 {
-        let stream = format!("/v1/projects/evil/streams/spin{i}");
-        let wake = json!({"events": [{"type": CONFIGURED,
-            "payload": {"subscriptionKey": "p",
-                "receiver": {"action": "processor-wake",
-                    "expression": ["components", ["get", "hostile"], "wake"]}}}]});
-        assert_eq!(s.post(&format!("{stream}:append"), wake).await.0, 200);
-        let spin = json!({"events": [{"type": "hostile/loop", "payload": {}}]});
-        assert_eq!(s.post(&format!("{stream}:append"), spin).await.0, 200);
-    }
+    crate::isolation::spinning_wakes(&s, "evil", "hostile", 2).await;
     let evil = "/v1/projects/evil/streams/orders";
     let good = "/v1/projects/good/streams/orders";
     configure_any(&s, evil, "audit", "hostile", None).await;
