@@ -1,6 +1,7 @@
 //! The adversarial suite: one project (`evil`) runs every isolation probe at
 //! once against the real binary (hostile JSONata in waits, connections,
-//! filters and transforms; floods of live connections, idle sockets,
+//! filters and transforms; webhooks that never answer; floods of live
+//! connections, idle sockets,
 //! ephemeral events and ingest; bad parameters, platform keys, cross-site
 //! requests) while a second project (`good`) appends and reads. The second
 //! project's p99 latency stays within 2x of its quiet baseline (a release
@@ -240,6 +241,25 @@ async fn hostile_project_run() {
     }
 
     let quiet = time_good_project(s.url.clone());
+
+    // Webhook subscriptions on the waited-on stream to a receiver that
+    // takes each connection and never answers: they hold evil's places of
+    // deliveries and sockets, never good's.
+    let hang = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let hang_url = format!("http://{}/hook", hang.local_addr().unwrap());
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((socket, _)) = hang.accept().await {
+            held.push(socket);
+        }
+    });
+    for i in 0..20 {
+        let sub = json!({"events": [{"type": "events.iterate.com/stream/subscription-configured",
+            "payload": {"subscriptionKey": format!("hang{i}"),
+                "receiver": {"action": "webhook-post", "url": hang_url,
+                    "delivery": {"start": "now", "onFailingEvent": "halt"}}}}]});
+        assert_eq!(post(&client, format!("{evil}/src:append"), sub).await, 200);
+    }
 
     let stop = Arc::new(AtomicBool::new(false));
     let rounds = Arc::new(AtomicU64::new(0));
