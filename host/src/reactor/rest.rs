@@ -78,13 +78,9 @@ impl Rests {
         }
     }
 
-    /// Reactor versions with timeouts in a row.
-    pub fn len(&self) -> usize {
-        self.by.len()
-    }
-
-    /// Whether none has.
-    pub fn is_empty(&self) -> bool {
+    /// Whether no reactor version has timeouts in a row.
+    #[cfg(test)]
+    fn is_empty(&self) -> bool {
         self.by.is_empty()
     }
 }
