@@ -202,12 +202,16 @@ pub struct DeliveryConfig {
     pub concurrency_per_project: Option<usize>,
 }
 
+/// One project's share of `total` places: as configured, or a quarter of
+/// them; at least one, at most all.
+fn project_share(configured: Option<usize>, total: usize) -> usize {
+    configured.unwrap_or(total / 4).clamp(1, total.max(1))
+}
+
 impl DeliveryConfig {
     /// Webhook and copy attempts of one project running at once.
     pub fn project_concurrency(&self) -> usize {
-        self.concurrency_per_project
-            .unwrap_or(self.concurrency / 4)
-            .clamp(1, self.concurrency.max(1))
+        project_share(self.concurrency_per_project, self.concurrency)
     }
 }
 
@@ -261,9 +265,7 @@ pub struct EffectsConfig {
 impl EffectsConfig {
     /// Effects of one project executing at once.
     pub fn project_concurrency(&self) -> usize {
-        self.concurrency_per_project
-            .unwrap_or(self.concurrency / 4)
-            .clamp(1, self.concurrency)
+        project_share(self.concurrency_per_project, self.concurrency)
     }
 }
 
