@@ -176,9 +176,14 @@ async fn wait<T>(what: &str, mut check: impl AsyncFnMut() -> Option<T>) -> Resul
 }
 
 /// Where `cargo build --release --target wasm32-wasip2` puts the example
-/// guests.
+/// guests (`$STREAMHOST_EXAMPLE_GUESTS` names another directory).
 fn guests_dir() -> std::path::PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../processors/target/wasm32-wasip2/release")
+    match std::env::var_os("STREAMHOST_EXAMPLE_GUESTS") {
+        Some(dir) => dir.into(),
+        None => {
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../processors/target/wasm32-wasip2/release")
+        }
+    }
 }
 
 #[tokio::main]

@@ -1,6 +1,6 @@
-//! JSONata filters and transforms, over the `jsonata-core` engine (a patched
-//! copy in `vendor/jsonata-core` that bounds the values built inside
-//! built-in functions).
+//! JSONata filters and transforms, over the `jsonata-core` engine (our
+//! patched copy, crate `streamhost-jsonata` in `jsonata/`, that bounds the
+//! time and the values built inside built-in functions).
 //!
 //! Expressions are compiled once and cached by their text; evaluation runs on
 //! an already-parsed event under the [`Limits`] (time, the size of every value

@@ -6,10 +6,10 @@
 #![allow(clippy::too_many_arguments)]
 #![allow(clippy::manual_strip)]
 
+use crate::bounds::CpuInstant as Instant;
 use std::borrow::Cow;
 use std::cmp::Ordering;
-use std::collections::{HashMap, HashSet};
-use crate::bounds::CpuInstant as Instant; // Patched: CPU time (bounds.rs)
+use std::collections::{HashMap, HashSet}; // Patched: CPU time (bounds.rs)
 
 use crate::ast::{AstNode, BinaryOp, PathStep, Stage};
 use crate::parser;

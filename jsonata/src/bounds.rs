@@ -151,9 +151,9 @@ pub(crate) fn check_builtin_args(
                 text
             }
         }
-        "append" | "zip" | "merge" | "spread" => {
-            args.iter().fold(0usize, |sum, a| sum.saturating_add(value_bytes(a, limit)))
-        }
+        "append" | "zip" | "merge" | "spread" => args
+            .iter()
+            .fold(0usize, |sum, a| sum.saturating_add(value_bytes(a, limit))),
         // Up to nine bytes (`%XX` of a multi-byte character) per byte.
         "encodeUrl" | "encodeUrlComponent" => bytes(args.first()).saturating_mul(3),
         "base64encode" => bytes(args.first()).saturating_mul(4) / 3,

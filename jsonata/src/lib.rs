@@ -133,6 +133,7 @@
 
 pub mod ast;
 pub mod ast_transform;
+pub mod bounds;
 mod builtins;
 mod compiler;
 mod datetime;
@@ -143,6 +144,5 @@ pub mod parser;
 mod signature;
 pub mod value;
 mod vm;
-pub mod bounds;
 
 pub use expression::Expression;
