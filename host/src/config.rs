@@ -21,6 +21,9 @@ pub enum Durability {
     Normal,
 }
 
+/// The default of `max-body-bytes` (8 MiB).
+pub const MAX_BODY_BYTES_DEFAULT: usize = 8 * 1024 * 1024;
+
 /// The whole server configuration.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
@@ -358,7 +361,7 @@ impl Default for Config {
             data_dir: PathBuf::from("./streamhost-data"),
             durability: Durability::Full,
             storage: None,
-            max_body_bytes: 8 * 1024 * 1024,
+            max_body_bytes: MAX_BODY_BYTES_DEFAULT,
             delivery: DeliveryConfig::default(),
             processors: ProcessorsConfig::default(),
             effects: EffectsConfig::default(),
@@ -434,6 +437,31 @@ impl Config {
         self.webhooks
             .deny_private_networks
             .unwrap_or(!self.tokens.is_empty())
+    }
+
+    /// What this configuration bounds in deliveries' evaluations.
+    pub(crate) fn delivery_bounds(&self) -> crate::delivery::Bounds {
+        crate::delivery::Bounds {
+            jsonata: self.jsonata_limits(),
+            event_bytes_max: self.max_body_bytes,
+        }
+    }
+
+    /// The bounds of JSONata evaluations.
+    pub(crate) fn jsonata_limits(&self) -> crate::jsonata::Limits {
+        crate::jsonata::Limits {
+            timeout_ms: self.limits.jsonata_timeout_ms,
+            max_bytes: self.limits.jsonata_max_bytes,
+        }
+    }
+
+    /// What this configuration bounds in storage.
+    pub(crate) fn storage_bounds(&self) -> crate::storage::Bounds {
+        crate::storage::Bounds {
+            key_cache_bytes: self.processors.keyed_cache_bytes,
+            read_bytes_max: self.limits.max_read_bytes,
+            versions_kept: self.processors.max_versions_per_component,
+        }
     }
 
     /// Checks values that parse but make no sense.

@@ -2,7 +2,7 @@
 //! drop audit lines are passed over. Subscriptions, live connections,
 //! `waitForEvent` and processor wakes all select events with one.
 
-use crate::jsonata::{Expression, Input};
+use crate::jsonata::{Expression, Input, Limits};
 use crate::subscription::{Filter, OutboundSubscription};
 
 /// A compiled filter.
@@ -15,20 +15,25 @@ pub struct CompiledFilter {
 }
 
 impl CompiledFilter {
-    pub fn new(filter: Option<&Filter>, skip_drop_audits: bool) -> Result<Self, String> {
+    /// Compiles `filter`, its condition to evaluate under `limits`.
+    pub fn new(
+        filter: Option<&Filter>,
+        skip_drop_audits: bool,
+        limits: Limits,
+    ) -> Result<Self, String> {
         Ok(CompiledFilter {
             event_types: filter.and_then(|f| f.event_types.clone()),
             condition: match filter.and_then(|f| f.jsonata_condition.as_deref()) {
-                Some(c) => Some(crate::jsonata::compile(c)?),
+                Some(c) => Some(crate::jsonata::compile(c, limits)?),
                 None => None,
             },
             skip_drop_audits,
         })
     }
 
-    pub fn for_subscription(sub: &OutboundSubscription) -> Result<Self, String> {
+    pub fn for_subscription(sub: &OutboundSubscription, limits: Limits) -> Result<Self, String> {
         let copy = sub.configuration.receiver.action() == "copy-to-stream";
-        Self::new(sub.configuration.filter.as_ref(), copy)
+        Self::new(sub.configuration.filter.as_ref(), copy, limits)
     }
 }
 

@@ -193,7 +193,7 @@ pub fn jsonata(data: &[u8]) {
     };
     let (expression, input) = text.split_once('\n').unwrap_or((text, "null"));
     let input = serde_json::from_str(input).unwrap_or(Value::Null);
-    if let Ok(compiled) = crate::jsonata::compile(expression) {
+    if let Ok(compiled) = crate::jsonata::compile(expression, Default::default()) {
         let _ = compiled.evaluate(&crate::jsonata::Input::new(&input));
     }
 }
@@ -212,10 +212,11 @@ pub fn jsonata_builtins(data: &[u8]) {
     }
     let (args, input) = rest.split_once('\n').unwrap_or((rest, "null"));
     let input = serde_json::from_str(input).unwrap_or(Value::Null);
-    let Ok(compiled) = crate::jsonata::compile(&format!("${}({args})", name.trim())) else {
+    let limits = crate::jsonata::Limits::default();
+    let Ok(compiled) = crate::jsonata::compile(&format!("${}({args})", name.trim()), limits) else {
         return;
     };
-    let limit = crate::jsonata::limits().max_bytes;
+    let limit = limits.max_bytes;
     if let Ok(Some(v)) = compiled.evaluate(&crate::jsonata::Input::new(&input)) {
         // JSON text may escape what the bound counts raw (`\u0000` is six
         // bytes of one): allow for it.

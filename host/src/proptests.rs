@@ -95,7 +95,7 @@ proptest! {
         text in "[a-z$.()\\[\\]{}0-9+*/&=<>!?:;,'\" -]{0,24}",
         input in json(),
     ) {
-        if let Ok(expression) = crate::jsonata::compile(&text) {
+        if let Ok(expression) = crate::jsonata::compile(&text, Default::default()) {
             let _ = expression.evaluate(&crate::jsonata::Input::new(&input));
         }
     }

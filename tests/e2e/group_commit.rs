@@ -52,11 +52,13 @@ fn each_write_of_a_group_commits_or_fails_on_its_own() {
             "http://127.0.0.1:9",
             5_000,
             5_000,
+            Default::default(),
             Metrics::new(),
         ),
         None => Storage::open(
             &server.data_dir(),
             streamhost::config::Durability::Full,
+            Default::default(),
             Metrics::new(),
         ),
     }

@@ -828,3 +828,93 @@ async fn typed_requests_are_applied_as_the_adapters_apply_them() {
         StreamAnswer::Reset
     ));
 }
+
+/// Two hosts in one process each keep the limits of their own
+/// configuration (none is a process-wide setting that the host opened last
+/// would decide): the tight one is opened first.
+#[tokio::test(flavor = "multi_thread")]
+async fn two_hosts_in_one_process_keep_their_own_limits() {
+    let (tight_dir, loose_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let mut tight = Config {
+        data_dir: tight_dir.path().to_path_buf(),
+        max_body_bytes: 10_000,
+        ..Config::default()
+    };
+    tight.limits.jsonata_max_bytes = 100_000;
+    tight.limits.max_read_bytes = 1;
+    let tight = Host::open(tight).expect("opening the tight host");
+    let loose = open(loose_dir.path());
+
+    for host in [&tight, &loose] {
+        let orders = host.stream("acme", "/orders").unwrap();
+        host.subscribe(
+            &orders,
+            &Subscription::copy_to("padded", "/padded")
+                .event_types(["events.example/order-created"])
+                .transform(r#"{"payload": {"pad": $pad("", 20000)}}"#)
+                .from_beginning(),
+        )
+        .await
+        .unwrap();
+        host.append(
+            &orders,
+            [
+                event("events.example/order-created", json!({"n": 1})),
+                event("events.example/order-created", json!({"n": 2})),
+            ],
+        )
+        .await
+        .unwrap();
+    }
+    let orders = tight.stream("acme", "/orders").unwrap();
+
+    // [limits] max-read-bytes: a page holds at least one event, and no more
+    // once it reached the bound.
+    assert_eq!(tight.events(&orders, 0, 100).await.unwrap().len(), 1);
+    assert_eq!(loose.events(&orders, 0, 100).await.unwrap().len(), 4);
+
+    // [limits] jsonata-max-bytes: a condition building 200,000 bytes.
+    let building = streamhost::WaitFor::new(5_000)
+        .after(0)
+        .condition(r#"$length($pad("", 200000)) > 0"#);
+    let refused = tight
+        .wait_for_event(&orders, building.clone())
+        .await
+        .unwrap_err();
+    assert_eq!(
+        refused.code, "jsonata-limit-exceeded",
+        "{}",
+        refused.message
+    );
+    assert!(refused.message.contains("100000"), "{}", refused.message);
+    assert_eq!(
+        loose
+            .wait_for_event(&orders, building)
+            .await
+            .unwrap()
+            .offset,
+        1
+    );
+
+    // max-body-bytes holds for the events a copy's transform makes too: a
+    // 20,000-byte copy halts the tight host's subscription, the loose host
+    // copies it.
+    let halted = eventually("the tight host's copy to halt", async || {
+        let rt = tight.runtime(&orders).await.ok()?;
+        rt.subscriptions.get("padded").filter(|d| d.halted).cloned()
+    })
+    .await;
+    let error = halted.last_error.unwrap_or_default();
+    assert!(error.contains("10000-byte append limit"), "{error}");
+    let padded = loose.stream("acme", "/padded").unwrap();
+    let copy = loose
+        .wait_for_event(
+            &padded,
+            streamhost::WaitFor::new(10_000)
+                .after(0)
+                .event_types(["events.example/order-created"]),
+        )
+        .await
+        .unwrap();
+    assert_eq!(copy.payload["pad"].as_str().map(str::len), Some(20_000));
+}

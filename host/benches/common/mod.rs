@@ -79,6 +79,7 @@ pub async fn deploy(host: &streamhost::Host, name: &str, bytes: Vec<u8>) {
             refold: false,
             replay_effects: false,
             shadow: false,
+            versions_kept: streamhost::storage::VERSIONS_KEPT_DEFAULT,
         }))
         .await
         .unwrap()

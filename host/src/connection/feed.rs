@@ -194,7 +194,7 @@ async fn next_replay_page(r: &mut Replay) -> anyhow::Result<Option<Vec<LiveEvent
     // (one that just reached the byte bound counts as cut: the next page
     // then simply starts after it).
     let bytes: usize = page.iter().map(|(_, body)| body.len()).sum();
-    let full = page.len() == REPLAY_PAGE_EVENTS || bytes >= crate::storage::read_bytes_max();
+    let full = page.len() == REPLAY_PAGE_EVENTS || bytes >= r.storage.bounds().read_bytes_max;
     let through = if full {
         page.last().map(|(o, _)| *o).unwrap_or(head)
     } else {

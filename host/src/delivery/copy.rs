@@ -49,15 +49,15 @@ impl CopyBatch {
     /// only takes the results (JSONata stays off the actor). Run it on a
     /// blocking thread. A failure to compile is left for the receiver to
     /// report.
-    pub fn shape(&mut self) {
+    pub fn shape(&mut self, bounds: super::Bounds) {
         let Some(text) = &self.transform else { return };
-        let Ok(t) = crate::jsonata::compile(text) else {
+        let Ok(t) = crate::jsonata::compile(text, bounds.jsonata) else {
             return;
         };
         self.shaped = Some(
             self.events
                 .iter()
-                .map(|e| transformed(&t, e, &self.subscription_key))
+                .map(|e| transformed(&t, e, &self.subscription_key, bounds.event_bytes_max))
                 .collect(),
         );
     }
@@ -166,6 +166,7 @@ pub fn plan_copy(
     receiver: &StreamAddress,
     batch: &CopyBatch,
     ctx: &mut AppendContext<'_>,
+    bounds: super::Bounds,
 ) -> Result<(AppendPlan, CopyOutcome), Error> {
     if let Some(s) = state {
         if let Some(record) = s
@@ -195,7 +196,7 @@ pub fn plan_copy(
         }
     }
     let transform = match (&batch.transform, &batch.shaped) {
-        (Some(t), None) => Some(crate::jsonata::compile(t).map_err(|e| {
+        (Some(t), None) => Some(crate::jsonata::compile(t, bounds.jsonata).map_err(|e| {
             Error::unprocessable("transform-failed", format!("jsonataTransform: {e}"))
         })?),
         _ => None,
@@ -215,7 +216,9 @@ pub fn plan_copy(
         let shaped = batch.shaped.as_ref().and_then(|s| s.get(i));
         let (event_type, payload, metadata) = match (shaped, &transform) {
             (Some(shaped), _) => shaped.clone()?,
-            (None, Some(t)) => transformed(t, event, &batch.subscription_key)?,
+            (None, Some(t)) => {
+                transformed(t, event, &batch.subscription_key, bounds.event_bytes_max)?
+            }
             (None, None) => (
                 event.event_type.clone(),
                 event.payload.clone(),
@@ -298,11 +301,13 @@ pub fn plan_copy(
 pub type Shaped = (String, Map<String, Value>, Option<Map<String, Value>>);
 
 /// Applies a transform: the result must be an object of `type`, `payload`,
-/// `metadata`, each optional; omitted fields copy verbatim.
+/// `metadata`, each optional; omitted fields copy verbatim. An event over
+/// `event_bytes_max` (the append limit) is refused.
 pub(crate) fn transformed(
     t: &crate::jsonata::Expression,
     event: &Event,
     key: &str,
+    event_bytes_max: usize,
 ) -> Result<Shaped, Error> {
     let fail = |m: String| {
         let code = if crate::jsonata::is_limit_exceeded(&m) {
@@ -354,7 +359,7 @@ pub(crate) fn transformed(
         + metadata
             .as_ref()
             .map_or(0, |m| Value::Object(m.clone()).to_string().len());
-    let limit = crate::stream::event_bytes_max();
+    let limit = event_bytes_max;
     if bytes > limit {
         return Err(Error::too_large(format!(
             "subscription {key:?} jsonataTransform made an event of {bytes} bytes from offset {}, over the {limit}-byte append limit",

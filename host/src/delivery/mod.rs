@@ -18,6 +18,27 @@ pub mod webhook;
 use crate::config::DeliveryConfig;
 use crate::subscription::OnFailingEvent;
 
+/// What a host's configuration bounds in the work of its deliveries (each
+/// host its own): the JSONata evaluations of filters and transforms, and
+/// the largest event a transform may make (the append limit,
+/// `max-body-bytes`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bounds {
+    /// `[limits] jsonata-timeout-ms` and `jsonata-max-bytes`.
+    pub jsonata: crate::jsonata::Limits,
+    /// `max-body-bytes`.
+    pub event_bytes_max: usize,
+}
+
+impl Default for Bounds {
+    fn default() -> Self {
+        Bounds {
+            jsonata: crate::jsonata::Limits::default(),
+            event_bytes_max: crate::config::MAX_BODY_BYTES_DEFAULT,
+        }
+    }
+}
+
 /// Most events in one delivered batch.
 pub const BATCH_EVENTS_MAX: usize = 1000;
 /// Approximate byte bound of one batch; the first event always goes.

@@ -119,6 +119,7 @@ mod tests {
                 jsonata_condition: None,
             }),
             false,
+            Default::default(),
         )
         .unwrap();
         let s = select_batch("k", &log(), &f, 1000, 2).unwrap();
@@ -133,6 +134,7 @@ mod tests {
                 jsonata_condition: None,
             }),
             false,
+            Default::default(),
         )
         .unwrap();
         let s = select_batch("k", &log(), &none, 1000, 2).unwrap();
@@ -155,6 +157,7 @@ mod tests {
                 jsonata_condition: Some("$number(payload.n) > 0".into()),
             }),
             false,
+            Default::default(),
         )
         .unwrap();
         let s = select_batch("k", &log(), &f, 1000, 2).unwrap();
@@ -177,14 +180,14 @@ mod tests {
             "events.iterate.com/stream/error-occurred",
             json!({"reason": "copy-dropped"}),
         );
-        let f = CompiledFilter::new(None, true).unwrap();
+        let f = CompiledFilter::new(None, true, Default::default()).unwrap();
         let s = select_batch("k", std::slice::from_ref(&audit), &f, 1000, 6).unwrap();
         assert!(s.events.is_empty());
         assert_eq!(s.through, 7);
         let s = select_batch(
             "k",
             &[audit],
-            &CompiledFilter::new(None, false).unwrap(),
+            &CompiledFilter::new(None, false, Default::default()).unwrap(),
             1000,
             6,
         )

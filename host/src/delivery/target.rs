@@ -93,7 +93,11 @@ pub struct Route {
 
 impl Route {
     /// Parses the receiver of `sub`, a subscription on the stream at `source`.
-    pub fn parse(sub: &OutboundSubscription, source: &StreamAddress) -> Result<Route, String> {
+    pub fn parse(
+        sub: &OutboundSubscription,
+        source: &StreamAddress,
+        limits: crate::jsonata::Limits,
+    ) -> Result<Route, String> {
         let project = || {
             source
                 .namespace
@@ -106,7 +110,11 @@ impl Route {
                     )
                 })
         };
-        let transform = |t: &Option<String>| t.as_deref().map(crate::jsonata::compile).transpose();
+        let transform = |t: &Option<String>| {
+            t.as_deref()
+                .map(|t| crate::jsonata::compile(t, limits))
+                .transpose()
+        };
         let copy = matches!(sub.configuration.receiver, Receiver::CopyToStream { .. });
         let target = match &sub.configuration.receiver {
             Receiver::CopyToStream {
@@ -158,7 +166,7 @@ impl Route {
         };
         Ok(Route {
             target,
-            filter: CompiledFilter::new(sub.configuration.filter.as_ref(), copy)?,
+            filter: CompiledFilter::new(sub.configuration.filter.as_ref(), copy, limits)?,
             on_failing_event: sub
                 .configuration
                 .receiver

@@ -47,11 +47,12 @@ pub fn posted_event(
     event: &Event,
     transform: Option<&Expression>,
     key: &str,
+    event_bytes_max: usize,
 ) -> Result<Value, Failure> {
     let mut value = serde_json::to_value(event).expect("events serialize");
     if let Some(t) = transform {
         let (event_type, payload, metadata) =
-            super::copy::transformed(t, event, key).map_err(|e| Failure {
+            super::copy::transformed(t, event, key, event_bytes_max).map_err(|e| Failure {
                 // The same transform of the same event fails again (an
                 // evaluation is deterministic): halt at once.
                 retryable: false,

@@ -32,8 +32,9 @@ pub async fn send(
     if batch.transform.is_some() {
         // The transform runs here, on a blocking thread, not in the
         // receiving stream's actor.
+        let bounds = exec.bounds;
         batch = super::blocking(move || {
-            batch.shape();
+            batch.shape(bounds);
             Ok(batch)
         })
         .await?;

@@ -35,6 +35,7 @@ pub async fn send(
     } = call;
     let label = job.route.target.label();
     let (storage, runtime) = (exec.storage.clone(), exec.runtime.clone());
+    let event_bytes_max = exec.bounds.event_bytes_max;
     let (key, generation, head, timeout_ms) =
         (job.key.clone(), job.generation, job.head, job.timeout_ms);
     let info = source.info.clone();
@@ -44,7 +45,7 @@ pub async fn send(
         let mut events = Vec::with_capacity(selection.events.len());
         let mut through = selection.through;
         for e in &selection.events {
-            let posted = match posted_event(e, transform.as_ref(), &key) {
+            let posted = match posted_event(e, transform.as_ref(), &key, event_bytes_max) {
                 Ok(posted) => posted,
                 Err(_) if !offsets.is_empty() => {
                     through = e.offset - 1;

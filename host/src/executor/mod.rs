@@ -53,6 +53,8 @@ pub struct Executors {
     /// Webhook POSTs and copies of subscriptions at once, per project and
     /// in all (`[delivery] concurrency`).
     pub sends: Arc<crate::processor::share::Shares>,
+    /// What the configuration bounds in deliveries' evaluations.
+    pub bounds: crate::delivery::Bounds,
 }
 
 /// What a target's `send` works with.

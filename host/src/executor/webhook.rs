@@ -185,6 +185,7 @@ pub async fn send(
         _ => 1,
     };
     let (storage, row_id) = (exec.storage.clone(), source.row_id);
+    let event_bytes_max = exec.bounds.event_bytes_max;
     let (key, generation, info) = (job.key.clone(), job.generation, source.info.clone());
     // The configure event's read and the transform run off the async workers.
     let body = blocking(move || {
@@ -195,7 +196,7 @@ pub async fn send(
             .first()
             .and_then(|(_, body)| serde_json::from_str(body).ok())
             .unwrap_or(Value::Null);
-        let posted = posted_event(&event, transform.as_ref(), &key)?;
+        let posted = posted_event(&event, transform.as_ref(), &key, event_bytes_max)?;
         let envelope = Envelope {
             project_id: info.project_id.as_deref(),
             path: &info.path,

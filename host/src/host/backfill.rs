@@ -202,15 +202,16 @@ impl Host {
             )));
         }
         let narrow = if backfill.event_types.is_some() || backfill.jsonata_condition.is_some() {
-            Some(super::selection(
+            Some(self.selection(
                 backfill.event_types.clone(),
                 backfill.jsonata_condition.clone(),
             )?)
         } else {
             None
         };
-        let subscription_filter = CompiledFilter::for_subscription(&subscription)
-            .map_err(|m| Error::invalid_with("invalid-jsonata", m))?;
+        let subscription_filter =
+            CompiledFilter::for_subscription(&subscription, self.config.jsonata_limits())
+                .map_err(|m| Error::invalid_with("invalid-jsonata", m))?;
         let storage = self.streams.storage().clone();
         let runtime = self.streams.wasm_runtime().clone();
         let clock = self.streams.clock();

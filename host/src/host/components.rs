@@ -235,6 +235,7 @@ impl Host {
             refold,
             replay_effects,
             shadow,
+            versions_kept: self.config.processors.max_versions_per_component,
         };
         let new_version = self
             .streams

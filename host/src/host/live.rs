@@ -104,9 +104,9 @@ impl Connect {
         self
     }
 
-    /// The parameters the stream's actor takes; a bad filter or an empty
-    /// selection is an error naming it.
-    pub(crate) fn params(self) -> Result<ConnectParams, Error> {
+    /// The parameters the stream's actor takes, the condition bounded by
+    /// `limits`; a bad filter or an empty selection is an error naming it.
+    pub(crate) fn params(self, limits: crate::jsonata::Limits) -> Result<ConnectParams, Error> {
         if !self.events && !self.state {
             return Err(Error::invalid(
                 "events=false with state=false would send nothing: ask for events, state or both",
@@ -122,7 +122,7 @@ impl Connect {
             replay_after_offset: self.replay_after_offset,
             expected_stream_id: self.expected_stream_id,
             max_replay_offset_gap: self.max_replay_offset_gap,
-            filter: super::selection(self.event_types, self.jsonata_condition)?,
+            filter: super::selection(self.event_types, self.jsonata_condition, limits)?,
             events: self.events,
             state: self.state,
             max_delivery_events: self.max_delivery_events,
@@ -249,7 +249,7 @@ impl Host {
         stream: &StreamAddress,
         connect: Connect,
     ) -> Result<LiveConnection, Error> {
-        let params = connect.params()?;
+        let params = connect.params(self.config.jsonata_limits())?;
         let project = stream.namespace.storage_key().to_string();
         try_condition(&project, &params.filter)
             .await
@@ -370,7 +370,7 @@ impl Host {
                 wait.timeout_ms
             )));
         }
-        let filter = super::selection(wait.event_types.clone(), wait.jsonata_condition.clone())?;
+        let filter = self.selection(wait.event_types.clone(), wait.jsonata_condition.clone())?;
         let project = stream.namespace.storage_key();
         try_condition(project, &filter)
             .await

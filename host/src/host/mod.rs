@@ -136,14 +136,6 @@ impl Host {
     pub fn open_with_clock(config: Config, clock: Arc<dyn Clock>) -> Result<Host> {
         config.validate()?;
         let metrics = Metrics::new();
-        crate::jsonata::set_limits(crate::jsonata::Limits {
-            timeout_ms: config.limits.jsonata_timeout_ms,
-            max_bytes: config.limits.jsonata_max_bytes,
-        });
-        crate::stream::set_event_bytes_max(config.max_body_bytes);
-        crate::storage::set_key_cache_bytes(config.processors.keyed_cache_bytes);
-        crate::storage::set_read_bytes_max(config.limits.max_read_bytes);
-        crate::storage::set_versions_kept(config.processors.max_versions_per_component);
         let storage = match config.postgres_url()? {
             Some(url) => Storage::open_postgres(
                 url,
@@ -151,9 +143,15 @@ impl Host {
                 config.cluster.advertise_url.as_deref().unwrap_or_default(),
                 config.cluster.lease_ms,
                 config.cluster.db_timeout_ms,
+                config.storage_bounds(),
                 metrics.clone(),
             ),
-            None => Storage::open(&config.data_dir, config.durability, metrics.clone()),
+            None => Storage::open(
+                &config.data_dir,
+                config.durability,
+                config.storage_bounds(),
+                metrics.clone(),
+            ),
         }
         .context("opening storage")?;
         let pending = storage
@@ -181,6 +179,7 @@ impl Host {
                 config.processors.max_concurrent_calls,
                 config.processors.max_concurrent_calls_per_project,
             ),
+            bounds: config.delivery_bounds(),
         };
         let streams = Streams::new(storage, clock.clone(), metrics.clone(), settings, runtime);
         crate::executor::effect::start(
@@ -625,16 +624,30 @@ fn watch_tenure(streams: Streams, renewed: Arc<tokio::sync::Notify>) {
     });
 }
 
+impl Host {
+    /// A selection by event types and a JSONata condition, compiled under
+    /// this host's bounds; a bad condition is `invalid-jsonata` naming
+    /// `jsonataCondition`.
+    pub(crate) fn selection(
+        &self,
+        event_types: Option<Vec<String>>,
+        jsonata_condition: Option<String>,
+    ) -> Result<crate::filter::CompiledFilter, Error> {
+        selection(event_types, jsonata_condition, self.config.jsonata_limits())
+    }
+}
+
 /// A selection by event types and a JSONata condition, compiled; a bad
 /// condition is `invalid-jsonata` naming `jsonataCondition`.
 pub(crate) fn selection(
     event_types: Option<Vec<String>>,
     jsonata_condition: Option<String>,
+    limits: crate::jsonata::Limits,
 ) -> Result<crate::filter::CompiledFilter, Error> {
     let filter = crate::subscription::Filter {
         event_types,
         jsonata_condition,
     };
-    crate::filter::CompiledFilter::new(Some(&filter), false)
+    crate::filter::CompiledFilter::new(Some(&filter), false, limits)
         .map_err(|m| Error::invalid_with("invalid-jsonata", format!("jsonataCondition: {m}")))
 }

@@ -401,7 +401,7 @@ impl Host {
             Vec::new()
         } else {
             self.read_storage("reading the keys", move |s| {
-                let max_bytes = crate::storage::read_bytes_max();
+                let max_bytes = s.bounds().read_bytes_max;
                 s.keys_page(
                     bucket,
                     &query.prefix,
@@ -417,7 +417,7 @@ impl Host {
         let bytes: usize = rows.iter().map(|(k, v)| k.len() + v.len()).sum();
         let next_after = if rows.len() > limit {
             Some(rows[limit - 1].0.clone())
-        } else if bytes >= crate::storage::read_bytes_max() {
+        } else if bytes >= self.streams.storage().bounds().read_bytes_max {
             rows.last().map(|(k, _)| k.clone())
         } else {
             None
@@ -547,6 +547,7 @@ impl Host {
         let path = stream.path.clone();
         let component = component.to_string();
         let timeout_ms = self.config.delivery.timeout_ms;
+        let limits = self.config.jsonata_limits();
         let filter = wake_subscription(&state, &component).and_then(|s| s.configuration.filter);
         tokio::task::spawn_blocking(move || -> Result<Verification, Error> {
             let internal = |e: anyhow::Error| Error::internal(format!("{e:#}"));
@@ -580,6 +581,7 @@ impl Host {
                     timeout_ms,
                     row_id: row.row_id,
                     filter: filter.as_ref(),
+                    limits,
                 },
                 crate::processor::stream_info(&state, checkpoint.checkpoint_offset),
                 checkpoint.checkpoint_offset,
@@ -614,6 +616,8 @@ struct FromStart<'a> {
     row_id: i64,
     /// The processor-wake subscription's filter.
     filter: Option<&'a crate::subscription::Filter>,
+    /// The bounds of its evaluations.
+    limits: crate::jsonata::Limits,
 }
 
 /// Folds a processor from its initial state over the stream's committed
@@ -636,7 +640,7 @@ fn fold_from_start(
         .describe(f.component, f.prepared, f.timeout_ms)
         .map_err(guest)?;
     let compiled = crate::processor::wake::consumed(
-        crate::filter::CompiledFilter::new(f.filter, false).map_err(Error::invalid)?,
+        crate::filter::CompiledFilter::new(f.filter, false, f.limits).map_err(Error::invalid)?,
         &announcement,
     );
     let initial = f
@@ -728,6 +732,7 @@ impl Host {
         let path = stream.path.clone();
         let component = component.to_string();
         let timeout_ms = self.config.delivery.timeout_ms;
+        let limits = self.config.jsonata_limits();
         // A fold is a call into the component: it takes one of the
         // project's places (a project folding back in time again and again
         // waits behind its own folds, then is refused).
@@ -756,6 +761,7 @@ impl Host {
                     timeout_ms,
                     row_id: row.row_id,
                     filter: sub.configuration.filter.as_ref(),
+                    limits,
                 },
                 crate::processor::stream_info(&state, offset),
                 offset,

@@ -90,7 +90,7 @@ impl Host {
         backfill: ReactorBackfill,
     ) -> Result<ReactorBackfilled, Error> {
         let state = self.streams.state(stream).await?;
-        let mut reactor = crate::reactor::configured(&state)
+        let mut reactor = crate::reactor::configured(&state, self.config.jsonata_limits())
             .into_iter()
             .find(|r| r.name == backfill.name)
             .ok_or_else(|| reactor_not_found(&backfill.name, &stream.path))?;
@@ -105,7 +105,7 @@ impl Host {
             )));
         }
         let narrow = if backfill.event_types.is_some() || backfill.jsonata_condition.is_some() {
-            Some(super::selection(
+            Some(self.selection(
                 backfill.event_types.clone(),
                 backfill.jsonata_condition.clone(),
             )?)

@@ -177,6 +177,7 @@ impl Host {
                 state: &state,
                 component: &component,
                 timeout_ms,
+                limits: exec.bounds.jsonata,
             })
         })
         .await

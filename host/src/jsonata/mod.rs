@@ -13,7 +13,6 @@ pub mod memory;
 pub mod pool;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use jsonata_core::ast::AstNode;
@@ -35,7 +34,8 @@ const BUDGET_PER_VALUE_BYTE: usize = 8;
 /// How the text of an error for an exceeded bound starts.
 pub const LIMIT_EXCEEDED_PREFIX: &str = "JSONata limit exceeded";
 
-/// The bounds every evaluation in this process runs under.
+/// The bounds an evaluation runs under: its host's `[limits]`, carried by
+/// every expression compiled for that host.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
     /// `[limits] jsonata-timeout-ms`.
@@ -53,23 +53,6 @@ impl Default for Limits {
     }
 }
 
-static TIMEOUT_MS: AtomicU64 = AtomicU64::new(EVALUATION_TIMEOUT_MS);
-static MAX_BYTES: AtomicUsize = AtomicUsize::new(VALUE_BYTES_MAX);
-
-/// Sets the bounds of every later evaluation in this process (a host sets
-/// them from its configuration when it starts).
-pub fn set_limits(limits: Limits) {
-    TIMEOUT_MS.store(limits.timeout_ms, Ordering::Relaxed);
-    MAX_BYTES.store(limits.max_bytes, Ordering::Relaxed);
-}
-
-/// The bounds evaluations run under.
-pub fn limits() -> Limits {
-    Limits {
-        timeout_ms: TIMEOUT_MS.load(Ordering::Relaxed),
-        max_bytes: MAX_BYTES.load(Ordering::Relaxed),
-    }
-}
 
 /// Whether an evaluation error is a bound exceeded (not retryable: the same
 /// expression on the same event exceeds it again).
@@ -149,11 +132,12 @@ fn describe(message: &str, limits: Limits) -> String {
 /// Compiled expressions kept in the cache; the cache is cleared when full.
 const CACHE_ENTRIES_MAX: usize = 4096;
 
-/// A compiled expression. Cheap to clone.
+/// A compiled expression and the bounds it evaluates under. Cheap to clone.
 #[derive(Clone)]
 pub struct Expression {
     source: Arc<str>,
     ast: Arc<AstNode>,
+    limits: Limits,
 }
 
 impl std::fmt::Debug for Expression {
@@ -162,8 +146,12 @@ impl std::fmt::Debug for Expression {
     }
 }
 
-fn cache() -> &'static Mutex<HashMap<String, Expression>> {
-    static CACHE: std::sync::OnceLock<Mutex<HashMap<String, Expression>>> =
+/// A parsed expression: its text and syntax tree.
+type Parsed = (Arc<str>, Arc<AstNode>);
+
+/// Parsed expressions by their text (bounds apart: they are the caller's).
+fn cache() -> &'static Mutex<HashMap<String, Parsed>> {
+    static CACHE: std::sync::OnceLock<Mutex<HashMap<String, Parsed>>> =
         std::sync::OnceLock::new();
     CACHE.get_or_init(|| Mutex::new(HashMap::new()))
 }
@@ -250,11 +238,15 @@ fn error_position(text: &str) -> usize {
     ends[hi]
 }
 
-/// Compiles `text`, using the cache. Errors read
+/// Compiles `text` to evaluate under `limits`, using the cache. Errors read
 /// `invalid JSONata expression (<code>, position <n>): <message>`.
-pub fn compile(text: &str) -> Result<Expression, String> {
-    if let Some(e) = cache().lock().expect("jsonata cache").get(text) {
-        return Ok(e.clone());
+pub fn compile(text: &str, limits: Limits) -> Result<Expression, String> {
+    if let Some((source, ast)) = cache().lock().expect("jsonata cache").get(text) {
+        return Ok(Expression {
+            source: source.clone(),
+            ast: ast.clone(),
+            limits,
+        });
     }
     if text.len() > EXPRESSION_BYTES_MAX {
         return Err(format!(
@@ -277,12 +269,13 @@ pub fn compile(text: &str) -> Result<Expression, String> {
     let e = Expression {
         source: text.into(),
         ast: Arc::new(ast),
+        limits,
     };
     let mut cache = cache().lock().expect("jsonata cache");
     if cache.len() >= CACHE_ENTRIES_MAX {
         cache.clear();
     }
-    cache.insert(text.to_string(), e.clone());
+    cache.insert(text.to_string(), (e.source.clone(), e.ast.clone()));
     Ok(e)
 }
 
@@ -302,7 +295,7 @@ impl Expression {
     }
 
     fn evaluate_raw(&self, input: &Input) -> Result<JValue, String> {
-        let limits = limits();
+        let limits = self.limits;
         let options = EvaluatorOptions {
             timeout_ms: Some(limits.timeout_ms),
             max_stack_depth: Some(EVALUATION_DEPTH_MAX),
@@ -335,7 +328,7 @@ impl Expression {
         }
         // A result may share parts (`{"a": $x, "b": $x}`); written out, it
         // is held to the bound too.
-        let max = limits().max_bytes;
+        let max = self.limits.max_bytes;
         let bytes = jsonata_core::bounds::value_bytes(&v, max);
         if bytes > max {
             return Err(format!(
@@ -375,6 +368,11 @@ fn integral_numbers(v: Value) -> Value {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    /// Compiles under the default bounds.
+    fn compile(text: &str) -> Result<Expression, String> {
+        super::compile(text, Limits::default())
+    }
 
     fn event() -> Input {
         Input::new(&json!({"type": "x.y/order", "payload": {"region": "eu", "total": 120}}))

@@ -240,9 +240,9 @@ async fn refold_fenced(
         })
         .cloned()
         .ok_or_else(|| Failure::new("no processor-wake subscription wakes it", false))?;
-    let filter =
-        CompiledFilter::for_subscription(&subscription).map_err(|m| Failure::new(m, false))?;
     let exec = streams.executors().clone();
+    let filter = CompiledFilter::for_subscription(&subscription, exec.bounds.jsonata)
+        .map_err(|m| Failure::new(m, false))?;
     let project = address.namespace.storage_key().to_string();
     let path = address.path.clone();
     let component = component.to_string();

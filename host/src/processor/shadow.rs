@@ -371,6 +371,7 @@ async fn follow(
                         state: &state,
                         component: &c,
                         timeout_ms,
+                        limits: exec.bounds.jsonata,
                     };
                     at.step(&mut i.fold.lock().expect("shadow"), &i.digest)
                 })
@@ -430,6 +431,8 @@ pub struct Stepper<'a> {
     pub component: &'a str,
     /// Each guest call's bound.
     pub timeout_ms: u64,
+    /// The bounds of the wake filter's evaluations.
+    pub limits: crate::jsonata::Limits,
 }
 
 impl Stepper<'_> {
@@ -514,8 +517,8 @@ impl Stepper<'_> {
                     && s.configuration.receiver.component().as_deref() == Some(self.component)
             })
             .ok_or_else(|| Failure::new("no processor-wake subscription wakes it", false))?;
-        let filter =
-            CompiledFilter::for_subscription(subscription).map_err(|m| Failure::new(m, false))?;
+        let filter = CompiledFilter::for_subscription(subscription, self.limits)
+            .map_err(|m| Failure::new(m, false))?;
         let announcement = self
             .runtime
             .describe(self.component, &prepared, self.timeout_ms)
@@ -837,6 +840,7 @@ async fn finish(streams: &Streams, project: &str, component: &str, digest: &str,
             refold: false,
             replay_effects: false,
             shadow: false,
+            versions_kept: storage.bounds().versions_kept,
         })))
     })
     .await

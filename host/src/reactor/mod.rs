@@ -81,7 +81,7 @@ pub fn identities(state: &CoreState) -> Vec<(&str, u64)> {
 /// The reactors `state` configures, filters compiled (validated when
 /// configured: one that no longer compiles runs for no event and is
 /// logged).
-pub fn configured(state: &CoreState) -> Vec<Reactor> {
+pub fn configured(state: &CoreState, limits: crate::jsonata::Limits) -> Vec<Reactor> {
     state
         .subscriptions
         .outbound
@@ -92,7 +92,7 @@ pub fn configured(state: &CoreState) -> Vec<Reactor> {
                 return None;
             };
             let component = crate::itx::reactor_component(expression).ok()?;
-            let filter = match CompiledFilter::new(sub.configuration.filter.as_ref(), false) {
+            let filter = match CompiledFilter::new(sub.configuration.filter.as_ref(), false, limits) {
                 Ok(f) => f,
                 Err(e) => {
                     tracing::error!(reactor = %name, error = %e, "a reactor's filter does not compile");

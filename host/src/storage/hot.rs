@@ -68,18 +68,9 @@ pub struct Hot {
 /// The default of `[processors] keyed-cache-bytes`.
 pub const KEY_CACHE_BYTES_DEFAULT: u64 = 256 * 1024 * 1024;
 
-static KEY_CACHE_BYTES: std::sync::atomic::AtomicU64 =
-    std::sync::atomic::AtomicU64::new(KEY_CACHE_BYTES_DEFAULT);
-
-/// Sets the key cache's bound for storage opened after the call
-/// (`[processors] keyed-cache-bytes`).
-pub fn set_key_cache_bytes(bytes: u64) {
-    KEY_CACHE_BYTES.store(bytes, std::sync::atomic::Ordering::Relaxed);
-}
-
 impl Default for Hot {
     fn default() -> Self {
-        Hot::new(KEY_CACHE_BYTES.load(std::sync::atomic::Ordering::Relaxed))
+        Hot::new(KEY_CACHE_BYTES_DEFAULT)
     }
 }
 
@@ -605,6 +596,7 @@ mod tests {
             refold: false,
             shadow: false,
             replay_effects: false,
+            versions_kept: crate::storage::VERSIONS_KEPT_DEFAULT,
         });
         hot.committed(std::iter::once((&mut deploy, 0)));
         assert!(hot.component("p", "c").is_err());

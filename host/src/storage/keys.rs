@@ -387,7 +387,7 @@ impl Storage {
     ) -> Result<()> {
         let mut after: Option<String> = None;
         loop {
-            let page = self.keys_page(bucket, "", after.as_deref(), 1000, super::read_bytes_max())?;
+            let page = self.keys_page(bucket, "", after.as_deref(), 1000, self.bounds().read_bytes_max)?;
             let Some((last, _)) = page.last() else {
                 return Ok(());
             };

@@ -32,41 +32,37 @@ use sql::{args, Db, PgConn, Row};
 use crate::config::Durability;
 use crate::metrics::Metrics;
 pub use effects::{EffectInsert, EffectOp, EffectQuery, EffectRow, EffectSource, NewEffect};
-pub use hot::{set_key_cache_bytes, KEY_CACHE_BYTES_DEFAULT};
+pub use hot::KEY_CACHE_BYTES_DEFAULT;
 
 /// The default of `[processors] max-versions-per-component`.
 pub const VERSIONS_KEPT_DEFAULT: usize = 50;
 
-static VERSIONS_KEPT: std::sync::atomic::AtomicUsize =
-    std::sync::atomic::AtomicUsize::new(VERSIONS_KEPT_DEFAULT);
-
-/// Sets how many versions of a component a deploy keeps, the newest
-/// (`[processors] max-versions-per-component`).
-pub fn set_versions_kept(n: usize) {
-    VERSIONS_KEPT.store(n.max(1), std::sync::atomic::Ordering::Relaxed);
-}
-
-/// How many versions of a component a deploy keeps, the newest.
-pub fn versions_kept() -> usize {
-    VERSIONS_KEPT.load(std::sync::atomic::Ordering::Relaxed)
-}
-
 /// The default of `[limits] max-read-bytes` (4 MiB).
 pub const READ_BYTES_MAX_DEFAULT: usize = 4 * 1024 * 1024;
 
-static READ_BYTES_MAX: std::sync::atomic::AtomicUsize =
-    std::sync::atomic::AtomicUsize::new(READ_BYTES_MAX_DEFAULT);
-
-/// Sets the bytes one read of events or keys holds at most (`[limits]
-/// max-read-bytes`): a page, a replay page, a delivery or copy scan.
-pub fn set_read_bytes_max(bytes: usize) {
-    READ_BYTES_MAX.store(bytes.max(1), std::sync::atomic::Ordering::Relaxed);
+/// What a host's configuration bounds in its storage (each host its own).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bounds {
+    /// The bytes of committed key values the key cache holds
+    /// (`[processors] keyed-cache-bytes`).
+    pub key_cache_bytes: u64,
+    /// The bytes one read of events or keys holds at most (`[limits]
+    /// max-read-bytes`): a page, a replay page, a delivery or copy scan;
+    /// at least one event or key is read, however large.
+    pub read_bytes_max: usize,
+    /// How many versions of a component a deploy keeps, the newest
+    /// (`[processors] max-versions-per-component`).
+    pub versions_kept: usize,
 }
 
-/// The bytes one read of events or keys holds at most (at least one event
-/// or key is read, however large).
-pub fn read_bytes_max() -> usize {
-    READ_BYTES_MAX.load(std::sync::atomic::Ordering::Relaxed)
+impl Default for Bounds {
+    fn default() -> Self {
+        Bounds {
+            key_cache_bytes: KEY_CACHE_BYTES_DEFAULT,
+            read_bytes_max: READ_BYTES_MAX_DEFAULT,
+            versions_kept: VERSIONS_KEPT_DEFAULT,
+        }
+    }
 }
 pub use ingest::{
     DroppedEvent, FenceIdentity, IngestOp, NewParked, NewPending, ParkedRow, PendingRow,
@@ -163,6 +159,8 @@ struct Inner {
     /// Newest events, checkpoints and component rows, kept true by the
     /// writer (`hot.rs`).
     hot: Arc<hot::Hot>,
+    /// What this host's configuration bounds.
+    bounds: Bounds,
     /// `<data-dir>/streamhost.lock`, locked exclusively while this storage
     /// lives: one host per data dir (released by the OS when the process dies).
     _lock: std::fs::File,
@@ -228,7 +226,12 @@ const STATEMENTS_CACHED: usize = 128;
 impl Storage {
     /// Opens (creating if needed) `streamhost.db` in `data_dir` and starts the
     /// writer thread.
-    pub fn open(data_dir: &Path, durability: Durability, metrics: Metrics) -> Result<Storage> {
+    pub fn open(
+        data_dir: &Path,
+        durability: Durability,
+        bounds: Bounds,
+        metrics: Metrics,
+    ) -> Result<Storage> {
         let lock = lock_data_dir(data_dir)?;
         let db_path = data_dir.join("streamhost.db");
         let conn = Connection::open(&db_path)
@@ -252,6 +255,7 @@ impl Storage {
                 pool: Mutex::new(Vec::new()),
             },
             lock,
+            bounds,
             metrics,
         )
     }
@@ -271,6 +275,7 @@ impl Storage {
         advertise_url: &str,
         lease_ms: u64,
         db_timeout_ms: u64,
+        bounds: Bounds,
         metrics: Metrics,
     ) -> Result<Storage> {
         let lock = lock_data_dir(data_dir)?;
@@ -291,6 +296,7 @@ impl Storage {
                 pool: Mutex::new(Vec::new()),
             },
             lock,
+            bounds,
             metrics,
         )?;
         Arc::get_mut(&mut storage.inner)
@@ -320,9 +326,15 @@ impl Storage {
         conn: writer::WriteConn,
         readers: Readers,
         lock: std::fs::File,
+        bounds: Bounds,
         metrics: Metrics,
     ) -> Result<Storage> {
-        let hot = Arc::new(hot::Hot::default());
+        let bounds = Bounds {
+            read_bytes_max: bounds.read_bytes_max.max(1),
+            versions_kept: bounds.versions_kept.max(1),
+            ..bounds
+        };
+        let hot = Arc::new(hot::Hot::new(bounds.key_cache_bytes));
         let writer = writer::WriterHandle::start(conn, metrics, hot.clone())?;
         Ok(Storage {
             inner: Arc::new(Inner {
@@ -333,9 +345,15 @@ impl Storage {
                 tenure: lease::Tenure::default(),
                 owners: lease::Owners::default(),
                 hot,
+                bounds,
                 _lock: lock,
             }),
         })
+    }
+
+    /// What this host's configuration bounds in its storage.
+    pub fn bounds(&self) -> &Bounds {
+        &self.inner.bounds
     }
 
     /// Queues a write for the next group commit; the answer arrives after the
@@ -491,7 +509,7 @@ impl Storage {
         limit: usize,
         up_to_offset: u64,
     ) -> Result<Vec<(u64, String)>> {
-        self.events_within(row_id, after_offset, limit, up_to_offset, read_bytes_max())
+        self.events_within(row_id, after_offset, limit, up_to_offset, self.bounds().read_bytes_max)
     }
 
     /// [`Storage::events_after`] with a byte bound of its own

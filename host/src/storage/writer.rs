@@ -208,6 +208,9 @@ pub struct Deployment {
     /// A shadow (`?refold=shadow`): the bytes are stored and the refold
     /// recorded as a shadow, while the current version stays current.
     pub shadow: bool,
+    /// How many versions of the component are kept, the newest
+    /// ([`super::Bounds::versions_kept`]).
+    pub versions_kept: usize,
 }
 
 /// A processor checkpoint to commit: the state after folding through
@@ -663,14 +666,14 @@ fn commit(shared: &Shared, conn: Db<'_>, ops: &mut [WriteOp]) -> Vec<Result<i64,
     results
 }
 
-/// Keeps the newest [`super::versions_kept`] versions of `d`'s component
+/// Keeps the newest `d.versions_kept` versions of `d`'s component
 /// (`[processors] max-versions-per-component`), and drops
 /// the bytes of those it let go that nothing else names (a current
 /// component, a version kept, a refold or shadow pending, a checkpoint
 /// folded by it; bytes are shared by digest across projects).
 fn trim_versions(conn: Db<'_>, d: &Deployment) -> Result<()> {
     let id = conn.pick("rowid", "id");
-    let keep = super::versions_kept() as i64;
+    let keep = d.versions_kept.max(1) as i64;
     let older = format!(
         "FROM component_versions WHERE project = ?1 AND name = ?2 AND {id} NOT IN (
              SELECT {id} FROM component_versions WHERE project = ?1 AND name = ?2
@@ -1620,6 +1623,7 @@ mod tests {
         let storage = Storage::open(
             dir.path(),
             crate::config::Durability::Full,
+            super::super::Bounds::default(),
             crate::metrics::Metrics::new(),
         )
         .unwrap();

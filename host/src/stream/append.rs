@@ -57,19 +57,6 @@ pub fn held_by_a_caller(key: &str, e: &Event) -> bool {
     }
 }
 
-static EVENT_BYTES_MAX: std::sync::atomic::AtomicUsize =
-    std::sync::atomic::AtomicUsize::new(8 * 1024 * 1024);
-
-/// Sets the append size limit (`max-body-bytes`) that events made by the
-/// platform (a copy's transform) are held to as well.
-pub fn set_event_bytes_max(bytes: usize) {
-    EVENT_BYTES_MAX.store(bytes, std::sync::atomic::Ordering::Relaxed);
-}
-
-/// The largest event the platform makes (see [`set_event_bytes_max`]).
-pub fn event_bytes_max() -> usize {
-    EVENT_BYTES_MAX.load(std::sync::atomic::Ordering::Relaxed)
-}
 /// Seconds a caller should wait before retrying an append to a paused stream.
 pub const PAUSED_RETRY_AFTER_S: u32 = 5;
 

@@ -25,7 +25,7 @@ pub use event::{
 pub use runtime::{ConnectionView, DeliveryView, Latency, RuntimeView};
 internal_use!(actor::ActorContext);
 internal_use!(append::{
-    displaced_key, event_bytes_max, held_by_a_caller, set_event_bytes_max,
+    displaced_key, held_by_a_caller,
     PLATFORM_KEY_PREFIXES,
 });
 internal_use!(registry::{StreamSettings, Streams, StreamsRef});

@@ -39,6 +39,8 @@ pub struct StreamSettings {
     pub max_ephemeral_bytes: usize,
     /// Guest calls at once, per project and in all (`[processors]`).
     pub calls: Arc<crate::processor::share::Shares>,
+    /// What the configuration bounds in deliveries' evaluations.
+    pub bounds: crate::delivery::Bounds,
 }
 
 /// All stream actors of a host. Cheap to clone.
@@ -101,6 +103,7 @@ impl Streams {
                         settings.delivery.concurrency,
                         settings.delivery.project_concurrency(),
                     ),
+                    bounds: settings.bounds,
                 },
                 storage,
                 clock,

@@ -172,7 +172,8 @@ fn validate_configured(
             }
         }
         if let Some(c) = &filter.jsonata_condition {
-            crate::jsonata::compile(c).map_err(|e| {
+            // Compiled to check it (its bounds apply where it runs).
+            crate::jsonata::compile(c, Default::default()).map_err(|e| {
                 Error::invalid_with(
                     "invalid-jsonata",
                     format!("{at}.filter.jsonataCondition: {e}"),
@@ -181,7 +182,7 @@ fn validate_configured(
         }
     }
     if let Some(t) = config.receiver.jsonata_transform() {
-        crate::jsonata::compile(t).map_err(|e| {
+        crate::jsonata::compile(t, Default::default()).map_err(|e| {
             Error::invalid_with(
                 "invalid-jsonata",
                 format!("{at}.receiver.jsonataTransform: {e}"),

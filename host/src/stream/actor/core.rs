@@ -88,6 +88,8 @@ pub struct CoreConfig {
     pub idle_stream_ms: u64,
     /// The ephemeral events all streams hold in memory.
     pub ephemeral: Arc<crate::stream::quota::EphemeralMemory>,
+    /// What the configuration bounds in deliveries' evaluations.
+    pub bounds: crate::delivery::Bounds,
 }
 
 /// What a load found: the stream (if it exists), its delivery cursors and
@@ -1141,8 +1143,14 @@ impl ActorCore {
                         (Answer::Append(reply, run), outcome)
                     }
                     Pending::Deliver { batch, reply } => {
-                        let planned =
-                            plan_copy(&mut state, &mut round_keys, &self.address, &batch, &mut ctx);
+                        let planned = plan_copy(
+                            &mut state,
+                            &mut round_keys,
+                            &self.address,
+                            &batch,
+                            &mut ctx,
+                            self.config.bounds,
+                        );
                         requests.push(Request::Deliver { batch });
                         match planned {
                             Ok((plan, outcome)) => (Answer::Deliver(reply, outcome), Ok(plan)),
@@ -1272,7 +1280,10 @@ impl ActorCore {
                     .iter()
                     .map(|(n, o)| (n.to_string(), *o))
                     .collect(),
-                Arc::new(crate::reactor::configured(state)),
+                Arc::new(crate::reactor::configured(
+                    state,
+                    self.config.bounds.jsonata,
+                )),
             );
         }
         let reactors = Arc::clone(&self.reactors.1);

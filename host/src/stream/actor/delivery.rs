@@ -142,7 +142,7 @@ impl ActorCore {
                     rt.halted = halted;
                 }
                 _ => {
-                    let route = Route::parse(sub, &self.address);
+                    let route = Route::parse(sub, &self.address, self.config.bounds.jsonata);
                     if let Some(component) = woken_component(sub) {
                         // The processor's checkpoint is its cursor.
                         let checkpoint = checkpoints.get(&component).copied().unwrap_or(0);

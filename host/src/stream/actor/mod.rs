@@ -252,6 +252,7 @@ pub fn spawn(
         delivery: ctx.delivery.clone(),
         idle_stream_ms: ctx.idle_stream_ms,
         ephemeral: Arc::clone(&ctx.ephemeral),
+        bounds: ctx.executors.bounds,
     };
     let actor = Actor {
         core: ActorCore::new(address.clone(), config, env),
@@ -523,7 +524,7 @@ impl Actor {
                     // event: the next page (after it) has what follows.
                     let bytes: usize = durable.iter().map(|(_, body)| body.len()).sum();
                     let ephemeral = match durable.last() {
-                        Some((last, _)) if bytes >= crate::storage::read_bytes_max() => ephemeral
+                        Some((last, _)) if bytes >= storage.bounds().read_bytes_max => ephemeral
                             .into_iter()
                             .filter(|e| e.offset <= *last)
                             .collect(),
