@@ -23,6 +23,26 @@ pub enum Durability {
 
 /// The default of `max-body-bytes` (8 MiB).
 pub const MAX_BODY_BYTES_DEFAULT: usize = 8 * 1024 * 1024;
+/// The default of `[limits] max-read-bytes` (4 MiB).
+pub const READ_BYTES_MAX_DEFAULT: usize = 4 * 1024 * 1024;
+/// The default of `[processors] keyed-cache-bytes` (256 MiB).
+pub const KEY_CACHE_BYTES_DEFAULT: u64 = 256 * 1024 * 1024;
+/// The default of `[processors] max-versions-per-component`.
+pub const VERSIONS_KEPT_DEFAULT: usize = 50;
+
+/// A URL without its password, for messages.
+pub fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            let userinfo = &url[scheme + 3..at];
+            match userinfo.split_once(':') {
+                Some((user, _)) => format!("{}{user}:***{}", &url[..scheme + 3], &url[at..]),
+                None => url.to_string(),
+            }
+        }
+        _ => url.to_string(),
+    }
+}
 
 /// The whole server configuration.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -125,7 +145,7 @@ impl Default for LimitsConfig {
             jsonata_max_bytes: crate::jsonata::VALUE_BYTES_MAX,
             max_live_connections_per_project: 1000,
             max_ephemeral_bytes: 256 * 1024 * 1024,
-            max_read_bytes: crate::storage::READ_BYTES_MAX_DEFAULT,
+            max_read_bytes: READ_BYTES_MAX_DEFAULT,
         }
     }
 }
@@ -392,11 +412,11 @@ impl Default for ProcessorsConfig {
     fn default() -> Self {
         ProcessorsConfig {
             idle_teardown_ms: 5 * 60 * 1000,
-            keyed_cache_bytes: crate::storage::KEY_CACHE_BYTES_DEFAULT,
+            keyed_cache_bytes: KEY_CACHE_BYTES_DEFAULT,
             compile_cache_dir: None,
             max_concurrent_calls: 256,
             max_concurrent_calls_per_project: 16,
-            max_versions_per_component: crate::storage::VERSIONS_KEPT_DEFAULT,
+            max_versions_per_component: VERSIONS_KEPT_DEFAULT,
         }
     }
 }
@@ -426,7 +446,7 @@ impl Config {
             }
             Some(other) => bail!(
                 "storage {:?} is not \"sqlite\" or a PostgreSQL URL (postgres://user@host/db)",
-                crate::storage::sql::redact(other)
+                redact(other)
             ),
         }
     }
@@ -439,28 +459,11 @@ impl Config {
             .unwrap_or(!self.tokens.is_empty())
     }
 
-    /// What this configuration bounds in deliveries' evaluations.
-    pub(crate) fn delivery_bounds(&self) -> crate::delivery::Bounds {
-        crate::delivery::Bounds {
-            jsonata: self.jsonata_limits(),
-            event_bytes_max: self.max_body_bytes,
-        }
-    }
-
-    /// The bounds of JSONata evaluations.
+    /// The bounds of this host's JSONata evaluations (`[limits]`).
     pub(crate) fn jsonata_limits(&self) -> crate::jsonata::Limits {
         crate::jsonata::Limits {
             timeout_ms: self.limits.jsonata_timeout_ms,
             max_bytes: self.limits.jsonata_max_bytes,
-        }
-    }
-
-    /// What this configuration bounds in storage.
-    pub(crate) fn storage_bounds(&self) -> crate::storage::Bounds {
-        crate::storage::Bounds {
-            key_cache_bytes: self.processors.keyed_cache_bytes,
-            read_bytes_max: self.limits.max_read_bytes,
-            versions_kept: self.processors.max_versions_per_component,
         }
     }
 

@@ -5,6 +5,18 @@
 use crate::jsonata::{Expression, Input, Limits};
 use crate::subscription::{Filter, OutboundSubscription};
 
+/// `payload.reason` of the drop audit; such events are never copied onward.
+pub const DROP_AUDIT_REASON: &str = "copy-dropped";
+
+/// Whether a stored event is a drop audit line (never copied onward).
+pub fn is_drop_audit(
+    event_type: &str,
+    payload: &serde_json::Map<String, serde_json::Value>,
+) -> bool {
+    event_type == crate::stream::types::ERROR_OCCURRED
+        && payload.get("reason").and_then(serde_json::Value::as_str) == Some(DROP_AUDIT_REASON)
+}
+
 /// A compiled filter.
 #[derive(Clone, Debug, Default)]
 pub struct CompiledFilter {
@@ -54,7 +66,7 @@ impl CompiledFilter {
         {
             return Ok(false);
         }
-        if self.skip_drop_audits && crate::delivery::copy::is_drop_audit(event_type, payload) {
+        if self.skip_drop_audits && is_drop_audit(event_type, payload) {
             return Ok(false);
         }
         match &self.condition {

@@ -8,14 +8,13 @@ use serde::Serialize;
 use serde_json::{json, Map, Value};
 
 use crate::error::Error;
+use crate::filter::DROP_AUDIT_REASON;
 use crate::stream::{
     plan_append, types, AppendContext, AppendInput, AppendPlan, Authority, CopiedFrom, CoreState,
     Event, EventInput, EventSource, StreamAddress,
 };
 use crate::subscription::{Stamp, COPY_HOPS_MAX};
 
-/// `payload.reason` of the drop audit; such events are never copied onward.
-pub const DROP_AUDIT_REASON: &str = "copy-dropped";
 
 /// The source of a delivery.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -93,12 +92,6 @@ impl CopyBatch {
 pub struct CopyOutcome {
     pub appended: usize,
     pub dropped: usize,
-}
-
-/// Whether a stored event is a drop audit line (never copied onward).
-pub fn is_drop_audit(event_type: &str, payload: &Map<String, Value>) -> bool {
-    event_type == types::ERROR_OCCURRED
-        && payload.get("reason").and_then(Value::as_str) == Some(DROP_AUDIT_REASON)
 }
 
 /// The idempotency key of a copy: one per (subscription key, config

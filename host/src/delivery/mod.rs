@@ -30,6 +30,16 @@ pub struct Bounds {
     pub event_bytes_max: usize,
 }
 
+impl Bounds {
+    /// What `config` bounds in deliveries.
+    pub(crate) fn of(config: &crate::config::Config) -> Bounds {
+        Bounds {
+            jsonata: config.jsonata_limits(),
+            event_bytes_max: config.max_body_bytes,
+        }
+    }
+}
+
 impl Default for Bounds {
     fn default() -> Self {
         Bounds {

@@ -143,13 +143,13 @@ impl Host {
                 config.cluster.advertise_url.as_deref().unwrap_or_default(),
                 config.cluster.lease_ms,
                 config.cluster.db_timeout_ms,
-                config.storage_bounds(),
+                crate::storage::Bounds::of(&config),
                 metrics.clone(),
             ),
             None => Storage::open(
                 &config.data_dir,
                 config.durability,
-                config.storage_bounds(),
+                crate::storage::Bounds::of(&config),
                 metrics.clone(),
             ),
         }
@@ -179,7 +179,7 @@ impl Host {
                 config.processors.max_concurrent_calls,
                 config.processors.max_concurrent_calls_per_project,
             ),
-            bounds: config.delivery_bounds(),
+            bounds: crate::delivery::Bounds::of(&config),
         };
         let streams = Streams::new(storage, clock.clone(), metrics.clone(), settings, runtime);
         crate::executor::effect::start(

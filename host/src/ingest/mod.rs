@@ -95,11 +95,6 @@ pub fn exhausted(whose: &str, what: &str, pending: u64, max: u64, more: u64) -> 
     )
 }
 
-/// How a project's share is named in a refusal.
-pub fn share_of(project: &str) -> String {
-    format!(" for project {project:?} (its share, [ingest] max-pending-*-per-project)")
-}
-
 impl Capacity {
     pub fn new(config: &IngestConfig) -> Capacity {
         Capacity {
@@ -118,7 +113,7 @@ impl Capacity {
     /// others' room).
     pub fn reserve(&mut self, project: &str, events: u64, bytes: u64) -> Result<(), Error> {
         let (p_events, p_bytes) = self.by_project.get(project).copied().unwrap_or((0, 0));
-        let share = share_of(project);
+        let share = crate::storage::share_of(project);
         for (whose, what, pending, max, more) in [
             (
                 share.as_str(),

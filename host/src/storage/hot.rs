@@ -65,12 +65,10 @@ pub struct Hot {
     pub(super) keys: super::keys::KeyCache,
 }
 
-/// The default of `[processors] keyed-cache-bytes`.
-pub const KEY_CACHE_BYTES_DEFAULT: u64 = 256 * 1024 * 1024;
 
 impl Default for Hot {
     fn default() -> Self {
-        Hot::new(KEY_CACHE_BYTES_DEFAULT)
+        Hot::new(crate::config::KEY_CACHE_BYTES_DEFAULT)
     }
 }
 

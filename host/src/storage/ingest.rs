@@ -220,7 +220,7 @@ fn check_shared_capacity(conn: Db<'_>, rows: &[NewPending], bound: SharedBound) 
             |r| Ok((r.int(0)? as u64, r.int(1)? as u64)),
         )?;
         let max = (bound.project_max_events, bound.project_max_bytes);
-        fits(pending, more, max, &crate::ingest::share_of(project))?;
+        fits(pending, more, max, &share_of(project))?;
     }
     let pending = conn.query_one(
         "SELECT COUNT(*), CAST(COALESCE(SUM(bytes), 0) AS BIGINT) FROM ingest_pending",
@@ -664,6 +664,11 @@ impl Storage {
             )
         })
     }
+}
+
+/// How a project's share is named in a refusal.
+pub fn share_of(project: &str) -> String {
+    format!(" for project {project:?} (its share, [ingest] max-pending-*-per-project)")
 }
 
 #[cfg(test)]

@@ -32,13 +32,7 @@ use sql::{args, Db, PgConn, Row};
 use crate::config::Durability;
 use crate::metrics::Metrics;
 pub use effects::{EffectInsert, EffectOp, EffectQuery, EffectRow, EffectSource, NewEffect};
-pub use hot::KEY_CACHE_BYTES_DEFAULT;
-
-/// The default of `[processors] max-versions-per-component`.
-pub const VERSIONS_KEPT_DEFAULT: usize = 50;
-
-/// The default of `[limits] max-read-bytes` (4 MiB).
-pub const READ_BYTES_MAX_DEFAULT: usize = 4 * 1024 * 1024;
+pub use crate::config::{KEY_CACHE_BYTES_DEFAULT, READ_BYTES_MAX_DEFAULT, VERSIONS_KEPT_DEFAULT};
 
 /// What a host's configuration bounds in its storage (each host its own).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -55,6 +49,17 @@ pub struct Bounds {
     pub versions_kept: usize,
 }
 
+impl Bounds {
+    /// What `config` bounds in storage.
+    pub(crate) fn of(config: &crate::config::Config) -> Bounds {
+        Bounds {
+            key_cache_bytes: config.processors.keyed_cache_bytes,
+            read_bytes_max: config.limits.max_read_bytes,
+            versions_kept: config.processors.max_versions_per_component,
+        }
+    }
+}
+
 impl Default for Bounds {
     fn default() -> Self {
         Bounds {
@@ -65,7 +70,7 @@ impl Default for Bounds {
     }
 }
 pub use ingest::{
-    DroppedEvent, FenceIdentity, IngestOp, NewParked, NewPending, ParkedRow, PendingRow,
+    share_of, DroppedEvent, FenceIdentity, IngestOp, NewParked, NewPending, ParkedRow, PendingRow,
     SharedBound,
     CAPACITY_EXHAUSTED, DIAGNOSTICS_KEPT, KEY_CONFLICT, KEY_IN_STREAM,
 };

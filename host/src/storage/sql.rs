@@ -332,19 +332,7 @@ impl Drop for PgConn {
     }
 }
 
-/// A URL without its password, for messages.
-pub fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme), Some(at)) if at > scheme => {
-            let userinfo = &url[scheme + 3..at];
-            match userinfo.split_once(':') {
-                Some((user, _)) => format!("{}{user}:***{}", &url[..scheme + 3], &url[at..]),
-                None => url.to_string(),
-            }
-        }
-        _ => url.to_string(),
-    }
-}
+pub use crate::config::redact;
 
 fn first_line(sql: &str) -> &str {
     sql.trim().lines().next().unwrap_or("")
