@@ -184,10 +184,24 @@ fn preview(text: &str) -> String {
     }
 }
 
+/// The outbox's `component` of a reactor's effects: `reactor:<name>`
+/// (component names never hold a `:`, so the two never share an identity).
+pub const EFFECT_COMPONENT_PREFIX: &str = "reactor:";
+
+/// The outbox component of reactor `name`'s effects.
+pub fn effect_component(name: &str) -> String {
+    format!("{EFFECT_COMPONENT_PREFIX}{name}")
+}
+
+/// The reactor whose effect this outbox component is, if a reactor's.
+pub fn reactor_of(component: &str) -> Option<&str> {
+    component.strip_prefix(EFFECT_COMPONENT_PREFIX)
+}
+
 /// Who produced an effect: the processor's component, or the reactor's
 /// name (its outbox component is `reactor:<name>`).
 pub fn consumer(component: &str) -> (&'static str, &str) {
-    match crate::reactor::reactor_of(component) {
+    match reactor_of(component) {
         Some(name) => ("reactor", name),
         None => ("processor", component),
     }

@@ -28,6 +28,7 @@ use crate::delivery::Failure;
 use crate::processor::runtime::Runtime;
 use crate::storage::Storage;
 use crate::stream::StreamsRef;
+pub use crate::processor::wake::Gate;
 
 /// Stored events read per attempt.
 pub const SCAN_EVENTS_MAX: usize = 1000;
@@ -163,44 +164,6 @@ where
         }))
         .await;
     });
-}
-
-/// Decides, once, between an attempt's commit and the host giving up on
-/// it at its deadline: whichever comes first wins, so an attempt the host
-/// gave up on commits nothing afterwards (its late result is discarded),
-/// and an attempt whose commit has begun is waited for, not reported as
-/// timed out while its commit lands.
-#[derive(Debug, Default)]
-pub struct Gate(std::sync::atomic::AtomicU8);
-
-const GATE_OPEN: u8 = 0;
-const GATE_COMMITTING: u8 = 1;
-const GATE_ABANDONED: u8 = 2;
-
-impl Gate {
-    fn swap_from_open(&self, to: u8) -> bool {
-        use std::sync::atomic::Ordering;
-        self.0
-            .compare_exchange(GATE_OPEN, to, Ordering::AcqRel, Ordering::Acquire)
-            .is_ok()
-    }
-
-    /// The attempt is about to commit: `false` once the host gave up on it
-    /// (then it must commit nothing).
-    pub fn begin_commit(&self) -> bool {
-        self.swap_from_open(GATE_COMMITTING)
-    }
-
-    /// The host gives up on the attempt: `true` when no commit had begun
-    /// (none will), `false` when one has (its result is the attempt's).
-    pub fn abandon(&self) -> bool {
-        self.swap_from_open(GATE_ABANDONED)
-    }
-
-    /// Whether the host gave up on the attempt.
-    pub fn abandoned(&self) -> bool {
-        self.0.load(std::sync::atomic::Ordering::Acquire) == GATE_ABANDONED
-    }
 }
 
 /// Runs `attempt`, waiting at most `wait` for it: a panic becomes a

@@ -2,6 +2,7 @@
 //! bytes) and its versions. `PUT`/`GET /v1/projects/{p}/components/...`
 //! over HTTP.
 
+pub use crate::processor::versions::SubscriptionRef;
 use serde::Serialize;
 use serde_json::Value;
 
@@ -71,17 +72,6 @@ impl Deploy {
         self.replay_effects = true;
         self
     }
-}
-
-/// A subscription on a stream of the project: what a deploy resumed or
-/// retried.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct SubscriptionRef {
-    /// The source stream's path.
-    pub stream: String,
-    /// The subscription's key on it.
-    pub subscription_key: String,
 }
 
 /// What a deploy did.

@@ -137,7 +137,7 @@ impl Host {
                 project: project.clone(),
                 path: path.clone(),
                 stream_id: stream_id.clone(),
-                component: crate::reactor::effect_component(&reactor.name),
+                component: crate::effect::effect_component(&reactor.name),
             };
             let mut counts = ReactorBackfilled::default();
             while after < through {

@@ -3,12 +3,11 @@
 //! promotion (`:promoteShadow`) and its discard (`:discardShadow`).
 
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 
 use super::Host;
 use crate::error::Error;
-pub use crate::processor::shadow::SAMPLE_MAX;
 use crate::processor::shadow::{self, Promotion};
+pub use crate::processor::shadow::{HeldEffects, KeyChange, KeysDiff, ShadowView, SAMPLE_MAX};
 use crate::stream::StreamAddress;
 
 /// The body of `:promoteShadow`.
@@ -39,75 +38,6 @@ pub struct ShadowEnded {
     /// Promoted: how many held effects were stored to run.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub effects_stored: Option<u64>,
-}
-
-/// A shadow as `GET {stream}:processors/{component}/shadow` shows it.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ShadowView {
-    /// The component.
-    pub component: String,
-    /// The shadow's version.
-    pub digest: String,
-    /// The live version.
-    pub live_digest: String,
-    /// `catching-up`, `ready` (folded through the live checkpoint) or
-    /// `failed`.
-    pub status: &'static str,
-    /// The live checkpoint.
-    pub checkpoint_offset: u64,
-    /// How far the shadow has folded.
-    pub shadow_offset: u64,
-    /// When ready: RFC 6902 operations from the live state to the
-    /// shadow's (`null` until then: the two are not at one offset).
-    pub state_diff: Option<Value>,
-    /// When ready: how the keyed states differ (`null` until then).
-    pub keys_diff: Option<KeysDiff>,
-    /// The effects the shadow returned for events after the live
-    /// checkpoint it started from: held, never run.
-    pub held_effects: HeldEffects,
-    /// Why the shadow stopped folding (status `failed`).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub error: Option<String>,
-}
-
-/// How a shadow's keyed state differs from the live one.
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
-pub struct KeysDiff {
-    /// Keys only the shadow has.
-    pub added: u64,
-    /// Keys only the live state has.
-    pub removed: u64,
-    /// Keys both have, with different values.
-    pub changed: u64,
-    /// The first differences in key order (at most [`SAMPLE_MAX`]).
-    pub sample: Vec<KeyChange>,
-}
-
-/// One key that differs.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct KeyChange {
-    /// The key.
-    pub key: String,
-    /// `added`, `removed` or `changed`.
-    pub change: &'static str,
-    /// Its live value (text when it is UTF-8, else `{"base64": ...}`), if
-    /// any.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub live: Option<Value>,
-    /// Its shadow value, if any.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub shadow: Option<Value>,
-}
-
-/// A shadow's held effects.
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
-pub struct HeldEffects {
-    /// How many.
-    pub count: u64,
-    /// The first (at most [`SAMPLE_MAX`]): key, target and the checkpoint
-    /// of the batch that returned it.
-    pub sample: Vec<Value>,
 }
 
 fn shadow_not_found(stream: &StreamAddress, component: &str) -> Error {

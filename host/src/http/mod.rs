@@ -14,6 +14,7 @@ mod itx;
 pub mod listener;
 pub mod mapping;
 mod query;
+mod serve;
 
 use axum::body::{to_bytes, Body};
 use axum::extract::State;

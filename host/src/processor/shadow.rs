@@ -16,6 +16,7 @@
 //! counts as promoted. A host asked about a shadow it does not fold (the
 //! deploy went through another host) starts folding it then.
 
+use serde::Serialize;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -27,7 +28,6 @@ use super::backfill::RangeFold;
 use super::keyed::Bucket;
 use super::wake::{consumed, Guest};
 use crate::clock::format_timestamp;
-use crate::host::shadows::{HeldEffects, KeyChange, KeysDiff, ShadowView};
 use crate::delivery::Failure;
 use crate::filter::CompiledFilter;
 use crate::storage::{Checkpoint, CheckpointRow, NewEffect, Storage, WriteOp};
@@ -855,6 +855,75 @@ async fn finish(streams: &Streams, project: &str, component: &str, digest: &str,
         }
         Err(e) => tracing::warn!(component, error = %e, "ending a shadow failed"),
     }
+}
+
+/// A shadow as `GET {stream}:processors/{component}/shadow` shows it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ShadowView {
+    /// The component.
+    pub component: String,
+    /// The shadow's version.
+    pub digest: String,
+    /// The live version.
+    pub live_digest: String,
+    /// `catching-up`, `ready` (folded through the live checkpoint) or
+    /// `failed`.
+    pub status: &'static str,
+    /// The live checkpoint.
+    pub checkpoint_offset: u64,
+    /// How far the shadow has folded.
+    pub shadow_offset: u64,
+    /// When ready: RFC 6902 operations from the live state to the
+    /// shadow's (`null` until then: the two are not at one offset).
+    pub state_diff: Option<Value>,
+    /// When ready: how the keyed states differ (`null` until then).
+    pub keys_diff: Option<KeysDiff>,
+    /// The effects the shadow returned for events after the live
+    /// checkpoint it started from: held, never run.
+    pub held_effects: HeldEffects,
+    /// Why the shadow stopped folding (status `failed`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// How a shadow's keyed state differs from the live one.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct KeysDiff {
+    /// Keys only the shadow has.
+    pub added: u64,
+    /// Keys only the live state has.
+    pub removed: u64,
+    /// Keys both have, with different values.
+    pub changed: u64,
+    /// The first differences in key order (at most [`SAMPLE_MAX`]).
+    pub sample: Vec<KeyChange>,
+}
+
+/// One key that differs.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct KeyChange {
+    /// The key.
+    pub key: String,
+    /// `added`, `removed` or `changed`.
+    pub change: &'static str,
+    /// Its live value (text when it is UTF-8, else `{"base64": ...}`), if
+    /// any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub live: Option<Value>,
+    /// Its shadow value, if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shadow: Option<Value>,
+}
+
+/// A shadow's held effects.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct HeldEffects {
+    /// How many.
+    pub count: u64,
+    /// The first (at most [`SAMPLE_MAX`]): key, target and the checkpoint
+    /// of the batch that returned it.
+    pub sample: Vec<Value>,
 }
 
 #[cfg(test)]

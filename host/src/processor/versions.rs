@@ -4,10 +4,10 @@
 //! record goes when the resumes are appended, so a crash in between is made
 //! good at the next start ([`resume_pending`]).
 
+use serde::Serialize;
 use serde_json::json;
 
 use crate::error::Error;
-use crate::host::components::SubscriptionRef;
 use crate::storage::WriteOp;
 use crate::stream::{types, AppendInput, Authority, EventInput, Namespace, StreamAddress, Streams};
 
@@ -128,4 +128,15 @@ pub async fn resume_pending(streams: &Streams) {
             }
         }
     }
+}
+
+/// A subscription on a stream of the project: what a deploy resumed or
+/// retried.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SubscriptionRef {
+    /// The source stream's path.
+    pub stream: String,
+    /// The subscription's key on it.
+    pub subscription_key: String,
 }

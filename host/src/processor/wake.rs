@@ -41,7 +41,7 @@ pub struct WakeJob {
     pub fence: Option<crate::storage::Fence>,
     /// Tells whether the host gave up on this wake (its deadline passed):
     /// then no guest runs any more and nothing commits.
-    pub gate: std::sync::Arc<crate::executor::Gate>,
+    pub gate: std::sync::Arc<Gate>,
 }
 
 /// A wake that produced a checkpoint to commit.
@@ -490,3 +490,42 @@ pub fn checked_effects(
     }
     Ok(effects)
 }
+
+/// Decides, once, between an attempt's commit and the host giving up on
+/// it at its deadline: whichever comes first wins, so an attempt the host
+/// gave up on commits nothing afterwards (its late result is discarded),
+/// and an attempt whose commit has begun is waited for, not reported as
+/// timed out while its commit lands.
+#[derive(Debug, Default)]
+pub struct Gate(std::sync::atomic::AtomicU8);
+
+const GATE_OPEN: u8 = 0;
+const GATE_COMMITTING: u8 = 1;
+const GATE_ABANDONED: u8 = 2;
+
+impl Gate {
+    fn swap_from_open(&self, to: u8) -> bool {
+        use std::sync::atomic::Ordering;
+        self.0
+            .compare_exchange(GATE_OPEN, to, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
+
+    /// The attempt is about to commit: `false` once the host gave up on it
+    /// (then it must commit nothing).
+    pub fn begin_commit(&self) -> bool {
+        self.swap_from_open(GATE_COMMITTING)
+    }
+
+    /// The host gives up on the attempt: `true` when no commit had begun
+    /// (none will), `false` when one has (its result is the attempt's).
+    pub fn abandon(&self) -> bool {
+        self.swap_from_open(GATE_ABANDONED)
+    }
+
+    /// Whether the host gave up on the attempt.
+    pub fn abandoned(&self) -> bool {
+        self.0.load(std::sync::atomic::Ordering::Acquire) == GATE_ABANDONED
+    }
+}
+

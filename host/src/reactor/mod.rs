@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex};
 
 use serde_json::Value;
 
-use crate::effect::{parse, Returned};
+use crate::effect::{effect_component, parse, Returned};
 use crate::error::Error;
 use crate::filter::CompiledFilter;
 use crate::processor::runtime::{
@@ -29,9 +29,6 @@ use crate::storage::{NewEffect, Storage};
 use crate::stream::{CoreState, Event};
 use crate::subscription::Receiver;
 
-/// The outbox's `component` of a reactor's effects: `reactor:<name>`
-/// (component names never hold a `:`, so the two never share an identity).
-pub const EFFECT_COMPONENT_PREFIX: &str = "reactor:";
 /// How long one reactor call may run (the append waits for it).
 pub const REACT_TIMEOUT_MS: u64 = 1_000;
 /// Seconds a client waits before retrying an append a reactor could not
@@ -41,16 +38,6 @@ pub const REFUSED_FOR_NOW_RETRY_AFTER_S: u32 = 1;
 const ENVELOPE_TYPE_BYTES_MAX: usize = 256;
 /// The largest event a refusal quotes whole in its repro command.
 const REPRO_EVENT_BYTES_MAX: usize = 4096;
-
-/// The outbox component of reactor `name`'s effects.
-pub fn effect_component(name: &str) -> String {
-    format!("{EFFECT_COMPONENT_PREFIX}{name}")
-}
-
-/// The reactor whose effect this outbox component is, if a reactor's.
-pub fn reactor_of(component: &str) -> Option<&str> {
-    component.strip_prefix(EFFECT_COMPONENT_PREFIX)
-}
 
 /// A reactor configured on a stream.
 #[derive(Debug, Clone)]
@@ -426,8 +413,8 @@ mod tests {
     #[test]
     fn reactor_effects_never_share_an_identity_with_a_processors() {
         assert_eq!(effect_component("welcome.v1"), "reactor:welcome.v1");
-        assert_eq!(reactor_of("reactor:welcome.v1"), Some("welcome.v1"));
+        assert_eq!(crate::effect::reactor_of("reactor:welcome.v1"), Some("welcome.v1"));
         // Component names are [a-z0-9][a-z0-9-]*: never with a ':'.
-        assert_eq!(reactor_of("welcome"), None);
+        assert_eq!(crate::effect::reactor_of("welcome"), None);
     }
 }
