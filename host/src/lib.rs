@@ -49,8 +49,8 @@
 //!
 //! # Inside
 //!
-//! A request travels `http` → the stream registry (`stream/registry.rs`) → the
-//! stream's actor (`stream/actor/`), which plans appends with the pure
+//! A request travels `http` → the stream registry (`actor/registry.rs`) → the
+//! stream's actor (`actor/`), which plans appends with the pure
 //! [`stream::plan_append`] and reducer ([`stream::CoreState`]), then
 //! commits them through the group-commit writer in `storage`.
 //! `ARCHITECTURE.md` at the repository root is the map. The host's other
@@ -90,6 +90,7 @@ macro_rules! internal_use {
 }
 
 internal! {
+    actor;
     auth;
     clock;
     connection;
@@ -121,6 +122,7 @@ pub mod host;
 pub mod stream;
 pub mod subscription;
 
+pub use actor::{ConnectionView, DeliveryView, Latency, RuntimeView};
 pub use clock::{Clock, SystemClock};
 pub use config::Config;
 pub use error::{Error, ErrorKind};
@@ -167,8 +169,8 @@ pub use invariant::stop_on_broken_invariant;
 pub use jsonata::memory::Counting as CountingAllocator;
 pub use storage::{DroppedEvent, FenceIdentity};
 pub use stream::{
-    AppendInput, AppendOutput, ConnectionView, CoreState, DeliveryView, Event, EventInput, Latency,
-    Namespace, ReadOutput, ReadQuery, RuntimeView, StreamAddress,
+    AppendInput, AppendOutput, CoreState, Event, EventInput, Namespace, ReadOutput, ReadQuery,
+    StreamAddress,
 };
 pub use subscription::Subscription;
 

@@ -1,5 +1,5 @@
 //! The seeded generator of the simulations (`storage/lease_sim.rs`,
-//! `stream/actor/simulation.rs`): xorshift64*, so a run depends on its seed
+//! `actor/simulation.rs`): xorshift64*, so a run depends on its seed
 //! alone.
 
 /// A small seeded generator.

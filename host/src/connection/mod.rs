@@ -2,7 +2,7 @@
 //! events (replay, then live), served as server-sent events. This module
 //! holds the pure parts: parameters, coordinate validation, batch splitting
 //! and rendering, and the waitForEvent timeout text. The actor keeps the
-//! registered connections (`stream/actor/connections.rs`); `http` streams
+//! registered connections (`actor/connections.rs`); `http` streams
 //! their batches.
 
 pub mod feed;

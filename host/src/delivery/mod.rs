@@ -6,7 +6,7 @@
 //! envelope (`webhook.rs`). Time and randomness come in as arguments so the
 //! decisions are unit-testable. Nothing here does IO: jobs run in
 //! `crate::executor`, and the engine lives in the source stream's actor
-//! (`stream/actor/delivery.rs`).
+//! (`actor/delivery.rs`).
 
 pub mod copy;
 pub mod runtime;

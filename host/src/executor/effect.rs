@@ -28,10 +28,8 @@ use crate::effect::{self, Outcome, Settlement, Target};
 use crate::error::ErrorKind;
 use crate::processor::runtime::CallError;
 use crate::storage::{EffectOp, EffectRow, WriteOp};
-use crate::stream::{
-    AppendInput, Authority, EffectOrigin, EventInput, EventSource, Namespace, StreamAddress,
-    StreamsRef,
-};
+use crate::stream::{AppendInput, Authority, EffectOrigin, EventInput, EventSource, Namespace, StreamAddress};
+use crate::actor::StreamsRef;
 
 /// Longest the worker sleeps without looking (a safety net: commits and
 /// API calls wake it at once).

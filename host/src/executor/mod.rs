@@ -27,7 +27,7 @@ use crate::delivery::target::Target;
 use crate::delivery::Failure;
 use crate::processor::runtime::Runtime;
 use crate::storage::Storage;
-use crate::stream::StreamsRef;
+use crate::actor::StreamsRef;
 pub use crate::processor::wake::Gate;
 
 /// Stored events read per attempt.

@@ -60,6 +60,7 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result};
 
+use crate::actor::{RuntimeView, Streams};
 use crate::auth::Auth;
 use crate::clock::{Clock, SystemClock};
 use crate::config::Config;
@@ -68,7 +69,7 @@ use crate::metrics::Metrics;
 use crate::storage::Storage;
 use crate::stream::{
     AppendInput, AppendOutput, Authority, CoreState, Event, EventInput, Namespace, ReadQuery,
-    RuntimeView, StreamAddress, Streams,
+    StreamAddress,
 };
 use crate::subscription::Subscription;
 
@@ -166,7 +167,7 @@ impl Host {
                 .unwrap_or_else(|| config.data_dir.join("compiled")),
         )
         .context("starting the wasm runtime")?;
-        let settings = crate::stream::StreamSettings {
+        let settings = crate::actor::StreamSettings {
             delivery: config.delivery.clone(),
             webhooks: crate::executor::webhook::Client::new(config.deny_private_networks())
                 .context("building the webhook client")?,

@@ -20,12 +20,13 @@ use super::reactors::{ReactorBackfill, ReactorBackfilled};
 use super::shadows::{Promote, ShadowEnded, ShadowView};
 use super::subscriptions::{CopyFrom, CursorSetAndResumed, Resumed, Subscribed, Unsubscribed};
 use super::Host;
+use crate::actor::RuntimeView;
 use crate::error::Error;
 use crate::ingest::nats::BridgeStatus;
 use crate::ingest::{IngestStatus, ParkedEvent, ParkedPage, ParkedQuery};
 use crate::stream::{
     AppendInput, AppendOutput, Authority, CoreState, Event, EventInput, ReadOutput, ReadQuery,
-    RuntimeView, StreamAddress,
+    StreamAddress,
 };
 
 /// One operation on a stream. It is also what a host sends another host

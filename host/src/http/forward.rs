@@ -74,7 +74,7 @@ pub async fn layer(State(host): State<Host>, request: Request, next: Next) -> Re
         return next.run(request).await;
     };
     // Only requests on a stream meet another owner (the host's own calls
-    // on streams go through `stream/remote.rs`); the rest pass untouched,
+    // on streams go through `actor/remote.rs`); the rest pass untouched,
     // bodies and their own limits included.
     let path = request.uri().path();
     if !(path.starts_with("/v1/projects/") || path.starts_with("/v1/global/"))

@@ -168,7 +168,7 @@ pub fn router(host: Host) -> Router {
         .route("/console/console.css", get(console_css))
         // Host to host (several hosts); not part of the public API.
         .route(
-            crate::stream::remote::PATH,
+            crate::actor::remote::PATH,
             axum::routing::post(internal_call),
         )
         .fallback(fallback)
@@ -350,10 +350,10 @@ async fn list_project_streams(
 const INTERNAL_BODY_BYTES_MAX: usize = 256 * 1024 * 1024;
 
 /// `POST /internal/v1/call`: a call on a stream this host owns, sent by
-/// another host of the cluster (`stream/remote.rs`); served here, never
+/// another host of the cluster (`actor/remote.rs`); served here, never
 /// forwarded again.
 async fn internal_call(State(host): State<Host>, headers: HeaderMap, body: Body) -> Response {
-    use crate::stream::remote::{self, Call, RemoteCall};
+    use crate::actor::remote::{self, Call, RemoteCall};
     let result = async {
         let storage = host.streams.storage().clone();
         let me = storage

@@ -21,10 +21,8 @@ use super::Ingest;
 use crate::error::{Error, ErrorKind};
 use crate::clock::format_timestamp;
 use crate::storage::{IngestOp, PendingRow, WriteOp};
-use crate::stream::{
-    AppendInput, Authority, EventInput, Namespace, StreamAddress, Streams, StreamsRef,
-    APPEND_EVENTS_MAX,
-};
+use crate::stream::{AppendInput, Authority, EventInput, Namespace, StreamAddress, APPEND_EVENTS_MAX};
+use crate::actor::{Streams, StreamsRef};
 
 /// Streams drained at once.
 const CONCURRENCY: usize = 16;

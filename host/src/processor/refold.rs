@@ -27,7 +27,8 @@ use crate::clock::format_timestamp;
 use crate::delivery::Failure;
 use crate::filter::CompiledFilter;
 use crate::storage::{Checkpoint, NewEffect, WriteOp};
-use crate::stream::{StreamAddress, Streams};
+use crate::stream::StreamAddress;
+use crate::actor::Streams;
 
 /// Rounds of "fold the rest, try to switch" before a refold gives up.
 const SWITCH_ROUNDS_MAX: usize = 50;
@@ -185,7 +186,7 @@ async fn refold(
 ) -> Result<u64, Failure> {
     match streams.fence(address).await {
         Err(e) if e.owner_url.as_deref().is_some_and(|u| !u.is_empty()) => {
-            let call = crate::stream::remote::Call::Refold {
+            let call = crate::actor::remote::Call::Refold {
                 component: component.to_string(),
                 digest: digest.to_string(),
                 timeout_ms,

@@ -31,7 +31,8 @@ use crate::clock::format_timestamp;
 use crate::delivery::Failure;
 use crate::filter::CompiledFilter;
 use crate::storage::{Checkpoint, CheckpointRow, NewEffect, Storage, WriteOp};
-use crate::stream::{CoreState, Namespace, StreamAddress, Streams};
+use crate::stream::{CoreState, Namespace, StreamAddress};
+use crate::actor::Streams;
 
 /// How often a shadow looks for what the live version folded since.
 const FOLLOW_EVERY: Duration = Duration::from_millis(200);

@@ -9,7 +9,8 @@ use serde_json::json;
 
 use crate::error::Error;
 use crate::storage::WriteOp;
-use crate::stream::{types, AppendInput, Authority, EventInput, Namespace, StreamAddress, Streams};
+use crate::stream::{types, AppendInput, Authority, EventInput, Namespace, StreamAddress};
+use crate::actor::Streams;
 
 /// Resumes the subscriptions of `project` halted by component `name` (a
 /// processor wake or an ITX call), once per halt and version (`digest`):

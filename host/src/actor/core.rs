@@ -26,11 +26,11 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
-use super::super::address::StreamAddress;
-use super::super::append::{configure_offsets, plan_append, AppendContext, AppendPlan, Authority};
-use super::super::event::{AppendInput, Event};
-use super::super::state::CoreState;
-use super::{recent_keys, AppendOutput, Command, ReadQuery, Reply, EPHEMERAL_BYTES_MAX};
+use super::{recent_keys, Command, Reply};
+use crate::stream::{
+    configure_offsets, plan_append, AppendContext, AppendInput, AppendOutput, AppendPlan,
+    Authority, CoreState, Event, ReadOutput, ReadQuery, StreamAddress, EPHEMERAL_BYTES_MAX,
+};
 use crate::clock::format_timestamp;
 use crate::config::DeliveryConfig;
 use crate::delivery::copy::{plan_copy, CopyBatch, CopyOutcome};
@@ -207,7 +207,7 @@ pub struct ReadPage {
     pub created_at: String,
     /// Buffered ephemeral events after the query's offset.
     pub ephemeral: Vec<Event>,
-    pub reply: Reply<super::ReadOutput>,
+    pub reply: Reply<ReadOutput>,
 }
 
 pub(super) enum Pending {
@@ -945,7 +945,7 @@ impl ActorCore {
         self.reload_needed = false;
     }
 
-    fn read(&mut self, query: ReadQuery, reply: Reply<super::ReadOutput>) {
+    fn read(&mut self, query: ReadQuery, reply: Reply<ReadOutput>) {
         let Some(stream) = &self.stream else {
             let _ = reply.send(Err(self.not_found()));
             return;

@@ -1,4 +1,6 @@
-//! The stream actor: the one writer of one stream.
+//! The stream actor: the one writer of one stream; the registry of a
+//! host's actors (`registry.rs`, [`Streams`]), the calls to the host that
+//! owns a stream (`remote.rs`) and the runtime views (`runtime.rs`).
 //!
 //! Its logic is [`core::ActorCore`], a step function without a runtime:
 //! this module's tokio task only feeds it (commands from its channel, the
@@ -27,15 +29,10 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
-use serde::Serialize;
 use serde_json::value::RawValue;
 use tokio::sync::{mpsc, oneshot};
 
-use super::address::StreamAddress;
-use super::append::Authority;
-use super::event::{AppendInput, Event};
-use super::registry::StreamsRef;
-use super::state::CoreState;
+use crate::stream::{AppendInput, AppendOutput, Authority, CoreState, Event, ReadOutput, ReadQuery, StreamAddress};
 use crate::clock::Clock;
 use crate::config::DeliveryConfig;
 use crate::delivery::copy::{CopyBatch, CopyOutcome};
@@ -46,55 +43,19 @@ use crate::storage::{CommitError, Storage, StreamRow};
 use self::core::{ActorCore, Input, LoadError, LoadResult, Loaded, LoadedStream, Output};
 
 mod connections;
+mod registry;
+mod runtime;
+internal! {
+    remote;
+}
+internal_use!(registry::{StreamSettings, Streams, StreamsRef});
+pub use runtime::{ConnectionView, DeliveryView, Latency, RuntimeView};
 pub(crate) mod core;
 mod delivery;
 mod recent_keys;
 #[cfg(test)]
 mod simulation;
 use crate::delivery::schedule::DeliveryDone;
-
-/// Bytes of ephemeral events kept per stream; the oldest are evicted first.
-pub const EPHEMERAL_BYTES_MAX: usize = 10 * 1024 * 1024;
-/// Largest page of a read.
-pub const READ_LIMIT_MAX: usize = 500;
-
-/// The answer to an append.
-#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct AppendOutput {
-    /// The stream's id (a new one per lifetime).
-    pub stream_id: String,
-    /// When the stream was created.
-    pub stream_created_at: String,
-    /// The committed events, one per input event (a replayed key answers its original event).
-    pub events: Vec<Event>,
-}
-
-/// A page of events.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ReadQuery {
-    /// Events after this offset.
-    pub after_offset: u64,
-    /// At most this many (1..=500).
-    pub limit: usize,
-    /// Include buffered ephemeral events.
-    pub include_ephemeral: bool,
-}
-
-/// The answer to a read; events are the stored JSON, served as is.
-#[derive(Debug, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ReadOutput {
-    /// The stream's id.
-    pub stream_id: String,
-    /// When the stream was created.
-    pub stream_created_at: String,
-    /// The highest offset (ephemeral ones included).
-    pub max_offset: u64,
-    /// The events, as stored JSON.
-    pub events: Vec<Box<RawValue>>,
-}
 
 /// A message to a stream actor.
 pub enum Command {
@@ -127,7 +88,7 @@ pub enum Command {
     },
     /// Runtime state (`:runtime`).
     Runtime {
-        reply: Reply<crate::stream::RuntimeView>,
+        reply: Reply<crate::actor::RuntimeView>,
     },
     /// Each delivery run's lag (events after its cursor), as this actor
     /// holds it now, for `/metrics`: loads nothing, and is no request (the
@@ -709,7 +670,7 @@ fn load_row(storage: &Storage, address: &StreamAddress, row: StreamRow) -> Resul
     let mut state: Option<CoreState> = None;
     let mut after = 0;
     loop {
-        let page = storage.events_after(row.row_id, after, READ_LIMIT_MAX, u64::MAX)?;
+        let page = storage.events_after(row.row_id, after, crate::stream::READ_LIMIT_MAX, u64::MAX)?;
         let Some((last, _)) = page.last() else { break };
         after = *last;
         for (offset, body) in &page {

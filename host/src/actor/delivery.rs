@@ -322,9 +322,9 @@ impl ActorCore {
     }
 
     /// The `:runtime` answer.
-    pub(super) fn runtime_view(&self) -> crate::stream::RuntimeView {
+    pub(super) fn runtime_view(&self) -> crate::actor::RuntimeView {
         let head = self.stream.as_ref().map(|s| s.state_offset).unwrap_or(0);
-        crate::stream::RuntimeView {
+        crate::actor::RuntimeView {
             subscriptions: self
                 .deliveries
                 .runs

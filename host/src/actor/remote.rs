@@ -10,7 +10,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::{Authority, Namespace, StreamAddress};
+use crate::stream::{Authority, Namespace, StreamAddress};
 use crate::host::request::StreamRequest;
 use crate::delivery::copy::CopyBatch;
 use crate::error::{Error, ErrorKind};

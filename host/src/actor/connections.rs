@@ -244,11 +244,11 @@ impl ActorCore {
     /// The `connections` part of `:runtime`.
     pub(super) fn connections_view(
         &self,
-    ) -> std::collections::BTreeMap<String, crate::stream::ConnectionView> {
+    ) -> std::collections::BTreeMap<String, crate::actor::ConnectionView> {
         self.connections
             .iter()
             .map(|(k, c)| {
-                let view = crate::stream::ConnectionView {
+                let view = crate::actor::ConnectionView {
                     opened_at: c.opened_at_ms,
                     replay_after_offset: c.params.replay_after_offset,
                     events: c.params.events,

@@ -55,7 +55,8 @@ use super::core::{
     ActorCore, CoreConfig, Environment, Found, Input, LoadError, LoadResult, Loaded, LoadedStream,
     Output,
 };
-use super::{AppendOutput, Command, ReadQuery};
+use super::Command;
+use crate::stream::{AppendOutput, ReadOutput, ReadQuery};
 use crate::config::DeliveryConfig;
 use crate::delivery::copy::{CopyBatch, CopyOutcome, SourceInfo};
 use crate::delivery::schedule::{Delivered, DeliveryDone, Job};
@@ -492,7 +493,7 @@ impl World {
                             .expect("stored events are JSON")
                     })
                     .unwrap_or_default();
-                let _ = page.reply.send(Ok(super::ReadOutput {
+                let _ = page.reply.send(Ok(ReadOutput {
                     stream_id: page.stream_id,
                     stream_created_at: page.created_at,
                     max_offset: page.head,

@@ -8,12 +8,11 @@ use std::sync::{Arc, Mutex, Weak};
 
 use tokio::sync::{mpsc, oneshot};
 
-use super::actor::{self, ActorContext, AppendOutput, Command, ReadOutput, ReadQuery};
-use super::address::StreamAddress;
-use super::append::Authority;
-use super::event::AppendInput;
 use super::remote;
-use super::state::CoreState;
+use super::{ActorContext, Command};
+use crate::stream::{
+    AppendInput, AppendOutput, Authority, CoreState, ReadOutput, ReadQuery, StreamAddress,
+};
 use crate::clock::Clock;
 use crate::config::DeliveryConfig;
 use crate::delivery::copy::{CopyBatch, CopyOutcome};
@@ -66,7 +65,7 @@ struct Inner {
     remote: reqwest::Client,
     actors: Mutex<HashMap<StreamAddress, Entry>>,
     /// Live connections per project.
-    live: Arc<super::quota::LiveConnections>,
+    live: Arc<crate::stream::quota::LiveConnections>,
     /// Whether the idle sweep runs (started with the first actor).
     sweeping: std::sync::atomic::AtomicBool,
 }
@@ -112,10 +111,10 @@ impl Streams {
                 runtime,
                 streams: StreamsRef(weak.clone()),
                 idle_stream_ms: settings.idle_stream_ms,
-                ephemeral: super::quota::EphemeralMemory::new(settings.max_ephemeral_bytes),
+                ephemeral: crate::stream::quota::EphemeralMemory::new(settings.max_ephemeral_bytes),
                 reactor_rests: Default::default(),
             },
-            live: super::quota::LiveConnections::new(settings.max_live_connections_per_project),
+            live: crate::stream::quota::LiveConnections::new(settings.max_live_connections_per_project),
             actors: Mutex::new(HashMap::new()),
             sweeping: std::sync::atomic::AtomicBool::new(false),
             remote: reqwest::Client::builder()
@@ -263,7 +262,7 @@ impl Streams {
             self.inner.ctx.metrics.stream_actors_add(-1);
         }
         let (tx, rx) = mpsc::channel(MAILBOX_CAPACITY);
-        actor::spawn(address.clone(), self.inner.ctx.clone(), &tx, rx);
+        super::spawn(address.clone(), self.inner.ctx.clone(), &tx, rx);
         self.inner.ctx.metrics.stream_actors_add(1);
         actors.insert(
             address.clone(),

@@ -12,7 +12,7 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use crate::stream::event::Event;
+use crate::stream::Event;
 
 /// Bytes of stored events kept per stream.
 pub const RECENT_KEYS_BYTES_MAX: usize = 64 * 1024;
