@@ -9,7 +9,7 @@ mod mount;
 
 use std::path::Path;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use serde_json::json;
 use streamhost::{Config, Deploy, EffectFilter, EventInput, Host, Subscription};
 
@@ -118,11 +118,10 @@ async fn run_processors(
     )
     .await?;
     let head = host.state(&clicks).await?.max_offset;
-    let state = wait("the counter to fold", async || {
-        let p = host.processor(&clicks, "counter").await.ok()?;
-        (p.checkpoint_offset == head).then_some(p.state?)
-    })
-    .await?;
+    let counter = host
+        .wait_for_processor(&clicks, "counter", head, std::time::Duration::from_secs(10))
+        .await?;
+    let state = counter.state.context("the counter has folded a state")?;
     println!("counter state: {state}");
 
     // Any exported function of a deployed component can be called.

@@ -64,11 +64,9 @@ fn event(event_type: &str, payload: Value) -> EventInput {
 /// stream's head.
 async fn caught_up(host: &Host, stream: &StreamAddress, component: &str) {
     let head = host.state(stream).await.unwrap().max_offset;
-    eventually("the processor to catch up", async || {
-        let p = host.processor(stream, component).await.ok()?;
-        (p.checkpoint_offset == head).then_some(())
-    })
-    .await
+    host.wait_for_processor(stream, component, head, Duration::from_secs(10))
+        .await
+        .unwrap_or_else(|e| panic!("{component} did not fold through {head}: {e:?}"));
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -917,4 +915,69 @@ async fn two_hosts_in_one_process_keep_their_own_limits() {
         .await
         .unwrap();
     assert_eq!(copy.payload["pad"].as_str().map(str::len), Some(20_000));
+}
+
+/// A wait for a processor answers once it folded through the offset, with
+/// `processor-halted` (naming its error) as soon as it halts short of it,
+/// and with `timeout` naming how far it got.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_wait_for_a_processor_answers_its_fold_its_halt_or_its_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = Config {
+        data_dir: dir.path().to_path_buf(),
+        ..Config::default()
+    };
+    config.delivery.max_attempts = 1;
+    let host = Host::open(config).expect("opening the host");
+    host.deploy(Deploy::new("acme", "hostile", guest("hostile")))
+        .await
+        .unwrap();
+    let work = host.stream("acme", "/work").unwrap();
+    host.subscribe(
+        &work,
+        &Subscription::wake("hostile", "hostile").from_beginning(),
+    )
+    .await
+    .unwrap();
+    let ok = host
+        .append(&work, [event("events.example/counted", json!({}))])
+        .await
+        .unwrap()
+        .events[0]
+        .offset;
+    let folded = host
+        .wait_for_processor(&work, "hostile", ok, Duration::from_secs(10))
+        .await
+        .unwrap();
+    assert!(folded.checkpoint_offset >= ok);
+
+    let short = host
+        .wait_for_processor(&work, "hostile", ok + 1, Duration::from_millis(100))
+        .await
+        .unwrap_err();
+    assert_eq!(short.code, "timeout", "{}", short.message);
+    assert!(
+        short
+            .message
+            .contains(&format!("through offset {ok}, not {}", ok + 1)),
+        "{}",
+        short.message
+    );
+
+    let failing = host
+        .append(&work, [event("hostile/trap", json!({}))])
+        .await
+        .unwrap()
+        .events[0]
+        .offset;
+    let halted = host
+        .wait_for_processor(&work, "hostile", failing, Duration::from_secs(30))
+        .await
+        .unwrap_err();
+    assert_eq!(halted.code, "processor-halted", "{}", halted.message);
+    assert!(
+        halted.message.contains("traps on purpose"),
+        "{}",
+        halted.message
+    );
 }

@@ -103,6 +103,7 @@ impl Streams {
                         settings.delivery.project_concurrency(),
                     ),
                     bounds: settings.bounds,
+                    wakes_ended: Default::default(),
                 },
                 storage,
                 clock,

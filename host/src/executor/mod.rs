@@ -56,6 +56,9 @@ pub struct Executors {
     pub sends: Arc<crate::processor::share::Shares>,
     /// What the configuration bounds in deliveries' evaluations.
     pub bounds: crate::delivery::Bounds,
+    /// Counts the wakes that ended on this host (committed or failed):
+    /// what a wait for a processor watches.
+    pub wakes_ended: Arc<tokio::sync::watch::Sender<u64>>,
 }
 
 /// What a target's `send` works with.

@@ -87,6 +87,7 @@ pub async fn send(
     }
     .await;
     exec.metrics.observe_wake(started.elapsed());
+    exec.wakes_ended.send_modify(|n| *n = n.wrapping_add(1));
     let Err(mut failure) = result else {
         return result;
     };

@@ -98,14 +98,6 @@ impl Host {
     /// Runs a backfill of a processor on `stream` to its end.
     ///
     /// ```
-    /// # async fn eventually<T>(what: &str, mut probe: impl AsyncFnMut() -> Option<T>) -> anyhow::Result<T> {
-    /// #     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    /// #     loop {
-    /// #         if let Some(v) = probe().await { return Ok(v) }
-    /// #         anyhow::ensure!(std::time::Instant::now() < deadline, "timed out waiting for {what}");
-    /// #         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    /// #     }
-    /// # }
     /// # #[tokio::main] async fn main() -> anyhow::Result<()> {
     /// # let dir = tempfile::tempdir()?;
     /// # let host = streamhost::Host::open(streamhost::Config { data_dir: dir.path().into(), ..Default::default() })?;
@@ -120,9 +112,7 @@ impl Host {
     /// #     streamhost::EventInput::new("withdrawn").payload(json!({"account": "alice", "cents": 120})),
     /// # ]).await?;
     /// # let head = host.state(&bank).await?.max_offset;
-    /// # eventually("the ledger to fold", async || {
-    /// #     (host.processor(&bank, "ledger").await.ok()?.checkpoint_offset == head).then_some(())
-    /// # }).await?;
+    /// # host.wait_for_processor(&bank, "ledger", head, std::time::Duration::from_secs(10)).await?;
     /// use streamhost::Backfill;
     ///
     /// let done = host.backfill(&bank, Backfill::new("ledger").event_types(["deposited"])).await?;
@@ -141,14 +131,6 @@ impl Host {
     /// As [`Host::backfill`], telling `progress` how far it has come.
     ///
     /// ```
-    /// # async fn eventually<T>(what: &str, mut probe: impl AsyncFnMut() -> Option<T>) -> anyhow::Result<T> {
-    /// #     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    /// #     loop {
-    /// #         if let Some(v) = probe().await { return Ok(v) }
-    /// #         anyhow::ensure!(std::time::Instant::now() < deadline, "timed out waiting for {what}");
-    /// #         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    /// #     }
-    /// # }
     /// # #[tokio::main] async fn main() -> anyhow::Result<()> {
     /// # let dir = tempfile::tempdir()?;
     /// # let host = streamhost::Host::open(streamhost::Config { data_dir: dir.path().into(), ..Default::default() })?;
@@ -163,9 +145,7 @@ impl Host {
     /// #     streamhost::EventInput::new("withdrawn").payload(json!({"account": "alice", "cents": 120})),
     /// # ]).await?;
     /// # let head = host.state(&bank).await?.max_offset;
-    /// # eventually("the ledger to fold", async || {
-    /// #     (host.processor(&bank, "ledger").await.ok()?.checkpoint_offset == head).then_some(())
-    /// # }).await?;
+    /// # host.wait_for_processor(&bank, "ledger", head, std::time::Duration::from_secs(10)).await?;
     /// use streamhost::Backfill;
     ///
     /// let done = host

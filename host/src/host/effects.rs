@@ -181,14 +181,14 @@ impl Host {
     /// A page of `project`'s effects.
     ///
     /// ```
-    /// # async fn eventually<T>(what: &str, mut probe: impl AsyncFnMut() -> Option<T>) -> anyhow::Result<T> {
-    /// #     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    /// #     loop {
-    /// #         if let Some(v) = probe().await { return Ok(v) }
-    /// #         anyhow::ensure!(std::time::Instant::now() < deadline, "timed out waiting for {what}");
-    /// #         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    /// #     }
-    /// # }
+    /// async fn eventually<T>(what: &str, mut probe: impl AsyncFnMut() -> Option<T>) -> anyhow::Result<T> {
+    ///     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    ///     loop {
+    ///         if let Some(v) = probe().await { return Ok(v) }
+    ///         anyhow::ensure!(std::time::Instant::now() < deadline, "timed out waiting for {what}");
+    ///         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    ///     }
+    /// }
     /// # #[tokio::main] async fn main() -> anyhow::Result<()> {
     /// # let dir = tempfile::tempdir()?;
     /// # let host = streamhost::Host::open(streamhost::Config { data_dir: dir.path().into(), ..Default::default() })?;
@@ -201,10 +201,8 @@ impl Host {
     /// #     {"key": "note", "append": {"streamPath": "/notes", "type": "noted", "payload": {}}},
     /// #     {"key": "hook", "webhook": {"url": format!("http://{closed}/"), "body": {}}},
     /// # ]}))]).await?;
-    /// # eventually("the effects", async || {
-    /// #     (host.effects("acme", streamhost::EffectFilter::new()).await.ok()?.effects.len() == 2).then_some(())
-    /// # }).await?;
-    /// // `eventually` (not shown) polls until its probe answers `Some`, ten seconds at most.
+    /// # let head = host.state(&jobs).await?.max_offset;
+    /// # host.wait_for_processor(&jobs, "effector", head, std::time::Duration::from_secs(10)).await?; // its effects commit with its checkpoint
     /// use streamhost::{EffectFilter, EffectStatus};
     ///
     /// let note = eventually("the append effect to succeed", async || {
@@ -250,14 +248,6 @@ impl Host {
     /// Effect `id` of `project`, or `effect-not-found`.
     ///
     /// ```
-    /// # async fn eventually<T>(what: &str, mut probe: impl AsyncFnMut() -> Option<T>) -> anyhow::Result<T> {
-    /// #     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    /// #     loop {
-    /// #         if let Some(v) = probe().await { return Ok(v) }
-    /// #         anyhow::ensure!(std::time::Instant::now() < deadline, "timed out waiting for {what}");
-    /// #         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    /// #     }
-    /// # }
     /// # #[tokio::main] async fn main() -> anyhow::Result<()> {
     /// # let dir = tempfile::tempdir()?;
     /// # let host = streamhost::Host::open(streamhost::Config { data_dir: dir.path().into(), ..Default::default() })?;
@@ -270,9 +260,8 @@ impl Host {
     /// #     {"key": "note", "append": {"streamPath": "/notes", "type": "noted", "payload": {}}},
     /// #     {"key": "hook", "webhook": {"url": format!("http://{closed}/"), "body": {}}},
     /// # ]}))]).await?;
-    /// # eventually("the effects", async || {
-    /// #     (host.effects("acme", streamhost::EffectFilter::new()).await.ok()?.effects.len() == 2).then_some(())
-    /// # }).await?;
+    /// # let head = host.state(&jobs).await?.max_offset;
+    /// # host.wait_for_processor(&jobs, "effector", head, std::time::Duration::from_secs(10)).await?; // its effects commit with its checkpoint
     /// use streamhost::EffectFilter;
     ///
     /// let page = host.effects("acme", EffectFilter::new().stream("/jobs")).await?;
@@ -298,14 +287,14 @@ impl Host {
     /// otherwise); answers it, pending.
     ///
     /// ```
-    /// # async fn eventually<T>(what: &str, mut probe: impl AsyncFnMut() -> Option<T>) -> anyhow::Result<T> {
-    /// #     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    /// #     loop {
-    /// #         if let Some(v) = probe().await { return Ok(v) }
-    /// #         anyhow::ensure!(std::time::Instant::now() < deadline, "timed out waiting for {what}");
-    /// #         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    /// #     }
-    /// # }
+    /// async fn eventually<T>(what: &str, mut probe: impl AsyncFnMut() -> Option<T>) -> anyhow::Result<T> {
+    ///     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    ///     loop {
+    ///         if let Some(v) = probe().await { return Ok(v) }
+    ///         anyhow::ensure!(std::time::Instant::now() < deadline, "timed out waiting for {what}");
+    ///         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    ///     }
+    /// }
     /// # #[tokio::main] async fn main() -> anyhow::Result<()> {
     /// # let dir = tempfile::tempdir()?;
     /// # let host = streamhost::Host::open(streamhost::Config { data_dir: dir.path().into(), ..Default::default() })?;
@@ -318,10 +307,8 @@ impl Host {
     /// #     {"key": "note", "append": {"streamPath": "/notes", "type": "noted", "payload": {}}},
     /// #     {"key": "hook", "webhook": {"url": format!("http://{closed}/"), "body": {}}},
     /// # ]}))]).await?;
-    /// # eventually("the effects", async || {
-    /// #     (host.effects("acme", streamhost::EffectFilter::new()).await.ok()?.effects.len() == 2).then_some(())
-    /// # }).await?;
-    /// // `eventually` (not shown) polls until its probe answers `Some`, ten seconds at most.
+    /// # let head = host.state(&jobs).await?.max_offset;
+    /// # host.wait_for_processor(&jobs, "effector", head, std::time::Duration::from_secs(10)).await?; // its effects commit with its checkpoint
     /// use streamhost::{EffectFilter, EffectStatus};
     ///
     /// let page = host.effects("acme", EffectFilter::new()).await?;
@@ -352,14 +339,14 @@ impl Host {
     /// otherwise); answers it, cancelled.
     ///
     /// ```
-    /// # async fn eventually<T>(what: &str, mut probe: impl AsyncFnMut() -> Option<T>) -> anyhow::Result<T> {
-    /// #     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    /// #     loop {
-    /// #         if let Some(v) = probe().await { return Ok(v) }
-    /// #         anyhow::ensure!(std::time::Instant::now() < deadline, "timed out waiting for {what}");
-    /// #         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    /// #     }
-    /// # }
+    /// async fn eventually<T>(what: &str, mut probe: impl AsyncFnMut() -> Option<T>) -> anyhow::Result<T> {
+    ///     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    ///     loop {
+    ///         if let Some(v) = probe().await { return Ok(v) }
+    ///         anyhow::ensure!(std::time::Instant::now() < deadline, "timed out waiting for {what}");
+    ///         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    ///     }
+    /// }
     /// # #[tokio::main] async fn main() -> anyhow::Result<()> {
     /// # let dir = tempfile::tempdir()?;
     /// # let host = streamhost::Host::open(streamhost::Config { data_dir: dir.path().into(), ..Default::default() })?;
@@ -372,10 +359,8 @@ impl Host {
     /// #     {"key": "note", "append": {"streamPath": "/notes", "type": "noted", "payload": {}}},
     /// #     {"key": "hook", "webhook": {"url": format!("http://{closed}/"), "body": {}}},
     /// # ]}))]).await?;
-    /// # eventually("the effects", async || {
-    /// #     (host.effects("acme", streamhost::EffectFilter::new()).await.ok()?.effects.len() == 2).then_some(())
-    /// # }).await?;
-    /// // `eventually` (not shown) polls until its probe answers `Some`, ten seconds at most.
+    /// # let head = host.state(&jobs).await?.max_offset;
+    /// # host.wait_for_processor(&jobs, "effector", head, std::time::Duration::from_secs(10)).await?; // its effects commit with its checkpoint
     /// use streamhost::{EffectFilter, EffectStatus};
     ///
     /// let page = host.effects("acme", EffectFilter::new()).await?;

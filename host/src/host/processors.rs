@@ -213,14 +213,6 @@ impl Host {
     /// state and health, or `processor-not-found`.
     ///
     /// ```
-    /// # async fn eventually<T>(what: &str, mut probe: impl AsyncFnMut() -> Option<T>) -> anyhow::Result<T> {
-    /// #     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    /// #     loop {
-    /// #         if let Some(v) = probe().await { return Ok(v) }
-    /// #         anyhow::ensure!(std::time::Instant::now() < deadline, "timed out waiting for {what}");
-    /// #         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    /// #     }
-    /// # }
     /// # #[tokio::main] async fn main() -> anyhow::Result<()> {
     /// # let dir = tempfile::tempdir()?;
     /// # let host = streamhost::Host::open(streamhost::Config { data_dir: dir.path().into(), ..Default::default() })?;
@@ -235,9 +227,7 @@ impl Host {
     /// #     streamhost::EventInput::new("withdrawn").payload(json!({"account": "alice", "cents": 120})),
     /// # ]).await?;
     /// # let head = host.state(&bank).await?.max_offset;
-    /// # eventually("the ledger to fold", async || {
-    /// #     (host.processor(&bank, "ledger").await.ok()?.checkpoint_offset == head).then_some(())
-    /// # }).await?;
+    /// # host.wait_for_processor(&bank, "ledger", head, std::time::Duration::from_secs(10)).await?;
     /// let ledger = host.processor(&bank, "ledger").await?;
     /// assert_eq!(ledger.state.expect("folded")["events"], 3);
     /// assert_eq!(ledger.last_failure, None);
@@ -310,6 +300,80 @@ impl Host {
         })
     }
 
+    /// Waits until processor `component` on `stream` has folded through
+    /// `offset` (its checkpoint at or past it) and answers the instance
+    /// then; `timeout` naming how far it got once `within` has passed, and
+    /// `processor-halted` with the processor's last error as soon as it is
+    /// halted (it folds no further until resumed or redeployed). Looks
+    /// again whenever a wake on this host ends, and every quarter second
+    /// (a refold, or a wake on another host, rings no bell here).
+    ///
+    /// ```
+    /// # #[tokio::main] async fn main() -> anyhow::Result<()> {
+    /// # let dir = tempfile::tempdir()?;
+    /// # let host = streamhost::Host::open(streamhost::Config { data_dir: dir.path().into(), ..Default::default() })?;
+    /// # let guests = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/processors/target/wasm32-wasip2/release"));
+    /// use std::time::Duration;
+    /// use streamhost::{Deploy, EventInput, Subscription};
+    ///
+    /// host.deploy(Deploy::new("acme", "counter", std::fs::read(guests.join("counter.wasm"))?)).await?;
+    /// let clicks = host.stream("acme", "/clicks")?;
+    /// host.subscribe(&clicks, &Subscription::wake("counter", "counter").from_beginning()).await?;
+    /// let appended = host.append(&clicks, [EventInput::new("events.example/clicked")]).await?;
+    /// let head = appended.events[0].offset;
+    /// let counter = host.wait_for_processor(&clicks, "counter", head, Duration::from_secs(10)).await?;
+    /// assert_eq!(counter.checkpoint_offset, head);
+    /// let later = host.wait_for_processor(&clicks, "counter", head + 5, Duration::from_millis(50)).await;
+    /// assert_eq!(later.unwrap_err().code, "timeout");
+    /// # Ok(()) }
+    /// ```
+    pub async fn wait_for_processor(
+        &self,
+        stream: &StreamAddress,
+        component: &str,
+        offset: u64,
+        within: std::time::Duration,
+    ) -> Result<ProcessorInstance, Error> {
+        let mut ended = self.streams.executors().wakes_ended.subscribe();
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            ended.borrow_and_update();
+            let instance = self.processor(stream, component).await?;
+            if instance.checkpoint_offset >= offset {
+                return Ok(instance);
+            }
+            if instance.status == ProcessorStatus::Halted {
+                return Err(Error::conflict(
+                    "processor-halted",
+                    format!(
+                        "processor {component:?} on stream {:?} is halted at offset {} before reaching offset {offset}: {}",
+                        stream.path,
+                        instance.checkpoint_offset,
+                        instance.last_error.as_deref().unwrap_or("no error recorded")
+                    ),
+                ));
+            }
+            let now = tokio::time::Instant::now();
+            if now >= deadline {
+                return Err(Error::new(
+                    crate::error::ErrorKind::Timeout,
+                    "timeout",
+                    format!(
+                        "processor {component:?} on stream {:?} folded through offset {}, not {offset}, within {} ms",
+                        stream.path,
+                        instance.checkpoint_offset,
+                        within.as_millis()
+                    ),
+                ));
+            }
+            let next = deadline.min(now + WAIT_RECHECK);
+            tokio::select! {
+                _ = ended.changed() => {}
+                _ = tokio::time::sleep_until(next) => {}
+            }
+        }
+    }
+
     /// The bucket of `component`'s instance on `stream` (0: no keys yet),
     /// or `processor-not-found`.
     async fn bucket_of(&self, stream: &StreamAddress, component: &str) -> Result<i64, Error> {
@@ -339,14 +403,6 @@ impl Host {
     /// in byte order.
     ///
     /// ```
-    /// # async fn eventually<T>(what: &str, mut probe: impl AsyncFnMut() -> Option<T>) -> anyhow::Result<T> {
-    /// #     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    /// #     loop {
-    /// #         if let Some(v) = probe().await { return Ok(v) }
-    /// #         anyhow::ensure!(std::time::Instant::now() < deadline, "timed out waiting for {what}");
-    /// #         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    /// #     }
-    /// # }
     /// # #[tokio::main] async fn main() -> anyhow::Result<()> {
     /// # let dir = tempfile::tempdir()?;
     /// # let host = streamhost::Host::open(streamhost::Config { data_dir: dir.path().into(), ..Default::default() })?;
@@ -361,9 +417,7 @@ impl Host {
     /// #     streamhost::EventInput::new("withdrawn").payload(json!({"account": "alice", "cents": 120})),
     /// # ]).await?;
     /// # let head = host.state(&bank).await?.max_offset;
-    /// # eventually("the ledger to fold", async || {
-    /// #     (host.processor(&bank, "ledger").await.ok()?.checkpoint_offset == head).then_some(())
-    /// # }).await?;
+    /// # host.wait_for_processor(&bank, "ledger", head, std::time::Duration::from_secs(10)).await?;
     /// use streamhost::KeysQuery;
     ///
     /// let page = host.processor_keys(&bank, "ledger", KeysQuery::new().prefix("balance/")).await?;
@@ -436,14 +490,6 @@ impl Host {
     /// `key-not-found`.
     ///
     /// ```
-    /// # async fn eventually<T>(what: &str, mut probe: impl AsyncFnMut() -> Option<T>) -> anyhow::Result<T> {
-    /// #     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    /// #     loop {
-    /// #         if let Some(v) = probe().await { return Ok(v) }
-    /// #         anyhow::ensure!(std::time::Instant::now() < deadline, "timed out waiting for {what}");
-    /// #         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    /// #     }
-    /// # }
     /// # #[tokio::main] async fn main() -> anyhow::Result<()> {
     /// # let dir = tempfile::tempdir()?;
     /// # let host = streamhost::Host::open(streamhost::Config { data_dir: dir.path().into(), ..Default::default() })?;
@@ -458,9 +504,7 @@ impl Host {
     /// #     streamhost::EventInput::new("withdrawn").payload(json!({"account": "alice", "cents": 120})),
     /// # ]).await?;
     /// # let head = host.state(&bank).await?.max_offset;
-    /// # eventually("the ledger to fold", async || {
-    /// #     (host.processor(&bank, "ledger").await.ok()?.checkpoint_offset == head).then_some(())
-    /// # }).await?;
+    /// # host.wait_for_processor(&bank, "ledger", head, std::time::Duration::from_secs(10)).await?;
     /// let bob = host.processor_key(&bank, "ledger", "balance/bob").await?;
     /// assert_eq!(bob.value, b"70");
     /// let carol = host.processor_key(&bank, "ledger", "balance/carol").await.unwrap_err();
@@ -505,14 +549,6 @@ impl Host {
     /// every key with the stored ones.
     ///
     /// ```
-    /// # async fn eventually<T>(what: &str, mut probe: impl AsyncFnMut() -> Option<T>) -> anyhow::Result<T> {
-    /// #     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    /// #     loop {
-    /// #         if let Some(v) = probe().await { return Ok(v) }
-    /// #         anyhow::ensure!(std::time::Instant::now() < deadline, "timed out waiting for {what}");
-    /// #         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    /// #     }
-    /// # }
     /// # #[tokio::main] async fn main() -> anyhow::Result<()> {
     /// # let dir = tempfile::tempdir()?;
     /// # let host = streamhost::Host::open(streamhost::Config { data_dir: dir.path().into(), ..Default::default() })?;
@@ -527,9 +563,7 @@ impl Host {
     /// #     streamhost::EventInput::new("withdrawn").payload(json!({"account": "alice", "cents": 120})),
     /// # ]).await?;
     /// # let head = host.state(&bank).await?.max_offset;
-    /// # eventually("the ledger to fold", async || {
-    /// #     (host.processor(&bank, "ledger").await.ok()?.checkpoint_offset == head).then_some(())
-    /// # }).await?;
+    /// # host.wait_for_processor(&bank, "ledger", head, std::time::Duration::from_secs(10)).await?;
     /// let verified = host.verify_processor(&bank, "ledger").await?;
     /// assert!(verified.matches);
     /// assert_eq!(verified.first_differing_key, None);
@@ -693,6 +727,9 @@ pub struct StateAt {
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub keys_truncated: bool,
 }
+
+/// How often a wait for a processor looks again with no wake ending here.
+const WAIT_RECHECK: std::time::Duration = std::time::Duration::from_millis(250);
 
 /// The most keys a state at an offset lists.
 pub const STATE_AT_KEYS_MAX: usize = 1000;

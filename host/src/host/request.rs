@@ -591,14 +591,6 @@ impl Host {
     /// Carries out `request` on `project`'s effect outbox.
     ///
     /// ```
-    /// # async fn eventually<T>(what: &str, mut probe: impl AsyncFnMut() -> Option<T>) -> anyhow::Result<T> {
-    /// #     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    /// #     loop {
-    /// #         if let Some(v) = probe().await { return Ok(v) }
-    /// #         anyhow::ensure!(std::time::Instant::now() < deadline, "timed out waiting for {what}");
-    /// #         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    /// #     }
-    /// # }
     /// # #[tokio::main] async fn main() -> anyhow::Result<()> {
     /// # let dir = tempfile::tempdir()?;
     /// # let host = streamhost::Host::open(streamhost::Config { data_dir: dir.path().into(), ..Default::default() })?;
@@ -611,9 +603,8 @@ impl Host {
     /// #     {"key": "note", "append": {"streamPath": "/notes", "type": "noted", "payload": {}}},
     /// #     {"key": "hook", "webhook": {"url": format!("http://{closed}/"), "body": {}}},
     /// # ]}))]).await?;
-    /// # eventually("the effects", async || {
-    /// #     (host.effects("acme", streamhost::EffectFilter::new()).await.ok()?.effects.len() == 2).then_some(())
-    /// # }).await?;
+    /// # let head = host.state(&jobs).await?.max_offset;
+    /// # host.wait_for_processor(&jobs, "effector", head, std::time::Duration::from_secs(10)).await?; // its effects commit with its checkpoint
     /// use streamhost::{EffectAnswer, EffectFilter, EffectRequest};
     ///
     /// let list = EffectRequest::List(EffectFilter::new().stream("/jobs"));

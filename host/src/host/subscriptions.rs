@@ -385,18 +385,17 @@ impl Host {
     /// retried at once instead.
     ///
     /// ```
-    /// # async fn eventually<T>(what: &str, mut probe: impl AsyncFnMut() -> Option<T>) -> anyhow::Result<T> {
-    /// #     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    /// #     loop {
-    /// #         if let Some(v) = probe().await { return Ok(v) }
-    /// #         anyhow::ensure!(std::time::Instant::now() < deadline, "timed out waiting for {what}");
-    /// #         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    /// #     }
-    /// # }
+    /// async fn eventually<T>(what: &str, mut probe: impl AsyncFnMut() -> Option<T>) -> anyhow::Result<T> {
+    ///     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    ///     loop {
+    ///         if let Some(v) = probe().await { return Ok(v) }
+    ///         anyhow::ensure!(std::time::Instant::now() < deadline, "timed out waiting for {what}");
+    ///         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    ///     }
+    /// }
     /// # #[tokio::main] async fn main() -> anyhow::Result<()> {
     /// # let dir = tempfile::tempdir()?;
     /// # let host = streamhost::Host::open(streamhost::Config { data_dir: dir.path().into(), ..Default::default() })?;
-    /// // `eventually` (not shown) polls until its probe answers `Some`, ten seconds at most.
     /// use streamhost::{EventInput, Resumed, Subscription};
     ///
     /// let orders = host.stream("acme", "/orders/eu")?;
@@ -429,18 +428,17 @@ impl Host {
     /// Sets subscription `key`'s cursor and resumes it in one append.
     ///
     /// ```
-    /// # async fn eventually<T>(what: &str, mut probe: impl AsyncFnMut() -> Option<T>) -> anyhow::Result<T> {
-    /// #     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    /// #     loop {
-    /// #         if let Some(v) = probe().await { return Ok(v) }
-    /// #         anyhow::ensure!(std::time::Instant::now() < deadline, "timed out waiting for {what}");
-    /// #         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    /// #     }
-    /// # }
+    /// async fn eventually<T>(what: &str, mut probe: impl AsyncFnMut() -> Option<T>) -> anyhow::Result<T> {
+    ///     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    ///     loop {
+    ///         if let Some(v) = probe().await { return Ok(v) }
+    ///         anyhow::ensure!(std::time::Instant::now() < deadline, "timed out waiting for {what}");
+    ///         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    ///     }
+    /// }
     /// # #[tokio::main] async fn main() -> anyhow::Result<()> {
     /// # let dir = tempfile::tempdir()?;
     /// # let host = streamhost::Host::open(streamhost::Config { data_dir: dir.path().into(), ..Default::default() })?;
-    /// // `eventually` (not shown) polls until its probe answers `Some`, ten seconds at most.
     /// use streamhost::{EventInput, Subscription};
     ///
     /// let orders = host.stream("acme", "/orders/eu")?;
