@@ -116,6 +116,7 @@ internal! {
 pub mod fuzzing;
 
 pub mod cli;
+pub mod component;
 pub mod config;
 pub mod error;
 pub mod host;
@@ -124,6 +125,7 @@ pub mod subscription;
 
 pub use actor::{ConnectionView, DeliveryView, Latency, RuntimeView};
 pub use clock::{Clock, SystemClock};
+pub use component::DeployMode;
 pub use config::Config;
 pub use error::{Error, ErrorKind};
 pub use host::backfill::{Backfill, BackfillProgress, Backfilled};

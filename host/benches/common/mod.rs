@@ -76,9 +76,7 @@ pub async fn deploy(host: &streamhost::Host, name: &str, bytes: Vec<u8>) {
             exports: vec![],
             bytes,
             deployed_at: "2026-11-30T00:00:00.000Z".into(),
-            refold: false,
-            replay_effects: false,
-            shadow: false,
+            mode: Default::default(),
             versions_kept: streamhost::storage::VERSIONS_KEPT_DEFAULT,
         }))
         .await

@@ -96,12 +96,17 @@ pub(super) async fn deploy(a: DeployArgs) -> Result<()> {
         a.component.name,
         bytes.len() / 1024
     );
+    let refold = if a.shadow {
+        Some("shadow")
+    } else {
+        a.refold.then_some("true")
+    };
+    let mode = crate::component::DeployMode::from_options(refold, a.replay_effects)
+        .map_err(anyhow::Error::msg)?;
     let deploy = ComponentRequest::Deploy {
         name: a.component.name.clone(),
         bytes,
-        refold: a.refold,
-        replay_effects: a.replay_effects,
-        shadow: a.shadow,
+        mode,
     };
     let response = with_progress(&label, component_call(&a.component.project, &deploy)).await?;
     print_answer(response).await

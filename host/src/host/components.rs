@@ -2,6 +2,7 @@
 //! bytes) and its versions. `PUT`/`GET /v1/projects/{p}/components/...`
 //! over HTTP.
 
+use crate::component::DeployMode;
 pub use crate::processor::versions::SubscriptionRef;
 use serde::Serialize;
 use serde_json::Value;
@@ -22,55 +23,57 @@ pub struct Deploy {
     project: String,
     name: String,
     bytes: Vec<u8>,
-    refold: bool,
-    replay_effects: bool,
-    shadow: bool,
+    mode: DeployMode,
 }
 
 impl Deploy {
-    /// Deploys `bytes` (a WebAssembly component) as `name` in `project`.
+    /// Deploys `bytes` (a WebAssembly component) as `name` in `project`;
+    /// each instance goes on from its checkpoint with it
+    /// ([`DeployMode::Continue`]).
     pub fn new(project: impl Into<String>, name: impl Into<String>, bytes: Vec<u8>) -> Self {
         Deploy {
             project: project.into(),
             name: name.into(),
             bytes,
-            refold: false,
-            replay_effects: false,
-            shadow: false,
+            mode: DeployMode::Continue,
         }
     }
 
-    /// Folds every instance with this version beside the current one,
-    /// which keeps serving and waking (`?refold=shadow` over HTTP): its
-    /// effects are held, its state and keys compared
-    /// ([`Host::processor_shadow`]) until each instance is promoted
-    /// ([`Host::promote_shadow`]) or discarded ([`Host::discard_shadow`]).
-    /// A deploy while a shadow exists replaces it.
-    pub fn shadow(mut self) -> Self {
-        self.shadow = true;
-        self.refold = false;
-        self.replay_effects = false;
+    /// How the instances of the version it replaces are treated (the
+    /// methods below set one each; the last one set holds).
+    pub fn mode(mut self, mode: DeployMode) -> Self {
+        self.mode = mode;
         self
     }
 
-    /// Refolds every instance of the component with this version, even when
-    /// its bytes are unchanged (`?refold=true` over HTTP).
-    pub fn refold(mut self) -> Self {
-        self.refold = true;
-        self.shadow = false;
-        self
+    /// [`DeployMode::Shadow`]: folds every instance with this version
+    /// beside the current one, which keeps serving and waking
+    /// (`?refold=shadow` over HTTP): its effects are held, its state and
+    /// keys compared ([`Host::processor_shadow`]) until each instance is
+    /// promoted ([`Host::promote_shadow`]) or discarded
+    /// ([`Host::discard_shadow`]). A deploy while a shadow exists replaces
+    /// it.
+    pub fn shadow(self) -> Self {
+        self.mode(DeployMode::Shadow)
     }
 
-    /// With [`Deploy::refold`]: the effects the new version's fold returns
-    /// for events the old version had already folded are stored too
-    /// (deduplicated by identity; `?refold=true&replayEffects=true`). By
-    /// default a refold drops them: history's effects ran under the old
-    /// version, so only events after its checkpoint produce effects.
-    pub fn replay_effects(mut self) -> Self {
-        self.refold = true;
-        self.shadow = false;
-        self.replay_effects = true;
-        self
+    /// [`DeployMode::Refold`]: refolds every instance from the new
+    /// version's initial state, even if its bytes are unchanged
+    /// (`?refold=true` over HTTP); history's effects are dropped.
+    pub fn refold(self) -> Self {
+        self.mode(DeployMode::Refold {
+            replay_effects: false,
+        })
+    }
+
+    /// [`DeployMode::Refold`] storing the effects the new version's fold
+    /// returns for history too (deduplicated by identity;
+    /// `?refold=true&replayEffects=true`). By default a refold drops them:
+    /// history's effects ran under the old version.
+    pub fn replay_effects(self) -> Self {
+        self.mode(DeployMode::Refold {
+            replay_effects: true,
+        })
     }
 }
 
@@ -192,9 +195,7 @@ impl Host {
             project,
             name,
             bytes,
-            refold,
-            replay_effects,
-            shadow,
+            mode,
         } = deploy;
         crate::stream::Namespace::project(&project)?;
         validate_name(&name)?;
@@ -211,7 +212,7 @@ impl Host {
                 .map_err(|e| Error::internal(format!("validating the component panicked: {e}")))?
                 .map_err(|m| Error::invalid_with("invalid-component", m))?;
         let digest = crate::processor::runtime::digest(&bytes);
-        if shadow {
+        if mode.is_shadow() {
             // A shadow folds beside the current version: there must be one.
             self.component(&project, &name).await?;
         }
@@ -222,9 +223,7 @@ impl Host {
             exports: exports.clone(),
             bytes,
             deployed_at: format_timestamp(self.streams.now_ms()),
-            refold,
-            replay_effects,
-            shadow,
+            mode,
             versions_kept: self.config.processors.max_versions_per_component,
         };
         let new_version = self
@@ -253,7 +252,7 @@ impl Host {
             .executors()
             .shadows
             .stop_component(&project, &name);
-        if shadow {
+        if mode.is_shadow() {
             let timeout_ms = self.config.delivery.timeout_ms;
             let paths = crate::processor::shadow::start(
                 &self.streams,
@@ -276,7 +275,7 @@ impl Host {
             deployed.retrying_subscriptions =
                 crate::processor::versions::retry_failing(streams, &project, &name).await;
         }
-        if refold {
+        if mode.refolds() {
             let timeout_ms = self.config.delivery.timeout_ms;
             let paths = crate::processor::refold::start(
                 &self.streams,

@@ -357,14 +357,8 @@ pub enum ComponentRequest {
         name: String,
         /// The component's bytes.
         bytes: Vec<u8>,
-        /// Refold every instance with the new version.
-        refold: bool,
-        /// With `refold`: store the effects the new version returns for
-        /// history too (by default they are dropped).
-        replay_effects: bool,
-        /// Fold the new version beside the current one as a shadow
-        /// (`?refold=shadow`).
-        shadow: bool,
+        /// How the instances of the version it replaces are treated.
+        mode: crate::component::DeployMode,
     },
     /// The deployed components (`GET .../components`).
     List,
@@ -541,7 +535,7 @@ impl Host {
     /// use streamhost::{ComponentAnswer, ComponentRequest};
     ///
     /// let bytes = std::fs::read(guests.join("counter.wasm"))?;
-    /// let deploy = ComponentRequest::Deploy { name: "counter".into(), bytes, refold: false, replay_effects: false, shadow: false };
+    /// let deploy = ComponentRequest::Deploy { name: "counter".into(), bytes, mode: Default::default() };
     /// let ComponentAnswer::Deployed(deployed) = host.apply_component("acme", deploy).await? else {
     ///     unreachable!()
     /// };
@@ -560,23 +554,8 @@ impl Host {
         use ComponentAnswer as A;
         use ComponentRequest as R;
         Ok(match request {
-            R::Deploy {
-                name,
-                bytes,
-                refold,
-                replay_effects,
-                shadow,
-            } => {
-                let mut deploy = Deploy::new(project, name, bytes);
-                if refold {
-                    deploy = deploy.refold();
-                }
-                if replay_effects {
-                    deploy = deploy.replay_effects();
-                }
-                if shadow {
-                    deploy = deploy.shadow();
-                }
+            R::Deploy { name, bytes, mode } => {
+                let deploy = Deploy::new(project, name, bytes).mode(mode);
                 A::Deployed(Box::new(self.deploy(deploy).await?))
             }
             R::List => A::List {

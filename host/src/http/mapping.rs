@@ -393,21 +393,10 @@ pub fn render_component(project: &str, request: &ComponentRequest) -> ApiCall {
     use ComponentRequest as R;
     let base = format!("/v1/projects/{project}/components");
     match request {
-        R::Deploy {
-            name,
-            bytes,
-            refold,
-            replay_effects,
-            shadow,
-        } => call(
+        R::Deploy { name, bytes, mode } => call(
             Method::PUT,
             format!("{base}/{name}"),
-            match (refold, replay_effects, shadow) {
-                (_, _, true) => "refold=shadow".into(),
-                (_, true, false) => "refold=true&replayEffects=true".into(),
-                (true, false, false) => "refold=true".into(),
-                (false, false, false) => String::new(),
-            },
+            mode.query().to_string(),
             ApiBody::Bytes(bytes.clone()),
         ),
         R::List => call(Method::GET, base, String::new(), ApiBody::Empty),
@@ -445,13 +434,10 @@ pub fn parse_component(
         }
         (&Method::GET, Some(name), false) => R::Get { name },
         (&Method::PUT, Some(name), false) => {
-            let (refold, replay_effects, shadow) = query::deploy_query(query)?;
             R::Deploy {
                 name,
                 bytes: body.unwrap_or_default(),
-                refold,
-                replay_effects,
-                shadow,
+                mode: query::deploy_query(query)?,
             }
         }
         _ => {
@@ -876,30 +862,26 @@ mod tests {
             C::Deploy {
                 name: "counter".into(),
                 bytes: b"\0asm".to_vec(),
-                refold: true,
-                replay_effects: false,
-                shadow: false,
+                mode: crate::component::DeployMode::Refold {
+                    replay_effects: false,
+                },
             },
             C::Deploy {
                 name: "counter".into(),
                 bytes: b"\0asm".to_vec(),
-                refold: false,
-                replay_effects: false,
-                shadow: true,
+                mode: crate::component::DeployMode::Shadow,
             },
             C::Deploy {
                 name: "counter".into(),
                 bytes: b"\0asm".to_vec(),
-                refold: true,
-                replay_effects: true,
-                shadow: false,
+                mode: crate::component::DeployMode::Refold {
+                    replay_effects: true,
+                },
             },
             C::Deploy {
                 name: "counter".into(),
                 bytes: Vec::new(),
-                refold: false,
-                replay_effects: false,
-                shadow: false,
+                mode: crate::component::DeployMode::Continue,
             },
             C::List,
             C::Get {

@@ -1,5 +1,6 @@
 //! Query-string parsing with errors that name the bad parameter and value.
 
+use crate::component::DeployMode;
 use super::error::ApiError;
 use crate::host::effects::{EffectFilter, EffectStatus, EFFECT_LIMIT_MAX};
 use crate::host::live::Connect;
@@ -193,22 +194,14 @@ pub fn at_query(query: Option<&str>) -> Result<Option<String>, ApiError> {
     Ok(keys)
 }
 
-/// Parses `refold` and `replayEffects` of a deploy: (refold, replay
-/// history's effects); `replayEffects=true` needs `refold=true`.
-pub fn deploy_query(query: Option<&str>) -> Result<(bool, bool, bool), ApiError> {
-    let mut refold = false;
+/// Parses `refold` and `replayEffects` of a deploy into its mode
+/// ([`DeployMode::from_options`], the one rule).
+pub fn deploy_query(query: Option<&str>) -> Result<DeployMode, ApiError> {
+    let mut refold: Option<String> = None;
     let mut replay = false;
-    let mut shadow = false;
     for (name, value) in decoded(query)? {
         match name.as_str() {
-            "refold" if value == "shadow" => shadow = true,
-            "refold" => {
-                refold = boolean("refold", &value).map_err(|_| {
-                    ApiError::invalid(format!(
-                        "refold is {value:?}; expected true, false or shadow"
-                    ))
-                })?
-            }
+            "refold" => refold = Some(value),
             "replayEffects" => replay = boolean("replayEffects", &value)?,
             other => {
                 return Err(ApiError::invalid(format!(
@@ -217,18 +210,7 @@ pub fn deploy_query(query: Option<&str>) -> Result<(bool, bool, bool), ApiError>
             }
         }
     }
-    if replay && shadow {
-        return Err(ApiError::invalid(
-            "replayEffects=true does not go with refold=shadow: a shadow holds its effects \
-             (promote with runHeldEffects to run them)",
-        ));
-    }
-    if replay && !refold {
-        return Err(ApiError::invalid(
-            "replayEffects=true needs refold=true: only a refold folds history again",
-        ));
-    }
-    Ok((refold, replay, shadow))
+    DeployMode::from_options(refold.as_deref(), replay).map_err(ApiError::invalid)
 }
 
 /// Parses `stream`, `component`, `status`, `afterId` and `limit` of

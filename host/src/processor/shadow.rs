@@ -838,9 +838,7 @@ async fn finish(streams: &Streams, project: &str, component: &str, digest: &str,
             exports,
             bytes,
             deployed_at: format_timestamp(clock.now_ms()),
-            refold: false,
-            replay_effects: false,
-            shadow: false,
+            mode: Default::default(),
             versions_kept: storage.bounds().versions_kept,
         })))
     })

@@ -591,9 +591,7 @@ mod tests {
             exports: vec![],
             bytes: vec![],
             deployed_at: "t".into(),
-            refold: false,
-            shadow: false,
-            replay_effects: false,
+            mode: Default::default(),
             versions_kept: crate::storage::VERSIONS_KEPT_DEFAULT,
         });
         hot.committed(std::iter::once((&mut deploy, 0)));

@@ -200,14 +200,11 @@ pub struct Deployment {
     pub exports: Vec<String>,
     pub bytes: Vec<u8>,
     pub deployed_at: String,
-    /// Record, in the same transaction, that every instance must be
-    /// refolded with this version (done even across a restart).
-    pub refold: bool,
-    /// With `refold`: the refold stores history's effects too.
-    pub replay_effects: bool,
-    /// A shadow (`?refold=shadow`): the bytes are stored and the refold
-    /// recorded as a shadow, while the current version stays current.
-    pub shadow: bool,
+    /// How the instances of the version it replaces are treated: a
+    /// refold or a shadow is recorded in the same transaction (done even
+    /// across a restart); a shadow's bytes are stored while the current
+    /// version stays current.
+    pub mode: crate::component::DeployMode,
     /// How many versions of the component are kept, the newest
     /// ([`super::Bounds::versions_kept`]).
     pub versions_kept: usize,
@@ -1251,7 +1248,7 @@ fn apply(conn: Db<'_>, op: &WriteOp) -> Result<i64> {
                 "INSERT INTO component_blobs (digest, bytes) VALUES (?1, ?2) ON CONFLICT DO NOTHING",
                 args![&d.digest, &d.bytes],
             )?;
-            if d.shadow {
+            if d.mode.is_shadow() {
                 // Not a version yet: recorded (replacing any refold or
                 // shadow pending) until promoted everywhere or discarded.
                 record_refold(conn, d)?;
@@ -1266,7 +1263,7 @@ fn apply(conn: Db<'_>, op: &WriteOp) -> Result<i64> {
             if current.as_deref() == Some(d.digest.as_str()) {
                 // The same bytes again: not a new version, but a refold
                 // asked for runs all the same (recorded, as for a new one).
-                if d.refold {
+                if d.mode.refolds() {
                     record_refold(conn, d)?;
                 } else {
                     // Deploying the current version replaces a shadow.
@@ -1294,7 +1291,7 @@ fn apply(conn: Db<'_>, op: &WriteOp) -> Result<i64> {
                  ON CONFLICT (project, name) DO UPDATE SET digest = excluded.digest",
                 args![&d.project, &d.name, &d.digest],
             )?;
-            if d.refold {
+            if d.mode.refolds() {
                 record_refold(conn, d)?;
             } else {
                 // A version deployed without a refold supersedes one pending.
@@ -1469,8 +1466,8 @@ fn record_refold(conn: Db<'_>, d: &Deployment) -> Result<()> {
             &d.name,
             &d.digest,
             &d.deployed_at,
-            i64::from(d.replay_effects),
-            i64::from(d.shadow)
+            i64::from(d.mode.replays_effects()),
+            i64::from(d.mode.is_shadow())
         ],
     )?;
     Ok(())
