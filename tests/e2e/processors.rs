@@ -72,6 +72,48 @@ async fn expected_count(s: &Server, stream: &str) -> Value {
     json!({"events": events.len(), "sum": sum, "last_offset": events.last().unwrap()["offset"]})
 }
 
+/// A wake or a reactor of a deployed component that does not export what
+/// it needs is refused at the append, over any client, naming what the
+/// component exports; one not deployed yet is accepted with a warning.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_wake_of_a_deployed_component_that_is_not_a_processor_is_refused() {
+    let s = Server::start();
+    let (status, out) = s.deploy("acme", "kinds", guest("kinds")).await;
+    assert_eq!(status, 200, "{out}");
+    assert_error(
+        &s.post(&format!("{S}:append"), wake("kinds", "wrong", None))
+            .await,
+        400,
+        "invalid-request",
+        "component \"kinds\" is not a processor: it exports ",
+    );
+    let reactor = json!({"events": [{"type": "events.iterate.com/stream/subscription-configured",
+        "payload": {"subscriptionKey": "wrong.v1",
+            "receiver": {"action": "reactor", "expression": ["components", ["get", "kinds"], "react"]}}}]});
+    assert_error(
+        &s.post(&format!("{S}:append"), reactor).await,
+        400,
+        "invalid-request",
+        "component \"kinds\" is not a reactor: it exports ",
+    );
+    let (status, out) = s
+        .post(&format!("{S}:append"), wake("later", "later", None))
+        .await;
+    assert_eq!(status, 200, "{out}");
+    assert!(
+        out["warnings"][0].as_str().unwrap().contains("\"later\""),
+        "{out}"
+    );
+    let events = s.all_events(S).await;
+    assert!(
+        !events
+            .iter()
+            .any(|e| e["payload"]["subscriptionKey"] == "wrong"
+                || e["payload"]["subscriptionKey"] == "wrong.v1"),
+        "{events:?}"
+    );
+}
+
 #[tokio::test]
 async fn deploy_validates_components_and_lists_them() {
     let s = Server::start();

@@ -85,54 +85,6 @@ pub(crate) struct SetCursorArgs {
     pub after_offset: u64,
 }
 
-/// `--wake COMPONENT` names a deployed component that is not a processor
-/// (it does not export `fold`): an error naming what it exports. One not
-/// deployed yet passes (the server warns, and the wake waits for it).
-pub(super) async fn refuse_non_processor(server: &Server, component: &str) -> Result<()> {
-    refuse_without(server, component, "fold").await
-}
-
-/// `--flag COMPONENT` names a deployed component that does not export
-/// `export` (`fold` for a wake, `react` for a reactor): an error naming
-/// what it exports. One not deployed yet passes.
-async fn refuse_without(server: &Server, component: &str, export: &str) -> Result<()> {
-    let project = match server.namespace()? {
-        Namespace::Project(p) => p,
-        Namespace::Global => return Ok(()),
-    };
-    let get = ComponentRequest::Get {
-        name: component.to_string(),
-    };
-    let call = mapping::render_component(&project, &get);
-    let Some(row) = answer_json(api(&server.url, server.token.as_deref(), call).await?).await?
-    else {
-        return Ok(());
-    };
-    let exports: Vec<&str> = row["exports"]
-        .as_array()
-        .map(|e| e.iter().filter_map(Value::as_str).collect())
-        .unwrap_or_default();
-    if exports.contains(&export) {
-        return Ok(());
-    }
-    let exported = if exports.is_empty() {
-        "nothing".to_string()
-    } else {
-        exports.join(", ")
-    };
-    if export == "fold" {
-        bail!(
-            "component {component:?} is not a processor: it exports {exported} and a wake needs \
-             fold (a processor built with the guest SDK's processor! macro); call its functions \
-             with --itx"
-        )
-    }
-    bail!(
-        "component {component:?} is not a reactor: it exports {exported} and a reactor needs \
-         {export} (built with the guest SDK's reactor! macro)"
-    )
-}
-
 /// `streamhost subscribe`: a subscription-configured event on the source.
 pub(super) async fn subscribe(a: SubscribeArgs) -> Result<()> {
     use crate::subscription::Subscription;
@@ -146,10 +98,9 @@ pub(super) async fn subscribe(a: SubscribeArgs) -> Result<()> {
             .with_context(|| format!("--itx {expression:?} is not JSON"))?;
         Subscription::itx(&a.key, expression)
     } else if let Some(component) = &r.wake {
-        refuse_non_processor(&a.target.server, component).await?;
+        // The server refuses a deployed component that is not a processor.
         Subscription::wake(&a.key, component)
     } else if let Some(component) = &r.reactor {
-        refuse_without(&a.target.server, component, "react").await?;
         Subscription::reactor(&a.key, component)
     } else {
         bail!("name the receiver: --copy-to, --webhook, --itx, --wake or --reactor");

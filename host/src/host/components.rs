@@ -402,6 +402,48 @@ impl Host {
         })
     }
 
+    /// Refuses (`400 invalid`) a `subscription-configured` event of
+    /// `events` whose processor-wake or reactor receiver names a deployed
+    /// component that does not export what it needs
+    /// ([`crate::subscription::check_exports`]); one not deployed yet
+    /// passes (see `undeployed_receivers`).
+    pub(crate) async fn refuse_wrong_receivers(
+        &self,
+        address: &StreamAddress,
+        events: &[crate::stream::EventInput],
+    ) -> Result<(), Error> {
+        let Some(project) = address.namespace.project_id().map(str::to_string) else {
+            return Ok(());
+        };
+        let needed: Vec<(String, &'static str)> = events
+            .iter()
+            .filter(|e| e.event_type == types::SUBSCRIPTION_CONFIGURED)
+            .filter_map(|e| {
+                let config: crate::subscription::SubscriptionConfig =
+                    serde_json::from_value(Value::Object(e.payload.clone()?)).ok()?;
+                config.receiver.needed_export()
+            })
+            .collect();
+        if needed.is_empty() {
+            return Ok(());
+        }
+        let storage = self.streams.storage().clone();
+        tokio::task::spawn_blocking(move || {
+            for (component, export) in needed {
+                let row = storage.component(&project, &component).map_err(|e| {
+                    Error::internal(format!("reading component {component:?}: {e:#}"))
+                })?;
+                if let Some(row) = row {
+                    crate::subscription::check_exports(&component, export, &row.exports)
+                        .map_err(Error::invalid)?;
+                }
+            }
+            Ok(())
+        })
+        .await
+        .map_err(|e| Error::internal(format!("checking the receivers panicked: {e}")))?
+    }
+
     /// Warnings for subscriptions just configured whose processor or ITX
     /// component is not deployed: accepted (it may be deployed later, and then
     /// the subscription starts or resumes), but said at once.

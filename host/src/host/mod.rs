@@ -372,9 +372,9 @@ impl Host {
         stream: &StreamAddress,
         events: impl IntoIterator<Item = EventInput>,
     ) -> Result<AppendOutput, Error> {
-        self.streams
-            .append(stream, AppendInput::new(events), Authority::Public)
-            .await
+        let input = AppendInput::new(events);
+        self.refuse_wrong_receivers(stream, &input.events).await?;
+        self.streams.append(stream, input, Authority::Public).await
     }
 
     /// Up to `limit` (at most 500) committed events after `after_offset`.

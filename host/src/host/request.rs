@@ -265,6 +265,7 @@ impl Host {
                     .events
                     .iter()
                     .any(|e| e.event_type == crate::stream::types::RESUMED);
+                self.refuse_wrong_receivers(stream, &input.events).await?;
                 let output = self
                     .streams
                     .append(stream, input, Authority::Public)

@@ -152,6 +152,21 @@ impl Receiver {
         }
     }
 
+    /// The component a `processor-wake` or `reactor` receiver runs and
+    /// the export it needs of it: `fold` for a wake, `react` for a
+    /// reactor.
+    pub fn needed_export(&self) -> Option<(String, &'static str)> {
+        match self {
+            Receiver::ProcessorWake { expression } => crate::itx::wake_component(expression)
+                .ok()
+                .map(|c| (c, "fold")),
+            Receiver::Reactor { expression } => crate::itx::reactor_component(expression)
+                .ok()
+                .map(|c| (c, "react")),
+            _ => None,
+        }
+    }
+
     /// The action name as on the wire.
     pub fn action(&self) -> &'static str {
         match self {
@@ -420,10 +435,55 @@ pub fn parse_payload<T: serde::de::DeserializeOwned>(
     })
 }
 
+/// Whether a deployed `component` exporting `exports` can run as a
+/// receiver that needs `needed` ([`Receiver::needed_export`]); an error
+/// naming what it exports and what to use instead otherwise.
+pub fn check_exports(component: &str, needed: &str, exports: &[String]) -> Result<(), String> {
+    if exports.iter().any(|e| e == needed) {
+        return Ok(());
+    }
+    let exported = if exports.is_empty() {
+        "nothing".to_string()
+    } else {
+        exports.join(", ")
+    };
+    Err(if needed == "fold" {
+        format!(
+            "component {component:?} is not a processor: it exports {exported} and a wake needs \
+             fold (a processor built with the guest SDK's processor! macro); call its functions \
+             with an itx-call receiver"
+        )
+    } else {
+        format!(
+            "component {component:?} is not a reactor: it exports {exported} and a reactor needs \
+             {needed} (built with the guest SDK's reactor! macro)"
+        )
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn a_receiver_needs_its_export_and_a_refusal_names_what_the_component_has() {
+        let wake = Subscription::wake("w", "kinds").to_event();
+        let config: SubscriptionConfig =
+            serde_json::from_value(Value::Object(wake.payload.unwrap())).unwrap();
+        let (component, needed) = config.receiver.needed_export().unwrap();
+        assert_eq!((component.as_str(), needed), ("kinds", "fold"));
+        let exports = vec!["add".to_string(), "echo".to_string()];
+        let refused = check_exports("kinds", needed, &exports).unwrap_err();
+        assert!(
+            refused.contains("is not a processor: it exports add, echo"),
+            "{refused}"
+        );
+        assert!(check_exports("kinds", "react", &[])
+            .unwrap_err()
+            .contains("exports nothing"));
+        assert!(check_exports("counter", "fold", &["fold".to_string()]).is_ok());
+    }
 
     fn stamp(created: &str, id: &str, generation: u64) -> Stamp {
         Stamp {
