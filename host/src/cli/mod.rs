@@ -283,8 +283,7 @@ pub async fn run(cli: Cli) -> Result<()> {
         Command::Runtime(a) => request(&a.target, R::Runtime).await,
         Command::Subscribe(a) => subscribe(a).await,
         Command::Unsubscribe(a) => {
-            let removed = EventInput::new("events.iterate.com/stream/subscription-removed")
-                .payload(json!({"subscriptionKey": a.key, "reason": "requested"}));
+            let removed = crate::subscription::Subscription::removed(a.key);
             request(&a.target, R::Append(AppendInput::new([removed]))).await
         }
         Command::ResumeSubscription(a) => {
@@ -307,13 +306,15 @@ pub async fn run(cli: Cli) -> Result<()> {
             request(&a.target, set).await
         }
         Command::Pause(a) => {
-            let paused = EventInput::new("events.iterate.com/stream/paused")
-                .payload(json!({"reason": a.reason}));
+            let paused = EventInput::paused(a.reason);
             request(&a.target, R::Append(AppendInput::new([paused]))).await
         }
         Command::Resume(a) => {
-            let resumed = EventInput::new("events.iterate.com/stream/resumed");
-            request(&a.target, R::Append(AppendInput::new([resumed]))).await
+            request(
+                &a.target,
+                R::Append(AppendInput::new([EventInput::resumed()])),
+            )
+            .await
         }
         Command::Reset(a) => request(&a.target, R::Reset).await,
         Command::Processor(a) if a.wait => processor_caught_up(a).await,

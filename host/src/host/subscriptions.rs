@@ -8,12 +8,14 @@
 //! `:setSubscriptionCursorAndResume` over HTTP.
 
 use serde::{Deserialize, Serialize, Serializer};
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 
 use super::Host;
 use crate::error::Error;
 use crate::stream::{types, AppendInput, Authority, Event, EventInput, StreamAddress};
-use crate::subscription::{Filter, Receiver, Start, GENERATED_KEY_PREFIX};
+use crate::subscription::{
+    Delivery, Filter, OnFailingEvent, Receiver, Start, SubscriptionConfig, GENERATED_KEY_PREFIX,
+};
 
 /// A receiving stream's copy subscription to a source stream of its
 /// namespace (`:subscribeToEventsFrom`). Build with [`CopyFrom::new`].
@@ -243,33 +245,22 @@ impl Host {
                 "a keyless copy subscription requires idempotencyKey so setup is safe to retry",
             ));
         }
-        let mut payload = Map::new();
-        if let Some(k) = &from.subscription_key {
-            payload.insert("subscriptionKey".into(), json!(k));
-        }
-        if let Some(d) = &from.description {
-            payload.insert("description".into(), json!(d));
-        }
-        if let Some(f) = &from.filter {
-            payload.insert(
-                "filter".into(),
-                serde_json::to_value(f).expect("filter serializes"),
-            );
-        }
-        let mut receiver_config = Map::new();
-        receiver_config.insert("action".into(), json!("copy-to-stream"));
-        receiver_config.insert("receivingStreamPath".into(), json!(receiver.path));
-        if let Some(t) = &from.jsonata_transform {
-            receiver_config.insert("jsonataTransform".into(), json!(t));
-        }
-        receiver_config.insert(
-            "delivery".into(),
-            json!({"start": from.start.unwrap_or(Start::Now), "onFailingEvent": "halt"}),
-        );
-        payload.insert("receiver".into(), Value::Object(receiver_config));
+        let config = SubscriptionConfig {
+            subscription_key: from.subscription_key,
+            description: from.description,
+            filter: from.filter,
+            receiver: Receiver::CopyToStream {
+                receiving_stream_path: receiver.path.clone(),
+                jsonata_transform: from.jsonata_transform,
+                delivery: Delivery {
+                    start: from.start.unwrap_or(Start::Now),
+                    on_failing_event: OnFailingEvent::Halt,
+                },
+            },
+        };
         let configure = event(
             types::SUBSCRIPTION_CONFIGURED,
-            Value::Object(payload),
+            serde_json::to_value(&config).expect("a subscription's configuration serializes"),
             from.idempotency_key,
         );
         let configured = self
@@ -339,11 +330,7 @@ impl Host {
                 )))
             }
         }
-        let removed = event(
-            types::SUBSCRIPTION_REMOVED,
-            json!({"subscriptionKey": key, "reason": "requested"}),
-            None,
-        );
+        let removed = crate::subscription::Subscription::removed(key);
         match self.append_control(&source, vec![removed]).await {
             Ok(mut events) => Ok(Unsubscribed::Removed {
                 subscription_removed_event: Box::new(events.remove(0)),

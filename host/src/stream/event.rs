@@ -230,6 +230,26 @@ pub struct EventInput {
 }
 
 impl EventInput {
+    /// The `paused` event: appends are refused (`503 stream-paused`) and
+    /// deliveries stop until the stream is resumed.
+    ///
+    /// ```
+    /// use streamhost::stream::EventInput;
+    ///
+    /// let paused = EventInput::paused("maintenance");
+    /// assert_eq!(paused.event_type, "events.iterate.com/stream/paused");
+    /// assert_eq!(paused.payload.unwrap()["reason"], "maintenance");
+    /// assert_eq!(EventInput::resumed().event_type, "events.iterate.com/stream/resumed");
+    /// ```
+    pub fn paused(reason: impl Into<String>) -> EventInput {
+        EventInput::new(types::PAUSED).payload(serde_json::json!({"reason": reason.into()}))
+    }
+
+    /// The `resumed` event: the stream takes appends again.
+    pub fn resumed() -> EventInput {
+        EventInput::new(types::RESUMED)
+    }
+
     /// An event of type `event_type` with an empty payload; add to it with
     /// the builder methods:
     ///
