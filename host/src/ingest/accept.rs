@@ -10,10 +10,7 @@ use std::collections::HashMap;
 
 use super::{validate_event, Ingest};
 use crate::error::Error;
-use crate::storage::{
-    IngestOp, NewPending, SharedBound, Storage, WriteOp, CAPACITY_EXHAUSTED, KEY_CONFLICT,
-    KEY_IN_STREAM,
-};
+use crate::storage::{IngestOp, NewPending, Refusal, SharedBound, Storage, WriteOp};
 use crate::stream::{is_same_event, Event, EventInput, StreamAddress, APPEND_EVENTS_MAX};
 
 /// Accepts `events` for the stream at `address`; answers how many were
@@ -136,29 +133,25 @@ async fn commit(storage: &Storage, ingest: &Ingest, fresh: Vec<NewPending>) -> R
         }
         Ok(Err(e)) => {
             release(n, bytes);
-            if e.message().starts_with(KEY_IN_STREAM) {
-                return Err(Retry::KeyInStream);
-            }
-            if let Some(what) = e.message().strip_prefix(CAPACITY_EXHAUSTED) {
-                return Err(Retry::No(Error::unavailable(
+            Err(match e.refusal() {
+                Some(Refusal::KeyInStream) => Retry::KeyInStream,
+                Some(Refusal::CapacityExhausted(what)) => Retry::No(Error::unavailable(
                     "capacity-exhausted",
                     format!(
                         "ingest is at capacity{what} (everything accepted before is kept; \
                          retry later)"
                     ),
                     super::CAPACITY_RETRY_AFTER_S,
-                )));
-            }
-            Err(Retry::No(match e.message().strip_prefix(KEY_CONFLICT) {
-                Some(key) => Error::conflict(
+                )),
+                Some(Refusal::KeyConflict(key)) => Retry::No(Error::conflict(
                     "idempotency-conflict",
                     format!(
                         "idempotency key {key:?} is already used by an accepted event not yet \
                          appended, with a different type, payload or metadata"
                     ),
-                ),
-                None => Error::internal(format!("accepting events failed: {e}")),
-            }))
+                )),
+                _ => Retry::No(Error::internal(format!("accepting events failed: {e}"))),
+            })
         }
         Err(_) => {
             release(n, bytes);

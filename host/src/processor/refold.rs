@@ -390,7 +390,7 @@ async fn refold_fenced(
 pub(super) fn switched(storage: &crate::storage::Storage, switch: Checkpoint) -> Result<bool, Failure> {
     match storage.submit(WriteOp::Checkpoint(switch)).blocking_recv() {
         Ok(Ok(_)) => Ok(true),
-        Ok(Err(e)) if e.message().contains("moved") => Ok(false),
+        Ok(Err(e)) if e.refusal() == Some(&crate::storage::Refusal::CheckpointMoved) => Ok(false),
         Ok(Err(e)) => Err(Failure::new(e.message().to_string(), true)),
         Err(_) => Err(Failure::new("the storage writer stopped", true)),
     }

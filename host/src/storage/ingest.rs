@@ -5,6 +5,7 @@
 //! same key twice keeps the first row. Rows leave only once their events are
 //! committed to their stream ([`IngestOp::Appended`]), which frees capacity.
 
+use super::writer::{Refusal, Refused};
 use super::sql::{args, Db};
 use super::Storage;
 use anyhow::Result;
@@ -238,9 +239,11 @@ fn fits(pending: (u64, u64), more: (u64, u64), max: (u64, u64), whose: &str) -> 
         ("bytes", pending.1, more.1, max.1),
     ] {
         if pending + more > max {
-            anyhow::bail!(
-                "{CAPACITY_EXHAUSTED}{whose}: {pending} of {max} {what} pending, {more} more do not fit"
-            );
+            let bound = format!("{whose}: {pending} of {max} {what} pending, {more} more do not fit");
+            return Err(Refused::error(
+                Refusal::CapacityExhausted(bound.clone()),
+                format!("{CAPACITY_EXHAUSTED}{bound}"),
+            ));
         }
     }
     Ok(())
@@ -318,7 +321,10 @@ pub(super) fn apply(conn: Db<'_>, op: &IngestOp) -> Result<i64> {
             // leaves only after its event is in the stream: a key not pending
             // here is new or already in the stream, which this sees.
             if let Some(key) = key_in_stream(conn, rows)? {
-                anyhow::bail!("{KEY_IN_STREAM}{key}");
+                return Err(Refused::error(
+                    Refusal::KeyInStream,
+                    format!("{KEY_IN_STREAM}{key}"),
+                ));
             }
             let (mut new, mut bytes) = (0i64, 0i64);
             for r in rows {
@@ -351,7 +357,10 @@ pub(super) fn apply(conn: Db<'_>, op: &IngestOp) -> Result<i64> {
                     |row| row.text(0),
                 )?;
                 if held != r.body {
-                    anyhow::bail!("{KEY_CONFLICT}{}", r.key);
+                    return Err(Refused::error(
+                        Refusal::KeyConflict(r.key.clone()),
+                        format!("{KEY_CONFLICT}{}", r.key),
+                    ));
                 }
             }
             // One request is at most 1000 events of at most a body's bytes

@@ -72,7 +72,7 @@ impl Default for Bounds {
 pub use ingest::{
     share_of, DroppedEvent, FenceIdentity, IngestOp, NewParked, NewPending, ParkedRow, PendingRow,
     SharedBound,
-    CAPACITY_EXHAUSTED, DIAGNOSTICS_KEPT, KEY_CONFLICT, KEY_IN_STREAM,
+    DIAGNOSTICS_KEPT,
 };
 pub use keys::{read_offline, tag as key_tag, StoredBucket, Writes as KeyWrites};
 // Named in the signatures the `internals` feature opens.
@@ -81,7 +81,7 @@ pub use {ingest::FenceRow, keys::OfflineInstance, lease::ClusterHost};
 pub use lease::{tenure_clock_ms, Fence, HostIdentity, LeaseLost, OwnedElsewhere};
 pub use writer::{
     Checkpoint, CommitError, CursorRow, Deployment, NewStream, ProcessorFailure, StoredEvent,
-    StreamCommit, StreamRef, WriteOp,
+    Refusal, StreamCommit, StreamRef, WriteOp,
 };
 
 /// A deployed component.

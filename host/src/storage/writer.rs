@@ -247,6 +247,8 @@ pub struct Checkpoint {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CommitError {
     message: String,
+    /// Why the storage refused the write, when its caller acts on it.
+    refusal: Option<Refusal>,
     duplicate_key: bool,
     /// The disk (or the process's file size limit) is full.
     full: bool,
@@ -259,6 +261,7 @@ impl CommitError {
     pub fn new(message: impl Into<String>) -> CommitError {
         CommitError {
             message: message.into(),
+            refusal: None,
             duplicate_key: false,
             full: false,
             rolled_back: false,
@@ -270,6 +273,7 @@ impl CommitError {
     pub(crate) fn duplicate(message: impl Into<String>) -> CommitError {
         CommitError {
             message: message.into(),
+            refusal: None,
             duplicate_key: true,
             full: false,
             rolled_back: true,
@@ -281,6 +285,10 @@ impl CommitError {
     fn of_write(e: &anyhow::Error) -> CommitError {
         CommitError {
             message: format!("{e:#}"),
+            refusal: e
+                .chain()
+                .find_map(|c| c.downcast_ref::<Refused>())
+                .map(|r| r.refusal.clone()),
             duplicate_key: e.downcast_ref::<DuplicateKey>().is_some(),
             full: false,
             rolled_back: true,
@@ -305,6 +313,12 @@ impl CommitError {
         &self.message
     }
 
+    /// Why the storage refused the write, when it is a refusal its caller
+    /// acts on (nothing of it committed).
+    pub fn refusal(&self) -> Option<&Refusal> {
+        self.refusal.as_ref()
+    }
+
     /// The write was refused, whole, because an event's idempotency key is
     /// already in the stream's log: nothing of it committed, and planning
     /// it again with its keys read from the log answers it.
@@ -318,6 +332,48 @@ impl fmt::Display for CommitError {
         f.write_str(&self.message)
     }
 }
+
+/// Why the storage refused a write, for its caller to act on: the write
+/// committed nothing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refusal {
+    /// A checkpoint switch (a refold's, a shadow's promotion) whose live
+    /// checkpoint moved first: a wake committed; fold the rest and retry.
+    CheckpointMoved,
+    /// An ingest acceptance one of whose idempotency keys is already in
+    /// the stream.
+    KeyInStream,
+    /// An ingest acceptance whose idempotency key `.0` is pending with
+    /// other content.
+    KeyConflict(String),
+    /// Ingest capacity: `.0` names the bound and how full it is.
+    CapacityExhausted(String),
+}
+
+/// A [`Refusal`] and its words: the error a write's statements return.
+#[derive(Debug)]
+pub struct Refused {
+    pub refusal: Refusal,
+    pub message: String,
+}
+
+impl Refused {
+    /// The error of a write refused for `refusal`, in words.
+    pub fn error(refusal: Refusal, message: impl Into<String>) -> anyhow::Error {
+        anyhow::Error::new(Refused {
+            refusal,
+            message: message.into(),
+        })
+    }
+}
+
+impl fmt::Display for Refused {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for Refused {}
 
 /// An event's idempotency key is already in its stream's log (the unique
 /// index `events_by_key` refused the insert).
@@ -1356,12 +1412,15 @@ fn apply(conn: Db<'_>, op: &WriteOp) -> Result<i64> {
                     ],
                 )?,
             };
-            anyhow::ensure!(
-                replaced == 1,
-                "the checkpoint of processor {:?} moved (expected {:?})",
-                c.component,
-                c.previous_offset,
-            );
+            if replaced != 1 {
+                return Err(Refused::error(
+                    Refusal::CheckpointMoved,
+                    format!(
+                        "the checkpoint of processor {:?} moved (expected {:?})",
+                        c.component, c.previous_offset,
+                    ),
+                ));
+            }
             super::keys::apply(conn, c.bucket, &c.keys, c.drop_bucket)?;
             if !c.effects.is_empty() {
                 let source = EffectSource {
@@ -1663,7 +1722,9 @@ mod tests {
         assert_eq!(storage.key_value(7, "b").unwrap(), None);
         // A writer that started from another bucket changes nothing.
         let stale = with_keys(at(2, 8), 3, 8, &[("a", Some("stale"))], None);
-        assert!(stale.unwrap_err().message().contains("moved"));
+        let stale = stale.unwrap_err();
+        assert!(stale.message().contains("moved"), "{stale}");
+        assert_eq!(stale.refusal(), Some(&super::Refusal::CheckpointMoved));
         assert_eq!(storage.key_value(8, "a").unwrap(), None);
         assert_eq!(storage.key_value(7, "a").unwrap(), Some(b"10".to_vec()));
         // A switch to a new bucket drops the old one's rows with it.
