@@ -152,20 +152,21 @@ impl Error {
     /// time (several hosts), so it serves nothing of it until it (or
     /// another host) holds the lease again.
     pub fn lease_lost(path: &str) -> Self {
-        Self::unavailable(
-            "lease-lost",
-            crate::storage::LeaseLost {
-                path: path.to_string(),
-            }
-            .to_string(),
-            1,
-        )
+        Self::unavailable("lease-lost", lease_lost_message(path), 1)
     }
 
     /// `internal`: a failure of the host itself (storage, a lost task).
     pub fn internal(message: impl Into<String>) -> Self {
         Self::new(ErrorKind::Internal, "internal", message)
     }
+}
+
+/// What `lease-lost` says of the stream at `path`.
+pub fn lease_lost_message(path: &str) -> String {
+    format!(
+        "this host could not renew its lease on stream {path:?} in time; retry (the stream is \
+         served again once a host holds its lease)"
+    )
 }
 
 impl fmt::Display for Error {

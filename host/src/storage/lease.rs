@@ -125,11 +125,7 @@ pub struct LeaseLost {
 
 impl std::fmt::Display for LeaseLost {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "this host could not renew its lease on stream {:?} in time; retry (the stream is served again once a host holds its lease)",
-            self.path
-        )
+        f.write_str(&crate::error::lease_lost_message(&self.path))
     }
 }
 
