@@ -1230,8 +1230,8 @@ async fn a_forwarded_request_has_its_token_checked_before_its_body_is_read() {
 }
 
 /// An effect's append to a stream another host owns travels to that host
-/// as the API's own request (`/internal/v1/call` carries a
-/// `StreamRequest`) and commits there once.
+/// (`/internal/v1/call` carries the append with its authority) and commits
+/// there once.
 #[tokio::test]
 async fn an_effects_append_to_a_stream_another_host_owns_commits_on_its_owner() {
     if on_sqlite() {

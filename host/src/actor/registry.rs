@@ -302,8 +302,7 @@ impl Streams {
         let again = self.inner.ctx.storage.cluster().map(|_| input.clone());
         match (self.append_here(address, input, authority).await, again) {
             (Err(e), Some(input)) if e.owner_url.is_some() => {
-                let request = crate::host::request::StreamRequest::Append(input);
-                self.remote(address, e, remote::Call::Stream { request, authority })
+                self.remote(address, e, remote::Call::Append { input, authority })
                     .await
             }
             (result, _) => result,

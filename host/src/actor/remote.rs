@@ -10,8 +10,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::stream::{Authority, Namespace, StreamAddress};
-use crate::host::request::StreamRequest;
+use crate::stream::{AppendInput, Authority, Namespace, StreamAddress};
 use crate::delivery::copy::CopyBatch;
 use crate::error::{Error, ErrorKind};
 
@@ -34,11 +33,10 @@ pub struct RemoteCall {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub enum Call {
-    /// A request on the stream: the API's own (`StreamRequest`), made with
-    /// `authority` (an append the host makes for an effect or a copy is
-    /// not a public caller's).
-    Stream {
-        request: StreamRequest,
+    /// An append to the stream, made with `authority` (an append the host
+    /// makes for an effect or a copy is not a public caller's).
+    Append {
+        input: AppendInput,
         authority: Authority,
     },
     Deliver {

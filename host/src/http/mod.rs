@@ -372,12 +372,9 @@ async fn internal_call(State(host): State<Host>, headers: HeaderMap, body: Body)
         let call: RemoteCall = parse_json(&bytes)?;
         let address = call.address()?;
         let answer = match call.call {
-            Call::Stream {
-                request: StreamRequest::Append(input),
-                authority,
-            } => remote::to_value(host.streams.append_here(&address, input, authority).await),
-            // Any other request on a stream, as its owner's API answers it.
-            Call::Stream { request, .. } => remote::to_value(host.apply(&address, request).await),
+            Call::Append { input, authority } => {
+                remote::to_value(host.streams.append_here(&address, input, authority).await)
+            }
             Call::Deliver { batch } => {
                 remote::to_value(host.streams.deliver_here(&address, batch).await)
             }
