@@ -417,12 +417,8 @@ impl Host {
         };
         let needed: Vec<(String, &'static str)> = events
             .iter()
-            .filter(|e| e.event_type == types::SUBSCRIPTION_CONFIGURED)
-            .filter_map(|e| {
-                let config: crate::subscription::SubscriptionConfig =
-                    serde_json::from_value(Value::Object(e.payload.clone()?)).ok()?;
-                config.receiver.needed_export()
-            })
+            .filter_map(|e| configured(&e.event_type, e.payload.as_ref()?))
+            .filter_map(|config| config.receiver.needed_export())
             .collect();
         if needed.is_empty() {
             return Ok(());
@@ -457,10 +453,9 @@ impl Host {
         };
         let named: Vec<(String, String)> = events
             .iter()
-            .filter(|e| e.event_type == types::SUBSCRIPTION_CONFIGURED && !e.is_copy())
+            .filter(|e| !e.is_copy())
             .filter_map(|e| {
-                let config: crate::subscription::SubscriptionConfig =
-                    serde_json::from_value(Value::Object(e.payload.clone())).ok()?;
+                let config = configured(&e.event_type, &e.payload)?;
                 let component = config.receiver.component()?;
                 let key = config.subscription_key.unwrap_or_default();
                 Some((key, component))
@@ -486,4 +481,16 @@ impl Host {
         .await
         .unwrap_or_default()
     }
+}
+
+/// The configuration a `subscription-configured` event carries (`None` for
+/// any other event, or a payload that is not one).
+fn configured(
+    event_type: &str,
+    payload: &serde_json::Map<String, Value>,
+) -> Option<crate::subscription::SubscriptionConfig> {
+    if event_type != types::SUBSCRIPTION_CONFIGURED {
+        return None;
+    }
+    serde_json::from_value(Value::Object(payload.clone())).ok()
 }

@@ -372,27 +372,19 @@ impl Host {
     /// retried at once instead.
     ///
     /// ```
-    /// async fn eventually<T>(what: &str, mut probe: impl AsyncFnMut() -> Option<T>) -> anyhow::Result<T> {
-    ///     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    ///     loop {
-    ///         if let Some(v) = probe().await { return Ok(v) }
-    ///         anyhow::ensure!(std::time::Instant::now() < deadline, "timed out waiting for {what}");
-    ///         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    ///     }
-    /// }
     /// # #[tokio::main] async fn main() -> anyhow::Result<()> {
     /// # let dir = tempfile::tempdir()?;
     /// # let host = streamhost::Host::open(streamhost::Config { data_dir: dir.path().into(), ..Default::default() })?;
-    /// use streamhost::{EventInput, Resumed, Subscription};
+    /// use streamhost::stream::types;
+    /// use streamhost::{EventInput, Resumed, Subscription, WaitFor};
     ///
     /// let orders = host.stream("acme", "/orders/eu")?;
     /// // A transform that throws halts the copy at once.
     /// host.subscribe(&orders, &Subscription::copy_to("broken", "/copies").transform("$error('no')")).await?;
     /// host.append(&orders, [EventInput::new("events.example/x")]).await?;
-    /// eventually("the halt", async || {
-    ///     host.runtime(&orders).await.ok()?.subscriptions.get("broken").filter(|d| d.halted).cloned()
-    /// })
-    /// .await?;
+    /// // The halt is a fact on the stream: wait for it.
+    /// let halted = WaitFor::new(10_000).after(0).event_types([types::SUBSCRIPTION_DELIVERY_HALTED]);
+    /// host.wait_for_event(&orders, halted).await?;
     /// let resumed = host.resume_subscription(&orders, "broken").await?;
     /// assert!(matches!(resumed, Resumed::Resumed(_)));
     /// # Ok(()) }
@@ -415,26 +407,18 @@ impl Host {
     /// Sets subscription `key`'s cursor and resumes it in one append.
     ///
     /// ```
-    /// async fn eventually<T>(what: &str, mut probe: impl AsyncFnMut() -> Option<T>) -> anyhow::Result<T> {
-    ///     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    ///     loop {
-    ///         if let Some(v) = probe().await { return Ok(v) }
-    ///         anyhow::ensure!(std::time::Instant::now() < deadline, "timed out waiting for {what}");
-    ///         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    ///     }
-    /// }
     /// # #[tokio::main] async fn main() -> anyhow::Result<()> {
     /// # let dir = tempfile::tempdir()?;
     /// # let host = streamhost::Host::open(streamhost::Config { data_dir: dir.path().into(), ..Default::default() })?;
-    /// use streamhost::{EventInput, Subscription};
+    /// use streamhost::stream::types;
+    /// use streamhost::{EventInput, Subscription, WaitFor};
     ///
     /// let orders = host.stream("acme", "/orders/eu")?;
     /// host.subscribe(&orders, &Subscription::copy_to("broken", "/copies").transform("$error('no')")).await?;
     /// host.append(&orders, [EventInput::new("events.example/x")]).await?;
-    /// eventually("the halt", async || {
-    ///     host.runtime(&orders).await.ok()?.subscriptions.get("broken").filter(|d| d.halted).cloned()
-    /// })
-    /// .await?;
+    /// // The halt is a fact on the stream: wait for it.
+    /// let halted = WaitFor::new(10_000).after(0).event_types([types::SUBSCRIPTION_DELIVERY_HALTED]);
+    /// host.wait_for_event(&orders, halted).await?;
     /// // Skip the failing event: deliver after it, and resume.
     /// let both = host.set_subscription_cursor_and_resume(&orders, "broken", 2).await?;
     /// assert_eq!(both.resumed.offset, both.cursor_set.offset + 1);
