@@ -106,6 +106,7 @@ internal! {
     metrics;
     processor;
     reactor;
+    rollout;
     scaffold;
     storage;
 }
@@ -119,6 +120,7 @@ pub mod cli;
 pub mod component;
 pub mod config;
 pub mod error;
+pub mod event;
 pub mod host;
 pub mod stream;
 pub mod subscription;

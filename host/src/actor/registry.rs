@@ -57,6 +57,34 @@ impl StreamsRef {
     pub fn upgrade(&self) -> Option<Streams> {
         self.0.upgrade().map(|inner| Streams { inner })
     }
+
+    fn open(&self) -> Result<Streams, Error> {
+        self.upgrade()
+            .ok_or_else(|| Error::unavailable("host-closing", "the host is shutting down", 1))
+    }
+}
+
+impl crate::executor::Streams for StreamsRef {
+    fn executors(&self) -> Option<crate::executor::Executors> {
+        self.upgrade().map(|streams| streams.executors().clone())
+    }
+
+    fn append<'a>(
+        &'a self,
+        address: &'a StreamAddress,
+        input: AppendInput,
+        authority: Authority,
+    ) -> crate::executor::Answer<'a, AppendOutput> {
+        Box::pin(async move { self.open()?.append(address, input, authority).await })
+    }
+
+    fn deliver<'a>(
+        &'a self,
+        receiver: &'a StreamAddress,
+        batch: CopyBatch,
+    ) -> crate::executor::Answer<'a, CopyOutcome> {
+        Box::pin(async move { self.open()?.deliver(receiver, batch).await })
+    }
 }
 
 struct Inner {
@@ -78,6 +106,12 @@ struct Entry {
 }
 
 impl Streams {
+    /// A weak handle (what a background task holds: it does not keep a
+    /// closing host alive).
+    pub fn downgrade(&self) -> StreamsRef {
+        StreamsRef(Arc::downgrade(&self.inner))
+    }
+
     /// A registry over `storage`.
     pub fn new(
         storage: Storage,
@@ -90,7 +124,7 @@ impl Streams {
             ctx: ActorContext {
                 executors: crate::executor::Executors {
                     storage: storage.clone(),
-                    streams: StreamsRef(weak.clone()),
+                    streams: Arc::new(StreamsRef(weak.clone())),
                     runtime: runtime.clone(),
                     webhooks: settings.webhooks,
                     effects: Default::default(),

@@ -17,10 +17,6 @@ pub async fn send(
     transform: Option<String>,
 ) -> Result<u64, Failure> {
     let mut through = selection.through;
-    let streams = exec
-        .streams
-        .upgrade()
-        .ok_or_else(|| Failure::new("the host is shutting down", true))?;
     let mut batch = CopyBatch {
         source: source.info.clone(),
         subscription_key: job.key.clone(),
@@ -42,7 +38,7 @@ pub async fn send(
             through = before;
         }
     }
-    streams
+    exec.streams
         .deliver(receiver, batch)
         .await
         .map(|_| through)

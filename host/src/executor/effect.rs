@@ -29,7 +29,6 @@ use crate::error::ErrorKind;
 use crate::processor::runtime::CallError;
 use crate::storage::{EffectOp, EffectRow, WriteOp};
 use crate::stream::{AppendInput, Authority, EffectOrigin, EventInput, EventSource, Namespace, StreamAddress};
-use crate::actor::StreamsRef;
 
 /// Longest the worker sleeps without looking (a safety net: commits and
 /// API calls wake it at once).
@@ -68,21 +67,21 @@ pub struct Settings {
 /// Starts the worker; it ends with the stream registry. Between rounds it
 /// holds nothing of the host but a weak handle, so a host that is dropped
 /// goes at once (storage, runtime and all).
-pub fn start(streams: StreamsRef, bell: EffectsBell, settings: Settings) {
+pub fn start(streams: Arc<dyn super::Streams>, bell: EffectsBell, settings: Settings) {
     tokio::spawn(run(streams, bell, settings));
 }
 
-async fn run(streams: StreamsRef, bell: EffectsBell, settings: Settings) {
+async fn run(streams: Arc<dyn super::Streams>, bell: EffectsBell, settings: Settings) {
     // The data dir is locked to this host: what was running ran in a
     // process that is gone, so it need not wait for its lease. (With
     // several hosts on one database, only the effects of its own streams:
     // its host id outlives the process, in the data dir.)
-    if let Some(live) = streams.upgrade() {
+    if let Some(exec) = streams.executors() {
         let op = EffectOp::ReclaimAll {
             now_ms: settings.clock.now_ms(),
-            owner: live.storage().cluster().map(|me| me.id.clone()),
+            owner: exec.storage.cluster().map(|me| me.id.clone()),
         };
-        match live.storage().submit(WriteOp::Effect(op)).await {
+        match exec.storage.submit(WriteOp::Effect(op)).await {
             Ok(Ok(n)) if n > 0 => {
                 tracing::info!(
                     effects = n,
@@ -100,11 +99,9 @@ async fn run(streams: StreamsRef, bell: EffectsBell, settings: Settings) {
     let share = settings.effects.project_concurrency();
     let mut share_look_at = i64::MIN;
     loop {
-        let Some(live) = streams.upgrade() else {
+        let Some(exec) = streams.executors() else {
             return;
         };
-        let exec = live.executors().clone();
-        drop(live);
         let now = settings.clock.now_ms();
         let mut wait_ms = IDLE_LOOK_MS;
         if running.len() < concurrency {
@@ -577,15 +574,11 @@ async fn append(
     event: EventInput,
     authority: Authority,
 ) -> Result<(), Failure> {
-    let streams = exec
-        .streams
-        .upgrade()
-        .ok_or_else(|| Failure::new("the host is shutting down", true))?;
     let input = AppendInput {
         events: vec![event],
         expected_stream_id: None,
     };
-    streams
+    exec.streams
         .append(address, input, authority)
         .await
         .map(|_| ())

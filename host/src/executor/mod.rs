@@ -17,21 +17,44 @@ pub mod wake;
 pub mod webhook;
 
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::delivery::copy::SourceInfo;
+use crate::delivery::copy::{CopyBatch, CopyOutcome, SourceInfo};
 use crate::delivery::schedule::{Delivered, DeliveryDone, Job, Placement};
 use crate::delivery::select::{select_batch, Selection};
 use crate::delivery::target::Target;
 use crate::delivery::Failure;
 use crate::processor::runtime::Runtime;
 use crate::storage::Storage;
-use crate::actor::StreamsRef;
+use crate::stream::{AppendInput, AppendOutput, Authority, StreamAddress};
 pub use crate::processor::wake::Gate;
 
 /// Stored events read per attempt.
 pub const SCAN_EVENTS_MAX: usize = 1000;
+
+/// A future the stream registry answers.
+pub type Answer<'a, T> = Pin<Box<dyn Future<Output = Result<T, crate::error::Error>> + Send + 'a>>;
+
+/// The stream registry as the executors use it: a copy's batch and an
+/// effect's outcome are appended through the receiving stream's actor. The
+/// registry (`crate::actor`) implements it over a weak handle, so the
+/// executors do not keep a closing host alive; once it is gone, appends
+/// answer `unavailable` and [`Streams::executors`] `None`.
+pub trait Streams: Send + Sync {
+    /// The host's executors, while it is open.
+    fn executors(&self) -> Option<Executors>;
+    /// Appends `input` to `address` (forwarded to its owner on another host).
+    fn append<'a>(
+        &'a self,
+        address: &'a StreamAddress,
+        input: AppendInput,
+        authority: Authority,
+    ) -> Answer<'a, AppendOutput>;
+    /// Delivers a copy subscription's batch to its receiving stream.
+    fn deliver<'a>(&'a self, receiver: &'a StreamAddress, batch: CopyBatch) -> Answer<'a, CopyOutcome>;
+}
 
 /// What executors use: storage, the stream registry (copies, effect
 /// appends), the wasm runtime (ITX, wakes), the webhook client, the effect
@@ -39,7 +62,7 @@ pub const SCAN_EVENTS_MAX: usize = 1000;
 #[derive(Clone)]
 pub struct Executors {
     pub storage: Storage,
-    pub streams: StreamsRef,
+    pub streams: Arc<dyn Streams>,
     pub runtime: Arc<Runtime>,
     pub webhooks: webhook::Client,
     /// Wakes the effect worker when effects commit or are retried.

@@ -3,7 +3,7 @@
 //! over HTTP.
 
 use crate::component::DeployMode;
-pub use crate::processor::versions::SubscriptionRef;
+pub use crate::rollout::versions::SubscriptionRef;
 use serde::Serialize;
 use serde_json::Value;
 
@@ -254,15 +254,10 @@ impl Host {
             .stop_component(&project, &name);
         if mode.is_shadow() {
             let timeout_ms = self.config.delivery.timeout_ms;
-            let paths = crate::processor::shadow::start(
-                &self.streams,
-                &project,
-                &name,
-                &digest,
-                timeout_ms,
-            )
-            .await
-            .map_err(|e| Error::internal(format!("starting the shadow failed: {e:#}")))?;
+            let paths =
+                crate::rollout::shadow::start(&self.streams, &project, &name, &digest, timeout_ms)
+                    .await
+                    .map_err(|e| Error::internal(format!("starting the shadow failed: {e:#}")))?;
             deployed.unchanged = false;
             deployed.shadowing = Some(paths);
             return Ok(deployed);
@@ -270,22 +265,16 @@ impl Host {
         if new_version {
             let streams = &self.streams;
             deployed.resumed_subscriptions =
-                crate::processor::versions::resume_halted(streams, &project, &name, &digest)
-                    .await?;
+                crate::rollout::versions::resume_halted(streams, &project, &name, &digest).await?;
             deployed.retrying_subscriptions =
-                crate::processor::versions::retry_failing(streams, &project, &name).await;
+                crate::rollout::versions::retry_failing(streams, &project, &name).await;
         }
         if mode.refolds() {
             let timeout_ms = self.config.delivery.timeout_ms;
-            let paths = crate::processor::refold::start(
-                &self.streams,
-                &project,
-                &name,
-                &digest,
-                timeout_ms,
-            )
-            .await
-            .map_err(|e| Error::internal(format!("starting the refold failed: {e:#}")))?;
+            let paths =
+                crate::rollout::refold::start(&self.streams, &project, &name, &digest, timeout_ms)
+                    .await
+                    .map_err(|e| Error::internal(format!("starting the refold failed: {e:#}")))?;
             deployed.refolding = true;
             deployed.refolding_streams = Some(paths);
         }

@@ -192,13 +192,9 @@ impl Host {
         );
         let ingest =
             crate::ingest::Ingest::new(config.ingest.clone(), config.delivery.clone(), pending);
-        crate::ingest::drain::start(streams.executors().streams.clone(), ingest.clone());
+        crate::ingest::drain::start(streams.downgrade(), ingest.clone());
         if let Some(url) = &config.ingest.nats_url {
-            crate::ingest::nats::start(
-                streams.executors().streams.clone(),
-                ingest.clone(),
-                url.clone(),
-            );
+            crate::ingest::nats::start(streams.downgrade(), ingest.clone(), url.clone());
         }
         // What a new version set off and a previous process did not finish
         // (resumes, refolds) is done now.
@@ -206,9 +202,9 @@ impl Host {
             let streams = streams.clone();
             let timeout_ms = config.delivery.timeout_ms;
             tokio::spawn(async move {
-                crate::processor::versions::resume_pending(&streams).await;
-                crate::processor::refold::resume_pending(&streams, timeout_ms).await;
-                crate::processor::shadow::resume_pending(&streams, timeout_ms).await
+                crate::rollout::versions::resume_pending(&streams).await;
+                crate::rollout::refold::resume_pending(&streams, timeout_ms).await;
+                crate::rollout::shadow::resume_pending(&streams, timeout_ms).await
             });
         }
         // Several hosts: renew this host's leases, and take over the streams

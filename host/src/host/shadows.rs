@@ -6,8 +6,9 @@ use serde::{Deserialize, Serialize};
 
 use super::Host;
 use crate::error::Error;
-use crate::processor::shadow::{self, Promotion};
+use crate::processor::shadow::{self as fold, Promotion};
 pub use crate::processor::shadow::{HeldEffects, KeyChange, KeysDiff, ShadowView, SAMPLE_MAX};
+use crate::rollout::shadow;
 use crate::stream::StreamAddress;
 
 /// The body of `:promoteShadow`.
@@ -56,7 +57,7 @@ impl Host {
         &self,
         stream: &StreamAddress,
         component: &str,
-    ) -> Result<std::sync::Arc<shadow::Instance>, Error> {
+    ) -> Result<std::sync::Arc<fold::Instance>, Error> {
         shadow::instance(
             &self.streams,
             stream,
@@ -79,7 +80,7 @@ impl Host {
     ) -> Result<ShadowView, Error> {
         let instance = self.shadow_instance(stream, component).await?;
         self.on_blocking_thread(stream, component, "showing the shadow", move |stepper| {
-            shadow::view(stepper, &instance)
+            fold::view(stepper, &instance)
         })
         .await
     }
@@ -92,7 +93,7 @@ impl Host {
         stream: &StreamAddress,
         component: &str,
         what: &'static str,
-        work: impl FnOnce(&shadow::Stepper<'_>) -> Result<T, crate::delivery::Failure> + Send + 'static,
+        work: impl FnOnce(&fold::Stepper<'_>) -> Result<T, crate::delivery::Failure> + Send + 'static,
     ) -> Result<T, Error> {
         let state = self.streams.state(stream).await?;
         let exec = self.streams.executors().clone();
@@ -100,7 +101,7 @@ impl Host {
         let component = component.to_string();
         let timeout_ms = self.config.delivery.timeout_ms;
         tokio::task::spawn_blocking(move || {
-            work(&shadow::Stepper {
+            work(&fold::Stepper {
                 storage: &exec.storage,
                 runtime: &exec.runtime,
                 project: &project,
@@ -138,7 +139,7 @@ impl Host {
                 &promote.component,
                 "promoting the shadow",
                 move |stepper| {
-                    let through = shadow::promote(stepper, &i, &promotion)?;
+                    let through = fold::promote(stepper, &i, &promotion)?;
                     Ok((through, i.held_count()))
                 },
             )

@@ -386,7 +386,7 @@ async fn internal_call(State(host): State<Host>, headers: HeaderMap, body: Body)
                 digest,
                 timeout_ms,
             } => remote::to_value(
-                crate::processor::refold::refold_here(
+                crate::rollout::refold::refold_here(
                     &host.streams,
                     &address,
                     &component,

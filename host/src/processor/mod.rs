@@ -16,7 +16,6 @@ pub mod refold;
 pub mod runtime;
 pub mod shadow;
 pub mod share;
-pub mod versions;
 pub mod wake;
 pub mod wave;
 

@@ -20,7 +20,6 @@ use serde::Serialize;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use serde_json::Value;
 
@@ -30,35 +29,17 @@ use super::wake::{consumed, Guest};
 use crate::clock::format_timestamp;
 use crate::delivery::Failure;
 use crate::filter::CompiledFilter;
-use crate::storage::{Checkpoint, CheckpointRow, NewEffect, Storage, WriteOp};
-use crate::stream::{CoreState, Namespace, StreamAddress};
-use crate::actor::Streams;
+use crate::storage::{Checkpoint, CheckpointRow, NewEffect, Storage};
+use crate::stream::CoreState;
 
-/// How often a shadow looks for what the live version folded since.
-const FOLLOW_EVERY: Duration = Duration::from_millis(200);
-/// The longest a shadow waits after steps that failed in a row.
-const RETRY_EVERY_MAX: Duration = Duration::from_secs(60);
-
-/// The wait before a shadow's next step after `failures` steps in a row
-/// failed (retryably): [`FOLLOW_EVERY`], doubled per failure up to
-/// [`RETRY_EVERY_MAX`]. A version that times out on every step (a loop)
-/// costs its project a step a minute, not five a second.
-fn next_step_after(failures: u32) -> Duration {
-    FOLLOW_EVERY
-        .saturating_mul(1u32.checked_shl(failures.min(16)).unwrap_or(u32::MAX))
-        .min(RETRY_EVERY_MAX)
-}
 /// The most offsets one step folds (the instance is locked meanwhile: a
 /// view or promotion waits at most one step).
 const STEP_OFFSETS: u64 = 10_000;
-/// Every this many steps a shadow checks that its record still names its
-/// version (another host may have replaced or ended it).
-const RECORD_CHECK_STEPS: u32 = 25;
 /// Rounds of "fold the rest, try to switch" before a promotion gives up.
 const PROMOTE_ROUNDS_MAX: usize = 50;
 
 /// (project, path, component).
-type InstanceKey = (String, String, String);
+pub type InstanceKey = (String, String, String);
 
 /// The shadows this host folds, by instance, and the components of which
 /// an instance was promoted.
@@ -119,9 +100,24 @@ impl Instance {
         self.fold.lock().expect("shadow").held.len() as u64
     }
 
+    /// Whether the shadow was stopped (ended, replaced or forgotten).
+    pub fn is_stopped(&self) -> bool {
+        self.stopped.load(Ordering::Relaxed)
+    }
+
+    /// Folds the next events at `stepper` (see [`Stepper::step`]).
+    pub fn step(&self, stepper: &Stepper<'_>) -> Result<bool, Failure> {
+        stepper.step(&mut self.fold.lock().expect("shadow"), &self.digest)
+    }
+
+    /// Records the failure that ended the shadow.
+    pub fn fail(&self, message: String) {
+        self.fold.lock().expect("shadow").failure = Some(message);
+    }
+
     /// A shadow of `digest` whose effects are held after `gate` (the live
     /// checkpoint as it starts).
-    fn new(digest: String, gate: Option<u64>) -> Arc<Instance> {
+    pub fn new(digest: String, gate: Option<u64>) -> Arc<Instance> {
         let mut folded = Folded::new();
         folded.gate = gate;
         Arc::new(Instance {
@@ -133,8 +129,51 @@ impl Instance {
 }
 
 impl Shadows {
-    fn key(project: &str, path: &str, component: &str) -> InstanceKey {
+    /// The registry key of an instance's shadow.
+    pub fn key(project: &str, path: &str, component: &str) -> InstanceKey {
         (project.to_string(), path.to_string(), component.to_string())
+    }
+
+    /// Registers `instance` as the shadow folded for `key`, replacing any.
+    pub fn insert(&self, key: InstanceKey, instance: &Arc<Instance>) {
+        let mut registry = self.0.lock().expect("shadows");
+        registry.instances.insert(key, Arc::clone(instance));
+    }
+
+    /// Records that an instance of the component was promoted already (on
+    /// the shadow's version before a restart).
+    pub fn promoted_before(&self, project: &str, component: &str) {
+        let mut registry = self.0.lock().expect("shadows");
+        registry
+            .components
+            .insert((project.to_string(), component.to_string()), true);
+    }
+
+    /// The shadow of `digest` registered for `key`, or a new one registered
+    /// now (gated at the live checkpoint `live` of another version); a
+    /// shadow of another version registered there stops. `None` when the
+    /// instance is on `digest` already, has no checkpoint, or its shadow of
+    /// `digest` was discarded. The `bool` is whether the shadow is new.
+    pub fn adopt(
+        &self,
+        key: InstanceKey,
+        digest: &str,
+        live: Option<(&str, u64)>,
+    ) -> Option<(Arc<Instance>, bool)> {
+        let mut registry = self.0.lock().expect("shadows");
+        match registry.instances.get(&key) {
+            Some(i) if i.digest == digest => return Some((Arc::clone(i), false)),
+            // A shadow of a version since replaced (through another host).
+            Some(i) => i.stopped.store(true, Ordering::Relaxed),
+            None => {}
+        }
+        let (_, gate) = live.filter(|(live, _)| *live != digest)?;
+        if registry.discarded.contains(&(key.clone(), digest.to_string())) {
+            return None;
+        }
+        let instance = Instance::new(digest.to_string(), Some(gate));
+        registry.instances.insert(key, Arc::clone(&instance));
+        Some((instance, true))
     }
 
     /// Stops and forgets every shadow of `component` (a deploy replaces
@@ -158,7 +197,7 @@ impl Shadows {
 
     /// Stops and forgets `instance` if it is still the one registered
     /// under `key` (no tombstone: it may be started again).
-    fn forget(&self, key: &InstanceKey, instance: &Arc<Instance>) {
+    pub fn forget(&self, key: &InstanceKey, instance: &Arc<Instance>) {
         instance.stopped.store(true, Ordering::Relaxed);
         let mut registry = self.0.lock().expect("shadows");
         if registry
@@ -172,7 +211,7 @@ impl Shadows {
 
     /// Ends an instance's shadow; answers, when it was the component's
     /// last, whether any instance was promoted.
-    fn end(&self, project: &str, path: &str, component: &str, promoted: bool) -> Option<bool> {
+    pub fn end(&self, project: &str, path: &str, component: &str, promoted: bool) -> Option<bool> {
         let mut registry = self.0.lock().expect("shadows");
         let key = Self::key(project, path, component);
         if let Some(i) = registry.instances.remove(&key) {
@@ -195,230 +234,6 @@ impl Shadows {
         registry.components.remove(&component_key);
         Some(any)
     }
-}
-
-/// Starts a shadow of `digest` for every instance of `component` in
-/// `project` (recorded by its deploy), replacing any this host folds;
-/// answers the source paths shadowed.
-pub async fn start(
-    streams: &Streams,
-    project: &str,
-    component: &str,
-    digest: &str,
-    timeout_ms: u64,
-) -> anyhow::Result<Vec<String>> {
-    let shadows = streams.executors().shadows.clone();
-    shadows.stop_component(project, component);
-    let storage = streams.storage().clone();
-    let (p, c) = (project.to_string(), component.to_string());
-    let paths = tokio::task::spawn_blocking(move || storage.processor_instances(&p, &c)).await??;
-    let mut shadowing = Vec::new();
-    let mut promoted = false;
-    for path in paths {
-        let storage = streams.storage().clone();
-        let (p, c, at) = (project.to_string(), component.to_string(), path.clone());
-        let live =
-            tokio::task::spawn_blocking(move || live_checkpoint_by_path(&storage, &p, &at, &c))
-                .await??;
-        if live.as_ref().is_some_and(|l| l.digest == digest) {
-            // On the shadow's version already (promoted before a restart).
-            promoted = true;
-            continue;
-        }
-        let instance = Instance::new(digest.to_string(), live.map(|l| l.checkpoint_offset));
-        {
-            let mut registry = shadows.0.lock().expect("shadows");
-            registry.instances.insert(
-                Shadows::key(project, &path, component),
-                Arc::clone(&instance),
-            );
-        }
-        let address = StreamAddress::new(Namespace::Project(project.to_string()), &path)?;
-        let (streams, component) = (streams.clone(), component.to_string());
-        tokio::spawn(
-            async move { follow(streams, address, component, instance, timeout_ms).await },
-        );
-        shadowing.push(path);
-    }
-    if shadowing.is_empty() {
-        // Nothing to shadow: every instance is on it, or there is none.
-        finish(streams, project, component, digest, promoted).await;
-    } else if promoted {
-        shadows
-            .0
-            .lock()
-            .expect("shadows")
-            .components
-            .insert((project.to_string(), component.to_string()), true);
-    }
-    Ok(shadowing)
-}
-
-/// The shadow of an instance: the one this host folds, or, when the
-/// component has a shadow this host does not fold for the instance yet
-/// (deployed through another host), one started now. `None`: no shadow.
-pub async fn instance(
-    streams: &Streams,
-    address: &StreamAddress,
-    component: &str,
-    timeout_ms: u64,
-) -> anyhow::Result<Option<Arc<Instance>>> {
-    let project = address.namespace.storage_key().to_string();
-    let shadows = streams.executors().shadows.clone();
-    let storage = streams.storage().clone();
-    let (p, c, path) = (
-        project.clone(),
-        component.to_string(),
-        address.path.clone(),
-    );
-    let (recorded, live) = tokio::task::spawn_blocking(move || -> anyhow::Result<_> {
-        Ok((
-            storage.shadow_of(&p, &c)?,
-            live_checkpoint_by_path(&storage, &p, &path, &c)?,
-        ))
-    })
-    .await??;
-    let Some(digest) = recorded else {
-        return Ok(None);
-    };
-    let key = Shadows::key(&project, &address.path, component);
-    let instance = {
-        let mut registry = shadows.0.lock().expect("shadows");
-        match registry.instances.get(&key) {
-            Some(i) if i.digest == digest => return Ok(Some(Arc::clone(i))),
-            // A shadow of a version since replaced (through another host).
-            Some(i) => i.stopped.store(true, Ordering::Relaxed),
-            None => {}
-        }
-        let Some(live) = live.filter(|l| l.digest != digest) else {
-            return Ok(None);
-        };
-        if registry.discarded.contains(&(key.clone(), digest.clone())) {
-            return Ok(None);
-        }
-        let instance = Instance::new(digest, Some(live.checkpoint_offset));
-        registry.instances.insert(key, Arc::clone(&instance));
-        instance
-    };
-    let (streams, address, component) = (
-        streams.clone(),
-        address.clone(),
-        component.to_string(),
-    );
-    let i = Arc::clone(&instance);
-    tokio::spawn(async move { follow(streams, address, component, i, timeout_ms).await });
-    Ok(Some(instance))
-}
-
-/// At start: the shadows recorded before a restart fold again.
-pub async fn resume_pending(streams: &Streams, timeout_ms: u64) {
-    let storage = streams.storage().clone();
-    let pending = match tokio::task::spawn_blocking(move || storage.pending_shadows()).await {
-        Ok(Ok(p)) => p,
-        _ => return,
-    };
-    for (project, component, digest) in pending {
-        tracing::info!(project, component, "folding a shadow again after a restart");
-        if let Err(e) = start(streams, &project, &component, &digest, timeout_ms).await {
-            tracing::warn!(component, error = %e, "resuming a shadow failed");
-        }
-    }
-}
-
-/// Folds an instance's shadow, then follows the live checkpoint until the
-/// shadow is promoted, discarded or replaced.
-async fn follow(
-    streams: Streams,
-    address: StreamAddress,
-    component: String,
-    instance: Arc<Instance>,
-    timeout_ms: u64,
-) {
-    let project = address.namespace.storage_key().to_string();
-    let shadows = streams.executors().shadows.clone();
-    let key = Shadows::key(&project, &address.path, &component);
-    let mut steps = 0u32;
-    let mut failures = 0u32;
-    while !instance.stopped.load(Ordering::Relaxed) {
-        steps = steps.wrapping_add(1);
-        if steps.is_multiple_of(RECORD_CHECK_STEPS) {
-            let (storage, p, c) = (streams.storage().clone(), project.clone(), component.clone());
-            let recorded = tokio::task::spawn_blocking(move || storage.shadow_of(&p, &c)).await;
-            if let Ok(Ok(recorded)) = recorded {
-                if recorded.as_deref() != Some(instance.digest.as_str()) {
-                    // Replaced or ended (through another host).
-                    shadows.forget(&key, &instance);
-                    return;
-                }
-            }
-        }
-        let stepped = match streams.state(&address).await {
-            Ok(state) => {
-                let (exec, c, i, p) = (
-                    streams.executors().clone(),
-                    component.clone(),
-                    Arc::clone(&instance),
-                    project.clone(),
-                );
-                // A step calls the shadow's guest: one of its project's
-                // places, as a wake's call.
-                let place = exec.calls.enter(&project).await;
-                tokio::task::spawn_blocking(move || {
-                    let _place = place;
-                    let at = Stepper {
-                        storage: &exec.storage,
-                        project: &p,
-                        runtime: &exec.runtime,
-                        state: &state,
-                        component: &c,
-                        timeout_ms,
-                        limits: exec.bounds.jsonata,
-                    };
-                    at.step(&mut i.fold.lock().expect("shadow"), &i.digest)
-                })
-                .await
-                .unwrap_or_else(|e| Err(Failure::new(format!("the shadow panicked: {e}"), false)))
-            }
-            Err(e) if e.owner_url.as_deref().is_some_and(|u| !u.is_empty()) => {
-                // Another host owns the stream: its owner folds the
-                // shadow when asked (requests are forwarded there).
-                shadows.forget(&key, &instance);
-                return;
-            }
-            Err(e) => Err(Failure::new(e.message, true)),
-        };
-        match stepped {
-            Ok(true) => {
-                failures = 0;
-                continue; // more to fold now
-            }
-            Ok(false) => failures = 0,
-            Err(f) if f.retryable => {
-                failures = failures.saturating_add(1);
-                tracing::debug!(stream = %address, component, error = %f.message, failures,
-                    "a shadow step failed; retrying after a backoff")
-            }
-            Err(f) => {
-                tracing::warn!(stream = %address, component, error = %f.message, "the shadow failed");
-                instance.fold.lock().expect("shadow").failure = Some(f.message);
-                return;
-            }
-        }
-        tokio::time::sleep(next_step_after(failures)).await;
-    }
-}
-
-/// The live checkpoint of an instance, by path.
-fn live_checkpoint_by_path(
-    storage: &Storage,
-    project: &str,
-    path: &str,
-    component: &str,
-) -> anyhow::Result<Option<CheckpointRow>> {
-    let Some(row) = storage.load_stream(project, path)? else {
-        return Ok(None);
-    };
-    storage.checkpoint(row.row_id, component)
 }
 
 /// The processor instance a shadow folds beside, and what it folds with.
@@ -789,73 +604,6 @@ pub fn promote(
     ))
 }
 
-/// Ends an instance's shadow (promoted or discarded); the component's last
-/// one ends its record, making the version current if any instance was
-/// promoted.
-pub async fn end(
-    streams: &Streams,
-    address: &StreamAddress,
-    component: &str,
-    digest: &str,
-    promoted: bool,
-) {
-    let project = address.namespace.storage_key().to_string();
-    let last = streams
-        .executors()
-        .shadows
-        .end(&project, &address.path, component, promoted);
-    if let Some(any_promoted) = last {
-        finish(streams, &project, component, digest, any_promoted).await;
-    }
-}
-
-/// The component's shadow of `digest` is over: adopted as its current
-/// version (a plain deploy of the same bytes) if any instance was
-/// promoted, else its record goes.
-async fn finish(streams: &Streams, project: &str, component: &str, digest: &str, promoted: bool) {
-    let storage = streams.storage().clone();
-    let runtime = streams.wasm_runtime().clone();
-    let (p, c, d) = (project.to_string(), component.to_string(), digest.to_string());
-    let clock = streams.clock();
-    let op = tokio::task::spawn_blocking(move || -> anyhow::Result<Option<WriteOp>> {
-        // Still this shadow's record (a deploy may have replaced it).
-        if storage.shadow_of(&p, &c)?.as_deref() != Some(d.as_str()) {
-            return Ok(None);
-        }
-        if !promoted {
-            return Ok(Some(WriteOp::RefoldDone {
-                project: p,
-                name: c,
-                digest: d,
-            }));
-        }
-        let bytes = storage.component_bytes(&d)?;
-        let (exports, _) = runtime.validate(&bytes).map_err(anyhow::Error::msg)?;
-        Ok(Some(WriteOp::Deploy(crate::storage::Deployment {
-            project: p,
-            name: c,
-            digest: d,
-            exports,
-            bytes,
-            deployed_at: format_timestamp(clock.now_ms()),
-            mode: Default::default(),
-            versions_kept: storage.bounds().versions_kept,
-        })))
-    })
-    .await
-    .map_err(anyhow::Error::from)
-    .and_then(|r| r);
-    match op {
-        Ok(None) => {}
-        Ok(Some(op)) => {
-            if let Ok(Err(e)) = streams.storage().submit(op).await {
-                tracing::warn!(component, error = %e, "recording the end of a shadow failed");
-            }
-        }
-        Err(e) => tracing::warn!(component, error = %e, "ending a shadow failed"),
-    }
-}
-
 /// A shadow as `GET {stream}:processors/{component}/shadow` shows it.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -928,15 +676,6 @@ pub struct HeldEffects {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_failing_shadow_backs_off_to_a_step_a_minute_and_a_step_that_works_resets_it() {
-        assert_eq!(next_step_after(0), FOLLOW_EVERY);
-        assert_eq!(next_step_after(1), FOLLOW_EVERY * 2);
-        assert_eq!(next_step_after(3), FOLLOW_EVERY * 8);
-        assert_eq!(next_step_after(9), RETRY_EVERY_MAX);
-        assert_eq!(next_step_after(u32::MAX), RETRY_EVERY_MAX);
-    }
 
     fn writes(pairs: &[(&str, Option<&str>)]) -> super::super::keyed::Writes {
         pairs

@@ -9,12 +9,11 @@ use std::collections::HashMap;
 
 use serde_json::{json, Map};
 
-use super::event::{is_stream_control_type, types, AppendInput, Event, EventInput};
+use super::control::{validate_control, ControlContext};
 use super::state::{CoreState, STATE_BYTES_MAX};
 use crate::error::Error;
-use crate::subscription::{
-    parse_payload, validate_control, ControlContext, Receiver, SubscriptionConfig,
-};
+use crate::event::{is_stream_control_type, types, AppendInput, Event, EventInput};
+use crate::subscription::{parse_payload, Receiver, SubscriptionConfig};
 
 /// Most events in one append request.
 pub const APPEND_EVENTS_MAX: usize = 1000;

@@ -3,7 +3,7 @@
 use serde::Serialize;
 use serde_json::value::RawValue;
 
-use super::event::Event;
+use crate::event::Event;
 
 /// Bytes of ephemeral events kept per stream; the oldest are evicted first.
 pub const EPHEMERAL_BYTES_MAX: usize = 10 * 1024 * 1024;

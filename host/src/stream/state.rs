@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use super::event::{types, Event};
+use crate::event::{types, Event};
 use crate::subscription::{
     parse_payload, CursorSet, DeliveryHalted, InboundRecord, OutboundSubscription,
     SubscriptionConfig, SubscriptionCursorSet, SubscriptionDeliveryHalted,
@@ -358,8 +358,8 @@ mod tests {
     fn copied_control_events_are_inert() {
         let mut s = created();
         let mut e = event(2, types::PAUSED, json!({"reason": "r"}));
-        e.source = Some(super::super::event::EventSource::copied(vec![
-            super::super::event::CopiedFrom {
+        e.source = Some(crate::event::EventSource::copied(vec![
+            crate::event::CopiedFrom {
                 project_id: Some("acme".into()),
                 path: "/src".into(),
                 stream_id: "other".into(),
@@ -489,8 +489,8 @@ mod tests {
     fn copied(offset: u64, path: &str, key: &str, generation: u64, at: &str) -> Event {
         let mut e = event(offset, "x.y/a", json!({}));
         e.created_at = at.into();
-        e.source = Some(super::super::event::EventSource::copied(vec![
-            super::super::event::CopiedFrom {
+        e.source = Some(crate::event::EventSource::copied(vec![
+            crate::event::CopiedFrom {
                 project_id: Some("acme".into()),
                 path: path.into(),
                 stream_id: "sid".into(),

@@ -9,7 +9,7 @@ use super::{
     Delivery, Filter, OnFailingEvent, Receiver, RemovedReason, Start, SubscriptionConfig,
     SubscriptionRemoved,
 };
-use crate::stream::{types, EventInput};
+use crate::event::{types, EventInput};
 
 /// A subscription to configure on its source stream.
 ///

@@ -1,9 +1,8 @@
 //! Durable subscriptions: the `subscription-configured` payload union, the
-//! reduced outbound and inbound records, stamps, and the validation of the
-//! subscription control events (all pure).
+//! reduced outbound and inbound records and stamps (all pure; the control
+//! events are validated against a stream's state in `stream/control.rs`).
 
 mod builder;
-mod validate;
 
 use std::cmp::Ordering;
 
@@ -11,7 +10,6 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 pub use builder::Subscription;
-pub use validate::{validate_control, ControlContext};
 
 /// Prefix of generated subscription keys (`subscription:<offset>`).
 pub const GENERATED_KEY_PREFIX: &str = "subscription:";

@@ -3,9 +3,10 @@
 
 use serde_json::Value;
 
-use super::*;
 use crate::error::Error;
-use crate::stream::{canonicalize_path, types, CoreState, EventInput, Namespace};
+use crate::event::{types, EventInput};
+use crate::stream::{canonicalize_path, CoreState, Namespace};
+use crate::subscription::*;
 
 /// The stream a control event is appended to.
 pub struct ControlContext<'a> {
@@ -294,7 +295,7 @@ fn component_receiver(
 /// (`payload.receiver.delivery.start: missing field`), checked against the
 /// fields of its `action`; `None` when the action is unknown or it parses.
 fn receiver_error(at: &str, receiver: &Value) -> Option<String> {
-    use super::Delivery;
+    use crate::subscription::Delivery;
     use serde::Deserialize;
     #[derive(Deserialize)]
     #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -332,7 +333,7 @@ fn receiver_error(at: &str, receiver: &Value) -> Option<String> {
     }
     fn check<T: serde::de::DeserializeOwned>(at: &str, v: &Value) -> Option<String> {
         let object = v.as_object()?;
-        super::parse_payload::<T>(at, object).err()
+        crate::subscription::parse_payload::<T>(at, object).err()
     }
     match receiver.get("action").and_then(Value::as_str)? {
         "processor-wake" | "reactor" => check::<Wake>(at, receiver),
