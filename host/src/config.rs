@@ -21,8 +21,9 @@ pub enum Durability {
     Normal,
 }
 
-/// The default of `max-body-bytes` (8 MiB).
-pub const MAX_BODY_BYTES_DEFAULT: usize = 8 * 1024 * 1024;
+use streamhost_core::delivery::project_share;
+pub use streamhost_core::delivery::DeliveryConfig;
+pub use streamhost_core::stream::MAX_BODY_BYTES_DEFAULT;
 /// The default of `[limits] max-read-bytes` (4 MiB).
 pub const READ_BYTES_MAX_DEFAULT: usize = 4 * 1024 * 1024;
 /// The default of `[processors] keyed-cache-bytes` (256 MiB).
@@ -203,41 +204,6 @@ impl Default for HttpConfig {
     }
 }
 
-/// Delivery timing for durable subscriptions.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
-pub struct DeliveryConfig {
-    /// Attempts before `subscription-delivery-halted` (15).
-    pub max_attempts: u32,
-    /// Backoff of attempt n: `min(max, base * 2^(n-1))` ±20 % (1000 ms).
-    pub backoff_base_ms: u64,
-    /// Longest backoff (30 min).
-    pub backoff_max_ms: u64,
-    /// Deadline of one receiver call (20 s).
-    pub timeout_ms: u64,
-    /// Webhook POSTs and copies of subscriptions running at once on this
-    /// host (1024). A processor wake or an ITX receiver's call holds a
-    /// place of `[processors] max-concurrent-calls` instead.
-    pub concurrency: usize,
-    /// One project's share of them (a quarter of `concurrency`, at least 1;
-    /// see [`DeliveryConfig::project_concurrency`]). A run due past its
-    /// project's share waits for a place; its deadline starts with it.
-    pub concurrency_per_project: Option<usize>,
-}
-
-/// One project's share of `total` places: as configured, or a quarter of
-/// them; at least one, at most all.
-fn project_share(configured: Option<usize>, total: usize) -> usize {
-    configured.unwrap_or(total / 4).clamp(1, total.max(1))
-}
-
-impl DeliveryConfig {
-    /// Webhook and copy attempts of one project running at once.
-    pub fn project_concurrency(&self) -> usize {
-        project_share(self.concurrency_per_project, self.concurrency)
-    }
-}
-
 /// Processor runtime settings.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
@@ -395,19 +361,6 @@ impl Default for Config {
     }
 }
 
-impl Default for DeliveryConfig {
-    fn default() -> Self {
-        DeliveryConfig {
-            max_attempts: 15,
-            backoff_base_ms: 1000,
-            backoff_max_ms: 30 * 60 * 1000,
-            timeout_ms: 20_000,
-            concurrency: 1024,
-            concurrency_per_project: None,
-        }
-    }
-}
-
 impl Default for ProcessorsConfig {
     fn default() -> Self {
         ProcessorsConfig {
@@ -457,6 +410,15 @@ impl Config {
         self.webhooks
             .deny_private_networks
             .unwrap_or(!self.tokens.is_empty())
+    }
+
+    /// What the configuration bounds in deliveries' work: the JSONata
+    /// limits and the largest event a transform may make.
+    pub(crate) fn delivery_bounds(&self) -> crate::delivery::Bounds {
+        crate::delivery::Bounds {
+            jsonata: self.jsonata_limits(),
+            event_bytes_max: self.max_body_bytes,
+        }
     }
 
     /// The bounds of this host's JSONata evaluations (`[limits]`).

@@ -7,7 +7,7 @@
 use serde_json::Value;
 use wasmtime::component::types::{ComponentItem, Type};
 
-use crate::itx::value::{to_json, to_val, ToVal};
+use crate::processor::value::{to_json, to_val, ToVal};
 use crate::stream::{canonicalize_path, validate_input, Authority, EventInput, PATH_BYTES_MAX};
 
 /// The fuzz targets, by name (as in `fuzz/fuzz_targets/<name>.rs` and

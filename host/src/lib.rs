@@ -92,16 +92,10 @@ macro_rules! internal_use {
 internal! {
     actor;
     auth;
-    clock;
     connection;
-    delivery;
-    effect;
     executor;
-    filter;
     http;
     ingest;
-    invariant;
-    itx;
     jsonata;
     metrics;
     processor;
@@ -116,14 +110,18 @@ internal! {
 #[doc(hidden)]
 pub mod fuzzing;
 
+internal! {
+    quota;
+}
+
+// The pure core (crate `streamhost-core`): the stream domain is public,
+// the decisions beneath the runtime are internal.
+pub use streamhost_core::{component, error, event, stream, subscription};
+internal_use!(streamhost_core::{clock, delivery, effect, filter, invariant, itx});
+
 pub mod cli;
-pub mod component;
 pub mod config;
-pub mod error;
-pub mod event;
 pub mod host;
-pub mod stream;
-pub mod subscription;
 
 pub use actor::{ConnectionView, DeliveryView, Latency, RuntimeView};
 pub use clock::{Clock, SystemClock};

@@ -87,7 +87,7 @@ pub struct CoreConfig {
     /// Idle time after which an actor releases itself.
     pub idle_stream_ms: u64,
     /// The ephemeral events all streams hold in memory.
-    pub ephemeral: Arc<crate::stream::quota::EphemeralMemory>,
+    pub ephemeral: Arc<crate::quota::EphemeralMemory>,
     /// What the configuration bounds in deliveries' evaluations.
     pub bounds: crate::delivery::Bounds,
 }
@@ -333,7 +333,7 @@ pub(super) struct EphemeralBuffer {
     events: VecDeque<(Event, usize)>,
     bytes: usize,
     /// What all buffers hold, counted with this stream's project.
-    pub(super) memory: Arc<crate::stream::quota::EphemeralMemory>,
+    pub(super) memory: Arc<crate::quota::EphemeralMemory>,
     pub(super) project: String,
 }
 

@@ -150,7 +150,7 @@ pub struct ActorContext {
     /// Idle time after which an actor releases itself.
     pub idle_stream_ms: u64,
     /// The ephemeral events all streams hold in memory.
-    pub ephemeral: Arc<crate::stream::quota::EphemeralMemory>,
+    pub ephemeral: Arc<crate::quota::EphemeralMemory>,
     /// The reactor versions that rest after timing out again and again.
     pub reactor_rests: Arc<std::sync::Mutex<crate::reactor::rest::Rests>>,
 }

@@ -93,7 +93,7 @@ struct Inner {
     remote: reqwest::Client,
     actors: Mutex<HashMap<StreamAddress, Entry>>,
     /// Live connections per project.
-    live: Arc<crate::stream::quota::LiveConnections>,
+    live: Arc<crate::quota::LiveConnections>,
     /// Whether the idle sweep runs (started with the first actor).
     sweeping: std::sync::atomic::AtomicBool,
 }
@@ -146,10 +146,10 @@ impl Streams {
                 runtime,
                 streams: StreamsRef(weak.clone()),
                 idle_stream_ms: settings.idle_stream_ms,
-                ephemeral: crate::stream::quota::EphemeralMemory::new(settings.max_ephemeral_bytes),
+                ephemeral: crate::quota::EphemeralMemory::new(settings.max_ephemeral_bytes),
                 reactor_rests: Default::default(),
             },
-            live: crate::stream::quota::LiveConnections::new(settings.max_live_connections_per_project),
+            live: crate::quota::LiveConnections::new(settings.max_live_connections_per_project),
             actors: Mutex::new(HashMap::new()),
             sweeping: std::sync::atomic::AtomicBool::new(false),
             remote: reqwest::Client::builder()

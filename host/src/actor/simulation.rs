@@ -403,7 +403,7 @@ impl World {
                 ..DeliveryConfig::default()
             },
             idle_stream_ms: 60_000,
-            ephemeral: crate::stream::quota::EphemeralMemory::new(1 << 20),
+            ephemeral: crate::quota::EphemeralMemory::new(1 << 20),
             bounds: Default::default(),
         };
         let nodes = PATHS

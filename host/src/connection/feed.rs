@@ -101,7 +101,7 @@ pub struct Feed {
     rx: mpsc::Receiver<ConnMsg>,
     pub guard: Guard,
     /// Its place in its project's count of live connections.
-    pub slot: Option<crate::stream::quota::LiveSlot>,
+    pub slot: Option<crate::quota::LiveSlot>,
 }
 
 impl Feed {

@@ -514,7 +514,7 @@ async fn execute(
         }
         Target::Webhook { url, body } => exec
             .webhooks
-            .post_keyed(&url, &body, timeout_ms, &effect::webhook_headers(row))
+            .post_keyed(&url, &body, timeout_ms, &effect::webhook_headers(row.id, &row.component, &row.key, &row.target))
             .await
             .map(|()| None)
             .map_err(|(mut f, status)| {

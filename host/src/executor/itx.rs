@@ -86,7 +86,7 @@ pub async fn send(
             "cursorChangedAtSourceOffset": generation,
         });
         let prepared = super::deployed_component(&storage, &runtime, &project, &component)?;
-        let opts = crate::itx::value::ToVal {
+        let opts = crate::processor::value::ToVal {
             ignore_unknown_fields: true,
         };
         runtime

@@ -178,7 +178,7 @@ impl Host {
                 config.processors.max_concurrent_calls,
                 config.processors.max_concurrent_calls_per_project,
             ),
-            bounds: crate::delivery::Bounds::of(&config),
+            bounds: config.delivery_bounds(),
         };
         let streams = Streams::new(storage, clock.clone(), metrics.clone(), settings, runtime);
         crate::executor::effect::start(

@@ -16,6 +16,7 @@ pub mod refold;
 pub mod runtime;
 pub mod shadow;
 pub mod share;
+pub mod value;
 pub mod wake;
 pub mod wave;
 

@@ -518,7 +518,7 @@ pub enum CallError {
     /// No exported function of that name.
     NoSuchFunction(String),
     /// An argument does not fit its WIT type.
-    Argument(crate::itx::value::Mismatch),
+    Argument(crate::processor::value::Mismatch),
     /// The guest trapped or timed out.
     Guest(GuestError),
     /// The function returned `result::err`; the error value as JSON.
@@ -913,7 +913,7 @@ impl Runtime {
         function: &str,
     ) -> Option<wasmtime::component::ComponentExportIndex> {
         use wasmtime::component::types::ComponentItem;
-        let matches = |wit: &str| wit == function || crate::itx::value::camel(wit) == function;
+        let matches = |wit: &str| wit == function || crate::processor::value::camel(wit) == function;
         for (name, item) in p.component.component_type().exports(&self.engine) {
             match item.ty {
                 ComponentItem::ComponentFunc(_) if matches(name) => {
@@ -943,9 +943,9 @@ impl Runtime {
         function: &str,
         args: &[serde_json::Value],
         timeout_ms: u64,
-        opts: crate::itx::value::ToVal,
+        opts: crate::processor::value::ToVal,
     ) -> Result<serde_json::Value, CallError> {
-        use crate::itx::value::{to_json, to_val, Mismatch};
+        use crate::processor::value::{to_json, to_val, Mismatch};
         use wasmtime::component::Val;
         let index = self
             .find_function(p, function)

@@ -84,7 +84,11 @@ impl SubscriptionRuntime {
     pub fn measurements(&self) -> Measurements {
         Measurements {
             generation: self.generation,
-            next_attempt_at_ms: if self.run.attempt > 0 { self.next_attempt_at_ms } else { 0 },
+            next_attempt_at_ms: if self.run.attempt > 0 {
+                self.next_attempt_at_ms
+            } else {
+                0
+            },
             bytes_sent: self.bytes_sent,
             completion_latency_ms: self.completion_latency_ms.summary(),
             delivery_duration_ms: self.delivery_duration_ms.summary(),

@@ -234,7 +234,7 @@ impl EventInput {
     /// deliveries stop until the stream is resumed.
     ///
     /// ```
-    /// use streamhost::stream::EventInput;
+    /// use streamhost_core::stream::EventInput;
     ///
     /// let paused = EventInput::paused("maintenance");
     /// assert_eq!(paused.event_type, "events.iterate.com/stream/paused");
@@ -255,7 +255,7 @@ impl EventInput {
     ///
     /// ```
     /// use serde_json::json;
-    /// use streamhost::stream::EventInput;
+    /// use streamhost_core::stream::EventInput;
     ///
     /// let e = EventInput::new("events.example/order-created")
     ///     .payload(json!({"total": 120}))

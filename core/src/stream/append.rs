@@ -359,7 +359,7 @@ fn created_event(ctx: &mut AppendContext<'_>) -> Event {
 }
 
 /// Whether a retried input matches the event that holds its key.
-pub(crate) fn is_same_event(original: &Event, input: &EventInput) -> bool {
+pub fn is_same_event(original: &Event, input: &EventInput) -> bool {
     let empty = Map::new();
     original.event_type == input.event_type
         && original.payload == *input.payload.as_ref().unwrap_or(&empty)
@@ -368,7 +368,7 @@ pub(crate) fn is_same_event(original: &Event, input: &EventInput) -> bool {
 }
 
 /// Checks one input event on its own (no state needed).
-pub(crate) fn validate_input(i: usize, e: &EventInput, authority: Authority) -> Result<(), Error> {
+pub fn validate_input(i: usize, e: &EventInput, authority: Authority) -> Result<(), Error> {
     let t = &e.event_type;
     if t.trim().is_empty() {
         return Err(Error::invalid(format!("events[{i}].type is empty")));

@@ -104,7 +104,7 @@ fn segment_char_ok(b: u8) -> bool {
 /// most [`PATH_BYTES_MAX`] bytes.
 ///
 /// ```
-/// use streamhost::stream::canonicalize_path;
+/// use streamhost_core::stream::canonicalize_path;
 /// assert_eq!(canonicalize_path("/a/./b/../c/").unwrap(), "/a/c");
 /// assert!(canonicalize_path("/a/../../b").is_err());
 /// ```

@@ -14,7 +14,7 @@ use crate::event::{types, EventInput};
 /// A subscription to configure on its source stream.
 ///
 /// ```
-/// use streamhost::Subscription;
+/// use streamhost_core::subscription::Subscription;
 ///
 /// let s = Subscription::copy_to("big-orders", "/orders/big")
 ///     .event_types(["events.example/order-created"])
@@ -107,7 +107,7 @@ impl Subscription {
     /// reactor-unavailable` for now), its effects go to the outbox.
     ///
     /// ```
-    /// use streamhost::Subscription;
+    /// use streamhost_core::subscription::Subscription;
     ///
     /// let s = Subscription::reactor("welcome.v1", "welcome").event_types(["user-signed-up"]);
     /// let payload = s.to_event().payload.unwrap();
@@ -206,7 +206,7 @@ impl Subscription {
     /// from the source it is appended to.
     ///
     /// ```
-    /// use streamhost::Subscription;
+    /// use streamhost_core::subscription::Subscription;
     ///
     /// let removed = Subscription::removed("big-orders");
     /// assert_eq!(removed.payload.unwrap()["subscriptionKey"], "big-orders");

@@ -15,8 +15,8 @@ pub mod select;
 pub mod target;
 pub mod webhook;
 
-use crate::config::DeliveryConfig;
 use crate::subscription::OnFailingEvent;
+use serde::Deserialize;
 
 /// What a host's configuration bounds in the work of its deliveries (each
 /// host its own): the JSONata evaluations of filters and transforms, and
@@ -30,21 +30,59 @@ pub struct Bounds {
     pub event_bytes_max: usize,
 }
 
-impl Bounds {
-    /// What `config` bounds in deliveries.
-    pub(crate) fn of(config: &crate::config::Config) -> Bounds {
-        Bounds {
-            jsonata: config.jsonata_limits(),
-            event_bytes_max: config.max_body_bytes,
-        }
-    }
-}
-
 impl Default for Bounds {
     fn default() -> Self {
         Bounds {
             jsonata: crate::jsonata::Limits::default(),
-            event_bytes_max: crate::config::MAX_BODY_BYTES_DEFAULT,
+            event_bytes_max: crate::stream::MAX_BODY_BYTES_DEFAULT,
+        }
+    }
+}
+
+/// Delivery timing for durable subscriptions.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
+pub struct DeliveryConfig {
+    /// Attempts before `subscription-delivery-halted` (15).
+    pub max_attempts: u32,
+    /// Backoff of attempt n: `min(max, base * 2^(n-1))` ±20 % (1000 ms).
+    pub backoff_base_ms: u64,
+    /// Longest backoff (30 min).
+    pub backoff_max_ms: u64,
+    /// Deadline of one receiver call (20 s).
+    pub timeout_ms: u64,
+    /// Webhook POSTs and copies of subscriptions running at once on this
+    /// host (1024). A processor wake or an ITX receiver's call holds a
+    /// place of `[processors] max-concurrent-calls` instead.
+    pub concurrency: usize,
+    /// One project's share of them (a quarter of `concurrency`, at least 1;
+    /// see [`DeliveryConfig::project_concurrency`]). A run due past its
+    /// project's share waits for a place; its deadline starts with it.
+    pub concurrency_per_project: Option<usize>,
+}
+
+/// One project's share of `total` places: as configured, or a quarter of
+/// them; at least one, at most all.
+pub fn project_share(configured: Option<usize>, total: usize) -> usize {
+    configured.unwrap_or(total / 4).clamp(1, total.max(1))
+}
+
+impl DeliveryConfig {
+    /// Webhook and copy attempts of one project running at once.
+    pub fn project_concurrency(&self) -> usize {
+        project_share(self.concurrency_per_project, self.concurrency)
+    }
+}
+
+impl Default for DeliveryConfig {
+    fn default() -> Self {
+        DeliveryConfig {
+            max_attempts: 15,
+            backoff_base_ms: 1000,
+            backoff_max_ms: 30 * 60 * 1000,
+            timeout_ms: 20_000,
+            concurrency: 1024,
+            concurrency_per_project: None,
         }
     }
 }
@@ -230,20 +268,44 @@ mod tests {
     #[test]
     fn a_final_failure_skips_at_once_under_skip_and_halts_at_once_under_halt() {
         let mut run = RunState::default();
-        let d = run.on_failure(&final_failure(Some(7)), &policy(), OnFailingEvent::Skip, 0, 0.0);
+        let d = run.on_failure(
+            &final_failure(Some(7)),
+            &policy(),
+            OnFailingEvent::Skip,
+            0,
+            0.0,
+        );
         assert_eq!(d, Decision::Skip { offset: 7 });
         let mut run = RunState::default();
-        let d = run.on_failure(&final_failure(Some(7)), &policy(), OnFailingEvent::Halt, 0, 0.0);
+        let d = run.on_failure(
+            &final_failure(Some(7)),
+            &policy(),
+            OnFailingEvent::Halt,
+            0,
+            0.0,
+        );
         assert_eq!(d, Decision::Halt);
     }
 
     #[test]
     fn a_final_failure_of_a_whole_batch_isolates_its_event_at_once_then_skips_it() {
         let mut run = RunState::default();
-        let d = run.on_failure(&final_failure(None), &policy(), OnFailingEvent::Skip, 1000, 0.0);
+        let d = run.on_failure(
+            &final_failure(None),
+            &policy(),
+            OnFailingEvent::Skip,
+            1000,
+            0.0,
+        );
         assert_eq!(d, Decision::Retry { at_ms: 1000 }, "at once, alone");
         assert_eq!(run.batch_limit(), 1);
-        let d = run.on_failure(&final_failure(Some(3)), &policy(), OnFailingEvent::Skip, 1000, 0.0);
+        let d = run.on_failure(
+            &final_failure(Some(3)),
+            &policy(),
+            OnFailingEvent::Skip,
+            1000,
+            0.0,
+        );
         assert_eq!(d, Decision::Skip { offset: 3 });
     }
 
@@ -261,11 +323,21 @@ mod tests {
         let mut run = RunState::default();
         let mut decisions = Vec::new();
         for offset in 1..=SKIPS_BEFORE_HALT as u64 {
-            decisions.push(run.on_failure(&final_failure(Some(offset)), &policy(), OnFailingEvent::Skip, 0, 0.0));
+            decisions.push(run.on_failure(
+                &final_failure(Some(offset)),
+                &policy(),
+                OnFailingEvent::Skip,
+                0,
+                0.0,
+            ));
         }
         assert_eq!(
             decisions,
-            [Decision::Skip { offset: 1 }, Decision::Skip { offset: 2 }, Decision::Halt]
+            [
+                Decision::Skip { offset: 1 },
+                Decision::Skip { offset: 2 },
+                Decision::Halt
+            ]
         );
     }
 

@@ -252,7 +252,7 @@ fn validate_configured(
                     "webhook subscriptions require a project stream, not a global one".into(),
                 ));
             }
-            let parsed = reqwest::Url::parse(url).map_err(|e| {
+            let parsed = url::Url::parse(url).map_err(|e| {
                 invalid(format!("{at}.receiver.url {url:?} is not a valid URL: {e}"))
             })?;
             if !matches!(parsed.scheme(), "http" | "https") || parsed.host_str().is_none() {

@@ -3,8 +3,6 @@
 //! This module validates their shape; resolution and calls come with the
 //! components runtime.
 
-pub mod value;
-
 use serde_json::Value;
 
 /// Property names that may never appear in an expression.

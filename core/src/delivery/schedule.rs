@@ -16,8 +16,8 @@ use serde_json::{json, Value};
 
 use super::runtime::{InFlight, SubscriptionRuntime};
 use super::target::Route;
+use super::DeliveryConfig;
 use super::{Decision, Failure, EVENT_ATTEMPTS_BEFORE_SKIP};
-use crate::config::DeliveryConfig;
 use crate::stream::types;
 
 /// Longest text a halt or error fact carries; the rest is cut (the whole
@@ -704,7 +704,11 @@ mod tests {
         };
         d.placed(&placement(false), 10);
         assert!(d.runs["k"].view(5).waiting_for_place);
-        assert_eq!(d.next_wake_at_ms(5), None, "its executor reports when placed");
+        assert_eq!(
+            d.next_wake_at_ms(5),
+            None,
+            "its executor reports when placed"
+        );
         assert!(d.expire(1_000_000, 0.0, &policy()).is_empty());
         assert_eq!(d.runs["k"].run.attempt, 0, "waiting is not a failure");
         assert_eq!(d.due(1_000_000, 5, 100).0.len(), 0, "still in flight");
@@ -713,9 +717,17 @@ mod tests {
         let view = d.runs["k"].view(5);
         assert!(!view.waiting_for_place);
         assert_eq!(view.in_flight_deadline_at, Some(1_000_100));
-        assert!(d.expire(1_000_100 + EXPIRY_SLACK_MS, 0.0, &policy()).is_empty());
-        assert_eq!(d.expire(1_000_101 + EXPIRY_SLACK_MS, 0.0, &policy()).len(), 0);
-        assert_eq!(d.runs["k"].run.attempt, 1, "then it expires like any attempt");
+        assert!(d
+            .expire(1_000_100 + EXPIRY_SLACK_MS, 0.0, &policy())
+            .is_empty());
+        assert_eq!(
+            d.expire(1_000_101 + EXPIRY_SLACK_MS, 0.0, &policy()).len(),
+            0
+        );
+        assert_eq!(
+            d.runs["k"].run.attempt, 1,
+            "then it expires like any attempt"
+        );
         // A placement of a stale attempt changes nothing.
         d.placed(&placement(false), 2_000_000);
         assert!(d.runs["k"].in_flight.is_none());

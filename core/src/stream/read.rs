@@ -3,6 +3,9 @@
 use serde::Serialize;
 use serde_json::value::RawValue;
 
+/// The default of `max-body-bytes`, the largest append request (8 MiB).
+pub const MAX_BODY_BYTES_DEFAULT: usize = 8 * 1024 * 1024;
+
 use crate::event::Event;
 
 /// Bytes of ephemeral events kept per stream; the oldest are evicted first.

@@ -15,7 +15,6 @@ use crate::stream::{
 };
 use crate::subscription::{Stamp, COPY_HOPS_MAX};
 
-
 /// The source of a delivery.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -296,7 +295,7 @@ pub type Shaped = (String, Map<String, Value>, Option<Map<String, Value>>);
 /// Applies a transform: the result must be an object of `type`, `payload`,
 /// `metadata`, each optional; omitted fields copy verbatim. An event over
 /// `event_bytes_max` (the append limit) is refused.
-pub(crate) fn transformed(
+pub fn transformed(
     t: &crate::jsonata::Expression,
     event: &Event,
     key: &str,

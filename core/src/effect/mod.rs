@@ -7,8 +7,8 @@
 
 use serde_json::{json, Map, Value};
 
-use crate::config::DeliveryConfig;
 use crate::delivery::backoff_ms;
+use crate::delivery::DeliveryConfig;
 use crate::stream::canonicalize_path;
 
 /// Largest effect key, in bytes.
@@ -83,7 +83,6 @@ impl Target {
         }
         Err(format!("unknown effect target {v}"))
     }
-
 }
 
 /// An effect as a fold returned it, its JSON fields still text.
@@ -150,7 +149,7 @@ pub fn parse(at: &str, key: &str, returned: Returned<'_>) -> Result<Target, Stri
             })
         }
         Returned::Webhook { url, body } => {
-            let parsed = reqwest::Url::parse(url).map_err(|e| format!("{at}.url {url:?}: {e}"))?;
+            let parsed = url::Url::parse(url).map_err(|e| format!("{at}.url {url:?}: {e}"))?;
             if !matches!(parsed.scheme(), "http" | "https") {
                 return Err(format!("{at}.url {url:?} must be http or https"));
             }
@@ -212,17 +211,23 @@ pub fn consumer(component: &str) -> (&'static str, &str) {
 /// or `reactor:<name>`), `streamhost-effect-key`, and when the effect has
 /// them `streamhost-effect-type` and `streamhost-effect-metadata` (JSON,
 /// non-ASCII escaped).
-pub fn webhook_headers(row: &crate::storage::EffectRow) -> Vec<(&'static str, String)> {
-    let (kind, name) = consumer(&row.component);
+/// `id`, `component`, `key` and `target` are the stored effect's.
+pub fn webhook_headers(
+    id: i64,
+    component: &str,
+    key: &str,
+    target: &Value,
+) -> Vec<(&'static str, String)> {
+    let (kind, name) = consumer(component);
     let mut headers = vec![
-        ("idempotency-key", row.id.to_string()),
+        ("idempotency-key", id.to_string()),
         ("streamhost-effect-consumer", format!("{kind}:{name}")),
-        ("streamhost-effect-key", ascii(&row.key)),
+        ("streamhost-effect-key", ascii(key)),
     ];
-    if let Some(t) = row.target.get("type").and_then(Value::as_str) {
+    if let Some(t) = target.get("type").and_then(Value::as_str) {
         headers.push(("streamhost-effect-type", ascii(t)));
     }
-    if let Some(m) = row.target.get("metadata").filter(|m| m.is_object()) {
+    if let Some(m) = target.get("metadata").filter(|m| m.is_object()) {
         headers.push(("streamhost-effect-metadata", ascii(&m.to_string())));
     }
     headers

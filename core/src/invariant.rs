@@ -98,7 +98,9 @@ mod tests {
     fn the_stop_message_names_the_invariant_and_the_place() {
         let m = stop_message("invariant dense-offsets: offset 9 after 7", None);
         assert!(
-            m.starts_with("broken invariant: invariant dense-offsets: offset 9 after 7; the process stops"),
+            m.starts_with(
+                "broken invariant: invariant dense-offsets: offset 9 after 7; the process stops"
+            ),
             "{m}"
         );
         let here = std::panic::Location::caller();
