@@ -1359,3 +1359,96 @@ async fn an_event_parked_by_one_host_is_listed_redriven_and_discarded_through_an
         1
     );
 }
+
+/// The library embedded in a program, as a host of a cluster whose other
+/// host (a server) owns the stream: through its typed API alone it reads,
+/// appends, deploys and reads the processor the owner runs. Each request
+/// goes to the owner (`Host::apply` forwards it and reads back the typed
+/// answer); the stream's actor, its lease and the processor stay there.
+#[tokio::test]
+async fn an_embedded_host_reads_appends_and_deploys_on_streams_another_host_owns() {
+    if on_sqlite() {
+        return;
+    }
+    let a = Server::start_with(Some(CLUSTER), &[]);
+    let stream = format!("{P}/orders");
+    let (status, out) = a
+        .post(&format!("{stream}:append"), ev("x.y/a", json!({"n": 1})))
+        .await;
+    assert_eq!(status, 200, "{out}");
+    // B: this process, on A's database, serving the cluster on a port of
+    // its own.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let dir = tempfile::tempdir().unwrap();
+    let b = streamhost::Host::open(streamhost::Config {
+        data_dir: dir.path().to_path_buf(),
+        storage: Some(a.postgres_url().expect("A on PostgreSQL").to_string()),
+        cluster: streamhost::config::ClusterConfig {
+            advertise_url: Some(url.clone()),
+            lease_ms: 1500,
+            ..Default::default()
+        },
+        ..Default::default()
+    })
+    .expect("opening the embedded host");
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let serving = tokio::spawn(b.clone().serve(listener, async {
+        let _ = stopped.await;
+    }));
+    let orders = b.stream("acme", "/orders").unwrap();
+
+    // Reads: the owner's state and events.
+    let state = b.state(&orders).await.expect("the state, from the owner");
+    assert_eq!(state.max_offset, 2, "{state:?}");
+    // An append: committed by the owner, in its order.
+    let out = b
+        .append(
+            &orders,
+            [streamhost::EventInput::new("x.y/a").payload(json!({"n": 2}))],
+        )
+        .await
+        .expect("an append, committed by the owner");
+    assert_eq!(out.events[0].offset, 3);
+    let through_a = a.all_events(&stream).await;
+    assert_eq!(offsets(&through_a), [1, 2, 3]);
+    let through_b = b.events(&orders, 0, 100).await.expect("the events");
+    let ns: Vec<_> = through_b
+        .iter()
+        .filter(|e| e.event_type == "x.y/a")
+        .map(|e| e.payload["n"].clone())
+        .collect();
+    assert_eq!(ns, [json!(1), json!(2)]);
+
+    // A deploy through B and a wake subscribed through B: the owner folds
+    // the stream; B reads the instance as the owner has it.
+    let deployed = b
+        .deploy(streamhost::Deploy::new("acme", "counter", guest("counter")))
+        .await
+        .expect("a deploy through B");
+    let wake = b
+        .subscribe(
+            &orders,
+            &streamhost::Subscription::wake("counter", "counter").from_beginning(),
+        )
+        .await
+        .expect("a wake subscribed through B");
+    let instance = b
+        .wait_for_processor(&orders, "counter", wake.offset, Duration::from_secs(20))
+        .await
+        .expect("the owner's processor, through B");
+    assert_eq!(instance.digest.as_deref(), Some(deployed.digest.as_str()));
+    assert_eq!(instance.checkpoint_offset, wake.offset);
+    let (status, on_a) = a.get(&format!("{stream}:processors/counter")).await;
+    assert_eq!(status, 200, "{on_a}");
+    assert_eq!(on_a["checkpointOffset"], json!(instance.checkpoint_offset));
+    assert_eq!(on_a["state"], instance.state.clone().unwrap(), "{on_a}");
+
+    // The stream stayed A's: B holds none.
+    let cluster = b.cluster().await.expect("the cluster view");
+    let row = |u: &str| cluster.hosts.iter().find(|h| h.url == u).cloned();
+    assert_eq!(row(&a.url).expect("A's row").streams, 1, "{cluster:?}");
+    assert_eq!(row(&url).expect("B's row").streams, 0, "{cluster:?}");
+    stop.send(()).unwrap();
+    serving.await.unwrap().expect("B served until stopped");
+}

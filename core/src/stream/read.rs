@@ -1,6 +1,6 @@
 //! What appends and reads answer, and their bounds.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
 /// The default of `max-body-bytes`, the largest append request (8 MiB).
@@ -38,7 +38,7 @@ pub struct ReadQuery {
 }
 
 /// The answer to a read; events are the stored JSON, served as is.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ReadOutput {
     /// The stream's id.

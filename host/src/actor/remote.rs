@@ -50,6 +50,12 @@ pub enum Call {
         digest: String,
         timeout_ms: u64,
     },
+    /// A request of the host's API on the stream (a `StreamRequest` as
+    /// JSON), which the owner's host carries out (`Host::apply`): the
+    /// registry carries it and does not look inside.
+    Request {
+        request: Value,
+    },
     /// Retry failing subscriptions at once (`Streams::retry`).
     Retry {
         key: Option<String>,

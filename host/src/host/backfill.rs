@@ -5,9 +5,10 @@
 
 use std::time::{Duration, Instant};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::components::component_not_found;
+use super::request::{StreamAnswer, StreamRequest};
 use super::Host;
 use crate::clock::format_timestamp;
 use crate::delivery::Failure;
@@ -64,7 +65,7 @@ impl Backfill {
 }
 
 /// What a backfill came to.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Backfilled {
     /// Stored events looked at.
@@ -121,6 +122,21 @@ impl Host {
     /// # Ok(()) }
     /// ```
     pub async fn backfill(
+        &self,
+        stream: &StreamAddress,
+        backfill: Backfill,
+    ) -> Result<Backfilled, Error> {
+        match self
+            .apply(stream, StreamRequest::BackfillProcessor(backfill))
+            .await?
+        {
+            StreamAnswer::Backfilled(x) => Ok(x),
+            other => Err(other.unexpected()),
+        }
+    }
+
+    /// [`Host::backfill`] on this host alone (see [`Host::apply`]).
+    pub(crate) async fn backfill_here(
         &self,
         stream: &StreamAddress,
         backfill: Backfill,

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 
+use super::request::{StreamAnswer, StreamRequest};
 use super::Host;
 use crate::connection::feed::FeedItem;
 use crate::connection::{
@@ -249,6 +250,18 @@ impl Host {
         stream: &StreamAddress,
         connect: Connect,
     ) -> Result<LiveConnection, Error> {
+        match self.apply(stream, StreamRequest::Connect(connect)).await? {
+            StreamAnswer::Live(x) => Ok(x),
+            other => Err(other.unexpected()),
+        }
+    }
+
+    /// [`Host::connect`] on this host alone (see [`Host::apply`]).
+    pub(crate) async fn connect_here(
+        &self,
+        stream: &StreamAddress,
+        connect: Connect,
+    ) -> Result<LiveConnection, Error> {
         let params = connect.params(self.config.jsonata_limits())?;
         let project = stream.namespace.storage_key().to_string();
         try_condition(&project, &params.filter)
@@ -360,6 +373,21 @@ impl Host {
     /// # Ok(()) }
     /// ```
     pub async fn wait_for_event(
+        &self,
+        stream: &StreamAddress,
+        wait: WaitFor,
+    ) -> Result<Event, Error> {
+        match self
+            .apply(stream, StreamRequest::WaitForEvent(wait))
+            .await?
+        {
+            StreamAnswer::Event(x) => Ok(*x),
+            other => Err(other.unexpected()),
+        }
+    }
+
+    /// [`Host::wait_for_event`] on this host alone (see [`Host::apply`]).
+    pub(crate) async fn wait_for_event_here(
         &self,
         stream: &StreamAddress,
         wait: WaitFor,

@@ -68,10 +68,10 @@ use crate::error::Error;
 use crate::metrics::Metrics;
 use crate::storage::Storage;
 use crate::stream::{
-    AppendInput, AppendOutput, Authority, CoreState, Event, EventInput, Namespace, ReadQuery,
-    StreamAddress,
+    AppendInput, AppendOutput, CoreState, Event, EventInput, Namespace, ReadQuery, StreamAddress,
 };
 use crate::subscription::Subscription;
+use request::{StreamAnswer, StreamRequest};
 
 /// A running streamhost. Cheap to clone.
 #[derive(Clone)]
@@ -133,6 +133,23 @@ impl Host {
     /// # Ok(()) }
     /// ```
     pub fn open_with_clock(config: Config, clock: Arc<dyn Clock>) -> Result<Host> {
+        // PostgreSQL's blocking client runs a runtime of its own, which
+        // cannot start on a thread that drives async tasks (an embedding
+        // program opens its host inside its runtime, often a current-thread
+        // one): the host opens on a thread of its own, in the caller's
+        // runtime's context (its background tasks start there).
+        let runtime = tokio::runtime::Handle::try_current().ok();
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let _entered = runtime.as_ref().map(|r| r.enter());
+                Self::open_here(config, clock)
+            })
+            .join()
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+        })
+    }
+
+    fn open_here(config: Config, clock: Arc<dyn Clock>) -> Result<Host> {
         config.validate()?;
         let metrics = Metrics::new();
         let storage = match config.postgres_url()? {
@@ -368,9 +385,11 @@ impl Host {
         stream: &StreamAddress,
         events: impl IntoIterator<Item = EventInput>,
     ) -> Result<AppendOutput, Error> {
-        let input = AppendInput::new(events);
-        self.refuse_wrong_receivers(stream, &input.events).await?;
-        self.streams.append(stream, input, Authority::Public).await
+        let append = StreamRequest::Append(AppendInput::new(events));
+        match self.apply(stream, append).await? {
+            StreamAnswer::Appended { output, .. } => Ok(output),
+            other => Err(other.unexpected()),
+        }
     }
 
     /// Up to `limit` (at most 500) committed events after `after_offset`.
@@ -394,17 +413,15 @@ impl Host {
         after_offset: u64,
         limit: usize,
     ) -> Result<Vec<Event>, Error> {
-        let page = self
-            .streams
-            .read(
-                stream,
-                ReadQuery {
-                    after_offset,
-                    limit,
-                    include_ephemeral: false,
-                },
-            )
-            .await?;
+        let read = StreamRequest::Events(ReadQuery {
+            after_offset,
+            limit,
+            include_ephemeral: false,
+        });
+        let page = match self.apply(stream, read).await? {
+            StreamAnswer::Events(page) => page,
+            other => return Err(other.unexpected()),
+        };
         page.events
             .iter()
             .map(|raw| {
@@ -429,6 +446,14 @@ impl Host {
     /// # Ok(()) }
     /// ```
     pub async fn state(&self, stream: &StreamAddress) -> Result<CoreState, Error> {
+        match self.apply(stream, StreamRequest::State).await? {
+            StreamAnswer::State(x) => Ok(*x),
+            other => Err(other.unexpected()),
+        }
+    }
+
+    /// [`Host::state`] on this host alone (see [`Host::apply`]).
+    pub(crate) async fn state_here(&self, stream: &StreamAddress) -> Result<CoreState, Error> {
         self.streams.state(stream).await
     }
 
@@ -449,6 +474,14 @@ impl Host {
     /// # Ok(()) }
     /// ```
     pub async fn runtime(&self, stream: &StreamAddress) -> Result<RuntimeView, Error> {
+        match self.apply(stream, StreamRequest::Runtime).await? {
+            StreamAnswer::Runtime(x) => Ok(x),
+            other => Err(other.unexpected()),
+        }
+    }
+
+    /// [`Host::runtime`] on this host alone (see [`Host::apply`]).
+    pub(crate) async fn runtime_here(&self, stream: &StreamAddress) -> Result<RuntimeView, Error> {
         self.streams.runtime(stream).await
     }
 

@@ -3,17 +3,18 @@
 //! `GET {stream}:processors/{component}[/keys[/{key}]]` and
 //! `POST {stream}:verifyProcessor` over HTTP.
 
-use serde::{Serialize, Serializer};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::Value;
 
+use super::request::{StreamAnswer, StreamRequest};
 use super::Host;
 use crate::error::Error;
-use crate::processor::keyed::value_json;
+use crate::processor::keyed::{value_from_json, value_json};
 use crate::stream::{CoreState, StreamAddress};
 use crate::subscription::{OutboundSubscription, Receiver};
 
 /// What a processor instance is doing.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ProcessorStatus {
     /// Folding, or folded within the idle teardown time.
@@ -27,7 +28,7 @@ pub enum ProcessorStatus {
 }
 
 /// A processor instance: its checkpoint, state and health.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ProcessorInstance {
     /// The component.
@@ -51,7 +52,7 @@ pub struct ProcessorInstance {
 }
 
 /// A processor's last failure.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ProcessorFailure {
     /// When it failed (RFC 3339).
@@ -115,12 +116,15 @@ impl KeysQuery {
 }
 
 /// One key of a processor's keyed state and its value.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct KeyValue {
     /// The key.
     pub key: String,
     /// The value's bytes (served as text when UTF-8, else `{"base64": ...}`).
-    #[serde(serialize_with = "serialize_value")]
+    #[serde(
+        serialize_with = "serialize_value",
+        deserialize_with = "deserialize_value"
+    )]
     pub value: Vec<u8>,
 }
 
@@ -128,12 +132,25 @@ fn serialize_value<S: Serializer>(value: &[u8], s: S) -> Result<S::Ok, S::Error>
     value_json(value).serialize(s)
 }
 
+fn deserialize_value<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
+    value_from_json("value", &Value::deserialize(d)?).map_err(serde::de::Error::custom)
+}
+
+fn deserialize_maybe_value<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vec<u8>>, D::Error> {
+    match Value::deserialize(d)? {
+        Value::Null => Ok(None),
+        v => value_from_json("value", &v)
+            .map(Some)
+            .map_err(serde::de::Error::custom),
+    }
+}
+
 fn serialize_maybe_value<S: Serializer>(value: &Option<Vec<u8>>, s: S) -> Result<S::Ok, S::Error> {
     value.as_deref().map(value_json).serialize(s)
 }
 
 /// A page of keys.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct KeysPage {
     /// The keys, in byte order.
@@ -144,7 +161,7 @@ pub struct KeysPage {
 }
 
 /// What verifying an instance found.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Verification {
     /// The component.
@@ -162,20 +179,26 @@ pub struct Verification {
     /// Distinct keys compared.
     pub keys_compared: u64,
     /// The first key (in byte order) whose values differ.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub first_differing_key: Option<DifferingKey>,
 }
 
 /// A key whose stored and refolded values differ (`None`: absent).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DifferingKey {
     /// The key.
     pub key: String,
     /// Its stored value.
-    #[serde(serialize_with = "serialize_maybe_value")]
+    #[serde(
+        serialize_with = "serialize_maybe_value",
+        deserialize_with = "deserialize_maybe_value"
+    )]
     pub stored: Option<Vec<u8>>,
     /// Its refolded value.
-    #[serde(serialize_with = "serialize_maybe_value")]
+    #[serde(
+        serialize_with = "serialize_maybe_value",
+        deserialize_with = "deserialize_maybe_value"
+    )]
     pub refolded: Option<Vec<u8>>,
 }
 
@@ -234,6 +257,26 @@ impl Host {
     /// # Ok(()) }
     /// ```
     pub async fn processor(
+        &self,
+        stream: &StreamAddress,
+        component: &str,
+    ) -> Result<ProcessorInstance, Error> {
+        match self
+            .apply(
+                stream,
+                StreamRequest::Processor {
+                    component: component.to_string(),
+                },
+            )
+            .await?
+        {
+            StreamAnswer::Processor(x) => Ok(*x),
+            other => Err(other.unexpected()),
+        }
+    }
+
+    /// [`Host::processor`] on this host alone (see [`Host::apply`]).
+    pub(crate) async fn processor_here(
         &self,
         stream: &StreamAddress,
         component: &str,
@@ -433,6 +476,28 @@ impl Host {
         component: &str,
         query: KeysQuery,
     ) -> Result<KeysPage, Error> {
+        match self
+            .apply(
+                stream,
+                StreamRequest::ProcessorKeys {
+                    component: component.to_string(),
+                    query,
+                },
+            )
+            .await?
+        {
+            StreamAnswer::Keys(x) => Ok(x),
+            other => Err(other.unexpected()),
+        }
+    }
+
+    /// [`Host::processor_keys`] on this host alone (see [`Host::apply`]).
+    pub(crate) async fn processor_keys_here(
+        &self,
+        stream: &StreamAddress,
+        component: &str,
+        query: KeysQuery,
+    ) -> Result<KeysPage, Error> {
         if !(1..=KEYS_LIMIT_MAX).contains(&query.limit) {
             return Err(Error::invalid(format!(
                 "limit {} is out of range: it must be 1 to {KEYS_LIMIT_MAX}",
@@ -517,6 +582,28 @@ impl Host {
         component: &str,
         key: &str,
     ) -> Result<KeyValue, Error> {
+        match self
+            .apply(
+                stream,
+                StreamRequest::ProcessorKey {
+                    component: component.to_string(),
+                    key: key.to_string(),
+                },
+            )
+            .await?
+        {
+            StreamAnswer::Key(x) => Ok(x),
+            other => Err(other.unexpected()),
+        }
+    }
+
+    /// [`Host::processor_key`] on this host alone (see [`Host::apply`]).
+    pub(crate) async fn processor_key_here(
+        &self,
+        stream: &StreamAddress,
+        component: &str,
+        key: &str,
+    ) -> Result<KeyValue, Error> {
         crate::processor::keyed::check_key(key).map_err(|e| match e {
             crate::processor::keyed::KeyedError::Refused(m) => Error::invalid(m),
             crate::processor::keyed::KeyedError::Storage(e) => Error::internal(format!("{e:#}")),
@@ -570,6 +657,26 @@ impl Host {
     /// # Ok(()) }
     /// ```
     pub async fn verify_processor(
+        &self,
+        stream: &StreamAddress,
+        component: &str,
+    ) -> Result<Verification, Error> {
+        match self
+            .apply(
+                stream,
+                StreamRequest::VerifyProcessor {
+                    component: component.to_string(),
+                },
+            )
+            .await?
+        {
+            StreamAnswer::Verification(x) => Ok(*x),
+            other => Err(other.unexpected()),
+        }
+    }
+
+    /// [`Host::verify_processor`] on this host alone (see [`Host::apply`]).
+    pub(crate) async fn verify_processor_here(
         &self,
         stream: &StreamAddress,
         component: &str,
@@ -708,7 +815,7 @@ fn fold_from_start(
 
 /// A processor's state at an offset, folded on demand
 /// (`:processors/{component}/at/{offset}`).
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct StateAt {
     /// The component.
@@ -721,10 +828,10 @@ pub struct StateAt {
     pub state: Value,
     /// With a key prefix: its keyed state's keys under the prefix (in key
     /// order, at most [`STATE_AT_KEYS_MAX`]).
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub keys: Option<Vec<KeyValue>>,
     /// Whether more keys matched than are listed.
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub keys_truncated: bool,
 }
 
@@ -741,6 +848,30 @@ impl Host {
     /// checkpoint and state untouched. The fold is the wakes' own (each
     /// guest call bounded by the delivery timeout, as a backfill's).
     pub async fn processor_at(
+        &self,
+        stream: &StreamAddress,
+        component: &str,
+        offset: u64,
+        keys_prefix: Option<String>,
+    ) -> Result<StateAt, Error> {
+        match self
+            .apply(
+                stream,
+                StreamRequest::ProcessorAt {
+                    component: component.to_string(),
+                    offset,
+                    keys: keys_prefix,
+                },
+            )
+            .await?
+        {
+            StreamAnswer::StateAt(x) => Ok(*x),
+            other => Err(other.unexpected()),
+        }
+    }
+
+    /// [`Host::processor_at`] on this host alone (see [`Host::apply`]).
+    pub(crate) async fn processor_at_here(
         &self,
         stream: &StreamAddress,
         component: &str,

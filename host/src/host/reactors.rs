@@ -5,6 +5,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::request::{StreamAnswer, StreamRequest};
 use super::Host;
 use crate::clock::format_timestamp;
 use crate::error::Error;
@@ -57,7 +58,7 @@ impl ReactorBackfill {
 }
 
 /// What a reactor backfill came to.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ReactorBackfilled {
     /// Stored events looked at.
@@ -85,6 +86,21 @@ impl Host {
     /// does not hold yet. A reactor that fails on an event stops the run
     /// with `422 reactor-failed`; the effects stored before it stay.
     pub async fn backfill_reactor(
+        &self,
+        stream: &StreamAddress,
+        backfill: ReactorBackfill,
+    ) -> Result<ReactorBackfilled, Error> {
+        match self
+            .apply(stream, StreamRequest::BackfillReactor(backfill))
+            .await?
+        {
+            StreamAnswer::ReactorBackfilled(x) => Ok(x),
+            other => Err(other.unexpected()),
+        }
+    }
+
+    /// [`Host::backfill_reactor`] on this host alone (see [`Host::apply`]).
+    pub(crate) async fn backfill_reactor_here(
         &self,
         stream: &StreamAddress,
         backfill: ReactorBackfill,

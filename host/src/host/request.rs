@@ -257,6 +257,43 @@ impl Host {
         stream: &StreamAddress,
         request: StreamRequest,
     ) -> Result<StreamAnswer, Error> {
+        // Several hosts: a stream another host owns is that host's to serve.
+        let Some(me) = self.streams.storage().cluster().cloned() else {
+            return self.apply_here(stream, request).await;
+        };
+        let project = stream.namespace.storage_key();
+        // An owner this host learned lately: straight there, without
+        // asking this host's actor first (which would answer that owner).
+        if let Some(owner) = self
+            .streams
+            .storage()
+            .known_owner(project, &stream.path)
+            .filter(|owner| *owner != me.url)
+        {
+            return self.forward(&me, &owner, stream, request).await;
+        }
+        let again = request.clone();
+        match self.apply_here(stream, request).await {
+            Err(e)
+                if e.owner_url
+                    .as_deref()
+                    .is_some_and(|o| !o.is_empty() && o != me.url) =>
+            {
+                let owner = e.owner_url.unwrap_or_default();
+                self.forward(&me, &owner, stream, again).await
+            }
+            answer => answer,
+        }
+    }
+
+    /// [`Host::apply`] on this host alone: what the owner of a stream does
+    /// with a request another host forwarded (on a stream this host does
+    /// not own, `503 stream-owned-elsewhere` naming the owner).
+    pub(crate) async fn apply_here(
+        &self,
+        stream: &StreamAddress,
+        request: StreamRequest,
+    ) -> Result<StreamAnswer, Error> {
         use StreamAnswer as A;
         use StreamRequest as R;
         Ok(match request {
@@ -278,73 +315,238 @@ impl Host {
                 A::Appended { output, warnings }
             }
             R::Events(query) => A::Events(self.streams.read(stream, query).await?),
-            R::State => A::State(Box::new(self.state(stream).await?)),
-            R::Runtime => A::Runtime(self.runtime(stream).await?),
+            R::State => A::State(Box::new(self.state_here(stream).await?)),
+            R::Runtime => A::Runtime(self.runtime_here(stream).await?),
             R::Reset => {
-                self.reset(stream).await?;
+                self.reset_here(stream).await?;
                 A::Reset
             }
-            R::Connect(connect) => A::Live(self.connect(stream, connect).await?),
-            R::WaitForEvent(wait) => A::Event(Box::new(self.wait_for_event(stream, wait).await?)),
-            R::SubscribeToEventsFrom(from) => {
-                A::Subscribed(Box::new(self.subscribe_to_events_from(stream, from).await?))
+            R::Connect(connect) => A::Live(self.connect_here(stream, connect).await?),
+            R::WaitForEvent(wait) => {
+                A::Event(Box::new(self.wait_for_event_here(stream, wait).await?))
             }
+            R::SubscribeToEventsFrom(from) => A::Subscribed(Box::new(
+                self.subscribe_to_events_from_here(stream, from).await?,
+            )),
             R::UnsubscribeFromEvents {
                 source_stream_path,
                 subscription_key,
             } => A::Unsubscribed(
-                self.unsubscribe_from_events(stream, &source_stream_path, &subscription_key)
+                self.unsubscribe_from_events_here(stream, &source_stream_path, &subscription_key)
                     .await?,
             ),
             R::SetSubscriptionCursor {
                 subscription_key,
                 after_offset,
             } => A::CursorSet(Box::new(
-                self.set_subscription_cursor(stream, &subscription_key, after_offset)
+                self.set_subscription_cursor_here(stream, &subscription_key, after_offset)
                     .await?,
             )),
-            R::ResumeSubscription { subscription_key } => {
-                A::Resumed(self.resume_subscription(stream, &subscription_key).await?)
-            }
+            R::ResumeSubscription { subscription_key } => A::Resumed(
+                self.resume_subscription_here(stream, &subscription_key)
+                    .await?,
+            ),
             R::SetSubscriptionCursorAndResume {
                 subscription_key,
                 after_offset,
             } => A::CursorSetAndResumed(Box::new(
-                self.set_subscription_cursor_and_resume(stream, &subscription_key, after_offset)
-                    .await?,
+                self.set_subscription_cursor_and_resume_here(
+                    stream,
+                    &subscription_key,
+                    after_offset,
+                )
+                .await?,
             )),
             R::Processor { component } => {
-                A::Processor(Box::new(self.processor(stream, &component).await?))
+                A::Processor(Box::new(self.processor_here(stream, &component).await?))
             }
             R::ProcessorKeys { component, query } => {
-                A::Keys(self.processor_keys(stream, &component, query).await?)
+                A::Keys(self.processor_keys_here(stream, &component, query).await?)
             }
             R::ProcessorKey { component, key } => {
-                A::Key(self.processor_key(stream, &component, &key).await?)
+                A::Key(self.processor_key_here(stream, &component, &key).await?)
             }
             R::ProcessorAt {
                 component,
                 offset,
                 keys,
             } => A::StateAt(Box::new(
-                self.processor_at(stream, &component, offset, keys).await?,
+                self.processor_at_here(stream, &component, offset, keys)
+                    .await?,
             )),
-            R::VerifyProcessor { component } => {
-                A::Verification(Box::new(self.verify_processor(stream, &component).await?))
+            R::VerifyProcessor { component } => A::Verification(Box::new(
+                self.verify_processor_here(stream, &component).await?,
+            )),
+            R::BackfillProcessor(backfill) => {
+                A::Backfilled(self.backfill_here(stream, backfill).await?)
             }
-            R::BackfillProcessor(backfill) => A::Backfilled(self.backfill(stream, backfill).await?),
             R::BackfillReactor(backfill) => {
-                A::ReactorBackfilled(self.backfill_reactor(stream, backfill).await?)
+                A::ReactorBackfilled(self.backfill_reactor_here(stream, backfill).await?)
             }
-            R::Shadow { component } => {
-                A::Shadow(Box::new(self.processor_shadow(stream, &component).await?))
-            }
+            R::Shadow { component } => A::Shadow(Box::new(
+                self.processor_shadow_here(stream, &component).await?,
+            )),
             R::PromoteShadow(promote) => {
-                A::ShadowEnded(self.promote_shadow(stream, promote).await?)
+                A::ShadowEnded(self.promote_shadow_here(stream, promote).await?)
             }
             R::DiscardShadow { component } => {
-                A::ShadowEnded(self.discard_shadow(stream, &component).await?)
+                A::ShadowEnded(self.discard_shadow_here(stream, &component).await?)
             }
+        })
+    }
+
+    /// Sends `request` to the stream's owner at `owner` and answers what
+    /// it answered. A live connection cannot travel as one answer: the
+    /// HTTP layer relays those from the owner; asked here, it is refused
+    /// as owned elsewhere.
+    async fn forward(
+        &self,
+        me: &crate::storage::HostIdentity,
+        owner: &str,
+        stream: &StreamAddress,
+        request: StreamRequest,
+    ) -> Result<StreamAnswer, Error> {
+        use crate::actor::remote::{self, Call};
+        if matches!(request, StreamRequest::Connect(_)) {
+            return Err(owned_elsewhere(stream, owner));
+        }
+        // A hung owner must not hold the request longer than its lease
+        // (then a retry finds a live owner); a wait, as long as it may
+        // wait.
+        let wait = match &request {
+            StreamRequest::WaitForEvent(_) => std::time::Duration::from_millis(
+                super::live::WAIT_TIMEOUT_MS_MAX + WAIT_ANSWER_MARGIN_MS,
+            ),
+            _ => std::time::Duration::from_millis(me.lease_ms.max(1000) as u64),
+        };
+        let call = Call::Request {
+            request: serde_json::to_value(&request)
+                .map_err(|e| Error::internal(format!("serializing a request failed: {e}")))?,
+        };
+        let answered =
+            remote::send::<Value>(self.forwarder(), &me.secret, wait, owner, stream, call).await;
+        match answered {
+            Ok(json) => StreamAnswer::from_json(&request, json).map_err(|e| {
+                Error::internal(format!(
+                    "the answer of stream {stream}'s owner at {owner} is unreadable: {e}"
+                ))
+            }),
+            Err(e) => {
+                // The owner moved on, or cannot serve now: ask the
+                // database next time.
+                if e.kind == crate::error::ErrorKind::Unavailable {
+                    self.streams.storage().forget_owner(owner);
+                }
+                Err(e)
+            }
+        }
+    }
+}
+
+/// How much longer than the longest wait the owner may take to answer one.
+const WAIT_ANSWER_MARGIN_MS: u64 = 10_000;
+
+/// `503 stream-owned-elsewhere`, naming the owner.
+fn owned_elsewhere(stream: &StreamAddress, owner: &str) -> Error {
+    let mut e = Error::unavailable(
+        "stream-owned-elsewhere",
+        format!("stream {stream} is owned by the host at {owner}"),
+        1,
+    );
+    e.owner_url = Some(owner.to_string());
+    e
+}
+
+impl StreamAnswer {
+    /// The error for an answer of another kind than its request's (a bug:
+    /// every request has one kind of answer).
+    pub(crate) fn unexpected(&self) -> Error {
+        Error::internal(format!(
+            "a request was answered with an answer of another kind ({})",
+            self.kind()
+        ))
+    }
+
+    fn kind(&self) -> &'static str {
+        use StreamAnswer as A;
+        match self {
+            A::Appended { .. } => "appended",
+            A::Events(_) => "events",
+            A::State(_) => "state",
+            A::Runtime(_) => "runtime",
+            A::Reset => "reset",
+            A::Live(_) => "live",
+            A::Event(_) => "event",
+            A::Subscribed(_) => "subscribed",
+            A::Unsubscribed(_) => "unsubscribed",
+            A::CursorSet(_) => "cursor set",
+            A::Resumed(_) => "resumed",
+            A::CursorSetAndResumed(_) => "cursor set and resumed",
+            A::Processor(_) => "processor",
+            A::Keys(_) => "keys",
+            A::Key(_) => "key",
+            A::Verification(_) => "verification",
+            A::StateAt(_) => "state at",
+            A::Backfilled(_) => "backfilled",
+            A::ReactorBackfilled(_) => "reactor backfilled",
+            A::Shadow(_) => "shadow",
+            A::ShadowEnded(_) => "shadow ended",
+        }
+    }
+
+    /// The answer to `request` from its JSON, as it serializes (the HTTP
+    /// API's body): how a host reads what a stream's owner answered to a
+    /// request it forwarded. A live connection has no such form.
+    pub fn from_json(
+        request: &StreamRequest,
+        json: Value,
+    ) -> Result<StreamAnswer, serde_json::Error> {
+        use serde::de::Error as _;
+        use serde_json::from_value;
+        use StreamAnswer as A;
+        use StreamRequest as R;
+        /// The value of `name` in an object (`null` when absent).
+        fn field(mut json: Value, name: &str) -> Value {
+            json.get_mut(name).map(Value::take).unwrap_or(Value::Null)
+        }
+        Ok(match request {
+            R::Append(_) => {
+                let mut json = json;
+                let warnings = match json.as_object_mut().and_then(|o| o.remove("warnings")) {
+                    Some(w) => from_value(w)?,
+                    None => Vec::new(),
+                };
+                A::Appended {
+                    output: from_value(json)?,
+                    warnings,
+                }
+            }
+            R::Events(_) => A::Events(from_value(json)?),
+            R::State => A::State(from_value(json)?),
+            R::Runtime => A::Runtime(from_value(json)?),
+            R::Reset => A::Reset,
+            R::Connect(_) => {
+                return Err(serde_json::Error::custom(
+                    "a live connection is a stream of batches, not one answer",
+                ))
+            }
+            R::WaitForEvent(_) => A::Event(from_value(field(json, "event"))?),
+            R::SubscribeToEventsFrom(_) => A::Subscribed(from_value(json)?),
+            R::UnsubscribeFromEvents { .. } => A::Unsubscribed(from_value(json)?),
+            R::SetSubscriptionCursor { .. } => {
+                A::CursorSet(from_value(field(json, "subscriptionCursorSetEvent"))?)
+            }
+            R::ResumeSubscription { .. } => A::Resumed(from_value(json)?),
+            R::SetSubscriptionCursorAndResume { .. } => A::CursorSetAndResumed(from_value(json)?),
+            R::Processor { .. } => A::Processor(from_value(json)?),
+            R::ProcessorKeys { .. } => A::Keys(from_value(json)?),
+            R::ProcessorKey { .. } => A::Key(from_value(json)?),
+            R::ProcessorAt { .. } => A::StateAt(from_value(json)?),
+            R::VerifyProcessor { .. } => A::Verification(from_value(json)?),
+            R::BackfillProcessor(_) => A::Backfilled(from_value(json)?),
+            R::BackfillReactor(_) => A::ReactorBackfilled(from_value(json)?),
+            R::Shadow { .. } => A::Shadow(from_value(json)?),
+            R::PromoteShadow(_) | R::DiscardShadow { .. } => A::ShadowEnded(from_value(json)?),
         })
     }
 }
@@ -858,5 +1060,306 @@ mod tests {
             let back: StreamRequest = serde_json::from_str(&wire).unwrap();
             assert_eq!(back, request, "{wire}");
         }
+    }
+
+    /// An event as the log holds it.
+    fn event(offset: u64) -> Event {
+        serde_json::from_value(serde_json::json!({
+            "offset": offset,
+            "type": "events.example/a",
+            "payload": {"n": offset},
+            "createdAt": "2026-12-04T08:00:00.000Z",
+        }))
+        .unwrap()
+    }
+
+    /// One answer of every kind that travels as one body, with the
+    /// optional parts set and unset, and the request it answers.
+    fn every_answer() -> Vec<(StreamRequest, StreamAnswer)> {
+        use super::super::processors::{DifferingKey, ProcessorFailure, ProcessorStatus};
+        use crate::processor::shadow::{HeldEffects, KeyChange, KeysDiff};
+        use StreamAnswer as A;
+        use StreamRequest as R;
+        let output = AppendOutput {
+            stream_id: "s-1".into(),
+            stream_created_at: "2026-12-04T08:00:00.000Z".into(),
+            events: vec![event(2), event(3)],
+        };
+        let component = || "counter".to_string();
+        let binary = KeyValue {
+            key: "k\u{0}".into(),
+            value: vec![0xff, 0, 1],
+        };
+        let text = KeyValue {
+            key: "t".into(),
+            value: b"{\"a\":1}".to_vec(),
+        };
+        let page = ReadOutput {
+            stream_id: "s-1".into(),
+            stream_created_at: "2026-12-04T08:00:00.000Z".into(),
+            max_offset: 3,
+            events: vec![serde_json::value::to_raw_value(&event(3)).unwrap()],
+        };
+        let append = || R::Append(AppendInput::new([EventInput::new("events.example/a")]));
+        let shadow = |status: &str, diff: bool| {
+            A::Shadow(Box::new(ShadowView {
+                component: component(),
+                digest: "d2".into(),
+                live_digest: "d1".into(),
+                status: status.into(),
+                checkpoint_offset: 3,
+                shadow_offset: 3,
+                state_diff: diff
+                    .then(|| serde_json::json!([{"op": "add", "path": "/x", "value": 1}])),
+                keys_diff: diff.then(|| KeysDiff {
+                    added: 1,
+                    removed: 0,
+                    changed: 0,
+                    sample: vec![KeyChange {
+                        key: "a".into(),
+                        change: "added".into(),
+                        live: None,
+                        shadow: Some(serde_json::json!("1")),
+                    }],
+                }),
+                held_effects: HeldEffects::default(),
+                error: (!diff).then(|| "the guest trapped".into()),
+            }))
+        };
+        let shadow_request = || R::Shadow {
+            component: component(),
+        };
+        vec![
+            (
+                append(),
+                A::Appended {
+                    output: output.clone(),
+                    warnings: vec![],
+                },
+            ),
+            (
+                append(),
+                A::Appended {
+                    output,
+                    warnings: vec!["component \"ghost\" is not deployed".into()],
+                },
+            ),
+            (
+                R::Events(ReadQuery {
+                    after_offset: 2,
+                    limit: 10,
+                    include_ephemeral: false,
+                }),
+                A::Events(page),
+            ),
+            (R::Reset, A::Reset),
+            (
+                R::WaitForEvent(WaitFor::new(100)),
+                A::Event(Box::new(event(4))),
+            ),
+            (
+                R::UnsubscribeFromEvents {
+                    source_stream_path: "/src".into(),
+                    subscription_key: "k".into(),
+                },
+                A::Unsubscribed(Unsubscribed::Removed {
+                    subscription_removed_event: Box::new(event(5)),
+                }),
+            ),
+            (
+                R::UnsubscribeFromEvents {
+                    source_stream_path: "/src".into(),
+                    subscription_key: "k".into(),
+                },
+                A::Unsubscribed(Unsubscribed::AlreadyAbsent),
+            ),
+            (
+                R::SetSubscriptionCursor {
+                    subscription_key: "k".into(),
+                    after_offset: 1,
+                },
+                A::CursorSet(Box::new(event(6))),
+            ),
+            (
+                R::ResumeSubscription {
+                    subscription_key: "k".into(),
+                },
+                A::Resumed(Resumed::Retrying),
+            ),
+            (
+                R::ResumeSubscription {
+                    subscription_key: "k".into(),
+                },
+                A::Resumed(Resumed::Resumed(Box::new(event(7)))),
+            ),
+            (
+                R::SetSubscriptionCursorAndResume {
+                    subscription_key: "k".into(),
+                    after_offset: 1,
+                },
+                A::CursorSetAndResumed(Box::new(CursorSetAndResumed {
+                    cursor_set: event(8),
+                    resumed: event(9),
+                })),
+            ),
+            (
+                R::Processor {
+                    component: component(),
+                },
+                A::Processor(Box::new(ProcessorInstance {
+                    component: component(),
+                    digest: Some("d1".into()),
+                    stream_id: "s-1".into(),
+                    checkpoint_offset: 3,
+                    state: Some(serde_json::json!({"count": 3})),
+                    status: ProcessorStatus::Halted,
+                    last_error: Some("trap".into()),
+                    last_failure: Some(ProcessorFailure {
+                        failed_at: "2026-12-04T08:00:00.000Z".into(),
+                        offset: Some(3),
+                        message: "trap".into(),
+                        repro: None,
+                    }),
+                    updated_at: None,
+                })),
+            ),
+            (
+                R::ProcessorKeys {
+                    component: component(),
+                    query: KeysQuery::default(),
+                },
+                A::Keys(KeysPage {
+                    keys: vec![binary.clone(), text.clone()],
+                    next_after: Some("t".into()),
+                }),
+            ),
+            (
+                R::ProcessorKey {
+                    component: component(),
+                    key: "k".into(),
+                },
+                A::Key(binary.clone()),
+            ),
+            (
+                R::ProcessorAt {
+                    component: component(),
+                    offset: 3,
+                    keys: None,
+                },
+                A::StateAt(Box::new(StateAt {
+                    component: component(),
+                    digest: "d1".into(),
+                    offset: 3,
+                    state: serde_json::json!({"count": 3}),
+                    keys: None,
+                    keys_truncated: false,
+                })),
+            ),
+            (
+                R::ProcessorAt {
+                    component: component(),
+                    offset: 3,
+                    keys: Some("".into()),
+                },
+                A::StateAt(Box::new(StateAt {
+                    component: component(),
+                    digest: "d1".into(),
+                    offset: 3,
+                    state: serde_json::Value::Null,
+                    keys: Some(vec![text; 2]),
+                    keys_truncated: true,
+                })),
+            ),
+            (
+                R::VerifyProcessor {
+                    component: component(),
+                },
+                A::Verification(Box::new(Verification {
+                    component: component(),
+                    digest: "d1".into(),
+                    checkpoint_offset: 3,
+                    matches: false,
+                    stored_state: serde_json::json!(1),
+                    refolded_state: serde_json::json!(2),
+                    keys_compared: 4,
+                    first_differing_key: Some(DifferingKey {
+                        key: "k".into(),
+                        stored: None,
+                        refolded: Some(vec![0xfe]),
+                    }),
+                })),
+            ),
+            (
+                R::BackfillProcessor(Backfill::new(component())),
+                A::Backfilled(Backfilled {
+                    scanned: 3,
+                    folded: 2,
+                    effects_created: 1,
+                    effects_existing: 0,
+                }),
+            ),
+            (shadow_request(), shadow("ready", true)),
+            (shadow_request(), shadow("failed", false)),
+            (
+                R::DiscardShadow {
+                    component: component(),
+                },
+                A::ShadowEnded(ShadowEnded {
+                    component: component(),
+                    digest: "d2".into(),
+                    outcome: "discarded".into(),
+                    checkpoint_offset: None,
+                    effects_stored: None,
+                }),
+            ),
+        ]
+    }
+
+    /// A request forwarded to a stream's owner comes back as the answer
+    /// the owner gave: every kind of answer reads back from its JSON as
+    /// itself (its JSON again is the same, and the typed parts are equal).
+    #[test]
+    fn an_answer_crosses_the_wire_unchanged() {
+        for (request, answer) in every_answer() {
+            let wire = serde_json::to_value(&answer).unwrap();
+            let back = StreamAnswer::from_json(&request, wire.clone())
+                .unwrap_or_else(|e| panic!("{wire}: {e}"));
+            assert_eq!(serde_json::to_value(&back).unwrap(), wire);
+            match (&answer, &back) {
+                (StreamAnswer::Key(a), StreamAnswer::Key(b)) => assert_eq!(a, b),
+                (StreamAnswer::Keys(a), StreamAnswer::Keys(b)) => assert_eq!(a, b),
+                (StreamAnswer::Verification(a), StreamAnswer::Verification(b)) => assert_eq!(a, b),
+                (
+                    StreamAnswer::Appended {
+                        output: a,
+                        warnings: w,
+                    },
+                    StreamAnswer::Appended {
+                        output: b,
+                        warnings: v,
+                    },
+                ) => {
+                    assert_eq!((a, w), (b, v))
+                }
+                (StreamAnswer::Resumed(a), StreamAnswer::Resumed(b)) => assert_eq!(a, b),
+                (StreamAnswer::Shadow(a), StreamAnswer::Shadow(b)) => assert_eq!(a, b),
+                (StreamAnswer::StateAt(a), StreamAnswer::StateAt(b)) => assert_eq!(a, b),
+                (a, b) => assert_eq!(a.kind(), b.kind()),
+            }
+        }
+    }
+
+    /// A live connection is a stream of batches: it has no one answer to
+    /// read back (the HTTP layer relays it from the owner).
+    #[test]
+    fn a_live_connection_has_no_answer_to_read_back() {
+        let read = StreamAnswer::from_json(
+            &StreamRequest::Connect(Connect::new()),
+            serde_json::json!({}),
+        );
+        let Err(e) = read else {
+            panic!("a live connection read back from JSON");
+        };
+        assert!(e.to_string().contains("stream of batches"), "{e}");
     }
 }

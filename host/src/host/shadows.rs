@@ -4,6 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::request::{StreamAnswer, StreamRequest};
 use super::Host;
 use crate::error::Error;
 use crate::processor::shadow::{self as fold, Promotion};
@@ -24,7 +25,7 @@ pub struct Promote {
 }
 
 /// What a promotion or discard did.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ShadowEnded {
     /// The component.
@@ -32,12 +33,12 @@ pub struct ShadowEnded {
     /// The shadow's version.
     pub digest: String,
     /// `promoted` or `discarded`.
-    pub outcome: &'static str,
+    pub outcome: String,
     /// Promoted: the checkpoint the instance switched at.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checkpoint_offset: Option<u64>,
     /// Promoted: how many held effects were stored to run.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub effects_stored: Option<u64>,
 }
 
@@ -74,6 +75,26 @@ impl Host {
     /// checkpoint, then `ready` with the state's RFC 6902 diff and the
     /// keys' diff; its held effects either way.
     pub async fn processor_shadow(
+        &self,
+        stream: &StreamAddress,
+        component: &str,
+    ) -> Result<ShadowView, Error> {
+        match self
+            .apply(
+                stream,
+                StreamRequest::Shadow {
+                    component: component.to_string(),
+                },
+            )
+            .await?
+        {
+            StreamAnswer::Shadow(x) => Ok(*x),
+            other => Err(other.unexpected()),
+        }
+    }
+
+    /// [`Host::processor_shadow`] on this host alone (see [`Host::apply`]).
+    pub(crate) async fn processor_shadow_here(
         &self,
         stream: &StreamAddress,
         component: &str,
@@ -125,6 +146,21 @@ impl Host {
         stream: &StreamAddress,
         promote: Promote,
     ) -> Result<ShadowEnded, Error> {
+        match self
+            .apply(stream, StreamRequest::PromoteShadow(promote))
+            .await?
+        {
+            StreamAnswer::ShadowEnded(x) => Ok(x),
+            other => Err(other.unexpected()),
+        }
+    }
+
+    /// [`Host::promote_shadow`] on this host alone (see [`Host::apply`]).
+    pub(crate) async fn promote_shadow_here(
+        &self,
+        stream: &StreamAddress,
+        promote: Promote,
+    ) -> Result<ShadowEnded, Error> {
         let instance = self.shadow_instance(stream, &promote.component).await?;
         let fence = self.streams.fence(stream).await?;
         let promotion = Promotion {
@@ -158,7 +194,7 @@ impl Host {
         Ok(ShadowEnded {
             component: promote.component,
             digest: instance.digest.clone(),
-            outcome: "promoted",
+            outcome: "promoted".to_string(),
             checkpoint_offset: Some(through),
             effects_stored: Some(if promote.run_held_effects { held } else { 0 }),
         })
@@ -171,12 +207,32 @@ impl Host {
         stream: &StreamAddress,
         component: &str,
     ) -> Result<ShadowEnded, Error> {
+        match self
+            .apply(
+                stream,
+                StreamRequest::DiscardShadow {
+                    component: component.to_string(),
+                },
+            )
+            .await?
+        {
+            StreamAnswer::ShadowEnded(x) => Ok(x),
+            other => Err(other.unexpected()),
+        }
+    }
+
+    /// [`Host::discard_shadow`] on this host alone (see [`Host::apply`]).
+    pub(crate) async fn discard_shadow_here(
+        &self,
+        stream: &StreamAddress,
+        component: &str,
+    ) -> Result<ShadowEnded, Error> {
         let instance = self.shadow_instance(stream, component).await?;
         shadow::end(&self.streams, stream, component, &instance.digest, false).await;
         Ok(ShadowEnded {
             component: component.to_string(),
             digest: instance.digest.clone(),
-            outcome: "discarded",
+            outcome: "discarded".to_string(),
             checkpoint_offset: None,
             effects_stored: None,
         })

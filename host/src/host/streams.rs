@@ -4,6 +4,7 @@
 
 use serde::Serialize;
 
+use super::request::{StreamAnswer, StreamRequest};
 use super::Host;
 use crate::error::Error;
 use crate::stream::{CoreState, Namespace, StreamAddress};
@@ -176,6 +177,14 @@ impl Host {
     /// # Ok(()) }
     /// ```
     pub async fn reset(&self, stream: &StreamAddress) -> Result<(), Error> {
+        match self.apply(stream, StreamRequest::Reset).await? {
+            StreamAnswer::Reset => Ok(()),
+            other => Err(other.unexpected()),
+        }
+    }
+
+    /// [`Host::reset`] on this host alone (see [`Host::apply`]).
+    pub(crate) async fn reset_here(&self, stream: &StreamAddress) -> Result<(), Error> {
         self.streams.reset(stream).await
     }
 }

@@ -10,6 +10,7 @@
 use serde::{Deserialize, Serialize, Serializer};
 use serde_json::{json, Value};
 
+use super::request::{StreamAnswer, StreamRequest};
 use super::Host;
 use crate::error::Error;
 use crate::stream::{types, AppendInput, Authority, Event, EventInput, StreamAddress};
@@ -105,7 +106,7 @@ impl CopyFrom {
 }
 
 /// A copy subscription configured on its source.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Subscribed {
     /// The subscription's effective key.
@@ -115,7 +116,7 @@ pub struct Subscribed {
 }
 
 /// What unsubscribing did.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "status", rename_all = "kebab-case")]
 pub enum Unsubscribed {
     /// Removed by this event on the source.
@@ -146,8 +147,30 @@ impl Serialize for Resumed {
     }
 }
 
+impl<'de> Deserialize<'de> for Resumed {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(rename_all = "camelCase", deny_unknown_fields)]
+        struct Shown {
+            #[serde(default)]
+            retrying: bool,
+            subscription_delivery_resumed_event: Option<Box<Event>>,
+        }
+        match Shown::deserialize(d)? {
+            Shown {
+                subscription_delivery_resumed_event: Some(e),
+                ..
+            } => Ok(Resumed::Resumed(e)),
+            Shown { retrying: true, .. } => Ok(Resumed::Retrying),
+            _ => Err(serde::de::Error::custom(
+                "expected retrying or subscriptionDeliveryResumedEvent",
+            )),
+        }
+    }
+}
+
 /// A cursor set and a resume, appended together.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct CursorSetAndResumed {
     /// The `cursor-set` event.
@@ -232,6 +255,21 @@ impl Host {
         receiver: &StreamAddress,
         from: CopyFrom,
     ) -> Result<Subscribed, Error> {
+        match self
+            .apply(receiver, StreamRequest::SubscribeToEventsFrom(from))
+            .await?
+        {
+            StreamAnswer::Subscribed(x) => Ok(*x),
+            other => Err(other.unexpected()),
+        }
+    }
+
+    /// [`Host::subscribe_to_events_from`] on this host alone (see [`Host::apply`]).
+    pub(crate) async fn subscribe_to_events_from_here(
+        &self,
+        receiver: &StreamAddress,
+        from: CopyFrom,
+    ) -> Result<Subscribed, Error> {
         let source = StreamAddress::new(receiver.namespace.clone(), &from.source_stream_path)
             .map_err(|e| Error::invalid(format!("sourceStreamPath: {}", e.message)))?;
         if source.path == receiver.path {
@@ -293,6 +331,28 @@ impl Host {
     /// # Ok(()) }
     /// ```
     pub async fn unsubscribe_from_events(
+        &self,
+        receiver: &StreamAddress,
+        source_path: &str,
+        key: &str,
+    ) -> Result<Unsubscribed, Error> {
+        match self
+            .apply(
+                receiver,
+                StreamRequest::UnsubscribeFromEvents {
+                    source_stream_path: source_path.to_string(),
+                    subscription_key: key.to_string(),
+                },
+            )
+            .await?
+        {
+            StreamAnswer::Unsubscribed(x) => Ok(x),
+            other => Err(other.unexpected()),
+        }
+    }
+
+    /// [`Host::unsubscribe_from_events`] on this host alone (see [`Host::apply`]).
+    pub(crate) async fn unsubscribe_from_events_here(
         &self,
         receiver: &StreamAddress,
         source_path: &str,
@@ -362,6 +422,28 @@ impl Host {
         key: &str,
         after_offset: u64,
     ) -> Result<Event, Error> {
+        match self
+            .apply(
+                source,
+                StreamRequest::SetSubscriptionCursor {
+                    subscription_key: key.to_string(),
+                    after_offset,
+                },
+            )
+            .await?
+        {
+            StreamAnswer::CursorSet(x) => Ok(*x),
+            other => Err(other.unexpected()),
+        }
+    }
+
+    /// [`Host::set_subscription_cursor`] on this host alone (see [`Host::apply`]).
+    pub(crate) async fn set_subscription_cursor_here(
+        &self,
+        source: &StreamAddress,
+        key: &str,
+        after_offset: u64,
+    ) -> Result<Event, Error> {
         let mut events = self
             .append_control(source, vec![cursor_set(key, after_offset)])
             .await?;
@@ -390,6 +472,26 @@ impl Host {
     /// # Ok(()) }
     /// ```
     pub async fn resume_subscription(
+        &self,
+        source: &StreamAddress,
+        key: &str,
+    ) -> Result<Resumed, Error> {
+        match self
+            .apply(
+                source,
+                StreamRequest::ResumeSubscription {
+                    subscription_key: key.to_string(),
+                },
+            )
+            .await?
+        {
+            StreamAnswer::Resumed(x) => Ok(x),
+            other => Err(other.unexpected()),
+        }
+    }
+
+    /// [`Host::resume_subscription`] on this host alone (see [`Host::apply`]).
+    pub(crate) async fn resume_subscription_here(
         &self,
         source: &StreamAddress,
         key: &str,
@@ -425,6 +527,28 @@ impl Host {
     /// # Ok(()) }
     /// ```
     pub async fn set_subscription_cursor_and_resume(
+        &self,
+        source: &StreamAddress,
+        key: &str,
+        after_offset: u64,
+    ) -> Result<CursorSetAndResumed, Error> {
+        match self
+            .apply(
+                source,
+                StreamRequest::SetSubscriptionCursorAndResume {
+                    subscription_key: key.to_string(),
+                    after_offset,
+                },
+            )
+            .await?
+        {
+            StreamAnswer::CursorSetAndResumed(x) => Ok(*x),
+            other => Err(other.unexpected()),
+        }
+    }
+
+    /// [`Host::set_subscription_cursor_and_resume`] on this host alone (see [`Host::apply`]).
+    pub(crate) async fn set_subscription_cursor_and_resume_here(
         &self,
         source: &StreamAddress,
         key: &str,

@@ -12,8 +12,6 @@ use serde_json::json;
 
 use crate::host::live::{Live, LiveConnection};
 
-pub use crate::host::live::WAIT_TIMEOUT_MS_MAX;
-
 /// Streams a live connection as SSE until the client leaves (dropping the
 /// connection closes it) or the connection closes.
 pub fn sse(live: LiveConnection) -> Response {

@@ -1,12 +1,15 @@
-//! Several hosts: any host accepts any request; one for a stream that
-//! another host owns is sent on to that host, and its answer (a live
-//! connection's stream of events included) comes back as it arrives.
+//! Several hosts: any host accepts any request. One for a stream that
+//! another host owns is carried out by that host: `Host::apply` forwards
+//! the typed request and reads back the typed answer, so HTTP knows nothing
+//! of it. What this layer relays is what is not one answer but a body that
+//! flows as long as it lasts: a live connection (`:connect`, server-sent
+//! events) and a backfill's progress (`:backfillProcessor` as NDJSON).
 //!
 //! The stream's actor answers `503 stream-owned-elsewhere` with the owner's
-//! URL in the [`OWNER`] header; this layer replays the request there with
-//! [`FORWARDED`] set. A forwarded request is never forwarded again (the
-//! lease may be moving): its `503` reaches the client, whose retry finds the
-//! new owner. With SQLite storage the layer does nothing.
+//! URL in the [`OWNER`] header; this layer replays such a request there
+//! with [`FORWARDED`] set. A forwarded request is never forwarded again
+//! (the lease may be moving): its `503` reaches the client, whose retry
+//! finds the new owner. With SQLite storage the layer does nothing.
 
 use axum::body::Body;
 use axum::extract::{Request, State};
@@ -21,12 +24,6 @@ use crate::host::Host;
 pub const OWNER: HeaderName = HeaderName::from_static("streamhost-owner");
 /// Set on a request one host forwards to another.
 pub const FORWARDED: HeaderName = HeaderName::from_static("streamhost-forwarded");
-
-/// How long the owner may take to start answering a `waitForEvent`: a
-/// little over the longest one. Other requests get a lease's length (a
-/// live connection answers its headers at once).
-const WAIT_FOR_EVENT_ANSWER_WAIT: std::time::Duration =
-    std::time::Duration::from_millis(super::connections::WAIT_TIMEOUT_MS_MAX + 10_000);
 
 /// Headers that belong to one connection, not to the request.
 const HOP_BY_HOP: [&str; 8] = [
@@ -88,6 +85,18 @@ pub async fn layer(State(host): State<Host>, request: Request, next: Next) -> Re
     let Ok(target) = super::parse_stream_url(path) else {
         return next.run(request).await;
     };
+    // Everything else is one answer, which `Host::apply` gets from the
+    // owner.
+    let flows = target.method == "connect"
+        || (target.method == "backfillProcessor"
+            && request
+                .headers()
+                .get(axum::http::header::ACCEPT)
+                .and_then(|v| v.to_str().ok())
+                .is_some_and(|v| v.contains("application/x-ndjson")));
+    if !flows {
+        return next.run(request).await;
+    }
     let allowed = super::authenticate(&host, request.headers())
         .and_then(|caller| Ok(caller.may_use(&target.address.namespace)?));
     if let Err(e) = allowed {
@@ -143,15 +152,10 @@ pub async fn layer(State(host): State<Host>, request: Request, next: Next) -> Re
             out = out.header(name, value);
         }
     }
-    // Until the owner's answer starts (a live connection's body then flows
-    // as long as it lasts): a hung owner must not hold the request longer
-    // than it takes its lease to expire, after which a retry finds a live
-    // owner.
-    let wait = if parts.uri.path().ends_with(":waitForEvent") {
-        WAIT_FOR_EVENT_ANSWER_WAIT
-    } else {
-        std::time::Duration::from_millis(me.lease_ms.max(1000) as u64)
-    };
+    // Until the owner's answer starts (its body then flows as long as it
+    // lasts): a hung owner must not hold the request longer than it takes
+    // its lease to expire, after which a retry finds a live owner.
+    let wait = std::time::Duration::from_millis(me.lease_ms.max(1000) as u64);
     let answered = tokio::time::timeout(wait, out.send())
         .await
         .map_err(|_| format!("no answer within {} ms", wait.as_millis()))

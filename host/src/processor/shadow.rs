@@ -16,7 +16,7 @@
 //! counts as promoted. A host asked about a shadow it does not fold (the
 //! deploy went through another host) starts folding it then.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -421,7 +421,8 @@ pub fn view(stepper: &Stepper<'_>, instance: &Instance) -> Result<ShadowView, Fa
             (Some(_), _) => "failed",
             (None, true) => "ready",
             (None, false) => "catching-up",
-        },
+        }
+        .to_string(),
         checkpoint_offset: live.checkpoint_offset,
         shadow_offset: through,
         state_diff,
@@ -504,7 +505,7 @@ impl<'a> KeysDiffer<'a> {
         if self.diff.sample.len() < SAMPLE_MAX {
             self.diff.sample.push(KeyChange {
                 key,
-                change,
+                change: change.to_string(),
                 live: live.map(super::keyed::value_json),
                 shadow: shadow.map(super::keyed::value_json),
             });
@@ -605,7 +606,7 @@ pub fn promote(
 }
 
 /// A shadow as `GET {stream}:processors/{component}/shadow` shows it.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ShadowView {
     /// The component.
@@ -616,7 +617,7 @@ pub struct ShadowView {
     pub live_digest: String,
     /// `catching-up`, `ready` (folded through the live checkpoint) or
     /// `failed`.
-    pub status: &'static str,
+    pub status: String,
     /// The live checkpoint.
     pub checkpoint_offset: u64,
     /// How far the shadow has folded.
@@ -630,12 +631,12 @@ pub struct ShadowView {
     /// checkpoint it started from: held, never run.
     pub held_effects: HeldEffects,
     /// Why the shadow stopped folding (status `failed`).
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
 }
 
 /// How a shadow's keyed state differs from the live one.
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct KeysDiff {
     /// Keys only the shadow has.
     pub added: u64,
@@ -648,23 +649,23 @@ pub struct KeysDiff {
 }
 
 /// One key that differs.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct KeyChange {
     /// The key.
     pub key: String,
     /// `added`, `removed` or `changed`.
-    pub change: &'static str,
+    pub change: String,
     /// Its live value (text when it is UTF-8, else `{"base64": ...}`), if
     /// any.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub live: Option<Value>,
     /// Its shadow value, if any.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shadow: Option<Value>,
 }
 
 /// A shadow's held effects.
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct HeldEffects {
     /// How many.
     pub count: u64,
@@ -702,7 +703,7 @@ mod tests {
         let sample: Vec<(&str, &str)> = diff
             .sample
             .iter()
-            .map(|c| (c.key.as_str(), c.change))
+            .map(|c| (c.key.as_str(), c.change.as_str()))
             .collect();
         assert_eq!(
             sample,
