@@ -29,6 +29,8 @@ pub mod filter;
 pub mod invariant;
 pub mod itx;
 pub mod jsonata;
+#[doc(hidden)]
+pub mod seeded;
 #[warn(missing_docs)]
 pub mod stream;
 #[warn(missing_docs)]

@@ -9,42 +9,12 @@ use serde::Deserialize;
 
 use crate::stream::validate_project;
 
-/// How hard a commit is pushed to disk before it is acknowledged.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
-#[serde(rename_all = "kebab-case")]
-pub enum Durability {
-    /// `synchronous=FULL`: fsync before every acknowledgement.
-    #[default]
-    Full,
-    /// `synchronous=NORMAL`: WAL is fsync'd at checkpoints only; a power loss
-    /// may lose the last acknowledged commits (a process crash does not).
-    Normal,
-}
-
 use streamhost_core::delivery::project_share;
 pub use streamhost_core::delivery::DeliveryConfig;
 pub use streamhost_core::stream::MAX_BODY_BYTES_DEFAULT;
-/// The default of `[limits] max-read-bytes` (4 MiB).
-pub const READ_BYTES_MAX_DEFAULT: usize = 4 * 1024 * 1024;
-/// The default of `[processors] keyed-cache-bytes` (256 MiB).
-pub const KEY_CACHE_BYTES_DEFAULT: u64 = 256 * 1024 * 1024;
-/// The default of `[processors] max-versions-per-component`.
-pub const VERSIONS_KEPT_DEFAULT: usize = 50;
-
-/// A URL without its password, for messages.
-pub fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme), Some(at)) if at > scheme => {
-            let userinfo = &url[scheme + 3..at];
-            match userinfo.split_once(':') {
-                Some((user, _)) => format!("{}{user}:***{}", &url[..scheme + 3], &url[at..]),
-                None => url.to_string(),
-            }
-        }
-        _ => url.to_string(),
-    }
-}
-
+pub use streamhost_storage::{
+    redact, Durability, KEY_CACHE_BYTES_DEFAULT, READ_BYTES_MAX_DEFAULT, VERSIONS_KEPT_DEFAULT,
+};
 /// The whole server configuration.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
@@ -410,6 +380,16 @@ impl Config {
         self.webhooks
             .deny_private_networks
             .unwrap_or(!self.tokens.is_empty())
+    }
+
+    /// What the configuration bounds in storage: the key cache, one read's
+    /// bytes, the versions a deploy keeps.
+    pub(crate) fn storage_bounds(&self) -> crate::storage::Bounds {
+        crate::storage::Bounds {
+            key_cache_bytes: self.processors.keyed_cache_bytes,
+            read_bytes_max: self.limits.max_read_bytes,
+            versions_kept: self.processors.max_versions_per_component,
+        }
     }
 
     /// What the configuration bounds in deliveries' work: the JSONata

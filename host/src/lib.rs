@@ -102,7 +102,6 @@ internal! {
     reactor;
     rollout;
     scaffold;
-    storage;
 }
 
 /// Inputs for the fuzz targets in `fuzz/` (with the `internals` feature).
@@ -118,6 +117,8 @@ internal! {
 // the decisions beneath the runtime are internal.
 pub use streamhost_core::{component, error, event, stream, subscription};
 internal_use!(streamhost_core::{clock, delivery, effect, filter, invariant, itx});
+// SQLite and PostgreSQL (crate `streamhost-storage`).
+internal_use!(streamhost_storage as storage);
 
 pub mod cli;
 pub mod config;
@@ -179,7 +180,7 @@ pub use subscription::Subscription;
 #[cfg(test)]
 mod proptests;
 #[cfg(test)]
-mod seeded;
+use streamhost_core::seeded;
 
 /// Unit tests count allocations as the binary does (the JSONata budget).
 #[cfg(test)]

@@ -235,6 +235,15 @@ impl Metrics {
             .inc();
     }
 
+    /// What storage's writer calls after each commit: counted here as
+    /// [`Metrics::observe_commit`].
+    pub fn commit_observer(&self) -> crate::storage::CommitObserver {
+        let metrics = self.clone();
+        std::sync::Arc::new(move |elapsed, writes, events| {
+            metrics.observe_commit(elapsed, writes, events)
+        })
+    }
+
     /// Records one group-commit transaction.
     pub fn observe_commit(&self, elapsed: Duration, writes: usize, events: usize) {
         self.inner.commit_seconds.observe(elapsed.as_secs_f64());

@@ -53,13 +53,13 @@ fn each_write_of_a_group_commits_or_fails_on_its_own() {
             5_000,
             5_000,
             Default::default(),
-            Metrics::new(),
+            Metrics::new().commit_observer(),
         ),
         None => Storage::open(
             &server.data_dir(),
             streamhost::config::Durability::Full,
             Default::default(),
-            Metrics::new(),
+            Metrics::new().commit_observer(),
         ),
     }
     .expect("opening the server's storage");

@@ -152,6 +152,7 @@ impl Host {
     fn open_here(config: Config, clock: Arc<dyn Clock>) -> Result<Host> {
         config.validate()?;
         let metrics = Metrics::new();
+        let commits = metrics.commit_observer();
         let storage = match config.postgres_url()? {
             Some(url) => Storage::open_postgres(
                 url,
@@ -159,14 +160,14 @@ impl Host {
                 config.cluster.advertise_url.as_deref().unwrap_or_default(),
                 config.cluster.lease_ms,
                 config.cluster.db_timeout_ms,
-                crate::storage::Bounds::of(&config),
-                metrics.clone(),
+                config.storage_bounds(),
+                commits,
             ),
             None => Storage::open(
                 &config.data_dir,
                 config.durability,
-                crate::storage::Bounds::of(&config),
-                metrics.clone(),
+                config.storage_bounds(),
+                commits,
             ),
         }
         .context("opening storage")?;

@@ -2,7 +2,7 @@
 //! `open("")`, as the fold sees it.
 //!
 //! The committed bucket is a [`Base`] (rows in storage behind the bounded
-//! key cache of `storage/keys.rs` for wakes; a map in memory for verify,
+//! key cache of `storage/src/keys.rs` for wakes; a map in memory for verify,
 //! refold, backfill and `streamhost fold`). A fold's writes never touch it: they collect in
 //! the [`Bucket`]'s write set, which the wake commits with its checkpoint in
 //! one transaction, or drops with a failing fold. Each guest call works in

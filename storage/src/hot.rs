@@ -65,10 +65,9 @@ pub struct Hot {
     pub(super) keys: super::keys::KeyCache,
 }
 
-
 impl Default for Hot {
     fn default() -> Self {
-        Hot::new(crate::config::KEY_CACHE_BYTES_DEFAULT)
+        Hot::new(crate::KEY_CACHE_BYTES_DEFAULT)
     }
 }
 
@@ -419,7 +418,7 @@ impl State {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::storage::writer::{Checkpoint, StoredEvent, StreamCommit, StreamRef};
+    use crate::writer::{Checkpoint, StoredEvent, StreamCommit, StreamRef};
 
     fn commit(row_id: i64, offsets: std::ops::RangeInclusive<u64>) -> WriteOp {
         WriteOp::Commit(StreamCommit {
@@ -462,32 +461,63 @@ mod tests {
         );
         let mut ops = [commit(1, 5..=7), commit(1, 8..=9)];
         hot.committed(ops.iter_mut().map(|op| (op, 1)));
-        assert_eq!(offsets(hot.events_after(1, 3, 10, 9, usize::MAX)), None, "4 may exist");
+        assert_eq!(
+            offsets(hot.events_after(1, 3, 10, 9, usize::MAX)),
+            None,
+            "4 may exist"
+        );
         assert_eq!(
             offsets(hot.events_after(1, 4, 10, 9, usize::MAX)),
             Some(vec![5, 6, 7, 8, 9])
         );
-        assert_eq!(offsets(hot.events_after(1, 6, 2, 9, usize::MAX)), Some(vec![7, 8]));
-        assert_eq!(offsets(hot.events_after(1, 6, 10, 7, usize::MAX)), Some(vec![7]));
+        assert_eq!(
+            offsets(hot.events_after(1, 6, 2, 9, usize::MAX)),
+            Some(vec![7, 8])
+        );
+        assert_eq!(
+            offsets(hot.events_after(1, 6, 10, 7, usize::MAX)),
+            Some(vec![7])
+        );
         // A byte bound stops at the first event that reaches it, never
         // before the first.
         let size = hot.events_after(1, 4, 1, 9, usize::MAX).unwrap()[0].1.len();
         assert_eq!(offsets(hot.events_after(1, 4, 10, 9, 1)), Some(vec![5]));
         assert_eq!(offsets(hot.events_after(1, 4, 10, 9, size)), Some(vec![5]));
-        assert_eq!(offsets(hot.events_after(1, 4, 10, 9, size + 1)), Some(vec![5, 6]));
-        assert_eq!(offsets(hot.events_after(1, 9, 10, u64::MAX, usize::MAX)), Some(vec![]));
-        assert_eq!(hot.events_after(2, 0, 10, u64::MAX, usize::MAX), None, "another row");
+        assert_eq!(
+            offsets(hot.events_after(1, 4, 10, 9, size + 1)),
+            Some(vec![5, 6])
+        );
+        assert_eq!(
+            offsets(hot.events_after(1, 9, 10, u64::MAX, usize::MAX)),
+            Some(vec![])
+        );
+        assert_eq!(
+            hot.events_after(2, 0, 10, u64::MAX, usize::MAX),
+            None,
+            "another row"
+        );
     }
 
     #[test]
     fn a_tail_keeps_the_newest_events_and_a_reset_drops_it() {
         let hot = Hot::default();
-        assert_eq!(hot.events_after(1, 0, 1, 1, usize::MAX), None, "asks for a tail");
+        assert_eq!(
+            hot.events_after(1, 0, 1, 1, usize::MAX),
+            None,
+            "asks for a tail"
+        );
         let n = TAIL_EVENTS_MAX as u64 + 10;
         let mut op = commit(1, 1..=n);
         hot.committed(std::iter::once((&mut op, 1)));
-        assert_eq!(hot.events_after(1, 9, 1, n, usize::MAX), None, "10 was evicted");
-        assert_eq!(offsets(hot.events_after(1, 10, 1, n, usize::MAX)), Some(vec![11]));
+        assert_eq!(
+            hot.events_after(1, 9, 1, n, usize::MAX),
+            None,
+            "10 was evicted"
+        );
+        assert_eq!(
+            offsets(hot.events_after(1, 10, 1, n, usize::MAX)),
+            Some(vec![11])
+        );
         let mut reset = WriteOp::Reset {
             row_id: 1,
             fence: None,
@@ -499,19 +529,33 @@ mod tests {
     #[test]
     fn a_write_the_cache_never_saw_drops_the_tail_and_a_failed_commit_clears_all() {
         let hot = Hot::default();
-        assert_eq!(hot.events_after(1, 0, 10, 9, usize::MAX), None, "asks for a tail");
+        assert_eq!(
+            hot.events_after(1, 0, 10, 9, usize::MAX),
+            None,
+            "asks for a tail"
+        );
         let mut first = commit(1, 1..=3);
         hot.committed(std::iter::once((&mut first, 1)));
-        assert_eq!(offsets(hot.events_after(1, 0, 10, 3, usize::MAX)), Some(vec![1, 2, 3]));
+        assert_eq!(
+            offsets(hot.events_after(1, 0, 10, 3, usize::MAX)),
+            Some(vec![1, 2, 3])
+        );
         // 4..=5 committed but its answer was an error (never applied here).
         let mut after_gap = commit(1, 6..=7);
         hot.committed(std::iter::once((&mut after_gap, 1)));
-        assert_eq!(hot.events_after(1, 0, 10, 7, usize::MAX), None, "no tail with a hole");
+        assert_eq!(
+            hot.events_after(1, 0, 10, 7, usize::MAX),
+            None,
+            "no tail with a hole"
+        );
         assert_eq!(hot.events_after(1, 5, 10, 7, usize::MAX), None);
 
         let mut again = commit(1, 8..=8);
         hot.committed(std::iter::once((&mut again, 1)));
-        assert_eq!(offsets(hot.events_after(1, 7, 10, 8, usize::MAX)), Some(vec![8]));
+        assert_eq!(
+            offsets(hot.events_after(1, 7, 10, 8, usize::MAX)),
+            Some(vec![8])
+        );
         let miss = hot.checkpoint(1, "c").unwrap_err();
         hot.clear();
         assert_eq!(hot.events_after(1, 7, 10, 8, usize::MAX), None, "cleared");
@@ -584,7 +628,7 @@ mod tests {
         let miss = hot.component("p", "c").unwrap_err();
         hot.fill_component(miss, "p", "c", &None);
         assert_eq!(hot.component("p", "c"), Ok(None));
-        let mut deploy = WriteOp::Deploy(crate::storage::Deployment {
+        let mut deploy = WriteOp::Deploy(crate::Deployment {
             project: "p".into(),
             name: "c".into(),
             digest: "d".into(),
@@ -592,7 +636,7 @@ mod tests {
             bytes: vec![],
             deployed_at: "t".into(),
             mode: Default::default(),
-            versions_kept: crate::storage::VERSIONS_KEPT_DEFAULT,
+            versions_kept: crate::VERSIONS_KEPT_DEFAULT,
         });
         hot.committed(std::iter::once((&mut deploy, 0)));
         assert!(hot.component("p", "c").is_err());

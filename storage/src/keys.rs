@@ -44,7 +44,6 @@ pub struct KeyCache {
     values: quick_cache::sync::Cache<(i64, u64, String), CachedValue, Weigh>,
     tags: Mutex<std::collections::HashMap<i64, (String, u64)>>,
     generation: AtomicU64,
-    #[cfg_attr(not(feature = "internals"), allow(dead_code))] // the benchmarks' (internals)
     capacity: u64,
 }
 
@@ -74,7 +73,6 @@ impl KeyCache {
     }
 
     /// Bytes held, and the bound.
-    #[cfg_attr(not(feature = "internals"), allow(dead_code))] // the benchmarks' (internals)
     pub fn usage(&self) -> (u64, u64) {
         (self.values.weight(), self.capacity)
     }
@@ -182,7 +180,7 @@ impl StoredBucket {
     }
 
     /// The committed values of `keys`, in order: the cache's, and the rest
-    /// read in statements of [`ROWS_PER_STATEMENT`] keys (one round trip
+    /// read in statements of `ROWS_PER_STATEMENT` keys (one round trip
     /// each on PostgreSQL).
     pub fn values(&self, keys: &[&str]) -> Result<Vec<Option<Vec<u8>>>> {
         let cache = &self.storage.inner.hot.keys;
@@ -284,7 +282,6 @@ impl Storage {
     }
 
     /// The key cache's bytes held and bound.
-    #[cfg_attr(not(feature = "internals"), allow(dead_code))] // the benchmarks' (internals)
     pub fn key_cache_usage(&self) -> (u64, u64) {
         self.inner.hot.keys.usage()
     }
@@ -387,7 +384,13 @@ impl Storage {
     ) -> Result<()> {
         let mut after: Option<String> = None;
         loop {
-            let page = self.keys_page(bucket, "", after.as_deref(), 1000, self.bounds().read_bytes_max)?;
+            let page = self.keys_page(
+                bucket,
+                "",
+                after.as_deref(),
+                1000,
+                self.bounds().read_bytes_max,
+            )?;
             let Some((last, _)) = page.last() else {
                 return Ok(());
             };

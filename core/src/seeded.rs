@@ -3,15 +3,16 @@
 //! alone.
 
 /// A small seeded generator.
-pub(crate) struct Rng(u64);
+pub struct Rng(u64);
 
 impl Rng {
     /// A generator for `seed` (any value, 0 included).
-    pub(crate) fn new(seed: u64) -> Rng {
+    pub fn new(seed: u64) -> Rng {
         Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
     }
 
-    pub(crate) fn next(&mut self) -> u64 {
+    #[allow(clippy::should_implement_trait)] // a generator, not an iterator
+    pub fn next(&mut self) -> u64 {
         self.0 ^= self.0 >> 12;
         self.0 ^= self.0 << 25;
         self.0 ^= self.0 >> 27;
@@ -19,17 +20,17 @@ impl Rng {
     }
 
     /// Uniform enough in `0..n` (0 when `n` is 0).
-    pub(crate) fn below(&mut self, n: u64) -> u64 {
+    pub fn below(&mut self, n: u64) -> u64 {
         self.next() % n.max(1)
     }
 
     /// True `percent` times in 100.
-    pub(crate) fn percent(&mut self, percent: u64) -> bool {
+    pub fn percent(&mut self, percent: u64) -> bool {
         self.below(100) < percent
     }
 
     /// True `per_mille` times in 1000.
-    pub(crate) fn per_mille(&mut self, per_mille: u64) -> bool {
+    pub fn per_mille(&mut self, per_mille: u64) -> bool {
         self.below(1000) < per_mille
     }
 }

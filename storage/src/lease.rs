@@ -125,7 +125,7 @@ pub struct LeaseLost {
 
 impl std::fmt::Display for LeaseLost {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&crate::error::lease_lost_message(&self.path))
+        f.write_str(&streamhost_core::error::lease_lost_message(&self.path))
     }
 }
 
@@ -292,7 +292,7 @@ impl Storage {
 
     /// Whether this host may serve its streams now (always on SQLite):
     /// its last renewal is recent enough that no other host can have taken
-    /// them (see [`Tenure`]).
+    /// them (see `Tenure`).
     pub fn lease_valid(&self) -> bool {
         self.cluster().is_none() || self.inner.tenure.valid()
     }
@@ -454,7 +454,7 @@ impl Storage {
 
     /// Gives this host's leases up (it is stopping): its last renewal
     /// reads as never, so any host may take its streams at once, and the
-    /// others hear of it on [`STOPPED_CHANNEL`] instead of waiting for the
+    /// others hear of it on `STOPPED_CHANNEL` instead of waiting for the
     /// leases to run out. It renews and takes nothing after.
     pub fn release_leases(&self) -> Result<()> {
         let Some(me) = self.cluster() else {

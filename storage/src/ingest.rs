@@ -5,8 +5,8 @@
 //! same key twice keeps the first row. Rows leave only once their events are
 //! committed to their stream ([`IngestOp::Appended`]), which frees capacity.
 
-use super::writer::{Refusal, Refused};
 use super::sql::{args, Db};
+use super::writer::{Refusal, Refused};
 use super::Storage;
 use anyhow::Result;
 
@@ -239,7 +239,8 @@ fn fits(pending: (u64, u64), more: (u64, u64), max: (u64, u64), whose: &str) -> 
         ("bytes", pending.1, more.1, max.1),
     ] {
         if pending + more > max {
-            let bound = format!("{whose}: {pending} of {max} {what} pending, {more} more do not fit");
+            let bound =
+                format!("{whose}: {pending} of {max} {what} pending, {more} more do not fit");
             return Err(Refused::error(
                 Refusal::CapacityExhausted(bound.clone()),
                 format!("{CAPACITY_EXHAUSTED}{bound}"),
@@ -691,7 +692,7 @@ mod tests {
 
     fn db() -> Connection {
         let conn = Connection::open_in_memory().unwrap();
-        super::super::schema::migrate(&conn).unwrap();
+        crate::schema::migrate(&conn).unwrap();
         conn
     }
 

@@ -105,7 +105,7 @@ impl<'a> From<Option<&'a str>> for Arg<'a> {
 /// The parameters of one statement: `args![a, b, c]`.
 macro_rules! args {
     ($($a:expr),* $(,)?) => {
-        &[$($crate::storage::sql::Arg::from($a)),*][..]
+        &[$($crate::sql::Arg::from($a)),*][..]
     };
 }
 pub(crate) use args;
@@ -246,7 +246,10 @@ impl PgConn {
     /// Runs `f` to its end on this connection's runtime (which also drives
     /// the connection itself).
     fn run<T>(&self, f: impl std::future::Future<Output = T>) -> T {
-        let runtime = self.runtime.as_ref().expect("a live connection has its runtime");
+        let runtime = self
+            .runtime
+            .as_ref()
+            .expect("a live connection has its runtime");
         blocking(|| runtime.block_on(f))
     }
 
@@ -287,10 +290,7 @@ impl PgConn {
         let params: Vec<Vec<&(dyn postgres::types::ToSql + Sync)>> =
             statements.iter().map(|(_, args)| pg_params(args)).collect();
         type Query<'q> = Pin<
-            Box<
-                dyn Future<Output = Result<Vec<tokio_postgres::Row>, tokio_postgres::Error>>
-                    + 'q,
-            >,
+            Box<dyn Future<Output = Result<Vec<tokio_postgres::Row>, tokio_postgres::Error>> + 'q>,
         >;
         let mut queries: Vec<Query<'_>> = prepared
             .iter()
@@ -332,7 +332,7 @@ impl Drop for PgConn {
     }
 }
 
-pub use crate::config::redact;
+pub use crate::redact;
 
 fn first_line(sql: &str) -> &str {
     sql.trim().lines().next().unwrap_or("")
@@ -632,16 +632,15 @@ mod tests {
         )
         .unwrap();
         let insert = |offset: i64, key: &str| {
-            db.execute(
-                "INSERT INTO events VALUES (1, ?1, ?2)",
-                args![offset, key],
-            )
+            db.execute("INSERT INTO events VALUES (1, ?1, ?2)", args![offset, key])
         };
         insert(1, "a").unwrap();
         assert!(is_duplicate_key(&insert(2, "a").unwrap_err()));
         let same_offset = insert(1, "b").unwrap_err();
         assert!(!is_duplicate_key(&same_offset), "{same_offset:#}");
-        assert!(!is_duplicate_key(&anyhow::anyhow!("events.idempotency_key")));
+        assert!(!is_duplicate_key(&anyhow::anyhow!(
+            "events.idempotency_key"
+        )));
     }
 
     #[test]

@@ -8,7 +8,7 @@
 //! that holds it has committed (and, with `durability = "full"`, been fsync'd).
 
 mod effects;
-pub(crate) mod faults;
+pub mod faults;
 mod hot;
 mod ingest;
 mod keys;
@@ -26,13 +26,48 @@ use std::sync::{Arc, Mutex};
 
 use anyhow::{Context, Result};
 use rusqlite::{Connection, OpenFlags};
+use serde::Deserialize;
 
 use sql::{args, Db, PgConn, Row};
 
-use crate::config::Durability;
-use crate::metrics::Metrics;
 pub use effects::{EffectInsert, EffectOp, EffectQuery, EffectRow, EffectSource, NewEffect};
-pub use crate::config::{KEY_CACHE_BYTES_DEFAULT, READ_BYTES_MAX_DEFAULT, VERSIONS_KEPT_DEFAULT};
+
+/// How hard a commit is pushed to disk before it is acknowledged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum Durability {
+    /// `synchronous=FULL`: fsync before every acknowledgement.
+    #[default]
+    Full,
+    /// `synchronous=NORMAL`: WAL is fsync'd at checkpoints only; a power loss
+    /// may lose the last acknowledged commits (a process crash does not).
+    Normal,
+}
+
+/// The default of `[limits] max-read-bytes` (4 MiB).
+pub const READ_BYTES_MAX_DEFAULT: usize = 4 * 1024 * 1024;
+/// The default of `[processors] keyed-cache-bytes` (256 MiB).
+pub const KEY_CACHE_BYTES_DEFAULT: u64 = 256 * 1024 * 1024;
+/// The default of `[processors] max-versions-per-component`.
+pub const VERSIONS_KEPT_DEFAULT: usize = 50;
+
+/// A URL without its password, for messages.
+pub fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            let userinfo = &url[scheme + 3..at];
+            match userinfo.split_once(':') {
+                Some((user, _)) => format!("{}{user}:***{}", &url[..scheme + 3], &url[at..]),
+                None => url.to_string(),
+            }
+        }
+        _ => url.to_string(),
+    }
+}
+
+/// What the writer tells of each commit (the host counts it in its
+/// metrics): how long it took, its writes and its events.
+pub type CommitObserver = Arc<dyn Fn(std::time::Duration, usize, usize) + Send + Sync>;
 
 /// What a host's configuration bounds in its storage (each host its own).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -49,17 +84,6 @@ pub struct Bounds {
     pub versions_kept: usize,
 }
 
-impl Bounds {
-    /// What `config` bounds in storage.
-    pub(crate) fn of(config: &crate::config::Config) -> Bounds {
-        Bounds {
-            key_cache_bytes: config.processors.keyed_cache_bytes,
-            read_bytes_max: config.limits.max_read_bytes,
-            versions_kept: config.processors.max_versions_per_component,
-        }
-    }
-}
-
 impl Default for Bounds {
     fn default() -> Self {
         Bounds {
@@ -71,18 +95,15 @@ impl Default for Bounds {
 }
 pub use ingest::{
     share_of, DroppedEvent, FenceIdentity, IngestOp, NewParked, NewPending, ParkedRow, PendingRow,
-    SharedBound,
-    DIAGNOSTICS_KEPT,
+    SharedBound, DIAGNOSTICS_KEPT,
 };
 pub use keys::{read_offline, tag as key_tag, StoredBucket, Writes as KeyWrites};
-// Named in the signatures the `internals` feature opens.
-#[cfg(feature = "internals")]
-pub use {ingest::FenceRow, keys::OfflineInstance, lease::ClusterHost};
 pub use lease::{tenure_clock_ms, Fence, HostIdentity, LeaseLost, OwnedElsewhere};
 pub use writer::{
-    Checkpoint, CommitError, CursorRow, Deployment, NewStream, ProcessorFailure, StoredEvent,
-    Refusal, StreamCommit, StreamRef, WriteOp,
+    Checkpoint, CommitError, CursorRow, Deployment, NewStream, ProcessorFailure, Refusal,
+    StoredEvent, StreamCommit, StreamRef, WriteOp,
 };
+pub use {ingest::FenceRow, keys::OfflineInstance, lease::ClusterHost};
 
 /// A deployed component.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
@@ -235,7 +256,7 @@ impl Storage {
         data_dir: &Path,
         durability: Durability,
         bounds: Bounds,
-        metrics: Metrics,
+        observe: CommitObserver,
     ) -> Result<Storage> {
         let lock = lock_data_dir(data_dir)?;
         let db_path = data_dir.join("streamhost.db");
@@ -261,7 +282,7 @@ impl Storage {
             },
             lock,
             bounds,
-            metrics,
+            observe,
         )
     }
 
@@ -281,7 +302,7 @@ impl Storage {
         lease_ms: u64,
         db_timeout_ms: u64,
         bounds: Bounds,
-        metrics: Metrics,
+        observe: CommitObserver,
     ) -> Result<Storage> {
         let lock = lock_data_dir(data_dir)?;
         let target = sql::PgTarget::new(url, db_timeout_ms)?;
@@ -302,7 +323,7 @@ impl Storage {
             },
             lock,
             bounds,
-            metrics,
+            observe,
         )?;
         Arc::get_mut(&mut storage.inner)
             .expect("a new storage has one handle")
@@ -332,7 +353,7 @@ impl Storage {
         readers: Readers,
         lock: std::fs::File,
         bounds: Bounds,
-        metrics: Metrics,
+        observe: CommitObserver,
     ) -> Result<Storage> {
         let bounds = Bounds {
             read_bytes_max: bounds.read_bytes_max.max(1),
@@ -340,7 +361,7 @@ impl Storage {
             ..bounds
         };
         let hot = Arc::new(hot::Hot::new(bounds.key_cache_bytes));
-        let writer = writer::WriterHandle::start(conn, metrics, hot.clone())?;
+        let writer = writer::WriterHandle::start(conn, observe, hot.clone())?;
         Ok(Storage {
             inner: Arc::new(Inner {
                 writer,
@@ -504,7 +525,7 @@ impl Storage {
 
     /// Committed event bodies with offsets in `(after_offset, up_to_offset]`,
     /// at most `limit`, in order, and no more bytes of them than
-    /// [`read_bytes_max`] (at least one event: a page that reaches the
+    /// [`Bounds::read_bytes_max`] (at least one event: a page that reaches the
     /// bound ends with the event that reached it; the next page continues
     /// after it).
     pub fn events_after(
@@ -514,7 +535,13 @@ impl Storage {
         limit: usize,
         up_to_offset: u64,
     ) -> Result<Vec<(u64, String)>> {
-        self.events_within(row_id, after_offset, limit, up_to_offset, self.bounds().read_bytes_max)
+        self.events_within(
+            row_id,
+            after_offset,
+            limit,
+            up_to_offset,
+            self.bounds().read_bytes_max,
+        )
     }
 
     /// [`Storage::events_after`] with a byte bound of its own

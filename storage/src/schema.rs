@@ -113,8 +113,7 @@ fn refold_replay_effects(conn: &Connection) -> Result<()> {
 }
 
 /// What a run measured, on its cursor row (JSON).
-const CURSOR_MEASUREMENTS: &str =
-    "ALTER TABLE subscription_cursors ADD COLUMN measurements TEXT";
+const CURSOR_MEASUREMENTS: &str = "ALTER TABLE subscription_cursors ADD COLUMN measurements TEXT";
 
 fn cursor_measurements(conn: &Connection) -> Result<()> {
     conn.execute_batch(CURSOR_MEASUREMENTS)?;
@@ -626,7 +625,7 @@ pub fn migrate_postgres(db: Db<'_>) -> Result<()> {
         db.batch("CREATE TABLE IF NOT EXISTS streamhost_schema (version INTEGER NOT NULL)")?;
         let current = db.query_opt(
             "SELECT version FROM streamhost_schema",
-            crate::storage::sql::args![],
+            crate::sql::args![],
             |r| r.int(0),
         )?;
         match current {
@@ -641,7 +640,7 @@ pub fn migrate_postgres(db: Db<'_>) -> Result<()> {
                 db.batch(INGEST_PARKED)?;
                 db.execute(
                     "INSERT INTO streamhost_schema (version) VALUES (?1)",
-                    crate::storage::sql::args![i64::from(SCHEMA_VERSION)],
+                    crate::sql::args![i64::from(SCHEMA_VERSION)],
                 )?;
                 tracing::info!(version = SCHEMA_VERSION, "schema created on PostgreSQL");
             }
@@ -671,7 +670,7 @@ pub fn migrate_postgres(db: Db<'_>) -> Result<()> {
                 db.batch(INGEST_PARKED)?;
                 db.execute(
                     "UPDATE streamhost_schema SET version = ?1",
-                    crate::storage::sql::args![i64::from(SCHEMA_VERSION)],
+                    crate::sql::args![i64::from(SCHEMA_VERSION)],
                 )?;
                 tracing::info!(version = SCHEMA_VERSION, "schema migrated on PostgreSQL");
             }

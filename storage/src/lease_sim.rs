@@ -20,7 +20,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 
 use super::lease::{lease_live, Tenure};
-use crate::seeded::Rng;
+use streamhost_core::seeded::Rng;
 
 const LEASE_MS: i64 = 1_000;
 const HOSTS: usize = 3;

@@ -13,7 +13,6 @@ use tokio::sync::oneshot;
 use super::effects::{EffectOp, EffectSource, NewEffect};
 use super::faults::{Fault, Faults};
 use super::sql::{args, Db, Dialect, PgConn};
-use crate::metrics::Metrics;
 
 /// Most writes coalesced into one transaction.
 pub const GROUP_WRITES_MAX: usize = 4096;
@@ -204,7 +203,7 @@ pub struct Deployment {
     /// refold or a shadow is recorded in the same transaction (done even
     /// across a restart); a shadow's bytes are stored while the current
     /// version stays current.
-    pub mode: crate::component::DeployMode,
+    pub mode: streamhost_core::component::DeployMode,
     /// How many versions of the component are kept, the newest
     /// ([`super::Bounds::versions_kept`]).
     pub versions_kept: usize,
@@ -268,9 +267,10 @@ impl CommitError {
         }
     }
 
-    /// A write the log's idempotency index refused (simulated storage).
-    #[cfg(test)]
-    pub(crate) fn duplicate(message: impl Into<String>) -> CommitError {
+    /// A write the log's idempotency index refused (the actors'
+    /// simulation's storage).
+    #[doc(hidden)]
+    pub fn duplicate(message: impl Into<String>) -> CommitError {
         CommitError {
             message: message.into(),
             refusal: None,
@@ -438,10 +438,11 @@ impl WriteConn {
 }
 
 /// What the writer thread and a direct committer share: the one write
-/// connection (whoever holds the lock commits), the metrics, the cache.
+/// connection (whoever holds the lock commits), the commit observer, the
+/// cache.
 struct Shared {
     conn: std::sync::Mutex<WriteConn>,
-    metrics: Metrics,
+    observe: crate::CommitObserver,
     hot: Arc<super::hot::Hot>,
     faults: Faults,
     /// Why the host cannot write now: the writer thread stopped, or the
@@ -470,7 +471,7 @@ impl Shared {
 
 /// Marks the host unable to write when the writer thread ends, whatever
 /// ends it (a panic unwinding it when no stop-the-process policy is
-/// installed, see `crate::invariant`).
+/// installed, see `streamhost_core::invariant`).
 struct WriterExit(Arc<Shared>);
 
 impl Drop for WriterExit {
@@ -487,7 +488,7 @@ impl Drop for WriterExit {
 impl WriterHandle {
     pub(super) fn start(
         conn: WriteConn,
-        metrics: Metrics,
+        observe: crate::CommitObserver,
         hot: Arc<super::hot::Hot>,
     ) -> Result<WriterHandle> {
         let (tx, rx) = mpsc::channel::<Job>();
@@ -504,7 +505,7 @@ impl WriterHandle {
         let shared = Arc::new(Shared {
             dir,
             conn: std::sync::Mutex::new(conn),
-            metrics,
+            observe,
             hot,
             faults,
             unable: std::sync::Mutex::new(None),
@@ -676,7 +677,10 @@ fn commit(shared: &Shared, conn: Db<'_>, ops: &mut [WriteOp]) -> Vec<Result<i64,
     .entered();
     let started = Instant::now();
     let mut results = commit_group(conn, ops, &shared.faults);
-    if results.iter().any(|r| r.as_ref().is_err_and(|e| !e.rolled_back)) {
+    if results
+        .iter()
+        .any(|r| r.as_ref().is_err_and(|e| !e.rolled_back))
+    {
         // A failed transaction: was it for want of room?
         if let Some(why) = shared.dir.as_deref().and_then(disk_full) {
             for r in results.iter_mut() {
@@ -693,10 +697,13 @@ fn commit(shared: &Shared, conn: Db<'_>, ops: &mut [WriteOp]) -> Vec<Result<i64,
         .filter(|(_, r)| r.is_ok())
         .map(|(op, _)| events(op))
         .sum();
-    shared.metrics.observe_commit(elapsed, ops.len(), committed);
+    (shared.observe)(elapsed, ops.len(), committed);
     if results.iter().any(Result::is_ok) {
         shared.set_unable(None);
-    } else if let Some(Err(e)) = results.iter().find(|r| r.as_ref().is_err_and(|e| !e.rolled_back)) {
+    } else if let Some(Err(e)) = results
+        .iter()
+        .find(|r| r.as_ref().is_err_and(|e| !e.rolled_back))
+    {
         // The transaction failed as a whole (not one write's own refusal).
         shared.set_unable(Some(format!("the last commit failed: {e}")));
     }
@@ -740,10 +747,7 @@ fn trim_versions(conn: Db<'_>, d: &Deployment) -> Result<()> {
     if gone.is_empty() {
         return Ok(());
     }
-    conn.execute(
-        &format!("DELETE {older}"),
-        args![&d.project, &d.name, keep],
-    )?;
+    conn.execute(&format!("DELETE {older}"), args![&d.project, &d.name, keep])?;
     for digest in gone {
         conn.execute(
             "DELETE FROM component_blobs WHERE digest = ?1
@@ -775,7 +779,10 @@ fn finish(conn: Db<'_>, faults: &Faults) -> Result<(), String> {
             control(conn, "COMMIT").map_err(|e| e.to_string())?;
             Err("disk I/O error (injected after commit: the outcome is unknown)".into())
         }
-        Fault::Panic => panic!("invariant writer-test: a writer panic injected on purpose ({})", super::faults::ENV),
+        Fault::Panic => panic!(
+            "invariant writer-test: a writer panic injected on purpose ({})",
+            super::faults::ENV
+        ),
     }
 }
 
@@ -904,7 +911,8 @@ fn pipeline_in_savepoints(
     let mut out = Vec::with_capacity(writes.len());
     while out.len() < writes.len() {
         let rest = &writes[out.len()..];
-        let mut statements: Vec<(&str, &[super::sql::Arg<'_>])> = Vec::with_capacity(3 * rest.len());
+        let mut statements: Vec<(&str, &[super::sql::Arg<'_>])> =
+            Vec::with_capacity(3 * rest.len());
         for (sql, args) in rest {
             statements.push(("SAVEPOINT op", &[]));
             statements.push((sql, args.as_slice()));
@@ -985,7 +993,11 @@ impl<'a> RoundArrays<'a> {
         RoundArrays {
             offsets: c.events.iter().map(|e| Some(e.offset as i64)).collect(),
             types: c.events.iter().map(|e| Some(&*e.event_type)).collect(),
-            keys: c.events.iter().map(|e| e.idempotency_key.as_deref()).collect(),
+            keys: c
+                .events
+                .iter()
+                .map(|e| e.idempotency_key.as_deref())
+                .collect(),
             bodies: c.events.iter().map(|e| Some(&*e.body)).collect(),
             cursor_keys: cursors.iter().map(|c| Some(&*c.subscription_key)).collect(),
             generations: cursors.iter().map(|c| Some(c.generation as i64)).collect(),
@@ -1109,7 +1121,12 @@ fn commit_group_pipelined(
                 c.effects
                     .iter()
                     .filter(|e| !e.effects.is_empty())
-                    .map(move |e| (r, super::effects::PgInsert::of(&e.source, &e.effects, &e.created_at)))
+                    .map(move |e| {
+                        (
+                            r,
+                            super::effects::PgInsert::of(&e.source, &e.effects, &e.created_at),
+                        )
+                    })
             })
             .collect();
         let effect_args: Vec<Vec<super::sql::Arg<'_>>> =
@@ -1188,7 +1205,9 @@ fn commit_group_pipelined(
             let settles: Vec<(&str, Vec<super::sql::Arg<'_>>)> = ops[i..]
                 .iter()
                 .map_while(|op| match op {
-                    WriteOp::Effect(e) => super::effects::settle_write(super::sql::Dialect::Postgres, e),
+                    WriteOp::Effect(e) => {
+                        super::effects::settle_write(super::sql::Dialect::Postgres, e)
+                    }
                     _ => None,
                 })
                 .collect();
@@ -1570,7 +1589,7 @@ fn upsert_cursors(conn: Db<'_>, row_id: i64, cursors: &[CursorRow]) -> Result<()
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::storage::{CheckpointId, Storage};
+    use crate::{CheckpointId, Storage};
 
     const SMALL: usize = 100;
     const LARGE: usize = LARGE_WRITE_BYTES + 1;
@@ -1633,7 +1652,10 @@ mod tests {
     #[test]
     fn a_write_counts_its_events_state_and_component_bytes() {
         let commit = WriteOp::Commit(StreamCommit {
-            stream: StreamRef::Existing { row_id: 1, expected_head: 0 },
+            stream: StreamRef::Existing {
+                row_id: 1,
+                expected_head: 0,
+            },
             events: vec![StoredEvent {
                 offset: 1,
                 event_type: "t".into(),
@@ -1649,7 +1671,10 @@ mod tests {
             effects: Vec::new(),
         });
         assert_eq!(op_bytes(&commit), 1010);
-        assert_eq!(op_bytes(&checkpoint(None, 1, "d")), r#"{"through":1,"by":"d"}"#.len());
+        assert_eq!(
+            op_bytes(&checkpoint(None, 1, "d")),
+            r#"{"through":1,"by":"d"}"#.len()
+        );
     }
 
     fn checkpoint(previous: Option<CheckpointId>, offset: u64, digest: &str) -> WriteOp {
@@ -1678,9 +1703,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let storage = Storage::open(
             dir.path(),
-            crate::config::Durability::Full,
-            super::super::Bounds::default(),
-            crate::metrics::Metrics::new(),
+            crate::Durability::Full,
+            crate::Bounds::default(),
+            std::sync::Arc::new(|_, _, _| {}),
         )
         .unwrap();
         (dir, storage)
@@ -1739,7 +1764,7 @@ mod tests {
 
     #[test]
     fn a_stale_executor_never_settles_a_later_lease_even_after_a_retry() {
-        use crate::storage::{EffectOp, EffectSource, NewEffect};
+        use crate::{EffectOp, EffectSource, NewEffect};
         let (_dir, storage) = sqlite();
         let effect = |op: EffectOp| storage.commit_blocking(WriteOp::Effect(op)).unwrap();
         let inserted = effect(EffectOp::Insert {
