@@ -23,8 +23,8 @@
 //!   [`Host::processor_keys`], [`Host::verify_processor`],
 //!   [`Host::backfill`];
 //! - ITX calls: [`Host::call`], [`Host::call_expression`];
-//! - effects: [`Host::effects`], [`Host::retry_effect`],
-//!   [`Host::cancel_effect`];
+//! - effects: [`Host::effects`], [`Host::wait_for_effect`],
+//!   [`Host::retry_effect`], [`Host::cancel_effect`];
 //! - ingest and hosts: [`Host::ingest`], [`Host::ingest_status`],
 //!   [`Host::cluster`];
 //! - every operation as one typed request, an enum per family:

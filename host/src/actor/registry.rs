@@ -138,6 +138,7 @@ impl Streams {
                     ),
                     bounds: settings.bounds,
                     wakes_ended: Default::default(),
+                    effects_ended: Default::default(),
                 },
                 storage,
                 clock,

@@ -162,6 +162,7 @@ async fn run(streams: Arc<dyn super::Streams>, bell: EffectsBell, settings: Sett
                         tokio::spawn(async move {
                             let id = row.id;
                             execute_and_settle(&exec, &settings, row).await;
+                            exec.effects_ended.send_modify(|n| *n = n.wrapping_add(1));
                             let _ = done.send(id);
                         });
                     }

@@ -82,6 +82,9 @@ pub struct Executors {
     /// Counts the wakes that ended on this host (committed or failed):
     /// what a wait for a processor watches.
     pub wakes_ended: Arc<tokio::sync::watch::Sender<u64>>,
+    /// Counts the effect executions that ended on this host (settled or
+    /// put back for a retry): what a wait for an effect watches.
+    pub effects_ended: Arc<tokio::sync::watch::Sender<u64>>,
 }
 
 /// What a target's `send` works with.

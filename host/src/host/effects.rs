@@ -177,18 +177,13 @@ pub struct EffectsPage {
     pub next_after_id: Option<i64>,
 }
 
+/// How often a wait for an effect looks again with no execution ending here.
+const EFFECT_RECHECK: std::time::Duration = std::time::Duration::from_millis(250);
+
 impl Host {
     /// A page of `project`'s effects.
     ///
     /// ```
-    /// async fn eventually<T>(what: &str, mut probe: impl AsyncFnMut() -> Option<T>) -> anyhow::Result<T> {
-    ///     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    ///     loop {
-    ///         if let Some(v) = probe().await { return Ok(v) }
-    ///         anyhow::ensure!(std::time::Instant::now() < deadline, "timed out waiting for {what}");
-    ///         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    ///     }
-    /// }
     /// # #[tokio::main] async fn main() -> anyhow::Result<()> {
     /// # let dir = tempfile::tempdir()?;
     /// # let host = streamhost::Host::open(streamhost::Config { data_dir: dir.path().into(), ..Default::default() })?;
@@ -203,14 +198,16 @@ impl Host {
     /// # ]}))]).await?;
     /// # let head = host.state(&jobs).await?.max_offset;
     /// # host.wait_for_processor(&jobs, "effector", head, std::time::Duration::from_secs(10)).await?; // its effects commit with its checkpoint
+    /// use std::time::Duration;
     /// use streamhost::{EffectFilter, EffectStatus};
     ///
-    /// let note = eventually("the append effect to succeed", async || {
-    ///     let page = host.effects("acme", EffectFilter::new().status(EffectStatus::Succeeded)).await.ok()?;
-    ///     page.effects.into_iter().next()
-    /// })
-    /// .await?;
-    /// assert_eq!((note.key.as_str(), note.component.as_str()), ("note", "effector"));
+    /// let page = host.effects("acme", EffectFilter::new()).await?;
+    /// let note = page.effects.iter().find(|e| e.key == "note").expect("the append effect");
+    /// assert_eq!(note.component, "effector");
+    /// let done = |e: &streamhost::Effect| e.status == EffectStatus::Succeeded;
+    /// host.wait_for_effect("acme", note.id, done, Duration::from_secs(10)).await?;
+    /// let succeeded = host.effects("acme", EffectFilter::new().status(EffectStatus::Succeeded)).await?;
+    /// assert_eq!(succeeded.effects[0].key, "note");
     /// # Ok(()) }
     /// ```
     pub async fn effects(&self, project: &str, filter: EffectFilter) -> Result<EffectsPage, Error> {
@@ -283,18 +280,77 @@ impl Host {
             })
     }
 
+    /// Waits until effect `id` of `project` is as `until` asks (a status,
+    /// an attempt made) and answers it then; `timeout` naming its status
+    /// once `within` has passed. Looks again whenever an effect's execution
+    /// ends on this host, and every quarter second (another host's
+    /// executions, a cancel or a retry ring no bell here).
+    ///
+    /// ```
+    /// # #[tokio::main] async fn main() -> anyhow::Result<()> {
+    /// # let dir = tempfile::tempdir()?;
+    /// # let host = streamhost::Host::open(streamhost::Config { data_dir: dir.path().into(), ..Default::default() })?;
+    /// # let guests = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/processors/target/wasm32-wasip2/release"));
+    /// # host.deploy(streamhost::Deploy::new("acme", "effector", std::fs::read(guests.join("effector.wasm"))?)).await?;
+    /// # let jobs = host.stream("acme", "/jobs")?;
+    /// # host.subscribe(&jobs, &streamhost::Subscription::wake("effector", "effector").from_beginning()).await?;
+    /// # host.append(&jobs, [streamhost::EventInput::new("events.example/effects-requested").payload(serde_json::json!({"effects": [
+    /// #     {"key": "note", "append": {"streamPath": "/notes", "type": "noted", "payload": {}}},
+    /// # ]}))]).await?;
+    /// # let head = host.state(&jobs).await?.max_offset;
+    /// # host.wait_for_processor(&jobs, "effector", head, std::time::Duration::from_secs(10)).await?;
+    /// use std::time::Duration;
+    /// use streamhost::{EffectFilter, EffectStatus};
+    ///
+    /// let page = host.effects("acme", EffectFilter::new()).await?;
+    /// let note = &page.effects[0];
+    /// let settled = |e: &streamhost::Effect| e.settled_at.is_some();
+    /// let done = host.wait_for_effect("acme", note.id, settled, Duration::from_secs(10)).await?;
+    /// assert_eq!(done.status, EffectStatus::Succeeded);
+    /// let never = host.wait_for_effect("acme", note.id, |e| e.attempts > 5, Duration::from_millis(50)).await;
+    /// assert_eq!(never.unwrap_err().code, "timeout");
+    /// # Ok(()) }
+    /// ```
+    pub async fn wait_for_effect(
+        &self,
+        project: &str,
+        id: i64,
+        until: impl Fn(&Effect) -> bool,
+        within: std::time::Duration,
+    ) -> Result<Effect, Error> {
+        let mut ended = self.streams.executors().effects_ended.subscribe();
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            ended.borrow_and_update();
+            let effect = self.effect(project, id).await?;
+            if until(&effect) {
+                return Ok(effect);
+            }
+            let now = tokio::time::Instant::now();
+            if now >= deadline {
+                return Err(Error::new(
+                    crate::error::ErrorKind::Timeout,
+                    "timeout",
+                    format!(
+                        "effect {id} of project {project:?} is {:?} after {} attempts, not as waited for, within {} ms",
+                        effect.status,
+                        effect.attempts,
+                        within.as_millis()
+                    ),
+                ));
+            }
+            let next = deadline.min(now + EFFECT_RECHECK);
+            tokio::select! {
+                _ = ended.changed() => {}
+                _ = tokio::time::sleep_until(next) => {}
+            }
+        }
+    }
+
     /// Attempts a failed or cancelled effect again (`effect-not-retryable`
     /// otherwise); answers it, pending.
     ///
     /// ```
-    /// async fn eventually<T>(what: &str, mut probe: impl AsyncFnMut() -> Option<T>) -> anyhow::Result<T> {
-    ///     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    ///     loop {
-    ///         if let Some(v) = probe().await { return Ok(v) }
-    ///         anyhow::ensure!(std::time::Instant::now() < deadline, "timed out waiting for {what}");
-    ///         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    ///     }
-    /// }
     /// # #[tokio::main] async fn main() -> anyhow::Result<()> {
     /// # let dir = tempfile::tempdir()?;
     /// # let host = streamhost::Host::open(streamhost::Config { data_dir: dir.path().into(), ..Default::default() })?;
@@ -313,7 +369,11 @@ impl Host {
     ///
     /// let page = host.effects("acme", EffectFilter::new()).await?;
     /// let hook = page.effects.iter().find(|e| e.key == "hook").expect("the webhook effect");
-    /// eventually("the cancel", async || host.cancel_effect("acme", hook.id).await.ok()).await?;
+    /// // The webhook's receiver is down: its first attempt fails, and it
+    /// // waits for its next.
+    /// let attempted = |e: &streamhost::Effect| e.attempts >= 1 && e.status != EffectStatus::Running;
+    /// host.wait_for_effect("acme", hook.id, attempted, std::time::Duration::from_secs(10)).await?;
+    /// host.cancel_effect("acme", hook.id).await?;
     /// // A cancelled (or dead) effect runs again, from a first attempt.
     /// let retried = host.retry_effect("acme", hook.id).await?;
     /// assert!(matches!(retried.status, EffectStatus::Pending | EffectStatus::Running));
@@ -339,14 +399,6 @@ impl Host {
     /// otherwise); answers it, cancelled.
     ///
     /// ```
-    /// async fn eventually<T>(what: &str, mut probe: impl AsyncFnMut() -> Option<T>) -> anyhow::Result<T> {
-    ///     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    ///     loop {
-    ///         if let Some(v) = probe().await { return Ok(v) }
-    ///         anyhow::ensure!(std::time::Instant::now() < deadline, "timed out waiting for {what}");
-    ///         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    ///     }
-    /// }
     /// # #[tokio::main] async fn main() -> anyhow::Result<()> {
     /// # let dir = tempfile::tempdir()?;
     /// # let host = streamhost::Host::open(streamhost::Config { data_dir: dir.path().into(), ..Default::default() })?;
@@ -366,7 +418,9 @@ impl Host {
     /// let page = host.effects("acme", EffectFilter::new()).await?;
     /// let hook = page.effects.iter().find(|e| e.key == "hook").expect("the webhook effect");
     /// // The webhook's receiver is down: cancel it once its first attempt is over.
-    /// let cancelled = eventually("the cancel", async || host.cancel_effect("acme", hook.id).await.ok()).await?;
+    /// let attempted = |e: &streamhost::Effect| e.attempts >= 1 && e.status != EffectStatus::Running;
+    /// host.wait_for_effect("acme", hook.id, attempted, std::time::Duration::from_secs(10)).await?;
+    /// let cancelled = host.cancel_effect("acme", hook.id).await?;
     /// assert_eq!(cancelled.status, EffectStatus::Cancelled);
     /// # Ok(()) }
     /// ```
