@@ -98,7 +98,6 @@ internal! {
     ingest;
     jsonata;
     metrics;
-    processor;
     reactor;
     rollout;
     scaffold;
@@ -119,6 +118,8 @@ pub use streamhost_core::{component, error, event, stream, subscription};
 internal_use!(streamhost_core::{clock, delivery, effect, filter, invariant, itx});
 // SQLite and PostgreSQL (crate `streamhost-storage`).
 internal_use!(streamhost_storage as storage);
+// The Wasm runtime and the processors it runs (crate `streamhost-wasm`).
+internal_use!(streamhost_wasm as processor);
 
 pub mod cli;
 pub mod config;

@@ -1,6 +1,6 @@
 //! Wakes a processor: folds the events after its checkpoint and commits the
 //! new checkpoint, state and effects in one transaction, both on one
-//! blocking thread (`processor/wake.rs`, `Storage::commit_blocking`). A failure is kept whole, with its `wasmtime`
+//! blocking thread (`wasm/src/wake.rs`, `Storage::commit_blocking`). A failure is kept whole, with its `wasmtime`
 //! repro command, as the processor's last failure
 //! (`:processors/{component}` → `lastFailure`); the halt fact carries only
 //! the capped message.

@@ -134,7 +134,7 @@ pub struct Reacting<'a> {
     /// calls time out again and again is not called while it rests
     /// (`rest.rs`). `None`: every call runs (a backfill).
     pub rests: Option<(&'a Mutex<rest::Rests>, &'a dyn crate::clock::Clock)>,
-    /// Takes the place of the calls (`processor/share.rs`), before the
+    /// Takes the place of the calls (`streamhost-wasm`: `wasm/src/share.rs`), before the
     /// first; its error says why there is none. `None`: no place is taken.
     pub enter: Option<&'a dyn Fn() -> Result<crate::processor::share::Place, String>>,
 }

@@ -518,7 +518,7 @@ pub enum CallError {
     /// No exported function of that name.
     NoSuchFunction(String),
     /// An argument does not fit its WIT type.
-    Argument(crate::processor::value::Mismatch),
+    Argument(crate::value::Mismatch),
     /// The guest trapped or timed out.
     Guest(GuestError),
     /// The function returned `result::err`; the error value as JSON.
@@ -889,7 +889,6 @@ impl Runtime {
     /// Runs `f` with a fresh instance of `p` in a fresh store (the same
     /// limits and WASI context as every call): for typed calls through
     /// `bindgen!` bindings, as the benchmarks do.
-    #[cfg_attr(not(feature = "internals"), allow(dead_code))] // the benchmarks' (internals)
     pub fn with_instance<T>(
         &self,
         name: &str,
@@ -913,7 +912,7 @@ impl Runtime {
         function: &str,
     ) -> Option<wasmtime::component::ComponentExportIndex> {
         use wasmtime::component::types::ComponentItem;
-        let matches = |wit: &str| wit == function || crate::processor::value::camel(wit) == function;
+        let matches = |wit: &str| wit == function || crate::value::camel(wit) == function;
         for (name, item) in p.component.component_type().exports(&self.engine) {
             match item.ty {
                 ComponentItem::ComponentFunc(_) if matches(name) => {
@@ -943,9 +942,9 @@ impl Runtime {
         function: &str,
         args: &[serde_json::Value],
         timeout_ms: u64,
-        opts: crate::processor::value::ToVal,
+        opts: crate::value::ToVal,
     ) -> Result<serde_json::Value, CallError> {
-        use crate::processor::value::{to_json, to_val, Mismatch};
+        use crate::value::{to_json, to_val, Mismatch};
         use wasmtime::component::Val;
         let index = self
             .find_function(p, function)

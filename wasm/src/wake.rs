@@ -9,12 +9,12 @@ use serde_json::Value;
 
 use super::keyed::{Bucket, Session};
 use super::runtime::{Batch, Determinism, GuestError, Prepared, Runtime, StreamInfo};
-use crate::clock::format_timestamp;
-use crate::delivery::select::select_batch;
-use crate::delivery::Failure;
-use crate::effect::{parse, Returned};
-use crate::filter::CompiledFilter;
-use crate::storage::{Checkpoint, NewEffect, Storage};
+use streamhost_core::clock::format_timestamp;
+use streamhost_core::delivery::select::select_batch;
+use streamhost_core::delivery::Failure;
+use streamhost_core::effect::{parse, Returned};
+use streamhost_core::filter::CompiledFilter;
+use streamhost_storage::{Checkpoint, NewEffect, Storage};
 
 /// Largest processor state, in bytes.
 pub const PROCESSOR_STATE_BYTES_MAX: usize = 16 * 1024 * 1024;
@@ -38,7 +38,7 @@ pub struct WakeJob {
     /// A refold is under way: run the checkpoint's version.
     pub pinned: bool,
     /// The source's owner's lease (several hosts), checked by the commit.
-    pub fence: Option<crate::storage::Fence>,
+    pub fence: Option<streamhost_storage::Fence>,
     /// Tells whether the host gave up on this wake (its deadline passed):
     /// then no guest runs any more and nothing commits.
     pub gate: std::sync::Arc<Gate>,
@@ -64,7 +64,7 @@ fn failure(message: String, retryable: bool) -> Failure {
 /// Where a wake starts.
 struct Start {
     /// The stored checkpoint it replaces.
-    previous: Option<crate::storage::CheckpointId>,
+    previous: Option<streamhost_storage::CheckpointId>,
     /// The offset to read after.
     offset: u64,
     state: String,
@@ -87,7 +87,7 @@ fn start(job: &WakeJob, prepared: &super::runtime::Prepared) -> Result<Start, Fa
             let (bucket, bucket_id) = if c.bucket == 0 {
                 (Bucket::empty(), job.storage.new_bucket())
             } else {
-                let tag = crate::storage::key_tag(&c.id());
+                let tag = streamhost_storage::key_tag(&c.id());
                 let stored = job.storage.stored_bucket(c.bucket, &tag);
                 (Bucket::new(Arc::new(stored)), c.bucket)
             };
@@ -146,7 +146,7 @@ pub fn consumed(
 
 /// Committed events as a batch's `events`: one JSON array of the events as
 /// the HTTP API serves them.
-pub fn batch_events(events: &[crate::stream::Event]) -> String {
+pub fn batch_events(events: &[streamhost_core::stream::Event]) -> String {
     // Serializing plain data (strings, numbers, JSON maps) cannot fail.
     serde_json::to_string(events).expect("events serialize")
 }
@@ -299,11 +299,11 @@ pub fn fold_events(
     guest: &Guest<'_>,
     stream: &StreamInfo,
     state: &str,
-    events: &[crate::stream::Event],
+    events: &[streamhost_core::stream::Event],
     through: u64,
     bucket: Bucket,
 ) -> Result<(String, Vec<NewEffect>, Bucket), Failure> {
-    let env = |e: &crate::stream::Event| {
+    let env = |e: &streamhost_core::stream::Event| {
         Determinism::for_event(&stream.stream_id, e.offset, created_ms(&e.created_at))
     };
     let whole = env(&events[0]);
@@ -371,7 +371,7 @@ fn fold_call(
     guest: &Guest<'_>,
     stream: &StreamInfo,
     state: &str,
-    events: &[crate::stream::Event],
+    events: &[streamhost_core::stream::Event],
     through: u64,
     env: Determinism,
     bucket: Bucket,
@@ -528,4 +528,3 @@ impl Gate {
         self.0.load(std::sync::atomic::Ordering::Acquire) == GATE_ABANDONED
     }
 }
-

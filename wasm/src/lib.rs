@@ -1,7 +1,11 @@
-//! Wasm processors: components built against `wit/processor.wit`, run by
-//! wasmtime (`runtime.rs`), stored per project (`components.rs`), and woken
-//! by `processor-wake` subscriptions to fold their stream into a state that
-//! is committed with its checkpoint (`actor/delivery.rs`).
+//! The Wasm runtime of streamhost and the processors it runs: components
+//! built against `wit/processor.wit`, compiled once per digest and cached
+//! (`compiled.rs`, `cache.rs`), run by wasmtime under bounds of memory, time
+//! and per-project places (`runtime.rs`, `share.rs`), folding their stream
+//! into a state committed with its checkpoint (`wake.rs`), over ranges
+//! (`backfill.rs`), beside the live version (`shadow.rs`), with keyed state
+//! (`keyed.rs`). The host (crate `streamhost`) re-exports this crate as its
+//! `processor` module and decides when a processor wakes.
 //!
 //! **Architecture Invariant:** processor state = fold of the stream: the
 //! checkpoint (stream id + offset), the state and the effects of a batch
@@ -22,11 +26,14 @@ pub mod wave;
 
 use std::sync::Arc;
 
-use crate::storage::{ComponentRow, Storage};
+use streamhost_storage::{ComponentRow, Storage};
 
 /// The stream a fold sees (its WIT `stream-info`), from its core state,
 /// with `max_offset` as the head of the range being folded.
-pub fn stream_info(state: &crate::stream::CoreState, max_offset: u64) -> runtime::StreamInfo {
+pub fn stream_info(
+    state: &streamhost_core::stream::CoreState,
+    max_offset: u64,
+) -> runtime::StreamInfo {
     runtime::StreamInfo {
         project_id: state.project_id.clone(),
         path: state.path.clone(),

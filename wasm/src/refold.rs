@@ -1,13 +1,13 @@
 //! The processor instances being refolded on this host ([`Refolds`]), and
 //! the guarded switch to a new version's state that a refold and a shadow's
 //! promotion both make ([`switched`]). The refold itself is
-//! `crate::rollout::refold`.
+//! `streamhost::rollout::refold` in the host.
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 
-use crate::delivery::Failure;
-use crate::storage::{Checkpoint, WriteOp};
+use streamhost_core::delivery::Failure;
+use streamhost_storage::{Checkpoint, WriteOp};
 
 /// The processor instances being refolded: (project, path, component).
 #[derive(Clone, Default)]
@@ -36,10 +36,15 @@ impl Refolds {
 /// Submits a switch to a new version's state (a refold's, a shadow's
 /// promotion), guarded by the live checkpoint it replaces: `false` when a
 /// wake moved that checkpoint first (fold the rest and try again).
-pub fn switched(storage: &crate::storage::Storage, switch: Checkpoint) -> Result<bool, Failure> {
+pub fn switched(
+    storage: &streamhost_storage::Storage,
+    switch: Checkpoint,
+) -> Result<bool, Failure> {
     match storage.submit(WriteOp::Checkpoint(switch)).blocking_recv() {
         Ok(Ok(_)) => Ok(true),
-        Ok(Err(e)) if e.refusal() == Some(&crate::storage::Refusal::CheckpointMoved) => Ok(false),
+        Ok(Err(e)) if e.refusal() == Some(&streamhost_storage::Refusal::CheckpointMoved) => {
+            Ok(false)
+        }
         Ok(Err(e)) => Err(Failure::new(e.message().to_string(), true)),
         Err(_) => Err(Failure::new("the storage writer stopped", true)),
     }

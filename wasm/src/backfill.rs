@@ -6,11 +6,11 @@
 
 use super::keyed::Bucket;
 use super::wake::{fold_events, Guest};
-use crate::delivery::select::select_batch;
-use crate::delivery::{Failure, BATCH_EVENTS_MAX};
-use crate::filter::CompiledFilter;
-use crate::processor::runtime::StreamInfo;
-use crate::storage::{NewEffect, Storage};
+use crate::runtime::StreamInfo;
+use streamhost_core::delivery::select::select_batch;
+use streamhost_core::delivery::{Failure, BATCH_EVENTS_MAX};
+use streamhost_core::filter::CompiledFilter;
+use streamhost_storage::{NewEffect, Storage};
 
 /// Stored events read per step.
 const SCAN_EVENTS_MAX: usize = 1000;

@@ -58,7 +58,10 @@ impl std::fmt::Display for Defect {
 /// The file's bytes: header, then `payload` (what `Component::serialize`
 /// wrote). `engine` is at most 32 bytes (the runtime's compatibility key).
 pub fn encode(engine: &str, payload: &[u8]) -> Vec<u8> {
-    assert!(engine.len() <= ENGINE_KEY_BYTES, "an engine key of {engine:?}");
+    assert!(
+        engine.len() <= ENGINE_KEY_BYTES,
+        "an engine key of {engine:?}"
+    );
     let mut out = Vec::with_capacity(HEADER_BYTES + payload.len());
     out.extend_from_slice(MAGIC);
     let mut key = [0u8; ENGINE_KEY_BYTES];
@@ -206,7 +209,10 @@ mod tests {
         );
         let mut longer = encode(ENGINE, b"code");
         longer.push(0);
-        assert!(matches!(decode(ENGINE, &longer), Err(Defect::TrailingBytes { .. })));
+        assert!(matches!(
+            decode(ENGINE, &longer),
+            Err(Defect::TrailingBytes { .. })
+        ));
     }
 
     #[test]

@@ -26,11 +26,11 @@ use serde_json::Value;
 use super::backfill::RangeFold;
 use super::keyed::Bucket;
 use super::wake::{consumed, Guest};
-use crate::clock::format_timestamp;
-use crate::delivery::Failure;
-use crate::filter::CompiledFilter;
-use crate::storage::{Checkpoint, CheckpointRow, NewEffect, Storage};
-use crate::stream::CoreState;
+use streamhost_core::clock::format_timestamp;
+use streamhost_core::delivery::Failure;
+use streamhost_core::filter::CompiledFilter;
+use streamhost_core::stream::CoreState;
+use streamhost_storage::{Checkpoint, CheckpointRow, NewEffect, Storage};
 
 /// The most offsets one step folds (the instance is locked meanwhile: a
 /// view or promotion waits at most one step).
@@ -105,7 +105,7 @@ impl Instance {
         self.stopped.load(Ordering::Relaxed)
     }
 
-    /// Folds the next events at `stepper` (see [`Stepper::step`]).
+    /// Folds the next events at `stepper` (see `Stepper::step`).
     pub fn step(&self, stepper: &Stepper<'_>) -> Result<bool, Failure> {
         stepper.step(&mut self.fold.lock().expect("shadow"), &self.digest)
     }
@@ -168,7 +168,10 @@ impl Shadows {
             None => {}
         }
         let (_, gate) = live.filter(|(live, _)| *live != digest)?;
-        if registry.discarded.contains(&(key.clone(), digest.to_string())) {
+        if registry
+            .discarded
+            .contains(&(key.clone(), digest.to_string()))
+        {
             return None;
         }
         let instance = Instance::new(digest.to_string(), Some(gate));
@@ -221,7 +224,10 @@ impl Shadows {
             }
         }
         let component_key = (project.to_string(), component.to_string());
-        let any = registry.components.entry(component_key.clone()).or_default();
+        let any = registry
+            .components
+            .entry(component_key.clone())
+            .or_default();
         *any |= promoted;
         let any = *any;
         let left = registry
@@ -248,7 +254,7 @@ pub struct Stepper<'a> {
     /// Each guest call's bound.
     pub timeout_ms: u64,
     /// The bounds of the wake filter's evaluations.
-    pub limits: crate::jsonata::Limits,
+    pub limits: streamhost_core::jsonata::Limits,
 }
 
 impl Stepper<'_> {
@@ -539,7 +545,7 @@ pub struct Promotion {
     /// Store the held effects (deduplicated by identity).
     pub run_held: bool,
     /// The stream owner's lease.
-    pub fence: Option<crate::storage::Fence>,
+    pub fence: Option<streamhost_storage::Fence>,
     /// The injected clock's time (the checkpoint's `updated_at`).
     pub now_ms: i64,
 }

@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use crate::error::Error;
+use streamhost_core::error::Error;
 
 /// The places of guest calls (see the module).
 pub struct Shares {
@@ -74,7 +74,11 @@ impl Shares {
             name: project.to_string(),
             shares: Arc::clone(self),
         };
-        let project_place = self.of(project).acquire_owned().await.expect("never closed");
+        let project_place = self
+            .of(project)
+            .acquire_owned()
+            .await
+            .expect("never closed");
         let host_place = Arc::clone(&self.host)
             .acquire_owned()
             .await
@@ -104,12 +108,16 @@ impl Shares {
 
     /// Places for one call of `project` within `wait`, else `429
     /// too-many-calls` naming the share.
-    pub async fn enter_within(self: &Arc<Self>, project: &str, wait: Duration) -> Result<Place, Error> {
+    pub async fn enter_within(
+        self: &Arc<Self>,
+        project: &str,
+        wait: Duration,
+    ) -> Result<Place, Error> {
         tokio::time::timeout(wait, self.enter(project))
             .await
             .map_err(|_| {
                 let mut e = Error::new(
-                    crate::error::ErrorKind::TooMany,
+                    streamhost_core::error::ErrorKind::TooMany,
                     "too-many-calls",
                     format!(
                         "project {project:?} has {} calls into its components running \
@@ -138,7 +146,11 @@ impl Shares {
 impl Drop for Entry {
     fn drop(&mut self) {
         // Only the map holds a share nobody holds or waits for.
-        let mut projects = self.shares.projects.lock().unwrap_or_else(|e| e.into_inner());
+        let mut projects = self
+            .shares
+            .projects
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
         if projects
             .get(&self.name)
             .is_some_and(|s| Arc::strong_count(s) == 1)
@@ -162,8 +174,17 @@ mod tests {
             .await
             .err()
             .expect("a third call of a waits");
-        assert_eq!((refused.code, refused.retry_after_s), ("too-many-calls", Some(1)));
-        assert!(refused.message.contains("max-concurrent-calls-per-project = 2"), "{}", refused.message);
+        assert_eq!(
+            (refused.code, refused.retry_after_s),
+            ("too-many-calls", Some(1))
+        );
+        assert!(
+            refused
+                .message
+                .contains("max-concurrent-calls-per-project = 2"),
+            "{}",
+            refused.message
+        );
         let _b = shares
             .enter_within("b", Duration::from_millis(20))
             .await
@@ -190,9 +211,15 @@ mod tests {
         // Someone waiting is not passed: a's waiter gets a's place back.
         let mut waiter = std::pin::pin!(shares.enter("a"));
         let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-        assert!(waiter.as_mut().poll(&mut cx).is_pending(), "a is at its share");
+        assert!(
+            waiter.as_mut().poll(&mut cx).is_pending(),
+            "a is at its share"
+        );
         drop(a1);
-        assert!(shares.try_enter("a").is_none(), "a's freed place is the waiter's");
+        assert!(
+            shares.try_enter("a").is_none(),
+            "a's freed place is the waiter's"
+        );
         let _placed = waiter.await;
     }
 
@@ -201,9 +228,15 @@ mod tests {
         let shares = Shares::new(2, 2);
         let a = shares.enter("a").await;
         let b = shares.enter("b").await;
-        assert!(shares.enter_within("c", Duration::from_millis(20)).await.is_err());
+        assert!(shares
+            .enter_within("c", Duration::from_millis(20))
+            .await
+            .is_err());
         drop((a, b));
         assert!(shares.projects.lock().unwrap().is_empty());
-        assert!(shares.enter_within("c", Duration::from_millis(20)).await.is_ok());
+        assert!(shares
+            .enter_within("c", Duration::from_millis(20))
+            .await
+            .is_ok());
     }
 }

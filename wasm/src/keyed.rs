@@ -147,7 +147,8 @@ pub struct Session {
     cursors: Vec<String>,
 }
 
-pub(crate) fn check_key(key: &str) -> Result<(), KeyedError> {
+/// Refuses a key no engine can store (a NUL byte) or longer than the bound.
+pub fn check_key(key: &str) -> Result<(), KeyedError> {
     // PostgreSQL's text holds no NUL; neither engine takes one, so a key
     // means the same on both.
     if let Some(at) = key.find('\0') {
@@ -417,7 +418,7 @@ pub fn keys_to_json<'a>(
     serde_json::json!({ "keys": rows })
 }
 
-impl Base for crate::storage::StoredBucket {
+impl Base for streamhost_storage::StoredBucket {
     fn get(&self, key: &str) -> anyhow::Result<Option<Vec<u8>>> {
         self.value(key)
     }

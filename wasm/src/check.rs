@@ -12,7 +12,7 @@ use serde_json::Value;
 use super::keyed::{Bucket, Writes};
 use super::runtime::StreamInfo;
 use super::wake::{fold_events, Guest};
-use crate::stream::Event;
+use streamhost_core::stream::Event;
 
 /// Events per batch at most (as a wake's).
 const BATCH_MAX: usize = 1000;
@@ -274,6 +274,9 @@ mod tests {
         let mut c = Cuts(1);
         let b: Vec<Vec<usize>> = (0..5).map(|_| c.sizes(10)).collect();
         assert!(a.iter().all(|s| *s == a[0]));
-        assert!(b.iter().any(|s| *s != b[0]), "successive cuts differ: {b:?}");
+        assert!(
+            b.iter().any(|s| *s != b[0]),
+            "successive cuts differ: {b:?}"
+        );
     }
 }
