@@ -317,7 +317,10 @@ impl Metrics {
                 .iter()
                 .find(|(s, _)| s == status)
                 .map_or(0, |(_, n)| *n);
-            self.inner.effects.get_or_create(&label("status", status)).set(n);
+            self.inner
+                .effects
+                .get_or_create(&label("status", status))
+                .set(n);
         }
     }
 
@@ -359,12 +362,17 @@ impl Metrics {
     /// [`LAG_TOP`] furthest behind by name, and totals.
     pub fn set_lags(&self, mut lags: Vec<(String, String, u64)>) {
         lags.retain(|(_, _, lag)| *lag > 0);
-        self.inner.lag_events.set(lags.iter().map(|l| l.2 as i64).sum());
+        self.inner
+            .lag_events
+            .set(lags.iter().map(|l| l.2 as i64).sum());
         self.inner.lagging.set(lags.len() as i64);
         lags.sort_by(|a, b| b.2.cmp(&a.2).then_with(|| (&a.0, &a.1).cmp(&(&b.0, &b.1))));
         self.inner.lag_top.clear();
         for (stream, key, lag) in lags.into_iter().take(LAG_TOP) {
-            let labels = vec![("stream".to_string(), stream), ("subscription".to_string(), key)];
+            let labels = vec![
+                ("stream".to_string(), stream),
+                ("subscription".to_string(), key),
+            ];
             self.inner.lag_top.get_or_create(&labels).set(lag as i64);
         }
     }
@@ -396,19 +404,31 @@ mod tests {
         m.set_lags(lags);
         let text = m.render();
         // 1..=11 lag (0 does not); the top 10 are 2..=11.
-        assert!(text.contains("streamhost_subscriptions_lagging 11\n"), "{text}");
-        assert!(text.contains("streamhost_subscriptions_lag_events 66\n"), "{text}");
+        assert!(
+            text.contains("streamhost_subscriptions_lagging 11\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("streamhost_subscriptions_lag_events 66\n"),
+            "{text}"
+        );
         let named = text
             .lines()
             .filter(|l| l.starts_with("streamhost_subscription_lag_events{"))
             .count();
         assert_eq!(named, LAG_TOP, "{text}");
-        assert!(text.contains("{stream=\"p:/s11\",subscription=\"k\"} 11"), "{text}");
+        assert!(
+            text.contains("{stream=\"p:/s11\",subscription=\"k\"} 11"),
+            "{text}"
+        );
         assert!(!text.contains("stream=\"p:/s1\","), "{text}");
         // A later scrape forgets what is no longer behind.
         m.set_lags(vec![("p:/s3".into(), "k".into(), 3)]);
         let text = m.render();
         assert!(!text.contains("p:/s11"), "{text}");
-        assert!(text.contains("streamhost_subscriptions_lagging 1\n"), "{text}");
+        assert!(
+            text.contains("streamhost_subscriptions_lagging 1\n"),
+            "{text}"
+        );
     }
 }

@@ -94,7 +94,6 @@ impl LiveConnections {
             project: project.to_string(),
         })
     }
-
 }
 
 /// The bytes of ephemeral events held by every stream's buffer.

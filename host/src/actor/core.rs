@@ -27,10 +27,6 @@ use std::sync::Arc;
 use serde_json::Value;
 
 use super::{recent_keys, Command, Reply};
-use crate::stream::{
-    configure_offsets, plan_append, AppendContext, AppendInput, AppendOutput, AppendPlan,
-    Authority, CoreState, Event, ReadOutput, ReadQuery, StreamAddress, EPHEMERAL_BYTES_MAX,
-};
 use crate::clock::format_timestamp;
 use crate::config::DeliveryConfig;
 use crate::delivery::copy::{plan_copy, CopyBatch, CopyOutcome};
@@ -39,6 +35,10 @@ use crate::error::Error;
 use crate::metrics::Metrics;
 use crate::storage::{
     CommitError, CursorRow, NewStream, StoredEvent, StreamCommit, StreamRef, WriteOp,
+};
+use crate::stream::{
+    configure_offsets, plan_append, AppendContext, AppendInput, AppendOutput, AppendPlan,
+    Authority, CoreState, Event, ReadOutput, ReadQuery, StreamAddress, EPHEMERAL_BYTES_MAX,
 };
 
 /// Seconds a caller waits after `503 storage-full` before retrying.

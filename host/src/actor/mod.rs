@@ -32,13 +32,15 @@ use anyhow::{Context, Result};
 use serde_json::value::RawValue;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::stream::{AppendInput, AppendOutput, Authority, CoreState, Event, ReadOutput, ReadQuery, StreamAddress};
 use crate::clock::Clock;
 use crate::config::DeliveryConfig;
 use crate::delivery::copy::{CopyBatch, CopyOutcome};
 use crate::error::Error;
 use crate::metrics::Metrics;
 use crate::storage::{CommitError, Storage, StreamRow};
+use crate::stream::{
+    AppendInput, AppendOutput, Authority, CoreState, Event, ReadOutput, ReadQuery, StreamAddress,
+};
 
 use self::core::{ActorCore, Input, LoadError, LoadResult, Loaded, LoadedStream, Output};
 
@@ -670,7 +672,8 @@ fn load_row(storage: &Storage, address: &StreamAddress, row: StreamRow) -> Resul
     let mut state: Option<CoreState> = None;
     let mut after = 0;
     loop {
-        let page = storage.events_after(row.row_id, after, crate::stream::READ_LIMIT_MAX, u64::MAX)?;
+        let page =
+            storage.events_after(row.row_id, after, crate::stream::READ_LIMIT_MAX, u64::MAX)?;
         let Some((last, _)) = page.last() else { break };
         after = *last;
         for (offset, body) in &page {

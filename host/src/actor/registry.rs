@@ -10,15 +10,15 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::remote;
 use super::{ActorContext, Command};
-use crate::stream::{
-    AppendInput, AppendOutput, Authority, CoreState, ReadOutput, ReadQuery, StreamAddress,
-};
 use crate::clock::Clock;
 use crate::config::DeliveryConfig;
 use crate::delivery::copy::{CopyBatch, CopyOutcome};
 use crate::error::Error;
 use crate::metrics::Metrics;
 use crate::storage::Storage;
+use crate::stream::{
+    AppendInput, AppendOutput, Authority, CoreState, ReadOutput, ReadQuery, StreamAddress,
+};
 
 /// Requests queued per actor before senders wait (backpressure).
 pub const MAILBOX_CAPACITY: usize = 4096;

@@ -10,9 +10,9 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::stream::{AppendInput, Authority, Namespace, StreamAddress};
 use crate::delivery::copy::CopyBatch;
 use crate::error::{Error, ErrorKind};
+use crate::stream::{AppendInput, Authority, Namespace, StreamAddress};
 
 /// The path of the host-to-host endpoint.
 pub const PATH: &str = "/internal/v1/call";

@@ -56,7 +56,6 @@ use super::core::{
     Output,
 };
 use super::Command;
-use crate::stream::{AppendOutput, ReadOutput, ReadQuery};
 use crate::config::DeliveryConfig;
 use crate::delivery::copy::{CopyBatch, CopyOutcome, SourceInfo};
 use crate::delivery::schedule::{Delivered, DeliveryDone, Job};
@@ -64,6 +63,7 @@ use crate::delivery::Failure;
 use crate::error::Error;
 use crate::seeded::Rng;
 use crate::storage::{CommitError, CursorRow, StoredEvent, StreamRef, WriteOp};
+use crate::stream::{AppendOutput, ReadOutput, ReadQuery};
 use crate::stream::{Authority, CoreState, Event, Namespace, StreamAddress};
 
 /// The event type the subscriptions select.

@@ -28,7 +28,9 @@ use crate::effect::{self, Outcome, Settlement, Target};
 use crate::error::ErrorKind;
 use crate::processor::runtime::CallError;
 use crate::storage::{EffectOp, EffectRow, WriteOp};
-use crate::stream::{AppendInput, Authority, EffectOrigin, EventInput, EventSource, Namespace, StreamAddress};
+use crate::stream::{
+    AppendInput, Authority, EffectOrigin, EventInput, EventSource, Namespace, StreamAddress,
+};
 
 /// Longest the worker sleeps without looking (a safety net: commits and
 /// API calls wake it at once).
@@ -515,7 +517,12 @@ async fn execute(
         }
         Target::Webhook { url, body } => exec
             .webhooks
-            .post_keyed(&url, &body, timeout_ms, &effect::webhook_headers(row.id, &row.component, &row.key, &row.target))
+            .post_keyed(
+                &url,
+                &body,
+                timeout_ms,
+                &effect::webhook_headers(row.id, &row.component, &row.key, &row.target),
+            )
             .await
             .map(|()| None)
             .map_err(|(mut f, status)| {

@@ -27,9 +27,9 @@ use crate::delivery::select::{select_batch, Selection};
 use crate::delivery::target::Target;
 use crate::delivery::Failure;
 use crate::processor::runtime::Runtime;
+pub use crate::processor::wake::Gate;
 use crate::storage::Storage;
 use crate::stream::{AppendInput, AppendOutput, Authority, StreamAddress};
-pub use crate::processor::wake::Gate;
 
 /// Stored events read per attempt.
 pub const SCAN_EVENTS_MAX: usize = 1000;
@@ -53,7 +53,11 @@ pub trait Streams: Send + Sync {
         authority: Authority,
     ) -> Answer<'a, AppendOutput>;
     /// Delivers a copy subscription's batch to its receiving stream.
-    fn deliver<'a>(&'a self, receiver: &'a StreamAddress, batch: CopyBatch) -> Answer<'a, CopyOutcome>;
+    fn deliver<'a>(
+        &'a self,
+        receiver: &'a StreamAddress,
+        batch: CopyBatch,
+    ) -> Answer<'a, CopyOutcome>;
 }
 
 /// What executors use: storage, the stream registry (copies, effect
@@ -367,11 +371,14 @@ mod tests {
 
     #[tokio::test]
     async fn a_panicking_attempt_reports_a_retryable_failure() {
-        let result: Result<(), Failure> =
-            guarded("copy to \"/x\"", Duration::from_secs(5), 5000, &Gate::default(), async {
-                panic!("the receiver exploded")
-            })
-            .await;
+        let result: Result<(), Failure> = guarded(
+            "copy to \"/x\"",
+            Duration::from_secs(5),
+            5000,
+            &Gate::default(),
+            async { panic!("the receiver exploded") },
+        )
+        .await;
         let failure = result.unwrap_err();
         assert!(failure.retryable);
         assert_eq!(
@@ -410,15 +417,16 @@ mod tests {
         let late = gate.clone();
         let (release, released) = std::sync::mpsc::channel::<()>();
         let (tx, rx) = tokio::sync::oneshot::channel::<bool>();
-        let result: Result<(), Failure> = guarded("wake", Duration::from_millis(50), 50, &gate, async move {
-            let work = tokio::task::spawn_blocking(move || {
-                let _ = released.recv();
-                let _ = tx.send(late.begin_commit());
-            });
-            let _ = work.await;
-            Ok(())
-        })
-        .await;
+        let result: Result<(), Failure> =
+            guarded("wake", Duration::from_millis(50), 50, &gate, async move {
+                let work = tokio::task::spawn_blocking(move || {
+                    let _ = released.recv();
+                    let _ = tx.send(late.begin_commit());
+                });
+                let _ = work.await;
+                Ok(())
+            })
+            .await;
         assert_eq!(result.unwrap_err().message, "wake timed out after 50ms");
         assert!(gate.abandoned());
         release.send(()).unwrap();
@@ -442,12 +450,16 @@ mod tests {
 
     #[tokio::test]
     async fn a_finished_attempt_passes_its_result_through() {
-        let ok = guarded("x", Duration::from_secs(1), 1000, &Gate::default(), async { Ok(7) }).await;
-        assert_eq!(ok.unwrap(), 7);
-        let err: Result<u8, Failure> = guarded("x", Duration::from_secs(1), 1000, &Gate::default(), async {
-            Err(Failure::new("no", false))
+        let ok = guarded("x", Duration::from_secs(1), 1000, &Gate::default(), async {
+            Ok(7)
         })
         .await;
+        assert_eq!(ok.unwrap(), 7);
+        let err: Result<u8, Failure> =
+            guarded("x", Duration::from_secs(1), 1000, &Gate::default(), async {
+                Err(Failure::new("no", false))
+            })
+            .await;
         assert!(!err.unwrap_err().retryable);
     }
 }

@@ -37,7 +37,11 @@ async fn serve(
     } = place;
     authorize_project(host, headers, project)?;
     let bytes = if method == Method::PUT {
-        Some(read_body(host, body, COMPONENT_BYTES_MAX, "component").await?.to_vec())
+        Some(
+            read_body(host, body, COMPONENT_BYTES_MAX, "component")
+                .await?
+                .to_vec(),
+        )
     } else {
         None
     };

@@ -27,4 +27,3 @@ pub fn sse(live: LiveConnection) -> Response {
         .keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
         .into_response()
 }
-

@@ -165,14 +165,26 @@ mod tests {
         ] {
             assert!(host_allowed(ok, &allowed), "{ok}");
         }
-        for refused in ["evil.example:7410", "localhost.evil.example", "example.org", "[evil]"] {
+        for refused in [
+            "evil.example:7410",
+            "localhost.evil.example",
+            "example.org",
+            "[evil]",
+        ] {
             assert!(!host_allowed(refused, &allowed), "{refused}");
         }
         // A rebound page sends its own name as Host and Origin alike.
-        let h = headers(&[("host", "evil.example:7410"), ("origin", "http://evil.example:7410")]);
+        let h = headers(&[
+            ("host", "evil.example:7410"),
+            ("origin", "http://evil.example:7410"),
+        ]);
         let e = open_mode(&Method::GET, "/x", &h, &[]).unwrap_err();
         assert_eq!((e.status, e.code), (403, "host-not-allowed"));
-        assert!(e.message.contains("evil.example:7410") && e.message.contains("allowed-hosts"), "{}", e.message);
+        assert!(
+            e.message.contains("evil.example:7410") && e.message.contains("allowed-hosts"),
+            "{}",
+            e.message
+        );
         assert!(open_mode(&Method::GET, "/x", &h, &["evil.example".into()]).is_ok());
     }
 

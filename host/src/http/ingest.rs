@@ -3,15 +3,15 @@
 //! .../ingest/parked/{id}:redrive|discard`), `GET /v1/ingest` and
 //! `POST /v1/ingest:register` (admin).
 
-use axum::body::Body;
-use axum::extract::State;
-use axum::http::{header, HeaderMap, Method, StatusCode, Uri};
-use axum::response::{IntoResponse, Response};
 use super::error::ApiError;
 use super::{answer, authenticate, authorize_project, mapping, read_body};
 use crate::host::request::{IngestAnswer, IngestRequest};
 use crate::host::Host;
 use crate::stream::Namespace;
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{header, HeaderMap, Method, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
 
 /// `POST /v1/projects/{project}/ingest` (the root stream).
 pub async fn accept_root(
@@ -54,7 +54,9 @@ pub async fn path_route(
 }
 
 fn respond(result: Result<IngestAnswer, ApiError>) -> Response {
-    match result.and_then(|a| serde_json::to_string(&a).map_err(|e| ApiError::internal(e.to_string()))) {
+    match result
+        .and_then(|a| serde_json::to_string(&a).map_err(|e| ApiError::internal(e.to_string())))
+    {
         Ok(body) => (
             StatusCode::ACCEPTED,
             [(header::CONTENT_TYPE, "application/json")],
@@ -99,5 +101,11 @@ pub async fn status(State(host): State<Host>, headers: HeaderMap) -> Response {
 /// it sees now (it must be empty) and consumes it; answers its status, or
 /// `409 registration-refused` with the reason.
 pub async fn register(State(host): State<Host>, headers: HeaderMap) -> Response {
-    admin(&host, &headers, IngestRequest::Register, "POST /v1/ingest:register").await
+    admin(
+        &host,
+        &headers,
+        IngestRequest::Register,
+        "POST /v1/ingest:register",
+    )
+    .await
 }

@@ -58,11 +58,7 @@ impl Limits {
             idle_timeout: Duration::from_millis(c.idle_timeout_ms),
             max_connections: c.max_connections,
             max_connections_per_address: c.max_connections_per_address,
-            reserved: if open {
-                0
-            } else {
-                c.reserved()
-            },
+            reserved: if open { 0 } else { c.reserved() },
         }
     }
 }
@@ -467,6 +463,9 @@ mod tests {
         assert!(counts.take("10.0.0.8".parse().unwrap(), 3).is_some());
         drop(held);
         assert!(counts.take(ip, 3).is_some());
-        assert!(counts.0.lock().unwrap().is_empty(), "no entry outlives its slots");
+        assert!(
+            counts.0.lock().unwrap().is_empty(),
+            "no entry outlives its slots"
+        );
     }
 }

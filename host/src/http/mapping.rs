@@ -87,9 +87,7 @@ pub fn parse(
         }
         ("reset", &Method::POST) => R::Reset,
         ("connect", &Method::GET) => R::Connect(query::connect_query(query)?),
-        ("waitForEvent", &Method::POST) => {
-            R::WaitForEvent(parse_json(body)?)
-        }
+        ("waitForEvent", &Method::POST) => R::WaitForEvent(parse_json(body)?),
         (m, &Method::GET) if m.starts_with("processors/") => {
             return parse_processor_read(m, query);
         }
@@ -101,18 +99,14 @@ pub fn parse(
                 component: input.component,
             }
         }
-        ("backfillProcessor", &Method::POST) => {
-            R::BackfillProcessor(parse_json(body)?)
-        }
+        ("backfillProcessor", &Method::POST) => R::BackfillProcessor(parse_json(body)?),
         ("verifyProcessor", &Method::POST) => {
             let input: VerifyInput = parse_json(body)?;
             R::VerifyProcessor {
                 component: input.component,
             }
         }
-        ("subscribeToEventsFrom", &Method::POST) => {
-            R::SubscribeToEventsFrom(parse_json(body)?)
-        }
+        ("subscribeToEventsFrom", &Method::POST) => R::SubscribeToEventsFrom(parse_json(body)?),
         ("unsubscribeFromEvents", &Method::POST) => {
             let input: UnsubscribeInput = parse_json(body)?;
             R::UnsubscribeFromEvents {
@@ -155,7 +149,6 @@ pub fn parse(
         }
     })
 }
-
 
 /// A `GET {stream}:processors/...` read, matched on its path segments: a
 /// component may be named like any route word (`keys`, `at`, `shadow`), and
@@ -214,7 +207,11 @@ fn parse_processor_read(name: &str, query: Option<&str>) -> Result<StreamRequest
 }
 
 /// Characters a key keeps as they are in a URL path segment.
-const KEY_SEGMENT: &AsciiSet = &NON_ALPHANUMERIC.remove(b'-').remove(b'_').remove(b'.').remove(b'~');
+const KEY_SEGMENT: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'_')
+    .remove(b'.')
+    .remove(b'~');
 
 /// The HTTP call that [`parse`] reads back as `request`.
 pub fn render(request: &StreamRequest) -> HttpCall {
@@ -225,7 +222,12 @@ pub fn render(request: &StreamRequest) -> HttpCall {
         R::State => (Method::GET, "state".into(), String::new(), None),
         R::Runtime => (Method::GET, "runtime".into(), String::new(), None),
         R::Reset => (Method::POST, "reset".into(), String::new(), None),
-        R::Connect(c) => (Method::GET, "connect".into(), query::render_connect(c), None),
+        R::Connect(c) => (
+            Method::GET,
+            "connect".into(),
+            query::render_connect(c),
+            None,
+        ),
         R::WaitForEvent(w) => (Method::POST, "waitForEvent".into(), String::new(), json(w)),
         R::SubscribeToEventsFrom(from) => (
             Method::POST,
@@ -318,8 +320,18 @@ pub fn render(request: &StreamRequest) -> HttpCall {
                 component: component.clone(),
             }),
         ),
-        R::BackfillProcessor(b) => (Method::POST, "backfillProcessor".into(), String::new(), json(b)),
-        R::BackfillReactor(b) => (Method::POST, "backfillReactor".into(), String::new(), json(b)),
+        R::BackfillProcessor(b) => (
+            Method::POST,
+            "backfillProcessor".into(),
+            String::new(),
+            json(b),
+        ),
+        R::BackfillReactor(b) => (
+            Method::POST,
+            "backfillReactor".into(),
+            String::new(),
+            json(b),
+        ),
         R::Shadow { component } => (
             Method::GET,
             format!("processors/{component}/shadow"),
@@ -400,10 +412,20 @@ pub fn render_component(project: &str, request: &ComponentRequest) -> ApiCall {
             ApiBody::Bytes(bytes.clone()),
         ),
         R::List => call(Method::GET, base, String::new(), ApiBody::Empty),
-        R::Get { name } => call(Method::GET, format!("{base}/{name}"), String::new(), ApiBody::Empty),
+        R::Get { name } => call(
+            Method::GET,
+            format!("{base}/{name}"),
+            String::new(),
+            ApiBody::Empty,
+        ),
         R::Bytes { name } => ApiCall {
             accept: Some(WASM),
-            ..call(Method::GET, format!("{base}/{name}"), String::new(), ApiBody::Empty)
+            ..call(
+                Method::GET,
+                format!("{base}/{name}"),
+                String::new(),
+                ApiBody::Empty,
+            )
         },
         R::Versions { name } => call(
             Method::GET,
@@ -433,13 +455,11 @@ pub fn parse_component(
             R::Bytes { name }
         }
         (&Method::GET, Some(name), false) => R::Get { name },
-        (&Method::PUT, Some(name), false) => {
-            R::Deploy {
-                name,
-                bytes: body.unwrap_or_default(),
-                mode: query::deploy_query(query)?,
-            }
-        }
+        (&Method::PUT, Some(name), false) => R::Deploy {
+            name,
+            bytes: body.unwrap_or_default(),
+            mode: query::deploy_query(query)?,
+        },
         _ => {
             return Err(ApiError::new(
                 405,
@@ -455,8 +475,18 @@ pub fn render_effect(project: &str, request: &EffectRequest) -> ApiCall {
     use EffectRequest as R;
     let base = format!("/v1/projects/{project}/effects");
     match request {
-        R::List(filter) => call(Method::GET, base, query::render_effects(filter), ApiBody::Empty),
-        R::Get { id } => call(Method::GET, format!("{base}/{id}"), String::new(), ApiBody::Empty),
+        R::List(filter) => call(
+            Method::GET,
+            base,
+            query::render_effects(filter),
+            ApiBody::Empty,
+        ),
+        R::Get { id } => call(
+            Method::GET,
+            format!("{base}/{id}"),
+            String::new(),
+            ApiBody::Empty,
+        ),
         R::Retry { id } => call(
             Method::POST,
             format!("{base}/{id}:retry"),
@@ -481,10 +511,9 @@ pub fn parse_effect(
 ) -> Result<EffectRequest, ApiError> {
     use EffectRequest as R;
     let parse_id = |raw: &str| {
-        raw.parse::<i64>()
-            .ok()
-            .filter(|id| *id > 0)
-            .ok_or_else(|| ApiError::invalid(format!("effect id {raw:?} is not a positive integer")))
+        raw.parse::<i64>().ok().filter(|id| *id > 0).ok_or_else(|| {
+            ApiError::invalid(format!("effect id {raw:?} is not a positive integer"))
+        })
     };
     let Some(id) = id else {
         return Ok(R::List(query::effect_query(query)?));
@@ -537,7 +566,11 @@ pub fn render_ingest(request: &IngestRequest) -> ApiCall {
     match request {
         IngestRequest::Accept { stream, events } => {
             let project = stream.namespace.project_id().unwrap_or_default();
-            let path = if stream.path == "/" { "" } else { stream.path.as_str() };
+            let path = if stream.path == "/" {
+                ""
+            } else {
+                stream.path.as_str()
+            };
             let path = path
                 .split('/')
                 .map(|s| utf8_percent_encode(s, KEY_SEGMENT).to_string())
@@ -555,7 +588,12 @@ pub fn render_ingest(request: &IngestRequest) -> ApiCall {
                 ),
             )
         }
-        IngestRequest::Status => call(Method::GET, "/v1/ingest".into(), String::new(), ApiBody::Empty),
+        IngestRequest::Status => call(
+            Method::GET,
+            "/v1/ingest".into(),
+            String::new(),
+            ApiBody::Empty,
+        ),
         IngestRequest::Register => call(
             Method::POST,
             "/v1/ingest:register".into(),
@@ -600,8 +638,9 @@ pub fn parse_parked(
         })
     };
     Some(match (segments.as_slice(), method) {
-        (["parked"], &Method::GET) => query::parked_query(query)
-            .map(|query| IngestRequest::Parked { project, query }),
+        (["parked"], &Method::GET) => {
+            query::parked_query(query).map(|query| IngestRequest::Parked { project, query })
+        }
         (["parked", one], &Method::POST) if one.contains(':') => {
             let (id, verb) = one.split_once(':').unwrap_or((one, ""));
             match verb {
@@ -641,7 +680,12 @@ pub fn parse_ingest(project: &str, path: &str, body: &[u8]) -> Result<IngestRequ
 /// The HTTP call of a cluster request.
 pub fn render_cluster(request: &ClusterRequest) -> ApiCall {
     match request {
-        ClusterRequest::View => call(Method::GET, "/v1/cluster".into(), String::new(), ApiBody::Empty),
+        ClusterRequest::View => call(
+            Method::GET,
+            "/v1/cluster".into(),
+            String::new(),
+            ApiBody::Empty,
+        ),
     }
 }
 
@@ -734,7 +778,6 @@ fn unknown_method_message(method: &str) -> String {
     )
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -757,11 +800,14 @@ mod tests {
         // Every stream method is written by some request.
         for (method, name) in STREAM_METHODS {
             assert!(
-                requests.iter().map(render).any(|c| c.method.as_str() == *method
-                    && (c.name == *name
-                        || name.contains('{')
-                            && c.name.split('/').count() == name.split('/').count()
-                            && c.name.starts_with("processors/"))),
+                requests
+                    .iter()
+                    .map(render)
+                    .any(|c| c.method.as_str() == *method
+                        && (c.name == *name
+                            || name.contains('{')
+                                && c.name.split('/').count() == name.split('/').count()
+                                && c.name.starts_with("processors/"))),
                 "no request renders {method} :{name}"
             );
         }
@@ -776,7 +822,15 @@ mod tests {
         fn component_name() -> impl Strategy<Value = String> {
             prop_oneof![
                 prop::sample::select(vec![
-                    "shadow", "keys", "at", "versions", "processors", "append", "state", "0", "7",
+                    "shadow",
+                    "keys",
+                    "at",
+                    "versions",
+                    "processors",
+                    "append",
+                    "state",
+                    "0",
+                    "7",
                 ])
                 .prop_map(String::from),
                 "[a-z0-9][a-z0-9-]{0,62}",
@@ -786,8 +840,10 @@ mod tests {
         /// A processor key: route words, slashes, escapes, any text.
         fn key() -> impl Strategy<Value = String> {
             prop_oneof![
-                prop::sample::select(vec!["keys", "at/3", "shadow", "/", "a/keys/b", "%2F", "%zz"])
-                    .prop_map(String::from),
+                prop::sample::select(vec![
+                    "keys", "at/3", "shadow", "/", "a/keys/b", "%2F", "%zz"
+                ])
+                .prop_map(String::from),
                 // Any text but NUL, which queries refuse by design.
                 "[^\\x00]{1,24}",
             ]
@@ -828,11 +884,33 @@ mod tests {
     fn a_component_named_like_a_route_word_is_that_component() {
         for name in ["shadow", "keys", "at", "versions"] {
             let r = parse(&format!("processors/{name}"), &Method::GET, None, b"").unwrap();
-            assert_eq!(r, StreamRequest::Processor { component: name.into() });
-            let r = parse(&format!("processors/{name}/shadow"), &Method::GET, None, b"").unwrap();
-            assert_eq!(r, StreamRequest::Shadow { component: name.into() });
+            assert_eq!(
+                r,
+                StreamRequest::Processor {
+                    component: name.into()
+                }
+            );
+            let r = parse(
+                &format!("processors/{name}/shadow"),
+                &Method::GET,
+                None,
+                b"",
+            )
+            .unwrap();
+            assert_eq!(
+                r,
+                StreamRequest::Shadow {
+                    component: name.into()
+                }
+            );
         }
-        for bad in ["processors/", "processors//keys", "processors/c/keys/", "processors/c/at", "processors/c/x"] {
+        for bad in [
+            "processors/",
+            "processors//keys",
+            "processors/c/keys/",
+            "processors/c/at",
+            "processors/c/x",
+        ] {
             let e = parse(bad, &Method::GET, None, b"").unwrap_err();
             assert_eq!((e.status, e.code), (404, "not-found"), "{bad}");
             assert!(e.message.contains(bad), "{bad}: {}", e.message);
@@ -895,7 +973,10 @@ mod tests {
             },
         ] {
             let call = render_component("acme", &request);
-            let rest = call.path.strip_prefix("/v1/projects/acme/components").unwrap();
+            let rest = call
+                .path
+                .strip_prefix("/v1/projects/acme/components")
+                .unwrap();
             let (name, versions) = match rest.strip_prefix('/') {
                 None => (None, false),
                 Some(r) => match r.strip_suffix("/versions") {
@@ -904,9 +985,15 @@ mod tests {
                 },
             };
             let body = (call.method == Method::PUT).then(|| sent(&call.body));
-            let back =
-                parse_component(&call.method, name, versions, query_of(&call), call.accept, body)
-                    .unwrap();
+            let back = parse_component(
+                &call.method,
+                name,
+                versions,
+                query_of(&call),
+                call.accept,
+                body,
+            )
+            .unwrap();
             assert_eq!(back, request, "{call:?}");
         }
 
@@ -936,7 +1023,10 @@ mod tests {
             args: vec![serde_json::json!(2), serde_json::json!(3)],
         };
         let call = render_itx("acme", &itx);
-        assert_eq!((call.method.as_str(), call.path.as_str()), ("POST", "/v1/projects/acme/itx"));
+        assert_eq!(
+            (call.method.as_str(), call.path.as_str()),
+            ("POST", "/v1/projects/acme/itx")
+        );
         assert_eq!(parse_itx(&sent(&call.body)).unwrap(), itx);
 
         for path in ["/", "/orders/eu", "/a.b/c~d_e"] {
@@ -947,8 +1037,14 @@ mod tests {
             };
             let call = render_ingest(&request);
             let rest = call.path.strip_prefix("/v1/projects/acme/ingest").unwrap();
-            let decoded = percent_encoding::percent_decode_str(rest).decode_utf8().unwrap();
-            let decoded = if decoded.is_empty() { "/".into() } else { decoded };
+            let decoded = percent_encoding::percent_decode_str(rest)
+                .decode_utf8()
+                .unwrap();
+            let decoded = if decoded.is_empty() {
+                "/".into()
+            } else {
+                decoded
+            };
             let back = parse_ingest("acme", &decoded, &sent(&call.body)).unwrap();
             assert_eq!(back, request, "{call:?}");
         }
@@ -981,11 +1077,17 @@ mod tests {
         }
         // A stream path is not a parked-event route, `parked` included.
         for rest in ["orders", "parked/3", "a/parked"] {
-            assert!(parse_parked("acme", &Method::POST, rest, None).is_none(), "{rest}");
+            assert!(
+                parse_parked("acme", &Method::POST, rest, None).is_none(),
+                "{rest}"
+            );
         }
         assert!(parse_parked("acme", &Method::POST, "parked", None).is_none());
         assert_eq!(render_ingest(&IngestRequest::Status).path, "/v1/ingest");
-        assert_eq!(render_ingest(&IngestRequest::Register).path, "/v1/ingest:register");
+        assert_eq!(
+            render_ingest(&IngestRequest::Register).path,
+            "/v1/ingest:register"
+        );
         assert_eq!(render_cluster(&ClusterRequest::View).path, "/v1/cluster");
     }
 

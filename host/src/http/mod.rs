@@ -379,8 +379,8 @@ async fn internal_call(State(host): State<Host>, headers: HeaderMap, body: Body)
                 remote::to_value(host.streams.deliver_here(&address, batch).await)
             }
             Call::Request { request } => {
-                let request: crate::host::request::StreamRequest =
-                    serde_json::from_value(request).map_err(|e| {
+                let request: crate::host::request::StreamRequest = serde_json::from_value(request)
+                    .map_err(|e| {
                         Error::invalid(format!("a forwarded request is unreadable: {e}"))
                     })?;
                 remote::to_value(host.apply_here(&address, request).await)

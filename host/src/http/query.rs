@@ -1,7 +1,7 @@
 //! Query-string parsing with errors that name the bad parameter and value.
 
-use crate::component::DeployMode;
 use super::error::ApiError;
+use crate::component::DeployMode;
 use crate::host::effects::{EffectFilter, EffectStatus, EFFECT_LIMIT_MAX};
 use crate::host::live::Connect;
 use crate::host::processors::{KeysQuery, KEYS_LIMIT_MAX};

@@ -72,8 +72,7 @@ impl Host {
         }
         let storage = self.streams.storage().clone();
         let streams = self.streams.clone();
-        let limits =
-            super::listener::Limits::from_config(&self.config.http, self.auth.is_open());
+        let limits = super::listener::Limits::from_config(&self.config.http, self.auth.is_open());
         let app = super::router(self);
         // Stopping hands this host's streams over at once (several hosts):
         // requests still in flight here finish or move with them.

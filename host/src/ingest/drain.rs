@@ -18,11 +18,13 @@ use std::time::{Duration, Instant};
 use tokio::task::JoinSet;
 
 use super::Ingest;
-use crate::error::{Error, ErrorKind};
-use crate::clock::format_timestamp;
-use crate::storage::{IngestOp, PendingRow, WriteOp};
-use crate::stream::{AppendInput, Authority, EventInput, Namespace, StreamAddress, APPEND_EVENTS_MAX};
 use crate::actor::{Streams, StreamsRef};
+use crate::clock::format_timestamp;
+use crate::error::{Error, ErrorKind};
+use crate::storage::{IngestOp, PendingRow, WriteOp};
+use crate::stream::{
+    AppendInput, Authority, EventInput, Namespace, StreamAddress, APPEND_EVENTS_MAX,
+};
 
 /// Streams drained at once.
 const CONCURRENCY: usize = 16;
@@ -111,7 +113,10 @@ async fn run(streams: StreamsRef, ingest: Ingest) {
                 break;
             }
             let busy = per_project.entry(s.0.clone()).or_default();
-            if held.contains_key(&s) || in_flight.values().any(|f| *f == s) || *busy >= PROJECT_CONCURRENCY {
+            if held.contains_key(&s)
+                || in_flight.values().any(|f| *f == s)
+                || *busy >= PROJECT_CONCURRENCY
+            {
                 continue;
             }
             *busy += 1;
@@ -227,7 +232,12 @@ async fn drain_stream(streams: &Streams, ingest: &Ingest, project: &str, path: &
             }
             Err(e) if is_retryable(&e) => {
                 tracing::debug!(stream = %address, error = %e.message, "ingest held");
-                ingest.block(project, path, &e.message, format_timestamp(streams.now_ms()));
+                ingest.block(
+                    project,
+                    path,
+                    &e.message,
+                    format_timestamp(streams.now_ms()),
+                );
                 return false;
             }
             Err(_) => {

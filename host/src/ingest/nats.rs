@@ -35,10 +35,10 @@ use futures_util::{FutureExt, StreamExt};
 use serde_json::Value;
 
 use super::{drain::is_retryable, event_from_message, parse_subject, Ingest};
+use crate::actor::{Streams, StreamsRef};
 use crate::clock::format_timestamp;
 use crate::storage::{FenceIdentity, IngestOp, WriteOp, DIAGNOSTICS_KEPT};
 use crate::stream::{AppendInput, Authority, EventInput, StreamAddress};
-use crate::actor::{Streams, StreamsRef};
 
 /// Several hosts: the bridge's lease is a row of `stream_leases` under a
 /// key no project can have, so one host at a time consumes.

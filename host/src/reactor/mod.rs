@@ -199,10 +199,11 @@ impl Reacting<'_> {
                 let clock_ms = d.wall_clock_ms;
                 if let Some((rests, clock)) = self.rests {
                     let now_ms = clock.now_ms();
-                    let admitted = rests
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .admit(self.project, &p.digest, now_ms);
+                    let admitted = rests.lock().unwrap_or_else(|e| e.into_inner()).admit(
+                        self.project,
+                        &p.digest,
+                        now_ms,
+                    );
                     if let Err(resting) = admitted {
                         return Err(Refusal {
                             request: a.request,
@@ -216,9 +217,9 @@ impl Reacting<'_> {
                     }
                 }
                 calls += 1;
-                let called = self
-                    .runtime
-                    .react(&reactor.component, &p, &a.body, d, REACT_TIMEOUT_MS);
+                let called =
+                    self.runtime
+                        .react(&reactor.component, &p, &a.body, d, REACT_TIMEOUT_MS);
                 if let Some((rests, clock)) = self.rests {
                     let mut rests = rests.lock().unwrap_or_else(|e| e.into_inner());
                     match &called {
@@ -228,16 +229,15 @@ impl Reacting<'_> {
                         _ => rests.ran(self.project, &p.digest),
                     }
                 }
-                let returned = called
-                    .map_err(|e| {
-                        let retryable = e.retryable();
-                        let message = failed_call(reactor, a, e, clock_ms);
-                        if retryable {
-                            refuse_for_now(message)
-                        } else {
-                            refuse(message)
-                        }
-                    })?;
+                let returned = called.map_err(|e| {
+                    let retryable = e.retryable();
+                    let message = failed_call(reactor, a, e, clock_ms);
+                    if retryable {
+                        refuse_for_now(message)
+                    } else {
+                        refuse(message)
+                    }
+                })?;
                 for e in checked(&returned).map_err(refuse)? {
                     if keys.insert(e.0.clone()) {
                         effects.push(NewEffect {
@@ -338,10 +338,7 @@ fn checked(returned: &[ReactorEffect]) -> Result<Vec<(String, String)>, String> 
 /// Why a call failed, with how to run it again by hand.
 fn failed_call(reactor: &Reactor, a: &Appended, e: GuestError, clock_ms: i64) -> String {
     let repro = if a.body.len() <= REPRO_EVENT_BYTES_MAX {
-        let call = format!(
-            "react({})",
-            crate::processor::wave::string(&a.body)
-        );
+        let call = format!("react({})", crate::processor::wave::string(&a.body));
         format!(
             "; reproduce with `wasmtime run --invoke '{}' {}.wasm` (the call's clock read {clock_ms} ms)",
             call.replace('\'', "'\\''"),
@@ -397,7 +394,11 @@ fn refusal(reactor: &Reactor, a: &Appended, message: &str, retryable: bool) -> E
         a.event.event_type
     );
     let mut error = if retryable {
-        Error::unavailable("reactor-unavailable", message, REFUSED_FOR_NOW_RETRY_AFTER_S)
+        Error::unavailable(
+            "reactor-unavailable",
+            message,
+            REFUSED_FOR_NOW_RETRY_AFTER_S,
+        )
     } else {
         Error::unprocessable("reactor-failed", message)
     };
@@ -413,7 +414,10 @@ mod tests {
     #[test]
     fn reactor_effects_never_share_an_identity_with_a_processors() {
         assert_eq!(effect_component("welcome.v1"), "reactor:welcome.v1");
-        assert_eq!(crate::effect::reactor_of("reactor:welcome.v1"), Some("welcome.v1"));
+        assert_eq!(
+            crate::effect::reactor_of("reactor:welcome.v1"),
+            Some("welcome.v1")
+        );
         // Component names are [a-z0-9][a-z0-9-]*: never with a ':'.
         assert_eq!(crate::effect::reactor_of("welcome"), None);
     }

@@ -65,7 +65,9 @@ impl Rests {
         t.in_a_row = t.in_a_row.saturating_add(1);
         if t.in_a_row >= TIMEOUTS_BEFORE_REST {
             let doublings = (t.in_a_row - TIMEOUTS_BEFORE_REST).min(16);
-            let rest = REST_MS_FIRST.saturating_mul(1 << doublings).min(REST_MS_MAX);
+            let rest = REST_MS_FIRST
+                .saturating_mul(1 << doublings)
+                .min(REST_MS_MAX);
             t.rest_until_ms = now_ms.saturating_add(rest);
         }
     }
@@ -94,7 +96,10 @@ mod tests {
         let mut r = Rests::default();
         assert!(r.admit("p", "d", 0).is_ok());
         r.timed_out("p", "d", 1_000);
-        assert!(r.admit("p", "d", 1_000).is_ok(), "one timeout is no pattern");
+        assert!(
+            r.admit("p", "d", 1_000).is_ok(),
+            "one timeout is no pattern"
+        );
         r.timed_out("p", "d", 2_000);
         assert_eq!(
             r.admit("p", "d", 2_001),

@@ -289,10 +289,13 @@ async fn refold_fenced(
             target = target.max(live.checkpoint_offset);
             if !replay && shadow_through < live.checkpoint_offset {
                 // History the old version folded: its effects ran then.
-                let (next, progress, next_bucket) =
-                    fold.run(shadow, shadow_through, live.checkpoint_offset, bucket, |_, _| {
-                        Ok(())
-                    })?;
+                let (next, progress, next_bucket) = fold.run(
+                    shadow,
+                    shadow_through,
+                    live.checkpoint_offset,
+                    bucket,
+                    |_, _| Ok(()),
+                )?;
                 shadow = next;
                 bucket = next_bucket;
                 shadow_through = progress.through.max(shadow_through);

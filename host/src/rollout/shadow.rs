@@ -16,7 +16,6 @@
 //! counts as promoted. A host asked about a shadow it does not fold (the
 //! deploy went through another host) starts folding it then.
 
-
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -105,11 +104,7 @@ pub async fn instance(
     let project = address.namespace.storage_key().to_string();
     let shadows = streams.executors().shadows.clone();
     let storage = streams.storage().clone();
-    let (p, c, path) = (
-        project.clone(),
-        component.to_string(),
-        address.path.clone(),
-    );
+    let (p, c, path) = (project.clone(), component.to_string(), address.path.clone());
     let (recorded, live) = tokio::task::spawn_blocking(move || -> anyhow::Result<_> {
         Ok((
             storage.shadow_of(&p, &c)?,
@@ -121,18 +116,16 @@ pub async fn instance(
         return Ok(None);
     };
     let key = Shadows::key(&project, &address.path, component);
-    let live = live.as_ref().map(|l| (l.digest.as_str(), l.checkpoint_offset));
+    let live = live
+        .as_ref()
+        .map(|l| (l.digest.as_str(), l.checkpoint_offset));
     let Some((instance, new)) = shadows.adopt(key, &digest, live) else {
         return Ok(None);
     };
     if !new {
         return Ok(Some(instance));
     }
-    let (streams, address, component) = (
-        streams.clone(),
-        address.clone(),
-        component.to_string(),
-    );
+    let (streams, address, component) = (streams.clone(), address.clone(), component.to_string());
     let i = Arc::clone(&instance);
     tokio::spawn(async move { follow(streams, address, component, i, timeout_ms).await });
     Ok(Some(instance))
@@ -170,7 +163,11 @@ async fn follow(
     while !instance.is_stopped() {
         steps = steps.wrapping_add(1);
         if steps.is_multiple_of(RECORD_CHECK_STEPS) {
-            let (storage, p, c) = (streams.storage().clone(), project.clone(), component.clone());
+            let (storage, p, c) = (
+                streams.storage().clone(),
+                project.clone(),
+                component.clone(),
+            );
             let recorded = tokio::task::spawn_blocking(move || storage.shadow_of(&p, &c)).await;
             if let Ok(Ok(recorded)) = recorded {
                 if recorded.as_deref() != Some(instance.digest.as_str()) {
@@ -275,7 +272,11 @@ pub async fn end(
 async fn finish(streams: &Streams, project: &str, component: &str, digest: &str, promoted: bool) {
     let storage = streams.storage().clone();
     let runtime = streams.wasm_runtime().clone();
-    let (p, c, d) = (project.to_string(), component.to_string(), digest.to_string());
+    let (p, c, d) = (
+        project.to_string(),
+        component.to_string(),
+        digest.to_string(),
+    );
     let clock = streams.clock();
     let op = tokio::task::spawn_blocking(move || -> anyhow::Result<Option<WriteOp>> {
         // Still this shadow's record (a deploy may have replaced it).

@@ -7,10 +7,10 @@
 use serde::Serialize;
 use serde_json::json;
 
+use crate::actor::Streams;
 use crate::error::Error;
 use crate::storage::WriteOp;
 use crate::stream::{types, AppendInput, Authority, EventInput, Namespace, StreamAddress};
-use crate::actor::Streams;
 
 /// Resumes the subscriptions of `project` halted by component `name` (a
 /// processor wake or an ITX call), once per halt and version (`digest`):
