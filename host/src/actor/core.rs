@@ -26,6 +26,7 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
+use super::reload::Reload;
 use super::{recent_keys, Command, Reply};
 use crate::clock::format_timestamp;
 use crate::config::DeliveryConfig;
@@ -45,23 +46,8 @@ use crate::stream::{
 const STORAGE_FULL_RETRY_AFTER_S: u32 = 5;
 /// Most append requests planned into one round.
 pub const ROUND_REQUESTS_MAX: usize = 1024;
-/// Wait before loading again after the second storage failure in a row (the
-/// first reloads at once); doubles up to [`RELOAD_BACKOFF_MAX_MS`].
-const RELOAD_BACKOFF_BASE_MS: u64 = 50;
-const RELOAD_BACKOFF_MAX_MS: u64 = 5_000;
 /// Commit instants kept for latency measurement, at most.
 const RECENT_COMMITS_MAX: usize = 65_536;
-
-/// Wait before the next load after `failures` storage failures (failed
-/// loads or writes) in a row: 0, 50, 100, 200 ... 5000 ms.
-fn reload_backoff_ms(failures: u32) -> u64 {
-    match failures {
-        0 | 1 => 0,
-        n => RELOAD_BACKOFF_BASE_MS
-            .saturating_mul(1 << (n - 2).min(16))
-            .min(RELOAD_BACKOFF_MAX_MS),
-    }
-}
 
 /// What the core asks of the host it runs in, besides its inputs.
 pub trait Environment: Send + Sync {
@@ -390,12 +376,8 @@ pub struct ActorCore {
     /// Inputs that arrived while the core waited.
     held: VecDeque<Input>,
     out: Vec<Output>,
-    pub(super) reload_needed: bool,
-    /// Storage failures (loads or writes) since the last committed write,
-    /// for the reload backoff.
-    storage_failures: u32,
-    /// When to load again after a failure (`None`: at the next use), ms.
-    reload_at_ms: Option<i64>,
+    /// Whether and when the stream is loaded again.
+    pub(super) reload: Reload,
     /// When the last request arrived (for idle release), ms.
     last_request_ms: i64,
     /// Delivery runs of the subscriptions of this (source) stream.
@@ -462,9 +444,7 @@ impl ActorCore {
             waiting: None,
             held: VecDeque::new(),
             out: Vec::new(),
-            reload_needed: true,
-            storage_failures: 0,
-            reload_at_ms: None,
+            reload: Reload::new(),
             last_request_ms: now,
             deliveries: Deliveries::default(),
             recent_commits: VecDeque::new(),
@@ -582,7 +562,7 @@ impl ActorCore {
         if self.waiting.is_some() {
             return;
         }
-        if self.reload_needed && self.reload_at_ms.is_some_and(|at| at <= self.env.now_ms()) {
+        if self.reload.due(self.env.now_ms()) {
             self.begin_load(AfterLoad::Reload);
             return;
         }
@@ -612,7 +592,7 @@ impl ActorCore {
             return false;
         }
         let idle_for = self.env.now_ms().saturating_sub(self.last_request_ms);
-        let missing = (!self.reload_needed || self.not_here) && self.stream.is_none();
+        let missing = (!self.reload.needed() || self.not_here) && self.stream.is_none();
         missing || idle_for >= self.config.idle_stream_ms as i64
     }
 
@@ -622,19 +602,17 @@ impl ActorCore {
     pub fn next_timer_ms(&self) -> Option<i64> {
         let now_ms = self.env.now_ms();
         let delivery = self.next_delivery_at_ms().map(|at| at.max(now_ms + 1));
-        let reload = if self.reload_needed {
-            self.reload_at_ms
-        } else {
-            None
-        };
-        [delivery, reload].into_iter().flatten().min()
+        [delivery, self.reload.timer_ms()]
+            .into_iter()
+            .flatten()
+            .min()
     }
 
     /// Whether nothing keeps the actor in memory but recent use: no queued
     /// work, no live connection, no delivery in flight, due, scheduled or
     /// with a cursor to write, and a loaded (or missing) stream.
     fn may_release(&self) -> bool {
-        if (self.reload_needed && !self.not_here)
+        if (self.reload.needed() && !self.not_here)
             || !self.queue.is_empty()
             || !self.held.is_empty()
             || !self.connections.is_empty()
@@ -656,7 +634,7 @@ impl ActorCore {
         // this fence was taken, so another host may have written the
         // stream; it is loaded (and its lease taken) again first.
         if self.fence.is_some() && self.env.lease_lapses() != self.lease_lapses {
-            self.reload_needed = true;
+            self.reload.request();
         }
         match cmd {
             Command::Append {
@@ -721,7 +699,7 @@ impl ActorCore {
             Command::LeaseChanged => {
                 if !self.env.lease_valid() {
                     self.end_connections_lease_lost();
-                } else if self.reload_needed && (self.stream.is_some() || self.fence.is_some()) {
+                } else if self.reload.needed() && (self.stream.is_some() || self.fence.is_some()) {
                     // Taken again (or found owned elsewhere: connections end).
                     self.serving(Command::LeaseChanged);
                 }
@@ -752,7 +730,7 @@ impl ActorCore {
             self.refuse(cmd, err);
             return;
         }
-        if self.reload_needed {
+        if self.reload.needed() {
             self.begin_load(AfterLoad::Serve(cmd));
         } else {
             self.serve(cmd);
@@ -849,10 +827,7 @@ impl ActorCore {
             .map(|s| (s.row_id, s.state.stream_id.clone(), s.state.max_offset));
         self.out.push(Output::Load { known });
         self.waiting = Some(Waiting::Load(then));
-        // This load is the one the backoff waited for: only its own failure
-        // schedules another (a stream owned elsewhere or a lost lease
-        // schedules none: a request or `LeaseChanged` loads again).
-        self.reload_at_ms = None;
+        self.reload.started();
     }
 
     /// Takes over a load's result. A failure schedules the next attempt with
@@ -865,7 +840,6 @@ impl ActorCore {
                 self.lease_lapses = loaded.lapses;
                 self.not_here = false;
                 self.apply_load(stream);
-                self.reload_at_ms = None;
                 Ok(())
             }
             Err(LoadError::OwnedElsewhere { path, url, owner }) => {
@@ -878,7 +852,7 @@ impl ActorCore {
                 self.apply_load(None);
                 self.connections.clear();
                 self.fence = None;
-                self.reload_needed = true;
+                self.reload.request();
                 self.not_here = true;
                 Err(Error::owned_elsewhere(&path, &url))
             }
@@ -900,11 +874,7 @@ impl ActorCore {
     /// A load or write failed: the stream is loaded again after the
     /// backoff (at once after a first failure). Returns the wait in ms.
     fn storage_failed(&mut self) -> u64 {
-        self.storage_failures = self.storage_failures.saturating_add(1);
-        let wait = reload_backoff_ms(self.storage_failures);
-        self.reload_needed = true;
-        self.reload_at_ms = Some(self.env.now_ms() + wait as i64);
-        wait
+        self.reload.failed(self.env.now_ms())
     }
 
     /// A write failed to commit: the core's state may be ahead of the log.
@@ -942,7 +912,7 @@ impl ActorCore {
                 self.fan_out(&l.unseen);
             }
         }
-        self.reload_needed = false;
+        self.reload.loaded();
     }
 
     fn read(&mut self, query: ReadQuery, reply: Reply<ReadOutput>) {
@@ -976,9 +946,9 @@ impl ActorCore {
             // The leases lapsed since the fence was taken (another host may
             // have written): load again before planning on this state.
             if self.fence.is_some() && self.env.lease_lapses() != self.lease_lapses {
-                self.reload_needed = true;
+                self.reload.request();
             }
-            if self.reload_needed {
+            if self.reload.needed() {
                 self.begin_load(AfterLoad::Start(front));
                 return;
             }
@@ -1450,7 +1420,7 @@ impl ActorCore {
 
     fn finish(&mut self, in_flight: InFlight, result: Result<i64, CommitError>) {
         if result.is_ok() {
-            self.storage_failures = 0;
+            self.reload.committed();
         }
         let mut failed = Vec::new();
         self.finish_write(in_flight, result, &mut failed);
@@ -1589,7 +1559,7 @@ impl ActorCore {
         let Some(stream) = self.stream.as_ref() else {
             return;
         };
-        if self.reload_needed {
+        if self.reload.needed() {
             return;
         }
         let cursors: Vec<CursorRow> = self
@@ -1667,16 +1637,6 @@ fn json_bytes(v: &Value) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn reloads_start_at_once_then_back_off_to_a_bound() {
-        let waits: Vec<u64> = (1..=10).map(reload_backoff_ms).collect();
-        assert_eq!(
-            waits,
-            vec![0, 50, 100, 200, 400, 800, 1600, 3200, 5000, 5000]
-        );
-        assert_eq!(reload_backoff_ms(u32::MAX), RELOAD_BACKOFF_MAX_MS);
-    }
 
     #[test]
     fn commit_instants_are_kept_only_for_offsets_not_yet_delivered() {

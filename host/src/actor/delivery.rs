@@ -208,7 +208,7 @@ impl ActorCore {
     /// When the schedule needs the actor next (retries, deadlines), in ms
     /// since the epoch.
     pub(super) fn next_delivery_at_ms(&self) -> Option<i64> {
-        if self.reload_needed {
+        if self.reload.needed() {
             return None;
         }
         let head = self.stream.as_ref()?.state_offset;
@@ -219,7 +219,7 @@ impl ActorCore {
     pub(super) fn pump_deliveries(&mut self) {
         // Several hosts: nothing is delivered while this host's leases may
         // be lapsing (`LeaseChanged` resumes it).
-        if self.reload_needed || !self.env.lease_valid() {
+        if self.reload.needed() || !self.env.lease_valid() {
             return;
         }
         let Some(stream) = &self.stream else { return };

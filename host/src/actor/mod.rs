@@ -55,6 +55,7 @@ pub use runtime::{ConnectionView, DeliveryView, Latency, RuntimeView};
 pub(crate) mod core;
 mod delivery;
 mod recent_keys;
+mod reload;
 #[cfg(test)]
 mod simulation;
 use crate::delivery::schedule::DeliveryDone;

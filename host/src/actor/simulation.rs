@@ -919,7 +919,7 @@ impl World {
                     n.path,
                     n.core.drained(),
                     n.core.next_timer_ms(),
-                    n.core.reload_needed,
+                    n.core.reload.needed(),
                 )
             })
             .collect();
