@@ -27,6 +27,7 @@ use std::sync::Arc;
 use serde_json::Value;
 
 use super::reload::Reload;
+use super::tenure::Tenure;
 use super::{recent_keys, Command, Reply};
 use crate::clock::format_timestamp;
 use crate::config::DeliveryConfig;
@@ -392,16 +393,9 @@ pub struct ActorCore {
     /// Live connections by key.
     pub(super) connections: HashMap<String, super::connections::Conn>,
     pub(super) next_connection_id: u64,
-    /// This host's lease on the stream, carried by every write (several
-    /// hosts on PostgreSQL; `None` on SQLite).
-    pub(super) fence: Option<crate::storage::Fence>,
-    /// The host's lapse count when the fence was taken: after a renewal
-    /// that found the lease expired, the stream is loaded again.
-    lease_lapses: u64,
-    /// Its last load found the stream owned by another host (or this host
-    /// unable to serve it) with nothing of it held here: the actor goes as
-    /// soon as it has answered, like one of a missing stream.
-    not_here: bool,
+    /// What this actor holds of the stream's lease (several hosts on
+    /// PostgreSQL): the fence its writes carry.
+    pub(super) tenure: Tenure,
     /// The stream's reactors, compiled, with what identifies them (their
     /// names and configure offsets): compiled again when that changes.
     reactors: (Vec<(String, u64)>, Arc<Vec<crate::reactor::Reactor>>),
@@ -452,9 +446,7 @@ impl ActorCore {
             read_keys: false,
             connections: HashMap::new(),
             next_connection_id: 0,
-            fence: None,
-            lease_lapses: 0,
-            not_here: false,
+            tenure: Tenure::default(),
             reactors: Default::default(),
         }
     }
@@ -592,7 +584,7 @@ impl ActorCore {
             return false;
         }
         let idle_for = self.env.now_ms().saturating_sub(self.last_request_ms);
-        let missing = (!self.reload.needed() || self.not_here) && self.stream.is_none();
+        let missing = (!self.reload.needed() || self.tenure.elsewhere()) && self.stream.is_none();
         missing || idle_for >= self.config.idle_stream_ms as i64
     }
 
@@ -612,7 +604,7 @@ impl ActorCore {
     /// work, no live connection, no delivery in flight, due, scheduled or
     /// with a cursor to write, and a loaded (or missing) stream.
     fn may_release(&self) -> bool {
-        if (self.reload.needed() && !self.not_here)
+        if (self.reload.needed() && !self.tenure.elsewhere())
             || !self.queue.is_empty()
             || !self.held.is_empty()
             || !self.connections.is_empty()
@@ -633,7 +625,7 @@ impl ActorCore {
         // Several hosts: the database let this host's leases lapse since
         // this fence was taken, so another host may have written the
         // stream; it is loaded (and its lease taken) again first.
-        if self.fence.is_some() && self.env.lease_lapses() != self.lease_lapses {
+        if self.tenure.lapsed(self.env.lease_lapses()) {
             self.reload.request();
         }
         match cmd {
@@ -699,7 +691,7 @@ impl ActorCore {
             Command::LeaseChanged => {
                 if !self.env.lease_valid() {
                     self.end_connections_lease_lost();
-                } else if self.reload.needed() && (self.stream.is_some() || self.fence.is_some()) {
+                } else if self.reload.needed() && (self.stream.is_some() || self.tenure.fenced()) {
                     // Taken again (or found owned elsewhere: connections end).
                     self.serving(Command::LeaseChanged);
                 }
@@ -765,7 +757,7 @@ impl ActorCore {
             }
             Command::Wake | Command::LeaseChanged => {}
             Command::Fence { reply } => {
-                let _ = reply.send(Ok(self.fence.clone()));
+                let _ = reply.send(Ok(self.tenure.fence()));
             }
             Command::Connect { params, reply } => self.connect(*params, reply),
             Command::State { reply } => {
@@ -836,9 +828,7 @@ impl ActorCore {
         self.config.metrics.stream_loaded(loaded.result.is_ok());
         match loaded.result {
             Ok((fence, stream)) => {
-                self.fence = fence;
-                self.lease_lapses = loaded.lapses;
-                self.not_here = false;
+                self.tenure.taken(fence, loaded.lapses);
                 self.apply_load(stream);
                 Ok(())
             }
@@ -851,16 +841,15 @@ impl ActorCore {
                 }
                 self.apply_load(None);
                 self.connections.clear();
-                self.fence = None;
+                self.tenure.owned_elsewhere();
                 self.reload.request();
-                self.not_here = true;
                 Err(Error::owned_elsewhere(&path, &url))
             }
             Err(LoadError::LeaseLost) => {
                 // This host cannot renew its leases: nothing is served until
                 // it can (`LeaseChanged` then loads again).
                 self.end_connections_lease_lost();
-                self.not_here = self.stream.is_none();
+                self.tenure.lost(self.stream.is_some());
                 Err(Error::lease_lost(&self.address.path))
             }
             Err(LoadError::Failed(e)) => {
@@ -945,7 +934,7 @@ impl ActorCore {
             };
             // The leases lapsed since the fence was taken (another host may
             // have written): load again before planning on this state.
-            if self.fence.is_some() && self.env.lease_lapses() != self.lease_lapses {
+            if self.tenure.lapsed(self.env.lease_lapses()) {
                 self.reload.request();
             }
             if self.reload.needed() {
@@ -967,7 +956,7 @@ impl ActorCore {
                 Some(s) => {
                     self.out.push(Output::Submit(Box::new(WriteOp::Reset {
                         row_id: s.row_id,
-                        fence: self.fence.clone(),
+                        fence: self.tenure.fence(),
                     })));
                     self.in_flight = Some(InFlight::Reset { reply });
                 }
@@ -1162,7 +1151,7 @@ impl ActorCore {
                 // events. No fenced commit proves the state current, so
                 // with several hosts they are answered only while the
                 // lease is surely this host's (as reads are).
-                let stale = self.fence.is_some() && !self.env.lease_valid();
+                let stale = self.tenure.fenced() && !self.env.lease_valid();
                 let failed: Vec<_> = outcomes
                     .into_iter()
                     .filter_map(|(reply, outcome)| {
@@ -1358,7 +1347,7 @@ impl ActorCore {
             state_offset: round.state_offset,
             cursors: cursors.clone(),
             removed_cursors,
-            fence: self.fence.clone(),
+            fence: self.tenure.fence(),
             effects,
         };
         commit.assert_invariants();
@@ -1579,7 +1568,7 @@ impl ActorCore {
         self.out.push(Output::Submit(Box::new(WriteOp::Cursors {
             row_id: stream.row_id,
             cursors: cursors.clone(),
-            fence: self.fence.clone(),
+            fence: self.tenure.fence(),
         })));
         self.in_flight = Some(InFlight::Cursors { cursors });
     }

@@ -243,7 +243,7 @@ impl ActorCore {
                 stream_id: stream.state.stream_id.clone(),
                 stream_created_at: stream.state.created_at.clone(),
             },
-            fence: self.fence.clone(),
+            fence: self.tenure.fence(),
         });
         self.push_output(Output::Spawn { jobs, source });
     }

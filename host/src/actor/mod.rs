@@ -56,6 +56,7 @@ pub(crate) mod core;
 mod delivery;
 mod recent_keys;
 mod reload;
+mod tenure;
 #[cfg(test)]
 mod simulation;
 use crate::delivery::schedule::DeliveryDone;
