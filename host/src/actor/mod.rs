@@ -56,9 +56,9 @@ pub(crate) mod core;
 mod delivery;
 mod recent_keys;
 mod reload;
-mod tenure;
 #[cfg(test)]
 mod simulation;
+mod tenure;
 use crate::delivery::schedule::DeliveryDone;
 
 /// A message to a stream actor.
