@@ -5,6 +5,7 @@
 use serde::Serialize;
 use serde_json::Value;
 
+use super::wait::Look;
 use super::Host;
 use crate::clock::format_timestamp;
 use crate::error::Error;
@@ -177,9 +178,6 @@ pub struct EffectsPage {
     pub next_after_id: Option<i64>,
 }
 
-/// How often a wait for an effect looks again with no execution ending here.
-const EFFECT_RECHECK: std::time::Duration = std::time::Duration::from_millis(250);
-
 impl Host {
     /// A page of `project`'s effects.
     ///
@@ -318,33 +316,26 @@ impl Host {
         until: impl Fn(&Effect) -> bool,
         within: std::time::Duration,
     ) -> Result<Effect, Error> {
-        let mut ended = self.streams.executors().effects_ended.subscribe();
-        let deadline = tokio::time::Instant::now() + within;
-        loop {
-            ended.borrow_and_update();
-            let effect = self.effect(project, id).await?;
-            if until(&effect) {
-                return Ok(effect);
-            }
-            let now = tokio::time::Instant::now();
-            if now >= deadline {
-                return Err(Error::new(
-                    crate::error::ErrorKind::Timeout,
-                    "timeout",
-                    format!(
-                        "effect {id} of project {project:?} is {:?} after {} attempts, not as waited for, within {} ms",
-                        effect.status,
-                        effect.attempts,
-                        within.as_millis()
-                    ),
-                ));
-            }
-            let next = deadline.min(now + EFFECT_RECHECK);
-            tokio::select! {
-                _ = ended.changed() => {}
-                _ = tokio::time::sleep_until(next) => {}
-            }
-        }
+        super::wait::until(
+            &self.streams.executors().effects_ended,
+            within,
+            async || {
+                let effect = self.effect(project, id).await?;
+                Ok(match until(&effect) {
+                    true => Look::Done(effect),
+                    false => Look::NotYet(effect),
+                })
+            },
+            |effect| {
+                format!(
+                    "effect {id} of project {project:?} is {:?} after {} attempts, not as waited for, within {} ms",
+                    effect.status,
+                    effect.attempts,
+                    within.as_millis()
+                )
+            },
+        )
+        .await
     }
 
     /// Attempts a failed or cancelled effect again (`effect-not-retryable`

@@ -7,6 +7,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::Value;
 
 use super::request::{StreamAnswer, StreamRequest};
+use super::wait::Look;
 use super::Host;
 use crate::error::Error;
 use crate::processor::keyed::{value_from_json, value_json};
@@ -377,44 +378,36 @@ impl Host {
         offset: u64,
         within: std::time::Duration,
     ) -> Result<ProcessorInstance, Error> {
-        let mut ended = self.streams.executors().wakes_ended.subscribe();
-        let deadline = tokio::time::Instant::now() + within;
-        loop {
-            ended.borrow_and_update();
-            let instance = self.processor(stream, component).await?;
-            if instance.checkpoint_offset >= offset {
-                return Ok(instance);
-            }
-            if instance.status == ProcessorStatus::Halted {
-                return Err(Error::conflict(
-                    "processor-halted",
-                    format!(
-                        "processor {component:?} on stream {:?} is halted at offset {} before reaching offset {offset}: {}",
-                        stream.path,
-                        instance.checkpoint_offset,
-                        instance.last_error.as_deref().unwrap_or("no error recorded")
-                    ),
-                ));
-            }
-            let now = tokio::time::Instant::now();
-            if now >= deadline {
-                return Err(Error::new(
-                    crate::error::ErrorKind::Timeout,
-                    "timeout",
-                    format!(
-                        "processor {component:?} on stream {:?} folded through offset {}, not {offset}, within {} ms",
-                        stream.path,
-                        instance.checkpoint_offset,
-                        within.as_millis()
-                    ),
-                ));
-            }
-            let next = deadline.min(now + WAIT_RECHECK);
-            tokio::select! {
-                _ = ended.changed() => {}
-                _ = tokio::time::sleep_until(next) => {}
-            }
-        }
+        super::wait::until(
+            &self.streams.executors().wakes_ended,
+            within,
+            async || {
+                let instance = self.processor(stream, component).await?;
+                if instance.checkpoint_offset >= offset {
+                    return Ok(Look::Done(instance));
+                }
+                if instance.status == ProcessorStatus::Halted {
+                    return Err(Error::conflict(
+                        "processor-halted",
+                        format!(
+                            "processor {component:?} on stream {:?} is halted at offset {} before reaching offset {offset}: {}",
+                            stream.path,
+                            instance.checkpoint_offset,
+                            instance.last_error.as_deref().unwrap_or("no error recorded")
+                        ),
+                    ));
+                }
+                Ok(Look::NotYet(instance.checkpoint_offset))
+            },
+            |folded| {
+                format!(
+                    "processor {component:?} on stream {:?} folded through offset {folded}, not {offset}, within {} ms",
+                    stream.path,
+                    within.as_millis()
+                )
+            },
+        )
+        .await
     }
 
     /// The bucket of `component`'s instance on `stream` (0: no keys yet),
@@ -834,9 +827,6 @@ pub struct StateAt {
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub keys_truncated: bool,
 }
-
-/// How often a wait for a processor looks again with no wake ending here.
-const WAIT_RECHECK: std::time::Duration = std::time::Duration::from_millis(250);
 
 /// The most keys a state at an offset lists.
 pub const STATE_AT_KEYS_MAX: usize = 1000;
