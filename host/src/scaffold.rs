@@ -307,15 +307,22 @@ mod tests {
     }
 
     #[test]
-    fn the_sdks_wit_is_the_repositorys() {
+    fn every_sdks_wit_is_the_repositorys() {
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-        for file in ["processor.wit", "deps/keyvalue/keyvalue.wit"] {
-            let canonical = std::fs::read_to_string(root.join("wit").join(file)).unwrap();
-            let vendored = std::fs::read_to_string(root.join("guest-sdk/wit").join(file)).unwrap();
-            assert!(
-                canonical == vendored,
-                "guest-sdk/wit/{file} differs from wit/{file}: copy it over"
-            );
+        for sdk in [
+            "guest-sdk/wit",
+            "guest-sdk/js/wit",
+            "guest-sdk/python/streamhost_guest/wit",
+        ] {
+            for file in ["processor.wit", "deps/keyvalue/keyvalue.wit"] {
+                let canonical = std::fs::read_to_string(root.join("wit").join(file)).unwrap();
+                let vendored = std::fs::read_to_string(root.join(sdk).join(file))
+                    .unwrap_or_else(|e| panic!("{sdk}/{file}: {e}"));
+                assert!(
+                    canonical == vendored,
+                    "{sdk}/{file} differs from wit/{file}: copy it over"
+                );
+            }
         }
     }
 }
