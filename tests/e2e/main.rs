@@ -30,6 +30,7 @@ mod ingest;
 mod isolation;
 mod itx;
 mod keyed;
+mod languages;
 mod memory;
 mod migrations;
 mod openapi;

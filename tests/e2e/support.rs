@@ -808,6 +808,74 @@ pub fn guest(name: &str) -> Vec<u8> {
     std::fs::read(&file).unwrap_or_else(|e| panic!("reading {}: {e}", file.display()))
 }
 
+/// The bytes of a guest written in TypeScript, JavaScript or Python, by its
+/// path from the repository root (`examples/js/dist/counter.wasm`,
+/// `tests/guests/dist/raises.wasm`): built by
+/// `scripts/build-language-guests` (which installs the pinned
+/// componentize-js and componentize-py) when any is missing or older than
+/// the sources and SDKs it is built from. One test process builds at a
+/// time (a lock file); the others then find the guests fresh.
+pub fn language_guest(relative: &str) -> Vec<u8> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let sources = [
+        ("guest-sdk/js", "js"),
+        ("examples/js/src", "ts"),
+        ("examples/js", "mjs"),
+        ("guest-sdk/python/streamhost_guest", "py"),
+        ("examples/python", "py"),
+        ("tests/guests", "js"),
+        ("tests/guests", "py"),
+    ];
+    let modified = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+    let newest_source = sources
+        .iter()
+        .flat_map(|(dir, ext)| {
+            std::fs::read_dir(root.join(dir))
+                .into_iter()
+                .flatten()
+                .flatten()
+                .map(|e| e.path())
+                .filter(move |p| p.extension().is_some_and(|e| e == *ext))
+        })
+        .filter_map(|p| modified(&p))
+        .max();
+    let fresh = || {
+        let built = [
+            "examples/js/dist/counter.wasm",
+            "examples/js/dist/order-totals.wasm",
+            "examples/js/dist/welcome.wasm",
+            "examples/python/dist/counter.wasm",
+            "examples/python/dist/order-totals.wasm",
+            "examples/python/dist/welcome.wasm",
+            "tests/guests/dist/throws.wasm",
+            "tests/guests/dist/raises.wasm",
+        ];
+        built
+            .iter()
+            .all(|b| modified(&root.join(b)).is_some_and(|t| newest_source.is_none_or(|s| t >= s)))
+    };
+    if !fresh() {
+        std::fs::create_dir_all(root.join("tests/guests/dist")).expect("tests/guests/dist");
+        let lock = std::fs::File::create(root.join("tests/guests/dist/.building"))
+            .expect("the build lock");
+        lock.lock().expect("taking the build lock");
+        if !fresh() {
+            let out = Command::new(root.join("scripts/build-language-guests"))
+                .current_dir(&root)
+                .output()
+                .expect("running scripts/build-language-guests");
+            assert!(
+                out.status.success(),
+                "building the TypeScript, JavaScript and Python guests failed (node, npm and python3 with pip are needed):\n{}\n{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
+    let file = root.join(relative);
+    std::fs::read(&file).unwrap_or_else(|e| panic!("reading {}: {e}", file.display()))
+}
+
 impl Server {
     /// Waits (up to `timeout`) until subscription `key` on `stream` (an API
     /// path such as `/v1/projects/acme/streams/src`) has halted; returns its

@@ -1,0 +1,329 @@
+//! Processors and reactors written in TypeScript, JavaScript and Python,
+//! built with the SDKs in `guest-sdk/js` and `guest-sdk/python` by the
+//! standard component tools (componentize-js, componentize-py), run by the
+//! real server beside the Rust guests: the same folds give the same states,
+//! keyed state and effects work the same, and a guest's own error is the
+//! failure's message.
+
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use crate::effects::{all_effects, Receiver};
+use crate::processors::caught_up;
+use crate::support::{guest, language_guest, Server};
+
+/// A first wake of a 12–18 MiB component instantiates it from the compiled
+/// code that the deploy left in memory: 3 s is plenty.
+const LANG: &str = r#"
+[delivery]
+max-attempts = 3
+backoff-base-ms = 10
+backoff-max-ms = 40
+timeout-ms = 3000
+
+[effects]
+max-attempts = 3
+lease-ms = 5000
+concurrency = 4
+
+[webhooks]
+deny-private-networks = false
+"#;
+
+const S: &str = "/v1/projects/acme/streams/orders";
+const CONFIGURED: &str = "events.iterate.com/stream/subscription-configured";
+
+async fn deploy(s: &Server, name: &str, bytes: Vec<u8>) {
+    let (status, out) = s.deploy("acme", name, bytes).await;
+    assert_eq!(status, 200, "deploying {name}: {out}");
+}
+
+async fn append(s: &Server, stream: &str, events: Value) -> (u16, Value) {
+    s.post(&format!("{stream}:append"), json!({ "events": events }))
+        .await
+}
+
+fn wake(component: &str) -> Value {
+    json!({"type": CONFIGURED, "payload": {"subscriptionKey": component,
+        "receiver": {"action": "processor-wake",
+            "expression": ["components", ["get", component], "wake"]}}})
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn counters_in_typescript_and_python_fold_every_event_as_the_rust_counter_does() {
+    let s = Server::start_with(Some(LANG), &[]);
+    deploy(&s, "counter-rs", guest("counter")).await;
+    deploy(
+        &s,
+        "counter-ts",
+        language_guest("examples/js/dist/counter.wasm"),
+    )
+    .await;
+    deploy(
+        &s,
+        "counter-py",
+        language_guest("examples/python/dist/counter.wasm"),
+    )
+    .await;
+    let (status, out) = append(
+        &s,
+        S,
+        json!([wake("counter-rs"), wake("counter-ts"), wake("counter-py")]),
+    )
+    .await;
+    assert_eq!(status, 200, "{out}");
+    // Integers count; a fraction, a string and a missing `n` add nothing
+    // in every language.
+    for batch in [
+        json!([{"type": "n", "payload": {"n": 5}}, {"type": "n", "payload": {"n": -7}}]),
+        json!([{"type": "n", "payload": {"n": 2.5}}, {"type": "n", "payload": {"n": "3"}}]),
+        json!([{"type": "n", "payload": {}}, {"type": "n", "payload": {"n": 9007199254740_i64}}]),
+    ] {
+        let (status, out) = append(&s, S, batch).await;
+        assert_eq!(status, 200, "{out}");
+    }
+    let rust = caught_up(&s, S, "counter-rs").await;
+    let events = s.all_events(S).await;
+    assert_eq!(
+        rust["state"],
+        json!({"events": events.len(), "sum": 5 - 7 + 9007199254740_i64,
+            "last_offset": events.last().unwrap()["offset"]}),
+        "{rust}"
+    );
+    for port in ["counter-ts", "counter-py"] {
+        let p = caught_up(&s, S, port).await;
+        assert_eq!(p["state"], rust["state"], "{port}: {p}");
+        assert_eq!(p["status"], "active", "{port}: {p}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn order_totals_in_typescript_and_python_keep_regions_in_keyed_state_and_confirm_orders() {
+    let r = Receiver::start().await;
+    let s = Server::start_with(Some(LANG), &[]);
+    let hook = format!("{}/ok/orders", r.base);
+    let mut keys = Vec::new();
+    for (name, file) in [
+        ("totals-ts", "examples/js/dist/order-totals.wasm"),
+        ("totals-py", "examples/python/dist/order-totals.wasm"),
+    ] {
+        deploy(&s, name, language_guest(file)).await;
+        let stream = format!("/v1/projects/acme/streams/orders-{name}");
+        let orders = json!([
+            wake(name),
+            {"type": "events.example/order-webhook-set", "payload": {"url": hook}},
+            {"type": "events.example/order-created",
+             "payload": {"region": "eu", "total": 10.5, "orderId": format!("{name}-1")}},
+            {"type": "events.example/order-created",
+             "payload": {"region": "eu", "total": 2, "orderId": format!("{name}-2")}},
+            {"type": "events.example/order-created", "payload": {"region": "us", "total": 3}},
+            {"type": "events.example/ignored", "payload": {}},
+        ]);
+        let (status, out) = append(&s, &stream, orders).await;
+        assert_eq!(status, 200, "{out}");
+        let p = caught_up(&s, &stream, name).await;
+        assert_eq!(
+            p["state"],
+            json!({"orders": 3, "webhook": hook}),
+            "{name}: {p}"
+        );
+        let (status, page) = s
+            .get(&format!("{stream}:processors/{name}/keys?prefix=region/"))
+            .await;
+        assert_eq!(status, 200, "{page}");
+        let found: Vec<(String, Value)> = page["keys"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|k| {
+                let value = k["value"].as_str().unwrap();
+                (
+                    k["key"].as_str().unwrap().to_string(),
+                    serde_json::from_str(value).unwrap(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            found,
+            vec![
+                ("region/eu".to_string(), json!({"orders": 2, "total": 12.5})),
+                ("region/us".to_string(), json!({"orders": 1, "total": 3})),
+            ],
+            "{name}: {page}"
+        );
+        keys.push(found);
+
+        // Each order with an id is confirmed on /orders/confirmed, once.
+        let confirmed = "/v1/projects/acme/streams/orders/confirmed";
+        crate::support::wait_for(
+            &format!("{name}'s confirmations"),
+            Duration::from_secs(30),
+            async || {
+                s.all_events(confirmed)
+                    .await
+                    .iter()
+                    .filter(|e| {
+                        e["payload"]["orderId"]
+                            .as_str()
+                            .is_some_and(|id| id.starts_with(name))
+                    })
+                    .count()
+                    == 2
+            },
+        )
+        .await;
+        let second = s
+            .all_events(confirmed)
+            .await
+            .into_iter()
+            .find(|e| e["payload"]["orderId"] == format!("{name}-2"))
+            .unwrap();
+        assert_eq!(
+            second["payload"],
+            json!({"orderId": format!("{name}-2"), "region": "eu", "total": 2, "regionTotal": 12.5}),
+            "{second}"
+        );
+        crate::support::wait_for(
+            &format!("{name}'s webhooks"),
+            Duration::from_secs(30),
+            async || {
+                r.posts_to("/ok/orders")
+                    .iter()
+                    .filter(|p| {
+                        p.body["orderId"]
+                            .as_str()
+                            .is_some_and(|id| id.starts_with(name))
+                    })
+                    .count()
+                    == 2
+            },
+        )
+        .await;
+    }
+    assert_eq!(keys[0], keys[1], "both ports keep the same keys");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_thrown_javascript_error_and_a_python_exception_halt_with_the_guests_own_message_and_line(
+) {
+    let s = Server::start_with(Some(LANG), &[]);
+    for (name, file, says) in [
+        (
+            "throws",
+            "tests/guests/dist/throws.wasm",
+            [
+                "TypeError: can't access property \"deeper\", state.missing is undefined",
+                "(at tests/guests/dist/throws.bundle.js:",
+            ],
+        ),
+        (
+            "raises",
+            "tests/guests/dist/raises.wasm",
+            [
+                "KeyError: 'missing' (at raises.py:9)",
+                "Traceback (most recent call last)",
+            ],
+        ),
+    ] {
+        deploy(&s, name, language_guest(file)).await;
+        let stream = format!("/v1/projects/acme/streams/bugs-{name}");
+        let (status, out) = append(
+            &s,
+            &stream,
+            json!([wake(name), {"type": "ok", "payload": {}}, {"type": "bad", "payload": {"boom": true}}]),
+        )
+        .await;
+        assert_eq!(status, 200, "{out}");
+        let boom = out["events"][2]["offset"].clone();
+        let halted = s.wait_halted(&stream, name, Duration::from_secs(60)).await;
+        let error = halted["error"].as_str().unwrap_or_default();
+        for said in says {
+            assert!(error.contains(said), "{name}: {said:?} in {halted}");
+        }
+        // A bug repeats on every retry: it halts at once.
+        assert_eq!(halted["attempts"], 1, "{halted}");
+        let (_, p) = s.get(&format!("{stream}:processors/{name}")).await;
+        assert_eq!(p["lastFailure"]["offset"], boom, "{p}");
+        let message = p["lastFailure"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains(says[0]), "{p}");
+        // The repro folds the failing event from the state before it.
+        let repro = p["lastFailure"]["repro"].as_str().unwrap_or_default();
+        assert!(
+            repro.contains(r#"fold("{\"seen\":[3]}""#),
+            "the repro starts from the state before the failing event: {p}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn welcome_reactors_in_typescript_and_python_commit_a_typed_webhook_or_refuse_the_append() {
+    let r = Receiver::start().await;
+    let s = Server::start_with(Some(LANG), &[]);
+    for (name, file) in [
+        ("welcome-ts", "examples/js/dist/welcome.wasm"),
+        ("welcome-py", "examples/python/dist/welcome.wasm"),
+    ] {
+        deploy(&s, name, language_guest(file)).await;
+        let stream = format!("/v1/projects/acme/streams/users-{name}");
+        let (status, out) = append(
+            &s,
+            &stream,
+            json!([{"type": CONFIGURED, "payload": {"subscriptionKey": name,
+                "filter": {"eventTypes": ["user-signed-up"]},
+                "receiver": {"action": "reactor",
+                    "expression": ["components", ["get", name], "react"]}}}]),
+        )
+        .await;
+        assert_eq!(status, 200, "{out}");
+
+        // Refused for good: the reactor's own message, nothing committed.
+        let before = s.all_events(&stream).await.len();
+        let (status, out) = append(
+            &s,
+            &stream,
+            json!([{"type": "user-signed-up", "payload": {"welcomeUrl": "http://127.0.0.1:9/"}}]),
+        )
+        .await;
+        assert_eq!(status, 422, "{out}");
+        assert_eq!(out["error"]["code"], "reactor-failed", "{out}");
+        let message = out["error"]["message"].as_str().unwrap_or_default();
+        assert!(
+            message.contains("the user-signed-up event at offset 3 has no userId"),
+            "{name}: {out}"
+        );
+        assert_eq!(s.all_events(&stream).await.len(), before, "nothing committed");
+
+        // Accepted: the webhook is in the outbox with its envelope, then sent.
+        let url = format!("{}/ok/welcome/{name}", r.base);
+        let (status, out) = append(
+            &s,
+            &stream,
+            json!([{"type": "user-signed-up",
+                "payload": {"userId": "ada", "email": "ada@example.com", "welcomeUrl": url}}]),
+        )
+        .await;
+        assert_eq!(status, 200, "{out}");
+        let offset = out["events"][0]["offset"].as_u64().unwrap();
+        let effects = all_effects(&s, &format!("&component=reactor:{name}")).await;
+        assert_eq!(effects.len(), 1, "{effects:?}");
+        let ada = &effects[0];
+        assert_eq!(ada["key"], "welcome:ada", "{ada}");
+        assert_eq!(ada["type"], "SendWelcome", "{ada}");
+        assert_eq!(
+            ada["metadata"],
+            json!({"correlationId": format!("sign-up-{offset}")}),
+            "{ada}"
+        );
+        assert_eq!(
+            ada["target"]["webhook"]["body"],
+            json!({"userId": "ada", "email": "ada@example.com", "template": "welcome"}),
+            "{ada}"
+        );
+        let path = format!("/ok/welcome/{name}");
+        crate::support::wait_for("the welcome", Duration::from_secs(30), async || {
+            r.posts_to(&path).len() == 1
+        })
+        .await;
+    }
+}
