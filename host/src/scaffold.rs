@@ -1,19 +1,80 @@
-//! `streamhost new processor NAME`: a standalone Cargo project for a
-//! processor (its own workspace, built for `wasm32-wasip2` by a plain
-//! `cargo build --release`, a release profile for size) with a working
-//! fold, a sample of events and a README. The files are pure data
-//! ([`processor_files`]); [`write`] puts them on disk.
+//! `streamhost new NAME [--lang rust|ts|js|python]`: a standalone project
+//! for a processor with a working fold, a sample of events, the state it
+//! folds to and a README. Rust: its own Cargo workspace, built for
+//! `wasm32-wasip2` by a plain `cargo build --release` with a release
+//! profile for size. TypeScript and JavaScript ([`js`]): an npm project
+//! built by esbuild and componentize-js. Python ([`python`]): a module
+//! built by componentize-py. The files are pure data ([`files`]);
+//! [`write`] puts them on disk.
 
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 
-/// Where the project gets the guest SDK (`streamhost-guest`).
+mod js;
+mod python;
+
+/// The language of a new project.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Lang {
+    /// Rust, with the `streamhost-guest` crate.
+    Rust,
+    /// TypeScript, with `@streamhost/guest`.
+    Ts,
+    /// JavaScript, with `@streamhost/guest`.
+    Js,
+    /// Python, with `streamhost-guest`.
+    Python,
+}
+
+impl Lang {
+    /// The SDK's directory in a checkout, and the file that marks it.
+    fn sdk_dir(self) -> (&'static str, &'static str) {
+        match self {
+            Lang::Rust => ("guest-sdk", "Cargo.toml"),
+            Lang::Ts | Lang::Js => ("guest-sdk/js", "package.json"),
+            Lang::Python => ("guest-sdk/python", "pyproject.toml"),
+        }
+    }
+
+    /// Checks that `path` holds this language's SDK.
+    pub fn check_sdk_path(self, path: &Path) -> Result<()> {
+        let (dir, marker) = self.sdk_dir();
+        if !path.join(marker).is_file() {
+            bail!(
+                "--sdk-path {} holds no {marker}: name a checkout's {dir}/",
+                path.display()
+            );
+        }
+        Ok(())
+    }
+
+    /// The commands that build and fold a new project of this language.
+    pub fn next_steps(self, name: &str) -> String {
+        match self {
+            Lang::Rust => format!(
+                "  cargo build --release\n  streamhost fold target/wasm32-wasip2/release/{}.wasm --events events.jsonl",
+                name.replace('-', "_")
+            ),
+            Lang::Ts | Lang::Js => format!(
+                "  npm install\n  npm run build\n  npm test   # streamhost test {name}.wasm --events events.jsonl --expect expected.json"
+            ),
+            Lang::Python => format!(
+                "  python3 -m venv .venv && . .venv/bin/activate && pip install -r requirements.txt\n  \
+                 python -m streamhost_guest build processor -o {name}.wasm\n  \
+                 streamhost test {name}.wasm --events events.jsonl --expect expected.json"
+            ),
+        }
+    }
+}
+
+/// Where the project gets the guest SDK.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Sdk {
-    /// A path to the SDK crate (a checkout's `guest-sdk/`).
+    /// A path to the SDK (a checkout's `guest-sdk/`, `guest-sdk/js/` or
+    /// `guest-sdk/python/`).
     Path(PathBuf),
-    /// A git repository holding it.
+    /// A git repository holding it (Rust and Python).
     Git(String),
 }
 
@@ -28,13 +89,39 @@ impl Sdk {
         }
     }
 
-    /// The SDK of the repository this binary was built from, if it is still
-    /// there.
-    pub fn of_this_build() -> Option<Sdk> {
-        let sdk = Path::new(env!("CARGO_MANIFEST_DIR")).join("../guest-sdk");
-        sdk.join("Cargo.toml")
+    /// The language's SDK in the repository this binary was built from, if
+    /// it is still there.
+    pub fn of_this_build(lang: Lang) -> Option<Sdk> {
+        let (dir, marker) = lang.sdk_dir();
+        let sdk = Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(dir);
+        sdk.join(marker)
             .is_file()
             .then(|| Sdk::Path(sdk.canonicalize().unwrap_or(sdk)))
+    }
+}
+
+/// The sample events of a new project (every language).
+const SAMPLE: &str = r#"{"type": "events.example/payment-received", "payload": {"amount": 30}}
+{"type": "events.example/payment-received", "payload": {"amount": 12.5}}
+{"type": "events.example/refund-requested", "payload": {"reason": "late"}}
+"#;
+
+/// The state the sample folds to: `streamhost test --expect`.
+const EXPECTED: &str = r#"{
+  "events": 3,
+  "by_type": {"events.example/payment-received": 2, "events.example/refund-requested": 1},
+  "total": 42.5,
+  "last_offset": 3
+}
+"#;
+
+/// The files of a new project, as (relative path, content).
+pub fn files(lang: Lang, name: &str, sdk: &Sdk) -> Vec<(&'static str, String)> {
+    match lang {
+        Lang::Rust => processor_files(name, sdk),
+        Lang::Ts => js::files(name, sdk, true),
+        Lang::Js => js::files(name, sdk, false),
+        Lang::Python => python::files(name, sdk),
     }
 }
 
@@ -56,7 +143,7 @@ pub fn validate_name(name: &str) -> Result<()> {
     Ok(())
 }
 
-/// The files of a new processor project, as (relative path, content).
+/// The files of a new Rust processor project, as (relative path, content).
 pub fn processor_files(name: &str, sdk: &Sdk) -> Vec<(&'static str, String)> {
     let krate = name.replace('-', "_");
     let type_name: String = name
@@ -173,20 +260,6 @@ impl Processor for {type_name} {{
 streamhost_guest::processor!({type_name});
 "#
     );
-    let sample = r#"{"type": "events.example/payment-received", "payload": {"amount": 30}}
-{"type": "events.example/payment-received", "payload": {"amount": 12.5}}
-{"type": "events.example/refund-requested", "payload": {"reason": "late"}}
-"#
-    .to_string();
-    // The state the sample folds to: `streamhost test --expect`.
-    let expected = r#"{
-  "events": 3,
-  "by_type": {"events.example/payment-received": 2, "events.example/refund-requested": 1},
-  "total": 42.5,
-  "last_offset": 3
-}
-"#
-    .to_string();
     let readme = format!(
         r#"# {name}
 
@@ -236,8 +309,8 @@ whole stream again instead). `streamhost verify --project acme /payments
         ("Cargo.toml", cargo),
         (".cargo/config.toml", config.to_string()),
         ("src/lib.rs", lib),
-        ("events.jsonl", sample),
-        ("expected.json", expected),
+        ("events.jsonl", SAMPLE.to_string()),
+        ("expected.json", EXPECTED.to_string()),
         ("README.md", readme),
         (".gitignore", "/target\n".to_string()),
     ]
@@ -245,7 +318,7 @@ whole stream again instead). `streamhost verify --project acme /payments
 
 /// Writes a new processor project into `dir` (which must not exist or be
 /// empty); answers what it wrote.
-pub fn write(dir: &Path, name: &str, sdk: &Sdk) -> Result<Vec<PathBuf>> {
+pub fn write(dir: &Path, lang: Lang, name: &str, sdk: &Sdk) -> Result<Vec<PathBuf>> {
     validate_name(name)?;
     if dir.exists()
         && std::fs::read_dir(dir)
@@ -259,7 +332,7 @@ pub fn write(dir: &Path, name: &str, sdk: &Sdk) -> Result<Vec<PathBuf>> {
         );
     }
     let mut written = Vec::new();
-    for (rel, content) in processor_files(name, sdk) {
+    for (rel, content) in files(lang, name, sdk) {
         let path = dir.join(rel);
         if let Some(parent) = path.parent() {
             std::fs::create_dir_all(parent)

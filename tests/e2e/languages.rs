@@ -292,7 +292,11 @@ async fn welcome_reactors_in_typescript_and_python_commit_a_typed_webhook_or_ref
             message.contains("the user-signed-up event at offset 3 has no userId"),
             "{name}: {out}"
         );
-        assert_eq!(s.all_events(&stream).await.len(), before, "nothing committed");
+        assert_eq!(
+            s.all_events(&stream).await.len(),
+            before,
+            "nothing committed"
+        );
 
         // Accepted: the webhook is in the outbox with its envelope, then sent.
         let url = format!("{}/ok/welcome/{name}", r.base);

@@ -128,3 +128,101 @@ async fn a_scaffolded_processor_builds_alone_deploys_and_folds() {
         "{state}"
     );
 }
+
+/// Runs `program args` in `dir` with the test's `streamhost` first on the
+/// PATH (as a user who installed it has it); asserts it succeeded.
+fn run_in(dir: &Path, program: &str, args: &[&str]) -> String {
+    let bin_dir = Path::new(crate::support::BIN).parent().unwrap();
+    let path = std::env::var("PATH").unwrap_or_default();
+    let out = Command::new(program)
+        .args(args)
+        .current_dir(dir)
+        .env("PATH", format!("{}:{path}", bin_dir.display()))
+        .output()
+        .unwrap_or_else(|e| panic!("running {program}: {e}"));
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{program} {args:?} in {} failed:\n{stdout}\n{}",
+        dir.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+/// `streamhost new NAME --lang ts` and `--lang python`, followed as their
+/// READMEs say: install, build, `streamhost test` green. (Components in
+/// these languages on a server: `languages.rs`.)
+#[tokio::test]
+async fn typescript_and_python_projects_build_as_their_readmes_say_and_pass_their_test() {
+    if crate::support::skipped_on_postgres(
+        "a scaffold's build and fold do not depend on the engine",
+    ) {
+        return;
+    }
+    // The pinned tools, installed as the language examples have them.
+    crate::support::language_guest("examples/js/dist/counter.wasm");
+    let work = tempfile::tempdir().unwrap();
+    for lang in ["ts", "python"] {
+        let name = format!("pay-{lang}");
+        let dir = work.path().join(&name);
+        let (ok, _, err) = run_cli(&["new", &name, "--lang", lang, "--dir", dir.to_str().unwrap()]);
+        assert!(ok, "{err}");
+        let readme = std::fs::read_to_string(dir.join("README.md")).unwrap();
+        if lang == "ts" {
+            assert!(err.contains("npm run build"), "{err}");
+            assert!(readme.contains("npm install\nnpm run build"), "{readme}");
+            run_in(
+                &dir,
+                "npm",
+                &["install", "--no-audit", "--no-fund", "--prefer-offline"],
+            );
+            run_in(&dir, "npm", &["run", "build"]);
+            run_in(&dir, "npm", &["run", "check"]);
+            let tested = run_in(&dir, "npm", &["test"]);
+            assert!(
+                tested.contains("ok: the state is the expected one"),
+                "{tested}"
+            );
+        } else {
+            let build = format!("python -m streamhost_guest build processor -o {name}.wasm");
+            assert!(readme.contains(&build), "{readme}");
+            run_in(&dir, "python3", &["-m", "venv", ".venv"]);
+            let python = dir.join(".venv/bin/python");
+            let python = python.to_str().unwrap();
+            run_in(
+                &dir,
+                python,
+                &["-m", "pip", "install", "--quiet", "-r", "requirements.txt"],
+            );
+            run_in(
+                &dir,
+                python,
+                &[
+                    "-m",
+                    "streamhost_guest",
+                    "build",
+                    "processor",
+                    "-o",
+                    &format!("{name}.wasm"),
+                ],
+            );
+            let tested = run_in(
+                &dir,
+                "streamhost",
+                &[
+                    "test",
+                    &format!("{name}.wasm"),
+                    "--events",
+                    "events.jsonl",
+                    "--expect",
+                    "expected.json",
+                ],
+            );
+            assert!(
+                tested.contains("ok: the state is the expected one"),
+                "{tested}"
+            );
+        }
+    }
+}

@@ -143,9 +143,9 @@ pub(crate) enum Command {
     /// JetStream bridge's status, register a JetStream stream.
     #[command(subcommand)]
     Ingest(IngestCommand),
-    /// Scaffold a project.
-    #[command(subcommand)]
-    New(NewCommand),
+    /// Scaffold a processor project: `streamhost new NAME --lang
+    /// rust|ts|js|python`.
+    New(NewArgs),
     /// The server at a glance: health, streams, subscriptions, lag and halts
     /// of a project (or the global namespace).
     Status(StatusArgs),
@@ -371,7 +371,7 @@ pub async fn run(cli: Cli) -> Result<()> {
         Command::Fold(a) => tokio::task::spawn_blocking(move || fold_offline(a)).await?,
         Command::Test(a) => tokio::task::spawn_blocking(move || test_offline(a)).await?,
         Command::Ingest(c) => ingest(c).await,
-        Command::New(NewCommand::Processor(a)) => new_processor(a),
+        Command::New(a) => new_project(a),
         Command::Status(a) => status(a).await,
         Command::Completions(a) => {
             use clap::CommandFactory;
