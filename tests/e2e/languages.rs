@@ -11,7 +11,7 @@ use serde_json::{json, Value};
 
 use crate::effects::{all_effects, Receiver};
 use crate::processors::caught_up;
-use crate::support::{guest, language_guest, Server};
+use crate::support::{guest, language_guest, run_cli, Server};
 
 /// A first wake of a 12–18 MiB component instantiates it from the compiled
 /// code that the deploy left in memory: 3 s is plenty.
@@ -330,4 +330,119 @@ async fn welcome_reactors_in_typescript_and_python_commit_a_typed_webhook_or_ref
         })
         .await;
     }
+}
+
+/// `streamhost test A --against B --events FILE`: the Rust counter and its
+/// Python port agree at every offset; its TypeScript port does not where a
+/// payload's `n` is written `1000.0` (a JavaScript number has no integer
+/// kind), and the report names that offset and both states. The
+/// order-totals ports keep equal states but different keyed bytes for a
+/// total written `1000.0` (`1000` in JavaScript, `1000.0` in Python): the
+/// report names the key.
+#[tokio::test]
+async fn test_against_names_the_first_offset_where_two_components_fold_differently() {
+    if crate::support::skipped_on_postgres("an offline comparison uses no server") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let write = |name: &str, bytes: Vec<u8>| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, bytes).unwrap();
+        path.to_str().unwrap().to_string()
+    };
+    let rust = write("counter-rs.wasm", guest("counter"));
+    let ts = write(
+        "counter-ts.wasm",
+        language_guest("examples/js/dist/counter.wasm"),
+    );
+    let py = write(
+        "counter-py.wasm",
+        language_guest("examples/python/dist/counter.wasm"),
+    );
+    let events = write(
+        "events.jsonl",
+        br#"{"type": "n", "payload": {"n": 5}}
+{"type": "n", "payload": {"n": "7"}}
+{"type": "n", "payload": {"n": 1000.0}}
+{"type": "n", "payload": {"n": 1}}
+"#
+        .to_vec(),
+    );
+
+    let (ok, out, err) = run_cli(&["test", &rust, "--against", &py, "--events", &events]);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("same state and keyed state after each of 4 offsets"),
+        "{out}"
+    );
+
+    let (ok, _, err) = run_cli(&["test", &rust, "--against", &ts, "--events", &events]);
+    assert!(!ok, "the ports differ");
+    assert!(err.contains("at offset 3 (n) the states differ"), "{err}");
+    assert!(
+        err.contains(r#"counter-rs.wasm ends in {"events":3,"sum":5,"last_offset":3}"#),
+        "{err}"
+    );
+    assert!(
+        err.contains(r#"counter-ts.wasm ends in {"events":3,"sum":1005,"last_offset":3}"#),
+        "{err}"
+    );
+    // The repro of each side's call, with the keyed-state flag that
+    // guests built with the SDKs need.
+    assert!(
+        err.contains("reproduce with: wasmtime run -S keyvalue --invoke 'fold("),
+        "{err}"
+    );
+    assert!(
+        err.contains("and: wasmtime run -S keyvalue --invoke 'fold("),
+        "{err}"
+    );
+
+    let totals_ts = write(
+        "totals-ts.wasm",
+        language_guest("examples/js/dist/order-totals.wasm"),
+    );
+    let totals_py = write(
+        "totals-py.wasm",
+        language_guest("examples/python/dist/order-totals.wasm"),
+    );
+    let orders = write(
+        "orders.jsonl",
+        br#"{"type": "events.example/order-created", "payload": {"region": "eu", "total": 2}}
+{"type": "events.example/ignored", "payload": {}}
+{"type": "events.example/order-created", "payload": {"region": "eu", "total": 1000.0}}
+"#
+        .to_vec(),
+    );
+    let (ok, _, err) = run_cli(&[
+        "test",
+        &totals_ts,
+        "--against",
+        &totals_py,
+        "--events",
+        &orders,
+    ]);
+    assert!(!ok, "the keyed bytes differ");
+    assert!(
+        err.contains(r#"at offset 3 (events.example/order-created) the keyed states differ at key "region/eu""#),
+        "{err}"
+    );
+    assert!(
+        err.contains(r#"has "{\"orders\":2,\"total\":1002}""#),
+        "{err}"
+    );
+    assert!(
+        err.contains(r#"has "{\"orders\":2,\"total\":1002.0}""#),
+        "{err}"
+    );
+    // Both must be components that load: a missing file is named.
+    let (ok, _, err) = run_cli(&[
+        "test",
+        &rust,
+        "--against",
+        "/nonexistent.wasm",
+        "--events",
+        &events,
+    ]);
+    assert!(!ok && err.contains("/nonexistent.wasm"), "{err}");
 }

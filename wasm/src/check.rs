@@ -6,6 +6,9 @@
 //! (`wake::fold_events`), so what passes here folds the same in the server.
 //! The first counterexample is reported as a fixture (the state before the
 //! batch, the batch's events) with a `wasmtime` command that replays it.
+//! `streamhost test A --against B` ([`Against`]) folds the same events
+//! through two components and names the first offset where their states
+//! or keyed states differ.
 
 use serde_json::Value;
 
@@ -170,6 +173,8 @@ impl Check<'_> {
             let batch = &self.events[at..at + size];
             let through = batch[batch.len() - 1].offset;
             let before = state.clone();
+            // The keys before the batch seed the repro's bucket.
+            let keys_before = seeds(&bucket);
             let (next, _, next_bucket) =
                 fold_events(g, &self.stream, &state, batch, through, bucket).map_err(|f| {
                     Counterexample {
@@ -179,7 +184,15 @@ impl Check<'_> {
                         ),
                         state_before: Some(before.clone()),
                         fixture: Some(fixture(batch)),
-                        repro: Some(self.repro(&before, batch, through)),
+                        repro: Some(repro(
+                            g,
+                            self.component_path,
+                            &self.stream,
+                            &before,
+                            &keys_before,
+                            batch,
+                            through,
+                        )),
                     }
                 })?;
             state = next;
@@ -223,7 +236,15 @@ impl Check<'_> {
                     ),
                     state_before: Some(before.clone()),
                     fixture: Some(fixture(batch)),
-                    repro: Some(self.repro(before, batch, through)),
+                    repro: Some(repro(
+                        &self.guest,
+                        self.component_path,
+                        &self.stream,
+                        before,
+                        &[],
+                        batch,
+                        through,
+                    )),
                 };
             }
         }
@@ -234,15 +255,222 @@ impl Check<'_> {
             repro: None,
         }
     }
+}
 
-    fn repro(&self, state: &str, batch: &[Event], through: u64) -> String {
-        let batch = super::runtime::Batch {
-            stream: self.stream.clone(),
-            events: super::wake::batch_events(batch),
-            scanned_through_offset: through,
-        };
-        super::wave::fold_command(self.component_path, state, &batch, None)
+/// One processor against another over the same fixture events (a port to
+/// another language, a new version): each folds the events it consumes,
+/// one event per call; after every offset their states and keyed states
+/// must be equal. The first offset where they are not is the
+/// counterexample.
+pub struct Against<'a> {
+    pub a: Side<'a>,
+    pub b: Side<'a>,
+    pub stream: StreamInfo,
+}
+
+/// One of the two processors [`Against`] compares.
+pub struct Side<'a> {
+    pub guest: Guest<'a>,
+    /// Where the component file is (named in the report and the repro).
+    pub path: &'a str,
+    /// The events it consumes, in offset order.
+    pub events: &'a [Event],
+}
+
+/// A side's fold so far.
+struct Folding {
+    state: String,
+    bucket: Bucket,
+}
+
+impl Side<'_> {
+    fn start(&self) -> Result<Folding, Counterexample> {
+        let g = &self.guest;
+        let state = g
+            .runtime
+            .initial_state(g.component, g.prepared, g.timeout_ms)
+            .map_err(|e| plain(format!("{}: initial-state failed: {e}", self.path)))?;
+        Ok(Folding {
+            state,
+            bucket: Bucket::empty(),
+        })
     }
+
+    /// Folds `event` (if this side consumes it) into `f`.
+    fn fold(
+        &self,
+        stream: &StreamInfo,
+        f: &mut Folding,
+        offset: u64,
+    ) -> Result<(), Counterexample> {
+        let Some(event) = self.events.iter().find(|e| e.offset == offset) else {
+            return Ok(());
+        };
+        let keys_before = seeds(&f.bucket);
+        let bucket = std::mem::replace(&mut f.bucket, Bucket::empty());
+        let batch = std::slice::from_ref(event);
+        let (next, _, bucket) = fold_events(&self.guest, stream, &f.state, batch, offset, bucket)
+            .map_err(|e| Counterexample {
+            what: format!("{} failed at offset {offset}: {}", self.path, e.message),
+            state_before: Some(f.state.clone()),
+            fixture: Some(fixture(batch)),
+            repro: Some(repro(
+                &self.guest,
+                self.path,
+                stream,
+                &f.state,
+                &keys_before,
+                batch,
+                offset,
+            )),
+        })?;
+        f.state = next;
+        f.bucket = bucket;
+        Ok(())
+    }
+}
+
+/// The keyed state a fold from an empty bucket left (deletes dropped).
+fn kept(bucket: &Bucket) -> std::collections::BTreeMap<&str, &[u8]> {
+    bucket
+        .writes()
+        .iter()
+        .filter_map(|(k, v)| v.as_deref().map(|v| (k.as_str(), v)))
+        .collect()
+}
+
+fn shown(value: Option<&[u8]>) -> String {
+    match value {
+        None => "absent".into(),
+        Some(v) => match std::str::from_utf8(v) {
+            Ok(text) => format!("{text:?}"),
+            Err(_) => format!("{} bytes, not UTF-8", v.len()),
+        },
+    }
+}
+
+impl Against<'_> {
+    /// Folds both sides offset by offset; answers how many offsets were
+    /// compared, or the first where the two differ.
+    pub fn run(&self) -> Result<usize, Counterexample> {
+        let mut offsets: Vec<u64> = self
+            .a
+            .events
+            .iter()
+            .chain(self.b.events)
+            .map(|e| e.offset)
+            .collect();
+        offsets.sort_unstable();
+        offsets.dedup();
+        let (mut a, mut b) = (self.a.start()?, self.b.start()?);
+        if parse(&a.state) != parse(&b.state) {
+            return Err(plain(format!(
+                "the initial states differ:\n  {} starts from {}\n  {} starts from {}",
+                self.a.path, a.state, self.b.path, b.state
+            )));
+        }
+        for &offset in &offsets {
+            let (a_before, b_before) = (a.state.clone(), b.state.clone());
+            let (a_keys, b_keys) = (seeds(&a.bucket), seeds(&b.bucket));
+            self.a.fold(&self.stream, &mut a, offset)?;
+            self.b.fold(&self.stream, &mut b, offset)?;
+            let event = self
+                .a
+                .events
+                .iter()
+                .chain(self.b.events)
+                .find(|e| e.offset == offset)
+                .expect("an offset of an event");
+            let at = format!("at offset {offset} ({})", event.event_type);
+            let differs = if parse(&a.state) != parse(&b.state) {
+                Some(format!(
+                    "{at} the states differ:\n  {} ends in {}\n  {} ends in {}",
+                    self.a.path, a.state, self.b.path, b.state
+                ))
+            } else {
+                let (ka, kb) = (kept(&a.bucket), kept(&b.bucket));
+                ka.keys()
+                    .chain(kb.keys())
+                    .find(|k| ka.get(*k) != kb.get(*k))
+                    .map(|key| {
+                        format!(
+                            "{at} the keyed states differ at key {key:?}:\n  {} has {}\n  {} has {}",
+                            self.a.path,
+                            shown(ka.get(key).copied()),
+                            self.b.path,
+                            shown(kb.get(key).copied())
+                        )
+                    })
+            };
+            if let Some(what) = differs {
+                let batch = std::slice::from_ref(event);
+                return Err(Counterexample {
+                    what,
+                    state_before: Some(a_before.clone()),
+                    fixture: Some(fixture(batch)),
+                    repro: Some(format!(
+                        "{}\n   and: {}",
+                        repro(
+                            &self.a.guest,
+                            self.a.path,
+                            &self.stream,
+                            &a_before,
+                            &a_keys,
+                            batch,
+                            offset
+                        ),
+                        repro(
+                            &self.b.guest,
+                            self.b.path,
+                            &self.stream,
+                            &b_before,
+                            &b_keys,
+                            batch,
+                            offset
+                        )
+                    )),
+                });
+            }
+        }
+        Ok(offsets.len())
+    }
+}
+
+fn plain(what: String) -> Counterexample {
+    Counterexample {
+        what,
+        state_before: None,
+        fixture: None,
+        repro: None,
+    }
+}
+
+/// The keys a bucket holds, to seed a repro's (`-S keyvalue-in-memory-data`).
+fn seeds(bucket: &Bucket) -> Vec<(String, Vec<u8>)> {
+    kept(bucket)
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_vec()))
+        .collect()
+}
+
+/// The `wasmtime run` command that replays one call: with `-S keyvalue`
+/// and the bucket's keys when the component imports `wasi:keyvalue` (as
+/// every guest built with the JavaScript or Python SDK does).
+fn repro(
+    guest: &Guest<'_>,
+    path: &str,
+    stream: &StreamInfo,
+    state: &str,
+    keys: &[(String, Vec<u8>)],
+    batch: &[Event],
+    through: u64,
+) -> String {
+    let batch = super::runtime::Batch {
+        stream: stream.clone(),
+        events: super::wake::batch_events(batch),
+        scanned_through_offset: through,
+    };
+    super::wave::fold_command(path, state, &batch, guest.prepared.keyed().then_some(keys))
 }
 
 fn parse(state: &str) -> Value {

@@ -76,6 +76,11 @@ pub(crate) struct TestArgs {
     /// The stream id the environment is derived from (as `fold`).
     #[arg(long, default_value = "offline")]
     pub stream_id: String,
+    /// Fold the same events through this component too (a port to another
+    /// language, a new version) and name the first offset whose state or
+    /// keyed state differs, instead of the checks above.
+    #[arg(long, conflicts_with_all = ["expect", "splits"])]
+    pub against: Option<PathBuf>,
 }
 
 pub(super) fn parse_seed_arg(s: &str) -> Result<[u8; 32], String> {
@@ -176,6 +181,9 @@ pub(super) fn offline_processor(
 /// properties every fold must have (`processor::check`).
 pub(super) fn test_offline(a: TestArgs) -> Result<()> {
     let p = offline_processor(&a.component, a.timeout_ms)?;
+    if let Some(other) = &a.against {
+        return test_against(&a, &p, other);
+    }
     let events = read_events(&a.events, &p.announcement.consumes)?;
     if events.is_empty() {
         bail!(
@@ -217,6 +225,69 @@ pub(super) fn test_offline(a: TestArgs) -> Result<()> {
     };
     match check.run(|line| println!("ok: {line}")) {
         Ok(()) => Ok(()),
+        Err(counterexample) => bail!("{counterexample}"),
+    }
+}
+
+/// `streamhost test A --against B`: both over the same events, compared
+/// offset by offset (`processor::check::Against`).
+fn test_against(a: &TestArgs, p: &OfflineProcessor, other: &std::path::Path) -> Result<()> {
+    use crate::processor::check::{Against, Side};
+    use crate::processor::wake::Guest;
+    let q = offline_processor(other, a.timeout_ms)?;
+    let a_events = read_events(&a.events, &p.announcement.consumes)?;
+    let b_events = read_events(&a.events, &q.announcement.consumes)?;
+    if a_events.is_empty() && b_events.is_empty() {
+        bail!(
+            "{} holds no event either processor consumes ({:?}, {:?})",
+            a.events.display(),
+            p.announcement.consumes,
+            q.announcement.consumes
+        );
+    }
+    let (a_path, b_path) = (
+        a.component.display().to_string(),
+        other.display().to_string(),
+    );
+    fn side(o: &OfflineProcessor, timeout_ms: u64) -> Guest<'_> {
+        Guest {
+            runtime: &o.runtime,
+            prepared: &o.prepared,
+            component: &o.name,
+            timeout_ms,
+        }
+    }
+    let against = Against {
+        a: Side {
+            guest: side(p, a.timeout_ms),
+            path: &a_path,
+            events: &a_events,
+        },
+        b: Side {
+            guest: side(&q, a.timeout_ms),
+            path: &b_path,
+            events: &b_events,
+        },
+        stream: crate::processor::runtime::StreamInfo {
+            project_id: None,
+            path: "/test".into(),
+            stream_id: a.stream_id.clone(),
+            stream_created_at: "1970-01-01T00:00:00.000Z".into(),
+            max_offset: a_events
+                .iter()
+                .chain(&b_events)
+                .map(|e| e.offset)
+                .max()
+                .unwrap_or(0),
+        },
+    };
+    match against.run() {
+        Ok(n) => {
+            println!(
+                "ok: {a_path} and {b_path} end in the same state and keyed state after each of {n} offsets"
+            );
+            Ok(())
+        }
         Err(counterexample) => bail!("{counterexample}"),
     }
 }

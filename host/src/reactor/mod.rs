@@ -340,7 +340,7 @@ fn failed_call(reactor: &Reactor, a: &Appended, e: GuestError, clock_ms: i64) ->
     let repro = if a.body.len() <= REPRO_EVENT_BYTES_MAX {
         let call = format!("react({})", crate::processor::wave::string(&a.body));
         format!(
-            "; reproduce with `wasmtime run --invoke '{}' {}.wasm` (the call's clock read {clock_ms} ms)",
+            "; reproduce with `wasmtime run -S keyvalue --invoke '{}' {}.wasm` (the call's clock read {clock_ms} ms)",
             call.replace('\'', "'\\''"),
             reactor.component
         )
