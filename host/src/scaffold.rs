@@ -380,6 +380,70 @@ mod tests {
     }
 
     #[test]
+    fn every_language_has_its_sdk_its_build_and_the_shared_fixture() {
+        let sdk = |dir: &str| Sdk::Path(PathBuf::from(format!("/src/streamhost/{dir}")));
+        let cases = [
+            (
+                Lang::Ts,
+                "guest-sdk/js",
+                "package.json",
+                "\"@streamhost/guest\": \"file:/src/streamhost/guest-sdk/js\"",
+                "npm run build",
+            ),
+            (
+                Lang::Js,
+                "guest-sdk/js",
+                "package.json",
+                "\"@streamhost/guest\": \"file:/src/streamhost/guest-sdk/js\"",
+                "npm run build",
+            ),
+            (
+                Lang::Python,
+                "guest-sdk/python",
+                "requirements.txt",
+                "streamhost-guest @ file:///src/streamhost/guest-sdk/python",
+                "python -m streamhost_guest build processor -o pay-me.wasm",
+            ),
+        ];
+        for (lang, dir, manifest, dependency, build) in cases {
+            let files = files(lang, "pay-me", &sdk(dir));
+            let get = |name: &str| {
+                files
+                    .iter()
+                    .find(|(n, _)| *n == name)
+                    .map(|(_, c)| c.clone())
+                    .unwrap_or_else(|| panic!("{lang:?}: no {name}"))
+            };
+            assert!(
+                get(manifest).contains(dependency),
+                "{lang:?}: {}",
+                get(manifest)
+            );
+            assert!(get("README.md").contains(build), "{lang:?}");
+            assert!(lang.next_steps("pay-me").contains(build), "{lang:?}");
+            assert_eq!(get("events.jsonl"), SAMPLE);
+            assert_eq!(get("expected.json"), EXPECTED);
+        }
+        let ts = files(Lang::Ts, "pay-me", &sdk("guest-sdk/js"));
+        assert!(ts
+            .iter()
+            .any(|(n, c)| *n == "src/processor.ts" && c.contains("defineProcessor<State>")));
+        assert!(ts.iter().any(|(n, _)| *n == "tsconfig.json"));
+        let js = files(Lang::Js, "pay-me", &sdk("guest-sdk/js"));
+        assert!(js
+            .iter()
+            .any(|(n, c)| *n == "src/processor.js" && !c.contains("interface State")));
+        assert!(js.iter().all(|(n, _)| *n != "tsconfig.json"));
+        let git = files(
+            Lang::Python,
+            "pay-me",
+            &Sdk::Git("https://example.com/streamhost.git".into()),
+        );
+        assert!(git.iter().any(|(n, c)| *n == "requirements.txt"
+            && c.contains("git+https://example.com/streamhost.git#subdirectory=guest-sdk/python")));
+    }
+
+    #[test]
     fn every_sdks_wit_is_the_repositorys() {
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
         for sdk in [

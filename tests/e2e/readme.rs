@@ -38,6 +38,9 @@ fn every_shell_command_of_the_readme_runs_as_written() {
         return;
     }
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    // The guests the blocks name, built as `scripts/test` builds them.
+    crate::support::guest("counter");
+    crate::support::language_guest("examples/js/dist/counter.wasm");
     let (ran, skipped) = run_shell_blocks(&root.join("README.md"), &root, HARNESS);
     let _ = std::fs::remove_file(root.join("events.jsonl"));
     assert_eq!(
@@ -61,6 +64,18 @@ fn every_curl_example_of_the_http_reference_runs_as_written() {
     let (ran, skipped) = run_shell_blocks(&root.join("docs/http-api.md"), work.path(), &[]);
     assert!(skipped.is_empty());
     assert!(ran >= 6, "only {ran} blocks ran");
+}
+
+/// npm's and pip's caches of the user running the tests, for blocks that
+/// run with a `HOME` of their own.
+fn package_caches() -> Vec<(&'static str, std::path::PathBuf)> {
+    let Some(home) = std::env::var_os("HOME").map(std::path::PathBuf::from) else {
+        return Vec::new();
+    };
+    vec![
+        ("npm_config_cache", home.join(".npm")),
+        ("PIP_CACHE_DIR", home.join(".cache/pip")),
+    ]
 }
 
 /// Runs every ```sh block of `markdown` in order, each in one bash in
@@ -115,6 +130,10 @@ fn run_shell_blocks(
             .env("PATH", &path)
             .env("STREAMHOST_URL", &s.url)
             .env("HOME", home.path())
+            // The TypeScript and Python blocks install their tools as a
+            // user does; from the caches the language guests' builds
+            // filled, not the network again.
+            .envs(package_caches())
             .env_remove("CARGO_TARGET_DIR")
             .output()
             .expect("running bash");
