@@ -167,7 +167,14 @@ fn main() {
     println!("the counter fold, one component per language:");
     println!(
         "{:<11} {:>9} {:>10} {:>11} {:>11} {:>8} {:>12} {:>14}",
-        "language", "size MiB", "compile s", "wake p50", "wake p99", "/ rust", "first wake", "events/s @1000"
+        "language",
+        "size MiB",
+        "compile s",
+        "wake p50",
+        "wake p99",
+        "/ rust",
+        "first wake",
+        "events/s @1000"
     );
     let mut rust_p50 = f64::NAN;
     for (language, bytes) in guests {
