@@ -464,13 +464,18 @@ async fn a_javascript_guests_repro_runs_under_the_wasmtime_cli() {
         "{\"type\": \"ok\", \"payload\": {}}\n{\"type\": \"bad\", \"payload\": {\"boom\": true}}\n",
     )
     .unwrap();
-    let (ok, _, err) = run_cli(&["test", "throws.wasm", "--events", events.to_str().unwrap()]);
+    let (ok, _, err) = run_cli(&[
+        "test",
+        wasm.to_str().unwrap(),
+        "--events",
+        events.to_str().unwrap(),
+    ]);
     assert!(!ok, "the fold throws");
     let repro = err
         .split("reproduce with: ")
         .nth(1)
         .and_then(|r| r.lines().next())
-        .expect("a repro command");
+        .unwrap_or_else(|| panic!("a repro command in: {err}"));
     assert!(
         repro.starts_with("wasmtime run -S keyvalue --invoke 'fold("),
         "{repro}"

@@ -134,6 +134,11 @@ fn run_shell_blocks(
             // user does; from the caches the language guests' builds
             // filled, not the network again.
             .envs(package_caches())
+            // Offline folds and the server share compiled components.
+            .env(
+                "STREAMHOST_COMPILE_CACHE_DIR",
+                crate::support::shared_compile_cache(),
+            )
             .env_remove("CARGO_TARGET_DIR")
             .output()
             .expect("running bash");

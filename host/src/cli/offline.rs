@@ -52,6 +52,11 @@ pub(crate) struct FoldArgs {
     /// call's message states.
     #[arg(long, value_parser = parse_seed_arg)]
     pub seed: Option<[u8; 32]>,
+    /// Where compiled components are kept (default: the system's temp dir,
+    /// `streamhost-fold-cache`); a server's `--compile-cache-dir` may be
+    /// shared.
+    #[arg(long, value_name = "DIR", env = "STREAMHOST_COMPILE_CACHE_DIR")]
+    pub compile_cache_dir: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -81,6 +86,11 @@ pub(crate) struct TestArgs {
     /// keyed state differs, instead of the checks above.
     #[arg(long, conflicts_with_all = ["expect", "splits"])]
     pub against: Option<PathBuf>,
+    /// Where compiled components are kept (default: the system's temp dir,
+    /// `streamhost-fold-cache`); a server's `--compile-cache-dir` may be
+    /// shared.
+    #[arg(long, value_name = "DIR", env = "STREAMHOST_COMPILE_CACHE_DIR")]
+    pub compile_cache_dir: Option<PathBuf>,
 }
 
 pub(super) fn parse_seed_arg(s: &str) -> Result<[u8; 32], String> {
@@ -147,11 +157,15 @@ pub(super) struct OfflineProcessor {
 pub(super) fn offline_processor(
     component: &std::path::Path,
     timeout_ms: u64,
+    cache_dir: Option<&std::path::Path>,
 ) -> Result<OfflineProcessor> {
     use crate::processor::runtime::Runtime;
     let bytes =
         std::fs::read(component).with_context(|| format!("reading {}", component.display()))?;
-    let runtime = Runtime::new(std::env::temp_dir().join("streamhost-fold-cache"))?;
+    let cache_dir = cache_dir
+        .map(std::path::Path::to_path_buf)
+        .unwrap_or_else(|| std::env::temp_dir().join("streamhost-fold-cache"));
+    let runtime = Runtime::new(cache_dir)?;
     let (_, is_processor) = runtime.validate(&bytes).map_err(anyhow::Error::msg)?;
     if !is_processor {
         bail!(
@@ -180,7 +194,7 @@ pub(super) fn offline_processor(
 /// `streamhost test`: a processor over fixture events, checked for the
 /// properties every fold must have (`processor::check`).
 pub(super) fn test_offline(a: TestArgs) -> Result<()> {
-    let p = offline_processor(&a.component, a.timeout_ms)?;
+    let p = offline_processor(&a.component, a.timeout_ms, a.compile_cache_dir.as_deref())?;
     if let Some(other) = &a.against {
         return test_against(&a, &p, other);
     }
@@ -234,7 +248,7 @@ pub(super) fn test_offline(a: TestArgs) -> Result<()> {
 fn test_against(a: &TestArgs, p: &OfflineProcessor, other: &std::path::Path) -> Result<()> {
     use crate::processor::check::{Against, Side};
     use crate::processor::wake::Guest;
-    let q = offline_processor(other, a.timeout_ms)?;
+    let q = offline_processor(other, a.timeout_ms, a.compile_cache_dir.as_deref())?;
     let a_events = read_events(&a.events, &p.announcement.consumes)?;
     let b_events = read_events(&a.events, &q.announcement.consumes)?;
     if a_events.is_empty() && b_events.is_empty() {
@@ -300,7 +314,7 @@ pub(super) fn fold_offline(a: FoldArgs) -> Result<()> {
         prepared,
         name,
         announcement,
-    } = offline_processor(&a.component, a.timeout_ms)?;
+    } = offline_processor(&a.component, a.timeout_ms, a.compile_cache_dir.as_deref())?;
     let mut state = match &a.state {
         Some(p) => {
             std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?
