@@ -314,6 +314,17 @@ fn test_checks_a_processor_over_fixture_events_and_names_a_counterexample() {
     assert!(!ok);
     assert!(err.contains("the guest trapped"), "{err}");
     assert!(err.contains("reproduce with: wasmtime run"), "{err}");
+    // The repro traps the same way under the plain wasmtime CLI.
+    let repro = err
+        .split("reproduce with: ")
+        .nth(1)
+        .and_then(|r| r.lines().next())
+        .expect("a repro command");
+    let (ok, printed) = crate::support::run_repro(repro, dir.path());
+    assert!(
+        !ok && printed.contains("the hostile guest traps on purpose"),
+        "{repro}\n{printed}"
+    );
 }
 
 #[tokio::test]

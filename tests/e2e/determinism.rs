@@ -92,7 +92,7 @@ fn a_failing_fold_states_its_environment_and_the_offline_fold_replays_it() {
     let bad = file_in(dir.path(), "bad.jsonl");
     std::fs::write(
         &bad,
-        "{\"type\": \"hostile/trap\", \"offset\": 7, \"createdAt\": \"2026-11-30T01:02:03.004Z\"}\n",
+        "{\"type\": \"hostile/clock-trap\", \"offset\": 7, \"createdAt\": \"2026-11-30T01:02:03.004Z\"}\n",
     )
     .unwrap();
     let (ok, _, err) = run_cli(&[
@@ -125,6 +125,23 @@ fn a_failing_fold_states_its_environment_and_the_offline_fold_replays_it() {
     ]);
     assert!(!ok);
     assert!(again.contains("the guest trapped"), "{again}");
+    // The replay ran with the stated clock: the guest's message shows it.
+    assert!(again.contains("1796000523"), "{again}");
+    // A call that read neither its clock nor random bytes says nothing of
+    // them: its failure does not depend on them.
+    let plain = file_in(dir.path(), "plain.jsonl");
+    std::fs::write(&plain, "{\"type\": \"hostile/trap\"}\n").unwrap();
+    let (ok, _, err) = run_cli(&[
+        "fold",
+        hostile.to_str().unwrap(),
+        "--events",
+        plain.to_str().unwrap(),
+    ]);
+    assert!(!ok && err.contains("traps on purpose"), "{err}");
+    assert!(
+        !err.contains("--clock-ms") && !err.contains("seed"),
+        "{err}"
+    );
     let (ok, _, refused) = run_cli(&[
         "fold",
         hostile.to_str().unwrap(),

@@ -549,6 +549,49 @@ pub fn engine_config() -> Config {
     config
 }
 
+/// Compiled functions on disk, keyed by what Cranelift compiled (its
+/// incremental cache): a file per function under two levels of
+/// directories, written whole, then renamed. A read or write that fails
+/// only costs a compile.
+#[derive(Debug)]
+struct FunctionCache {
+    dir: PathBuf,
+}
+
+impl FunctionCache {
+    fn new(dir: PathBuf) -> FunctionCache {
+        FunctionCache { dir }
+    }
+
+    fn path(&self, key: &[u8]) -> PathBuf {
+        use sha2::Digest;
+        let name: String = sha2::Sha256::digest(key)
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        self.dir.join(&name[..2]).join(&name[2..])
+    }
+}
+
+impl wasmtime::CacheStore for FunctionCache {
+    fn get(&self, key: &[u8]) -> Option<std::borrow::Cow<'_, [u8]>> {
+        std::fs::read(self.path(key))
+            .ok()
+            .map(std::borrow::Cow::Owned)
+    }
+
+    fn insert(&self, key: &[u8], value: Vec<u8>) -> bool {
+        let path = self.path(key);
+        let Some(parent) = path.parent() else {
+            return false;
+        };
+        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+        std::fs::create_dir_all(parent).is_ok()
+            && std::fs::write(&tmp, value).is_ok()
+            && std::fs::rename(&tmp, &path).is_ok()
+    }
+}
+
 /// The runtime. Cheap to share (`Arc`).
 pub struct Runtime {
     engine: Engine,
@@ -562,7 +605,17 @@ impl Runtime {
     /// Builds the engine and starts its epoch ticker. `cache_dir` holds
     /// compiled components.
     pub fn new(cache_dir: PathBuf) -> Result<Arc<Runtime>> {
-        let engine = Engine::new(&engine_config())
+        let mut config = engine_config();
+        // Functions compiled for one component serve every other that
+        // holds the same function: components built with the same language
+        // runtime (SpiderMonkey, CPython) share most of their code.
+        config
+            .enable_incremental_compilation(Arc::new(FunctionCache::new(
+                cache_dir.join("functions"),
+            )))
+            .map_err(anyhow::Error::from)
+            .context("enabling the compiled-function cache")?;
+        let engine = Engine::new(&config)
             .map_err(anyhow::Error::from)
             .context("creating the wasm engine")?;
         let mut linker = Linker::new(&engine);
@@ -1190,6 +1243,26 @@ impl Sha256Hasher {
 #[cfg(test)]
 mod cache_file_tests {
     use super::*;
+    use wasmtime::CacheStore;
+
+    #[test]
+    fn a_compiled_function_reads_back_as_written_and_a_missing_one_is_none() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = FunctionCache::new(dir.path().join("functions"));
+        assert!(cache.get(b"key-1").is_none());
+        assert!(cache.insert(b"key-1", vec![1, 2, 3]));
+        assert!(cache.insert(b"key-2", vec![4]));
+        assert_eq!(cache.get(b"key-1").as_deref(), Some(&[1u8, 2, 3][..]));
+        assert_eq!(cache.get(b"key-2").as_deref(), Some(&[4u8][..]));
+        // Written again (another process compiled it too): the last wins.
+        assert!(cache.insert(b"key-1", vec![9]));
+        assert_eq!(cache.get(b"key-1").as_deref(), Some(&[9u8][..]));
+        // A directory that cannot be made: a miss, not an error.
+        let blocked = FunctionCache::new(dir.path().join("functions/../blocker/f"));
+        std::fs::write(dir.path().join("blocker"), b"a file").unwrap();
+        assert!(!blocked.insert(b"key-3", vec![1]));
+        assert!(blocked.get(b"key-3").is_none());
+    }
 
     #[test]
     fn plainly_wrong_bodies_say_what_they_are() {

@@ -383,6 +383,7 @@ fn fold_call(
         scanned_through_offset: through,
     };
     let (clock_ms, seed) = (env.wall_clock_ms, env.seed_hex());
+    let witness = env.witness.clone();
     let (folded, session) = guest.runtime.fold(
         component,
         guest.prepared,
@@ -397,11 +398,15 @@ fn fold_call(
         Err(e) => {
             let (bucket, read) = session.failed();
             let mut f = guest_failure(component, "fold", e);
-            f.message = format!(
-                "{} (the call's clock read {clock_ms} ms and its seed was {seed}: \
-                 `streamhost fold --clock-ms {clock_ms} --seed {seed}` replays it)",
-                f.message
-            );
+            // The environment matters only to a call that read it.
+            if witness.read() {
+                f.message = format!(
+                    "{} (the call read its clock or random bytes: the clock read {clock_ms} ms \
+                     and the seed was {seed}; `streamhost fold --clock-ms {clock_ms} --seed {seed}` \
+                     replays it)",
+                    f.message
+                );
+            }
             f.single_offset = (events.len() == 1).then_some(events[0].offset);
             f.at_offset = Some(events[0].offset);
             // The repro holds the whole state and batch: it goes with the

@@ -71,6 +71,12 @@ impl Guest for Hostile {
                     std::hint::black_box(recurse(0));
                 }
                 "hostile/trap" => panic!("the hostile guest traps on purpose"),
+                // Reads the clock, then traps: a failure that may depend on
+                // the call's environment.
+                "hostile/clock-trap" => {
+                    let now = std::time::SystemTime::now();
+                    panic!("the hostile guest traps at {now:?}")
+                }
                 "hostile/fail" => {
                     return Err(Failure {
                         message: "the hostile guest fails on purpose".into(),
