@@ -115,6 +115,38 @@ const EXPECTED: &str = r#"{
 }
 "#;
 
+/// The part of a JavaScript or Python project's README after its build
+/// commands: fold the sample offline, test it with `test` (then `extra`),
+/// run it on a server.
+fn readme_after_build(name: &str, test: &str, extra: &str) -> String {
+    format!(
+        r#"The component is `{name}.wasm`. Fold the sample offline, no server needed:
+
+```sh
+streamhost fold {name}.wasm --events events.jsonl
+```
+
+Test it: the fold over the sample must end in `expected.json`, without a
+failure, the same on a second run and whatever the batch cuts (as the
+server cuts batches while events arrive):
+
+```sh
+{test}
+```
+{extra}
+Run it on a server (`streamhost serve` in another terminal): deploy it,
+subscribe it to a stream, append, and read its state:
+
+```sh
+streamhost deploy --project acme {name} {name}.wasm
+streamhost subscribe --project acme /payments {name} --wake {name}
+streamhost append --project acme /payments --type events.example/payment-received --payload '{{"amount": 30}}'
+streamhost processor --project acme /payments {name} --wait
+```
+"#
+    )
+}
+
 /// The files of a new project, as (relative path, content).
 pub fn files(lang: Lang, name: &str, sdk: &Sdk) -> Vec<(&'static str, String)> {
     match lang {

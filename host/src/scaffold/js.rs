@@ -2,7 +2,7 @@
 //! `npm run build` (esbuild bundles the source with the SDK,
 //! componentize-js makes the component), `npm test` (`streamhost test`).
 
-use super::{Sdk, EXPECTED, SAMPLE};
+use super::{readme_after_build, Sdk, EXPECTED, SAMPLE};
 
 /// The files of a new TypeScript (`typescript`) or JavaScript project.
 pub(super) fn files(name: &str, sdk: &Sdk, typescript: bool) -> Vec<(&'static str, String)> {
@@ -157,6 +157,7 @@ export const processor = defineProcessor{generic}({{
     } else {
         ""
     };
+    let after_build = readme_after_build(name, "npm test", check);
     let readme = format!(
         r#"# {name}
 
@@ -172,30 +173,7 @@ npm install
 npm run build
 ```
 
-The component is `{name}.wasm`. Fold the sample offline, no server needed:
-
-```sh
-streamhost fold {name}.wasm --events events.jsonl
-```
-
-Test it: the fold over the sample must end in `expected.json`, without a
-failure, the same on a second run and whatever the batch cuts (as the
-server cuts batches while events arrive):
-
-```sh
-npm test
-```
-{check}
-Run it on a server (`streamhost serve` in another terminal): deploy it,
-subscribe it to a stream, append, and read its state:
-
-```sh
-streamhost deploy --project acme {name} {name}.wasm
-streamhost subscribe --project acme /payments {name} --wake {name}
-streamhost append --project acme /payments --type events.example/payment-received --payload '{{"amount": 30}}'
-streamhost processor --project acme /payments {name} --wait
-```
-
+{after_build}
 A thrown error halts the processor: its message and where it was thrown
 (in `dist/{name}.js`, the bundle) are the failure's message.
 `Failure.retryable(message)` is retried with backoff instead.

@@ -1,7 +1,7 @@
 //! A processor project in Python: `pip install -r requirements.txt` (the
 //! SDK and componentize-py), then `python -m streamhost_guest build`.
 
-use super::{Sdk, EXPECTED, SAMPLE};
+use super::{readme_after_build, Sdk, EXPECTED, SAMPLE};
 
 /// The files of a new Python project.
 pub(super) fn files(name: &str, sdk: &Sdk) -> Vec<(&'static str, String)> {
@@ -54,6 +54,11 @@ Processor = define_processor(
 )
 "#
     );
+    let after_build = readme_after_build(
+        name,
+        &format!("streamhost test {name}.wasm --events events.jsonl --expect expected.json"),
+        "",
+    );
     let readme = format!(
         r#"# {name}
 
@@ -75,30 +80,7 @@ Build:
 python -m streamhost_guest build processor -o {name}.wasm
 ```
 
-The component is `{name}.wasm`. Fold the sample offline, no server needed:
-
-```sh
-streamhost fold {name}.wasm --events events.jsonl
-```
-
-Test it: the fold over the sample must end in `expected.json`, without a
-failure, the same on a second run and whatever the batch cuts (as the
-server cuts batches while events arrive):
-
-```sh
-streamhost test {name}.wasm --events events.jsonl --expect expected.json
-```
-
-Run it on a server (`streamhost serve` in another terminal): deploy it,
-subscribe it to a stream, append, and read its state:
-
-```sh
-streamhost deploy --project acme {name} {name}.wasm
-streamhost subscribe --project acme /payments {name} --wake {name}
-streamhost append --project acme /payments --type events.example/payment-received --payload '{{"amount": 30}}'
-streamhost processor --project acme /payments {name} --wait
-```
-
+{after_build}
 An exception halts the processor: the exception, the line that raised it
 and its traceback are the failure's message. `Failure.retry(message)` is
 retried with backoff instead.
