@@ -436,6 +436,8 @@ fn compiled_files(s: &Server) -> Vec<std::path::PathBuf> {
     let mut files: Vec<_> = std::fs::read_dir(&dir)
         .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
         .map(|e| e.unwrap().path())
+        // Components, not the compiled functions they share (`functions/`).
+        .filter(|p| p.is_file())
         .collect();
     files.sort();
     files
