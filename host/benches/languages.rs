@@ -25,9 +25,8 @@ use std::time::Instant;
 use serde_json::json;
 use streamhost::config::Durability;
 use streamhost::processor::runtime::{Batch, Determinism, Runtime, StreamInfo};
-use streamhost::processor::wake::{batch_events, wake, WakeJob};
+use streamhost::processor::wake::{batch_events, wake};
 use streamhost::storage::WriteOp;
-use streamhost::stream::{AppendInput, Authority, Namespace, StreamAddress};
 use streamhost::{Config, Host};
 
 const WAKES: usize = 200;
@@ -68,36 +67,10 @@ async fn wakes(name: &str, bytes: Vec<u8>) -> (f64, Vec<f64>) {
     runtime.prepare(&digest, || Ok(bytes.clone())).unwrap();
     common::deploy(&host, name, bytes).await;
     let storage = host.streams().storage().clone();
-    let address = StreamAddress::new(Namespace::project("bench").unwrap(), "/p").unwrap();
     let mut first = f64::NAN;
     let mut steady = Vec::new();
     for i in 0..=WAKES {
-        let input: AppendInput =
-            serde_json::from_value(json!({"events": [{"type": "x.y/n", "payload": {"n": i}}]}))
-                .unwrap();
-        let out = host
-            .streams()
-            .append(&address, input, Authority::Public)
-            .await
-            .unwrap();
-        let head = out.events[0].offset;
-        let row = storage.load_stream("bench", "/p").unwrap().unwrap();
-        let job = WakeJob {
-            storage: storage.clone(),
-            runtime: runtime.clone(),
-            row_id: row.row_id,
-            project: "bench".into(),
-            component: name.into(),
-            stream: stream_info(&out.stream_id, head),
-            head,
-            limit: 1000,
-            filter: Default::default(),
-            timeout_ms: 20_000,
-            now_ms: 0,
-            pinned: false,
-            fence: None,
-            gate: Default::default(),
-        };
+        let job = common::next_wake(&host, name, i).await;
         let start = Instant::now();
         tokio::task::block_in_place(|| {
             let woken = wake(job).expect("wake");

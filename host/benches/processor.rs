@@ -28,9 +28,8 @@ use serde_json::{json, Value};
 use streamhost::config::Durability;
 use streamhost::processor::runtime::{Batch, Determinism, Runtime, StreamInfo};
 use streamhost::processor::wake::batch_events;
-use streamhost::processor::wake::{wake, WakeJob};
+use streamhost::processor::wake::wake;
 use streamhost::storage::WriteOp;
-use streamhost::stream::{AppendInput, Authority, Namespace, StreamAddress};
 use streamhost::{Config, Host};
 
 const ITERATIONS: usize = 400;
@@ -138,39 +137,9 @@ async fn wake_latency(durability: Durability) -> WakeSamples {
     .unwrap();
     common::deploy(&host, "counter", common::guest_wasm("counter")).await;
     let storage = host.streams().storage().clone();
-    let address = StreamAddress::new(Namespace::project("bench").unwrap(), "/p").unwrap();
     let mut samples = WakeSamples::default();
     for i in 0..ITERATIONS + 20 {
-        let input: AppendInput =
-            serde_json::from_value(json!({"events": [{"type": "x.y/n", "payload": {"n": i}}]}))
-                .unwrap();
-        let out = host
-            .streams()
-            .append(&address, input, Authority::Public)
-            .await
-            .unwrap();
-        let head = out.events[0].offset;
-        let row = storage.load_stream("bench", "/p").unwrap().unwrap();
-        let job = WakeJob {
-            storage: storage.clone(),
-            runtime: host.streams().wasm_runtime().clone(),
-            row_id: row.row_id,
-            project: "bench".into(),
-            component: "counter".into(),
-            stream: StreamInfo {
-                stream_id: out.stream_id.clone(),
-                max_offset: head,
-                ..stream_info()
-            },
-            head,
-            limit: 1000,
-            filter: Default::default(),
-            timeout_ms: 20_000,
-            now_ms: 0,
-            pinned: false,
-            fence: None,
-            gate: Default::default(),
-        };
+        let job = common::next_wake(&host, "counter", i).await;
         let start = Instant::now();
         // As the server runs it: the wake and its commit on one blocking
         // section (`commit_blocking` commits right there when the writer

@@ -141,3 +141,48 @@ pub fn fresh_postgres(base: &str, name: &str) -> String {
     let (server, _) = base.rsplit_once('/').expect("a URL with a database");
     format!("{server}/{name}")
 }
+
+/// Appends event number `i` to project `bench`'s `/p` and answers the wake
+/// of processor `component` that folds it, as the server would run it.
+pub async fn next_wake(
+    host: &streamhost::Host,
+    component: &str,
+    i: usize,
+) -> streamhost::processor::wake::WakeJob {
+    use streamhost::stream::{AppendInput, Authority, Namespace, StreamAddress};
+    let address = StreamAddress::new(Namespace::project("bench").unwrap(), "/p").unwrap();
+    let input: AppendInput = serde_json::from_value(
+        serde_json::json!({"events": [{"type": "x.y/n", "payload": {"n": i}}]}),
+    )
+    .unwrap();
+    let out = host
+        .streams()
+        .append(&address, input, Authority::Public)
+        .await
+        .unwrap();
+    let head = out.events[0].offset;
+    let storage = host.streams().storage().clone();
+    let row = storage.load_stream("bench", "/p").unwrap().unwrap();
+    streamhost::processor::wake::WakeJob {
+        storage,
+        runtime: host.streams().wasm_runtime().clone(),
+        row_id: row.row_id,
+        project: "bench".into(),
+        component: component.into(),
+        stream: streamhost::processor::runtime::StreamInfo {
+            project_id: Some("bench".into()),
+            path: "/p".into(),
+            stream_id: out.stream_id.clone(),
+            stream_created_at: "2026-11-30T00:00:00.000Z".into(),
+            max_offset: head,
+        },
+        head,
+        limit: 1000,
+        filter: Default::default(),
+        timeout_ms: 20_000,
+        now_ms: 0,
+        pinned: false,
+        fence: None,
+        gate: Default::default(),
+    }
+}
