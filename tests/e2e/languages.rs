@@ -160,7 +160,7 @@ async fn order_totals_in_typescript_and_python_keep_regions_in_keyed_state_and_c
             &format!("{name}'s confirmations"),
             Duration::from_secs(30),
             async || {
-                s.all_events(confirmed)
+                s.events_once_created(confirmed)
                     .await
                     .iter()
                     .filter(|e| {

@@ -524,12 +524,26 @@ impl Server {
 
     /// Every committed event of a stream, following pages.
     pub async fn all_events(&self, stream: &str) -> Vec<Value> {
+        self.events_so_far(stream, false).await
+    }
+
+    /// Every committed event of a stream that another part of the system
+    /// creates in its own time (a copy target, a reactor's output): none
+    /// while the stream does not exist yet.
+    pub async fn events_once_created(&self, stream: &str) -> Vec<Value> {
+        self.events_so_far(stream, true).await
+    }
+
+    async fn events_so_far(&self, stream: &str, may_not_exist: bool) -> Vec<Value> {
         let mut out = Vec::new();
         let mut after = 0;
         loop {
             let (status, page) = self
                 .get(&format!("{stream}:events?afterOffset={after}&limit=500"))
                 .await;
+            if may_not_exist && status == 404 && page["error"]["code"] == "stream-not-found" {
+                return out;
+            }
             assert_eq!(status, 200, "{page}");
             let events = page["events"].as_array().unwrap().clone();
             if events.is_empty() {
