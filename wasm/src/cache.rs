@@ -39,6 +39,21 @@ impl<K: Hash + Eq + Clone, V: Clone> Lru<K, V> {
         }
     }
 
+    /// Entries held.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Whether nothing is held.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// The bytes of the entries held.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
     /// The value of `key`, marked as just used.
     pub fn get(&mut self, key: &K) -> Option<V> {
         self.tick += 1;
@@ -80,17 +95,6 @@ impl<K: Hash + Eq + Clone, V: Clone> Lru<K, V> {
             evicted.push(oldest);
         }
         evicted
-    }
-
-    #[cfg(test)]
-    fn len(&self) -> usize {
-        self.entries.len()
-    }
-
-    /// Total bytes of the entries kept.
-    #[cfg(test)]
-    fn bytes(&self) -> usize {
-        self.bytes
     }
 }
 

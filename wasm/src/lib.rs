@@ -15,6 +15,7 @@ pub mod backfill;
 pub mod cache;
 pub mod check;
 pub mod compiled;
+pub mod contract;
 pub mod keyed;
 pub mod refold;
 pub mod runtime;

@@ -603,8 +603,19 @@ pub struct Runtime {
 
 impl Runtime {
     /// Builds the engine and starts its epoch ticker. `cache_dir` holds
-    /// compiled components.
+    /// compiled components; at most [`super::cache::PREPARED_BYTES_MAX`]
+    /// bytes of compiled code stay in memory.
     pub fn new(cache_dir: PathBuf) -> Result<Arc<Runtime>> {
+        Self::with_compiled_code_bytes(cache_dir, super::cache::PREPARED_BYTES_MAX)
+    }
+
+    /// [`Runtime::new`] keeping at most `compiled_code_bytes` of compiled
+    /// code in memory (the least recently used components' go first; the
+    /// component in use is kept even when it alone is larger).
+    pub fn with_compiled_code_bytes(
+        cache_dir: PathBuf,
+        compiled_code_bytes: usize,
+    ) -> Result<Arc<Runtime>> {
         let mut config = engine_config();
         // Functions compiled for one component serve every other that
         // holds the same function: components built with the same language
@@ -658,10 +669,17 @@ impl Runtime {
             cache_dir,
             prepared: Mutex::new(super::cache::Lru::new(
                 super::cache::PREPARED_COMPONENTS_MAX,
-                super::cache::PREPARED_BYTES_MAX,
+                compiled_code_bytes,
             )),
             compatibility,
         }))
+    }
+
+    /// The compiled components held in memory: how many, and their bytes
+    /// of compiled code.
+    pub fn compiled_in_memory(&self) -> (usize, usize) {
+        let prepared = self.prepared.lock().expect("prepared");
+        (prepared.len(), prepared.bytes())
     }
 
     /// Compiles `bytes`, checks that it is a component that links with WASI
@@ -674,6 +692,11 @@ impl Runtime {
             return Err(format!(
                 "the body is not a valid WebAssembly component: {what}. {BUILD_HINT}"
             ));
+        }
+        // What it imports and which version of wit/ it was built against,
+        // from its names alone: refused before seconds of compiling.
+        if let Some(found) = super::contract::interfaces(bytes) {
+            super::contract::check(&found)?;
         }
         // These bytes compiled before (their digest names the cached form,
         // which is checked before it is loaded): valid, and not compiled

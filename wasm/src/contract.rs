@@ -1,0 +1,196 @@
+//! What a component asks of the host, read from the names of its outer
+//! imports and exports before anything is compiled: an import the host does
+//! not give, or a processor or reactor built against another version of
+//! `wit/`, is refused at once (a 12–18 MiB JavaScript or Python component
+//! would otherwise compile for seconds first), in the author's terms.
+
+use wasmparser::{Parser, Payload};
+
+/// The interface packages the host links (wasmtime-wasi's WASI 0.2, and
+/// `wasi:keyvalue`'s `store` and `batch`).
+const GIVEN: &[&str] = &[
+    "wasi:cli",
+    "wasi:clocks",
+    "wasi:filesystem",
+    "wasi:io",
+    "wasi:random",
+    "wasi:sockets",
+    "wasi:keyvalue",
+];
+
+/// The package of the processor and reactor interfaces.
+const PACKAGE: &str = "streamhost:processor";
+
+/// The version of [`PACKAGE`] this host runs.
+pub const VERSION: &str = "0.2.0";
+
+/// The interface names of a component's outer imports and exports.
+#[derive(Debug, Default, PartialEq)]
+pub struct Interfaces {
+    pub imports: Vec<String>,
+    pub exports: Vec<String>,
+}
+
+/// Reads the outer import and export names (those of nested modules and
+/// components are the component's own business). `None` when the bytes do
+/// not parse as far as that: compiling them says what is wrong.
+pub fn interfaces(bytes: &[u8]) -> Option<Interfaces> {
+    let mut found = Interfaces::default();
+    // Depth 1 is the outer component; each nested module or component
+    // starts with its own `Version` and ends with its own `End`.
+    let mut depth = 0usize;
+    for payload in Parser::new(0).parse_all(bytes) {
+        match payload.ok()? {
+            Payload::Version { .. } => depth += 1,
+            Payload::End(_) => depth = depth.saturating_sub(1),
+            Payload::ComponentImportSection(section) if depth == 1 => {
+                for import in section {
+                    found.imports.push(import.ok()?.name.name.to_string());
+                }
+            }
+            Payload::ComponentExportSection(section) if depth == 1 => {
+                for export in section {
+                    found.exports.push(export.ok()?.name.name.to_string());
+                }
+            }
+            _ => {}
+        }
+    }
+    Some(found)
+}
+
+/// `namespace:package` of an interface name (`wasi:http/types@0.2.3` →
+/// `wasi:http`), if it is one.
+fn package_of(name: &str) -> Option<&str> {
+    let (package, _) = name.split_once('/')?;
+    package.contains(':').then_some(package)
+}
+
+/// The version after `@`, if any.
+fn version_of(name: &str) -> Option<&str> {
+    name.rsplit_once('@').map(|(_, v)| v)
+}
+
+/// Refuses what no build of the host could run: an import of a package the
+/// host does not give (named, with what it gives and how the SDKs' builds
+/// avoid it), a `streamhost:processor` interface of another version.
+pub fn check(found: &Interfaces) -> Result<(), String> {
+    let missing: Vec<&str> = found
+        .imports
+        .iter()
+        .map(String::as_str)
+        .filter(|name| package_of(name).is_none_or(|p| !GIVEN.contains(&p)))
+        .collect();
+    if !missing.is_empty() {
+        let http = missing
+            .iter()
+            .any(|name| package_of(name) == Some("wasi:http"));
+        return Err(format!(
+            "the component imports {}, which the host does not give: a guest may import only WASI 0.2 \
+             (cli, clocks, filesystem, io, random, sockets) and wasi:keyvalue (store, batch){}",
+            quoted(&missing),
+            if http {
+                ". A fold has no network: componentize-js adds wasi:http unless it is built with \
+                 `disableFeatures: [\"http\", \"fetch-event\"]` (the SDK's build and `streamhost new` do)"
+            } else {
+                ""
+            }
+        ));
+    }
+    let other: Vec<&str> = found
+        .imports
+        .iter()
+        .chain(&found.exports)
+        .map(String::as_str)
+        .filter(|name| package_of(name) == Some(PACKAGE) && version_of(name) != Some(VERSION))
+        .collect();
+    if let Some(first) = other.first() {
+        return Err(format!(
+            "the component was built against {first}, and this host runs {PACKAGE}@{VERSION}: \
+             build it again against this host's wit/ (the SDKs of this release carry it)"
+        ));
+    }
+    Ok(())
+}
+
+fn quoted(names: &[&str]) -> String {
+    let quoted: Vec<String> = names.iter().map(|n| format!("`{n}`")).collect();
+    quoted.join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn of(imports: &[&str], exports: &[&str]) -> Interfaces {
+        Interfaces {
+            imports: imports.iter().map(|s| s.to_string()).collect(),
+            exports: exports.iter().map(|s| s.to_string()).collect(),
+        }
+    }
+
+    #[test]
+    fn wasi_keyvalue_and_any_export_of_this_version_pass() {
+        let found = of(
+            &[
+                "wasi:cli/stderr@0.2.3",
+                "wasi:io/streams@0.2.3",
+                "wasi:keyvalue/store@0.2.0-draft",
+                "wasi:sockets/tcp@0.2.0",
+            ],
+            &[
+                "streamhost:processor/processor@0.2.0",
+                "example:math/calc@1.0.0",
+                "plain",
+            ],
+        );
+        assert_eq!(check(&found), Ok(()));
+    }
+
+    #[test]
+    fn an_import_the_host_does_not_give_is_named_with_the_cure_for_wasi_http() {
+        let found = of(
+            &["wasi:io/poll@0.2.3", "wasi:http/outgoing-handler@0.2.3"],
+            &[],
+        );
+        let e = check(&found).unwrap_err();
+        assert!(
+            e.contains("imports `wasi:http/outgoing-handler@0.2.3`, which the host does not give"),
+            "{e}"
+        );
+        assert!(e.contains("disableFeatures"), "{e}");
+        let e = check(&of(&["acme:billing/charge@1.0.0", "logger"], &[])).unwrap_err();
+        assert!(e.contains("`acme:billing/charge@1.0.0`, `logger`"), "{e}");
+        assert!(!e.contains("disableFeatures"), "{e}");
+    }
+
+    #[test]
+    fn another_version_of_the_processor_package_names_both_versions() {
+        let e = check(&of(&[], &["streamhost:processor/processor@0.1.0"])).unwrap_err();
+        assert!(
+            e.contains("built against streamhost:processor/processor@0.1.0, and this host runs streamhost:processor@0.2.0"),
+            "{e}"
+        );
+        let e = check(&of(&[], &["streamhost:processor/reactor"])).unwrap_err();
+        assert!(
+            e.contains("built against streamhost:processor/reactor,"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn the_version_is_the_one_the_bindings_export() {
+        for interface in [
+            crate::runtime::PROCESSOR_INTERFACE,
+            crate::runtime::REACTOR_INTERFACE,
+        ] {
+            assert_eq!(version_of(interface), Some(VERSION), "{interface}");
+            assert_eq!(package_of(interface), Some(PACKAGE), "{interface}");
+        }
+    }
+
+    #[test]
+    fn bytes_that_do_not_parse_read_as_nothing() {
+        assert_eq!(interfaces(b"\0asm\x0d\0\x01\0garbage"), None);
+    }
+}
