@@ -188,6 +188,11 @@ pub struct ProcessorsConfig {
     /// configuration and checked before it is loaded, so servers may share
     /// one directory.
     pub compile_cache_dir: Option<std::path::PathBuf>,
+    /// Bytes of compiled code kept in memory, over all components (512
+    /// MiB): past it the least recently used components' code is dropped
+    /// and loaded again from `compile-cache-dir` when next used (a
+    /// JavaScript component holds about 35 MiB, a Python one about 50).
+    pub compiled_code_bytes: usize,
     /// Calls into components running at once on this host: ITX calls, folds
     /// to an offset, shadow steps (256; well under the 512 blocking
     /// threads, which also serve storage reads).
@@ -337,6 +342,7 @@ impl Default for ProcessorsConfig {
             idle_teardown_ms: 5 * 60 * 1000,
             keyed_cache_bytes: KEY_CACHE_BYTES_DEFAULT,
             compile_cache_dir: None,
+            compiled_code_bytes: crate::processor::cache::PREPARED_BYTES_MAX,
             max_concurrent_calls: 256,
             max_concurrent_calls_per_project: 16,
             max_versions_per_component: VERSIONS_KEPT_DEFAULT,
@@ -500,6 +506,7 @@ impl Config {
                 "max-versions-per-component",
                 p.max_versions_per_component as u64,
             ),
+            ("compiled-code-bytes", p.compiled_code_bytes as u64),
         ] {
             if v == 0 {
                 bail!("processors.{name} must be at least 1, got 0");

@@ -33,6 +33,8 @@ struct Inner {
     stream_actors: Gauge,
     stream_loads: Family<Vec<(String, String)>, Counter>,
     effect_executions: Family<Vec<(String, String)>, Counter>,
+    compiled_components: Gauge,
+    compiled_code: Gauge,
     sqlite_memory: Gauge,
     delivery_attempts: Family<Vec<(String, String)>, Counter>,
     subscription_halts: Family<Vec<(String, String)>, Counter>,
@@ -113,6 +115,18 @@ impl Metrics {
             "effect_executions",
             "Executions of processor effects, by what followed (succeeded, retry or failed)",
             effect_executions.clone(),
+        );
+        let compiled_components = Gauge::default();
+        registry.register(
+            "compiled_components",
+            "Compiled components held in memory ([processors] compiled-code-bytes bounds their code)",
+            compiled_components.clone(),
+        );
+        let compiled_code = Gauge::default();
+        registry.register(
+            "compiled_code_bytes",
+            "Bytes of compiled code held in memory, over all components",
+            compiled_code.clone(),
         );
         let sqlite_memory = Gauge::default();
         registry.register(
@@ -213,6 +227,8 @@ impl Metrics {
                 ingest_pending_bytes,
                 ingest_blocked_streams,
                 ingest_parked_events,
+                compiled_components,
+                compiled_code,
                 sqlite_memory,
                 effect_executions,
                 stream_actors,
@@ -375,6 +391,13 @@ impl Metrics {
             ];
             self.inner.lag_top.get_or_create(&labels).set(lag as i64);
         }
+    }
+
+    /// Sets the compiled components held in memory and their bytes of
+    /// code, read at scrape time.
+    pub fn set_compiled(&self, components: usize, bytes: usize) {
+        self.inner.compiled_components.set(components as i64);
+        self.inner.compiled_code.set(bytes as i64);
     }
 
     /// Sets the memory SQLite holds, read at scrape time.

@@ -185,6 +185,41 @@ async fn deploy_validates_components_and_lists_them() {
     );
 }
 
+/// `[processors] compiled-code-bytes` bounds the compiled code held in
+/// memory: with room for less than one component, only the one used last
+/// stays; the other is loaded again from the compile cache when it wakes,
+/// and both fold every event.
+#[tokio::test]
+async fn compiled_code_in_memory_stays_within_its_bound_and_an_evicted_component_loads_again() {
+    let s = Server::start_with(Some(&format!("{PROC}compiled-code-bytes = 1\n")), &[]);
+    for name in ["counter", "effector"] {
+        let (status, out) = s.deploy("acme", name, guest(name)).await;
+        assert_eq!(status, 200, "{out}");
+        let (status, out) = s.post(&format!("{S}:append"), wake(name, name, None)).await;
+        assert_eq!(status, 200, "{out}");
+    }
+    for n in 1..=3 {
+        append(
+            &s,
+            S,
+            // The effector folds this type (asking for no effects); the
+            // counter folds every event.
+            json!([{"type": "events.example/effects-requested", "payload": {"n": n, "effects": []}}]),
+        )
+        .await;
+        // One wakes after the other: each wake needs its component's code.
+        caught_up(&s, S, "counter").await;
+        caught_up(&s, S, "effector").await;
+    }
+    let counter = caught_up(&s, S, "counter").await;
+    assert_eq!(counter["state"], expected_count(&s, S).await, "{counter}");
+    assert_eq!(counter["state"]["sum"], 6, "{counter}");
+    let effector = caught_up(&s, S, "effector").await;
+    assert_eq!(effector["state"]["events"], 3, "{effector}");
+    assert_eq!(s.metric("streamhost_compiled_components ").await, 1);
+    assert!(s.metric("streamhost_compiled_code_bytes ").await > 0);
+}
+
 #[tokio::test]
 async fn the_counter_state_equals_the_fold_and_never_sees_ephemeral_events() {
     let s = Server::start_with(Some(PROC), &[]);

@@ -178,12 +178,13 @@ impl Host {
         let waking = storage
             .streams_with_cursors()
             .context("listing streams with subscriptions")?;
-        let runtime = crate::processor::runtime::Runtime::new(
+        let runtime = crate::processor::runtime::Runtime::with_compiled_code_bytes(
             config
                 .processors
                 .compile_cache_dir
                 .clone()
                 .unwrap_or_else(|| config.data_dir.join("compiled")),
+            config.processors.compiled_code_bytes,
         )
         .context("starting the wasm runtime")?;
         let settings = crate::actor::StreamSettings {
