@@ -96,6 +96,68 @@ async fn counters_in_typescript_and_python_fold_every_event_as_the_rust_counter_
         assert_eq!(p["state"], rust["state"], "{port}: {p}");
         assert_eq!(p["status"], "active", "{port}: {p}");
     }
+
+    // Time travel folds each port up to an earlier offset as Rust does, and
+    // verify refolds each and finds the state it stored.
+    let middle = events[events.len() / 2]["offset"].as_u64().unwrap();
+    let (status, then) = s
+        .get(&format!("{S}:processors/counter-rs/at/{middle}"))
+        .await;
+    assert_eq!(status, 200, "{then}");
+    assert_eq!(then["state"]["last_offset"], middle, "{then}");
+    for port in ["counter-ts", "counter-py"] {
+        let (status, at) = s.get(&format!("{S}:processors/{port}/at/{middle}")).await;
+        assert_eq!(status, 200, "{port}: {at}");
+        assert_eq!(at["state"], then["state"], "{port} at {middle}: {at}");
+        let (status, v) = s
+            .post(&format!("{S}:verifyProcessor"), json!({"component": port}))
+            .await;
+        assert_eq!(status, 200, "{port}: {v}");
+        assert_eq!(v["matches"], true, "{port}: {v}");
+    }
+
+    // A new version in another language, as a shadow: the Python port
+    // shadows the TypeScript counter, folds the history to the same state
+    // (an empty diff) and, promoted, folds what comes next.
+    let (status, v2) = s
+        .deploy_with_query(
+            "acme",
+            "counter-ts",
+            language_guest("examples/python/dist/counter.wasm"),
+            "refold=shadow",
+        )
+        .await;
+    assert_eq!(status, 200, "{v2}");
+    let mut shadow = Value::Null;
+    crate::support::wait_for(
+        "the Python shadow of counter-ts",
+        Duration::from_secs(30),
+        async || {
+            let (status, v) = s.get(&format!("{S}:processors/counter-ts/shadow")).await;
+            assert_eq!(status, 200, "{v}");
+            let (_, live) = s.get(&format!("{S}:processors/counter-ts")).await;
+            let ready = v["status"] == "ready" && v["checkpointOffset"] == live["checkpointOffset"];
+            shadow = v;
+            ready
+        },
+    )
+    .await;
+    assert_eq!(shadow["digest"], v2["digest"], "{shadow}");
+    assert_eq!(shadow["stateDiff"], json!([]), "{shadow}");
+    let (status, promoted) = s
+        .post(
+            &format!("{S}:promoteShadow"),
+            json!({"component": "counter-ts"}),
+        )
+        .await;
+    assert_eq!(status, 200, "{promoted}");
+    assert_eq!(promoted["outcome"], "promoted", "{promoted}");
+    let (status, out) = append(&s, S, json!([{"type": "n", "payload": {"n": 4}}])).await;
+    assert_eq!(status, 200, "{out}");
+    let rust = caught_up(&s, S, "counter-rs").await;
+    let promoted = caught_up(&s, S, "counter-ts").await;
+    assert_eq!(promoted["digest"], v2["digest"], "{promoted}");
+    assert_eq!(promoted["state"], rust["state"], "{promoted}");
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -153,6 +215,16 @@ async fn order_totals_in_typescript_and_python_keep_regions_in_keyed_state_and_c
             "{name}: {page}"
         );
         keys.push(found);
+        // Verify refolds the state and every key and finds what is stored.
+        let (status, v) = s
+            .post(
+                &format!("{stream}:verifyProcessor"),
+                json!({"component": name}),
+            )
+            .await;
+        assert_eq!(status, 200, "{name}: {v}");
+        assert_eq!(v["matches"], true, "{name}: {v}");
+        assert_eq!(v["keysCompared"], 2, "{name}: {v}");
 
         // Each order with an id is confirmed on /orders/confirmed, once.
         let confirmed = "/v1/projects/acme/streams/orders/confirmed";
@@ -246,7 +318,18 @@ async fn a_thrown_javascript_error_and_a_python_exception_halt_with_the_guests_o
         let (_, p) = s.get(&format!("{stream}:processors/{name}")).await;
         assert_eq!(p["lastFailure"]["offset"], boom, "{p}");
         let message = p["lastFailure"]["message"].as_str().unwrap_or_default();
-        assert!(message.contains(says[0]), "{p}");
+        assert!(message.starts_with(says[0]), "the guest's words first: {p}");
+        // The wake folded `ok` and the bad event together and committed
+        // neither: the message says so.
+        assert!(
+            message.contains("was committed: the checkpoint stays before offset")
+                && message.contains(&format!("before offset {boom} fold without failing")),
+            "{p}"
+        );
+        assert!(
+            p["checkpointOffset"].as_u64() < boom.as_u64(),
+            "nothing of the batch committed: {p}"
+        );
         // The repro folds the failing event from the state before it.
         let repro = p["lastFailure"]["repro"].as_str().unwrap_or_default();
         assert!(
@@ -254,6 +337,83 @@ async fn a_thrown_javascript_error_and_a_python_exception_halt_with_the_guests_o
             "the repro starts from the state before the failing event: {p}"
         );
     }
+}
+
+/// What an author can get wrong is refused in their terms: the JavaScript
+/// counter built with componentize-js's defaults (which import wasi:http)
+/// or against an older wit/ is refused at deploy, naming the import or both
+/// versions; a fold that returns a function for its state halts saying so.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_misbuilt_component_is_refused_at_deploy_and_a_state_that_is_not_json_halts_naming_it() {
+    let s = Server::start_with(Some(LANG), &[]);
+    let refused = s
+        .deploy(
+            "acme",
+            "with-http",
+            language_guest("tests/guests/dist/with-http.wasm"),
+        )
+        .await;
+    crate::support::assert_error(
+        &refused,
+        400,
+        "invalid-component",
+        "`wasi:http/outgoing-handler@0.2.",
+    );
+    let message = refused.1["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("the component imports `wasi:http/")
+            && message.contains("which the host does not give")
+            && message.contains(r#"disableFeatures: ["http", "fetch-event"]"#),
+        "{message}"
+    );
+    let refused = s
+        .deploy(
+            "acme",
+            "old-wit",
+            language_guest("tests/guests/dist/old-wit.wasm"),
+        )
+        .await;
+    crate::support::assert_error(
+        &refused,
+        400,
+        "invalid-component",
+        "built against streamhost:processor/processor@0.1.0, and this host runs streamhost:processor@0.2.0",
+    );
+    let (status, list) = s.get("/v1/projects/acme/components").await;
+    assert_eq!(status, 200, "{list}");
+    assert_eq!(
+        list["components"],
+        json!([]),
+        "nothing was deployed: {list}"
+    );
+
+    deploy(
+        &s,
+        "throws",
+        language_guest("tests/guests/dist/throws.wasm"),
+    )
+    .await;
+    let stream = "/v1/projects/acme/streams/shapeless";
+    let (status, out) = append(
+        &s,
+        stream,
+        json!([wake("throws"), {"type": "ok", "payload": {}}, {"type": "odd", "payload": {"shapeless": true}}]),
+    )
+    .await;
+    assert_eq!(status, 200, "{out}");
+    let halted = s
+        .wait_halted(stream, "throws", Duration::from_secs(60))
+        .await;
+    let error = halted["error"].as_str().unwrap_or_default();
+    assert!(
+        error.contains("the state is not a JSON value: () => event.offset"),
+        "{halted}"
+    );
+    let (_, p) = s.get(&format!("{stream}:processors/throws")).await;
+    assert_eq!(
+        p["lastFailure"]["offset"], out["events"][2]["offset"],
+        "{p}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -874,6 +874,7 @@ pub fn language_guest(relative: &str) -> Vec<u8> {
         ("guest-sdk/python/streamhost_guest", "py"),
         ("examples/python", "py"),
         ("tests/guests", "js"),
+        ("tests/guests", "mjs"),
         ("tests/guests", "py"),
     ];
     let modified = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
@@ -899,6 +900,8 @@ pub fn language_guest(relative: &str) -> Vec<u8> {
             "examples/python/dist/welcome.wasm",
             "tests/guests/dist/throws.wasm",
             "tests/guests/dist/raises.wasm",
+            "tests/guests/dist/with-http.wasm",
+            "tests/guests/dist/old-wit.wasm",
         ];
         built
             .iter()

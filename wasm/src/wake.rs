@@ -120,10 +120,17 @@ fn start(job: &WakeJob, prepared: &super::runtime::Prepared) -> Result<Start, Fa
 }
 
 fn guest_failure(component: &str, call: &str, e: GuestError) -> Failure {
-    failure(
-        format!("processor {component:?} {call}: {e}"),
-        e.retryable(),
-    )
+    let retryable = e.retryable();
+    let message = match e {
+        // The guest's own words first (a thrown error with its file and
+        // line, an exception with its traceback, `Failure.fatal`'s text),
+        // then whose they are.
+        GuestError::Failure { message, .. } => {
+            format!("{message}\n(the failure processor {component:?} returned from {call})")
+        }
+        e => format!("processor {component:?} {call}: {e}"),
+    };
+    failure(message, retryable)
 }
 
 /// The subscription's filter narrowed to the event types the processor
@@ -339,7 +346,22 @@ pub fn fold_events(
             env(e),
             bucket,
         )
-        .map_err(|(f, _)| *f)?;
+        .map_err(|(mut f, _)| {
+            // What became of the events before it: a wake commits whole.
+            f.message = format!(
+                "{}\n(none of this wake's {} events, offsets {}–{}, was committed: the checkpoint \
+                 stays before offset {}; {} event(s) before offset {} fold without failing and are \
+                 folded again when the processor resumes)",
+                f.message,
+                events.len(),
+                events[0].offset,
+                events[events.len() - 1].offset,
+                events[0].offset,
+                i,
+                e.offset
+            );
+            *f
+        })?;
         bucket = session.keep();
         state = next;
         returned.append(&mut effects);
