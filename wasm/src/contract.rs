@@ -21,7 +21,7 @@ const GIVEN: &[&str] = &[
 /// The package of the processor and reactor interfaces.
 const PACKAGE: &str = "streamhost:processor";
 
-/// The version of [`PACKAGE`] this host runs.
+/// The version of `streamhost:processor` this host runs.
 pub const VERSION: &str = "0.2.0";
 
 /// The interface names of a component's outer imports and exports.
