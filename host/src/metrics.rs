@@ -35,6 +35,7 @@ struct Inner {
     effect_executions: Family<Vec<(String, String)>, Counter>,
     compiled_components: Gauge,
     compiled_code: Gauge,
+    guest_memory: Gauge,
     sqlite_memory: Gauge,
     delivery_attempts: Family<Vec<(String, String)>, Counter>,
     subscription_halts: Family<Vec<(String, String)>, Counter>,
@@ -127,6 +128,12 @@ impl Metrics {
             "compiled_code_bytes",
             "Bytes of compiled code held in memory, over all components",
             compiled_code.clone(),
+        );
+        let guest_memory = Gauge::default();
+        registry.register(
+            "guest_memory_max_bytes",
+            "The most linear memory one guest call's instance has had since the server started (every memory of the instance summed)",
+            guest_memory.clone(),
         );
         let sqlite_memory = Gauge::default();
         registry.register(
@@ -229,6 +236,7 @@ impl Metrics {
                 ingest_parked_events,
                 compiled_components,
                 compiled_code,
+                guest_memory,
                 sqlite_memory,
                 effect_executions,
                 stream_actors,
@@ -398,6 +406,11 @@ impl Metrics {
     pub fn set_compiled(&self, components: usize, bytes: usize) {
         self.inner.compiled_components.set(components as i64);
         self.inner.compiled_code.set(bytes as i64);
+    }
+
+    /// Sets the most linear memory one guest call's instance has had.
+    pub fn set_guest_memory_max(&self, bytes: usize) {
+        self.inner.guest_memory.set(bytes as i64);
     }
 
     /// Sets the memory SQLite holds, read at scrape time.

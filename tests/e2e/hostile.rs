@@ -64,8 +64,24 @@ async fn a_guest_that_loops_forever_times_out() {
 
 #[tokio::test]
 async fn a_guest_that_grows_memory_without_bound_traps() {
-    let (halted, _) = halted_with("grow").await;
+    let (s, stream) = hostile_on("/grow").await;
+    let (status, out) = s
+        .post(
+            &format!("{stream}:append"),
+            json!({"events": [{"type": "hostile/grow"}]}),
+        )
+        .await;
+    assert_eq!(status, 200, "{out}");
+    let halted = s.wait_halted(&stream, "h", Duration::from_secs(60)).await;
     assert!(error(&halted).contains("the guest trapped"), "{halted}");
+    // It grew to the 256 MiB a guest may have, and no further: the largest
+    // instance /metrics reports.
+    let largest = s.metric("streamhost_guest_memory_max_bytes ").await;
+    assert!(
+        (250 << 20..=(256 << 20) + (1 << 20)).contains(&largest),
+        "largest guest memory {largest} bytes"
+    );
+    assert_eq!(s.get("/healthz").await.0, 200);
 }
 
 #[tokio::test]

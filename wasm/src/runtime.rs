@@ -344,11 +344,67 @@ impl HostMonotonicClock for FixedMonotonicClock {
     }
 }
 
+/// A store's limits, counting the linear memory of its instances (every
+/// memory's size, summed: a component's core modules and adapters each
+/// have one).
+struct Limits {
+    inner: StoreLimits,
+    /// Bytes of linear memory now.
+    memory: usize,
+    /// The most `memory` has been.
+    peak: usize,
+}
+
+impl wasmtime::ResourceLimiter for Limits {
+    fn memory_growing(
+        &mut self,
+        current: usize,
+        desired: usize,
+        maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        let allowed = self.inner.memory_growing(current, desired, maximum)?;
+        if allowed {
+            self.memory = self.memory.saturating_add(desired.saturating_sub(current));
+            self.peak = self.peak.max(self.memory);
+        }
+        Ok(allowed)
+    }
+
+    fn memory_grow_failed(&mut self, error: wasmtime::Error) -> wasmtime::Result<()> {
+        self.inner.memory_grow_failed(error)
+    }
+
+    fn table_growing(
+        &mut self,
+        current: usize,
+        desired: usize,
+        maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        self.inner.table_growing(current, desired, maximum)
+    }
+
+    fn table_grow_failed(&mut self, error: wasmtime::Error) -> wasmtime::Result<()> {
+        self.inner.table_grow_failed(error)
+    }
+
+    fn instances(&self) -> usize {
+        self.inner.instances()
+    }
+
+    fn tables(&self) -> usize {
+        self.inner.tables()
+    }
+
+    fn memories(&self) -> usize {
+        self.inner.memories()
+    }
+}
+
 /// The data of one guest store.
 pub struct GuestData {
     wasi: WasiCtx,
     table: ResourceTable,
-    limits: StoreLimits,
+    limits: Limits,
     /// The processor's bucket during a fold (`None`: no keyed state).
     keyed: Option<Session>,
 }
@@ -599,6 +655,8 @@ pub struct Runtime {
     cache_dir: PathBuf,
     prepared: Mutex<super::cache::Lru<String, Arc<Prepared>>>,
     compatibility: String,
+    /// The most linear memory one call's instance has had.
+    largest_guest_memory: std::sync::atomic::AtomicUsize,
 }
 
 impl Runtime {
@@ -672,7 +730,16 @@ impl Runtime {
                 compiled_code_bytes,
             )),
             compatibility,
+            largest_guest_memory: std::sync::atomic::AtomicUsize::new(0),
         }))
+    }
+
+    /// The most linear memory (bytes, every memory of the instance summed)
+    /// that one call's instance has had since this runtime started: what a
+    /// guest costs per instance, beside [`GUEST_MEMORY_BYTES_MAX`].
+    pub fn largest_guest_memory(&self) -> usize {
+        self.largest_guest_memory
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The compiled components held in memory: how many, and their bytes
@@ -858,10 +925,14 @@ impl Runtime {
             ))
             .insecure_random_seed(d.hash_seed)
             .build();
-        let limits = StoreLimitsBuilder::new()
-            .memory_size(GUEST_MEMORY_BYTES_MAX)
-            .trap_on_grow_failure(true)
-            .build();
+        let limits = Limits {
+            inner: StoreLimitsBuilder::new()
+                .memory_size(GUEST_MEMORY_BYTES_MAX)
+                .trap_on_grow_failure(true)
+                .build(),
+            memory: 0,
+            peak: 0,
+        };
         let mut store = Store::new(
             &self.engine,
             GuestData {
@@ -901,6 +972,10 @@ impl Runtime {
     ) -> Called<T> {
         let (mut store, stdout, stderr) = self.store(name, d, timeout_ms, keyed);
         let result = f(&mut store);
+        self.largest_guest_memory.fetch_max(
+            store.data().limits.peak,
+            std::sync::atomic::Ordering::Relaxed,
+        );
         let keyed = store.data_mut().keyed.take();
         for (stream, pipe) in [("stdout", &stdout), ("stderr", &stderr)] {
             let bytes = pipe.contents();

@@ -279,8 +279,11 @@ async fn metrics(State(host): State<Host>, headers: HeaderMap) -> Response {
     }
     host.metrics
         .set_sqlite_memory(crate::storage::Storage::memory_used());
-    let (components, bytes) = host.streams.wasm_runtime().compiled_in_memory();
+    let wasm = host.streams.wasm_runtime();
+    let (components, bytes) = wasm.compiled_in_memory();
     host.metrics.set_compiled(components, bytes);
+    host.metrics
+        .set_guest_memory_max(wasm.largest_guest_memory());
     host.metrics.set_lags(host.streams.lags().await);
     host.metrics
         .set_ingest_blocked(host.ingest.blocked_streams());
