@@ -10,7 +10,9 @@
 //!   normal`), p50 and p99, and its ratio to the Rust wake (aim: ≤ 2);
 //! - the first wake after a deploy against a steady one (the deploy already
 //!   compiled: aim, no slower than a steady wake by more than noise);
-//! - fold throughput in batches of 1000 events (instantiation included).
+//! - fold throughput in batches of 1000 events (instantiation included);
+//! - memory per instance: the linear memory of a fresh instance, and the
+//!   most it had while folding a batch of 1000.
 //!
 //! Needs the guests built: `cargo build --release --target wasm32-wasip2
 //! --manifest-path examples/processors/Cargo.toml` and
@@ -88,11 +90,14 @@ async fn wakes(name: &str, bytes: Vec<u8>) -> (f64, Vec<f64>) {
     (first, steady)
 }
 
-/// Events per second of batches of 1000 (median of 10).
-fn throughput(runtime: &Runtime, name: &str, bytes: &[u8]) -> f64 {
+/// Events per second of batches of 1000 (median of 10), and the linear
+/// memory of an instance: fresh (its `initial-state` call on a runtime that
+/// ran nothing else) and at most while folding a batch.
+fn throughput(runtime: &Runtime, name: &str, bytes: &[u8]) -> (f64, usize, usize) {
     let digest = streamhost::processor::runtime::digest(bytes);
     let prepared = runtime.prepare(&digest, || Ok(bytes.to_vec())).unwrap();
     let initial = runtime.initial_state(name, &prepared, 20_000).unwrap();
+    let fresh = runtime.largest_guest_memory();
     let events: Vec<streamhost::stream::Event> = (0..1000)
         .map(|i| {
             serde_json::from_value(json!({"offset": i as u64 + 2, "type": "x.y/n",
@@ -124,7 +129,11 @@ fn throughput(runtime: &Runtime, name: &str, bytes: &[u8]) -> f64 {
         let state: serde_json::Value = serde_json::from_str(&folded.state).unwrap();
         assert_eq!(state["events"], 1000, "{name}: {state}");
     }
-    percentile(rates, 0.5)
+    (
+        percentile(rates, 0.5),
+        fresh,
+        runtime.largest_guest_memory(),
+    )
 }
 
 fn main() {
@@ -139,7 +148,7 @@ fn main() {
     ];
     println!("the counter fold, one component per language:");
     println!(
-        "{:<11} {:>9} {:>10} {:>11} {:>11} {:>8} {:>12} {:>14}",
+        "{:<11} {:>9} {:>10} {:>11} {:>11} {:>8} {:>12} {:>14} {:>9} {:>10}",
         "language",
         "size MiB",
         "compile s",
@@ -147,7 +156,9 @@ fn main() {
         "wake p99",
         "/ rust",
         "first wake",
-        "events/s @1000"
+        "events/s @1000",
+        "mem MiB",
+        "@1000 MiB"
     );
     let mut rust_p50 = f64::NAN;
     for (language, bytes) in guests {
@@ -158,7 +169,8 @@ fn main() {
         let start = Instant::now();
         runtime.prepare(&digest, || Ok(bytes.clone())).unwrap();
         let compile = start.elapsed().as_secs_f64();
-        let rate = throughput(&runtime, language, &bytes);
+        let (rate, fresh, batch) = throughput(&runtime, language, &bytes);
+        let (fresh, batch) = (fresh as f64 / 1048576.0, batch as f64 / 1048576.0);
         eprintln!("wakes of the {language} counter ...");
         let (first, steady) = rt.block_on(wakes(language, bytes));
         let p50 = percentile(steady.clone(), 0.5);
@@ -166,7 +178,7 @@ fn main() {
             rust_p50 = p50;
         }
         println!(
-            "{language:<11} {size:>9.1} {compile:>10.2} {:>8.2} ms {:>8.2} ms {:>8.2} {:>9.2} ms {rate:>14.0}",
+            "{language:<11} {size:>9.1} {compile:>10.2} {:>8.2} ms {:>8.2} ms {:>8.2} {:>9.2} ms {rate:>14.0} {fresh:>9.1} {batch:>10.1}",
             p50 / 1000.0,
             percentile(steady, 0.99) / 1000.0,
             p50 / rust_p50,
