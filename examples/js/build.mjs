@@ -8,6 +8,7 @@
 //   node build.mjs FILE.ts [--out-dir D] any source file (into D, or dist/)
 import { build } from "esbuild";
 import { componentize } from "@bytecodealliance/componentize-js";
+import { addSourceLines } from "@streamhost/guest/build";
 import { mkdir, readFile, rename, writeFile } from "node:fs/promises";
 import { fileURLToPath } from "node:url";
 import path from "node:path";
@@ -62,7 +63,10 @@ for (const source of sources) {
     nodePaths: [path.join(here, "node_modules")],
     outfile: bundle,
     logLevel: "warning",
+    sourcemap: "external",
   });
+  // A thrown error names the source file and line, not the bundle's.
+  await addSourceLines(bundle);
   const { component } = await componentize({
     sourcePath: bundle,
     witPath: wit,

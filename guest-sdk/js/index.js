@@ -141,14 +141,36 @@ export function failureOf(thrown) {
     const frames = (typeof thrown.stack === "string" ? thrown.stack : "")
       .split("\n")
       .map((f) => f.trim())
-      .filter((f) => f !== "" && !f.includes("initializer.js"));
-    const at = frames.length > 0 ? ` (at ${frames[0].slice(frames[0].indexOf("@") + 1)})` : "";
+      .filter((f) => f !== "" && !f.includes("initializer.js"))
+      .map(authorsPosition);
+    // The SDK's own frames too, when the build said which they are.
+    const authors = frames.filter((f) => !f.sdk);
+    if (authors.length > 0) frames.splice(0, frames.length, ...authors);
+    const at = frames.length > 0 ? ` (at ${frames[0].text.slice(frames[0].text.indexOf("@") + 1)})` : "";
     message = `${thrown.name}: ${thrown.message}${at}`;
-    if (frames.length > 0) message += `\n${frames.join("\n")}`;
+    if (frames.length > 0) message += `\n${frames.map((f) => f.text).join("\n")}`;
   } else {
     message = `uncaught exception: ${safeText(thrown)}`;
   }
   return { message, retryable: false };
+}
+
+/**
+ * A stack frame (`fold@dist/x.bundle.js:12:7`) with the bundle's position
+ * replaced by the author's file and line, when the build added the table
+ * (`addSourceLines` of `@streamhost/guest/build`), and whether it is a frame
+ * of the SDK itself: `{ text, sdk }`.
+ */
+function authorsPosition(frame) {
+  const table = globalThis.__streamhostSourceLines;
+  const found = /^(.*?)([^@]*):(\d+):(\d+)$/.exec(frame);
+  if (!table || !found || !found[2].endsWith(table.file)) return { text: frame, sdk: false };
+  const at = table.lines[Number(found[3]) - 1];
+  if (!at || table.sources[at[0]] === undefined) return { text: frame, sdk: false };
+  return {
+    text: `${found[1]}${table.sources[at[0]]}:${at[1]}`,
+    sdk: (table.sdk ?? []).includes(at[0]),
+  };
 }
 
 function safeText(value) {

@@ -286,7 +286,8 @@ async fn a_thrown_javascript_error_and_a_python_exception_halt_with_the_guests_o
             "tests/guests/dist/throws.wasm",
             [
                 "TypeError: can't access property \"deeper\", state.missing is undefined",
-                "(at tests/guests/dist/throws.bundle.js:",
+                // The author's file and line (the bundle's, mapped back).
+                "(at tests/guests/throws.js:12)",
             ],
         ),
         (
@@ -319,6 +320,10 @@ async fn a_thrown_javascript_error_and_a_python_exception_halt_with_the_guests_o
         assert_eq!(p["lastFailure"]["offset"], boom, "{p}");
         let message = p["lastFailure"]["message"].as_str().unwrap_or_default();
         assert!(message.starts_with(says[0]), "the guest's words first: {p}");
+        assert!(
+            !message.contains("guest-sdk/js/") && !message.contains(".bundle.js"),
+            "the author's frames only, at their own files: {p}"
+        );
         // The wake folded `ok` and the bad event together and committed
         // neither: the message says so.
         assert!(

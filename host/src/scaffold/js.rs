@@ -57,6 +57,7 @@ pub(super) fn files(name: &str, sdk: &Sdk, typescript: bool) -> Vec<(&'static st
 // component of the world streamhost processors are built against.
 import {{ build }} from "esbuild";
 import {{ componentize }} from "@bytecodealliance/componentize-js";
+import {{ addSourceLines }} from "@streamhost/guest/build";
 import {{ mkdir, writeFile }} from "node:fs/promises";
 
 const started = Date.now();
@@ -69,7 +70,10 @@ await build({{
   external: ["wasi:*"],
   outfile: "dist/{name}.js",
   logLevel: "warning",
+  sourcemap: "external",
 }});
+// A thrown error names {source} and its line, not the bundle's.
+await addSourceLines("dist/{name}.js");
 const {{ component }} = await componentize({{
   sourcePath: "dist/{name}.js",
   witPath: "node_modules/@streamhost/guest/wit",
