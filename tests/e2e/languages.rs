@@ -128,20 +128,7 @@ async fn counters_in_typescript_and_python_fold_every_event_as_the_rust_counter_
         )
         .await;
     assert_eq!(status, 200, "{v2}");
-    let mut shadow = Value::Null;
-    crate::support::wait_for(
-        "the Python shadow of counter-ts",
-        Duration::from_secs(30),
-        async || {
-            let (status, v) = s.get(&format!("{S}:processors/counter-ts/shadow")).await;
-            assert_eq!(status, 200, "{v}");
-            let (_, live) = s.get(&format!("{S}:processors/counter-ts")).await;
-            let ready = v["status"] == "ready" && v["checkpointOffset"] == live["checkpointOffset"];
-            shadow = v;
-            ready
-        },
-    )
-    .await;
+    let shadow = crate::support::shadow_ready(&s, S, "counter-ts").await;
     assert_eq!(shadow["digest"], v2["digest"], "{shadow}");
     assert_eq!(shadow["stateDiff"], json!([]), "{shadow}");
     let (status, promoted) = s

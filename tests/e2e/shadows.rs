@@ -20,23 +20,7 @@ fn stream(path: &str) -> String {
 /// Waits until the shadow of `proc` on `path` is ready at the live
 /// checkpoint; answers its view.
 async fn ready(s: &Server, path: &str) -> Value {
-    let mut seen = Value::Null;
-    wait_for(
-        &format!("the shadow on {path} to be ready"),
-        Duration::from_secs(30),
-        async || {
-            let (status, v) = s
-                .get(&format!("{}:processors/proc/shadow", stream(path)))
-                .await;
-            assert_eq!(status, 200, "{v}");
-            let (_, live) = s.get(&format!("{}:processors/proc", stream(path))).await;
-            let done = v["status"] == "ready" && v["checkpointOffset"] == live["checkpointOffset"];
-            seen = v;
-            done
-        },
-    )
-    .await;
-    seen
+    crate::support::shadow_ready(s, &stream(path), "proc").await
 }
 
 async fn digest_of(s: &Server) -> Value {

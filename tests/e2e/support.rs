@@ -860,73 +860,54 @@ pub fn run_repro(command: &str, dir: &Path) -> (bool, String) {
 
 /// The bytes of a guest written in TypeScript, JavaScript or Python, by its
 /// path from the repository root (`examples/js/dist/counter.wasm`,
-/// `tests/guests/dist/raises.wasm`): built by
-/// `scripts/build-language-guests` (which installs the pinned
-/// componentize-js and componentize-py) when any is missing or older than
-/// the sources and SDKs it is built from. One test process builds at a
-/// time (a lock file); the others then find the guests fresh.
+/// `tests/guests/dist/raises.wasm`). Once per test process,
+/// `scripts/build-language-guests` runs first: it builds them (installing
+/// the pinned componentize-js and componentize-py) unless every one is
+/// newer than every source, the rule it keeps. One test process builds at a
+/// time (a lock file); the others then find the guests up to date.
 pub fn language_guest(relative: &str) -> Vec<u8> {
+    static BUILT: std::sync::OnceLock<()> = std::sync::OnceLock::new();
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let sources = [
-        ("guest-sdk/js", "js"),
-        ("examples/js/src", "ts"),
-        ("examples/js", "mjs"),
-        ("guest-sdk/python/streamhost_guest", "py"),
-        ("examples/python", "py"),
-        ("tests/guests", "js"),
-        ("tests/guests", "mjs"),
-        ("tests/guests", "py"),
-    ];
-    let modified = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
-    let newest_source = sources
-        .iter()
-        .flat_map(|(dir, ext)| {
-            std::fs::read_dir(root.join(dir))
-                .into_iter()
-                .flatten()
-                .flatten()
-                .map(|e| e.path())
-                .filter(move |p| p.extension().is_some_and(|e| e == *ext))
-        })
-        .filter_map(|p| modified(&p))
-        .max();
-    let fresh = || {
-        let built = [
-            "examples/js/dist/counter.wasm",
-            "examples/js/dist/order-totals.wasm",
-            "examples/js/dist/welcome.wasm",
-            "examples/python/dist/counter.wasm",
-            "examples/python/dist/order-totals.wasm",
-            "examples/python/dist/welcome.wasm",
-            "tests/guests/dist/throws.wasm",
-            "tests/guests/dist/raises.wasm",
-            "tests/guests/dist/with-http.wasm",
-            "tests/guests/dist/old-wit.wasm",
-        ];
-        built
-            .iter()
-            .all(|b| modified(&root.join(b)).is_some_and(|t| newest_source.is_none_or(|s| t >= s)))
-    };
-    if !fresh() {
+    BUILT.get_or_init(|| {
         std::fs::create_dir_all(root.join("tests/guests/dist")).expect("tests/guests/dist");
         let lock = std::fs::File::create(root.join("tests/guests/dist/.building"))
             .expect("the build lock");
         lock.lock().expect("taking the build lock");
-        if !fresh() {
-            let out = Command::new(root.join("scripts/build-language-guests"))
-                .current_dir(&root)
-                .output()
-                .expect("running scripts/build-language-guests");
-            assert!(
-                out.status.success(),
-                "building the TypeScript, JavaScript and Python guests failed (node, npm and python3 with pip are needed):\n{}\n{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-    }
+        let out = Command::new(root.join("scripts/build-language-guests"))
+            .current_dir(&root)
+            .output()
+            .expect("running scripts/build-language-guests");
+        assert!(
+            out.status.success(),
+            "building the TypeScript, JavaScript and Python guests failed (node, npm and python3 with pip are needed):\n{}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    });
     let file = root.join(relative);
     std::fs::read(&file).unwrap_or_else(|e| panic!("reading {}: {e}", file.display()))
+}
+
+/// Waits until the shadow of `component` on `stream` (an API path) is
+/// ready at the live instance's checkpoint; answers the shadow's view.
+pub async fn shadow_ready(s: &Server, stream: &str, component: &str) -> Value {
+    let mut seen = Value::Null;
+    wait_for(
+        &format!("the shadow of {component} on {stream} to be ready"),
+        Duration::from_secs(30),
+        async || {
+            let (status, v) = s
+                .get(&format!("{stream}:processors/{component}/shadow"))
+                .await;
+            assert_eq!(status, 200, "{v}");
+            let (_, live) = s.get(&format!("{stream}:processors/{component}")).await;
+            let done = v["status"] == "ready" && v["checkpointOffset"] == live["checkpointOffset"];
+            seen = v;
+            done
+        },
+    )
+    .await;
+    seen
 }
 
 impl Server {
