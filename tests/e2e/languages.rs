@@ -598,3 +598,75 @@ async fn test_against_names_the_first_offset_where_two_components_fold_different
     ]);
     assert!(!ok && err.contains("/nonexistent.wasm"), "{err}");
 }
+
+/// One attempt of 100 ms: a first wake whose timeout counted the compile of
+/// an 18 MiB component (seconds) would halt its subscription.
+const TIGHT: &str = r#"
+[delivery]
+max-attempts = 1
+timeout-ms = 100
+"#;
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_large_component_is_deployed_before_it_compiles_and_its_first_wake_waits_for_the_compile()
+{
+    // A cache of its own, empty: the Python runtime compiles here (the
+    // suite's servers share one, where another test may have compiled it).
+    let mut s = Server::unstarted(None, Some(TIGHT), &[]);
+    let own = s.data_dir().join("compiled");
+    s.env.push((
+        "STREAMHOST_COMPILE_CACHE_DIR".into(),
+        own.display().to_string(),
+    ));
+    s.launch();
+    let bytes = language_guest("examples/python/dist/counter.wasm");
+    let (status, deployed) = s.deploy("acme", "counter-py", bytes.clone()).await;
+    assert_eq!(status, 200, "{deployed}");
+    assert_eq!(deployed["compiling"], true, "{deployed}");
+    let exports: Vec<&str> = deployed["exports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    for export in ["describe", "initial-state", "fold"] {
+        assert!(exports.contains(&export), "{export}: {deployed}");
+    }
+
+    // Another project is served while it compiles: its append commits and
+    // the component is still compiling when the answer is back.
+    let (status, out) = append(
+        &s,
+        "/v1/projects/quiet/streams/canary",
+        json!([{"type": "x.y/n", "payload": {"n": 1}}]),
+    )
+    .await;
+    assert_eq!(status, 200, "{out}");
+    let (status, listed) = s.get("/v1/projects/acme/components/counter-py").await;
+    assert_eq!(status, 200, "{listed}");
+    assert_eq!(
+        listed["compiling"], true,
+        "an append of another project waits for no compile: {listed}"
+    );
+
+    // The first wake waits for the compile; its 100 ms start after it.
+    let (status, out) = append(
+        &s,
+        S,
+        json!([wake("counter-py"), {"type": "n", "payload": {"n": 5}}]),
+    )
+    .await;
+    assert_eq!(status, 200, "{out}");
+    let p = caught_up(&s, S, "counter-py").await;
+    assert_eq!(p["status"], "active", "{p}");
+    assert_eq!(p["state"]["sum"], 5, "{p}");
+    assert!(p["lastFailure"].is_null(), "no attempt timed out: {p}");
+    let (_, listed) = s.get("/v1/projects/acme/components/counter-py").await;
+    assert!(listed.get("compiling").is_none(), "compiled: {listed}");
+
+    // The same bytes again (another name): compiled once per digest, so
+    // there is nothing to compile.
+    let (status, again) = s.deploy("acme", "counter-py-2", bytes).await;
+    assert_eq!(status, 200, "{again}");
+    assert!(again.get("compiling").is_none(), "{again}");
+}

@@ -54,6 +54,11 @@ impl<K: Hash + Eq + Clone, V: Clone> Lru<K, V> {
         self.bytes
     }
 
+    /// Whether `key` is held (its use is not marked).
+    pub fn contains(&self, key: &K) -> bool {
+        self.entries.contains_key(key)
+    }
+
     /// The value of `key`, marked as just used.
     pub fn get(&mut self, key: &K) -> Option<V> {
         self.tick += 1;

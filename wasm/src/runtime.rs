@@ -605,6 +605,35 @@ pub fn engine_config() -> Config {
     config
 }
 
+/// Compiling runs below requests: the threads of the pool wasmtime compiles
+/// on (rayon's global pool) start at a nice value of 10, so a deploy's
+/// seconds of Cranelift take the CPU that appends, reads and wakes leave
+/// idle. Once per process; a pool someone built before is left as it is.
+fn lower_compile_priority() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let built = rayon::ThreadPoolBuilder::new()
+            .thread_name(|i| format!("streamhost-cranelift-{i}"))
+            .start_handler(|_| lower_this_threads_priority())
+            .build_global();
+        if let Err(e) = built {
+            tracing::debug!(error = %e, "compiling at the rayon pool's own priority");
+        }
+    });
+}
+
+/// Sets the calling thread's nice value to 10 (Linux: per thread). A
+/// thread cannot raise it again unprivileged, so only threads that do
+/// nothing else are lowered.
+fn lower_this_threads_priority() {
+    #[cfg(target_os = "linux")]
+    // SAFETY: setpriority on the calling thread's id; no memory is passed.
+    unsafe {
+        let tid = libc::gettid();
+        libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, 10);
+    }
+}
+
 /// Compiled functions on disk, keyed by what Cranelift compiled (its
 /// incremental cache): a file per function under two levels of
 /// directories, written whole, then renamed. A read or write that fails
@@ -654,6 +683,12 @@ pub struct Runtime {
     linker: Linker<GuestData>,
     cache_dir: PathBuf,
     prepared: Mutex<super::cache::Lru<String, Arc<Prepared>>>,
+    /// The digests being compiled now, each with the lock its compile
+    /// holds: a second `prepare` of the same digest waits for the first
+    /// instead of compiling again beside it.
+    compiling: Mutex<std::collections::HashMap<String, Arc<Mutex<()>>>>,
+    /// Counts the compiles that ended, for [`Runtime::compiled`].
+    compiles_ended: tokio::sync::watch::Sender<u64>,
     compatibility: String,
     /// The most linear memory one call's instance has had.
     largest_guest_memory: std::sync::atomic::AtomicUsize,
@@ -684,6 +719,7 @@ impl Runtime {
             )))
             .map_err(anyhow::Error::from)
             .context("enabling the compiled-function cache")?;
+        lower_compile_priority();
         let engine = Engine::new(&config)
             .map_err(anyhow::Error::from)
             .context("creating the wasm engine")?;
@@ -729,6 +765,8 @@ impl Runtime {
                 super::cache::PREPARED_COMPONENTS_MAX,
                 compiled_code_bytes,
             )),
+            compiling: Mutex::new(std::collections::HashMap::new()),
+            compiles_ended: tokio::sync::watch::Sender::new(0),
             compatibility,
             largest_guest_memory: std::sync::atomic::AtomicUsize::new(0),
         }))
@@ -801,6 +839,119 @@ impl Runtime {
         Ok((exports, processor))
     }
 
+    /// What a deploy checks before it answers, without compiling: that
+    /// `bytes` are a component that validates (every function body), asks
+    /// only for what the host gives, was built against this host's `wit/`
+    /// and exports functions; answers their names. Compiling is left to
+    /// [`Runtime::compile_in_background`] or the first [`Runtime::prepare`].
+    pub fn check(&self, bytes: &[u8]) -> Result<Vec<String>, String> {
+        if let Some(what) = not_a_component(bytes) {
+            return Err(format!(
+                "the body is not a valid WebAssembly component: {what}. {BUILD_HINT}"
+            ));
+        }
+        if let Some(found) = super::contract::interfaces(bytes) {
+            super::contract::check(&found)?;
+        }
+        let exports = super::contract::exported_functions(bytes)
+            .map_err(|e| format!("the body is not a valid WebAssembly component: {e}"))?;
+        if exports.is_empty() {
+            return Err(format!(
+                "the component exports no functions: a processor must export the {PROCESSOR_INTERFACE} interface"
+            ));
+        }
+        Ok(exports)
+    }
+
+    /// Compiles `bytes` (of `digest`) on a thread of its own at a lower
+    /// priority than requests, unless they are compiled already or being
+    /// compiled: a deploy answers at once, and its first wake or call
+    /// waits for this compile instead of starting another. A failure is
+    /// logged; the first use compiles again and reports it.
+    pub fn compile_in_background(self: &Arc<Self>, digest: &str, bytes: Vec<u8>) {
+        if self.is_compiled(digest) || self.is_compiling(digest) {
+            return;
+        }
+        let runtime = Arc::clone(self);
+        let digest = digest.to_string();
+        // The lock is taken here, before the thread starts, so that a
+        // `prepare` that comes right after the deploy waits for it.
+        let lock = runtime.compile_lock(&digest);
+        let spawned = std::thread::Builder::new()
+            .name("streamhost-compile".into())
+            .spawn(move || {
+                let guard = lock.lock().unwrap_or_else(|p| p.into_inner());
+                lower_this_threads_priority();
+                let started = std::time::Instant::now();
+                match runtime.prepare_locked(&digest, move || Ok(bytes)) {
+                    Ok(_) => tracing::info!(%digest, ms = started.elapsed().as_millis() as u64, "component compiled"),
+                    Err(e) => tracing::warn!(%digest, error = %format!("{e:#}"), "compiling the component failed"),
+                }
+                drop(guard);
+                runtime.compile_done(&digest, &lock);
+            });
+        if let Err(e) = spawned {
+            tracing::warn!(error = %e, "no thread to compile on: the first use compiles");
+        }
+    }
+
+    /// Whether the component of `digest` is compiled on this host (in
+    /// memory or in the disk cache).
+    pub fn is_compiled(&self, digest: &str) -> bool {
+        self.prepared
+            .lock()
+            .expect("prepared")
+            .contains(&digest.to_string())
+            || self.cache_path(digest).exists()
+    }
+
+    /// Whether the component of `digest` is being compiled now.
+    pub fn is_compiling(&self, digest: &str) -> bool {
+        self.compiling
+            .lock()
+            .expect("compiling")
+            .contains_key(digest)
+    }
+
+    /// Whether any component is being compiled now (cheap: a wake asks it
+    /// before it looks up which version it runs).
+    pub fn any_compiling(&self) -> bool {
+        !self.compiling.lock().expect("compiling").is_empty()
+    }
+
+    /// Waits until the component of `digest` is not being compiled.
+    pub async fn compiled(&self, digest: &str) {
+        loop {
+            let mut ended = self.compiles_ended.subscribe();
+            if !self.is_compiling(digest) {
+                return;
+            }
+            if ended.changed().await.is_err() {
+                return;
+            }
+        }
+    }
+
+    /// The lock of `digest`'s compile, registering one if none is.
+    fn compile_lock(&self, digest: &str) -> Arc<Mutex<()>> {
+        self.compiling
+            .lock()
+            .expect("compiling")
+            .entry(digest.to_string())
+            .or_default()
+            .clone()
+    }
+
+    /// Forgets `digest`'s compile lock (if it is still `lock`).
+    fn compile_done(&self, digest: &str, lock: &Arc<Mutex<()>>) {
+        let mut compiling = self.compiling.lock().expect("compiling");
+        if compiling.get(digest).is_some_and(|l| Arc::ptr_eq(l, lock)) {
+            compiling.remove(digest);
+        }
+        drop(compiling);
+        self.compiles_ended.send_modify(|n| *n += 1);
+    }
+
     /// The compiled component cached at `path`, if one is there and passes
     /// its checks (anything else is compiled again, never loaded).
     fn load_cached(&self, path: &std::path::Path) -> Option<Component> {
@@ -849,6 +1000,30 @@ impl Runtime {
     /// The prepared component of `digest`, compiling `bytes()` on first use
     /// (or loading the compiled form from the disk cache).
     pub fn prepare(
+        &self,
+        digest: &str,
+        bytes: impl FnOnce() -> Result<Vec<u8>>,
+    ) -> Result<Arc<Prepared>> {
+        if let Some(p) = self
+            .prepared
+            .lock()
+            .expect("prepared")
+            .get(&digest.to_string())
+        {
+            return Ok(p);
+        }
+        // One compile per digest at a time: whoever comes second waits
+        // for the first and then finds its result.
+        let lock = self.compile_lock(digest);
+        let guard = lock.lock().unwrap_or_else(|p| p.into_inner());
+        let prepared = self.prepare_locked(digest, bytes);
+        drop(guard);
+        self.compile_done(digest, &lock);
+        prepared
+    }
+
+    /// [`Runtime::prepare`] once `digest`'s compile lock is held.
+    fn prepare_locked(
         &self,
         digest: &str,
         bytes: impl FnOnce() -> Result<Vec<u8>>,

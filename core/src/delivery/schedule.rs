@@ -56,6 +56,15 @@ pub struct Job {
     pub now_ms: i64,
 }
 
+impl Job {
+    /// The attempt waited `waited_ms` before it could start (for places,
+    /// or a compile): its clock and deadline move on by as much.
+    pub fn delay(&mut self, waited_ms: i64) {
+        self.now_ms = self.now_ms.saturating_add(waited_ms);
+        self.deadline_ms = self.deadline_ms.saturating_add(waited_ms);
+    }
+}
+
 /// The result of one attempt, sent back to the source's actor.
 #[derive(Debug)]
 pub struct DeliveryDone {

@@ -153,28 +153,36 @@ where
             (job.key.clone(), job.generation, job.id, job.timeout_ms);
         let (shares, project) = exec.share_of(&job, &source);
         let (shares, project) = (Arc::clone(shares), project.to_string());
+        let placement = |placed| {
+            Report::Placement(Placement {
+                key: key.clone(),
+                generation,
+                id,
+                placed,
+            })
+        };
         let place = match shares.try_enter(&project) {
             Some(place) => place,
             None => {
                 let waiting = Instant::now();
-                let placement = |placed| {
-                    Report::Placement(Placement {
-                        key: key.clone(),
-                        generation,
-                        id,
-                        placed,
-                    })
-                };
                 report(placement(false)).await;
                 let place = shares.enter(&project).await;
                 report(placement(true)).await;
                 // The attempt's time starts now.
-                let waited_ms = i64::try_from(waiting.elapsed().as_millis()).unwrap_or(i64::MAX);
-                job.now_ms = job.now_ms.saturating_add(waited_ms);
-                job.deadline_ms = job.deadline_ms.saturating_add(waited_ms);
+                job.delay(i64::try_from(waiting.elapsed().as_millis()).unwrap_or(i64::MAX));
                 place
             }
         };
+        // A component this host is compiling (a deploy answers before its
+        // compile ends): the attempt waits for the compile, and its time
+        // starts after it.
+        if let Some(digest) = compiling_component(&exec, &job).await {
+            let waiting = Instant::now();
+            report(placement(false)).await;
+            exec.runtime.compiled(&digest).await;
+            report(placement(true)).await;
+            job.delay(i64::try_from(waiting.elapsed().as_millis()).unwrap_or(i64::MAX));
+        }
         let started = Instant::now();
         let label = job.route.target.label();
         let wait = Duration::from_millis((job.deadline_ms - job.now_ms).max(0) as u64);
@@ -197,6 +205,28 @@ where
         }))
         .await;
     });
+}
+
+/// The digest of the component that `job` (a wake or an ITX call) runs,
+/// when this host is compiling it now. Costs nothing while no component
+/// is being compiled.
+async fn compiling_component(exec: &Executors, job: &Job) -> Option<String> {
+    let (Target::Wake { project, component } | Target::Itx { project, component, .. }) =
+        &job.route.target
+    else {
+        return None;
+    };
+    if !exec.runtime.any_compiling() {
+        return None;
+    }
+    let (storage, p, c) = (exec.storage.clone(), project.clone(), component.clone());
+    let row = tokio::task::spawn_blocking(move || storage.component(&p, &c))
+        .await
+        .ok()?
+        .ok()??;
+    exec.runtime
+        .is_compiling(&row.digest)
+        .then_some(row.digest)
 }
 
 /// Runs `attempt`, waiting at most `wait` for it: a panic becomes a

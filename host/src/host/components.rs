@@ -87,6 +87,11 @@ pub struct Deployed {
     pub digest: String,
     /// Its exported functions (`interface.function` or `function`).
     pub exports: Vec<String>,
+    /// This host is compiling it (in the background: the deploy answered
+    /// once it was validated and stored); its first wake or call waits for
+    /// the compile, which does not count against its timeout.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub compiling: bool,
     /// The bytes are the current version's: no new version was made.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub unchanged: bool,
@@ -119,12 +124,19 @@ pub struct Component {
     pub exports: Vec<String>,
     /// When the current version was deployed (RFC 3339).
     pub deployed_at: String,
+    /// This host is compiling the current version now.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub compiling: bool,
 }
 
 impl Component {
-    /// The component of a stored row.
-    fn from_row(r: crate::storage::ComponentRow) -> Self {
+    /// The component of a stored row; `compiling` from `runtime`.
+    fn from_row(
+        r: crate::storage::ComponentRow,
+        runtime: &crate::processor::runtime::Runtime,
+    ) -> Self {
         Component {
+            compiling: runtime.is_compiling(&r.digest),
             name: r.name,
             digest: r.digest,
             exports: r.exports,
@@ -205,17 +217,20 @@ impl Host {
             )));
         }
         let runtime = self.streams.wasm_runtime().clone();
-        let checked = bytes.clone();
-        let exports =
-            tokio::task::spawn_blocking(move || runtime.validate(&checked).map(|(e, _)| e))
-                .await
-                .map_err(|e| Error::internal(format!("validating the component panicked: {e}")))?
-                .map_err(|m| Error::invalid_with("invalid-component", m))?;
-        let digest = crate::processor::runtime::digest(&bytes);
+        // Validated without compiling: the deploy answers in a fraction of
+        // a second and the compile goes on in the background (below).
+        let (exports, bytes, digest) = tokio::task::spawn_blocking(move || {
+            let digest = crate::processor::runtime::digest(&bytes);
+            runtime.check(&bytes).map(|e| (e, bytes, digest))
+        })
+        .await
+        .map_err(|e| Error::internal(format!("validating the component panicked: {e}")))?
+        .map_err(|m| Error::invalid_with("invalid-component", m))?;
         if mode.is_shadow() {
             // A shadow folds beside the current version: there must be one.
             self.component(&project, &name).await?;
         }
+        let compile = bytes.clone();
         let deployment = Deployment {
             project: project.clone(),
             name: name.clone(),
@@ -234,12 +249,18 @@ impl Host {
             .map_err(|_| Error::internal("the storage writer stopped"))?
             .map_err(|e| Error::internal(format!("storing the component failed: {e}")))?
             == 1;
+        // Compiled once per digest on this host, below requests; its first
+        // wake or call waits for it (not counted against its timeout).
+        let runtime = self.streams.wasm_runtime();
+        runtime.compile_in_background(&digest, compile);
+        let compiling = runtime.is_compiling(&digest);
         // Ingest held on a reactor that could not run may go on now.
         self.ingest.retry_now();
         let mut deployed = Deployed {
             name: name.clone(),
             digest: digest.clone(),
             exports,
+            compiling,
             unchanged: !new_version,
             resumed_subscriptions: Vec::new(),
             retrying_subscriptions: Vec::new(),
@@ -300,7 +321,11 @@ impl Host {
         let rows = self
             .read_storage("listing components", move |s| s.components(&p))
             .await?;
-        Ok(rows.into_iter().map(Component::from_row).collect())
+        let runtime = self.streams.wasm_runtime();
+        Ok(rows
+            .into_iter()
+            .map(|r| Component::from_row(r, runtime))
+            .collect())
     }
 
     /// Component `name` of `project`, or `component-not-found`.
@@ -321,7 +346,7 @@ impl Host {
         let (p, n) = (project.to_string(), name.to_string());
         self.read_storage("reading the component", move |s| s.component(&p, &n))
             .await?
-            .map(Component::from_row)
+            .map(|r| Component::from_row(r, self.streams.wasm_runtime()))
             .ok_or_else(|| component_not_found(project, name))
     }
 
