@@ -15,6 +15,9 @@
 //!   delivery until its checkpoint reaches the event (p50, and its ratio to
 //!   Rust's: the aim of ≤ 2× is measured here, where an author sees it);
 //! - fold throughput in batches of 1000 events (instantiation included);
+//! - a deploy into an empty compile cache: how long it takes to answer,
+//!   how long the compile goes on behind it, and another project's append
+//!   p50 and p99 meanwhile against the same alone;
 //! - memory per instance: the linear memory of a fresh instance, and the
 //!   most it had while folding a batch of 1000.
 //!
@@ -143,6 +146,55 @@ async fn served(name: &str, bytes: Vec<u8>) -> Vec<f64> {
     samples
 }
 
+/// Deploys `bytes` to a host with an empty compile cache and, while it
+/// compiles in the background, appends one event at a time to another
+/// project's stream: answers the deploy's latency (ms), the compile's
+/// duration (s), and that project's append p50 and p99 during the compile
+/// and alone (µs), alone measured first.
+async fn deploy_beside_a_neighbour(name: &str, bytes: Vec<u8>) -> (f64, f64, [f64; 4]) {
+    use streamhost::{Deploy, EventInput};
+    let dir = tempfile::tempdir().unwrap();
+    let host = Host::open(Config {
+        data_dir: dir.path().to_path_buf(),
+        ..Config::default()
+    })
+    .unwrap();
+    let quiet = host.stream("quiet", "/canary").unwrap();
+    let append = async |i: usize| {
+        let start = Instant::now();
+        host.append(&quiet, [EventInput::new("x.y/n").payload(json!({"n": i}))])
+            .await
+            .unwrap();
+        start.elapsed().as_secs_f64() * 1e6
+    };
+    let mut alone = Vec::new();
+    for i in 0..WAKES {
+        alone.push(append(i).await);
+    }
+    let digest = streamhost::processor::runtime::digest(&bytes);
+    let runtime = host.streams().wasm_runtime().clone();
+    let start = Instant::now();
+    host.deploy(Deploy::new("bench", name, bytes))
+        .await
+        .unwrap();
+    let deployed_ms = start.elapsed().as_secs_f64() * 1e3;
+    let mut during = Vec::new();
+    while runtime.is_compiling(&digest) {
+        during.push(append(during.len()).await);
+    }
+    let compile_s = start.elapsed().as_secs_f64();
+    (
+        deployed_ms,
+        compile_s,
+        [
+            percentile(during.clone(), 0.5),
+            percentile(during, 0.99),
+            percentile(alone.clone(), 0.5),
+            percentile(alone, 0.99),
+        ],
+    )
+}
+
 /// Events per second of batches of 1000 (median of 10), and the linear
 /// memory of an instance: fresh (its `initial-state` call on a runtime that
 /// ran nothing else) and at most while folding a batch.
@@ -247,4 +299,30 @@ fn main() {
         );
     }
     println!("(aim: append → checkpoint within 2× of Rust's; a first wake after the deploy's compile near a steady one)");
+    println!();
+    println!("a deploy into an empty compile cache, and another project's appends meanwhile (durability full):");
+    println!(
+        "{:<11} {:>11} {:>17} {:>22} {:>22} {:>14}",
+        "language",
+        "deploy ms",
+        "compile (bg) s",
+        "append p50 alone/during",
+        "append p99 alone/during",
+        "p99 ratio"
+    );
+    for (language, file) in [
+        ("typescript", "examples/js/dist/counter.wasm"),
+        ("python", "examples/python/dist/counter.wasm"),
+    ] {
+        let (deployed, compile, [p50, p99, alone50, alone99]) =
+            rt.block_on(deploy_beside_a_neighbour(language, language_wasm(file)));
+        println!(
+            "{language:<11} {deployed:>11.0} {compile:>17.2} {:>9.2} / {:>6.2} ms {:>9.2} / {:>6.2} ms {:>14.2}",
+            alone50 / 1000.0,
+            p50 / 1000.0,
+            alone99 / 1000.0,
+            p99 / 1000.0,
+            p99 / alone99,
+        );
+    }
 }

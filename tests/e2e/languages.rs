@@ -13,8 +13,9 @@ use crate::effects::{all_effects, Receiver};
 use crate::processors::caught_up;
 use crate::support::{guest, language_guest, run_cli, Server};
 
-/// A first wake of a 12–18 MiB component instantiates it from the compiled
-/// code that the deploy left in memory: 3 s is plenty.
+/// A first wake of a 12–18 MiB component waits for the deploy's compile
+/// (not counted) and instantiates it from the compiled code: 3 s is
+/// plenty.
 const LANG: &str = r#"
 [delivery]
 max-attempts = 3

@@ -124,6 +124,7 @@ fn run_shell_blocks(
             .collect();
         // A block that waits forever (a command that never ends) fails
         // after five minutes instead of hanging the suite.
+        let started = std::time::Instant::now();
         let out = Command::new("timeout")
             .args(["300", "bash", "-e", "-o", "pipefail", "-c", &script])
             .current_dir(dir)
@@ -145,6 +146,14 @@ fn run_shell_blocks(
         let stdout = String::from_utf8_lossy(&out.stdout);
         let stderr = String::from_utf8_lossy(&out.stderr);
         let name = markdown.display();
+        // Where the test's time goes (printed when it fails, or with
+        // `--no-capture`).
+        eprintln!(
+            "{name}, block {} ({}): {:.1} s",
+            ran + skipped.len() + 1,
+            block.lines().next().unwrap_or_default(),
+            started.elapsed().as_secs_f64()
+        );
         assert!(
             out.status.success(),
             "this block of {name} failed:\n{script}\n--- stdout\n{stdout}\n--- stderr\n{stderr}"

@@ -677,6 +677,9 @@ impl wasmtime::CacheStore for FunctionCache {
     }
 }
 
+/// How the background compiler reads a queued component's bytes.
+type BytesOf = Box<dyn FnOnce() -> Result<Vec<u8>> + Send>;
+
 /// The runtime. Cheap to share (`Arc`).
 pub struct Runtime {
     engine: Engine,
@@ -687,6 +690,9 @@ pub struct Runtime {
     /// holds: a second `prepare` of the same digest waits for the first
     /// instead of compiling again beside it.
     compiling: Mutex<std::collections::HashMap<String, Arc<Mutex<()>>>>,
+    /// The background compiler's queue (its thread starts with the first
+    /// [`Runtime::compile_in_background`]).
+    background: Mutex<Option<std::sync::mpsc::Sender<(String, BytesOf)>>>,
     /// Counts the compiles that ended, for [`Runtime::compiled`].
     compiles_ended: tokio::sync::watch::Sender<u64>,
     compatibility: String,
@@ -766,6 +772,7 @@ impl Runtime {
                 compiled_code_bytes,
             )),
             compiling: Mutex::new(std::collections::HashMap::new()),
+            background: Mutex::new(None),
             compiles_ended: tokio::sync::watch::Sender::new(0),
             compatibility,
             largest_guest_memory: std::sync::atomic::AtomicUsize::new(0),
@@ -863,36 +870,77 @@ impl Runtime {
         Ok(exports)
     }
 
-    /// Compiles `bytes` (of `digest`) on a thread of its own at a lower
-    /// priority than requests, unless they are compiled already or being
-    /// compiled: a deploy answers at once, and its first wake or call
-    /// waits for this compile instead of starting another. A failure is
-    /// logged; the first use compiles again and reports it.
-    pub fn compile_in_background(self: &Arc<Self>, digest: &str, bytes: Vec<u8>) {
+    /// Queues the compile of `digest` (its bytes read by `bytes` when its
+    /// turn comes) for the background compiler, unless it is compiled
+    /// already or being compiled: a deploy answers at once, and its first
+    /// wake or call waits for this compile instead of starting another.
+    /// One thread compiles one component at a time, in order, below
+    /// requests' priority, so a burst of deploys queues digests, not
+    /// threads, bytes or compiles' memory. A failure is logged; the first
+    /// use compiles again and reports it.
+    pub fn compile_in_background(
+        self: &Arc<Self>,
+        digest: &str,
+        bytes: impl FnOnce() -> Result<Vec<u8>> + Send + 'static,
+    ) {
         if self.is_compiled(digest) || self.is_compiling(digest) {
             return;
         }
-        let runtime = Arc::clone(self);
-        let digest = digest.to_string();
-        // The lock is taken here, before the thread starts, so that a
-        // `prepare` that comes right after the deploy waits for it.
-        let lock = runtime.compile_lock(&digest);
-        let spawned = std::thread::Builder::new()
-            .name("streamhost-compile".into())
-            .spawn(move || {
-                let guard = lock.lock().unwrap_or_else(|p| p.into_inner());
-                lower_this_threads_priority();
-                let started = std::time::Instant::now();
-                match runtime.prepare_locked(&digest, move || Ok(bytes)) {
-                    Ok(_) => tracing::info!(%digest, ms = started.elapsed().as_millis() as u64, "component compiled"),
-                    Err(e) => tracing::warn!(%digest, error = %format!("{e:#}"), "compiling the component failed"),
+        // Registered now: from here on the digest is compiling, and a
+        // delivery of it waits (`Runtime::compiled`).
+        let lock = self.compile_lock(digest);
+        let mut queue = self.background.lock().expect("background");
+        if queue.is_none() {
+            let (tx, rx) = std::sync::mpsc::channel::<(String, BytesOf)>();
+            let runtime = Arc::downgrade(self);
+            let spawned = std::thread::Builder::new()
+                .name("streamhost-compile".into())
+                .spawn(move || {
+                    lower_this_threads_priority();
+                    while let Ok((digest, bytes)) = rx.recv() {
+                        let Some(runtime) = runtime.upgrade() else {
+                            return;
+                        };
+                        runtime.compile_queued(&digest, bytes);
+                    }
+                });
+            match spawned {
+                Ok(_) => *queue = Some(tx),
+                Err(e) => {
+                    tracing::warn!(error = %e, "no thread to compile on: the first use compiles");
+                    drop(queue);
+                    self.compile_done(digest, &lock);
+                    return;
                 }
-                drop(guard);
-                runtime.compile_done(&digest, &lock);
-            });
-        if let Err(e) = spawned {
-            tracing::warn!(error = %e, "no thread to compile on: the first use compiles");
+            }
         }
+        let sent = queue
+            .as_ref()
+            .map(|tx| tx.send((digest.to_string(), Box::new(bytes))).is_ok());
+        if sent != Some(true) {
+            *queue = None;
+            drop(queue);
+            self.compile_done(digest, &lock);
+        }
+    }
+
+    /// The background compiler's turn for `digest`.
+    fn compile_queued(&self, digest: &str, bytes: BytesOf) {
+        let lock = self.compile_lock(digest);
+        let guard = lock.lock().unwrap_or_else(|p| p.into_inner());
+        let started = std::time::Instant::now();
+        match self.prepare_locked(digest, bytes) {
+            Ok(_) => tracing::info!(
+                %digest,
+                ms = started.elapsed().as_millis() as u64,
+                "component compiled"
+            ),
+            Err(e) => {
+                tracing::warn!(%digest, error = %format!("{e:#}"), "compiling the component failed")
+            }
+        }
+        drop(guard);
+        self.compile_done(digest, &lock);
     }
 
     /// Whether the component of `digest` is compiled on this host (in

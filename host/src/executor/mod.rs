@@ -211,10 +211,12 @@ where
 /// when this host is compiling it now. Costs nothing while no component
 /// is being compiled.
 async fn compiling_component(exec: &Executors, job: &Job) -> Option<String> {
-    let (Target::Wake { project, component } | Target::Itx { project, component, .. }) =
-        &job.route.target
-    else {
-        return None;
+    let (project, component) = match &job.route.target {
+        Target::Wake { project, component } => (project, component),
+        Target::Itx {
+            project, component, ..
+        } => (project, component),
+        Target::Copy { .. } | Target::Webhook { .. } => return None,
     };
     if !exec.runtime.any_compiling() {
         return None;
@@ -224,9 +226,7 @@ async fn compiling_component(exec: &Executors, job: &Job) -> Option<String> {
         .await
         .ok()?
         .ok()??;
-    exec.runtime
-        .is_compiling(&row.digest)
-        .then_some(row.digest)
+    exec.runtime.is_compiling(&row.digest).then_some(row.digest)
 }
 
 /// Runs `attempt`, waiting at most `wait` for it: a panic becomes a

@@ -230,7 +230,6 @@ impl Host {
             // A shadow folds beside the current version: there must be one.
             self.component(&project, &name).await?;
         }
-        let compile = bytes.clone();
         let deployment = Deployment {
             project: project.clone(),
             name: name.clone(),
@@ -252,7 +251,8 @@ impl Host {
         // Compiled once per digest on this host, below requests; its first
         // wake or call waits for it (not counted against its timeout).
         let runtime = self.streams.wasm_runtime();
-        runtime.compile_in_background(&digest, compile);
+        let (storage, stored) = (self.streams.storage().clone(), digest.clone());
+        runtime.compile_in_background(&digest, move || storage.component_bytes(&stored));
         let compiling = runtime.is_compiling(&digest);
         // Ingest held on a reactor that could not run may go on now.
         self.ingest.retry_now();
