@@ -269,6 +269,17 @@ fn main() {
     );
     let mut rust_p50 = f64::NAN;
     let mut rust_served = f64::NAN;
+    // `-- --served LANGUAGE`: only that language's append → checkpoint,
+    // for `perf record` (the wakes run on the server's blocking threads).
+    if let Some(only) = common::arg_text("--served") {
+        let (_, bytes) = guests
+            .into_iter()
+            .find(|(l, _)| *l == only)
+            .expect("rust, typescript or python");
+        let p50 = percentile(rt.block_on(served(&only, bytes)), 0.5);
+        println!("{only}: append → checkpoint p50 {:.2} ms", p50 / 1000.0);
+        return;
+    }
     for (language, bytes) in guests {
         let size = bytes.len() as f64 / 1048576.0;
         let cache = tempfile::tempdir().unwrap();
