@@ -605,21 +605,24 @@ pub fn engine_config() -> Config {
     config
 }
 
-/// Compiling runs below requests: the threads of the pool wasmtime compiles
-/// on (rayon's global pool) start at a nice value of 10, so a deploy's
-/// seconds of Cranelift take the CPU that appends, reads and wakes leave
-/// idle. Once per process; a pool someone built before is left as it is.
-fn lower_compile_priority() {
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        let built = rayon::ThreadPoolBuilder::new()
-            .thread_name(|i| format!("streamhost-cranelift-{i}"))
-            .start_handler(|_| lower_this_threads_priority())
-            .build_global();
-        if let Err(e) = built {
-            tracing::debug!(error = %e, "compiling at the rayon pool's own priority");
+/// The threads Cranelift compiles on: wasmtime compiles a component's
+/// functions in parallel on the rayon pool it is called in, and this one's
+/// threads run at a nice value of 10, so a deploy's seconds of compiling
+/// take the CPU that appends, reads and wakes leave idle. A pool of its
+/// own: an embedder's use of rayon's global pool is left as it is. `None`
+/// (no threads to be had): compiles run on the global pool.
+fn compile_pool() -> Option<rayon::ThreadPool> {
+    let built = rayon::ThreadPoolBuilder::new()
+        .thread_name(|i| format!("streamhost-cranelift-{i}"))
+        .start_handler(|_| lower_this_threads_priority())
+        .build();
+    match built {
+        Ok(pool) => Some(pool),
+        Err(e) => {
+            tracing::warn!(error = %e, "compiling on rayon's global pool");
+            None
         }
-    });
+    }
 }
 
 /// Sets the calling thread's nice value to 10 (Linux: per thread). A
@@ -695,6 +698,8 @@ pub struct Runtime {
     background: Mutex<Option<std::sync::mpsc::Sender<(String, BytesOf)>>>,
     /// Counts the compiles that ended, for [`Runtime::compiled`].
     compiles_ended: tokio::sync::watch::Sender<u64>,
+    /// Where compiles run ([`compile_pool`]).
+    compile_pool: Option<rayon::ThreadPool>,
     compatibility: String,
     /// The most linear memory one call's instance has had.
     largest_guest_memory: std::sync::atomic::AtomicUsize,
@@ -725,7 +730,6 @@ impl Runtime {
             )))
             .map_err(anyhow::Error::from)
             .context("enabling the compiled-function cache")?;
-        lower_compile_priority();
         let engine = Engine::new(&config)
             .map_err(anyhow::Error::from)
             .context("creating the wasm engine")?;
@@ -774,6 +778,7 @@ impl Runtime {
             compiling: Mutex::new(std::collections::HashMap::new()),
             background: Mutex::new(None),
             compiles_ended: tokio::sync::watch::Sender::new(0),
+            compile_pool: compile_pool(),
             compatibility,
             largest_guest_memory: std::sync::atomic::AtomicUsize::new(0),
         }))
@@ -818,7 +823,7 @@ impl Runtime {
         let fresh = cached.is_none();
         let component = match cached {
             Some(c) => c,
-            None => Component::new(&self.engine, bytes).map_err(|e| {
+            None => self.compile(bytes).map_err(|e| {
                 format!(
                     "the body is not a valid WebAssembly component: {}",
                     root_cause(&e)
@@ -941,6 +946,14 @@ impl Runtime {
         }
         drop(guard);
         self.compile_done(digest, &lock);
+    }
+
+    /// Compiles `bytes` on the compile pool (at its lower priority).
+    fn compile(&self, bytes: &[u8]) -> wasmtime::Result<Component> {
+        match &self.compile_pool {
+            Some(pool) => pool.install(|| Component::new(&self.engine, bytes)),
+            None => Component::new(&self.engine, bytes),
+        }
     }
 
     /// Whether the component of `digest` is compiled on this host (in
@@ -1089,7 +1102,8 @@ impl Runtime {
             Some(c) => c,
             None => {
                 let bytes = bytes()?;
-                let c = Component::new(&self.engine, &bytes)
+                let c = self
+                    .compile(&bytes)
                     .map_err(anyhow::Error::from)
                     .context("compiling the component")?;
                 self.cache_compiled(&path, &c);
