@@ -793,7 +793,10 @@ async fn deploy_shows_its_progress_on_a_terminal_only() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{text}");
     assert!(text.contains("✓ deploying counter ("), "{text}");
-    assert!(text.contains("the server compiles it)"), "{text}");
+    assert!(
+        text.contains("the server validates it and compiles it in the background)"),
+        "{text}"
+    );
     // Piped, the answer alone.
     let (ok, piped, err) = run_cli(&[
         "deploy",

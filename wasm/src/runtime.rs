@@ -931,10 +931,8 @@ impl Runtime {
 
     /// The background compiler's turn for `digest`.
     fn compile_queued(&self, digest: &str, bytes: BytesOf) {
-        let lock = self.compile_lock(digest);
-        let guard = lock.lock().unwrap_or_else(|p| p.into_inner());
         let started = std::time::Instant::now();
-        match self.prepare_locked(digest, bytes) {
+        match self.prepare_once(digest, bytes) {
             Ok(_) => tracing::info!(
                 %digest,
                 ms = started.elapsed().as_millis() as u64,
@@ -944,8 +942,6 @@ impl Runtime {
                 tracing::warn!(%digest, error = %format!("{e:#}"), "compiling the component failed")
             }
         }
-        drop(guard);
-        self.compile_done(digest, &lock);
     }
 
     /// Compiles `bytes` on the compile pool (at its lower priority).
@@ -1065,38 +1061,46 @@ impl Runtime {
         digest: &str,
         bytes: impl FnOnce() -> Result<Vec<u8>>,
     ) -> Result<Arc<Prepared>> {
-        if let Some(p) = self
-            .prepared
+        match self.in_memory(digest) {
+            Some(p) => Ok(p),
+            None => self.prepare_once(digest, bytes),
+        }
+    }
+
+    /// The prepared component of `digest` held in memory (marked as just
+    /// used).
+    fn in_memory(&self, digest: &str) -> Option<Arc<Prepared>> {
+        self.prepared
             .lock()
             .expect("prepared")
             .get(&digest.to_string())
-        {
-            return Ok(p);
-        }
-        // One compile per digest at a time: whoever comes second waits
-        // for the first and then finds its result.
+    }
+
+    /// [`Runtime::prepare`] under `digest`'s compile lock: one compile per
+    /// digest at a time; whoever comes second waits for the first and then
+    /// finds its result. The lock is forgotten after, whatever happened.
+    fn prepare_once(
+        &self,
+        digest: &str,
+        bytes: impl FnOnce() -> Result<Vec<u8>>,
+    ) -> Result<Arc<Prepared>> {
         let lock = self.compile_lock(digest);
         let guard = lock.lock().unwrap_or_else(|p| p.into_inner());
-        let prepared = self.prepare_locked(digest, bytes);
+        let prepared = match self.in_memory(digest) {
+            Some(p) => Ok(p),
+            None => self.prepare_locked(digest, bytes),
+        };
         drop(guard);
         self.compile_done(digest, &lock);
         prepared
     }
 
-    /// [`Runtime::prepare`] once `digest`'s compile lock is held.
+    /// Loads or compiles `digest` (its compile lock held).
     fn prepare_locked(
         &self,
         digest: &str,
         bytes: impl FnOnce() -> Result<Vec<u8>>,
     ) -> Result<Arc<Prepared>> {
-        if let Some(p) = self
-            .prepared
-            .lock()
-            .expect("prepared")
-            .get(&digest.to_string())
-        {
-            return Ok(p);
-        }
         let path = self.cache_path(digest);
         let component = match self.load_cached(&path) {
             Some(c) => c,

@@ -92,7 +92,7 @@ pub(super) async fn itx(a: ItxArgs) -> Result<()> {
 pub(super) async fn deploy(a: DeployArgs) -> Result<()> {
     let bytes = std::fs::read(&a.file).with_context(|| format!("reading {}", a.file.display()))?;
     let label = format!(
-        "deploying {} ({} KiB; the server compiles it)",
+        "deploying {} ({} KiB; the server validates it and compiles it in the background)",
         a.component.name,
         bytes.len() / 1024
     );
