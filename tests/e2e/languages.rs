@@ -610,14 +610,13 @@ timeout-ms = 100
 "#;
 
 #[tokio::test(flavor = "multi_thread")]
-async fn a_large_component_is_deployed_before_it_compiles_and_its_first_wake_waits_for_the_compile()
-{
+async fn a_large_component_is_deployed_before_it_compiles_and_a_first_wake_waits_for_its_compile() {
     if crate::support::skipped_on_postgres(
         "compiling is the host's own work, the same on either storage",
     ) {
         return;
     }
-    let s = Server::start_with(Some(TIGHT), &[]);
+    let mut s = Server::start_with(Some(TIGHT), &[]);
     // The Python counter with a custom section of its own: a digest that
     // no server compiled before (the suite's servers share a compile
     // cache), folding as the counter does.
@@ -675,6 +674,34 @@ async fn a_large_component_is_deployed_before_it_compiles_and_its_first_wake_wai
     let (status, again) = s.deploy("acme", "counter-py-2", bytes).await;
     assert_eq!(status, 200, "{again}");
     assert!(again.get("compiling").is_none(), "{again}");
+
+    // Restarted without its compiled form (a host that did not take the
+    // deploy, a lost cache): the next wake compiles it first, outside its
+    // 100 ms, and folds.
+    s.stop();
+    let digest = deployed["digest"].as_str().unwrap();
+    let cache = crate::support::shared_compile_cache();
+    let mut removed = 0;
+    for entry in std::fs::read_dir(&cache).unwrap() {
+        let path = entry.unwrap().path();
+        if path
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .starts_with(digest)
+        {
+            std::fs::remove_file(&path).unwrap();
+            removed += 1;
+        }
+    }
+    assert_eq!(removed, 1, "its compiled form in {}", cache.display());
+    s.launch();
+    let (status, out) = append(&s, S, json!([{"type": "n", "payload": {"n": 7}}])).await;
+    assert_eq!(status, 200, "{out}");
+    let p = caught_up(&s, S, "counter-py").await;
+    assert_eq!(p["status"], "active", "{p}");
+    assert_eq!(p["state"]["sum"], 12, "{p}");
+    assert!(p["lastFailure"].is_null(), "no attempt timed out: {p}");
 }
 
 /// `component` with a custom section `name` holding `payload` appended (a

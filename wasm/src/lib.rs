@@ -58,5 +58,6 @@ pub fn deployed(
     let digest = row.digest.clone();
     let bytes_storage = storage.clone();
     let prepared = runtime.prepare(&row.digest, move || bytes_storage.component_bytes(&digest))?;
+    runtime.note_current(project, name, &row.digest);
     Ok(Some((prepared, row)))
 }

@@ -700,6 +700,8 @@ pub struct Runtime {
     compiles_ended: tokio::sync::watch::Sender<u64>,
     /// Where compiles run ([`compile_pool`]).
     compile_pool: Option<rayon::ThreadPool>,
+    /// The digest each component (project, name) ran last on this host.
+    current: Mutex<std::collections::HashMap<(String, String), String>>,
     compatibility: String,
     /// The most linear memory one call's instance has had.
     largest_guest_memory: std::sync::atomic::AtomicUsize,
@@ -779,6 +781,7 @@ impl Runtime {
             background: Mutex::new(None),
             compiles_ended: tokio::sync::watch::Sender::new(0),
             compile_pool: compile_pool(),
+            current: Mutex::new(std::collections::HashMap::new()),
             compatibility,
             largest_guest_memory: std::sync::atomic::AtomicUsize::new(0),
         }))
@@ -968,6 +971,30 @@ impl Runtime {
             .lock()
             .expect("compiling")
             .contains_key(digest)
+    }
+
+    /// Records that component `name` of `project` runs `digest` (the
+    /// deployed version a wake or call just prepared).
+    pub fn note_current(&self, project: &str, name: &str, digest: &str) {
+        let mut current = self.current.lock().expect("current");
+        let key = (project.to_string(), name.to_string());
+        if current.get(&key).is_none_or(|d| d != digest) {
+            current.insert(key, digest.to_string());
+        }
+    }
+
+    /// Whether the version component `name` of `project` ran last on this
+    /// host is prepared in memory, with nothing compiling: then its next
+    /// wake or call is not expected to compile (cheap: no storage read).
+    pub fn ready(&self, project: &str, name: &str) -> bool {
+        if self.any_compiling() {
+            return false;
+        }
+        let current = self.current.lock().expect("current");
+        let Some(digest) = current.get(&(project.to_string(), name.to_string())) else {
+            return false;
+        };
+        self.prepared.lock().expect("prepared").contains(digest)
     }
 
     /// Whether any component is being compiled now (cheap: a wake asks it

@@ -208,8 +208,11 @@ where
 }
 
 /// The digest of the component that `job` (a wake or an ITX call) runs,
-/// when this host is compiling it now. Costs nothing while no component
-/// is being compiled.
+/// when this host must compile it first: being compiled now (a deploy
+/// answers before its compile ends), or compiled nowhere on this host (a
+/// host that did not take the deploy, a restart without its compile
+/// cache): then its compile is queued here. No storage read while the
+/// version the component ran last is in memory and nothing compiles.
 async fn compiling_component(exec: &Executors, job: &Job) -> Option<String> {
     let (project, component) = match &job.route.target {
         Target::Wake { project, component } => (project, component),
@@ -218,7 +221,8 @@ async fn compiling_component(exec: &Executors, job: &Job) -> Option<String> {
         } => (project, component),
         Target::Copy { .. } | Target::Webhook { .. } => return None,
     };
-    if !exec.runtime.any_compiling() {
+    let runtime = &exec.runtime;
+    if runtime.ready(project, component) {
         return None;
     }
     let (storage, p, c) = (exec.storage.clone(), project.clone(), component.clone());
@@ -226,7 +230,11 @@ async fn compiling_component(exec: &Executors, job: &Job) -> Option<String> {
         .await
         .ok()?
         .ok()??;
-    exec.runtime.is_compiling(&row.digest).then_some(row.digest)
+    if !runtime.is_compiled(&row.digest) {
+        let (storage, digest) = (exec.storage.clone(), row.digest.clone());
+        runtime.compile_in_background(&row.digest, move || storage.component_bytes(&digest));
+    }
+    runtime.is_compiling(&row.digest).then_some(row.digest)
 }
 
 /// Runs `attempt`, waiting at most `wait` for it: a panic becomes a
