@@ -808,16 +808,7 @@ impl Runtime {
     /// cache, so the first `prepare` of the same bytes does not compile
     /// again.
     pub fn validate(&self, bytes: &[u8]) -> Result<(Vec<String>, bool), String> {
-        if let Some(what) = not_a_component(bytes) {
-            return Err(format!(
-                "the body is not a valid WebAssembly component: {what}. {BUILD_HINT}"
-            ));
-        }
-        // What it imports and which version of wit/ it was built against,
-        // from its names alone: refused before seconds of compiling.
-        if let Some(found) = super::contract::interfaces(bytes) {
-            super::contract::check(&found)?;
-        }
+        refuse_from_names(bytes)?;
         // These bytes compiled before (their digest names the cached form,
         // which is checked before it is loaded): valid, and not compiled
         // again.
@@ -842,9 +833,7 @@ impl Runtime {
         })?;
         let processor = StreamProcessorPre::new(pre).is_ok();
         if exports.is_empty() {
-            return Err(format!(
-                "the component exports no functions: a processor must export the {PROCESSOR_INTERFACE} interface"
-            ));
+            return Err(no_exports());
         }
         // Its compiled form, for the first `prepare` of these bytes: a
         // deploy and its first wake (or an offline fold) compile once.
@@ -860,20 +849,11 @@ impl Runtime {
     /// and exports functions; answers their names. Compiling is left to
     /// [`Runtime::compile_in_background`] or the first [`Runtime::prepare`].
     pub fn check(&self, bytes: &[u8]) -> Result<Vec<String>, String> {
-        if let Some(what) = not_a_component(bytes) {
-            return Err(format!(
-                "the body is not a valid WebAssembly component: {what}. {BUILD_HINT}"
-            ));
-        }
-        if let Some(found) = super::contract::interfaces(bytes) {
-            super::contract::check(&found)?;
-        }
+        refuse_from_names(bytes)?;
         let exports = super::contract::exported_functions(bytes)
             .map_err(|e| format!("the body is not a valid WebAssembly component: {e}"))?;
         if exports.is_empty() {
-            return Err(format!(
-                "the component exports no functions: a processor must export the {PROCESSOR_INTERFACE} interface"
-            ));
+            return Err(no_exports());
         }
         Ok(exports)
     }
@@ -1542,6 +1522,29 @@ fn exported_functions(engine: &Engine, component: &Component) -> Vec<String> {
         }
     }
     out
+}
+
+/// What `Runtime::check` and `Runtime::validate` refuse before anything
+/// else: bytes that are plainly not a component, and, from the names of its
+/// imports and exports alone, an import the host does not give or another
+/// version of `wit/` (refused before seconds of compiling).
+fn refuse_from_names(bytes: &[u8]) -> Result<(), String> {
+    if let Some(what) = not_a_component(bytes) {
+        return Err(format!(
+            "the body is not a valid WebAssembly component: {what}. {BUILD_HINT}"
+        ));
+    }
+    match super::contract::interfaces(bytes) {
+        Some(found) => super::contract::check(&found),
+        None => Ok(()),
+    }
+}
+
+/// The refusal of a component that exports no function.
+fn no_exports() -> String {
+    format!(
+        "the component exports no functions: a processor must export the {PROCESSOR_INTERFACE} interface"
+    )
 }
 
 /// A digest of component bytes: `sha256:<hex>`.
