@@ -173,9 +173,9 @@ where
                 place
             }
         };
-        // A component this host is compiling (a deploy answers before its
-        // compile ends): the attempt waits for the compile, and its time
-        // starts after it.
+        // A component this host must compile first (being compiled after
+        // a deploy, or compiled nowhere here): the attempt waits for the
+        // compile, and its time starts after it.
         if let Some(digest) = compiling_component(&exec, &job).await {
             let waiting = Instant::now();
             report(placement(false)).await;
