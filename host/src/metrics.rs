@@ -36,6 +36,8 @@ struct Inner {
     compiled_components: Gauge,
     compiled_code: Gauge,
     guest_memory: Gauge,
+    guest_instances_parked: Gauge,
+    guest_calls_made_ahead: Gauge,
     sqlite_memory: Gauge,
     delivery_attempts: Family<Vec<(String, String)>, Counter>,
     subscription_halts: Family<Vec<(String, String)>, Counter>,
@@ -134,6 +136,18 @@ impl Metrics {
             "guest_memory_max_bytes",
             "The most linear memory one guest call's instance has had since the server started (every memory of the instance summed)",
             guest_memory.clone(),
+        );
+        let guest_instances_parked = Gauge::default();
+        registry.register(
+            "guest_instances_parked",
+            "Fresh guest instances made ahead of their calls, waiting for one (components whose instantiation costs more than the call it serves)",
+            guest_instances_parked.clone(),
+        );
+        let guest_calls_made_ahead = Gauge::default();
+        registry.register(
+            "guest_calls_made_ahead",
+            "Guest calls since the server started that took an instance made ahead instead of instantiating one",
+            guest_calls_made_ahead.clone(),
         );
         let sqlite_memory = Gauge::default();
         registry.register(
@@ -237,6 +251,8 @@ impl Metrics {
                 compiled_components,
                 compiled_code,
                 guest_memory,
+                guest_instances_parked,
+                guest_calls_made_ahead,
                 sqlite_memory,
                 effect_executions,
                 stream_actors,
@@ -411,6 +427,15 @@ impl Metrics {
     /// Sets the most linear memory one guest call's instance has had.
     pub fn set_guest_memory_max(&self, bytes: usize) {
         self.inner.guest_memory.set(bytes as i64);
+    }
+
+    /// Sets the instances made ahead of their calls: parked now, and the
+    /// calls they served.
+    pub fn set_made_ahead(&self, parked: usize, served: u64) {
+        self.inner.guest_instances_parked.set(parked as i64);
+        self.inner
+            .guest_calls_made_ahead
+            .set(served.min(i64::MAX as u64) as i64);
     }
 
     /// Sets the memory SQLite holds, read at scrape time.

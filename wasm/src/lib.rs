@@ -11,6 +11,7 @@
 //! checkpoint (stream id + offset), the state and the effects of a batch
 //! commit in one transaction.
 
+pub mod ahead;
 pub mod backfill;
 pub mod cache;
 pub mod check;

@@ -44,7 +44,7 @@ mod reactor_bindings {
 pub use reactor_bindings::exports::streamhost::processor::reactor::{
     Effect as ReactorEffect, EffectTarget as ReactorEffectTarget,
 };
-use reactor_bindings::StreamReactorPre;
+use reactor_bindings::StreamReactorIndices;
 
 use bindings::wasi::keyvalue::store::{Error as KvError, KeyResponse};
 use wasmtime::component::Resource;
@@ -58,7 +58,7 @@ pub struct BucketHandle;
 pub use bindings::exports::streamhost::processor::processor::{
     Announcement, Batch, Effect, EffectTarget, Folded, StreamInfo,
 };
-use bindings::StreamProcessorPre;
+use bindings::{StreamProcessorIndices, StreamProcessorPre};
 
 /// The interface a processor component must export.
 pub const PROCESSOR_INTERFACE: &str = "streamhost:processor/processor@0.2.0";
@@ -82,6 +82,13 @@ const WARM_SLOTS_MAX: u32 = 16;
 const GUEST_OUTPUT_BYTES_MAX: usize = 64 * 1024;
 /// Epoch tick; call deadlines are counted in ticks.
 const EPOCH_TICK_MS: u64 = 5;
+/// A component whose instantiation took longer than this (ns) gets its
+/// next instance made ahead of its next call ([`super::ahead`]): a
+/// language runtime's (CPython's: milliseconds), not a Rust guest's
+/// (tens of microseconds).
+const AHEAD_INSTANTIATION_NS: u64 = 200_000;
+/// The deadline of an instance's making ahead (its start functions run).
+const AHEAD_TIMEOUT_MS: u64 = 10_000;
 
 /// Bytes of the guest's stderr a failure quotes (its last ones: a panic's
 /// message is what a guest writes last).
@@ -547,9 +554,12 @@ pub struct Prepared {
     component: Component,
     instance_pre: wasmtime::component::InstancePre<GuestData>,
     /// Present when the component exports the processor interface.
-    processor: Option<StreamProcessorPre<GuestData>>,
+    processor: Option<StreamProcessorIndices>,
     /// Present when the component exports the reactor interface.
-    reactor: Option<StreamReactorPre<GuestData>>,
+    reactor: Option<StreamReactorIndices>,
+    /// What its instantiation costs, and whether an instance of it may be
+    /// made ahead of a call.
+    instantiation: Arc<Instantiation>,
     announcement: OnceLock<Announcement>,
     /// Whether it imports `wasi:keyvalue` (keeps keyed state).
     keyed: bool,
@@ -566,6 +576,103 @@ impl Prepared {
     pub fn is_reactor(&self) -> bool {
         self.reactor.is_some()
     }
+}
+
+/// What instantiating a component costs, for [`Runtime::make_ahead`].
+#[derive(Debug, Default)]
+struct Instantiation {
+    /// The last instantiation's time, ns.
+    last_ns: std::sync::atomic::AtomicU64,
+    /// Set when an instantiation read the clock or random bytes (a start
+    /// function did): its instances are made at the call, with the call's
+    /// environment, never ahead.
+    reads_environment: std::sync::atomic::AtomicBool,
+}
+
+impl Instantiation {
+    fn took(&self, elapsed: Duration) {
+        self.last_ns.store(
+            elapsed.as_nanos().min(u64::MAX as u128) as u64,
+            std::sync::atomic::Ordering::Relaxed,
+        );
+    }
+
+    /// Whether a call's instance is worth making ahead.
+    fn worth_ahead(&self) -> bool {
+        !self
+            .reads_environment
+            .load(std::sync::atomic::Ordering::Relaxed)
+            && self.last_ns.load(std::sync::atomic::Ordering::Relaxed) > AHEAD_INSTANTIATION_NS
+    }
+}
+
+/// An instance made ahead of a call ([`super::ahead`]): its store, and the
+/// pipes its WASI context writes the guest's output to.
+pub struct Made {
+    store: Store<GuestData>,
+    instance: wasmtime::component::Instance,
+    stdout: MemoryOutputPipe,
+    stderr: MemoryOutputPipe,
+}
+
+/// A fresh store for one call: `d`'s WASI context, the guest limits,
+/// `timeout_ms` from now, the processor's bucket in `keyed`.
+fn new_store(
+    engine: &Engine,
+    d: Determinism,
+    timeout_ms: u64,
+    keyed: Option<Session>,
+) -> (Store<GuestData>, MemoryOutputPipe, MemoryOutputPipe) {
+    let stdout = MemoryOutputPipe::new(GUEST_OUTPUT_BYTES_MAX);
+    let stderr = MemoryOutputPipe::new(GUEST_OUTPUT_BYTES_MAX);
+    let limits = Limits {
+        inner: StoreLimitsBuilder::new()
+            .memory_size(GUEST_MEMORY_BYTES_MAX)
+            .trap_on_grow_failure(true)
+            .build(),
+        memory: 0,
+        peak: 0,
+    };
+    let mut store = Store::new(
+        engine,
+        GuestData {
+            wasi: wasi_ctx(&d, &stdout, &stderr),
+            table: ResourceTable::new(),
+            limits,
+            keyed,
+        },
+    );
+    store.limiter(|g| &mut g.limits);
+    store.epoch_deadline_trap();
+    set_deadline(&mut store, timeout_ms);
+    (store, stdout, stderr)
+}
+
+/// The call's deadline: `timeout_ms` from now.
+fn set_deadline(store: &mut Store<GuestData>, timeout_ms: u64) {
+    store.set_epoch_deadline(timeout_ms.div_ceil(EPOCH_TICK_MS).max(1));
+}
+
+/// The WASI context of a call: `d`'s clocks and random, output to the pipes.
+fn wasi_ctx(d: &Determinism, stdout: &MemoryOutputPipe, stderr: &MemoryOutputPipe) -> WasiCtx {
+    WasiCtx::builder()
+        .stdout(stdout.clone())
+        .stderr(stderr.clone())
+        .wall_clock(FixedWallClock(
+            Duration::from_millis(d.wall_clock_ms.max(0) as u64),
+            d.witness.clone(),
+        ))
+        .monotonic_clock(FixedMonotonicClock)
+        .secure_random(WitnessedRandom(
+            wasmtime_wasi::Deterministic::new(d.seed.to_vec()),
+            d.witness.clone(),
+        ))
+        .insecure_random(WitnessedRandom(
+            wasmtime_wasi::Deterministic::new(d.seed.iter().rev().copied().collect()),
+            d.witness.clone(),
+        ))
+        .insecure_random_seed(d.hash_seed)
+        .build()
 }
 
 /// Why a dynamic (ITX) call did not return a value.
@@ -705,6 +812,8 @@ pub struct Runtime {
     compatibility: String,
     /// The most linear memory one call's instance has had.
     largest_guest_memory: std::sync::atomic::AtomicUsize,
+    /// Instances made ahead of their calls.
+    ahead: Arc<super::ahead::Ahead<Made>>,
 }
 
 impl Runtime {
@@ -784,6 +893,7 @@ impl Runtime {
             current: Mutex::new(std::collections::HashMap::new()),
             compatibility,
             largest_guest_memory: std::sync::atomic::AtomicUsize::new(0),
+            ahead: super::ahead::Ahead::new(),
         }))
     }
 
@@ -793,6 +903,12 @@ impl Runtime {
     pub fn largest_guest_memory(&self) -> usize {
         self.largest_guest_memory
             .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Instances made ahead of their calls: how many are parked now, and
+    /// how many calls such an instance has served.
+    pub fn instances_made_ahead(&self) -> (usize, u64) {
+        (self.ahead.parked(), self.ahead.served())
     }
 
     /// The compiled components held in memory: how many, and their bytes
@@ -916,11 +1032,16 @@ impl Runtime {
     fn compile_queued(&self, digest: &str, bytes: BytesOf) {
         let started = std::time::Instant::now();
         match self.prepare_once(digest, bytes) {
-            Ok(_) => tracing::info!(
-                %digest,
-                ms = started.elapsed().as_millis() as u64,
-                "component compiled"
-            ),
+            Ok(p) => {
+                tracing::info!(
+                    %digest,
+                    ms = started.elapsed().as_millis() as u64,
+                    "component compiled"
+                );
+                // Its first instance too (a large one faults its memory
+                // image in): the first wake after the deploy takes it.
+                self.make_ahead(&p, true);
+            }
             Err(e) => {
                 tracing::warn!(%digest, error = %format!("{e:#}"), "compiling the component failed")
             }
@@ -1122,8 +1243,8 @@ impl Runtime {
             }
         };
         let instance_pre = self.linker.instantiate_pre(&component)?;
-        let processor = StreamProcessorPre::new(instance_pre.clone()).ok();
-        let reactor = StreamReactorPre::new(instance_pre.clone()).ok();
+        let processor = StreamProcessorIndices::new(&instance_pre).ok();
+        let reactor = StreamReactorIndices::new(&instance_pre).ok();
         let keyed = component
             .component_type()
             .imports(&self.engine)
@@ -1134,6 +1255,7 @@ impl Runtime {
             instance_pre,
             processor,
             reactor,
+            instantiation: Arc::default(),
             announcement: OnceLock::new(),
             keyed,
         });
@@ -1146,86 +1268,101 @@ impl Runtime {
         Ok(prepared)
     }
 
-    fn store(
+    /// Runs `f` with a fresh instance of `p`: the one made ahead for it if
+    /// one is parked (given `d`, `keyed` and the deadline now), else one
+    /// made here; then has the next one made ahead when instantiating `p`
+    /// is worth it ([`Runtime::make_ahead`]).
+    fn run_instance<T>(
         &self,
         name: &str,
+        p: &Prepared,
         d: Determinism,
         timeout_ms: u64,
         keyed: Option<Session>,
-    ) -> (Store<GuestData>, MemoryOutputPipe, MemoryOutputPipe) {
-        let stdout = MemoryOutputPipe::new(GUEST_OUTPUT_BYTES_MAX);
-        let stderr = MemoryOutputPipe::new(GUEST_OUTPUT_BYTES_MAX);
-        let wasi = WasiCtx::builder()
-            .stdout(stdout.clone())
-            .stderr(stderr.clone())
-            .wall_clock(FixedWallClock(
-                Duration::from_millis(d.wall_clock_ms.max(0) as u64),
-                d.witness.clone(),
-            ))
-            .monotonic_clock(FixedMonotonicClock)
-            .secure_random(WitnessedRandom(
-                wasmtime_wasi::Deterministic::new(d.seed.to_vec()),
-                d.witness.clone(),
-            ))
-            .insecure_random(WitnessedRandom(
-                wasmtime_wasi::Deterministic::new(d.seed.iter().rev().copied().collect()),
-                d.witness.clone(),
-            ))
-            .insecure_random_seed(d.hash_seed)
-            .build();
-        let limits = Limits {
-            inner: StoreLimitsBuilder::new()
-                .memory_size(GUEST_MEMORY_BYTES_MAX)
-                .trap_on_grow_failure(true)
-                .build(),
-            memory: 0,
-            peak: 0,
-        };
-        let mut store = Store::new(
-            &self.engine,
-            GuestData {
-                wasi,
-                table: ResourceTable::new(),
-                limits,
-                keyed,
-            },
-        );
-        store.limiter(|g| &mut g.limits);
-        store.set_epoch_deadline(timeout_ms.div_ceil(EPOCH_TICK_MS).max(1));
-        store.epoch_deadline_trap();
-        let _ = name;
-        (store, stdout, stderr)
-    }
-
-    /// Runs `f` in a fresh store, logging the guest's output.
-    fn run<T>(
-        &self,
-        name: &str,
-        d: Determinism,
-        timeout_ms: u64,
-        f: impl FnOnce(&mut Store<GuestData>) -> wasmtime::Result<T>,
-    ) -> Result<T, GuestError> {
-        self.run_keyed(name, d, timeout_ms, None, f).result
-    }
-
-    /// [`Runtime::run`] with the processor's bucket open; answers the
-    /// bucket's session as the call left it.
-    fn run_keyed<T>(
-        &self,
-        name: &str,
-        d: Determinism,
-        timeout_ms: u64,
-        keyed: Option<Session>,
-        f: impl FnOnce(&mut Store<GuestData>) -> wasmtime::Result<T>,
+        f: impl FnOnce(&mut Store<GuestData>, &wasmtime::component::Instance) -> wasmtime::Result<T>,
     ) -> Called<T> {
-        let (mut store, stdout, stderr) = self.store(name, d, timeout_ms, keyed);
-        let result = f(&mut store);
+        let (mut store, stdout, stderr, instance) = match self.ahead.take(&p.digest) {
+            Some(Made {
+                mut store,
+                instance,
+                stdout,
+                stderr,
+            }) => {
+                let data = store.data_mut();
+                data.wasi = wasi_ctx(&d, &stdout, &stderr);
+                data.keyed = keyed;
+                set_deadline(&mut store, timeout_ms);
+                (store, stdout, stderr, Ok(instance))
+            }
+            None => {
+                let (mut store, stdout, stderr) = new_store(&self.engine, d, timeout_ms, keyed);
+                let started = std::time::Instant::now();
+                let instance = p
+                    .instance_pre
+                    .instantiate(&mut store)
+                    .map_err(instantiation_failed);
+                p.instantiation.took(started.elapsed());
+                (store, stdout, stderr, instance)
+            }
+        };
+        let result = instance.and_then(|i| f(&mut store, &i));
+        let called = self.finish(name, store, &stdout, &stderr, result, timeout_ms);
+        self.make_ahead(p, false);
+        called
+    }
+
+    /// Has an instance of `p` made ahead of its next call (`first`: its
+    /// first instance after a compile, whatever it costs; otherwise only
+    /// when its last instantiation took more than
+    /// [`AHEAD_INSTANTIATION_NS`]). Made with a placeholder environment:
+    /// one whose making read the clock or random bytes is dropped, and no
+    /// instance of `p` is made ahead again.
+    fn make_ahead(&self, p: &Prepared, first: bool) {
+        if !first && !p.instantiation.worth_ahead() {
+            return;
+        }
+        let engine = self.engine.clone();
+        let pre = p.instance_pre.clone();
+        let instantiation = p.instantiation.clone();
+        self.ahead.request(&p.digest, move || {
+            let placeholder = Determinism::default();
+            let witness = placeholder.witness.clone();
+            let (mut store, stdout, stderr) =
+                new_store(&engine, placeholder, AHEAD_TIMEOUT_MS, None);
+            let started = std::time::Instant::now();
+            let instance = pre.instantiate(&mut store).ok()?;
+            instantiation.took(started.elapsed());
+            if witness.read() {
+                instantiation
+                    .reads_environment
+                    .store(true, std::sync::atomic::Ordering::Relaxed);
+                return None;
+            }
+            Some(Made {
+                store,
+                instance,
+                stdout,
+                stderr,
+            })
+        });
+    }
+
+    /// Logs a call's output, notes its memory; answers its result.
+    fn finish<T>(
+        &self,
+        name: &str,
+        mut store: Store<GuestData>,
+        stdout: &MemoryOutputPipe,
+        stderr: &MemoryOutputPipe,
+        result: wasmtime::Result<T>,
+        timeout_ms: u64,
+    ) -> Called<T> {
         self.largest_guest_memory.fetch_max(
             store.data().limits.peak,
             std::sync::atomic::Ordering::Relaxed,
         );
         let keyed = store.data_mut().keyed.take();
-        for (stream, pipe) in [("stdout", &stdout), ("stderr", &stderr)] {
+        for (stream, pipe) in [("stdout", stdout), ("stderr", stderr)] {
             let bytes = pipe.contents();
             for line in String::from_utf8_lossy(&bytes)
                 .lines()
@@ -1268,7 +1405,7 @@ impl Runtime {
         keyed: Option<Session>,
         f: impl FnOnce(&mut Store<GuestData>, &bindings::StreamProcessor) -> wasmtime::Result<T>,
     ) -> Called<T> {
-        let Some(pre) = &p.processor else {
+        let Some(indices) = &p.processor else {
             let e = GuestError::Failure {
                 message: format!("component {name:?} is not a processor: it does not export {PROCESSOR_INTERFACE}"),
                 retryable: false,
@@ -1279,9 +1416,9 @@ impl Runtime {
                 stderr: String::new(),
             };
         };
-        self.run_keyed(name, d, timeout_ms, keyed, |store| {
-            let instance = pre.instantiate(&mut *store).map_err(instantiation_failed)?;
-            f(store, &instance)
+        self.run_instance(name, p, d, timeout_ms, keyed, |store, instance| {
+            let processor = indices.load(&mut *store, instance)?;
+            f(store, &processor)
         })
     }
 
@@ -1295,13 +1432,8 @@ impl Runtime {
         timeout_ms: u64,
         f: impl FnOnce(&mut Store<GuestData>, &wasmtime::component::Instance) -> wasmtime::Result<T>,
     ) -> Result<T, GuestError> {
-        self.run(name, Determinism::default(), timeout_ms, |store| {
-            let instance = p
-                .instance_pre
-                .instantiate(&mut *store)
-                .map_err(instantiation_failed)?;
-            f(store, &instance)
-        })
+        self.run_instance(name, p, Determinism::default(), timeout_ms, None, f)
+            .result
     }
 
     /// Finds an exported function by WIT name or camelCase spelling.
@@ -1350,41 +1482,45 @@ impl Runtime {
             .ok_or_else(|| CallError::NoSuchFunction(function.to_string()))?;
         let mut argument_error = None;
         let out = self
-            .run(name, Determinism::default(), timeout_ms, |store| {
-                let instance = p
-                    .instance_pre
-                    .instantiate(&mut *store)
-                    .map_err(instantiation_failed)?;
-                let func = instance
-                    .get_func(&mut *store, index)
-                    .ok_or_else(|| wasmtime::Error::msg("the export is not a function"))?;
-                let ty = func.ty(&*store);
-                let params: Vec<_> = ty.params().map(|(_, t)| t).collect();
-                if params.len() != args.len() {
-                    argument_error = Some(Mismatch {
-                        path: "args".into(),
-                        message: format!(
-                            "{function} takes {} argument(s), got {}",
-                            params.len(),
-                            args.len()
-                        ),
-                    });
-                    return Ok(None);
-                }
-                let mut values = Vec::with_capacity(args.len());
-                for (i, (arg, t)) in args.iter().zip(&params).enumerate() {
-                    match to_val(arg, t, &format!("args[{i}]"), opts) {
-                        Ok(v) => values.push(v),
-                        Err(m) => {
-                            argument_error = Some(m);
-                            return Ok(None);
+            .run_instance(
+                name,
+                p,
+                Determinism::default(),
+                timeout_ms,
+                None,
+                |store, instance| {
+                    let func = instance
+                        .get_func(&mut *store, index)
+                        .ok_or_else(|| wasmtime::Error::msg("the export is not a function"))?;
+                    let ty = func.ty(&*store);
+                    let params: Vec<_> = ty.params().map(|(_, t)| t).collect();
+                    if params.len() != args.len() {
+                        argument_error = Some(Mismatch {
+                            path: "args".into(),
+                            message: format!(
+                                "{function} takes {} argument(s), got {}",
+                                params.len(),
+                                args.len()
+                            ),
+                        });
+                        return Ok(None);
+                    }
+                    let mut values = Vec::with_capacity(args.len());
+                    for (i, (arg, t)) in args.iter().zip(&params).enumerate() {
+                        match to_val(arg, t, &format!("args[{i}]"), opts) {
+                            Ok(v) => values.push(v),
+                            Err(m) => {
+                                argument_error = Some(m);
+                                return Ok(None);
+                            }
                         }
                     }
-                }
-                let mut results = vec![Val::Bool(false); ty.results().len()];
-                func.call(&mut *store, &values, &mut results)?;
-                Ok(Some(results))
-            })
+                    let mut results = vec![Val::Bool(false); ty.results().len()];
+                    func.call(&mut *store, &values, &mut results)?;
+                    Ok(Some(results))
+                },
+            )
+            .result
             .map_err(CallError::Guest)?;
         let Some(results) = out else {
             return Err(CallError::Argument(
@@ -1432,7 +1568,7 @@ impl Runtime {
         d: Determinism,
         timeout_ms: u64,
     ) -> Result<Vec<ReactorEffect>, GuestError> {
-        let Some(pre) = &p.reactor else {
+        let Some(indices) = &p.reactor else {
             return Err(GuestError::Failure {
                 message: format!(
                     "component {name:?} is not a reactor: it does not export {REACTOR_INTERFACE}"
@@ -1441,9 +1577,9 @@ impl Runtime {
             });
         };
         let event = event.to_string();
-        let called = self.run_keyed(name, d, timeout_ms, None, |store| {
-            let instance = pre.instantiate(&mut *store).map_err(instantiation_failed)?;
-            instance
+        let called = self.run_instance(name, p, d, timeout_ms, None, |store, instance| {
+            indices
+                .load(&mut *store, instance)?
                 .streamhost_processor_reactor()
                 .call_react(&mut *store, &event)
         });
@@ -1655,5 +1791,79 @@ mod cache_file_tests {
         h.write(b"streamhost");
         // The first 8 bytes of sha256("streamhost"): the same in every build.
         assert_eq!(h.hex16(), "ff69f8d82bdeb25d");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The clocky guest of `examples/processors` (it reads the clock and
+    /// random bytes, and counts its calls per instance), when built.
+    fn clocky() -> Option<Vec<u8>> {
+        std::fs::read(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../examples/processors/target/wasm32-wasip2/release/clocky.wasm"),
+        )
+        .ok()
+    }
+
+    /// Polls until `f` holds, for at most ten seconds.
+    fn eventually(f: impl Fn() -> bool) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while !f() {
+            assert!(std::time::Instant::now() < deadline, "never came to hold");
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+
+    #[test]
+    fn a_call_on_an_instance_made_ahead_sees_its_own_environment_as_a_fresh_instance_does() {
+        let Some(bytes) = clocky() else {
+            // `scripts/test` and CI build the guests before the tests.
+            eprintln!("the clocky guest is not built: nothing to call");
+            return;
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let ahead = Runtime::new(dir.path().join("ahead")).unwrap();
+        let fresh = Runtime::new(dir.path().join("fresh")).unwrap();
+        let d = digest(&bytes);
+        let p = ahead.prepare(&d, || Ok(bytes.clone())).unwrap();
+        let q = fresh.prepare(&d, || Ok(bytes.clone())).unwrap();
+        // The second runtime makes every instance at its call.
+        q.instantiation
+            .reads_environment
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        for offset in [1u64, 2, 3] {
+            // An instance made ahead for each call (whatever clocky's
+            // instantiation costs), made with a placeholder environment.
+            ahead.make_ahead(&p, true);
+            eventually(|| ahead.instances_made_ahead().0 == 1);
+            let served = ahead.instances_made_ahead().1;
+            let event = serde_json::json!({
+                "offset": offset, "type": "t", "payload": {},
+                "createdAt": "2026-12-04T10:00:00Z",
+            })
+            .to_string();
+            let env =
+                || Determinism::for_event("stream-a", offset, 1_796_378_400_000 + offset as i64);
+            let made_ahead = ahead.react("clocky", &p, &event, env(), 5_000).unwrap();
+            assert_eq!(
+                ahead.instances_made_ahead(),
+                (0, served + 1),
+                "the call took the instance made ahead"
+            );
+            let made_here = fresh.react("clocky", &q, &event, env(), 5_000).unwrap();
+            assert_eq!(fresh.instances_made_ahead(), (0, 0));
+            let seen = format!("{made_ahead:?}");
+            assert_eq!(seen, format!("{made_here:?}"));
+            // The call's clock (not the placeholder's 0), and an instance
+            // that served no call before.
+            assert!(
+                seen.contains(&format!("\\\"clockMs\\\":{}", 1_796_378_400_000 + offset)),
+                "{seen}"
+            );
+            assert!(seen.contains("\\\"counter\\\":1"), "{seen}");
+        }
     }
 }

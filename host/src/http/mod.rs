@@ -284,6 +284,8 @@ async fn metrics(State(host): State<Host>, headers: HeaderMap) -> Response {
     host.metrics.set_compiled(components, bytes);
     host.metrics
         .set_guest_memory_max(wasm.largest_guest_memory());
+    let (parked, served) = wasm.instances_made_ahead();
+    host.metrics.set_made_ahead(parked, served);
     host.metrics.set_lags(host.streams.lags().await);
     host.metrics
         .set_ingest_blocked(host.ingest.blocked_streams());

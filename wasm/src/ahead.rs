@@ -1,0 +1,222 @@
+//! Instances made ahead of their use. Instantiating a component built with
+//! a language runtime (CPython's component links a dozen core modules to
+//! one another, function by function) costs milliseconds, more than the
+//! fold it serves; so after such a component's call, one background thread
+//! makes its next instance, and the next call takes that one instead of
+//! making its own. Each instance still serves one call only: a call's
+//! environment (its clock, random seeds, keyed state, deadline) is given to
+//! the instance when the call takes it, and an instance whose making read
+//! the clock or random bytes is never kept (the runtime checks).
+//!
+//! What this module keeps is opaque to it (the runtime's store and
+//! instance): at most [`PARKED_MAX`] instances, one per component digest,
+//! the oldest dropped first.
+
+use std::collections::{HashSet, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::Sender;
+use std::sync::{Arc, Mutex};
+
+/// Instances kept made ahead, all components together: each holds a slot
+/// of the instance pool and its memory (a Python runtime's: about 13 MiB).
+pub const PARKED_MAX: usize = 8;
+
+/// A making of an instance, run on the background thread; `None` when it
+/// failed or is not to be kept.
+type Making<S> = Box<dyn FnOnce() -> Option<S> + Send>;
+
+/// The background thread's queue: a digest and its making.
+type Queue<S> = Sender<(String, Making<S>)>;
+
+/// The instances made ahead, by component digest, and the thread that
+/// makes them.
+pub struct Ahead<S> {
+    parked: Mutex<VecDeque<(String, S)>>,
+    /// Digests whose next instance is queued, being made or parked: one
+    /// at a time per digest.
+    pending: Mutex<HashSet<String>>,
+    queue: Mutex<Option<Queue<S>>>,
+    /// Calls served by an instance made ahead.
+    served: AtomicU64,
+}
+
+impl<S: Send + 'static> Ahead<S> {
+    pub fn new() -> Arc<Ahead<S>> {
+        Arc::new(Ahead {
+            parked: Mutex::new(VecDeque::new()),
+            pending: Mutex::new(HashSet::new()),
+            queue: Mutex::new(None),
+            served: AtomicU64::new(0),
+        })
+    }
+
+    /// The instance made ahead for `digest`, if one is parked (it is no
+    /// longer: each serves one call).
+    pub fn take(&self, digest: &str) -> Option<S> {
+        let mut parked = self.parked.lock().expect("parked");
+        let i = parked.iter().position(|(d, _)| d == digest)?;
+        let (_, made) = parked.remove(i)?;
+        drop(parked);
+        self.pending.lock().expect("pending").remove(digest);
+        self.served.fetch_add(1, Ordering::Relaxed);
+        Some(made)
+    }
+
+    /// Queues `make` for `digest` on the background thread (started on
+    /// first use), unless an instance of `digest` is queued, being made or
+    /// parked already. What it makes is parked for the next
+    /// [`Ahead::take`]; beyond [`PARKED_MAX`] the oldest is dropped.
+    pub fn request(
+        self: &Arc<Self>,
+        digest: &str,
+        make: impl FnOnce() -> Option<S> + Send + 'static,
+    ) {
+        if !self
+            .pending
+            .lock()
+            .expect("pending")
+            .insert(digest.to_string())
+        {
+            return;
+        }
+        let mut queue = self.queue.lock().expect("queue");
+        if queue.is_none() {
+            let (tx, rx) = std::sync::mpsc::channel::<(String, Making<S>)>();
+            let ahead = Arc::downgrade(self);
+            let spawned = std::thread::Builder::new()
+                .name("streamhost-instances".into())
+                .spawn(move || {
+                    while let Ok((digest, make)) = rx.recv() {
+                        let made = make();
+                        let Some(ahead) = ahead.upgrade() else {
+                            return;
+                        };
+                        ahead.park(digest, made);
+                    }
+                });
+            match spawned {
+                Ok(_) => *queue = Some(tx),
+                Err(e) => {
+                    tracing::warn!(error = %e, "no thread to make instances ahead on");
+                    drop(queue);
+                    self.pending.lock().expect("pending").remove(digest);
+                    return;
+                }
+            }
+        }
+        let sent = queue
+            .as_ref()
+            .is_some_and(|tx| tx.send((digest.to_string(), Box::new(make))).is_ok());
+        if !sent {
+            *queue = None;
+            drop(queue);
+            self.pending.lock().expect("pending").remove(digest);
+        }
+    }
+
+    fn park(&self, digest: String, made: Option<S>) {
+        let Some(made) = made else {
+            self.pending.lock().expect("pending").remove(&digest);
+            return;
+        };
+        let mut parked = self.parked.lock().expect("parked");
+        parked.push_back((digest, made));
+        let dropped = if parked.len() > PARKED_MAX {
+            parked.pop_front()
+        } else {
+            None
+        };
+        drop(parked);
+        if let Some((digest, made)) = dropped {
+            self.pending.lock().expect("pending").remove(&digest);
+            drop(made);
+        }
+    }
+
+    /// How many instances are parked now.
+    pub fn parked(&self) -> usize {
+        self.parked.lock().expect("parked").len()
+    }
+
+    /// How many calls an instance made ahead has served.
+    pub fn served(&self) -> u64 {
+        self.served.load(Ordering::Relaxed)
+    }
+
+    /// Drops the instance parked for `digest`, if any.
+    pub fn forget(&self, digest: &str) {
+        let mut parked = self.parked.lock().expect("parked");
+        let dropped = parked
+            .iter()
+            .position(|(d, _)| d == digest)
+            .and_then(|i| parked.remove(i));
+        drop(parked);
+        if dropped.is_some() {
+            self.pending.lock().expect("pending").remove(digest);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Polls until `f` holds, for at most five seconds.
+    fn eventually(f: impl Fn() -> bool) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while !f() {
+            assert!(std::time::Instant::now() < deadline, "never came to hold");
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
+
+    #[test]
+    fn each_made_instance_serves_one_take_and_one_is_pending_per_digest() {
+        let ahead = Ahead::<u32>::new();
+        assert_eq!(ahead.take("a"), None);
+        ahead.request("a", || Some(1));
+        eventually(|| ahead.parked() == 1);
+        // Parked already: a second request makes nothing.
+        ahead.request("a", || Some(2));
+        assert_eq!(ahead.take("a"), Some(1));
+        assert_eq!(ahead.take("a"), None);
+        assert_eq!(ahead.served(), 1);
+        // Taken: the next request makes the next one.
+        ahead.request("a", || Some(3));
+        eventually(|| ahead.parked() == 1);
+        assert_eq!(ahead.take("a"), Some(3));
+    }
+
+    #[test]
+    fn a_making_that_fails_parks_nothing_and_may_be_asked_again() {
+        let ahead = Ahead::<u32>::new();
+        ahead.request("a", || None);
+        ahead.request("b", || Some(7));
+        eventually(|| ahead.parked() == 1);
+        assert_eq!(ahead.take("a"), None);
+        ahead.request("a", || Some(8));
+        eventually(|| ahead.parked() == 2);
+        assert_eq!(ahead.take("a"), Some(8));
+        assert_eq!(ahead.take("b"), Some(7));
+    }
+
+    #[test]
+    fn beyond_the_bound_the_oldest_instance_is_dropped() {
+        let ahead = Ahead::<usize>::new();
+        for i in 0..PARKED_MAX {
+            ahead.request(&format!("d{i}"), move || Some(i));
+            eventually(|| ahead.parked() == i + 1);
+        }
+        ahead.request(&format!("d{PARKED_MAX}"), || Some(PARKED_MAX));
+        eventually(|| !ahead.pending.lock().unwrap().contains("d0"));
+        assert_eq!(ahead.parked(), PARKED_MAX);
+        assert_eq!(ahead.take("d0"), None, "the oldest was dropped");
+        assert_eq!(ahead.take(&format!("d{PARKED_MAX}")), Some(PARKED_MAX));
+        // The dropped digest may be made again.
+        ahead.request("d0", || Some(0));
+        eventually(|| ahead.parked() == PARKED_MAX);
+        assert_eq!(ahead.take("d0"), Some(0));
+        ahead.forget("d1");
+        assert_eq!(ahead.take("d1"), None);
+    }
+}
