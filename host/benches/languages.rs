@@ -39,6 +39,8 @@ use streamhost::storage::WriteOp;
 use streamhost::{Config, Host};
 
 const WAKES: usize = 200;
+/// Rounds of append → checkpoint per language (the median is reported).
+const SERVED_ROUNDS: usize = 3;
 
 fn language_wasm(path: &str) -> Vec<u8> {
     let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(path);
@@ -70,11 +72,19 @@ async fn wakes(name: &str, bytes: Vec<u8>) -> (f64, Vec<f64>) {
         ..Config::default()
     })
     .unwrap();
-    // A deploy compiles the component (as the server's deploy does).
+    // The deploy, and its compile in the background (as the server's
+    // deploy does); then its first instance, made ahead of the first wake
+    // after the compile (given 5 s: a first wake follows a deploy by more).
     let runtime = host.streams().wasm_runtime().clone();
     let digest = streamhost::processor::runtime::digest(&bytes);
-    runtime.prepare(&digest, || Ok(bytes.clone())).unwrap();
-    common::deploy(&host, name, bytes).await;
+    host.deploy(streamhost::Deploy::new("bench", name, bytes))
+        .await
+        .unwrap();
+    runtime.compiled(&digest).await;
+    let deadline = Instant::now() + std::time::Duration::from_secs(5);
+    while runtime.instances_made_ahead().0 == 0 && Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    }
     let storage = host.streams().storage().clone();
     let mut first = f64::NAN;
     let mut steady = Vec::new();
@@ -251,6 +261,17 @@ fn main() {
         ("typescript", language_wasm("examples/js/dist/counter.wasm")),
         ("python", language_wasm("examples/python/dist/counter.wasm")),
     ];
+    // `-- --served LANGUAGE`: only that language's append → checkpoint,
+    // for `perf record` (the wakes run on the server's blocking threads).
+    if let Some(only) = common::arg_text("--served") {
+        let (_, bytes) = guests
+            .into_iter()
+            .find(|(l, _)| *l == only)
+            .expect("rust, typescript or python");
+        let p50 = percentile(rt.block_on(served(&only, bytes)), 0.5);
+        println!("{only}: append → checkpoint p50 {:.2} ms", p50 / 1000.0);
+        return;
+    }
     println!("the counter fold, one component per language:");
     println!(
         "{:<11} {:>9} {:>10} {:>11} {:>11} {:>8} {:>12} {:>14} {:>9} {:>10} {:>14} {:>8}",
@@ -267,46 +288,57 @@ fn main() {
         "append→ckpt",
         "/ rust"
     );
-    let mut rust_p50 = f64::NAN;
-    let mut rust_served = f64::NAN;
-    // `-- --served LANGUAGE`: only that language's append → checkpoint,
-    // for `perf record` (the wakes run on the server's blocking threads).
-    if let Some(only) = common::arg_text("--served") {
-        let (_, bytes) = guests
-            .into_iter()
-            .find(|(l, _)| *l == only)
-            .expect("rust, typescript or python");
-        let p50 = percentile(rt.block_on(served(&only, bytes)), 0.5);
-        println!("{only}: append → checkpoint p50 {:.2} ms", p50 / 1000.0);
-        return;
-    }
-    for (language, bytes) in guests {
+    println!(
+        "{:>139}",
+        format!("(median of {SERVED_ROUNDS} rounds' p50: each round's)")
+    );
+    let mut rows = Vec::new();
+    for (language, bytes) in &guests {
         let size = bytes.len() as f64 / 1048576.0;
         let cache = tempfile::tempdir().unwrap();
         let runtime = Runtime::new(cache.path().to_path_buf()).unwrap();
-        let digest = streamhost::processor::runtime::digest(&bytes);
+        let digest = streamhost::processor::runtime::digest(bytes);
         let start = Instant::now();
         runtime.prepare(&digest, || Ok(bytes.clone())).unwrap();
         let compile = start.elapsed().as_secs_f64();
-        let (rate, fresh, batch) = throughput(&runtime, language, &bytes);
+        let (rate, fresh, batch) = throughput(&runtime, language, bytes);
         let (fresh, batch) = (fresh as f64 / 1048576.0, batch as f64 / 1048576.0);
         eprintln!("wakes of the {language} counter ...");
         let (first, steady) = rt.block_on(wakes(language, bytes.clone()));
-        eprintln!("appends to a server running the {language} counter ...");
-        let served = percentile(rt.block_on(served(language, bytes)), 0.5);
-        let p50 = percentile(steady.clone(), 0.5);
-        if language == "rust" {
-            rust_p50 = p50;
-            rust_served = served;
+        rows.push((size, compile, rate, fresh, batch, first, steady));
+    }
+    // Append → checkpoint, the languages in turn, `SERVED_ROUNDS` times:
+    // the median of each language's p50s (rounds interleaved, so that the
+    // machine's slower moments fall on every language alike).
+    let mut served_p50s = vec![Vec::new(); guests.len()];
+    for round in 0..SERVED_ROUNDS {
+        for (i, (language, bytes)) in guests.iter().enumerate() {
+            eprintln!(
+                "appends to a server running the {language} counter (round {}) ...",
+                round + 1
+            );
+            served_p50s[i].push(percentile(
+                rt.block_on(served(language, bytes.clone())),
+                0.5,
+            ));
         }
+    }
+    let rust_p50 = percentile(rows[0].6.clone(), 0.5);
+    let rust_served = percentile(served_p50s[0].clone(), 0.5);
+    for (((language, _), row), p50s) in guests.iter().zip(rows).zip(served_p50s) {
+        let (size, compile, rate, fresh, batch, first, steady) = row;
+        let p50 = percentile(steady.clone(), 0.5);
+        let served = percentile(p50s.clone(), 0.5);
+        let spread: Vec<String> = p50s.iter().map(|v| format!("{:.2}", v / 1000.0)).collect();
         println!(
-            "{language:<11} {size:>9.1} {compile:>10.2} {:>8.2} ms {:>8.2} ms {:>8.2} {:>9.2} ms {rate:>14.0} {fresh:>9.1} {batch:>10.1} {:>11.2} ms {:>8.2}",
+            "{language:<11} {size:>9.1} {compile:>10.2} {:>8.2} ms {:>8.2} ms {:>8.2} {:>9.2} ms {rate:>14.0} {fresh:>9.1} {batch:>10.1} {:>11.2} ms {:>8.2}   ({} ms)",
             p50 / 1000.0,
             percentile(steady, 0.99) / 1000.0,
             p50 / rust_p50,
             first / 1000.0,
             served / 1000.0,
             served / rust_served,
+            spread.join(", "),
         );
     }
     println!("(aim: append → checkpoint within 2× of Rust's; a first wake after the deploy's compile near a steady one)");

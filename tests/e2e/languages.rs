@@ -146,6 +146,15 @@ async fn counters_in_typescript_and_python_fold_every_event_as_the_rust_counter_
     let promoted = caught_up(&s, S, "counter-ts").await;
     assert_eq!(promoted["digest"], v2["digest"], "{promoted}");
     assert_eq!(promoted["state"], rust["state"], "{promoted}");
+
+    // CPython's and SpiderMonkey's instances cost milliseconds to make:
+    // the calls above (wakes, time travel, verify, the shadow) took
+    // instances made ahead of them, and folded as the fresh ones the Rust
+    // counter's calls make (the states above are equal); a few are parked.
+    let made_ahead = s.metric("streamhost_guest_calls_made_ahead").await;
+    assert!(made_ahead > 0, "no call took an instance made ahead");
+    let parked = s.metric("streamhost_guest_instances_parked").await;
+    assert!(parked <= 8, "{parked} instances parked");
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -25,8 +25,19 @@ pub const PARKED_MAX: usize = 8;
 /// failed or is not to be kept.
 type Making<S> = Box<dyn FnOnce() -> Option<S> + Send>;
 
-/// The background thread's queue: a digest and its making.
-type Queue<S> = Sender<(String, Making<S>)>;
+/// What the background thread does: make an instance of a digest, or
+/// drop what a call used.
+enum Job<S> {
+    Make(String, Making<S>),
+    Discard(Box<dyn Send>),
+}
+
+/// The background thread's queue.
+type Queue<S> = Sender<Job<S>>;
+
+/// Jobs queued at most for the background thread: beyond, what a call used
+/// is dropped where it is (the pool's slots it holds come back in time).
+const QUEUED_MAX: usize = 16;
 
 /// The instances made ahead, by component digest, and the thread that
 /// makes them.
@@ -38,15 +49,23 @@ pub struct Ahead<S> {
     queue: Mutex<Option<Queue<S>>>,
     /// Calls served by an instance made ahead.
     served: AtomicU64,
+    /// Jobs sent to the background thread and not done.
+    queued: std::sync::atomic::AtomicUsize,
+    /// Run first on the background thread (the runtime lowers its
+    /// priority: making ahead takes the CPU that requests leave).
+    on_start: fn(),
 }
 
 impl<S: Send + 'static> Ahead<S> {
-    pub fn new() -> Arc<Ahead<S>> {
+    /// `on_start` runs first on the background thread.
+    pub fn new(on_start: fn()) -> Arc<Ahead<S>> {
         Arc::new(Ahead {
             parked: Mutex::new(VecDeque::new()),
             pending: Mutex::new(HashSet::new()),
             queue: Mutex::new(None),
             served: AtomicU64::new(0),
+            queued: std::sync::atomic::AtomicUsize::new(0),
+            on_start,
         })
     }
 
@@ -79,39 +98,69 @@ impl<S: Send + 'static> Ahead<S> {
         {
             return;
         }
+        if let Err(Job::Make(digest, _)) = self.send(Job::Make(digest.to_string(), Box::new(make)))
+        {
+            self.pending.lock().expect("pending").remove(&digest);
+        }
+    }
+
+    /// Drops `used` (what a call's instance held: its store, its memory)
+    /// on the background thread, off the call's path; where it is when
+    /// [`QUEUED_MAX`] jobs wait already or there is no thread.
+    pub fn discard(self: &Arc<Self>, used: impl Send + 'static) {
+        if self.queued.load(Ordering::Relaxed) >= QUEUED_MAX {
+            return;
+        }
+        let _ = self.send(Job::Discard(Box::new(used)));
+    }
+
+    /// Sends `job` to the background thread, started on first use; answers
+    /// the job back when there is no thread to take it.
+    fn send(self: &Arc<Self>, job: Job<S>) -> Result<(), Job<S>> {
         let mut queue = self.queue.lock().expect("queue");
         if queue.is_none() {
-            let (tx, rx) = std::sync::mpsc::channel::<(String, Making<S>)>();
+            let (tx, rx) = std::sync::mpsc::channel::<Job<S>>();
             let ahead = Arc::downgrade(self);
+            let on_start = self.on_start;
             let spawned = std::thread::Builder::new()
                 .name("streamhost-instances".into())
                 .spawn(move || {
-                    while let Ok((digest, make)) = rx.recv() {
-                        let made = make();
+                    on_start();
+                    while let Ok(job) = rx.recv() {
+                        let made = match job {
+                            Job::Make(digest, make) => Some((digest, make())),
+                            Job::Discard(used) => {
+                                drop(used);
+                                None
+                            }
+                        };
                         let Some(ahead) = ahead.upgrade() else {
                             return;
                         };
-                        ahead.park(digest, made);
+                        ahead.queued.fetch_sub(1, Ordering::Relaxed);
+                        if let Some((digest, made)) = made {
+                            ahead.park(digest, made);
+                        }
                     }
                 });
             match spawned {
                 Ok(_) => *queue = Some(tx),
                 Err(e) => {
                     tracing::warn!(error = %e, "no thread to make instances ahead on");
-                    drop(queue);
-                    self.pending.lock().expect("pending").remove(digest);
-                    return;
+                    return Err(job);
                 }
             }
         }
-        let sent = queue
-            .as_ref()
-            .is_some_and(|tx| tx.send((digest.to_string(), Box::new(make))).is_ok());
-        if !sent {
+        self.queued.fetch_add(1, Ordering::Relaxed);
+        let sent = match queue.as_ref() {
+            Some(tx) => tx.send(job).map_err(|e| e.0),
+            None => Err(job),
+        };
+        if sent.is_err() {
             *queue = None;
-            drop(queue);
-            self.pending.lock().expect("pending").remove(digest);
+            self.queued.fetch_sub(1, Ordering::Relaxed);
         }
+        sent
     }
 
     fn park(&self, digest: String, made: Option<S>) {
@@ -172,7 +221,7 @@ mod tests {
 
     #[test]
     fn each_made_instance_serves_one_take_and_one_is_pending_per_digest() {
-        let ahead = Ahead::<u32>::new();
+        let ahead = Ahead::<u32>::new(|| {});
         assert_eq!(ahead.take("a"), None);
         ahead.request("a", || Some(1));
         eventually(|| ahead.parked() == 1);
@@ -189,7 +238,7 @@ mod tests {
 
     #[test]
     fn a_making_that_fails_parks_nothing_and_may_be_asked_again() {
-        let ahead = Ahead::<u32>::new();
+        let ahead = Ahead::<u32>::new(|| {});
         ahead.request("a", || None);
         ahead.request("b", || Some(7));
         eventually(|| ahead.parked() == 1);
@@ -200,9 +249,49 @@ mod tests {
         assert_eq!(ahead.take("b"), Some(7));
     }
 
+    /// Says on which thread it was dropped.
+    struct Noted(std::sync::mpsc::Sender<String>);
+
+    impl Drop for Noted {
+        fn drop(&mut self) {
+            let name = std::thread::current()
+                .name()
+                .unwrap_or_default()
+                .to_string();
+            let _ = self.0.send(name);
+        }
+    }
+
+    #[test]
+    fn what_a_call_used_is_dropped_off_its_path_unless_the_thread_is_behind() {
+        let ahead = Ahead::<u32>::new(|| {});
+        let (tx, rx) = std::sync::mpsc::channel();
+        let wait = std::time::Duration::from_secs(5);
+        ahead.discard(Noted(tx.clone()));
+        assert_eq!(rx.recv_timeout(wait).unwrap(), "streamhost-instances");
+        // A making that holds the thread: what is discarded meanwhile
+        // queues, up to the bound; beyond it, it is dropped where it is.
+        let (release, held) = std::sync::mpsc::channel::<()>();
+        ahead.request("slow", move || held.recv().ok().map(|_| 1));
+        for _ in 1..QUEUED_MAX {
+            ahead.discard(Noted(tx.clone()));
+        }
+        let here = std::thread::current()
+            .name()
+            .unwrap_or_default()
+            .to_string();
+        ahead.discard(Noted(tx.clone()));
+        assert_eq!(rx.recv_timeout(wait).unwrap(), here);
+        release.send(()).unwrap();
+        for _ in 1..QUEUED_MAX {
+            assert_eq!(rx.recv_timeout(wait).unwrap(), "streamhost-instances");
+        }
+        eventually(|| ahead.parked() == 1);
+    }
+
     #[test]
     fn beyond_the_bound_the_oldest_instance_is_dropped() {
-        let ahead = Ahead::<usize>::new();
+        let ahead = Ahead::<usize>::new(|| {});
         for i in 0..PARKED_MAX {
             ahead.request(&format!("d{i}"), move || Some(i));
             eventually(|| ahead.parked() == i + 1);

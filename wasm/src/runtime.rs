@@ -893,7 +893,7 @@ impl Runtime {
             current: Mutex::new(std::collections::HashMap::new()),
             compatibility,
             largest_guest_memory: std::sync::atomic::AtomicUsize::new(0),
-            ahead: super::ahead::Ahead::new(),
+            ahead: super::ahead::Ahead::new(lower_this_threads_priority),
         }))
     }
 
@@ -1306,7 +1306,13 @@ impl Runtime {
             }
         };
         let result = instance.and_then(|i| f(&mut store, &i));
-        let called = self.finish(name, store, &stdout, &stderr, result, timeout_ms);
+        let called = self.finish(name, &mut store, &stdout, &stderr, result, timeout_ms);
+        if p.instantiation.worth_ahead() {
+            // Dropping a language runtime's instance (resetting the memory
+            // it wrote) takes a few hundred microseconds: not on the
+            // call's path.
+            self.ahead.discard(store);
+        }
         self.make_ahead(p, false);
         called
     }
@@ -1351,7 +1357,7 @@ impl Runtime {
     fn finish<T>(
         &self,
         name: &str,
-        mut store: Store<GuestData>,
+        store: &mut Store<GuestData>,
         stdout: &MemoryOutputPipe,
         stderr: &MemoryOutputPipe,
         result: wasmtime::Result<T>,
