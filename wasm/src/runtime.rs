@@ -87,6 +87,9 @@ const EPOCH_TICK_MS: u64 = 5;
 /// language runtime's (CPython's: milliseconds), not a Rust guest's
 /// (tens of microseconds).
 const AHEAD_INSTANTIATION_NS: u64 = 200_000;
+/// The deadline of a processor's `describe` and `initial-state` calls after
+/// its background compile (a guest's take milliseconds).
+const FIRST_CALLS_TIMEOUT_MS: u64 = 1_000;
 /// The deadline of an instance's making ahead (its start functions run).
 const AHEAD_TIMEOUT_MS: u64 = 10_000;
 
@@ -561,6 +564,9 @@ pub struct Prepared {
     /// made ahead of a call.
     instantiation: Arc<Instantiation>,
     announcement: OnceLock<Announcement>,
+    /// Its `initial-state` (a call without input, in the default
+    /// environment: the same answer every time).
+    initial: OnceLock<String>,
     /// Whether it imports `wasi:keyvalue` (keeps keyed state).
     keyed: bool,
 }
@@ -1038,8 +1044,16 @@ impl Runtime {
                     ms = started.elapsed().as_millis() as u64,
                     "component compiled"
                 );
-                // Its first instance too (a large one faults its memory
-                // image in): the first wake after the deploy takes it.
+                // What its first wake asks before folding (a processor's
+                // announcement and initial state, each the same every
+                // time), then an instance for that fold (a large one
+                // faults its memory image in): the first wake after the
+                // deploy costs what a steady one does. A guest that fails
+                // or takes too long here meets its first wake as it is.
+                if p.processor.is_some() {
+                    let _ = self.describe(digest, &p, FIRST_CALLS_TIMEOUT_MS);
+                    let _ = self.initial_state(digest, &p, FIRST_CALLS_TIMEOUT_MS);
+                }
                 self.make_ahead(&p, true);
             }
             Err(e) => {
@@ -1257,6 +1271,7 @@ impl Runtime {
             reactor,
             instantiation: Arc::default(),
             announcement: OnceLock::new(),
+            initial: OnceLock::new(),
             keyed,
         });
         let range = prepared.component.image_range();
@@ -1605,9 +1620,14 @@ impl Runtime {
         p: &Prepared,
         timeout_ms: u64,
     ) -> Result<String, GuestError> {
-        self.call(name, p, Determinism::default(), timeout_ms, |s, i| {
+        if let Some(state) = p.initial.get() {
+            return Ok(state.clone());
+        }
+        let state = self.call(name, p, Determinism::default(), timeout_ms, |s, i| {
             i.streamhost_processor_processor().call_initial_state(s)
-        })
+        })?;
+        let _ = p.initial.set(state.clone());
+        Ok(state)
     }
 
     /// Folds one batch with the processor's bucket open in `keyed`;
