@@ -25,19 +25,11 @@ pub const PARKED_MAX: usize = 8;
 /// failed or is not to be kept.
 type Making<S> = Box<dyn FnOnce() -> Option<S> + Send>;
 
-/// What the background thread does: make an instance of a digest, or
-/// drop what a call used.
-enum Job<S> {
-    Make(String, Making<S>),
-    Discard(Box<dyn Send>),
-}
+/// A making of `digest`'s instance, queued for the background thread.
+type Job<S> = (String, Making<S>);
 
 /// The background thread's queue.
 type Queue<S> = Sender<Job<S>>;
-
-/// Jobs queued at most for the background thread: beyond, what a call used
-/// is dropped where it is (the pool's slots it holds come back in time).
-const QUEUED_MAX: usize = 16;
 
 /// The instances made ahead, by component digest, and the thread that
 /// makes them.
@@ -49,8 +41,6 @@ pub struct Ahead<S> {
     queue: Mutex<Option<Queue<S>>>,
     /// Calls served by an instance made ahead.
     served: AtomicU64,
-    /// Jobs sent to the background thread and not done.
-    queued: std::sync::atomic::AtomicUsize,
     /// Run first on the background thread (the runtime lowers its
     /// priority: making ahead takes the CPU that requests leave).
     on_start: fn(),
@@ -64,7 +54,6 @@ impl<S: Send + 'static> Ahead<S> {
             pending: Mutex::new(HashSet::new()),
             queue: Mutex::new(None),
             served: AtomicU64::new(0),
-            queued: std::sync::atomic::AtomicUsize::new(0),
             on_start,
         })
     }
@@ -98,20 +87,9 @@ impl<S: Send + 'static> Ahead<S> {
         {
             return;
         }
-        if let Err(Job::Make(digest, _)) = self.send(Job::Make(digest.to_string(), Box::new(make)))
-        {
-            self.pending.lock().expect("pending").remove(&digest);
+        if self.send((digest.to_string(), Box::new(make))).is_err() {
+            self.pending.lock().expect("pending").remove(digest);
         }
-    }
-
-    /// Drops `used` (what a call's instance held: its store, its memory)
-    /// on the background thread, off the call's path; where it is when
-    /// [`QUEUED_MAX`] jobs wait already or there is no thread.
-    pub fn discard(self: &Arc<Self>, used: impl Send + 'static) {
-        if self.queued.load(Ordering::Relaxed) >= QUEUED_MAX {
-            return;
-        }
-        let _ = self.send(Job::Discard(Box::new(used)));
     }
 
     /// Sends `job` to the background thread, started on first use; answers
@@ -126,21 +104,12 @@ impl<S: Send + 'static> Ahead<S> {
                 .name("streamhost-instances".into())
                 .spawn(move || {
                     on_start();
-                    while let Ok(job) = rx.recv() {
-                        let made = match job {
-                            Job::Make(digest, make) => Some((digest, make())),
-                            Job::Discard(used) => {
-                                drop(used);
-                                None
-                            }
-                        };
+                    while let Ok((digest, make)) = rx.recv() {
+                        let made = make();
                         let Some(ahead) = ahead.upgrade() else {
                             return;
                         };
-                        ahead.queued.fetch_sub(1, Ordering::Relaxed);
-                        if let Some((digest, made)) = made {
-                            ahead.park(digest, made);
-                        }
+                        ahead.park(digest, made);
                     }
                 });
             match spawned {
@@ -151,14 +120,12 @@ impl<S: Send + 'static> Ahead<S> {
                 }
             }
         }
-        self.queued.fetch_add(1, Ordering::Relaxed);
         let sent = match queue.as_ref() {
             Some(tx) => tx.send(job).map_err(|e| e.0),
             None => Err(job),
         };
         if sent.is_err() {
             *queue = None;
-            self.queued.fetch_sub(1, Ordering::Relaxed);
         }
         sent
     }
@@ -247,46 +214,6 @@ mod tests {
         eventually(|| ahead.parked() == 2);
         assert_eq!(ahead.take("a"), Some(8));
         assert_eq!(ahead.take("b"), Some(7));
-    }
-
-    /// Says on which thread it was dropped.
-    struct Noted(std::sync::mpsc::Sender<String>);
-
-    impl Drop for Noted {
-        fn drop(&mut self) {
-            let name = std::thread::current()
-                .name()
-                .unwrap_or_default()
-                .to_string();
-            let _ = self.0.send(name);
-        }
-    }
-
-    #[test]
-    fn what_a_call_used_is_dropped_off_its_path_unless_the_thread_is_behind() {
-        let ahead = Ahead::<u32>::new(|| {});
-        let (tx, rx) = std::sync::mpsc::channel();
-        let wait = std::time::Duration::from_secs(5);
-        ahead.discard(Noted(tx.clone()));
-        assert_eq!(rx.recv_timeout(wait).unwrap(), "streamhost-instances");
-        // A making that holds the thread: what is discarded meanwhile
-        // queues, up to the bound; beyond it, it is dropped where it is.
-        let (release, held) = std::sync::mpsc::channel::<()>();
-        ahead.request("slow", move || held.recv().ok().map(|_| 1));
-        for _ in 1..QUEUED_MAX {
-            ahead.discard(Noted(tx.clone()));
-        }
-        let here = std::thread::current()
-            .name()
-            .unwrap_or_default()
-            .to_string();
-        ahead.discard(Noted(tx.clone()));
-        assert_eq!(rx.recv_timeout(wait).unwrap(), here);
-        release.send(()).unwrap();
-        for _ in 1..QUEUED_MAX {
-            assert_eq!(rx.recv_timeout(wait).unwrap(), "streamhost-instances");
-        }
-        eventually(|| ahead.parked() == 1);
     }
 
     #[test]

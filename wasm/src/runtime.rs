@@ -1322,12 +1322,7 @@ impl Runtime {
         };
         let result = instance.and_then(|i| f(&mut store, &i));
         let called = self.finish(name, &mut store, &stdout, &stderr, result, timeout_ms);
-        if p.instantiation.worth_ahead() {
-            // Dropping a language runtime's instance (resetting the memory
-            // it wrote) takes a few hundred microseconds: not on the
-            // call's path.
-            self.ahead.discard(store);
-        }
+        drop(store);
         self.make_ahead(p, false);
         called
     }

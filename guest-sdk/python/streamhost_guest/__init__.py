@@ -206,17 +206,6 @@ def _bindings(world: str):
         return None
 
 
-def _settle():
-    """Moves every object alive now (the interpreter's and the modules'
-    own, at build time) out of the garbage collector's reach: each call
-    runs in a fresh instance of this snapshot, and would otherwise trace
-    them all again whenever its first allocations start a collection."""
-    import gc
-
-    gc.collect()
-    gc.freeze()
-
-
 def define_processor(
     *,
     slug: str,
@@ -244,7 +233,6 @@ def define_processor(
     _bindings("processor")
     if prefetch is not None:
         from . import keyed  # noqa: F401  (in the snapshot too)
-    _settle()
 
     class Processor:
         def describe(self):
@@ -292,7 +280,6 @@ def define_reactor(*, react: Callable[[Event, Effects], None]):
     if not callable(react):
         raise TypeError("define_reactor needs a callable react")
     _bindings("reactor")
-    _settle()
 
     class Reactor:
         def react(self, event_text: str):
