@@ -554,6 +554,11 @@ async fn a_connection_that_sends_no_whole_head_is_closed_after_the_header_timeou
 
 #[tokio::test]
 async fn an_idle_keep_alive_connection_is_closed_and_a_long_request_is_not() {
+    if crate::support::skipped_on_postgres(
+        "connection timeouts are the HTTP server's, the same on either storage",
+    ) {
+        return;
+    }
     let s = Server::start_with(
         Some("[http]\nheader-timeout-ms = 300\nidle-timeout-ms = 300\n"),
         &[],
@@ -644,6 +649,11 @@ async fn idle_connections_beyond_the_bound_wait_and_cannot_lock_others_out() {
 
 #[tokio::test]
 async fn connections_beyond_max_connections_wait_for_a_free_one() {
+    if crate::support::skipped_on_postgres(
+        "connection limits are the HTTP server's, the same on either storage",
+    ) {
+        return;
+    }
     let s = Server::start_with(Some("[http]\nmax-connections = 4\n"), &[]);
     let mut held: Vec<_> = (0..4).map(|_| connect(&s)).collect();
     let client = reqwest::Client::builder()
