@@ -159,16 +159,21 @@ impl<S: Send + 'static> Ahead<S> {
         self.served.load(Ordering::Relaxed)
     }
 
-    /// Drops the instance parked for `digest`, if any.
-    pub fn forget(&self, digest: &str) {
+    /// Drops the instances parked under a key `stale` says is stale.
+    pub fn forget(&self, stale: impl Fn(&str) -> bool) {
         let mut parked = self.parked.lock().expect("parked");
-        let dropped = parked
-            .iter()
-            .position(|(d, _)| d == digest)
-            .and_then(|i| parked.remove(i));
+        let mut dropped = Vec::new();
+        parked.retain_mut(|(key, _)| {
+            let keep = !stale(key);
+            if !keep {
+                dropped.push(key.clone());
+            }
+            keep
+        });
         drop(parked);
-        if dropped.is_some() {
-            self.pending.lock().expect("pending").remove(digest);
+        let mut pending = self.pending.lock().expect("pending");
+        for key in dropped {
+            pending.remove(&key);
         }
     }
 }
@@ -232,7 +237,8 @@ mod tests {
         ahead.request("d0", || Some(0));
         eventually(|| ahead.parked() == PARKED_MAX);
         assert_eq!(ahead.take("d0"), Some(0));
-        ahead.forget("d1");
+        ahead.forget(|key| key == "d1");
         assert_eq!(ahead.take("d1"), None);
+        assert_eq!(ahead.take("d2"), Some(2));
     }
 }

@@ -567,6 +567,10 @@ pub struct Prepared {
     /// Its `initial-state` (a call without input, in the default
     /// environment: the same answer every time).
     initial: OnceLock<String>,
+    /// Its instances made ahead are parked under this key: its digest and
+    /// a number of its own (an instance serves only the `Component` it was
+    /// made from, not the same bytes loaded again after an eviction).
+    ahead_key: String,
     /// Whether it imports `wasi:keyvalue` (keeps keyed state).
     keyed: bool,
 }
@@ -610,6 +614,12 @@ impl Instantiation {
             .load(std::sync::atomic::Ordering::Relaxed)
             && self.last_ns.load(std::sync::atomic::Ordering::Relaxed) > AHEAD_INSTANTIATION_NS
     }
+}
+
+/// A number for each component loaded, unique in this process.
+fn next_prepared_number() -> u64 {
+    static LOADED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    LOADED.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
 /// An instance made ahead of a call ([`super::ahead`]): its store, and the
@@ -1272,8 +1282,14 @@ impl Runtime {
             instantiation: Arc::default(),
             announcement: OnceLock::new(),
             initial: OnceLock::new(),
+            ahead_key: format!("{digest} {}", next_prepared_number()),
             keyed,
         });
+        // Instances made ahead from an earlier load of these bytes serve
+        // no call of this one.
+        let loaded = format!("{digest} ");
+        self.ahead
+            .forget(|key| key.starts_with(&loaded) && key != prepared.ahead_key);
         let range = prepared.component.image_range();
         let bytes = (range.end as usize).saturating_sub(range.start as usize);
         self.prepared
@@ -1296,7 +1312,7 @@ impl Runtime {
         keyed: Option<Session>,
         f: impl FnOnce(&mut Store<GuestData>, &wasmtime::component::Instance) -> wasmtime::Result<T>,
     ) -> Called<T> {
-        let (mut store, stdout, stderr, instance) = match self.ahead.take(&p.digest) {
+        let (mut store, stdout, stderr, instance) = match self.ahead.take(&p.ahead_key) {
             Some(Made {
                 mut store,
                 instance,
@@ -1340,7 +1356,7 @@ impl Runtime {
         let engine = self.engine.clone();
         let pre = p.instance_pre.clone();
         let instantiation = p.instantiation.clone();
-        self.ahead.request(&p.digest, move || {
+        self.ahead.request(&p.ahead_key, move || {
             let placeholder = Determinism::default();
             let witness = placeholder.witness.clone();
             let (mut store, stdout, stderr) =
@@ -1827,6 +1843,41 @@ mod tests {
                 .join("../examples/processors/target/wasm32-wasip2/release/clocky.wasm"),
         )
         .ok()
+    }
+
+    #[test]
+    fn an_instance_made_ahead_never_serves_the_same_bytes_loaded_again() {
+        let guests = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../examples/processors/target/wasm32-wasip2/release");
+        let (Some(bytes), Ok(other)) = (clocky(), std::fs::read(guests.join("counter.wasm")))
+        else {
+            eprintln!("the guests are not built: nothing to call");
+            return;
+        };
+        let dir = tempfile::tempdir().unwrap();
+        // One component's code in memory at a time.
+        let runtime = Runtime::with_compiled_code_bytes(dir.path().into(), 1).unwrap();
+        let d = digest(&bytes);
+        let first = runtime.prepare(&d, || Ok(bytes.clone())).unwrap();
+        runtime.make_ahead(&first, true);
+        eventually(|| runtime.instances_made_ahead().0 == 1);
+        // Another component pushes it out of memory; loaded again, it is
+        // another `Component`, which the parked instance cannot serve.
+        runtime
+            .prepare(&digest(&other), || Ok(other.clone()))
+            .unwrap();
+        let again = runtime.prepare(&d, || Ok(bytes.clone())).unwrap();
+        assert!(!Arc::ptr_eq(&first, &again), "loaded again");
+        assert_eq!(
+            runtime.instances_made_ahead().0,
+            0,
+            "the stale one is dropped"
+        );
+        let event = serde_json::json!({"offset": 1, "type": "t", "payload": {}}).to_string();
+        let effects = runtime
+            .react("clocky", &again, &event, Determinism::default(), 5_000)
+            .unwrap();
+        assert_eq!(effects.len(), 1);
     }
 
     /// Polls until `f` holds, for at most ten seconds.
