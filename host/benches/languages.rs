@@ -81,10 +81,9 @@ async fn wakes(name: &str, bytes: Vec<u8>) -> (f64, Vec<f64>) {
         .await
         .unwrap();
     runtime.compiled(&digest).await;
-    let deadline = Instant::now() + std::time::Duration::from_secs(5);
-    while runtime.instances_made_ahead().0 == 0 && Instant::now() < deadline {
-        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
-    }
+    tokio::task::block_in_place(|| {
+        runtime.wait_for_instances_made_ahead(std::time::Duration::from_secs(5), |(p, _)| p > 0)
+    });
     let storage = host.streams().storage().clone();
     let mut first = f64::NAN;
     let mut steady = Vec::new();

@@ -41,6 +41,8 @@ pub struct Ahead<S> {
     queue: Mutex<Option<Queue<S>>>,
     /// Calls served by an instance made ahead.
     served: AtomicU64,
+    /// Counts the background thread's finished jobs, for [`Ahead::wait_for`].
+    finished: (Mutex<u64>, std::sync::Condvar),
     /// Run first on the background thread (the runtime lowers its
     /// priority: making ahead takes the CPU that requests leave).
     on_start: fn(),
@@ -54,6 +56,7 @@ impl<S: Send + 'static> Ahead<S> {
             pending: Mutex::new(HashSet::new()),
             queue: Mutex::new(None),
             served: AtomicU64::new(0),
+            finished: (Mutex::new(0), std::sync::Condvar::new()),
             on_start,
         })
     }
@@ -110,6 +113,8 @@ impl<S: Send + 'static> Ahead<S> {
                             return;
                         };
                         ahead.park(digest, made);
+                        *ahead.finished.0.lock().expect("finished") += 1;
+                        ahead.finished.1.notify_all();
                     }
                 });
             match spawned {
@@ -149,6 +154,27 @@ impl<S: Send + 'static> Ahead<S> {
         }
     }
 
+    /// Waits until `holds` (asked again after each job of the background
+    /// thread ends), for at most `within`; answers whether it holds.
+    pub fn wait_for(&self, within: std::time::Duration, holds: impl Fn() -> bool) -> bool {
+        let deadline = std::time::Instant::now() + within;
+        loop {
+            let seen = *self.finished.0.lock().expect("finished");
+            if holds() {
+                return true;
+            }
+            let mut now = self.finished.0.lock().expect("finished");
+            while *now == seen {
+                let left = deadline.saturating_duration_since(std::time::Instant::now());
+                if left.is_zero() {
+                    drop(now);
+                    return holds();
+                }
+                now = self.finished.1.wait_timeout(now, left).expect("finished").0;
+            }
+        }
+    }
+
     /// How many instances are parked now.
     pub fn parked(&self) -> usize {
         self.parked.lock().expect("parked").len()
@@ -182,13 +208,12 @@ impl<S: Send + 'static> Ahead<S> {
 mod tests {
     use super::*;
 
-    /// Polls until `f` holds, for at most five seconds.
-    fn eventually(f: impl Fn() -> bool) {
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-        while !f() {
-            assert!(std::time::Instant::now() < deadline, "never came to hold");
-            std::thread::sleep(std::time::Duration::from_millis(1));
-        }
+    /// Waits for `holds` after the background thread's jobs, at most five seconds.
+    fn eventually<S: Send + 'static>(ahead: &Ahead<S>, holds: impl Fn() -> bool) {
+        assert!(
+            ahead.wait_for(std::time::Duration::from_secs(5), holds),
+            "never came to hold"
+        );
     }
 
     #[test]
@@ -196,7 +221,7 @@ mod tests {
         let ahead = Ahead::<u32>::new(|| {});
         assert_eq!(ahead.take("a"), None);
         ahead.request("a", || Some(1));
-        eventually(|| ahead.parked() == 1);
+        eventually(&ahead, || ahead.parked() == 1);
         // Parked already: a second request makes nothing.
         ahead.request("a", || Some(2));
         assert_eq!(ahead.take("a"), Some(1));
@@ -204,7 +229,7 @@ mod tests {
         assert_eq!(ahead.served(), 1);
         // Taken: the next request makes the next one.
         ahead.request("a", || Some(3));
-        eventually(|| ahead.parked() == 1);
+        eventually(&ahead, || ahead.parked() == 1);
         assert_eq!(ahead.take("a"), Some(3));
     }
 
@@ -213,10 +238,10 @@ mod tests {
         let ahead = Ahead::<u32>::new(|| {});
         ahead.request("a", || None);
         ahead.request("b", || Some(7));
-        eventually(|| ahead.parked() == 1);
+        eventually(&ahead, || ahead.parked() == 1);
         assert_eq!(ahead.take("a"), None);
         ahead.request("a", || Some(8));
-        eventually(|| ahead.parked() == 2);
+        eventually(&ahead, || ahead.parked() == 2);
         assert_eq!(ahead.take("a"), Some(8));
         assert_eq!(ahead.take("b"), Some(7));
     }
@@ -226,16 +251,16 @@ mod tests {
         let ahead = Ahead::<usize>::new(|| {});
         for i in 0..PARKED_MAX {
             ahead.request(&format!("d{i}"), move || Some(i));
-            eventually(|| ahead.parked() == i + 1);
+            eventually(&ahead, || ahead.parked() == i + 1);
         }
         ahead.request(&format!("d{PARKED_MAX}"), || Some(PARKED_MAX));
-        eventually(|| !ahead.pending.lock().unwrap().contains("d0"));
+        eventually(&ahead, || !ahead.pending.lock().unwrap().contains("d0"));
         assert_eq!(ahead.parked(), PARKED_MAX);
         assert_eq!(ahead.take("d0"), None, "the oldest was dropped");
         assert_eq!(ahead.take(&format!("d{PARKED_MAX}")), Some(PARKED_MAX));
         // The dropped digest may be made again.
         ahead.request("d0", || Some(0));
-        eventually(|| ahead.parked() == PARKED_MAX);
+        eventually(&ahead, || ahead.parked() == PARKED_MAX);
         assert_eq!(ahead.take("d0"), Some(0));
         ahead.forget(|key| key == "d1");
         assert_eq!(ahead.take("d1"), None);

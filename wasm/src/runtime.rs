@@ -927,6 +927,18 @@ impl Runtime {
         (self.ahead.parked(), self.ahead.served())
     }
 
+    /// Waits until `holds` (of [`Runtime::instances_made_ahead`]), asked
+    /// again as each making ahead ends, for at most `within`; answers
+    /// whether it holds.
+    pub fn wait_for_instances_made_ahead(
+        &self,
+        within: Duration,
+        holds: impl Fn((usize, u64)) -> bool,
+    ) -> bool {
+        self.ahead
+            .wait_for(within, || holds(self.instances_made_ahead()))
+    }
+
     /// The compiled components held in memory: how many, and their bytes
     /// of compiled code.
     pub fn compiled_in_memory(&self) -> (usize, usize) {
@@ -1860,7 +1872,7 @@ mod tests {
         let d = digest(&bytes);
         let first = runtime.prepare(&d, || Ok(bytes.clone())).unwrap();
         runtime.make_ahead(&first, true);
-        eventually(|| runtime.instances_made_ahead().0 == 1);
+        parked(&runtime, 1);
         // Another component pushes it out of memory; loaded again, it is
         // another `Component`, which the parked instance cannot serve.
         runtime
@@ -1880,13 +1892,12 @@ mod tests {
         assert_eq!(effects.len(), 1);
     }
 
-    /// Polls until `f` holds, for at most ten seconds.
-    fn eventually(f: impl Fn() -> bool) {
-        let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        while !f() {
-            assert!(std::time::Instant::now() < deadline, "never came to hold");
-            std::thread::sleep(Duration::from_millis(2));
-        }
+    /// Waits until `runtime` has `n` instances parked, at most ten seconds.
+    fn parked(runtime: &Runtime, n: usize) {
+        assert!(
+            runtime.wait_for_instances_made_ahead(Duration::from_secs(10), |(p, _)| p == n),
+            "never {n} parked"
+        );
     }
 
     #[test]
@@ -1910,7 +1921,7 @@ mod tests {
             // An instance made ahead for each call (whatever clocky's
             // instantiation costs), made with a placeholder environment.
             ahead.make_ahead(&p, true);
-            eventually(|| ahead.instances_made_ahead().0 == 1);
+            parked(&ahead, 1);
             let served = ahead.instances_made_ahead().1;
             let event = serde_json::json!({
                 "offset": offset, "type": "t", "payload": {},
