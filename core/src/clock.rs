@@ -37,6 +37,19 @@ pub fn format_timestamp(ms: i64) -> String {
         .to_rfc3339_opts(SecondsFormat::Millis, true)
 }
 
+/// Reads a time as the API takes one: RFC 3339 (`2026-11-30T04:39:01Z`)
+/// or milliseconds since the epoch; the error names the value.
+pub fn parse_time(text: &str) -> Result<i64, String> {
+    if let Ok(ms) = text.parse::<i64>() {
+        return Ok(ms);
+    }
+    DateTime::parse_from_rfc3339(text)
+        .map(|t| t.timestamp_millis())
+        .map_err(|e| {
+            format!("{text:?} is not a time: RFC 3339 (2026-11-30T04:39:01Z) or milliseconds since the epoch ({e})")
+        })
+}
+
 /// Backoff jitter, uniform enough in `[-1, 1]`, from the clock's nanoseconds.
 pub fn jitter() -> f64 {
     let nanos = std::time::SystemTime::now()

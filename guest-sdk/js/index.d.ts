@@ -2,7 +2,7 @@
 // exports) are generated from `wit/` by `jco guest-types` into `types/`.
 /// <reference path="./types/stream-processor.d.ts" />
 /// <reference path="./types/stream-reactor.d.ts" />
-import type { StreamInfo } from "streamhost:processor/processor@0.2.0";
+import type { StreamInfo } from "streamhost:processor/processor@0.3.0";
 
 export type { StreamInfo };
 
@@ -40,12 +40,21 @@ export declare class Failure extends Error {
   static fatal(message: string): Failure;
 }
 
-/** The effect just asked for: give it an envelope (a reactor's keep it). */
+/** The effect just asked for: give it a time and an envelope. */
 export interface AskedEffect {
+  /**
+   * Not before `ms` milliseconds after the event being folded (its
+   * `createdAt`). A delayed `append` to the processor's own stream is a timer.
+   */
+  after(ms: number | bigint): AskedEffect;
+  /** Not before `ms` milliseconds since the epoch (in the past: at once). */
+  at(ms: number | bigint): AskedEffect;
   /** Its type (`SendWelcome`). */
   typed(type: string): AskedEffect;
   /** Its metadata, a JSON object. */
   withMetadata(metadata: { [key: string]: Json }): AskedEffect;
+  /** Its ordering group (kept and served with the effect). */
+  inGroup(group: string): AskedEffect;
 }
 
 /** Effects to run after the commit, each with a key that makes it idempotent. */
@@ -56,6 +65,13 @@ export declare class Effects {
   webhook(key: string, url: string, body: unknown): AskedEffect;
   /** Call an ITX expression (`["components", ["get", NAME], FUNCTION]`) with JSON arguments. */
   itx(key: string, expression: unknown, args: unknown): AskedEffect;
+  /**
+   * Cancel this processor's (or reactor's) pending effect `key` on this
+   * stream (a timer not yet due); its own key is `cancel:<key>`.
+   */
+  cancel(key: string): AskedEffect;
+  /** The time of the event being folded (ms since the epoch, its `createdAt`). */
+  readonly nowMs: number;
   /** How many effects were asked for so far. */
   readonly length: number;
 }
@@ -87,7 +103,7 @@ export interface ProcessorDefinition<S> {
 }
 
 /** The raw `processor` export that componentize-js binds. */
-export type ProcessorExport = typeof import("streamhost:processor/processor@0.2.0");
+export type ProcessorExport = typeof import("streamhost:processor/processor@0.3.0");
 
 /** The `processor` export of a component, from a definition. */
 export declare function defineProcessor<S>(def: ProcessorDefinition<S>): ProcessorExport;
@@ -99,7 +115,7 @@ export interface ReactorDefinition {
 }
 
 /** The raw `reactor` export that componentize-js binds. */
-export type ReactorExport = typeof import("streamhost:processor/reactor@0.2.0");
+export type ReactorExport = typeof import("streamhost:processor/reactor@0.3.0");
 
 /** The `reactor` export of a component, from a definition. */
 export declare function defineReactor(def: ReactorDefinition): ReactorExport;

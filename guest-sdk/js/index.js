@@ -42,28 +42,83 @@ function jsonText(value, what) {
   return text;
 }
 
-/** One effect as asked for; `typed` and `metadata` give it an envelope. */
+/** Milliseconds as WIT's `u64` (a BigInt), checked. */
+function millis(ms, what) {
+  if (typeof ms === "bigint") return ms;
+  if (typeof ms !== "number" || !Number.isFinite(ms) || ms < 0) {
+    throw Failure.fatal(`${what} must be a non-negative number of milliseconds, not ${String(ms)}`);
+  }
+  return BigInt(Math.trunc(ms));
+}
+
+/** An event's `createdAt` in milliseconds since the epoch (0 if it has none). */
+function createdMs(event) {
+  const ms = Date.parse(event.createdAt ?? "");
+  return Number.isFinite(ms) ? ms : 0;
+}
+
+/**
+ * One effect as asked for: `after`/`at` give it a time, `typed`,
+ * `withMetadata` and `inGroup` an envelope.
+ */
 class Asked {
-  constructor(key, target) {
+  constructor(key, target, nowMs) {
     if (typeof key !== "string" || key === "") {
       throw Failure.fatal(`an effect's key must be a non-empty string, not ${JSON.stringify(key)}`);
     }
     this.key = key;
     this.target = target;
+    this.notBefore = undefined;
     this.type = undefined;
     this.metadata = undefined;
+    this.group = undefined;
+    this.nowMs = nowMs;
   }
 
-  /** Its type (`SendWelcome`): a reactor's effects keep it. */
+  /**
+   * Not before `ms` milliseconds after the event being folded (its
+   * `createdAt`: refolds and shadows compute the same time). A delayed
+   * `append` to the processor's own stream is a timer.
+   */
+  after(ms) {
+    this.notBefore = BigInt(this.nowMs) + millis(ms, "after()");
+    return this;
+  }
+
+  /** Not before `ms` (milliseconds since the epoch; in the past: at once). */
+  at(ms) {
+    this.notBefore = millis(ms, "at()");
+    return this;
+  }
+
+  /** Its type (`SendWelcome`). */
   typed(type) {
     this.type = String(type);
     return this;
   }
 
-  /** Its metadata, a JSON object: a reactor's effects keep it. */
+  /** Its metadata, a JSON object. */
   withMetadata(metadata) {
     this.metadata = jsonText(metadata, "an effect's metadata");
     return this;
+  }
+
+  /** Its ordering group (kept and served with the effect). */
+  inGroup(group) {
+    this.group = String(group);
+    return this;
+  }
+
+  /** The WIT record. */
+  toWit() {
+    return {
+      key: this.key,
+      target: this.target,
+      notBefore: this.notBefore,
+      type: this.type,
+      metadata: this.metadata,
+      group: this.group,
+    };
   }
 }
 
@@ -74,12 +129,23 @@ class Asked {
 export class Effects {
   constructor() {
     this.asked = [];
+    /** The time of the event being folded (ms since the epoch, its `createdAt`). */
+    this.nowMs = 0;
   }
 
   #ask(key, target) {
-    const asked = new Asked(key, target);
+    const asked = new Asked(key, target, this.nowMs);
     this.asked.push(asked);
     return asked;
+  }
+
+  /**
+   * Cancel this processor's (or reactor's) effect `key` on this stream if it
+   * is still pending (a timer not yet due, say); of a running, settled or
+   * unknown one it does nothing. Its own key is `cancel:<key>`.
+   */
+  cancel(key) {
+    return this.#ask(`cancel:${key}`, { tag: "cancel", val: String(key) });
   }
 
   /** Append an event to a stream of the same project after the commit. */
@@ -249,14 +315,13 @@ export function defineProcessor(def) {
         }
         const ctx = new Context(batch.stream);
         for (const event of folded) {
+          ctx.nowMs = createdMs(event);
           const next = def.fold(state, event, ctx);
           if (next !== undefined) state = next;
         }
         return {
           state: jsonText(state, "the state"),
-          // A processor's WIT (0.2.0) has no envelope: `type` and `metadata`
-          // are a reactor's.
-          effects: ctx.asked.map((a) => ({ key: a.key, target: a.target })),
+          effects: ctx.asked.map((a) => a.toWit()),
         };
       } catch (thrown) {
         fail(thrown);
@@ -279,13 +344,9 @@ export function defineReactor(def) {
       try {
         const event = parseJson(eventText, "the event is not the JSON object the host sends");
         const effects = new Effects();
+        effects.nowMs = createdMs(event);
         def.react(event, effects);
-        return effects.asked.map((a) => ({
-          key: a.key,
-          target: a.target,
-          type: a.type,
-          metadata: a.metadata,
-        }));
+        return effects.asked.map((a) => a.toWit());
       } catch (thrown) {
         fail(thrown);
       }

@@ -114,9 +114,27 @@ pub struct Event {
     /// Its idempotency key, if any.
     #[serde(default)]
     pub idempotency_key: Option<String>,
+    /// Where the platform says it came from, if anywhere: `copiedFrom` (a
+    /// subscription copied it) or `effect` (an effect appended it, a timer
+    /// among them: `{"path", "streamId", "component", "key",
+    /// "checkpointOffset"}`).
+    #[serde(default)]
+    pub source: Option<Value>,
 }
 
 impl Event {
+    /// When it was committed, in milliseconds since the epoch (0 if
+    /// `created_at` is not an RFC 3339 UTC time).
+    pub fn created_ms(&self) -> u64 {
+        time::parse_ms(&self.created_at).unwrap_or(0)
+    }
+
+    /// The key of the effect that appended it (a timer's, say), if an
+    /// effect did.
+    pub fn effect_key(&self) -> Option<&str> {
+        self.source.as_ref()?.get("effect")?.get("key")?.as_str()
+    }
+
     /// The payload as a typed value.
     pub fn payload_as<T: DeserializeOwned>(&self) -> Result<T, Failure> {
         serde_json::from_value(self.payload.clone()).map_err(|e| {
@@ -152,6 +170,73 @@ impl Failure {
             message: message.into(),
             retryable: false,
         }
+    }
+}
+
+mod time {
+    /// Milliseconds since the epoch of `2026-11-30T04:39:01.123Z` (the
+    /// host's form: UTC, optional fraction).
+    pub fn parse_ms(text: &str) -> Option<u64> {
+        let b = text.as_bytes();
+        if b.len() < 20
+            || b[4] != b'-'
+            || b[7] != b'-'
+            || b[10] != b'T'
+            || b[13] != b':'
+            || b[16] != b':'
+        {
+            return None;
+        }
+        let num = |from: usize, to: usize| -> Option<i64> { text.get(from..to)?.parse().ok() };
+        let (year, month, day) = (num(0, 4)?, num(5, 7)?, num(8, 10)?);
+        let (hour, minute, second) = (num(11, 13)?, num(14, 16)?, num(17, 19)?);
+        let rest = &text[19..];
+        let (fraction, zone) = match rest.strip_prefix('.') {
+            Some(f) => {
+                let digits = f.bytes().take_while(u8::is_ascii_digit).count();
+                (&f[..digits], &f[digits..])
+            }
+            None => ("", rest),
+        };
+        if !(zone == "Z" || zone == "+00:00")
+            || !(1..=12).contains(&month)
+            || !(1..=31).contains(&day)
+        {
+            return None;
+        }
+        let mut millis = 0i64;
+        for (i, c) in fraction.bytes().take(3).enumerate() {
+            millis += i64::from(c - b'0') * [100, 10, 1][i];
+        }
+        // Days from the civil date (Howard Hinnant's algorithm).
+        let y = if month <= 2 { year - 1 } else { year };
+        let era = y.div_euclid(400);
+        let yoe = y - era * 400;
+        let mp = (month + 9) % 12;
+        let doy = (153 * mp + 2) / 5 + day - 1;
+        let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+        let days = era * 146_097 + doe - 719_468;
+        let ms = ((days * 24 + hour) * 60 + minute) * 60_000 + second * 1000 + millis;
+        u64::try_from(ms).ok()
+    }
+
+    #[cfg(test)]
+    mod tests {
+        #[test]
+        fn the_hosts_times_read_as_milliseconds() {
+            assert_eq!(parse_ms("1970-01-01T00:00:00Z"), Some(0));
+            assert_eq!(
+                parse_ms("2026-12-05T00:00:01.250Z"),
+                Some(1_796_428_801_250)
+            );
+            assert_eq!(
+                parse_ms("2024-02-29T23:59:59.999+00:00"),
+                Some(1_709_251_199_999)
+            );
+            assert_eq!(parse_ms("2026-12-05 00:00:01Z"), None);
+            assert_eq!(parse_ms("yesterday"), None);
+        }
+        use super::parse_ms;
     }
 }
 
@@ -191,14 +276,19 @@ enum Asked {
         expression: String,
         args: String,
     },
+    Cancel {
+        key: String,
+    },
 }
 
 /// One effect asked for: its key, what it does, and its envelope.
 struct AskedEffect {
     key: String,
     asked: Asked,
+    not_before: Option<u64>,
     effect_type: Option<String>,
     metadata: Option<String>,
+    group: Option<String>,
 }
 
 /// Effects to run after the commit (a fold's, or a reactor's), each with a
@@ -206,23 +296,48 @@ struct AskedEffect {
 #[derive(Default)]
 pub struct Effects {
     asked: Vec<AskedEffect>,
+    /// The time of the event being folded (ms since the epoch): what
+    /// [`EffectEnvelope::after`] counts from.
+    now_ms: u64,
 }
 
-/// The effect just asked for: give it an envelope. A reactor's effects
-/// keep it (a webhook sends it as headers); a processor's WIT (0.2.0) has
-/// no place for it, so a fold's effects drop it.
-pub struct EffectEnvelope<'a>(&'a mut AskedEffect);
+/// The effect just asked for: give it a time and an envelope.
+pub struct EffectEnvelope<'a> {
+    effect: &'a mut AskedEffect,
+    now_ms: u64,
+}
 
 impl EffectEnvelope<'_> {
+    /// Not before `delay` after the event being folded (its `createdAt`:
+    /// refolds and shadows compute the same time). A delayed `append` to
+    /// the processor's own stream is a timer.
+    pub fn after(self, delay: std::time::Duration) -> Self {
+        let delay = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
+        self.effect.not_before = Some(self.now_ms.saturating_add(delay));
+        self
+    }
+
+    /// Not before `ms` (milliseconds since the epoch; in the past: at once).
+    pub fn at(self, ms: u64) -> Self {
+        self.effect.not_before = Some(ms);
+        self
+    }
+
     /// Its type (`SendWelcome`).
     pub fn typed(self, effect_type: impl Into<String>) -> Self {
-        self.0.effect_type = Some(effect_type.into());
+        self.effect.effect_type = Some(effect_type.into());
         self
     }
 
     /// Its metadata, a JSON object (`{"correlationId": ...}`).
     pub fn metadata(self, metadata: &impl Serialize) -> Self {
-        self.0.metadata = Some(json_text(metadata));
+        self.effect.metadata = Some(json_text(metadata));
+        self
+    }
+
+    /// Its ordering group (kept and served with the effect).
+    pub fn group(self, group: impl Into<String>) -> Self {
+        self.effect.group = Some(group.into());
         self
     }
 }
@@ -236,10 +351,30 @@ impl Effects {
         self.asked.push(AskedEffect {
             key,
             asked,
+            not_before: None,
             effect_type: None,
             metadata: None,
+            group: None,
         });
-        EffectEnvelope(self.asked.last_mut().expect("just pushed"))
+        EffectEnvelope {
+            effect: self.asked.last_mut().expect("just pushed"),
+            now_ms: self.now_ms,
+        }
+    }
+
+    /// Cancel this processor's (or reactor's) effect `key` on this stream if
+    /// it is still pending (a timer not yet due, say); of a running, settled
+    /// or unknown one it does nothing. It applies in the commit that stores
+    /// it, after the commit's other effects. Its own key is `cancel:<key>`.
+    pub fn cancel(&mut self, key: impl Into<String>) -> EffectEnvelope<'_> {
+        let key = key.into();
+        self.ask(format!("cancel:{key}"), Asked::Cancel { key })
+    }
+
+    /// The time of the event being folded or reacted to (ms since the
+    /// epoch, its `createdAt`): the fold's clock.
+    pub fn now_ms(&self) -> u64 {
+        self.now_ms
     }
 
     /// Append an event to a stream of the same project after the commit.
@@ -327,6 +462,7 @@ macro_rules! into_wit_target {
                 Asked::Itx { expression, args } => {
                     w::EffectTarget::Itx(w::ItxEffect { expression, args })
                 }
+                Asked::Cancel { key } => w::EffectTarget::Cancel(key),
             }
         }
     };
@@ -347,6 +483,10 @@ fn fold_effects(effects: Effects) -> Vec<wit::Effect> {
         .map(|e| wit::Effect {
             key: e.key,
             target: fold_target(e.asked),
+            not_before: e.not_before,
+            type_: e.effect_type,
+            metadata: e.metadata,
+            group: e.group,
         })
         .collect()
 }
@@ -361,8 +501,10 @@ fn react_effects(
             |e| reactor_bindings::exports::streamhost::processor::reactor::Effect {
                 key: e.key,
                 target: react_target(e.asked),
+                not_before: e.not_before,
                 type_: e.effect_type,
                 metadata: e.metadata,
+                group: e.group,
             },
         )
         .collect()
@@ -447,6 +589,7 @@ pub fn __fold<P: Processor>(state: String, batch: wit::Batch) -> Result<wit::Fol
         effects: Effects::default(),
     };
     for event in events.iter().filter(folded) {
+        ctx.effects.now_ms = event.created_ms();
         P::fold(&mut s, event, &mut ctx).map_err(wit_failure)?;
     }
     let effects = fold_effects(ctx.effects);
@@ -512,7 +655,10 @@ pub fn __react<R: Reactor>(
             "the event is not the JSON object the host sends: {e}"
         )))
     })?;
-    let mut effects = Effects::default();
+    let mut effects = Effects {
+        now_ms: event.created_ms(),
+        ..Effects::default()
+    };
     R::react(&event, &mut effects).map_err(failure)?;
     Ok(react_effects(effects))
 }

@@ -42,8 +42,9 @@ mod floor {
     use wasmtime::{Engine, Store};
     use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
+    // The minimal guest is built against 0.2.0 (the host runs both).
     wasmtime::component::bindgen!({
-        path: "../wit",
+        path: "../wasm/wit/0.2.0",
         world: "stream-processor",
     });
     use exports::streamhost::processor::processor::{Batch, StreamInfo};

@@ -43,6 +43,7 @@ struct Inner {
     subscription_halts: Family<Vec<(String, String)>, Counter>,
     subscription_skips: Family<Vec<(String, String)>, Counter>,
     wake_seconds: Histogram,
+    effect_due_lag_seconds: Histogram,
     reactor_calls: Family<Vec<(String, String)>, Counter>,
     effects: Family<Vec<(String, String)>, Gauge>,
     ingest_pending_events: Family<Vec<(String, String)>, Gauge>,
@@ -182,8 +183,15 @@ impl Metrics {
         let effects = Family::<Vec<(String, String)>, Gauge>::default();
         registry.register(
             "effects",
-            "Effects in the outbox that are not done, by status (pending, running, failed), read at scrape time",
+            "Effects in the outbox that are not done, by status (pending, running, failed; \
+             waiting: pending and not yet due, for their not-before or a retry's backoff), read at scrape time",
             effects.clone(),
+        );
+        let effect_due_lag_seconds = Histogram::new(exponential_buckets(0.000_5, 2.0, 20));
+        registry.register(
+            "effect_due_lag_seconds",
+            "How late a delayed effect's first attempt began after its not-before",
+            effect_due_lag_seconds.clone(),
         );
         let ingest_pending_events = Family::<Vec<(String, String)>, Gauge>::default();
         registry.register(
@@ -242,6 +250,7 @@ impl Metrics {
                 subscription_halts,
                 subscription_skips,
                 wake_seconds,
+                effect_due_lag_seconds,
                 reactor_calls,
                 effects,
                 ingest_pending_events,
@@ -350,9 +359,16 @@ impl Metrics {
         self.inner.wake_seconds.observe(elapsed.as_secs_f64());
     }
 
+    /// Records how late a delayed effect's first attempt began.
+    pub fn effect_due_lag(&self, late_ms: i64) {
+        self.inner
+            .effect_due_lag_seconds
+            .observe(late_ms.max(0) as f64 / 1000.0);
+    }
+
     /// Sets the outbox's counts by status (statuses absent count 0).
     pub fn set_effects(&self, by_status: &[(String, i64)]) {
-        for status in ["pending", "running", "failed"] {
+        for status in ["pending", "running", "failed", "waiting"] {
             let n = by_status
                 .iter()
                 .find(|(s, _)| s == status)

@@ -39,15 +39,45 @@ pub struct EffectRow {
     pub settled_at: Option<String>,
     /// The lease it runs under (0: never leased).
     pub lease_id: i64,
+    /// Not attempted before this time (ms since the epoch).
+    pub not_before_ms: Option<i64>,
 }
 
 /// A new effect for the outbox.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct NewEffect {
     pub key: String,
     /// The stored target, JSON.
     pub target: String,
     pub checkpoint_offset: u64,
+    /// Not attempted before this time (ms since the epoch; on PostgreSQL
+    /// compared with the database's clock).
+    pub not_before_ms: Option<i64>,
+    /// For a `cancel` target: the key of the same consumer's effect it
+    /// cancels if that is pending, in the commit that stores it.
+    pub cancels: Option<String>,
+}
+
+impl NewEffect {
+    /// A checked effect of the checkpoint at `checkpoint_offset`.
+    pub fn of(checked: streamhost_core::effect::Checked, checkpoint_offset: u64) -> NewEffect {
+        NewEffect {
+            key: checked.key,
+            target: checked.stored.to_string(),
+            checkpoint_offset,
+            not_before_ms: checked.not_before_ms,
+            cancels: checked.cancels,
+        }
+    }
+
+    /// The status it is stored with: a cancel is done once stored (it
+    /// applies in the same commit).
+    fn status(&self) -> &'static str {
+        match self.cancels {
+            Some(_) => "succeeded",
+            None => "pending",
+        }
+    }
 }
 
 /// Where new effects come from: a processor instance's source stream.
@@ -76,6 +106,10 @@ pub(super) struct PgInsert<'a> {
     keys: Vec<Option<&'a str>>,
     offsets: Vec<Option<i64>>,
     targets: Vec<Option<&'a str>>,
+    not_before: Vec<Option<i64>>,
+    statuses: Vec<Option<&'a str>>,
+    /// The keys the cancels among them cancel.
+    cancelled: Vec<Option<&'a str>>,
 }
 
 impl<'a> PgInsert<'a> {
@@ -93,17 +127,48 @@ impl<'a> PgInsert<'a> {
                 .map(|e| Some(e.checkpoint_offset as i64))
                 .collect(),
             targets: effects.iter().map(|e| Some(e.target.as_str())).collect(),
+            not_before: effects.iter().map(|e| e.not_before_ms).collect(),
+            statuses: effects.iter().map(|e| Some(e.status())).collect(),
+            cancelled: effects
+                .iter()
+                .filter_map(|e| e.cancels.as_deref())
+                .map(Some)
+                .collect(),
         }
     }
 
+    /// The insert: a delayed effect is due at its `not-before` or now,
+    /// whichever is later (the database's clock); a cancel is stored done
+    /// and settled.
     pub(super) fn sql(&self) -> &'static str {
         const SQL: &str = "INSERT INTO effects (project, path, stream_id, component, effect_key,
-                 checkpoint_offset, target, status, due_at_ms, created_at)
-             SELECT ?1, ?2, ?3, ?4, k, o, t, 'pending',
-                    CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT), ?8
-             FROM UNNEST(CAST(?5 AS TEXT[]), CAST(?6 AS BIGINT[]), CAST(?7 AS TEXT[])) AS u(k, o, t)
+                 checkpoint_offset, target, status, due_at_ms, created_at, not_before_ms, settled_at)
+             SELECT ?1, ?2, ?3, ?4, k, o, t, s,
+                    GREATEST(CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT), nb), ?8,
+                    nb, CASE WHEN s = 'pending' THEN NULL ELSE ?8 END
+             FROM UNNEST(CAST(?5 AS TEXT[]), CAST(?6 AS BIGINT[]), CAST(?7 AS TEXT[]),
+                         CAST(?9 AS BIGINT[]), CAST(?10 AS TEXT[])) AS u(k, o, t, nb, s)
              ON CONFLICT DO NOTHING";
         SQL
+    }
+
+    /// The cancels' statement, after the insert in the same transaction;
+    /// `None` when there are none.
+    pub(super) fn cancel(&'a self) -> Option<(&'static str, Vec<Arg<'a>>)> {
+        if self.cancelled.is_empty() {
+            return None;
+        }
+        let source = self.source;
+        Some((
+            CANCEL_PENDING_POSTGRES,
+            vec![
+                Arg::Text(&source.project),
+                Arg::Text(&source.path),
+                Arg::Text(&source.component),
+                Arg::Texts(&self.cancelled),
+                Arg::Text(self.created_at),
+            ],
+        ))
     }
 
     pub(super) fn args(&'a self) -> Vec<Arg<'a>> {
@@ -117,9 +182,17 @@ impl<'a> PgInsert<'a> {
             Arg::Ints(&self.offsets),
             Arg::Texts(&self.targets),
             Arg::Text(self.created_at),
+            Arg::Ints(&self.not_before),
+            Arg::Texts(&self.statuses),
         ]
     }
 }
+
+/// Cancels the pending effects of one consumer on one stream whose keys
+/// are in `?4` (PostgreSQL).
+const CANCEL_PENDING_POSTGRES: &str = "UPDATE effects SET status = 'cancelled', settled_at = ?5
+     WHERE project = ?1 AND path = ?2 AND component = ?3 AND status = 'pending'
+       AND effect_key = ANY(CAST(?4 AS TEXT[]))";
 
 /// A write to the outbox (besides the effects a checkpoint commits).
 #[derive(Debug, Clone)]
@@ -169,7 +242,7 @@ pub enum EffectOp {
 
 const COLUMNS: &str = "id, project, path, stream_id, component, effect_key, checkpoint_offset, \
      target, status, attempts, due_at_ms, last_error, result, retries, created_at, settled_at, \
-     lease_id";
+     lease_id, not_before_ms";
 
 fn row(r: &Row<'_>) -> Result<EffectRow> {
     let json = |s: Option<String>| s.and_then(|s| serde_json::from_str(&s).ok());
@@ -191,6 +264,7 @@ fn row(r: &Row<'_>) -> Result<EffectRow> {
         created_at: r.text(14)?,
         settled_at: r.opt_text(15)?,
         lease_id: r.int(16)?,
+        not_before_ms: r.opt_int(17)?,
     })
 }
 
@@ -201,6 +275,9 @@ pub struct EffectQuery {
     pub path: Option<String>,
     pub component: Option<String>,
     pub status: Option<String>,
+    /// Only effects that will run by this time: pending ones due at or
+    /// before it (ms since the epoch).
+    pub due_before_ms: Option<i64>,
     pub after_id: i64,
     pub limit: usize,
 }
@@ -227,6 +304,7 @@ impl Storage {
                        AND (CAST(?3 AS TEXT) IS NULL OR path = ?3)
                        AND (CAST(?4 AS TEXT) IS NULL OR component = ?4)
                        AND (CAST(?5 AS TEXT) IS NULL OR status = ?5)
+                       AND (CAST(?7 AS BIGINT) IS NULL OR (status = 'pending' AND due_at_ms <= ?7))
                      ORDER BY id LIMIT ?6"
                 ),
                 args![
@@ -235,7 +313,8 @@ impl Storage {
                     &q.path,
                     &q.component,
                     &q.status,
-                    q.limit as i64
+                    q.limit as i64,
+                    q.due_before_ms
                 ],
                 row,
             )
@@ -364,15 +443,23 @@ impl Storage {
     }
 
     /// How many effects are pending, running and failed (the statuses not
-    /// done; succeeded and cancelled rows are history).
-    pub fn effect_counts(&self) -> Result<Vec<(String, i64)>> {
+    /// done; succeeded and cancelled rows are history), and `waiting`: the
+    /// pending ones not due yet at `now_ms` (a `not-before`, a backoff).
+    pub fn effect_counts(&self, now_ms: i64) -> Result<Vec<(String, i64)>> {
         self.with_reader(|db| {
-            db.query_all(
+            let now_ms = db_now(db, now_ms)?;
+            let mut counts = db.query_all(
                 "SELECT status, COUNT(*) FROM effects
                  WHERE status IN ('pending', 'running', 'failed') GROUP BY status",
                 args![],
                 |r| Ok((r.text(0)?, r.int(1)?)),
-            )
+            )?;
+            counts.push(db.query_one(
+                "SELECT 'waiting', COUNT(*) FROM effects WHERE status = 'pending' AND due_at_ms > ?1",
+                args![now_ms],
+                |r| Ok((r.text(0)?, r.int(1)?)),
+            )?);
+            Ok(counts)
         })
     }
 
@@ -451,14 +538,19 @@ pub(super) fn insert(
     if conn.dialect() == super::sql::Dialect::Postgres {
         // One statement for all of them, on the database's clock.
         let pg = PgInsert::of(source, effects, created_at);
-        return Ok(conn.execute(pg.sql(), &pg.args())? as i64);
+        let created = conn.execute(pg.sql(), &pg.args())? as i64;
+        if let Some((sql, args)) = pg.cancel() {
+            conn.execute(sql, &args)?;
+        }
+        return Ok(created);
     }
     let mut created = 0;
     for e in effects {
+        let status = e.status();
         created += conn.execute(
             "INSERT INTO effects (project, path, stream_id, component, effect_key,
-                 checkpoint_offset, target, status, due_at_ms, created_at)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'pending', ?8, ?9) ON CONFLICT DO NOTHING",
+                 checkpoint_offset, target, status, due_at_ms, created_at, not_before_ms, settled_at)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12) ON CONFLICT DO NOTHING",
             args![
                 &source.project,
                 &source.path,
@@ -467,10 +559,28 @@ pub(super) fn insert(
                 &e.key,
                 e.checkpoint_offset as i64,
                 &e.target,
-                now_ms,
-                created_at
+                status,
+                e.not_before_ms.map_or(now_ms, |nb| nb.max(now_ms)),
+                created_at,
+                e.not_before_ms,
+                (status != "pending").then_some(created_at)
             ],
         )? as i64;
+    }
+    // A cancel applies after every effect of its commit is stored.
+    for cancelled in effects.iter().filter_map(|e| e.cancels.as_deref()) {
+        conn.execute(
+            "UPDATE effects SET status = 'cancelled', settled_at = ?5
+             WHERE project = ?1 AND path = ?2 AND component = ?3 AND status = 'pending'
+               AND effect_key = ?4",
+            args![
+                &source.project,
+                &source.path,
+                &source.component,
+                cancelled,
+                created_at
+            ],
+        )?;
     }
     Ok(created)
 }
@@ -568,7 +678,8 @@ pub(super) fn apply(conn: Db<'_>, op: &EffectOp) -> Result<i64> {
             conn.execute(sql, &args)?
         }
         EffectOp::Retry { id, now_ms } => conn.execute(
-            "UPDATE effects SET status = 'pending', attempts = 0, due_at_ms = ?2,
+            "UPDATE effects SET status = 'pending', attempts = 0,
+                 due_at_ms = CASE WHEN not_before_ms > ?2 THEN not_before_ms ELSE ?2 END,
                  retries = retries + 1, settled_at = NULL
              WHERE id = ?1 AND status IN ('failed', 'cancelled')",
             args![id, db_now(conn, *now_ms)?],

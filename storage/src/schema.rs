@@ -74,7 +74,20 @@ const MIGRATIONS: &[Migration] = &[
         name: "ingest_pending.parked_at: accepted events refused for good, kept until settled",
         apply: ingest_parked,
     },
+    Migration {
+        name: "effects.not_before_ms: an effect not attempted before its time",
+        apply: effect_not_before,
+    },
 ];
+
+/// `effects.not_before_ms`: a delayed effect (a timer) is due no earlier;
+/// its due time is `due_at_ms`, indexed with its status.
+const EFFECT_NOT_BEFORE: &str = "ALTER TABLE effects ADD COLUMN not_before_ms BIGINT";
+
+fn effect_not_before(conn: &Connection) -> Result<()> {
+    conn.execute_batch(EFFECT_NOT_BEFORE)?;
+    Ok(())
+}
 
 /// Parked ingest: a pending row refused for good stays (counted against
 /// capacity) with when and why; JetStream messages parked keep their
@@ -638,6 +651,7 @@ pub fn migrate_postgres(db: Db<'_>) -> Result<()> {
                 db.batch(REFOLD_REPLAY_EFFECTS)?;
                 db.batch(REFOLD_SHADOW)?;
                 db.batch(INGEST_PARKED)?;
+                db.batch(EFFECT_NOT_BEFORE)?;
                 db.execute(
                     "INSERT INTO streamhost_schema (version) VALUES (?1)",
                     crate::sql::args![i64::from(SCHEMA_VERSION)],
@@ -645,7 +659,7 @@ pub fn migrate_postgres(db: Db<'_>) -> Result<()> {
                 tracing::info!(version = SCHEMA_VERSION, "schema created on PostgreSQL");
             }
             Some(v) if v == i64::from(SCHEMA_VERSION) => {}
-            Some(v @ 5..=12) => {
+            Some(v @ 5..=13) => {
                 if v == 5 {
                     db.batch(EFFECT_LEASE_IDS)?;
                 }
@@ -667,7 +681,10 @@ pub fn migrate_postgres(db: Db<'_>) -> Result<()> {
                 if v <= 11 {
                     db.batch(REFOLD_SHADOW)?;
                 }
-                db.batch(INGEST_PARKED)?;
+                if v <= 12 {
+                    db.batch(INGEST_PARKED)?;
+                }
+                db.batch(EFFECT_NOT_BEFORE)?;
                 db.execute(
                     "UPDATE streamhost_schema SET version = ?1",
                     crate::sql::args![i64::from(SCHEMA_VERSION)],

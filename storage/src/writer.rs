@@ -1084,6 +1084,12 @@ impl<'a> RoundArrays<'a> {
     }
 }
 
+/// A reactor's effects insert's arguments, and its cancels' statement.
+type EffectStatements<'a> = (
+    Vec<super::sql::Arg<'a>>,
+    Option<(&'static str, Vec<super::sql::Arg<'a>>)>,
+);
+
 /// A group on PostgreSQL: `BEGIN` and every stream round (one statement
 /// each, whose refusals raise) go in one pipelined round trip; the other
 /// writes follow one by one, each in a savepoint; then `COMMIT`. A round
@@ -1129,17 +1135,25 @@ fn commit_group_pipelined(
                     })
             })
             .collect();
-        let effect_args: Vec<Vec<super::sql::Arg<'_>>> =
-            effect_arrays.iter().map(|(_, p)| p.args()).collect();
+        // A reactor's cancels follow its insert: (insert's args, cancels').
+        let effect_args: Vec<EffectStatements<'_>> = effect_arrays
+            .iter()
+            .map(|(_, p)| (p.args(), p.cancel()))
+            .collect();
         let mut statements: Vec<(&str, &[super::sql::Arg<'_>])> = vec![("BEGIN", &[])];
         let mut owners: Vec<usize> = Vec::new();
         let mut effects_of = effect_arrays.iter().zip(&effect_args).peekable();
         for (r, a) in args.iter().enumerate() {
             statements.push((APPEND_ROUND, a.as_slice()));
             owners.push(r);
-            while let Some(((_, insert), a)) = effects_of.next_if(|((er, _), _)| *er == r) {
+            while let Some(((_, insert), (a, cancel))) = effects_of.next_if(|((er, _), _)| *er == r)
+            {
                 statements.push((insert.sql(), a.as_slice()));
                 owners.push(r);
+                if let Some((sql, a)) = cancel {
+                    statements.push((sql, a.as_slice()));
+                    owners.push(r);
+                }
             }
         }
         let answers = match pg.pipeline(&statements) {
@@ -1778,6 +1792,7 @@ mod tests {
                 key: "k".into(),
                 target: "{\"webhook\": {}}".into(),
                 checkpoint_offset: 3,
+                ..NewEffect::default()
             }],
             now_ms: 1_000,
             created_at: "2026-12-01T00:00:00.000Z".into(),

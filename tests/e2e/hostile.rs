@@ -212,7 +212,7 @@ pub fn assert_valid_wave_fold_call(command: &str) {
         );
         let instance = linker.instantiate(&mut store, &component).unwrap();
         let interface = component
-            .get_export_index(None, "streamhost:processor/processor@0.2.0")
+            .get_export_index(None, "streamhost:processor/processor@0.3.0")
             .expect("the processor interface");
         let index = component
             .get_export_index(Some(&interface), "fold")

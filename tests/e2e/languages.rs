@@ -379,7 +379,7 @@ async fn a_misbuilt_component_is_refused_at_deploy_and_a_state_that_is_not_json_
         &refused,
         400,
         "invalid-component",
-        "built against streamhost:processor/processor@0.1.0, and this host runs streamhost:processor@0.2.0",
+        "built against streamhost:processor/processor@0.1.0, and this host runs streamhost:processor@0.3.0 (and @0.2.0)",
     );
     let (status, list) = s.get("/v1/projects/acme/components").await;
     assert_eq!(status, 200, "{list}");

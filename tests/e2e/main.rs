@@ -44,4 +44,5 @@ mod streams;
 mod subscription_bad_input;
 mod subscriptions;
 mod support;
+mod timers;
 mod webhooks;

@@ -169,7 +169,7 @@ async fn deploy_validates_components_and_lists_them() {
             .await,
         400,
         "invalid-component",
-        "streamhost:processor/processor@0.2.0",
+        "streamhost:processor/processor@0.3.0",
     );
     assert_error(
         &s.deploy("acme", "Bad Name", guest("counter")).await,

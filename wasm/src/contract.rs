@@ -22,8 +22,14 @@ const GIVEN: &[&str] = &[
 /// The package of the processor and reactor interfaces.
 const PACKAGE: &str = "streamhost:processor";
 
-/// The version of `streamhost:processor` this host runs.
-pub const VERSION: &str = "0.2.0";
+/// The version of `streamhost:processor` in `wit/`, which the SDKs build
+/// against.
+pub const VERSION: &str = "0.3.0";
+
+/// The versions of `streamhost:processor` this host runs: the current one,
+/// and 0.2.0 (no time, no processor effect envelope), whose components run
+/// unchanged.
+pub const VERSIONS: &[&str] = &["0.2.0", VERSION];
 
 /// The interface names of a component's outer imports and exports.
 #[derive(Debug, Default, PartialEq)]
@@ -135,17 +141,34 @@ pub fn check(found: &Interfaces) -> Result<(), String> {
             }
         ));
     }
-    let other: Vec<&str> = found
+    let ours: Vec<&str> = found
         .imports
         .iter()
         .chain(&found.exports)
         .map(String::as_str)
-        .filter(|name| package_of(name) == Some(PACKAGE) && version_of(name) != Some(VERSION))
+        .filter(|name| package_of(name) == Some(PACKAGE))
+        .collect();
+    let other: Vec<&str> = ours
+        .iter()
+        .copied()
+        .filter(|name| version_of(name).is_none_or(|v| !VERSIONS.contains(&v)))
         .collect();
     if let Some(first) = other.first() {
         return Err(format!(
-            "the component was built against {first}, and this host runs {PACKAGE}@{VERSION}: \
-             build it again against this host's wit/ (the SDKs of this release carry it)"
+            "the component was built against {first}, and this host runs {PACKAGE}@{VERSION} \
+             (and @0.2.0): build it again against this host's wit/ (the SDKs of this release \
+             carry it)"
+        ));
+    }
+    let mut versions: Vec<&str> = ours.iter().filter_map(|name| version_of(name)).collect();
+    versions.sort_unstable();
+    versions.dedup();
+    if versions.len() > 1 {
+        return Err(format!(
+            "the component exports {} (versions {} of {PACKAGE}): a component is built against \
+             one version of wit/; build it again against this host's ({VERSION})",
+            quoted(&ours),
+            versions.join(" and ")
         ));
     }
     Ok(())
@@ -206,12 +229,38 @@ mod tests {
     fn another_version_of_the_processor_package_names_both_versions() {
         let e = check(&of(&[], &["streamhost:processor/processor@0.1.0"])).unwrap_err();
         assert!(
-            e.contains("built against streamhost:processor/processor@0.1.0, and this host runs streamhost:processor@0.2.0"),
+            e.contains("built against streamhost:processor/processor@0.1.0, and this host runs streamhost:processor@0.3.0 (and @0.2.0)"),
             "{e}"
         );
         let e = check(&of(&[], &["streamhost:processor/reactor"])).unwrap_err();
         assert!(
             e.contains("built against streamhost:processor/reactor,"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn both_versions_pass_alone_and_a_component_exporting_both_is_refused() {
+        for version in VERSIONS {
+            let found = of(
+                &[],
+                &[
+                    &format!("streamhost:processor/processor@{version}"),
+                    &format!("streamhost:processor/reactor@{version}"),
+                ],
+            );
+            assert_eq!(check(&found), Ok(()), "{version}");
+        }
+        let e = check(&of(
+            &[],
+            &[
+                "streamhost:processor/processor@0.2.0",
+                "streamhost:processor/reactor@0.3.0",
+            ],
+        ))
+        .unwrap_err();
+        assert!(
+            e.contains("versions 0.2.0 and 0.3.0 of streamhost:processor): a component is built against one version"),
             "{e}"
         );
     }

@@ -41,9 +41,28 @@ mod reactor_bindings {
     });
 }
 
-pub use reactor_bindings::exports::streamhost::processor::reactor::{
-    Effect as ReactorEffect, EffectTarget as ReactorEffectTarget,
-};
+/// The worlds of `streamhost:processor@0.2.0` (`wit/0.2.0`, this crate's
+/// copy), whose components the host still runs: their exports only (their
+/// `wasi:keyvalue` imports are the current world's).
+mod v2 {
+    pub mod processor {
+        wasmtime::component::bindgen!({
+            path: "wit/0.2.0",
+            world: "stream-processor",
+            with: {
+                "wasi:keyvalue/store": crate::runtime::bindings::wasi::keyvalue::store,
+                "wasi:keyvalue/batch": crate::runtime::bindings::wasi::keyvalue::batch,
+            },
+        });
+    }
+    pub mod reactor {
+        wasmtime::component::bindgen!({
+            path: "wit/0.2.0",
+            world: "stream-reactor",
+        });
+    }
+}
+
 use reactor_bindings::StreamReactorIndices;
 
 use bindings::wasi::keyvalue::store::{Error as KvError, KeyResponse};
@@ -55,15 +74,97 @@ use super::keyed::{KeyedError, Session};
 /// store's [`Session`].
 pub struct BucketHandle;
 
+use bindings::exports::streamhost::processor::processor::Failure as FoldFailure;
 pub use bindings::exports::streamhost::processor::processor::{
-    Announcement, Batch, Effect, EffectTarget, Folded, StreamInfo,
+    Announcement, AppendEffect, Batch, Effect, EffectTarget, Folded, ItxEffect, StreamInfo,
+    WebhookEffect,
 };
 use bindings::{StreamProcessorIndices, StreamProcessorPre};
 
-/// The interface a processor component must export.
-pub const PROCESSOR_INTERFACE: &str = "streamhost:processor/processor@0.2.0";
-/// The interface a reactor component must export.
-pub const REACTOR_INTERFACE: &str = "streamhost:processor/reactor@0.2.0";
+/// The interface a processor component exports (this version; 0.2.0's runs too).
+pub const PROCESSOR_INTERFACE: &str = "streamhost:processor/processor@0.3.0";
+/// The interface a reactor component exports (this version; 0.2.0's runs too).
+pub const REACTOR_INTERFACE: &str = "streamhost:processor/reactor@0.3.0";
+
+/// A processor's exports, of the version it was built against.
+enum ProcessorIndices {
+    V2(v2::processor::StreamProcessorIndices),
+    V3(StreamProcessorIndices),
+}
+
+/// A reactor's exports, of the version it was built against.
+enum ReactorIndices {
+    V2(v2::reactor::StreamReactorIndices),
+    V3(StreamReactorIndices),
+}
+
+/// A processor's exports in one instance.
+enum ProcessorExports {
+    V2(v2::processor::StreamProcessor),
+    V3(bindings::StreamProcessor),
+}
+
+/// The effects of either version and either interface, as this version's
+/// processor effects (0.2.0's processor effects have no envelope and no
+/// time; its reactor effects no time; only 0.3.0 has `cancel`).
+macro_rules! effect_from {
+    ($name:ident, $($m:ident)::+, |$e:ident| $type_:expr, $metadata:expr, $not_before:expr, $group:expr $(, $cancel:ident)?) => {
+        fn $name($e: $($m)::+::Effect) -> Effect {
+            use $($m)::+ as w;
+            let target = match $e.target {
+                w::EffectTarget::Append(a) => EffectTarget::Append(AppendEffect {
+                    stream_path: a.stream_path,
+                    type_: a.type_,
+                    payload: a.payload,
+                    metadata: a.metadata,
+                }),
+                w::EffectTarget::Webhook(h) => EffectTarget::Webhook(WebhookEffect {
+                    url: h.url,
+                    body: h.body,
+                }),
+                w::EffectTarget::Itx(x) => EffectTarget::Itx(ItxEffect {
+                    expression: x.expression,
+                    args: x.args,
+                }),
+                $(w::EffectTarget::$cancel(key) => EffectTarget::Cancel(key),)?
+            };
+            Effect {
+                key: $e.key,
+                target,
+                not_before: $not_before,
+                type_: $type_,
+                metadata: $metadata,
+                group: $group,
+            }
+        }
+    };
+}
+
+effect_from!(
+    reactor_effect,
+    reactor_bindings::exports::streamhost::processor::reactor,
+    |e| e.type_,
+    e.metadata,
+    e.not_before,
+    e.group,
+    Cancel
+);
+effect_from!(
+    v2_reactor_effect,
+    v2::reactor::exports::streamhost::processor::reactor,
+    |e| e.type_,
+    e.metadata,
+    None,
+    None
+);
+effect_from!(
+    v2_processor_effect,
+    v2::processor::exports::streamhost::processor::processor,
+    |e| None,
+    None,
+    None,
+    None
+);
 /// Linear memory a guest may use.
 pub const GUEST_MEMORY_BYTES_MAX: usize = 256 * 1024 * 1024;
 /// Virtual address space reserved per guest memory.
@@ -557,9 +658,9 @@ pub struct Prepared {
     component: Component,
     instance_pre: wasmtime::component::InstancePre<GuestData>,
     /// Present when the component exports the processor interface.
-    processor: Option<StreamProcessorIndices>,
+    processor: Option<ProcessorIndices>,
     /// Present when the component exports the reactor interface.
-    reactor: Option<StreamReactorIndices>,
+    reactor: Option<ReactorIndices>,
     /// What its instantiation costs, and whether an instance of it may be
     /// made ahead of a call.
     instantiation: Arc<Instantiation>,
@@ -1279,8 +1380,18 @@ impl Runtime {
             }
         };
         let instance_pre = self.linker.instantiate_pre(&component)?;
-        let processor = StreamProcessorIndices::new(&instance_pre).ok();
-        let reactor = StreamReactorIndices::new(&instance_pre).ok();
+        let processor = StreamProcessorIndices::new(&instance_pre)
+            .map(ProcessorIndices::V3)
+            .or_else(|_| {
+                v2::processor::StreamProcessorIndices::new(&instance_pre).map(ProcessorIndices::V2)
+            })
+            .ok();
+        let reactor = StreamReactorIndices::new(&instance_pre)
+            .map(ReactorIndices::V3)
+            .or_else(|_| {
+                v2::reactor::StreamReactorIndices::new(&instance_pre).map(ReactorIndices::V2)
+            })
+            .ok();
         let keyed = component
             .component_type()
             .imports(&self.engine)
@@ -1433,7 +1544,7 @@ impl Runtime {
         p: &Prepared,
         d: Determinism,
         timeout_ms: u64,
-        f: impl FnOnce(&mut Store<GuestData>, &bindings::StreamProcessor) -> wasmtime::Result<T>,
+        f: impl FnOnce(&mut Store<GuestData>, &ProcessorExports) -> wasmtime::Result<T>,
     ) -> Result<T, GuestError> {
         self.call_keyed(name, p, d, timeout_ms, None, f).result
     }
@@ -1447,7 +1558,7 @@ impl Runtime {
         d: Determinism,
         timeout_ms: u64,
         keyed: Option<Session>,
-        f: impl FnOnce(&mut Store<GuestData>, &bindings::StreamProcessor) -> wasmtime::Result<T>,
+        f: impl FnOnce(&mut Store<GuestData>, &ProcessorExports) -> wasmtime::Result<T>,
     ) -> Called<T> {
         let Some(indices) = &p.processor else {
             let e = GuestError::Failure {
@@ -1461,7 +1572,10 @@ impl Runtime {
             };
         };
         self.run_instance(name, p, d, timeout_ms, keyed, |store, instance| {
-            let processor = indices.load(&mut *store, instance)?;
+            let processor = match indices {
+                ProcessorIndices::V2(i) => ProcessorExports::V2(i.load(&mut *store, instance)?),
+                ProcessorIndices::V3(i) => ProcessorExports::V3(i.load(&mut *store, instance)?),
+            };
             f(store, &processor)
         })
     }
@@ -1594,9 +1708,24 @@ impl Runtime {
         if let Some(a) = p.announcement.get() {
             return Ok(a.clone());
         }
-        let a = self.call(name, p, Determinism::default(), timeout_ms, |s, i| {
-            i.streamhost_processor_processor().call_describe(s)
-        })?;
+        let a = self.call(
+            name,
+            p,
+            Determinism::default(),
+            timeout_ms,
+            |s, i| match i {
+                ProcessorExports::V3(i) => i.streamhost_processor_processor().call_describe(s),
+                ProcessorExports::V2(i) => {
+                    i.streamhost_processor_processor()
+                        .call_describe(s)
+                        .map(|a| Announcement {
+                            slug: a.slug,
+                            version: a.version,
+                            consumes: a.consumes,
+                        })
+                }
+            },
+        )?;
         let _ = p.announcement.set(a.clone());
         Ok(a)
     }
@@ -1611,7 +1740,7 @@ impl Runtime {
         event: &str,
         d: Determinism,
         timeout_ms: u64,
-    ) -> Result<Vec<ReactorEffect>, GuestError> {
+    ) -> Result<Vec<Effect>, GuestError> {
         let Some(indices) = &p.reactor else {
             return Err(GuestError::Failure {
                 message: format!(
@@ -1622,16 +1751,26 @@ impl Runtime {
         };
         let event = event.to_string();
         let called = self.run_instance(name, p, d, timeout_ms, None, |store, instance| {
-            indices
-                .load(&mut *store, instance)?
-                .streamhost_processor_reactor()
-                .call_react(&mut *store, &event)
+            Ok(match indices {
+                ReactorIndices::V3(i) => i
+                    .load(&mut *store, instance)?
+                    .streamhost_processor_reactor()
+                    .call_react(&mut *store, &event)?
+                    .map(|effects| effects.into_iter().map(reactor_effect).collect())
+                    .map_err(|f| (f.message, f.retryable)),
+                ReactorIndices::V2(i) => i
+                    .load(&mut *store, instance)?
+                    .streamhost_processor_reactor()
+                    .call_react(&mut *store, &event)?
+                    .map(|effects| effects.into_iter().map(v2_reactor_effect).collect())
+                    .map_err(|f| (f.message, f.retryable)),
+            })
         });
         let quoted = quoting(&called.stderr);
         called.result.and_then(|r| {
-            r.map_err(|f| GuestError::Failure {
-                message: format!("{}{quoted}", f.message),
-                retryable: f.retryable,
+            r.map_err(|(message, retryable)| GuestError::Failure {
+                message: format!("{message}{quoted}"),
+                retryable,
             })
         })
     }
@@ -1646,9 +1785,16 @@ impl Runtime {
         if let Some(state) = p.initial.get() {
             return Ok(state.clone());
         }
-        let state = self.call(name, p, Determinism::default(), timeout_ms, |s, i| {
-            i.streamhost_processor_processor().call_initial_state(s)
-        })?;
+        let state = self.call(
+            name,
+            p,
+            Determinism::default(),
+            timeout_ms,
+            |s, i| match i {
+                ProcessorExports::V3(i) => i.streamhost_processor_processor().call_initial_state(s),
+                ProcessorExports::V2(i) => i.streamhost_processor_processor().call_initial_state(s),
+            },
+        )?;
         let _ = p.initial.set(state.clone());
         Ok(state)
     }
@@ -1668,9 +1814,35 @@ impl Runtime {
         keyed: Session,
     ) -> (Result<Folded, GuestError>, Session) {
         let state = state.to_string();
-        let called = self.call_keyed(name, p, d, timeout_ms, Some(keyed), |s, i| {
-            i.streamhost_processor_processor()
-                .call_fold(s, &state, batch)
+        let called = self.call_keyed(name, p, d, timeout_ms, Some(keyed), |s, i| match i {
+            ProcessorExports::V3(i) => i
+                .streamhost_processor_processor()
+                .call_fold(s, &state, batch),
+            ProcessorExports::V2(i) => {
+                use v2::processor::exports::streamhost::processor::processor as w;
+                let info = &batch.stream;
+                let old = w::Batch {
+                    stream: w::StreamInfo {
+                        project_id: info.project_id.clone(),
+                        path: info.path.clone(),
+                        stream_id: info.stream_id.clone(),
+                        stream_created_at: info.stream_created_at.clone(),
+                        max_offset: info.max_offset,
+                    },
+                    events: batch.events.clone(),
+                    scanned_through_offset: batch.scanned_through_offset,
+                };
+                Ok(i.streamhost_processor_processor()
+                    .call_fold(s, &state, &old)?
+                    .map(|f| Folded {
+                        state: f.state,
+                        effects: f.effects.into_iter().map(v2_processor_effect).collect(),
+                    })
+                    .map_err(|f| FoldFailure {
+                        message: f.message,
+                        retryable: f.retryable,
+                    }))
+            }
         });
         let session = called.keyed.expect("the store keeps its session");
         let stderr = called.stderr;

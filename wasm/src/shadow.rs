@@ -443,12 +443,24 @@ fn patch_json(patch: &json_patch::Patch) -> Value {
     serde_json::to_value(patch).unwrap_or_else(|_| Value::Array(Vec::new()))
 }
 
+/// A held effect as the shadow's report shows it: its key, target and
+/// envelope as the outbox would serve them, and when it would run.
 fn effect_json(e: &NewEffect) -> Value {
-    serde_json::json!({
+    let mut target = serde_json::from_str::<Value>(&e.target).unwrap_or(Value::Null);
+    let mut held = serde_json::json!({
         "key": e.key,
-        "target": serde_json::from_str::<Value>(&e.target).unwrap_or(Value::Null),
         "checkpointOffset": e.checkpoint_offset,
-    })
+        "notBefore": e.not_before_ms.map(streamhost_core::clock::format_timestamp),
+    });
+    if let Value::Object(t) = &mut target {
+        for field in ["type", "metadata", "group"] {
+            if let Some(v) = t.remove(field) {
+                held[field] = v;
+            }
+        }
+    }
+    held["target"] = target;
+    held
 }
 
 /// Compares the live bucket (0: none) with the shadow's writes over an

@@ -12,7 +12,7 @@ use super::runtime::{Batch, Determinism, GuestError, Prepared, Runtime, StreamIn
 use streamhost_core::clock::format_timestamp;
 use streamhost_core::delivery::select::select_batch;
 use streamhost_core::delivery::Failure;
-use streamhost_core::effect::{parse, Returned};
+use streamhost_core::effect::{check, Returned, ReturnedEffect};
 use streamhost_core::filter::CompiledFilter;
 use streamhost_storage::{Checkpoint, NewEffect, Storage};
 
@@ -315,13 +315,14 @@ pub fn fold_events(
     };
     let whole = env(&events[0]);
     let witness = whole.witness.clone();
+    let clock_ms = created_ms(&events[events.len() - 1].created_at);
     let folded = fold_call(guest, stream, state, events, through, whole, bucket);
     // A batch that failed for good is folded again one event per call, to
     // name the event that fails (the calls are deterministic).
     let locate = matches!(&folded, Err((f, _)) if !f.retryable);
     if events.len() == 1 || !(witness.read() || locate) {
         let (state_after, returned, session) = folded.map_err(|(f, _)| *f)?;
-        let effects = checked_effects(guest.component, &returned, through)?;
+        let effects = checked_effects(guest.component, &returned, through, clock_ms)?;
         return Ok((state_after, effects, session.keep()));
     }
     // The whole batch's call is dropped, its writes with it.
@@ -370,7 +371,7 @@ pub fn fold_events(
         // Every event folds alone: the batch failed as a whole.
         return Err(f);
     }
-    let effects = checked_effects(guest.component, &returned, through)?;
+    let effects = checked_effects(guest.component, &returned, through, clock_ms)?;
     Ok((state, effects, bucket))
 }
 
@@ -470,36 +471,51 @@ fn fold_call(
     Ok((folded.state, folded.effects, session))
 }
 
+/// An effect as the guest returned it, for [`streamhost_core::effect::check`].
+pub fn returned(e: &super::runtime::Effect) -> ReturnedEffect<'_> {
+    use super::runtime::EffectTarget;
+    let target = match &e.target {
+        EffectTarget::Append(a) => Returned::Append {
+            stream_path: &a.stream_path,
+            event_type: &a.type_,
+            payload: &a.payload,
+            metadata: a.metadata.as_deref(),
+        },
+        EffectTarget::Webhook(w) => Returned::Webhook {
+            url: &w.url,
+            body: &w.body,
+        },
+        EffectTarget::Itx(x) => Returned::Itx {
+            expression: &x.expression,
+            args: &x.args,
+        },
+        EffectTarget::Cancel(key) => Returned::Cancel { key },
+    };
+    ReturnedEffect {
+        key: &e.key,
+        target,
+        not_before: e.not_before,
+        effect_type: e.type_.as_deref(),
+        metadata: e.metadata.as_deref(),
+        group: e.group.as_deref(),
+    }
+}
+
 /// The effects a fold returned, checked and in their stored form; a bad one
 /// fails the fold (not retryable: the same events give the same effects),
-/// naming it.
+/// naming it. `clock_ms` is the time of the batch's last event (a
+/// `not-before` is bounded from it).
 pub fn checked_effects(
     component: &str,
     returned: &[super::runtime::Effect],
     checkpoint_offset: u64,
+    clock_ms: i64,
 ) -> Result<Vec<NewEffect>, Failure> {
-    use super::runtime::EffectTarget;
     let mut seen = std::collections::HashSet::new();
     let mut effects = Vec::with_capacity(returned.len());
     for (i, e) in returned.iter().enumerate() {
         let at = format!("effects[{i}]");
-        let parsed = match &e.target {
-            EffectTarget::Append(a) => Returned::Append {
-                stream_path: &a.stream_path,
-                event_type: &a.type_,
-                payload: &a.payload,
-                metadata: a.metadata.as_deref(),
-            },
-            EffectTarget::Webhook(w) => Returned::Webhook {
-                url: &w.url,
-                body: &w.body,
-            },
-            EffectTarget::Itx(x) => Returned::Itx {
-                expression: &x.expression,
-                args: &x.args,
-            },
-        };
-        let target = parse(&at, &e.key, parsed).map_err(|m| {
+        let checked = check(&at, self::returned(e), clock_ms).map_err(|m| {
             failure(
                 format!("processor {component:?} returned a bad effect: {m}"),
                 false,
@@ -508,11 +524,7 @@ pub fn checked_effects(
         // The first of two effects with one key in a batch wins, as a later
         // batch's would be ignored.
         if seen.insert(e.key.as_str()) {
-            effects.push(NewEffect {
-                key: e.key.clone(),
-                target: target.to_json().to_string(),
-                checkpoint_offset,
-            });
+            effects.push(NewEffect::of(checked, checkpoint_offset));
         }
     }
     Ok(effects)

@@ -15,6 +15,11 @@ use crate::stream::canonicalize_path;
 pub const KEY_BYTES_MAX: usize = 512;
 /// Largest `lastError` kept, in bytes.
 pub const ERROR_TEXT_BYTES_MAX: usize = 4096;
+/// Largest envelope `type` and `group`, in bytes.
+pub const ENVELOPE_TEXT_BYTES_MAX: usize = 256;
+/// How far after the event that asks it an effect's `not-before` may be:
+/// ten years (of 365.25 days), in milliseconds.
+pub const NOT_BEFORE_AHEAD_MS_MAX: i64 = 10 * 36_525 * 86_400_000 / 100;
 
 /// What an effect does.
 #[derive(Debug, Clone, PartialEq)]
@@ -30,6 +35,9 @@ pub enum Target {
     Webhook { url: String, body: Value },
     /// Call an ITX expression with arguments.
     Itx { expression: Value, args: Vec<Value> },
+    /// Cancel the same consumer's pending effect with this key (applied in
+    /// the commit that stores it).
+    Cancel { key: String },
 }
 
 impl Target {
@@ -48,6 +56,7 @@ impl Target {
             Target::Itx { expression, args } => {
                 json!({"itx": {"expression": expression, "args": args}})
             }
+            Target::Cancel { key } => json!({"cancel": {"key": key}}),
         }
     }
 
@@ -81,6 +90,11 @@ impl Target {
                 args: i["args"].as_array().cloned().unwrap_or_default(),
             });
         }
+        if let Some(key) = v.get("cancel").and_then(|c| c["key"].as_str()) {
+            return Ok(Target::Cancel {
+                key: key.to_string(),
+            });
+        }
         Err(format!("unknown effect target {v}"))
     }
 }
@@ -102,6 +116,94 @@ pub enum Returned<'a> {
         expression: &'a str,
         args: &'a str,
     },
+    Cancel {
+        key: &'a str,
+    },
+}
+
+/// An effect as a fold or a reactor returned it: its target and envelope,
+/// its JSON fields still text.
+#[derive(Debug, Clone)]
+pub struct ReturnedEffect<'a> {
+    pub key: &'a str,
+    pub target: Returned<'a>,
+    /// Milliseconds since the epoch.
+    pub not_before: Option<u64>,
+    pub effect_type: Option<&'a str>,
+    pub metadata: Option<&'a str>,
+    pub group: Option<&'a str>,
+}
+
+/// An effect checked, in the outbox's terms.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Checked {
+    pub key: String,
+    /// The stored target: [`Target::to_json`] with the envelope beside it
+    /// (`type`, `metadata`, `group`).
+    pub stored: Value,
+    /// Not attempted before this time (ms since the epoch).
+    pub not_before_ms: Option<i64>,
+    /// The key of the effect it cancels, for a `cancel` target.
+    pub cancels: Option<String>,
+}
+
+/// Checks an effect and its envelope (`at` names it: `effects[2]`);
+/// `clock_ms` is the time of the event that asked it (the fold's or the
+/// reactor's clock): `not-before` may be at most
+/// [`NOT_BEFORE_AHEAD_MS_MAX`] after it.
+pub fn check(at: &str, returned: ReturnedEffect<'_>, clock_ms: i64) -> Result<Checked, String> {
+    let target = parse(at, returned.key, returned.target)?;
+    let mut stored = target.to_json();
+    for (field, text) in [("type", returned.effect_type), ("group", returned.group)] {
+        if let Some(t) = text {
+            if t.trim().is_empty()
+                || t.len() > ENVELOPE_TEXT_BYTES_MAX
+                || t.contains(char::is_control)
+            {
+                return Err(format!(
+                    "{at}.{field} {t:?} must be 1 to {ENVELOPE_TEXT_BYTES_MAX} bytes without control characters"
+                ));
+            }
+            stored[field] = Value::String(t.to_string());
+        }
+    }
+    if let Some(m) = returned.metadata {
+        match serde_json::from_str::<Value>(m) {
+            Ok(v @ Value::Object(_)) => stored["metadata"] = v,
+            _ => {
+                return Err(format!(
+                    "{at}.metadata must be a JSON object, got {}",
+                    preview(m)
+                ))
+            }
+        }
+    }
+    let not_before_ms = match returned.not_before {
+        None => None,
+        Some(ms) => {
+            let latest = clock_ms.saturating_add(NOT_BEFORE_AHEAD_MS_MAX);
+            match i64::try_from(ms) {
+                Ok(ms) if ms <= latest => Some(ms),
+                _ => {
+                    return Err(format!(
+                        "{at}.not-before {ms} is more than 10 years after the event that asks it \
+                         ({}): it must be at most {latest} (ms since the epoch)",
+                        crate::clock::format_timestamp(clock_ms)
+                    ))
+                }
+            }
+        }
+    };
+    let cancels = match &target {
+        Target::Cancel { key } => Some(key.clone()),
+        _ => None,
+    };
+    Ok(Checked {
+        key: returned.key.to_string(),
+        stored,
+        not_before_ms,
+        cancels,
+    })
 }
 
 /// Checks an effect a fold returned (`at` names it: `effects[2]`), so a bad
@@ -167,6 +269,17 @@ pub fn parse(at: &str, key: &str, returned: Returned<'_>) -> Result<Target, Stri
                 other => return Err(format!("{at}.args must be a JSON array, got {other}")),
             };
             Ok(Target::Itx { expression, args })
+        }
+        Returned::Cancel { key: cancelled } => {
+            if cancelled.is_empty() || cancelled.len() > KEY_BYTES_MAX || cancelled.contains('\0') {
+                return Err(format!(
+                    "{at}.cancel {} must be an effect key: 1 to {KEY_BYTES_MAX} bytes without NUL",
+                    preview(cancelled)
+                ));
+            }
+            Ok(Target::Cancel {
+                key: cancelled.to_string(),
+            })
         }
     }
 }

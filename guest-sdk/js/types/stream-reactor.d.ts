@@ -1,4 +1,4 @@
 /// <reference path="./interfaces/streamhost-processor-reactor.d.ts" />
-declare module 'streamhost:processor/stream-reactor@0.2.0' {
-  export * as reactor from 'streamhost:processor/reactor@0.2.0'; // export streamhost:processor/reactor@0.2.0
+declare module 'streamhost:processor/stream-reactor@0.3.0' {
+  export * as reactor from 'streamhost:processor/reactor@0.3.0'; // export streamhost:processor/reactor@0.3.0
 }

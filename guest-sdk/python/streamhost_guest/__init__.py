@@ -25,6 +25,7 @@ import json
 import os
 import traceback
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
 from typing import Any, Callable, Iterable, Optional
 
 #: The prefix of the platform's own event types.
@@ -71,6 +72,17 @@ class Event:
     idempotency_key: Optional[str] = None
     source: Any = None
 
+    @property
+    def created_ms(self) -> int:
+        """When it was committed, in milliseconds since the epoch (0 if not a time)."""
+        return _created_ms(self.created_at)
+
+    @property
+    def effect_key(self) -> Optional[str]:
+        """The key of the effect that appended it (a timer's, say), if an effect did."""
+        effect = (self.source or {}).get("effect") if isinstance(self.source, dict) else None
+        return effect.get("key") if isinstance(effect, dict) else None
+
     @staticmethod
     def of(raw: dict) -> "Event":
         return Event(
@@ -84,6 +96,22 @@ class Event:
         )
 
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+
+def _created_ms(created_at: str) -> int:
+    try:
+        return (datetime.fromisoformat(created_at.replace("Z", "+00:00")) - _EPOCH) // timedelta(milliseconds=1)
+    except (ValueError, TypeError, AttributeError):
+        return 0
+
+
+def _millis(ms: Any, what: str) -> int:
+    if isinstance(ms, bool) or not isinstance(ms, (int, float)) or ms < 0:
+        raise Failure.fatal(f"{what} must be a non-negative number of milliseconds, not {ms!r}")
+    return int(ms)
+
+
 def _json_text(value: Any, what: str) -> str:
     try:
         return json.dumps(value, separators=(",", ":"), allow_nan=False)
@@ -93,12 +121,32 @@ def _json_text(value: Any, what: str) -> str:
 
 @dataclass(slots=True)
 class AskedEffect:
-    """The effect just asked for: give it an envelope (a reactor's keep it)."""
+    """The effect just asked for: give it a time and an envelope."""
 
     key: str
     target: tuple
+    now_ms: int = 0
+    not_before: Optional[int] = None
     type: Optional[str] = None
     metadata: Optional[str] = None
+    group: Optional[str] = None
+
+    def after(self, ms: int) -> "AskedEffect":
+        """Not before `ms` milliseconds after the event being folded (its
+        `createdAt`: refolds and shadows compute the same time). A delayed
+        `append` to the processor's own stream is a timer."""
+        self.not_before = self.now_ms + _millis(ms, "after()")
+        return self
+
+    def at(self, ms: int) -> "AskedEffect":
+        """Not before `ms` milliseconds since the epoch (in the past: at once)."""
+        self.not_before = _millis(ms, "at()")
+        return self
+
+    def in_group(self, group: str) -> "AskedEffect":
+        """Its ordering group (kept and served with the effect)."""
+        self.group = str(group)
+        return self
 
     def typed(self, effect_type: str) -> "AskedEffect":
         """Its type (`SendWelcome`)."""
@@ -116,13 +164,21 @@ class Effects:
     """Effects to run after the commit, each with a key that makes it idempotent."""
 
     asked: list = field(default_factory=list)
+    #: The time of the event being folded (ms since the epoch, its `createdAt`).
+    now_ms: int = 0
 
     def _ask(self, key: str, target: tuple) -> AskedEffect:
         if not isinstance(key, str) or not key:
             raise Failure.fatal(f"an effect's key must be a non-empty string, not {key!r}")
-        asked = AskedEffect(key, target)
+        asked = AskedEffect(key, target, self.now_ms)
         self.asked.append(asked)
         return asked
+
+    def cancel(self, key: str) -> AskedEffect:
+        """Cancel this processor's (or reactor's) effect `key` on this stream if
+        it is still pending (a timer not yet due, say); of a running, settled
+        or unknown one it does nothing. Its own key is `cancel:<key>`."""
+        return self._ask(f"cancel:{key}", ("cancel", str(key)))
 
     def append(self, key: str, stream_path: str, type: str, payload: Any) -> AskedEffect:
         """Append an event to a stream of the same project after the commit."""
@@ -174,7 +230,20 @@ def _wit_target(w, target: tuple):
         return w.EffectTarget_Append(w.AppendEffect(stream_path=target[1], type=target[2], payload=target[3], metadata=None))
     if kind == "webhook":
         return w.EffectTarget_Webhook(w.WebhookEffect(url=target[1], body=target[2]))
+    if kind == "cancel":
+        return w.EffectTarget_Cancel(target[1])
     return w.EffectTarget_Itx(w.ItxEffect(expression=target[1], args=target[2]))
+
+
+def _wit_effect(w, a: AskedEffect):
+    return w.Effect(
+        key=a.key,
+        target=_wit_target(w, a.target),
+        not_before=a.not_before,
+        type=a.type,
+        metadata=a.metadata,
+        group=a.group,
+    )
 
 
 def _err(w, e: BaseException):
@@ -258,12 +327,11 @@ def define_processor(
                         keyed.prefetch(keys)
                 ctx = Context(stream=batch.stream)
                 for event in events:
+                    ctx.now_ms = event.created_ms
                     new = fold(state, event, ctx)
                     if new is not None:
                         state = new
-                # A processor's WIT (0.2.0) has no envelope: `type` and
-                # `metadata` are a reactor's.
-                effects = [w.Effect(key=a.key, target=_wit_target(w, a.target)) for a in ctx.asked]
+                effects = [_wit_effect(w, a) for a in ctx.asked]
                 return w.Folded(state=_json_text(state, "the state"), effects=effects)
             except Exception as e:
                 raise _err(w, e) from None
@@ -287,12 +355,9 @@ def define_reactor(*, react: Callable[[Event, Effects], None]):
 
             try:
                 event = Event.of(_parse(event_text, "the event is not the JSON object the host sends"))
-                effects = Effects()
+                effects = Effects(now_ms=event.created_ms)
                 react(event, effects)
-                return [
-                    w.Effect(key=a.key, target=_wit_target(w, a.target), type=a.type, metadata=a.metadata)
-                    for a in effects.asked
-                ]
+                return [_wit_effect(w, a) for a in effects.asked]
             except Exception as e:
                 raise _err(w, e) from None
 

@@ -27,6 +27,10 @@ pub(crate) struct EffectsLsArgs {
     /// Only effects in this status: pending, running, succeeded, failed, cancelled.
     #[arg(long)]
     pub status: Option<String>,
+    /// Only effects that will run by this time (RFC 3339 or ms since the
+    /// epoch): pending ones due at or before it.
+    #[arg(long, value_parser = crate::clock::parse_time)]
+    pub due_before: Option<i64>,
     /// Start after this effect id (the `nextAfterId` of the previous page).
     #[arg(long)]
     pub after_id: Option<u64>,
@@ -73,6 +77,7 @@ pub(super) async fn effects(command: EffectsCommand) -> Result<()> {
                 })?;
                 filter.status = Some(parsed);
             }
+            filter.due_before_ms = a.due_before;
             filter.after_id = a.after_id.unwrap_or(0) as i64;
             (a.project, EffectRequest::List(filter))
         }

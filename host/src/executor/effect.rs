@@ -383,6 +383,10 @@ async fn execute_and_settle(exec: &Executors, settings: &Settings, row: EffectRo
     let timeout_ms = settings.delivery.timeout_ms;
     let (kind, name) = effect::consumer(&row.component);
     let label = format!("effect {:?} of {kind} {name:?}", row.key);
+    if let (Some(not_before), 1) = (row.not_before_ms, row.attempts) {
+        exec.metrics
+            .effect_due_lag(settings.clock.now_ms() - not_before);
+    }
     let outcome = match Target::from_json(&row.target) {
         Ok(target) => {
             let wait = Duration::from_millis(timeout_ms);
@@ -482,6 +486,8 @@ async fn execute(
     timeout_ms: u64,
 ) -> Result<Option<Value>, Failure> {
     match target {
+        // Applied in the commit that stored it (and stored done).
+        Target::Cancel { .. } => Ok(None),
         Target::Append {
             stream_path,
             event_type,
@@ -640,6 +646,7 @@ mod tests {
             created_at: String::new(),
             settled_at: None,
             lease_id: 0,
+            not_before_ms: None,
         }
     }
 

@@ -25,6 +25,9 @@ pub struct EffectFilter {
     pub component: Option<String>,
     /// Only those in this status.
     pub status: Option<EffectStatus>,
+    /// Only those that will run by this time (ms since the epoch): pending
+    /// ones due at or before it (`?due=before:T`).
+    pub due_before_ms: Option<i64>,
     /// Only those with a larger id (the previous page's `next_after_id`).
     pub after_id: i64,
     /// At most this many (1 to [`EFFECT_LIMIT_MAX`]).
@@ -37,6 +40,7 @@ impl Default for EffectFilter {
             stream: None,
             component: None,
             status: None,
+            due_before_ms: None,
             after_id: 0,
             limit: 100,
         }
@@ -64,6 +68,13 @@ impl EffectFilter {
     /// Only those in `status`.
     pub fn status(mut self, status: EffectStatus) -> Self {
         self.status = Some(status);
+        self
+    }
+
+    /// Only those that will run by `ms` (ms since the epoch): pending ones
+    /// due at or before it.
+    pub fn due_before(mut self, ms: i64) -> Self {
+        self.due_before_ms = Some(ms);
         self
     }
 
@@ -96,12 +107,17 @@ pub struct Effect {
     pub consumer: String,
     /// `processor` or `reactor`.
     pub consumer_kind: &'static str,
-    /// Its envelope's type, if it has one (reactors' effects).
+    /// Its envelope's type, if it has one.
     #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
     pub effect_type: Option<String>,
-    /// Its envelope's metadata, if it has one (reactors' effects).
+    /// Its envelope's metadata, if it has one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub metadata: Option<Value>,
+    /// Its ordering group, if it has one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
+    /// Not attempted before this time (RFC 3339), if it was delayed.
+    pub not_before: Option<String>,
     /// The effect's key (its identity with the instance).
     pub key: String,
     /// The checkpoint that committed it.
@@ -139,10 +155,16 @@ impl Effect {
             .and_then(Value::as_str)
             .map(str::to_string);
         let metadata = e.target.get("metadata").filter(|m| m.is_object()).cloned();
+        let group = e
+            .target
+            .get("group")
+            .and_then(Value::as_str)
+            .map(str::to_string);
         let mut target = e.target;
         if let Value::Object(t) = &mut target {
             t.remove("type");
             t.remove("metadata");
+            t.remove("group");
         }
         Effect {
             id: e.id,
@@ -153,6 +175,8 @@ impl Effect {
             consumer_kind: kind,
             effect_type,
             metadata,
+            group,
+            not_before: e.not_before_ms.map(format_timestamp),
             key: e.key,
             checkpoint_offset: e.checkpoint_offset,
             target,
@@ -226,6 +250,7 @@ impl Host {
             path,
             component: filter.component,
             status: filter.status.map(|s| s.as_str().to_string()),
+            due_before_ms: filter.due_before_ms,
             after_id: filter.after_id,
             limit: filter.limit,
         };

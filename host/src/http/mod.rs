@@ -291,9 +291,10 @@ async fn metrics(State(host): State<Host>, headers: HeaderMap) -> Response {
         .set_ingest_blocked(host.ingest.blocked_streams());
     // What only storage knows, read now (off the async workers).
     let storage = host.streams.storage().clone();
+    let now_ms = host.streams.now_ms();
     let counts = tokio::task::spawn_blocking(move || {
         (
-            storage.effect_counts(),
+            storage.effect_counts(now_ms),
             storage.ingest_pending_by_project(),
             storage.ingest_parked_by_project(),
         )

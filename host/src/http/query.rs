@@ -213,8 +213,8 @@ pub fn deploy_query(query: Option<&str>) -> Result<DeployMode, ApiError> {
     DeployMode::from_options(refold.as_deref(), replay).map_err(ApiError::invalid)
 }
 
-/// Parses `stream`, `component`, `status`, `afterId` and `limit` of
-/// `GET /v1/projects/{p}/effects`.
+/// Parses `stream`, `component`, `status`, `due`, `afterId` and `limit`
+/// of `GET /v1/projects/{p}/effects`.
 pub fn effect_query(query: Option<&str>) -> Result<EffectFilter, ApiError> {
     let mut q = EffectFilter::new();
     for (name, value) in decoded(query)? {
@@ -231,12 +231,23 @@ pub fn effect_query(query: Option<&str>) -> Result<EffectFilter, ApiError> {
                 })?;
                 q.status = Some(status);
             }
+            "due" => {
+                let time = value.strip_prefix("before:").ok_or_else(|| {
+                    ApiError::invalid(format!(
+                        "due {value:?} must be before:T (T an RFC 3339 time or milliseconds since the epoch)"
+                    ))
+                })?;
+                q.due_before_ms = Some(
+                    crate::clock::parse_time(time)
+                        .map_err(|e| ApiError::invalid(format!("due {value:?}: {e}")))?,
+                );
+            }
             "afterId" => q.after_id = offset("afterId", &value)? as i64,
             "limit" => q.limit = limit(&value, EFFECT_LIMIT_MAX)?,
             other => {
                 return Err(ApiError::invalid(format!(
                     "unknown query parameter {other:?} for the effect list \
-                     (stream, component, status, afterId, limit)"
+                     (stream, component, status, due, afterId, limit)"
                 )))
             }
         }
@@ -347,6 +358,12 @@ pub fn render_effects(q: &EffectFilter) -> String {
     if let Some(status) = q.status {
         out.append_pair("status", status.as_str());
     }
+    if let Some(ms) = q.due_before_ms {
+        out.append_pair(
+            "due",
+            &format!("before:{}", crate::clock::format_timestamp(ms)),
+        );
+    }
     if q.after_id > 0 {
         out.append_pair("afterId", &q.after_id.to_string());
     }
@@ -405,12 +422,21 @@ mod tests {
         assert_eq!(q.status, Some(EffectStatus::Failed));
         assert_eq!((q.after_id, q.limit), (7, 2));
         assert_eq!(effect_query(None).unwrap().limit, 100);
+        let due = effect_query(Some("due=before:2026-12-05T00:00:01Z")).unwrap();
+        assert_eq!(due.due_before_ms, Some(1_796_428_801_000));
+        assert_eq!(effect_query(Some(&render_effects(&due))).unwrap(), due);
+        assert_eq!(
+            effect_query(Some("due=before:42")).unwrap().due_before_ms,
+            Some(42)
+        );
         for (bad, named) in [
             ("status=done", "\"done\""),
             ("limit=501", "\"501\""),
             ("afterId=x", "\"x\""),
             ("stream=%2Fa%20b", "/a b"),
             ("x=1", "\"x\""),
+            ("due=after:1", "\"after:1\""),
+            ("due=before:tomorrow", "\"tomorrow\""),
         ] {
             let e = effect_query(Some(bad)).unwrap_err();
             assert!(e.message.contains(named), "{bad}: {}", e.message);

@@ -17,14 +17,10 @@ pub mod rest;
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 
-use serde_json::Value;
-
-use crate::effect::{effect_component, parse, Returned};
+use crate::effect::effect_component;
 use crate::error::Error;
 use crate::filter::CompiledFilter;
-use crate::processor::runtime::{
-    Determinism, GuestError, ReactorEffect, ReactorEffectTarget, Runtime,
-};
+use crate::processor::runtime::{Determinism, Effect, GuestError, Runtime};
 use crate::storage::{NewEffect, Storage};
 use crate::stream::{CoreState, Event};
 use crate::subscription::Receiver;
@@ -34,8 +30,6 @@ pub const REACT_TIMEOUT_MS: u64 = 1_000;
 /// Seconds a client waits before retrying an append a reactor could not
 /// run for (`retry-after` of `503 reactor-unavailable`).
 pub const REFUSED_FOR_NOW_RETRY_AFTER_S: u32 = 1;
-/// The longest envelope `type` of an effect.
-const ENVELOPE_TYPE_BYTES_MAX: usize = 256;
 /// The largest event a refusal quotes whole in its repro command.
 const REPRO_EVENT_BYTES_MAX: usize = 4096;
 
@@ -238,13 +232,9 @@ impl Reacting<'_> {
                         refuse(message)
                     }
                 })?;
-                for e in checked(&returned).map_err(refuse)? {
-                    if keys.insert(e.0.clone()) {
-                        effects.push(NewEffect {
-                            key: e.0,
-                            target: e.1,
-                            checkpoint_offset: a.event.offset,
-                        });
+                for e in checked(&returned, clock_ms).map_err(refuse)? {
+                    if keys.insert(e.key.clone()) {
+                        effects.push(NewEffect::of(e, a.event.offset));
                     }
                 }
             }
@@ -286,51 +276,16 @@ impl Reacting<'_> {
     }
 }
 
-/// The effects a reactor returned, checked (`(key, stored target)`).
-fn checked(returned: &[ReactorEffect]) -> Result<Vec<(String, String)>, String> {
+/// The effects a reactor returned, checked; `clock_ms` is the event's
+/// time (a `not-before` is bounded from it).
+fn checked(returned: &[Effect], clock_ms: i64) -> Result<Vec<crate::effect::Checked>, String> {
     returned
         .iter()
         .enumerate()
         .map(|(i, e)| {
             let at = format!("effects[{i}]");
-            let parsed = match &e.target {
-                ReactorEffectTarget::Append(a) => Returned::Append {
-                    stream_path: &a.stream_path,
-                    event_type: &a.type_,
-                    payload: &a.payload,
-                    metadata: a.metadata.as_deref(),
-                },
-                ReactorEffectTarget::Webhook(w) => Returned::Webhook {
-                    url: &w.url,
-                    body: &w.body,
-                },
-                ReactorEffectTarget::Itx(x) => Returned::Itx {
-                    expression: &x.expression,
-                    args: &x.args,
-                },
-            };
-            let target = parse(&at, &e.key, parsed)
-                .map_err(|m| format!("it returned a bad effect: {m}"))?;
-            let mut stored = target.to_json();
-            if let Some(t) = &e.type_ {
-                if t.trim().is_empty() || t.len() > ENVELOPE_TYPE_BYTES_MAX || t.contains(char::is_control) {
-                    return Err(format!(
-                        "it returned a bad effect: {at}.type {t:?} must be 1 to {ENVELOPE_TYPE_BYTES_MAX} bytes without control characters"
-                    ));
-                }
-                stored["type"] = Value::String(t.clone());
-            }
-            if let Some(m) = &e.metadata {
-                match serde_json::from_str::<Value>(m) {
-                    Ok(v @ Value::Object(_)) => stored["metadata"] = v,
-                    _ => {
-                        return Err(format!(
-                            "it returned a bad effect: {at}.metadata must be a JSON object, got {m:?}"
-                        ))
-                    }
-                }
-            }
-            Ok((e.key.clone(), stored.to_string()))
+            crate::effect::check(&at, crate::processor::wake::returned(e), clock_ms)
+                .map_err(|m| format!("it returned a bad effect: {m}"))
         })
         .collect()
 }

@@ -3,7 +3,10 @@
 //! `events.example/effects-requested` event's payload is
 //! `{"effects": [{"key": K, "append": {"streamPath", "type", "payload"}}
 //! | {"key": K, "webhook": {"url", "body"}}
-//! | {"key": K, "itx": {"expression", "args"}}]}`.
+//! | {"key": K, "itx": {"expression", "args"}}
+//! | {"key": K, "cancel": KEY}]}` (a cancel's own key is `cancel:KEY`), each optionally with `"afterMs"` (not
+//! before that long after the event), `"notBefore"` (ms since the epoch),
+//! `"type"`, `"metadata"` and `"group"`.
 //! The state counts the events folded.
 
 use serde::{Deserialize, Serialize};
@@ -29,6 +32,13 @@ struct Request {
     append: Option<AppendRequest>,
     webhook: Option<WebhookRequest>,
     itx: Option<ItxRequest>,
+    cancel: Option<String>,
+    after_ms: Option<u64>,
+    not_before: Option<u64>,
+    #[serde(rename = "type")]
+    effect_type: Option<String>,
+    metadata: Option<Value>,
+    group: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -68,17 +78,34 @@ impl Processor for Effector {
         let requested: Requested = event.payload_as()?;
         for r in requested.effects {
             state.effects += 1;
-            if let Some(a) = r.append {
-                ctx.append(r.key, &a.stream_path, &a.event_type, &a.payload);
+            let mut asked = if let Some(a) = r.append {
+                ctx.append(r.key, &a.stream_path, &a.event_type, &a.payload)
             } else if let Some(w) = r.webhook {
-                ctx.webhook(r.key, &w.url, &w.body);
+                ctx.webhook(r.key, &w.url, &w.body)
             } else if let Some(i) = r.itx {
-                ctx.itx(r.key, &i.expression, &i.args);
+                ctx.itx(r.key, &i.expression, &i.args)
+            } else if let Some(key) = r.cancel {
+                ctx.cancel(key)
             } else {
                 return Err(Failure::fatal(format!(
-                    "effect {:?} names no target (append, webhook or itx)",
+                    "effect {:?} names no target (append, webhook, itx or cancel)",
                     r.key
                 )));
+            };
+            if let Some(ms) = r.after_ms {
+                asked = asked.after(std::time::Duration::from_millis(ms));
+            }
+            if let Some(ms) = r.not_before {
+                asked = asked.at(ms);
+            }
+            if let Some(t) = r.effect_type {
+                asked = asked.typed(t);
+            }
+            if let Some(m) = r.metadata {
+                asked = asked.metadata(&m);
+            }
+            if let Some(g) = r.group {
+                asked.group(g);
             }
         }
         Ok(())

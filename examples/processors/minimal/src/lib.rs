@@ -1,12 +1,13 @@
 //! The floor of a processor call: the WIT world implemented directly with
-//! `wit-bindgen` (no SDK, no serde). Its state is the number of events
+//! `wit-bindgen` (no SDK, no serde), built against `streamhost:processor@0.2.0`
+//! (the host's copy of that version): the host runs it as it runs 0.3.0's. Its state is the number of events
 //! folded, as JSON text; the fold adds the number of events in the batch
 //! (counted naively, by their `"offset":` keys: a guest for the benchmark). The processor
 //! benchmark instantiates it and calls `fold` with no storage around it:
 //! what a wake cannot get below.
 
 wit_bindgen::generate!({
-    path: "../../../wit",
+    path: "../../../wasm/wit/0.2.0",
     world: "stream-processor",
     // The world imports wasi:keyvalue (keyed state); unused here, so the
     // component does not import it.

@@ -1,4 +1,4 @@
-declare module 'streamhost:processor/processor@0.2.0' {
+declare module 'streamhost:processor/processor@0.3.0' {
   export function describe(): Announcement;
   export function initialState(): Json;
   export function fold(state: Json, batch: Batch): Folded;
@@ -51,7 +51,14 @@ declare module 'streamhost:processor/processor@0.2.0' {
     expression: Json,
     args: Json,
   }
-  export type EffectTarget = EffectTargetAppend | EffectTargetWebhook | EffectTargetItx;
+  /**
+   * What an effect does. `cancel(key)` cancels this processor's (or this
+   * reactor's) effect with that key on the same stream if it is still
+   * pending (not yet attempted, or waiting for its `not-before`); of a
+   * running, settled or unknown one it does nothing. It applies in the
+   * commit that stores it, after the commit's other effects.
+   */
+  export type EffectTarget = EffectTargetAppend | EffectTargetWebhook | EffectTargetItx | EffectTargetCancel;
   export interface EffectTargetAppend {
     tag: 'append',
     val: AppendEffect,
@@ -64,12 +71,33 @@ declare module 'streamhost:processor/processor@0.2.0' {
     tag: 'itx',
     val: ItxEffect,
   }
+  export interface EffectTargetCancel {
+    tag: 'cancel',
+    val: string,
+  }
   /**
-   * Work to do after the fold commits; `key` makes it idempotent.
+   * Work to do after the commit; `key` makes it idempotent (per processor
+   * or reactor and source stream).
    */
   export interface Effect {
     key: string,
     target: EffectTarget,
+    /**
+     * Not attempted before this time, in milliseconds since the epoch (in
+     * the past: at once; at most 10 years after the event that asks it).
+     */
+    notBefore?: bigint,
+    /**
+     * The envelope: kept with the effect and served with it; a webhook
+     * sends it as the `streamhost-effect-type` and
+     * `streamhost-effect-metadata` headers. `metadata` is a JSON object.
+     */
+    type?: string,
+    metadata?: Json,
+    /**
+     * Effects of one group are ordered (kept and served with the effect).
+     */
+    group?: string,
   }
   /**
    * Who the processor is and which event types it consumes (empty: all).
