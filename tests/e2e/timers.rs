@@ -315,3 +315,59 @@ async fn a_component_built_against_0_2_0_deploys_and_folds_beside_0_3_0s() {
     let (_, new) = s.get(&format!("{S}:processors/new")).await;
     assert!(new["state"].is_object(), "{new}");
 }
+
+#[tokio::test]
+async fn a_timer_of_a_killed_host_fires_once_on_the_host_that_takes_its_stream_over() {
+    if crate::cluster::on_sqlite() {
+        return;
+    }
+    const CLUSTER: &str = "[cluster]\nlease-ms = 1500\n";
+    let mut a = Server::start_with(Some(CLUSTER), &[]);
+    let b = Server::joining(&a, Some(CLUSTER));
+    deploy(&a, "reminder", "reminder").await;
+    wake(&a, ORDERS, "r", "reminder").await;
+    let x = order(
+        &a,
+        "orders.example/order-placed",
+        json!({"orderId": "X", "remindAfterMs": 4000}),
+    )
+    .await;
+    folded_through(&a, x["offset"].as_u64().unwrap()).await;
+    let timer = effect(&a, "reminder:X").await;
+    assert_eq!(timer["status"], "pending", "{timer}");
+    // A dies with the timer pending; B takes the stream over (an order
+    // placed through B brings it there at once) and runs the timer when due.
+    a.kill();
+    let place_y = json!({"events": [{"type": "orders.example/order-placed", "idempotencyKey": "Y",
+        "payload": {"orderId": "Y", "remindAfterMs": 3_600_000}}]});
+    let mut y = 0;
+    wait_for(
+        "B to take the orders stream over",
+        Duration::from_secs(30),
+        async || {
+            let (status, out) = b.post(&format!("{ORDERS}:append"), place_y.clone()).await;
+            y = out["events"][0]["offset"].as_u64().unwrap_or(0);
+            status == 200
+        },
+    )
+    .await;
+    folded_through(&b, y).await;
+    wait_for(
+        "X's reminder to be folded on B",
+        Duration::from_secs(30),
+        async || {
+            let (_, p) = b.get(&format!("{ORDERS}:processors/reminder")).await;
+            p["state"]["reminded"] == json!(["X"])
+        },
+    )
+    .await;
+    let due = b.events_of_type(ORDERS, DUE).await;
+    assert_eq!(due.len(), 1, "{due:?}");
+    assert!(
+        ms(&due[0]["createdAt"]) >= ms(&timer["notBefore"]),
+        "{}",
+        due[0]
+    );
+    assert_eq!(settled(&b, "reminder:X", "succeeded").await["attempts"], 1);
+    assert_eq!(effect(&b, "reminder:Y").await["status"], "pending");
+}
