@@ -693,6 +693,106 @@ mod tests {
         assert_eq!(Target::from_json(&itx.to_json()).unwrap(), itx);
     }
 
+    fn asked<'a>(target: Returned<'a>, not_before: Option<u64>) -> ReturnedEffect<'a> {
+        ReturnedEffect {
+            key: "k",
+            target,
+            not_before,
+            effect_type: None,
+            metadata: None,
+            group: None,
+        }
+    }
+
+    #[test]
+    fn a_time_is_kept_up_to_ten_years_after_the_event_and_refused_beyond_naming_the_field() {
+        let hook = || Returned::Webhook {
+            url: "http://x",
+            body: "{}",
+        };
+        let clock = 1_796_428_801_000;
+        let latest = clock + NOT_BEFORE_AHEAD_MS_MAX;
+        let ok = check("effects[0]", asked(hook(), Some(latest as u64)), clock).unwrap();
+        assert_eq!(ok.not_before_ms, Some(latest));
+        assert_eq!(ok.cancels, None);
+        let past = check("effects[0]", asked(hook(), Some(0)), clock).unwrap();
+        assert_eq!(
+            past.not_before_ms,
+            Some(0),
+            "the past is kept: it runs at once"
+        );
+        for too_far in [latest as u64 + 1, u64::MAX] {
+            let e = check("effects[3]", asked(hook(), Some(too_far)), clock).unwrap_err();
+            assert!(
+                e.starts_with(&format!(
+                    "effects[3].not-before {too_far} is more than 10 years after the event"
+                )),
+                "{e}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_envelope_is_stored_beside_the_target_and_a_cancel_names_its_key() {
+        let mut e = asked(
+            Returned::Append {
+                stream_path: "/out",
+                event_type: "x.y/z",
+                payload: "{}",
+                metadata: None,
+            },
+            None,
+        );
+        e.effect_type = Some("Remind");
+        e.metadata = Some("{\"m\":1}");
+        e.group = Some("order-1");
+        let checked = check("effects[0]", e.clone(), 0).unwrap();
+        assert_eq!(checked.stored["type"], "Remind");
+        assert_eq!(checked.stored["metadata"], json!({"m": 1}));
+        assert_eq!(checked.stored["group"], "order-1");
+        assert_eq!(
+            Target::from_json(&checked.stored).unwrap(),
+            parse("e", "k", e.target.clone()).unwrap()
+        );
+        for (field, bad) in [("type", ""), ("group", "a\nb")] {
+            let mut e = e.clone();
+            if field == "type" {
+                e.effect_type = Some(bad);
+            } else {
+                e.group = Some(bad);
+            }
+            let message = check("effects[1]", e, 0).unwrap_err();
+            assert!(
+                message.starts_with(&format!("effects[1].{field} ")),
+                "{message}"
+            );
+        }
+        let mut bad_metadata = e.clone();
+        bad_metadata.metadata = Some("[1]");
+        assert!(check("effects[2]", bad_metadata, 0)
+            .unwrap_err()
+            .starts_with("effects[2].metadata must be a JSON object"));
+        let cancel = check(
+            "effects[0]",
+            asked(Returned::Cancel { key: "reminder:1" }, None),
+            0,
+        )
+        .unwrap();
+        assert_eq!(cancel.cancels.as_deref(), Some("reminder:1"));
+        assert_eq!(cancel.stored, json!({"cancel": {"key": "reminder:1"}}));
+        assert_eq!(
+            Target::from_json(&cancel.stored).unwrap(),
+            Target::Cancel {
+                key: "reminder:1".into()
+            }
+        );
+        let empty = check("effects[4]", asked(Returned::Cancel { key: "" }, None), 0).unwrap_err();
+        assert!(
+            empty.starts_with("effects[4].cancel \"\" must be an effect key"),
+            "{empty}"
+        );
+    }
+
     #[test]
     fn webhook_statuses_that_may_pass_later_are_retried() {
         for retried in [None, Some(408), Some(429), Some(500), Some(503), Some(599)] {

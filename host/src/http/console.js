@@ -114,7 +114,7 @@ async function streamView(params) {
         h("table", {}, h("thead", {}, h("tr", {}, ["offset", "type", "payload", "created"].map((c) => h("th", {}, c)))), events)),
       h("div", {}, h("h3", {}, "Core state"), state)),
     h("h3", {}, "Effects"),
-    h("table", {}, h("thead", {}, h("tr", {}, ["id", "component", "key", "target", "status", "attempts", "last error", ""].map((c) => h("th", {}, c)))), effects));
+    h("table", {}, h("thead", {}, h("tr", {}, ["id", "component", "key", "target", "status", "due", "attempts", "last error", ""].map((c) => h("th", {}, c)))), effects));
 
   let refreshing = false;
   const refresh = async () => {
@@ -210,7 +210,7 @@ async function refreshDetails(path, ui) {
     h("span", { class: failingCount ? "bad" : "ok", "data-testid": "failing-count" }, `${failingCount} failing`), " · ",
     h("span", { class: halted ? "bad" : "ok", "data-testid": "halted-count" }, `${halted} halted`), " · ",
     h("span", {}, `lag ${lag}`));
-  if (!Object.keys(byKey).length) ui.subs.append(h("tr", {}, h("td", { colspan: 8, class: "muted" }, "no subscriptions")));
+  if (!Object.keys(byKey).length) ui.subs.append(h("tr", {}, h("td", { colspan: 9, class: "muted" }, "no subscriptions")));
 
   // Built apart and put in place at the end: two refreshes that overlap
   // (the timer's and a button's) must not both append to the page.
@@ -268,7 +268,7 @@ async function refreshDetails(path, ui) {
   if (settings.project) {
     const list = await api("GET", `${namespace()}/effects?stream=${encodeURIComponent(path)}&limit=100`);
     const rows = list.effects.map((e) => effectRow(e, () => refreshDetails(path, ui)));
-    if (!rows.length) rows.push(h("tr", {}, h("td", { colspan: 8, class: "muted" }, "no effects")));
+    if (!rows.length) rows.push(h("tr", {}, h("td", { colspan: 9, class: "muted" }, "no effects")));
     ui.effects.replaceChildren(...rows);
   } else {
     ui.effects.replaceChildren();
@@ -334,7 +334,11 @@ function effectRow(e, after) {
   const cls = e.status === "failed" ? "pill bad" : e.status === "succeeded" ? "pill ok" : "pill";
   return h("tr", { "data-effect": e.id },
     h("td", {}, e.id), h("td", {}, e.component), h("td", { class: "mono" }, e.key), h("td", {}, target),
-    h("td", {}, h("span", { class: cls }, e.status)), h("td", {}, e.attempts), h("td", { class: "bad mono" }, e.lastError ?? ""),
+    h("td", {}, h("span", { class: cls }, e.status)),
+    // When a pending effect runs next: its notBefore (a timer) or its retry.
+    h("td", { class: "mono", title: e.notBefore ? `not before ${e.notBefore}` : "" },
+      e.status === "pending" ? (e.nextAttemptAt ?? "") : ""),
+    h("td", {}, e.attempts), h("td", { class: "bad mono" }, e.lastError ?? ""),
     h("td", {}, ["failed", "cancelled"].includes(e.status) ? act("retry") : "", " ",
       ["pending", "failed"].includes(e.status) ? act("cancel") : ""));
 }
@@ -344,11 +348,11 @@ async function effectsView() {
   setActive("effects");
   const body = h("tbody", { "data-testid": "all-effects" });
   $("#view").replaceChildren(h("h2", {}, "Effects"),
-    h("table", {}, h("thead", {}, h("tr", {}, ["id", "component", "key", "target", "status", "attempts", "last error", ""].map((c) => h("th", {}, c)))), body));
-  if (!settings.project) { body.append(h("tr", {}, h("td", { colspan: 8, class: "muted" }, "effects belong to projects: enter one"))); return; }
+    h("table", {}, h("thead", {}, h("tr", {}, ["id", "component", "key", "target", "status", "due", "attempts", "last error", ""].map((c) => h("th", {}, c)))), body));
+  if (!settings.project) { body.append(h("tr", {}, h("td", { colspan: 9, class: "muted" }, "effects belong to projects: enter one"))); return; }
   const list = await api("GET", `${namespace()}/effects?limit=500`);
   for (const e of list.effects) body.append(effectRow(e, effectsView));
-  if (!list.effects.length) body.append(h("tr", {}, h("td", { colspan: 8, class: "muted" }, "no effects")));
+  if (!list.effects.length) body.append(h("tr", {}, h("td", { colspan: 9, class: "muted" }, "no effects")));
 }
 
 // --- Parked ingest of the project ------------------------------------------
