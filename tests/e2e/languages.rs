@@ -11,7 +11,7 @@ use serde_json::{json, Value};
 
 use crate::effects::{all_effects, Receiver};
 use crate::processors::caught_up;
-use crate::support::{guest, language_guest, run_cli, Server};
+use crate::support::{guest, language_guest, run_cli, wait_for, Server};
 
 /// A first wake of a 12–18 MiB component waits for the deploy's compile
 /// (not counted) and instantiates it from the compiled code: 3 s is
@@ -284,28 +284,94 @@ async fn a_thrown_javascript_error_and_a_python_exception_halt_with_the_guests_o
             [
                 "TypeError: can't access property \"deeper\", state.missing is undefined",
                 // The author's file and line (the bundle's, mapped back).
-                "(at tests/guests/throws.js:12)",
+                "(at tests/guests/throws.js:13)",
             ],
         ),
         (
             "raises",
             "tests/guests/dist/raises.wasm",
             [
-                "KeyError: 'missing' (at raises.py:9)",
+                "KeyError: 'missing' (at raises.py:10)",
                 "Traceback (most recent call last)",
             ],
         ),
     ] {
         deploy(&s, name, language_guest(file)).await;
         let stream = format!("/v1/projects/acme/streams/bugs-{name}");
+        // First, time through the SDK: two timers an hour after their
+        // events, the second cancelled by a later event.
         let (status, out) = append(
             &s,
             &stream,
-            json!([wake(name), {"type": "ok", "payload": {}}, {"type": "bad", "payload": {"boom": true}}]),
+            json!([wake(name), {"type": "timer", "payload": {"remindAfterMs": 3_600_000}},
+                {"type": "timer", "payload": {"remindAfterMs": 3_600_000}}]),
         )
         .await;
         assert_eq!(status, 200, "{out}");
-        let boom = out["events"][2]["offset"].clone();
+        let (kept, dropped) = (&out["events"][1], &out["events"][2]);
+        let (status, out) = append(
+            &s,
+            &stream,
+            json!([{"type": "stop", "payload": {"cancel": format!("remind:{}", dropped["offset"])}}]),
+        )
+        .await;
+        assert_eq!(status, 200, "{out}");
+        let stop = out["events"][0]["offset"].as_u64().unwrap();
+        wait_for(
+            &format!("{name} to fold through {stop}"),
+            Duration::from_secs(60),
+            async || {
+                let (_, p) = s.get(&format!("{stream}:processors/{name}")).await;
+                p["checkpointOffset"].as_u64().is_some_and(|o| o >= stop)
+            },
+        )
+        .await;
+        let (_, page) = s
+            .get(&format!(
+                "/v1/projects/acme/effects?stream=/bugs-{name}&limit=10"
+            ))
+            .await;
+        let effect = |key: String| {
+            page["effects"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|e| e["key"] == json!(key))
+                .cloned()
+                .unwrap_or_else(|| panic!("{name}: no effect {key}: {page}"))
+        };
+        let timer = effect(format!("remind:{}", kept["offset"]));
+        assert_eq!(timer["status"], "pending", "{name}: {timer}");
+        let events = s.all_events(&stream).await;
+        let kept = events
+            .iter()
+            .find(|e| e["offset"] == kept["offset"])
+            .expect("the timer's event");
+        let created = chrono::DateTime::parse_from_rfc3339(kept["createdAt"].as_str().unwrap())
+            .unwrap()
+            .timestamp_millis();
+        let not_before = chrono::DateTime::parse_from_rfc3339(timer["notBefore"].as_str().unwrap())
+            .unwrap()
+            .timestamp_millis();
+        assert_eq!(not_before, created + 3_600_000, "{name}: {timer}");
+        assert_eq!(
+            (&timer["type"], &timer["group"]),
+            (&json!("Remind"), &json!("g")),
+            "{name}"
+        );
+        let cancelled = effect(format!("remind:{}", dropped["offset"]));
+        assert_eq!(cancelled["status"], "cancelled", "{name}: {cancelled}");
+        let cancel = effect(format!("cancel:remind:{}", dropped["offset"]));
+        assert_eq!(cancel["status"], "succeeded", "{name}: {cancel}");
+
+        let (status, out) = append(
+            &s,
+            &stream,
+            json!([{"type": "ok", "payload": {}}, {"type": "bad", "payload": {"boom": true}}]),
+        )
+        .await;
+        assert_eq!(status, 200, "{out}");
+        let boom = out["events"][1]["offset"].clone();
         let halted = s.wait_halted(&stream, name, Duration::from_secs(60)).await;
         let error = halted["error"].as_str().unwrap_or_default();
         for said in says {
@@ -335,7 +401,7 @@ async fn a_thrown_javascript_error_and_a_python_exception_halt_with_the_guests_o
         // The repro folds the failing event from the state before it.
         let repro = p["lastFailure"]["repro"].as_str().unwrap_or_default();
         assert!(
-            repro.contains(r#"fold("{\"seen\":[3]}""#),
+            repro.contains(r#"fold("{\"seen\":[3,4,5,6]}""#),
             "the repro starts from the state before the failing event: {p}"
         );
     }
