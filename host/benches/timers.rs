@@ -140,6 +140,7 @@ async fn main() {
         )
         .await
         .unwrap();
+    appends(&host).await; // warm-up
     let quiet = appends(&host).await;
 
     // A million timers due in a day.
@@ -148,13 +149,26 @@ async fn main() {
     let day = now_ms() + 86_400_000;
     let mut last = 0;
     let mut made = 0;
+    // Memory after a tenth of them: a cost per timer would grow tenfold
+    // from there.
+    let mut rss_tenth = 0;
+    // The events asking for them, which pass through the caches of recent
+    // events (bounded: 64 MiB) as any events do.
+    let mut asking_bytes = 0;
     while made < pending {
         let n = PER_EVENT.min(pending - made);
-        let effects = (made..made + n)
+        let effects: Vec<Value> = (made..made + n)
             .map(|i| timer(format!("later-{i}"), day + i as i64, i))
             .collect();
+        asking_bytes += effects.iter().map(|e| e.to_string().len()).sum::<usize>();
         last = ask(&host, effects).await;
         made += n;
+        if made == pending / 10 {
+            host.wait_for_processor(&source, "effector", last, Duration::from_secs(600))
+                .await
+                .unwrap();
+            rss_tenth = rss_bytes();
+        }
         if made % 100_000 == 0 {
             eprintln!(
                 "  {made} timers asked for ({:.1} s)",
@@ -167,6 +181,7 @@ async fn main() {
         .unwrap();
     let creating = created.elapsed().as_secs_f64();
     let (bytes_after, rss_after) = (dir_bytes(dir.path()), rss_bytes());
+    let sqlite_memory = streamhost::storage::Storage::memory_used();
     let beside = appends(&host).await;
 
     // Timers falling due at `rate` a second, beside the pending ones.
@@ -217,11 +232,17 @@ async fn main() {
         "  creating {pending} pending timers: {creating:.1} s ({:.0} a second)",
         pending as f64 / creating
     );
+    let mib = |bytes: f64| bytes / 1048576.0;
     println!(
-        "  their cost: storage {:.0} MiB ({:.0} bytes a timer), memory {:+.1} MiB resident",
-        (bytes_after.saturating_sub(bytes_before)) as f64 / 1048576.0,
-        (bytes_after.saturating_sub(bytes_before)) as f64 / pending.max(1) as f64,
-        (rss_after as f64 - rss_before as f64) / 1048576.0
+        "  their cost: storage {:.0} MiB ({:.0} bytes a timer); resident memory {:+.1} MiB after \
+         a tenth of them, {:+.1} MiB after all (SQLite's page caches: {:.1} MiB; the events \
+         that asked for them: {:.0} MiB)",
+        mib(bytes_after.saturating_sub(bytes_before) as f64),
+        bytes_after.saturating_sub(bytes_before) as f64 / pending.max(1) as f64,
+        mib(rss_tenth as f64 - rss_before as f64),
+        mib(rss_after as f64 - rss_before as f64),
+        mib(sqlite_memory as f64),
+        mib(asking_bytes as f64)
     );
     let (q50, q99) = (percentile(quiet.clone(), 0.5), percentile(quiet, 0.99));
     let (b50, b99) = (percentile(beside.clone(), 0.5), percentile(beside, 0.99));
