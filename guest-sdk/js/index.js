@@ -51,9 +51,9 @@ function millis(ms, what) {
   return BigInt(Math.trunc(ms));
 }
 
-/** An event's `createdAt` in milliseconds since the epoch (0 if it has none). */
-function createdMs(event) {
-  const ms = Date.parse(event.createdAt ?? "");
+/** A `createdAt` in milliseconds since the epoch (0 if it is not a time). */
+function timeMs(createdAt) {
+  const ms = Date.parse(createdAt ?? "");
   return Number.isFinite(ms) ? ms : 0;
 }
 
@@ -62,7 +62,7 @@ function createdMs(event) {
  * `withMetadata` and `inGroup` an envelope.
  */
 class Asked {
-  constructor(key, target, nowMs) {
+  constructor(key, target, createdAt) {
     if (typeof key !== "string" || key === "") {
       throw Failure.fatal(`an effect's key must be a non-empty string, not ${JSON.stringify(key)}`);
     }
@@ -72,7 +72,7 @@ class Asked {
     this.type = undefined;
     this.metadata = undefined;
     this.group = undefined;
-    this.nowMs = nowMs;
+    this.createdAt = createdAt;
   }
 
   /**
@@ -81,7 +81,7 @@ class Asked {
    * `append` to the processor's own stream is a timer.
    */
   after(ms) {
-    this.notBefore = BigInt(this.nowMs) + millis(ms, "after()");
+    this.notBefore = BigInt(timeMs(this.createdAt)) + millis(ms, "after()");
     return this;
   }
 
@@ -129,12 +129,17 @@ class Asked {
 export class Effects {
   constructor() {
     this.asked = [];
-    /** The time of the event being folded (ms since the epoch, its `createdAt`). */
-    this.nowMs = 0;
+    /** The `createdAt` of the event being folded (read only when asked). */
+    this.createdAt = undefined;
+  }
+
+  /** The time of the event being folded (ms since the epoch, its `createdAt`). */
+  get nowMs() {
+    return timeMs(this.createdAt);
   }
 
   #ask(key, target) {
-    const asked = new Asked(key, target, this.nowMs);
+    const asked = new Asked(key, target, this.createdAt);
     this.asked.push(asked);
     return asked;
   }
@@ -315,7 +320,7 @@ export function defineProcessor(def) {
         }
         const ctx = new Context(batch.stream);
         for (const event of folded) {
-          ctx.nowMs = createdMs(event);
+          ctx.createdAt = event.createdAt;
           const next = def.fold(state, event, ctx);
           if (next !== undefined) state = next;
         }
@@ -344,7 +349,7 @@ export function defineReactor(def) {
       try {
         const event = parseJson(eventText, "the event is not the JSON object the host sends");
         const effects = new Effects();
-        effects.nowMs = createdMs(event);
+        effects.createdAt = event.createdAt;
         def.react(event, effects);
         return effects.asked.map((a) => a.toWit());
       } catch (thrown) {

@@ -245,18 +245,18 @@ mod time {
 pub struct Context<'a> {
     /// The stream being folded.
     pub stream: &'a StreamInfo,
-    effects: Effects,
+    effects: Effects<'a>,
 }
 
-impl std::ops::Deref for Context<'_> {
-    type Target = Effects;
-    fn deref(&self) -> &Effects {
+impl<'a> std::ops::Deref for Context<'a> {
+    type Target = Effects<'a>;
+    fn deref(&self) -> &Effects<'a> {
         &self.effects
     }
 }
 
-impl std::ops::DerefMut for Context<'_> {
-    fn deref_mut(&mut self) -> &mut Effects {
+impl<'a> std::ops::DerefMut for Context<'a> {
+    fn deref_mut(&mut self) -> &mut Effects<'a> {
         &mut self.effects
     }
 }
@@ -294,17 +294,17 @@ struct AskedEffect {
 /// Effects to run after the commit (a fold's, or a reactor's), each with a
 /// key that makes it idempotent.
 #[derive(Default)]
-pub struct Effects {
+pub struct Effects<'a> {
     asked: Vec<AskedEffect>,
-    /// The time of the event being folded (ms since the epoch): what
-    /// [`EffectEnvelope::after`] counts from.
-    now_ms: u64,
+    /// The `createdAt` of the event being folded: what
+    /// [`EffectEnvelope::after`] counts from (read only when asked).
+    created_at: &'a str,
 }
 
 /// The effect just asked for: give it a time and an envelope.
 pub struct EffectEnvelope<'a> {
     effect: &'a mut AskedEffect,
-    now_ms: u64,
+    created_at: &'a str,
 }
 
 impl EffectEnvelope<'_> {
@@ -313,7 +313,8 @@ impl EffectEnvelope<'_> {
     /// the processor's own stream is a timer.
     pub fn after(self, delay: std::time::Duration) -> Self {
         let delay = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
-        self.effect.not_before = Some(self.now_ms.saturating_add(delay));
+        let now_ms = time::parse_ms(self.created_at).unwrap_or(0);
+        self.effect.not_before = Some(now_ms.saturating_add(delay));
         self
     }
 
@@ -346,7 +347,7 @@ fn json_text(value: &impl Serialize) -> String {
     serde_json::to_string(value).unwrap_or_else(|_| "null".into())
 }
 
-impl Effects {
+impl<'e> Effects<'e> {
     fn ask(&mut self, key: String, asked: Asked) -> EffectEnvelope<'_> {
         self.asked.push(AskedEffect {
             key,
@@ -358,7 +359,7 @@ impl Effects {
         });
         EffectEnvelope {
             effect: self.asked.last_mut().expect("just pushed"),
-            now_ms: self.now_ms,
+            created_at: self.created_at,
         }
     }
 
@@ -374,7 +375,7 @@ impl Effects {
     /// The time of the event being folded or reacted to (ms since the
     /// epoch, its `createdAt`): the fold's clock.
     pub fn now_ms(&self) -> u64 {
-        self.now_ms
+        time::parse_ms(self.created_at).unwrap_or(0)
     }
 
     /// Append an event to a stream of the same project after the commit.
@@ -476,7 +477,7 @@ into_wit_target!(
     reactor_bindings::exports::streamhost::processor::reactor
 );
 
-fn fold_effects(effects: Effects) -> Vec<wit::Effect> {
+fn fold_effects(effects: Effects<'_>) -> Vec<wit::Effect> {
     effects
         .asked
         .into_iter()
@@ -492,7 +493,7 @@ fn fold_effects(effects: Effects) -> Vec<wit::Effect> {
 }
 
 fn react_effects(
-    effects: Effects,
+    effects: Effects<'_>,
 ) -> Vec<reactor_bindings::exports::streamhost::processor::reactor::Effect> {
     effects
         .asked
@@ -589,7 +590,7 @@ pub fn __fold<P: Processor>(state: String, batch: wit::Batch) -> Result<wit::Fol
         effects: Effects::default(),
     };
     for event in events.iter().filter(folded) {
-        ctx.effects.now_ms = event.created_ms();
+        ctx.effects.created_at = &event.created_at;
         P::fold(&mut s, event, &mut ctx).map_err(wit_failure)?;
     }
     let effects = fold_effects(ctx.effects);
@@ -656,7 +657,7 @@ pub fn __react<R: Reactor>(
         )))
     })?;
     let mut effects = Effects {
-        now_ms: event.created_ms(),
+        created_at: &event.created_at,
         ..Effects::default()
     };
     R::react(&event, &mut effects).map_err(failure)?;

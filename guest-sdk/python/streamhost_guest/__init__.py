@@ -125,7 +125,7 @@ class AskedEffect:
 
     key: str
     target: tuple
-    now_ms: int = 0
+    created_at: str = ""
     not_before: Optional[int] = None
     type: Optional[str] = None
     metadata: Optional[str] = None
@@ -135,7 +135,7 @@ class AskedEffect:
         """Not before `ms` milliseconds after the event being folded (its
         `createdAt`: refolds and shadows compute the same time). A delayed
         `append` to the processor's own stream is a timer."""
-        self.not_before = self.now_ms + _millis(ms, "after()")
+        self.not_before = _created_ms(self.created_at) + _millis(ms, "after()")
         return self
 
     def at(self, ms: int) -> "AskedEffect":
@@ -164,13 +164,18 @@ class Effects:
     """Effects to run after the commit, each with a key that makes it idempotent."""
 
     asked: list = field(default_factory=list)
-    #: The time of the event being folded (ms since the epoch, its `createdAt`).
-    now_ms: int = 0
+    #: The `createdAt` of the event being folded (read only when asked).
+    created_at: str = ""
+
+    @property
+    def now_ms(self) -> int:
+        """The time of the event being folded (ms since the epoch, its `createdAt`)."""
+        return _created_ms(self.created_at)
 
     def _ask(self, key: str, target: tuple) -> AskedEffect:
         if not isinstance(key, str) or not key:
             raise Failure.fatal(f"an effect's key must be a non-empty string, not {key!r}")
-        asked = AskedEffect(key, target, self.now_ms)
+        asked = AskedEffect(key, target, self.created_at)
         self.asked.append(asked)
         return asked
 
@@ -327,7 +332,7 @@ def define_processor(
                         keyed.prefetch(keys)
                 ctx = Context(stream=batch.stream)
                 for event in events:
-                    ctx.now_ms = event.created_ms
+                    ctx.created_at = event.created_at
                     new = fold(state, event, ctx)
                     if new is not None:
                         state = new
@@ -355,7 +360,7 @@ def define_reactor(*, react: Callable[[Event, Effects], None]):
 
             try:
                 event = Event.of(_parse(event_text, "the event is not the JSON object the host sends"))
-                effects = Effects(now_ms=event.created_ms)
+                effects = Effects(created_at=event.created_at)
                 react(event, effects)
                 return [_wit_effect(w, a) for a in effects.asked]
             except Exception as e:
