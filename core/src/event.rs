@@ -184,6 +184,9 @@ pub struct Event {
     /// Provenance (platform-authored).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source: Option<EventSource>,
+    /// The W3C trace context it was appended in, carried by what it causes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace: Option<crate::trace::Trace>,
     /// Delivered live, never stored.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub ephemeral: bool,
@@ -227,6 +230,10 @@ pub struct EventInput {
     /// Copy provenance; only the platform may set it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source: Option<EventSource>,
+    /// The W3C trace context (an append's `traceparent` header sets it on
+    /// every event without one); a malformed one is dropped, never refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace: Option<crate::trace::Trace>,
 }
 
 impl EventInput {
@@ -271,6 +278,7 @@ impl EventInput {
             ephemeral: None,
             offset: None,
             source: None,
+            trace: None,
         }
     }
 

@@ -10,7 +10,7 @@
 //! its builder), [`stream`] (addresses, the reducer, append planning, the
 //! validation of control events); [`filter`]; [`delivery`] (the schedule,
 //! targets, copies: every delivery decision) and [`effect`] (the outbox's
-//! decisions).
+//! decisions); [`trace`] (W3C trace context).
 
 #![warn(unnameable_types)]
 
@@ -35,6 +35,8 @@ pub mod seeded;
 pub mod stream;
 #[warn(missing_docs)]
 pub mod subscription;
+#[warn(missing_docs)]
+pub mod trace;
 
 /// Unit tests count allocations as the `streamhost` binary does (the
 /// JSONata allocation budget).

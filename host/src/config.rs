@@ -46,8 +46,48 @@ pub struct Config {
     pub http: HttpConfig,
     /// Several hosts on one PostgreSQL database.
     pub cluster: ClusterConfig,
+    /// Traces exported over OTLP/HTTP.
+    pub telemetry: TelemetryConfig,
     /// Bearer tokens; none: the server runs open.
     pub tokens: Vec<TokenConfig>,
+}
+
+/// OpenTelemetry spans exported over OTLP/HTTP (protobuf).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
+pub struct TelemetryConfig {
+    /// The collector's base URL (`http://127.0.0.1:4318`): spans go to
+    /// `{otlp-endpoint}/v1/traces`. Unset: `OTEL_EXPORTER_OTLP_ENDPOINT`,
+    /// else nothing is exported.
+    pub otlp_endpoint: Option<String>,
+    /// The share of new traces sampled (1.0); a trace a caller started
+    /// follows the caller's sampled flag.
+    pub sample_ratio: f64,
+    /// Spans waiting for export at most (2048); more are dropped and
+    /// counted (`streamhost_trace_spans_dropped_total`), never waited for.
+    pub max_queued_spans: usize,
+}
+
+impl Default for TelemetryConfig {
+    fn default() -> Self {
+        TelemetryConfig {
+            otlp_endpoint: None,
+            sample_ratio: 1.0,
+            max_queued_spans: 2048,
+        }
+    }
+}
+
+impl TelemetryConfig {
+    /// The collector's base URL: as configured, else
+    /// `OTEL_EXPORTER_OTLP_ENDPOINT` (empty: none).
+    pub fn endpoint(&self) -> Option<String> {
+        self.otlp_endpoint
+            .clone()
+            .or_else(|| std::env::var("OTEL_EXPORTER_OTLP_ENDPOINT").ok())
+            .map(|u| u.trim().trim_end_matches('/').to_string())
+            .filter(|u| !u.is_empty())
+    }
 }
 
 /// Where webhooks may go.
@@ -331,6 +371,7 @@ impl Default for Config {
             limits: LimitsConfig::default(),
             http: HttpConfig::default(),
             cluster: ClusterConfig::default(),
+            telemetry: TelemetryConfig::default(),
             tokens: Vec::new(),
         }
     }
@@ -449,6 +490,21 @@ impl Config {
                 "cluster.lease-ms must be at least 100, got {}",
                 self.cluster.lease_ms
             );
+        }
+        let t = &self.telemetry;
+        if !(0.0..=1.0).contains(&t.sample_ratio) {
+            bail!(
+                "telemetry.sample-ratio must be between 0.0 and 1.0, got {}",
+                t.sample_ratio
+            );
+        }
+        if t.max_queued_spans == 0 {
+            bail!("telemetry.max-queued-spans must be at least 1, got 0");
+        }
+        if let Some(url) = &t.otlp_endpoint {
+            if !(url.starts_with("http://") || url.starts_with("https://")) {
+                bail!("telemetry.otlp-endpoint {url:?} is not an http:// or https:// URL");
+            }
         }
         if let Some(url) = &self.cluster.advertise_url {
             if !(url.starts_with("http://") || url.starts_with("https://")) {

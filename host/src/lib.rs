@@ -101,6 +101,7 @@ internal! {
     reactor;
     rollout;
     scaffold;
+    telemetry;
 }
 
 /// Inputs for the fuzz targets in `fuzz/` (with the `internals` feature).
@@ -114,7 +115,7 @@ internal! {
 
 // The pure core (crate `streamhost-core`): the stream domain is public,
 // the decisions beneath the runtime are internal.
-pub use streamhost_core::{component, error, event, stream, subscription};
+pub use streamhost_core::{component, error, event, stream, subscription, trace};
 internal_use!(streamhost_core::{clock, delivery, effect, filter, invariant, itx});
 // SQLite and PostgreSQL (crate `streamhost-storage`).
 internal_use!(streamhost_storage as storage);
@@ -135,7 +136,7 @@ pub use host::cluster::{ClusterHost, ClusterView};
 pub use host::components::{
     Component, ComponentVersions, Deploy, Deployed, SubscriptionRef, Version,
 };
-pub use host::effects::{Effect, EffectFilter, EffectStatus, EffectsPage};
+pub use host::effects::{Effect, EffectCause, EffectFilter, EffectStatus, EffectsPage};
 pub use host::live::{Batch, Connect, Live, LiveConnection, WaitFor};
 pub use host::processors::{
     DifferingKey, KeyValue, KeysPage, KeysQuery, ProcessorFailure, ProcessorInstance,

@@ -27,6 +27,7 @@ struct Inner {
     registry: Registry,
     append_requests: Family<Vec<(String, String)>, Counter>,
     events_committed: Counter,
+    trace_spans: Family<Vec<(String, String)>, Counter>,
     commit_seconds: Histogram,
     commit_writes: Histogram,
     commit_events: Histogram,
@@ -83,6 +84,12 @@ impl Metrics {
             "events_committed",
             "Durable events committed to the log",
             events_committed.clone(),
+        );
+        let trace_spans = Family::<Vec<(String, String)>, Counter>::default();
+        registry.register(
+            "trace_spans",
+            "Trace spans for the OTLP endpoint, by outcome: exported, dropped (the export queue was full) or failed (the collector refused or was unreachable)",
+            trace_spans.clone(),
         );
         let commit_seconds = Histogram::new(exponential_buckets(0.000_05, 2.0, 16));
         registry.register(
@@ -269,6 +276,7 @@ impl Metrics {
                 registry,
                 append_requests,
                 events_committed,
+                trace_spans,
                 commit_seconds,
                 commit_writes,
                 commit_events,
@@ -299,6 +307,15 @@ impl Metrics {
         self.inner.commit_writes.observe(writes as f64);
         self.inner.commit_events.observe(events as f64);
         self.inner.events_committed.inc_by(events as u64);
+    }
+
+    /// Counts `n` trace spans by `outcome` (`exported`, `dropped`,
+    /// `failed`).
+    pub fn trace_spans(&self, outcome: &str, n: u64) {
+        self.inner
+            .trace_spans
+            .get_or_create(&vec![("outcome".to_string(), outcome.to_string())])
+            .inc_by(n);
     }
 
     /// A stream actor started (`+1`) or was released (`-1`).

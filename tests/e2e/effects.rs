@@ -38,6 +38,8 @@ pub struct Post {
     pub key: Option<String>,
     /// Its `streamhost-effect-*` headers (the effect's envelope).
     pub envelope: HashMap<String, String>,
+    /// Its `traceparent` header.
+    pub traceparent: Option<String>,
     pub body: Value,
 }
 
@@ -66,10 +68,15 @@ impl Receiver {
                 .filter(|(name, _)| name.as_str().starts_with("streamhost-effect-"))
                 .map(|(name, v)| (name.to_string(), v.to_str().unwrap_or("").to_string()))
                 .collect();
+            let traceparent = headers
+                .get("traceparent")
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string);
             posts.lock().unwrap().push(Post {
                 path: format!("/{kind}/{rest}"),
                 key,
                 envelope,
+                traceparent,
                 body,
             });
             match kind.as_str() {

@@ -45,4 +45,5 @@ mod subscription_bad_input;
 mod subscriptions;
 mod support;
 mod timers;
+mod traces;
 mod webhooks;

@@ -497,6 +497,20 @@ impl Server {
         respond(self.request(reqwest::Method::GET, path)).await
     }
 
+    /// A `POST` with extra headers.
+    pub async fn post_with_headers(
+        &self,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: Value,
+    ) -> (u16, Value) {
+        let mut r = self.request(reqwest::Method::POST, path).json(&body);
+        for (name, value) in headers {
+            r = r.header(*name, *value);
+        }
+        respond(r).await
+    }
+
     /// A request of any method without a body.
     pub async fn send(&self, method: &str, path: &str) -> (u16, Value) {
         let method = reqwest::Method::from_bytes(method.as_bytes()).expect("a method");

@@ -48,6 +48,8 @@ pub struct WakeJob {
 pub struct Woken {
     pub checkpoint: Checkpoint,
     pub offsets: Vec<u64>,
+    /// The trace context of the latest traced event folded, if any.
+    pub trace: Option<streamhost_core::trace::Trace>,
 }
 
 fn failure(message: String, retryable: bool) -> Failure {
@@ -240,6 +242,7 @@ pub fn wake(job: WakeJob) -> Result<Woken, Failure> {
         selection.through
     );
     let offsets: Vec<u64> = selection.events.iter().map(|e| e.offset).collect();
+    let trace = selection.events.iter().rev().find_map(|e| e.trace.clone());
     let (new_state, effects, bucket) = if selection.events.is_empty() {
         (state, Vec::new(), bucket)
     } else {
@@ -278,6 +281,7 @@ pub fn wake(job: WakeJob) -> Result<Woken, Failure> {
             fence: job.fence.clone(),
         },
         offsets,
+        trace,
     })
 }
 
@@ -316,13 +320,15 @@ pub fn fold_events(
     let whole = env(&events[0]);
     let witness = whole.witness.clone();
     let clock_ms = created_ms(&events[events.len() - 1].created_at);
+    let cause = Cause::of(events);
     let folded = fold_call(guest, stream, state, events, through, whole, bucket);
     // A batch that failed for good is folded again one event per call, to
     // name the event that fails (the calls are deterministic).
     let locate = matches!(&folded, Err((f, _)) if !f.retryable);
     if events.len() == 1 || !(witness.read() || locate) {
         let (state_after, returned, session) = folded.map_err(|(f, _)| *f)?;
-        let effects = checked_effects(guest.component, &returned, through, clock_ms)?;
+        let causes = vec![cause; returned.len()];
+        let effects = checked_effects(guest.component, &returned, &causes, through, clock_ms)?;
         return Ok((state_after, effects, session.keep()));
     }
     // The whole batch's call is dropped, its writes with it.
@@ -332,6 +338,7 @@ pub fn fold_events(
     };
     let mut state = state.to_string();
     let mut returned = Vec::new();
+    let mut causes = Vec::new();
     for (i, e) in events.iter().enumerate() {
         let scanned = if i + 1 == events.len() {
             through
@@ -365,13 +372,17 @@ pub fn fold_events(
         })?;
         bucket = session.keep();
         state = next;
+        causes.extend(std::iter::repeat_n(
+            Cause::of(std::slice::from_ref(e)),
+            effects.len(),
+        ));
         returned.append(&mut effects);
     }
     if let Some(f) = batch_failure {
         // Every event folds alone: the batch failed as a whole.
         return Err(f);
     }
-    let effects = checked_effects(guest.component, &returned, through, clock_ms)?;
+    let effects = checked_effects(guest.component, &returned, &causes, through, clock_ms)?;
     Ok((state, effects, bucket))
 }
 
@@ -501,6 +512,26 @@ pub fn returned(e: &super::runtime::Effect) -> ReturnedEffect<'_> {
     }
 }
 
+/// What caused the effects of one fold call: the offsets it folded and
+/// the trace context the latest of them carried.
+#[derive(Debug, Clone, Copy)]
+pub struct Cause<'a> {
+    pub from_offset: u64,
+    pub to_offset: u64,
+    pub trace: Option<&'a streamhost_core::trace::Trace>,
+}
+
+impl<'a> Cause<'a> {
+    /// The cause of what a call folding `events` (non-empty) returned.
+    pub fn of(events: &'a [streamhost_core::stream::Event]) -> Cause<'a> {
+        Cause {
+            from_offset: events.first().map_or(0, |e| e.offset),
+            to_offset: events.last().map_or(0, |e| e.offset),
+            trace: events.iter().rev().find_map(|e| e.trace.as_ref()),
+        }
+    }
+}
+
 /// The effects a fold returned, checked and in their stored form; a bad one
 /// fails the fold (not retryable: the same events give the same effects),
 /// naming it. `clock_ms` is the time of the batch's last event (a
@@ -508,6 +539,7 @@ pub fn returned(e: &super::runtime::Effect) -> ReturnedEffect<'_> {
 pub fn checked_effects(
     component: &str,
     returned: &[super::runtime::Effect],
+    causes: &[Cause<'_>],
     checkpoint_offset: u64,
     clock_ms: i64,
 ) -> Result<Vec<NewEffect>, Failure> {
@@ -524,6 +556,10 @@ pub fn checked_effects(
         // The first of two effects with one key in a batch wins, as a later
         // batch's would be ignored.
         if seen.insert(e.key.as_str()) {
+            let checked = match causes.get(i) {
+                Some(c) => checked.caused_by(c.from_offset, c.to_offset, c.trace),
+                None => checked,
+            };
             effects.push(NewEffect::of(checked, checkpoint_offset));
         }
     }

@@ -237,6 +237,7 @@ pub fn plan_copy(
             ephemeral: None,
             offset: None,
             source: Some(EventSource::copied(copied_from)),
+            trace: event.trace.clone(),
         });
     }
     if let (Some(first), Some(last)) = (dropped.first(), dropped.last()) {
@@ -266,6 +267,7 @@ pub fn plan_copy(
             ephemeral: None,
             offset: None,
             source: None,
+            trace: None,
         });
     }
     let outcome = CopyOutcome {

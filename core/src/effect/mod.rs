@@ -10,6 +10,7 @@ use serde_json::{json, Map, Value};
 use crate::delivery::backoff_ms;
 use crate::delivery::DeliveryConfig;
 use crate::stream::canonicalize_path;
+use crate::trace::Trace;
 
 /// Largest effect key, in bytes.
 pub const KEY_BYTES_MAX: usize = 512;
@@ -206,6 +207,40 @@ pub fn check(at: &str, returned: ReturnedEffect<'_>, clock_ms: i64) -> Result<Ch
     })
 }
 
+impl Checked {
+    /// Records what caused it beside its stored target: the offsets of the
+    /// events folded by the call that returned it (one event for a reactor
+    /// or a fold of one event) and the trace context it carries on (that of
+    /// the latest of them that had one), so a trace of any age can be told
+    /// from storage.
+    pub fn caused_by(mut self, from_offset: u64, to_offset: u64, trace: Option<&Trace>) -> Checked {
+        if let Value::Object(m) = &mut self.stored {
+            m.insert(
+                "cause".into(),
+                json!({"fromOffset": from_offset, "toOffset": to_offset}),
+            );
+            if let Some(t) = trace {
+                m.insert("trace".into(), json!(t));
+            }
+        }
+        self
+    }
+}
+
+/// The offsets of the events that caused a stored effect (see
+/// [`Checked::caused_by`]); `None` for one stored before causes were kept.
+pub fn stored_cause(stored: &Value) -> Option<(u64, u64)> {
+    let c = stored.get("cause")?;
+    Some((c["fromOffset"].as_u64()?, c["toOffset"].as_u64()?))
+}
+
+/// The trace context a stored effect carries on, if any.
+pub fn stored_trace(stored: &Value) -> Option<Trace> {
+    serde_json::from_value::<Trace>(stored.get("trace")?.clone())
+        .ok()
+        .and_then(Trace::checked)
+}
+
 /// Checks an effect a fold returned (`at` names it: `effects[2]`), so a bad
 /// one fails the fold with its value named instead of failing later.
 pub fn parse(at: &str, key: &str, returned: Returned<'_>) -> Result<Target, String> {
@@ -342,6 +377,19 @@ pub fn webhook_headers(
     }
     if let Some(m) = target.get("metadata").filter(|m| m.is_object()) {
         headers.push(("streamhost-effect-metadata", ascii(&m.to_string())));
+    }
+    headers
+}
+
+/// The `traceparent` and `tracestate` headers of a request that carries
+/// `trace` on (none without one).
+pub fn trace_headers(trace: Option<&Trace>) -> Vec<(&'static str, String)> {
+    let Some(t) = trace else {
+        return Vec::new();
+    };
+    let mut headers = vec![("traceparent", t.traceparent.clone())];
+    if let Some(s) = &t.tracestate {
+        headers.push(("tracestate", s.clone()));
     }
     headers
 }

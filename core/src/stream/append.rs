@@ -283,6 +283,7 @@ pub fn plan_append(
             idempotency_key: key,
             created_at: ctx.now.to_string(),
             source: e.source.clone().filter(|s| !s.is_empty()),
+            trace: e.trace.clone().and_then(crate::trace::Trace::checked),
             ephemeral: e.ephemeral.unwrap_or(false),
         };
         current.reduce(&event);
@@ -354,6 +355,7 @@ fn created_event(ctx: &mut AppendContext<'_>) -> Event {
         idempotency_key: None,
         created_at: ctx.now.to_string(),
         source: None,
+        trace: None,
         ephemeral: false,
     }
 }

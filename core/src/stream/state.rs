@@ -305,6 +305,7 @@ mod tests {
             created_at: "2026-11-30T00:00:00.000Z".into(),
             source: None,
             ephemeral: false,
+            trace: None,
         }
     }
 

@@ -1590,6 +1590,7 @@ impl ActorCore {
                 ephemeral: None,
                 offset: None,
                 source: None,
+                trace: None,
             }],
             expected_stream_id: None,
         };

@@ -77,6 +77,7 @@ mod tests {
             created_at: "2026-01-01T00:00:00.000Z".into(),
             source: None,
             ephemeral: false,
+            trace: None,
         }
     }
 

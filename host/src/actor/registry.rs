@@ -40,6 +40,8 @@ pub struct StreamSettings {
     pub calls: Arc<crate::processor::share::Shares>,
     /// What the configuration bounds in deliveries' evaluations.
     pub bounds: crate::delivery::Bounds,
+    /// Trace spans for the OTLP endpoint.
+    pub telemetry: crate::telemetry::Telemetry,
 }
 
 /// All stream actors of a host. Cheap to clone.
@@ -137,6 +139,7 @@ impl Streams {
                         settings.delivery.project_concurrency(),
                     ),
                     bounds: settings.bounds,
+                    telemetry: settings.telemetry,
                     wakes_ended: Default::default(),
                     effects_ended: Default::default(),
                 },

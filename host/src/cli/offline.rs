@@ -140,6 +140,7 @@ pub(super) fn read_events(
                 .to_string(),
             source: None,
             ephemeral: false,
+            trace: None,
         });
     }
     Ok(events)

@@ -387,6 +387,13 @@ async fn execute_and_settle(exec: &Executors, settings: &Settings, row: EffectRo
         exec.metrics
             .effect_due_lag(settings.clock.now_ms() - not_before);
     }
+    // An effect of a traced event is a span of its trace; what it appends
+    // or posts carries the span on.
+    let stored_trace = effect::stored_trace(&row.target);
+    let span = stored_trace
+        .as_ref()
+        .and_then(|t| exec.telemetry.begin(Some(t)));
+    let carried = span.as_ref().map(|s| s.handed_on.clone()).or(stored_trace);
     let outcome = match Target::from_json(&row.target) {
         Ok(target) => {
             let wait = Duration::from_millis(timeout_ms);
@@ -395,7 +402,7 @@ async fn execute_and_settle(exec: &Executors, settings: &Settings, row: EffectRo
                 wait,
                 timeout_ms,
                 &super::Gate::default(),
-                execute(exec, &row, target, timeout_ms),
+                execute(exec, &row, target, timeout_ms, carried),
             )
             .await
             {
@@ -411,6 +418,21 @@ async fn execute_and_settle(exec: &Executors, settings: &Settings, row: EffectRo
             retryable: false,
         },
     };
+    if let Some(span) = span {
+        let mut record = crate::telemetry::Record::of_path(Some(&row.project), &row.path)
+            .with("streamhost.effect.key", row.key.clone())
+            .with("streamhost.effect.consumer", format!("{kind}:{name}"))
+            .with("streamhost.effect.attempt", i64::from(row.attempts));
+        if let Outcome::Failed { message, .. } = &outcome {
+            record.error = Some(message.clone());
+        }
+        exec.telemetry.end(
+            span,
+            "effect attempt",
+            opentelemetry::trace::SpanKind::Producer,
+            record,
+        );
+    }
     let now = settings.clock.now_ms();
     let settlement = effect::settle(
         outcome,
@@ -484,6 +506,7 @@ async fn execute(
     row: &EffectRow,
     target: Target,
     timeout_ms: u64,
+    trace: Option<crate::trace::Trace>,
 ) -> Result<Option<Value>, Failure> {
     match target {
         // Applied in the commit that stored it (and stored done).
@@ -516,6 +539,7 @@ async fn execute(
                         checkpoint_offset: row.checkpoint_offset,
                     }),
                 }),
+                trace,
             };
             append(exec, &address, event, Authority::Effect)
                 .await
@@ -527,7 +551,11 @@ async fn execute(
                 &url,
                 &body,
                 timeout_ms,
-                &effect::webhook_headers(row.id, &row.component, &row.key, &row.target),
+                &[
+                    effect::webhook_headers(row.id, &row.component, &row.key, &row.target),
+                    effect::trace_headers(trace.as_ref()),
+                ]
+                .concat(),
             )
             .await
             .map(|()| None)
@@ -617,6 +645,7 @@ async fn append_error_line(exec: &Executors, row: &EffectRow, error: &str) -> Re
         ephemeral: None,
         offset: None,
         source: None,
+        trace: None,
     };
     append(exec, &address, event, Authority::Platform)
         .await

@@ -83,6 +83,8 @@ pub struct Executors {
     pub sends: Arc<crate::processor::share::Shares>,
     /// What the configuration bounds in deliveries' evaluations.
     pub bounds: crate::delivery::Bounds,
+    /// Trace spans for the OTLP endpoint (off without one).
+    pub telemetry: crate::telemetry::Telemetry,
     /// Counts the wakes that ended on this host (committed or failed):
     /// what a wait for a processor watches.
     pub wakes_ended: Arc<tokio::sync::watch::Sender<u64>>,
@@ -292,7 +294,7 @@ async fn execute(
         // A wake reads after the processor's checkpoint, not a cursor.
         return wake::send(&exec, &job, &source, project, component, gate).await;
     }
-    let selection = read_and_select(&exec.storage, &job, source.row_id).await?;
+    let mut selection = read_and_select(&exec.storage, &job, source.row_id).await?;
     let offsets: Vec<u64> = selection.events.iter().map(|e| e.offset).collect();
     if offsets.is_empty() {
         // Nothing matched: passing over is progress.
@@ -304,6 +306,16 @@ async fn execute(
     }
     let single_offset = (offsets.len() == 1).then(|| offsets[0]);
     let first_offset = offsets.first().copied();
+    // A delivery attempt of traced events is a span of their trace; what
+    // it sends or copies carries the span on.
+    let span = selection
+        .events
+        .iter()
+        .find_map(|e| e.trace.as_ref())
+        .and_then(|parent| exec.telemetry.begin(Some(parent)));
+    if let Some(span) = &span {
+        span.hand_on(&mut selection.events);
+    }
     let (through, bytes) = (selection.through, selection.bytes);
     let attempt = Attempt {
         exec: &exec,
@@ -338,6 +350,24 @@ async fn execute(
         }
         Target::Wake { .. } => unreachable!("handled above"),
     };
+    if let Some(span) = span {
+        let mut record =
+            crate::telemetry::Record::of_path(source.info.project_id.as_deref(), &source.info.path)
+                .with("streamhost.subscription.key", job.key.clone())
+                .with("streamhost.delivery.target", job.route.target.label())
+                .with("streamhost.offset.first", first_offset.unwrap_or(0) as i64)
+                .with(
+                    "streamhost.offset.last",
+                    offsets.last().copied().unwrap_or(0) as i64,
+                );
+        record.error = sent.as_ref().err().map(|f| f.message.clone());
+        exec.telemetry.end(
+            span,
+            "delivery attempt",
+            opentelemetry::trace::SpanKind::Producer,
+            record,
+        );
+    }
     match sent {
         // (Less than the selection when a copy or ITX batch stopped before
         // an event its transform throws on.)

@@ -46,11 +46,12 @@ pub async fn send(
     let storage = exec.storage.clone();
     let name = component.to_string();
     let started = std::time::Instant::now();
+    let (telemetry, wall_start) = (&exec.telemetry, std::time::SystemTime::now());
     let result = async {
         // Fold and commit on one blocking thread: the commit happens right
         // there when the writer is idle (`commit_blocking`), so a wake
         // crosses threads once.
-        let (through, has_effects, bytes, offsets) = blocking(move || {
+        let (through, has_effects, bytes, offsets, trace) = blocking(move || {
             let woken = wake(wake_job)?;
             crate::storage::faults::stall_first_wake();
             if !gate.begin_commit() {
@@ -73,11 +74,22 @@ pub async fn send(
                         true,
                     )
                 })?;
-            Ok((through, has_effects, bytes, woken.offsets))
+            Ok((through, has_effects, bytes, woken.offsets, woken.trace))
         })
         .await?;
         if has_effects {
             exec.effects.ring();
+        }
+        if let Some(span) = trace.as_ref().and_then(|t| telemetry.begin_at(t, wall_start)) {
+            let record = crate::telemetry::Record::of_path(
+                source.info.project_id.as_deref(),
+                &source.info.path,
+            )
+            .with("streamhost.processor", component.to_string())
+            .with("streamhost.offset.first", offsets.first().copied().unwrap_or(0) as i64)
+            .with("streamhost.offset.last", through as i64)
+            .with("streamhost.wake.seconds", started.elapsed().as_secs_f64());
+            telemetry.end(span, "wake", opentelemetry::trace::SpanKind::Consumer, record);
         }
         Ok(Delivered {
             through,

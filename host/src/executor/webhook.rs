@@ -41,14 +41,6 @@ impl Client {
         })
     }
 
-    /// POSTs one body; any 2xx acknowledges, every failure is retryable
-    /// (a subscription's skip and halt policy decides what follows).
-    pub async fn post(&self, url: &str, body: &Value, timeout_ms: u64) -> Result<(), Failure> {
-        self.post_keyed(url, body, timeout_ms, &[])
-            .await
-            .map_err(|(failure, _)| failure)
-    }
-
     /// POSTs one body, with an `idempotency-key` header when given. A
     /// failure comes with the status the receiver answered, if it answered.
     pub async fn post_keyed(
@@ -180,6 +172,7 @@ pub async fn send(
         .next()
         .expect("a non-empty selection");
     let offset = event.offset;
+    let headers = crate::effect::trace_headers(event.trace.as_ref());
     let attempt = match job.failing {
         Some((o, n)) if o == offset => n + 1,
         _ => 1,
@@ -210,7 +203,10 @@ pub async fn send(
         Ok(body(&envelope, &posted, offset))
     })
     .await?;
-    exec.webhooks.post(url, &body, job.timeout_ms).await
+    exec.webhooks
+        .post_keyed(url, &body, job.timeout_ms, &headers)
+        .await
+        .map_err(|(failure, _)| failure)
 }
 
 /// Refuses a URL whose host is, or resolves to, a non-public address.

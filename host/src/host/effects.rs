@@ -118,6 +118,13 @@ pub struct Effect {
     pub group: Option<String>,
     /// Not attempted before this time (RFC 3339), if it was delayed.
     pub not_before: Option<String>,
+    /// The offsets of the source events folded by the call that asked it
+    /// (one event for a reactor), when known.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cause: Option<EffectCause>,
+    /// The trace context it carries on (its cause's), if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub trace: Option<crate::trace::Trace>,
     /// The effect's key (its identity with the instance).
     pub key: String,
     /// The checkpoint that committed it.
@@ -160,11 +167,17 @@ impl Effect {
             .get("group")
             .and_then(Value::as_str)
             .map(str::to_string);
+        let cause =
+            crate::effect::stored_cause(&e.target).map(|(from_offset, to_offset)| EffectCause {
+                from_offset,
+                to_offset,
+            });
+        let trace = crate::effect::stored_trace(&e.target);
         let mut target = e.target;
         if let Value::Object(t) = &mut target {
-            t.remove("type");
-            t.remove("metadata");
-            t.remove("group");
+            for envelope in ["type", "metadata", "group", "cause", "trace"] {
+                t.remove(envelope);
+            }
         }
         Effect {
             id: e.id,
@@ -177,6 +190,8 @@ impl Effect {
             metadata,
             group,
             not_before: e.not_before_ms.map(format_timestamp),
+            cause,
+            trace,
             key: e.key,
             checkpoint_offset: e.checkpoint_offset,
             target,
@@ -189,6 +204,17 @@ impl Effect {
             settled_at: e.settled_at,
         }
     }
+}
+
+/// The source events an effect came of: those folded by the call that
+/// asked it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EffectCause {
+    /// The first.
+    pub from_offset: u64,
+    /// The last.
+    pub to_offset: u64,
 }
 
 /// A page of effects.

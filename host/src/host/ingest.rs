@@ -254,6 +254,7 @@ impl Host {
                 ephemeral: None,
                 offset: None,
                 source: None,
+                trace: None,
             };
             let input = AppendInput {
                 events: vec![line],

@@ -199,6 +199,8 @@ impl Host {
                 config.processors.max_concurrent_calls_per_project,
             ),
             bounds: config.delivery_bounds(),
+            telemetry: crate::telemetry::Telemetry::start(&config.telemetry, metrics.clone())
+                .context("starting the trace export")?,
         };
         let streams = Streams::new(storage, clock.clone(), metrics.clone(), settings, runtime);
         crate::executor::effect::start(

@@ -297,16 +297,28 @@ impl Host {
         use StreamAnswer as A;
         use StreamRequest as R;
         Ok(match request {
-            R::Append(input) => {
+            R::Append(mut input) => {
                 let resumes = input
                     .events
                     .iter()
                     .any(|e| e.event_type == crate::stream::types::RESUMED);
                 self.refuse_wrong_receivers(stream, &input.events).await?;
-                let output = self
-                    .streams
-                    .append(stream, input, Authority::Public)
-                    .await?;
+                let telemetry = &self.streams.executors().telemetry;
+                let span = telemetry.begin(input.events.iter().find_map(|e| e.trace.as_ref()));
+                if let Some(span) = &span {
+                    span.carry(&mut input.events);
+                }
+                let count = input.events.len();
+                let appended = self.streams.append(stream, input, Authority::Public).await;
+                if let Some(span) = span {
+                    telemetry.end(
+                        span,
+                        "append",
+                        opentelemetry::trace::SpanKind::Server,
+                        crate::telemetry::Record::of_append(stream, count, &appended),
+                    );
+                }
+                let output = appended?;
                 if resumes {
                     // Ingest held behind the pause goes on now.
                     self.ingest.retry_now();
@@ -827,8 +839,38 @@ impl Host {
     /// # Ok(()) }
     /// ```
     pub async fn apply_itx(&self, project: &str, request: ItxRequest) -> Result<Value, Error> {
-        self.call_expression(project, &request.expression, request.args)
-            .await
+        self.apply_itx_traced(project, request, None).await
+    }
+
+    /// [`Host::apply_itx`] in the caller's trace (a `traceparent`): the
+    /// call is a span of it when spans are exported.
+    pub async fn apply_itx_traced(
+        &self,
+        project: &str,
+        request: ItxRequest,
+        trace: Option<crate::trace::Trace>,
+    ) -> Result<Value, Error> {
+        let telemetry = &self.streams.executors().telemetry;
+        let span = telemetry.begin(trace.as_ref());
+        let result = self
+            .call_expression(project, &request.expression, request.args)
+            .await;
+        if let Some(span) = span {
+            let mut record = crate::telemetry::Record::default()
+                .with("streamhost.project", project.to_string())
+                .with("streamhost.itx.expression", request.expression.to_string());
+            record.error = result
+                .as_ref()
+                .err()
+                .map(|e| format!("{}: {}", e.code, e.message));
+            telemetry.end(
+                span,
+                "itx call",
+                opentelemetry::trace::SpanKind::Server,
+                record,
+            );
+        }
+        result
     }
 
     /// Carries out `request` (admin-only requests are the adapter's to

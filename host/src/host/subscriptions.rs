@@ -188,6 +188,7 @@ fn event(event_type: &str, payload: Value, idempotency_key: Option<String>) -> E
         ephemeral: None,
         offset: None,
         source: None,
+        trace: None,
     }
 }
 

@@ -78,7 +78,10 @@ async fn accept(
     caller.may_use(&Namespace::project(project)?)?;
     let limit = host.config.max_body_bytes;
     let body = read_body(host, body, limit, "request body").await?;
-    let request = mapping::parse_ingest(project, path, &body)?;
+    let mut request = mapping::parse_ingest(project, path, &body)?;
+    if let IngestRequest::Accept { events, .. } = &mut request {
+        super::carry_trace(events, headers);
+    }
     Ok(host.apply_ingest(request).await?)
 }
 

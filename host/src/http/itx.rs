@@ -23,7 +23,8 @@ pub(super) async fn call(
         let limit = host.config.max_body_bytes;
         let body = read_body(&host, body, limit, "request body").await?;
         let request = mapping::parse_itx(&body)?;
-        Ok(json!({ "result": host.apply_itx(&project, request).await? }))
+        let trace = super::header_trace(&headers);
+        Ok(json!({ "result": host.apply_itx_traced(&project, request, trace).await? }))
     }
     .await;
     answer(result)

@@ -532,7 +532,10 @@ async fn stream_call(
     let target = parse_stream_url(uri.path())?;
     caller.may_use(&target.address.namespace)?;
     let address = &target.address;
-    let request = stream_request(host, &target.method, &method, uri.query(), body).await?;
+    let mut request = stream_request(host, &target.method, &method, uri.query(), body).await?;
+    if let StreamRequest::Append(input) = &mut request {
+        carry_trace(&mut input.events, headers);
+    }
     if request.admin_only() {
         caller.require_admin(&format!("resetting stream {:?}", address.path))?;
     }
@@ -546,6 +549,22 @@ async fn stream_call(
             Ok(backfill::streamed(host.clone(), address.clone(), b))
         }
         request => Ok(render(host.apply(address, request).await?)),
+    }
+}
+
+/// The W3C trace context of a request's `traceparent` and `tracestate`
+/// headers; a malformed one is ignored (`None`), never an error.
+pub(crate) fn header_trace(headers: &HeaderMap) -> Option<crate::trace::Trace> {
+    let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    crate::trace::Trace::parse(text("traceparent")?, text("tracestate"))
+}
+
+/// Gives every event without a trace context of its own the request's.
+pub(crate) fn carry_trace(events: &mut [crate::stream::EventInput], headers: &HeaderMap) {
+    if let Some(trace) = header_trace(headers) {
+        for e in events.iter_mut().filter(|e| e.trace.is_none()) {
+            e.trace = Some(trace.clone());
+        }
     }
 }
 

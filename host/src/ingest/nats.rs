@@ -603,7 +603,22 @@ impl Bridge {
                 &message.payload,
                 self.ingest.config().max_event_bytes,
             )
-            .map(|event| (address, event))
+            .map(|mut event| {
+                // The message's W3C trace context headers, as an HTTP
+                // append's (a malformed one is ignored).
+                if event.trace.is_none() {
+                    let header = |name: &str| {
+                        message
+                            .headers
+                            .as_ref()
+                            .and_then(|h| h.get(name))
+                            .map(|v| v.as_str())
+                    };
+                    event.trace = header("traceparent")
+                        .and_then(|t| crate::trace::Trace::parse(t, header("tracestate")));
+                }
+                (address, event)
+            })
         });
         match parsed {
             Ok((address, event)) => {

@@ -234,6 +234,7 @@ impl Reacting<'_> {
                 })?;
                 for e in checked(&returned, clock_ms).map_err(refuse)? {
                     if keys.insert(e.key.clone()) {
+                        let e = e.caused_by(a.event.offset, a.event.offset, a.event.trace.as_ref());
                         effects.push(NewEffect::of(e, a.event.offset));
                     }
                 }

@@ -45,6 +45,7 @@ pub async fn resume_halted(
                 ephemeral: None,
                 offset: None,
                 source: None,
+                trace: None,
             };
             let input = AppendInput {
                 events: vec![event],

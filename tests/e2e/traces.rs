@@ -1,0 +1,330 @@
+//! Traces end to end: a `traceparent` on an append is kept with the event,
+//! carried by its copy, the wake that folds the copy, the effect that wake
+//! asks and the webhook that effect posts; the spans a real OTLP/HTTP
+//! receiver gets (protobuf, decoded here) tell the same story in one trace.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::routing::post;
+use axum::Router;
+use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+use prost::Message;
+use serde_json::{json, Value};
+
+use crate::effects::{deploy, settled, wake, Receiver, EFFECTS};
+use crate::subscriptions::subscribe;
+use crate::support::{wait_for, Server};
+
+const P: &str = "/v1/projects/acme/streams";
+const TRACE_ID: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
+const CALLER_SPAN: &str = "00f067aa0ba902b7";
+
+/// One span as the receiver decoded it.
+#[derive(Debug, Clone)]
+struct Got {
+    trace_id: String,
+    span_id: String,
+    parent_id: String,
+    name: String,
+    attributes: HashMap<String, String>,
+    failed: bool,
+}
+
+/// An OTLP/HTTP receiver on loopback: `POST /v1/traces` with a protobuf
+/// `ExportTraceServiceRequest`, every span kept.
+struct Collector {
+    endpoint: String,
+    spans: Arc<Mutex<Vec<Got>>>,
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+impl Collector {
+    async fn start() -> Collector {
+        let spans: Arc<Mutex<Vec<Got>>> = Arc::default();
+        async fn traces(State(spans): State<Arc<Mutex<Vec<Got>>>>, body: Bytes) -> StatusCode {
+            let Ok(request) = ExportTraceServiceRequest::decode(body) else {
+                return StatusCode::BAD_REQUEST;
+            };
+            let mut kept = spans.lock().unwrap();
+            for resource in request.resource_spans {
+                for scope in resource.scope_spans {
+                    for s in scope.spans {
+                        let attributes = s
+                            .attributes
+                            .iter()
+                            .map(|kv| {
+                                let v = kv
+                                    .value
+                                    .as_ref()
+                                    .and_then(|v| v.value.as_ref())
+                                    .map(|v| format!("{v:?}"))
+                                    .unwrap_or_default();
+                                (kv.key.clone(), v)
+                            })
+                            .collect();
+                        kept.push(Got {
+                            trace_id: hex(&s.trace_id),
+                            span_id: hex(&s.span_id),
+                            parent_id: hex(&s.parent_span_id),
+                            name: s.name.clone(),
+                            attributes,
+                            failed: s.status.as_ref().is_some_and(|st| st.code == 2),
+                        });
+                    }
+                }
+            }
+            StatusCode::OK
+        }
+        let app = Router::new()
+            .route("/v1/traces", post(traces))
+            .with_state(spans.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let endpoint = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        Collector { endpoint, spans }
+    }
+
+    fn of_trace(&self, trace_id: &str) -> Vec<Got> {
+        let spans = self.spans.lock().unwrap();
+        spans
+            .iter()
+            .filter(|s| s.trace_id == trace_id)
+            .cloned()
+            .collect()
+    }
+
+    fn named(&self, trace_id: &str, name: &str) -> Vec<Got> {
+        self.of_trace(trace_id)
+            .into_iter()
+            .filter(|s| s.name == name)
+            .collect()
+    }
+}
+
+fn config(endpoint: &str) -> String {
+    format!("{EFFECTS}\n[telemetry]\notlp-endpoint = \"{endpoint}\"\n")
+}
+
+/// The trace id and parent id of a served `traceparent`.
+fn ids(traceparent: &Value) -> (String, String) {
+    let t = traceparent
+        .as_str()
+        .unwrap_or_else(|| panic!("{traceparent}"));
+    let parts: Vec<&str> = t.split('-').collect();
+    assert_eq!(parts.len(), 4, "{t}");
+    (parts[1].to_string(), parts[2].to_string())
+}
+
+#[tokio::test]
+async fn one_event_is_followed_through_a_copy_a_wake_an_effect_and_a_webhook_in_one_trace() {
+    let collector = Collector::start().await;
+    let receiver = Receiver::start().await;
+    let s = Server::start_with(Some(&config(&collector.endpoint)), &[]);
+    // Orders are copied to /work, where the effector folds them.
+    subscribe(
+        &s,
+        "/work",
+        json!({"sourceStreamPath": "/orders", "subscriptionKey": "to-work"}),
+    )
+    .await;
+    deploy(&s, "effector", "effector").await;
+    wake(&s, &format!("{P}/work"), "fx", "effector").await;
+    let traceparent = format!("00-{TRACE_ID}-{CALLER_SPAN}-01");
+    let url = format!("{}/ok/traced", receiver.base);
+    let (status, out) = s
+        .post_with_headers(
+            &format!("{P}/orders:append"),
+            &[("traceparent", &traceparent), ("tracestate", "vendor=1")],
+            json!({"events": [{"type": "events.example/effects-requested",
+                "payload": {"effects": [{"key": "notify", "webhook": {"url": url, "body": {"n": 1}}}]}}]}),
+        )
+        .await;
+    assert_eq!(status, 200, "{out}");
+    // The event keeps the trace, with the append's span as its parent.
+    let appended = &out["events"][0];
+    let (trace_id, append_span) = ids(&appended["trace"]["traceparent"]);
+    assert_eq!(trace_id, TRACE_ID, "{appended}");
+    assert_ne!(append_span, CALLER_SPAN);
+    assert_eq!(appended["trace"]["tracestate"], "vendor=1");
+
+    // The effect settles: the webhook arrives with the same trace.
+    let effect = settled(&s, "notify", "succeeded").await;
+    let posts = receiver.posts_to("/ok/traced");
+    assert_eq!(posts.len(), 1, "{posts:?}");
+    let posted = posts[0].traceparent.clone().expect("a traceparent header");
+    let (posted_trace, posted_parent) = ids(&json!(posted));
+    assert_eq!(posted_trace, TRACE_ID);
+    assert_eq!(ids(&effect["trace"]["traceparent"]).0, TRACE_ID, "{effect}");
+
+    // The copy on /work carries the trace on.
+    let copies = s.all_events(&format!("{P}/work")).await;
+    let copy = copies
+        .iter()
+        .find(|e| e["type"] == "events.example/effects-requested")
+        .expect("the copy");
+    let (copy_trace, copy_parent) = ids(&copy["trace"]["traceparent"]);
+    assert_eq!(copy_trace, TRACE_ID, "{copy}");
+
+    // The receiver got every hop's span, in one trace, each under the one
+    // that caused it.
+    wait_for(
+        "the spans of the append, the copy, the wake and the effect",
+        Duration::from_secs(20),
+        async || {
+            ["append", "delivery attempt", "wake", "effect attempt"]
+                .iter()
+                .all(|name| !collector.named(TRACE_ID, name).is_empty())
+        },
+    )
+    .await;
+    let one = |name: &str| -> Got {
+        let spans = collector.named(TRACE_ID, name);
+        assert!(!spans.is_empty(), "no {name} span: {spans:?}");
+        spans[0].clone()
+    };
+    let append = one("append");
+    assert_eq!(append.parent_id, CALLER_SPAN, "{append:?}");
+    assert_eq!(append.span_id, append_span);
+    assert_eq!(
+        append
+            .attributes
+            .get("streamhost.stream.path")
+            .map(String::as_str),
+        Some("StringValue(\"/orders\")"),
+        "{append:?}"
+    );
+    // The copy's delivery attempt, under the append; the copy under it.
+    let copied = collector
+        .named(TRACE_ID, "delivery attempt")
+        .into_iter()
+        .find(|s| s.span_id == copy_parent)
+        .unwrap_or_else(|| {
+            panic!(
+                "no delivery span {copy_parent}: {:?}",
+                collector.of_trace(TRACE_ID)
+            )
+        });
+    assert_eq!(copied.parent_id, append.span_id, "{copied:?}");
+    // The wake that folded the copy, and the effect it asked, under it.
+    let woke = one("wake");
+    assert_eq!(woke.parent_id, copied.span_id, "{woke:?}");
+    let attempt = one("effect attempt");
+    assert_eq!(attempt.parent_id, copied.span_id, "{attempt:?}");
+    assert!(!attempt.failed, "{attempt:?}");
+    // The webhook's traceparent names the effect attempt's span.
+    assert_eq!(posted_parent, attempt.span_id);
+    assert!(
+        s.metric("streamhost_trace_spans_total{outcome=\"exported\"}")
+            .await
+            >= 4
+    );
+}
+
+#[tokio::test]
+async fn a_malformed_traceparent_is_ignored_and_without_an_endpoint_a_trace_passes_through() {
+    // No endpoint: the caller's context is kept as sent and handed on.
+    let receiver = Receiver::start().await;
+    let s = Server::start_with(Some(EFFECTS), &[]);
+    let hook = format!("{}/ok/plain", receiver.base);
+    let (status, out) = s
+        .post(
+            &format!("{P}/orders:append"),
+            json!({"events": [{"type": "events.iterate.com/stream/subscription-configured",
+                "payload": {"subscriptionKey": "hook", "filter": {"eventTypes": ["events.example/kept", "events.example/untraced"]},
+                    "receiver": {"action": "webhook-post", "url": hook,
+                        "delivery": {"start": "now", "onFailingEvent": "halt"}}}}]}),
+        )
+        .await;
+    assert_eq!(status, 200, "{out}");
+    let traceparent = format!("00-{TRACE_ID}-{CALLER_SPAN}-01");
+    let (status, out) = s
+        .post_with_headers(
+            &format!("{P}/orders:append"),
+            &[("traceparent", &traceparent)],
+            json!({"events": [{"type": "events.example/kept"}]}),
+        )
+        .await;
+    assert_eq!(status, 200, "{out}");
+    assert_eq!(
+        out["events"][0]["trace"]["traceparent"],
+        traceparent.as_str()
+    );
+    for bad in [
+        "garbage",
+        "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+        "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
+        "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+    ] {
+        let (status, out) = s
+            .post_with_headers(
+                &format!("{P}/orders:append"),
+                &[("traceparent", bad)],
+                json!({"events": [{"type": "events.example/untraced"}]}),
+            )
+            .await;
+        assert_eq!(status, 200, "{bad}: {out}");
+        assert!(out["events"][0].get("trace").is_none(), "{bad}: {out}");
+    }
+    // The webhook subscription posts the traced event with its context.
+    wait_for("the webhook posts", Duration::from_secs(20), async || {
+        receiver.posts_to("/ok/plain").len() >= 5
+    })
+    .await;
+    let posts = receiver.posts_to("/ok/plain");
+    let traced: Vec<_> = posts.iter().filter_map(|p| p.traceparent.clone()).collect();
+    assert_eq!(traced, vec![traceparent.clone()], "{posts:?}");
+}
+
+#[tokio::test]
+async fn an_unreachable_collector_costs_only_dropped_or_failed_spans() {
+    // A port nothing listens on.
+    let closed = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let s = Server::start_with(
+        Some(&format!(
+            "[telemetry]\notlp-endpoint = \"http://127.0.0.1:{closed}\"\nmax-queued-spans = 4\n"
+        )),
+        &[],
+    );
+    for i in 0..50 {
+        let (status, out) = s
+            .post(
+                &format!("{P}/orders:append"),
+                json!({"events": [{"type": "events.example/n", "payload": {"i": i}}]}),
+            )
+            .await;
+        assert_eq!(status, 200, "{out}");
+        // A trace started here: the event carries it.
+        assert!(
+            out["events"][0]["trace"]["traceparent"].is_string(),
+            "{out}"
+        );
+    }
+    let counted = async || {
+        s.metric("streamhost_trace_spans_total{outcome=\"dropped\"}")
+            .await
+            + s.metric("streamhost_trace_spans_total{outcome=\"failed\"}")
+                .await
+    };
+    wait_for(
+        "the spans to be counted as dropped or failed",
+        Duration::from_secs(30),
+        async || counted().await == 50,
+    )
+    .await;
+    assert_eq!(
+        s.metric("streamhost_trace_spans_total{outcome=\"exported\"}")
+            .await,
+        0
+    );
+}
