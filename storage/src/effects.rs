@@ -294,6 +294,50 @@ impl Storage {
         })
     }
 
+    /// The effect of a consumer with `key` on the stream at `path`.
+    pub fn effect_by_key(
+        &self,
+        project: &str,
+        path: &str,
+        component: &str,
+        key: &str,
+    ) -> Result<Option<EffectRow>> {
+        self.with_reader(|db| {
+            db.query_opt(
+                &format!(
+                    "SELECT {COLUMNS} FROM effects
+                     WHERE project = ?1 AND path = ?2 AND component = ?3 AND effect_key = ?4"
+                ),
+                args![project, path, component, key],
+                row,
+            )
+        })
+    }
+
+    /// At most `limit` effects of the stream at `path` (lifetime
+    /// `stream_id`) committed with a checkpoint at or after `offset`, in
+    /// id order: those an event at `offset` may have caused.
+    pub fn effects_from_checkpoint(
+        &self,
+        project: &str,
+        path: &str,
+        stream_id: &str,
+        offset: u64,
+        limit: usize,
+    ) -> Result<Vec<EffectRow>> {
+        self.with_reader(|db| {
+            db.query_all(
+                &format!(
+                    "SELECT {COLUMNS} FROM effects
+                     WHERE project = ?1 AND path = ?2 AND stream_id = ?3 AND checkpoint_offset >= ?4
+                     ORDER BY id LIMIT ?5"
+                ),
+                args![project, path, stream_id, offset as i64, limit as i64],
+                row,
+            )
+        })
+    }
+
     /// A page of a project's effects in id order.
     pub fn list_effects(&self, q: &EffectQuery) -> Result<Vec<EffectRow>> {
         self.with_reader(|db| {

@@ -482,6 +482,13 @@ async fn every_operation_answers_a_real_request_as_the_openapi_document_says() {
                 if project { 200 } else { 404 },
             ),
             (
+                "GET",
+                ":events/{offset}/trace",
+                format!("{prefix}:events/2/trace"),
+                None,
+                200,
+            ),
+            (
                 "POST",
                 ":backfillReactor",
                 format!("{prefix}:backfillReactor"),

@@ -18,7 +18,7 @@ use serde_json::{json, Value};
 
 use crate::effects::{deploy, settled, wake, Receiver, EFFECTS};
 use crate::subscriptions::subscribe;
-use crate::support::{wait_for, Server};
+use crate::support::{assert_error, run_cli, wait_for, Server};
 
 const P: &str = "/v1/projects/acme/streams";
 const TRACE_ID: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
@@ -144,7 +144,8 @@ async fn one_event_is_followed_through_a_copy_a_wake_an_effect_and_a_webhook_in_
             &format!("{P}/orders:append"),
             &[("traceparent", &traceparent), ("tracestate", "vendor=1")],
             json!({"events": [{"type": "events.example/effects-requested",
-                "payload": {"effects": [{"key": "notify", "webhook": {"url": url, "body": {"n": 1}}}]}}]}),
+                "payload": {"effects": [{"key": "notify", "webhook": {"url": url, "body": {"n": 1}}},
+                    {"key": "record", "append": {"streamPath": "/done", "type": "events.example/notified", "payload": {}}}]}}]}),
         )
         .await;
     assert_eq!(status, 200, "{out}");
@@ -226,6 +227,183 @@ async fn one_event_is_followed_through_a_copy_a_wake_an_effect_and_a_webhook_in_
             .await
             >= 4
     );
+
+    // After the fact: the story of the order, told from storage.
+    settled(&s, "record", "succeeded").await;
+    let order_offset = appended["offset"].as_u64().unwrap();
+    let (status, story) = s
+        .get(&format!("{P}/orders:events/{order_offset}/trace"))
+        .await;
+    assert_eq!(status, 200, "{story}");
+    assert_eq!(story["traceId"], TRACE_ID, "{story}");
+    assert_eq!(story["event"]["offset"], order_offset);
+    assert_eq!(story["truncated"], false);
+    let copy_step = story["downstream"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["kind"] == "copy")
+        .unwrap_or_else(|| panic!("no copy: {story:#}"));
+    assert_eq!(copy_step["status"], "copied", "{copy_step:#}");
+    assert_eq!(copy_step["stream"], "/work");
+    assert_eq!(copy_step["offset"], copy["offset"]);
+    let wake_step = copy_step["caused"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["kind"] == "wake")
+        .unwrap_or_else(|| panic!("no wake: {copy_step:#}"));
+    assert_eq!(wake_step["status"], "folded", "{wake_step:#}");
+    assert_eq!(wake_step["component"], "effector");
+    let effects: HashMap<String, Value> = wake_step["caused"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| (e["effectKey"].as_str().unwrap().to_string(), e.clone()))
+        .collect();
+    assert_eq!(effects.len(), 2, "{wake_step:#}");
+    assert_eq!(effects["notify"]["status"], "succeeded");
+    assert_eq!(effects["record"]["status"], "succeeded");
+    let done = &effects["record"]["caused"][0];
+    assert_eq!(done["kind"], "event", "{done:#}");
+    assert_eq!(done["stream"], "/done");
+    assert_eq!(done["type"], "events.example/notified");
+    // The event the effect appended knows its way back to the order.
+    let done_offset = done["offset"].as_u64().unwrap();
+    let (status, back) = s.get(&format!("{P}/done:events/{done_offset}/trace")).await;
+    assert_eq!(status, 200, "{back}");
+    assert_eq!(back["traceId"], TRACE_ID, "{back:#}");
+    let kinds: Vec<(&str, &str)> = back["upstream"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|u| (u["kind"].as_str().unwrap(), u["stream"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        kinds,
+        vec![
+            ("effect", "/work"),
+            ("event", "/work"),
+            ("copied-from", "/orders")
+        ],
+        "{back:#}"
+    );
+    assert_eq!(back["upstream"][2]["offset"], order_offset);
+
+    // The command line prints it as a tree.
+    let (ok, out, err) = run_cli(&[
+        "trace",
+        "/orders",
+        &order_offset.to_string(),
+        "--url",
+        &s.url,
+        "--project",
+        "acme",
+        "--output",
+        "pretty",
+    ]);
+    assert!(ok, "{err}");
+    assert!(out.starts_with(&format!("trace {TRACE_ID}\n")), "{out}");
+    assert!(out.contains("└─ copy /work@"), "{out}");
+    assert!(
+        out.contains("wake effector") && out.contains(": folded"),
+        "{out}"
+    );
+    assert!(out.contains("effect effector \"record\""), "{out}");
+
+    // Exported after the fact: the same story as spans of its trace.
+    let before = collector.of_trace(TRACE_ID).len();
+    let (status, exported) = s
+        .get(&format!(
+            "{P}/orders:events/{order_offset}/trace?export=true"
+        ))
+        .await;
+    assert_eq!(status, 200, "{exported}");
+    let sent = exported["exportedSpans"].as_u64().unwrap() as usize;
+    assert!(sent >= 6, "{exported:#}");
+    wait_for("the story's spans", Duration::from_secs(20), async || {
+        collector.of_trace(TRACE_ID).len() >= before + sent
+    })
+    .await;
+    assert!(!collector.named(TRACE_ID, "wake effector").is_empty());
+
+    // A missing offset is a 404 naming it; a bad one a 400.
+    assert_error(
+        &s.get(&format!("{P}/orders:events/999/trace")).await,
+        404,
+        "event-not-found",
+        "offset 999",
+    );
+    assert_error(
+        &s.get(&format!("{P}/orders:events/x/trace")).await,
+        400,
+        "invalid-request",
+        "\"x\"",
+    );
+    assert_error(
+        &s.get(&format!("{P}/orders:events/1/trace?exprot=true"))
+            .await,
+        400,
+        "invalid-request",
+        "exprot",
+    );
+}
+
+#[tokio::test]
+async fn a_long_copy_chain_is_told_to_depth_eight_and_marked_truncated() {
+    let s = Server::start_with(Some(EFFECTS), &[]);
+    // /c0 -> /c1 -> ... -> /c10
+    for i in 0..10 {
+        subscribe(
+            &s,
+            &format!("/c{}", i + 1),
+            json!({"sourceStreamPath": format!("/c{i}"), "subscriptionKey": "next"}),
+        )
+        .await;
+    }
+    let (status, out) = s
+        .post(
+            &format!("{P}/c0:append"),
+            json!({"events": [{"type": "events.example/hop"}]}),
+        )
+        .await;
+    assert_eq!(status, 200, "{out}");
+    let offset = out["events"][0]["offset"].as_u64().unwrap();
+    wait_for(
+        "the copy to reach /c10",
+        Duration::from_secs(30),
+        async || {
+            s.events_once_created(&format!("{P}/c10"))
+                .await
+                .iter()
+                .any(|e| e["type"] == "events.example/hop")
+        },
+    )
+    .await;
+    let (status, story) = s.get(&format!("{P}/c0:events/{offset}/trace")).await;
+    assert_eq!(status, 200, "{story}");
+    assert_eq!(story["truncated"], true, "{story:#}");
+    let mut depth = 0;
+    let mut step = &story["downstream"][0];
+    while step["kind"] == "copy" {
+        depth += 1;
+        step = &step["caused"][0];
+    }
+    assert_eq!(depth, 8, "{story:#}");
+    // From the far end, the whole chain upstream (the hops are in the copy).
+    let last = s.all_events(&format!("{P}/c10")).await;
+    let hop = last
+        .iter()
+        .find(|e| e["type"] == "events.example/hop")
+        .unwrap();
+    let (status, back) = s
+        .get(&format!("{P}/c10:events/{}/trace", hop["offset"]))
+        .await;
+    assert_eq!(status, 200, "{back}");
+    let upstream = back["upstream"].as_array().unwrap();
+    assert_eq!(upstream.len(), 10, "{back:#}");
+    assert_eq!(upstream[0]["stream"], "/c9");
+    assert_eq!(upstream[9]["stream"], "/c0");
 }
 
 #[tokio::test]

@@ -97,13 +97,29 @@ pub struct CopyOutcome {
 /// generation, source lifetime, source offset), so retries of a run collapse
 /// and a new run copies again.
 pub fn copy_identity(batch: &CopyBatch, offset: u64) -> String {
+    copy_key(
+        &batch.source,
+        batch.generation,
+        &batch.subscription_key,
+        offset,
+    )
+}
+
+/// [`copy_identity`] from its parts: the copy of the event at `offset` of
+/// `source` by run `generation` of subscription `subscription_key`.
+pub fn copy_key(
+    source: &SourceInfo,
+    generation: u64,
+    subscription_key: &str,
+    offset: u64,
+) -> String {
     format!(
         "copy:{}:{}:{}:{}:{}:{}",
-        batch.source.project_id.as_deref().unwrap_or(""),
-        batch.source.path,
-        batch.source.stream_id,
-        batch.generation,
-        batch.subscription_key,
+        source.project_id.as_deref().unwrap_or(""),
+        source.path,
+        source.stream_id,
+        generation,
+        subscription_key,
         offset
     )
 }

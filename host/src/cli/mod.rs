@@ -87,6 +87,10 @@ pub(crate) enum Command {
     State(StateArgs),
     /// Print a stream's runtime: subscription delivery progress, connections.
     Runtime(StateArgs),
+    /// The story of one event: where it came from and what it caused
+    /// (copies, deliveries, wakes, effects, the events they appended), as a
+    /// tree (`--output json`: the answer as is).
+    Trace(TraceArgs),
     /// Wait for the next event after an offset that matches (`waitForEvent`);
     /// prints it, or fails when none comes within the timeout.
     Wait(WaitArgs),
@@ -244,6 +248,17 @@ pub(crate) struct StateArgs {
     pub target: Target,
 }
 
+#[derive(Debug, Args)]
+pub(crate) struct TraceArgs {
+    #[command(flatten)]
+    pub target: Target,
+    /// The event's offset.
+    pub offset: u64,
+    /// Also send the story to the server's OTLP endpoint as a trace.
+    #[arg(long)]
+    pub export: bool,
+}
+
 /// Runs the parsed command line.
 pub async fn run(cli: Cli) -> Result<()> {
     use std::io::IsTerminal;
@@ -281,6 +296,26 @@ pub async fn run(cli: Cli) -> Result<()> {
         }
         Command::State(a) => request(&a.target, R::State).await,
         Command::Runtime(a) => request(&a.target, R::Runtime).await,
+        Command::Trace(a) => {
+            let call = R::EventTrace {
+                offset: a.offset,
+                export: a.export,
+            };
+            let response = stream_call(&a.target, &call).await?;
+            let status = response.status();
+            let text = response.text().await.context("reading the answer")?;
+            if !status.is_success() {
+                return Err(api_error(status, &text));
+            }
+            match OUTPUT.get().copied().unwrap_or(Output::Json) {
+                Output::Json => print_line(&text),
+                Output::Pretty | Output::Table => {
+                    let told: crate::host::trace::EventTrace =
+                        serde_json::from_str(&text).context("reading the trace")?;
+                    print_line(&told.to_text())
+                }
+            }
+        }
         Command::Subscribe(a) => subscribe(a).await,
         Command::Unsubscribe(a) => {
             let removed = crate::subscription::Subscription::removed(a.key);

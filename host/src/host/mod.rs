@@ -55,6 +55,7 @@ pub mod request;
 pub mod shadows;
 pub mod streams;
 pub mod subscriptions;
+pub mod trace;
 mod wait;
 
 use std::sync::Arc;

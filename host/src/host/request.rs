@@ -90,6 +90,15 @@ pub enum StreamRequest {
         /// Which keys.
         query: KeysQuery,
     },
+    /// The story of the event at `offset`: where it came from and what it
+    /// caused (`:events/{offset}/trace`); with `export`, also sent to the
+    /// OTLP endpoint as a trace.
+    EventTrace {
+        /// The event's offset.
+        offset: u64,
+        /// Send it to the OTLP endpoint too.
+        export: bool,
+    },
     /// A processor's state at an offset, folded on demand by the deployed
     /// version (`:processors/{component}/at/{offset}`).
     ProcessorAt {
@@ -182,6 +191,8 @@ pub enum StreamAnswer {
     Verification(Box<Verification>),
     /// A processor's state at an offset.
     StateAt(Box<StateAt>),
+    /// An event's story.
+    Trace(Box<super::trace::EventTrace>),
     /// What a backfill came to.
     Backfilled(Backfilled),
     /// What a reactor backfill came to.
@@ -226,6 +237,7 @@ impl serde::Serialize for StreamAnswer {
             A::Key(key) => key.serialize(s),
             A::Verification(verification) => verification.serialize(s),
             A::StateAt(at) => at.serialize(s),
+            A::Trace(t) => t.serialize(s),
             A::Backfilled(done) => done.serialize(s),
             A::ReactorBackfilled(done) => done.serialize(s),
             A::Shadow(view) => view.serialize(s),
@@ -378,6 +390,9 @@ impl Host {
             R::ProcessorKey { component, key } => {
                 A::Key(self.processor_key_here(stream, &component, &key).await?)
             }
+            R::EventTrace { offset, export } => {
+                A::Trace(Box::new(self.event_trace(stream, offset, export).await?))
+            }
             R::ProcessorAt {
                 component,
                 offset,
@@ -499,6 +514,7 @@ impl StreamAnswer {
             A::Key(_) => "key",
             A::Verification(_) => "verification",
             A::StateAt(_) => "state at",
+            A::Trace(_) => "trace",
             A::Backfilled(_) => "backfilled",
             A::ReactorBackfilled(_) => "reactor backfilled",
             A::Shadow(_) => "shadow",
@@ -554,6 +570,7 @@ impl StreamAnswer {
             R::ProcessorKeys { .. } => A::Keys(from_value(json)?),
             R::ProcessorKey { .. } => A::Key(from_value(json)?),
             R::ProcessorAt { .. } => A::StateAt(from_value(json)?),
+            R::EventTrace { .. } => A::Trace(from_value(json)?),
             R::VerifyProcessor { .. } => A::Verification(from_value(json)?),
             R::BackfillProcessor(_) => A::Backfilled(from_value(json)?),
             R::BackfillReactor(_) => A::ReactorBackfilled(from_value(json)?),
@@ -1018,6 +1035,14 @@ mod tests {
                 component: "ledger".into(),
                 offset: 7,
                 keys: None,
+            },
+            R::EventTrace {
+                offset: 3,
+                export: false,
+            },
+            R::EventTrace {
+                offset: 9,
+                export: true,
             },
             R::ProcessorAt {
                 component: "ledger".into(),

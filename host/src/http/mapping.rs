@@ -91,6 +91,24 @@ pub fn parse(
         (m, &Method::GET) if m.starts_with("processors/") => {
             return parse_processor_read(m, query);
         }
+        (m, &Method::GET) if m.starts_with("events/") => {
+            let segments: Vec<&str> = m.split('/').collect();
+            let ["events", offset, "trace"] = segments[..] else {
+                return Err(ApiError::not_found(
+                    "not-found",
+                    format!("no route for :{m} (events or events/{{offset}}/trace)"),
+                ));
+            };
+            let offset = offset.parse::<u64>().map_err(|_| {
+                ApiError::invalid(format!(
+                    "offset {offset:?} in :events/{{offset}}/trace is not a whole number"
+                ))
+            })?;
+            R::EventTrace {
+                offset,
+                export: query::export_query(query)?,
+            }
+        }
         ("backfillReactor", &Method::POST) => R::BackfillReactor(parse_json(body)?),
         ("promoteShadow", &Method::POST) => R::PromoteShadow(parse_json(body)?),
         ("discardShadow", &Method::POST) => {
@@ -289,6 +307,16 @@ pub fn render(request: &StreamRequest) -> HttpCall {
             Method::GET,
             format!("processors/{component}/keys"),
             query::render_keys(query),
+            None,
+        ),
+        R::EventTrace { offset, export } => (
+            Method::GET,
+            format!("events/{offset}/trace"),
+            if *export {
+                "export=true".into()
+            } else {
+                String::new()
+            },
             None,
         ),
         R::ProcessorAt {
@@ -742,6 +770,7 @@ pub const STREAM_METHODS: &[(&str, &str)] = &[
     ("GET", "processors/{component}/keys"),
     ("GET", "processors/{component}/keys/{key}"),
     ("GET", "processors/{component}/at/{offset}"),
+    ("GET", "events/{offset}/trace"),
     ("GET", "processors/{component}/shadow"),
     ("POST", "promoteShadow"),
     ("POST", "discardShadow"),

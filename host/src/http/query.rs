@@ -112,6 +112,22 @@ pub fn no_query(query: Option<&str>) -> Result<(), ApiError> {
     }
 }
 
+/// Parses `export` of `:events/{offset}/trace` (default `false`).
+pub fn export_query(query: Option<&str>) -> Result<bool, ApiError> {
+    let mut export = false;
+    for (name, value) in decoded(query)? {
+        match name.as_str() {
+            "export" => export = boolean("export", &value)?,
+            other => {
+                return Err(ApiError::invalid(format!(
+                    "unknown query parameter {other:?} (export)"
+                )))
+            }
+        }
+    }
+    Ok(export)
+}
+
 /// Parses `afterOffset`, `limit` and `includeEphemeral` of `:events`.
 pub fn read_query(query: Option<&str>) -> Result<ReadQuery, ApiError> {
     let mut q = ReadQuery {
