@@ -749,7 +749,15 @@ async fn status_summarises_health_streams_lag_and_halts() {
     )
     .await;
     let status = cli_json(&s, &["status"]);
-    assert_eq!(status["health"], "ok", "{status}");
+    // The server is fine; a halted subscription still needs someone, and
+    // comes first.
+    assert_eq!(
+        status["health"], "attention: 1 halted, 0 failing",
+        "{status}"
+    );
+    assert_eq!(status["server"], "ok", "{status}");
+    let keys: Vec<&String> = status.as_object().unwrap().keys().take(3).collect();
+    assert_eq!(keys, ["health", "halted", "failing"], "{status}");
     assert_eq!(status["streams"], 2, "{status}");
     assert_eq!(status["subscriptions"], 1, "{status}");
     assert_eq!(status["halted"][0]["stream"], "/st/a", "{status}");
@@ -759,6 +767,7 @@ async fn status_summarises_health_streams_lag_and_halts() {
     let only_b = cli_json(&s, &["status", "--prefix", "/st/b"]);
     assert_eq!(only_b["streams"], 1, "{only_b}");
     assert_eq!(only_b["halted"], json!([]), "{only_b}");
+    assert_eq!(only_b["health"], "ok", "{only_b}");
 }
 
 #[test]

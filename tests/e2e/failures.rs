@@ -170,6 +170,25 @@ async fn a_new_version_retries_at_once_the_processor_it_was_failing() {
         p["lastFailure"]["offset"], first,
         "the batch's first event, when the batch failed as a whole: {p}"
     );
+    assert_eq!(p["lastFailure"]["resolved"], false, "{p}");
+    // Waiting for it says why it has not caught up.
+    let (ok, _, err) = crate::support::run_cli(&[
+        "processor",
+        "/fails",
+        "p",
+        "--wait",
+        "--timeout-ms",
+        "300",
+        "--url",
+        &s.url,
+        "--project",
+        "acme",
+    ]);
+    assert!(!ok);
+    assert!(
+        err.contains("it is failing: ") && err.contains("fails on purpose"),
+        "{err}"
+    );
 
     // The fix: a version that folds every event.
     let (status, out) = s.deploy("acme", "p", guest("counter")).await;
@@ -192,6 +211,10 @@ async fn a_new_version_retries_at_once_the_processor_it_was_failing() {
     let rt = runtime(&s, "/fails").await;
     assert_eq!(rt["lastError"], Value::Null, "{rt}");
     assert_eq!(rt["attempt"], 0, "{rt}");
+    // The old failure is kept, and shown as resolved.
+    let (_, p) = s.get(&format!("{P}/streams/fails:processors/p")).await;
+    assert_eq!(p["lastFailure"]["offset"], first, "{p}");
+    assert_eq!(p["lastFailure"]["resolved"], true, "{p}");
 }
 
 /// A webhook receiver that answers 503 until `healthy` is set; records the

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use crate::support::{assert_error, guest, wait_for, Server};
+use crate::support::{assert_error, guest, run_cli, wait_for, Server};
 
 pub const PROC: &str = r#"
 [delivery]
@@ -577,6 +577,32 @@ async fn a_wake_the_host_gave_up_on_commits_nothing_afterwards() {
     assert!(
         p["checkpointOffset"].as_u64().unwrap_or(0) == 0,
         "the late fold committed nothing: {p}"
+    );
+    // Waiting for a halted processor answers at once, with the reason.
+    let started = std::time::Instant::now();
+    let (ok, _, err) = run_cli(&[
+        "processor",
+        "/orders",
+        "counter",
+        "--wait",
+        "--timeout-ms",
+        "30000",
+        "--url",
+        &s.url,
+        "--project",
+        "acme",
+    ]);
+    assert!(!ok);
+    assert!(
+        err.contains("processor \"counter\" is halted at offset 0")
+            && err.contains("timed out after 300ms")
+            && err.contains("resume-subscription"),
+        "{err}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
     );
     // Resumed, the next wake folds and commits; status and checkpoint agree.
     let (status, out) = s

@@ -109,6 +109,21 @@ pub(super) async fn processor_caught_up(a: ProcessorArgs) -> Result<()> {
             return Ok(Err("it has no instance yet".to_string()));
         };
         let checkpoint = p["checkpointOffset"].as_u64().unwrap_or(0);
+        // A halted processor folds nothing until someone acts: waiting is
+        // pointless, the reason is the answer.
+        if p["status"] == "halted" {
+            anyhow::bail!(
+                "processor {:?} is halted at offset {checkpoint}: {}\nhint: fix the cause, then \
+                 streamhost resume-subscription {} <key> (or deploy a new version)",
+                a.component,
+                p["lastError"].as_str().unwrap_or("(no error recorded)"),
+                a.target.stream
+            );
+        }
+        let failing = match (&p["status"], p["lastError"].as_str()) {
+            (s, Some(e)) if s == "failing" => format!("; it is failing: {e}"),
+            _ => String::new(),
+        };
         let next = StreamRequest::Events(ReadQuery {
             after_offset: checkpoint,
             limit: 1,
@@ -119,7 +134,7 @@ pub(super) async fn processor_caught_up(a: ProcessorArgs) -> Result<()> {
             .unwrap_or_default();
         Ok(match page["events"].as_array().map(Vec::len) {
             Some(0) => Ok(p),
-            _ => Err(format!("its checkpoint is at offset {checkpoint}")),
+            _ => Err(format!("its checkpoint is at offset {checkpoint}{failing}")),
         })
     })
     .await?;

@@ -158,6 +158,7 @@ pub(super) async fn status(a: StatusArgs) -> Result<()> {
         }
     }
     let (mut subscriptions, mut lag, mut halted, mut paused) = (0u64, 0u64, Vec::new(), Vec::new());
+    let mut failing = Vec::new();
     let mut most_behind: Option<Value> = None;
     for s in &streams {
         let path = s["path"].as_str().unwrap_or("/");
@@ -174,10 +175,17 @@ pub(super) async fn status(a: StatusArgs) -> Result<()> {
             subscriptions += 1;
             let l = sub["lag"].as_u64().unwrap_or(0);
             lag += l;
+            // A processor's wake is a subscription: name the processor.
+            let mut problem = json!({"stream": path, "subscription": key});
+            if let Some(p) = sub["processor"].as_str() {
+                problem["processor"] = json!(p);
+            }
+            problem["lastError"] = sub["lastError"].clone();
             if sub["halted"] == true {
-                halted.push(
-                    json!({"stream": path, "subscription": key, "lastError": sub["lastError"]}),
-                );
+                halted.push(problem);
+            } else if sub["attempt"].as_u64().unwrap_or(0) > 0 {
+                problem["attempt"] = sub["attempt"].clone();
+                failing.push(problem);
             }
             if l > 0
                 && most_behind
@@ -188,15 +196,24 @@ pub(super) async fn status(a: StatusArgs) -> Result<()> {
             }
         }
     }
+    // What needs someone comes first: the server may be fine while a
+    // processor is halted.
+    let summary = match (health.as_str(), halted.len(), failing.len()) {
+        ("ok", 0, 0) => "ok".to_string(),
+        ("ok", h, f) => format!("attention: {h} halted, {f} failing"),
+        (other, _, _) => other.to_string(),
+    };
     print_line(&render(&json!({
-        "health": health,
+        "health": summary,
+        "halted": halted,
+        "failing": failing,
+        "server": health,
         "streams": streams.len(),
         "events": streams.iter().map(|s| s["eventCount"].as_u64().unwrap_or(0)).sum::<u64>(),
         "paused": paused,
         "subscriptions": subscriptions,
         "lag": lag,
         "mostBehind": most_behind,
-        "halted": halted,
     })))
 }
 

@@ -64,6 +64,10 @@ pub struct ProcessorFailure {
     pub message: String,
     /// A command that runs the failing fold under the `wasmtime` CLI.
     pub repro: Option<String>,
+    /// The processor has since folded past it and is neither failing nor
+    /// halted: the failure is history, not a problem.
+    #[serde(default)]
+    pub resolved: bool,
 }
 
 /// Which keys of a processor's keyed state to read: a page in byte order.
@@ -322,11 +326,13 @@ impl Host {
             }
             _ => ProcessorStatus::Idle,
         };
+        let checkpoint_offset = checkpoint.as_ref().map_or(0, |c| c.checkpoint_offset);
+        let well = !matches!(status, ProcessorStatus::Failing | ProcessorStatus::Halted);
         Ok(ProcessorInstance {
             component: component.to_string(),
             digest: checkpoint.as_ref().map(|c| c.digest.clone()),
             stream_id: state.stream_id.clone(),
-            checkpoint_offset: checkpoint.as_ref().map_or(0, |c| c.checkpoint_offset),
+            checkpoint_offset,
             state: checkpoint
                 .as_ref()
                 .and_then(|c| serde_json::from_str(&c.state).ok()),
@@ -335,6 +341,7 @@ impl Host {
             last_failure: last_failure
                 .filter(|f| f.stream_id == state.stream_id)
                 .map(|f| ProcessorFailure {
+                    resolved: well && f.offset.is_none_or(|o| checkpoint_offset >= o),
                     failed_at: f.failed_at,
                     offset: f.offset,
                     message: f.message,

@@ -1286,6 +1286,7 @@ mod tests {
                         offset: Some(3),
                         message: "trap".into(),
                         repro: None,
+                        resolved: false,
                     }),
                     updated_at: None,
                 })),

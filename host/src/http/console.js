@@ -257,7 +257,8 @@ async function refreshDetails(path, ui) {
             else remember(" ✗ the stored state differs from the refold", "bad");
           } catch (e) { remember(" " + e.message, "bad"); }
         } }, "Verify"), verdict),
-      p.lastFailure ? h("pre", { class: "bad" }, `${p.lastFailure.message}\n${p.lastFailure.repro ?? ""}`) : "",
+      p.lastFailure && !p.lastFailure.resolved ? h("pre", { class: "bad" }, `${p.lastFailure.message}\n${p.lastFailure.repro ?? ""}`) : "",
+      p.lastFailure && p.lastFailure.resolved ? h("p", { class: "muted" }, `resolved: failed at offset ${p.lastFailure.offset ?? "?"} (${p.lastFailure.failedAt}), folded past since`) : "",
       h("pre", {}, pretty(p.state)), keyTable, keyNote,
       shadow ? shadowView(base, component, shadow, () => refreshDetails(path, ui)) : "",
       timeTravelView(base, path, component, core.maxOffset, p.checkpointOffset)));
