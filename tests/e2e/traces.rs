@@ -506,3 +506,47 @@ async fn an_unreachable_collector_costs_only_dropped_or_failed_spans() {
         0
     );
 }
+
+#[tokio::test]
+async fn a_reactor_call_is_a_span_and_its_webhook_carries_the_trace() {
+    let collector = Collector::start().await;
+    let receiver = Receiver::start().await;
+    let s = Server::start_with(Some(&config(&collector.endpoint)), &[]);
+    deploy(&s, "welcome", "welcome").await;
+    crate::reactors::welcome_reactor(&s, &format!("{P}/users"), "welcome.v1").await;
+    let traceparent = format!("00-{TRACE_ID}-{CALLER_SPAN}-01");
+    let (status, out) = s
+        .post_with_headers(
+            &format!("{P}/users:append"),
+            &[("traceparent", &traceparent)],
+            json!({"events": [crate::reactors::sign_up(Some("ada"), &format!("{}/ok/welcome/ada", receiver.base))]}),
+        )
+        .await;
+    assert_eq!(status, 200, "{out}");
+    let effect = settled(&s, "welcome:ada", "succeeded").await;
+    assert_eq!(
+        effect["cause"]["fromOffset"], out["events"][0]["offset"],
+        "{effect}"
+    );
+    wait_for(
+        "the reactor's and the effect's spans",
+        Duration::from_secs(20),
+        async || {
+            !collector.named(TRACE_ID, "reactor").is_empty()
+                && !collector.named(TRACE_ID, "effect attempt").is_empty()
+        },
+    )
+    .await;
+    let reactor = collector.named(TRACE_ID, "reactor")[0].clone();
+    let append = collector.named(TRACE_ID, "append")[0].clone();
+    assert_eq!(reactor.parent_id, append.span_id, "{reactor:?}");
+    // The effect carries the reactor's span on; its webhook names its attempt.
+    let attempt = collector.named(TRACE_ID, "effect attempt")[0].clone();
+    assert_eq!(attempt.parent_id, reactor.span_id, "{attempt:?}");
+    let posted = receiver.posts_to("/ok/welcome/ada");
+    let header = posted[0].traceparent.clone().expect("a traceparent");
+    assert_eq!(
+        ids(&json!(header)),
+        (TRACE_ID.to_string(), attempt.span_id.clone())
+    );
+}

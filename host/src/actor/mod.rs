@@ -428,6 +428,7 @@ impl Actor {
         let rests = Arc::clone(&self.ctx.reactor_rests);
         let clock = Arc::clone(&self.ctx.clock);
         let calls = Arc::clone(&self.ctx.executors.calls);
+        let telemetry = self.ctx.executors.telemetry.clone();
         let handle = tokio::runtime::Handle::current();
         let run = move || {
             // The round's first call takes a place of the project's share
@@ -450,6 +451,7 @@ impl Actor {
                 stream_id: &stream_id,
                 rests: Some((&rests, &*clock)),
                 enter: Some(&enter),
+                telemetry: Some(&telemetry),
             }
             .react(&reactors, &events)
         };

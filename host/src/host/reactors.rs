@@ -148,6 +148,7 @@ impl Host {
                 stream_id: &stream_id,
                 rests: None,
                 enter: None,
+                telemetry: None,
             };
             let source = EffectSource {
                 project: project.clone(),

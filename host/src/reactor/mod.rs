@@ -131,6 +131,9 @@ pub struct Reacting<'a> {
     /// Takes the place of the calls (`streamhost-wasm`: `wasm/src/share.rs`), before the
     /// first; its error says why there is none. `None`: no place is taken.
     pub enter: Option<&'a dyn Fn() -> Result<crate::processor::share::Place, String>>,
+    /// Trace spans: a call for a traced event is a span of its trace, and
+    /// its effects carry the span on. `None`: none (a backfill).
+    pub telemetry: Option<&'a crate::telemetry::Telemetry>,
 }
 
 impl Reacting<'_> {
@@ -211,6 +214,11 @@ impl Reacting<'_> {
                     }
                 }
                 calls += 1;
+                let span = a
+                    .event
+                    .trace
+                    .as_ref()
+                    .and_then(|t| self.telemetry.and_then(|tel| tel.begin(Some(t))));
                 let called =
                     self.runtime
                         .react(&reactor.component, &p, &a.body, d, REACT_TIMEOUT_MS);
@@ -223,6 +231,20 @@ impl Reacting<'_> {
                         _ => rests.ran(self.project, &p.digest),
                     }
                 }
+                let carried = span
+                    .as_ref()
+                    .map(|s| s.handed_on.clone())
+                    .or_else(|| a.event.trace.clone());
+                if let (Some(span), Some(telemetry)) = (span, self.telemetry) {
+                    let mut record = crate::telemetry::Record::default()
+                        .with("streamhost.project", self.project.to_string())
+                        .with("streamhost.stream.id", self.stream_id.to_string())
+                        .with("streamhost.reactor", reactor.name.clone())
+                        .with("streamhost.offset", a.event.offset as i64);
+                    record.error = called.as_ref().err().map(|e| e.to_string());
+                    let kind = opentelemetry::trace::SpanKind::Internal;
+                    telemetry.end(span, "reactor", kind, record);
+                }
                 let returned = called.map_err(|e| {
                     let retryable = e.retryable();
                     let message = failed_call(reactor, a, e, clock_ms);
@@ -234,7 +256,7 @@ impl Reacting<'_> {
                 })?;
                 for e in checked(&returned, clock_ms).map_err(refuse)? {
                     if keys.insert(e.key.clone()) {
-                        let e = e.caused_by(a.event.offset, a.event.offset, a.event.trace.as_ref());
+                        let e = e.caused_by(a.event.offset, a.event.offset, carried.as_ref());
                         effects.push(NewEffect::of(e, a.event.offset));
                     }
                 }
