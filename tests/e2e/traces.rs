@@ -217,11 +217,23 @@ async fn one_event_is_followed_through_a_copy_a_wake_an_effect_and_a_webhook_in_
     // The wake that folded the copy, and the effect it asked, under it.
     let woke = one("wake");
     assert_eq!(woke.parent_id, copied.span_id, "{woke:?}");
-    let attempt = one("effect attempt");
-    assert_eq!(attempt.parent_id, copied.span_id, "{attempt:?}");
-    assert!(!attempt.failed, "{attempt:?}");
-    // The webhook's traceparent names the effect attempt's span.
-    assert_eq!(posted_parent, attempt.span_id);
+    // Both effects' attempts (the webhook and the append), under the wake's
+    // cause; the webhook's traceparent names its own attempt's span.
+    wait_for(
+        "both effect attempts' spans",
+        Duration::from_secs(20),
+        async || collector.named(TRACE_ID, "effect attempt").len() >= 2,
+    )
+    .await;
+    let attempts = collector.named(TRACE_ID, "effect attempt");
+    for attempt in &attempts {
+        assert_eq!(attempt.parent_id, copied.span_id, "{attempt:?}");
+        assert!(!attempt.failed, "{attempt:?}");
+    }
+    assert!(
+        attempts.iter().any(|a| a.span_id == posted_parent),
+        "the webhook's parent {posted_parent} is an effect attempt: {attempts:?}"
+    );
     assert!(
         s.metric("streamhost_trace_spans_total{outcome=\"exported\"}")
             .await
