@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use crate::support::{cli_json, file_in, run_cli, Server, BIN};
+use crate::support::{cli_json, cli_with, file_in, run_cli, Server, BIN};
 
 #[tokio::test]
 async fn append_events_and_state_commands() {
@@ -696,12 +696,6 @@ async fn a_subscription_to_a_component_not_deployed_is_accepted_with_a_warning()
 }
 
 /// Runs the CLI against `s` in project acme: (success, stdout, stderr).
-fn cli_with(s: &Server, args: &[&str]) -> (bool, String, String) {
-    let mut all: Vec<&str> = args.to_vec();
-    all.extend(["--url", &s.url, "--project", "acme"]);
-    run_cli(&all)
-}
-
 #[tokio::test]
 async fn a_second_server_on_a_data_dir_in_use_stops_naming_it() {
     let s = Server::start();

@@ -172,18 +172,10 @@ async fn a_new_version_retries_at_once_the_processor_it_was_failing() {
     );
     assert_eq!(p["lastFailure"]["resolved"], false, "{p}");
     // Waiting for it says why it has not caught up.
-    let (ok, _, err) = crate::support::run_cli(&[
-        "processor",
-        "/fails",
-        "p",
-        "--wait",
-        "--timeout-ms",
-        "300",
-        "--url",
-        &s.url,
-        "--project",
-        "acme",
-    ]);
+    let (ok, _, err) = crate::support::cli_with(
+        &s,
+        &["processor", "/fails", "p", "--wait", "--timeout-ms", "300"],
+    );
     assert!(!ok);
     assert!(
         err.contains("it is failing: ") && err.contains("fails on purpose"),

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use crate::support::{assert_error, guest, run_cli, wait_for, Server};
+use crate::support::{assert_error, guest, wait_for, Server};
 
 pub const PROC: &str = r#"
 [delivery]
@@ -592,18 +592,17 @@ async fn a_wake_the_host_gave_up_on_commits_nothing_afterwards() {
     );
     // Waiting for a halted processor answers at once, with the reason.
     let started = std::time::Instant::now();
-    let (ok, _, err) = run_cli(&[
-        "processor",
-        "/orders",
-        "counter",
-        "--wait",
-        "--timeout-ms",
-        "30000",
-        "--url",
-        &s.url,
-        "--project",
-        "acme",
-    ]);
+    let (ok, _, err) = crate::support::cli_with(
+        &s,
+        &[
+            "processor",
+            "/orders",
+            "counter",
+            "--wait",
+            "--timeout-ms",
+            "30000",
+        ],
+    );
     assert!(!ok);
     assert!(
         err.contains("processor \"counter\" is halted at offset 0")

@@ -892,35 +892,25 @@ async fn the_cli_configures_a_reactor_and_refuses_a_component_without_one() {
         "reactor-failed",
         "its err: the user-signed-up event",
     );
-    let (ok, _, err) = crate::support::run_cli(&[
-        "subscribe",
-        "/users",
-        "other",
-        "--reactor",
-        "kinds",
-        "--url",
-        &s.url,
-        "--project",
-        "acme",
-    ]);
+    let (ok, _, err) =
+        crate::support::cli_with(&s, &["subscribe", "/users", "other", "--reactor", "kinds"]);
     assert!(!ok);
     assert!(
         err.contains("\"kinds\" is not a reactor: it exports"),
         "{err}"
     );
-    let (ok, _, err) = crate::support::run_cli(&[
-        "subscribe",
-        "/users",
-        "other",
-        "--reactor",
-        "welcome",
-        "--transform",
-        "$",
-        "--url",
-        &s.url,
-        "--project",
-        "acme",
-    ]);
+    let (ok, _, err) = crate::support::cli_with(
+        &s,
+        &[
+            "subscribe",
+            "/users",
+            "other",
+            "--reactor",
+            "welcome",
+            "--transform",
+            "$",
+        ],
+    );
     assert!(!ok);
     assert!(err.contains("--transform does not apply"), "{err}");
 }

@@ -667,6 +667,14 @@ pub fn cli_json(s: &Server, args: &[&str]) -> Value {
     serde_json::from_str(&out).unwrap_or_else(|e| panic!("{args:?}: {e}: {out}"))
 }
 
+/// Runs a client command against `s` in project `acme`; (success, stdout,
+/// stderr).
+pub fn cli_with(s: &Server, args: &[&str]) -> (bool, String, String) {
+    let mut all: Vec<&str> = args.to_vec();
+    all.extend(["--url", &s.url, "--project", "acme"]);
+    run_cli(&all)
+}
+
 /// Runs the binary as a client command and returns (success, stdout, stderr).
 pub fn run_cli(args: &[&str]) -> (bool, String, String) {
     let out = Command::new(BIN)

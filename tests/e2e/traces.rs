@@ -18,7 +18,7 @@ use serde_json::{json, Value};
 
 use crate::effects::{deploy, settled, wake, Receiver, EFFECTS};
 use crate::subscriptions::subscribe;
-use crate::support::{assert_error, run_cli, wait_for, Server};
+use crate::support::{assert_error, cli_with, wait_for, Server};
 
 const P: &str = "/v1/projects/acme/streams";
 const TRACE_ID: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
@@ -303,17 +303,16 @@ async fn one_event_is_followed_through_a_copy_a_wake_an_effect_and_a_webhook_in_
     assert_eq!(back["upstream"][2]["offset"], order_offset);
 
     // The command line prints it as a tree.
-    let (ok, out, err) = run_cli(&[
-        "trace",
-        "/orders",
-        &order_offset.to_string(),
-        "--url",
-        &s.url,
-        "--project",
-        "acme",
-        "--output",
-        "pretty",
-    ]);
+    let (ok, out, err) = cli_with(
+        &s,
+        &[
+            "trace",
+            "/orders",
+            &order_offset.to_string(),
+            "--output",
+            "pretty",
+        ],
+    );
     assert!(ok, "{err}");
     assert!(out.starts_with(&format!("trace {TRACE_ID}\n")), "{out}");
     assert!(out.contains("└─ copy /work@"), "{out}");
