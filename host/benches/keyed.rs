@@ -134,6 +134,7 @@ impl Bench {
             pinned: false,
             fence: None,
             gate: Default::default(),
+            seen: Default::default(),
         };
         let start = Instant::now();
         let commit = tokio::task::block_in_place(|| {
@@ -241,6 +242,7 @@ async fn fold_throughput(postgres: Option<&str>, n: usize) -> (f64, f64, f64) {
         prepared: &prepared,
         component: "ledger",
         timeout_ms: 60_000,
+        output: None,
     };
     let stream = StreamInfo {
         project_id: Some("bench".into()),
@@ -299,6 +301,7 @@ async fn fold_throughput(postgres: Option<&str>, n: usize) -> (f64, f64, f64) {
         prepared: &prepared,
         component: "ledger",
         timeout_ms: 60_000,
+        output: None,
     };
     let mut floor_state = runtime.initial_state("ledger", &prepared, 60_000).unwrap();
     let mut bucket = Bucket::new(Arc::new(Memory::default()));

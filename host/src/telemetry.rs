@@ -39,7 +39,7 @@ const EXPORT_LINGER: Duration = Duration::from_millis(100);
 /// The longest an export request may take.
 const EXPORT_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Span events (guest stderr lines) kept per span at most; the rest are
+/// Span events (guest output lines) kept per span at most; the rest are
 /// counted as dropped.
 pub const SPAN_EVENTS_MAX: usize = 32;
 
@@ -80,8 +80,10 @@ pub struct Span {
 pub struct Record {
     /// Attributes (`streamhost.stream.path`, ...).
     pub attributes: Vec<KeyValue>,
-    /// Events in the span (guest stderr lines), with their times.
+    /// Events in the span (guest output lines), with their times.
     pub events: Vec<(String, SystemTime)>,
+    /// Events left out before these (counted as the span's dropped events).
+    pub dropped_events: usize,
     /// Why it failed, if it did.
     pub error: Option<String>,
 }
@@ -318,7 +320,9 @@ impl Telemetry {
             false,
             trace_state,
         );
-        let dropped_events = record.events.len().saturating_sub(SPAN_EVENTS_MAX) as u32;
+        let dropped_events = (record.events.len().saturating_sub(SPAN_EVENTS_MAX)
+            + record.dropped_events)
+            .min(u32::MAX as usize) as u32;
         let events = record
             .events
             .into_iter()

@@ -33,6 +33,11 @@ struct Got {
     name: String,
     attributes: HashMap<String, String>,
     failed: bool,
+    /// The status message (a failed span's error).
+    message: String,
+    /// The span's events' names (a wake's guest output lines).
+    events: Vec<String>,
+    dropped_events: u32,
 }
 
 /// An OTLP/HTTP receiver on loopback: `POST /v1/traces` with a protobuf
@@ -77,6 +82,13 @@ impl Collector {
                             name: s.name.clone(),
                             attributes,
                             failed: s.status.as_ref().is_some_and(|st| st.code == 2),
+                            message: s
+                                .status
+                                .as_ref()
+                                .map(|st| st.message.clone())
+                                .unwrap_or_default(),
+                            events: s.events.iter().map(|e| e.name.clone()).collect(),
+                            dropped_events: s.dropped_events_count,
                         });
                     }
                 }
@@ -559,5 +571,76 @@ async fn a_reactor_call_is_a_span_and_its_webhook_carries_the_trace() {
     assert_eq!(
         ids(&json!(header)),
         (TRACE_ID.to_string(), attempt.span_id.clone())
+    );
+}
+
+#[tokio::test]
+async fn a_wake_span_keeps_the_guests_output_bounded_and_a_failed_wake_is_a_failed_span() {
+    let collector = Collector::start().await;
+    let s = Server::start_with(Some(&config(&collector.endpoint)), &[]);
+    deploy(&s, "hostile", "hostile").await;
+    wake(&s, &format!("{P}/noisy"), "fold", "hostile").await;
+    wake(&s, &format!("{P}/broken"), "fold", "hostile").await;
+    let append = async |path: &str, trace_id: &str, event_type: &str| {
+        let traceparent = format!("00-{trace_id}-{CALLER_SPAN}-01");
+        let (status, out) = s
+            .post_with_headers(
+                &format!("{P}{path}:append"),
+                &[("traceparent", &traceparent)],
+                json!({"events": [{"type": event_type, "payload": {}}]}),
+            )
+            .await;
+        assert_eq!(status, 200, "{out}");
+    };
+    // 40 lines of 2,000 bytes on stderr (80 kB, more than a call's output
+    // keeps): the guest does not trap for it, and the span keeps 32 lines,
+    // each cut.
+    const NOISY: &str = "5bf92f3577b34da6a3ce929d0e0e4737";
+    append("/noisy", NOISY, "hostile/chatter").await;
+    // A panic: the wake fails, its span says why and shows the panic.
+    const BROKEN: &str = "6bf92f3577b34da6a3ce929d0e0e4738";
+    append("/broken", BROKEN, "hostile/trap").await;
+    wait_for("both wakes' spans", Duration::from_secs(30), async || {
+        !collector.named(NOISY, "wake").is_empty() && !collector.named(BROKEN, "wake").is_empty()
+    })
+    .await;
+    let noisy = collector.named(NOISY, "wake").remove(0);
+    assert!(!noisy.failed, "{noisy:?}");
+    assert_eq!(noisy.events.len(), 32, "{noisy:?}");
+    assert!(noisy.dropped_events > 0, "{noisy:?}");
+    assert!(
+        noisy.events[0].starts_with("stderr: chatter 0: xxx"),
+        "{:?}",
+        noisy.events[0]
+    );
+    assert!(
+        noisy.events[31].starts_with("stderr: chatter 31: "),
+        "{:?}",
+        noisy.events[31]
+    );
+    // "stderr: " and the 1,024 bytes kept of the line, marked as cut.
+    assert!(
+        noisy
+            .events
+            .iter()
+            .all(|e| e.len() == 8 + 1024 + "…".len() && e.ends_with('…')),
+        "{:?}",
+        noisy.events.iter().map(String::len).collect::<Vec<_>>()
+    );
+
+    let broken = collector.named(BROKEN, "wake");
+    // Every failed attempt is a span; each failed, naming the trap.
+    assert!(broken.iter().all(|w| w.failed), "{broken:?}");
+    let first = &broken[0];
+    assert!(
+        first.message.contains("the hostile guest traps on purpose"),
+        "{first:?}"
+    );
+    assert!(
+        first
+            .events
+            .iter()
+            .any(|e| e.starts_with("stderr: ") && e.contains("the hostile guest traps on purpose")),
+        "{first:?}"
     );
 }

@@ -18,6 +18,7 @@ pub mod check;
 pub mod compiled;
 pub mod contract;
 pub mod keyed;
+pub mod output;
 pub mod refold;
 pub mod runtime;
 pub mod shadow;

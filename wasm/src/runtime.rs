@@ -10,13 +10,13 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
+use super::output::OutputPipe;
 use anyhow::{Context as _, Result};
 use wasmtime::component::{Component, Linker, ResourceTable};
 use wasmtime::{
     Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Store, StoreLimits,
     StoreLimitsBuilder,
 };
-use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
 use wasmtime_wasi::{HostMonotonicClock, HostWallClock, WasiCtx, WasiCtxView, WasiView};
 
 mod bindings {
@@ -179,8 +179,6 @@ const TABLE_KEEP_RESIDENT_BYTES: usize = 64 * 1024;
 /// [`MEMORY_KEEP_RESIDENT_BYTES`]: this bounds that memory (32 MiB) however
 /// many slots traffic has touched; the rest are decommitted when freed.
 const WARM_SLOTS_MAX: u32 = 16;
-/// Bytes of guest stdout/stderr kept per call.
-const GUEST_OUTPUT_BYTES_MAX: usize = 64 * 1024;
 /// Epoch tick; call deadlines are counted in ticks.
 const EPOCH_TICK_MS: u64 = 5;
 /// A component whose instantiation took longer than this (ns) gets its
@@ -261,11 +259,70 @@ impl std::fmt::Display for GuestError {
 }
 
 /// One guest call's outcome: its result, the keyed session as the call
-/// left it, and the tail of what the guest wrote to stderr.
+/// left it, the tail of what the guest wrote to stderr, and its first
+/// lines of output.
 struct Called<T> {
     result: Result<T, GuestError>,
     keyed: Option<Session>,
     stderr: String,
+    /// The first [`OUTPUT_LINES_MAX`] lines, and how many more there were.
+    lines: (Vec<OutputLine>, usize),
+}
+
+/// Lines of guest output an [`Output`] keeps at most; the rest are counted.
+pub const OUTPUT_LINES_MAX: usize = 32;
+/// Bytes of one guest output line an [`Output`] keeps (the rest is cut).
+pub const OUTPUT_LINE_BYTES_MAX: usize = 1024;
+
+/// One line a guest wrote: to `stdout` or `stderr`, when its call ended.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OutputLine {
+    pub stream: &'static str,
+    pub text: String,
+    pub at: std::time::SystemTime,
+}
+
+/// The lines the guest calls of one piece of work (a wake) wrote, for its
+/// span: the first [`OUTPUT_LINES_MAX`] (each cut at
+/// [`OUTPUT_LINE_BYTES_MAX`] bytes); the others are counted.
+#[derive(Debug, Default)]
+pub struct Output {
+    kept: Mutex<(Vec<OutputLine>, usize)>,
+}
+
+impl Output {
+    fn add(&self, (lines, more): (Vec<OutputLine>, usize)) {
+        if lines.is_empty() {
+            return;
+        }
+        let mut kept = self.kept.lock().unwrap_or_else(|e| e.into_inner());
+        let (lines_kept, dropped) = &mut *kept;
+        *dropped += more;
+        for line in lines {
+            if lines_kept.len() < OUTPUT_LINES_MAX {
+                lines_kept.push(line);
+            } else {
+                *dropped += 1;
+            }
+        }
+    }
+
+    /// The lines kept, and how many more there were.
+    pub fn take(&self) -> (Vec<OutputLine>, usize) {
+        std::mem::take(&mut *self.kept.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+}
+
+/// `line` cut to [`OUTPUT_LINE_BYTES_MAX`] bytes (at a character boundary).
+fn cut_line(line: &str) -> String {
+    if line.len() <= OUTPUT_LINE_BYTES_MAX {
+        return line.to_string();
+    }
+    let mut end = OUTPUT_LINE_BYTES_MAX;
+    while !line.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &line[..end])
 }
 
 /// A failure of the host inside a guest call (a keyed-state read, an
@@ -728,8 +785,8 @@ fn next_prepared_number() -> u64 {
 pub struct Made {
     store: Store<GuestData>,
     instance: wasmtime::component::Instance,
-    stdout: MemoryOutputPipe,
-    stderr: MemoryOutputPipe,
+    stdout: OutputPipe,
+    stderr: OutputPipe,
 }
 
 /// A fresh store for one call: `d`'s WASI context, the guest limits,
@@ -739,9 +796,9 @@ fn new_store(
     d: Determinism,
     timeout_ms: u64,
     keyed: Option<Session>,
-) -> (Store<GuestData>, MemoryOutputPipe, MemoryOutputPipe) {
-    let stdout = MemoryOutputPipe::new(GUEST_OUTPUT_BYTES_MAX);
-    let stderr = MemoryOutputPipe::new(GUEST_OUTPUT_BYTES_MAX);
+) -> (Store<GuestData>, OutputPipe, OutputPipe) {
+    let stdout = OutputPipe::default();
+    let stderr = OutputPipe::default();
     let limits = Limits {
         inner: StoreLimitsBuilder::new()
             .memory_size(GUEST_MEMORY_BYTES_MAX)
@@ -771,7 +828,7 @@ fn set_deadline(store: &mut Store<GuestData>, timeout_ms: u64) {
 }
 
 /// The WASI context of a call: `d`'s clocks and random, output to the pipes.
-fn wasi_ctx(d: &Determinism, stdout: &MemoryOutputPipe, stderr: &MemoryOutputPipe) -> WasiCtx {
+fn wasi_ctx(d: &Determinism, stdout: &OutputPipe, stderr: &OutputPipe) -> WasiCtx {
     WasiCtx::builder()
         .stdout(stdout.clone())
         .stderr(stderr.clone())
@@ -1507,8 +1564,8 @@ impl Runtime {
         &self,
         name: &str,
         store: &mut Store<GuestData>,
-        stdout: &MemoryOutputPipe,
-        stderr: &MemoryOutputPipe,
+        stdout: &OutputPipe,
+        stderr: &OutputPipe,
         result: wasmtime::Result<T>,
         timeout_ms: u64,
     ) -> Called<T> {
@@ -1517,6 +1574,8 @@ impl Runtime {
             std::sync::atomic::Ordering::Relaxed,
         );
         let keyed = store.data_mut().keyed.take();
+        let (mut lines, mut more) = (Vec::new(), 0);
+        let at = std::time::SystemTime::now();
         for (stream, pipe) in [("stdout", stdout), ("stderr", stderr)] {
             let bytes = pipe.contents();
             for line in String::from_utf8_lossy(&bytes)
@@ -1528,6 +1587,15 @@ impl Runtime {
                 } else {
                     tracing::warn!(processor = name, stream, "{line}");
                 }
+                if lines.len() < OUTPUT_LINES_MAX {
+                    lines.push(OutputLine {
+                        stream,
+                        text: cut_line(line),
+                        at,
+                    });
+                } else {
+                    more += 1;
+                }
             }
         }
         let stderr = stderr_tail(&stderr.contents());
@@ -1535,6 +1603,7 @@ impl Runtime {
             result: result.map_err(|e| classify(e, timeout_ms, stderr.clone())),
             keyed,
             stderr,
+            lines: (lines, more),
         }
     }
 
@@ -1569,6 +1638,7 @@ impl Runtime {
                 result: Err(e),
                 keyed,
                 stderr: String::new(),
+                lines: (Vec::new(), 0),
             };
         };
         self.run_instance(name, p, d, timeout_ms, keyed, |store, instance| {
@@ -1813,6 +1883,22 @@ impl Runtime {
         timeout_ms: u64,
         keyed: Session,
     ) -> (Result<Folded, GuestError>, Session) {
+        self.fold_into(name, p, state, batch, d, timeout_ms, keyed, None)
+    }
+
+    /// [`Runtime::fold`], adding the lines the guest wrote to `output`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn fold_into(
+        &self,
+        name: &str,
+        p: &Prepared,
+        state: &str,
+        batch: &Batch,
+        d: Determinism,
+        timeout_ms: u64,
+        keyed: Session,
+        output: Option<&Output>,
+    ) -> (Result<Folded, GuestError>, Session) {
         let state = state.to_string();
         let called = self.call_keyed(name, p, d, timeout_ms, Some(keyed), |s, i| match i {
             ProcessorExports::V3(i) => i
@@ -1845,6 +1931,9 @@ impl Runtime {
             }
         });
         let session = called.keyed.expect("the store keeps its session");
+        if let Some(output) = output {
+            output.add(called.lines);
+        }
         let stderr = called.stderr;
         let out = called.result.and_then(|r| {
             r.map_err(|f| GuestError::Failure {

@@ -351,6 +351,7 @@ impl Stepper<'_> {
                 prepared: &prepared,
                 component: self.component,
                 timeout_ms: self.timeout_ms,
+                output: None,
             },
             storage: self.storage,
             row_id,

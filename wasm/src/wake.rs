@@ -42,14 +42,30 @@ pub struct WakeJob {
     /// Tells whether the host gave up on this wake (its deadline passed):
     /// then no guest runs any more and nothing commits.
     pub gate: std::sync::Arc<Gate>,
+    /// What the wake saw, for its span (kept whether it succeeds or fails).
+    pub seen: Arc<Seen>,
+}
+
+/// What a wake saw, for its span: the trace context of the latest traced
+/// event it chose to fold, and the lines its guest calls wrote.
+#[derive(Debug, Default)]
+pub struct Seen {
+    trace: std::sync::OnceLock<streamhost_core::trace::Trace>,
+    /// The lines the guest wrote (bounded).
+    pub output: super::runtime::Output,
+}
+
+impl Seen {
+    /// The trace context of the latest traced event the wake chose.
+    pub fn trace(&self) -> Option<&streamhost_core::trace::Trace> {
+        self.trace.get()
+    }
 }
 
 /// A wake that produced a checkpoint to commit.
 pub struct Woken {
     pub checkpoint: Checkpoint,
     pub offsets: Vec<u64>,
-    /// The trace context of the latest traced event folded, if any.
-    pub trace: Option<streamhost_core::trace::Trace>,
 }
 
 fn failure(message: String, retryable: bool) -> Failure {
@@ -242,7 +258,9 @@ pub fn wake(job: WakeJob) -> Result<Woken, Failure> {
         selection.through
     );
     let offsets: Vec<u64> = selection.events.iter().map(|e| e.offset).collect();
-    let trace = selection.events.iter().rev().find_map(|e| e.trace.clone());
+    if let Some(trace) = selection.events.iter().rev().find_map(|e| e.trace.clone()) {
+        let _ = job.seen.trace.set(trace);
+    }
     let (new_state, effects, bucket) = if selection.events.is_empty() {
         (state, Vec::new(), bucket)
     } else {
@@ -251,6 +269,7 @@ pub fn wake(job: WakeJob) -> Result<Woken, Failure> {
             prepared: &prepared,
             component: &job.component,
             timeout_ms: job.timeout_ms,
+            output: Some(&job.seen.output),
         };
         fold_events(
             &guest,
@@ -281,7 +300,6 @@ pub fn wake(job: WakeJob) -> Result<Woken, Failure> {
             fence: job.fence.clone(),
         },
         offsets,
-        trace,
     })
 }
 
@@ -291,6 +309,8 @@ pub struct Guest<'a> {
     pub prepared: &'a Prepared,
     pub component: &'a str,
     pub timeout_ms: u64,
+    /// Where the lines the guest writes go (a wake's span), if anywhere.
+    pub output: Option<&'a super::runtime::Output>,
 }
 
 /// Folds one batch of (non-empty) `events`, scanned through `through`, from
@@ -418,7 +438,7 @@ fn fold_call(
     };
     let (clock_ms, seed) = (env.wall_clock_ms, env.seed_hex());
     let witness = env.witness.clone();
-    let (folded, session) = guest.runtime.fold(
+    let (folded, session) = guest.runtime.fold_into(
         component,
         guest.prepared,
         state,
@@ -426,6 +446,7 @@ fn fold_call(
         env,
         guest.timeout_ms,
         bucket.session(),
+        guest.output,
     );
     let folded = match folded {
         Ok(f) => f,

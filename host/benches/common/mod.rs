@@ -184,5 +184,6 @@ pub async fn next_wake(
         pinned: false,
         fence: None,
         gate: Default::default(),
+        seen: Default::default(),
     }
 }

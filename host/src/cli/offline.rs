@@ -224,6 +224,7 @@ pub(super) fn test_offline(a: TestArgs) -> Result<()> {
             prepared: &p.prepared,
             component: &p.name,
             timeout_ms: a.timeout_ms,
+            output: None,
         },
         component_path: &a.component.display().to_string(),
         stream: crate::processor::runtime::StreamInfo {
@@ -270,6 +271,7 @@ fn test_against(a: &TestArgs, p: &OfflineProcessor, other: &std::path::Path) -> 
             prepared: &o.prepared,
             component: &o.name,
             timeout_ms,
+            output: None,
         }
     }
     let against = Against {
@@ -377,6 +379,7 @@ pub(super) fn fold_offline(a: FoldArgs) -> Result<()> {
         prepared: &prepared,
         component: &name,
         timeout_ms: a.timeout_ms,
+        output: None,
     };
     let path = a.component.display().to_string();
     for chunk in events.chunks(1000) {

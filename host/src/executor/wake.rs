@@ -10,7 +10,7 @@ use crate::clock::format_timestamp;
 use crate::delivery::schedule::{Delivered, Job};
 use crate::delivery::Failure;
 use crate::processor::runtime::StreamInfo;
-use crate::processor::wake::{wake, WakeJob};
+use crate::processor::wake::{wake, Seen, WakeJob};
 use crate::storage::{ProcessorFailure, WriteOp};
 
 pub async fn send(
@@ -21,6 +21,7 @@ pub async fn send(
     component: &str,
     gate: std::sync::Arc<super::Gate>,
 ) -> Result<Delivered, Failure> {
+    let seen = std::sync::Arc::new(Seen::default());
     let wake_job = WakeJob {
         storage: exec.storage.clone(),
         runtime: exec.runtime.clone(),
@@ -42,16 +43,17 @@ pub async fn send(
         pinned: exec.refolds.contains(project, &source.info.path, component),
         fence: source.fence.clone(),
         gate: gate.clone(),
+        seen: seen.clone(),
     };
     let storage = exec.storage.clone();
     let name = component.to_string();
     let started = std::time::Instant::now();
     let (telemetry, wall_start) = (&exec.telemetry, std::time::SystemTime::now());
-    let result = async {
+    let result: Result<Delivered, Failure> = async {
         // Fold and commit on one blocking thread: the commit happens right
         // there when the writer is idle (`commit_blocking`), so a wake
         // crosses threads once.
-        let (through, has_effects, bytes, offsets, trace) = blocking(move || {
+        let (through, has_effects, bytes, offsets) = blocking(move || {
             let woken = wake(wake_job)?;
             crate::storage::faults::stall_first_wake();
             if !gate.begin_commit() {
@@ -74,22 +76,11 @@ pub async fn send(
                         true,
                     )
                 })?;
-            Ok((through, has_effects, bytes, woken.offsets, woken.trace))
+            Ok((through, has_effects, bytes, woken.offsets))
         })
         .await?;
         if has_effects {
             exec.effects.ring();
-        }
-        if let Some(span) = trace.as_ref().and_then(|t| telemetry.begin_at(t, wall_start)) {
-            let record = crate::telemetry::Record::of_path(
-                source.info.project_id.as_deref(),
-                &source.info.path,
-            )
-            .with("streamhost.processor", component.to_string())
-            .with("streamhost.offset.first", offsets.first().copied().unwrap_or(0) as i64)
-            .with("streamhost.offset.last", through as i64)
-            .with("streamhost.wake.seconds", started.elapsed().as_secs_f64());
-            telemetry.end(span, "wake", opentelemetry::trace::SpanKind::Consumer, record);
         }
         Ok(Delivered {
             through,
@@ -98,6 +89,37 @@ pub async fn send(
         })
     }
     .await;
+    // The wake's span, under the latest traced event it chose: a failed
+    // wake's too, with its error.
+    if let Some(span) = seen.trace().and_then(|t| telemetry.begin_at(t, wall_start)) {
+        let mut record =
+            crate::telemetry::Record::of_path(source.info.project_id.as_deref(), &source.info.path)
+                .with("streamhost.processor", component.to_string())
+                .with("streamhost.wake.seconds", started.elapsed().as_secs_f64());
+        match &result {
+            Ok(d) => {
+                record = record
+                    .with(
+                        "streamhost.offset.first",
+                        d.offsets.first().copied().unwrap_or(0) as i64,
+                    )
+                    .with("streamhost.offset.last", d.through as i64);
+            }
+            Err(f) => record.error = Some(f.message.clone()),
+        }
+        let (lines, more) = seen.output.take();
+        record.events = lines
+            .into_iter()
+            .map(|l| (format!("{}: {}", l.stream, l.text), l.at))
+            .collect();
+        record.dropped_events = more;
+        telemetry.end(
+            span,
+            "wake",
+            opentelemetry::trace::SpanKind::Consumer,
+            record,
+        );
+    }
     exec.metrics.observe_wake(started.elapsed());
     exec.wakes_ended.send_modify(|n| *n = n.wrapping_add(1));
     let Err(mut failure) = result else {

@@ -249,6 +249,7 @@ impl Host {
                     prepared: &prepared,
                     component: &component,
                     timeout_ms,
+                    output: None,
                 },
                 storage: &storage,
                 row_id: row.row_id,

@@ -794,6 +794,7 @@ fn fold_from_start(
             prepared: f.prepared,
             component: f.component,
             timeout_ms: f.timeout_ms,
+            output: None,
         },
         storage: f.storage,
         row_id: f.row_id,

@@ -264,6 +264,7 @@ async fn refold_fenced(
                 prepared: &prepared,
                 component: &component,
                 timeout_ms,
+                output: None,
             },
             storage,
             row_id: row.row_id,

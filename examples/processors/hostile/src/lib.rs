@@ -71,6 +71,14 @@ impl Guest for Hostile {
                     std::hint::black_box(recurse(0));
                 }
                 "hostile/trap" => panic!("the hostile guest traps on purpose"),
+                // 40 lines of 2,000 bytes on stderr: more than a wake's
+                // span keeps.
+                "hostile/chatter" => {
+                    for i in 0..40 {
+                        eprintln!("chatter {i}: {}", "x".repeat(2000));
+                    }
+                    events += 1;
+                }
                 // Reads the clock, then traps: a failure that may depend on
                 // the call's environment.
                 "hostile/clock-trap" => {
