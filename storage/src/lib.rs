@@ -164,6 +164,25 @@ pub struct StreamRow {
     pub log_head: u64,
 }
 
+/// What [`Storage::needing_attention`] found.
+#[derive(Debug, Clone, Default)]
+pub struct NeedingAttention {
+    /// `(project, path, state_json)` of streams with a halted subscription.
+    pub halted: Vec<(String, String, String)>,
+    /// Failing runs.
+    pub failing: Vec<FailingRun>,
+}
+
+/// A delivery run that has failed and is retrying (its cursor row).
+#[derive(Debug, Clone)]
+pub struct FailingRun {
+    pub project: String,
+    pub path: String,
+    pub subscription_key: String,
+    pub attempts: u64,
+    pub last_error: Option<String>,
+}
+
 /// Handle to the database: the group-commit writer and the read pool.
 #[derive(Clone)]
 pub struct Storage {
@@ -879,6 +898,44 @@ impl Storage {
                 args![project],
                 |r| r.text(0),
             )
+        })
+    }
+
+    /// Where someone is needed, in every project: streams whose cached
+    /// state has a halted subscription (with that state, for the caller to
+    /// name which), and failing runs (a cursor row counting failed
+    /// attempts), at most `limit` of each, by project and path.
+    pub fn needing_attention(&self, limit: usize) -> Result<NeedingAttention> {
+        let limit = limit as i64;
+        self.with_reader(|db| {
+            let halted = db.query_all(
+                db.pick(
+                    "SELECT project, path, state_json FROM streams
+                     WHERE instr(state_json, '\"deliveryHalted\"') > 0
+                     ORDER BY project, path LIMIT ?1",
+                    "SELECT project, path, state_json FROM streams
+                     WHERE strpos(state_json, '\"deliveryHalted\"') > 0
+                     ORDER BY project, path LIMIT ?1",
+                ),
+                args![limit],
+                |r| Ok((r.text(0)?, r.text(1)?, r.text(2)?)),
+            )?;
+            let failing = db.query_all(
+                "SELECT s.project, s.path, c.subscription_key, c.attempts, c.last_error
+                 FROM subscription_cursors c JOIN streams s ON s.id = c.stream
+                 WHERE c.attempts > 0 ORDER BY s.project, s.path, c.subscription_key LIMIT ?1",
+                args![limit],
+                |r| {
+                    Ok(FailingRun {
+                        project: r.text(0)?,
+                        path: r.text(1)?,
+                        subscription_key: r.text(2)?,
+                        attempts: r.int(3)? as u64,
+                        last_error: r.opt_text(4)?,
+                    })
+                },
+            )?;
+            Ok(NeedingAttention { halted, failing })
         })
     }
 

@@ -78,6 +78,17 @@ async fn tokens_grant_their_projects_and_admin_everything() {
         "admin",
     );
     assert_eq!(s.get_as(Some("t-admin"), "/metrics").await.0, 200);
+    // Health's detail names streams of every project: an admin's.
+    assert_error(
+        &s.get_as(Some("t-acme"), "/healthz?detail=true").await,
+        403,
+        "forbidden",
+        "admin",
+    );
+    assert_eq!(
+        s.get_as(Some("t-admin"), "/healthz?detail=true").await.0,
+        200
+    );
 }
 
 #[tokio::test]

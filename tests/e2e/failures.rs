@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use crate::support::{guest, wait_for, Server};
+use crate::support::{assert_error, guest, wait_for, Server};
 
 const P: &str = "/v1/projects/acme";
 
@@ -507,4 +507,61 @@ async fn from_a_panicking_processor_to_a_fixed_caught_up_one_with_what_the_error
     let rt = runtime(&s, "/walk").await;
     assert_eq!(rt["halted"], false, "{rt}");
     assert_eq!(rt["lastError"], Value::Null, "{rt}");
+}
+
+#[tokio::test]
+async fn healthz_detail_lists_the_halted_then_the_failing_and_plain_healthz_stays_ok() {
+    let s = Server::start_with(Some(SLOW), &[]);
+    // A webhook nothing listens on: failed once, retrying in ten minutes.
+    let closed = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    failing_webhook(&s, &format!("http://127.0.0.1:{closed}/hook")).await;
+    // A processor that panics: halted at once.
+    panicking_processor(&s, "/panics").await;
+    s.wait_halted(&format!("{P}/streams/panics"), "h", Duration::from_secs(60))
+        .await;
+
+    // What a load balancer asks is unchanged: the server is fine.
+    let (status, plain) = s.get("/healthz").await;
+    assert_eq!((status, &plain), (200, &json!({"status": "ok"})));
+
+    let (status, detail) = s.get("/healthz?detail=true").await;
+    assert_eq!(status, 200, "{detail}");
+    let keys: Vec<&String> = detail.as_object().unwrap().keys().take(3).collect();
+    assert_eq!(keys, ["attention", "halted", "failing"], "{detail}");
+    assert_eq!(detail["attention"], "1 halted, 1 failing", "{detail}");
+    assert_eq!(detail["status"], "ok", "{detail}");
+    assert_eq!(detail["truncated"], false, "{detail}");
+    let halted = &detail["halted"][0];
+    assert_eq!(halted["project"], "acme", "{detail}");
+    assert_eq!(halted["stream"], "/panics", "{detail}");
+    assert_eq!(halted["subscription"], "h", "{detail}");
+    assert_eq!(halted["processor"], "p", "{detail}");
+    assert!(
+        halted["lastError"]
+            .as_str()
+            .is_some_and(|e| e.contains("the hostile guest traps on purpose")),
+        "{detail}"
+    );
+    let failing = &detail["failing"][0];
+    assert_eq!(failing["stream"], "/src", "{detail}");
+    assert_eq!(failing["subscription"], "h", "{detail}");
+    assert!(failing.get("processor").is_none(), "{detail}");
+    assert!(failing["attempts"].as_u64() >= Some(1), "{detail}");
+    assert!(
+        failing["lastError"]
+            .as_str()
+            .is_some_and(|e| e.contains(&closed.to_string())),
+        "{detail}"
+    );
+
+    // A query it does not know is refused, naming it.
+    assert_error(
+        &s.get("/healthz?detail=yes").await,
+        400,
+        "invalid-request",
+        "\"detail=yes\"",
+    );
 }

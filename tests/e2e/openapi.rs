@@ -267,6 +267,7 @@ async fn every_operation_answers_a_real_request_as_the_openapi_document_says() {
     let subscribe = json!({"sourceStreamPath": "/orders", "subscriptionKey": "copy", "start": "beginning", "filter": {"eventTypes": ["x.y/none"]}});
     let mut calls = vec![
         call("GET", "/healthz", "/healthz", None, 200),
+        call("GET", "/healthz", "/healthz?detail=true", None, 200),
         call("GET", "/metrics", "/metrics", None, 200),
         call("GET", "/openapi.json", "/openapi.json", None, 200),
         call("GET", "/console", "/console", None, 200),

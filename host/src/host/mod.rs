@@ -42,6 +42,7 @@ macro_rules! range_setters {
     };
 }
 
+pub mod attention;
 pub mod backfill;
 pub mod cluster;
 pub mod components;

@@ -256,16 +256,57 @@ fn ok_json<T: Serialize>(value: &T) -> Response {
 }
 
 /// `200 {"status": "ok"}`, or `503 storage-unavailable` naming why this
-/// host cannot write (it then acknowledges no write).
-async fn healthz(State(host): State<Host>) -> Response {
-    match host.unable_to_write() {
-        None => ok_json(&json!({"status": "ok"})),
-        Some(why) => ApiError::unavailable(
+/// host cannot write (it then acknowledges no write). `?detail=true` (an
+/// admin token when tokens are configured) adds what needs an operator,
+/// first: `{"attention": "N halted, M failing", "halted": [...],
+/// "failing": [...], "truncated", "status": "ok"}`.
+async fn healthz(
+    State(host): State<Host>,
+    headers: HeaderMap,
+    axum::extract::RawQuery(query): axum::extract::RawQuery,
+) -> Response {
+    let detail = match query.as_deref().unwrap_or("") {
+        "" | "detail=false" => false,
+        "detail=true" => true,
+        other => {
+            return ApiError::invalid(format!(
+                "unknown query {other:?}: GET /healthz takes only detail=true or detail=false"
+            ))
+            .into_response()
+        }
+    };
+    if let Some(why) = host.unable_to_write() {
+        return ApiError::unavailable(
             "storage-unavailable",
             format!("this host cannot write: {why}"),
             1,
         )
-        .into_response(),
+        .into_response();
+    }
+    if !detail {
+        return ok_json(&json!({"status": "ok"}));
+    }
+    // It names streams of every project: an operator's view.
+    let caller = match authenticate(&host, &headers) {
+        Ok(c) => c,
+        Err(e) => return e.into_response(),
+    };
+    if let Err(e) = caller.require_admin("GET /healthz?detail=true") {
+        return ApiError::from(e).into_response();
+    }
+    match host.needing_attention().await {
+        Ok(a) => ok_json(&json!({
+            "attention": if a.is_clear() {
+                "none".to_string()
+            } else {
+                format!("{} halted, {} failing", a.halted.len(), a.failing.len())
+            },
+            "halted": a.halted,
+            "failing": a.failing,
+            "truncated": a.truncated,
+            "status": "ok",
+        })),
+        Err(e) => ApiError::from(e).into_response(),
     }
 }
 
