@@ -901,30 +901,40 @@ impl Storage {
         })
     }
 
-    /// Where someone is needed, in every project: streams whose cached
-    /// state has a halted subscription (with that state, for the caller to
-    /// name which), and failing runs (a cursor row counting failed
-    /// attempts), at most `limit` of each, by project and path.
-    pub fn needing_attention(&self, limit: usize) -> Result<NeedingAttention> {
+    /// Where someone is needed, in `project` (`None`: every project):
+    /// streams whose cached state has a halted subscription (with that
+    /// state, for the caller to name which), and failing runs (a cursor row
+    /// counting failed attempts), at most `limit` of each, by project and
+    /// path.
+    pub fn needing_attention(
+        &self,
+        project: Option<&str>,
+        limit: usize,
+    ) -> Result<NeedingAttention> {
         let limit = limit as i64;
+        // ("*" is no project's name: every project.)
+        let project = project.unwrap_or("*").to_string();
         self.with_reader(|db| {
             let halted = db.query_all(
                 db.pick(
                     "SELECT project, path, state_json FROM streams
                      WHERE instr(state_json, '\"deliveryHalted\"') > 0
+                       AND (?2 = '*' OR project = ?2)
                      ORDER BY project, path LIMIT ?1",
                     "SELECT project, path, state_json FROM streams
                      WHERE strpos(state_json, '\"deliveryHalted\"') > 0
+                       AND (?2 = '*' OR project = ?2)
                      ORDER BY project, path LIMIT ?1",
                 ),
-                args![limit],
+                args![limit, project.as_str()],
                 |r| Ok((r.text(0)?, r.text(1)?, r.text(2)?)),
             )?;
             let failing = db.query_all(
                 "SELECT s.project, s.path, c.subscription_key, c.attempts, c.last_error
                  FROM subscription_cursors c JOIN streams s ON s.id = c.stream
-                 WHERE c.attempts > 0 ORDER BY s.project, s.path, c.subscription_key LIMIT ?1",
-                args![limit],
+                 WHERE c.attempts > 0 AND (?2 = '*' OR s.project = ?2)
+                 ORDER BY s.project, s.path, c.subscription_key LIMIT ?1",
+                args![limit, project.as_str()],
                 |r| {
                     Ok(FailingRun {
                         project: r.text(0)?,

@@ -78,17 +78,44 @@ async fn tokens_grant_their_projects_and_admin_everything() {
         "admin",
     );
     assert_eq!(s.get_as(Some("t-admin"), "/metrics").await.0, 200);
-    // Health's detail names streams of every project: an admin's.
+    // Health's detail names streams: a token's own projects', every
+    // project's for an admin; none without a token.
     assert_error(
-        &s.get_as(Some("t-acme"), "/healthz?detail=true").await,
-        403,
-        "forbidden",
-        "admin",
+        &s.get_as(None, "/healthz?detail=true").await,
+        401,
+        "unauthorized",
+        "Authorization",
     );
+    // A subscription of project other halts (its transform throws).
+    let other = "/v1/projects/other/streams/h";
+    let halting = json!({"events": [{"type": "events.iterate.com/stream/subscription-configured",
+        "payload": {"subscriptionKey": "h", "receiver": {"action": "copy-to-stream",
+            "receivingStreamPath": "/h-out", "jsonataTransform": "$error(\"no\")",
+            "delivery": {"start": "now", "onFailingEvent": "halt"}}}},
+        {"type": "x.y/e"}]});
     assert_eq!(
-        s.get_as(Some("t-admin"), "/healthz?detail=true").await.0,
+        s.post_as(Some("t-admin"), &format!("{other}:append"), halting)
+            .await
+            .0,
         200
     );
+    crate::support::wait_for(
+        "the subscription of project other to halt",
+        std::time::Duration::from_secs(30),
+        async || {
+            s.get_as(Some("t-admin"), "/healthz?detail=true").await.1["halted"]
+                .as_array()
+                .is_some_and(|h| !h.is_empty())
+        },
+    )
+    .await;
+    let (status, acme) = s.get_as(Some("t-acme"), "/healthz?detail=true").await;
+    assert_eq!(status, 200, "{acme}");
+    assert_eq!(acme["attention"], "none", "{acme}");
+    let (status, all) = s.get_as(Some("t-admin"), "/healthz?detail=true").await;
+    assert_eq!(status, 200, "{all}");
+    assert_eq!(all["attention"], "1 halted, 0 failing", "{all}");
+    assert_eq!(all["halted"][0]["project"], "other", "{all}");
 }
 
 #[tokio::test]

@@ -1,4 +1,5 @@
-//! What needs an operator, across projects (`GET /healthz?detail=true`):
+//! What needs an operator, in the projects a caller may use (`GET
+//! /healthz?detail=true`):
 //! halted subscriptions (processor wakes, ITX calls, webhooks, copies)
 //! first, then failing ones, each naming its stream, subscription,
 //! processor and last error. Read from storage: a halt is in the stream's
@@ -6,6 +7,7 @@
 
 use serde::Serialize;
 
+use crate::auth::Caller;
 use crate::error::Error;
 use crate::stream::CoreState;
 
@@ -55,14 +57,36 @@ impl Attention {
 }
 
 impl Host {
-    /// What needs an operator, in every project.
-    pub async fn needing_attention(&self) -> Result<Attention, Error> {
+    /// What needs an operator in the projects `caller` may use (an
+    /// admin: every project).
+    pub async fn needing_attention(&self, caller: &Caller) -> Result<Attention, Error> {
+        let projects = match caller {
+            Caller::Admin => vec![None],
+            Caller::Projects(ps) => ps.iter().cloned().map(Some).collect(),
+        };
         let storage = self.streams.storage().clone();
-        let found =
-            tokio::task::spawn_blocking(move || storage.needing_attention(ATTENTION_LISTED_MAX + 1))
-                .await
-                .map_err(|e| Error::internal(e.to_string()))?
-                .map_err(|e| Error::internal(format!("reading what needs attention failed: {e:#}")))?;
+        let found = tokio::task::spawn_blocking(move || {
+            let mut all = crate::storage::NeedingAttention::default();
+            for project in projects {
+                let found =
+                    storage.needing_attention(project.as_deref(), ATTENTION_LISTED_MAX + 1)?;
+                all.halted.extend(found.halted);
+                all.failing.extend(found.failing);
+            }
+            anyhow::Ok(all)
+        })
+        .await
+        .map_err(|e| Error::internal(e.to_string()))?
+        .map_err(|e| Error::internal(format!("reading what needs attention failed: {e:#}")))?;
+        let mut found = found;
+        found.halted.sort();
+        found.failing.sort_by(|a, b| {
+            (&a.project, &a.path, &a.subscription_key).cmp(&(
+                &b.project,
+                &b.path,
+                &b.subscription_key,
+            ))
+        });
         let mut out = Attention {
             truncated: found.halted.len() > ATTENTION_LISTED_MAX
                 || found.failing.len() > ATTENTION_LISTED_MAX,
@@ -91,7 +115,11 @@ impl Host {
             }
         }
         for run in found.failing.into_iter().take(ATTENTION_LISTED_MAX) {
-            let id = (run.project.clone(), run.path.clone(), run.subscription_key.clone());
+            let id = (
+                run.project.clone(),
+                run.path.clone(),
+                run.subscription_key.clone(),
+            );
             if halted_keys.contains(&id) {
                 continue;
             }
