@@ -95,8 +95,13 @@ try {
 
   step("load the streams view");
   await page.goto(`${url}/console#/streams`);
-  const link = page.getByRole("link", { name: stream, exact: true });
+  const link = page.locator("[data-testid=streams]").getByRole("link", { name: stream, exact: true });
   await link.waitFor();
+  step("what needs someone comes first");
+  await page.locator(`[data-testid=attention-halted]`, { hasText: subscription }).waitFor();
+  const first = await page.locator(`[data-testid=streams] tbody tr`).first().getAttribute("data-path");
+  if (first !== stream) throw new Error(`the stream with a halted subscription is not listed first (${first} is)`);
+  await page.locator(`[data-testid=streams] tr[data-path="${stream}"]`, { hasText: "1 halted" }).waitFor();
   if (shots) await page.screenshot({ path: `${shots}/console-streams.png` });
 
   step(`open ${stream}`);
@@ -138,6 +143,14 @@ try {
   step("verify the processor");
   await page.locator("button", { hasText: "Verify" }).first().click();
   await page.locator(`[data-testid^=verify-]`, { hasText: "state = fold(log)" }).waitFor();
+
+  step(`the story of event ${args.traced}`);
+  await page.locator(`[data-testid=trace-${args.traced}]`).click();
+  await page.locator(`[data-testid=trace-event]`, { hasText: "events.example/effects-requested" }).waitFor();
+  await page.locator(`[data-testid=trace-downstream] [data-kind=wake]`, { hasText: "effector" }).first().waitFor();
+  await page.locator(`[data-testid=trace-downstream] [data-kind=effect]`, { hasText: "confirm-1" }).first().waitFor();
+  await page.locator(`[data-testid=trace-downstream]`, { hasText: "/orders/confirmed@" }).waitFor();
+  if (shots) await page.screenshot({ path: `${shots}/console-trace.png`, fullPage: true });
 
   step("the components and effects views");
   await page.goto(`${url}/console#/components`);

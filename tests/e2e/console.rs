@@ -50,7 +50,7 @@ async fn the_console_shows_streams_live_events_and_resumes_a_halted_subscription
     // A processor with an effect, and a webhook that halts: its receiver
     // answers 503 until armed.
     let receiver = Receiver::start().await;
-    append(
+    let out = append(
         &s,
         json!([
             {"type": "events.iterate.com/stream/subscription-configured",
@@ -70,6 +70,7 @@ async fn the_console_shows_streams_live_events_and_resumes_a_halted_subscription
         ]),
     )
     .await;
+    let traced = out["events"][4]["offset"].clone();
     s.wait_halted(STREAM, "hook", Duration::from_secs(20)).await;
 
     // Now the receiver takes what it is sent.
@@ -81,10 +82,10 @@ async fn the_console_shows_streams_live_events_and_resumes_a_halted_subscription
         .unwrap_or_else(|_| s.dir.path().to_path_buf());
     let args = json!({
         "url": s.url, "project": "acme", "token": "t-acme", "stream": "/orders",
-        "subscription": "hook", "shots": shots,
+        "subscription": "hook", "shots": shots, "traced": traced,
     });
     drive(args).await;
-    for shot in ["streams", "stream", "components", "effects"] {
+    for shot in ["streams", "stream", "trace", "components", "effects"] {
         assert!(
             shots.join(format!("console-{shot}.png")).is_file(),
             "{shot}"

@@ -63,22 +63,106 @@ async function streamsView(params) {
   const input = h("input", { value: prefix, "data-testid": "prefix", size: 30 });
   const go = () => { location.hash = `#/streams?prefix=${encodeURIComponent(input.value || "/")}`; };
   input.addEventListener("keydown", (e) => { if (e.key === "Enter") go(); });
+  const attention = h("div", { "data-testid": "attention" });
   const body = h("tbody");
+  // What needs someone comes first: halted, then failing subscriptions.
   $("#view").replaceChildren(
     h("h2", {}, "Streams"),
+    attention,
     h("div", { class: "toolbar" }, "path prefix", input, h("button", { onclick: go }, "Filter")),
     h("table", { "data-testid": "streams" },
-      h("thead", {}, h("tr", {}, ["path", "events", "max offset", "subscriptions", "paused", "created"].map((c) => h("th", {}, c)))),
+      h("thead", {}, h("tr", {}, ["path", "health", "events", "max offset", "subscriptions", "paused", "created"].map((c) => h("th", {}, c)))),
       body));
-  const page = await api("GET", `${namespace()}/streams?prefix=${encodeURIComponent(prefix)}&limit=1000`);
-  for (const s of page.streams) {
-    body.append(h("tr", {},
+  const [page, detail] = await Promise.all([
+    api("GET", `${namespace()}/streams?prefix=${encodeURIComponent(prefix)}&limit=1000`),
+    api("GET", "/healthz?detail=true").catch(() => null),
+  ]);
+  const mine = (p) => (p.project ?? "") === settings.project;
+  const halted = (detail?.halted ?? []).filter(mine);
+  const failing = (detail?.failing ?? []).filter(mine);
+  const problems = new Map();
+  for (const [kind, list] of [["halted", halted], ["failing", failing]]) {
+    for (const p of list) {
+      const seen = problems.get(p.stream) ?? { halted: 0, failing: 0 };
+      seen[kind] += 1;
+      problems.set(p.stream, seen);
+    }
+  }
+  const problemLine = (kind, p) => h("li", { "data-testid": `attention-${kind}` },
+    h("span", { class: "pill bad" }, kind), " ",
+    h("a", { href: `#/stream?path=${encodeURIComponent(p.stream)}` }, p.stream), " ",
+    h("code", {}, p.subscription), p.processor ? ` (processor ${p.processor})` : "",
+    ` · ${p.attempts} attempt(s)`,
+    p.lastError ? h("div", { class: "mono muted" }, p.lastError.split("\n")[0]) : "");
+  if (halted.length || failing.length) {
+    attention.replaceChildren(
+      h("h3", { class: "bad" }, `Needs attention: ${halted.length} halted, ${failing.length} failing`),
+      h("ul", {}, halted.map((p) => problemLine("halted", p)), failing.map((p) => problemLine("failing", p))),
+      detail?.truncated ? h("p", { class: "muted" }, "(more than 100 of a kind: the rest are not listed)") : "");
+  } else if (detail) {
+    attention.replaceChildren(h("p", { class: "ok", "data-testid": "attention-none" }, "nothing halted or failing"));
+  }
+  // Streams that need someone first, then by path.
+  const weight = (s) => { const p = problems.get(s.path); return p ? (p.halted ? 0 : 1) : 2; };
+  const streams = [...page.streams].sort((a, b) => weight(a) - weight(b) || (a.path < b.path ? -1 : a.path > b.path ? 1 : 0));
+  for (const s of streams) {
+    const p = problems.get(s.path);
+    body.append(h("tr", { "data-path": s.path, class: p ? "failing" : "" },
       h("td", {}, h("a", { href: `#/stream?path=${encodeURIComponent(s.path)}`, "data-testid": "stream-link" }, s.path)),
+      h("td", {}, p ? h("span", { class: "pill bad" }, [p.halted ? `${p.halted} halted` : "", p.failing ? `${p.failing} failing` : ""].filter(Boolean).join(", ")) : ""),
       h("td", {}, s.eventCount), h("td", {}, s.maxOffset), h("td", {}, s.subscriptions),
       h("td", {}, s.paused ? h("span", { class: "pill bad" }, "paused") : ""),
       h("td", { class: "muted" }, s.createdAt)));
   }
-  if (!page.streams.length) body.append(h("tr", {}, h("td", { colspan: 6, class: "muted" }, "no streams under this prefix")));
+  if (!page.streams.length) body.append(h("tr", {}, h("td", { colspan: 7, class: "muted" }, "no streams under this prefix")));
+}
+
+// --- One event's story ------------------------------------------------------
+// `GET {stream}:events/{offset}/trace`: where the event came from and what
+// it caused, across streams, from what storage holds.
+function stepLine(step) {
+  const parts = [step.kind];
+  if (step.component) parts.push(step.component);
+  if (step.effectKey) parts.push(JSON.stringify(step.effectKey));
+  if (step.offset !== undefined) parts.push(h("a", { href: `#/trace?path=${encodeURIComponent(step.stream)}&offset=${step.offset}` }, `${step.stream}@${step.offset}`));
+  if (step.type) parts.push(h("code", {}, step.type));
+  if (step.subscriptionKey) parts.push(`(subscription ${step.subscriptionKey})`);
+  if (step.target) parts.push(`→ ${step.target}`);
+  const bad = ["halted", "failed", "dead"].includes(step.status) || Boolean(step.error);
+  return h("span", { "data-kind": step.kind },
+    parts.flatMap((p) => [p, " "]),
+    h("span", { class: `pill ${bad ? "bad" : "ok"}` }, step.status),
+    step.at ? h("span", { class: "muted" }, ` ${step.at}`) : "",
+    step.error ? h("div", { class: "mono bad" }, step.error.split("\n")[0]) : "");
+}
+
+function stepTree(steps) {
+  return h("ul", {}, steps.map((s) => h("li", {}, stepLine(s), s.caused?.length ? stepTree(s.caused) : "")));
+}
+
+async function traceView(params) {
+  setActive("streams");
+  const path = params.get("path") || "/";
+  const offset = Number(params.get("offset"));
+  const base = `${streamUrl(path)}:events/${offset}/trace`;
+  const story = await api("GET", base);
+  const exported = h("span", { class: "muted", "data-testid": "trace-exported" });
+  const send = async () => {
+    try { const out = await api("GET", `${base}?export=true`); exported.textContent = ` sent: ${out.exportedSpans} span(s)`; }
+    catch (e) { showError(e); }
+  };
+  $("#view").replaceChildren(
+    h("h2", {}, "Event ", h("code", {}, `${path}@${offset}`), " ",
+      h("a", { href: `#/stream?path=${encodeURIComponent(path)}` }, "back to the stream")),
+    h("div", { "data-testid": "trace" },
+      story.traceId ? h("p", {}, "trace ", h("code", {}, story.traceId), " ",
+        h("button", { onclick: send }, "Send to the OTLP endpoint"), exported) : h("p", { class: "muted" }, "no trace context"),
+      story.upstream.length ? h("div", {}, h("h3", {}, "Came from"),
+        h("ul", { "data-testid": "trace-upstream" }, [...story.upstream].reverse().map((s) => h("li", {}, stepLine(s))))) : "",
+      h("h3", {}, "The event"), h("p", { "data-testid": "trace-event" }, stepLine(story.event)),
+      h("h3", {}, "What it caused"),
+      story.downstream.length ? h("div", { "data-testid": "trace-downstream" }, stepTree(story.downstream)) : h("p", { class: "muted" }, "nothing yet"),
+      story.truncated ? h("p", { class: "muted" }, "(truncated: the story goes on past the bounds of depth 8 and 256 steps)") : ""));
 }
 
 // --- One stream -----------------------------------------------------------
@@ -140,7 +224,8 @@ async function streamView(params) {
         for (const e of page.events) {
           after = Math.max(after, e.offset);
           events.prepend(h("tr", { "data-offset": e.offset },
-            h("td", {}, e.offset), h("td", { class: "mono" }, e.type),
+            h("td", {}, h("a", { href: `#/trace?path=${encodeURIComponent(path)}&offset=${e.offset}`, "data-testid": `trace-${e.offset}`, title: "where it came from and what it caused" }, e.offset)),
+            h("td", { class: "mono" }, e.type),
             h("td", { class: "mono payload" }, json(e.payload)), h("td", { class: "muted" }, e.createdAt)));
         }
         while (events.children.length > EVENTS_SHOWN) events.lastChild.remove();
@@ -405,7 +490,7 @@ async function route() {
   showError(null);
   const [name, query] = (location.hash.slice(2) || "streams").split("?");
   const params = new URLSearchParams(query ?? "");
-  const views = { streams: streamsView, stream: streamView, components: componentsView, effects: effectsView, ingest: ingestView };
+  const views = { streams: streamsView, stream: streamView, trace: traceView, components: componentsView, effects: effectsView, ingest: ingestView };
   try { await (views[name] ?? streamsView)(params); } catch (e) { showError(e); }
 }
 window.addEventListener("hashchange", route);
