@@ -131,6 +131,7 @@ pub use clock::{Clock, SystemClock};
 pub use component::DeployMode;
 pub use config::Config;
 pub use error::{Error, ErrorKind};
+pub use host::attention::{Attention, StuckSubscription};
 pub use host::backfill::{Backfill, BackfillProgress, Backfilled};
 pub use host::cluster::{ClusterHost, ClusterView};
 pub use host::components::{

@@ -21,9 +21,9 @@ pub const ATTENTION_LISTED_MAX: usize = 100;
 #[serde(rename_all = "camelCase")]
 pub struct Attention {
     /// Halted: delivery stopped until someone resumes it.
-    pub halted: Vec<Problem>,
+    pub halted: Vec<StuckSubscription>,
     /// Failing: retrying, not yet halted.
-    pub failing: Vec<Problem>,
+    pub failing: Vec<StuckSubscription>,
     /// More than [`ATTENTION_LISTED_MAX`] of a kind: the rest not listed.
     pub truncated: bool,
 }
@@ -31,7 +31,7 @@ pub struct Attention {
 /// One halted or failing subscription.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct Problem {
+pub struct StuckSubscription {
     /// Its project (none: the global namespace).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub project: Option<String>,
@@ -57,9 +57,15 @@ impl Attention {
 }
 
 impl Host {
+    /// What needs an operator, in every project: halted subscriptions
+    /// first, then failing ones.
+    pub async fn needing_attention(&self) -> Result<Attention, Error> {
+        self.needing_attention_of(&Caller::Admin).await
+    }
+
     /// What needs an operator in the projects `caller` may use (an
     /// admin: every project).
-    pub async fn needing_attention(&self, caller: &Caller) -> Result<Attention, Error> {
+    pub(crate) async fn needing_attention_of(&self, caller: &Caller) -> Result<Attention, Error> {
         let projects = match caller {
             Caller::Admin => vec![None],
             Caller::Projects(ps) => ps.iter().cloned().map(Some).collect(),
@@ -104,7 +110,7 @@ impl Host {
                     continue;
                 };
                 halted_keys.insert((p.clone(), path.clone(), key.clone()));
-                out.halted.push(Problem {
+                out.halted.push(StuckSubscription {
                     project: project(p.clone()),
                     stream: path.clone(),
                     subscription: key.clone(),
@@ -123,7 +129,7 @@ impl Host {
             if halted_keys.contains(&id) {
                 continue;
             }
-            out.failing.push(Problem {
+            out.failing.push(StuckSubscription {
                 project: project(run.project),
                 stream: run.path,
                 subscription: run.subscription_key,

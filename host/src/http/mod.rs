@@ -291,7 +291,7 @@ async fn healthz(
         Ok(c) => c,
         Err(e) => return e.into_response(),
     };
-    match host.needing_attention(&caller).await {
+    match host.needing_attention_of(&caller).await {
         Ok(a) => ok_json(&json!({
             "attention": if a.is_clear() {
                 "none".to_string()
