@@ -32,6 +32,9 @@ pub enum ErrorKind {
     TooMany,
     /// A failure of the host itself (storage, a lost task).
     Internal,
+    /// A storage bound is reached (a project's `max-project-bytes`):
+    /// nothing frees room by waiting.
+    InsufficientStorage,
 }
 
 /// An error that reaches a caller.

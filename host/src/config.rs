@@ -146,6 +146,12 @@ pub struct LimitsConfig {
     /// scan, a key listing (4 MiB). A read always holds at least one event
     /// or key; a shorter page is continued from its last offset or key.
     pub max_read_bytes: usize,
+    /// The bytes one project's stored events may take over all its streams
+    /// (each event's type, idempotency key and body; none: unbounded). At
+    /// the bound its appends, ingest, copies into it and effect appends
+    /// are refused with `507 project-storage-full`; the platform's own
+    /// facts (halts, resumes) still land.
+    pub max_project_bytes: Option<u64>,
 }
 
 impl Default for LimitsConfig {
@@ -157,6 +163,7 @@ impl Default for LimitsConfig {
             max_live_connections_per_project: 1000,
             max_ephemeral_bytes: 256 * 1024 * 1024,
             max_read_bytes: READ_BYTES_MAX_DEFAULT,
+            max_project_bytes: None,
         }
     }
 }
@@ -522,6 +529,7 @@ impl Config {
             ),
             ("max-ephemeral-bytes", l.max_ephemeral_bytes as u64),
             ("max-read-bytes", l.max_read_bytes as u64),
+            ("max-project-bytes", l.max_project_bytes.unwrap_or(1)),
         ] {
             if v == 0 {
                 bail!("limits.{name} must be at least 1, got 0");

@@ -1,8 +1,10 @@
 //! What one project may hold of a host's shared resources at once: live
-//! connections (`[limits] max-live-connections-per-project`) and the
+//! connections (`[limits] max-live-connections-per-project`), the
 //! ephemeral events held in memory (`[limits] max-ephemeral-bytes` for all
 //! streams together, a quarter of it for one project, so one project filling
-//! its share leaves room for the others).
+//! its share leaves room for the others), and the bytes of its stored events
+//! (`[limits] max-project-bytes`, so one project cannot fill the disk the
+//! others write to).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -162,6 +164,86 @@ impl EphemeralMemory {
     }
 }
 
+/// The bytes of each project's stored events, against `[limits]
+/// max-project-bytes`: read from storage (`streams.bytes` summed) when the
+/// host opens and every few seconds after (what other hosts and the
+/// platform's own appends wrote), and counted up by every append it admits
+/// in between, so that a burst cannot run far past the bound.
+#[derive(Debug)]
+pub struct StoredBytes {
+    max: Option<u64>,
+    by_project: Mutex<HashMap<String, u64>>,
+}
+
+impl StoredBytes {
+    /// Usage of a host bounded by `max` bytes a project (`None`: unbounded,
+    /// nothing counted).
+    pub fn new(max: Option<u64>) -> Arc<StoredBytes> {
+        Arc::new(StoredBytes {
+            max,
+            by_project: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The bound, if any.
+    pub fn max(&self) -> Option<u64> {
+        self.max
+    }
+
+    /// What storage says each project's events take now (every project:
+    /// one missing from `usage` stores nothing).
+    pub fn refresh(&self, usage: Vec<(String, u64)>) {
+        let mut by_project = self.by_project.lock().unwrap_or_else(|e| e.into_inner());
+        *by_project = usage.into_iter().collect();
+    }
+
+    /// The bytes `project` stores, as last counted.
+    pub fn of(&self, project: &str) -> u64 {
+        let by_project = self.by_project.lock().unwrap_or_else(|e| e.into_inner());
+        by_project.get(project).copied().unwrap_or(0)
+    }
+
+    /// Admits `bytes` more of `project`'s events and counts them, or `507
+    /// project-storage-full` naming the bound and what the project stores.
+    /// An append of nothing durable is always admitted.
+    pub fn admit(&self, project: &str, bytes: u64) -> Result<(), Error> {
+        self.fits(project, bytes, true)
+    }
+
+    /// Whether `bytes` more of `project`'s events would fit, without
+    /// counting them (an ingest acceptance: its drain counts them).
+    pub fn check(&self, project: &str, bytes: u64) -> Result<(), Error> {
+        self.fits(project, bytes, false)
+    }
+
+    fn fits(&self, project: &str, bytes: u64, count: bool) -> Result<(), Error> {
+        let Some(max) = self.max else {
+            return Ok(());
+        };
+        if bytes == 0 {
+            return Ok(());
+        }
+        let mut by_project = self.by_project.lock().unwrap_or_else(|e| e.into_inner());
+        let stored = by_project.entry(project.to_string()).or_default();
+        if stored.saturating_add(bytes) > max {
+            return Err(Error::new(
+                ErrorKind::InsufficientStorage,
+                "project-storage-full",
+                format!(
+                    "project {project:?} stores {} bytes of events, and {bytes} more would pass \
+                     its bound of {max} bytes ([limits] max-project-bytes): nothing of this \
+                     was stored",
+                    *stored
+                ),
+            ));
+        }
+        if count {
+            *stored += bytes;
+        }
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -181,6 +263,32 @@ mod tests {
         let _b = live.take("b").unwrap();
         drop(a1);
         assert!(live.take("a").is_ok());
+    }
+
+    #[test]
+    fn stored_bytes_are_bounded_per_project_counted_on_admission_and_refreshed() {
+        let unbounded = StoredBytes::new(None);
+        assert!(unbounded.admit("a", u64::MAX).is_ok());
+        let s = StoredBytes::new(Some(1000));
+        s.refresh(vec![("a".into(), 900)]);
+        s.admit("a", 100).unwrap();
+        let e = s.admit("a", 1).unwrap_err();
+        assert_eq!(
+            (e.kind, e.code),
+            (ErrorKind::InsufficientStorage, "project-storage-full")
+        );
+        assert!(
+            e.message.contains("\"a\" stores 1000 bytes") && e.message.contains("1000 bytes"),
+            "{}",
+            e.message
+        );
+        // Nothing durable is always admitted; another project has its own.
+        assert!(s.admit("a", 0).is_ok());
+        s.admit("b", 1000).unwrap();
+        // Storage says less now (a stream deleted): room again.
+        s.refresh(vec![("a".into(), 10)]);
+        assert_eq!((s.of("a"), s.of("b")), (10, 0));
+        s.admit("a", 990).unwrap();
     }
 
     #[test]

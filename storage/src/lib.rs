@@ -901,6 +901,18 @@ impl Storage {
         })
     }
 
+    /// The bytes each project's stored events take (`streams.bytes`
+    /// summed), for `[limits] max-project-bytes`.
+    pub fn project_bytes(&self) -> Result<Vec<(String, u64)>> {
+        self.with_reader(|db| {
+            db.query_all(
+                "SELECT project, CAST(SUM(bytes) AS BIGINT) FROM streams GROUP BY project",
+                args![],
+                |r| Ok((r.text(0)?, r.int(1)?.max(0) as u64)),
+            )
+        })
+    }
+
     /// Where someone is needed, in `project` (`None`: every project):
     /// streams whose cached state has a halted subscription (with that
     /// state, for the caller to name which), and failing runs (a cursor row

@@ -78,7 +78,37 @@ const MIGRATIONS: &[Migration] = &[
         name: "effects.not_before_ms: an effect not attempted before its time",
         apply: effect_not_before,
     },
+    Migration {
+        name: "streams.bytes: the bytes of a stream's stored events (a project's storage bound)",
+        apply: stream_bytes,
+    },
 ];
+
+/// `streams.bytes`: the bytes of the stream's stored events (type,
+/// idempotency key and body), kept by every commit; a project's stored
+/// bytes are the sum over its streams (`[limits] max-project-bytes`).
+/// Counted once for the events already stored.
+const STREAM_BYTES: &str = "
+ALTER TABLE streams ADD COLUMN bytes BIGINT NOT NULL DEFAULT 0;
+UPDATE streams SET bytes = (
+    SELECT COALESCE(SUM(length(CAST(body AS BLOB)) + length(CAST(type AS BLOB))
+        + COALESCE(length(CAST(idempotency_key AS BLOB)), 0)), 0)
+    FROM events WHERE events.stream = streams.id);
+";
+
+/// [`STREAM_BYTES`] on PostgreSQL.
+const STREAM_BYTES_POSTGRES: &str = "
+ALTER TABLE streams ADD COLUMN bytes BIGINT NOT NULL DEFAULT 0;
+UPDATE streams SET bytes = (
+    SELECT COALESCE(SUM(octet_length(body) + octet_length(type)
+        + COALESCE(octet_length(idempotency_key), 0)), 0)
+    FROM events WHERE events.stream = streams.id);
+";
+
+fn stream_bytes(conn: &Connection) -> Result<()> {
+    conn.execute_batch(STREAM_BYTES)?;
+    Ok(())
+}
 
 /// `effects.not_before_ms`: a delayed effect (a timer) is due no earlier;
 /// its due time is `due_at_ms`, indexed with its status.
@@ -581,7 +611,10 @@ DECLARE
     v_epoch BIGINT;
     v_head BIGINT;
     v_row BIGINT := p_row;
+    v_bytes BIGINT;
 BEGIN
+    SELECT COALESCE(SUM(octet_length(u.t) + octet_length(u.b) + COALESCE(octet_length(u.k), 0)), 0)
+        INTO v_bytes FROM unnest(p_types, p_keys, p_bodies) AS u(t, k, b);
     IF p_owner IS NOT NULL THEN
         SELECT owner, epoch INTO v_owner, v_epoch FROM stream_leases
             WHERE project = p_fence_project AND path = p_fence_path FOR SHARE;
@@ -594,11 +627,12 @@ BEGIN
         END IF;
     END IF;
     IF v_row IS NULL THEN
-        INSERT INTO streams (project, path, stream_id, created_at, head_offset, state_json, state_offset)
-            VALUES (p_project, p_path, p_stream_id, p_created_at, p_head, p_state, p_state_offset)
+        INSERT INTO streams (project, path, stream_id, created_at, head_offset, state_json, state_offset, bytes)
+            VALUES (p_project, p_path, p_stream_id, p_created_at, p_head, p_state, p_state_offset, v_bytes)
             RETURNING id INTO v_row;
     ELSE
-        UPDATE streams SET head_offset = p_head, state_json = p_state, state_offset = p_state_offset
+        UPDATE streams SET head_offset = p_head, state_json = p_state, state_offset = p_state_offset,
+                bytes = bytes + v_bytes
             WHERE id = v_row AND head_offset = p_expected;
         IF NOT FOUND THEN
             SELECT head_offset INTO v_head FROM streams WHERE id = v_row;
@@ -652,6 +686,7 @@ pub fn migrate_postgres(db: Db<'_>) -> Result<()> {
                 db.batch(REFOLD_SHADOW)?;
                 db.batch(INGEST_PARKED)?;
                 db.batch(EFFECT_NOT_BEFORE)?;
+                db.batch(STREAM_BYTES_POSTGRES)?;
                 db.execute(
                     "INSERT INTO streamhost_schema (version) VALUES (?1)",
                     crate::sql::args![i64::from(SCHEMA_VERSION)],
@@ -659,7 +694,7 @@ pub fn migrate_postgres(db: Db<'_>) -> Result<()> {
                 tracing::info!(version = SCHEMA_VERSION, "schema created on PostgreSQL");
             }
             Some(v) if v == i64::from(SCHEMA_VERSION) => {}
-            Some(v @ 5..=13) => {
+            Some(v @ 5..=14) => {
                 if v == 5 {
                     db.batch(EFFECT_LEASE_IDS)?;
                 }
@@ -684,7 +719,10 @@ pub fn migrate_postgres(db: Db<'_>) -> Result<()> {
                 if v <= 12 {
                     db.batch(INGEST_PARKED)?;
                 }
-                db.batch(EFFECT_NOT_BEFORE)?;
+                if v <= 13 {
+                    db.batch(EFFECT_NOT_BEFORE)?;
+                }
+                db.batch(STREAM_BYTES_POSTGRES)?;
                 db.execute(
                     "UPDATE streamhost_schema SET version = ?1",
                     crate::sql::args![i64::from(SCHEMA_VERSION)],

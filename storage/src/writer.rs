@@ -45,6 +45,16 @@ pub struct StoredEvent {
     pub body: String,
 }
 
+impl StoredEvent {
+    /// The bytes it takes as stored, as `streams.bytes` counts them: its
+    /// type, idempotency key and body.
+    pub fn stored_bytes(&self) -> u64 {
+        (self.event_type.len()
+            + self.idempotency_key.as_deref().map_or(0, str::len)
+            + self.body.len()) as u64
+    }
+}
+
 /// One subscription cursor row.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CursorRow {
@@ -1301,12 +1311,14 @@ fn apply(conn: Db<'_>, op: &WriteOp) -> Result<i64> {
                 })?;
             }
             conn.execute(
-                "UPDATE streams SET head_offset = ?2, state_json = ?3, state_offset = ?4 WHERE id = ?1",
+                "UPDATE streams SET head_offset = ?2, state_json = ?3, state_offset = ?4,
+                     bytes = bytes + ?5 WHERE id = ?1",
                 args![
                     row_id,
                     c.head_offset as i64,
                     &c.state_json,
-                    c.state_offset as i64
+                    c.state_offset as i64,
+                    c.events.iter().map(StoredEvent::stored_bytes).sum::<u64>() as i64
                 ],
             )?;
             upsert_cursors(conn, row_id, &c.cursors)?;

@@ -75,6 +75,8 @@ pub struct CoreConfig {
     pub idle_stream_ms: u64,
     /// The ephemeral events all streams hold in memory.
     pub ephemeral: Arc<crate::quota::EphemeralMemory>,
+    /// The bytes each project's stored events take, against its bound.
+    pub stored: Arc<crate::quota::StoredBytes>,
     /// What the configuration bounds in deliveries' evaluations.
     pub bounds: crate::delivery::Bounds,
 }
@@ -657,6 +659,15 @@ impl ActorCore {
                         return;
                     }
                 }
+                // A project's stored bytes are bounded: what callers, copies
+                // and effects add, not the platform's own facts.
+                if self.config.stored.max().is_some() && counts_against_storage(authority) {
+                    let bytes = durable_bytes(&input);
+                    if let Err(e) = self.config.stored.admit(&self.ephemeral.project, bytes) {
+                        let _ = reply.send(Err(e));
+                        return;
+                    }
+                }
                 self.queue.push_back(Pending::Append {
                     input,
                     authority,
@@ -666,6 +677,18 @@ impl ActorCore {
             }
             Command::Reset { reply } => self.queue.push_back(Pending::Reset { reply }),
             Command::Deliver { batch, reply } => {
+                // A copy into a project at its storage bound is refused (the
+                // run retries it, then halts naming the bound).
+                if self.config.stored.max().is_some() {
+                    if let Err(e) = self
+                        .config
+                        .stored
+                        .admit(&self.ephemeral.project, copy_bytes(&batch))
+                    {
+                        let _ = reply.send(Err(e));
+                        return;
+                    }
+                }
                 self.queue.push_back(Pending::Deliver { batch, reply })
             }
             Command::Lags { reply } => {
@@ -1610,6 +1633,56 @@ impl ActorCore {
 
 /// About the bytes of `v` as JSON text, without writing it (an estimate for
 /// the ephemeral bound: strings by their length, numbers as 8).
+/// Whether an append counts against its project's `max-project-bytes`:
+/// a caller's or an effect's (copies arrive as deliveries, counted there);
+/// not the platform's own facts (halts, resumes, audit lines), which
+/// always land.
+fn counts_against_storage(authority: Authority) -> bool {
+    matches!(authority, Authority::Public | Authority::Effect)
+}
+
+/// About the bytes a copy batch's events take as stored (the source's
+/// events with their provenance).
+fn copy_bytes(batch: &crate::delivery::copy::CopyBatch) -> u64 {
+    let object = |m: &serde_json::Map<String, Value>| -> usize {
+        m.iter().map(|(k, v)| k.len() + 4 + json_bytes(v)).sum()
+    };
+    batch
+        .events
+        .iter()
+        .filter(|e| !e.ephemeral)
+        .map(|e| {
+            (2 * e.event_type.len()
+                + object(&e.payload)
+                + e.metadata.as_ref().map_or(0, object)
+                + 192) as u64
+        })
+        .sum()
+}
+
+/// About the bytes an append's durable events take as stored (type, key,
+/// payload and metadata as JSON, and the envelope); storage's own count
+/// replaces the estimate within seconds.
+fn durable_bytes(input: &AppendInput) -> u64 {
+    let object = |m: &Option<serde_json::Map<String, Value>>| {
+        m.as_ref().map_or(0, |m| {
+            m.iter().map(|(k, v)| k.len() + 4 + json_bytes(v)).sum()
+        })
+    };
+    input
+        .events
+        .iter()
+        .filter(|e| e.ephemeral != Some(true))
+        .map(|e| {
+            (2 * e.event_type.len()
+                + 2 * e.idempotency_key.as_deref().map_or(0, str::len)
+                + object(&e.payload)
+                + object(&e.metadata)
+                + 96) as u64
+        })
+        .sum()
+}
+
 fn json_bytes(v: &Value) -> usize {
     match v {
         Value::String(s) => s.len() + 2,

@@ -155,6 +155,8 @@ pub struct ActorContext {
     pub idle_stream_ms: u64,
     /// The ephemeral events all streams hold in memory.
     pub ephemeral: Arc<crate::quota::EphemeralMemory>,
+    /// The bytes each project's stored events take, against its bound.
+    pub stored: Arc<crate::quota::StoredBytes>,
     /// The reactor versions that rest after timing out again and again.
     pub reactor_rests: Arc<std::sync::Mutex<crate::reactor::rest::Rests>>,
 }
@@ -217,6 +219,7 @@ pub fn spawn(
         delivery: ctx.delivery.clone(),
         idle_stream_ms: ctx.idle_stream_ms,
         ephemeral: Arc::clone(&ctx.ephemeral),
+        stored: Arc::clone(&ctx.stored),
         bounds: ctx.executors.bounds,
     };
     let actor = Actor {

@@ -36,6 +36,8 @@ pub struct StreamSettings {
     pub max_live_connections_per_project: usize,
     /// `[limits] max-ephemeral-bytes`.
     pub max_ephemeral_bytes: usize,
+    /// `[limits] max-project-bytes`: what each project stores, counted.
+    pub stored: Arc<crate::quota::StoredBytes>,
     /// Guest calls at once, per project and in all (`[processors]`).
     pub calls: Arc<crate::processor::share::Shares>,
     /// What the configuration bounds in deliveries' evaluations.
@@ -151,6 +153,7 @@ impl Streams {
                 streams: StreamsRef(weak.clone()),
                 idle_stream_ms: settings.idle_stream_ms,
                 ephemeral: crate::quota::EphemeralMemory::new(settings.max_ephemeral_bytes),
+                stored: settings.stored,
                 reactor_rests: Default::default(),
             },
             live: crate::quota::LiveConnections::new(settings.max_live_connections_per_project),
@@ -542,6 +545,11 @@ impl Streams {
     /// What delivery jobs and effects execute with.
     pub fn executors(&self) -> &crate::executor::Executors {
         &self.inner.ctx.executors
+    }
+
+    /// The bytes each project's stored events take, against its bound.
+    pub fn stored(&self) -> &Arc<crate::quota::StoredBytes> {
+        &self.inner.ctx.stored
     }
 
     /// The wasm runtime.

@@ -404,6 +404,7 @@ impl World {
             },
             idle_stream_ms: 60_000,
             ephemeral: crate::quota::EphemeralMemory::new(1 << 20),
+            stored: crate::quota::StoredBytes::new(None),
             bounds: Default::default(),
         };
         let nodes = PATHS

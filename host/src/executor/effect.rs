@@ -627,7 +627,10 @@ async fn append(
         .map_err(|e| {
             let retryable = matches!(
                 e.kind,
-                ErrorKind::Unavailable | ErrorKind::Internal | ErrorKind::Timeout
+                ErrorKind::Unavailable
+                    | ErrorKind::Internal
+                    | ErrorKind::Timeout
+                    | ErrorKind::InsufficientStorage
             );
             Failure::new(format!("append to {address}: {}", e.message), retryable)
         })

@@ -36,6 +36,13 @@ impl Host {
         stream: &StreamAddress,
         events: Vec<EventInput>,
     ) -> Result<usize, Error> {
+        // A project at its storage bound accepts nothing it could not store.
+        let project = stream.namespace.storage_key();
+        let bytes: u64 = events
+            .iter()
+            .map(|e| serde_json::to_string(e).map_or(0, |b| b.len() as u64))
+            .sum();
+        self.streams.stored().check(project, bytes)?;
         let now = format_timestamp(self.streams.now_ms());
         crate::ingest::accept::accept(self.streams.storage(), &self.ingest, stream, events, now)
             .await

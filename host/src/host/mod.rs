@@ -189,6 +189,15 @@ impl Host {
             config.processors.compiled_code_bytes,
         )
         .context("starting the wasm runtime")?;
+        // Each project's stored bytes, when they are bounded.
+        let stored = crate::quota::StoredBytes::new(config.limits.max_project_bytes);
+        if stored.max().is_some() {
+            stored.refresh(
+                storage
+                    .project_bytes()
+                    .context("counting each project's stored bytes")?,
+            );
+        }
         let settings = crate::actor::StreamSettings {
             delivery: config.delivery.clone(),
             webhooks: crate::executor::webhook::Client::new(config.deny_private_networks())
@@ -196,6 +205,7 @@ impl Host {
             idle_stream_ms: config.limits.idle_stream_ms,
             max_live_connections_per_project: config.limits.max_live_connections_per_project,
             max_ephemeral_bytes: config.limits.max_ephemeral_bytes,
+            stored: stored.clone(),
             calls: crate::processor::share::Shares::new(
                 config.processors.max_concurrent_calls,
                 config.processors.max_concurrent_calls_per_project,
@@ -205,6 +215,9 @@ impl Host {
                 .context("starting the trace export")?,
         };
         let streams = Streams::new(storage, clock.clone(), metrics.clone(), settings, runtime);
+        if stored.max().is_some() {
+            refresh_stored_bytes(streams.downgrade(), stored);
+        }
         crate::executor::effect::start(
             streams.executors().streams.clone(),
             streams.executors().effects.clone(),
@@ -535,6 +548,33 @@ impl Host {
             .pop()
             .ok_or_else(|| Error::internal("the subscription was not appended"))
     }
+}
+
+/// How often each project's stored bytes are read from storage again.
+const STORED_BYTES_REFRESH: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Reads each project's stored bytes from storage every
+/// [`STORED_BYTES_REFRESH`] (what other hosts and the platform's own
+/// appends wrote; what this host admitted meanwhile was counted as it was
+/// admitted), until the registry is gone.
+fn refresh_stored_bytes(streams: crate::actor::StreamsRef, stored: Arc<crate::quota::StoredBytes>) {
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(STORED_BYTES_REFRESH).await;
+            let Some(streams) = streams.upgrade() else {
+                return;
+            };
+            let storage = streams.storage().clone();
+            drop(streams);
+            match tokio::task::spawn_blocking(move || storage.project_bytes()).await {
+                Ok(Ok(usage)) => stored.refresh(usage),
+                Ok(Err(e)) => {
+                    tracing::warn!(error = %format!("{e:#}"), "counting each project's stored bytes failed")
+                }
+                Err(_) => {}
+            }
+        }
+    });
 }
 
 /// Several hosts: tells the stream actors when this host's leases lapse

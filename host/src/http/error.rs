@@ -84,6 +84,7 @@ pub fn status_of(kind: ErrorKind) -> u16 {
         ErrorKind::Internal => 500,
         ErrorKind::Unavailable => 503,
         ErrorKind::TooMany => 429,
+        ErrorKind::InsufficientStorage => 507,
     }
 }
 

@@ -38,11 +38,16 @@ const APPEND_BYTES_MAX: i64 = 4 * 1024 * 1024;
 /// Longest the worker sleeps without looking (acceptances wake it at once).
 const IDLE_LOOK: Duration = Duration::from_secs(5);
 
-/// Whether an append error may pass (try again later) or never will.
+/// Whether an append error may pass (try again later) or never will. A
+/// project at its storage bound waits for room (a deleted stream, a
+/// higher bound): what was accepted is kept, not parked.
 pub fn is_retryable(e: &Error) -> bool {
     matches!(
         e.kind,
-        ErrorKind::Unavailable | ErrorKind::Internal | ErrorKind::Timeout
+        ErrorKind::Unavailable
+            | ErrorKind::Internal
+            | ErrorKind::Timeout
+            | ErrorKind::InsufficientStorage
     )
 }
 
