@@ -48,6 +48,7 @@ struct Inner {
     reactor_calls: Family<Vec<(String, String)>, Counter>,
     effects: Family<Vec<(String, String)>, Gauge>,
     ingest_pending_events: Family<Vec<(String, String)>, Gauge>,
+    project_stored_bytes: Family<Vec<(String, String)>, Gauge>,
     ingest_pending_bytes: Family<Vec<(String, String)>, Gauge>,
     ingest_blocked_streams: Gauge,
     ingest_parked_events: Family<Vec<(String, String)>, Gauge>,
@@ -200,6 +201,12 @@ impl Metrics {
             "How late a delayed effect's first attempt began after its not-before",
             effect_due_lag_seconds.clone(),
         );
+        let project_stored_bytes = Family::<Vec<(String, String)>, Gauge>::default();
+        registry.register(
+            "project_stored_bytes",
+            "The bytes each project's stored events take, as counted against [limits] max-project-bytes (only when it is set), by project",
+            project_stored_bytes.clone(),
+        );
         let ingest_pending_events = Family::<Vec<(String, String)>, Gauge>::default();
         registry.register(
             "ingest_pending_events",
@@ -262,6 +269,7 @@ impl Metrics {
                 effects,
                 ingest_pending_events,
                 ingest_pending_bytes,
+                project_stored_bytes,
                 ingest_blocked_streams,
                 ingest_parked_events,
                 compiled_components,
@@ -415,6 +423,17 @@ impl Metrics {
     }
 
     /// Sets the pending ingest per project (projects absent are dropped).
+    /// Sets each project's stored bytes (`[limits] max-project-bytes`).
+    pub fn set_project_stored(&self, by_project: &[(String, u64)]) {
+        self.inner.project_stored_bytes.clear();
+        for (project, bytes) in by_project {
+            self.inner
+                .project_stored_bytes
+                .get_or_create(&label("project", project))
+                .set(*bytes as i64);
+        }
+    }
+
     pub fn set_ingest_pending(&self, by_project: &[(String, u64, u64)]) {
         self.inner.ingest_pending_events.clear();
         self.inner.ingest_pending_bytes.clear();

@@ -197,10 +197,12 @@ impl StoredBytes {
         *by_project = usage.into_iter().collect();
     }
 
-    /// The bytes `project` stores, as last counted.
-    pub fn of(&self, project: &str) -> u64 {
+    /// The bytes each project stores, as last counted, by project.
+    pub fn all(&self) -> Vec<(String, u64)> {
         let by_project = self.by_project.lock().unwrap_or_else(|e| e.into_inner());
-        by_project.get(project).copied().unwrap_or(0)
+        let mut all: Vec<(String, u64)> = by_project.iter().map(|(p, b)| (p.clone(), *b)).collect();
+        all.sort();
+        all
     }
 
     /// Admits `bytes` more of `project`'s events and counts them, or `507
@@ -287,7 +289,7 @@ mod tests {
         s.admit("b", 1000).unwrap();
         // Storage says less now (a stream deleted): room again.
         s.refresh(vec![("a".into(), 10)]);
-        assert_eq!((s.of("a"), s.of("b")), (10, 0));
+        assert_eq!(s.all(), [("a".to_string(), 10)]);
         s.admit("a", 990).unwrap();
     }
 

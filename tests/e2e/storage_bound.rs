@@ -90,6 +90,14 @@ async fn a_project_at_its_storage_bound_is_refused_and_the_others_write_on() {
     // Another project is not affected.
     let (status, out) = s.post(&format!("{B}/fill:append"), sized(5_000)).await;
     assert_eq!(status, 200, "{out}");
+    // /metrics shows what each project stores.
+    let acme = s
+        .metric("streamhost_project_stored_bytes{project=\"acme\"}")
+        .await;
+    assert!(
+        (30_000..=40_000).contains(&acme),
+        "acme stores {acme} bytes"
+    );
 
     // Ingest into the full project is refused before anything is accepted.
     let (status, out) = s

@@ -327,6 +327,10 @@ async fn metrics(State(host): State<Host>, headers: HeaderMap) -> Response {
     host.metrics.set_lags(host.streams.lags().await);
     host.metrics
         .set_ingest_blocked(host.ingest.blocked_streams());
+    if host.streams.stored().max().is_some() {
+        host.metrics
+            .set_project_stored(&host.streams.stored().all());
+    }
     // What only storage knows, read now (off the async workers).
     let storage = host.streams.storage().clone();
     let now_ms = host.streams.now_ms();
