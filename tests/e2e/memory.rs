@@ -7,7 +7,7 @@ use std::time::Duration;
 use futures_util::stream::{self, StreamExt};
 use serde_json::json;
 
-use crate::support::{wait_for, Server};
+use crate::support::{poll_until, Server};
 
 const MB: u64 = 1024 * 1024;
 const CONCURRENCY: usize = 16;
@@ -38,12 +38,25 @@ async fn append_each(s: &Server, prefix: &str, n: usize) {
 }
 
 async fn all_released(s: &Server) {
-    wait_for(
-        "idle actors to be released",
-        Duration::from_secs(60),
-        async || s.metric("streamhost_stream_actors ").await == 0,
-    )
+    let mut left = Vec::new();
+    let released = poll_until(Duration::from_secs(60), async || {
+        left.push(s.metric("streamhost_stream_actors ").await);
+        left.last() == Some(&0)
+    })
     .await;
+    let tail = &left[left.len().saturating_sub(10)..];
+    let log = s.log();
+    let notable: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("panicked") || l.contains("ERROR") || l.contains("WARN"))
+        .collect();
+    assert!(
+        released,
+        "idle actors not released within 60 s: {} polls, the last counts {tail:?}; the server's \
+         warnings and errors:\n{}",
+        left.len(),
+        notable[notable.len().saturating_sub(20)..].join("\n")
+    );
 }
 
 #[tokio::test]

@@ -606,7 +606,15 @@ impl ActorCore {
     /// work, no live connection, no delivery in flight, due, scheduled or
     /// with a cursor to write, and a loaded (or missing) stream.
     fn may_release(&self) -> bool {
-        if (self.reload.needed() && !self.tenure.elsewhere())
+        // A load still owed keeps the actor: one after a failure (its
+        // timer resumes stalled deliveries) or of a stream it holds. An
+        // actor that never loaded and has nothing to do does not wait for
+        // a use (a message that raced into a released actor's mailbox
+        // starts one such).
+        let owes_load = self.reload.needed()
+            && !self.tenure.elsewhere()
+            && (self.stream.is_some() || self.reload.timer_ms().is_some());
+        if owes_load
             || !self.queue.is_empty()
             || !self.held.is_empty()
             || !self.connections.is_empty()

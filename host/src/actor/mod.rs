@@ -554,7 +554,15 @@ impl Actor {
         rx.close();
         let mut late = Vec::new();
         while let Ok(cmd) = rx.try_recv() {
-            late.push(cmd);
+            match cmd {
+                // Questions for this actor, not the stream: a successor
+                // would only be started to answer them.
+                Command::IdleCheck | Command::LeaseChanged => {}
+                Command::Lags { reply } => {
+                    let _ = reply.send(Vec::new());
+                }
+                cmd => late.push(cmd),
+            }
         }
         if !late.is_empty() {
             let address = self.address.clone();

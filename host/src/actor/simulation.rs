@@ -1237,3 +1237,21 @@ fn a_reload_that_finds_the_stream_owned_elsewhere_asks_for_nothing_more_and_lets
     assert_eq!(err.owner_url.as_deref(), Some("http://other.invalid"));
     assert!(w.nodes[0].io.is_none());
 }
+
+#[test]
+fn an_actor_started_only_by_questions_for_its_predecessor_leaves_once_idle() {
+    // A scrape's `Lags` or a sweep's `IdleCheck` that raced into an actor
+    // as it released itself start no successor; and an actor that never
+    // loaded, holding nothing, leaves once idle like any other instead of
+    // waiting for a use that may never come.
+    let mut w = World::new(12);
+    let (reply, mut lags) = oneshot::channel();
+    w.command(0, Command::Lags { reply });
+    w.command(0, Command::IdleCheck);
+    assert!(w.nodes[0].io.is_none(), "nothing loaded for questions");
+    assert_eq!(lags.try_recv().expect("answered"), Vec::new());
+    assert!(!w.nodes[0].core.releasable(), "not before the idle period");
+    w.advance(60_001);
+    w.command(0, Command::IdleCheck);
+    assert!(w.nodes[0].core.releasable(), "idle and holding nothing");
+}
