@@ -242,9 +242,40 @@ async fn one_event_is_followed_through_a_copy_a_wake_an_effect_and_a_webhook_in_
         assert_eq!(attempt.parent_id, copied.span_id, "{attempt:?}");
         assert!(!attempt.failed, "{attempt:?}");
     }
+    // The POST is a client span of its own, under its effect's attempt;
+    // the request's traceparent names it.
+    wait_for(
+        "the webhook POST's span",
+        Duration::from_secs(20),
+        async || !collector.named(TRACE_ID, "webhook POST").is_empty(),
+    )
+    .await;
+    let post = collector
+        .named(TRACE_ID, "webhook POST")
+        .into_iter()
+        .find(|p| p.span_id == posted_parent)
+        .unwrap_or_else(|| {
+            panic!(
+                "the webhook's parent {posted_parent} is no webhook POST span: {:?}",
+                collector.of_trace(TRACE_ID)
+            )
+        });
     assert!(
-        attempts.iter().any(|a| a.span_id == posted_parent),
-        "the webhook's parent {posted_parent} is an effect attempt: {attempts:?}"
+        attempts.iter().any(|a| a.span_id == post.parent_id),
+        "the POST's parent {} is an effect attempt: {attempts:?}",
+        post.parent_id
+    );
+    assert_eq!(
+        post.attributes
+            .get("http.response.status_code")
+            .map(String::as_str),
+        Some("IntValue(200)"),
+        "{post:?}"
+    );
+    assert_eq!(
+        post.attributes.get("url.full").map(String::as_str),
+        Some(format!("StringValue({url:?})").as_str()),
+        "{post:?}"
     );
     assert!(
         s.metric("streamhost_trace_spans_total{outcome=\"exported\"}")
@@ -563,14 +594,23 @@ async fn a_reactor_call_is_a_span_and_its_webhook_carries_the_trace() {
     let reactor = collector.named(TRACE_ID, "reactor")[0].clone();
     let append = collector.named(TRACE_ID, "append")[0].clone();
     assert_eq!(reactor.parent_id, append.span_id, "{reactor:?}");
-    // The effect carries the reactor's span on; its webhook names its attempt.
+    // The effect carries the reactor's span on; its webhook POST is a span
+    // under its attempt, named by the request's traceparent.
     let attempt = collector.named(TRACE_ID, "effect attempt")[0].clone();
     assert_eq!(attempt.parent_id, reactor.span_id, "{attempt:?}");
+    wait_for(
+        "the webhook POST's span",
+        Duration::from_secs(20),
+        async || !collector.named(TRACE_ID, "webhook POST").is_empty(),
+    )
+    .await;
+    let post = collector.named(TRACE_ID, "webhook POST")[0].clone();
+    assert_eq!(post.parent_id, attempt.span_id, "{post:?}");
     let posted = receiver.posts_to("/ok/welcome/ada");
     let header = posted[0].traceparent.clone().expect("a traceparent");
     assert_eq!(
         ids(&json!(header)),
-        (TRACE_ID.to_string(), attempt.span_id.clone())
+        (TRACE_ID.to_string(), post.span_id.clone())
     );
 }
 

@@ -547,18 +547,16 @@ async fn execute(
         }
         Target::Webhook { url, body } => exec
             .webhooks
-            .post_keyed(
+            .post_traced(
+                &exec.telemetry,
+                trace.as_ref(),
                 &url,
                 &body,
                 timeout_ms,
-                &[
-                    effect::webhook_headers(row.id, &row.component, &row.key, &row.target),
-                    effect::trace_headers(trace.as_ref()),
-                ]
-                .concat(),
+                effect::webhook_headers(row.id, &row.component, &row.key, &row.target),
             )
             .await
-            .map(|()| None)
+            .map(|_| None)
             .map_err(|(mut f, status)| {
                 // A refused address stays refused, whatever the status.
                 f.retryable = f.retryable && effect::webhook_retryable(status);

@@ -41,15 +41,60 @@ impl Client {
         })
     }
 
-    /// POSTs one body, with an `idempotency-key` header when given. A
-    /// failure comes with the status the receiver answered, if it answered.
+    /// POSTs one body as [`Client::post_keyed`] does, as a client span
+    /// (`webhook POST`) of `parent`'s trace when it is exported: the
+    /// request's `traceparent` names that span, so the receiver's own
+    /// spans hang under it. Without a span, the request carries `parent`.
+    pub async fn post_traced(
+        &self,
+        telemetry: &crate::telemetry::Telemetry,
+        parent: Option<&crate::trace::Trace>,
+        url: &str,
+        body: &Value,
+        timeout_ms: u64,
+        mut headers: Vec<(&'static str, String)>,
+    ) -> Result<u16, (Failure, Option<u16>)> {
+        let span = parent.and_then(|p| telemetry.begin(Some(p)));
+        let context = span.as_ref().map(|s| &s.handed_on).or(parent);
+        headers.extend(crate::effect::trace_headers(context));
+        let sent = self.post_keyed(url, body, timeout_ms, &headers).await;
+        if let Some(span) = span {
+            // The URL without its query (which may hold a secret).
+            let shown = url.split(['?', '#']).next().unwrap_or(url).to_string();
+            let mut record = crate::telemetry::Record::default()
+                .with("http.request.method", "POST")
+                .with("url.full", shown);
+            match &sent {
+                Ok(status) => {
+                    record = record.with("http.response.status_code", i64::from(*status));
+                }
+                Err((failure, status)) => {
+                    if let Some(status) = status {
+                        record = record.with("http.response.status_code", i64::from(*status));
+                    }
+                    record.error = Some(failure.message.clone());
+                }
+            }
+            telemetry.end(
+                span,
+                "webhook POST",
+                opentelemetry::trace::SpanKind::Client,
+                record,
+            );
+        }
+        sent
+    }
+
+    /// POSTs one body, with an `idempotency-key` header when given; answers
+    /// the receiver's status. A failure comes with the status the receiver
+    /// answered, if it answered.
     pub async fn post_keyed(
         &self,
         url: &str,
         body: &Value,
         timeout_ms: u64,
         headers: &[(&'static str, String)],
-    ) -> Result<(), (Failure, Option<u16>)> {
+    ) -> Result<u16, (Failure, Option<u16>)> {
         if self.deny_private_networks {
             check_target(url).await.map_err(|f| (f, None))?;
         }
@@ -74,7 +119,7 @@ impl Client {
         })?;
         let status = response.status();
         if status.is_success() {
-            return Ok(());
+            return Ok(status.as_u16());
         }
         let code = Some(status.as_u16());
         if status.is_redirection() {
@@ -172,7 +217,8 @@ pub async fn send(
         .next()
         .expect("a non-empty selection");
     let offset = event.offset;
-    let headers = crate::effect::trace_headers(event.trace.as_ref());
+    // (The delivery attempt's span handed its context to the event.)
+    let parent = event.trace.clone();
     let attempt = match job.failing {
         Some((o, n)) if o == offset => n + 1,
         _ => 1,
@@ -204,8 +250,16 @@ pub async fn send(
     })
     .await?;
     exec.webhooks
-        .post_keyed(url, &body, job.timeout_ms, &headers)
+        .post_traced(
+            &exec.telemetry,
+            parent.as_ref(),
+            url,
+            &body,
+            job.timeout_ms,
+            Vec::new(),
+        )
         .await
+        .map(|_| ())
         .map_err(|(failure, _)| failure)
 }
 
