@@ -24,12 +24,15 @@ use streamhost::Host;
 struct Options {
     seconds: f64,
     runs: usize,
+    /// Only the scenarios whose printed name contains this.
+    only: Option<String>,
 }
 
 fn options() -> Options {
     Options {
         seconds: common::arg("--seconds", 2.0),
         runs: common::arg("--runs", 3.0) as usize,
+        only: common::arg_text("--only"),
     }
 }
 
@@ -276,7 +279,15 @@ fn main() {
         "{:<40} {:>8} {:>12} {:>10} {:>14} {:>10}",
         "scenario", "durab.", "events/s", "÷ fsync/s", "events/commit", "commit µs"
     );
-    for s in FLOOR {
+    // `--only TEXT`: the scenarios whose name (with its durability, as
+    // printed: "single event, 1 client normal") contains TEXT, to profile
+    // one path alone.
+    let chosen = |name: &str, durability: &str| {
+        opts.only
+            .as_deref()
+            .is_none_or(|only| format!("{name} {durability}").contains(only))
+    };
+    for s in FLOOR.iter().filter(|s| chosen(s.name, "-")) {
         eprintln!("running {} ...", s.name);
         let runs: Vec<Run> = (0..opts.runs)
             .map(|_| rt.block_on(run_once(*s, Durability::Full, opts.seconds)))
@@ -287,9 +298,17 @@ fn main() {
             s.name, "-", rate, "(req/s)", "-"
         );
     }
-    let mut full = Vec::new();
+    let mut full = vec![None; SCENARIOS.len()];
     for durability in [Durability::Full, Durability::Normal] {
+        let label = if durability == Durability::Full {
+            "full"
+        } else {
+            "normal"
+        };
         for (i, s) in SCENARIOS.iter().enumerate() {
+            if !chosen(s.name, label) {
+                continue;
+            }
             eprintln!("running {} ({durability:?}) ...", s.name);
             let runs: Vec<Run> = (0..opts.runs)
                 .map(|_| rt.block_on(run_once(*s, durability, opts.seconds)))
@@ -297,16 +316,13 @@ fn main() {
             let rate = median(runs.iter().map(|r| r.rate).collect());
             let per_commit = median(runs.iter().map(|r| r.events_per_commit).collect());
             let commit_us = median(runs.iter().map(|r| r.commit_us).collect());
-            let label = if durability == Durability::Full {
-                "full"
-            } else {
-                "normal"
-            };
-            let vs_full = if durability == Durability::Normal {
-                format!("  (normal/full {:.2})", rate / full[i])
-            } else {
-                full.push(rate);
-                String::new()
+            let vs_full = match (durability, full[i]) {
+                (Durability::Normal, Some(f)) => format!("  (normal/full {:.2})", rate / f),
+                (Durability::Normal, None) => String::new(),
+                _ => {
+                    full[i] = Some(rate);
+                    String::new()
+                }
             };
             println!(
                 "{:<40} {:>8} {:>12.0} {:>9.1}× {:>14.1} {:>10.0}{vs_full}",
