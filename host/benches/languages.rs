@@ -236,6 +236,7 @@ fn throughput(runtime: &Runtime, name: &str, bytes: &[u8]) -> (f64, usize, usize
                 Determinism::default(),
                 20_000,
                 streamhost::processor::keyed::Bucket::empty().session(),
+                None,
             )
             .0
             .unwrap();

@@ -266,6 +266,7 @@ fn main() {
                 Determinism::default(),
                 20_000,
                 streamhost::processor::keyed::Bucket::empty().session(),
+                None,
             )
             .0
             .unwrap();
@@ -298,6 +299,7 @@ fn main() {
                 Determinism::default(),
                 20_000,
                 streamhost::processor::keyed::Bucket::empty().session(),
+                None,
             )
             .0
             .unwrap()
@@ -337,6 +339,7 @@ fn main() {
                 Determinism::default(),
                 20_000,
                 streamhost::processor::keyed::Bucket::empty().session(),
+                None,
             )
             .0
             .unwrap();

@@ -199,6 +199,7 @@ fn reads_its_environment(guest_name: &str) -> bool {
             env,
             20_000,
             streamhost::processor::keyed::Bucket::empty().session(),
+            None,
         )
         .0
         .expect("fold");

@@ -1871,24 +1871,10 @@ impl Runtime {
 
     /// Folds one batch with the processor's bucket open in `keyed`;
     /// answers the session as the call left it (the caller keeps or drops
-    /// its writes).
+    /// its writes). The lines the guest writes are added to `output`, if
+    /// given (a wake's span).
     #[allow(clippy::too_many_arguments)]
     pub fn fold(
-        &self,
-        name: &str,
-        p: &Prepared,
-        state: &str,
-        batch: &Batch,
-        d: Determinism,
-        timeout_ms: u64,
-        keyed: Session,
-    ) -> (Result<Folded, GuestError>, Session) {
-        self.fold_into(name, p, state, batch, d, timeout_ms, keyed, None)
-    }
-
-    /// [`Runtime::fold`], adding the lines the guest wrote to `output`.
-    #[allow(clippy::too_many_arguments)]
-    pub fn fold_into(
         &self,
         name: &str,
         p: &Prepared,

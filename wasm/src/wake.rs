@@ -438,7 +438,7 @@ fn fold_call(
     };
     let (clock_ms, seed) = (env.wall_clock_ms, env.seed_hex());
     let witness = env.witness.clone();
-    let (folded, session) = guest.runtime.fold_into(
+    let (folded, session) = guest.runtime.fold(
         component,
         guest.prepared,
         state,

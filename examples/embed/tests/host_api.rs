@@ -276,14 +276,11 @@ async fn a_processor_folds_its_keys_verify_and_backfill_without_http() {
 
     // The runtime view: the wake subscription's delivery, caught up (its
     // cursor moves just after the checkpoint commits).
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    let runtime = loop {
+    let runtime = eventually("the wake's cursor to reach the head", async || {
         let runtime = host.runtime(&bank).await.unwrap();
-        if runtime.subscriptions["ledger"].lag == 0 || std::time::Instant::now() > deadline {
-            break runtime;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    };
+        (runtime.subscriptions["ledger"].lag == 0).then_some(runtime)
+    })
+    .await;
     let wake = &runtime.subscriptions["ledger"];
     assert_eq!(wake.processor.as_deref(), Some("ledger"));
     assert_eq!((wake.lag, wake.halted, wake.attempt), (0, false, 0));

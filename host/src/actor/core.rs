@@ -650,12 +650,7 @@ impl ActorCore {
                     .events
                     .iter()
                     .filter(|e| e.ephemeral == Some(true))
-                    .map(|e| {
-                        let payload = e.payload.as_ref().map_or(0, |p| {
-                            p.iter().map(|(k, v)| k.len() + 4 + json_bytes(v)).sum()
-                        });
-                        payload + e.event_type.len() + 64
-                    })
+                    .map(|e| object_bytes(e.payload.as_ref()) + e.event_type.len() + 64)
                     .sum();
                 if ephemeral > 0 {
                     if let Err(e) = self
@@ -669,9 +664,8 @@ impl ActorCore {
                 }
                 // A project's stored bytes are bounded: what callers, copies
                 // and effects add, not the platform's own facts.
-                if self.config.stored.max().is_some() && counts_against_storage(authority) {
-                    let bytes = durable_bytes(&input);
-                    if let Err(e) = self.config.stored.admit(&self.ephemeral.project, bytes) {
+                if counts_against_storage(authority) {
+                    if let Err(e) = self.admit_stored(|| durable_bytes(&input)) {
                         let _ = reply.send(Err(e));
                         return;
                     }
@@ -687,15 +681,9 @@ impl ActorCore {
             Command::Deliver { batch, reply } => {
                 // A copy into a project at its storage bound is refused (the
                 // run retries it, then halts naming the bound).
-                if self.config.stored.max().is_some() {
-                    if let Err(e) = self
-                        .config
-                        .stored
-                        .admit(&self.ephemeral.project, copy_bytes(&batch))
-                    {
-                        let _ = reply.send(Err(e));
-                        return;
-                    }
+                if let Err(e) = self.admit_stored(|| copy_bytes(&batch)) {
+                    let _ = reply.send(Err(e));
+                    return;
                 }
                 self.queue.push_back(Pending::Deliver { batch, reply })
             }
@@ -1633,14 +1621,21 @@ impl ActorCore {
         });
     }
 
+    /// Admits (and counts) the bytes of a write against the project's
+    /// `max-project-bytes`; `bytes` is estimated only when a bound is set.
+    fn admit_stored(&self, bytes: impl FnOnce() -> u64) -> Result<(), Error> {
+        if self.config.stored.max().is_none() {
+            return Ok(());
+        }
+        self.config.stored.admit(&self.ephemeral.project, bytes())
+    }
+
     /// Adds an output of this step.
     pub(super) fn push_output(&mut self, output: Output) {
         self.out.push(output);
     }
 }
 
-/// About the bytes of `v` as JSON text, without writing it (an estimate for
-/// the ephemeral bound: strings by their length, numbers as 8).
 /// Whether an append counts against its project's `max-project-bytes`:
 /// a caller's or an effect's (copies arrive as deliveries, counted there);
 /// not the platform's own facts (halts, resumes, audit lines), which
@@ -1652,17 +1647,14 @@ fn counts_against_storage(authority: Authority) -> bool {
 /// About the bytes a copy batch's events take as stored (the source's
 /// events with their provenance).
 fn copy_bytes(batch: &crate::delivery::copy::CopyBatch) -> u64 {
-    let object = |m: &serde_json::Map<String, Value>| -> usize {
-        m.iter().map(|(k, v)| k.len() + 4 + json_bytes(v)).sum()
-    };
     batch
         .events
         .iter()
         .filter(|e| !e.ephemeral)
         .map(|e| {
             (2 * e.event_type.len()
-                + object(&e.payload)
-                + e.metadata.as_ref().map_or(0, object)
+                + object_bytes(Some(&e.payload))
+                + object_bytes(e.metadata.as_ref())
                 + 192) as u64
         })
         .sum()
@@ -1672,11 +1664,6 @@ fn copy_bytes(batch: &crate::delivery::copy::CopyBatch) -> u64 {
 /// payload and metadata as JSON, and the envelope); storage's own count
 /// replaces the estimate within seconds.
 fn durable_bytes(input: &AppendInput) -> u64 {
-    let object = |m: &Option<serde_json::Map<String, Value>>| {
-        m.as_ref().map_or(0, |m| {
-            m.iter().map(|(k, v)| k.len() + 4 + json_bytes(v)).sum()
-        })
-    };
     input
         .events
         .iter()
@@ -1684,23 +1671,27 @@ fn durable_bytes(input: &AppendInput) -> u64 {
         .map(|e| {
             (2 * e.event_type.len()
                 + 2 * e.idempotency_key.as_deref().map_or(0, str::len)
-                + object(&e.payload)
-                + object(&e.metadata)
+                + object_bytes(e.payload.as_ref())
+                + object_bytes(e.metadata.as_ref())
                 + 96) as u64
         })
         .sum()
 }
 
+/// About the bytes of an object's members as JSON text (see [`json_bytes`]).
+fn object_bytes(map: Option<&serde_json::Map<String, Value>>) -> usize {
+    map.map_or(0, |m| {
+        m.iter().map(|(k, v)| k.len() + 4 + json_bytes(v)).sum()
+    })
+}
+
+/// About the bytes of `v` as JSON text, without writing it (an estimate for
+/// the ephemeral bound: strings by their length, numbers as 8).
 fn json_bytes(v: &Value) -> usize {
     match v {
         Value::String(s) => s.len() + 2,
         Value::Array(items) => 2 + items.iter().map(|i| json_bytes(i) + 1).sum::<usize>(),
-        Value::Object(map) => {
-            2 + map
-                .iter()
-                .map(|(k, v)| k.len() + 4 + json_bytes(v))
-                .sum::<usize>()
-        }
+        Value::Object(map) => 2 + object_bytes(Some(map)),
         _ => 8,
     }
 }

@@ -409,6 +409,7 @@ pub(super) fn fold_offline(a: FoldArgs) -> Result<()> {
                 env,
                 a.timeout_ms,
                 bucket.session(),
+                None,
             );
             match folded {
                 Ok(f) => Ok((f.state, session.keep())),

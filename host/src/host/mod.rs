@@ -559,8 +559,12 @@ const STORED_BYTES_REFRESH: std::time::Duration = std::time::Duration::from_secs
 /// admitted), until the registry is gone.
 fn refresh_stored_bytes(streams: crate::actor::StreamsRef, stored: Arc<crate::quota::StoredBytes>) {
     tokio::spawn(async move {
+        let mut tick = tokio::time::interval(STORED_BYTES_REFRESH);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // (The first tick is at once: the host counted when it opened.)
+        tick.tick().await;
         loop {
-            tokio::time::sleep(STORED_BYTES_REFRESH).await;
+            tick.tick().await;
             let Some(streams) = streams.upgrade() else {
                 return;
             };
