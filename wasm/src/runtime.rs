@@ -918,6 +918,20 @@ fn lower_this_threads_priority() {
     }
 }
 
+/// `SCHED_IDLE` for the calling thread (Linux): it runs on CPU time no
+/// other thread wants, and any other thread that wakes preempts it at once
+/// (a nice value only weighs its share: a woken request could still wait
+/// for a busy guest's time slice).
+fn idle_this_thread() {
+    #[cfg(target_os = "linux")]
+    // SAFETY: a plain system call on the calling thread (pid 0), with a
+    // parameter that lives across it.
+    unsafe {
+        let param = libc::sched_param { sched_priority: 0 };
+        libc::sched_setscheduler(0, libc::SCHED_IDLE, &param);
+    }
+}
+
 /// Compiled functions on disk, keyed by what Cranelift compiled (its
 /// incremental cache): a file per function under two levels of
 /// directories, written whole, then renamed. A read or write that fails
@@ -988,7 +1002,71 @@ pub struct Runtime {
     largest_guest_memory: std::sync::atomic::AtomicUsize,
     /// Instances made ahead of their calls.
     ahead: Arc<super::ahead::Ahead<Made>>,
+    /// Where guest code a request asks for runs ([`GuestThreads`]).
+    guest_threads: GuestThreads,
 }
+
+/// The threads that run guest code a request asks for (ITX calls, a
+/// processor's state at an offset, verifies, backfills): a blocking pool of
+/// its own whose threads run under `SCHED_IDLE` ([`idle_this_thread`]). A
+/// guest that spins until its timeout takes only the CPU that requests,
+/// appends, commits and the pipeline leave idle: one project's calls at its
+/// share of places cost another project's appends nothing measurable even
+/// on two cores (at a nice value of 10 the woken requests still waited for
+/// busy guests' time slices: p99 4x). On a server whose other threads keep
+/// every core busy these calls wait, and may reach their timeout. The
+/// pipeline's guest work stays on the common pool at the normal priority:
+/// a wake commits its checkpoint on its own thread (at a low priority it
+/// would hold the writer behind busy guests), and wakes, ITX deliveries,
+/// refolds and shadow steps are bounded by their retries and places, not
+/// starved by load.
+struct GuestThreads {
+    /// A tokio runtime used only for its blocking pool; `None` when it
+    /// could not be built (calls then run on the caller's blocking pool).
+    pool: Option<tokio::runtime::Runtime>,
+}
+
+impl GuestThreads {
+    fn new() -> GuestThreads {
+        let built = tokio::runtime::Builder::new_current_thread()
+            .thread_name("streamhost-guest")
+            .max_blocking_threads(GUEST_THREADS_MAX)
+            .on_thread_start(idle_this_thread)
+            .build();
+        match built {
+            Ok(pool) => GuestThreads { pool: Some(pool) },
+            Err(e) => {
+                tracing::warn!(error = %e, "guest calls run on the common blocking pool");
+                GuestThreads { pool: None }
+            }
+        }
+    }
+
+    fn spawn<T: Send + 'static>(
+        &self,
+        f: impl FnOnce() -> T + Send + 'static,
+    ) -> tokio::task::JoinHandle<T> {
+        match &self.pool {
+            Some(pool) => pool.spawn_blocking(f),
+            None => tokio::task::spawn_blocking(f),
+        }
+    }
+}
+
+impl Drop for GuestThreads {
+    fn drop(&mut self) {
+        // Dropped from async code too (a host closed in a task): the pool's
+        // threads are let go without waiting for them.
+        if let Some(pool) = self.pool.take() {
+            pool.shutdown_background();
+        }
+    }
+}
+
+/// Threads of [`GuestThreads`] at most (as tokio's own blocking pool); the
+/// guest calls' places (`[processors] max-concurrent-calls`) bound them
+/// first.
+const GUEST_THREADS_MAX: usize = 512;
 
 impl Runtime {
     /// Builds the engine and starts its epoch ticker. `cache_dir` holds
@@ -1068,7 +1146,19 @@ impl Runtime {
             compatibility,
             largest_guest_memory: std::sync::atomic::AtomicUsize::new(0),
             ahead: super::ahead::Ahead::new(lower_this_threads_priority),
+            guest_threads: GuestThreads::new(),
         }))
+    }
+
+    /// Runs `f`, guest code a request asks for, on a thread of the
+    /// runtime's guest pool (see [`GuestThreads`]): on CPU time that
+    /// requests, appends and commits leave idle. Awaited from any runtime;
+    /// a panic in `f` is the handle's error.
+    pub fn run_guest<T: Send + 'static>(
+        &self,
+        f: impl FnOnce() -> T + Send + 'static,
+    ) -> tokio::task::JoinHandle<T> {
+        self.guest_threads.spawn(f)
     }
 
     /// The most linear memory (bytes, every memory of the instance summed)
@@ -2137,6 +2227,37 @@ mod tests {
             .react("clocky", &again, &event, Determinism::default(), 5_000)
             .unwrap();
         assert_eq!(effects.len(), 1);
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn guest_work_runs_on_idle_priority_threads_and_the_pool_closes_inside_a_task() {
+        let dir = tempfile::tempdir().unwrap();
+        let runtime = Runtime::new(dir.path().into()).unwrap();
+        // Awaited from another runtime (as the host's tasks do).
+        let caller = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        caller.block_on(async move {
+            let (name, policy) = runtime
+                .run_guest(|| {
+                    let name = std::thread::current().name().map(String::from);
+                    // SAFETY: a plain system call on the calling thread.
+                    let policy = unsafe { libc::sched_getscheduler(0) };
+                    (name, policy)
+                })
+                .await
+                .unwrap();
+            assert_eq!(name.as_deref(), Some("streamhost-guest"));
+            assert_eq!(policy, libc::SCHED_IDLE, "a guest thread's policy");
+            let panicked = runtime
+                .run_guest(|| panic!("the guest's work panicked"))
+                .await;
+            assert!(panicked.unwrap_err().is_panic());
+            // The last handle dropped inside a task: the pool lets its
+            // threads go without blocking it.
+            drop(runtime);
+        });
     }
 
     /// Waits until `runtime` has `n` instances parked, at most ten seconds.

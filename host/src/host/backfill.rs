@@ -217,88 +217,90 @@ impl Host {
         let timeout_ms = self.config.delivery.timeout_ms;
         let info = crate::processor::stream_info(&state, through);
         let after = backfill.after_offset;
-        let done = tokio::task::spawn_blocking(move || -> Result<Backfilled, Error> {
-            let failed = |f: Failure| Error::unprocessable("processor-failed", f.message);
-            let internal = |e: anyhow::Error| Error::internal(format!("{e:#}"));
-            let row = storage
-                .load_stream(&project, &path)
-                .map_err(internal)?
-                .ok_or_else(|| Error::stream_not_found(&path))?;
-            let (prepared, _) =
-                crate::processor::deployed(&storage, &runtime, &project, &component)
+        let guest = runtime.clone();
+        let done = guest
+            .run_guest(move || -> Result<Backfilled, Error> {
+                let failed = |f: Failure| Error::unprocessable("processor-failed", f.message);
+                let internal = |e: anyhow::Error| Error::internal(format!("{e:#}"));
+                let row = storage
+                    .load_stream(&project, &path)
                     .map_err(internal)?
-                    .ok_or_else(|| component_not_found(&project, &component))?;
-            let guest_failed = |e: crate::processor::runtime::GuestError| {
-                Error::unprocessable("processor-failed", format!("{component}: {e}"))
-            };
-            let announcement = runtime
-                .describe(&component, &prepared, timeout_ms)
-                .map_err(guest_failed)?;
-            let initial = runtime
-                .initial_state(&component, &prepared, timeout_ms)
-                .map_err(guest_failed)?;
-            let source = EffectSource {
-                project: project.clone(),
-                path: path.clone(),
-                stream_id: info.stream_id.clone(),
-                component: component.clone(),
-            };
-            let fold = RangeFold {
-                guest: Guest {
-                    runtime: &runtime,
-                    prepared: &prepared,
-                    component: &component,
-                    timeout_ms,
-                    output: None,
-                },
-                storage: &storage,
-                row_id: row.row_id,
-                stream: info,
-                filter: consumed(subscription_filter, &announcement),
-                narrow,
-            };
-            let mut counts = Backfilled::default();
-            // The first batch reports at once, later ones at most every PROGRESS_EVERY.
-            let mut last_report: Option<Instant> = None;
-            let (_, end, _) = fold
-                .run(initial, after, through, Bucket::empty(), |effects, at| {
-                    if !effects.is_empty() {
-                        let now = clock.now_ms();
-                        let returned = effects.len() as u64;
-                        let created = storage
-                            .submit(WriteOp::Effect(EffectOp::Insert {
-                                source: source.clone(),
-                                effects,
-                                now_ms: now,
-                                created_at: format_timestamp(now),
-                            }))
-                            .blocking_recv()
-                            .map_err(|_| Failure::new("the storage writer stopped", true))?
-                            .map_err(|e| {
-                                Failure::new(format!("storing effects failed: {e}"), true)
-                            })? as u64;
-                        counts.effects_created += created;
-                        counts.effects_existing += returned - created;
-                    }
-                    if last_report.is_none_or(|t| t.elapsed() >= PROGRESS_EVERY) {
-                        last_report = Some(Instant::now());
-                        progress(BackfillProgress {
-                            through_offset: at.through,
-                            head_offset: through,
-                            scanned: at.scanned,
-                            folded: at.folded,
-                            effects_created: counts.effects_created,
-                        });
-                    }
-                    Ok(())
-                })
-                .map_err(failed)?;
-            counts.scanned = end.scanned;
-            counts.folded = end.folded;
-            Ok(counts)
-        })
-        .await
-        .map_err(|e| Error::internal(format!("the backfill panicked: {e}")))??;
+                    .ok_or_else(|| Error::stream_not_found(&path))?;
+                let (prepared, _) =
+                    crate::processor::deployed(&storage, &runtime, &project, &component)
+                        .map_err(internal)?
+                        .ok_or_else(|| component_not_found(&project, &component))?;
+                let guest_failed = |e: crate::processor::runtime::GuestError| {
+                    Error::unprocessable("processor-failed", format!("{component}: {e}"))
+                };
+                let announcement = runtime
+                    .describe(&component, &prepared, timeout_ms)
+                    .map_err(guest_failed)?;
+                let initial = runtime
+                    .initial_state(&component, &prepared, timeout_ms)
+                    .map_err(guest_failed)?;
+                let source = EffectSource {
+                    project: project.clone(),
+                    path: path.clone(),
+                    stream_id: info.stream_id.clone(),
+                    component: component.clone(),
+                };
+                let fold = RangeFold {
+                    guest: Guest {
+                        runtime: &runtime,
+                        prepared: &prepared,
+                        component: &component,
+                        timeout_ms,
+                        output: None,
+                    },
+                    storage: &storage,
+                    row_id: row.row_id,
+                    stream: info,
+                    filter: consumed(subscription_filter, &announcement),
+                    narrow,
+                };
+                let mut counts = Backfilled::default();
+                // The first batch reports at once, later ones at most every PROGRESS_EVERY.
+                let mut last_report: Option<Instant> = None;
+                let (_, end, _) = fold
+                    .run(initial, after, through, Bucket::empty(), |effects, at| {
+                        if !effects.is_empty() {
+                            let now = clock.now_ms();
+                            let returned = effects.len() as u64;
+                            let created = storage
+                                .submit(WriteOp::Effect(EffectOp::Insert {
+                                    source: source.clone(),
+                                    effects,
+                                    now_ms: now,
+                                    created_at: format_timestamp(now),
+                                }))
+                                .blocking_recv()
+                                .map_err(|_| Failure::new("the storage writer stopped", true))?
+                                .map_err(|e| {
+                                    Failure::new(format!("storing effects failed: {e}"), true)
+                                })? as u64;
+                            counts.effects_created += created;
+                            counts.effects_existing += returned - created;
+                        }
+                        if last_report.is_none_or(|t| t.elapsed() >= PROGRESS_EVERY) {
+                            last_report = Some(Instant::now());
+                            progress(BackfillProgress {
+                                through_offset: at.through,
+                                head_offset: through,
+                                scanned: at.scanned,
+                                folded: at.folded,
+                                effects_created: counts.effects_created,
+                            });
+                        }
+                        Ok(())
+                    })
+                    .map_err(failed)?;
+                counts.scanned = end.scanned;
+                counts.folded = end.folded;
+                Ok(counts)
+            })
+            .await
+            .map_err(|e| Error::internal(format!("the backfill panicked: {e}")))??;
         if done.effects_created > 0 {
             self.streams.executors().effects.ring();
         }

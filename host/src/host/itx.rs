@@ -103,14 +103,16 @@ impl Host {
             .await?;
         // The place goes with the call: a caller that goes away does not
         // give it back while the guest still runs.
-        tokio::task::spawn_blocking(move || {
-            let _place = place;
-            call_blocking(
-                &storage, &runtime, &project, &component, &function, &args, timeout_ms,
-            )
-        })
-        .await
-        .map_err(|e| Error::internal(format!("the call panicked: {e}")))?
+        let guest = runtime.clone();
+        guest
+            .run_guest(move || {
+                let _place = place;
+                call_blocking(
+                    &storage, &runtime, &project, &component, &function, &args, timeout_ms,
+                )
+            })
+            .await
+            .map_err(|e| Error::internal(format!("the call panicked: {e}")))?
     }
 
     /// As [`Host::call`], the function named by an ITX expression

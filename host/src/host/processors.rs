@@ -690,60 +690,62 @@ impl Host {
         let timeout_ms = self.config.delivery.timeout_ms;
         let limits = self.config.jsonata_limits();
         let filter = wake_subscription(&state, &component).and_then(|s| s.configuration.filter);
-        tokio::task::spawn_blocking(move || -> Result<Verification, Error> {
-            let internal = |e: anyhow::Error| Error::internal(format!("{e:#}"));
-            let row = storage
-                .load_stream(&ns, &path)
-                .map_err(internal)?
-                .ok_or_else(|| Error::stream_not_found(&path))?;
-            let checkpoint = storage
-                .checkpoint(row.row_id, &component)
-                .map_err(internal)?
-                .filter(|c| c.stream_id == state.stream_id)
-                .ok_or_else(|| {
-                    Error::not_found(
-                        "processor-not-found",
-                        format!("processor {component:?} has no checkpoint on stream {path:?}"),
-                    )
-                })?;
-            let digest = checkpoint.digest.clone();
-            let bytes_storage = storage.clone();
-            let prepared = runtime
-                .prepare(&checkpoint.digest, move || {
-                    bytes_storage.component_bytes(&digest)
+        let guest = runtime.clone();
+        guest
+            .run_guest(move || -> Result<Verification, Error> {
+                let internal = |e: anyhow::Error| Error::internal(format!("{e:#}"));
+                let row = storage
+                    .load_stream(&ns, &path)
+                    .map_err(internal)?
+                    .ok_or_else(|| Error::stream_not_found(&path))?;
+                let checkpoint = storage
+                    .checkpoint(row.row_id, &component)
+                    .map_err(internal)?
+                    .filter(|c| c.stream_id == state.stream_id)
+                    .ok_or_else(|| {
+                        Error::not_found(
+                            "processor-not-found",
+                            format!("processor {component:?} has no checkpoint on stream {path:?}"),
+                        )
+                    })?;
+                let digest = checkpoint.digest.clone();
+                let bytes_storage = storage.clone();
+                let prepared = runtime
+                    .prepare(&checkpoint.digest, move || {
+                        bytes_storage.component_bytes(&digest)
+                    })
+                    .map_err(internal)?;
+                let (folded, scratch) = fold_from_start(
+                    &FromStart {
+                        storage: &storage,
+                        runtime: &runtime,
+                        prepared: &prepared,
+                        component: &component,
+                        timeout_ms,
+                        row_id: row.row_id,
+                        filter: filter.as_ref(),
+                        limits,
+                    },
+                    crate::processor::stream_info(&state, checkpoint.checkpoint_offset),
+                    checkpoint.checkpoint_offset,
+                )?;
+                let stored: Value = serde_json::from_str(&checkpoint.state).unwrap_or(Value::Null);
+                let refolded: Value = serde_json::from_str(&folded).unwrap_or(Value::Null);
+                let keys = compare_keys(&storage, checkpoint.bucket, scratch.writes())
+                    .map_err(internal)?;
+                Ok(Verification {
+                    matches: stored == refolded && keys.differing.is_none(),
+                    component,
+                    digest: checkpoint.digest,
+                    checkpoint_offset: checkpoint.checkpoint_offset,
+                    stored_state: stored,
+                    refolded_state: refolded,
+                    keys_compared: keys.compared,
+                    first_differing_key: keys.differing,
                 })
-                .map_err(internal)?;
-            let (folded, scratch) = fold_from_start(
-                &FromStart {
-                    storage: &storage,
-                    runtime: &runtime,
-                    prepared: &prepared,
-                    component: &component,
-                    timeout_ms,
-                    row_id: row.row_id,
-                    filter: filter.as_ref(),
-                    limits,
-                },
-                crate::processor::stream_info(&state, checkpoint.checkpoint_offset),
-                checkpoint.checkpoint_offset,
-            )?;
-            let stored: Value = serde_json::from_str(&checkpoint.state).unwrap_or(Value::Null);
-            let refolded: Value = serde_json::from_str(&folded).unwrap_or(Value::Null);
-            let keys =
-                compare_keys(&storage, checkpoint.bucket, scratch.writes()).map_err(internal)?;
-            Ok(Verification {
-                matches: stored == refolded && keys.differing.is_none(),
-                component,
-                digest: checkpoint.digest,
-                checkpoint_offset: checkpoint.checkpoint_offset,
-                stored_state: stored,
-                refolded_state: refolded,
-                keys_compared: keys.compared,
-                first_differing_key: keys.differing,
             })
-        })
-        .await
-        .map_err(|e| Error::internal(format!("verifying the processor panicked: {e}")))?
+            .await
+            .map_err(|e| Error::internal(format!("verifying the processor panicked: {e}")))?
     }
 }
 
@@ -908,59 +910,61 @@ impl Host {
             .calls
             .enter_within(&ns, super::itx::CALL_WAIT)
             .await?;
-        tokio::task::spawn_blocking(move || -> Result<StateAt, Error> {
-            let _place = place;
-            let internal = |e: anyhow::Error| Error::internal(format!("{e:#}"));
-            let row = storage
-                .load_stream(&ns, &path)
-                .map_err(internal)?
-                .ok_or_else(|| Error::stream_not_found(&path))?;
-            let (prepared, _) = crate::processor::deployed(&storage, &runtime, &ns, &component)
-                .map_err(internal)?
-                .ok_or_else(|| super::components::component_not_found(&ns, &component))?;
-            let (folded, scratch) = fold_from_start(
-                &FromStart {
-                    storage: &storage,
-                    runtime: &runtime,
-                    prepared: &prepared,
-                    component: &component,
-                    timeout_ms,
-                    row_id: row.row_id,
-                    filter: sub.configuration.filter.as_ref(),
-                    limits,
-                },
-                crate::processor::stream_info(&state, offset),
-                offset,
-            )?;
-            let mut keys_truncated = false;
-            let keys = keys_prefix.map(|prefix| {
-                let mut listed: Vec<KeyValue> = scratch
-                    .writes()
-                    .range(prefix.clone()..)
-                    .take_while(|(k, _)| k.starts_with(&prefix))
-                    .filter_map(|(k, v)| {
-                        Some(KeyValue {
-                            key: k.clone(),
-                            value: v.clone()?,
+        let guest = runtime.clone();
+        guest
+            .run_guest(move || -> Result<StateAt, Error> {
+                let _place = place;
+                let internal = |e: anyhow::Error| Error::internal(format!("{e:#}"));
+                let row = storage
+                    .load_stream(&ns, &path)
+                    .map_err(internal)?
+                    .ok_or_else(|| Error::stream_not_found(&path))?;
+                let (prepared, _) = crate::processor::deployed(&storage, &runtime, &ns, &component)
+                    .map_err(internal)?
+                    .ok_or_else(|| super::components::component_not_found(&ns, &component))?;
+                let (folded, scratch) = fold_from_start(
+                    &FromStart {
+                        storage: &storage,
+                        runtime: &runtime,
+                        prepared: &prepared,
+                        component: &component,
+                        timeout_ms,
+                        row_id: row.row_id,
+                        filter: sub.configuration.filter.as_ref(),
+                        limits,
+                    },
+                    crate::processor::stream_info(&state, offset),
+                    offset,
+                )?;
+                let mut keys_truncated = false;
+                let keys = keys_prefix.map(|prefix| {
+                    let mut listed: Vec<KeyValue> = scratch
+                        .writes()
+                        .range(prefix.clone()..)
+                        .take_while(|(k, _)| k.starts_with(&prefix))
+                        .filter_map(|(k, v)| {
+                            Some(KeyValue {
+                                key: k.clone(),
+                                value: v.clone()?,
+                            })
                         })
-                    })
-                    .take(STATE_AT_KEYS_MAX + 1)
-                    .collect();
-                keys_truncated = listed.len() > STATE_AT_KEYS_MAX;
-                listed.truncate(STATE_AT_KEYS_MAX);
-                listed
-            });
-            Ok(StateAt {
-                component,
-                digest: prepared.digest.clone(),
-                offset,
-                state: serde_json::from_str(&folded).unwrap_or(Value::Null),
-                keys,
-                keys_truncated,
+                        .take(STATE_AT_KEYS_MAX + 1)
+                        .collect();
+                    keys_truncated = listed.len() > STATE_AT_KEYS_MAX;
+                    listed.truncate(STATE_AT_KEYS_MAX);
+                    listed
+                });
+                Ok(StateAt {
+                    component,
+                    digest: prepared.digest.clone(),
+                    offset,
+                    state: serde_json::from_str(&folded).unwrap_or(Value::Null),
+                    keys,
+                    keys_truncated,
+                })
             })
-        })
-        .await
-        .map_err(|e| Error::internal(format!("folding the processor panicked: {e}")))?
+            .await
+            .map_err(|e| Error::internal(format!("folding the processor panicked: {e}")))?
     }
 }
 

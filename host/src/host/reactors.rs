@@ -135,84 +135,86 @@ impl Host {
         let path = stream.path.clone();
         let stream_id = state.stream_id.clone();
         let mut after = backfill.after_offset;
-        let done = tokio::task::spawn_blocking(move || -> Result<ReactorBackfilled, Error> {
-            let internal = |e: anyhow::Error| Error::internal(format!("{e:#}"));
-            let row = storage
-                .load_stream(&project, &path)
-                .map_err(internal)?
-                .ok_or_else(|| Error::stream_not_found(&path))?;
-            let reacting = Reacting {
-                storage: &storage,
-                runtime: &runtime,
-                project: &project,
-                stream_id: &stream_id,
-                rests: None,
-                enter: None,
-                telemetry: None,
-            };
-            let source = EffectSource {
-                project: project.clone(),
-                path: path.clone(),
-                stream_id: stream_id.clone(),
-                component: crate::effect::effect_component(&reactor.name),
-            };
-            let mut counts = ReactorBackfilled::default();
-            while after < through {
-                let page = storage
-                    .events_after(row.row_id, after, PAGE_EVENTS, through)
-                    .map_err(internal)?;
-                let Some((last, _)) = page.last() else { break };
-                after = *last;
-                counts.scanned += page.len() as u64;
-                let mut events = Vec::with_capacity(page.len());
-                for (offset, body) in page {
-                    let event: Event = serde_json::from_str(&body).map_err(|e| {
-                        Error::internal(format!(
-                            "the stored event at offset {offset} is not an event: {e}"
-                        ))
-                    })?;
-                    if let Some(narrow) = &narrow {
-                        let value = serde_json::to_value(&event).expect("events serialize");
-                        let selected = narrow
-                            .matches(&event.event_type, &event.payload, &value)
-                            .map_err(|m| Error::invalid_with("invalid-jsonata", m))?;
-                        if !selected {
-                            continue;
+        let guest = runtime.clone();
+        let done = guest
+            .run_guest(move || -> Result<ReactorBackfilled, Error> {
+                let internal = |e: anyhow::Error| Error::internal(format!("{e:#}"));
+                let row = storage
+                    .load_stream(&project, &path)
+                    .map_err(internal)?
+                    .ok_or_else(|| Error::stream_not_found(&path))?;
+                let reacting = Reacting {
+                    storage: &storage,
+                    runtime: &runtime,
+                    project: &project,
+                    stream_id: &stream_id,
+                    rests: None,
+                    enter: None,
+                    telemetry: None,
+                };
+                let source = EffectSource {
+                    project: project.clone(),
+                    path: path.clone(),
+                    stream_id: stream_id.clone(),
+                    component: crate::effect::effect_component(&reactor.name),
+                };
+                let mut counts = ReactorBackfilled::default();
+                while after < through {
+                    let page = storage
+                        .events_after(row.row_id, after, PAGE_EVENTS, through)
+                        .map_err(internal)?;
+                    let Some((last, _)) = page.last() else { break };
+                    after = *last;
+                    counts.scanned += page.len() as u64;
+                    let mut events = Vec::with_capacity(page.len());
+                    for (offset, body) in page {
+                        let event: Event = serde_json::from_str(&body).map_err(|e| {
+                            Error::internal(format!(
+                                "the stored event at offset {offset} is not an event: {e}"
+                            ))
+                        })?;
+                        if let Some(narrow) = &narrow {
+                            let value = serde_json::to_value(&event).expect("events serialize");
+                            let selected = narrow
+                                .matches(&event.event_type, &event.payload, &value)
+                                .map_err(|m| Error::invalid_with("invalid-jsonata", m))?;
+                            if !selected {
+                                continue;
+                            }
                         }
+                        events.push(Appended {
+                            request: 0,
+                            index: None,
+                            event,
+                            body,
+                        });
                     }
-                    events.push(Appended {
-                        request: 0,
-                        index: None,
-                        event,
-                        body,
-                    });
+                    let (reactions, calls) = reacting
+                        .react(std::slice::from_ref(&reactor), &events)
+                        .map_err(|r| r.error)?;
+                    counts.matched += calls;
+                    for reaction in reactions {
+                        let returned = reaction.effects.len() as u64;
+                        let now = clock.now_ms();
+                        let created = storage
+                            .submit(WriteOp::Effect(EffectOp::Insert {
+                                source: source.clone(),
+                                effects: reaction.effects,
+                                now_ms: now,
+                                created_at: format_timestamp(now),
+                            }))
+                            .blocking_recv()
+                            .map_err(|_| Error::internal("the storage writer stopped"))?
+                            .map_err(|e| Error::internal(format!("storing effects failed: {e}")))?
+                            as u64;
+                        counts.effects_created += created;
+                        counts.effects_existing += returned - created;
+                    }
                 }
-                let (reactions, calls) = reacting
-                    .react(std::slice::from_ref(&reactor), &events)
-                    .map_err(|r| r.error)?;
-                counts.matched += calls;
-                for reaction in reactions {
-                    let returned = reaction.effects.len() as u64;
-                    let now = clock.now_ms();
-                    let created = storage
-                        .submit(WriteOp::Effect(EffectOp::Insert {
-                            source: source.clone(),
-                            effects: reaction.effects,
-                            now_ms: now,
-                            created_at: format_timestamp(now),
-                        }))
-                        .blocking_recv()
-                        .map_err(|_| Error::internal("the storage writer stopped"))?
-                        .map_err(|e| Error::internal(format!("storing effects failed: {e}")))?
-                        as u64;
-                    counts.effects_created += created;
-                    counts.effects_existing += returned - created;
-                }
-            }
-            Ok(counts)
-        })
-        .await
-        .map_err(|e| Error::internal(format!("the reactor backfill panicked: {e}")))??;
+                Ok(counts)
+            })
+            .await
+            .map_err(|e| Error::internal(format!("the reactor backfill panicked: {e}")))??;
         if done.effects_created > 0 {
             self.streams.executors().effects.ring();
         }
