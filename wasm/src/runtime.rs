@@ -1151,7 +1151,7 @@ impl Runtime {
     }
 
     /// Runs `f`, guest code a request asks for, on a thread of the
-    /// runtime's guest pool (see [`GuestThreads`]): on CPU time that
+    /// runtime's guest pool (see `GuestThreads`): on CPU time that
     /// requests, appends and commits leave idle. Awaited from any runtime;
     /// a panic in `f` is the handle's error.
     pub fn run_guest<T: Send + 'static>(
