@@ -25,6 +25,8 @@
 //! - ITX calls: [`Host::call`], [`Host::call_expression`];
 //! - effects: [`Host::effects`], [`Host::wait_for_effect`],
 //!   [`Host::retry_effect`], [`Host::cancel_effect`];
+//! - webhook signatures: [`Host::rotate_webhook_secret`],
+//!   [`Host::retire_previous_webhook_secret`];
 //! - ingest and hosts: [`Host::ingest`], [`Host::ingest_status`],
 //!   [`Host::cluster`];
 //! - every operation as one typed request, an enum per family:
@@ -148,6 +150,7 @@ pub use host::request::{
     ClusterRequest, ComponentAnswer, ComponentRequest, EffectAnswer, EffectRequest, IngestAnswer,
     IngestRequest, ItxRequest, StreamAnswer, StreamRequest,
 };
+pub use host::secrets::{PreviousSecretRetired, WebhookSecret};
 pub use host::shadows::{HeldEffects, KeyChange, KeysDiff, Promote, ShadowEnded, ShadowView};
 pub use host::streams::{StreamSummary, StreamsPage, StreamsQuery};
 pub use host::subscriptions::{CopyFrom, CursorSetAndResumed, Resumed, Subscribed, Unsubscribed};

@@ -101,7 +101,7 @@ pub use keys::{read_offline, tag as key_tag, StoredBucket, Writes as KeyWrites};
 pub use lease::{tenure_clock_ms, Fence, HostIdentity, LeaseLost, OwnedElsewhere};
 pub use writer::{
     Checkpoint, CommitError, CursorRow, Deployment, NewStream, ProcessorFailure, Refusal,
-    StoredEvent, StreamCommit, StreamRef, WriteOp,
+    SecretChange, StoredEvent, StreamCommit, StreamRef, WriteOp,
 };
 pub use {ingest::FenceRow, keys::OfflineInstance, lease::ClusterHost};
 
@@ -762,6 +762,19 @@ impl Storage {
                 ),
                 args![project, name],
                 |r| Ok((r.text(0)?, r.text(1)?)),
+            )
+        })
+    }
+
+    /// The secrets that sign `project`'s webhooks: the current one and,
+    /// during a rotation, the previous (`None`: the project has none, and
+    /// its webhooks go unsigned).
+    pub fn webhook_secrets(&self, project: &str) -> Result<Option<(String, Option<String>)>> {
+        self.with_reader(|db| {
+            db.query_opt(
+                "SELECT current, previous FROM webhook_secrets WHERE project = ?1",
+                args![project],
+                |r| Ok((r.text(0)?, r.opt_text(1)?)),
             )
         })
     }

@@ -82,7 +82,29 @@ const MIGRATIONS: &[Migration] = &[
         name: "streams.bytes: the bytes of a stream's stored events (a project's storage bound)",
         apply: stream_bytes,
     },
+    Migration {
+        name: "webhook_secrets: a project's secrets that sign its webhooks",
+        apply: webhook_secrets,
+    },
 ];
+
+/// `webhook_secrets`: the secret that signs a project's webhooks (Standard
+/// Webhooks, `whsec_` and base64) and, during a rotation, the one before
+/// it, which signs too until it is retired. The same statement on both
+/// engines.
+const WEBHOOK_SECRETS: &str = "
+CREATE TABLE IF NOT EXISTS webhook_secrets (
+    project    TEXT PRIMARY KEY,
+    current    TEXT NOT NULL,
+    previous   TEXT,
+    rotated_at TEXT NOT NULL
+);
+";
+
+fn webhook_secrets(conn: &Connection) -> Result<()> {
+    conn.execute_batch(WEBHOOK_SECRETS)?;
+    Ok(())
+}
 
 /// `streams.bytes`: the bytes of the stream's stored events (type,
 /// idempotency key and body), kept by every commit; a project's stored
@@ -687,6 +709,7 @@ pub fn migrate_postgres(db: Db<'_>) -> Result<()> {
                 db.batch(INGEST_PARKED)?;
                 db.batch(EFFECT_NOT_BEFORE)?;
                 db.batch(STREAM_BYTES_POSTGRES)?;
+                db.batch(WEBHOOK_SECRETS)?;
                 db.execute(
                     "INSERT INTO streamhost_schema (version) VALUES (?1)",
                     crate::sql::args![i64::from(SCHEMA_VERSION)],
@@ -694,7 +717,7 @@ pub fn migrate_postgres(db: Db<'_>) -> Result<()> {
                 tracing::info!(version = SCHEMA_VERSION, "schema created on PostgreSQL");
             }
             Some(v) if v == i64::from(SCHEMA_VERSION) => {}
-            Some(v @ 5..=14) => {
+            Some(v @ 5..=15) => {
                 if v == 5 {
                     db.batch(EFFECT_LEASE_IDS)?;
                 }
@@ -722,7 +745,10 @@ pub fn migrate_postgres(db: Db<'_>) -> Result<()> {
                 if v <= 13 {
                     db.batch(EFFECT_NOT_BEFORE)?;
                 }
-                db.batch(STREAM_BYTES_POSTGRES)?;
+                if v <= 14 {
+                    db.batch(STREAM_BYTES_POSTGRES)?;
+                }
+                db.batch(WEBHOOK_SECRETS)?;
                 db.execute(
                     "UPDATE streamhost_schema SET version = ?1",
                     crate::sql::args![i64::from(SCHEMA_VERSION)],

@@ -185,6 +185,32 @@ pub enum WriteOp {
         name: String,
         digest: String,
     },
+    /// A project's webhook signing secrets change; answers 1 when they did.
+    WebhookSecret {
+        project: String,
+        change: SecretChange,
+    },
+}
+
+/// A change of a project's webhook signing secrets.
+#[derive(Clone)]
+pub enum SecretChange {
+    /// `secret` signs from now on; the one that did (if any) becomes the
+    /// previous, which signs too until retired (a secret before it is
+    /// dropped).
+    Rotate { secret: String, at: String },
+    /// The previous secret no longer signs.
+    RetirePrevious,
+}
+
+impl fmt::Debug for SecretChange {
+    /// Never the secret itself (logs and errors print write ops).
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SecretChange::Rotate { at, .. } => write!(f, "Rotate {{ at: {at:?} }}"),
+            SecretChange::RetirePrevious => f.write_str("RetirePrevious"),
+        }
+    }
 }
 
 /// A processor instance's failure, kept whole (the halt fact carries a
@@ -1499,6 +1525,20 @@ fn apply(conn: Db<'_>, op: &WriteOp) -> Result<i64> {
         }
         WriteOp::Effect(op) => super::effects::apply(conn, op),
         WriteOp::Ingest(op) => super::ingest::apply(conn, op),
+        WriteOp::WebhookSecret { project, change } => Ok(match change {
+            SecretChange::Rotate { secret, at } => conn.execute(
+                "INSERT INTO webhook_secrets (project, current, previous, rotated_at) \
+                 VALUES (?1, ?2, NULL, ?3) ON CONFLICT (project) DO UPDATE SET \
+                 previous = webhook_secrets.current, current = excluded.current, \
+                 rotated_at = excluded.rotated_at",
+                args![project, secret, at],
+            )?,
+            SecretChange::RetirePrevious => conn.execute(
+                "UPDATE webhook_secrets SET previous = NULL \
+                 WHERE project = ?1 AND previous IS NOT NULL",
+                args![project],
+            )?,
+        } as i64),
         WriteOp::ResumesDone {
             project,
             name,

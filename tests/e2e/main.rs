@@ -39,6 +39,7 @@ mod reactors;
 mod readme;
 mod scaffold;
 mod shadows;
+mod signatures;
 mod storage_bound;
 mod storage_failures;
 mod streams;

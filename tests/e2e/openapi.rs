@@ -336,6 +336,20 @@ async fn every_operation_answers_a_real_request_as_the_openapi_document_says() {
             200,
         ),
         call(
+            "PUT",
+            "/v1/projects/{project}/secrets/webhooks",
+            &format!("{acme}/secrets/webhooks"),
+            Some(json!({})),
+            200,
+        ),
+        call(
+            "POST",
+            "/v1/projects/{project}/secrets/webhooks:retirePrevious",
+            &format!("{acme}/secrets/webhooks:retirePrevious"),
+            Some(json!({})),
+            200,
+        ),
+        call(
             "POST",
             "/v1/projects/{project}/ingest",
             &format!("{acme}/ingest/paid"),

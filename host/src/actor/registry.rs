@@ -144,6 +144,8 @@ impl Streams {
                     telemetry: settings.telemetry,
                     wakes_ended: Default::default(),
                     effects_ended: Default::default(),
+                    secrets: Default::default(),
+                    clock: clock.clone(),
                 },
                 storage,
                 clock,

@@ -35,6 +35,7 @@ mod new;
 mod offline;
 mod output;
 mod processors;
+mod secrets;
 mod serve;
 mod streams;
 mod subscriptions;
@@ -45,6 +46,7 @@ use new::*;
 use offline::*;
 use output::*;
 use processors::*;
+use secrets::*;
 use serve::*;
 use streams::*;
 use subscriptions::*;
@@ -138,6 +140,10 @@ pub(crate) enum Command {
     /// The processor outbox: effects and their execution.
     #[command(subcommand)]
     Effects(EffectsCommand),
+    /// The secret that signs a project's webhooks (admin): rotate, retire
+    /// the previous.
+    #[command(subcommand)]
+    WebhookSecret(WebhookSecretCommand),
     /// Fold a processor component over a JSONL file of events, offline.
     Fold(FoldArgs),
     /// Check a processor over fixture events: no trap, the same state on a
@@ -403,6 +409,7 @@ pub async fn run(cli: Cli) -> Result<()> {
         Command::Shadow(c) => shadow(c).await,
         Command::Backfill(a) => backfill(a).await,
         Command::Effects(c) => effects(c).await,
+        Command::WebhookSecret(c) => webhook_secret(c).await,
         Command::Fold(a) => tokio::task::spawn_blocking(move || fold_offline(a)).await?,
         Command::Test(a) => tokio::task::spawn_blocking(move || test_offline(a)).await?,
         Command::Ingest(c) => ingest(c).await,

@@ -545,23 +545,36 @@ async fn execute(
                 .await
                 .map(|_| None)
         }
-        Target::Webhook { url, body } => exec
-            .webhooks
-            .post_traced(
-                &exec.telemetry,
-                trace.as_ref(),
-                &url,
-                &body,
-                timeout_ms,
-                effect::webhook_headers(row.id, &row.component, &row.key, &row.target),
-            )
-            .await
-            .map(|_| None)
-            .map_err(|(mut f, status)| {
-                // A refused address stays refused, whatever the status.
-                f.retryable = f.retryable && effect::webhook_retryable(status);
-                f
-            }),
+        Target::Webhook { url, body } => {
+            // Signed with the project's secrets, if it has any; the
+            // effect's id is the webhook's (the same on every attempt).
+            let signing = exec
+                .secrets
+                .get(&exec.storage, &row.project)
+                .await?
+                .map(|secrets| super::signature::Signing {
+                    id: row.id.to_string(),
+                    secrets,
+                    timestamp: exec.clock.now_ms().div_euclid(1000),
+                });
+            exec.webhooks
+                .post_traced(
+                    &exec.telemetry,
+                    trace.as_ref(),
+                    &url,
+                    &body,
+                    timeout_ms,
+                    effect::webhook_headers(row.id, &row.component, &row.key, &row.target),
+                    signing,
+                )
+                .await
+                .map(|_| None)
+                .map_err(|(mut f, status)| {
+                    // A refused address stays refused, whatever the status.
+                    f.retryable = f.retryable && effect::webhook_retryable(status);
+                    f
+                })
+        }
         Target::Itx { expression, args } => {
             let crate::itx::Target::ComponentFunction {
                 component,

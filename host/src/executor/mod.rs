@@ -13,6 +13,7 @@
 pub mod copy;
 pub mod effect;
 pub mod itx;
+pub mod signature;
 pub mod wake;
 pub mod webhook;
 
@@ -91,6 +92,10 @@ pub struct Executors {
     /// Counts the effect executions that ended on this host (settled or
     /// put back for a retry): what a wait for an effect watches.
     pub effects_ended: Arc<tokio::sync::watch::Sender<u64>>,
+    /// The projects' webhook signing secrets, as this host read them.
+    pub secrets: signature::SecretCache,
+    /// The host's clock (a signed webhook's timestamp).
+    pub clock: Arc<dyn crate::clock::Clock>,
 }
 
 /// What a target's `send` works with.

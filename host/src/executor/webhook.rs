@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
+use super::signature::Signing;
 use super::{blocking, Attempt};
 use crate::delivery::select::Selection;
 use crate::delivery::webhook::{body, posted_event, Envelope};
@@ -45,6 +46,8 @@ impl Client {
     /// (`webhook POST`) of `parent`'s trace when it is exported: the
     /// request's `traceparent` names that span, so the receiver's own
     /// spans hang under it. Without a span, the request carries `parent`.
+    /// With `signing`, the request is signed (`signature.rs`).
+    #[allow(clippy::too_many_arguments)]
     pub async fn post_traced(
         &self,
         telemetry: &crate::telemetry::Telemetry,
@@ -53,11 +56,14 @@ impl Client {
         body: &Value,
         timeout_ms: u64,
         mut headers: Vec<(&'static str, String)>,
+        signing: Option<Signing>,
     ) -> Result<u16, (Failure, Option<u16>)> {
         let span = parent.and_then(|p| telemetry.begin(Some(p)));
         let context = span.as_ref().map(|s| &s.handed_on).or(parent);
         headers.extend(crate::effect::trace_headers(context));
-        let sent = self.post_keyed(url, body, timeout_ms, &headers).await;
+        let sent = self
+            .post_keyed(url, body, timeout_ms, &headers, signing.as_ref())
+            .await;
         if let Some(span) = span {
             // The URL without its query (which may hold a secret).
             let shown = url.split(['?', '#']).next().unwrap_or(url).to_string();
@@ -85,28 +91,37 @@ impl Client {
         sent
     }
 
-    /// POSTs one body, with an `idempotency-key` header when given; answers
-    /// the receiver's status. A failure comes with the status the receiver
-    /// answered, if it answered.
+    /// POSTs one body (JSON) with `headers`, signed with `signing` when
+    /// given (the signature covers the bytes sent); answers the receiver's
+    /// status. A failure comes with the status the receiver answered, if
+    /// it answered.
     pub async fn post_keyed(
         &self,
         url: &str,
         body: &Value,
         timeout_ms: u64,
         headers: &[(&'static str, String)],
+        signing: Option<&Signing>,
     ) -> Result<u16, (Failure, Option<u16>)> {
         if self.deny_private_networks {
             check_target(url).await.map_err(|f| (f, None))?;
         }
         let fail = |message: String| Failure::new(message, true);
+        let bytes = serde_json::to_vec(body).expect("a JSON value serializes");
         let mut request = self
             .http
             .post(url)
             .timeout(Duration::from_millis(timeout_ms))
-            .json(body);
+            .header(reqwest::header::CONTENT_TYPE, "application/json");
         for (name, value) in headers {
             request = request.header(*name, value);
         }
+        if let Some(s) = signing {
+            for (name, value) in super::signature::headers(&s.secrets, &s.id, s.timestamp, &bytes) {
+                request = request.header(name, value);
+            }
+        }
+        let request = request.body(bytes);
         let response = request.send().await.map_err(|e| {
             let message = if e.is_timeout() {
                 format!("webhook POST to {url} timed out after {timeout_ms}ms")
@@ -226,8 +241,14 @@ pub async fn send(
     let (storage, row_id) = (exec.storage.clone(), source.row_id);
     let event_bytes_max = exec.bounds.event_bytes_max;
     let (key, generation, info) = (job.key.clone(), job.generation, source.info.clone());
-    // The configure event's read and the transform run off the async workers.
-    let body = blocking(move || {
+    let secrets = exec.secrets.clone();
+    // The configure event's read, the transform and the project's signing
+    // secrets run off the async workers.
+    let (body, secrets) = blocking(move || {
+        let secrets = match info.project_id.as_deref() {
+            Some(project) => secrets.get_blocking(&storage, project)?,
+            None => None,
+        };
         let configured = storage
             .events_after(row_id, configured_at.saturating_sub(1), 1, configured_at)
             .map_err(|e| Failure::new(format!("reading the source failed: {e:#}"), true))?;
@@ -246,9 +267,14 @@ pub async fn send(
             attempt,
             configured_event: &configured_event,
         };
-        Ok(body(&envelope, &posted, offset))
+        Ok((body(&envelope, &posted, offset), secrets))
     })
     .await?;
+    let signing = secrets.map(|secrets| Signing {
+        id: super::signature::header_id(body["deliveryId"].as_str().unwrap_or_default()),
+        secrets,
+        timestamp: exec.clock.now_ms().div_euclid(1000),
+    });
     exec.webhooks
         .post_traced(
             &exec.telemetry,
@@ -257,6 +283,7 @@ pub async fn send(
             &body,
             job.timeout_ms,
             Vec::new(),
+            signing,
         )
         .await
         .map(|_| ())

@@ -53,6 +53,7 @@ pub mod live;
 pub mod processors;
 pub mod reactors;
 pub mod request;
+pub mod secrets;
 pub mod shadows;
 pub mod streams;
 pub mod subscriptions;

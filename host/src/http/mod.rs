@@ -14,6 +14,7 @@ mod itx;
 pub mod listener;
 pub mod mapping;
 mod query;
+mod secrets;
 mod serve;
 
 use axum::body::{to_bytes, Body};
@@ -124,6 +125,14 @@ fn routes() -> Vec<Route> {
                 ("GET", &effect),
                 ("POST", &format!("{effect}:retry")),
                 ("POST", &format!("{effect}:cancel")),
+            ],
+        ),
+        route(
+            "/v1/projects/{project}/secrets/{name}",
+            any(secrets::route),
+            &[
+                ("PUT", &format!("{P}/secrets/webhooks")),
+                ("POST", &format!("{P}/secrets/webhooks:retirePrevious")),
             ],
         ),
         route(
