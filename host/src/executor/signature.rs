@@ -130,10 +130,8 @@ impl SecretCache {
         storage: &Storage,
         project: &str,
     ) -> Result<Option<Arc<Secrets>>, Failure> {
-        if let Some((at, secrets)) = self.read.lock().expect("secrets").get(project) {
-            if at.elapsed() < CACHED_FOR {
-                return Ok(secrets.clone());
-            }
+        if let Some(secrets) = self.fresh(project) {
+            return Ok(secrets);
         }
         let secrets = storage
             .webhook_secrets(project)
@@ -146,12 +144,23 @@ impl SecretCache {
         Ok(secrets)
     }
 
-    /// [`SecretCache::get_blocking`] from async code.
+    /// What was read of `project` less than [`CACHED_FOR`] ago.
+    fn fresh(&self, project: &str) -> Option<Option<Arc<Secrets>>> {
+        let read = self.read.lock().expect("secrets");
+        let (at, secrets) = read.get(project)?;
+        (at.elapsed() < CACHED_FOR).then(|| secrets.clone())
+    }
+
+    /// [`SecretCache::get_blocking`] from async code (a blocking thread
+    /// only to read storage).
     pub async fn get(
         &self,
         storage: &Storage,
         project: &str,
     ) -> Result<Option<Arc<Secrets>>, Failure> {
+        if let Some(secrets) = self.fresh(project) {
+            return Ok(secrets);
+        }
         let (cache, storage, project) = (self.clone(), storage.clone(), project.to_string());
         super::blocking(move || cache.get_blocking(&storage, &project)).await
     }
