@@ -512,3 +512,76 @@ async fn a_runs_attempts_next_attempt_error_bytes_and_latency_survive_a_restart(
     // The retry is still a minute away: the restart did not bring it forward.
     assert_eq!(r.posts.lock().unwrap().len(), posts);
 }
+
+/// A receiver that answers the first POST to each path `429` with
+/// `retry-after: 2`, then `200`; it keeps when each POST arrived.
+async fn rate_limited_receiver() -> (String, Arc<Mutex<Vec<(String, std::time::Instant)>>>) {
+    type Seen = Arc<Mutex<Vec<(String, std::time::Instant)>>>;
+    let seen: Seen = Arc::default();
+    async fn hook(State(seen): State<Seen>, uri: axum::http::Uri) -> axum::response::Response {
+        use axum::response::IntoResponse;
+        let path = uri.path().to_string();
+        let first = {
+            let mut seen = seen.lock().unwrap();
+            let first = !seen.iter().any(|(p, _)| *p == path);
+            seen.push((path, std::time::Instant::now()));
+            first
+        };
+        if first {
+            (
+                StatusCode::TOO_MANY_REQUESTS,
+                [("retry-after", "2")],
+                "slow down",
+            )
+                .into_response()
+        } else {
+            (StatusCode::OK, "ok").into_response()
+        }
+    }
+    let app = Router::new()
+        .route("/{*rest}", post(hook))
+        .with_state(seen.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (base, seen)
+}
+
+#[tokio::test]
+async fn a_receivers_429_retry_after_is_waited_for_by_deliveries_and_effects() {
+    // Backoff of 50 ms: without the receiver's word, the second attempt
+    // would come at once.
+    let s = Server::start_with(Some(FAST), &[]);
+    let (base, seen) = rate_limited_receiver().await;
+    let sub = webhook(&format!("{base}/delivery"), "halt", None);
+    append(&s, sub["events"].clone()).await;
+    append(&s, json!([{"type": "x.y/e", "payload": {"n": 1}}])).await;
+    crate::effects::effector_on(&s, "/v1/projects/acme/streams/orders").await;
+    crate::effects::request(
+        &s,
+        "/v1/projects/acme/streams/orders",
+        json!([{"key": "limited", "webhook": {"url": format!("{base}/effect"), "body": {}}}]),
+    )
+    .await;
+    let times = |path: &str| -> Vec<std::time::Instant> {
+        seen.lock()
+            .unwrap()
+            .iter()
+            .filter(|(p, _)| p == path)
+            .map(|(_, t)| *t)
+            .collect()
+    };
+    wait_for("both retried", Duration::from_secs(30), async || {
+        times("/delivery").len() >= 2 && times("/effect").len() >= 2
+    })
+    .await;
+    for path in ["/delivery", "/effect"] {
+        let t = times(path);
+        let waited = t[1] - t[0];
+        assert!(
+            waited >= Duration::from_millis(1900),
+            "{path}: the second attempt came {waited:?} after a 429 with retry-after: 2"
+        );
+        assert_eq!(t.len(), 2, "{path}: one retry, then delivered");
+    }
+}

@@ -69,14 +69,7 @@ pub struct Woken {
 }
 
 fn failure(message: String, retryable: bool) -> Failure {
-    Failure {
-        message,
-        retryable,
-        single_offset: None,
-        at_offset: None,
-        detail: None,
-        filter: false,
-    }
+    Failure::new(message, retryable)
 }
 
 /// Where a wake starts.

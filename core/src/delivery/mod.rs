@@ -116,6 +116,11 @@ pub struct Failure {
     /// The subscription's own filter failed: never skipped, whatever the
     /// policy (the reference's rule).
     pub filter: bool,
+    /// The receiver asked for no attempt before this long (a webhook's
+    /// `429` or `503` with `retry-after`, in ms): the next attempt waits at
+    /// least this (up to [`RETRY_AFTER_MAX_MS`]), even past the backoff's
+    /// max.
+    pub retry_after_ms: Option<u64>,
 }
 
 impl Failure {
@@ -128,6 +133,7 @@ impl Failure {
             at_offset: None,
             detail: None,
             filter: false,
+            retry_after_ms: None,
         }
     }
 }
@@ -213,7 +219,7 @@ impl RunState {
             return Decision::Halt;
         }
         Decision::Retry {
-            at_ms: now_ms + backoff_ms(policy, self.attempt, jitter) as i64,
+            at_ms: now_ms + wait_ms(policy, self.attempt, jitter, failure.retry_after_ms) as i64,
         }
     }
 }
@@ -229,6 +235,20 @@ impl RunState {
         self.attempt = 0;
         self.failing_event = None;
         Decision::Skip { offset }
+    }
+}
+
+/// The longest wait a receiver's `retry-after` gets: an hour.
+pub const RETRY_AFTER_MAX_MS: u64 = 60 * 60 * 1000;
+
+/// The wait before attempt `n + 1` after `n` failures: the backoff, or
+/// what the receiver asked for (`retry-after`, at most
+/// [`RETRY_AFTER_MAX_MS`]) when that is longer.
+pub fn wait_ms(policy: &DeliveryConfig, failures: u32, jitter: f64, asked: Option<u64>) -> u64 {
+    let backoff = backoff_ms(policy, failures, jitter);
+    match asked {
+        Some(asked) => backoff.max(asked.min(RETRY_AFTER_MAX_MS)),
+        None => backoff,
     }
 }
 
@@ -349,7 +369,39 @@ mod tests {
             at_offset: None,
             detail: None,
             filter: false,
+            retry_after_ms: None,
         }
+    }
+
+    #[test]
+    fn a_receivers_retry_after_is_waited_for_up_to_an_hour() {
+        let p = DeliveryConfig {
+            backoff_base_ms: 100,
+            backoff_max_ms: 10_000,
+            ..DeliveryConfig::default()
+        };
+        assert_eq!(wait_ms(&p, 1, 0.0, None), 100);
+        assert_eq!(wait_ms(&p, 1, 0.0, Some(3_000)), 3_000);
+        assert_eq!(
+            wait_ms(&p, 1, 0.0, Some(50)),
+            100,
+            "never below the backoff"
+        );
+        assert_eq!(
+            wait_ms(&p, 1, 0.0, Some(30_000)),
+            30_000,
+            "past the backoff's max"
+        );
+        assert_eq!(wait_ms(&p, 1, 0.0, Some(86_400_000)), RETRY_AFTER_MAX_MS);
+        let mut run = RunState::default();
+        let failure = Failure {
+            retry_after_ms: Some(2_000),
+            ..Failure::new("webhook responded 429", true)
+        };
+        assert_eq!(
+            run.on_failure(&failure, &p, OnFailingEvent::Halt, 1_000, 0.0),
+            Decision::Retry { at_ms: 3_000 }
+        );
     }
 
     #[test]

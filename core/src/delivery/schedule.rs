@@ -287,6 +287,7 @@ impl Deliveries {
                 at_offset: None,
                 detail: None,
                 filter: false,
+                retry_after_ms: None,
             };
             facts.extend(fail(&key, rt, &failure, now_ms, jitter, policy));
         }
@@ -484,6 +485,7 @@ mod tests {
             at_offset: None,
             detail: None,
             filter: false,
+            retry_after_ms: None,
         }
     }
 

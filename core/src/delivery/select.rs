@@ -48,6 +48,7 @@ pub fn select_batch(
             at_offset: None,
             detail: None,
             filter: false,
+            retry_after_ms: None,
         })?;
         let event: Event = serde_json::from_value(value.clone()).map_err(|e| Failure {
             message: format!("the stored event at offset {offset} is malformed: {e}"),
@@ -56,6 +57,7 @@ pub fn select_batch(
             at_offset: None,
             detail: None,
             filter: false,
+            retry_after_ms: None,
         })?;
         let matches = match filter.matches(&event.event_type, &event.payload, &value) {
             Ok(m) => m,
@@ -71,6 +73,7 @@ pub fn select_batch(
                     at_offset: None,
                     detail: None,
                     filter: true,
+                    retry_after_ms: None,
                 });
             }
             // Deliver what precedes it; the next attempt starts here.

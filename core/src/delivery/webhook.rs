@@ -61,6 +61,7 @@ pub fn posted_event(
                 at_offset: None,
                 detail: None,
                 filter: false,
+                retry_after_ms: None,
             })?;
         value["type"] = json!(event_type);
         value["payload"] = Value::Object(payload);

@@ -7,7 +7,7 @@
 
 use serde_json::{json, Map, Value};
 
-use crate::delivery::backoff_ms;
+use crate::delivery::wait_ms;
 use crate::delivery::DeliveryConfig;
 use crate::stream::canonicalize_path;
 use crate::trace::Trace;
@@ -480,8 +480,14 @@ impl Status {
 pub enum Outcome {
     /// Done; an ITX call's result is kept.
     Succeeded { result: Option<Value> },
-    /// Not done; `retryable: false` fails the effect at once.
-    Failed { message: String, retryable: bool },
+    /// Not done; `retryable: false` fails the effect at once;
+    /// `retry_after_ms`: the receiver asked for no attempt before this long
+    /// (`429`/`503` with `retry-after`).
+    Failed {
+        message: String,
+        retryable: bool,
+        retry_after_ms: Option<u64>,
+    },
 }
 
 /// How an effect is settled after an execution.
@@ -513,11 +519,15 @@ pub fn settle(
 ) -> Settlement {
     match outcome {
         Outcome::Succeeded { result } => Settlement::Succeeded { result },
-        Outcome::Failed { message, retryable } => {
+        Outcome::Failed {
+            message,
+            retryable,
+            retry_after_ms,
+        } => {
             let error = cap(&message);
             if retryable && attempts < max_attempts {
                 Settlement::Retry {
-                    at_ms: now_ms + backoff_ms(backoff, attempts, jitter) as i64,
+                    at_ms: now_ms + wait_ms(backoff, attempts, jitter, retry_after_ms) as i64,
                     error,
                 }
             } else {
@@ -603,6 +613,7 @@ mod tests {
         let failed = || Outcome::Failed {
             message: "503".into(),
             retryable: true,
+            retry_after_ms: None,
         };
         assert_eq!(
             settle(failed(), 1, 3, &policy(), 10_000, 0.0),
@@ -624,6 +635,19 @@ mod tests {
                 error: "503".into()
             }
         );
+        // A receiver's retry-after (a 429) is waited for when longer.
+        let asked = Outcome::Failed {
+            message: "429".into(),
+            retryable: true,
+            retry_after_ms: Some(5_000),
+        };
+        assert_eq!(
+            settle(asked, 1, 3, &policy(), 10_000, 0.0),
+            Settlement::Retry {
+                at_ms: 15_000,
+                error: "429".into()
+            }
+        );
     }
 
     #[test]
@@ -631,6 +655,7 @@ mod tests {
         let outcome = Outcome::Failed {
             message: "404 Not Found".into(),
             retryable: false,
+            retry_after_ms: None,
         };
         assert_eq!(
             settle(outcome, 1, 15, &policy(), 0, 0.0),

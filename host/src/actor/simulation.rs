@@ -746,6 +746,7 @@ impl World {
                 at_offset: Some(offsets[0]),
                 detail: None,
                 filter: false,
+                retry_after_ms: None,
             })
         } else {
             let received = self.received.entry(path).or_default();

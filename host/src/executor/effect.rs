@@ -410,12 +410,14 @@ async fn execute_and_settle(exec: &Executors, settings: &Settings, row: EffectRo
                 Err(f) => Outcome::Failed {
                     message: f.message,
                     retryable: f.retryable,
+                    retry_after_ms: f.retry_after_ms,
                 },
             }
         }
         Err(message) => Outcome::Failed {
             message,
             retryable: false,
+            retry_after_ms: None,
         },
     };
     if let Some(span) = span {

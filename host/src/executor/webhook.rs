@@ -152,16 +152,36 @@ impl Client {
                 code,
             ));
         }
+        // A receiver that is busy or limits its rate says when to come
+        // back: the next attempt waits for it (at most the backoff's max).
+        let retry_after = match status.as_u16() {
+            429 | 503 => response
+                .headers()
+                .get(reqwest::header::RETRY_AFTER)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| retry_after_ms(v, std::time::SystemTime::now())),
+            _ => None,
+        };
         let text = quoted_body(response).await;
-        Err((
-            fail(format!(
-                "webhook responded {} {}",
-                status.as_u16(),
-                text.trim()
-            )),
-            code,
-        ))
+        let mut failure = fail(format!(
+            "webhook responded {} {}",
+            status.as_u16(),
+            text.trim()
+        ));
+        failure.retry_after_ms = retry_after;
+        Err((failure, code))
     }
+}
+
+/// A `retry-after` value in ms: delay seconds, or an HTTP date (after
+/// `now`; one past is no wait). `None`: not a value of either form.
+fn retry_after_ms(value: &str, now: std::time::SystemTime) -> Option<u64> {
+    let value = value.trim();
+    if let Ok(seconds) = value.parse::<u64>() {
+        return Some(seconds.saturating_mul(1000));
+    }
+    let at = httpdate::parse_http_date(value).ok()?;
+    Some(at.duration_since(now).map_or(0, |d| d.as_millis() as u64))
 }
 
 /// At most [`RESPONSE_QUOTE_BYTES_MAX`] bytes of a receiver's answer, read
@@ -421,6 +441,25 @@ fn kind(ip: IpAddr) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn retry_after_is_seconds_or_an_http_date() {
+        let now = std::time::UNIX_EPOCH + Duration::from_secs(1_445_412_480);
+        assert_eq!(retry_after_ms("120", now), Some(120_000));
+        assert_eq!(retry_after_ms(" 0 ", now), Some(0));
+        // 2015-10-21T07:28:00Z is `now`; two minutes later:
+        assert_eq!(
+            retry_after_ms("Wed, 21 Oct 2015 07:30:00 GMT", now),
+            Some(120_000)
+        );
+        assert_eq!(
+            retry_after_ms("Wed, 21 Oct 2015 07:00:00 GMT", now),
+            Some(0),
+            "a date past is no wait"
+        );
+        assert_eq!(retry_after_ms("soon", now), None);
+        assert_eq!(retry_after_ms("-5", now), None);
+    }
 
     #[test]
     fn non_public_addresses_are_recognised() {
