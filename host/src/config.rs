@@ -271,6 +271,10 @@ pub struct EffectsConfig {
     /// last share's worth, so a project whose receivers hang leaves the
     /// others room.
     pub concurrency_per_project: Option<usize>,
+    /// Webhook POSTs to one destination (a URL's host name) at once,
+    /// subscription deliveries and effects alike (8): a slow receiver
+    /// holds these, not every place of the host's.
+    pub per_destination_concurrency: usize,
 }
 
 impl EffectsConfig {
@@ -287,6 +291,7 @@ impl Default for EffectsConfig {
             lease_ms: 30_000,
             concurrency: 64,
             concurrency_per_project: None,
+            per_destination_concurrency: 8,
         }
     }
 }
@@ -596,6 +601,9 @@ impl Config {
         }
         if e.concurrency_per_project == Some(0) {
             bail!("effects.concurrency-per-project must be at least 1, got 0");
+        }
+        if e.per_destination_concurrency == 0 {
+            bail!("effects.per-destination-concurrency must be at least 1, got 0");
         }
         if e.lease_ms <= d.timeout_ms {
             bail!(

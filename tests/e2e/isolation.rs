@@ -1178,3 +1178,79 @@ async fn a_webhook_transform_that_builds_a_huge_value_halts_at_once_and_posts_no
         "{halted}"
     );
 }
+
+#[tokio::test]
+async fn a_slow_destination_holds_its_own_places_and_another_destination_is_served() {
+    // Two POSTs at once to one destination; an attempt may hang for two
+    // minutes before it times out.
+    let config = "[delivery]\ntimeout-ms = 120000\n\
+                  [effects]\nper-destination-concurrency = 2\nlease-ms = 300000\n";
+    let s = Server::start_with(Some(config), &[]);
+    // Two destinations (host names 127.0.0.1 and localhost): one never
+    // answers, one answers at once.
+    let slow = crate::effects::Receiver::start().await;
+    let mut ok = crate::effects::Receiver::start().await;
+    ok.base = ok.base.replace("127.0.0.1", "localhost");
+    let stream = "/v1/projects/acme/streams/orders";
+    for i in 0..5 {
+        let sub = webhook_subscription(&format!("hang-{i}"), &format!("{}/hang/{i}", slow.base));
+        assert_eq!(s.post(&format!("{stream}:append"), sub).await.0, 200);
+    }
+    let order = ev("order/placed", json!({"n": 1}));
+    assert_eq!(
+        s.post(&format!("{stream}:append"), order.clone()).await.0,
+        200
+    );
+    let slow_posts = || slow.posts.lock().unwrap().len();
+    let waiting = async || {
+        let (status, rt) = s.get(&format!("{stream}:runtime")).await;
+        assert_eq!(status, 200, "{rt}");
+        let runs = rt["subscriptions"].as_object().cloned().unwrap_or_default();
+        runs.values()
+            .filter(|run| run["waitingForPlace"] == true)
+            .count()
+    };
+    crate::support::wait_for(
+        "two deliveries at the slow destination and three waiting for it",
+        Duration::from_secs(30),
+        async || slow_posts() == 2 && waiting().await == 3,
+    )
+    .await;
+    // Another destination is served meanwhile: a delivery and an effect.
+    let other = "/v1/projects/acme/streams/other";
+    let sub = webhook_subscription("fine", &format!("{}/ok/delivery", ok.base));
+    assert_eq!(s.post(&format!("{other}:append"), sub).await.0, 200);
+    assert_eq!(s.post(&format!("{other}:append"), order).await.0, 200);
+    let fx = "/v1/projects/acme/streams/fx";
+    crate::effects::effector_on(&s, fx).await;
+    crate::effects::request(
+        &s,
+        fx,
+        json!([{"key": "held", "webhook": {"url": format!("{}/hang/fx", slow.base), "body": {}}},
+               {"key": "fine", "webhook": {"url": format!("{}/ok/fx", ok.base), "body": {}}}]),
+    )
+    .await;
+    crate::support::wait_for(
+        "the other destination's delivery and effect",
+        Duration::from_secs(30),
+        async || !ok.posts_to("/ok/delivery").is_empty() && !ok.posts_to("/ok/fx").is_empty(),
+    )
+    .await;
+    // The slow destination still has two POSTs: the effect waits too.
+    assert_eq!(slow_posts(), 2);
+    let (status, effects) = s.get("/v1/projects/acme/effects?limit=10").await;
+    assert_eq!(status, 200, "{effects}");
+    let held = effects["effects"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["key"] == "held")
+        .cloned()
+        .unwrap();
+    assert_eq!(held["status"], "running", "{held}");
+    assert_eq!(
+        held["lastError"],
+        Value::Null,
+        "waiting is no failure: {held}"
+    );
+}

@@ -40,6 +40,9 @@ pub struct StreamSettings {
     pub stored: Arc<crate::quota::StoredBytes>,
     /// Guest calls at once, per project and in all (`[processors]`).
     pub calls: Arc<crate::processor::share::Shares>,
+    /// Webhook POSTs at once per destination (`[effects]
+    /// per-destination-concurrency`).
+    pub destinations: Arc<crate::processor::share::Shares>,
     /// What the configuration bounds in deliveries' evaluations.
     pub bounds: crate::delivery::Bounds,
     /// Trace spans for the OTLP endpoint.
@@ -146,6 +149,7 @@ impl Streams {
                     effects_ended: Default::default(),
                     secrets: Default::default(),
                     clock: clock.clone(),
+                    destinations: settings.destinations,
                 },
                 storage,
                 clock,

@@ -379,6 +379,10 @@ async fn lease(
     (leased, failed)
 }
 
+/// What an effect's lease keeps beyond its wait for a place at its
+/// destination and its POST's timeout.
+const DESTINATION_WAIT_MARGIN_MS: u64 = 1000;
+
 async fn execute_and_settle(exec: &Executors, settings: &Settings, row: EffectRow) {
     let timeout_ms = settings.delivery.timeout_ms;
     let (kind, name) = effect::consumer(&row.component);
@@ -394,8 +398,37 @@ async fn execute_and_settle(exec: &Executors, settings: &Settings, row: EffectRo
         .as_ref()
         .and_then(|t| exec.telemetry.begin(Some(t)));
     let carried = span.as_ref().map(|s| s.handed_on.clone()).or(stored_trace);
-    let outcome = match Target::from_json(&row.target) {
-        Ok(target) => {
+    // A webhook first waits for a place at its destination, for as long
+    // as its lease outlasts the wait and the POST (then it is retried).
+    let destination = match Target::from_json(&row.target) {
+        Ok(Target::Webhook { url, .. }) => super::destination(&url),
+        _ => None,
+    };
+    let waited_for = Duration::from_millis(
+        settings
+            .effects
+            .lease_ms
+            .saturating_sub(timeout_ms)
+            .saturating_sub(DESTINATION_WAIT_MARGIN_MS),
+    );
+    let place = match &destination {
+        Some(d) => tokio::time::timeout(waited_for, exec.destinations.enter(d))
+            .await
+            .map(Some)
+            .map_err(|_| d.clone()),
+        None => Ok(None),
+    };
+    let outcome = match (place, Target::from_json(&row.target)) {
+        (Err(d), _) => Outcome::Failed {
+            message: format!(
+                "no place at destination {d} for {} ms ([effects] per-destination-concurrency \
+                 POSTs to it were running)",
+                waited_for.as_millis()
+            ),
+            retryable: true,
+            retry_after_ms: None,
+        },
+        (Ok(_place), Ok(target)) => {
             let wait = Duration::from_millis(timeout_ms);
             match guarded(
                 &label,
@@ -414,7 +447,7 @@ async fn execute_and_settle(exec: &Executors, settings: &Settings, row: EffectRo
                 },
             }
         }
-        Err(message) => Outcome::Failed {
+        (Ok(_), Err(message)) => Outcome::Failed {
             message,
             retryable: false,
             retry_after_ms: None,

@@ -96,6 +96,9 @@ pub struct Executors {
     pub secrets: signature::SecretCache,
     /// The host's clock (a signed webhook's timestamp).
     pub clock: Arc<dyn crate::clock::Clock>,
+    /// Webhook POSTs at once per destination, deliveries and effects
+    /// alike (`[effects] per-destination-concurrency`).
+    pub destinations: Arc<crate::processor::share::Shares>,
 }
 
 /// What a target's `send` works with.
@@ -168,18 +171,32 @@ where
                 placed,
             })
         };
-        let place = match shares.try_enter(&project) {
-            Some(place) => place,
-            None => {
-                let waiting = Instant::now();
-                report(placement(false)).await;
-                let place = shares.enter(&project).await;
-                report(placement(true)).await;
-                // The attempt's time starts now.
-                job.delay(i64::try_from(waiting.elapsed().as_millis()).unwrap_or(i64::MAX));
-                place
-            }
+        // A webhook first waits for a place at its destination (holding
+        // nothing else meanwhile), then for one of its project's.
+        let destination = match &job.route.target {
+            Target::Webhook { url, .. } => destination(url),
+            _ => None,
         };
+        let mut places = Vec::with_capacity(2);
+        for (shares, key) in destination
+            .map(|d| (Arc::clone(&exec.destinations), d))
+            .into_iter()
+            .chain([(shares, project)])
+        {
+            let place = match shares.try_enter(&key) {
+                Some(place) => place,
+                None => {
+                    let waiting = Instant::now();
+                    report(placement(false)).await;
+                    let place = shares.enter(&key).await;
+                    report(placement(true)).await;
+                    // The attempt's time starts now.
+                    job.delay(i64::try_from(waiting.elapsed().as_millis()).unwrap_or(i64::MAX));
+                    place
+                }
+            };
+            places.push(place);
+        }
         // A component this host must compile first (being compiled after
         // a deploy, or compiled nowhere here): the attempt waits for the
         // compile, and its time starts after it.
@@ -202,7 +219,7 @@ where
             execute(exec, job, source, gate),
         )
         .await;
-        drop(place);
+        drop(places);
         report(Report::Done(DeliveryDone {
             key,
             generation,
@@ -212,6 +229,13 @@ where
         }))
         .await;
     });
+}
+
+/// A webhook's destination as its places are counted: the URL's host name
+/// (`None`: not a URL, refused when it is sent).
+pub(crate) fn destination(url: &str) -> Option<String> {
+    let url = reqwest::Url::parse(url).ok()?;
+    Some(url.host_str()?.to_ascii_lowercase())
 }
 
 /// The digest of the component that `job` (a wake or an ITX call) runs,
@@ -441,6 +465,19 @@ pub(crate) async fn blocking<T: Send + 'static>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_webhooks_destination_is_its_host_name() {
+        assert_eq!(
+            destination("https://Hooks.Example.com:8443/a?b").as_deref(),
+            Some("hooks.example.com")
+        );
+        assert_eq!(
+            destination("http://127.0.0.1:9/x").as_deref(),
+            Some("127.0.0.1")
+        );
+        assert_eq!(destination("not a url"), None);
+    }
 
     #[tokio::test]
     async fn a_panicking_attempt_reports_a_retryable_failure() {

@@ -77,6 +77,11 @@ use crate::stream::{
 use crate::subscription::Subscription;
 use request::{StreamAnswer, StreamRequest};
 
+/// Webhook POSTs at once to all destinations together: no bound of its
+/// own (each destination has its share; the deliveries' and effects'
+/// concurrency bound the rest).
+const DESTINATIONS_MAX: usize = 1 << 20;
+
 /// A running streamhost. Cheap to clone.
 #[derive(Clone)]
 pub struct Host {
@@ -210,6 +215,10 @@ impl Host {
             calls: crate::processor::share::Shares::new(
                 config.processors.max_concurrent_calls,
                 config.processors.max_concurrent_calls_per_project,
+            ),
+            destinations: crate::processor::share::Shares::new(
+                DESTINATIONS_MAX,
+                config.effects.per_destination_concurrency,
             ),
             bounds: config.delivery_bounds(),
             telemetry: crate::telemetry::Telemetry::start(&config.telemetry, metrics.clone())
