@@ -275,6 +275,10 @@ pub struct EffectsConfig {
     /// subscription deliveries and effects alike (8): a slow receiver
     /// holds these, not every place of the host's.
     pub per_destination_concurrency: usize,
+    /// Webhook POSTs a second to one destination (unset: unlimited): the
+    /// POSTs past it are spaced out (after their place, within their
+    /// timeout).
+    pub per_destination_rate: Option<f64>,
 }
 
 impl EffectsConfig {
@@ -292,6 +296,7 @@ impl Default for EffectsConfig {
             concurrency: 64,
             concurrency_per_project: None,
             per_destination_concurrency: 8,
+            per_destination_rate: None,
         }
     }
 }
@@ -604,6 +609,11 @@ impl Config {
         }
         if e.per_destination_concurrency == 0 {
             bail!("effects.per-destination-concurrency must be at least 1, got 0");
+        }
+        if let Some(rate) = e.per_destination_rate {
+            if !(rate.is_finite() && rate > 0.0) {
+                bail!("effects.per-destination-rate must be a number of requests a second above 0, got {rate}");
+            }
         }
         if e.lease_ms <= d.timeout_ms {
             bail!(

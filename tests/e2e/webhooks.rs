@@ -513,12 +513,18 @@ async fn a_runs_attempts_next_attempt_error_bytes_and_latency_survive_a_restart(
     assert_eq!(r.posts.lock().unwrap().len(), posts);
 }
 
-/// A receiver that answers the first POST to each path `429` with
-/// `retry-after: 2`, then `200`; it keeps when each POST arrived.
-async fn rate_limited_receiver() -> (String, Arc<Mutex<Vec<(String, std::time::Instant)>>>) {
-    type Seen = Arc<Mutex<Vec<(String, std::time::Instant)>>>;
+/// When each POST arrived, by path.
+type Seen = Arc<Mutex<Vec<(String, std::time::Instant)>>>;
+
+/// A receiver that keeps when each POST arrived and answers `200`, or,
+/// `limiting`, answers the first POST to each path `429` with
+/// `retry-after: 2` first.
+async fn timing_receiver(limiting: bool) -> (String, Seen) {
     let seen: Seen = Arc::default();
-    async fn hook(State(seen): State<Seen>, uri: axum::http::Uri) -> axum::response::Response {
+    async fn hook(
+        State((seen, limiting)): State<(Seen, bool)>,
+        uri: axum::http::Uri,
+    ) -> axum::response::Response {
         use axum::response::IntoResponse;
         let path = uri.path().to_string();
         let first = {
@@ -527,7 +533,7 @@ async fn rate_limited_receiver() -> (String, Arc<Mutex<Vec<(String, std::time::I
             seen.push((path, std::time::Instant::now()));
             first
         };
-        if first {
+        if first && limiting {
             (
                 StatusCode::TOO_MANY_REQUESTS,
                 [("retry-after", "2")],
@@ -540,7 +546,7 @@ async fn rate_limited_receiver() -> (String, Arc<Mutex<Vec<(String, std::time::I
     }
     let app = Router::new()
         .route("/{*rest}", post(hook))
-        .with_state(seen.clone());
+        .with_state((seen.clone(), limiting));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
@@ -552,7 +558,7 @@ async fn a_receivers_429_retry_after_is_waited_for_by_deliveries_and_effects() {
     // Backoff of 50 ms: without the receiver's word, the second attempt
     // would come at once.
     let s = Server::start_with(Some(FAST), &[]);
-    let (base, seen) = rate_limited_receiver().await;
+    let (base, seen) = timing_receiver(true).await;
     let sub = webhook(&format!("{base}/delivery"), "halt", None);
     append(&s, sub["events"].clone()).await;
     append(&s, json!([{"type": "x.y/e", "payload": {"n": 1}}])).await;
@@ -584,4 +590,31 @@ async fn a_receivers_429_retry_after_is_waited_for_by_deliveries_and_effects() {
         );
         assert_eq!(t.len(), 2, "{path}: one retry, then delivered");
     }
+}
+
+#[tokio::test]
+async fn posts_to_one_destination_keep_to_its_rate() {
+    // Five a second to one host name: six effects at once arrive 200 ms
+    // apart.
+    let config = format!("{FAST}\n[effects]\nper-destination-rate = 5\n");
+    let s = Server::start_with(Some(&config), &[]);
+    let (base, seen) = timing_receiver(false).await;
+    let fx = "/v1/projects/acme/streams/fx";
+    crate::effects::effector_on(&s, fx).await;
+    let effects: Vec<Value> = (0..6)
+        .map(|i| json!({"key": format!("e{i}"), "webhook": {"url": format!("{base}/e/{i}"), "body": {}}}))
+        .collect();
+    crate::effects::request(&s, fx, Value::Array(effects)).await;
+    wait_for("the six POSTs", Duration::from_secs(30), async || {
+        seen.lock().unwrap().len() >= 6
+    })
+    .await;
+    let mut times: Vec<std::time::Instant> = seen.lock().unwrap().iter().map(|(_, t)| *t).collect();
+    times.sort();
+    let spread = times[5] - times[0];
+    assert!(
+        spread >= Duration::from_millis(900),
+        "six POSTs at 5 a second took {spread:?} (at least 1 s expected)"
+    );
+    assert_eq!(times.len(), 6, "each once");
 }

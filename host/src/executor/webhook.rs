@@ -26,10 +26,40 @@ const RESPONSE_QUOTE_BYTES_MAX: usize = 200;
 pub struct Client {
     http: reqwest::Client,
     deny_private_networks: bool,
+    /// `[effects] per-destination-rate`, when set.
+    pacer: Option<Arc<Pacer>>,
+}
+
+/// Spaces the POSTs to each destination (host name) `interval` apart.
+struct Pacer {
+    interval: Duration,
+    next: std::sync::Mutex<std::collections::HashMap<String, tokio::time::Instant>>,
+}
+
+/// Destinations a pacer remembers before it forgets those whose next
+/// slot has passed.
+const PACED_DESTINATIONS_MAX: usize = 4096;
+
+impl Pacer {
+    /// The next slot of `destination`, taken; answers when it is.
+    fn take(&self, destination: &str) -> tokio::time::Instant {
+        let now = tokio::time::Instant::now();
+        let mut next = self.next.lock().unwrap_or_else(|e| e.into_inner());
+        if next.len() >= PACED_DESTINATIONS_MAX {
+            next.retain(|_, at| *at > now);
+        }
+        let slot = next
+            .get(destination)
+            .copied()
+            .filter(|at| *at > now)
+            .unwrap_or(now);
+        next.insert(destination.to_string(), slot + self.interval);
+        slot
+    }
 }
 
 impl Client {
-    pub fn new(deny_private_networks: bool) -> anyhow::Result<Client> {
+    pub fn new(deny_private_networks: bool, rate: Option<f64>) -> anyhow::Result<Client> {
         let mut builder = reqwest::Client::builder()
             .user_agent(concat!("streamhost/", env!("CARGO_PKG_VERSION")))
             .redirect(reqwest::redirect::Policy::none());
@@ -39,6 +69,12 @@ impl Client {
         Ok(Client {
             http: builder.build()?,
             deny_private_networks,
+            pacer: rate.map(|r| {
+                Arc::new(Pacer {
+                    interval: Duration::from_secs_f64(1.0 / r),
+                    next: Default::default(),
+                })
+            }),
         })
     }
 
@@ -107,6 +143,12 @@ impl Client {
             check_target(url).await.map_err(|f| (f, None))?;
         }
         let fail = |message: String| Failure::new(message, true);
+        // At most `per-destination-rate` POSTs a second to one host name:
+        // this one waits for its slot (it holds a place of its destination,
+        // so a few wait at once).
+        if let (Some(pacer), Some(destination)) = (&self.pacer, super::destination(url)) {
+            tokio::time::sleep_until(pacer.take(&destination)).await;
+        }
         let bytes = serde_json::to_vec(body).expect("a JSON value serializes");
         let mut request = self
             .http
@@ -441,6 +483,25 @@ fn kind(ip: IpAddr) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_pacer_spaces_each_destinations_posts_and_forgets_past_ones() {
+        let pacer = Pacer {
+            interval: Duration::from_millis(200),
+            next: Default::default(),
+        };
+        let start = tokio::time::Instant::now();
+        let slots: Vec<Duration> = (0..3).map(|_| pacer.take("a") - start).collect();
+        assert_eq!(
+            slots,
+            [0, 200, 400].map(Duration::from_millis),
+            "one destination's POSTs 200 ms apart"
+        );
+        assert_eq!(pacer.take("b") - start, Duration::ZERO, "another's at once");
+        tokio::time::advance(Duration::from_secs(1)).await;
+        let now = tokio::time::Instant::now();
+        assert_eq!(pacer.take("a"), now, "a slot long past is no wait");
+    }
 
     #[test]
     fn retry_after_is_seconds_or_an_http_date() {

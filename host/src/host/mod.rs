@@ -206,8 +206,11 @@ impl Host {
         }
         let settings = crate::actor::StreamSettings {
             delivery: config.delivery.clone(),
-            webhooks: crate::executor::webhook::Client::new(config.deny_private_networks())
-                .context("building the webhook client")?,
+            webhooks: crate::executor::webhook::Client::new(
+                config.deny_private_networks(),
+                config.effects.per_destination_rate,
+            )
+            .context("building the webhook client")?,
             idle_stream_ms: config.limits.idle_stream_ms,
             max_live_connections_per_project: config.limits.max_live_connections_per_project,
             max_ephemeral_bytes: config.limits.max_ephemeral_bytes,
