@@ -189,6 +189,13 @@ async fn post(client: &reqwest::Client, url: String, body: Value) -> u16 {
 /// measures; what the server does for them is (at the server's priority).
 #[test]
 fn a_hostile_project_leaves_another_projects_latency_and_the_servers_memory_bounded() {
+    with_probes_at_nice_19(hostile_project_run());
+}
+
+/// Runs `run` on this thread (the measurements it starts keep the normal
+/// priority) with a runtime whose worker threads, where the probes' tasks
+/// run, are at nice 19.
+fn with_probes_at_nice_19(run: impl std::future::Future<Output = ()>) {
     let probes = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -200,9 +207,19 @@ fn a_hostile_project_leaves_another_projects_latency_and_the_servers_memory_boun
         })
         .build()
         .unwrap();
-    // The future runs on this thread (not a runtime thread): the
-    // measurements it starts keep the normal priority.
-    probes.block_on(hostile_project_run());
+    probes.block_on(run);
+}
+
+/// The median over `runs` of each run's percentile `p`.
+fn median_p(runs: &[Vec<Duration>], p: f64) -> Duration {
+    let mut v: Vec<Duration> = runs.iter().map(|r| percentile(r, p)).collect();
+    v.sort();
+    v[v.len() / 2]
+}
+
+/// Milliseconds, two decimals.
+fn ms(d: Duration) -> String {
+    format!("{:.2}", d.as_secs_f64() * 1e3)
 }
 
 async fn hostile_project_run() {
@@ -527,11 +544,6 @@ async fn hostile_project_run() {
         )
         .await;
     }
-    let median_p = |runs: &[Vec<Duration>], p: f64| {
-        let mut v: Vec<Duration> = runs.iter().map(|r| percentile(r, p)).collect();
-        v.sort();
-        v[v.len() / 2]
-    };
     let (q50, q99) = (median_p(&quiets, 0.5), median_p(&quiets, 0.99));
     let (b50, b99) = (median_p(&busies, 0.5), median_p(&busies, 0.99));
     stop.store(true, Ordering::Relaxed);
@@ -550,7 +562,6 @@ async fn hostile_project_run() {
         open.into_iter().filter(|o| *o).count()
     };
 
-    let ms = |d: Duration| format!("{:.2}", d.as_secs_f64() * 1e3);
     let p99s = |runs: &[Vec<Duration>]| {
         runs.iter()
             .map(|r| ms(percentile(r, 0.99)))
@@ -599,18 +610,7 @@ async fn hostile_project_run() {
 /// `429`, as `isolation::` tests.)
 #[test]
 fn a_projects_spinning_guest_calls_leave_another_projects_latency_bounded() {
-    let probes = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .on_thread_start(|| {
-            // SAFETY: a plain system call on the calling thread (Linux: who = 0).
-            unsafe {
-                libc::setpriority(libc::PRIO_PROCESS, 0, 19);
-            }
-        })
-        .build()
-        .unwrap();
-    probes.block_on(spinning_calls_run());
+    with_probes_at_nice_19(spinning_calls_run());
 }
 
 async fn spinning_calls_run() {
@@ -681,14 +681,8 @@ async fn spinning_calls_run() {
         .await;
     }
     stop.store(true, Ordering::Relaxed);
-    let median_p = |runs: &[Vec<Duration>], p: f64| {
-        let mut v: Vec<Duration> = runs.iter().map(|r| percentile(r, p)).collect();
-        v.sort();
-        v[v.len() / 2]
-    };
     let (q50, q99) = (median_p(&quiets, 0.5), median_p(&quiets, 0.99));
     let (b50, b99) = (median_p(&busies, 0.5), median_p(&busies, 0.99));
-    let ms = |d: Duration| format!("{:.2}", d.as_secs_f64() * 1e3);
     let statuses = statuses.lock().unwrap().clone();
     println!(
         "second project beside {SPINNERS} spinning calls: quiet p50 {} ms p99 {} ms; \
