@@ -627,15 +627,16 @@ async fn spinning_calls_run() {
     let quiet = time_good_project(s.url.clone());
 
     let stop = Arc::new(AtomicBool::new(false));
-    let paused = Arc::new(AtomicBool::new(false));
+    // While true, the spinners start no call.
+    let (paused, _) = tokio::sync::watch::channel(false);
     let spinning = Arc::new(AtomicU64::new(0));
     let calls = Arc::new(AtomicU64::new(0));
     let statuses = Arc::new(std::sync::Mutex::new(std::collections::BTreeMap::new()));
     let client = reqwest::Client::new();
     for _ in 0..SPINNERS {
-        let (stop, paused, spinning, calls, statuses, client) = (
+        let (stop, mut paused, spinning, calls, statuses, client) = (
             Arc::clone(&stop),
-            Arc::clone(&paused),
+            paused.subscribe(),
             Arc::clone(&spinning),
             Arc::clone(&calls),
             Arc::clone(&statuses),
@@ -645,13 +646,18 @@ async fn spinning_calls_run() {
         tokio::spawn(async move {
             let spin = json!({"expression": ["components", ["get", "kinds"], "spin"], "args": []});
             while !stop.load(Ordering::Relaxed) {
-                if paused.load(Ordering::Relaxed) {
-                    tokio::time::sleep(Duration::from_millis(20)).await;
+                // Counted before the pause is looked at: a call that
+                // starts is always one the pause waits for.
+                spinning.fetch_add(1, Ordering::SeqCst);
+                if *paused.borrow() {
+                    spinning.fetch_sub(1, Ordering::SeqCst);
+                    if paused.wait_for(|p| !*p).await.is_err() {
+                        return;
+                    }
                     continue;
                 }
-                spinning.fetch_add(1, Ordering::Relaxed);
                 let status = post(&client, url.clone(), spin.clone()).await;
-                spinning.fetch_sub(1, Ordering::Relaxed);
+                spinning.fetch_sub(1, Ordering::SeqCst);
                 calls.fetch_add(1, Ordering::Relaxed);
                 *statuses.lock().unwrap().entry(status).or_insert(0u64) += 1;
             }
@@ -664,7 +670,7 @@ async fn spinning_calls_run() {
     let mut busies = Vec::new();
     for _ in 0..windows() {
         busies.push(time_good_project(s.url.clone()));
-        paused.store(true, Ordering::Relaxed);
+        paused.send_replace(true);
         wait_for(
             "the spinning calls to end",
             Duration::from_secs(30),
@@ -672,7 +678,7 @@ async fn spinning_calls_run() {
         )
         .await;
         quiets.push(time_good_project(s.url.clone()));
-        paused.store(false, Ordering::Relaxed);
+        paused.send_replace(false);
         wait_for(
             "the calls to spin again",
             Duration::from_secs(30),

@@ -400,8 +400,9 @@ async fn execute_and_settle(exec: &Executors, settings: &Settings, row: EffectRo
     let carried = span.as_ref().map(|s| s.handed_on.clone()).or(stored_trace);
     // A webhook first waits for a place at its destination, for as long
     // as its lease outlasts the wait and the POST (then it is retried).
-    let destination = match Target::from_json(&row.target) {
-        Ok(Target::Webhook { url, .. }) => super::destination(&url),
+    let target = Target::from_json(&row.target);
+    let destination = match &target {
+        Ok(Target::Webhook { url, .. }) => super::destination(url),
         _ => None,
     };
     let waited_for = Duration::from_millis(
@@ -418,7 +419,7 @@ async fn execute_and_settle(exec: &Executors, settings: &Settings, row: EffectRo
             .map_err(|_| d.clone()),
         None => Ok(None),
     };
-    let outcome = match (place, Target::from_json(&row.target)) {
+    let outcome = match (place, target) {
         (Err(d), _) => Outcome::Failed {
             message: format!(
                 "no place at destination {d} for {} ms ([effects] per-destination-concurrency \
