@@ -299,6 +299,24 @@ async fn loud_receiver() -> String {
     url
 }
 
+/// How many of `stream`'s subscription runs wait for a place; none has
+/// failed an attempt (waiting, or a POST hanging, is no failure).
+async fn waiting_for_place(s: &Server, stream: &str) -> usize {
+    let (status, rt) = s.get(&format!("{stream}:runtime")).await;
+    assert_eq!(status, 200, "{rt}");
+    let runs = rt["subscriptions"].as_object().cloned().unwrap_or_default();
+    for (key, run) in &runs {
+        assert_eq!(
+            run["attempt"], 0,
+            "{key}: waiting or hanging is no failure: {run}"
+        );
+        assert!(run["lastError"].is_null(), "{key}: {run}");
+    }
+    runs.values()
+        .filter(|run| run["waitingForPlace"] == true)
+        .count()
+}
+
 fn webhook_subscription(key: &str, url: &str) -> Value {
     json!({"events": [{"type": "events.iterate.com/stream/subscription-configured",
         "payload": {"subscriptionKey": key,
@@ -939,21 +957,7 @@ async fn a_project_whose_webhooks_hang_takes_its_share_of_deliveries_and_another
             .filter(|p| p.path.starts_with("/hang/"))
             .count()
     };
-    let waiting = async || {
-        let (status, rt) = s.get(&format!("{evil}:runtime")).await;
-        assert_eq!(status, 200, "{rt}");
-        let runs = rt["subscriptions"].as_object().cloned().unwrap_or_default();
-        for (key, run) in &runs {
-            assert_eq!(
-                run["attempt"], 0,
-                "{key}: waiting or hanging is no failure: {run}"
-            );
-            assert!(run["lastError"].is_null(), "{key}: {run}");
-        }
-        runs.values()
-            .filter(|run| run["waitingForPlace"] == true)
-            .count()
-    };
+    let waiting = async || waiting_for_place(&s, evil).await;
     crate::support::wait_for(
         "evil's deliveries to take their share and the rest to wait",
         Duration::from_secs(30),
@@ -1202,14 +1206,7 @@ async fn a_slow_destination_holds_its_own_places_and_another_destination_is_serv
         200
     );
     let slow_posts = || slow.posts.lock().unwrap().len();
-    let waiting = async || {
-        let (status, rt) = s.get(&format!("{stream}:runtime")).await;
-        assert_eq!(status, 200, "{rt}");
-        let runs = rt["subscriptions"].as_object().cloned().unwrap_or_default();
-        runs.values()
-            .filter(|run| run["waitingForPlace"] == true)
-            .count()
-    };
+    let waiting = async || waiting_for_place(&s, stream).await;
     crate::support::wait_for(
         "two deliveries at the slow destination and three waiting for it",
         Duration::from_secs(30),
