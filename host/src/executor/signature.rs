@@ -130,9 +130,18 @@ impl SecretCache {
         storage: &Storage,
         project: &str,
     ) -> Result<Option<Arc<Secrets>>, Failure> {
-        if let Some(secrets) = self.fresh(project) {
-            return Ok(secrets);
+        match self.fresh(project) {
+            Some(secrets) => Ok(secrets),
+            None => self.read_blocking(storage, project),
         }
+    }
+
+    /// Reads `project`'s secrets from storage and keeps them (blocking).
+    fn read_blocking(
+        &self,
+        storage: &Storage,
+        project: &str,
+    ) -> Result<Option<Arc<Secrets>>, Failure> {
         let secrets = storage
             .webhook_secrets(project)
             .map_err(|e| Failure::new(format!("reading the webhook secrets failed: {e:#}"), true))?
@@ -162,7 +171,7 @@ impl SecretCache {
             return Ok(secrets);
         }
         let (cache, storage, project) = (self.clone(), storage.clone(), project.to_string());
-        super::blocking(move || cache.get_blocking(&storage, &project)).await
+        super::blocking(move || cache.read_blocking(&storage, &project)).await
     }
 
     /// Forgets what was read of `project` (its secrets just changed here).
