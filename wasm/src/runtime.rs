@@ -2299,9 +2299,12 @@ mod tests {
             let env =
                 || Determinism::for_event("stream-a", offset, 1_796_378_400_000 + offset as i64);
             let made_ahead = ahead.react("clocky", &p, &event, env(), 5_000).unwrap();
+            // The next one may already be made ahead after the call (when
+            // clocky's instantiation took long on a busy machine): what
+            // counts is that this call was served by the parked one.
             assert_eq!(
-                ahead.instances_made_ahead(),
-                (0, served + 1),
+                ahead.instances_made_ahead().1,
+                served + 1,
                 "the call took the instance made ahead"
             );
             let made_here = fresh.react("clocky", &q, &event, env(), 5_000).unwrap();
