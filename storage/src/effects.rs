@@ -56,6 +56,8 @@ pub struct NewEffect {
     /// For a `cancel` target: the key of the same consumer's effect it
     /// cancels if that is pending, in the commit that stores it.
     pub cancels: Option<String>,
+    /// Its ordering group ([`GROUP_HEAD`]).
+    pub group: Option<String>,
 }
 
 impl NewEffect {
@@ -67,6 +69,7 @@ impl NewEffect {
             checkpoint_offset,
             not_before_ms: checked.not_before_ms,
             cancels: checked.cancels,
+            group: checked.group,
         }
     }
 
@@ -110,6 +113,7 @@ pub(super) struct PgInsert<'a> {
     statuses: Vec<Option<&'a str>>,
     /// The keys the cancels among them cancel.
     cancelled: Vec<Option<&'a str>>,
+    groups: Vec<Option<&'a str>>,
 }
 
 impl<'a> PgInsert<'a> {
@@ -129,6 +133,7 @@ impl<'a> PgInsert<'a> {
             targets: effects.iter().map(|e| Some(e.target.as_str())).collect(),
             not_before: effects.iter().map(|e| e.not_before_ms).collect(),
             statuses: effects.iter().map(|e| Some(e.status())).collect(),
+            groups: effects.iter().map(|e| e.group.as_deref()).collect(),
             cancelled: effects
                 .iter()
                 .filter_map(|e| e.cancels.as_deref())
@@ -142,12 +147,14 @@ impl<'a> PgInsert<'a> {
     /// and settled.
     pub(super) fn sql(&self) -> &'static str {
         const SQL: &str = "INSERT INTO effects (project, path, stream_id, component, effect_key,
-                 checkpoint_offset, target, status, due_at_ms, created_at, not_before_ms, settled_at)
+                 checkpoint_offset, target, status, due_at_ms, created_at, not_before_ms, settled_at,
+                 group_key)
              SELECT ?1, ?2, ?3, ?4, k, o, t, s,
                     GREATEST(CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT), nb), ?8,
-                    nb, CASE WHEN s = 'pending' THEN NULL ELSE ?8 END
+                    nb, CASE WHEN s = 'pending' THEN NULL ELSE ?8 END, g
              FROM UNNEST(CAST(?5 AS TEXT[]), CAST(?6 AS BIGINT[]), CAST(?7 AS TEXT[]),
-                         CAST(?9 AS BIGINT[]), CAST(?10 AS TEXT[])) AS u(k, o, t, nb, s)
+                         CAST(?9 AS BIGINT[]), CAST(?10 AS TEXT[]), CAST(?11 AS TEXT[]))
+                  AS u(k, o, t, nb, s, g)
              ON CONFLICT DO NOTHING";
         SQL
     }
@@ -184,6 +191,7 @@ impl<'a> PgInsert<'a> {
             Arg::Text(self.created_at),
             Arg::Ints(&self.not_before),
             Arg::Texts(&self.statuses),
+            Arg::Texts(&self.groups),
         ]
     }
 }
@@ -385,6 +393,7 @@ impl Storage {
                     &format!(
                         "SELECT {COLUMNS} FROM effects
                      WHERE status IN ('pending', 'running') AND due_at_ms <= ?1 {not_passed}
+                       {GROUP_HEAD}
                      ORDER BY due_at_ms, id LIMIT ?2"
                     ),
                     args![now_ms, limit as i64, passed.as_str()],
@@ -394,6 +403,7 @@ impl Storage {
                     &format!(
                         "SELECT {COLUMNS} FROM effects
                      WHERE status IN ('pending', 'running') AND due_at_ms <= ?1 {not_passed} {}
+                       {GROUP_HEAD}
                      ORDER BY due_at_ms, id LIMIT ?2",
                         owned_by(4)
                     ),
@@ -431,6 +441,7 @@ impl Storage {
                  SELECT id FROM effects, now
                  WHERE status IN ('pending', 'running') AND due_at_ms <= now.ms
                    AND NOT (id = ANY(?4)) AND NOT (project = ANY(?5)) {}
+                   {GROUP_HEAD}
                  ORDER BY due_at_ms, id LIMIT ?2
                  FOR UPDATE OF effects SKIP LOCKED
              )
@@ -507,20 +518,24 @@ impl Storage {
         })
     }
 
-    /// When the next effect falls due (a retry or an expiring lease); with
-    /// several hosts, of the streams this host owns.
+    /// When the next effect falls due (a retry or an expiring lease; an
+    /// effect behind an earlier one of its group is not due before it);
+    /// with several hosts, of the streams this host owns.
     pub fn next_effect_due(&self) -> Result<Option<i64>> {
         let owner = self.cluster().map(|me| me.id.clone());
         self.with_reader(|db| match &owner {
             None => db.query_one(
-                "SELECT MIN(due_at_ms) FROM effects WHERE status IN ('pending', 'running')",
+                &format!(
+                    "SELECT MIN(due_at_ms) FROM effects
+                     WHERE status IN ('pending', 'running') {GROUP_HEAD}"
+                ),
                 args![],
                 |r| r.opt_int(0),
             ),
             Some(owner) => db.query_one(
                 &format!(
                     "SELECT MIN(due_at_ms) FROM effects
-                     WHERE status IN ('pending', 'running') {}",
+                     WHERE status IN ('pending', 'running') {} {GROUP_HEAD}",
                     owned_by(1)
                 ),
                 args![owner],
@@ -543,6 +558,18 @@ fn not_in_projects(db: Db<'_>, n: usize) -> String {
         ),
     }
 }
+
+/// Effects of one consumer (its source stream and component) with the same
+/// `group` run one at a time, in commit order: one is due only when no
+/// earlier effect of its group is unsettled (`pending`, `running`, or
+/// `failed` until `:retry` or `:cancel` settles it). Effects without a
+/// group run independently. A condition on a row of `effects` (the index
+/// `effects_by_group` finds the earlier ones).
+pub const GROUP_HEAD: &str = "AND (effects.group_key IS NULL OR NOT EXISTS (
+         SELECT 1 FROM effects earlier
+         WHERE earlier.project = effects.project AND earlier.path = effects.path
+           AND earlier.component = effects.component AND earlier.group_key = effects.group_key
+           AND earlier.id < effects.id AND earlier.status IN ('pending', 'running', 'failed')))";
 
 fn owned_by(n: usize) -> String {
     format!(
@@ -593,8 +620,9 @@ pub(super) fn insert(
         let status = e.status();
         created += conn.execute(
             "INSERT INTO effects (project, path, stream_id, component, effect_key,
-                 checkpoint_offset, target, status, due_at_ms, created_at, not_before_ms, settled_at)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12) ON CONFLICT DO NOTHING",
+                 checkpoint_offset, target, status, due_at_ms, created_at, not_before_ms, settled_at,
+                 group_key)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13) ON CONFLICT DO NOTHING",
             args![
                 &source.project,
                 &source.path,
@@ -607,7 +635,8 @@ pub(super) fn insert(
                 e.not_before_ms.map_or(now_ms, |nb| nb.max(now_ms)),
                 created_at,
                 e.not_before_ms,
-                (status != "pending").then_some(created_at)
+                (status != "pending").then_some(created_at),
+                &e.group
             ],
         )? as i64;
     }

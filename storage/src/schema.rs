@@ -86,7 +86,37 @@ const MIGRATIONS: &[Migration] = &[
         name: "webhook_secrets: a project's secrets that sign its webhooks",
         apply: webhook_secrets,
     },
+    Migration {
+        name: "effects.group_key: effects of one consumer and group run one at a time",
+        apply: effect_groups,
+    },
 ];
+
+/// `effects.group_key`: an effect's ordering group (also in its stored
+/// target, where effects stored before this column keep it: copied over),
+/// and the index that finds the earlier effects of a group
+/// ([`crate::effects::GROUP_HEAD`]).
+const EFFECT_GROUPS: &str = "
+ALTER TABLE effects ADD COLUMN group_key TEXT;
+UPDATE effects SET group_key = json_extract(target, '$.group')
+    WHERE target LIKE '%\"group\"%';
+CREATE INDEX effects_by_group ON effects (project, path, component, group_key, id)
+    WHERE group_key IS NOT NULL;
+";
+
+/// [`EFFECT_GROUPS`] on PostgreSQL.
+const EFFECT_GROUPS_POSTGRES: &str = "
+ALTER TABLE effects ADD COLUMN group_key TEXT;
+UPDATE effects SET group_key = CAST(target AS jsonb) ->> 'group'
+    WHERE target LIKE '%\"group\"%';
+CREATE INDEX effects_by_group ON effects (project, path, component, group_key, id)
+    WHERE group_key IS NOT NULL;
+";
+
+fn effect_groups(conn: &Connection) -> Result<()> {
+    conn.execute_batch(EFFECT_GROUPS)?;
+    Ok(())
+}
 
 /// `webhook_secrets`: the secret that signs a project's webhooks (Standard
 /// Webhooks, `whsec_` and base64) and, during a rotation, the one before
@@ -710,6 +740,7 @@ pub fn migrate_postgres(db: Db<'_>) -> Result<()> {
                 db.batch(EFFECT_NOT_BEFORE)?;
                 db.batch(STREAM_BYTES_POSTGRES)?;
                 db.batch(WEBHOOK_SECRETS)?;
+                db.batch(EFFECT_GROUPS_POSTGRES)?;
                 db.execute(
                     "INSERT INTO streamhost_schema (version) VALUES (?1)",
                     crate::sql::args![i64::from(SCHEMA_VERSION)],
@@ -717,7 +748,7 @@ pub fn migrate_postgres(db: Db<'_>) -> Result<()> {
                 tracing::info!(version = SCHEMA_VERSION, "schema created on PostgreSQL");
             }
             Some(v) if v == i64::from(SCHEMA_VERSION) => {}
-            Some(v @ 5..=15) => {
+            Some(v @ 5..=16) => {
                 if v == 5 {
                     db.batch(EFFECT_LEASE_IDS)?;
                 }
@@ -748,7 +779,10 @@ pub fn migrate_postgres(db: Db<'_>) -> Result<()> {
                 if v <= 14 {
                     db.batch(STREAM_BYTES_POSTGRES)?;
                 }
-                db.batch(WEBHOOK_SECRETS)?;
+                if v <= 15 {
+                    db.batch(WEBHOOK_SECRETS)?;
+                }
+                db.batch(EFFECT_GROUPS_POSTGRES)?;
                 db.execute(
                     "UPDATE streamhost_schema SET version = ?1",
                     crate::sql::args![i64::from(SCHEMA_VERSION)],

@@ -1890,6 +1890,86 @@ mod tests {
     }
 
     #[test]
+    fn an_effect_of_a_group_is_due_only_after_every_earlier_one_of_its_group_settles() {
+        use crate::{EffectOp, EffectSource, NewEffect};
+        let (_dir, storage) = sqlite();
+        let effect = |op: EffectOp| storage.commit_blocking(WriteOp::Effect(op)).unwrap();
+        let new = |key: &str, group: Option<&str>, not_before_ms: Option<i64>| NewEffect {
+            key: key.into(),
+            target: "{\"webhook\": {}}".into(),
+            checkpoint_offset: 3,
+            not_before_ms,
+            group: group.map(str::to_string),
+            ..NewEffect::default()
+        };
+        effect(EffectOp::Insert {
+            source: EffectSource {
+                project: "p".into(),
+                path: "/s".into(),
+                stream_id: "s1".into(),
+                component: "c".into(),
+            },
+            // The head of "g" is delayed: what follows it in "g" waits for
+            // it, though due; "h" and the effect without a group do not.
+            effects: vec![
+                new("g1", Some("g"), Some(9_000)),
+                new("g2", Some("g"), None),
+                new("h1", Some("h"), None),
+                new("free", None, None),
+            ],
+            now_ms: 1_000,
+            created_at: "2026-12-01T00:00:00.000Z".into(),
+        });
+        let due = |now_ms: i64| -> Vec<String> {
+            let rows = storage.due_effects(now_ms, 10, &[]).unwrap();
+            rows.into_iter().map(|r| r.key).collect()
+        };
+        assert_eq!(due(1_000), ["h1", "free"]);
+        assert_eq!(storage.next_effect_due().unwrap(), Some(1_000));
+        let row = |key: &str| storage.effect_by_key("p", "/s", "c", key).unwrap().unwrap();
+        for key in ["h1", "free"] {
+            effect(EffectOp::Cancel {
+                id: row(key).id,
+                settled_at: "2026-12-01T00:00:01.000Z".into(),
+            });
+        }
+        // Nothing due until the head's time: not g2's.
+        assert!(due(1_000).is_empty());
+        assert_eq!(storage.next_effect_due().unwrap(), Some(9_000));
+        assert_eq!(due(9_000), ["g1"]);
+        // A failed head holds its group; a retry runs it first again.
+        let g1 = row("g1").id;
+        let lease = effect(EffectOp::Lease {
+            id: g1,
+            attempts: 0,
+            now_ms: 9_000,
+            lease_until_ms: 9_100,
+        });
+        effect(EffectOp::Settle {
+            id: g1,
+            lease_id: lease,
+            now_ms: 9_000,
+            status: "failed",
+            due_at_ms: 9_000,
+            last_error: Some("no".into()),
+            result: None,
+            settled_at: Some("2026-12-01T00:00:09.000Z".into()),
+        });
+        assert!(due(10_000).is_empty());
+        assert_eq!(storage.next_effect_due().unwrap(), None);
+        effect(EffectOp::Retry {
+            id: g1,
+            now_ms: 10_000,
+        });
+        assert_eq!(due(10_000), ["g1"]);
+        effect(EffectOp::Cancel {
+            id: g1,
+            settled_at: "2026-12-01T00:00:10.000Z".into(),
+        });
+        assert_eq!(due(10_000), ["g2"]);
+    }
+
+    #[test]
     fn a_checkpoint_replaces_exactly_the_row_it_started_from() {
         let (_dir, storage) = sqlite();
         storage.commit_blocking(checkpoint(None, 5, "v1")).unwrap();

@@ -1190,3 +1190,135 @@ async fn a_due_effect_whose_row_another_transaction_holds_does_not_hold_back_the
     assert_eq!(held["attempts"], 1, "{held}");
     assert_eq!(r.posts_to("/ok/held").len(), 1);
 }
+
+/// What the ordering test's receiver saw: the paths in arrival order, and
+/// the most `/slow/` POSTs it held at once.
+#[derive(Default)]
+struct Arrivals {
+    paths: Vec<String>,
+    slow_now: usize,
+    slow_most: usize,
+}
+
+/// A receiver for the ordering test: `/slow/*` answers 200 after 150 ms,
+/// `/fail/*` 404 until `mended`, anything else 200 at once.
+async fn ordering_receiver() -> (
+    String,
+    Arc<Mutex<Arrivals>>,
+    Arc<std::sync::atomic::AtomicBool>,
+) {
+    #[derive(Clone)]
+    struct Seen(Arc<Mutex<Arrivals>>, Arc<std::sync::atomic::AtomicBool>);
+    async fn hook(State(seen): State<Seen>, Path(rest): Path<String>) -> StatusCode {
+        let path = format!("/{rest}");
+        let slow = path.starts_with("/slow/");
+        {
+            let mut a = seen.0.lock().unwrap();
+            a.paths.push(path.clone());
+            if slow {
+                a.slow_now += 1;
+                a.slow_most = a.slow_most.max(a.slow_now);
+            }
+        }
+        if slow {
+            tokio::time::sleep(Duration::from_millis(150)).await;
+            seen.0.lock().unwrap().slow_now -= 1;
+        }
+        let mended = seen.1.load(std::sync::atomic::Ordering::SeqCst);
+        if path.starts_with("/fail/") && !mended {
+            StatusCode::NOT_FOUND
+        } else {
+            StatusCode::OK
+        }
+    }
+    let seen = Seen(Arc::default(), Arc::default());
+    let app = Router::new()
+        .route("/{*rest}", post(hook))
+        .with_state(seen.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (base, seen.0, seen.1)
+}
+
+#[tokio::test]
+async fn effects_of_one_group_run_one_at_a_time_in_commit_order_and_a_failed_one_holds_its_group() {
+    let (base, arrivals, mended) = ordering_receiver().await;
+    let s = Server::start_with(Some(EFFECTS), &[]);
+    effector_on(&s, SRC).await;
+    let hook = |key: &str, path: &str, group: Option<&str>| {
+        let mut e = json!({"key": key, "webhook": {"url": format!("{base}{path}"), "body": {}}});
+        if let Some(g) = group {
+            e["group"] = json!(g);
+        }
+        e
+    };
+    // One commit: five slow effects of group "g" (eight places would run
+    // them at once), a failing head of "h" and of "k" before an effect
+    // each, and one without a group.
+    let mut effects: Vec<Value> = (1..=5)
+        .map(|i| hook(&format!("g{i}"), &format!("/slow/g{i}"), Some("g")))
+        .collect();
+    effects.extend([
+        hook("h1", "/fail/h1", Some("h")),
+        hook("h2", "/ok/h2", Some("h")),
+        hook("k1", "/fail/k1", Some("k")),
+        hook("k2", "/ok/k2", Some("k")),
+        hook("free", "/ok/free", None),
+    ]);
+    request(&s, SRC, Value::Array(effects)).await;
+    settled(&s, "h1", "failed").await;
+    settled(&s, "k1", "failed").await;
+    settled(&s, "free", "succeeded").await;
+    // An effect committed after the heads failed runs: the worker has
+    // looked since, and left the groups they hold.
+    request(&s, SRC, json!([hook("later", "/ok/later", None)])).await;
+    settled(&s, "later", "succeeded").await;
+    for key in ["h2", "k2"] {
+        let e = all_effects(&s, "")
+            .await
+            .into_iter()
+            .find(|e| e["key"] == key)
+            .unwrap();
+        assert_eq!(
+            (&e["status"], &e["attempts"], &e["group"]),
+            (&json!("pending"), &json!(0), &json!(key[..1].to_string())),
+            "held behind its group's failed head: {e}"
+        );
+    }
+    for i in 1..=5 {
+        settled(&s, &format!("g{i}"), "succeeded").await;
+    }
+    {
+        let a = arrivals.lock().unwrap();
+        let slow: Vec<&String> = a.paths.iter().filter(|p| p.starts_with("/slow/")).collect();
+        assert_eq!(
+            slow,
+            ["/slow/g1", "/slow/g2", "/slow/g3", "/slow/g4", "/slow/g5"],
+            "commit order"
+        );
+        assert_eq!(a.slow_most, 1, "one at a time: {:?}", a.paths);
+        assert!(!a.paths.iter().any(|p| p == "/ok/h2" || p == "/ok/k2"));
+    }
+    // A retry frees its group after it (h1 first, then h2); a cancel frees
+    // its group at once (k2).
+    mended.store(true, std::sync::atomic::Ordering::SeqCst);
+    let id = |e: Value| e["id"].clone();
+    let h1 = id(settled(&s, "h1", "failed").await);
+    let (status, out) = s.post(&format!("{FX}/{h1}:retry"), json!({})).await;
+    assert_eq!(status, 200, "{out}");
+    let k1 = id(settled(&s, "k1", "failed").await);
+    let (status, out) = s.post(&format!("{FX}/{k1}:cancel"), json!({})).await;
+    assert_eq!(status, 200, "{out}");
+    settled(&s, "h2", "succeeded").await;
+    settled(&s, "k2", "succeeded").await;
+    let a = arrivals.lock().unwrap();
+    let at = |path: &str| a.paths.iter().rposition(|p| p == path).unwrap();
+    assert!(at("/fail/h1") < at("/ok/h2"), "{:?}", a.paths);
+    assert_eq!(
+        a.paths.iter().filter(|p| *p == "/fail/k1").count(),
+        1,
+        "the cancelled head did not run again: {:?}",
+        a.paths
+    );
+}

@@ -146,6 +146,9 @@ pub struct Checked {
     pub not_before_ms: Option<i64>,
     /// The key of the effect it cancels, for a `cancel` target.
     pub cancels: Option<String>,
+    /// Its ordering group: effects of one consumer and group run one at a
+    /// time, in commit order.
+    pub group: Option<String>,
 }
 
 /// Checks an effect and its envelope (`at` names it: `effects[2]`);
@@ -204,6 +207,7 @@ pub fn check(at: &str, returned: ReturnedEffect<'_>, clock_ms: i64) -> Result<Ch
         stored,
         not_before_ms,
         cancels,
+        group: returned.group.map(str::to_string),
     })
 }
 
