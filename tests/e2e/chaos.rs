@@ -7,7 +7,8 @@
 //! one to three events), compare-and-append on one stream per writer, a copy
 //! chain of two hops, a webhook subscription to a loopback receiver, an ITX
 //! subscription into the `kinds` component, a processor (`counter`), the
-//! `effector` processor's webhook effects, sign-ups whose welcome webhook
+//! `effector` processor's webhook effects (each writer's an ordered group:
+//! checked, their first executions in commit order), sign-ups whose welcome webhook
 //! the `welcome` reactor commits with each event (checked: exactly one
 //! effect per sign-up in the log, at its offset, none without its event),
 //! HTTP ingest behind a reactor (`gate.v1`) whose component is deployed
@@ -334,9 +335,12 @@ async fn writer(run: Arc<Run>, w: usize, seed: u64, fx_url: String, rate: Option
                 "userId": id, "email": "someone@example.com", "welcomeUrl": welcome_url}});
             run.append(USERS, vec![event]).await;
         } else {
+            // Each writer's effects are one ordered group: they run in the
+            // order its appends committed (checked after the run).
             let id = format!("fx-w{w}-{i}");
             let event = json!({"type": EFFECTS_REQUESTED, "idempotencyKey": id, "payload": {"id": id,
-                "effects": [{"key": id, "webhook": {"url": fx_url, "body": {"id": id}}}]}});
+                "effects": [{"key": id, "group": format!("w{w}"),
+                    "webhook": {"url": fx_url, "body": {"id": id}}}]}});
             if run.append(FX, vec![event]).await.is_some() {
                 run.history.lock().unwrap().effects.push(id);
             }
@@ -1251,6 +1255,15 @@ async fn chaos(hosts: usize, crashes: u64, pauses: u64, cuts: u64) {
                 run.violation(format!("effect {id:?} carried idempotency keys {k:?}"));
             }
         }
+        // 5b. Ordered groups: each writer's effects are one group.
+        let first_runs: Vec<&str> = got
+            .fx
+            .iter()
+            .map(|(_, body)| body["id"].as_str().unwrap_or_default())
+            .collect();
+        for v in check_groups(&first_runs) {
+            run.violation(v);
+        }
     }
 
     // 6. Reactor: the outbox holds exactly one welcome effect per sign-up
@@ -1361,6 +1374,35 @@ async fn chaos(hosts: usize, crashes: u64, pauses: u64, cuts: u64) {
 }
 
 /// The checker finds what it is there to find.
+/// The ordered groups' rule over the effect POSTs in arrival order (ids
+/// `fx-{group}-{n}`, committed in the order of `n` within a group, as each
+/// writer waits for its append before the next): each effect's first POST
+/// comes after the first POST of every earlier one of its group. A kill
+/// may run an effect again; it never lets a later one overtake it.
+fn check_groups(posts: &[&str]) -> Vec<String> {
+    let mut seen: HashSet<&str> = HashSet::new();
+    let mut latest: HashMap<&str, u64> = HashMap::new();
+    let mut violations = Vec::new();
+    for id in posts {
+        if !seen.insert(id) {
+            continue;
+        }
+        let Some((group, n)) = id.strip_prefix("fx-").and_then(|r| r.rsplit_once('-')) else {
+            continue;
+        };
+        let Ok(n) = n.parse::<u64>() else { continue };
+        let before = *latest.entry(group).or_insert(n);
+        if before > n {
+            violations.push(format!(
+                "group {group:?}: effect {id:?} first ran after fx-{group}-{before}, \
+                 which was committed after it"
+            ));
+        }
+        latest.insert(group, before.max(n));
+    }
+    violations
+}
+
 #[test]
 fn the_checker_sees_lost_duplicated_moved_and_unacknowledged_events() {
     let log = |events: &[(u64, &str)]| -> Vec<Value> {
@@ -1417,5 +1459,12 @@ fn the_checker_sees_lost_duplicated_moved_and_unacknowledged_events() {
     assert_eq!(
         swapped,
         ["ingest: producer w0 stored out of the accepted order"]
+    );
+
+    let posts = ["fx-w0-1", "fx-w1-1", "fx-w0-1", "fx-w0-2", "fx-w1-2"];
+    assert!(check_groups(&posts).is_empty(), "a repeat is no overtaking");
+    assert_eq!(
+        check_groups(&["fx-w0-1", "fx-w0-3", "fx-w1-1", "fx-w0-2", "fx-w0-3"]),
+        ["group \"w0\": effect \"fx-w0-2\" first ran after fx-w0-3, which was committed after it"]
     );
 }
