@@ -41,6 +41,9 @@ pub struct EffectRow {
     pub lease_id: i64,
     /// Not attempted before this time (ms since the epoch).
     pub not_before_ms: Option<i64>,
+    /// A webhook's destination host name (`None`: not a webhook, or stored
+    /// before destinations were kept).
+    pub destination: Option<String>,
 }
 
 /// A new effect for the outbox.
@@ -58,6 +61,37 @@ pub struct NewEffect {
     pub cancels: Option<String>,
     /// Its ordering group ([`GROUP_HEAD`]).
     pub group: Option<String>,
+    /// A webhook's destination host name ([`DestinationRoom`]).
+    pub destination: Option<String>,
+}
+
+/// How many more effects each webhook destination may take in one look
+/// for due effects: `room` for the destinations named (0: full, none is
+/// read), `cap` for any other ([`Storage::due_effects`],
+/// [`Storage::lease_due_effects`]).
+#[derive(Debug, Clone, Default)]
+pub struct DestinationRoom {
+    pub cap: usize,
+    pub room: Vec<(String, usize)>,
+}
+
+impl DestinationRoom {
+    /// The room `destination` has.
+    pub fn of(&self, destination: &str) -> usize {
+        self.room
+            .iter()
+            .find(|(d, _)| d == destination)
+            .map_or(self.cap, |(_, n)| *n)
+    }
+
+    /// The destinations with no room left.
+    pub fn full(&self) -> Vec<&str> {
+        self.room
+            .iter()
+            .filter(|(_, n)| *n == 0)
+            .map(|(d, _)| d.as_str())
+            .collect()
+    }
 }
 
 impl NewEffect {
@@ -70,6 +104,7 @@ impl NewEffect {
             not_before_ms: checked.not_before_ms,
             cancels: checked.cancels,
             group: checked.group,
+            destination: checked.destination,
         }
     }
 
@@ -114,6 +149,7 @@ pub(super) struct PgInsert<'a> {
     /// The keys the cancels among them cancel.
     cancelled: Vec<Option<&'a str>>,
     groups: Vec<Option<&'a str>>,
+    destinations: Vec<Option<&'a str>>,
 }
 
 impl<'a> PgInsert<'a> {
@@ -134,6 +170,7 @@ impl<'a> PgInsert<'a> {
             not_before: effects.iter().map(|e| e.not_before_ms).collect(),
             statuses: effects.iter().map(|e| Some(e.status())).collect(),
             groups: effects.iter().map(|e| e.group.as_deref()).collect(),
+            destinations: effects.iter().map(|e| e.destination.as_deref()).collect(),
             cancelled: effects
                 .iter()
                 .filter_map(|e| e.cancels.as_deref())
@@ -148,13 +185,14 @@ impl<'a> PgInsert<'a> {
     pub(super) fn sql(&self) -> &'static str {
         const SQL: &str = "INSERT INTO effects (project, path, stream_id, component, effect_key,
                  checkpoint_offset, target, status, due_at_ms, created_at, not_before_ms, settled_at,
-                 group_key)
+                 group_key, destination)
              SELECT ?1, ?2, ?3, ?4, k, o, t, s,
                     GREATEST(CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT), nb), ?8,
-                    nb, CASE WHEN s = 'pending' THEN NULL ELSE ?8 END, g
+                    nb, CASE WHEN s = 'pending' THEN NULL ELSE ?8 END, g, d
              FROM UNNEST(CAST(?5 AS TEXT[]), CAST(?6 AS BIGINT[]), CAST(?7 AS TEXT[]),
-                         CAST(?9 AS BIGINT[]), CAST(?10 AS TEXT[]), CAST(?11 AS TEXT[]))
-                  AS u(k, o, t, nb, s, g)
+                         CAST(?9 AS BIGINT[]), CAST(?10 AS TEXT[]), CAST(?11 AS TEXT[]),
+                         CAST(?12 AS TEXT[]))
+                  AS u(k, o, t, nb, s, g, d)
              ON CONFLICT DO NOTHING";
         SQL
     }
@@ -192,6 +230,7 @@ impl<'a> PgInsert<'a> {
             Arg::Ints(&self.not_before),
             Arg::Texts(&self.statuses),
             Arg::Texts(&self.groups),
+            Arg::Texts(&self.destinations),
         ]
     }
 }
@@ -250,7 +289,7 @@ pub enum EffectOp {
 
 const COLUMNS: &str = "id, project, path, stream_id, component, effect_key, checkpoint_offset, \
      target, status, attempts, due_at_ms, last_error, result, retries, created_at, settled_at, \
-     lease_id, not_before_ms";
+     lease_id, not_before_ms, destination";
 
 fn row(r: &Row<'_>) -> Result<EffectRow> {
     let json = |s: Option<String>| s.and_then(|s| serde_json::from_str(&s).ok());
@@ -273,6 +312,7 @@ fn row(r: &Row<'_>) -> Result<EffectRow> {
         settled_at: r.opt_text(15)?,
         lease_id: r.int(16)?,
         not_before_ms: r.opt_int(17)?,
+        destination: r.opt_text(18)?,
     })
 }
 
@@ -374,40 +414,44 @@ impl Storage {
     }
 
     /// Effects that may run now: `pending` ones that are due and `running`
-    /// ones whose lease expired, soonest first. With several hosts, only
-    /// those of streams this host owns (effects run on the owner; a dead
-    /// owner's run where its streams are taken over).
+    /// ones whose lease expired, soonest first, none of the projects
+    /// `passed_projects` or to the destinations `full`. With several hosts,
+    /// only those of streams this host owns (effects run on the owner; a
+    /// dead owner's run where its streams are taken over).
     pub fn due_effects(
         &self,
         now_ms: i64,
         limit: usize,
         passed_projects: &[String],
+        full: &[&str],
     ) -> Result<Vec<EffectRow>> {
         let owner = self.cluster().map(|me| me.id.clone());
         let passed = serde_json::to_string(passed_projects)?;
+        let full = serde_json::to_string(full)?;
         self.with_reader(|db| {
             let now_ms = db_now(db, now_ms)?;
             let not_passed = not_in_projects(db, 3);
+            let not_full = not_to_destinations(db, 4);
             match &owner {
                 None => db.query_all(
                     &format!(
                         "SELECT {COLUMNS} FROM effects
                      WHERE status IN ('pending', 'running') AND due_at_ms <= ?1 {not_passed}
-                       {GROUP_HEAD}
+                       {not_full} {GROUP_HEAD}
                      ORDER BY due_at_ms, id LIMIT ?2"
                     ),
-                    args![now_ms, limit as i64, passed.as_str()],
+                    args![now_ms, limit as i64, passed.as_str(), full.as_str()],
                     row,
                 ),
                 Some(owner) => db.query_all(
                     &format!(
                         "SELECT {COLUMNS} FROM effects
                      WHERE status IN ('pending', 'running') AND due_at_ms <= ?1 {not_passed} {}
-                       {GROUP_HEAD}
+                       {not_full} {GROUP_HEAD}
                      ORDER BY due_at_ms, id LIMIT ?2",
-                        owned_by(4)
+                        owned_by(5)
                     ),
-                    args![now_ms, limit as i64, passed.as_str(), owner],
+                    args![now_ms, limit as i64, passed.as_str(), full.as_str(), owner],
                     row,
                 ),
             }
@@ -420,30 +464,48 @@ impl Storage {
     /// the database's clock), and answers them. `FOR UPDATE SKIP LOCKED`:
     /// a row another transaction holds is left to it, not waited for.
     /// `running_here` are the effects this host is still executing (a lease
-    /// that expired under a slow execution is not taken twice). `None` on
-    /// SQLite, whose one writer leases through [`EffectOp::Lease`].
+    /// that expired under a slow execution is not taken twice); each
+    /// destination takes no more than its `room`. `None` on SQLite, whose
+    /// one writer leases through [`EffectOp::Lease`].
     pub fn lease_due_effects(
         &self,
         lease_ms: i64,
         limit: usize,
         running_here: &[i64],
         passed_projects: &[String],
+        room: &DestinationRoom,
     ) -> Result<Option<Vec<EffectRow>>> {
         let Some(me) = self.cluster() else {
             return Ok(None);
         };
         let running: Vec<Option<i64>> = running_here.iter().map(|id| Some(*id)).collect();
         let passed: Vec<Option<&str>> = passed_projects.iter().map(|p| Some(p.as_str())).collect();
+        let full: Vec<Option<&str>> = room.full().into_iter().map(Some).collect();
+        let named: Vec<Option<&str>> = room.room.iter().map(|(d, _)| Some(d.as_str())).collect();
+        let rooms: Vec<Option<i64>> = room.room.iter().map(|(_, n)| Some(*n as i64)).collect();
+        // The oldest due rows are locked as candidates; of those, each
+        // destination's first `room` (by due time) are leased, the others
+        // let go at the commit.
         let sql = format!(
             "WITH now AS (
                  SELECT {PG_NOW_MS} AS ms
-             ), due AS (
-                 SELECT id FROM effects, now
+             ), candidates AS (
+                 SELECT id, due_at_ms, destination FROM effects, now
                  WHERE status IN ('pending', 'running') AND due_at_ms <= now.ms
                    AND NOT (id = ANY(?4)) AND NOT (project = ANY(?5)) {}
+                   AND (destination IS NULL OR NOT (destination = ANY(?6)))
                    {GROUP_HEAD}
                  ORDER BY due_at_ms, id LIMIT ?2
                  FOR UPDATE OF effects SKIP LOCKED
+             ), due AS (
+                 SELECT id FROM (
+                     SELECT id, destination,
+                            ROW_NUMBER() OVER (PARTITION BY destination ORDER BY due_at_ms, id) AS n
+                     FROM candidates
+                 ) c
+                 WHERE c.destination IS NULL OR c.n <= COALESCE(
+                     (SELECT r.room FROM UNNEST(CAST(?7 AS TEXT[]), CAST(?8 AS BIGINT[])) AS r(d, room)
+                      WHERE r.d = c.destination), ?9)
              )
              UPDATE effects SET status = 'running', attempts = attempts + 1,
                  due_at_ms = (SELECT ms FROM now) + ?1, lease_id = lease_id + 1
@@ -462,6 +524,10 @@ impl Storage {
             Arg::Text(&me.id),
             Arg::Ints(&running),
             Arg::Texts(&passed),
+            Arg::Texts(&full),
+            Arg::Texts(&named),
+            Arg::Ints(&rooms),
+            Arg::Int(room.cap as i64),
         ];
         self.with_reader(|db| {
             let Db::Postgres(pg) = db else {
@@ -571,6 +637,20 @@ pub const GROUP_HEAD: &str = "AND (effects.group_key IS NULL OR NOT EXISTS (
            AND earlier.component = effects.component AND earlier.group_key = effects.group_key
            AND earlier.id < effects.id AND earlier.status IN ('pending', 'running', 'failed')))";
 
+/// `AND` the effect goes to no destination in the JSON array of names
+/// bound at `?n`.
+fn not_to_destinations(db: Db<'_>, n: usize) -> String {
+    match db.dialect() {
+        super::sql::Dialect::Sqlite => format!(
+            "AND (destination IS NULL OR destination NOT IN (SELECT value FROM json_each(?{n})))"
+        ),
+        super::sql::Dialect::Postgres => format!(
+            "AND (destination IS NULL OR destination NOT IN \
+             (SELECT jsonb_array_elements_text(CAST(CAST(?{n} AS TEXT) AS jsonb))))"
+        ),
+    }
+}
+
 fn owned_by(n: usize) -> String {
     format!(
         "AND COALESCE((SELECT l.owner FROM stream_leases l
@@ -621,8 +701,9 @@ pub(super) fn insert(
         created += conn.execute(
             "INSERT INTO effects (project, path, stream_id, component, effect_key,
                  checkpoint_offset, target, status, due_at_ms, created_at, not_before_ms, settled_at,
-                 group_key)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13) ON CONFLICT DO NOTHING",
+                 group_key, destination)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)
+             ON CONFLICT DO NOTHING",
             args![
                 &source.project,
                 &source.path,
@@ -636,7 +717,8 @@ pub(super) fn insert(
                 created_at,
                 e.not_before_ms,
                 (status != "pending").then_some(created_at),
-                &e.group
+                &e.group,
+                &e.destination
             ],
         )? as i64;
     }

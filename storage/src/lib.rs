@@ -30,7 +30,9 @@ use serde::Deserialize;
 
 use sql::{args, Db, PgConn, Row};
 
-pub use effects::{EffectInsert, EffectOp, EffectQuery, EffectRow, EffectSource, NewEffect};
+pub use effects::{
+    DestinationRoom, EffectInsert, EffectOp, EffectQuery, EffectRow, EffectSource, NewEffect,
+};
 
 /// How hard a commit is pushed to disk before it is acknowledged.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]

@@ -87,7 +87,7 @@ const MIGRATIONS: &[Migration] = &[
         apply: webhook_secrets,
     },
     Migration {
-        name: "effects.group_key: effects of one consumer and group run one at a time",
+        name: "effects.group_key and destination: ordered groups, and where a webhook effect goes",
         apply: effect_groups,
     },
 ];
@@ -95,26 +95,51 @@ const MIGRATIONS: &[Migration] = &[
 /// `effects.group_key`: an effect's ordering group (also in its stored
 /// target, where effects stored before this column keep it: copied over),
 /// and the index that finds the earlier effects of a group
-/// ([`crate::effects::GROUP_HEAD`]).
+/// ([`crate::effects::GROUP_HEAD`]); `effects.destination`: a webhook
+/// effect's host name, whose places it takes (an unsettled one stored
+/// before gets it here).
 const EFFECT_GROUPS: &str = "
 ALTER TABLE effects ADD COLUMN group_key TEXT;
+ALTER TABLE effects ADD COLUMN destination TEXT;
 UPDATE effects SET group_key = json_extract(target, '$.group')
     WHERE target LIKE '%\"group\"%';
 CREATE INDEX effects_by_group ON effects (project, path, component, group_key, id)
     WHERE group_key IS NOT NULL;
 ";
 
-/// [`EFFECT_GROUPS`] on PostgreSQL.
+/// [`EFFECT_GROUPS`] on PostgreSQL (the host name as `url::Url` reads it,
+/// by pattern: after the scheme and any user, up to a port, path, query or
+/// fragment).
 const EFFECT_GROUPS_POSTGRES: &str = "
 ALTER TABLE effects ADD COLUMN group_key TEXT;
+ALTER TABLE effects ADD COLUMN destination TEXT;
 UPDATE effects SET group_key = CAST(target AS jsonb) ->> 'group'
     WHERE target LIKE '%\"group\"%';
+UPDATE effects SET destination = lower(substring(
+        CAST(target AS jsonb) -> 'webhook' ->> 'url'
+        FROM '^[A-Za-z][A-Za-z0-9+.-]*://(?:[^@/?#]*@)?(\\[[^]]*\\]|[^:/?#]*)'))
+    WHERE status IN ('pending', 'running', 'failed')
+      AND (CAST(target AS jsonb) -> 'webhook') IS NOT NULL;
 CREATE INDEX effects_by_group ON effects (project, path, component, group_key, id)
     WHERE group_key IS NOT NULL;
 ";
 
 fn effect_groups(conn: &Connection) -> Result<()> {
     conn.execute_batch(EFFECT_GROUPS)?;
+    let unsettled: Vec<(i64, String)> = conn
+        .prepare(
+            "SELECT id, json_extract(target, '$.webhook.url') FROM effects
+             WHERE status IN ('pending', 'running', 'failed')
+               AND json_extract(target, '$.webhook.url') IS NOT NULL",
+        )?
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+        .collect::<rusqlite::Result<_>>()?;
+    for (id, url) in unsettled {
+        conn.execute(
+            "UPDATE effects SET destination = ?1 WHERE id = ?2",
+            rusqlite::params![streamhost_core::delivery::webhook::destination(&url), id],
+        )?;
+    }
     Ok(())
 }
 

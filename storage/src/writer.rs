@@ -1850,7 +1850,7 @@ mod tests {
             created_at: "2026-12-01T00:00:00.000Z".into(),
         });
         assert_eq!(inserted, 1);
-        let id = storage.due_effects(1_000, 10, &[]).unwrap()[0].id;
+        let id = storage.due_effects(1_000, 10, &[], &[]).unwrap()[0].id;
         let lease = |attempts: u32, now_ms: i64| {
             effect(EffectOp::Lease {
                 id,
@@ -1921,7 +1921,7 @@ mod tests {
             created_at: "2026-12-01T00:00:00.000Z".into(),
         });
         let due = |now_ms: i64| -> Vec<String> {
-            let rows = storage.due_effects(now_ms, 10, &[]).unwrap();
+            let rows = storage.due_effects(now_ms, 10, &[], &[]).unwrap();
             rows.into_iter().map(|r| r.key).collect()
         };
         assert_eq!(due(1_000), ["h1", "free"]);

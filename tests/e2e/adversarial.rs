@@ -712,3 +712,160 @@ async fn spinning_calls_run() {
         ratio_bound()
     );
 }
+
+/// Effects' latency at one destination (`127.0.0.2`) while the same
+/// project's effects to a destination that answers in 10 s (`127.0.0.1`)
+/// and one that answers `429` with `retry-after: 1` (`localhost`) keep
+/// the places those destinations may take: the third destination's
+/// effects keep their p99 (from the append's answer to the POST's arrival)
+/// within 2x of its quiet p99 (the suite's bound against a debug build,
+/// [`ratio_bound`]).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_and_a_throttling_destination_leave_a_third_destinations_effects_on_time() {
+    use axum::extract::State;
+    use axum::http::StatusCode;
+    use axum::response::IntoResponse;
+    use axum::routing::post;
+    use axum::Json;
+    const SAMPLES: usize = 40;
+    /// Effects to each of the slow and the throttling destination: more
+    /// than all the places one project may take (48 of the 64).
+    const FLOOD: usize = 100;
+    let config = "[delivery]\ntimeout-ms = 15000\nbackoff-base-ms = 10\nbackoff-max-ms = 100\n\
+                  [effects]\nmax-attempts = 100\n";
+    let s = Server::start_with(Some(config), &[]);
+    let serve = |addr: &'static str, app: axum::Router| async move {
+        let listener = tokio::net::TcpListener::bind(format!("{addr}:0"))
+            .await
+            .unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        port
+    };
+    // The slow and the throttling receivers count what reaches them.
+    let slow_posts = Arc::new(AtomicU64::new(0));
+    let slow = serve(
+        "127.0.0.1",
+        axum::Router::new()
+            .route(
+                "/slow",
+                post(|State(n): State<Arc<AtomicU64>>| async move {
+                    n.fetch_add(1, Ordering::Relaxed);
+                    tokio::time::sleep(Duration::from_secs(10)).await;
+                    StatusCode::OK
+                }),
+            )
+            .with_state(slow_posts.clone()),
+    )
+    .await;
+    let throttled_posts = Arc::new(AtomicU64::new(0));
+    let throttled = serve(
+        "127.0.0.1",
+        axum::Router::new()
+            .route(
+                "/busy",
+                post(|State(n): State<Arc<AtomicU64>>| async move {
+                    n.fetch_add(1, Ordering::Relaxed);
+                    (StatusCode::TOO_MANY_REQUESTS, [("retry-after", "1")]).into_response()
+                }),
+            )
+            .with_state(throttled_posts.clone()),
+    )
+    .await;
+    let (arrived, mut arrivals) = tokio::sync::mpsc::unbounded_channel::<(String, Instant)>();
+    let quiet = serve(
+        "127.0.0.2",
+        axum::Router::new()
+            .route(
+                "/quiet",
+                post(
+                    |State(tx): State<tokio::sync::mpsc::UnboundedSender<(String, Instant)>>,
+                     Json(body): Json<Value>| async move {
+                        let key = body["key"].as_str().unwrap_or_default().to_string();
+                        let _ = tx.send((key, Instant::now()));
+                        StatusCode::OK
+                    },
+                ),
+            )
+            .with_state(arrived),
+    )
+    .await;
+    let fx = "/v1/projects/acme/streams/fx";
+    crate::effects::effector_on(&s, fx).await;
+    // Effects to the third destination one at a time: the time from the
+    // append's answer to the POST's arrival, sorted.
+    let mut time_quiet = async |phase: &str| -> Vec<Duration> {
+        let mut out = Vec::with_capacity(SAMPLES);
+        // Spread over four seconds: the throttled effects come due again
+        // every second.
+        let mut pace = tokio::time::interval(Duration::from_millis(100));
+        for i in 0..SAMPLES {
+            pace.tick().await;
+            let key = format!("{phase}-{i}");
+            let effect = json!([{"key": key, "webhook": {
+                "url": format!("http://127.0.0.2:{quiet}/quiet"), "body": {"key": key}}}]);
+            crate::effects::request(&s, fx, effect).await;
+            let answered = Instant::now();
+            let at = loop {
+                let (got, at) = tokio::time::timeout(Duration::from_secs(60), arrivals.recv())
+                    .await
+                    .expect("the quiet destination's effect within a minute")
+                    .unwrap();
+                if got == key {
+                    break at;
+                }
+            };
+            out.push(at.saturating_duration_since(answered));
+        }
+        out.sort();
+        out
+    };
+    let before = time_quiet("quiet").await;
+    // The flood: effects to the slow and the throttling destination, more
+    // than their places, in one commit before the third's.
+    let mut flood: Vec<Value> = (0..FLOOD)
+        .map(|i| {
+            json!({"key": format!("slow-{i}"), "webhook": {
+            "url": format!("http://127.0.0.1:{slow}/slow"), "body": {}}})
+        })
+        .collect();
+    flood.extend((0..FLOOD).map(|i| {
+        json!({"key": format!("busy-{i}"), "webhook": {
+            "url": format!("http://localhost:{throttled}/busy"), "body": {}}})
+    }));
+    crate::effects::request(&s, fx, Value::Array(flood)).await;
+    wait_for(
+        "the slow destination's places taken and the throttling one answering 429",
+        Duration::from_secs(30),
+        async || {
+            slow_posts.load(Ordering::Relaxed) >= 8
+                && throttled_posts.load(Ordering::Relaxed) >= FLOOD as u64
+        },
+    )
+    .await;
+    let during = time_quiet("flooded").await;
+    let (slow_seen, throttled_seen) = (
+        slow_posts.load(Ordering::Relaxed),
+        throttled_posts.load(Ordering::Relaxed),
+    );
+    let (p99_before, p99_during) = (percentile(&before, 0.99), percentile(&during, 0.99));
+    let ratio = p99_during.as_secs_f64() / p99_before.as_secs_f64();
+    eprintln!(
+        "a third destination's effects: p50 {} -> {} ms, p99 {} -> {} ms ({ratio:.2}x) \
+         beside {slow_seen} POSTs to the slow destination and {throttled_seen} answered 429",
+        ms(percentile(&before, 0.5)),
+        ms(percentile(&during, 0.5)),
+        ms(p99_before),
+        ms(p99_during),
+    );
+    // Still held: no more than its places at the slow destination (the
+    // first eight answer after ten seconds).
+    assert!(slow_seen <= 8, "{slow_seen} POSTs to the slow destination");
+    assert!(
+        ratio <= ratio_bound(),
+        "p99 {} ms under the flood against {} ms quiet ({ratio:.2}x > {}x)",
+        ms(p99_during),
+        ms(p99_before),
+        ratio_bound()
+    );
+}

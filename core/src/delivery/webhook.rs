@@ -20,6 +20,14 @@ pub struct Envelope<'a> {
     pub configured_event: &'a Value,
 }
 
+/// A webhook's destination, as its places are counted (deliveries and
+/// effects alike): the URL's host name, lowercase (`None`: not a URL,
+/// refused when it is sent).
+pub fn destination(url: &str) -> Option<String> {
+    let url = url::Url::parse(url).ok()?;
+    Some(url.host_str()?.to_ascii_lowercase())
+}
+
 /// The stable id of one event's delivery in one run (the same across retries).
 pub fn delivery_id(stream_id: &str, key: &str, generation: u64, offset: u64) -> String {
     format!("{stream_id}:{key}:{generation}:{offset}")
@@ -75,4 +83,20 @@ pub fn posted_event(
         }
     }
     Ok(value)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_webhooks_destination_is_its_host_name() {
+        assert_eq!(
+            super::destination("https://Hooks.Example.com:8443/a?b").as_deref(),
+            Some("hooks.example.com")
+        );
+        assert_eq!(
+            super::destination("http://127.0.0.1:9/x").as_deref(),
+            Some("127.0.0.1")
+        );
+        assert_eq!(super::destination("not a url"), None);
+    }
 }

@@ -149,6 +149,8 @@ pub struct Checked {
     /// Its ordering group: effects of one consumer and group run one at a
     /// time, in commit order.
     pub group: Option<String>,
+    /// A webhook's destination (its host name, whose places it takes).
+    pub destination: Option<String>,
 }
 
 /// Checks an effect and its envelope (`at` names it: `effects[2]`);
@@ -202,12 +204,17 @@ pub fn check(at: &str, returned: ReturnedEffect<'_>, clock_ms: i64) -> Result<Ch
         Target::Cancel { key } => Some(key.clone()),
         _ => None,
     };
+    let destination = match &target {
+        Target::Webhook { url, .. } => crate::delivery::webhook::destination(url),
+        _ => None,
+    };
     Ok(Checked {
         key: returned.key.to_string(),
         stored,
         not_before_ms,
         cancels,
         group: returned.group.map(str::to_string),
+        destination,
     })
 }
 

@@ -27,7 +27,7 @@ use crate::delivery::Failure;
 use crate::effect::{self, Outcome, Settlement, Target};
 use crate::error::ErrorKind;
 use crate::processor::runtime::CallError;
-use crate::storage::{EffectOp, EffectRow, WriteOp};
+use crate::storage::{DestinationRoom, EffectOp, EffectRow, WriteOp};
 use crate::stream::{
     AppendInput, Authority, EffectOrigin, EventInput, EventSource, Namespace, StreamAddress,
 };
@@ -95,8 +95,11 @@ async fn run(streams: Arc<dyn super::Streams>, bell: EffectsBell, settings: Sett
         }
     }
     let (done_tx, mut done_rx) = mpsc::unbounded_channel::<i64>();
-    // The effects executing here, and their projects.
+    // The effects executing here, and their projects; the destinations of
+    // those that are webhooks.
     let mut running: HashMap<i64, String> = HashMap::new();
+    let mut to: HashMap<i64, String> = HashMap::new();
+    let per_destination = settings.effects.per_destination_concurrency;
     let concurrency = settings.effects.concurrency;
     let share = settings.effects.project_concurrency();
     let mut share_look_at = i64::MIN;
@@ -132,6 +135,7 @@ async fn run(streams: Arc<dyn super::Streams>, bell: EffectsBell, settings: Sett
                 // share's worth.
                 open,
                 taken: running.len(),
+                room: destination_room(&to, per_destination),
             };
             let due = blocking(move || {
                 look.due(&storage, here, &at_share, share_look)
@@ -142,8 +146,13 @@ async fn run(streams: Arc<dyn super::Streams>, bell: EffectsBell, settings: Sett
                 Ok(due) => {
                     let (leased, storage_failed) = match due {
                         Due::Leased(leased) => (leased, false),
-                        Due::Read(any, under) => {
-                            let fresh = choose(any, under, &running, concurrency, share);
+                        Due::Read(any, under, room) => {
+                            let places = Places {
+                                concurrency,
+                                share,
+                                room,
+                            };
+                            let fresh = choose(any, under, &running, places);
                             lease(&exec, &settings, fresh, now).await
                         }
                     };
@@ -159,6 +168,9 @@ async fn run(streams: Arc<dyn super::Streams>, bell: EffectsBell, settings: Sett
                     }
                     for row in leased {
                         running.insert(row.id, row.project.clone());
+                        if let Some(d) = &row.destination {
+                            to.insert(row.id, d.clone());
+                        }
                         let (exec, settings, done) =
                             (exec.clone(), settings.clone(), done_tx.clone());
                         tokio::spawn(async move {
@@ -183,8 +195,10 @@ async fn run(streams: Arc<dyn super::Streams>, bell: EffectsBell, settings: Sett
             _ = bell.0.notified() => {}
             Some(id) = done_rx.recv() => {
                 running.remove(&id);
+                to.remove(&id);
                 while let Ok(id) = done_rx.try_recv() {
                     running.remove(&id);
+                    to.remove(&id);
                 }
             }
             _ = tokio::time::sleep(Duration::from_millis(wait_ms.max(1) as u64)) => {}
@@ -197,8 +211,47 @@ enum Due {
     /// Leased already (PostgreSQL).
     Leased(Vec<EffectRow>),
     /// Due, to be leased by the writer (SQLite): the oldest, and those of
-    /// projects under their share (when looked for).
-    Read(Vec<EffectRow>, Vec<EffectRow>),
+    /// projects under their share (when looked for); and the room their
+    /// destinations have.
+    Read(Vec<EffectRow>, Vec<EffectRow>, DestinationRoom),
+}
+
+/// The room each destination has for more effects running here: at most
+/// `per_destination` webhook effects to one host name (its POSTs' places,
+/// `[effects] per-destination-concurrency`), so a slow or throttling
+/// destination's backlog never fills the worker's places while another
+/// destination's effects wait.
+fn destination_room(to: &HashMap<i64, String>, per_destination: usize) -> DestinationRoom {
+    let mut counts: HashMap<&str, usize> = HashMap::new();
+    for d in to.values() {
+        *counts.entry(d.as_str()).or_default() += 1;
+    }
+    DestinationRoom {
+        cap: per_destination,
+        room: counts
+            .into_iter()
+            .map(|(d, n)| (d.to_string(), per_destination.saturating_sub(n)))
+            .collect(),
+    }
+}
+
+/// Takes one place of `destination` from `room`; false when it has none.
+fn take_room(room: &mut DestinationRoom, destination: Option<&str>) -> bool {
+    let Some(d) = destination else {
+        return true;
+    };
+    match room.room.iter_mut().find(|(name, _)| name == d) {
+        Some((_, 0)) => false,
+        Some((_, n)) => {
+            *n -= 1;
+            true
+        }
+        None if room.cap == 0 => false,
+        None => {
+            room.room.push((d.to_string(), room.cap - 1));
+            true
+        }
+    }
 }
 
 /// How many effects of each project run here.
@@ -230,6 +283,8 @@ struct Look {
     open: usize,
     /// Places taken before this look.
     taken: usize,
+    /// What each destination may still take.
+    room: DestinationRoom,
 }
 
 impl Look {
@@ -249,45 +304,131 @@ impl Look {
         // places (a project under its share finds the last ones on a
         // share look).
         let oldest = self.open.saturating_sub(self.taken).min(self.want);
+        let mut room = self.room.clone();
         if storage.cluster().is_none() {
-            let any = storage.due_effects(self.now, self.want, &[])?;
+            let any = self.read_past_full(storage, &[], &room)?;
             let under = if share_look {
-                storage.due_effects(self.now, self.want, at_share)?
+                self.read_past_full(storage, at_share, &room)?
             } else {
                 Vec::new()
             };
-            return Ok(Due::Read(any, under));
+            return Ok(Due::Read(any, under, room));
         }
         let mut leased = Vec::new();
         if oldest > 0 {
-            if let Some(rows) = storage.lease_due_effects(self.lease_ms, oldest, &here, &[])? {
-                leased = rows;
-            }
+            leased = self.lease_past_full(storage, oldest, &mut here, &[], &mut room)?;
         }
         let left = self.want - leased.len();
         if share_look && left > 0 {
-            here.extend(leased.iter().map(|e| e.id));
-            if let Some(rows) =
-                storage.lease_due_effects(self.lease_ms, left.min(self.share), &here, at_share)?
-            {
-                leased.extend(rows);
-            }
+            let limit = left.min(self.share);
+            leased.extend(self.lease_past_full(storage, limit, &mut here, at_share, &mut room)?);
         }
         Ok(Due::Leased(leased))
     }
+
+    /// The oldest due effects (`want`) of the projects not `passed`, none
+    /// to a destination without room, read again past each destination
+    /// whose rows fill the room it has (at most [`ROOM_READS`] reads): one
+    /// destination's backlog does not hide the others' effects behind it.
+    fn read_past_full(
+        &self,
+        storage: &crate::storage::Storage,
+        passed: &[String],
+        room: &DestinationRoom,
+    ) -> anyhow::Result<Vec<EffectRow>> {
+        let mut past: Vec<String> = room.full().into_iter().map(str::to_string).collect();
+        let mut rows: Vec<EffectRow> = Vec::new();
+        for _ in 0..ROOM_READS {
+            let names: Vec<&str> = past.iter().map(String::as_str).collect();
+            let read = storage.due_effects(self.now, self.want, passed, &names)?;
+            let window_full = read.len() == self.want;
+            let seen: HashSet<i64> = rows.iter().map(|r| r.id).collect();
+            rows.extend(read.into_iter().filter(|r| !seen.contains(&r.id)));
+            let mut counts: HashMap<&str, usize> = HashMap::new();
+            for d in rows.iter().filter_map(|r| r.destination.as_deref()) {
+                *counts.entry(d).or_default() += 1;
+            }
+            let filled: Vec<String> = counts
+                .into_iter()
+                .filter(|(d, n)| *n >= room.of(d) && !past.iter().any(|p| p == d))
+                .map(|(d, _)| d.to_string())
+                .collect();
+            if !window_full || filled.is_empty() {
+                break;
+            }
+            past.extend(filled);
+        }
+        Ok(rows)
+    }
+
+    /// PostgreSQL: leases up to `limit` due effects of the projects not
+    /// `passed`, again past each destination the lease left without room
+    /// (at most [`ROOM_READS`] statements); `here` and `room` take what
+    /// was leased.
+    fn lease_past_full(
+        &self,
+        storage: &crate::storage::Storage,
+        limit: usize,
+        here: &mut Vec<i64>,
+        passed: &[String],
+        room: &mut DestinationRoom,
+    ) -> anyhow::Result<Vec<EffectRow>> {
+        let mut leased: Vec<EffectRow> = Vec::new();
+        for _ in 0..ROOM_READS {
+            let full_before = room.full().len();
+            let Some(rows) = storage.lease_due_effects(
+                self.lease_ms,
+                limit - leased.len(),
+                here,
+                passed,
+                room,
+            )?
+            else {
+                break;
+            };
+            let got = rows.len();
+            for e in &rows {
+                take_room(room, e.destination.as_deref());
+                here.push(e.id);
+            }
+            leased.extend(rows);
+            if got == 0 || leased.len() >= limit || room.full().len() == full_before {
+                break;
+            }
+        }
+        Ok(leased)
+    }
+}
+
+/// Reads (or PostgreSQL leases) of one look, each past the destinations
+/// the one before left without room.
+const ROOM_READS: usize = 4;
+
+/// The worker's places as one look sees them.
+struct Places {
+    concurrency: usize,
+    /// A project's share.
+    share: usize,
+    /// What each destination may still take.
+    room: DestinationRoom,
 }
 
 /// The due effects to lease (SQLite), given what runs here: from the
 /// oldest (`any`) and those of projects under their share (`under`), each
 /// project up to its `share` while the places allow, and past it only
-/// while a share's worth of places stays free; at most the free places.
+/// while a share's worth of places stays free; at most the free places,
+/// and no more to one destination than its room.
 fn choose(
     any: Vec<EffectRow>,
     under: Vec<EffectRow>,
     running: &HashMap<i64, String>,
-    concurrency: usize,
-    share: usize,
+    places: Places,
 ) -> Vec<EffectRow> {
+    let Places {
+        concurrency,
+        share,
+        mut room,
+    } = places;
     let mut per_project = per_project(running);
     let mut ids: HashSet<i64> = running.keys().copied().collect();
     let mut chosen: Vec<EffectRow> = Vec::new();
@@ -299,9 +440,11 @@ fn choose(
         }
         let n = per_project.entry(e.project.clone()).or_default();
         if *n < share && running.len() + chosen.len() < concurrency {
-            *n += 1;
-            ids.insert(e.id);
-            chosen.push(e);
+            if take_room(&mut room, e.destination.as_deref()) {
+                *n += 1;
+                ids.insert(e.id);
+                chosen.push(e);
+            }
         } else {
             past.push(e);
         }
@@ -310,7 +453,8 @@ fn choose(
         if running.len() + chosen.len() + share >= concurrency {
             break;
         }
-        if ids.insert(e.id) {
+        if !ids.contains(&e.id) && take_room(&mut room, e.destination.as_deref()) {
+            ids.insert(e.id);
             chosen.push(e);
         }
     }
@@ -726,6 +870,28 @@ mod tests {
             settled_at: None,
             lease_id: 0,
             not_before_ms: None,
+            destination: None,
+        }
+    }
+
+    /// A webhook effect to `destination`.
+    fn to(id: i64, project: &str, destination: &str) -> EffectRow {
+        EffectRow {
+            destination: Some(destination.into()),
+            ..due(id, project)
+        }
+    }
+
+    /// The places of a worker with `concurrency`, a project `share`, and
+    /// eight places a destination.
+    fn places(concurrency: usize, share: usize) -> Places {
+        Places {
+            concurrency,
+            share,
+            room: DestinationRoom {
+                cap: 8,
+                room: Vec::new(),
+            },
         }
     }
 
@@ -736,7 +902,7 @@ mod tests {
     #[test]
     fn one_busy_project_alone_takes_all_but_a_share_of_the_places() {
         let evil: Vec<EffectRow> = (1..=20).map(|i| due(i, "evil")).collect();
-        let chosen = choose(evil, Vec::new(), &HashMap::new(), 8, 2);
+        let chosen = choose(evil, Vec::new(), &HashMap::new(), places(8, 2));
         assert_eq!(ids(&chosen), vec![1, 2, 3, 4, 5, 6]);
     }
 
@@ -746,15 +912,34 @@ mod tests {
         // The oldest are evil's; the share look finds good's behind them.
         let any = vec![due(7, "evil"), due(8, "evil")];
         let under = vec![due(20, "good"), due(21, "good"), due(22, "good")];
-        let chosen = choose(any, under, &running, 8, 2);
+        let chosen = choose(any, under, &running, places(8, 2));
         assert_eq!(ids(&chosen), vec![20, 21], "good's share; evil's wait");
     }
 
     #[test]
     fn the_oldest_go_first_each_project_up_to_its_share_then_past_it() {
         let any = vec![due(1, "a"), due(2, "a"), due(3, "a"), due(4, "b")];
-        let chosen = choose(any, Vec::new(), &HashMap::new(), 16, 2);
+        let chosen = choose(any, Vec::new(), &HashMap::new(), places(16, 2));
         assert_eq!(ids(&chosen), vec![1, 2, 4, 3]);
+    }
+
+    #[test]
+    fn no_destination_takes_more_than_its_room_and_the_others_are_chosen_past_it() {
+        // Five of the slow destination run here already: three more may.
+        let running: HashMap<i64, String> = (1..=5).map(|i| (i, "p".to_string())).collect();
+        let on: HashMap<i64, String> = (1..=5).map(|i| (i, "slow".to_string())).collect();
+        let mut any: Vec<EffectRow> = (6..=12).map(|i| to(i, "p", "slow")).collect();
+        any.extend([to(13, "p", "fine"), due(14, "p")]);
+        let places = Places {
+            concurrency: 16,
+            share: 16,
+            room: destination_room(&on, 8),
+        };
+        let chosen = choose(any, Vec::new(), &running, places);
+        assert_eq!(ids(&chosen), vec![6, 7, 8, 13, 14]);
+        // A full destination is named to the reads (none of its rows read).
+        let on: HashMap<i64, String> = (1..=8).map(|i| (i, "slow".to_string())).collect();
+        assert_eq!(destination_room(&on, 8).full(), vec!["slow"]);
     }
 
     #[test]

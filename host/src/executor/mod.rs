@@ -26,6 +26,7 @@ use crate::delivery::copy::{CopyBatch, CopyOutcome, SourceInfo};
 use crate::delivery::schedule::{Delivered, DeliveryDone, Job, Placement};
 use crate::delivery::select::{select_batch, Selection};
 use crate::delivery::target::Target;
+pub(crate) use crate::delivery::webhook::destination;
 use crate::delivery::Failure;
 use crate::processor::runtime::Runtime;
 pub use crate::processor::wake::Gate;
@@ -231,12 +232,6 @@ where
     });
 }
 
-/// A webhook's destination as its places are counted: the URL's host name
-/// (`None`: not a URL, refused when it is sent).
-pub(crate) fn destination(url: &str) -> Option<String> {
-    let url = reqwest::Url::parse(url).ok()?;
-    Some(url.host_str()?.to_ascii_lowercase())
-}
 
 /// The digest of the component that `job` (a wake or an ITX call) runs,
 /// when this host must compile it first: being compiled now (a deploy
@@ -465,19 +460,6 @@ pub(crate) async fn blocking<T: Send + 'static>(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_webhooks_destination_is_its_host_name() {
-        assert_eq!(
-            destination("https://Hooks.Example.com:8443/a?b").as_deref(),
-            Some("hooks.example.com")
-        );
-        assert_eq!(
-            destination("http://127.0.0.1:9/x").as_deref(),
-            Some("127.0.0.1")
-        );
-        assert_eq!(destination("not a url"), None);
-    }
 
     #[tokio::test]
     async fn a_panicking_attempt_reports_a_retryable_failure() {
