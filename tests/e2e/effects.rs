@@ -1322,3 +1322,55 @@ async fn effects_of_one_group_run_one_at_a_time_in_commit_order_and_a_failed_one
         a.paths
     );
 }
+
+#[tokio::test]
+async fn append_effects_to_one_stream_are_appended_together_and_one_refused_fails_alone() {
+    let s = Server::start_with(Some(EFFECTS), &[]);
+    effector_on(&s, SRC).await;
+    // Ten effects to one stream from one fold: leased in one look and
+    // appended as one append, in the order they were committed.
+    let ten: Vec<Value> = (0..10)
+        .map(|i| json!({"key": format!("t{i}"), "append": {"streamPath": "/together", "type": "x.y/done", "payload": {"i": i}}}))
+        .collect();
+    request(&s, SRC, Value::Array(ten)).await;
+    for i in 0..10 {
+        let e = settled(&s, &format!("t{i}"), "succeeded").await;
+        assert_eq!(e["attempts"], 1, "{e}");
+    }
+    let out = s.all_events("/v1/projects/acme/streams/together").await;
+    let done: Vec<&Value> = out.iter().filter(|e| e["type"] == "x.y/done").collect();
+    let payloads: Vec<&Value> = done.iter().map(|e| &e["payload"]["i"]).collect();
+    let expected: Vec<Value> = (0..10).map(|i| json!(i)).collect();
+    assert_eq!(payloads, expected.iter().collect::<Vec<_>>());
+    let first = done[0]["offset"].as_u64().unwrap();
+    for (n, e) in done.iter().enumerate() {
+        assert_eq!(e["offset"], first + n as u64, "{e}");
+    }
+
+    // Three together, the middle one refused by the stream (a
+    // subscription without its key): the other two are appended, it
+    // fails on its own with its error line.
+    let b = |key: &str, event_type: &str| json!({"key": key, "append": {"streamPath": "/together", "type": event_type, "payload": {}}});
+    request(
+        &s,
+        SRC,
+        json!([
+            b("b1", "x.y/done"),
+            b("b2", "events.iterate.com/stream/subscription-configured"),
+            b("b3", "x.y/done")
+        ]),
+    )
+    .await;
+    for key in ["b1", "b3"] {
+        let e = settled(&s, key, "succeeded").await;
+        assert_eq!(e["attempts"], 1, "{e}");
+    }
+    let refused = settled(&s, "b2", "failed").await;
+    assert_eq!(
+        refused["attempts"], 1,
+        "refused for good at once: {refused}"
+    );
+    let lines = error_lines(&s.all_events(SRC).await);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert_eq!(lines[0]["payload"]["effect"]["key"], "b2", "{lines:?}");
+}
