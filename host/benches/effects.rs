@@ -11,7 +11,11 @@
 //!   settle, for a copy the delivery job;
 //! - throughput, targets committed per second, catching up on a pre-filled
 //!   log of events that each ask for one append effect;
-//! - the disk's raw fsync rate, measured in the same run.
+//! - the disk's raw fsync rate, measured in the same run;
+//! - a plain outbox relay on the same database (SQLite): the same append
+//!   effects stored pending, leased in batches of 64 (one commit), their
+//!   events appended and the effects settled (one commit) by a minimal loop
+//!   on one connection, the bound the executor is measured against.
 //!
 //! Options (after `--`): `--rate N` appends/s (default 200), `--seconds S`
 //! of steady appends (default 4), `--events N` per throughput run (5000),
@@ -237,6 +241,125 @@ async fn throughput(kind: Kind, events: usize, postgres: Option<&str>) -> f64 {
     rate
 }
 
+/// Effects leased at once by the plain relay, as many as the host's
+/// default `[effects] concurrency`.
+const RELAY_BATCH: usize = 64;
+
+/// The plain outbox relay on the same database (SQLite, the host's schema,
+/// WAL, `synchronous = FULL`): `events` append effects to one stream stored
+/// pending, then a minimal loop leases the oldest due batch (one commit),
+/// appends their events to the target stream and settles them (one
+/// commit), until none is due. Answers effects settled a second.
+fn plain_relay(events: usize, rt: &tokio::runtime::Runtime) -> f64 {
+    let dir = tempfile::tempdir().unwrap();
+    // The host makes the database and its schema, and the target stream.
+    rt.block_on(async {
+        let host = Host::open(Config {
+            data_dir: dir.path().to_path_buf(),
+            ..Config::default()
+        })
+        .unwrap();
+        let out = host.stream("bench", OUT).unwrap();
+        host.append(&out, [streamhost::EventInput::new("bench.example/start")])
+            .await
+            .unwrap();
+        std::thread::spawn(move || drop(host)).join().unwrap();
+    });
+    let mut db = rusqlite::Connection::open(dir.path().join("streamhost.db")).unwrap();
+    db.pragma_update(None, "journal_mode", "WAL").unwrap();
+    db.pragma_update(None, "synchronous", "FULL").unwrap();
+    let (stream, stream_id): (i64, String) = db
+        .query_row(
+            "SELECT id, stream_id FROM streams WHERE project = 'bench' AND path = ?1",
+            [OUT],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .unwrap();
+    {
+        let tx = db.transaction().unwrap();
+        for n in 0..events {
+            let target = json!({"append": {"streamPath": OUT, "type": "bench.example/done",
+                "payload": {"n": n}}});
+            tx.execute(
+                "INSERT INTO effects (project, path, stream_id, component, effect_key,
+                     checkpoint_offset, target, status, due_at_ms, created_at)
+                 VALUES ('bench', '/bench/src', 's', 'effector', ?1, ?2, ?3, 'pending', 0,
+                     '2026-12-05T00:00:00.000Z')",
+                rusqlite::params![format!("e-{n}"), n as i64, target.to_string()],
+            )
+            .unwrap();
+        }
+        tx.commit().unwrap();
+    }
+    let start = Instant::now();
+    let mut settled = 0;
+    loop {
+        // Lease the oldest due batch.
+        let tx = db.transaction().unwrap();
+        let batch: Vec<(i64, String, String)> = tx
+            .prepare_cached(
+                "UPDATE effects SET status = 'running', attempts = attempts + 1,
+                     lease_id = lease_id + 1, due_at_ms = 30000
+                 WHERE id IN (SELECT id FROM effects WHERE status = 'pending' AND due_at_ms <= 0
+                              ORDER BY due_at_ms, id LIMIT ?1)
+                 RETURNING id, effect_key, target",
+            )
+            .unwrap()
+            .query_map([RELAY_BATCH as i64], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        tx.commit().unwrap();
+        if batch.is_empty() {
+            break;
+        }
+        // Append their events and settle them.
+        let tx = db.transaction().unwrap();
+        let head: i64 = tx
+            .query_row("SELECT head_offset FROM streams WHERE id = ?1", [stream], |r| r.get(0))
+            .unwrap();
+        for (i, (id, key, target)) in batch.iter().enumerate() {
+            let target: Value = serde_json::from_str(target).unwrap();
+            let offset = head + 1 + i as i64;
+            let idempotency_key = format!("effect:effector:/bench/src:{key}");
+            let body = json!({"offset": offset, "type": target["append"]["type"],
+                "payload": target["append"]["payload"], "idempotencyKey": idempotency_key,
+                "createdAt": "2026-12-05T00:00:00.000Z", "streamId": stream_id,
+                "source": {"effect": {"path": "/bench/src", "streamId": "s",
+                    "component": "effector", "key": key, "checkpointOffset": id}}});
+            tx.prepare_cached(
+                "INSERT INTO events (stream, offset, type, idempotency_key, body)
+                 VALUES (?1, ?2, ?3, ?4, ?5)",
+            )
+            .unwrap()
+            .execute(rusqlite::params![
+                stream,
+                offset,
+                "bench.example/done",
+                idempotency_key,
+                body.to_string()
+            ])
+            .unwrap();
+            tx.prepare_cached(
+                "UPDATE effects SET status = 'succeeded', settled_at = '2026-12-05T00:00:01.000Z'
+                 WHERE id = ?1",
+            )
+            .unwrap()
+            .execute([id])
+            .unwrap();
+        }
+        tx.execute(
+            "UPDATE streams SET head_offset = ?1 WHERE id = ?2",
+            [head + batch.len() as i64, stream],
+        )
+        .unwrap();
+        tx.commit().unwrap();
+        settled += batch.len();
+    }
+    assert_eq!(settled, events);
+    events as f64 / start.elapsed().as_secs_f64()
+}
+
 fn main() {
     let rate = arg("--rate", 200.0);
     let seconds = arg("--seconds", 4.0);
@@ -298,6 +421,21 @@ fn main() {
             "  append effects run at {:.2}× the copy rate{engine}",
             rates[0] / rates[1]
         );
+        if url.is_none() {
+            eprintln!("plain outbox relay: {events} effects ...");
+            let relay = plain_relay(events, &rt);
+            println!(
+                "{:<28} {:>16} {relay:>10.0} {:>9.1}×",
+                "plain outbox relay",
+                format!("{events} effects"),
+                relay / fsyncs
+            );
+            println!(
+                "  append effects run at {:.2}× the plain relay's rate (batches of {RELAY_BATCH}, \
+                 two commits a batch)",
+                rates[0] / relay
+            );
+        }
     }
     // A PostgreSQL host's tasks may still hold blocking clients, which
     // cannot be dropped on the runtime's threads: end here.
