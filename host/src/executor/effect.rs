@@ -179,7 +179,7 @@ async fn run(streams: Arc<dyn super::Streams>, bell: EffectsBell, settings: Sett
                             let ids: Vec<i64> = match job {
                                 EffectJob::One(row) => {
                                     let id = row.id;
-                                    execute_and_settle(&exec, &settings, *row).await;
+                                    execute_and_settle(&exec, &settings, row).await;
                                     vec![id]
                                 }
                                 EffectJob::Appends(rows) => {
@@ -540,20 +540,16 @@ async fn lease(
 /// What the worker runs for the effects one look leased.
 enum EffectJob {
     /// One effect on its own.
-    One(Box<EffectRow>),
+    One(EffectRow),
     /// Append effects to one stream, as one append.
-    Appends(Appends),
+    Appends(Vec<(EffectRow, Target)>),
 }
-
-/// Append effects to one stream, with their targets.
-type Appends = Vec<(EffectRow, Target)>;
 
 /// The effects one look leased as jobs: the append effects to one stream
 /// (two or more) together, in id order; every other effect on its own.
 fn jobs(leased: Vec<EffectRow>) -> Vec<EffectJob> {
     let mut jobs = Vec::new();
-    // (project, stream path) and its effects, in the order first seen.
-    let mut by_stream: Vec<((String, String), Appends)> = Vec::new();
+    let mut by_stream: Vec<((String, String), Vec<(EffectRow, Target)>)> = Vec::new();
     for row in leased {
         match Target::from_json(&row.target) {
             Ok(target @ Target::Append { .. }) => {
@@ -566,13 +562,13 @@ fn jobs(leased: Vec<EffectRow>) -> Vec<EffectJob> {
                     None => by_stream.push((stream, vec![(row, target)])),
                 }
             }
-            _ => jobs.push(EffectJob::One(Box::new(row))),
+            _ => jobs.push(EffectJob::One(row)),
         }
     }
     for (_, mut rows) in by_stream {
         if rows.len() == 1 {
             let (row, _) = rows.pop().expect("one");
-            jobs.push(EffectJob::One(Box::new(row)));
+            jobs.push(EffectJob::One(row));
         } else {
             rows.sort_by_key(|(r, _)| r.id);
             jobs.push(EffectJob::Appends(rows));
@@ -586,7 +582,7 @@ fn jobs(leased: Vec<EffectRow>) -> Vec<EffectJob> {
 /// their settlements committed together. When that append fails, each
 /// runs again on its own, at once ([`execute_and_settle`]), so each gets
 /// its own outcome, retry and error line.
-async fn execute_appends(exec: &Executors, settings: &Settings, rows: Appends) {
+async fn execute_appends(exec: &Executors, settings: &Settings, rows: Vec<(EffectRow, Target)>) {
     let timeout_ms = settings.delivery.timeout_ms;
     let now = settings.clock.now_ms();
     let (rows, targets): (Vec<EffectRow>, Vec<Target>) = rows.into_iter().unzip();
