@@ -166,32 +166,18 @@ async fn run(streams: Arc<dyn super::Streams>, bell: EffectsBell, settings: Sett
                         // Storage refuses writes: do not spin on it.
                         wait_ms = 1_000;
                     }
-                    for row in &leased {
+                    for row in leased {
                         running.insert(row.id, row.project.clone());
                         if let Some(d) = &row.destination {
                             to.insert(row.id, d.clone());
                         }
-                    }
-                    for job in jobs(leased) {
                         let (exec, settings, done) =
                             (exec.clone(), settings.clone(), done_tx.clone());
                         tokio::spawn(async move {
-                            let ids: Vec<i64> = match job {
-                                EffectJob::One(row) => {
-                                    let id = row.id;
-                                    execute_and_settle(&exec, &settings, row).await;
-                                    vec![id]
-                                }
-                                EffectJob::Appends(rows) => {
-                                    let ids = rows.iter().map(|(r, _)| r.id).collect();
-                                    execute_appends(&exec, &settings, rows).await;
-                                    ids
-                                }
-                            };
-                            for id in ids {
-                                exec.effects_ended.send_modify(|n| *n = n.wrapping_add(1));
-                                let _ = done.send(id);
-                            }
+                            let id = row.id;
+                            execute_and_settle(&exec, &settings, row).await;
+                            exec.effects_ended.send_modify(|n| *n = n.wrapping_add(1));
+                            let _ = done.send(id);
                         });
                     }
                     if running.len() >= concurrency {
@@ -537,175 +523,6 @@ async fn lease(
     (leased, failed)
 }
 
-/// What the worker runs for the effects one look leased.
-enum EffectJob {
-    /// One effect on its own.
-    One(EffectRow),
-    /// Append effects to one stream, as one append.
-    Appends(Vec<(EffectRow, Target)>),
-}
-
-/// The effects one look leased as jobs: the append effects to one stream
-/// (two or more) together, in id order; every other effect on its own.
-fn jobs(leased: Vec<EffectRow>) -> Vec<EffectJob> {
-    let mut jobs = Vec::new();
-    let mut by_stream: Vec<((String, String), Vec<(EffectRow, Target)>)> = Vec::new();
-    for row in leased {
-        match Target::from_json(&row.target) {
-            Ok(target @ Target::Append { .. }) => {
-                let Target::Append { stream_path, .. } = &target else {
-                    unreachable!("matched above")
-                };
-                let stream = (row.project.clone(), stream_path.clone());
-                match by_stream.iter_mut().find(|(s, _)| *s == stream) {
-                    Some((_, rows)) => rows.push((row, target)),
-                    None => by_stream.push((stream, vec![(row, target)])),
-                }
-            }
-            _ => jobs.push(EffectJob::One(row)),
-        }
-    }
-    for (_, mut rows) in by_stream {
-        if rows.len() == 1 {
-            let (row, _) = rows.pop().expect("one");
-            jobs.push(EffectJob::One(row));
-        } else {
-            rows.sort_by_key(|(r, _)| r.id);
-            jobs.push(EffectJob::Appends(rows));
-        }
-    }
-    jobs
-}
-
-/// Append effects to one stream, leased in one look: their events (each
-/// with its own idempotency key, origin and trace) in one append, then
-/// their settlements committed together. When that append fails, each
-/// runs again on its own, at once ([`execute_and_settle`]), so each gets
-/// its own outcome, retry and error line.
-async fn execute_appends(exec: &Executors, settings: &Settings, rows: Vec<(EffectRow, Target)>) {
-    let timeout_ms = settings.delivery.timeout_ms;
-    let now = settings.clock.now_ms();
-    let (rows, targets): (Vec<EffectRow>, Vec<Target>) = rows.into_iter().unzip();
-    let mut spans = Vec::with_capacity(rows.len());
-    let mut events = Vec::with_capacity(rows.len());
-    let mut address = None;
-    for (row, target) in rows.iter().zip(targets) {
-        if let (Some(not_before), 1) = (row.not_before_ms, row.attempts) {
-            exec.metrics.effect_due_lag(now - not_before);
-        }
-        let stored_trace = effect::stored_trace(&row.target);
-        let span = stored_trace
-            .as_ref()
-            .and_then(|t| exec.telemetry.begin(Some(t)));
-        let carried = span.as_ref().map(|s| s.handed_on.clone()).or(stored_trace);
-        spans.push(span);
-        let Target::Append {
-            stream_path,
-            event_type,
-            payload,
-            metadata,
-        } = target
-        else {
-            unreachable!("only append effects are batched")
-        };
-        if address.is_none() {
-            address = Some(address_of(&row.project, &stream_path));
-        }
-        events.push(append_event(row, event_type, payload, metadata, carried));
-    }
-    let appended = match address.expect("at least two effects") {
-        Ok(address) => {
-            let label = format!("{} append effects to {address}", rows.len());
-            guarded(
-                &label,
-                Duration::from_millis(timeout_ms),
-                timeout_ms,
-                &super::Gate::default(),
-                append(exec, &address, events, Authority::Effect),
-            )
-            .await
-        }
-        Err(f) => Err(f),
-    };
-    let outcome = match appended {
-        Ok(()) => Outcome::Succeeded { result: None },
-        // Refused for good (an event of them refused, say): each runs on
-        // its own at once, under the lease it has, for its own outcome.
-        Err(f) if !f.retryable => {
-            tracing::info!(effects = rows.len(), error = %f.message, "append effects refused together; each runs on its own");
-            futures_util::future::join_all(
-                rows.into_iter()
-                    .map(|row| execute_and_settle(exec, settings, row)),
-            )
-            .await;
-            return;
-        }
-        // The stream unavailable, a timeout: each attempt failed so, and
-        // is retried after its backoff.
-        Err(f) => Outcome::Failed {
-            message: f.message,
-            retryable: true,
-            retry_after_ms: None,
-        },
-    };
-    // Settled together: each settlement is submitted before any is
-    // waited for, so they commit in one group.
-    futures_util::future::join_all(
-        rows.into_iter()
-            .zip(spans)
-            .map(|(row, span)| settle(exec, settings, row, outcome.clone(), span)),
-    )
-    .await;
-}
-
-/// The settlement of an execution that succeeded.
-fn succeeded(row: &EffectRow, now: i64, result: Option<Value>) -> EffectOp {
-    EffectOp::Settle {
-        id: row.id,
-        lease_id: row.lease_id,
-        now_ms: now,
-        status: "succeeded",
-        due_at_ms: now,
-        last_error: None,
-        result: result.map(|r| r.to_string()),
-        settled_at: Some(format_timestamp(now)),
-    }
-}
-
-/// Logs a settlement's answer (1: settled; 0: its lease was lost).
-fn report_settled(
-    id: i64,
-    answer: Result<Result<i64, crate::storage::CommitError>, impl std::fmt::Debug>,
-) {
-    match answer {
-        Ok(Ok(1)) => {}
-        Ok(Ok(_)) => tracing::info!(id, "an effect's lease was lost before it settled"),
-        Ok(Err(e)) => tracing::warn!(id, error = %e, "settling an effect failed"),
-        Err(_) => {}
-    }
-}
-
-/// Ends an effect attempt's span (`failed`: its error).
-fn end_attempt_span(
-    exec: &Executors,
-    span: crate::telemetry::Span,
-    row: &EffectRow,
-    failed: Option<&str>,
-) {
-    let (kind, name) = effect::consumer(&row.component);
-    let mut record = crate::telemetry::Record::of_path(Some(&row.project), &row.path)
-        .with("streamhost.effect.key", row.key.clone())
-        .with("streamhost.effect.consumer", format!("{kind}:{name}"))
-        .with("streamhost.effect.attempt", i64::from(row.attempts));
-    record.error = failed.map(str::to_string);
-    exec.telemetry.end(
-        span,
-        "effect attempt",
-        opentelemetry::trace::SpanKind::Producer,
-        record,
-    );
-}
-
 /// What an effect's lease keeps beyond its wait for a place at its
 /// destination and its POST's timeout.
 const DESTINATION_WAIT_MARGIN_MS: u64 = 1000;
@@ -781,24 +598,20 @@ async fn execute_and_settle(exec: &Executors, settings: &Settings, row: EffectRo
             retry_after_ms: None,
         },
     };
-    settle(exec, settings, row, outcome, span).await;
-}
-
-/// Settles an execution with its `outcome` (a retry with backoff, a
-/// failure with its error line, or done), ending its span.
-async fn settle(
-    exec: &Executors,
-    settings: &Settings,
-    row: EffectRow,
-    outcome: Outcome,
-    span: Option<crate::telemetry::Span>,
-) {
     if let Some(span) = span {
-        let failed = match &outcome {
-            Outcome::Failed { message, .. } => Some(message.as_str()),
-            _ => None,
-        };
-        end_attempt_span(exec, span, &row, failed);
+        let mut record = crate::telemetry::Record::of_path(Some(&row.project), &row.path)
+            .with("streamhost.effect.key", row.key.clone())
+            .with("streamhost.effect.consumer", format!("{kind}:{name}"))
+            .with("streamhost.effect.attempt", i64::from(row.attempts));
+        if let Outcome::Failed { message, .. } = &outcome {
+            record.error = Some(message.clone());
+        }
+        exec.telemetry.end(
+            span,
+            "effect attempt",
+            opentelemetry::trace::SpanKind::Producer,
+            record,
+        );
     }
     let now = settings.clock.now_ms();
     let settlement = effect::settle(
@@ -811,7 +624,16 @@ async fn settle(
     );
     exec.metrics.effect_executed(settlement.label());
     let op = match settlement {
-        Settlement::Succeeded { result } => succeeded(&row, now, result),
+        Settlement::Succeeded { result } => EffectOp::Settle {
+            id: row.id,
+            lease_id: row.lease_id,
+            now_ms: now,
+            status: "succeeded",
+            due_at_ms: now,
+            last_error: None,
+            result: result.map(|r| r.to_string()),
+            settled_at: Some(format_timestamp(now)),
+        },
         Settlement::Retry { at_ms, error } => {
             tracing::info!(id = row.id, attempts = row.attempts, error = %error, "effect will be retried");
             EffectOp::Settle {
@@ -845,7 +667,12 @@ async fn settle(
             }
         }
     };
-    report_settled(row.id, exec.storage.submit(WriteOp::Effect(op)).await);
+    match exec.storage.submit(WriteOp::Effect(op)).await {
+        Ok(Ok(1)) => {}
+        Ok(Ok(_)) => tracing::info!(id = row.id, "an effect's lease was lost before it settled"),
+        Ok(Err(e)) => tracing::warn!(id = row.id, error = %e, "settling an effect failed"),
+        Err(_) => {}
+    }
 }
 
 fn address_of(project: &str, path: &str) -> Result<StreamAddress, Failure> {
@@ -871,8 +698,30 @@ async fn execute(
             metadata,
         } => {
             let address = address_of(&row.project, &stream_path)?;
-            let event = append_event(row, event_type, payload, metadata, trace);
-            append(exec, &address, vec![event], Authority::Effect)
+            let event = EventInput {
+                event_type,
+                payload: Some(payload),
+                metadata,
+                idempotency_key: Some(effect::append_idempotency_key(
+                    &row.component,
+                    &row.path,
+                    &row.key,
+                )),
+                ephemeral: None,
+                offset: None,
+                source: Some(EventSource {
+                    copied_from: Vec::new(),
+                    effect: Some(EffectOrigin {
+                        path: row.path.clone(),
+                        stream_id: row.stream_id.clone(),
+                        component: row.component.clone(),
+                        key: row.key.clone(),
+                        checkpoint_offset: row.checkpoint_offset,
+                    }),
+                }),
+                trace,
+            };
+            append(exec, &address, event, Authority::Effect)
                 .await
                 .map(|_| None)
         }
@@ -952,48 +801,14 @@ async fn execute(
 
 /// Appends one event through the stream's actor; a refusal that waiting
 /// can cure (paused, overloaded, storage) is retryable.
-/// The event an append effect appends: its idempotency key names the
-/// effect, its `source.effect` where it came from.
-fn append_event(
-    row: &EffectRow,
-    event_type: String,
-    payload: serde_json::Map<String, Value>,
-    metadata: Option<serde_json::Map<String, Value>>,
-    trace: Option<crate::trace::Trace>,
-) -> EventInput {
-    EventInput {
-        event_type,
-        payload: Some(payload),
-        metadata,
-        idempotency_key: Some(effect::append_idempotency_key(
-            &row.component,
-            &row.path,
-            &row.key,
-        )),
-        ephemeral: None,
-        offset: None,
-        source: Some(EventSource {
-            copied_from: Vec::new(),
-            effect: Some(EffectOrigin {
-                path: row.path.clone(),
-                stream_id: row.stream_id.clone(),
-                component: row.component.clone(),
-                key: row.key.clone(),
-                checkpoint_offset: row.checkpoint_offset,
-            }),
-        }),
-        trace,
-    }
-}
-
 async fn append(
     exec: &Executors,
     address: &StreamAddress,
-    events: Vec<EventInput>,
+    event: EventInput,
     authority: Authority,
 ) -> Result<(), Failure> {
     let input = AppendInput {
-        events,
+        events: vec![event],
         expected_stream_id: None,
     };
     exec.streams
@@ -1026,7 +841,7 @@ async fn append_error_line(exec: &Executors, row: &EffectRow, error: &str) -> Re
         source: None,
         trace: None,
     };
-    append(exec, &address, vec![event], Authority::Platform)
+    append(exec, &address, event, Authority::Platform)
         .await
         .map_err(|f| f.message)
 }
@@ -1125,34 +940,6 @@ mod tests {
         // A full destination is named to the reads (none of its rows read).
         let on: HashMap<i64, String> = (1..=8).map(|i| (i, "slow".to_string())).collect();
         assert_eq!(destination_room(&on, 8).full(), vec!["slow"]);
-    }
-
-    #[test]
-    fn append_effects_to_one_stream_make_one_job_and_the_rest_run_alone() {
-        let append = |id: i64, project: &str, stream: &str| EffectRow {
-            target: serde_json::json!({"append": {"streamPath": stream, "type": "t", "payload": {}}}),
-            ..due(id, project)
-        };
-        let hook = EffectRow {
-            target: serde_json::json!({"webhook": {"url": "http://x/", "body": {}}}),
-            ..due(3, "p")
-        };
-        let leased = vec![
-            append(5, "p", "/a"),
-            append(1, "p", "/a"),
-            hook,
-            append(2, "p", "/b"),
-            append(4, "q", "/a"),
-            append(6, "q", "/a"),
-        ];
-        let jobs: Vec<Vec<i64>> = jobs(leased)
-            .into_iter()
-            .map(|j| match j {
-                EffectJob::One(r) => vec![r.id],
-                EffectJob::Appends(rows) => rows.iter().map(|(r, _)| r.id).collect(),
-            })
-            .collect();
-        assert_eq!(jobs, vec![vec![3], vec![1, 5], vec![2], vec![4, 6]]);
     }
 
     #[test]
