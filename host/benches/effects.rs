@@ -305,7 +305,9 @@ fn plain_relay(events: usize, rt: &tokio::runtime::Runtime) -> f64 {
                  RETURNING id, effect_key, target",
             )
             .unwrap()
-            .query_map([RELAY_BATCH as i64], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+            .query_map([RELAY_BATCH as i64], |r| {
+                Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+            })
             .unwrap()
             .collect::<Result<_, _>>()
             .unwrap();
@@ -316,7 +318,11 @@ fn plain_relay(events: usize, rt: &tokio::runtime::Runtime) -> f64 {
         // Append their events and settle them.
         let tx = db.transaction().unwrap();
         let head: i64 = tx
-            .query_row("SELECT head_offset FROM streams WHERE id = ?1", [stream], |r| r.get(0))
+            .query_row(
+                "SELECT head_offset FROM streams WHERE id = ?1",
+                [stream],
+                |r| r.get(0),
+            )
             .unwrap();
         for (i, (id, key, target)) in batch.iter().enumerate() {
             let target: Value = serde_json::from_str(target).unwrap();

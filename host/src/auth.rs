@@ -5,7 +5,7 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use crate::config::TokenConfig;
+use crate::config::{Scope, TokenConfig};
 use crate::error::Error;
 use crate::stream::Namespace;
 
@@ -16,6 +16,8 @@ pub enum Caller {
     Admin,
     /// A token limited to these projects.
     Projects(Arc<HashSet<String>>),
+    /// A token of scope `append` for these projects: events only.
+    Appends(Arc<HashSet<String>>),
 }
 
 impl Caller {
@@ -27,13 +29,42 @@ impl Caller {
     pub fn may_use(&self, namespace: &Namespace) -> Result<(), Error> {
         match (self, namespace) {
             (Caller::Admin, _) => Ok(()),
-            (Caller::Projects(ps), Namespace::Project(p)) if ps.contains(p) => Ok(()),
-            (Caller::Projects(_), Namespace::Project(p)) => Err(Error::forbidden(format!(
+            (Caller::Projects(ps) | Caller::Appends(ps), Namespace::Project(p))
+                if ps.contains(p) =>
+            {
+                Ok(())
+            }
+            (_, Namespace::Project(p)) => Err(Error::forbidden(format!(
                 "this token may not use project {p:?}"
             ))),
-            (Caller::Projects(_), Namespace::Global) => Err(Error::forbidden(
+            (_, Namespace::Global) => Err(Error::forbidden(
                 "the global namespace needs an admin token",
             )),
+        }
+    }
+
+    /// The projects a project token may use (`None`: an admin's, all).
+    pub fn projects(&self) -> Option<&Arc<HashSet<String>>> {
+        match self {
+            Caller::Admin => None,
+            Caller::Projects(ps) | Caller::Appends(ps) => Some(ps),
+        }
+    }
+
+    /// Checks that the caller may configure (`what`, the operation, is
+    /// named): a token of scope `append` may not (`403
+    /// scope-insufficient`).
+    pub fn require_configure(&self, what: &str) -> Result<(), Error> {
+        match self {
+            Caller::Appends(_) => Err(Error::new(
+                crate::error::ErrorKind::Forbidden,
+                "scope-insufficient",
+                format!(
+                    "{what} needs a token of scope \"configure\"; this token's scope is \"append\" \
+                     (events only)"
+                ),
+            )),
+            _ => Ok(()),
         }
     }
 
@@ -77,10 +108,11 @@ impl Auth {
         let tokens = tokens
             .iter()
             .map(|t| {
-                let caller = if t.admin {
-                    Caller::Admin
-                } else {
-                    Caller::Projects(Arc::new(t.projects.iter().cloned().collect()))
+                let projects = || Arc::new(t.projects.iter().cloned().collect());
+                let caller = match (t.admin, t.scope) {
+                    (true, _) => Caller::Admin,
+                    (false, Scope::Configure) => Caller::Projects(projects()),
+                    (false, Scope::Append) => Caller::Appends(projects()),
                 };
                 (digest(&t.token), caller)
             })
@@ -128,11 +160,19 @@ mod tests {
                 token: "a".into(),
                 projects: vec!["acme".into()],
                 admin: false,
+                scope: Scope::Configure,
             },
             TokenConfig {
                 token: "root".into(),
                 projects: vec![],
                 admin: true,
+                scope: Scope::Configure,
+            },
+            TokenConfig {
+                token: "producer".into(),
+                projects: vec!["acme".into()],
+                admin: false,
+                scope: Scope::Append,
             },
         ])
     }
@@ -165,6 +205,22 @@ mod tests {
             a.authenticate(Some("Basic a")).unwrap_err().kind,
             ErrorKind::Unauthorized
         );
+    }
+
+    #[test]
+    fn a_token_of_scope_append_uses_its_projects_and_configures_nothing() {
+        let a = auth();
+        let producer = a.authenticate(Some("Bearer producer")).unwrap();
+        assert!(producer.may_use(&Namespace::Project("acme".into())).is_ok());
+        assert!(producer.may_use(&Namespace::Project("other".into())).is_err());
+        let refused = producer.require_configure("deploying").unwrap_err();
+        assert_eq!(
+            (refused.kind, refused.code),
+            (ErrorKind::Forbidden, "scope-insufficient")
+        );
+        assert!(refused.message.contains("\"append\""), "{}", refused.message);
+        let configure = a.authenticate(Some("Bearer a")).unwrap();
+        assert!(configure.require_configure("deploying").is_ok());
     }
 
     #[test]

@@ -360,6 +360,23 @@ pub struct TokenConfig {
     /// Everything, including the global namespace.
     #[serde(default)]
     pub admin: bool,
+    /// What it may do in its projects (`"configure"`, the default, or
+    /// `"append"`).
+    #[serde(default)]
+    pub scope: Scope,
+}
+
+/// What a project token may do in its projects.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Scope {
+    /// Everything in its projects: events, subscriptions, reactors,
+    /// deploys, effect actions.
+    #[default]
+    Configure,
+    /// Append and read events only: no platform configuration event
+    /// (subscriptions, pause, resume, cursors), deploy or effect action.
+    Append,
 }
 
 impl std::fmt::Debug for TokenConfig {
@@ -368,6 +385,7 @@ impl std::fmt::Debug for TokenConfig {
             .field("token", &"<redacted>")
             .field("projects", &self.projects)
             .field("admin", &self.admin)
+            .field("scope", &self.scope)
             .finish()
     }
 }
@@ -684,6 +702,12 @@ impl Config {
             }
             if !t.admin && t.projects.is_empty() {
                 bail!("tokens[{i}] grants nothing: give it projects or admin = true");
+            }
+            if t.admin && t.scope == Scope::Append {
+                bail!(
+                    "tokens[{i}] is an admin token with scope = \"append\": an admin configures \
+                     everything; give an appending token its projects instead of admin = true"
+                );
             }
             for p in &t.projects {
                 validate_project(p)

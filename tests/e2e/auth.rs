@@ -134,3 +134,97 @@ async fn open_mode_warns_and_admits_everyone() {
     );
     assert!(s.log().contains("no tokens configured"), "{}", s.log());
 }
+
+/// One project token of each scope.
+const SCOPED: &str = r#"
+[[tokens]]
+token = "t-acme"
+projects = ["acme"]
+
+[[tokens]]
+token = "t-producer"
+projects = ["acme"]
+scope = "append"
+"#;
+
+#[tokio::test]
+async fn a_token_of_scope_append_appends_and_reads_events_but_configures_nothing() {
+    let s = Server::start_with(Some(SCOPED), &[]);
+    let producer = Some("t-producer");
+    let stream = "/v1/projects/acme/streams/orders";
+    // Events, an error line among them: appended and read.
+    let events = json!({"events": [{"type": "x.y/order"},
+        {"type": "events.iterate.com/stream/error-occurred", "payload": {"message": "seen"}}]});
+    let (status, out) = s
+        .post_as(producer, &format!("{stream}:append"), events)
+        .await;
+    assert_eq!(status, 200, "{out}");
+    let (status, page) = s.get_as(producer, &format!("{stream}:events")).await;
+    assert_eq!(status, 200, "{page}");
+    assert_eq!(page["events"].as_array().unwrap().len(), 3, "{page}");
+
+    // Configuration: refused, naming the scope and what was asked.
+    let subscription = json!({"events": [{"type": "events.iterate.com/stream/subscription-configured",
+        "payload": {"subscriptionKey": "copy", "receiver": {"action": "copy-to-stream",
+            "receivingStreamPath": "/copy", "delivery": {"start": "now", "onFailingEvent": "halt"}}}}]});
+    let refused = s
+        .post_as(producer, &format!("{stream}:append"), subscription.clone())
+        .await;
+    assert_error(
+        &refused,
+        403,
+        "scope-insufficient",
+        "appending \"events.iterate.com/stream/subscription-configured\" on stream \"/orders\" needs a token of scope \"configure\"; this token's scope is \"append\"",
+    );
+    let pause = json!({"events": [{"type": "x.y/order"},
+        {"type": "events.iterate.com/stream/paused", "payload": {"reason": "mine"}}]});
+    assert_error(
+        &s.post_as(producer, &format!("{stream}:append"), pause)
+            .await,
+        403,
+        "scope-insufficient",
+        "events.iterate.com/stream/paused",
+    );
+    assert_error(
+        &s.post_as(
+            producer,
+            "/v1/projects/acme/streams/copy:subscribeToEventsFrom",
+            json!({"sourceStreamPath": "/orders", "subscriptionKey": "c"}),
+        )
+        .await,
+        403,
+        "scope-insufficient",
+        "subscribing",
+    );
+    assert_error(
+        &s.post_as(producer, "/v1/projects/acme/effects/1:retry", json!({}))
+            .await,
+        403,
+        "scope-insufficient",
+        "retrying effect 1",
+    );
+    let deploy = reqwest::Client::new()
+        .put(format!("{}/v1/projects/acme/components/counter", s.url))
+        .bearer_auth("t-producer")
+        .header("content-type", "application/wasm")
+        .body(crate::support::guest("counter"))
+        .send()
+        .await
+        .unwrap();
+    let status = deploy.status().as_u16();
+    let body: serde_json::Value = deploy.json().await.unwrap();
+    assert_error(
+        &(status, body),
+        403,
+        "scope-insufficient",
+        "deploying component \"counter\"",
+    );
+    // Nothing of it landed: the log holds the events appended above only.
+    let (_, page) = s.get_as(Some("t-acme"), &format!("{stream}:events")).await;
+    assert_eq!(page["events"].as_array().unwrap().len(), 3, "{page}");
+    // A token of scope configure (the default) does all of it.
+    let (status, out) = s
+        .post_as(Some("t-acme"), &format!("{stream}:append"), subscription)
+        .await;
+    assert_eq!(status, 200, "{out}");
+}

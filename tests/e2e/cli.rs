@@ -79,6 +79,14 @@ fn bad_config_stops_the_server_naming_the_key_or_value() {
         ("listen = \"127.0.0.1:0\"\nfsync = true\n", "fsync"),
         ("durability = \"eventually\"\n", "eventually"),
         ("[delivery]\ntimeout-ms = 0\n", "timeout-ms"),
+        (
+            "[[tokens]]\ntoken = \"t\"\nprojects = [\"acme\"]\nscope = \"write\"\n",
+            "unknown variant `write`",
+        ),
+        (
+            "[[tokens]]\ntoken = \"t\"\nadmin = true\nscope = \"append\"\n",
+            "tokens[0] is an admin token with scope = \"append\"",
+        ),
     ] {
         let path = file_in(dir.path(), "bad.toml");
         std::fs::write(&path, text).unwrap();

@@ -157,6 +157,13 @@ async fn configuration_rejections_commit_nothing() {
             "subscriptionKey",
         ),
         (
+            json!({"events": [{"type": "events.iterate.com/stream/subscription-configured",
+                "payload": {"subscriptionKey": " orders ", "receiver": copy_to("/dst")}}]}),
+            400,
+            "invalid-request",
+            "subscriptionKey \" orders \" has leading or trailing whitespace",
+        ),
+        (
             json!({"events": [{"type": "events.iterate.com/stream/subscription-cursor-set",
                 "payload": {"subscriptionKey": "nope", "afterOffset": 1}}]}),
             404,

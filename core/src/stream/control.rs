@@ -125,11 +125,18 @@ fn validate_configured(
     })?;
     let by_key = &state.subscriptions.outbound.by_key;
     if let Some(raw) = &config.subscription_key {
-        let key = raw.trim();
+        let key = raw.as_str();
         let chars = key.chars().count();
         if chars == 0 || chars > KEY_CHARS_MAX {
             return Err(invalid(format!(
-                "{at}.subscriptionKey {raw:?} must be 1 to {KEY_CHARS_MAX} characters after trimming"
+                "{at}.subscriptionKey {raw:?} must be 1 to {KEY_CHARS_MAX} characters"
+            )));
+        }
+        // A subscription's (or reactor's) name is taken as written: one
+        // with whitespace around it is refused, not trimmed into another.
+        if key.trim() != key {
+            return Err(invalid(format!(
+                "{at}.subscriptionKey {raw:?} has leading or trailing whitespace: a name is taken as written, never trimmed"
             )));
         }
         if key.contains('\0') {

@@ -66,9 +66,9 @@ impl Host {
     /// What needs an operator in the projects `caller` may use (an
     /// admin: every project).
     pub(crate) async fn needing_attention_of(&self, caller: &Caller) -> Result<Attention, Error> {
-        let projects = match caller {
-            Caller::Admin => vec![None],
-            Caller::Projects(ps) => ps.iter().cloned().map(Some).collect(),
+        let projects = match caller.projects() {
+            None => vec![None],
+            Some(ps) => ps.iter().cloned().map(Some).collect(),
         };
         let storage = self.streams.storage().clone();
         let found = tokio::task::spawn_blocking(move || {

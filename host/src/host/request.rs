@@ -145,6 +145,59 @@ impl StreamRequest {
     pub fn admin_only(&self) -> bool {
         matches!(self, StreamRequest::Reset)
     }
+
+    /// What it configures, if it does (a token of scope `append` may
+    /// not): an append of a platform configuration event (subscriptions,
+    /// their cursors and resumes, pause, resume, the stream's
+    /// configuration), a subscription request, a backfill, a shadow's
+    /// promotion or discarding, a reset.
+    pub fn configures(&self) -> Option<String> {
+        use crate::event::types;
+        const CONFIGURATION: &[&str] = &[
+            types::CONFIGURED,
+            types::SUBSCRIPTION_CONFIGURED,
+            types::SUBSCRIPTION_REMOVED,
+            types::SUBSCRIPTION_CURSOR_SET,
+            types::SUBSCRIPTION_DELIVERY_RESUMED,
+            types::PAUSED,
+            types::RESUMED,
+        ];
+        let what = match self {
+            StreamRequest::Append(input) => {
+                let e = input
+                    .events
+                    .iter()
+                    .find(|e| CONFIGURATION.contains(&e.event_type.as_str()))?;
+                return Some(format!("appending {:?}", e.event_type));
+            }
+            StreamRequest::SubscribeToEventsFrom(_) => "subscribing",
+            StreamRequest::UnsubscribeFromEvents { .. } => "unsubscribing",
+            StreamRequest::SetSubscriptionCursor { .. }
+            | StreamRequest::SetSubscriptionCursorAndResume { .. } => {
+                "setting a subscription's cursor"
+            }
+            StreamRequest::ResumeSubscription { .. } => "resuming a subscription",
+            StreamRequest::BackfillProcessor(_) | StreamRequest::BackfillReactor(_) => {
+                "backfilling effects"
+            }
+            StreamRequest::PromoteShadow(_) => "promoting a shadow",
+            StreamRequest::DiscardShadow { .. } => "discarding a shadow",
+            StreamRequest::Reset => "resetting a stream",
+            StreamRequest::Events(_)
+            | StreamRequest::State
+            | StreamRequest::Runtime
+            | StreamRequest::Connect(_)
+            | StreamRequest::WaitForEvent(_)
+            | StreamRequest::Processor { .. }
+            | StreamRequest::ProcessorKeys { .. }
+            | StreamRequest::EventTrace { .. }
+            | StreamRequest::ProcessorAt { .. }
+            | StreamRequest::ProcessorKey { .. }
+            | StreamRequest::VerifyProcessor { .. }
+            | StreamRequest::Shadow { .. } => return None,
+        };
+        Some(what.to_string())
+    }
 }
 
 /// What a [`StreamRequest`] answers, one variant per kind of answer. It

@@ -35,7 +35,10 @@ async fn serve(
         name,
         versions,
     } = place;
-    authorize_project(host, headers, project)?;
+    let caller = authorize_project(host, headers, project)?;
+    if method == Method::PUT {
+        caller.require_configure(&format!("deploying component {:?}", name.unwrap_or("")))?;
+    }
     let bytes = if method == Method::PUT {
         Some(
             read_body(host, body, COMPONENT_BYTES_MAX, "component")

@@ -9,7 +9,7 @@ use axum::response::Response;
 
 use super::error::ApiError;
 use super::{answer, authorize_project, mapping};
-use crate::host::request::EffectAnswer;
+use crate::host::request::{EffectAnswer, EffectRequest};
 use crate::host::Host;
 
 async fn serve(
@@ -20,7 +20,7 @@ async fn serve(
     uri: &Uri,
     headers: &HeaderMap,
 ) -> Result<EffectAnswer, ApiError> {
-    authorize_project(host, headers, project)?;
+    let caller = authorize_project(host, headers, project)?;
     let request = match mapping::parse_effect(method, id, uri.query()) {
         // An unknown effect is named before an unknown method of it.
         Err(e) if e.code == "method-not-found" => {
@@ -32,6 +32,13 @@ async fn serve(
         }
         parsed => parsed?,
     };
+    match &request {
+        EffectRequest::Retry { id } => caller.require_configure(&format!("retrying effect {id}"))?,
+        EffectRequest::Cancel { id } => {
+            caller.require_configure(&format!("cancelling effect {id}"))?
+        }
+        EffectRequest::List(_) | EffectRequest::Get { .. } => {}
+    }
     Ok(host.apply_effect(project, request).await?)
 }
 

@@ -377,10 +377,15 @@ async fn metrics(State(host): State<Host>, headers: HeaderMap) -> Response {
         .into_response()
 }
 
-/// Checks that the request may use `project`.
-fn authorize_project(host: &Host, headers: &HeaderMap, project: &str) -> Result<(), ApiError> {
+/// Checks that the request may use `project`; answers who it acts as.
+fn authorize_project(
+    host: &Host,
+    headers: &HeaderMap,
+    project: &str,
+) -> Result<Caller, ApiError> {
     let caller = authenticate(host, headers)?;
-    Ok(caller.may_use(&Namespace::project(project)?)?)
+    caller.may_use(&Namespace::project(project)?)?;
+    Ok(caller)
 }
 
 /// A JSON answer or an error.
@@ -589,6 +594,9 @@ async fn stream_call(
     }
     if request.admin_only() {
         caller.require_admin(&format!("resetting stream {:?}", address.path))?;
+    }
+    if let Some(what) = request.configures() {
+        caller.require_configure(&format!("{what} on stream {:?}", address.path))?;
     }
     // A backfill asked for as NDJSON streams its progress as it goes.
     let ndjson = headers
