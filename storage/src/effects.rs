@@ -84,6 +84,26 @@ impl DestinationRoom {
             .map_or(self.cap, |(_, n)| *n)
     }
 
+    /// Takes one place of `destination` (none: not a webhook, always
+    /// room); false when it has none left.
+    pub fn take(&mut self, destination: Option<&str>) -> bool {
+        let Some(d) = destination else {
+            return true;
+        };
+        match self.room.iter_mut().find(|(name, _)| name == d) {
+            Some((_, 0)) => false,
+            Some((_, n)) => {
+                *n -= 1;
+                true
+            }
+            None if self.cap == 0 => false,
+            None => {
+                self.room.push((d.to_string(), self.cap - 1));
+                true
+            }
+        }
+    }
+
     /// The destinations with no room left.
     pub fn full(&self) -> Vec<&str> {
         self.room

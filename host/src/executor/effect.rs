@@ -235,25 +235,6 @@ fn destination_room(to: &HashMap<i64, String>, per_destination: usize) -> Destin
     }
 }
 
-/// Takes one place of `destination` from `room`; false when it has none.
-fn take_room(room: &mut DestinationRoom, destination: Option<&str>) -> bool {
-    let Some(d) = destination else {
-        return true;
-    };
-    match room.room.iter_mut().find(|(name, _)| name == d) {
-        Some((_, 0)) => false,
-        Some((_, n)) => {
-            *n -= 1;
-            true
-        }
-        None if room.cap == 0 => false,
-        None => {
-            room.room.push((d.to_string(), room.cap - 1));
-            true
-        }
-    }
-}
-
 /// How many effects of each project run here.
 fn per_project(running: &HashMap<i64, String>) -> HashMap<String, usize> {
     let mut counts: HashMap<String, usize> = HashMap::new();
@@ -388,7 +369,7 @@ impl Look {
             };
             let got = rows.len();
             for e in &rows {
-                take_room(room, e.destination.as_deref());
+                room.take(e.destination.as_deref());
                 here.push(e.id);
             }
             leased.extend(rows);
@@ -440,7 +421,7 @@ fn choose(
         }
         let n = per_project.entry(e.project.clone()).or_default();
         if *n < share && running.len() + chosen.len() < concurrency {
-            if take_room(&mut room, e.destination.as_deref()) {
+            if room.take(e.destination.as_deref()) {
                 *n += 1;
                 ids.insert(e.id);
                 chosen.push(e);
@@ -453,7 +434,7 @@ fn choose(
         if running.len() + chosen.len() + share >= concurrency {
             break;
         }
-        if !ids.contains(&e.id) && take_room(&mut room, e.destination.as_deref()) {
+        if !ids.contains(&e.id) && room.take(e.destination.as_deref()) {
             ids.insert(e.id);
             chosen.push(e);
         }
