@@ -212,13 +212,19 @@ mod tests {
         let a = auth();
         let producer = a.authenticate(Some("Bearer producer")).unwrap();
         assert!(producer.may_use(&Namespace::Project("acme".into())).is_ok());
-        assert!(producer.may_use(&Namespace::Project("other".into())).is_err());
+        assert!(producer
+            .may_use(&Namespace::Project("other".into()))
+            .is_err());
         let refused = producer.require_configure("deploying").unwrap_err();
         assert_eq!(
             (refused.kind, refused.code),
             (ErrorKind::Forbidden, "scope-insufficient")
         );
-        assert!(refused.message.contains("\"append\""), "{}", refused.message);
+        assert!(
+            refused.message.contains("\"append\""),
+            "{}",
+            refused.message
+        );
         let configure = a.authenticate(Some("Bearer a")).unwrap();
         assert!(configure.require_configure("deploying").is_ok());
     }

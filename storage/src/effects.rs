@@ -59,7 +59,8 @@ pub struct NewEffect {
     /// For a `cancel` target: the key of the same consumer's effect it
     /// cancels if that is pending, in the commit that stores it.
     pub cancels: Option<String>,
-    /// Its ordering group ([`GROUP_HEAD`]).
+    /// Its ordering group: effects of one consumer and group run one at a
+    /// time, in commit order.
     pub group: Option<String>,
     /// A webhook's destination host name ([`DestinationRoom`]).
     pub destination: Option<String>,

@@ -232,7 +232,6 @@ where
     });
 }
 
-
 /// The digest of the component that `job` (a wake or an ITX call) runs,
 /// when this host must compile it first: being compiled now (a deploy
 /// answers before its compile ends), or compiled nowhere on this host (a

@@ -33,7 +33,9 @@ async fn serve(
         parsed => parsed?,
     };
     match &request {
-        EffectRequest::Retry { id } => caller.require_configure(&format!("retrying effect {id}"))?,
+        EffectRequest::Retry { id } => {
+            caller.require_configure(&format!("retrying effect {id}"))?
+        }
         EffectRequest::Cancel { id } => {
             caller.require_configure(&format!("cancelling effect {id}"))?
         }

@@ -378,11 +378,7 @@ async fn metrics(State(host): State<Host>, headers: HeaderMap) -> Response {
 }
 
 /// Checks that the request may use `project`; answers who it acts as.
-fn authorize_project(
-    host: &Host,
-    headers: &HeaderMap,
-    project: &str,
-) -> Result<Caller, ApiError> {
+fn authorize_project(host: &Host, headers: &HeaderMap, project: &str) -> Result<Caller, ApiError> {
     let caller = authenticate(host, headers)?;
     caller.may_use(&Namespace::project(project)?)?;
     Ok(caller)
