@@ -38,6 +38,10 @@ pub struct SharedBound {
 /// Most diagnostics kept per fence (the latest).
 pub const DIAGNOSTICS_KEPT: i64 = 64;
 
+/// Registered JetStream stream identities (fences) kept at most: a
+/// registration past them is refused, never one of them dropped.
+pub const FENCES_MAX: i64 = 1024;
+
 /// One event accepted over HTTP.
 #[derive(Debug, Clone, PartialEq)]
 pub struct NewPending {
@@ -443,6 +447,25 @@ pub(super) fn apply(conn: Db<'_>, op: &IngestOp) -> Result<i64> {
             identity: i,
             registered_at,
         } => {
+            let known = conn.query_opt(
+                "SELECT id FROM ingest_fences
+                 WHERE account = ?1 AND domain = ?2 AND stream = ?3 AND created = ?4",
+                args![&i.account, &i.domain, &i.stream, &i.created],
+                |r| r.int(0),
+            )?;
+            if let Some(id) = known {
+                return Ok(id);
+            }
+            let fences =
+                conn.query_one("SELECT COUNT(*) FROM ingest_fences", args![], |r| r.int(0))?;
+            if fences >= FENCES_MAX {
+                anyhow::bail!(
+                    "{fences} JetStream stream identities are registered already, the most kept \
+                     ({FENCES_MAX}): stream {:?} created {} is not registered",
+                    i.stream,
+                    i.created
+                );
+            }
             conn.execute(
                 "INSERT INTO ingest_fences (account, domain, stream, created, registered_at)
                  VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT DO NOTHING",

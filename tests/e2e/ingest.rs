@@ -687,6 +687,41 @@ async fn a_recreated_jetstream_stream_is_refused_until_registered() {
 }
 
 #[tokio::test]
+async fn a_registration_past_the_fence_bound_is_refused_naming_it() {
+    let nats = NatsServer::start();
+    let mut server = bridged_server(&nats);
+    wait_consuming(&server).await;
+    server.kill();
+    // 1,023 identities registered before this one: 1,024, the bound.
+    server.db().execute(
+        "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 1023)
+         INSERT INTO ingest_fences (account, domain, stream, created, registered_at)
+         SELECT 'before', '', 'STREAMHOST_INGEST', 'created-' || i, '2026-12-01T00:00:00.000Z'
+         FROM n",
+    );
+    let js = nats.jetstream().await;
+    recreate_safely(&js).await;
+    server.restart();
+    wait_bridge_error(&server, &["was recreated"]).await;
+    let (ok, _, err) = run_cli(&["ingest", "register", "--url", &server.url]);
+    assert!(!ok);
+    assert!(
+        err.contains("registration-refused")
+            && err.contains("1024 JetStream stream identities are registered already"),
+        "{err}"
+    );
+    assert_eq!(ingest_status(&server).await["nats"]["consuming"], false);
+    // With one fewer, the same registration goes through.
+    server
+        .db()
+        .execute("DELETE FROM ingest_fences WHERE created = 'created-1'");
+    let (ok, out, err) = run_cli(&["ingest", "register", "--url", &server.url]);
+    assert!(ok, "{err}");
+    let registered: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(registered["consuming"], true, "{registered}");
+}
+
+#[tokio::test]
 async fn an_unsafe_or_unregistered_jetstream_stream_is_not_consumed() {
     let nats = NatsServer::start();
     let js = nats.jetstream().await;
