@@ -687,6 +687,30 @@ async fn a_recreated_jetstream_stream_is_refused_until_registered() {
 }
 
 #[tokio::test]
+async fn a_stream_recreated_while_the_bridge_consumes_is_neither_appended_nor_acked() {
+    let nats = NatsServer::start();
+    let server = bridged_server(&nats);
+    wait_consuming(&server).await;
+    let js = nats.jetstream().await;
+    publish_orders(&js, 1, 3).await;
+    wait_orders(&server, BRIDGED, 3).await;
+    wait_jetstream_empty(&js).await;
+    // Another incarnation under the same name (a new creation time) while
+    // the bridge consumes: the identity it asks the broker for again no
+    // longer matches its fence.
+    recreate_safely(&js).await;
+    publish_orders(&js, 4, 4).await;
+    wait_bridge_error(&server, &["was recreated"]).await;
+    assert_eq!(ingest_status(&server).await["nats"]["consuming"], false);
+    assert_eq!(messages_in(&js).await, 1, "the message stays in the stream");
+    assert_eq!(
+        orders(&server, BRIDGED).await,
+        numbered_orders(1, 3),
+        "nothing of the new incarnation is appended"
+    );
+}
+
+#[tokio::test]
 async fn a_registration_past_the_fence_bound_is_refused_naming_it() {
     let nats = NatsServer::start();
     let mut server = bridged_server(&nats);
