@@ -232,7 +232,8 @@ async fn nats_run(consumer: Consumer, messages: usize) -> f64 {
     let js = jetstream::new(async_nats::connect(&nats.url).await.unwrap());
     let dir = tempfile::tempdir().unwrap();
     let mut served = None;
-    let stream_config = streamhost::ingest::nats::safe_config();
+    let stream_config =
+        streamhost::ingest::nats::safe_config(streamhost::config::NatsStorage::File);
     if consumer == Consumer::Bridge {
         let mut config = Config {
             data_dir: dir.path().to_path_buf(),

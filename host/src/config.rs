@@ -319,6 +319,22 @@ pub struct IngestConfig {
     pub max_pending_bytes_per_project: Option<u64>,
     /// Consume the JetStream stream `STREAMHOST_INGEST` of this server.
     pub nats_url: Option<String>,
+    /// The stream's storage: `"file"` (the default; the only durable one)
+    /// or `"memory"` (development only: capped at 20 MiB, lost when the
+    /// broker restarts; a memory stream is refused unless asked for).
+    pub nats_storage: NatsStorage,
+}
+
+/// The JetStream storage of the ingest stream.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum NatsStorage {
+    /// On the broker's disk: what the broker accepted survives its restart.
+    #[default]
+    File,
+    /// In the broker's memory, capped at 20 MiB: for development, not
+    /// durable.
+    Memory,
 }
 
 impl Default for IngestConfig {
@@ -330,6 +346,7 @@ impl Default for IngestConfig {
             max_pending_events_per_project: None,
             max_pending_bytes_per_project: None,
             nats_url: None,
+            nats_storage: NatsStorage::File,
         }
     }
 }

@@ -79,9 +79,11 @@ async fn recreate_safely(js: &jetstream::Context) {
         "the stream created again",
         Duration::from_secs(10),
         async || {
-            js.create_stream(streamhost::ingest::nats::safe_config())
-                .await
-                .is_ok()
+            js.create_stream(streamhost::ingest::nats::safe_config(
+                streamhost::config::NatsStorage::File,
+            ))
+            .await
+            .is_ok()
         },
     )
     .await;
@@ -708,6 +710,37 @@ async fn a_stream_recreated_while_the_bridge_consumes_is_neither_appended_nor_ac
         numbered_orders(1, 3),
         "nothing of the new incarnation is appended"
     );
+}
+
+#[tokio::test]
+async fn memory_storage_is_used_only_when_asked_for_capped_and_logged_as_not_durable() {
+    let nats = NatsServer::start();
+    let config = "[ingest]\nnats-storage = \"memory\"\n";
+    let server = Server::start_with(Some(config), &["--nats", &nats.url]);
+    wait_consuming(&server).await;
+    let js = nats.jetstream().await;
+    let mut s = js.get_stream("STREAMHOST_INGEST").await.unwrap();
+    let c = s.info().await.unwrap().config.clone();
+    assert_eq!(c.storage, stream::StorageType::Memory);
+    assert_eq!(c.max_bytes, 20 * 1024 * 1024);
+    assert!(
+        server.log().contains("not durable"),
+        "the log says so: {}",
+        server.log()
+    );
+    publish_orders(&js, 1, 2).await;
+    assert_eq!(
+        wait_orders(&server, BRIDGED, 2).await,
+        numbered_orders(1, 2)
+    );
+    // A host not asking for memory storage refuses that stream, naming it.
+    let default = bridged_server(&nats);
+    wait_bridge_error(
+        &default,
+        &["not configured safely", "storage is Memory, not File"],
+    )
+    .await;
+    assert_eq!(ingest_status(&default).await["nats"]["consuming"], false);
 }
 
 #[tokio::test]

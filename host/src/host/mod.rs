@@ -244,7 +244,12 @@ impl Host {
             crate::ingest::Ingest::new(config.ingest.clone(), config.delivery.clone(), pending);
         crate::ingest::drain::start(streams.downgrade(), ingest.clone());
         if let Some(url) = &config.ingest.nats_url {
-            crate::ingest::nats::start(streams.downgrade(), ingest.clone(), url.clone());
+            crate::ingest::nats::start(
+                streams.downgrade(),
+                ingest.clone(),
+                url.clone(),
+                config.ingest.nats_storage,
+            );
         }
         // What a new version set off and a previous process did not finish
         // (resumes, refolds) is done now.

@@ -37,6 +37,7 @@ use serde_json::Value;
 use super::{drain::is_retryable, event_from_message, parse_subject, Ingest};
 use crate::actor::{Streams, StreamsRef};
 use crate::clock::format_timestamp;
+use crate::config::NatsStorage;
 use crate::storage::{FenceIdentity, IngestOp, WriteOp, DIAGNOSTICS_KEPT};
 use crate::stream::{AppendInput, Authority, EventInput, StreamAddress};
 
@@ -54,6 +55,9 @@ pub const SUBJECTS: &str = "streamhost.*.ingest.>";
 pub const CONSUMER_NAME: &str = "streamhost-bridge";
 pub const MAX_MESSAGES: i64 = 50_000;
 pub const MAX_BYTES: i64 = 512 * 1024 * 1024;
+/// The stream's bytes at most in memory storage (`[ingest] nats-storage =
+/// "memory"`, development only).
+pub const MEMORY_MAX_BYTES: i64 = 20 * 1024 * 1024;
 pub const MAX_MESSAGE_SIZE: i32 = 1024 * 1024;
 /// A delivery not acked after this is sent again (held messages are kept
 /// alive with progress acks well before).
@@ -126,8 +130,13 @@ pub struct Diagnostic {
     pub reason: String,
 }
 
-/// The configuration the bridge creates its stream with.
-pub fn safe_config() -> stream::Config {
+/// The configuration the bridge creates its stream with, in `storage`: in
+/// memory (development only) the stream is capped at [`MEMORY_MAX_BYTES`].
+pub fn safe_config(storage: NatsStorage) -> stream::Config {
+    let (storage, max_bytes) = match storage {
+        NatsStorage::File => (stream::StorageType::File, MAX_BYTES),
+        NatsStorage::Memory => (stream::StorageType::Memory, MEMORY_MAX_BYTES),
+    };
     stream::Config {
         name: STREAM_NAME.to_string(),
         subjects: vec![SUBJECTS.to_string()],
@@ -135,15 +144,18 @@ pub fn safe_config() -> stream::Config {
         discard: stream::DiscardPolicy::New,
         max_age: Duration::ZERO,
         max_messages: MAX_MESSAGES,
-        max_bytes: MAX_BYTES,
+        max_bytes,
         max_message_size: MAX_MESSAGE_SIZE,
-        storage: stream::StorageType::File,
+        storage,
         ..Default::default()
     }
 }
 
-/// How a stream's configuration differs from the safe one (empty: safe).
-pub fn config_differences(c: &stream::Config) -> Vec<String> {
+/// How a stream's configuration differs from the safe one in `storage`
+/// (a memory stream is refused unless memory was asked for, and a file
+/// stream when it was).
+pub fn config_differences(c: &stream::Config, storage: NatsStorage) -> Vec<String> {
+    let safe = safe_config(storage);
     let mut out = Vec::new();
     let mut check = |ok: bool, what: String| {
         if !ok {
@@ -155,8 +167,16 @@ pub fn config_differences(c: &stream::Config) -> Vec<String> {
         format!("subjects are {:?}, not [{SUBJECTS:?}]", c.subjects),
     );
     check(
-        c.storage == stream::StorageType::File,
-        format!("storage is {:?}, not file", c.storage),
+        c.storage == safe.storage,
+        format!(
+            "storage is {:?}, not {:?}{}",
+            c.storage,
+            safe.storage,
+            match storage {
+                NatsStorage::File => "",
+                NatsStorage::Memory => " ([ingest] nats-storage = \"memory\")",
+            }
+        ),
     );
     check(
         c.retention == stream::RetentionPolicy::Limits,
@@ -175,8 +195,8 @@ pub fn config_differences(c: &stream::Config) -> Vec<String> {
         format!("max messages is {}, not {MAX_MESSAGES}", c.max_messages),
     );
     check(
-        c.max_bytes == MAX_BYTES,
-        format!("max bytes is {}, not {MAX_BYTES}", c.max_bytes),
+        c.max_bytes == safe.max_bytes,
+        format!("max bytes is {}, not {}", c.max_bytes, safe.max_bytes),
     );
     check(
         c.max_message_size == MAX_MESSAGE_SIZE,
@@ -217,12 +237,20 @@ pub fn config_differences(c: &stream::Config) -> Vec<String> {
 }
 
 /// Starts the bridge; it ends with the stream registry.
-pub fn start(streams: StreamsRef, ingest: Ingest, url: String) {
+pub fn start(streams: StreamsRef, ingest: Ingest, url: String, storage: NatsStorage) {
     ingest.update_nats(|s| s.url = url.clone());
-    tokio::spawn(run(streams, ingest, url));
+    if storage == NatsStorage::Memory {
+        tracing::warn!(
+            nats = %url,
+            "the ingest stream {STREAM_NAME} is in JetStream memory storage ([ingest] \
+             nats-storage = \"memory\"): not durable, what the broker accepted is lost when it \
+             restarts, and it holds at most 20 MiB; for development only"
+        );
+    }
+    tokio::spawn(run(streams, ingest, url, storage));
 }
 
-async fn run(streams: StreamsRef, ingest: Ingest, url: String) {
+async fn run(streams: StreamsRef, ingest: Ingest, url: String, storage: NatsStorage) {
     let mut backoff = Duration::from_millis(500);
     let mut last_logged: Option<String> = None;
     loop {
@@ -231,7 +259,7 @@ async fn run(streams: StreamsRef, ingest: Ingest, url: String) {
         };
         drop(live);
         let mut reply = ingest.take_register_reply();
-        match session(&streams, &ingest, &url, &mut reply).await {
+        match session(&streams, &ingest, &url, storage, &mut reply).await {
             Ok(()) => return,
             Err(e) => {
                 if let Some(reply) = reply {
@@ -266,6 +294,7 @@ async fn session(
     streams: &StreamsRef,
     ingest: &Ingest,
     url: &str,
+    storage: NatsStorage,
     register: &mut Option<super::RegisterReply>,
 ) -> Result<(), String> {
     // Several hosts: one consumes (it holds the bridge's lease); the others
@@ -307,7 +336,7 @@ async fn session(
     // Created with the safe configuration if absent; an existing one is
     // left as it is and checked below.
     let mut stream = js
-        .get_or_create_stream(safe_config())
+        .get_or_create_stream(safe_config(storage))
         .await
         .map_err(|e| format!("creating or reading JetStream stream {STREAM_NAME}: {e}"))?;
     let info = stream
@@ -315,7 +344,7 @@ async fn session(
         .await
         .map_err(|e| format!("reading back JetStream stream {STREAM_NAME}: {e}"))?
         .clone();
-    let differences = config_differences(&info.config);
+    let differences = config_differences(&info.config, storage);
     if !differences.is_empty() {
         return Err(format!(
             "JetStream stream {STREAM_NAME} is not configured safely, so it is not consumed: {}",
@@ -947,19 +976,42 @@ mod tests {
 
     #[test]
     fn the_safe_configuration_passes_and_each_unsafe_field_is_named() {
-        assert_eq!(config_differences(&safe_config()), Vec::<String>::new());
-        let mut c = safe_config();
+        assert_eq!(
+            config_differences(&safe_config(NatsStorage::File), NatsStorage::File),
+            Vec::<String>::new()
+        );
+        let mut c = safe_config(NatsStorage::File);
         c.max_age = Duration::from_secs(60);
         c.discard = stream::DiscardPolicy::Old;
         c.storage = stream::StorageType::Memory;
         c.allow_rollup = true;
         c.max_messages = 1_000_000;
-        let d = config_differences(&c);
+        let d = config_differences(&c, NatsStorage::File);
         assert_eq!(d.len(), 5, "{d:?}");
         assert!(d.iter().any(|x| x.contains("max age")));
         assert!(d.iter().any(|x| x.contains("discard")));
         assert!(d.iter().any(|x| x.contains("storage")));
         assert!(d.iter().any(|x| x.contains("rollup")));
         assert!(d.iter().any(|x| x.contains("max messages is 1000000")));
+    }
+
+    #[test]
+    fn memory_storage_is_safe_only_when_asked_for_and_capped() {
+        let memory = safe_config(NatsStorage::Memory);
+        assert_eq!(memory.storage, stream::StorageType::Memory);
+        assert_eq!(memory.max_bytes, MEMORY_MAX_BYTES);
+        assert!(config_differences(&memory, NatsStorage::Memory).is_empty());
+        let refused = config_differences(&memory, NatsStorage::File);
+        assert_eq!(refused.len(), 2, "{refused:?}");
+        assert!(
+            refused[0].contains("storage is Memory, not File"),
+            "{refused:?}"
+        );
+        let file = config_differences(&safe_config(NatsStorage::File), NatsStorage::Memory);
+        assert!(
+            file.iter()
+                .any(|d| d.contains("[ingest] nats-storage = \"memory\"")),
+            "{file:?}"
+        );
     }
 }
