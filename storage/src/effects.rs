@@ -451,8 +451,8 @@ impl Storage {
         let full = serde_json::to_string(full)?;
         self.with_reader(|db| {
             let now_ms = db_now(db, now_ms)?;
-            let not_passed = not_in_projects(db, 3);
-            let not_full = not_to_destinations(db, 4);
+            let not_passed = not_in(db, "project", 3);
+            let not_full = not_in(db, "destination", 4);
             match &owner {
                 None => db.query_all(
                     &format!(
@@ -632,18 +632,16 @@ impl Storage {
     }
 }
 
-/// With several hosts (PostgreSQL; parameter `?n` is this host's id): the
-/// effect's source stream is owned by this host, or by none yet.
-/// `AND project NOT IN` the JSON array of names bound at `?n`.
-fn not_in_projects(db: Db<'_>, n: usize) -> String {
-    match db.dialect() {
-        super::sql::Dialect::Sqlite => {
-            format!("AND project NOT IN (SELECT value FROM json_each(?{n}))")
+/// `AND` the row's `column` (NULL passes) is none of the JSON array of
+/// names bound at `?n`.
+fn not_in(db: Db<'_>, column: &str, n: usize) -> String {
+    let names = match db.dialect() {
+        super::sql::Dialect::Sqlite => format!("SELECT value FROM json_each(?{n})"),
+        super::sql::Dialect::Postgres => {
+            format!("SELECT jsonb_array_elements_text(CAST(CAST(?{n} AS TEXT) AS jsonb))")
         }
-        super::sql::Dialect::Postgres => format!(
-            "AND project NOT IN (SELECT jsonb_array_elements_text(CAST(CAST(?{n} AS TEXT) AS jsonb)))"
-        ),
-    }
+    };
+    format!("AND ({column} IS NULL OR {column} NOT IN ({names}))")
 }
 
 /// Effects of one consumer (its source stream and component) with the same
@@ -658,20 +656,8 @@ pub const GROUP_HEAD: &str = "AND (effects.group_key IS NULL OR NOT EXISTS (
            AND earlier.component = effects.component AND earlier.group_key = effects.group_key
            AND earlier.id < effects.id AND earlier.status IN ('pending', 'running', 'failed')))";
 
-/// `AND` the effect goes to no destination in the JSON array of names
-/// bound at `?n`.
-fn not_to_destinations(db: Db<'_>, n: usize) -> String {
-    match db.dialect() {
-        super::sql::Dialect::Sqlite => format!(
-            "AND (destination IS NULL OR destination NOT IN (SELECT value FROM json_each(?{n})))"
-        ),
-        super::sql::Dialect::Postgres => format!(
-            "AND (destination IS NULL OR destination NOT IN \
-             (SELECT jsonb_array_elements_text(CAST(CAST(?{n} AS TEXT) AS jsonb))))"
-        ),
-    }
-}
-
+/// With several hosts (PostgreSQL; parameter `?n` is this host's id): the
+/// effect's source stream is owned by this host, or by none yet.
 fn owned_by(n: usize) -> String {
     format!(
         "AND COALESCE((SELECT l.owner FROM stream_leases l

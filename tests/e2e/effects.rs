@@ -1200,15 +1200,21 @@ struct Arrivals {
     slow_most: usize,
 }
 
-/// A receiver for the ordering test: `/slow/*` answers 200 after 150 ms,
-/// `/fail/*` 404 until `mended`, anything else 200 at once.
+/// A receiver for the ordering test: `/slow/*` holds each POST until the
+/// test lets one go (a permit of the semaphore), then answers 200;
+/// `/fail/*` 404 until `mended`; anything else 200 at once.
 async fn ordering_receiver() -> (
     String,
     Arc<Mutex<Arrivals>>,
     Arc<std::sync::atomic::AtomicBool>,
+    Arc<tokio::sync::Semaphore>,
 ) {
     #[derive(Clone)]
-    struct Seen(Arc<Mutex<Arrivals>>, Arc<std::sync::atomic::AtomicBool>);
+    struct Seen(
+        Arc<Mutex<Arrivals>>,
+        Arc<std::sync::atomic::AtomicBool>,
+        Arc<tokio::sync::Semaphore>,
+    );
     async fn hook(State(seen): State<Seen>, Path(rest): Path<String>) -> StatusCode {
         let path = format!("/{rest}");
         let slow = path.starts_with("/slow/");
@@ -1221,7 +1227,9 @@ async fn ordering_receiver() -> (
             }
         }
         if slow {
-            tokio::time::sleep(Duration::from_millis(150)).await;
+            if let Ok(permit) = seen.2.acquire().await {
+                permit.forget();
+            }
             seen.0.lock().unwrap().slow_now -= 1;
         }
         let mended = seen.1.load(std::sync::atomic::Ordering::SeqCst);
@@ -1231,19 +1239,23 @@ async fn ordering_receiver() -> (
             StatusCode::OK
         }
     }
-    let seen = Seen(Arc::default(), Arc::default());
+    let seen = Seen(
+        Arc::default(),
+        Arc::default(),
+        Arc::new(tokio::sync::Semaphore::new(0)),
+    );
     let app = Router::new()
         .route("/{*rest}", post(hook))
         .with_state(seen.clone());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    (base, seen.0, seen.1)
+    (base, seen.0, seen.1, seen.2)
 }
 
 #[tokio::test]
 async fn effects_of_one_group_run_one_at_a_time_in_commit_order_and_a_failed_one_holds_its_group() {
-    let (base, arrivals, mended) = ordering_receiver().await;
+    let (base, arrivals, mended, let_go) = ordering_receiver().await;
     let s = Server::start_with(Some(EFFECTS), &[]);
     effector_on(&s, SRC).await;
     let hook = |key: &str, path: &str, group: Option<&str>| {
@@ -1253,9 +1265,9 @@ async fn effects_of_one_group_run_one_at_a_time_in_commit_order_and_a_failed_one
         }
         e
     };
-    // One commit: five slow effects of group "g" (eight places would run
-    // them at once), a failing head of "h" and of "k" before an effect
-    // each, and one without a group.
+    // One commit: five effects of group "g" to a receiver that holds each
+    // POST until let go (eight places would run them at once), a failing
+    // head of "h" and of "k" before an effect each, and one without a group.
     let mut effects: Vec<Value> = (1..=5)
         .map(|i| hook(&format!("g{i}"), &format!("/slow/g{i}"), Some("g")))
         .collect();
@@ -1286,17 +1298,28 @@ async fn effects_of_one_group_run_one_at_a_time_in_commit_order_and_a_failed_one
             "held behind its group's failed head: {e}"
         );
     }
+    // Meanwhile g1 was held all along, and nothing else of its group was
+    // sent. Let each go in turn: the next of the group arrives, alone.
+    let slow_paths = || -> (Vec<String>, usize) {
+        let a = arrivals.lock().unwrap();
+        let slow = a.paths.iter().filter(|p| p.starts_with("/slow/"));
+        (slow.cloned().collect(), a.slow_now)
+    };
+    for i in 1..=5 {
+        let expected: Vec<String> = (1..=i).map(|j| format!("/slow/g{j}")).collect();
+        wait_for(
+            &format!("g{i} held, alone, after the ones before it"),
+            Duration::from_secs(30),
+            async || slow_paths() == (expected.clone(), 1),
+        )
+        .await;
+        let_go.add_permits(1);
+    }
     for i in 1..=5 {
         settled(&s, &format!("g{i}"), "succeeded").await;
     }
     {
         let a = arrivals.lock().unwrap();
-        let slow: Vec<&String> = a.paths.iter().filter(|p| p.starts_with("/slow/")).collect();
-        assert_eq!(
-            slow,
-            ["/slow/g1", "/slow/g2", "/slow/g3", "/slow/g4", "/slow/g5"],
-            "commit order"
-        );
         assert_eq!(a.slow_most, 1, "one at a time: {:?}", a.paths);
         assert!(!a.paths.iter().any(|p| p == "/ok/h2" || p == "/ok/k2"));
     }
