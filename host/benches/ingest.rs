@@ -233,7 +233,7 @@ async fn nats_run(consumer: Consumer, messages: usize) -> f64 {
     let dir = tempfile::tempdir().unwrap();
     let mut served = None;
     let stream_config =
-        streamhost::ingest::nats::safe_config(streamhost::config::NatsStorage::File);
+        streamhost::ingest::nats::safe_config(streamhost::config::NatsStorage::File, 1);
     if consumer == Consumer::Bridge {
         let mut config = Config {
             data_dir: dir.path().to_path_buf(),

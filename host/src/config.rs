@@ -323,6 +323,10 @@ pub struct IngestConfig {
     /// or `"memory"` (development only: capped at 20 MiB, lost when the
     /// broker restarts; a memory stream is refused unless asked for).
     pub nats_storage: NatsStorage,
+    /// Copies of the stream a JetStream cluster keeps (1 to 5; 1, the
+    /// default, on a single server). A registered stream with another count
+    /// is updated in place at start.
+    pub nats_replicas: usize,
 }
 
 /// The JetStream storage of the ingest stream.
@@ -347,6 +351,7 @@ impl Default for IngestConfig {
             max_pending_bytes_per_project: None,
             nats_url: None,
             nats_storage: NatsStorage::File,
+            nats_replicas: 1,
         }
     }
 }
@@ -687,6 +692,12 @@ impl Config {
                 }
                 _ => {}
             }
+        }
+        if !(1..=5).contains(&i.nats_replicas) {
+            bail!(
+                "ingest.nats-replicas must be 1 to 5 (JetStream's bound), got {}",
+                i.nats_replicas
+            );
         }
         if i.max_event_bytes > i.project_bytes() {
             bail!(

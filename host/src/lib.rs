@@ -155,7 +155,7 @@ pub use host::shadows::{HeldEffects, KeyChange, KeysDiff, Promote, ShadowEnded, 
 pub use host::streams::{StreamSummary, StreamsPage, StreamsQuery};
 pub use host::subscriptions::{CopyFrom, CursorSetAndResumed, Resumed, Subscribed, Unsubscribed};
 pub use host::Host;
-pub use ingest::nats::{BridgeStatus, Diagnostic};
+pub use ingest::nats::{BridgeConsumer, BridgeStatus, Diagnostic};
 pub use ingest::{
     BlockedStream, HttpIngestStatus, IngestCapacity, IngestStatus, ParkedEvent, ParkedMessage,
     ParkedPage, ParkedQuery,

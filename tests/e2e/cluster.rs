@@ -39,7 +39,10 @@ pub(crate) fn on_sqlite() -> bool {
 
 /// `GET /v1/cluster` through `through`: the answer, and the rows of the
 /// hosts at `urls` (each must be listed).
-async fn cluster_rows<const N: usize>(through: &Server, urls: [&str; N]) -> (Value, [Value; N]) {
+pub(crate) async fn cluster_rows<const N: usize>(
+    through: &Server,
+    urls: [&str; N],
+) -> (Value, [Value; N]) {
     let (status, cluster) = through.get("/v1/cluster").await;
     assert_eq!(status, 200, "{cluster}");
     let rows = urls.map(|url| {

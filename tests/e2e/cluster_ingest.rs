@@ -8,10 +8,11 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use crate::cluster::on_sqlite;
+use crate::cluster::{cluster_rows, on_sqlite};
 use crate::ingest::{
-    ingest_status, messages_in, numbered_orders, order, publish_orders, set_paused,
-    wait_jetstream_empty, wait_orders, BRIDGED, INGEST, STREAM,
+    control_events, halted_subscription, ingest_status, messages_in, numbered_orders, order,
+    publish, publish_orders, set_paused, wait_halts, wait_jetstream_empty, wait_orders, BRIDGED,
+    INGEST, RESUME_SUBJECT, STREAM,
 };
 use crate::support::{wait_for, NatsServer, Server};
 
@@ -182,4 +183,47 @@ async fn one_host_at_a_time_runs_the_bridge_and_another_takes_over_when_it_dies(
     );
     wait_jetstream_empty(&js).await;
     assert_eq!(messages_in(&js).await, 0);
+}
+
+#[tokio::test]
+async fn a_resume_message_resumes_a_subscription_of_a_stream_the_other_host_owns() {
+    if on_sqlite() {
+        return;
+    }
+    let nats = NatsServer::start();
+    let a = Server::start_with(Some(CLUSTER), &["--nats", &nats.url]);
+    let b = Server::joining_with(&a, Some(CLUSTER), &["--nats", &nats.url]);
+    wait_for("one host consuming", Duration::from_secs(20), async || {
+        consuming(&[&a, &b]).await.len() == 1
+    })
+    .await;
+    let (runner, other) = if consuming(&[&a, &b]).await == [0] {
+        (&a, &b)
+    } else {
+        (&b, &a)
+    };
+    // The host that does not run the bridge creates the stream: it owns it.
+    halted_subscription(other).await;
+    let (cluster, [runner_row, other_row]) = cluster_rows(runner, [&runner.url, &other.url]).await;
+    assert_eq!(runner_row["streams"], 0, "{cluster}");
+    assert!(other_row["streams"].as_u64() >= Some(1), "{cluster}");
+
+    let js = nats.jetstream().await;
+    publish(
+        &js,
+        RESUME_SUBJECT,
+        Some("resume-1"),
+        br#"{"subscriptionKey": "h"}"#,
+    )
+    .await;
+    // The bridge's host resumed it through its owner, once.
+    wait_halts(other, 2).await;
+    let resumed = control_events(runner, "resumed").await;
+    assert_eq!(resumed.len(), 1, "{resumed:?}");
+    assert_eq!(resumed[0]["idempotencyKey"], "resume-1");
+    wait_jetstream_empty(&js).await;
+    assert_eq!(
+        ingest_status(runner).await["nats"]["diagnostics"],
+        serde_json::json!([])
+    );
 }

@@ -81,6 +81,7 @@ async fn recreate_safely(js: &jetstream::Context) {
         async || {
             js.create_stream(streamhost::ingest::nats::safe_config(
                 streamhost::config::NatsStorage::File,
+                1,
             ))
             .await
             .is_ok()
@@ -447,7 +448,11 @@ async fn the_bridge_creates_a_safe_stream_and_appends_in_order_keyed_by_msg_id()
         (50_000, 512 * 1024 * 1024, 1024 * 1024)
     );
     assert!(!c.allow_rollup && !c.allow_message_ttl && !c.deny_delete);
-    assert_eq!(c.subjects, vec!["streamhost.*.ingest.>".to_string()]);
+    assert_eq!(
+        c.subjects,
+        vec!["streamhost.*.ingest.>", "streamhost.*.resume.>"]
+    );
+    assert_eq!(c.num_replicas.max(1), 1);
 
     publish_orders(&js, 1, 30).await;
     let got = wait_orders(&server, BRIDGED, 30).await;
@@ -1046,4 +1051,206 @@ async fn a_streams_long_backlog_holds_up_no_other_projects_ingest() {
     );
     wait_http_drained(&s).await;
     assert_eq!(bulk_head().await, 6_001);
+}
+
+/// The copy subscription `h` on `BRIDGED`, halted: its transform throws on
+/// every event, so each resume delivers again and halts again.
+pub(crate) async fn halted_subscription(server: &Server) {
+    let receiver = json!({"action": "copy-to-stream", "receivingStreamPath": "/orders/eu-out",
+        "jsonataTransform": "$error(\"no\")", "delivery": {"start": "now", "onFailingEvent": "halt"}});
+    let configured = json!({"type": "events.iterate.com/stream/subscription-configured",
+        "payload": {"subscriptionKey": "h", "receiver": receiver}});
+    for event in [configured, json!({"type": "x.y/e"})] {
+        let (status, out) = server
+            .post(&format!("{BRIDGED}:append"), json!({"events": [event]}))
+            .await;
+        assert_eq!(status, 200, "{out}");
+    }
+    server
+        .wait_halted(BRIDGED, "h", Duration::from_secs(20))
+        .await;
+}
+
+/// The events of `BRIDGED` of one platform type (its last word).
+pub(crate) async fn control_events(server: &Server, kind: &str) -> Vec<Value> {
+    server
+        .all_events(BRIDGED)
+        .await
+        .into_iter()
+        .filter(|e| e["type"] == format!("events.iterate.com/stream/subscription-delivery-{kind}"))
+        .collect()
+}
+
+/// Waits until subscription `h` halted `n` times.
+pub(crate) async fn wait_halts(server: &Server, n: usize) {
+    wait_for(
+        &format!("{n} halts of h"),
+        Duration::from_secs(20),
+        async || control_events(server, "halted").await.len() >= n,
+    )
+    .await;
+}
+
+pub(crate) const RESUME_SUBJECT: &str = "streamhost.acme.resume.orders.eu";
+
+#[tokio::test]
+async fn a_resume_message_resumes_a_halted_subscription_once_through_its_own_consumer() {
+    let nats = NatsServer::start();
+    let server = bridged_server(&nats);
+    let status = wait_consuming(&server).await;
+    assert_eq!(
+        status["consumers"],
+        json!([
+            {"name": "streamhost-bridge", "filterSubject": "streamhost.*.ingest.>", "maxAckPending": 50000},
+            {"name": "streamhost-resume", "filterSubject": "streamhost.*.resume.>", "maxAckPending": 50000},
+        ]),
+        "{status}"
+    );
+    // The broker has both durable consumers as shown.
+    let js = nats.jetstream().await;
+    let s = js.get_stream("STREAMHOST_INGEST").await.unwrap();
+    for (name, subject) in [
+        ("streamhost-bridge", "streamhost.*.ingest.>"),
+        ("streamhost-resume", "streamhost.*.resume.>"),
+    ] {
+        let mut c: jetstream::consumer::PullConsumer = s.get_consumer(name).await.unwrap();
+        let info = c.info().await.unwrap();
+        assert_eq!(info.config.filter_subject, subject);
+        assert_eq!(info.config.max_ack_pending, 50_000);
+        assert_eq!(info.config.durable_name.as_deref(), Some(name));
+    }
+
+    halted_subscription(&server).await;
+    publish(
+        &js,
+        RESUME_SUBJECT,
+        Some("resume-1"),
+        br#"{"subscriptionKey": "h"}"#,
+    )
+    .await;
+    // Resumed: it delivers again (and its transform halts it again).
+    wait_halts(&server, 2).await;
+    let resumed = control_events(&server, "resumed").await;
+    assert_eq!(resumed.len(), 1, "{resumed:?}");
+    assert_eq!(resumed[0]["idempotencyKey"], "resume-1", "{resumed:?}");
+    assert_eq!(resumed[0]["payload"]["subscriptionKey"], "h");
+    wait_jetstream_empty(&js).await;
+    // Once: the same Nats-Msg-Id again (as a redelivery after a crash
+    // before its ack) is a replay, not a second resume.
+    let again = json!({"type": "events.iterate.com/stream/subscription-delivery-resumed",
+        "payload": {"subscriptionKey": "h"}, "idempotencyKey": "resume-1"});
+    let (status, out) = server
+        .post(&format!("{BRIDGED}:append"), json!({"events": [again]}))
+        .await;
+    assert_eq!(status, 200, "{out}");
+    assert_eq!(control_events(&server, "resumed").await.len(), 1);
+    let state = server.get(&format!("{BRIDGED}:state")).await.1;
+    assert!(
+        state["subscriptions"]["outbound"]["byKey"]["h"]["deliveryHalted"].is_object(),
+        "still halted: {state}"
+    );
+
+    // Resumes that can never apply are diagnostics, and leave the stream.
+    publish(
+        &js,
+        RESUME_SUBJECT,
+        Some("resume-2"),
+        br#"{"subscriptionKey": "nope"}"#,
+    )
+    .await;
+    publish(&js, RESUME_SUBJECT, None, br#"{"subscriptionKey": "h"}"#).await;
+    publish(&js, RESUME_SUBJECT, Some("resume-3"), b"resume please").await;
+    wait_for("three diagnostics", Duration::from_secs(20), async || {
+        let status = ingest_status(&server).await;
+        let reasons: Vec<&str> = status["nats"]["diagnostics"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| d["reason"].as_str().unwrap())
+            .collect();
+        ["subscription \"nope\"", "no Nats-Msg-Id", "is not {"]
+            .iter()
+            .all(|r| reasons.iter().any(|x| x.contains(r)))
+    })
+    .await;
+    wait_jetstream_empty(&js).await;
+    assert_eq!(control_events(&server, "resumed").await.len(), 1);
+    // Events go on through their own consumer meanwhile.
+    publish_orders(&js, 1, 3).await;
+    assert_eq!(
+        wait_orders(&server, BRIDGED, 3).await,
+        numbered_orders(1, 3)
+    );
+}
+
+#[tokio::test]
+async fn startup_updates_a_registered_streams_safe_fields_in_place_and_stays_fenced_when_it_cannot()
+{
+    let nats = NatsServer::start();
+    let js = nats.jetstream().await;
+    // As an older build created it: events' subjects only, and a lower
+    // byte limit.
+    let mut older = streamhost::ingest::nats::safe_config(streamhost::config::NatsStorage::File, 1);
+    older.subjects = vec!["streamhost.*.ingest.>".into()];
+    older.max_bytes = 64 * 1024 * 1024;
+    let created = js.create_stream(older).await.unwrap().cached_info().created;
+    let mut server = bridged_server(&nats);
+    let status = wait_consuming(&server).await;
+    assert_eq!(
+        status["updated"],
+        json!([
+            "subjects lack [\"streamhost.*.resume.>\"]",
+            "max bytes is 67108864, raised to 536870912"
+        ]),
+        "{status}"
+    );
+    let mut s = js.get_stream("STREAMHOST_INGEST").await.unwrap();
+    let info = s.info().await.unwrap().clone();
+    assert_eq!(
+        info.config.subjects,
+        vec!["streamhost.*.ingest.>", "streamhost.*.resume.>"]
+    );
+    assert_eq!(info.config.max_bytes, 512 * 1024 * 1024);
+    assert_eq!(
+        info.created, created,
+        "updated in place: the same incarnation"
+    );
+    publish_orders(&js, 1, 2).await;
+    assert_eq!(
+        wait_orders(&server, BRIDGED, 2).await,
+        numbered_orders(1, 2)
+    );
+    wait_jetstream_empty(&js).await;
+    server.kill();
+
+    // An update the broker refuses (three replicas on a single server):
+    // the error says what and why, and nothing is consumed.
+    let three = Server::start_with(
+        Some("[ingest]\nnats-replicas = 3\n"),
+        &["--nats", &nats.url],
+    );
+    wait_bridge_error(
+        &three,
+        &[
+            "updating JetStream stream STREAMHOST_INGEST in place (replicas are 1, set to 3) failed",
+            "not consumed",
+        ],
+    )
+    .await;
+    publish_orders(&js, 3, 3).await;
+    assert_eq!(ingest_status(&three).await["nats"]["consuming"], false);
+    assert!(orders(&three, BRIDGED).await.is_empty());
+    assert_eq!(messages_in(&js).await, 1, "the message stays in JetStream");
+    assert_eq!(
+        js.get_stream("STREAMHOST_INGEST")
+            .await
+            .unwrap()
+            .info()
+            .await
+            .unwrap()
+            .config
+            .num_replicas
+            .max(1),
+        1
+    );
 }

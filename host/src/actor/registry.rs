@@ -489,6 +489,43 @@ impl Streams {
         }
     }
 
+    /// Resumes subscription `key` of `address` (`:resumeSubscription`): a
+    /// failing one is retried at once (answers `None`); a halted one is
+    /// resumed by a `subscription-delivery-resumed` event (answered).
+    /// `idempotency_key` (the event's) makes that resume happen once however
+    /// often it is asked for. On a stream another host owns, through that
+    /// host.
+    pub async fn resume_subscription(
+        &self,
+        address: &StreamAddress,
+        key: &str,
+        idempotency_key: Option<String>,
+    ) -> Result<Option<crate::stream::Event>, Error> {
+        match self.retry(address, Some(key), None).await {
+            Ok(keys) if !keys.is_empty() => return Ok(None),
+            Err(e) if e.owner_url.is_some() => return Err(e),
+            _ => {}
+        }
+        let resumed = crate::stream::EventInput {
+            event_type: crate::stream::types::SUBSCRIPTION_DELIVERY_RESUMED.to_string(),
+            payload: serde_json::json!({"subscriptionKey": key})
+                .as_object()
+                .cloned(),
+            metadata: None,
+            idempotency_key,
+            ephemeral: None,
+            offset: None,
+            source: None,
+            trace: None,
+        };
+        let input = AppendInput {
+            events: vec![resumed],
+            expected_stream_id: None,
+        };
+        let mut out = self.append(address, input, Authority::Public).await?;
+        Ok(Some(out.events.remove(0)))
+    }
+
     /// [`Streams::retry`] through this host's actor only.
     pub async fn retry_here(
         &self,

@@ -248,7 +248,10 @@ impl Host {
                 streams.downgrade(),
                 ingest.clone(),
                 url.clone(),
-                config.ingest.nats_storage,
+                crate::ingest::nats::Placement {
+                    storage: config.ingest.nats_storage,
+                    replicas: config.ingest.nats_replicas,
+                },
             );
         }
         // What a new version set off and a previous process did not finish

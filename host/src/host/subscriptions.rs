@@ -497,14 +497,12 @@ impl Host {
         source: &StreamAddress,
         key: &str,
     ) -> Result<Resumed, Error> {
-        match self.streams.retry(source, Some(key), None).await {
-            Ok(keys) if !keys.is_empty() => return Ok(Resumed::Retrying),
-            // A stream another host owns: that host answers (HTTP forwarding).
-            Err(e) if e.owner_url.is_some() => return Err(e),
-            _ => {}
-        }
-        let mut events = self.append_control(source, vec![resumed(key)]).await?;
-        Ok(Resumed::Resumed(Box::new(events.remove(0))))
+        Ok(
+            match self.streams.resume_subscription(source, key, None).await? {
+                None => Resumed::Retrying,
+                Some(event) => Resumed::Resumed(Box::new(event)),
+            },
+        )
     }
 
     /// Sets subscription `key`'s cursor and resumes it in one append.

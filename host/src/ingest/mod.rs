@@ -604,6 +604,12 @@ pub struct IngestCapacity {
 /// is stream `/a/b` of project `project` (`streamhost.{project}.ingest` alone
 /// is the root stream).
 pub fn parse_subject(subject: &str) -> Result<StreamAddress, String> {
+    parse_subject_as(subject, "ingest")
+}
+
+/// The stream a subject of `kind` names: `streamhost.{project}.{kind}.a.b`
+/// is stream `/a/b` of project `project`.
+pub fn parse_subject_as(subject: &str, kind: &str) -> Result<StreamAddress, String> {
     let mut tokens = subject.split('.');
     if tokens.next() != Some("streamhost") {
         return Err(format!(
@@ -613,9 +619,9 @@ pub fn parse_subject(subject: &str) -> Result<StreamAddress, String> {
     let project = tokens
         .next()
         .ok_or_else(|| format!("subject {subject:?} names no project"))?;
-    if tokens.next() != Some("ingest") {
+    if tokens.next() != Some(kind) {
         return Err(format!(
-            "subject {subject:?} is not streamhost.{{project}}.ingest.{{path tokens}}"
+            "subject {subject:?} is not streamhost.{{project}}.{kind}.{{path tokens}}"
         ));
     }
     let namespace =

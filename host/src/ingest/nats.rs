@@ -1,16 +1,24 @@
 //! The NATS JetStream bridge: consumes the JetStream stream
-//! `STREAMHOST_INGEST` (subjects `streamhost.{project}.ingest.>`) into
-//! streams.
+//! `STREAMHOST_INGEST` into streams, with two durable consumers: one for
+//! events (subjects `streamhost.{project}.ingest.>`), one for resumes of
+//! halted subscriptions (`streamhost.{project}.resume.>`, each message
+//! `{"subscriptionKey"}` resuming that subscription of the stream its
+//! subject names once, as `:resumeSubscription`; its `Nats-Msg-Id` is the
+//! resume's idempotency key).
 //!
 //! At start it creates the stream if absent with the safe configuration
 //! (file storage, `LimitsPolicy`, `DiscardNew`, no age limit, no TTL or
-//! rollup, 50 000 messages, 512 MiB, 1 MiB a message), reads it back and
-//! refuses one that differs. The stream's identity (account, domain, name,
-//! creation time) must match a fence registered in the database: a first,
-//! empty stream is registered at once; a non-empty stream never registered,
-//! or a recreated one, is refused until `streamhost ingest register` (which
-//! needs it empty). The fence is checked again before every round of
-//! deletions.
+//! rollup, 50 000 messages, 512 MiB, 1 MiB a message, the configured
+//! replicas), reads it back and refuses one with an unsafe difference,
+//! naming each. A registered stream whose only differences are safe (a
+//! subject of ours missing, as the resume subject on a stream created by an
+//! older build; a limit lower than ours; another replica count) is updated
+//! in place and read back; on any error it stays unconsumed. The stream's
+//! identity (account, domain, name, creation time) must match a fence
+//! registered in the database: a first, empty stream is registered at once;
+//! a non-empty stream never registered, or a recreated one, is refused until
+//! `streamhost ingest register` (which needs it empty). The fence is checked
+//! again before every round of acks and deletions.
 //!
 //! Each message is an `EventInput` (JSON) keyed by its `Nats-Msg-Id`. A
 //! stream's messages are appended in sequence order; only after the append
@@ -25,7 +33,10 @@
 //! to the fence's latest 64, then it is acked and deleted. A stream that
 //! refuses for now (paused, a reactor that cannot run yet) keeps its
 //! messages unacked in JetStream (capacity stays taken) and its later
-//! messages wait behind them, tried again after the delivery backoff.
+//! messages wait behind them, tried again after the delivery backoff. A
+//! resume that can never apply (no such subscription, not a resume) is a
+//! diagnostic, then acked and deleted; one refused for now is redelivered
+//! after the backoff.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::{Duration, Instant};
@@ -48,11 +59,17 @@ pub const BRIDGE_LEASE_PATH: &str = "/nats";
 
 /// The JetStream stream consumed.
 pub const STREAM_NAME: &str = "STREAMHOST_INGEST";
-/// Its subjects.
-pub const SUBJECTS: &str = "streamhost.*.ingest.>";
-/// The durable consumer this host reads with (recreated at every start, so
-/// everything still in the stream is delivered again).
+/// The subjects of events.
+pub const INGEST_SUBJECTS: &str = "streamhost.*.ingest.>";
+/// The subjects of resumes.
+pub const RESUME_SUBJECTS: &str = "streamhost.*.resume.>";
+/// The durable consumer of events this host reads with (recreated at every
+/// start, so everything still in the stream is delivered again).
 pub const CONSUMER_NAME: &str = "streamhost-bridge";
+/// The durable consumer of resumes (recreated at every start too).
+pub const RESUME_CONSUMER_NAME: &str = "streamhost-resume";
+/// Messages delivered and not yet acked, at most, for each consumer.
+pub const MAX_ACK_PENDING: i64 = 50_000;
 pub const MAX_MESSAGES: i64 = 50_000;
 pub const MAX_BYTES: i64 = 512 * 1024 * 1024;
 /// The stream's bytes at most in memory storage (`[ingest] nats-storage =
@@ -77,6 +94,10 @@ pub struct Status {
     pub consuming: bool,
     pub last_error: Option<String>,
     pub diagnostics: VecDeque<(u64, String)>,
+    /// The durable consumers read with (set once they are created).
+    pub consumers: Vec<BridgeConsumer>,
+    /// What startup last updated in place on the registered stream.
+    pub updated: Vec<String>,
 }
 
 impl Status {
@@ -88,6 +109,8 @@ impl Status {
             fence: self.fence.as_ref().map(|(_, f)| f.clone()),
             consuming: self.consuming,
             pending: self.pending,
+            consumers: self.consumers.clone(),
+            updated: self.updated.clone(),
             last_error: self.last_error.clone(),
             diagnostics: self
                 .diagnostics
@@ -115,10 +138,27 @@ pub struct BridgeStatus {
     pub consuming: bool,
     /// Messages in the JetStream stream (accepted, not yet appended).
     pub pending: Option<u64>,
+    /// Its durable consumers: events, then resumes.
+    pub consumers: Vec<BridgeConsumer>,
+    /// The safe fields startup last updated in place on the registered
+    /// stream (empty: none differed).
+    pub updated: Vec<String>,
     /// Why it is not consuming, or the last failure.
     pub last_error: Option<String>,
     /// The latest messages removed as never appendable (at most 64).
     pub diagnostics: Vec<Diagnostic>,
+}
+
+/// One of the bridge's durable consumers.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BridgeConsumer {
+    /// Its durable name.
+    pub name: String,
+    /// The subjects it reads.
+    pub filter_subject: String,
+    /// Messages delivered to it and not yet acked, at most.
+    pub max_ack_pending: i64,
 }
 
 /// A message the bridge removed because it can never be appended.
@@ -130,16 +170,17 @@ pub struct Diagnostic {
     pub reason: String,
 }
 
-/// The configuration the bridge creates its stream with, in `storage`: in
-/// memory (development only) the stream is capped at [`MEMORY_MAX_BYTES`].
-pub fn safe_config(storage: NatsStorage) -> stream::Config {
+/// The configuration the bridge creates its stream with, in `storage` with
+/// `replicas`: in memory (development only) the stream is capped at
+/// [`MEMORY_MAX_BYTES`].
+pub fn safe_config(storage: NatsStorage, replicas: usize) -> stream::Config {
     let (storage, max_bytes) = match storage {
         NatsStorage::File => (stream::StorageType::File, MAX_BYTES),
         NatsStorage::Memory => (stream::StorageType::Memory, MEMORY_MAX_BYTES),
     };
     stream::Config {
         name: STREAM_NAME.to_string(),
-        subjects: vec![SUBJECTS.to_string()],
+        subjects: vec![INGEST_SUBJECTS.to_string(), RESUME_SUBJECTS.to_string()],
         retention: stream::RetentionPolicy::Limits,
         discard: stream::DiscardPolicy::New,
         max_age: Duration::ZERO,
@@ -147,25 +188,79 @@ pub fn safe_config(storage: NatsStorage) -> stream::Config {
         max_bytes,
         max_message_size: MAX_MESSAGE_SIZE,
         storage,
+        num_replicas: replicas,
         ..Default::default()
     }
 }
 
-/// How a stream's configuration differs from the safe one in `storage`
-/// (a memory stream is refused unless memory was asked for, and a file
-/// stream when it was).
-pub fn config_differences(c: &stream::Config, storage: NatsStorage) -> Vec<String> {
-    let safe = safe_config(storage);
+/// How a stream's configuration differs from the safe one.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Differences {
+    /// Unsafe differences, each naming its field: the stream is not
+    /// consumed.
+    pub refused: Vec<String>,
+    /// Safe ones, each naming its field: startup updates them in place on a
+    /// registered stream (a subject of ours missing, a limit lower than
+    /// ours, another replica count).
+    pub updatable: Vec<String>,
+}
+
+/// How a stream's configuration differs from the safe one in `storage` with
+/// `replicas` (a memory stream is refused unless memory was asked for, and a
+/// file stream when it was).
+pub fn config_differences(
+    c: &stream::Config,
+    storage: NatsStorage,
+    replicas: usize,
+) -> Differences {
+    let safe = safe_config(storage, replicas);
     let mut out = Vec::new();
+    let mut updatable = Vec::new();
+    let foreign: Vec<&String> = c
+        .subjects
+        .iter()
+        .filter(|s| !safe.subjects.contains(s))
+        .collect();
+    if !foreign.is_empty() {
+        out.push(format!(
+            "subjects include {foreign:?}, not only {:?}",
+            safe.subjects
+        ));
+    }
+    let missing: Vec<&String> = safe
+        .subjects
+        .iter()
+        .filter(|s| !c.subjects.contains(s))
+        .collect();
+    if !missing.is_empty() {
+        updatable.push(format!("subjects lack {missing:?}"));
+    }
+    // A limit lower than ours may be raised in place (more room, nothing
+    // discarded); a higher one (or none: 0 or -1) is refused.
+    for (what, is, ours) in [
+        ("max messages", c.max_messages, safe.max_messages),
+        ("max bytes", c.max_bytes, safe.max_bytes),
+        (
+            "max message size",
+            i64::from(c.max_message_size),
+            i64::from(safe.max_message_size),
+        ),
+    ] {
+        if is != ours && is > 0 && is < ours {
+            updatable.push(format!("{what} is {is}, raised to {ours}"));
+        } else if is != ours {
+            out.push(format!("{what} is {is}, not {ours}"));
+        }
+    }
+    let is_replicas = c.num_replicas.max(1);
+    if is_replicas != replicas {
+        updatable.push(format!("replicas are {is_replicas}, set to {replicas}"));
+    }
     let mut check = |ok: bool, what: String| {
         if !ok {
             out.push(what)
         }
     };
-    check(
-        c.subjects == [SUBJECTS],
-        format!("subjects are {:?}, not [{SUBJECTS:?}]", c.subjects),
-    );
     check(
         c.storage == safe.storage,
         format!(
@@ -189,21 +284,6 @@ pub fn config_differences(c: &stream::Config, storage: NatsStorage) -> Vec<Strin
     check(
         c.max_age.is_zero(),
         format!("max age is {:?}, not 0 (messages would expire)", c.max_age),
-    );
-    check(
-        c.max_messages == MAX_MESSAGES,
-        format!("max messages is {}, not {MAX_MESSAGES}", c.max_messages),
-    );
-    check(
-        c.max_bytes == safe.max_bytes,
-        format!("max bytes is {}, not {}", c.max_bytes, safe.max_bytes),
-    );
-    check(
-        c.max_message_size == MAX_MESSAGE_SIZE,
-        format!(
-            "max message size is {}, not {MAX_MESSAGE_SIZE}",
-            c.max_message_size
-        ),
     );
     check(
         c.max_messages_per_subject <= 0,
@@ -233,11 +313,39 @@ pub fn config_differences(c: &stream::Config, storage: NatsStorage) -> Vec<Strin
         c.subject_transform.is_none(),
         "the stream transforms subjects".into(),
     );
-    out
+    Differences {
+        refused: out,
+        updatable,
+    }
+}
+
+/// `c` with its safe fields set to ours: what startup updates a registered
+/// stream to when [`Differences::updatable`] is all that differs.
+pub fn updated_config(c: &stream::Config, storage: NatsStorage, replicas: usize) -> stream::Config {
+    let safe = safe_config(storage, replicas);
+    stream::Config {
+        subjects: safe.subjects,
+        max_messages: safe.max_messages,
+        max_bytes: safe.max_bytes,
+        max_message_size: safe.max_message_size,
+        num_replicas: safe.num_replicas,
+        ..c.clone()
+    }
+}
+
+/// Where the bridge keeps its JetStream stream: `[ingest] nats-storage` and
+/// `nats-replicas`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Placement {
+    /// File (durable) or memory (development only).
+    pub storage: NatsStorage,
+    /// Copies the JetStream cluster keeps (1 on a single server).
+    pub replicas: usize,
 }
 
 /// Starts the bridge; it ends with the stream registry.
-pub fn start(streams: StreamsRef, ingest: Ingest, url: String, storage: NatsStorage) {
+pub fn start(streams: StreamsRef, ingest: Ingest, url: String, placement: Placement) {
+    let storage = placement.storage;
     ingest.update_nats(|s| s.url = url.clone());
     if storage == NatsStorage::Memory {
         tracing::warn!(
@@ -247,10 +355,10 @@ pub fn start(streams: StreamsRef, ingest: Ingest, url: String, storage: NatsStor
              restarts, and it holds at most 20 MiB; for development only"
         );
     }
-    tokio::spawn(run(streams, ingest, url, storage));
+    tokio::spawn(run(streams, ingest, url, placement));
 }
 
-async fn run(streams: StreamsRef, ingest: Ingest, url: String, storage: NatsStorage) {
+async fn run(streams: StreamsRef, ingest: Ingest, url: String, placement: Placement) {
     let mut backoff = Duration::from_millis(500);
     let mut last_logged: Option<String> = None;
     loop {
@@ -259,7 +367,7 @@ async fn run(streams: StreamsRef, ingest: Ingest, url: String, storage: NatsStor
         };
         drop(live);
         let mut reply = ingest.take_register_reply();
-        match session(&streams, &ingest, &url, storage, &mut reply).await {
+        match session(&streams, &ingest, &url, placement, &mut reply).await {
             Ok(()) => return,
             Err(e) => {
                 if let Some(reply) = reply {
@@ -294,9 +402,10 @@ async fn session(
     streams: &StreamsRef,
     ingest: &Ingest,
     url: &str,
-    storage: NatsStorage,
+    placement: Placement,
     register: &mut Option<super::RegisterReply>,
 ) -> Result<(), String> {
+    let Placement { storage, replicas } = placement;
     // Several hosts: one consumes (it holds the bridge's lease); the others
     // try again, and take over when that host stops renewing.
     let lease = {
@@ -334,21 +443,22 @@ async fn session(
     let account = account_of(&client).await?;
     let domain = domain_of(&js).await?;
     // Created with the safe configuration if absent; an existing one is
-    // left as it is and checked below.
+    // checked: refused for an unsafe difference, updated in place (once
+    // registered) for safe ones.
     let mut stream = js
-        .get_or_create_stream(safe_config(storage))
+        .get_or_create_stream(safe_config(storage, replicas))
         .await
         .map_err(|e| format!("creating or reading JetStream stream {STREAM_NAME}: {e}"))?;
-    let info = stream
+    let mut info = stream
         .info()
         .await
         .map_err(|e| format!("reading back JetStream stream {STREAM_NAME}: {e}"))?
         .clone();
-    let differences = config_differences(&info.config, storage);
-    if !differences.is_empty() {
+    let differences = config_differences(&info.config, storage, replicas);
+    if !differences.refused.is_empty() {
         return Err(format!(
             "JetStream stream {STREAM_NAME} is not configured safely, so it is not consumed: {}",
-            differences.join("; ")
+            differences.refused.join("; ")
         ));
     }
     let identity = FenceIdentity {
@@ -361,6 +471,14 @@ async fn session(
         return Ok(());
     };
     let fence = fence_for(&live, &identity, info.state.messages, register.is_some()).await?;
+    drop(live);
+    if !differences.updatable.is_empty() {
+        info = update_in_place(&js, &mut stream, &info, &identity, placement, &differences).await?;
+        ingest.update_nats(|s| s.updated = differences.updatable.clone());
+    }
+    let Some(live) = streams.upgrade() else {
+        return Ok(());
+    };
     let diagnostics = {
         let storage = live.storage().clone();
         tokio::task::spawn_blocking(move || storage.ingest_diagnostics(fence))
@@ -369,28 +487,49 @@ async fn session(
             .map_err(|e| format!("reading diagnostics: {e:#}"))?
     };
     drop(live);
-    let _ = stream.delete_consumer(CONSUMER_NAME).await;
-    let consumer = stream
-        .create_consumer(pull::Config {
-            durable_name: Some(CONSUMER_NAME.to_string()),
-            ack_policy: jetstream::consumer::AckPolicy::Explicit,
-            ack_wait: ACK_WAIT,
-            max_ack_pending: MAX_MESSAGES,
-            deliver_policy: jetstream::consumer::DeliverPolicy::All,
-            ..Default::default()
-        })
-        .await
-        .map_err(|e| format!("creating consumer {CONSUMER_NAME}: {e}"))?;
-    let mut messages = consumer
-        .messages()
-        .await
-        .map_err(|e| format!("consuming {STREAM_NAME}: {e}"))?;
+    let consumers = [
+        BridgeConsumer {
+            name: CONSUMER_NAME.to_string(),
+            filter_subject: INGEST_SUBJECTS.to_string(),
+            max_ack_pending: MAX_ACK_PENDING,
+        },
+        BridgeConsumer {
+            name: RESUME_CONSUMER_NAME.to_string(),
+            filter_subject: RESUME_SUBJECTS.to_string(),
+            max_ack_pending: MAX_ACK_PENDING,
+        },
+    ];
+    let mut streams_of_messages = Vec::new();
+    for c in &consumers {
+        let _ = stream.delete_consumer(&c.name).await;
+        let consumer = stream
+            .create_consumer(pull::Config {
+                durable_name: Some(c.name.clone()),
+                filter_subject: c.filter_subject.clone(),
+                ack_policy: jetstream::consumer::AckPolicy::Explicit,
+                ack_wait: ACK_WAIT,
+                max_ack_pending: c.max_ack_pending,
+                deliver_policy: jetstream::consumer::DeliverPolicy::All,
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| format!("creating consumer {}: {e}", c.name))?;
+        streams_of_messages.push(
+            consumer
+                .messages()
+                .await
+                .map_err(|e| format!("consuming {STREAM_NAME} ({}): {e}", c.name))?,
+        );
+    }
+    let mut resumes = streams_of_messages.pop().expect("two consumers");
+    let mut messages = streams_of_messages.pop().expect("two consumers");
     ingest.update_nats(|s| {
         s.fence = Some((fence, identity.clone()));
         s.diagnostics = diagnostics.into_iter().collect();
         s.consuming = true;
         s.last_error = None;
         s.pending = Some(info.state.messages);
+        s.consumers = consumers.to_vec();
     });
     tracing::info!(stream = STREAM_NAME, fence, "ingest bridge consuming");
     if let Some(reply) = register.take() {
@@ -412,11 +551,21 @@ async fn session(
         retry_round: ingest.retry_round(),
     };
     loop {
-        let first = tokio::time::timeout(HOLD, messages.next()).await;
+        // The next message of either consumer (or, after HOLD, none: held
+        // streams are looked at again).
+        let first = tokio::time::timeout(HOLD, async {
+            tokio::select! {
+                m = messages.next() => (m, None),
+                r = resumes.next() => (None, r),
+            }
+        })
+        .await;
         let mut batch = Vec::new();
+        let mut resume_batch = Vec::new();
         match first {
-            Ok(Some(m)) => batch.push(m),
-            Ok(None) => return Err("the JetStream consumer ended".into()),
+            Ok((Some(m), _)) => batch.push(m),
+            Ok((_, Some(r))) => resume_batch.push(r),
+            Ok((None, None)) => return Err("a JetStream consumer ended".into()),
             Err(_) => {}
         }
         while batch.len() < BATCH_MAX {
@@ -425,26 +574,98 @@ async fn session(
                 _ => break,
             }
         }
+        while resume_batch.len() < BATCH_MAX {
+            match resumes.next().now_or_never() {
+                Some(Some(r)) => resume_batch.push(r),
+                _ => break,
+            }
+        }
         let Some(live) = streams.upgrade() else {
             return Ok(());
         };
         for m in batch {
-            match m {
-                Ok(m) => bridge.admit(&live, m).await?,
-                // The client re-issues its pull: a passing hiccup.
-                Err(e) if e.kind() == pull::MessagesErrorKind::MissingHeartbeat => {
-                    tracing::warn!(error = %e, "ingest bridge: a missed heartbeat");
-                }
-                Err(e) => return Err(format!("receiving from {STREAM_NAME}: {e}")),
+            match received(m)? {
+                Some(m) => bridge.admit(&live, m).await?,
+                None => continue,
             }
         }
         bridge.append_due(&live).await?;
+        for r in resume_batch {
+            if let Some(r) = received(r)? {
+                bridge.resume(&live, r).await?;
+            }
+        }
         bridge.keep_alive().await;
         if let Ok(info) = bridge.stream.info().await {
             let pending = info.state.messages;
             ingest.update_nats(|s| s.pending = Some(pending));
         }
     }
+}
+
+/// A message a consumer received; `None` for a missed heartbeat (the
+/// client issues its pull again: a passing hiccup).
+fn received(
+    m: Result<jetstream::Message, pull::MessagesError>,
+) -> Result<Option<jetstream::Message>, String> {
+    match m {
+        Ok(m) => Ok(Some(m)),
+        Err(e) if e.kind() == pull::MessagesErrorKind::MissingHeartbeat => {
+            tracing::warn!(error = %e, "ingest bridge: a missed heartbeat");
+            Ok(None)
+        }
+        Err(e) => Err(format!("receiving from {STREAM_NAME}: {e}")),
+    }
+}
+
+/// Updates a registered stream's safe fields in place, reads it back and
+/// checks it again: any error, a difference left or another identity
+/// afterwards leaves the bridge not consuming (the error says which).
+async fn update_in_place(
+    js: &jetstream::Context,
+    stream: &mut stream::Stream,
+    info: &stream::Info,
+    identity: &FenceIdentity,
+    placement: Placement,
+    differences: &Differences,
+) -> Result<stream::Info, String> {
+    let Placement { storage, replicas } = placement;
+    let what = differences.updatable.join("; ");
+    js.update_stream(updated_config(&info.config, storage, replicas))
+        .await
+        .map_err(|e| {
+            format!(
+                "updating JetStream stream {STREAM_NAME} in place ({what}) failed, so it is not \
+                 consumed: {e}"
+            )
+        })?;
+    let after = stream
+        .info()
+        .await
+        .map_err(|e| format!("reading back JetStream stream {STREAM_NAME} after updating it: {e}"))?
+        .clone();
+    let left = config_differences(&after.config, storage, replicas);
+    if !left.refused.is_empty() || !left.updatable.is_empty() {
+        return Err(format!(
+            "JetStream stream {STREAM_NAME} read back after updating it in place ({what}) still \
+             differs, so it is not consumed: {}",
+            [left.refused, left.updatable].concat().join("; ")
+        ));
+    }
+    let now = FenceIdentity {
+        created: created_of(&after),
+        ..identity.clone()
+    };
+    let changes = identity_changes(identity, &now);
+    if !changes.is_empty() {
+        return Err(format!(
+            "JetStream stream {STREAM_NAME} is another incarnation after updating it in place \
+             ({}), so it is not consumed",
+            changes.join("; ")
+        ));
+    }
+    tracing::info!(stream = STREAM_NAME, updated = %what, "ingest stream updated in place");
+    Ok(after)
 }
 
 /// The JetStream domain of the connection's account (empty: none).
@@ -787,8 +1008,10 @@ impl Bridge {
             .unwrap_or(u64::MAX)
             .min(self.max_seen + 1);
         if floor > self.purged_below {
+            // Only events' subjects: resumes are the other consumer's.
             self.stream
                 .purge()
+                .filter(INGEST_SUBJECTS)
                 .sequence(floor)
                 .await
                 .map_err(|e| format!("purging messages below {floor} after their appends: {e}"))?;
@@ -886,6 +1109,18 @@ impl Bridge {
             Ok(Err(e)) => return Err(format!("parking a refused message: {e}")),
             Err(_) => return Err("the storage writer stopped".into()),
         }
+        self.forget(streams, message, sequence, reason).await
+    }
+
+    /// Records a message's diagnostic (the fence's latest 64), then acks and
+    /// deletes it.
+    async fn forget(
+        &mut self,
+        streams: &Streams,
+        message: &jetstream::Message,
+        sequence: u64,
+        reason: String,
+    ) -> Result<(), String> {
         let op = IngestOp::Diagnostic {
             fence: self.fence,
             sequence,
@@ -909,12 +1144,72 @@ impl Bridge {
         message
             .ack()
             .await
-            .map_err(|e| format!("acking rejected message {sequence}: {e}"))?;
+            .map_err(|e| format!("acking refused message {sequence}: {e}"))?;
         self.stream
             .delete_message(sequence)
             .await
-            .map_err(|e| format!("deleting rejected message {sequence}: {e}"))?;
+            .map_err(|e| format!("deleting refused message {sequence}: {e}"))?;
         Ok(())
+    }
+
+    /// Resumes the subscription a resume message names, once (its
+    /// `Nats-Msg-Id` is the resume's idempotency key), then acks and
+    /// deletes the message. One that can never apply (not a resume, no such
+    /// subscription) is a diagnostic, acked and deleted; one refused for now
+    /// (the stream paused, its storage unavailable) is delivered again after
+    /// the delivery backoff.
+    async fn resume(
+        &mut self,
+        streams: &Streams,
+        message: jetstream::Message,
+    ) -> Result<(), String> {
+        let info = message
+            .info()
+            .map_err(|e| format!("a message without JetStream metadata: {e}"))?;
+        let (sequence, delivered) = (info.stream_sequence, info.delivered);
+        let msg_id = message
+            .headers
+            .as_ref()
+            .and_then(|h| h.get(async_nats::header::NATS_MESSAGE_ID))
+            .map(|v| v.as_str().to_string());
+        let (address, key, id) =
+            match resume_from_message(message.subject.as_str(), msg_id, &message.payload) {
+                Ok(r) => r,
+                Err(reason) => {
+                    tracing::warn!(sequence, %reason, "ingest resume message refused for good");
+                    return self.forget(streams, &message, sequence, reason).await;
+                }
+            };
+        match streams.resume_subscription(&address, &key, Some(id)).await {
+            Ok(_) => {
+                self.check_fence().await?;
+                message
+                    .ack()
+                    .await
+                    .map_err(|e| format!("acking resume message {sequence}: {e}"))?;
+                self.still_held()?;
+                self.stream
+                    .delete_message(sequence)
+                    .await
+                    .map_err(|e| format!("deleting resume message {sequence}: {e}"))?;
+                Ok(())
+            }
+            Err(e) if is_retryable(&e) => {
+                let attempts = u32::try_from(delivered).unwrap_or(u32::MAX).max(1);
+                let _ = message
+                    .ack_with(jetstream::AckKind::Nak(Some(self.ingest.backoff(attempts))))
+                    .await;
+                Ok(())
+            }
+            Err(e) => {
+                let reason = format!(
+                    "could not resume subscription {key:?} of {address}: {} ({})",
+                    e.message, e.code
+                );
+                tracing::warn!(sequence, %reason, "ingest resume message refused for good");
+                self.forget(streams, &message, sequence, reason).await
+            }
+        }
     }
 
     /// The stream is still the incarnation of the fence, in the same
@@ -948,6 +1243,35 @@ impl Bridge {
     }
 }
 
+/// What a resume message asks: the stream its subject names
+/// (`streamhost.{project}.resume.{path tokens}`), the subscription's key
+/// (its payload, `{"subscriptionKey"}`) and its `Nats-Msg-Id` (the resume's
+/// idempotency key).
+pub fn resume_from_message(
+    subject: &str,
+    msg_id: Option<String>,
+    payload: &[u8],
+) -> Result<(StreamAddress, String, String), String> {
+    #[derive(serde::Deserialize)]
+    #[serde(rename_all = "camelCase", deny_unknown_fields)]
+    struct Resume {
+        subscription_key: String,
+    }
+    let address = super::parse_subject_as(subject, "resume")?;
+    let Some(msg_id) = msg_id.filter(|m| !m.is_empty()) else {
+        return Err(
+            "the resume message has no Nats-Msg-Id header (it is the resume's idempotency key)"
+                .into(),
+        );
+    };
+    let resume: Resume = serde_json::from_slice(payload)
+        .map_err(|e| format!("the resume message is not {{\"subscriptionKey\": \"...\"}}: {e}"))?;
+    if resume.subscription_key.is_empty() {
+        return Err("the resume message's subscriptionKey is empty".into());
+    }
+    Ok((address, resume.subscription_key, msg_id))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -977,41 +1301,141 @@ mod tests {
     #[test]
     fn the_safe_configuration_passes_and_each_unsafe_field_is_named() {
         assert_eq!(
-            config_differences(&safe_config(NatsStorage::File), NatsStorage::File),
-            Vec::<String>::new()
+            config_differences(&safe_config(NatsStorage::File, 1), NatsStorage::File, 1),
+            Differences::default()
         );
-        let mut c = safe_config(NatsStorage::File);
+        let mut c = safe_config(NatsStorage::File, 1);
         c.max_age = Duration::from_secs(60);
         c.discard = stream::DiscardPolicy::Old;
         c.storage = stream::StorageType::Memory;
         c.allow_rollup = true;
         c.max_messages = 1_000_000;
-        let d = config_differences(&c, NatsStorage::File);
-        assert_eq!(d.len(), 5, "{d:?}");
-        assert!(d.iter().any(|x| x.contains("max age")));
-        assert!(d.iter().any(|x| x.contains("discard")));
-        assert!(d.iter().any(|x| x.contains("storage")));
-        assert!(d.iter().any(|x| x.contains("rollup")));
-        assert!(d.iter().any(|x| x.contains("max messages is 1000000")));
+        c.max_message_size = -1;
+        c.subjects.push("orders.>".into());
+        let d = config_differences(&c, NatsStorage::File, 1);
+        assert_eq!(d.refused.len(), 7, "{d:?}");
+        assert!(d.updatable.is_empty(), "{d:?}");
+        for part in [
+            "max age",
+            "discard",
+            "storage",
+            "rollup",
+            "max messages is 1000000, not 50000",
+            "max message size is -1, not 1048576",
+            "subjects include [\"orders.>\"]",
+        ] {
+            assert!(d.refused.iter().any(|x| x.contains(part)), "{part}: {d:?}");
+        }
+    }
+
+    #[test]
+    fn a_missing_subject_of_ours_a_lower_limit_and_replicas_are_updated_in_place() {
+        // A stream as an older build created it: events' subjects only.
+        let mut c = safe_config(NatsStorage::File, 1);
+        c.subjects = vec![INGEST_SUBJECTS.into()];
+        c.max_bytes = 1024;
+        c.num_replicas = 0; // the server's default: one
+        let d = config_differences(&c, NatsStorage::File, 3);
+        assert!(d.refused.is_empty(), "{d:?}");
+        assert_eq!(
+            d.updatable,
+            vec![
+                format!("subjects lack [{RESUME_SUBJECTS:?}]"),
+                format!("max bytes is 1024, raised to {MAX_BYTES}"),
+                "replicas are 1, set to 3".to_string(),
+            ]
+        );
+        let updated = updated_config(&c, NatsStorage::File, 3);
+        assert_eq!(
+            config_differences(&updated, NatsStorage::File, 3),
+            Differences::default()
+        );
+        assert_eq!(updated.name, c.name);
+        // Higher limits are not lowered in place: refused.
+        c.max_bytes = MAX_BYTES * 2;
+        let d = config_differences(&c, NatsStorage::File, 1);
+        assert_eq!(d.refused.len(), 1, "{d:?}");
     }
 
     #[test]
     fn memory_storage_is_safe_only_when_asked_for_and_capped() {
-        let memory = safe_config(NatsStorage::Memory);
+        let memory = safe_config(NatsStorage::Memory, 1);
         assert_eq!(memory.storage, stream::StorageType::Memory);
         assert_eq!(memory.max_bytes, MEMORY_MAX_BYTES);
-        assert!(config_differences(&memory, NatsStorage::Memory).is_empty());
-        let refused = config_differences(&memory, NatsStorage::File);
-        assert_eq!(refused.len(), 2, "{refused:?}");
+        assert_eq!(
+            config_differences(&memory, NatsStorage::Memory, 1),
+            Differences::default()
+        );
+        let refused = config_differences(&memory, NatsStorage::File, 1);
+        assert_eq!(refused.refused.len(), 1, "{refused:?}");
         assert!(
-            refused[0].contains("storage is Memory, not File"),
+            refused.refused[0].contains("storage is Memory, not File"),
             "{refused:?}"
         );
-        let file = config_differences(&safe_config(NatsStorage::File), NatsStorage::Memory);
+        // Its 20 MiB is lower than the file stream's 512 MiB: raised in
+        // place were it not refused for its storage.
+        assert_eq!(refused.updatable.len(), 1, "{refused:?}");
+        let file = config_differences(&safe_config(NatsStorage::File, 1), NatsStorage::Memory, 1);
         assert!(
-            file.iter()
+            file.refused
+                .iter()
                 .any(|d| d.contains("[ingest] nats-storage = \"memory\"")),
             "{file:?}"
         );
+    }
+
+    #[test]
+    fn a_resume_message_names_its_stream_its_subscription_and_its_key() {
+        let (address, key, id) = resume_from_message(
+            "streamhost.acme.resume.orders.eu",
+            Some("r-1".into()),
+            br#"{"subscriptionKey": "to-billing"}"#,
+        )
+        .unwrap();
+        assert_eq!(address.path, "/orders/eu");
+        assert_eq!(address.namespace.storage_key(), "acme");
+        assert_eq!((key.as_str(), id.as_str()), ("to-billing", "r-1"));
+        for (subject, id, payload, says) in [
+            (
+                "streamhost.acme.ingest.orders",
+                Some("r"),
+                "{\"subscriptionKey\":\"k\"}",
+                "streamhost.{project}.resume.",
+            ),
+            (
+                "streamhost.acme.resume.orders",
+                None,
+                "{\"subscriptionKey\":\"k\"}",
+                "no Nats-Msg-Id",
+            ),
+            (
+                "streamhost.acme.resume.orders",
+                Some("r"),
+                "{\"key\":\"k\"}",
+                "is not {\"subscriptionKey\"",
+            ),
+            (
+                "streamhost.acme.resume.orders",
+                Some("r"),
+                "[1]",
+                "is not {\"subscriptionKey\"",
+            ),
+            (
+                "streamhost.acme.resume.orders",
+                Some("r"),
+                "{\"subscriptionKey\":\"\"}",
+                "is empty",
+            ),
+            (
+                "streamhost.BAD PROJECT.resume.orders",
+                Some("r"),
+                "{\"subscriptionKey\":\"k\"}",
+                "BAD PROJECT",
+            ),
+        ] {
+            let e = resume_from_message(subject, id.map(str::to_string), payload.as_bytes())
+                .unwrap_err();
+            assert!(e.contains(says), "{subject} {payload}: {e}");
+        }
     }
 }
