@@ -176,7 +176,7 @@ pub use invariant::stop_on_broken_invariant;
 /// still hold; only the budget of values an expression builds step by step
 /// (a path over a range, recursion) does not.
 pub use jsonata::memory::Counting as CountingAllocator;
-pub use storage::{DroppedEvent, FenceIdentity};
+pub use storage::{BackupSummary, DroppedEvent, FenceIdentity};
 pub use stream::{
     AppendInput, AppendOutput, CoreState, Event, EventInput, Namespace, ReadOutput, ReadQuery,
     StreamAddress,

@@ -7,6 +7,7 @@
 //! **Architecture Invariant:** a write is answered only after the transaction
 //! that holds it has committed (and, with `durability = "full"`, been fsync'd).
 
+mod backup;
 mod effects;
 pub mod faults;
 mod hot;
@@ -30,6 +31,7 @@ use serde::Deserialize;
 
 use sql::{args, Db, PgConn, Row};
 
+pub use backup::{backup_failed_full, check_backup, sync_dir_of, BackupSummary, BackupUnavailable};
 pub use effects::{
     DestinationRoom, EffectInsert, EffectOp, EffectQuery, EffectRow, EffectSource, NewEffect,
 };
@@ -305,6 +307,16 @@ impl Storage {
             bounds,
             observe,
         )
+    }
+
+    /// Writes a consistent copy of the database to `to` (which must not
+    /// exist) while writes go on, and answers what it holds; a failed
+    /// backup leaves nothing at `to`. On PostgreSQL: [`BackupUnavailable`].
+    pub fn backup_into(&self, to: &Path) -> Result<BackupSummary> {
+        match &self.inner.readers {
+            Readers::Sqlite { db_path, .. } => backup::vacuum_into(db_path, to),
+            Readers::Postgres { .. } => Err(BackupUnavailable.into()),
+        }
     }
 
     /// Opens the PostgreSQL database at `url` (creating the schema in an

@@ -8,6 +8,7 @@ static ALLOCATOR: streamhost::CountingAllocator = streamhost::CountingAllocator;
 
 mod adversarial;
 mod auth;
+mod backup;
 mod bad_input;
 mod chaos;
 mod cli;

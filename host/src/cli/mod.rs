@@ -28,6 +28,7 @@ use crate::host::Host;
 use crate::http::mapping;
 use crate::stream::{AppendInput, EventInput, Namespace, ReadQuery, StreamAddress};
 
+mod backup;
 mod components;
 mod effects;
 mod ingest;
@@ -39,6 +40,7 @@ mod secrets;
 mod serve;
 mod streams;
 mod subscriptions;
+use backup::*;
 use components::*;
 use effects::*;
 use ingest::*;
@@ -165,6 +167,12 @@ pub(crate) enum Command {
     /// The server's Prometheus metrics (`GET /metrics`; admin when tokens
     /// are configured), as text.
     Metrics(AdminArgs),
+    /// Download a consistent copy of a running server's SQLite database
+    /// (admin) while writes go on; kept only once whole and checked.
+    Backup(BackupArgs),
+    /// Make a backup the database of a new data dir (offline), which
+    /// `streamhost serve --data-dir DIR` then starts from.
+    Restore(RestoreArgs),
     /// Print a shell completion script: `streamhost completions bash >
     /// /etc/bash_completion.d/streamhost` (or zsh, fish, elvish, powershell).
     Completions(CompletionsArgs),
@@ -390,6 +398,8 @@ pub async fn run(cli: Cli) -> Result<()> {
             };
             request(&a.target, R::WaitForEvent(wait)).await
         }
+        Command::Backup(a) => backup(a).await,
+        Command::Restore(a) => restore(a),
         Command::Cluster(a) => {
             let call = mapping::render_cluster(&ClusterRequest::View);
             print_answer(api(&a.url, a.token.as_deref(), call).await?).await

@@ -44,6 +44,7 @@ macro_rules! range_setters {
 
 pub mod attention;
 pub mod backfill;
+pub mod backup;
 pub mod cluster;
 pub mod components;
 pub mod effects;

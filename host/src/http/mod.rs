@@ -3,6 +3,7 @@
 //! authorizes and renders.
 
 mod backfill;
+pub mod backup;
 mod components;
 mod connections;
 mod effects;
@@ -152,6 +153,7 @@ fn routes() -> Vec<Route> {
         ),
         route("/v1/ingest", get(ingest::status), &[("GET", "/v1/ingest")]),
         route("/v1/cluster", get(cluster), &[("GET", "/v1/cluster")]),
+        route("/v1/backup", get(backup::backup), &[("GET", "/v1/backup")]),
         route(
             "/v1/ingest:register",
             post(ingest::register),
