@@ -67,12 +67,17 @@ pub mod types {
     /// A live connection closed (ephemeral).
     pub const CONNECTION_CLOSED: &str = "events.iterate.com/stream/connection-closed";
 
+    /// An event's payload and metadata were erased (`:redact`); its
+    /// payload names the offset and the reason.
+    pub const EVENT_REDACTED: &str = "events.iterate.com/stream/event-redacted";
+
     /// Types only the platform may append.
     pub const PLATFORM_AUTHORED: &[&str] = &[
         CREATED,
         SUBSCRIPTION_DELIVERY_HALTED,
         CONNECTION_OPENED,
         CONNECTION_CLOSED,
+        EVENT_REDACTED,
     ];
 
     /// Control types public callers may append.
@@ -162,8 +167,9 @@ impl EventSource {
     }
 }
 
-/// A committed (or ephemeral) event as stored and served.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// A committed (or ephemeral) event as stored and served. A redacted
+/// event serializes its payload and metadata as `null`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Event {
     /// Dense, from 1.
@@ -171,7 +177,9 @@ pub struct Event {
     /// The event's type.
     #[serde(rename = "type")]
     pub event_type: String,
-    /// The payload, an object (`{}` when none was given).
+    /// The payload, an object (`{}` when none was given; empty, and `null`
+    /// when serialized, once redacted).
+    #[serde(deserialize_with = "null_as_empty")]
     pub payload: Map<String, Value>,
     /// Metadata, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -190,9 +198,78 @@ pub struct Event {
     /// Delivered live, never stored.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub ephemeral: bool,
+    /// Its payload and metadata were erased (`:redact`): when and why.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub redacted: Option<Redaction>,
+}
+
+/// When and why an event's payload and metadata were erased.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Redaction {
+    /// When (RFC 3339, milliseconds).
+    pub at: String,
+    /// Why, as the caller said.
+    pub reason: String,
+}
+
+/// A payload of `null` (a redacted event's) reads as an empty object.
+fn null_as_empty<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Map<String, Value>, D::Error> {
+    Ok(Option::<Map<String, Value>>::deserialize(d)?.unwrap_or_default())
+}
+
+impl Serialize for Event {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let redacted = self.redacted.is_some();
+        let mut out = s.serialize_struct("Event", 10)?;
+        out.serialize_field("offset", &self.offset)?;
+        out.serialize_field("type", &self.event_type)?;
+        if redacted {
+            out.serialize_field("payload", &Value::Null)?;
+            out.serialize_field("metadata", &Value::Null)?;
+        } else {
+            out.serialize_field("payload", &self.payload)?;
+            if let Some(m) = &self.metadata {
+                out.serialize_field("metadata", m)?;
+            }
+        }
+        if let Some(k) = &self.idempotency_key {
+            out.serialize_field("idempotencyKey", k)?;
+        }
+        out.serialize_field("createdAt", &self.created_at)?;
+        if let Some(source) = &self.source {
+            out.serialize_field("source", source)?;
+        }
+        if let Some(trace) = &self.trace {
+            out.serialize_field("trace", trace)?;
+        }
+        if self.ephemeral {
+            out.serialize_field("ephemeral", &true)?;
+        }
+        if let Some(r) = &self.redacted {
+            out.serialize_field("redacted", r)?;
+        }
+        out.end()
+    }
 }
 
 impl Event {
+    /// This event with its payload and metadata erased, `redacted` saying
+    /// when and why; its offset, type, idempotency key, time, provenance
+    /// and trace stay.
+    pub fn redacted(&self, at: &str, reason: &str) -> Event {
+        Event {
+            payload: Map::new(),
+            metadata: None,
+            redacted: Some(Redaction {
+                at: at.to_string(),
+                reason: reason.to_string(),
+            }),
+            ..self.clone()
+        }
+    }
+
     /// Whether the event carries copy provenance (and so is inert data here).
     pub fn is_copy(&self) -> bool {
         self.source

@@ -260,6 +260,13 @@ impl Hot {
         for (op, row_id) in writes {
             match op {
                 WriteOp::Commit(c) if !c.events.is_empty() => {
+                    if !c.redactions.is_empty() {
+                        // A body it holds changed: the tail goes, and is
+                        // asked for again by the next read.
+                        if let Some(t) = state.tails.remove(&row_id) {
+                            state.tail_bytes -= t.bytes;
+                        }
+                    }
                     let events = std::mem::take(&mut c.events);
                     state.append(row_id, events.into_iter().map(|e| (e.offset, e.body)));
                 }
@@ -442,6 +449,7 @@ mod tests {
             removed_cursors: Vec::new(),
             fence: None,
             effects: Vec::new(),
+            redactions: Vec::new(),
         })
     }
 

@@ -577,6 +577,27 @@ impl Storage {
         )
     }
 
+    /// The offsets of a stream's events that are redacted, through
+    /// `up_to_offset`, from its `event-redacted` lines (ascending).
+    pub fn redacted_offsets(&self, row_id: i64, up_to_offset: u64) -> Result<Vec<u64>> {
+        let bodies = self.with_reader(|db| {
+            db.query_all(
+                "SELECT body FROM events WHERE stream = ?1 AND type = ?2",
+                sql::args![row_id, "events.iterate.com/stream/event-redacted"],
+                |r| r.text(0),
+            )
+        })?;
+        let mut offsets: Vec<u64> = bodies
+            .iter()
+            .filter_map(|b| serde_json::from_str::<serde_json::Value>(b).ok())
+            .filter_map(|v| v.pointer("/payload/offset")?.as_u64())
+            .filter(|o| *o <= up_to_offset)
+            .collect();
+        offsets.sort_unstable();
+        offsets.dedup();
+        Ok(offsets)
+    }
+
     /// [`Storage::events_after`] with a byte bound of its own
     /// (`usize::MAX`: every event of the range).
     pub fn events_within(

@@ -107,6 +107,10 @@ pub struct StreamCommit {
     /// The effects of the round's events (reactors'): inserted in the
     /// same transaction as the events, or not at all.
     pub effects: Vec<super::effects::EffectInsert>,
+    /// Committed events the round redacts (`event-redacted`), their new
+    /// bodies replacing the stored ones in the same transaction as the
+    /// round's audit line (the stream's bytes follow).
+    pub redactions: Vec<StoredEvent>,
 }
 
 impl StreamCommit {
@@ -871,6 +875,53 @@ fn fail_all(ops: &[WriteOp], e: &dyn fmt::Display) -> Vec<Result<i64, CommitErro
 }
 
 fn commit_group(conn: Db<'_>, ops: &[WriteOp], faults: &Faults) -> Vec<Result<i64, CommitError>> {
+    let redacting = conn.dialect() == Dialect::Sqlite
+        && ops
+            .iter()
+            .any(|op| matches!(op, WriteOp::Commit(c) if !c.redactions.is_empty()));
+    if !redacting {
+        return commit_group_of(conn, ops, faults);
+    }
+    // A redaction leaves no copy of what it erased in the database file:
+    // SQLite zeroes the freed content (`secure_delete`) while the group
+    // commits, and a checkpoint then copies the rewritten pages over the
+    // old ones and truncates the WAL that held their earlier images (a
+    // reader holding an older snapshot can keep that from completing now:
+    // the next checkpoint does).
+    let set = |on: bool| {
+        let sql = if on {
+            "PRAGMA secure_delete = ON"
+        } else {
+            "PRAGMA secure_delete = OFF"
+        };
+        if let Err(e) = conn.query_opt(sql, args![], |r| r.int(0)) {
+            tracing::warn!(error = %format!("{e:#}"), "setting secure_delete");
+        }
+    };
+    set(true);
+    let results = commit_group_of(conn, ops, faults);
+    set(false);
+    if results.iter().any(Result::is_ok) {
+        // Waiting for readers at most 100 ms: the writer holds everyone's
+        // next commit meanwhile.
+        for sql in [
+            "PRAGMA busy_timeout = 100",
+            "PRAGMA wal_checkpoint(TRUNCATE)",
+            "PRAGMA busy_timeout = 10000",
+        ] {
+            if let Err(e) = conn.query_opt(sql, args![], |r| r.int(0)) {
+                tracing::warn!(error = %format!("{e:#}"), sql, "checkpointing after a redaction");
+            }
+        }
+    }
+    results
+}
+
+fn commit_group_of(
+    conn: Db<'_>,
+    ops: &[WriteOp],
+    faults: &Faults,
+) -> Vec<Result<i64, CommitError>> {
     if let Db::Postgres(pg) = conn {
         if ops.iter().any(|op| matches!(op, WriteOp::Commit(_))) {
             return commit_group_pipelined(pg, ops, faults);
@@ -1005,6 +1056,38 @@ fn finish_group(conn: Db<'_>, faults: &Faults) -> Result<(), String> {
 /// `schema::APPEND_FUNCTION_POSTGRES`).
 const APPEND_ROUND: &str = "SELECT streamhost_append_v1(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, \
      ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26)";
+
+/// Replaces a committed event's body with its redacted one, and the
+/// stream's stored bytes with what it stores now.
+fn redact(conn: Db<'_>, row_id: i64, r: &StoredEvent) -> Result<()> {
+    let old = conn
+        .query_opt(
+            "SELECT body FROM events WHERE stream = ?1 AND \"offset\" = ?2",
+            args![row_id, r.offset as i64],
+            |row| row.text(0),
+        )?
+        .with_context(|| format!("redacting offset {}: no stored event there", r.offset))?;
+    conn.execute(
+        "UPDATE events SET body = ?3 WHERE stream = ?1 AND \"offset\" = ?2",
+        args![row_id, r.offset as i64, &r.body],
+    )?;
+    conn.execute(
+        "UPDATE streams SET bytes = bytes - ?2 + ?3 WHERE id = ?1",
+        args![row_id, old.len() as i64, r.body.len() as i64],
+    )?;
+    Ok(())
+}
+
+/// A redaction in a PostgreSQL pipeline (after its round, in the same
+/// transaction): the body replaced and the stream's bytes adjusted in one
+/// statement; it answers a row only if the event was there.
+const REDACT_POSTGRES: &str = "WITH old AS (
+         SELECT octet_length(body) AS n FROM events WHERE stream = ?1 AND \"offset\" = ?2
+     ), changed AS (
+         UPDATE events SET body = ?3 WHERE stream = ?1 AND \"offset\" = ?2 RETURNING 1
+     )
+     UPDATE streams SET bytes = bytes - (SELECT n FROM old) + octet_length(?3::text)
+     WHERE id = ?1 AND EXISTS (SELECT 1 FROM changed) RETURNING id";
 
 /// A stream round's columns, as the arrays `streamhost_append_v1` takes.
 struct RoundArrays<'a> {
@@ -1176,9 +1259,31 @@ fn commit_group_pipelined(
             .iter()
             .map(|(_, p)| (p.args(), p.cancel()))
             .collect();
+        // Each round's redactions follow it too: (round index, arguments).
+        let redaction_args: Vec<(usize, Vec<super::sql::Arg<'_>>)> = rounds
+            .iter()
+            .enumerate()
+            .flat_map(|(r, (_, c))| {
+                let row_id = match &c.stream {
+                    StreamRef::Existing { row_id, .. } => Some(*row_id),
+                    StreamRef::New(_) => None,
+                };
+                c.redactions.iter().filter_map(move |e| {
+                    Some((
+                        r,
+                        vec![
+                            super::sql::Arg::Int(row_id?),
+                            super::sql::Arg::Int(e.offset as i64),
+                            super::sql::Arg::Text(&e.body),
+                        ],
+                    ))
+                })
+            })
+            .collect();
         let mut statements: Vec<(&str, &[super::sql::Arg<'_>])> = vec![("BEGIN", &[])];
         let mut owners: Vec<usize> = Vec::new();
         let mut effects_of = effect_arrays.iter().zip(&effect_args).peekable();
+        let mut redactions_of = redaction_args.iter().peekable();
         for (r, a) in args.iter().enumerate() {
             statements.push((APPEND_ROUND, a.as_slice()));
             owners.push(r);
@@ -1190,6 +1295,10 @@ fn commit_group_pipelined(
                     statements.push((sql, a.as_slice()));
                     owners.push(r);
                 }
+            }
+            while let Some((_, a)) = redactions_of.next_if(|(rr, _)| *rr == r) {
+                statements.push((REDACT_POSTGRES, a.as_slice()));
+                owners.push(r);
             }
         }
         let answers = match pg.pipeline(&statements) {
@@ -1356,6 +1465,9 @@ fn apply(conn: Db<'_>, op: &WriteOp) -> Result<i64> {
             }
             for e in &c.effects {
                 super::effects::insert(conn, &e.source, &e.effects, e.now_ms, &e.created_at)?;
+            }
+            for r in &c.redactions {
+                redact(conn, row_id, r)?;
             }
             Ok(row_id)
         }
@@ -1735,6 +1847,7 @@ mod tests {
             removed_cursors: Vec::new(),
             fence: None,
             effects: Vec::new(),
+            redactions: Vec::new(),
         });
         assert_eq!(op_bytes(&commit), 1010);
         assert_eq!(

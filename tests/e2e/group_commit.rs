@@ -28,6 +28,7 @@ fn commit(stream: StreamRef, events: Vec<StoredEvent>) -> WriteOp {
         removed_cursors: Vec::new(),
         fence: None,
         effects: Vec::new(),
+        redactions: Vec::new(),
     })
 }
 

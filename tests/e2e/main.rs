@@ -38,6 +38,7 @@ mod openapi;
 mod processors;
 mod reactors;
 mod readme;
+mod redaction;
 mod scaffold;
 mod shadows;
 mod signatures;

@@ -571,6 +571,29 @@ async fn every_operation_answers_a_real_request_as_the_openapi_document_says() {
             let template: &'static str = Box::leak(format!("{base}{suffix}").into_boxed_str());
             calls.push(call(method, template, &url, body, status));
         }
+        // A stream of its own, whose offset 2 is the note appended first.
+        let notes = if project {
+            format!("{acme}/streams/notes")
+        } else {
+            "/v1/global/streams/notes".to_string()
+        };
+        let template = |suffix: &str| -> &'static str {
+            Box::leak(format!("{base}{suffix}").into_boxed_str())
+        };
+        calls.push(call(
+            "POST",
+            template(":append"),
+            &format!("{notes}:append"),
+            Some(json!({"events": [{"type": "events.example/note", "payload": {"card": "4111"}}]})),
+            200,
+        ));
+        calls.push(call(
+            "POST",
+            template(":redact"),
+            &format!("{notes}:redact"),
+            Some(json!({"offset": 2, "reason": "erasure request"})),
+            200,
+        ));
     }
     let mut deploy = call(
         "PUT",

@@ -295,6 +295,7 @@ pub fn plan_copy(
             AppendPlan {
                 events: Vec::new(),
                 new_events: Vec::new(),
+                redactions: Vec::new(),
             },
             outcome,
         ));

@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 
-use serde_json::{json, Map};
+use serde_json::{json, Map, Value};
 
 use super::control::{validate_control, ControlContext};
 use super::state::{CoreState, STATE_BYTES_MAX};
@@ -93,21 +93,96 @@ pub struct AppendContext<'a> {
     pub committed_by_offset: &'a HashMap<u64, Event>,
 }
 
-/// Offsets of the committed configure events that the configure events of
-/// `input` would repeat: the actor loads these before planning so an
-/// identical re-configure can answer with the existing event.
+/// Offsets of the committed events planning `input` needs, which the actor
+/// loads before planning: the configure events that its configure events
+/// would repeat (an identical re-configure answers with the existing
+/// event), and the events its `event-redacted` events redact.
 pub fn configure_offsets(state: Option<&CoreState>, input: &AppendInput) -> Vec<u64> {
     let Some(state) = state else {
         return Vec::new();
     };
-    input
+    let configures = input
         .events
         .iter()
         .filter(|e| e.event_type == types::SUBSCRIPTION_CONFIGURED && e.source.is_none())
         .filter_map(|e| e.payload.as_ref()?.get("subscriptionKey")?.as_str())
         .filter_map(|k| state.subscriptions.outbound.by_key.get(k.trim()))
-        .map(|s| s.configured_at_offset)
-        .collect()
+        .map(|s| s.configured_at_offset);
+    let redacted = input
+        .events
+        .iter()
+        .filter(|e| e.event_type == types::EVENT_REDACTED && e.source.is_none())
+        .filter_map(|e| e.payload.as_ref()?.get("offset")?.as_u64())
+        .filter(|o| (1..=state.max_offset).contains(o));
+    configures.chain(redacted).collect()
+}
+
+/// What an `event-redacted` event's payload says.
+#[derive(Debug, serde::Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct RedactedPayload {
+    offset: u64,
+    #[serde(default)]
+    reason: String,
+}
+
+/// A key no caller can use (NUL is refused in keys): marks an offset as
+/// redacted by an earlier request of the same round.
+fn redacting_key(offset: u64) -> String {
+    format!("\0redacting:{offset}")
+}
+
+/// The committed event at the offset `e` (an `event-redacted` event)
+/// names, checked redactable; it as stored from now on.
+fn plan_redaction(
+    i: usize,
+    e: &EventInput,
+    current: &CoreState,
+    round_keys: &HashMap<String, Event>,
+    ctx: &AppendContext<'_>,
+) -> Result<Event, Error> {
+    let payload = e.payload.clone().unwrap_or_default();
+    let asked: RedactedPayload = serde_json::from_value(Value::Object(payload))
+        .map_err(|err| Error::invalid(format!("events[{i}].payload: {err}")))?;
+    let offset = asked.offset;
+    if offset == 0 || offset > current.max_offset {
+        return Err(Error::not_found(
+            "event-not-found",
+            format!(
+                "no event at offset {offset}: this stream's offsets are 1 to {}",
+                current.max_offset
+            ),
+        ));
+    }
+    let Some(target) = ctx.committed_by_offset.get(&offset) else {
+        return Err(Error::not_found(
+            "event-not-found",
+            format!(
+                "no stored event at offset {offset} (an ephemeral event is never stored, and an \
+                 event appended in the same round cannot be redacted with it)"
+            ),
+        ));
+    };
+    if target.redacted.is_some() || round_keys.contains_key(&redacting_key(offset)) {
+        return Err(Error::conflict(
+            "already-redacted",
+            format!("the event at offset {offset} is redacted already"),
+        ));
+    }
+    if is_stream_control_type(&target.event_type)
+        && target.event_type != types::ERROR_OCCURRED
+        && !target.is_copy()
+    {
+        return Err(Error::conflict(
+            "not-redactable",
+            format!(
+                "the event at offset {offset} is a platform event ({}): the stream's state is \
+                 folded from it, so it cannot be redacted",
+                target.event_type
+            ),
+        ));
+    }
+    Ok(target.redacted(ctx.now, &asked.reason))
 }
 
 /// The stored form of a configuration: effective key trimmed, receiving
@@ -133,6 +208,9 @@ pub struct AppendPlan {
     /// Events to commit (durable) or buffer (ephemeral), in offset order,
     /// including a `created` event when this request creates the stream.
     pub new_events: Vec<Event>,
+    /// Committed events this request redacts (`event-redacted`), as they
+    /// are stored from its commit on: payload and metadata erased.
+    pub redactions: Vec<Event>,
 }
 
 /// Plans one request against `state` (`None`: the stream does not exist yet).
@@ -186,6 +264,7 @@ pub fn plan_append(
     let mut plan = AppendPlan {
         events: Vec::with_capacity(input.events.len()),
         new_events: Vec::new(),
+        redactions: Vec::new(),
     };
     let mut created = false;
 
@@ -256,6 +335,20 @@ pub fn plan_append(
                 },
             )?;
         }
+        if !copied && e.event_type == types::EVENT_REDACTED {
+            let redacted = plan_redaction(i, e, current, round_keys, ctx)?;
+            if plan.redactions.iter().any(|r| r.offset == redacted.offset) {
+                return Err(Error::conflict(
+                    "already-redacted",
+                    format!(
+                        "the event at offset {} is redacted twice in one request",
+                        redacted.offset
+                    ),
+                ));
+            }
+            new_keys.push((redacting_key(redacted.offset), redacted.clone()));
+            plan.redactions.push(redacted);
+        }
         if current.paused && !is_stream_control_type(&e.event_type) {
             return Err(Error::unavailable(
                 "stream-paused",
@@ -285,6 +378,7 @@ pub fn plan_append(
             source: e.source.clone().filter(|s| !s.is_empty()),
             trace: e.trace.clone().and_then(crate::trace::Trace::checked),
             ephemeral: e.ephemeral.unwrap_or(false),
+            redacted: None,
         };
         current.reduce(&event);
         assert_eq!(
@@ -357,12 +451,19 @@ fn created_event(ctx: &mut AppendContext<'_>) -> Event {
         source: None,
         trace: None,
         ephemeral: false,
+        redacted: None,
     }
 }
 
 /// Whether a retried input matches the event that holds its key.
 pub fn is_same_event(original: &Event, input: &EventInput) -> bool {
     let empty = Map::new();
+    if original.redacted.is_some() {
+        // Its content is gone: a retry of its key is taken as the same
+        // event (it was accepted once; the key still deduplicates).
+        return original.event_type == input.event_type
+            && original.ephemeral == input.ephemeral.unwrap_or(false);
+    }
     original.event_type == input.event_type
         && original.payload == *input.payload.as_ref().unwrap_or(&empty)
         && original.metadata.as_ref().unwrap_or(&empty) == input.metadata.as_ref().unwrap_or(&empty)
@@ -484,6 +585,7 @@ mod tests {
         state: Option<CoreState>,
         round_keys: HashMap<String, Event>,
         committed: HashMap<String, Event>,
+        by_offset: HashMap<u64, Event>,
         ids: u32,
     }
 
@@ -493,6 +595,7 @@ mod tests {
                 state: None,
                 round_keys: HashMap::new(),
                 committed: HashMap::new(),
+                by_offset: HashMap::new(),
                 ids: 0,
             }
         }
@@ -504,7 +607,7 @@ mod tests {
                 format!("sid-{ids}")
             };
             let committed = self.committed.clone();
-            let by_offset = HashMap::new();
+            let by_offset = self.by_offset.clone();
             let namespace = crate::stream::Namespace::Project("acme".into());
             let mut ctx = AppendContext {
                 connection_keys: &[],
@@ -526,6 +629,74 @@ mod tests {
             self.ids = ids;
             r
         }
+    }
+
+    #[test]
+    fn a_redaction_erases_a_committed_events_content_once_and_refuses_what_it_cannot() {
+        let mut f = Fixture::new();
+        let original = json!({"type": "x.y/a", "payload": {"card": "4111"},
+            "metadata": {"ip": "10.0.0.1"}, "idempotencyKey": "k"});
+        let plan = f
+            .append(json!({"events": [original.clone()]}), Authority::Public)
+            .unwrap();
+        // Committed: what the actor would look up.
+        for e in &plan.new_events {
+            f.by_offset.insert(e.offset, e.clone());
+        }
+        f.committed.insert("k".into(), plan.events[0].clone());
+        f.round_keys.clear();
+        let redact = |offset: u64| {
+            json!({"events": [{"type": types::EVENT_REDACTED,
+                "payload": {"offset": offset, "reason": "erasure request"}}]})
+        };
+        let refused = f.append(redact(2), Authority::Public).unwrap_err();
+        assert_eq!(refused.code, "platform-authored", "{refused:?}");
+
+        let plan = f.append(redact(2), Authority::Platform).unwrap();
+        assert_eq!(plan.new_events.len(), 1, "the audit line");
+        assert_eq!(plan.new_events[0].event_type, types::EVENT_REDACTED);
+        let [r] = plan.redactions.as_slice() else {
+            panic!("{plan:?}")
+        };
+        assert_eq!((r.offset, r.event_type.as_str()), (2, "x.y/a"));
+        assert_eq!(r.idempotency_key.as_deref(), Some("k"));
+        assert!(r.payload.is_empty() && r.metadata.is_none());
+        let shown = serde_json::to_value(r).unwrap();
+        assert_eq!(shown["payload"], Value::Null);
+        assert_eq!(shown["metadata"], Value::Null);
+        assert_eq!(
+            shown["redacted"],
+            json!({"at": "2026-11-30T00:00:00.000Z", "reason": "erasure request"})
+        );
+        assert!(!shown.to_string().contains("4111"));
+        // It reads back as it was written.
+        let back: Event = serde_json::from_value(shown).unwrap();
+        assert_eq!(&back, r);
+
+        // Twice in one round, or once it is stored redacted: refused.
+        let again = f.append(redact(2), Authority::Platform).unwrap_err();
+        assert_eq!(again.code, "already-redacted", "{again:?}");
+        f.round_keys.clear();
+        f.by_offset.insert(2, r.clone());
+        let again = f.append(redact(2), Authority::Platform).unwrap_err();
+        assert_eq!(again.code, "already-redacted", "{again:?}");
+        // Offsets that hold nothing, and the platform's own events.
+        for (offset, code) in [
+            (0, "event-not-found"),
+            (99, "event-not-found"),
+            (1, "not-redactable"),
+        ] {
+            let e = f.append(redact(offset), Authority::Platform).unwrap_err();
+            assert_eq!(e.code, code, "{offset}: {e:?}");
+            assert!(e.message.contains(&format!("offset {offset}")), "{e:?}");
+        }
+        // A retry of the redacted event's key still deduplicates.
+        f.committed.insert("k".into(), r.clone());
+        let replay = f
+            .append(json!({"events": [original]}), Authority::Public)
+            .unwrap();
+        assert!(replay.new_events.is_empty(), "{replay:?}");
+        assert_eq!(replay.events, vec![r.clone()]);
     }
 
     #[test]

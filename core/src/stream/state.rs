@@ -306,6 +306,7 @@ mod tests {
             source: None,
             ephemeral: false,
             trace: None,
+            redacted: None,
         }
     }
 

@@ -276,6 +276,8 @@ struct Round {
     next_state: Box<CoreState>,
     state_offset: u64,
     durable: Vec<StoredEvent>,
+    /// Committed events the round redacts, as stored from its commit on.
+    redactions: Vec<StoredEvent>,
     stream_ref: StreamRef,
 }
 
@@ -1198,6 +1200,17 @@ impl ActorCore {
                 body: serde_json::to_string(e).expect("events serialize"),
             })
             .collect();
+        let redactions: Vec<StoredEvent> = outcomes
+            .iter()
+            .filter_map(|(_, o)| o.as_ref().ok())
+            .flat_map(|p| p.redactions.iter())
+            .map(|e| StoredEvent {
+                offset: e.offset,
+                event_type: e.event_type.clone(),
+                idempotency_key: e.idempotency_key.clone(),
+                body: serde_json::to_string(e).expect("events serialize"),
+            })
+            .collect();
         let keyed_bytes = durable
             .iter()
             .filter(|e| e.idempotency_key.is_some())
@@ -1229,6 +1242,7 @@ impl ActorCore {
             next_state: Box::new(next_state),
             state_offset,
             durable,
+            redactions,
             stream_ref,
         };
         match self.reactor_work(&round) {
@@ -1368,6 +1382,7 @@ impl ActorCore {
             removed_cursors,
             fence: self.tenure.fence(),
             effects,
+            redactions: std::mem::take(&mut round.redactions),
         };
         commit.assert_invariants();
         self.out
@@ -1466,6 +1481,13 @@ impl ActorCore {
                                     {
                                         self.recent_keys.insert(key, e, *bytes);
                                     }
+                                }
+                            }
+                            // A retry of a redacted event's key answers it
+                            // as stored now.
+                            for r in &plan.redactions {
+                                if let Some(key) = &r.idempotency_key {
+                                    self.recent_keys.replace(key, r);
                                 }
                             }
                         }

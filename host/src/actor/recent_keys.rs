@@ -45,6 +45,13 @@ impl RecentKeys {
         }
     }
 
+    /// Replaces the event kept under `key`, if any (it was redacted).
+    pub(super) fn replace(&mut self, key: &str, event: &Event) {
+        if let Some((kept, _)) = self.by_key.get_mut(key) {
+            *kept = event.clone();
+        }
+    }
+
     /// The committed event of `key`, if it is among the recent ones.
     pub(super) fn get(&self, key: &str) -> Option<&Event> {
         self.by_key.get(key).map(|(e, _)| e)
@@ -78,6 +85,7 @@ mod tests {
             source: None,
             ephemeral: false,
             trace: None,
+            redacted: None,
         }
     }
 

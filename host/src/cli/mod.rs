@@ -107,6 +107,10 @@ pub(crate) enum Command {
     ResumeSubscription(ResumeSubscriptionArgs),
     /// Move a subscription's cursor: it delivers the events after the offset.
     SetCursor(SetCursorArgs),
+    /// Erase one event's payload and metadata (a GDPR erasure, a leaked
+    /// secret): its offset, type and key stay, an event-redacted line
+    /// records it.
+    Redact(RedactArgs),
     /// Pause a stream: appends are refused until it is resumed.
     Pause(PauseArgs),
     /// Resume a paused stream.
@@ -346,6 +350,13 @@ pub async fn run(cli: Cli) -> Result<()> {
                 },
             };
             request(&a.target, resume).await
+        }
+        Command::Redact(a) => {
+            let redact = R::Redact {
+                offset: a.offset,
+                reason: a.reason,
+            };
+            request(&a.target, redact).await
         }
         Command::SetCursor(a) => {
             let set = R::SetSubscriptionCursor {

@@ -141,6 +141,7 @@ pub(super) fn read_events(
             source: None,
             ephemeral: false,
             trace: None,
+            redacted: None,
         });
     }
     Ok(events)

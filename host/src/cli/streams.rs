@@ -293,3 +293,14 @@ pub(super) async fn tail(a: TailArgs) -> Result<()> {
     }
     Ok(())
 }
+
+#[derive(Debug, Args)]
+pub(crate) struct RedactArgs {
+    #[command(flatten)]
+    pub target: Target,
+    /// The event's offset.
+    pub offset: u64,
+    /// Why (kept with the event and in its `event-redacted` line).
+    #[arg(long, default_value = "")]
+    pub reason: String,
+}

@@ -53,6 +53,7 @@ pub mod itx;
 pub mod live;
 pub mod processors;
 pub mod reactors;
+pub mod redact;
 pub mod request;
 pub mod secrets;
 pub mod shadows;

@@ -186,6 +186,11 @@ pub struct Verification {
     /// The first key (in byte order) whose values differ.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub first_differing_key: Option<DifferingKey>,
+    /// The offsets of redacted events the refold met (`:redact`): the guest
+    /// saw their payload as `null`, so a state folded from them before
+    /// their redaction may differ from the refold's.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub redacted_offsets: Vec<u64>,
 }
 
 /// A key whose stored and refolded values differ (`None`: absent).
@@ -733,6 +738,9 @@ impl Host {
                 let refolded: Value = serde_json::from_str(&folded).unwrap_or(Value::Null);
                 let keys = compare_keys(&storage, checkpoint.bucket, scratch.writes())
                     .map_err(internal)?;
+                let redacted_offsets = storage
+                    .redacted_offsets(row.row_id, checkpoint.checkpoint_offset)
+                    .map_err(internal)?;
                 Ok(Verification {
                     matches: stored == refolded && keys.differing.is_none(),
                     component,
@@ -742,6 +750,7 @@ impl Host {
                     refolded_state: refolded,
                     keys_compared: keys.compared,
                     first_differing_key: keys.differing,
+                    redacted_offsets,
                 })
             })
             .await

@@ -71,6 +71,13 @@ pub enum StreamRequest {
         /// The subscription's key.
         subscription_key: String,
     },
+    /// Erase an event's payload and metadata (`:redact`).
+    Redact {
+        /// The event's offset.
+        offset: u64,
+        /// Why (kept with it, and in the `event-redacted` line).
+        reason: String,
+    },
     /// Both in one append (`:setSubscriptionCursorAndResume`).
     SetSubscriptionCursorAndResume {
         /// The subscription's key.
@@ -177,6 +184,7 @@ impl StreamRequest {
                 "setting a subscription's cursor"
             }
             StreamRequest::ResumeSubscription { .. } => "resuming a subscription",
+            StreamRequest::Redact { .. } => "redacting an event",
             StreamRequest::BackfillProcessor(_) | StreamRequest::BackfillReactor(_) => {
                 "backfilling effects"
             }
@@ -232,6 +240,8 @@ pub enum StreamAnswer {
     CursorSet(Box<Event>),
     /// What resuming did.
     Resumed(Resumed),
+    /// What redacting did.
+    Redacted(Box<super::redact::Redacted>),
     /// The `cursor-set` and `delivery-resumed` events.
     CursorSetAndResumed(Box<CursorSetAndResumed>),
     /// A processor instance.
@@ -284,6 +294,7 @@ impl serde::Serialize for StreamAnswer {
                 serde_json::json!({ "subscriptionCursorSetEvent": event }).serialize(s)
             }
             A::Resumed(resumed) => resumed.serialize(s),
+            A::Redacted(redacted) => redacted.serialize(s),
             A::CursorSetAndResumed(both) => both.serialize(s),
             A::Processor(instance) => instance.serialize(s),
             A::Keys(page) => page.serialize(s),
@@ -423,6 +434,9 @@ impl Host {
                 self.resume_subscription_here(stream, &subscription_key)
                     .await?,
             ),
+            R::Redact { offset, reason } => {
+                A::Redacted(Box::new(self.redact_here(stream, offset, &reason).await?))
+            }
             R::SetSubscriptionCursorAndResume {
                 subscription_key,
                 after_offset,
@@ -561,6 +575,7 @@ impl StreamAnswer {
             A::Unsubscribed(_) => "unsubscribed",
             A::CursorSet(_) => "cursor set",
             A::Resumed(_) => "resumed",
+            A::Redacted(_) => "redacted",
             A::CursorSetAndResumed(_) => "cursor set and resumed",
             A::Processor(_) => "processor",
             A::Keys(_) => "keys",
@@ -618,6 +633,7 @@ impl StreamAnswer {
                 A::CursorSet(from_value(field(json, "subscriptionCursorSetEvent"))?)
             }
             R::ResumeSubscription { .. } => A::Resumed(from_value(json)?),
+            R::Redact { .. } => A::Redacted(from_value(json)?),
             R::SetSubscriptionCursorAndResume { .. } => A::CursorSetAndResumed(from_value(json)?),
             R::Processor { .. } => A::Processor(from_value(json)?),
             R::ProcessorKeys { .. } => A::Keys(from_value(json)?),
@@ -1062,6 +1078,10 @@ mod tests {
             R::ResumeSubscription {
                 subscription_key: "k".into(),
             },
+            R::Redact {
+                offset: 3,
+                reason: "erasure request".into(),
+            },
             R::SetSubscriptionCursorAndResume {
                 subscription_key: "k".into(),
                 after_offset: 0,
@@ -1313,6 +1333,16 @@ mod tests {
                 A::Resumed(Resumed::Resumed(Box::new(event(7)))),
             ),
             (
+                R::Redact {
+                    offset: 3,
+                    reason: "r".into(),
+                },
+                A::Redacted(Box::new(super::super::redact::Redacted {
+                    event: event(3).redacted("2026-12-05T00:00:00.000Z", "r"),
+                    redacted_event: event(8),
+                })),
+            ),
+            (
                 R::SetSubscriptionCursorAndResume {
                     subscription_key: "k".into(),
                     after_offset: 1,
@@ -1408,6 +1438,7 @@ mod tests {
                         stored: None,
                         refolded: Some(vec![0xfe]),
                     }),
+                    redacted_offsets: vec![2],
                 })),
             ),
             (

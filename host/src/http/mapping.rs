@@ -50,6 +50,16 @@ struct CursorInput {
     after_offset: u64,
 }
 
+/// The body of `:redact`.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct RedactInput {
+    #[serde(deserialize_with = "crate::stream::bounded::offset")]
+    offset: u64,
+    #[serde(default)]
+    reason: String,
+}
+
 /// The body of `:resumeSubscription`.
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -143,6 +153,13 @@ pub fn parse(
             let input: KeyInput = parse_json(body)?;
             R::ResumeSubscription {
                 subscription_key: input.subscription_key,
+            }
+        }
+        ("redact", &Method::POST) => {
+            let input: RedactInput = parse_json(body)?;
+            R::Redact {
+                offset: input.offset,
+                reason: input.reason,
             }
         }
         ("setSubscriptionCursorAndResume", &Method::POST) => {
@@ -283,6 +300,15 @@ pub fn render(request: &StreamRequest) -> HttpCall {
             String::new(),
             json(&KeyInput {
                 subscription_key: subscription_key.clone(),
+            }),
+        ),
+        R::Redact { offset, reason } => (
+            Method::POST,
+            "redact".into(),
+            String::new(),
+            json(&RedactInput {
+                offset: *offset,
+                reason: reason.clone(),
             }),
         ),
         R::SetSubscriptionCursorAndResume {
@@ -766,6 +792,7 @@ pub const STREAM_METHODS: &[(&str, &str)] = &[
     ("POST", "setSubscriptionCursor"),
     ("POST", "resumeSubscription"),
     ("POST", "setSubscriptionCursorAndResume"),
+    ("POST", "redact"),
     ("GET", "processors/{component}"),
     ("GET", "processors/{component}/keys"),
     ("GET", "processors/{component}/keys/{key}"),
