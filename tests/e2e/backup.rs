@@ -135,13 +135,7 @@ async fn a_backup_taken_under_load_restores_every_acknowledged_event_and_its_pro
     assert_eq!(names, vec!["orders.db".to_string()]);
 
     let restored = dir.path().join("restored");
-    let (ok, out, err) = run_cli(&[
-        "restore",
-        "--from",
-        file.to_str().unwrap(),
-        "--data-dir",
-        restored.to_str().unwrap(),
-    ]);
+    let (ok, out, err) = restore(&file, &restored);
     assert!(ok, "{err}");
     let told: Value = serde_json::from_str(&out).unwrap();
     assert_eq!(told["events"], summary["events"], "{told}");
@@ -182,6 +176,30 @@ async fn a_backup_taken_under_load_restores_every_acknowledged_event_and_its_pro
     assert!(order(&client, &again.url, "after-restore").await);
 }
 
+/// `streamhost backup --to FILE` against `server` with `token`.
+fn backup_to(server: &Server, file: &std::path::Path, token: &str) -> (bool, String, String) {
+    run_cli(&[
+        "backup",
+        "--to",
+        file.to_str().unwrap(),
+        "--url",
+        &server.url,
+        "--token",
+        token,
+    ])
+}
+
+/// `streamhost restore --from FILE --data-dir DIR`.
+fn restore(file: &std::path::Path, dir: &std::path::Path) -> (bool, String, String) {
+    run_cli(&[
+        "restore",
+        "--from",
+        file.to_str().unwrap(),
+        "--data-dir",
+        dir.to_str().unwrap(),
+    ])
+}
+
 #[tokio::test]
 async fn backup_and_restore_refuse_what_they_cannot_do_whole_and_leave_nothing_half_done() {
     let mut server = Server::start_with(Some(TOKENS), &[]);
@@ -190,87 +208,39 @@ async fn backup_and_restore_refuse_what_they_cannot_do_whole_and_leave_nothing_h
     }
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("b.db");
-    let path = file.to_str().unwrap();
     // Admins only.
     for (token, status) in [(None, 401), (Some("t-acme"), 403)] {
         let (got, out) = server.get_as(token, "/v1/backup").await;
         assert_eq!(got, status, "{out}");
     }
-    let (ok, _, err) = run_cli(&[
-        "backup",
-        "--to",
-        path,
-        "--url",
-        &server.url,
-        "--token",
-        "t-acme",
-    ]);
+    let (ok, _, err) = backup_to(&server, &file, "t-acme");
     assert!(!ok);
     assert!(err.contains("forbidden") && err.contains("(403)"), "{err}");
     assert!(!file.exists());
     // A directory that does not exist: named, nothing written.
     let nowhere = dir.path().join("no-such-dir/b.db");
-    let (ok, _, err) = run_cli(&[
-        "backup",
-        "--to",
-        nowhere.to_str().unwrap(),
-        "--url",
-        &server.url,
-        "--token",
-        "t-admin",
-    ]);
+    let (ok, _, err) = backup_to(&server, &nowhere, "t-admin");
     assert!(!ok);
     assert!(err.contains("no-such-dir"), "{err}");
     // An existing file is never overwritten.
     std::fs::write(&file, "keep me").unwrap();
-    let (ok, _, err) = run_cli(&[
-        "backup",
-        "--to",
-        path,
-        "--url",
-        &server.url,
-        "--token",
-        "t-admin",
-    ]);
+    let (ok, _, err) = backup_to(&server, &file, "t-admin");
     assert!(!ok);
     assert!(err.contains("exists already"), "{err}");
     assert_eq!(std::fs::read_to_string(&file).unwrap(), "keep me");
     // A file that is not a backup is not restored.
     let target = dir.path().join("data");
-    let (ok, _, err) = run_cli(&[
-        "restore",
-        "--from",
-        path,
-        "--data-dir",
-        target.to_str().unwrap(),
-    ]);
+    let (ok, _, err) = restore(&file, &target);
     assert!(!ok);
     assert!(err.contains("b.db is not a streamhost backup"), "{err}");
     assert!(!target.join("streamhost.db").exists());
     // A real one is, once; a data dir that holds a database is refused.
     std::fs::remove_file(&file).unwrap();
-    let (ok, _, err) = run_cli(&[
-        "backup",
-        "--to",
-        path,
-        "--url",
-        &server.url,
-        "--token",
-        "t-admin",
-    ]);
+    let (ok, _, err) = backup_to(&server, &file, "t-admin");
     assert!(ok, "{err}");
-    let restore = || {
-        run_cli(&[
-            "restore",
-            "--from",
-            path,
-            "--data-dir",
-            target.to_str().unwrap(),
-        ])
-    };
-    let (ok, _, err) = restore();
+    let (ok, _, err) = restore(&file, &target);
     assert!(ok, "{err}");
-    let (ok, _, err) = restore();
+    let (ok, _, err) = restore(&file, &target);
     assert!(!ok);
     assert!(err.contains("already holds a database"), "{err}");
     let left: Vec<String> = std::fs::read_dir(&target)

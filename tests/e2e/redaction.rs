@@ -24,6 +24,18 @@ async fn append(s: &Server, stream: &str, events: Value) -> Vec<Value> {
     out["events"].as_array().unwrap().clone()
 }
 
+/// Redacts `offset` of `stream` ("erasure request"); the answer.
+async fn redacted(s: &Server, stream: &str, offset: &Value) -> Value {
+    let (status, out) = s
+        .post(
+            &format!("{stream}:redact"),
+            json!({"offset": offset, "reason": "erasure request"}),
+        )
+        .await;
+    assert_eq!(status, 200, "{out}");
+    out
+}
+
 async fn event_at(s: &Server, stream: &str, offset: u64) -> Value {
     let (status, page) = s
         .get(&format!(
@@ -75,13 +87,7 @@ async fn a_redacted_events_content_leaves_storage_and_its_offset_key_and_neighbo
         .map(|e| e["offset"].as_u64().unwrap())
         .collect();
 
-    let (status, out) = s
-        .post(
-            &format!("{USERS}:redact"),
-            json!({"offset": offset, "reason": "erasure request"}),
-        )
-        .await;
-    assert_eq!(status, 200, "{out}");
+    let out = redacted(&s, USERS, &json!(offset)).await;
     let event = &out["event"];
     assert_eq!(event["offset"], offset);
     assert_eq!(event["type"], "events.example/signed-up");
@@ -147,13 +153,7 @@ async fn a_redacted_events_content_leaves_storage_and_its_offset_key_and_neighbo
         .find(|e| e["payload"]["card"] == SECRET)
         .expect("the copy of the redacted event")
         .clone();
-    let (status, out) = s
-        .post(
-            &format!("{COPIES}:redact"),
-            json!({"offset": copied["offset"], "reason": "erasure request"}),
-        )
-        .await;
-    assert_eq!(status, 200, "{out}");
+    let out = redacted(&s, COPIES, &copied["offset"]).await;
     assert_eq!(out["event"]["payload"], Value::Null);
     assert!(out["event"]["source"]["copiedFrom"].is_array(), "{out}");
 
@@ -291,13 +291,8 @@ async fn the_erased_bytes_leave_the_database_files() {
             .collect()
     };
     assert!(!holding(&s).is_empty(), "written to the log first");
-    let (status, out) = s
-        .post(
-            &format!("{USERS}:redact"),
-            json!({"offset": offset, "reason": "erasure request"}),
-        )
-        .await;
-    assert_eq!(status, 200, "{out}");
+    let out = redacted(&s, USERS, &json!(offset)).await;
+    assert_eq!(out["event"]["payload"], Value::Null);
     // (Without freed content zeroed, the old cell stays in its page: the
     // database file holds the bytes after the checkpoint and the stop.)
     s.stop();

@@ -1190,26 +1190,22 @@ impl ActorCore {
                 return;
             }
         };
+        let stored = |e: &Event| StoredEvent {
+            offset: e.offset,
+            event_type: e.event_type.clone(),
+            idempotency_key: e.idempotency_key.clone(),
+            body: serde_json::to_string(e).expect("events serialize"),
+        };
         let durable: Vec<StoredEvent> = new_events
             .iter()
             .filter(|e| !e.ephemeral)
-            .map(|e| StoredEvent {
-                offset: e.offset,
-                event_type: e.event_type.clone(),
-                idempotency_key: e.idempotency_key.clone(),
-                body: serde_json::to_string(e).expect("events serialize"),
-            })
+            .map(stored)
             .collect();
         let redactions: Vec<StoredEvent> = outcomes
             .iter()
             .filter_map(|(_, o)| o.as_ref().ok())
             .flat_map(|p| p.redactions.iter())
-            .map(|e| StoredEvent {
-                offset: e.offset,
-                event_type: e.event_type.clone(),
-                idempotency_key: e.idempotency_key.clone(),
-                body: serde_json::to_string(e).expect("events serialize"),
-            })
+            .map(stored)
             .collect();
         let keyed_bytes = durable
             .iter()

@@ -506,18 +506,10 @@ impl Streams {
             Err(e) if e.owner_url.is_some() => return Err(e),
             _ => {}
         }
-        let resumed = crate::stream::EventInput {
-            event_type: crate::stream::types::SUBSCRIPTION_DELIVERY_RESUMED.to_string(),
-            payload: serde_json::json!({"subscriptionKey": key})
-                .as_object()
-                .cloned(),
-            metadata: None,
-            idempotency_key,
-            ephemeral: None,
-            offset: None,
-            source: None,
-            trace: None,
-        };
+        let mut resumed =
+            crate::stream::EventInput::new(crate::stream::types::SUBSCRIPTION_DELIVERY_RESUMED)
+                .payload(serde_json::json!({"subscriptionKey": key}));
+        resumed.idempotency_key = idempotency_key;
         let input = AppendInput {
             events: vec![resumed],
             expected_stream_id: None,
