@@ -311,6 +311,10 @@ pub struct EventInput {
     /// every event without one); a malformed one is dropped, never refused.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trace: Option<crate::trace::Trace>,
+    /// A copy of a redacted event is redacted: its source's redaction (its
+    /// payload and metadata are not kept). Only the platform may set it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub redacted: Option<Redaction>,
 }
 
 impl EventInput {
@@ -356,6 +360,7 @@ impl EventInput {
             offset: None,
             source: None,
             trace: None,
+            redacted: None,
         }
     }
 

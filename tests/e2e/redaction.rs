@@ -157,6 +157,37 @@ async fn a_redacted_events_content_leaves_storage_and_its_offset_key_and_neighbo
     assert_eq!(out["event"]["payload"], Value::Null);
     assert!(out["event"]["source"]["copiedFrom"].is_array(), "{out}");
 
+    // A copy made after the redaction is redacted too.
+    let late = json!({"type": "events.iterate.com/stream/subscription-configured",
+        "payload": {"subscriptionKey": "late", "filter": {"eventTypes": ["events.example/signed-up"]},
+            "receiver": {"action": "copy-to-stream", "receivingStreamPath": "/users-late",
+                "delivery": {"start": "beginning", "onFailingEvent": "halt"}}}});
+    append(&s, USERS, json!([late])).await;
+    let late_stream = "/v1/projects/acme/streams/users-late";
+    wait_for("three late copies", Duration::from_secs(20), async || {
+        s.get(&format!("{late_stream}:events?limit=10")).await.1["events"]
+            .as_array()
+            .is_some_and(|e| e.len() >= 4)
+    })
+    .await;
+    let late_copies = s.all_events(late_stream).await;
+    let late_copy = late_copies
+        .iter()
+        .find(|e| e["source"]["copiedFrom"][0]["offset"] == offset)
+        .expect("the late copy of the redacted event");
+    assert_eq!(late_copy["payload"], Value::Null, "{late_copy}");
+    assert_eq!(late_copy["metadata"], Value::Null, "{late_copy}");
+    assert_eq!(late_copy["redacted"]["reason"], "erasure request");
+    // A caller cannot forge a redaction mark.
+    let (status, out) = s
+        .post(
+            &format!("{USERS}:append"),
+            json!({"events": [{"type": "events.example/signed-up",
+                "redacted": {"at": "2026-01-01T00:00:00.000Z", "reason": "forged"}}]}),
+        )
+        .await;
+    assert_eq!(status, 403, "{out}");
+
     // Gone from the database's live rows, not only from the API (the
     // files themselves: the test below).
     let left = s.db().query_i64(&format!(

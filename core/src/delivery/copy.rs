@@ -254,6 +254,7 @@ pub fn plan_copy(
             offset: None,
             source: Some(EventSource::copied(copied_from)),
             trace: event.trace.clone(),
+            redacted: event.redacted.clone(),
         });
     }
     if let (Some(first), Some(last)) = (dropped.first(), dropped.last()) {
@@ -284,6 +285,7 @@ pub fn plan_copy(
             offset: None,
             source: None,
             trace: None,
+            redacted: None,
         });
     }
     let outcome = CopyOutcome {

@@ -368,17 +368,19 @@ pub fn plan_append(
                 ));
             }
         }
+        // A copy of a redacted event keeps no content.
+        let kept = e.redacted.is_none();
         let event = Event {
             offset,
             event_type: e.event_type.clone(),
-            payload: e.payload.clone().unwrap_or_default(),
-            metadata: e.metadata.clone().filter(|m| !m.is_empty()),
+            payload: e.payload.clone().filter(|_| kept).unwrap_or_default(),
+            metadata: e.metadata.clone().filter(|m| kept && !m.is_empty()),
             idempotency_key: key,
             created_at: ctx.now.to_string(),
             source: e.source.clone().filter(|s| !s.is_empty()),
             trace: e.trace.clone().and_then(crate::trace::Trace::checked),
             ephemeral: e.ephemeral.unwrap_or(false),
-            redacted: None,
+            redacted: e.redacted.clone(),
         };
         current.reduce(&event);
         assert_eq!(
@@ -458,9 +460,11 @@ fn created_event(ctx: &mut AppendContext<'_>) -> Event {
 /// Whether a retried input matches the event that holds its key.
 pub fn is_same_event(original: &Event, input: &EventInput) -> bool {
     let empty = Map::new();
-    if original.redacted.is_some() {
-        // Its content is gone: a retry of its key is taken as the same
-        // event (it was accepted once; the key still deduplicates).
+    if original.redacted.is_some() || input.redacted.is_some() {
+        // Content is gone on one side (the event was redacted since, or a
+        // copy is delivered again after its source was): a retry of its key
+        // is taken as the same event (it was accepted once; the key still
+        // deduplicates).
         return original.event_type == input.event_type
             && original.ephemeral == input.ephemeral.unwrap_or(false);
     }
@@ -533,6 +537,12 @@ pub fn validate_input(i: usize, e: &EventInput, authority: Authority) -> Result<
     if authority != Authority::Platform && copied {
         return Err(Error::platform_authored(format!(
             "events[{i}] carries source.copiedFrom, which is platform-authored"
+        )));
+    }
+    if authority != Authority::Platform && e.redacted.is_some() {
+        return Err(Error::platform_authored(format!(
+            "events[{i}] carries redacted, which is platform-authored (redact a stored event \
+             with :redact)"
         )));
     }
     if authority == Authority::Public && from_effect {

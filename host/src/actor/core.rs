@@ -1628,6 +1628,7 @@ impl ActorCore {
                 offset: None,
                 source: None,
                 trace: None,
+                redacted: None,
             }],
             expected_stream_id: None,
         };

@@ -701,6 +701,7 @@ async fn execute(
                     }),
                 }),
                 trace,
+                redacted: None,
             };
             append(exec, &address, event, Authority::Effect)
                 .await
@@ -821,6 +822,7 @@ async fn append_error_line(exec: &Executors, row: &EffectRow, error: &str) -> Re
         offset: None,
         source: None,
         trace: None,
+        redacted: None,
     };
     append(exec, &address, event, Authority::Platform)
         .await

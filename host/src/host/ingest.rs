@@ -262,6 +262,7 @@ impl Host {
                 offset: None,
                 source: None,
                 trace: None,
+                redacted: None,
             };
             let input = AppendInput {
                 events: vec![line],

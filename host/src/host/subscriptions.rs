@@ -189,6 +189,7 @@ fn event(event_type: &str, payload: Value, idempotency_key: Option<String>) -> E
         offset: None,
         source: None,
         trace: None,
+        redacted: None,
     }
 }
 

@@ -46,6 +46,7 @@ pub async fn resume_halted(
                 offset: None,
                 source: None,
                 trace: None,
+                redacted: None,
             };
             let input = AppendInput {
                 events: vec![event],
