@@ -24,6 +24,12 @@ export interface Event<P = any> {
   idempotencyKey?: string;
   /** Where the platform copied it from, or which effect appended it. */
   source?: Json;
+  /**
+   * Set when its payload and metadata were erased (`:redact`); its
+   * `payload` is then `null`: a fold decides what a redacted event means
+   * to it (a refold meets it as redacted).
+   */
+  redacted?: { at: string; reason: string };
 }
 
 /**

@@ -120,6 +120,11 @@ pub struct Event {
     /// "checkpointOffset"}`).
     #[serde(default)]
     pub source: Option<Value>,
+    /// Set when its payload and metadata were erased (`:redact`):
+    /// `{"at", "reason"}`. Its payload is then `null`: a fold decides what
+    /// a redacted event means to it (a refold meets it as redacted).
+    #[serde(default)]
+    pub redacted: Option<Value>,
 }
 
 impl Event {
@@ -135,14 +140,59 @@ impl Event {
         self.source.as_ref()?.get("effect")?.get("key")?.as_str()
     }
 
-    /// The payload as a typed value.
+    /// Whether its payload and metadata were erased (`:redact`).
+    pub fn is_redacted(&self) -> bool {
+        self.redacted.is_some()
+    }
+
+    /// The payload as a typed value (a redacted event's fails, saying so).
     pub fn payload_as<T: DeserializeOwned>(&self) -> Result<T, Failure> {
+        if let Some(r) = &self.redacted {
+            return Err(Failure::fatal(format!(
+                "the {} event at offset {} was redacted ({}): its payload is gone; check \
+                 `is_redacted()` before reading it",
+                self.event_type,
+                self.offset,
+                r.get("reason")
+                    .and_then(Value::as_str)
+                    .unwrap_or("no reason given")
+            )));
+        }
         serde_json::from_value(self.payload.clone()).map_err(|e| {
             Failure::fatal(format!(
                 "the payload of the {} event at offset {} does not fit: {e}",
                 self.event_type, self.offset
             ))
         })
+    }
+}
+
+#[cfg(test)]
+mod event_tests {
+    use super::Event;
+
+    #[test]
+    fn a_redacted_event_reads_as_redacted_and_its_typed_payload_says_so() {
+        let plain: Event = serde_json::from_str(
+            r#"{"offset": 3, "type": "x.y/paid", "payload": {"n": 5}, "createdAt": "t"}"#,
+        )
+        .unwrap();
+        assert!(!plain.is_redacted());
+        assert_eq!(plain.payload_as::<serde_json::Value>().unwrap()["n"], 5);
+        let redacted: Event = serde_json::from_str(
+            r#"{"offset": 3, "type": "x.y/paid", "payload": null, "metadata": null,
+                "createdAt": "t", "redacted": {"at": "t2", "reason": "erasure request"}}"#,
+        )
+        .unwrap();
+        assert!(redacted.is_redacted());
+        assert!(redacted.payload.is_null() && redacted.metadata.is_none());
+        let e = redacted.payload_as::<serde_json::Value>().unwrap_err();
+        assert!(
+            e.message
+                .contains("offset 3 was redacted (erasure request)"),
+            "{}",
+            e.message
+        );
     }
 }
 

@@ -71,6 +71,14 @@ class Event:
     metadata: Any = None
     idempotency_key: Optional[str] = None
     source: Any = None
+    # Set when its payload and metadata were erased (`:redact`):
+    # {"at", "reason"}; its payload is then None.
+    redacted: Optional[dict] = None
+
+    @property
+    def is_redacted(self) -> bool:
+        """Whether its payload and metadata were erased (`:redact`)."""
+        return self.redacted is not None
 
     @property
     def created_ms(self) -> int:
@@ -93,6 +101,7 @@ class Event:
             metadata=raw.get("metadata"),
             idempotency_key=raw.get("idempotencyKey"),
             source=raw.get("source"),
+            redacted=raw.get("redacted"),
         )
 
 
