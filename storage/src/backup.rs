@@ -97,10 +97,10 @@ pub(crate) fn vacuum_into(db_path: &Path, to: &Path) -> Result<BackupSummary> {
     result
 }
 
-/// Where a backup to `to` is written until it is complete: beside it (the
-/// same file system, so the rename is atomic), under a name no other backup
-/// uses.
-fn partial_path(to: &Path) -> Result<PathBuf> {
+/// Where a file meant for `to` is written until it is complete: beside it
+/// (the same file system, so the rename is atomic), under a name no other
+/// writer uses.
+pub fn partial_path(to: &Path) -> Result<PathBuf> {
     let name = to
         .file_name()
         .ok_or_else(|| anyhow!("{} names no file", to.display()))?

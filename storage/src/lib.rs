@@ -31,7 +31,9 @@ use serde::Deserialize;
 
 use sql::{args, Db, PgConn, Row};
 
-pub use backup::{backup_failed_full, check_backup, sync_dir_of, BackupSummary, BackupUnavailable};
+pub use backup::{
+    backup_failed_full, check_backup, partial_path, sync_dir_of, BackupSummary, BackupUnavailable,
+};
 pub use effects::{
     DestinationRoom, EffectInsert, EffectOp, EffectQuery, EffectRow, EffectSource, NewEffect,
 };

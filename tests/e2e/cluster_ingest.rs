@@ -11,8 +11,8 @@ use serde_json::{json, Value};
 use crate::cluster::{cluster_rows, on_sqlite};
 use crate::ingest::{
     control_events, halted_subscription, ingest_status, messages_in, numbered_orders, order,
-    publish, publish_orders, set_paused, wait_halts, wait_jetstream_empty, wait_orders, BRIDGED,
-    INGEST, RESUME_SUBJECT, STREAM,
+    publish_orders, publish_resume, set_paused, wait_halts, wait_jetstream_empty, wait_orders,
+    BRIDGED, INGEST, STREAM,
 };
 use crate::support::{wait_for, NatsServer, Server};
 
@@ -209,13 +209,7 @@ async fn a_resume_message_resumes_a_subscription_of_a_stream_the_other_host_owns
     assert!(other_row["streams"].as_u64() >= Some(1), "{cluster}");
 
     let js = nats.jetstream().await;
-    publish(
-        &js,
-        RESUME_SUBJECT,
-        Some("resume-1"),
-        br#"{"subscriptionKey": "h"}"#,
-    )
-    .await;
+    publish_resume(&js, "resume-1").await;
     // The bridge's host resumed it through its owner, once.
     wait_halts(other, 2).await;
     let resumed = control_events(runner, "resumed").await;

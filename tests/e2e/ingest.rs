@@ -1093,6 +1093,17 @@ pub(crate) async fn wait_halts(server: &Server, n: usize) {
 
 pub(crate) const RESUME_SUBJECT: &str = "streamhost.acme.resume.orders.eu";
 
+/// Publishes a resume of subscription `h` of `BRIDGED` keyed `msg_id`.
+pub(crate) async fn publish_resume(js: &jetstream::Context, msg_id: &str) {
+    publish(
+        js,
+        RESUME_SUBJECT,
+        Some(msg_id),
+        br#"{"subscriptionKey": "h"}"#,
+    )
+    .await;
+}
+
 #[tokio::test]
 async fn a_resume_message_resumes_a_halted_subscription_once_through_its_own_consumer() {
     let nats = NatsServer::start();
@@ -1121,13 +1132,7 @@ async fn a_resume_message_resumes_a_halted_subscription_once_through_its_own_con
     }
 
     halted_subscription(&server).await;
-    publish(
-        &js,
-        RESUME_SUBJECT,
-        Some("resume-1"),
-        br#"{"subscriptionKey": "h"}"#,
-    )
-    .await;
+    publish_resume(&js, "resume-1").await;
     // Resumed: it delivers again (and its transform halts it again).
     wait_halts(&server, 2).await;
     let resumed = control_events(&server, "resumed").await;

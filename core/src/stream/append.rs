@@ -89,7 +89,7 @@ pub struct AppendContext<'a> {
     /// Committed events holding idempotency keys of this request, by key.
     pub committed_by_key: &'a HashMap<String, Event>,
     /// Committed `subscription-configured` events this request may repeat, by
-    /// offset (see `configure_offsets`).
+    /// offset (see `lookup_offsets`).
     pub committed_by_offset: &'a HashMap<u64, Event>,
 }
 
@@ -97,7 +97,7 @@ pub struct AppendContext<'a> {
 /// loads before planning: the configure events that its configure events
 /// would repeat (an identical re-configure answers with the existing
 /// event), and the events its `event-redacted` events redact.
-pub fn configure_offsets(state: Option<&CoreState>, input: &AppendInput) -> Vec<u64> {
+pub fn lookup_offsets(state: Option<&CoreState>, input: &AppendInput) -> Vec<u64> {
     let Some(state) = state else {
         return Vec::new();
     };

@@ -15,9 +15,9 @@ pub use crate::event::{
 };
 pub use address::{canonicalize_path, validate_project, Namespace, StreamAddress, PATH_BYTES_MAX};
 #[doc(hidden)]
-pub use append::{configure_offsets, is_same_event, validate_input};
-#[doc(hidden)]
 pub use append::{displaced_key, held_by_a_caller, PLATFORM_KEY_PREFIXES};
+#[doc(hidden)]
+pub use append::{is_same_event, lookup_offsets, validate_input};
 pub use append::{plan_append, AppendContext, AppendPlan, Authority, APPEND_EVENTS_MAX};
 pub use control::{validate_control, ControlContext};
 pub use read::{

@@ -39,8 +39,8 @@ use crate::storage::{
     CommitError, CursorRow, NewStream, StoredEvent, StreamCommit, StreamRef, WriteOp,
 };
 use crate::stream::{
-    configure_offsets, plan_append, AppendContext, AppendInput, AppendOutput, AppendPlan,
-    Authority, CoreState, Event, ReadOutput, ReadQuery, StreamAddress, EPHEMERAL_BYTES_MAX,
+    lookup_offsets, plan_append, AppendContext, AppendInput, AppendOutput, AppendPlan, Authority,
+    CoreState, Event, ReadOutput, ReadQuery, StreamAddress, EPHEMERAL_BYTES_MAX,
 };
 
 /// Seconds a caller waits after `503 storage-full` before retrying.
@@ -1041,7 +1041,7 @@ impl ActorCore {
                             .iter()
                             .filter_map(|e| e.idempotency_key.clone()),
                     );
-                    offsets.extend(configure_offsets(Some(&stream.state), input));
+                    offsets.extend(lookup_offsets(Some(&stream.state), input));
                 }
                 Pending::Deliver { batch, .. } => {
                     keys.extend(crate::delivery::copy::batch_keys(batch, &self.address))

@@ -47,7 +47,7 @@ pub(super) async fn backup(a: BackupArgs) -> Result<()> {
         let text = response.text().await.context("reading the answer")?;
         return Err(api_error(status, &text));
     }
-    let partial = partial_beside(&to)?;
+    let partial = crate::storage::partial_path(&to)?;
     let kept = download(response, &partial, &to).await;
     if kept.is_err() {
         let _ = std::fs::remove_file(&partial);
@@ -96,15 +96,6 @@ async fn download(
     Ok(summary)
 }
 
-/// A name beside `to` for a file being written, used by nothing else.
-fn partial_beside(to: &std::path::Path) -> Result<PathBuf> {
-    let name = to
-        .file_name()
-        .with_context(|| format!("{} names no file", to.display()))?
-        .to_string_lossy();
-    Ok(to.with_file_name(format!(".{name}.partial-{}", std::process::id())))
-}
-
 /// `streamhost restore`.
 pub(super) fn restore(a: RestoreArgs) -> Result<()> {
     let summary = crate::storage::check_backup(&a.from)?;
@@ -121,7 +112,7 @@ pub(super) fn restore(a: RestoreArgs) -> Result<()> {
     }
     std::fs::create_dir_all(&a.data_dir)
         .with_context(|| format!("creating {}", a.data_dir.display()))?;
-    let partial = partial_beside(&db)?;
+    let partial = crate::storage::partial_path(&db)?;
     let copied = (|| -> Result<()> {
         std::fs::copy(&a.from, &partial)
             .with_context(|| format!("copying {} to {}", a.from.display(), partial.display()))?;

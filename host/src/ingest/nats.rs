@@ -842,11 +842,7 @@ impl Bridge {
         if self.queued.contains(&sequence) {
             return Ok(());
         }
-        let msg_id = message
-            .headers
-            .as_ref()
-            .and_then(|h| h.get(async_nats::header::NATS_MESSAGE_ID))
-            .map(|v| v.as_str().to_string());
+        let msg_id = msg_id_of(&message);
         let parsed = parse_subject(message.subject.as_str()).and_then(|address| {
             event_from_message(
                 msg_id.as_deref(),
@@ -1167,11 +1163,7 @@ impl Bridge {
             .info()
             .map_err(|e| format!("a message without JetStream metadata: {e}"))?;
         let (sequence, delivered) = (info.stream_sequence, info.delivered);
-        let msg_id = message
-            .headers
-            .as_ref()
-            .and_then(|h| h.get(async_nats::header::NATS_MESSAGE_ID))
-            .map(|v| v.as_str().to_string());
+        let msg_id = msg_id_of(&message);
         let (address, key, id) =
             match resume_from_message(message.subject.as_str(), msg_id, &message.payload) {
                 Ok(r) => r,
@@ -1241,6 +1233,15 @@ impl Bridge {
         }
         Ok(())
     }
+}
+
+/// A message's `Nats-Msg-Id` header, if it has one.
+fn msg_id_of(message: &jetstream::Message) -> Option<String> {
+    message
+        .headers
+        .as_ref()
+        .and_then(|h| h.get(async_nats::header::NATS_MESSAGE_ID))
+        .map(|v| v.as_str().to_string())
 }
 
 /// What a resume message asks: the stream its subject names
