@@ -146,11 +146,12 @@ pub struct LimitsConfig {
     /// scan, a key listing (4 MiB). A read always holds at least one event
     /// or key; a shorter page is continued from its last offset or key.
     pub max_read_bytes: usize,
-    /// The bytes one project's stored events may take over all its streams
-    /// (each event's type, idempotency key and body; none: unbounded). At
-    /// the bound its appends, ingest, copies into it and effect appends
-    /// are refused with `507 project-storage-full`; the platform's own
-    /// facts (halts, resumes) still land.
+    /// The bytes one project may store (none: unbounded): its events over
+    /// all its streams (each event's type, idempotency key and body), its
+    /// processors' keyed state and its components' versions. At the bound
+    /// its appends, ingest, copies into it, effect appends, keyed writes
+    /// and deploys are refused with `507 project-storage-full`; the
+    /// platform's own facts (halts, resumes) still land.
     pub max_project_bytes: Option<u64>,
 }
 

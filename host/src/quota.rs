@@ -164,11 +164,13 @@ impl EphemeralMemory {
     }
 }
 
-/// The bytes of each project's stored events, against `[limits]
-/// max-project-bytes`: read from storage (`streams.bytes` summed) when the
-/// host opens and every few seconds after (what other hosts and the
-/// platform's own appends wrote), and counted up by every append it admits
-/// in between, so that a burst cannot run far past the bound.
+/// The bytes each project stores (its events, its processors' keyed state
+/// and its components' versions), against `[limits] max-project-bytes`:
+/// read from storage when the host opens and every few seconds after (what
+/// other hosts and the platform's own appends wrote, what overwrites and
+/// deletes gave back), and counted up by every append, keyed write and
+/// deploy it admits in between, so that a burst cannot run far past the
+/// bound.
 #[derive(Debug)]
 pub struct StoredBytes {
     max: Option<u64>,
@@ -232,9 +234,9 @@ impl StoredBytes {
                 ErrorKind::InsufficientStorage,
                 "project-storage-full",
                 format!(
-                    "project {project:?} stores {} bytes of events, and {bytes} more would pass \
-                     its bound of {max} bytes ([limits] max-project-bytes): nothing of this \
-                     was stored",
+                    "project {project:?} stores {} bytes (events, keyed state and components), \
+                     and {bytes} more would pass its bound of {max} bytes ([limits] \
+                     max-project-bytes): nothing of this was stored",
                     *stored
                 ),
             ));

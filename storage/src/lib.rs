@@ -951,16 +951,56 @@ impl Storage {
         })
     }
 
-    /// The bytes each project's stored events take (`streams.bytes`
-    /// summed), for `[limits] max-project-bytes`.
+    /// The bytes each project stores, for `[limits] max-project-bytes`:
+    /// its events (`streams.bytes` summed), its processors' keyed state
+    /// (each key and value of the buckets their checkpoints name) and its
+    /// components (each version it keeps, once per digest), by project.
     pub fn project_bytes(&self) -> Result<Vec<(String, u64)>> {
-        self.with_reader(|db| {
-            db.query_all(
+        let parts = self.with_reader(|db| {
+            let row = |r: &Row<'_>| Ok((r.text(0)?, r.int(1)?.max(0) as u64));
+            let mut all = db.query_all(
                 "SELECT project, CAST(SUM(bytes) AS BIGINT) FROM streams GROUP BY project",
                 args![],
-                |r| Ok((r.text(0)?, r.int(1)?.max(0) as u64)),
-            )
-        })
+                row,
+            )?;
+            // (A key is text: its bytes, not its characters.)
+            all.extend(db.query_all(
+                db.pick(
+                    "SELECT s.project, CAST(SUM(length(CAST(k.key AS BLOB)) + length(k.value)) AS BIGINT)
+                     FROM processor_checkpoints c
+                     JOIN streams s ON s.id = c.stream
+                     JOIN processor_keys k ON k.bucket = c.bucket
+                     WHERE c.bucket <> 0 GROUP BY s.project",
+                    "SELECT s.project, CAST(SUM(octet_length(k.key) + octet_length(k.value)) AS BIGINT)
+                     FROM processor_checkpoints c
+                     JOIN streams s ON s.id = c.stream
+                     JOIN processor_keys k ON k.bucket = c.bucket
+                     WHERE c.bucket <> 0 GROUP BY s.project",
+                ),
+                args![],
+                row,
+            )?);
+            all.extend(db.query_all(
+                db.pick(
+                    "SELECT v.project, CAST(SUM(length(b.bytes)) AS BIGINT)
+                     FROM (SELECT project, digest FROM component_versions
+                           UNION SELECT project, digest FROM components) v
+                     JOIN component_blobs b ON b.digest = v.digest GROUP BY v.project",
+                    "SELECT v.project, CAST(SUM(octet_length(b.bytes)) AS BIGINT)
+                     FROM (SELECT project, digest FROM component_versions
+                           UNION SELECT project, digest FROM components) v
+                     JOIN component_blobs b ON b.digest = v.digest GROUP BY v.project",
+                ),
+                args![],
+                row,
+            )?);
+            Ok(all)
+        })?;
+        let mut by_project = std::collections::BTreeMap::<String, u64>::new();
+        for (project, bytes) in parts {
+            *by_project.entry(project).or_default() += bytes;
+        }
+        Ok(by_project.into_iter().collect())
     }
 
     /// Where someone is needed, in `project` (`None`: every project):

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use crate::support::{assert_error, wait_for, Server};
+use crate::support::{assert_error, guest, wait_for, Server};
 
 const A: &str = "/v1/projects/acme/streams";
 const B: &str = "/v1/projects/beta/streams";
@@ -155,4 +155,100 @@ async fn a_wiped_stream_gives_its_room_back_within_seconds() {
         },
     )
     .await;
+}
+
+/// A project's processors' keyed state and its components' versions count
+/// against its bound as its events do: a deploy past it is refused with
+/// `507 project-storage-full`; a wake whose keyed writes would pass it
+/// fails, is retried, and halts naming the bound, storing none of them;
+/// another project deploys on; the count read back from storage after a
+/// restart holds the keys and the components.
+#[tokio::test]
+async fn keyed_state_and_components_count_against_the_projects_bound() {
+    let (ledger, counter, totals) = (guest("ledger"), guest("counter"), guest("order_totals"));
+    let components = (ledger.len() + counter.len()) as u64;
+    // Room for one import of 10,000 accounts (`balance/acct-1xxxxx` and
+    // `1`: 200,000 bytes of keys) beside the two components and a few
+    // events; not for a second, nor for a third component after one.
+    let bound = components + 300_000;
+    assert!(
+        totals.len() > 100_000,
+        "order_totals is {} bytes",
+        totals.len()
+    );
+    let config = format!(
+        "[limits]\nmax-project-bytes = {bound}\n\n[delivery]\nmax-attempts = 2\n\
+         backoff-base-ms = 200\nbackoff-max-ms = 200\ntimeout-ms = 10000\n"
+    );
+    let mut s = Server::start_with(Some(&config), &[]);
+    for (name, bytes) in [("ledger", ledger.clone()), ("counter", counter)] {
+        let (status, out) = s.deploy("acme", name, bytes).await;
+        assert!(status == 200 || status == 201, "{out}");
+    }
+    let stream = format!("{A}/bank");
+    let (status, out) = s
+        .post(
+            &format!("{stream}:append"),
+            json!({"events": [{"type": "events.iterate.com/stream/subscription-configured",
+                "payload": {"subscriptionKey": "ledger",
+                    "receiver": {"action": "processor-wake",
+                        "expression": ["components", ["get", "ledger"], "wake"]}}}]}),
+        )
+        .await;
+    assert_eq!(status, 200, "{out}");
+    let import = |from: u64| {
+        json!({"events": [{"type": "imported",
+            "payload": {"from": from, "count": 10_000, "cents": 1}}]})
+    };
+    let (status, out) = s.post(&format!("{stream}:append"), import(100_000)).await;
+    assert_eq!(status, 200, "{out}");
+    crate::processors::caught_up(&s, &stream, "ledger").await;
+    let accounts = async |prefix: &str| {
+        let (status, keys) = s
+            .get(&format!(
+                "{stream}:processors/ledger/keys?prefix=balance%2F{prefix}&limit=1"
+            ))
+            .await;
+        assert_eq!(status, 200, "{keys}");
+        keys["keys"].as_array().map_or(0, Vec::len)
+    };
+    assert_eq!(accounts("acct-1").await, 1, "the first import's accounts");
+
+    // A third component does not fit: refused, naming the project.
+    let refused = s.deploy("acme", "totals", totals.clone()).await;
+    assert_error(&refused, 507, "project-storage-full", "acme");
+    assert!(
+        refused.1["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("keyed state") && m.contains(&bound.to_string())),
+        "{}",
+        refused.1
+    );
+    let (status, _) = s.get("/v1/projects/acme/components/totals").await;
+    assert_eq!(status, 404, "the refused deploy stored nothing");
+
+    // A second import does not fit either: its wake fails, is retried,
+    // and halts naming the bound; none of its accounts is stored.
+    let (status, out) = s.post(&format!("{stream}:append"), import(200_000)).await;
+    assert_eq!(status, 200, "{out}");
+    let halted = s
+        .wait_halted(&stream, "ledger", Duration::from_secs(30))
+        .await;
+    assert!(
+        halted["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("max-project-bytes") && e.contains("keyed state")),
+        "{halted}"
+    );
+    assert_eq!(accounts("acct-2").await, 0, "the refused import's accounts");
+
+    // Another project deploys on.
+    let (status, out) = s.deploy("beta", "totals", totals.clone()).await;
+    assert!(status == 200 || status == 201, "{out}");
+
+    // After a restart the count is storage's (keys and components, besides
+    // the events): still no room for the third component.
+    s.restart();
+    let after = s.deploy("acme", "totals", totals).await;
+    assert_error(&after, 507, "project-storage-full", "acme");
 }

@@ -150,6 +150,7 @@ impl Streams {
                     secrets: Default::default(),
                     clock: clock.clone(),
                     destinations: settings.destinations,
+                    stored: settings.stored.clone(),
                 },
                 storage,
                 clock,

@@ -97,6 +97,9 @@ pub struct Executors {
     pub secrets: signature::SecretCache,
     /// The host's clock (a signed webhook's timestamp).
     pub clock: Arc<dyn crate::clock::Clock>,
+    /// What each project stores, against `[limits] max-project-bytes`: a
+    /// wake's keyed writes are admitted before they commit.
+    pub stored: Arc<crate::quota::StoredBytes>,
     /// Webhook POSTs at once per destination, deliveries and effects
     /// alike (`[effects] per-destination-concurrency`).
     pub destinations: Arc<crate::processor::share::Shares>,

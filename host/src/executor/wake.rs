@@ -46,6 +46,8 @@ pub async fn send(
         seen: seen.clone(),
     };
     let storage = exec.storage.clone();
+    let stored = exec.stored.clone();
+    let owner = project.to_string();
     let name = component.to_string();
     let started = std::time::Instant::now();
     let (telemetry, wall_start) = (&exec.telemetry, std::time::SystemTime::now());
@@ -65,6 +67,18 @@ pub async fn send(
                     true,
                 ));
             }
+            // Its keyed writes count against the project's stored bytes
+            // (an overwrite or a delete is counted as written until the
+            // next count from storage): a project at its bound fails the
+            // wake, which is retried like any failure, then halts.
+            stored
+                .admit(&owner, keyed_bytes(&woken.checkpoint.keys))
+                .map_err(|e| {
+                    Failure::new(
+                        format!("the keyed state of processor {name:?} was not stored: {}", e.message),
+                        true,
+                    )
+                })?;
             let through = woken.checkpoint.offset;
             let has_effects = !woken.checkpoint.effects.is_empty();
             let bytes = woken.checkpoint.state.len();
@@ -143,4 +157,12 @@ pub async fn send(
     // Best effort: the failure itself is what the run reports.
     let _ = exec.storage.submit(WriteOp::ProcessorFailure(record)).await;
     Err(failure)
+}
+
+/// The bytes a fold's keyed writes store: each written key and value.
+fn keyed_bytes(writes: &crate::storage::KeyWrites) -> u64 {
+    writes
+        .iter()
+        .filter_map(|(k, v)| v.as_ref().map(|v| (k.len() + v.len()) as u64))
+        .sum()
 }

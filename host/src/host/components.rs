@@ -219,9 +219,15 @@ impl Host {
         let runtime = self.streams.wasm_runtime().clone();
         // Validated without compiling: the deploy answers in a fraction of
         // a second and the compile goes on in the background (below).
-        let (exports, bytes, digest) = tokio::task::spawn_blocking(move || {
+        let (storage, (p, n)) = (
+            self.streams.storage().clone(),
+            (project.clone(), name.clone()),
+        );
+        let (exports, bytes, digest, current) = tokio::task::spawn_blocking(move || {
             let digest = crate::processor::runtime::digest(&bytes);
-            runtime.check(&bytes).map(|e| (e, bytes, digest))
+            // (The version deployed now: the same bytes again store nothing.)
+            let current = storage.component(&p, &n).ok().flatten().map(|c| c.digest);
+            runtime.check(&bytes).map(|e| (e, bytes, digest, current))
         })
         .await
         .map_err(|e| Error::internal(format!("validating the component panicked: {e}")))?
@@ -229,6 +235,12 @@ impl Host {
         if mode.is_shadow() {
             // A shadow folds beside the current version: there must be one.
             self.component(&project, &name).await?;
+        }
+        // A new version's bytes count against the project's stored bytes
+        // (`507 project-storage-full` at its bound; the same bytes again
+        // store nothing).
+        if current.as_ref() != Some(&digest) {
+            self.streams.stored().admit(&project, bytes.len() as u64)?;
         }
         let deployment = Deployment {
             project: project.clone(),
