@@ -573,26 +573,33 @@ impl Host {
     }
 }
 
-/// How often each project's stored bytes are read from storage again.
+/// How often each project's stored bytes are read from storage again, at
+/// most.
 const STORED_BYTES_REFRESH: std::time::Duration = std::time::Duration::from_secs(2);
 
+/// A count from storage waits at least this many times as long as the last
+/// one took: its share of a reader stays at most 1/20 however many keys
+/// the processors keep (the keyed state is summed key by key).
+const STORED_BYTES_REST: u32 = 20;
+
 /// Reads each project's stored bytes from storage every
-/// [`STORED_BYTES_REFRESH`] (what other hosts and the platform's own
-/// appends wrote; what this host admitted meanwhile was counted as it was
-/// admitted), until the registry is gone.
+/// [`STORED_BYTES_REFRESH`] or [`STORED_BYTES_REST`] times the last count's
+/// time, whichever is longer (what other hosts and the platform's own
+/// appends wrote, what overwrites and deletes gave back; what this host
+/// admitted meanwhile was counted as it was admitted), until the registry
+/// is gone.
 fn refresh_stored_bytes(streams: crate::actor::StreamsRef, stored: Arc<crate::quota::StoredBytes>) {
     tokio::spawn(async move {
-        let mut tick = tokio::time::interval(STORED_BYTES_REFRESH);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        // (The first tick is at once: the host counted when it opened.)
-        tick.tick().await;
+        // (The host counted when it opened.)
+        let mut rest = STORED_BYTES_REFRESH;
         loop {
-            tick.tick().await;
+            tokio::time::sleep(rest).await;
             let Some(streams) = streams.upgrade() else {
                 return;
             };
             let storage = streams.storage().clone();
             drop(streams);
+            let started = std::time::Instant::now();
             match tokio::task::spawn_blocking(move || storage.project_bytes()).await {
                 Ok(Ok(usage)) => stored.refresh(usage),
                 Ok(Err(e)) => {
@@ -600,6 +607,7 @@ fn refresh_stored_bytes(streams: crate::actor::StreamsRef, stored: Arc<crate::qu
                 }
                 Err(_) => {}
             }
+            rest = STORED_BYTES_REFRESH.max(started.elapsed() * STORED_BYTES_REST);
         }
     });
 }
