@@ -252,3 +252,38 @@ async fn backup_and_restore_refuse_what_they_cannot_do_whole_and_leave_nothing_h
     assert!(left.is_empty(), "{left:?}");
     server.stop();
 }
+
+/// What a backup for `GET /v1/backup` leaves in the data dir when the
+/// server is killed while it is written or sent (its partial copy, a whole
+/// copy not yet unlinked) is removed when the server starts again;
+/// anything else there is left alone, and backups go on.
+#[tokio::test]
+async fn a_backup_interrupted_by_a_kill_leaves_nothing_after_a_restart() {
+    let mut server = Server::start_with(Some(TOKENS), &[]);
+    if postgres_base().is_some() {
+        return; // no backup files on PostgreSQL
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (ok, _, err) = backup_to(&server, &dir.path().join("first.db"), "t-admin");
+    assert!(ok, "{err}");
+    server.kill();
+    let scratch = server.data_dir().join("backups");
+    let left = [
+        ".backup-5f0c6a9e-0000-4000-8000-000000000001.db.partial-4242-17",
+        "backup-5f0c6a9e-0000-4000-8000-000000000002.db",
+    ];
+    for name in left {
+        std::fs::write(scratch.join(name), vec![0u8; 64 * 1024]).unwrap();
+    }
+    std::fs::write(scratch.join("notes.txt"), "not a backup").unwrap();
+    server.restart();
+    for name in left {
+        assert!(!scratch.join(name).exists(), "{name} is still there");
+    }
+    assert!(
+        scratch.join("notes.txt").exists(),
+        "another file was removed"
+    );
+    let (ok, _, err) = backup_to(&server, &dir.path().join("second.db"), "t-admin");
+    assert!(ok, "{err}");
+}

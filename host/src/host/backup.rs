@@ -13,6 +13,40 @@ use super::Host;
 /// the disk was full.
 const FULL_RETRY_AFTER_S: u32 = 5;
 
+/// Where `GET /v1/backup` writes its copy before it answers with it (under
+/// the data dir: the database's file system).
+pub(crate) fn scratch_dir(data_dir: &Path) -> std::path::PathBuf {
+    data_dir.join("backups")
+}
+
+/// Removes what a backup for `GET /v1/backup` left when the server stopped
+/// while it was written or sent (a partial copy, or a whole one never
+/// unlinked): nothing else writes there, and no backup is under way while
+/// the host opens. Answers how many files went.
+pub(super) fn clear_scratch(data_dir: &Path) -> usize {
+    let Ok(entries) = std::fs::read_dir(scratch_dir(data_dir)) else {
+        return 0;
+    };
+    let mut removed = 0;
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if (name.starts_with("backup-") || name.starts_with(".backup-"))
+            && std::fs::remove_file(entry.path()).is_ok()
+        {
+            removed += 1;
+        }
+    }
+    if removed > 0 {
+        tracing::info!(
+            removed,
+            dir = %scratch_dir(data_dir).display(),
+            "removed the files of backups a stop interrupted"
+        );
+    }
+    removed
+}
+
 impl Host {
     /// Writes a consistent copy of this host's database to `to` (which must
     /// not exist) while appends and everything else go on, checks it

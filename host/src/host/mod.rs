@@ -182,6 +182,7 @@ impl Host {
             ),
         }
         .context("opening storage")?;
+        backup::clear_scratch(&config.data_dir);
         let pending = storage
             .ingest_pending_by_project()
             .context("counting pending ingest")?;

@@ -33,7 +33,7 @@ async fn take(host: &Host, headers: &HeaderMap) -> Result<Response, ApiError> {
     // surely fits less often than not in a temporary one), read back as
     // the answer: the file is unlinked once open, so it goes with the
     // answer whatever happens to the connection.
-    let dir = host.config().data_dir.join("backups");
+    let dir = crate::host::backup::scratch_dir(&host.config().data_dir);
     tokio::fs::create_dir_all(&dir)
         .await
         .map_err(|e| crate::error::Error::internal(format!("creating {}: {e}", dir.display())))?;
