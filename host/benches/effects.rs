@@ -12,17 +12,18 @@
 //! - throughput, targets committed per second, catching up on a pre-filled
 //!   log of events that each ask for one append effect;
 //! - the disk's raw fsync rate, measured in the same run;
-//! - a plain outbox relay on the same database (SQLite): the same append
-//!   effects stored pending, leased in batches of 64 (one commit), their
-//!   events appended and the effects settled (one commit) by a minimal loop
-//!   on one connection, the bound the executor is measured against.
+//! - a plain outbox relay on the same database (SQLite, and PostgreSQL
+//!   with `STREAMHOST_BENCH_POSTGRES`): the same append effects stored
+//!   pending, leased in batches of 64 (one commit), their events appended
+//!   and the effects settled (one commit) by a minimal loop on one
+//!   connection, the bound the executor is measured against.
 //!
 //! Options (after `--`): `--rate N` appends/s (default 200), `--seconds S`
 //! of steady appends (default 4), `--events N` per throughput run (5000),
 //! `--concurrency N` effects at once (`[effects] concurrency`; default: the
 //! configuration's, 64, of which one project takes all but a share's worth).
 //! `STREAMHOST_BENCH_POSTGRES=postgres://…` also runs the throughput rows
-//! on a fresh PostgreSQL database of that server.
+//! and the plain relay on fresh PostgreSQL databases of that server.
 //! Needs the guests built: `cargo build --release --target wasm32-wasip2
 //! --manifest-path examples/processors/Cargo.toml` (scripts/test does it).
 
@@ -366,6 +367,147 @@ fn plain_relay(events: usize, rt: &tokio::runtime::Runtime) -> f64 {
     events as f64 / start.elapsed().as_secs_f64()
 }
 
+/// The plain outbox relay on PostgreSQL: the same loop as [`plain_relay`]
+/// on a fresh database of the server at `base` (the host's schema; the
+/// lease takes the oldest due rows `FOR UPDATE SKIP LOCKED`; a batch's
+/// events and settlements are one statement each, over arrays), over one
+/// connection; each of its transactions commits as PostgreSQL commits
+/// (`synchronous_commit` as the server has it, on by default).
+fn plain_relay_postgres(events: usize, rt: &tokio::runtime::Runtime, base: &str) -> f64 {
+    let dir = tempfile::tempdir().unwrap();
+    let url = {
+        let base = base.to_string();
+        std::thread::spawn(move || common::fresh_postgres(&base, "streamhost_bench_relay"))
+            .join()
+            .unwrap()
+    };
+    // The host makes the schema and the target stream.
+    rt.block_on(async {
+        let host = Host::open(Config {
+            data_dir: dir.path().to_path_buf(),
+            storage: Some(url.clone()),
+            ..Config::default()
+        })
+        .unwrap();
+        let out = host.stream("bench", OUT).unwrap();
+        host.append(&out, [streamhost::EventInput::new("bench.example/start")])
+            .await
+            .unwrap();
+        std::thread::spawn(move || drop(host)).join().unwrap();
+    });
+    // A blocking client of its own thread (not on the runtime's).
+    std::thread::spawn(move || {
+        let mut db = postgres::Client::connect(&url, postgres::NoTls).expect("PostgreSQL");
+        let row = db
+            .query_one(
+                "SELECT id, stream_id FROM streams WHERE project = 'bench' AND path = $1",
+                &[&OUT],
+            )
+            .unwrap();
+        let (stream, stream_id): (i64, String) = (row.get(0), row.get(1));
+        {
+            let mut tx = db.transaction().unwrap();
+            let insert = tx
+                .prepare(
+                    "INSERT INTO effects (project, path, stream_id, component, effect_key,
+                         checkpoint_offset, target, status, due_at_ms, created_at)
+                     VALUES ('bench', '/bench/src', 's', 'effector', $1, $2, $3, 'pending', 0,
+                         '2026-12-05T00:00:00.000Z')",
+                )
+                .unwrap();
+            for n in 0..events {
+                let target = json!({"append": {"streamPath": OUT, "type": "bench.example/done",
+                    "payload": {"n": n}}});
+                tx.execute(
+                    &insert,
+                    &[&format!("e-{n}"), &(n as i64), &target.to_string()],
+                )
+                .unwrap();
+            }
+            tx.commit().unwrap();
+        }
+        let lease = db
+            .prepare(
+                "UPDATE effects SET status = 'running', attempts = attempts + 1,
+                     lease_id = lease_id + 1, due_at_ms = 30000
+                 WHERE id IN (SELECT id FROM effects WHERE status = 'pending' AND due_at_ms <= 0
+                              ORDER BY due_at_ms, id LIMIT $1 FOR UPDATE SKIP LOCKED)
+                 RETURNING id, effect_key, target",
+            )
+            .unwrap();
+        // A batch's events and settlements are one statement each (arrays),
+        // not a round trip a row.
+        let append = db
+            .prepare(
+                "INSERT INTO events (stream, \"offset\", type, idempotency_key, body)
+                 SELECT $1, o, 'bench.example/done', k, b
+                 FROM unnest($2::bigint[], $3::text[], $4::text[]) AS t(o, k, b)",
+            )
+            .unwrap();
+        let settle = db
+            .prepare(
+                "UPDATE effects SET status = 'succeeded', settled_at = '2026-12-05T00:00:01.000Z'
+                 WHERE id = ANY($1)",
+            )
+            .unwrap();
+        let start = Instant::now();
+        let mut settled = 0;
+        loop {
+            // Lease the oldest due batch.
+            let mut tx = db.transaction().unwrap();
+            let batch: Vec<(i64, String, String)> = tx
+                .query(&lease, &[&(RELAY_BATCH as i64)])
+                .unwrap()
+                .iter()
+                .map(|r| (r.get(0), r.get(1), r.get(2)))
+                .collect();
+            tx.commit().unwrap();
+            if batch.is_empty() {
+                break;
+            }
+            // Append their events and settle them.
+            let mut tx = db.transaction().unwrap();
+            let head: i64 = tx
+                .query_one(
+                    "SELECT head_offset FROM streams WHERE id = $1 FOR UPDATE",
+                    &[&stream],
+                )
+                .unwrap()
+                .get(0);
+            let (mut offsets, mut keys, mut bodies, mut ids) =
+                (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+            for (i, (id, key, target)) in batch.iter().enumerate() {
+                let target: Value = serde_json::from_str(target).unwrap();
+                let offset = head + 1 + i as i64;
+                let idempotency_key = format!("effect:effector:/bench/src:{key}");
+                let body = json!({"offset": offset, "type": target["append"]["type"],
+                    "payload": target["append"]["payload"], "idempotencyKey": idempotency_key,
+                    "createdAt": "2026-12-05T00:00:00.000Z", "streamId": stream_id,
+                    "source": {"effect": {"path": "/bench/src", "streamId": "s",
+                        "component": "effector", "key": key, "checkpointOffset": id}}});
+                offsets.push(offset);
+                keys.push(idempotency_key);
+                bodies.push(body.to_string());
+                ids.push(*id);
+            }
+            tx.execute(&append, &[&stream, &offsets, &keys, &bodies])
+                .unwrap();
+            tx.execute(&settle, &[&ids]).unwrap();
+            tx.execute(
+                "UPDATE streams SET head_offset = $1 WHERE id = $2",
+                &[&(head + batch.len() as i64), &stream],
+            )
+            .unwrap();
+            tx.commit().unwrap();
+            settled += batch.len();
+        }
+        assert_eq!(settled, events);
+        events as f64 / start.elapsed().as_secs_f64()
+    })
+    .join()
+    .unwrap()
+}
+
 fn main() {
     let rate = arg("--rate", 200.0);
     let seconds = arg("--seconds", 4.0);
@@ -427,18 +569,21 @@ fn main() {
             "  append effects run at {:.2}× the copy rate{engine}",
             rates[0] / rates[1]
         );
-        if url.is_none() {
-            eprintln!("plain outbox relay: {events} effects ...");
-            let relay = plain_relay(events, &rt);
+        {
+            eprintln!("plain outbox relay{engine}: {events} effects ...");
+            let relay = match url {
+                None => plain_relay(events, &rt),
+                Some(base) => plain_relay_postgres(events, &rt, base),
+            };
             println!(
                 "{:<28} {:>16} {relay:>10.0} {:>9.1}×",
-                "plain outbox relay",
+                format!("plain outbox relay{engine}"),
                 format!("{events} effects"),
                 relay / fsyncs
             );
             println!(
-                "  append effects run at {:.2}× the plain relay's rate (batches of {RELAY_BATCH}, \
-                 two commits a batch)",
+                "  append effects run at {:.2}× the plain relay's rate{engine} (batches of \
+                 {RELAY_BATCH}, two commits a batch)",
                 rates[0] / relay
             );
         }
