@@ -246,17 +246,13 @@ async fn throughput(kind: Kind, events: usize, postgres: Option<&str>) -> f64 {
 /// default `[effects] concurrency`.
 const RELAY_BATCH: usize = 64;
 
-/// The plain outbox relay on the same database (SQLite, the host's schema,
-/// WAL, `synchronous = FULL`): `events` append effects to one stream stored
-/// pending, then a minimal loop leases the oldest due batch (one commit),
-/// appends their events to the target stream and settles them (one
-/// commit), until none is due. Answers effects settled a second.
-fn plain_relay(events: usize, rt: &tokio::runtime::Runtime) -> f64 {
-    let dir = tempfile::tempdir().unwrap();
-    // The host makes the database and its schema, and the target stream.
+/// Has a host make its storage (in `dir`, or the PostgreSQL database
+/// `storage`) with the relay's target stream, then closes it.
+fn relay_target(rt: &tokio::runtime::Runtime, dir: &Path, storage: Option<String>) {
     rt.block_on(async {
         let host = Host::open(Config {
-            data_dir: dir.path().to_path_buf(),
+            data_dir: dir.to_path_buf(),
+            storage,
             ..Config::default()
         })
         .unwrap();
@@ -266,6 +262,37 @@ fn plain_relay(events: usize, rt: &tokio::runtime::Runtime) -> f64 {
             .unwrap();
         std::thread::spawn(move || drop(host)).join().unwrap();
     });
+}
+
+/// The event a relay appends for effect `id` (its key and stored target)
+/// at `offset`: its idempotency key and its stored body, as the executor
+/// stores them.
+fn relayed_event(
+    offset: i64,
+    id: i64,
+    key: &str,
+    target: &str,
+    stream_id: &str,
+) -> (String, Value) {
+    let target: Value = serde_json::from_str(target).unwrap();
+    let idempotency_key = format!("effect:effector:/bench/src:{key}");
+    let body = json!({"offset": offset, "type": target["append"]["type"],
+        "payload": target["append"]["payload"], "idempotencyKey": idempotency_key,
+        "createdAt": "2026-12-05T00:00:00.000Z", "streamId": stream_id,
+        "source": {"effect": {"path": "/bench/src", "streamId": "s",
+            "component": "effector", "key": key, "checkpointOffset": id}}});
+    (idempotency_key, body)
+}
+
+/// The plain outbox relay on the same database (SQLite, the host's schema,
+/// WAL, `synchronous = FULL`): `events` append effects to one stream stored
+/// pending, then a minimal loop leases the oldest due batch (one commit),
+/// appends their events to the target stream and settles them (one
+/// commit), until none is due. Answers effects settled a second.
+fn plain_relay(events: usize, rt: &tokio::runtime::Runtime) -> f64 {
+    let dir = tempfile::tempdir().unwrap();
+    // The host makes the database and its schema, and the target stream.
+    relay_target(rt, dir.path(), None);
     let mut db = rusqlite::Connection::open(dir.path().join("streamhost.db")).unwrap();
     db.pragma_update(None, "journal_mode", "WAL").unwrap();
     db.pragma_update(None, "synchronous", "FULL").unwrap();
@@ -326,14 +353,8 @@ fn plain_relay(events: usize, rt: &tokio::runtime::Runtime) -> f64 {
             )
             .unwrap();
         for (i, (id, key, target)) in batch.iter().enumerate() {
-            let target: Value = serde_json::from_str(target).unwrap();
             let offset = head + 1 + i as i64;
-            let idempotency_key = format!("effect:effector:/bench/src:{key}");
-            let body = json!({"offset": offset, "type": target["append"]["type"],
-                "payload": target["append"]["payload"], "idempotencyKey": idempotency_key,
-                "createdAt": "2026-12-05T00:00:00.000Z", "streamId": stream_id,
-                "source": {"effect": {"path": "/bench/src", "streamId": "s",
-                    "component": "effector", "key": key, "checkpointOffset": id}}});
+            let (idempotency_key, body) = relayed_event(offset, *id, key, target, &stream_id);
             tx.prepare_cached(
                 "INSERT INTO events (stream, offset, type, idempotency_key, body)
                  VALUES (?1, ?2, ?3, ?4, ?5)",
@@ -382,19 +403,7 @@ fn plain_relay_postgres(events: usize, rt: &tokio::runtime::Runtime, base: &str)
             .unwrap()
     };
     // The host makes the schema and the target stream.
-    rt.block_on(async {
-        let host = Host::open(Config {
-            data_dir: dir.path().to_path_buf(),
-            storage: Some(url.clone()),
-            ..Config::default()
-        })
-        .unwrap();
-        let out = host.stream("bench", OUT).unwrap();
-        host.append(&out, [streamhost::EventInput::new("bench.example/start")])
-            .await
-            .unwrap();
-        std::thread::spawn(move || drop(host)).join().unwrap();
-    });
+    relay_target(rt, dir.path(), Some(url.clone()));
     // A blocking client of its own thread (not on the runtime's).
     std::thread::spawn(move || {
         let mut db = postgres::Client::connect(&url, postgres::NoTls).expect("PostgreSQL");
@@ -477,14 +486,8 @@ fn plain_relay_postgres(events: usize, rt: &tokio::runtime::Runtime, base: &str)
             let (mut offsets, mut keys, mut bodies, mut ids) =
                 (Vec::new(), Vec::new(), Vec::new(), Vec::new());
             for (i, (id, key, target)) in batch.iter().enumerate() {
-                let target: Value = serde_json::from_str(target).unwrap();
                 let offset = head + 1 + i as i64;
-                let idempotency_key = format!("effect:effector:/bench/src:{key}");
-                let body = json!({"offset": offset, "type": target["append"]["type"],
-                    "payload": target["append"]["payload"], "idempotencyKey": idempotency_key,
-                    "createdAt": "2026-12-05T00:00:00.000Z", "streamId": stream_id,
-                    "source": {"effect": {"path": "/bench/src", "streamId": "s",
-                        "component": "effector", "key": key, "checkpointOffset": id}}});
+                let (idempotency_key, body) = relayed_event(offset, *id, key, target, &stream_id);
                 offsets.push(offset);
                 keys.push(idempotency_key);
                 bodies.push(body.to_string());
