@@ -71,14 +71,16 @@ pub async fn send(
             // (an overwrite or a delete is counted as written until the
             // next count from storage): a project at its bound fails the
             // wake, which is retried like any failure, then halts.
-            stored
-                .admit(&owner, keyed_bytes(&woken.checkpoint.keys))
-                .map_err(|e| {
-                    Failure::new(
-                        format!("the keyed state of processor {name:?} was not stored: {}", e.message),
-                        true,
-                    )
-                })?;
+            if stored.max().is_some() {
+                stored
+                    .admit(&owner, keyed_bytes(&woken.checkpoint.keys))
+                    .map_err(|e| {
+                        Failure::new(
+                            format!("the keyed state of processor {name:?} was not stored: {}", e.message),
+                            true,
+                        )
+                    })?;
+            }
             let through = woken.checkpoint.offset;
             let has_effects = !woken.checkpoint.effects.is_empty();
             let bytes = woken.checkpoint.state.len();

@@ -223,10 +223,14 @@ impl Host {
             self.streams.storage().clone(),
             (project.clone(), name.clone()),
         );
+        let bounded = self.streams.stored().max().is_some();
         let (exports, bytes, digest, current) = tokio::task::spawn_blocking(move || {
             let digest = crate::processor::runtime::digest(&bytes);
-            // (The version deployed now: the same bytes again store nothing.)
-            let current = storage.component(&p, &n).ok().flatten().map(|c| c.digest);
+            // (The version deployed now, when stored bytes are bounded: the
+            // same bytes again store nothing.)
+            let current = bounded
+                .then(|| storage.component(&p, &n).ok().flatten().map(|c| c.digest))
+                .flatten();
             runtime.check(&bytes).map(|e| (e, bytes, digest, current))
         })
         .await
