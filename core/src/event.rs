@@ -71,6 +71,14 @@ pub mod types {
     /// payload names the offset and the reason.
     pub const EVENT_REDACTED: &str = "events.iterate.com/stream/event-redacted";
 
+    /// A Durable Streams stream was created here (`PUT /ds/...`): its
+    /// content type and lifetime.
+    pub const DURABLE_STREAM_CREATED: &str = "events.iterate.com/stream/durable-stream-created";
+    /// The Durable Streams stream takes no more appends.
+    pub const DURABLE_STREAM_CLOSED: &str = "events.iterate.com/stream/durable-stream-closed";
+    /// The Durable Streams stream was deleted (`DELETE /ds/...`).
+    pub const DURABLE_STREAM_DELETED: &str = "events.iterate.com/stream/durable-stream-deleted";
+
     /// Types only the platform may append.
     pub const PLATFORM_AUTHORED: &[&str] = &[
         CREATED,
@@ -78,6 +86,9 @@ pub mod types {
         CONNECTION_OPENED,
         CONNECTION_CLOSED,
         EVENT_REDACTED,
+        DURABLE_STREAM_CREATED,
+        DURABLE_STREAM_CLOSED,
+        DURABLE_STREAM_DELETED,
     ];
 
     /// Control types public callers may append.

@@ -6,6 +6,7 @@
 mod address;
 mod append;
 mod control;
+pub mod durable;
 mod read;
 mod state;
 

@@ -43,6 +43,10 @@ pub struct CoreState {
     pub pause_reason: Option<String>,
     /// Its subscriptions, both ways.
     pub subscriptions: Subscriptions,
+    /// What the Durable Streams protocol knows of it, once created through
+    /// the protocol (and until deleted through it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub durable_stream: Option<super::durable::DurableStream>,
 }
 
 /// Subscription state: inbound fence records and outbound subscriptions.
@@ -91,6 +95,7 @@ impl CoreState {
             paused: false,
             pause_reason: None,
             subscriptions: Subscriptions::default(),
+            durable_stream: None,
         }
     }
 
@@ -102,6 +107,9 @@ impl CoreState {
             return;
         }
         self.event_count += 1;
+        if let Some(d) = &mut self.durable_stream {
+            d.reduce(event);
+        }
         if event.is_copy() {
             self.record_inbound(event);
             return;
@@ -212,6 +220,10 @@ impl CoreState {
                 self.paused = false;
                 self.pause_reason = None;
             }
+            types::DURABLE_STREAM_CREATED => {
+                self.durable_stream = super::durable::DurableStream::from_created(event);
+            }
+            types::DURABLE_STREAM_DELETED => self.durable_stream = None,
             _ => {}
         }
     }

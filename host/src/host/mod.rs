@@ -47,6 +47,7 @@ pub mod backfill;
 pub mod backup;
 pub mod cluster;
 pub mod components;
+pub mod durable;
 pub mod effects;
 pub mod ingest;
 pub mod itx;
@@ -99,6 +100,8 @@ pub struct Host {
     pub(crate) ingest: crate::ingest::Ingest,
     /// Sends requests for streams another host owns to it (several hosts).
     forwarder: reqwest::Client,
+    /// The Durable Streams protocol's per-stream write order and access times.
+    pub(crate) durable: Arc<durable::DurableStreams>,
 }
 
 impl Host {
@@ -339,6 +342,7 @@ impl Host {
                 .connect_timeout(std::time::Duration::from_secs(2))
                 .build()
                 .context("building the forwarding client")?,
+            durable: Arc::default(),
         })
     }
 

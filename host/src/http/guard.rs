@@ -11,6 +11,10 @@
 //! name (`localhost`, `*.localhost`) nor one of `[http] allowed-hosts`
 //! (`403 host-not-allowed`): a page whose DNS name was pointed at this server
 //! (DNS rebinding) sends its own name, and its own `Origin`, which matches.
+//!
+//! The Durable Streams protocol (`/ds/`) carries any content type, so there
+//! only the `Origin` and `Host` checks hold; its CORS preflights (`OPTIONS`,
+//! which answer nothing of a stream) are answered whatever their `Origin`.
 
 use axum::http::{header, HeaderMap, Method};
 
@@ -58,6 +62,10 @@ pub fn open_mode(
             ));
         }
     }
+    let durable = path.starts_with("/ds/");
+    if durable && method == Method::OPTIONS {
+        return Ok(());
+    }
     if let Some(origin) = headers.get(header::ORIGIN) {
         let origin = origin.to_str().unwrap_or("(not text)");
         let host = headers
@@ -76,7 +84,7 @@ pub fn open_mode(
             ));
         }
     }
-    if (method == Method::POST || method == Method::PUT) && has_body(headers) {
+    if (method == Method::POST || method == Method::PUT) && has_body(headers) && !durable {
         let wanted = if method == Method::PUT && path.contains("/components/") {
             "application/wasm"
         } else {

@@ -6,6 +6,7 @@ mod backfill;
 pub mod backup;
 mod components;
 mod connections;
+mod durable;
 mod effects;
 pub mod error;
 mod forward;
@@ -177,6 +178,8 @@ pub fn router(host: Host) -> Router {
         // The console's script and style (the page is `GET /console`).
         .route("/console/console.js", get(console_js))
         .route("/console/console.css", get(console_css))
+        // The Durable Streams protocol over the project's streams.
+        .route("/ds/{project}/{*rest}", any(durable::route))
         // Host to host (several hosts); not part of the public API.
         .route(
             crate::actor::remote::PATH,
