@@ -198,6 +198,9 @@ pub struct HttpConfig {
     /// DNS name was pointed at this server (DNS rebinding) sends its own
     /// name as `Host`, and is refused.
     pub allowed_hosts: Vec<String>,
+    /// A Durable Streams long-poll (`/ds/...?live=long-poll`) waits this
+    /// long for data before `204` (20 s).
+    pub long_poll_ms: u64,
 }
 
 impl HttpConfig {
@@ -218,6 +221,7 @@ impl Default for HttpConfig {
             max_connections_per_address: 1024,
             reserved_connections: None,
             allowed_hosts: Vec::new(),
+            long_poll_ms: 20_000,
         }
     }
 }

@@ -21,6 +21,7 @@ mod copy_chains;
 mod copy_crash;
 mod crash;
 mod determinism;
+mod durable_streams;
 mod effects;
 mod failures;
 mod fence;

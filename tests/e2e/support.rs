@@ -511,6 +511,23 @@ impl Server {
         respond(r).await
     }
 
+    /// A request of any method with headers and a body of any bytes, as
+    /// `token` (`None`: the server's own token, if any); the raw response.
+    pub async fn http(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: impl Into<reqwest::Body>,
+    ) -> reqwest::Response {
+        let method = reqwest::Method::from_bytes(method.as_bytes()).expect("a method");
+        let mut r = self.request(method, path).body(body);
+        for (name, value) in headers {
+            r = r.header(*name, *value);
+        }
+        r.send().await.expect("request")
+    }
+
     /// A request of any method without a body.
     pub async fn send(&self, method: &str, path: &str) -> (u16, Value) {
         let method = reqwest::Method::from_bytes(method.as_bytes()).expect("a method");

@@ -268,6 +268,7 @@ impl Host {
         let _serial = lock.lock().await;
         let d = self.durable_head(stream).await?;
         self.touch(stream, &d);
+        let close_only = append.body.is_empty() && append.close;
         if d.closed {
             let retry = append.producer.is_some() && append.producer == d.closed_by;
             return Ok(match (retry, &append.producer) {
@@ -276,10 +277,15 @@ impl Host {
                     tail: d.tail,
                     closed: true,
                 },
+                // Closing a closed stream again, as nobody in particular:
+                // it is closed, as asked.
+                (false, None) if close_only => Appended::Done {
+                    tail: d.tail,
+                    closed: true,
+                },
                 _ => Appended::Closed { tail: d.tail },
             });
         }
-        let close_only = append.body.is_empty() && append.close;
         if !close_only {
             if append.body.is_empty() {
                 return Err(Error::invalid(

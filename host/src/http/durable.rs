@@ -22,8 +22,6 @@ use crate::host::Host;
 use crate::stream::durable::{self, Created, ProducerStamp, ReadFrom};
 use crate::stream::{Namespace, StreamAddress};
 
-/// How long a long-poll waits for data before `204`.
-pub const LONG_POLL_MS: u64 = 20_000;
 /// How long an SSE response lasts before the server ends it (the client
 /// reconnects from the last control event's offset).
 const SSE_LIFETIME: Duration = Duration::from_secs(60);
@@ -202,7 +200,8 @@ async fn create(
     content_type(&mut response, &d.content_type);
     set(&mut response, NEXT_OFFSET, durable::format_offset(d.tail));
     if new {
-        set(&mut response, "location", uri.path());
+        let authority = text(headers, "host")?.unwrap_or("localhost");
+        set(&mut response, "location", format!("http://{authority}{}", uri.path()));
     }
     if d.closed {
         set(&mut response, CLOSED, "true");
@@ -247,9 +246,10 @@ async fn append(
         producer: producer.clone(),
     };
     let stamp = producer.as_ref();
+    let close_only = append.close && append.body.is_empty();
     let mut response = match host.durable_append(stream, append).await? {
         Appended::Done { tail, closed } => {
-            let status = if stamp.is_some() {
+            let status = if stamp.is_some() && !close_only {
                 StatusCode::OK
             } else {
                 StatusCode::NO_CONTENT
@@ -490,7 +490,7 @@ async fn long_poll(
     let page = if waits {
         let after = page.next;
         match host
-            .durable_wait(stream, after, Duration::from_millis(LONG_POLL_MS))
+            .durable_wait(stream, after, Duration::from_millis(host.config.http.long_poll_ms))
             .await?
         {
             Some(p) => p,
@@ -548,6 +548,7 @@ async fn sse(
     let stream = stream.clone();
     tokio::spawn(async move {
         let deadline = tokio::time::Instant::now() + SSE_LIFETIME;
+        let keep_alive_every = Duration::from_millis(host.config.http.long_poll_ms);
         let mut page = first;
         loop {
             if !page.events.is_empty() {
@@ -587,8 +588,7 @@ async fn sse(
             }
             let next = page.next;
             if page.up_to_date {
-                let keep_alive = (tokio::time::Instant::now() + Duration::from_millis(LONG_POLL_MS))
-                    .min(deadline);
+                let keep_alive = (tokio::time::Instant::now() + keep_alive_every).min(deadline);
                 let news = tokio::select! {
                     news = wait_for_news(&mut live, keep_alive) => news,
                     _ = tx.closed() => return,

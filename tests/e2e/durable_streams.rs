@@ -1,0 +1,465 @@
+//! The Durable Streams protocol at `/ds/{project}{path}` against the real
+//! binary: a stream written through the protocol is an ordinary stream
+//! (a processor folds it, a subscription copies it, what the native API
+//! appends is read through the protocol, live readers wake on either), and
+//! every bad input gets the protocol's status, never a 500. The protocol's
+//! own conformance suite runs against the server in `scripts/test`.
+
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use crate::processors::{caught_up, PROC};
+use crate::support::{guest, wait_for, Server};
+
+const DS: &str = "/ds/acme/orders/eu";
+const NATIVE: &str = "/v1/projects/acme/streams/orders/eu";
+
+/// Status, headers and body of a protocol request.
+struct Answer {
+    status: u16,
+    headers: reqwest::header::HeaderMap,
+    body: Vec<u8>,
+}
+
+impl Answer {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+
+    fn json(&self) -> Value {
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&self.body)))
+    }
+
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+
+    #[track_caller]
+    fn expect(self, status: u16) -> Answer {
+        assert_eq!(self.status, status, "{:?} {}", self.headers, self.text());
+        self
+    }
+}
+
+async fn ds(s: &Server, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Answer {
+    let r = s.http(method, path, headers, body.to_vec()).await;
+    let status = r.status().as_u16();
+    let headers = r.headers().clone();
+    let body = r.bytes().await.expect("body").to_vec();
+    Answer {
+        status,
+        headers,
+        body,
+    }
+}
+
+const JSON: (&str, &str) = ("content-type", "application/json");
+
+#[tokio::test]
+async fn a_stream_written_through_the_protocol_is_folded_copied_and_read_natively_and_back() {
+    let s = Server::start_with(Some(PROC), &[]);
+    let (status, out) = s.deploy("acme", "counter", guest("counter")).await;
+    assert_eq!(status, 200, "{out}");
+
+    let created = ds(&s, "PUT", DS, &[JSON], b"[]").await.expect(201);
+    let start = created.header("stream-next-offset").unwrap().to_string();
+    assert_eq!(start.len(), 19, "{start}");
+
+    // The stream is an ordinary stream: a processor and a copy subscribe.
+    let wake = json!({"type": "events.iterate.com/stream/subscription-configured",
+        "payload": {"subscriptionKey": "counter",
+            "receiver": {"action": "processor-wake", "expression": ["components", ["get", "counter"], "wake"]}}});
+    let copy = json!({"type": "events.iterate.com/stream/subscription-configured",
+        "payload": {"subscriptionKey": "copy", "filter": {"eventTypes": ["durable-streams/message"]},
+            "receiver": {"action": "copy-to-stream", "receivingStreamPath": "/orders/copy",
+                "delivery": {"start": "beginning", "onFailingEvent": "halt"}}}});
+    let (status, out) = s
+        .post(&format!("{NATIVE}:append"), json!({"events": [wake, copy]}))
+        .await;
+    assert_eq!(status, 200, "{out}");
+
+    // A live reader waits at the tail (the subscriptions are not data).
+    let reader = tokio::spawn(
+        reqwest::Client::new()
+            .get(format!("{}{DS}?offset={start}&live=long-poll", s.url))
+            .send(),
+    );
+
+    // A producer's batch, then a retry of it, then a plain message.
+    let producer = [JSON, ("producer-id", "p1"), ("producer-epoch", "0")];
+    let mut first = producer.to_vec();
+    first.push(("producer-seq", "0"));
+    let appended = ds(&s, "POST", DS, &first, br#"[{"n": 1}, {"n": 2}]"#)
+        .await
+        .expect(200);
+    assert_eq!(appended.header("producer-seq"), Some("0"));
+    ds(&s, "POST", DS, &first, br#"[{"n": 1}, {"n": 2}]"#)
+        .await
+        .expect(204);
+    ds(&s, "POST", DS, &[JSON], br#"{"n": 4}"#)
+        .await
+        .expect(204);
+
+    let woke = reader.await.unwrap().unwrap();
+    assert_eq!(woke.status(), 200);
+    let first_batch: Value = woke.json().await.unwrap();
+    assert_eq!(first_batch[0], json!({"n": 1}), "{first_batch}");
+
+    // The native API appends too; the protocol reads it as the event.
+    let (status, out) = s
+        .post(
+            &format!("{NATIVE}:append"),
+            json!({"events": [{"type": "events.example/adjusted", "payload": {"n": 8}}]}),
+        )
+        .await;
+    assert_eq!(status, 200, "{out}");
+
+    let read = ds(&s, "GET", &format!("{DS}?offset=-1"), &[], b"")
+        .await
+        .expect(200);
+    assert_eq!(read.header("stream-up-to-date"), Some("true"));
+    let messages = read.json();
+    let messages = messages.as_array().unwrap();
+    assert_eq!(
+        &messages[..3],
+        &[json!({"n": 1}), json!({"n": 2}), json!({"n": 4})]
+    );
+    assert_eq!(
+        messages[3]["type"], "events.example/adjusted",
+        "{messages:?}"
+    );
+    assert_eq!(messages[3]["payload"], json!({"n": 8}));
+    assert_eq!(
+        messages.len(),
+        4,
+        "the retry appended nothing: {messages:?}"
+    );
+
+    // The processor folded every message (1 + 2 + 4) and the native event.
+    let processor = caught_up(&s, NATIVE, "counter").await;
+    assert_eq!(processor["state"]["sum"], 15, "{processor}");
+
+    // The copy has the three messages, as events of its own stream.
+    wait_for("three copies", Duration::from_secs(20), async || {
+        let events = s.all_events("/v1/projects/acme/streams/orders/copy").await;
+        events
+            .iter()
+            .filter(|e| e["type"] == "durable-streams/message")
+            .count()
+            == 3
+    })
+    .await;
+
+    // SSE: from the beginning, then a message appended natively arrives.
+    let mut sse = s
+        .http("GET", &format!("{DS}?offset=-1&live=sse"), &[], Vec::new())
+        .await;
+    assert_eq!(sse.status(), 200);
+    assert_eq!(
+        sse.headers()["content-type"].to_str().unwrap(),
+        "text/event-stream"
+    );
+    let mut seen = String::new();
+    let caught_up_at = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !seen.contains("\"upToDate\":true") {
+        let chunk = tokio::time::timeout_at(caught_up_at, sse.chunk())
+            .await
+            .expect("the catch-up within 10 s")
+            .unwrap()
+            .expect("more of the SSE body");
+        seen.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    assert!(
+        seen.contains("event: data\ndata:[{\"n\":1},{\"n\":2},{\"n\":4}"),
+        "{seen}"
+    );
+    let (status, out) = s
+        .post(
+            &format!("{NATIVE}:append"),
+            json!({"events": [{"type": "durable-streams/message", "payload": {"n": 16}}]}),
+        )
+        .await;
+    assert_eq!(status, 200, "{out}");
+    let live_at = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !seen.contains("{\"n\":16}") {
+        let chunk = tokio::time::timeout_at(live_at, sse.chunk())
+            .await
+            .expect("the live message within 10 s")
+            .unwrap()
+            .expect("more of the SSE body");
+        seen.push_str(&String::from_utf8_lossy(&chunk));
+    }
+
+    // Closed: appends are refused, readers at the end are told.
+    let closed = ds(&s, "POST", DS, &[("stream-closed", "true")], b"")
+        .await
+        .expect(204);
+    assert_eq!(closed.header("stream-closed"), Some("true"));
+    let refused = ds(&s, "POST", DS, &[JSON], br#"{"n": 32}"#)
+        .await
+        .expect(409);
+    assert_eq!(refused.header("stream-closed"), Some("true"));
+    let tail = ds(&s, "GET", &format!("{DS}?offset=now"), &[], b"")
+        .await
+        .expect(200);
+    assert_eq!(tail.header("stream-closed"), Some("true"));
+    assert_eq!(tail.text(), "[]");
+}
+
+#[tokio::test]
+async fn bytes_keep_their_content_type_and_survive_a_restart() {
+    let mut s = Server::start();
+    let path = "/ds/acme/blobs/one";
+    let octets = ("content-type", "application/octet-stream");
+    let bytes: Vec<u8> = (0..=255u8).chain([0, 13, 10, 255]).collect();
+    ds(&s, "PUT", path, &[octets], &bytes).await.expect(201);
+    ds(&s, "POST", path, &[octets], b"\xfftail")
+        .await
+        .expect(204);
+    s.restart();
+    let read = ds(&s, "GET", path, &[], b"").await.expect(200);
+    assert_eq!(
+        read.header("content-type"),
+        Some("application/octet-stream")
+    );
+    let mut expected = bytes.clone();
+    expected.extend_from_slice(b"\xfftail");
+    assert_eq!(read.body, expected);
+    // Natively: one event per append, the bytes in base64.
+    let events = s.all_events("/v1/projects/acme/streams/blobs/one").await;
+    let messages: Vec<&Value> = events
+        .iter()
+        .filter(|e| e["type"] == "durable-streams/message")
+        .collect();
+    assert_eq!(messages.len(), 2, "{events:?}");
+    assert!(messages[0]["payload"]["base64"].is_string(), "{events:?}");
+    // SSE of bytes is base64.
+    let mut sse = s
+        .http(
+            "GET",
+            &format!("{path}?offset=-1&live=sse"),
+            &[],
+            Vec::new(),
+        )
+        .await;
+    assert_eq!(sse.headers()["stream-sse-data-encoding"], "base64");
+    let chunk = tokio::time::timeout(Duration::from_secs(10), sse.chunk())
+        .await
+        .expect("the first SSE event within 10 s")
+        .unwrap()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&chunk).starts_with("event: data\ndata:AAEC"),
+        "{chunk:?}"
+    );
+}
+
+#[tokio::test]
+async fn bad_input_gets_the_protocols_status_never_a_500() {
+    let s = Server::start();
+    let path = "/ds/acme/bad";
+    let text = ("content-type", "text/plain");
+    ds(&s, "PUT", path, &[text], b"first").await.expect(201);
+    // The same configuration again is fine; another is a conflict.
+    ds(&s, "PUT", path, &[text], b"").await.expect(200);
+    ds(&s, "PUT", path, &[JSON], b"").await.expect(409);
+
+    // Offsets that are not ours, given twice, or empty.
+    for bad in [
+        "abc",
+        "42",
+        "0000000000000000_0000000000000000",
+        "-2",
+        "99999999999999999999",
+    ] {
+        let a = ds(&s, "GET", &format!("{path}?offset={bad}"), &[], b"")
+            .await
+            .expect(400);
+        assert!(a.text().contains(bad), "{}", a.text());
+    }
+    ds(&s, "GET", &format!("{path}?offset=-1&offset=-1"), &[], b"")
+        .await
+        .expect(400);
+    ds(&s, "GET", &format!("{path}?offset="), &[], b"")
+        .await
+        .expect(400);
+    ds(&s, "GET", &format!("{path}?live=long-poll"), &[], b"")
+        .await
+        .expect(400);
+    ds(
+        &s,
+        "GET",
+        &format!("{path}?offset=-1&live=forever"),
+        &[],
+        b"",
+    )
+    .await
+    .expect(400);
+
+    // Appends: another content type, no content type, an empty body.
+    ds(&s, "POST", path, &[JSON], b"{}").await.expect(409);
+    ds(&s, "POST", path, &[], b"x").await.expect(400);
+    ds(&s, "POST", path, &[text], b"").await.expect(400);
+
+    // JSON mode: invalid JSON, an empty batch.
+    let json_path = "/ds/acme/bad-json";
+    ds(&s, "PUT", json_path, &[JSON], b"").await.expect(201);
+    ds(&s, "POST", json_path, &[JSON], b"{nope")
+        .await
+        .expect(400);
+    ds(&s, "POST", json_path, &[JSON], b"[]").await.expect(400);
+
+    // Producers: out of order, a zombie epoch, a new epoch not at 0, a
+    // partial set of headers, values that are not plain integers.
+    let p = |epoch: &'static str, seq: &'static str| {
+        [
+            text,
+            ("producer-id", "p"),
+            ("producer-epoch", epoch),
+            ("producer-seq", seq),
+        ]
+    };
+    let gap = ds(&s, "POST", path, &p("0", "3"), b"x").await.expect(409);
+    assert_eq!(gap.header("producer-expected-seq"), Some("0"));
+    assert_eq!(gap.header("producer-received-seq"), Some("3"));
+    ds(&s, "POST", path, &p("0", "0"), b"x").await.expect(200);
+    ds(&s, "POST", path, &p("2", "0"), b"y").await.expect(200);
+    let zombie = ds(&s, "POST", path, &p("1", "1"), b"z").await.expect(403);
+    assert_eq!(zombie.header("producer-epoch"), Some("2"));
+    ds(&s, "POST", path, &p("3", "1"), b"z").await.expect(400);
+    ds(&s, "POST", path, &[text, ("producer-id", "p")], b"z")
+        .await
+        .expect(400);
+    ds(&s, "POST", path, &p("01", "0"), b"z").await.expect(400);
+    ds(&s, "POST", path, &p("0", "1e3"), b"z").await.expect(400);
+    // Stream-Seq must rise (byte order).
+    ds(&s, "POST", path, &[text, ("stream-seq", "2")], b"a")
+        .await
+        .expect(204);
+    ds(&s, "POST", path, &[text, ("stream-seq", "10")], b"b")
+        .await
+        .expect(409);
+
+    // Lifetimes: both at once, a TTL that is not a plain integer, a bad time.
+    for headers in [
+        vec![
+            text,
+            ("stream-ttl", "60"),
+            ("stream-expires-at", "2030-01-01T00:00:00Z"),
+        ],
+        vec![text, ("stream-ttl", "+60")],
+        vec![text, ("stream-ttl", "6e1")],
+        vec![text, ("stream-expires-at", "tomorrow")],
+    ] {
+        ds(&s, "PUT", "/ds/acme/lifetimes", &headers, b"")
+            .await
+            .expect(400);
+    }
+
+    // Closed: a close then an append.
+    ds(&s, "POST", path, &[("stream-closed", "true")], b"")
+        .await
+        .expect(204);
+    ds(&s, "POST", path, &[text], b"late").await.expect(409);
+
+    // Missing streams, a bad project, a method the protocol has not.
+    ds(&s, "GET", "/ds/acme/none", &[], b"").await.expect(404);
+    ds(&s, "HEAD", "/ds/acme/none", &[], b"").await.expect(404);
+    ds(&s, "POST", "/ds/acme/none", &[text], b"x")
+        .await
+        .expect(404);
+    ds(&s, "DELETE", "/ds/acme/none", &[], b"")
+        .await
+        .expect(404);
+    ds(&s, "GET", "/ds/Not%20A%20Project/x", &[], b"")
+        .await
+        .expect(400);
+    ds(&s, "PATCH", path, &[], b"").await.expect(405);
+
+    // The protocol's own events cannot be forged through the native API.
+    let (status, out) = s
+        .post(
+            "/v1/projects/acme/streams/bad:append",
+            json!({"events": [{"type": "events.iterate.com/stream/durable-stream-closed"}]}),
+        )
+        .await;
+    assert_eq!(status, 403, "{out}");
+
+    // Nothing above was a 500, and the stream still reads.
+    let read = ds(&s, "GET", path, &[], b"").await.expect(200);
+    assert_eq!(read.text(), "firstxya");
+
+    // A body over the limit (last: the server closes that connection
+    // without reading the rest of the body).
+    let huge = vec![b'x'; 9 * 1024 * 1024];
+    ds(&s, "POST", "/ds/acme/bad-json", &[JSON], &huge)
+        .await
+        .expect(413);
+}
+
+/// One project token of each scope, and another project's.
+const TOKENS: &str = r#"
+[[tokens]]
+token = "t-acme"
+projects = ["acme"]
+
+[[tokens]]
+token = "t-producer"
+projects = ["acme"]
+scope = "append"
+
+[[tokens]]
+token = "t-other"
+projects = ["other"]
+"#;
+
+#[tokio::test]
+async fn tokens_and_projects_hold_as_everywhere() {
+    let s = Server::start_with(Some(TOKENS), &[]);
+    let as_ = |t: &'static str| ("authorization", t);
+    let text = ("content-type", "text/plain");
+    ds(&s, "PUT", "/ds/acme/t", &[text], b"").await.expect(401);
+    ds(&s, "PUT", "/ds/acme/t", &[text, as_("Bearer t-other")], b"")
+        .await
+        .expect(403);
+    // Creating and deleting configure a stream; appending does not.
+    ds(
+        &s,
+        "PUT",
+        "/ds/acme/t",
+        &[text, as_("Bearer t-producer")],
+        b"",
+    )
+    .await
+    .expect(403);
+    ds(&s, "PUT", "/ds/acme/t", &[text, as_("Bearer t-acme")], b"")
+        .await
+        .expect(201);
+    ds(
+        &s,
+        "POST",
+        "/ds/acme/t",
+        &[text, as_("Bearer t-producer")],
+        b"hi",
+    )
+    .await
+    .expect(204);
+    ds(&s, "GET", "/ds/acme/t", &[as_("Bearer t-other")], b"")
+        .await
+        .expect(403);
+    let read = ds(&s, "GET", "/ds/acme/t", &[as_("Bearer t-producer")], b"")
+        .await
+        .expect(200);
+    assert_eq!(read.text(), "hi");
+    ds(&s, "DELETE", "/ds/acme/t", &[as_("Bearer t-producer")], b"")
+        .await
+        .expect(403);
+    ds(&s, "DELETE", "/ds/acme/t", &[as_("Bearer t-acme")], b"")
+        .await
+        .expect(204);
+    ds(&s, "GET", "/ds/acme/t", &[as_("Bearer t-acme")], b"")
+        .await
+        .expect(404);
+}
