@@ -538,3 +538,69 @@ async fn the_protocols_own_conformance_suite_passes() {
     assert!(not_forks.is_empty(), "{not_forks:#?}");
     assert!(passed >= 275, "{passed} passed");
 }
+
+/// Several hosts (PostgreSQL): a stream one host owns is created, written
+/// by a producer, read, long-polled and closed through the other, whose
+/// requests its owner serves.
+#[tokio::test]
+async fn any_host_serves_the_protocol_through_the_streams_owner() {
+    if crate::cluster::on_sqlite() {
+        return;
+    }
+    let config = "[cluster]\nlease-ms = 1500\n[http]\nlong-poll-ms = 5000\n";
+    let a = Server::start_with(Some(config), &[]);
+    let b = Server::joining(&a, Some(config));
+    let path = "/ds/acme/shared";
+    // A creates it: A owns it.
+    ds(&a, "PUT", path, &[JSON], b"[]").await.expect(201);
+    let tail = ds(&b, "HEAD", path, &[], b"")
+        .await
+        .expect(200)
+        .header("stream-next-offset")
+        .unwrap()
+        .to_string();
+    // A long-poll through B waits on A's stream while B writes to it.
+    let waiting = tokio::spawn(
+        reqwest::Client::new()
+            .get(format!("{}{path}?offset={tail}&live=long-poll", b.url))
+            .send(),
+    );
+    let p = |seq: &'static str| {
+        [
+            JSON,
+            ("producer-id", "p"),
+            ("producer-epoch", "0"),
+            ("producer-seq", seq),
+        ]
+    };
+    ds(&b, "POST", path, &p("0"), br#"{"n": 1}"#)
+        .await
+        .expect(200);
+    ds(&b, "POST", path, &p("0"), br#"{"n": 1}"#)
+        .await
+        .expect(204);
+    ds(&b, "POST", path, &p("2"), br#"{"n": 3}"#)
+        .await
+        .expect(409);
+    ds(&b, "POST", path, &p("1"), br#"{"n": 2}"#)
+        .await
+        .expect(200);
+    let woke = waiting.await.unwrap().unwrap();
+    assert_eq!(woke.status(), 200);
+    assert_eq!(woke.json::<Value>().await.unwrap()[0], json!({"n": 1}));
+    for host in [&a, &b] {
+        let read = ds(host, "GET", path, &[], b"").await.expect(200);
+        assert_eq!(read.json(), json!([{"n": 1}, {"n": 2}]));
+    }
+    ds(&b, "POST", path, &[("stream-closed", "true")], b"")
+        .await
+        .expect(204);
+    let refused = ds(&a, "POST", path, &[JSON], b"{}").await.expect(409);
+    assert_eq!(refused.header("stream-closed"), Some("true"));
+    // Only A holds the stream.
+    let (_, [a_row, b_row]) = crate::cluster::cluster_rows(&b, [&a.url, &b.url]).await;
+    assert_eq!(
+        (a_row["streams"].as_u64(), b_row["streams"].as_u64()),
+        (Some(1), Some(0))
+    );
+}

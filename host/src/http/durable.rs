@@ -73,7 +73,7 @@ pub async fn route(
 }
 
 /// The stream a `/ds/` URL names.
-fn address(uri: &Uri) -> Result<StreamAddress, ApiError> {
+pub(super) fn address(uri: &Uri) -> Result<StreamAddress, ApiError> {
     let rest = uri.path().strip_prefix("/ds/").unwrap_or("");
     let (project, path) = rest.split_once('/').unwrap_or((rest, ""));
     let path = percent_encoding::percent_decode_str(path)

@@ -75,23 +75,35 @@ pub async fn layer(State(host): State<Host>, request: Request, next: Next) -> Re
     };
     // Only requests on a stream meet another owner (the host's own calls
     // on streams go through `actor/remote.rs`); the rest pass untouched,
-    // bodies and their own limits included.
+    // bodies and their own limits included. A Durable Streams request
+    // (`/ds/...`) is served whole by the stream's owner: its writes check
+    // and append in one step there.
     let path = request.uri().path();
-    if !(path.starts_with("/v1/projects/") || path.starts_with("/v1/global/"))
-        || !path.contains("/streams/")
+    let durable = path.starts_with("/ds/");
+    if !durable
+        && (!(path.starts_with("/v1/projects/") || path.starts_with("/v1/global/"))
+            || !path.contains("/streams/"))
     {
         return next.run(request).await;
     }
     // The token is checked before the body is read, here as in the
     // handlers: an unauthorized caller never makes this host buffer a body.
     // A bad URL is the handler's to answer, before any body is read.
-    let Ok(target) = super::parse_stream_url(path) else {
+    let target = if durable {
+        super::durable::address(request.uri()).map_err(|_| ())
+    } else {
+        super::parse_stream_url(path)
+            .map(|t| t.address)
+            .map_err(|_| ())
+    };
+    let Ok(address) = target else {
         return next.run(request).await;
     };
     // Everything else is one answer, which `Host::apply` gets from the
     // owner.
-    let flows = target.method == "connect"
-        || (target.method == "backfillProcessor"
+    let flows = durable
+        || path.ends_with(":connect")
+        || (path.ends_with(":backfillProcessor")
             && request
                 .headers()
                 .get(axum::http::header::ACCEPT)
@@ -101,16 +113,22 @@ pub async fn layer(State(host): State<Host>, request: Request, next: Next) -> Re
         return next.run(request).await;
     }
     let allowed = super::authenticate(&host, request.headers())
-        .and_then(|caller| Ok(caller.may_use(&target.address.namespace)?));
+        .and_then(|caller| Ok(caller.may_use(&address.namespace)?));
     if let Err(e) = allowed {
         return e.into_response();
     }
+    // A long-poll answers once data comes or its wait ends.
+    let long_poll = durable
+        && request
+            .uri()
+            .query()
+            .is_some_and(|q| q.contains("live=long-poll"));
     // An owner this host learned lately: straight there, without asking
     // this host's own handler first (which would answer that owner).
     let known = host
         .streams
         .storage()
-        .known_owner(target.address.namespace.storage_key(), &target.address.path);
+        .known_owner(address.namespace.storage_key(), &address.path);
     let (parts, body) = request.into_parts();
     // Kept to be sent again: bounded as every body is.
     let limit = host.config.max_body_bytes;
@@ -158,7 +176,10 @@ pub async fn layer(State(host): State<Host>, request: Request, next: Next) -> Re
     // Until the owner's answer starts (its body then flows as long as it
     // lasts): a hung owner must not hold the request longer than it takes
     // its lease to expire, after which a retry finds a live owner.
-    let wait = std::time::Duration::from_millis(me.lease_ms.max(1000) as u64);
+    let mut wait = std::time::Duration::from_millis(me.lease_ms.max(1000) as u64);
+    if long_poll {
+        wait += std::time::Duration::from_millis(host.config.http.long_poll_ms);
+    }
     let answered = tokio::time::timeout(wait, out.send())
         .await
         .map_err(|_| format!("no answer within {} ms", wait.as_millis()))
