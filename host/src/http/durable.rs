@@ -550,42 +550,46 @@ async fn sse(
         let deadline = tokio::time::Instant::now() + SSE_LIFETIME;
         let keep_alive_every = Duration::from_millis(host.config.http.long_poll_ms);
         let mut page = first;
+        // Whether a control event goes out even with no data: the first,
+        // a keep-alive after a quiet wait, the last of a closed stream (a
+        // wake that brought nothing a reader sees sends nothing).
+        let mut announce = true;
         loop {
-            if !page.events.is_empty() {
-                let data = if page.stream.json_mode() {
-                    let messages: Vec<Value> =
-                        page.events.iter().map(durable::as_json_message).collect();
-                    serde_json::to_string(&messages).unwrap_or_else(|_| "[]".into())
-                } else {
-                    let bytes: Vec<u8> = page.events.iter().flat_map(durable::as_bytes).collect();
-                    if base64 {
-                        base64::engine::general_purpose::STANDARD.encode(bytes)
+            let end = page.at_closed_end();
+            if !page.events.is_empty() || announce || end {
+                // A data event and its control event go out as one write.
+                let mut out = Vec::new();
+                if !page.events.is_empty() {
+                    let data = if page.stream.json_mode() {
+                        let messages: Vec<Value> =
+                            page.events.iter().map(durable::as_json_message).collect();
+                        serde_json::to_string(&messages).unwrap_or_else(|_| "[]".into())
                     } else {
-                        String::from_utf8_lossy(&bytes).into_owned()
+                        let bytes: Vec<u8> =
+                            page.events.iter().flat_map(durable::as_bytes).collect();
+                        if base64 {
+                            base64::engine::general_purpose::STANDARD.encode(bytes)
+                        } else {
+                            String::from_utf8_lossy(&bytes).into_owned()
+                        }
+                    };
+                    out.extend_from_slice(&sse_event("data", &data));
+                }
+                let mut control = json!({"streamNextOffset": durable::format_offset(page.next)});
+                if end {
+                    control["streamClosed"] = json!(true);
+                } else {
+                    control["streamCursor"] = json!(cursor(&host, client_cursor.as_deref()));
+                    if page.up_to_date {
+                        control["upToDate"] = json!(true);
                     }
-                };
-                if tx.send(sse_event("data", &data)).await.is_err() {
+                }
+                out.extend_from_slice(&sse_event("control", &control.to_string()));
+                if tx.send(Bytes::from(out)).await.is_err() || end {
                     return;
                 }
             }
-            let mut control = json!({"streamNextOffset": durable::format_offset(page.next)});
-            let end = page.at_closed_end();
-            if end {
-                control["streamClosed"] = json!(true);
-            } else {
-                control["streamCursor"] = json!(cursor(&host, client_cursor.as_deref()));
-                if page.up_to_date {
-                    control["upToDate"] = json!(true);
-                }
-            }
-            if tx
-                .send(sse_event("control", &control.to_string()))
-                .await
-                .is_err()
-                || end
-            {
-                return;
-            }
+            announce = false;
             let next = page.next;
             if page.up_to_date {
                 let keep_alive = (tokio::time::Instant::now() + keep_alive_every).min(deadline);
@@ -597,7 +601,7 @@ async fn sse(
                     News::Committed => {}
                     News::Ended => return,
                     News::Timeout if tokio::time::Instant::now() >= deadline => return,
-                    News::Timeout => {}
+                    News::Timeout => announce = true,
                 }
             }
             page = match host.durable_read(&stream, ReadFrom::After(next)).await {
