@@ -32,6 +32,9 @@ pub enum ErrorKind {
     TooMany,
     /// A failure of the host itself (storage, a lost task).
     Internal,
+    /// The thing named existed and is gone for good (a Durable Streams
+    /// stream deleted while its forks still read it).
+    Gone,
     /// A storage bound is reached (a project's `max-project-bytes`):
     /// nothing frees room by waiting.
     InsufficientStorage,

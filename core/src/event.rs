@@ -76,8 +76,14 @@ pub mod types {
     pub const DURABLE_STREAM_CREATED: &str = "events.iterate.com/stream/durable-stream-created";
     /// The Durable Streams stream takes no more appends.
     pub const DURABLE_STREAM_CLOSED: &str = "events.iterate.com/stream/durable-stream-closed";
-    /// The Durable Streams stream was deleted (`DELETE /ds/...`).
+    /// The Durable Streams stream was deleted (`DELETE /ds/...`); with
+    /// `soft: true` its forks still read what they inherited from it.
     pub const DURABLE_STREAM_DELETED: &str = "events.iterate.com/stream/durable-stream-deleted";
+    /// A fork of this Durable Streams stream was created (its path).
+    pub const DURABLE_STREAM_FORKED: &str = "events.iterate.com/stream/durable-stream-forked";
+    /// A fork of this Durable Streams stream is gone (its path).
+    pub const DURABLE_STREAM_FORK_REMOVED: &str =
+        "events.iterate.com/stream/durable-stream-fork-removed";
 
     /// Types only the platform may append.
     pub const PLATFORM_AUTHORED: &[&str] = &[
@@ -89,6 +95,8 @@ pub mod types {
         DURABLE_STREAM_CREATED,
         DURABLE_STREAM_CLOSED,
         DURABLE_STREAM_DELETED,
+        DURABLE_STREAM_FORKED,
+        DURABLE_STREAM_FORK_REMOVED,
     ];
 
     /// Control types public callers may append.

@@ -466,8 +466,7 @@ async fn tokens_and_projects_hold_as_everywhere() {
 
 /// The protocol's public conformance suite (`tests/durable-streams`: npm's
 /// `@durable-streams/server-conformance-tests`, pinned) against this
-/// server: every test passes but those of forks (`Stream-Forked-From`),
-/// which this server does not serve yet.
+/// server: every test it runs passes (332 of 338; it skips 6 itself).
 #[tokio::test]
 async fn the_protocols_own_conformance_suite_passes() {
     if crate::support::skipped_on_postgres("the suite speaks HTTP only; the protocol's storage is the stream's, tested on both engines above") {
@@ -603,4 +602,110 @@ async fn any_host_serves_the_protocol_through_the_streams_owner() {
         (a_row["streams"].as_u64(), b_row["streams"].as_u64()),
         (Some(1), Some(0))
     );
+}
+
+/// A fork reads its source up to the fork offset (and the part of the
+/// next message its sub-offset takes), then its own appends; a source
+/// deleted while a fork reads it is gone for its own readers only, until
+/// the fork is deleted too.
+#[tokio::test]
+async fn a_fork_reads_its_source_up_to_the_fork_then_its_own_and_outlives_a_deleted_source() {
+    let s = Server::start();
+    let source = "/ds/acme/chat/main";
+    let fork = "/ds/acme/chat/branch";
+    ds(&s, "PUT", source, &[JSON], br#"[{"m": 1}, {"m": 2}]"#)
+        .await
+        .expect(201);
+    let at = ds(
+        &s,
+        "POST",
+        source,
+        &[JSON],
+        br#"[{"m": 3}, {"m": 4}, {"m": 5}]"#,
+    )
+    .await
+    .expect(204);
+    let source_tail = at.header("stream-next-offset").unwrap().to_string();
+    // The offset after {"m": 2}: the second message of the first read.
+    let first = ds(&s, "GET", &format!("{source}?offset=-1"), &[], b"")
+        .await
+        .expect(200);
+    assert_eq!(first.json().as_array().unwrap().len(), 5);
+    let head = ds(&s, "HEAD", source, &[], b"").await.expect(200);
+    assert_eq!(
+        head.header("stream-next-offset"),
+        Some(source_tail.as_str())
+    );
+    // Fork after {"m": 2}, taking {"m": 3} of the next batch of three.
+    let two: u64 = source_tail.parse::<u64>().unwrap() - 3;
+    let fork_at = format!("{two:019}");
+    let created = ds(
+        &s,
+        "PUT",
+        fork,
+        &[
+            ("stream-forked-from", "/chat/main"),
+            ("stream-fork-offset", &fork_at),
+            ("stream-fork-sub-offset", "1"),
+        ],
+        b"",
+    )
+    .await
+    .expect(201);
+    assert_eq!(
+        created.header("content-type"),
+        Some("application/json"),
+        "inherited"
+    );
+    // A sub-offset past the batch is refused.
+    ds(
+        &s,
+        "PUT",
+        "/ds/acme/chat/too-far",
+        &[
+            ("stream-forked-from", "/chat/main"),
+            ("stream-fork-offset", &fork_at),
+            ("stream-fork-sub-offset", "4"),
+        ],
+        b"",
+    )
+    .await
+    .expect(400);
+    ds(&s, "POST", fork, &[JSON], br#"{"m": "own"}"#)
+        .await
+        .expect(204);
+    ds(&s, "POST", source, &[JSON], br#"{"m": 6}"#)
+        .await
+        .expect(204);
+    let read = ds(&s, "GET", &format!("{fork}?offset=-1"), &[], b"")
+        .await
+        .expect(200);
+    assert_eq!(
+        read.json(),
+        json!([{"m": 1}, {"m": 2}, {"m": 3}, {"m": "own"}])
+    );
+    // Reading the fork from the fork offset: only what is its own.
+    let own = ds(&s, "GET", &format!("{fork}?offset={fork_at}"), &[], b"")
+        .await
+        .expect(200);
+    assert_eq!(own.json(), json!([{"m": 3}, {"m": "own"}]));
+    let fork_next = own.header("stream-next-offset").unwrap().to_string();
+    assert!(fork_next > fork_at, "{fork_next} after {fork_at}");
+
+    // The source deleted: gone for its readers (410), its path taken (409),
+    // the fork still reads what it inherited.
+    ds(&s, "DELETE", source, &[], b"").await.expect(204);
+    ds(&s, "GET", source, &[], b"").await.expect(410);
+    ds(&s, "POST", source, &[JSON], b"{}").await.expect(410);
+    ds(&s, "PUT", source, &[JSON], b"").await.expect(409);
+    let read = ds(&s, "GET", &format!("{fork}?offset=-1"), &[], b"")
+        .await
+        .expect(200);
+    assert_eq!(read.json().as_array().unwrap().len(), 4);
+    // The fork deleted: the source goes for good; its path is free again.
+    ds(&s, "DELETE", fork, &[], b"").await.expect(204);
+    ds(&s, "GET", source, &[], b"").await.expect(404);
+    ds(&s, "PUT", source, &[JSON], b"[]").await.expect(201);
+    let fresh = ds(&s, "GET", source, &[], b"").await.expect(200);
+    assert_eq!(fresh.json(), json!([]));
 }

@@ -13,7 +13,7 @@
 //! through the native API are read through the protocol too (as the event's
 //! JSON); the platform's own control events are not.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use base64::Engine as _;
 use serde::{Deserialize, Serialize};
@@ -69,6 +69,36 @@ pub struct DurableStream {
     /// Idempotent producers, by id.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub producers: BTreeMap<String, Producer>,
+    /// A fork: where it was forked from. Its readers see the source's
+    /// events up to the fork offset, then its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub forked_from: Option<ForkOrigin>,
+    /// The paths of the live forks of this stream.
+    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
+    pub forks: BTreeSet<String>,
+    /// Deleted while forks still read from it: gone for its own readers
+    /// (`410`), kept for theirs.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub deleted: bool,
+}
+
+/// Where a fork was forked from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ForkOrigin {
+    /// The source stream's path (in the same project).
+    pub path: String,
+    /// The fork offset, in the source's offsets: the fork's own offsets
+    /// start after it.
+    pub offset: u64,
+    /// How much of the source's next message the fork took as its own
+    /// first content (bytes, or JSON messages).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub sub_offset: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// One producer's progress.
@@ -123,6 +153,22 @@ pub enum ProducerCheck {
 }
 
 impl DurableStream {
+    /// The offset readers see for one of this stream's own events: a
+    /// fork's own offsets come after its fork offset.
+    pub fn shown(&self, own: u64) -> u64 {
+        self.base().saturating_add(own)
+    }
+
+    /// Where this stream's own offsets start (a fork's fork offset; 0).
+    pub fn base(&self) -> u64 {
+        self.forked_from.as_ref().map_or(0, |f| f.offset)
+    }
+
+    /// The tail as readers see it.
+    pub fn shown_tail(&self) -> u64 {
+        self.shown(self.tail)
+    }
+
     /// The rules of an idempotent producer's request against this state.
     pub fn check_producer(&self, stamp: &ProducerStamp) -> ProducerCheck {
         let Some(p) = self.producers.get(&stamp.id) else {
@@ -183,12 +229,32 @@ impl DurableStream {
     /// Folds one committed (non-ephemeral) event into the state.
     pub(crate) fn reduce(&mut self, event: &Event) {
         if is_stream_control_type(&event.event_type) && !event.is_copy() {
-            if event.event_type == types::DURABLE_STREAM_CLOSED {
-                self.closed = true;
-                self.closed_by = event
+            let path = || {
+                event
                     .payload
-                    .get("producer")
-                    .and_then(|p| serde_json::from_value(p.clone()).ok());
+                    .get("path")
+                    .and_then(Value::as_str)
+                    .map(str::to_string)
+            };
+            match event.event_type.as_str() {
+                types::DURABLE_STREAM_CLOSED => {
+                    self.closed = true;
+                    self.closed_by = event
+                        .payload
+                        .get("producer")
+                        .and_then(|p| serde_json::from_value(p.clone()).ok());
+                }
+                types::DURABLE_STREAM_FORKED => {
+                    if let Some(p) = path() {
+                        self.forks.insert(p);
+                    }
+                }
+                types::DURABLE_STREAM_FORK_REMOVED => {
+                    if let Some(p) = path() {
+                        self.forks.remove(&p);
+                    }
+                }
+                _ => {}
             }
             return;
         }
@@ -248,6 +314,9 @@ impl DurableStream {
             closed_by: None,
             stream_seq: None,
             producers: BTreeMap::new(),
+            forked_from: created.forked_from,
+            forks: BTreeSet::new(),
+            deleted: false,
         })
     }
 }
@@ -265,6 +334,9 @@ pub struct Created {
     /// `Stream-Expires-At`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expires_at: Option<String>,
+    /// A fork's origin.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub forked_from: Option<ForkOrigin>,
 }
 
 impl Created {
@@ -276,6 +348,7 @@ impl Created {
             && self.ttl_seconds == existing.ttl_seconds
             && self.expires_at == existing.expires_at
             && closed == existing.closed
+            && self.forked_from == existing.forked_from
     }
 
     /// The event that creates the stream.
@@ -295,9 +368,45 @@ pub fn closed_event(producer: Option<&ProducerStamp>) -> EventInput {
 }
 
 /// The event that deletes a stream (its events stay in the log; the
-/// protocol no longer serves them).
-pub fn deleted_event() -> EventInput {
-    EventInput::new(types::DURABLE_STREAM_DELETED)
+/// protocol no longer serves them); `soft` while forks read from it.
+pub fn deleted_event(soft: bool) -> EventInput {
+    let payload = if soft {
+        json!({"soft": true})
+    } else {
+        json!({})
+    };
+    EventInput::new(types::DURABLE_STREAM_DELETED).payload(payload)
+}
+
+/// The event a source records a fork of itself by (`removed`: its end).
+pub fn fork_event(fork_path: &str, removed: bool) -> EventInput {
+    let t = if removed {
+        types::DURABLE_STREAM_FORK_REMOVED
+    } else {
+        types::DURABLE_STREAM_FORKED
+    };
+    EventInput::new(t).payload(json!({"path": fork_path}))
+}
+
+/// `Stream-Fork-Offset`: an offset of this server, or the beginning
+/// (`-1`, or zeros: `0000000000000000_0000000000000000` as some clients
+/// write the start).
+pub fn parse_fork_offset(text: &str) -> Result<u64, Error> {
+    let zeros = !text.is_empty()
+        && text.bytes().all(|b| b == b'0' || b == b'_')
+        && text.bytes().filter(|b| *b == b'_').count() <= 1
+        && !text.starts_with('_')
+        && !text.ends_with('_');
+    if text == "-1" || zeros {
+        return Ok(0);
+    }
+    match parse_offset(text) {
+        Ok(ReadFrom::After(n)) => Ok(n),
+        _ => Err(Error::invalid(format!(
+            "Stream-Fork-Offset {text:?} is not an offset of this server: send a \
+             Stream-Next-Offset it answered ({OFFSET_WIDTH} digits), or -1 for the beginning"
+        ))),
+    }
 }
 
 /// A content type without its parameters, lower case
@@ -406,6 +515,42 @@ pub struct Provenance {
     pub producer: Option<ProducerStamp>,
     /// `Stream-Seq`.
     pub stream_seq: Option<String>,
+}
+
+/// The events of a JSON batch: each message's, the batch's place of each
+/// recorded when there are several (a fork's sub-offset counts messages
+/// within a batch).
+pub fn json_batch_events(messages: Vec<Value>, provenance: &Provenance) -> Vec<EventInput> {
+    let n = messages.len();
+    messages
+        .into_iter()
+        .enumerate()
+        .map(|(i, m)| {
+            let mut e = json_message_event(m, provenance);
+            if n > 1 {
+                let meta = e.metadata.get_or_insert_with(Map::new);
+                let ours = meta
+                    .entry(META)
+                    .or_insert_with(|| Value::Object(Map::new()));
+                if let Value::Object(o) = ours {
+                    o.insert("batch".into(), json!([i, n]));
+                }
+            }
+            e
+        })
+        .collect()
+}
+
+/// How many messages of its batch start at `event` (it and those after it
+/// in the same append): 1 for a message appended alone.
+pub fn rest_of_batch(event: &Event) -> u64 {
+    event
+        .metadata
+        .as_ref()
+        .and_then(|m| m.get(META))
+        .and_then(|m| m.get("batch"))
+        .and_then(|b| Some((b.get(0)?.as_u64()?, b.get(1)?.as_u64()?)))
+        .map_or(1, |(i, n)| n.saturating_sub(i).max(1))
 }
 
 /// The event of one JSON message.
@@ -537,6 +682,9 @@ mod tests {
             closed_by: None,
             stream_seq: None,
             producers: BTreeMap::new(),
+            forked_from: None,
+            forks: BTreeSet::new(),
+            deleted: false,
         }
     }
 
@@ -673,6 +821,42 @@ mod tests {
             assert!(e.message.contains(&format!("{bad:?}")), "{}", e.message);
         }
         assert!(format_offset(7) < format_offset(10));
+    }
+
+    #[test]
+    fn a_fork_offset_is_ours_or_the_beginning() {
+        assert_eq!(parse_fork_offset(&format_offset(9)).unwrap(), 9);
+        assert_eq!(parse_fork_offset("-1").unwrap(), 0);
+        assert_eq!(
+            parse_fork_offset("0000000000000000_0000000000000000").unwrap(),
+            0
+        );
+        for bad in [
+            "",
+            "_",
+            "0_",
+            "0000000000000001_0000000000000000",
+            "now",
+            "12",
+        ] {
+            let e = parse_fork_offset(bad).unwrap_err();
+            assert!(e.message.contains(&format!("{bad:?}")), "{}", e.message);
+        }
+    }
+
+    #[test]
+    fn a_batch_knows_how_many_of_its_messages_follow() {
+        let events: Vec<Event> =
+            json_batch_events(vec![json!(1), json!(2), json!(3)], &Provenance::default())
+                .into_iter()
+                .enumerate()
+                .map(|(i, e)| message(3 + i as u64, e))
+                .collect();
+        let rest: Vec<u64> = events.iter().map(rest_of_batch).collect();
+        assert_eq!(rest, vec![3, 2, 1]);
+        let alone = message(9, json_message_event(json!(1), &Provenance::default()));
+        assert_eq!(rest_of_batch(&alone), 1);
+        assert_eq!(as_json_message(&events[1]), json!(2));
     }
 
     #[test]

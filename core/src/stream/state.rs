@@ -223,7 +223,13 @@ impl CoreState {
             types::DURABLE_STREAM_CREATED => {
                 self.durable_stream = super::durable::DurableStream::from_created(event);
             }
-            types::DURABLE_STREAM_DELETED => self.durable_stream = None,
+            types::DURABLE_STREAM_DELETED => {
+                let soft = p.get("soft").and_then(Value::as_bool).unwrap_or(false);
+                match &mut self.durable_stream {
+                    Some(d) if soft => d.deleted = true,
+                    _ => self.durable_stream = None,
+                }
+            }
             _ => {}
         }
     }

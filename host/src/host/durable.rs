@@ -19,9 +19,10 @@ use crate::error::{Error, ErrorKind};
 use crate::stream::durable::{
     self, Created, DurableStream, ProducerCheck, ProducerStamp, Provenance, ReadFrom,
 };
-use crate::stream::{
-    AppendInput, Authority, CoreState, Event, EventInput, ReadQuery, StreamAddress,
-};
+use crate::stream::{AppendInput, Authority, Event, EventInput, ReadQuery, StreamAddress};
+use serde_json::Value;
+
+use super::request::{StreamAnswer, StreamRequest};
 
 /// The most events a read looks at before it answers (the protocol lets
 /// a server bound its chunks; `Stream-Up-To-Date` is then left off).
@@ -50,16 +51,36 @@ impl DurableStreams {
     }
 }
 
-/// `PUT`: a stream's configuration, whether it is created closed, and its
-/// first content.
-#[derive(Debug, Clone)]
+/// `PUT`: a stream's configuration as asked (what is not given a fork
+/// inherits from its source), whether it is created closed, and its first
+/// content.
+#[derive(Debug, Clone, Default)]
 pub struct DurableCreate {
-    /// Content type and lifetime.
-    pub config: Created,
+    /// `Content-Type`, if given.
+    pub content_type: Option<String>,
+    /// `Stream-TTL`.
+    pub ttl_seconds: Option<u64>,
+    /// `Stream-Expires-At`.
+    pub expires_at: Option<String>,
     /// `Stream-Closed: true`.
     pub closed: bool,
     /// The initial bytes (may be empty).
     pub body: Bytes,
+    /// `Stream-Forked-From` and its offsets.
+    pub fork: Option<ForkRequest>,
+}
+
+/// A fork asked for: `Stream-Forked-From`, `Stream-Fork-Offset`,
+/// `Stream-Fork-Sub-Offset`.
+#[derive(Debug, Clone)]
+pub struct ForkRequest {
+    /// The source stream (same project).
+    pub source: StreamAddress,
+    /// The fork offset (default: the source's tail).
+    pub offset: Option<u64>,
+    /// How much of the source's next message to take (bytes, or JSON
+    /// messages of its batch).
+    pub sub_offset: u64,
 }
 
 /// `POST`: content (or none, to close only), its content type, and the
@@ -134,7 +155,7 @@ pub struct DurablePage {
 impl DurablePage {
     /// Whether the reader is at the end of a closed stream.
     pub fn at_closed_end(&self) -> bool {
-        self.stream.closed && self.up_to_date && self.next >= self.stream.tail
+        self.stream.closed && self.up_to_date && self.next >= self.stream.shown_tail()
     }
 }
 
@@ -145,27 +166,70 @@ fn not_found(stream: &StreamAddress) -> Error {
     )
 }
 
+fn gone(stream: &StreamAddress) -> Error {
+    Error::new(
+        ErrorKind::Gone,
+        "stream-gone",
+        format!(
+            "stream {:?} was deleted (or expired); its forks still read what they inherited from it",
+            stream.path
+        ),
+    )
+}
+
+/// A stream as the protocol finds it.
+enum Found {
+    /// Never created through the protocol, deleted, or expired.
+    Missing,
+    /// Deleted or expired while forks read from it: `410` to its own
+    /// readers, still read through its forks.
+    Gone(DurableStream),
+    /// Served.
+    Live(DurableStream),
+}
+
+impl Found {
+    /// The stream, if its own readers may use it.
+    fn live(self, stream: &StreamAddress) -> Result<DurableStream, Error> {
+        match self {
+            Found::Live(d) => Ok(d),
+            Found::Gone(_) => Err(gone(stream)),
+            Found::Missing => Err(not_found(stream)),
+        }
+    }
+}
+
 impl Host {
-    /// The stream's protocol state if it exists, has not expired and was
-    /// created through the protocol.
-    async fn durable_state(&self, stream: &StreamAddress) -> Result<Option<CoreState>, Error> {
-        let state = match self.state_here(stream).await {
+    /// How the protocol finds `stream`: on this host's own actor (`here`:
+    /// the stream the request names, which the HTTP layer brought to its
+    /// owner) or wherever it is owned (a fork's source).
+    async fn durable_lookup(&self, stream: &StreamAddress, here: bool) -> Result<Found, Error> {
+        let state = if here {
+            self.state_here(stream).await
+        } else {
+            self.state(stream).await
+        };
+        let state = match state {
             Ok(s) => s,
             Err(e) if e.kind == ErrorKind::NotFound && e.code == "stream-not-found" => {
-                return Ok(None);
+                return Ok(Found::Missing);
             }
             Err(e) => return Err(e),
         };
-        let Some(d) = &state.durable_stream else {
-            return Ok(Some(state));
+        let Some(d) = state.durable_stream else {
+            return Ok(Found::Missing);
         };
-        if self.expired(stream, d) {
-            return Ok(Some(CoreState {
-                durable_stream: None,
-                ..state
-            }));
+        if d.deleted {
+            return Ok(Found::Gone(d));
         }
-        Ok(Some(state))
+        if self.expired(stream, &d) {
+            return Ok(if d.forks.is_empty() {
+                Found::Missing
+            } else {
+                Found::Gone(d)
+            });
+        }
+        Ok(Found::Live(d))
     }
 
     /// Whether `d` is past its expiry now.
@@ -199,14 +263,12 @@ impl Host {
 
     /// `HEAD`: the stream's protocol state.
     pub async fn durable_head(&self, stream: &StreamAddress) -> Result<DurableStream, Error> {
-        self.durable_state(stream)
-            .await?
-            .and_then(|s| s.durable_stream)
-            .ok_or_else(|| not_found(stream))
+        self.durable_lookup(stream, true).await?.live(stream)
     }
 
     /// `PUT`: creates the stream (`true`) or finds it created with the same
-    /// configuration (`false`); another configuration is `409`.
+    /// configuration (`false`); another configuration is `409`. A fork
+    /// reads its source's events up to the fork offset, then its own.
     pub async fn durable_create(
         &self,
         stream: &StreamAddress,
@@ -214,36 +276,61 @@ impl Host {
     ) -> Result<(bool, DurableStream), Error> {
         let lock = self.durable.lock_of(stream);
         let _serial = lock.lock().await;
-        if let Some(existing) = self
-            .durable_state(stream)
-            .await?
-            .and_then(|s| s.durable_stream)
-        {
-            if create.config.matches(&existing, create.closed) {
-                self.touch(stream, &existing);
-                return Ok((false, existing));
+        match self.durable_lookup(stream, true).await? {
+            Found::Gone(_) => {
+                return Err(Error::conflict(
+                    "stream-gone",
+                    format!(
+                        "stream {:?} was deleted while forks still read from it: its path is \
+                         taken until they are deleted",
+                        stream.path
+                    ),
+                ));
             }
-            return Err(Error::conflict(
-                "stream-exists",
-                format!(
-                    "a stream exists at {:?} with another configuration (content type {:?}, \
-                     TTL {:?}, expiry {:?}, closed {})",
-                    stream.path,
-                    existing.content_type,
-                    existing.ttl_seconds,
-                    existing.expires_at,
-                    existing.closed
-                ),
-            ));
+            Found::Live(existing) => {
+                if same_configuration(&create, &existing) {
+                    self.touch(stream, &existing);
+                    return Ok((false, existing));
+                }
+                return Err(Error::conflict(
+                    "stream-exists",
+                    format!(
+                        "a stream exists at {:?} with another configuration (content type {:?}, \
+                         TTL {:?}, expiry {:?}, closed {}, forked from {:?})",
+                        stream.path,
+                        existing.content_type,
+                        existing.ttl_seconds,
+                        existing.expires_at,
+                        existing.closed,
+                        existing.forked_from.as_ref().map(|f| &f.path)
+                    ),
+                ));
+            }
+            Found::Missing => {}
         }
-        let json = durable::is_json(&create.config.content_type);
-        let mut events = vec![create.config.event()];
+        let (config, prefix) = match &create.fork {
+            None => (
+                Created {
+                    content_type: create
+                        .content_type
+                        .clone()
+                        .unwrap_or_else(|| "application/octet-stream".into()),
+                    ttl_seconds: create.ttl_seconds,
+                    expires_at: create.expires_at.clone(),
+                    forked_from: None,
+                },
+                Vec::new(),
+            ),
+            Some(fork) => self.resolve_fork(&create, fork).await?,
+        };
+        let json = durable::is_json(&config.content_type);
+        let mut events = vec![config.event()];
+        events.extend(prefix);
         let none = Provenance::default();
         if json {
             if !create.body.is_empty() {
-                for m in durable::json_messages(&create.body, true)? {
-                    events.push(durable::json_message_event(m, &none));
-                }
+                let messages = durable::json_messages(&create.body, true)?;
+                events.extend(durable::json_batch_events(messages, &none));
             }
         } else if !create.body.is_empty() {
             events.push(durable::bytes_message_event(&create.body, &none));
@@ -251,10 +338,185 @@ impl Host {
         if create.closed {
             events.push(durable::closed_event(None));
         }
-        self.durable_write(stream, events).await?;
+        if let Some(fork) = &create.fork {
+            // The source counts its forks first: a fork is never read
+            // while its source could be collected.
+            self.durable_fork_counted(&fork.source, &stream.path, true)
+                .await?;
+            if let Err(e) = self.durable_write(stream, events).await {
+                let _ = self
+                    .durable_fork_counted(&fork.source, &stream.path, false)
+                    .await;
+                return Err(e);
+            }
+        } else {
+            self.durable_write(stream, events).await?;
+        }
         let created = self.durable_head(stream).await?;
         self.touch(stream, &created);
         Ok((true, created))
+    }
+
+    /// A fork's configuration from its source, and the events of the part
+    /// of the source's next message it takes (its sub-offset).
+    async fn resolve_fork(
+        &self,
+        create: &DurableCreate,
+        fork: &ForkRequest,
+    ) -> Result<(Created, Vec<EventInput>), Error> {
+        let source = match self.durable_lookup(&fork.source, false).await? {
+            Found::Live(d) => d,
+            Found::Gone(_) => {
+                return Err(Error::conflict(
+                    "stream-gone",
+                    format!(
+                        "the source stream {:?} was deleted: it cannot be forked",
+                        fork.source.path
+                    ),
+                ));
+            }
+            Found::Missing => {
+                return Err(Error::not_found(
+                    "stream-not-found",
+                    format!("no source stream at {:?} to fork", fork.source.path),
+                ));
+            }
+        };
+        if let Some(given) = &create.content_type {
+            if durable::normalize_content_type(given)
+                != durable::normalize_content_type(&source.content_type)
+            {
+                return Err(Error::conflict(
+                    "content-type-mismatch",
+                    format!(
+                        "Content-Type {given:?} is not the source stream's content type {:?}",
+                        source.content_type
+                    ),
+                ));
+            }
+        }
+        let tail = source.shown_tail();
+        let offset = fork.offset.unwrap_or(tail);
+        if offset > tail {
+            return Err(Error::invalid(format!(
+                "Stream-Fork-Offset {} is beyond the source stream's tail {}",
+                durable::format_offset(offset),
+                durable::format_offset(tail)
+            )));
+        }
+        let mut prefix = Vec::new();
+        if fork.sub_offset > 0 {
+            let page = self
+                .durable_page(&fork.source, &source, ReadFrom::After(offset), None, false)
+                .await?;
+            let Some(next) = page.events.first() else {
+                return Err(Error::invalid(format!(
+                    "Stream-Fork-Sub-Offset {} names part of the message after offset {}, and \
+                     there is none",
+                    fork.sub_offset,
+                    durable::format_offset(offset)
+                )));
+            };
+            let none = Provenance::default();
+            if source.json_mode() {
+                let available = durable::rest_of_batch(next);
+                if fork.sub_offset > available {
+                    return Err(Error::invalid(format!(
+                        "Stream-Fork-Sub-Offset {} is more than the {available} messages of the \
+                         append after offset {}",
+                        fork.sub_offset,
+                        durable::format_offset(offset)
+                    )));
+                }
+                let messages: Vec<Value> = page
+                    .events
+                    .iter()
+                    .take(fork.sub_offset as usize)
+                    .map(durable::as_json_message)
+                    .collect();
+                prefix = durable::json_batch_events(messages, &none);
+            } else {
+                let bytes = durable::as_bytes(next);
+                if fork.sub_offset > bytes.len() as u64 {
+                    return Err(Error::invalid(format!(
+                        "Stream-Fork-Sub-Offset {} is more than the {} bytes of the message \
+                         after offset {}",
+                        fork.sub_offset,
+                        bytes.len(),
+                        durable::format_offset(offset)
+                    )));
+                }
+                prefix.push(durable::bytes_message_event(
+                    &bytes[..fork.sub_offset as usize],
+                    &none,
+                ));
+            }
+        }
+        // A lifetime not given is the source's.
+        let inherit = create.ttl_seconds.is_none() && create.expires_at.is_none();
+        let config = Created {
+            content_type: create
+                .content_type
+                .clone()
+                .unwrap_or_else(|| source.content_type.clone()),
+            ttl_seconds: if inherit {
+                source.ttl_seconds
+            } else {
+                create.ttl_seconds
+            },
+            expires_at: if inherit {
+                source.expires_at.clone()
+            } else {
+                create.expires_at.clone()
+            },
+            forked_from: Some(durable::ForkOrigin {
+                path: fork.source.path.clone(),
+                offset,
+                sub_offset: fork.sub_offset,
+            }),
+        };
+        Ok((config, prefix))
+    }
+
+    /// Records on `source` that the fork at `fork_path` exists (`true`) or
+    /// is gone; a source deleted meanwhile whose last fork this was is
+    /// deleted for good, and so on up its own sources.
+    async fn durable_fork_counted(
+        &self,
+        source: &StreamAddress,
+        fork_path: &str,
+        exists: bool,
+    ) -> Result<(), Error> {
+        let lock = self.durable.lock_of(source);
+        let _serial = lock.lock().await;
+        self.streams
+            .append(
+                source,
+                AppendInput::new([durable::fork_event(fork_path, !exists)]),
+                Authority::Platform,
+            )
+            .await?;
+        if exists {
+            return Ok(());
+        }
+        let Found::Gone(d) = self.durable_lookup(source, false).await? else {
+            return Ok(());
+        };
+        if !d.forks.is_empty() {
+            return Ok(());
+        }
+        self.streams
+            .append(
+                source,
+                AppendInput::new([durable::deleted_event(false)]),
+                Authority::Platform,
+            )
+            .await?;
+        if let Some(origin) = &d.forked_from {
+            let up = StreamAddress::new(source.namespace.clone(), &origin.path)?;
+            Box::pin(self.durable_fork_counted(&up, &source.path, false)).await?;
+        }
+        Ok(())
     }
 
     /// `POST`: appends (or closes), a producer's request checked against
@@ -274,16 +536,18 @@ impl Host {
             return Ok(match (retry, &append.producer) {
                 (true, Some(p)) => Appended::Duplicate {
                     last_seq: p.seq,
-                    tail: d.tail,
+                    tail: d.shown_tail(),
                     closed: true,
                 },
                 // Closing a closed stream again, as nobody in particular:
                 // it is closed, as asked.
                 (false, None) if close_only => Appended::Done {
-                    tail: d.tail,
+                    tail: d.shown_tail(),
                     closed: true,
                 },
-                _ => Appended::Closed { tail: d.tail },
+                _ => Appended::Closed {
+                    tail: d.shown_tail(),
+                },
             });
         }
         if !close_only {
@@ -315,7 +579,7 @@ impl Host {
                 ProducerCheck::Duplicate { last_seq } => {
                     return Ok(Appended::Duplicate {
                         last_seq,
-                        tail: d.tail,
+                        tail: d.shown_tail(),
                         closed: d.closed,
                     });
                 }
@@ -342,12 +606,10 @@ impl Host {
         };
         let mut events = Vec::new();
         if close_only {
-            // A close by a producer moves its sequence: a message-less
-            // record of it would not, so the close carries it.
+            // Only the close (it records the producer's request).
         } else if d.json_mode() {
-            for m in durable::json_messages(&append.body, false)? {
-                events.push(durable::json_message_event(m, &provenance));
-            }
+            let messages = durable::json_messages(&append.body, false)?;
+            events.extend(durable::json_batch_events(messages, &provenance));
         } else {
             events.push(durable::bytes_message_event(&append.body, &provenance));
         }
@@ -357,24 +619,35 @@ impl Host {
         self.durable_write(stream, events).await?;
         let after = self.durable_head(stream).await?;
         Ok(Appended::Done {
-            tail: after.tail,
+            tail: after.shown_tail(),
             closed: after.closed,
         })
     }
 
     /// `DELETE`: the protocol serves the stream no more (its events stay in
-    /// the log, where subscriptions and processors already met them).
+    /// the log, where subscriptions and processors already met them). One
+    /// that forks still read from is gone for its own readers only, until
+    /// its last fork is deleted.
     pub async fn durable_delete(&self, stream: &StreamAddress) -> Result<(), Error> {
         let lock = self.durable.lock_of(stream);
         let _serial = lock.lock().await;
-        self.durable_head(stream).await?;
-        self.durable_write(stream, vec![durable::deleted_event()])
+        let d = self.durable_lookup(stream, true).await?.live(stream)?;
+        let soft = !d.forks.is_empty();
+        self.durable_write(stream, vec![durable::deleted_event(soft)])
             .await?;
         self.durable
             .accessed
             .lock()
             .expect("durable access times")
             .remove(stream);
+        drop(_serial);
+        if !soft {
+            if let Some(origin) = &d.forked_from {
+                let source = StreamAddress::new(stream.namespace.clone(), &origin.path)?;
+                self.durable_fork_counted(&source, &stream.path, false)
+                    .await?;
+            }
+        }
         Ok(())
     }
 
@@ -399,64 +672,121 @@ impl Host {
     ) -> Result<DurablePage, Error> {
         let d = self.durable_head(stream).await?;
         self.touch(stream, &d);
-        let start = match from {
-            ReadFrom::Start => d.created_offset,
-            ReadFrom::Now => d.tail,
-            ReadFrom::After(n) => n.max(d.created_offset),
+        self.durable_page(stream, &d, from, None, true).await
+    }
+
+    /// A page of `stream` (state `d`) after `from` up to its tail, or to
+    /// `cap` (a fork reading what it inherited); `here`: on this host's
+    /// own actor.
+    async fn durable_page(
+        &self,
+        stream: &StreamAddress,
+        d: &DurableStream,
+        from: ReadFrom,
+        cap: Option<u64>,
+        here: bool,
+    ) -> Result<DurablePage, Error> {
+        let tail = d.shown_tail();
+        let limit = cap.map_or(tail, |c| c.min(tail));
+        let after = match from {
+            ReadFrom::Start => None,
+            ReadFrom::Now => Some(tail),
+            ReadFrom::After(n) => Some(n),
         };
         let mut page = DurablePage {
-            next: d.tail,
-            up_to_date: true,
+            stream: d.clone(),
             events: Vec::new(),
-            stream: d,
+            next: limit,
+            up_to_date: true,
         };
-        let tail = page.stream.tail;
-        let mut after = start;
+        // What it inherited, read from its source (and so on up).
+        if let Some(origin) = &d.forked_from {
+            if after.is_none_or(|o| o < origin.offset) {
+                let source = StreamAddress::new(stream.namespace.clone(), &origin.path)?;
+                let inherited = match self.durable_lookup(&source, false).await? {
+                    Found::Live(s) | Found::Gone(s) => {
+                        let cap = origin.offset.min(limit);
+                        Box::pin(self.durable_page(&source, &s, from, Some(cap), false)).await?
+                    }
+                    Found::Missing => {
+                        return Err(Error::internal(format!(
+                            "the source {:?} of fork {:?} is gone",
+                            origin.path, stream.path
+                        )));
+                    }
+                };
+                page.events = inherited.events;
+                if !inherited.up_to_date {
+                    page.next = inherited.next;
+                    page.up_to_date = false;
+                    return Ok(page);
+                }
+            }
+        }
+        // Its own events.
+        let base = d.base();
+        let mut own_after = after
+            .unwrap_or(0)
+            .saturating_sub(base)
+            .max(d.created_offset);
+        let own_limit = limit.saturating_sub(base);
         let mut looked = 0;
         let mut bytes = 0;
-        while after < tail {
+        while own_after < own_limit {
             if looked >= READ_EVENTS_MAX || (bytes >= READ_BYTES_MAX && !page.events.is_empty()) {
-                page.next = after;
+                page.next = d.shown(own_after);
                 page.up_to_date = false;
                 break;
             }
             let query = ReadQuery {
-                after_offset: after,
+                after_offset: own_after,
                 limit: crate::stream::READ_LIMIT_MAX,
                 include_ephemeral: false,
             };
-            let out = self.streams.read(stream, query).await?;
+            let out = if here {
+                self.streams.read(stream, query).await?
+            } else {
+                match self.apply(stream, StreamRequest::Events(query)).await? {
+                    StreamAnswer::Events(out) => out,
+                    other => return Err(other.unexpected()),
+                }
+            };
             if out.events.is_empty() {
                 break;
             }
+            let full = out.events.len() == crate::stream::READ_LIMIT_MAX;
             for raw in &out.events {
                 let event: Event = serde_json::from_str(raw.get())
                     .map_err(|e| Error::internal(format!("parsing a stored event: {e}")))?;
-                if event.offset > tail {
+                if event.offset > own_limit {
+                    own_after = own_limit;
                     break;
                 }
-                after = event.offset;
+                own_after = event.offset;
                 looked += 1;
                 if durable::is_visible(&event) {
                     bytes += raw.get().len();
                     page.events.push(event);
                 }
             }
-            if out.events.len() < crate::stream::READ_LIMIT_MAX {
+            if !full {
                 break;
             }
         }
         Ok(page)
     }
 
-    /// A live connection that wakes a reader waiting after `after` (its
-    /// batches are only a signal: the reader reads again).
+    /// A live connection that wakes a reader of `stream` (state `d`)
+    /// waiting after `after` (its batches are only a signal: the reader
+    /// reads again).
     pub async fn durable_watch(
         &self,
         stream: &StreamAddress,
+        d: &DurableStream,
         after: u64,
     ) -> Result<LiveConnection, Error> {
-        self.connect_here(stream, Connect::new().after(after).events_only())
+        let own = after.saturating_sub(d.base()).max(d.created_offset);
+        self.connect_here(stream, Connect::new().after(own).events_only())
             .await
     }
 
@@ -466,11 +796,12 @@ impl Host {
     pub async fn durable_wait(
         &self,
         stream: &StreamAddress,
+        d: &DurableStream,
         after: u64,
         timeout: Duration,
     ) -> Result<Option<DurablePage>, Error> {
         let deadline = tokio::time::Instant::now() + timeout;
-        let mut live = self.durable_watch(stream, after).await?;
+        let mut live = self.durable_watch(stream, d, after).await?;
         loop {
             let page = self.durable_read(stream, ReadFrom::After(after)).await?;
             if !page.events.is_empty() || page.stream.closed {
@@ -481,6 +812,32 @@ impl Host {
             }
         }
     }
+}
+
+/// Whether a `PUT` asks for the configuration `existing` was created with
+/// (what a fork's `PUT` leaves out, it inherited: not compared).
+fn same_configuration(create: &DurableCreate, existing: &DurableStream) -> bool {
+    let content_type = match (&create.content_type, &create.fork) {
+        (Some(t), _) => durable::normalize_content_type(t),
+        (None, Some(_)) => durable::normalize_content_type(&existing.content_type),
+        (None, None) => "application/octet-stream".into(),
+    };
+    let lifetime_given = create.ttl_seconds.is_some() || create.expires_at.is_some();
+    let lifetime = !(create.fork.is_none() || lifetime_given)
+        || (create.ttl_seconds == existing.ttl_seconds && create.expires_at == existing.expires_at);
+    let fork = match (&create.fork, &existing.forked_from) {
+        (None, None) => true,
+        (Some(f), Some(o)) => {
+            f.source.path == o.path
+                && f.sub_offset == o.sub_offset
+                && f.offset.is_none_or(|x| x == o.offset)
+        }
+        _ => false,
+    };
+    content_type == durable::normalize_content_type(&existing.content_type)
+        && lifetime
+        && fork
+        && create.closed == existing.closed
 }
 
 /// What a reader waiting on a live connection heard.

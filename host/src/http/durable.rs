@@ -16,10 +16,10 @@ use serde_json::{json, Value};
 
 use super::error::ApiError;
 use crate::host::durable::{
-    wait_for_news, Appended, DurableAppend, DurableCreate, DurablePage, News,
+    wait_for_news, Appended, DurableAppend, DurableCreate, DurablePage, ForkRequest, News,
 };
 use crate::host::Host;
-use crate::stream::durable::{self, Created, ProducerStamp, ReadFrom};
+use crate::stream::durable::{self, ProducerStamp, ReadFrom};
 use crate::stream::{Namespace, StreamAddress};
 
 /// How long an SSE response lasts before the server ends it (the client
@@ -161,11 +161,6 @@ async fn create(
         let (a, b) = t.trim().split_once('/').unwrap_or(("", ""));
         !a.is_empty() && !b.is_empty()
     });
-    let kind = if plausible {
-        given.to_string()
-    } else {
-        "application/octet-stream".to_string()
-    };
     let ttl = text(headers, "stream-ttl")?;
     let expires = text(headers, "stream-expires-at")?;
     if ttl.is_some() && expires.is_some() {
@@ -173,32 +168,25 @@ async fn create(
             "Stream-TTL and Stream-Expires-At together: send one of them",
         ));
     }
-    let config = Created {
-        content_type: kind,
+    let fork = fork(stream, headers)?;
+    let create = DurableCreate {
+        content_type: plausible.then(|| given.to_string()),
         ttl_seconds: ttl
             .map(|t| durable::parse_integer("Stream-TTL", t))
             .transpose()?,
         expires_at: expires.map(durable::parse_expires_at).transpose()?,
+        closed: flag(headers, CLOSED)?,
+        body: body_bytes(host, body).await?,
+        fork,
     };
-    let closed = flag(headers, CLOSED)?;
-    let body = body_bytes(host, body).await?;
-    let (new, d) = host
-        .durable_create(
-            stream,
-            DurableCreate {
-                config,
-                closed,
-                body,
-            },
-        )
-        .await?;
+    let (new, d) = host.durable_create(stream, create).await?;
     let mut response = if new {
         StatusCode::CREATED.into_response()
     } else {
         StatusCode::OK.into_response()
     };
     content_type(&mut response, &d.content_type);
-    set(&mut response, NEXT_OFFSET, durable::format_offset(d.tail));
+    set(&mut response, NEXT_OFFSET, durable::format_offset(d.shown_tail()));
     if new {
         let authority = text(headers, "host")?.unwrap_or("localhost");
         set(&mut response, "location", format!("http://{authority}{}", uri.path()));
@@ -207,6 +195,49 @@ async fn create(
         set(&mut response, CLOSED, "true");
     }
     Ok(response)
+}
+
+/// `Stream-Forked-From` (a path in the same project, or this server's
+/// `/ds/{project}...` URL path of it), `Stream-Fork-Offset` and
+/// `Stream-Fork-Sub-Offset`.
+fn fork(stream: &StreamAddress, headers: &HeaderMap) -> Result<Option<ForkRequest>, ApiError> {
+    let from = text(headers, "stream-forked-from")?;
+    let offset = text(headers, "stream-fork-offset")?;
+    let sub = text(headers, "stream-fork-sub-offset")?;
+    let Some(from) = from else {
+        if sub.is_some() || offset.is_some() {
+            return Err(ApiError::invalid(
+                "Stream-Fork-Offset and Stream-Fork-Sub-Offset need Stream-Forked-From",
+            ));
+        }
+        return Ok(None);
+    };
+    let prefix = format!(
+        "/ds/{}/",
+        stream.namespace.project_id().unwrap_or_default()
+    );
+    let path = from.strip_prefix(prefix.as_str()).map_or(from.to_string(), |p| format!("/{p}"));
+    let source = StreamAddress::new(stream.namespace.clone(), &path)?;
+    if source == *stream {
+        return Err(ApiError::invalid(format!(
+            "Stream-Forked-From {from:?} names the stream itself"
+        )));
+    }
+    let offset = offset.map(durable::parse_fork_offset).transpose()?;
+    let sub_offset = sub
+        .map(|s| durable::parse_integer("Stream-Fork-Sub-Offset", s))
+        .transpose()?
+        .unwrap_or(0);
+    if sub_offset > 0 && offset.is_none() {
+        return Err(ApiError::invalid(
+            "Stream-Fork-Sub-Offset names part of the message after Stream-Fork-Offset: send both",
+        ));
+    }
+    Ok(Some(ForkRequest {
+        source,
+        offset,
+        sub_offset,
+    }))
 }
 
 fn producer(headers: &HeaderMap) -> Result<Option<ProducerStamp>, ApiError> {
@@ -343,7 +374,7 @@ async fn head(host: &Host, stream: &StreamAddress) -> Result<Response, ApiError>
     let d = host.durable_head(stream).await?;
     let mut r = StatusCode::OK.into_response();
     content_type(&mut r, &d.content_type);
-    set(&mut r, NEXT_OFFSET, durable::format_offset(d.tail));
+    set(&mut r, NEXT_OFFSET, durable::format_offset(d.shown_tail()));
     set(&mut r, "cache-control", "no-store");
     if d.closed {
         set(&mut r, CLOSED, "true");
@@ -361,7 +392,7 @@ async fn head(host: &Host, stream: &StreamAddress) -> Result<Response, ApiError>
         format!(
             "\"{}:-1:{}{closed}\"",
             etag_path(stream),
-            durable::format_offset(d.tail)
+            durable::format_offset(d.shown_tail())
         ),
     );
     Ok(r)
@@ -490,7 +521,12 @@ async fn long_poll(
     let page = if waits {
         let after = page.next;
         match host
-            .durable_wait(stream, after, Duration::from_millis(host.config.http.long_poll_ms))
+            .durable_wait(
+                stream,
+                &page.stream,
+                after,
+                Duration::from_millis(host.config.http.long_poll_ms),
+            )
             .await?
         {
             Some(p) => p,
@@ -542,7 +578,7 @@ async fn sse(
 ) -> Result<Response, ApiError> {
     let first = host.durable_read(stream, from).await?;
     let base64 = !durable::is_text(&first.stream.content_type);
-    let mut live = host.durable_watch(stream, first.next).await?;
+    let mut live = host.durable_watch(stream, &first.stream, first.next).await?;
     let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(16);
     let host = host.clone();
     let stream = stream.clone();

@@ -79,6 +79,7 @@ pub fn status_of(kind: ErrorKind) -> u16 {
         ErrorKind::NotFound => 404,
         ErrorKind::Timeout => 408,
         ErrorKind::Conflict => 409,
+        ErrorKind::Gone => 410,
         ErrorKind::TooLarge => 413,
         ErrorKind::Unprocessable => 422,
         ErrorKind::Internal => 500,
