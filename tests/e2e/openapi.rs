@@ -160,6 +160,8 @@ struct Call {
     url: String,
     body: Option<Value>,
     wasm: Option<Vec<u8>>,
+    /// A body of another content type (the Durable Streams protocol's).
+    raw: Option<(&'static str, Vec<u8>)>,
     status: u16,
 }
 
@@ -176,6 +178,7 @@ fn call(
         url: url.to_string(),
         body,
         wasm: None,
+        raw: None,
         status,
     }
 }
@@ -604,6 +607,18 @@ async fn every_operation_answers_a_real_request_as_the_openapi_document_says() {
     );
     deploy.wasm = Some(guest("counter"));
     calls.push(deploy);
+    // The Durable Streams protocol: create, append, read, look, delete.
+    let ds = "/ds/{project}/{path}";
+    let text = |method, status, body: &[u8]| {
+        let mut c = call(method, ds, "/ds/acme/walk/text", None, status);
+        c.raw = Some(("text/plain", body.to_vec()));
+        c
+    };
+    calls.push(text("PUT", 201, b"first"));
+    calls.push(text("POST", 204, b" second"));
+    calls.push(call("GET", ds, "/ds/acme/walk/text?offset=-1", None, 200));
+    calls.push(call("HEAD", ds, "/ds/acme/walk/text", None, 200));
+    calls.push(call("DELETE", ds, "/ds/acme/walk/text", None, 204));
 
     let client = reqwest::Client::builder()
         .timeout(Duration::from_secs(30))
@@ -637,6 +652,11 @@ async fn every_operation_answers_a_real_request_as_the_openapi_document_says() {
         if let Some(bytes) = &c.wasm {
             request = request
                 .header("content-type", "application/wasm")
+                .body(bytes.clone());
+        }
+        if let Some((content_type, bytes)) = &c.raw {
+            request = request
+                .header("content-type", *content_type)
                 .body(bytes.clone());
         }
         let response = request.send().await.unwrap();

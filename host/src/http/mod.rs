@@ -153,6 +153,18 @@ fn routes() -> Vec<Route> {
             ],
         ),
         route("/v1/ingest", get(ingest::status), &[("GET", "/v1/ingest")]),
+        // The Durable Streams protocol over the project's streams.
+        route(
+            "/ds/{project}/{*rest}",
+            any(durable::route),
+            &[
+                ("PUT", "/ds/{project}/{path}"),
+                ("POST", "/ds/{project}/{path}"),
+                ("GET", "/ds/{project}/{path}"),
+                ("HEAD", "/ds/{project}/{path}"),
+                ("DELETE", "/ds/{project}/{path}"),
+            ],
+        ),
         route("/v1/cluster", get(cluster), &[("GET", "/v1/cluster")]),
         route("/v1/backup", get(backup::backup), &[("GET", "/v1/backup")]),
         route(
@@ -178,8 +190,6 @@ pub fn router(host: Host) -> Router {
         // The console's script and style (the page is `GET /console`).
         .route("/console/console.js", get(console_js))
         .route("/console/console.css", get(console_css))
-        // The Durable Streams protocol over the project's streams.
-        .route("/ds/{project}/{*rest}", any(durable::route))
         // Host to host (several hosts); not part of the public API.
         .route(
             crate::actor::remote::PATH,
