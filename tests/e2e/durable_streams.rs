@@ -709,3 +709,56 @@ async fn a_fork_reads_its_source_up_to_the_fork_then_its_own_and_outlives_a_dele
     let fresh = ds(&s, "GET", source, &[], b"").await.expect(200);
     assert_eq!(fresh.json(), json!([]));
 }
+
+/// A producer's request sent twice at once, by several producers at once
+/// on one stream: each request is appended exactly once, in each
+/// producer's order, and the copy of it is answered as a duplicate.
+#[tokio::test]
+async fn a_producers_request_sent_twice_at_once_is_appended_once() {
+    let s = Server::start();
+    let path = "/ds/acme/race";
+    ds(&s, "PUT", path, &[JSON], b"[]").await.expect(201);
+    let producers = ["p0", "p1", "p2", "p3"];
+    let requests = 25u64;
+    let runs = producers.map(|p| {
+        let url = format!("{}{path}", s.url);
+        tokio::spawn(async move {
+            let client = reqwest::Client::new();
+            let mut statuses = Vec::new();
+            for seq in 0..requests {
+                let send = || {
+                    client
+                        .post(&url)
+                        .header("content-type", "application/json")
+                        .header("producer-id", p)
+                        .header("producer-epoch", "0")
+                        .header("producer-seq", seq.to_string())
+                        .body(format!(r#"{{"p": "{p}", "seq": {seq}}}"#))
+                        .send()
+                };
+                let (a, b) = tokio::join!(send(), send());
+                let mut pair = [a.unwrap().status().as_u16(), b.unwrap().status().as_u16()];
+                pair.sort();
+                statuses.push(pair);
+            }
+            statuses
+        })
+    });
+    for run in runs {
+        for pair in run.await.unwrap() {
+            assert_eq!(pair, [200, 204], "one append and one duplicate");
+        }
+    }
+    let read = ds(&s, "GET", path, &[], b"").await.expect(200);
+    let messages = read.json();
+    let messages = messages.as_array().unwrap();
+    assert_eq!(messages.len(), producers.len() * requests as usize);
+    for p in producers {
+        let seqs: Vec<u64> = messages
+            .iter()
+            .filter(|m| m["p"] == p)
+            .map(|m| m["seq"].as_u64().unwrap())
+            .collect();
+        assert_eq!(seqs, (0..requests).collect::<Vec<_>>(), "{p}");
+    }
+}

@@ -267,6 +267,8 @@ pub fn plan_append(
         redactions: Vec::new(),
     };
     let mut created = false;
+    // Whether this request's first Durable Streams message was checked.
+    let mut durable_checked = false;
 
     for (i, e) in input.events.iter().enumerate() {
         let mut key = e.idempotency_key.clone();
@@ -348,6 +350,12 @@ pub fn plan_append(
             }
             new_keys.push((redacting_key(redacted.offset), redacted.clone()));
             plan.redactions.push(redacted);
+        }
+        if !copied && e.event_type == super::durable::MESSAGE {
+            if let Some(d) = &current.durable_stream {
+                d.check_commit(i, e, !durable_checked)?;
+                durable_checked = true;
+            }
         }
         if current.paused && !is_stream_control_type(&e.event_type) {
             return Err(Error::unavailable(

@@ -203,6 +203,60 @@ impl DurableStream {
         }
     }
 
+    /// What appending message `e` (at `events[i]`) needs of the stream as
+    /// it commits: open, and for the request's first message (`first`) a
+    /// producer's request that is the next of its epoch and a `Stream-Seq`
+    /// after the last. The host checks these before it appends; here they
+    /// hold against whatever another writer committed in between
+    /// (`stream-closed`, `producer-state-moved`, `stream-seq-regression`:
+    /// the host looks again).
+    pub fn check_commit(&self, i: usize, e: &EventInput, first: bool) -> Result<(), Error> {
+        if self.closed {
+            return Err(Error::conflict(
+                "stream-closed",
+                format!("events[{i}]: the stream is closed: it takes no more messages"),
+            ));
+        }
+        if !first {
+            return Ok(());
+        }
+        let meta = e
+            .metadata
+            .as_ref()
+            .and_then(|m| m.get(META))
+            .and_then(Value::as_object);
+        let Some(meta) = meta else {
+            return Ok(());
+        };
+        if let Some(stamp) = meta
+            .get("producer")
+            .and_then(|p| serde_json::from_value::<ProducerStamp>(p.clone()).ok())
+        {
+            let check = self.check_producer(&stamp);
+            if check != ProducerCheck::Accept {
+                return Err(Error::conflict(
+                    "producer-state-moved",
+                    format!(
+                        "events[{i}]: producer {:?} epoch {} seq {} is no longer the next: {check:?}",
+                        stamp.id, stamp.epoch, stamp.seq
+                    ),
+                ));
+            }
+        }
+        if let (Some(seq), Some(last)) = (
+            meta.get("streamSeq").and_then(Value::as_str),
+            &self.stream_seq,
+        ) {
+            if seq <= last.as_str() {
+                return Err(Error::conflict(
+                    "stream-seq-regression",
+                    format!("Stream-Seq {seq:?} is not after the last one, {last:?}"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// Whether its content is JSON messages (`application/json`).
     pub fn json_mode(&self) -> bool {
         is_json(&self.content_type)
@@ -243,6 +297,9 @@ impl DurableStream {
                         .payload
                         .get("producer")
                         .and_then(|p| serde_json::from_value(p.clone()).ok());
+                    if let Some(stamp) = self.closed_by.clone() {
+                        self.record_producer(stamp, event.offset);
+                    }
                 }
                 types::DURABLE_STREAM_FORKED => {
                     if let Some(p) = path() {
@@ -278,25 +335,31 @@ impl DurableStream {
             .get("producer")
             .and_then(|p| serde_json::from_value::<ProducerStamp>(p.clone()).ok())
         {
-            if !self.producers.contains_key(&stamp.id) && self.producers.len() >= PRODUCERS_MAX {
-                let oldest = self
-                    .producers
-                    .iter()
-                    .min_by_key(|(_, p)| p.at_offset)
-                    .map(|(id, _)| id.clone());
-                if let Some(id) = oldest {
-                    self.producers.remove(&id);
-                }
-            }
-            self.producers.insert(
-                stamp.id,
-                Producer {
-                    epoch: stamp.epoch,
-                    seq: stamp.seq,
-                    at_offset: event.offset,
-                },
-            );
+            self.record_producer(stamp, event.offset);
         }
+    }
+
+    /// A producer's request accepted at `offset`; past [`PRODUCERS_MAX`]
+    /// the producer that wrote least recently is forgotten.
+    fn record_producer(&mut self, stamp: ProducerStamp, offset: u64) {
+        if !self.producers.contains_key(&stamp.id) && self.producers.len() >= PRODUCERS_MAX {
+            let oldest = self
+                .producers
+                .iter()
+                .min_by_key(|(_, p)| p.at_offset)
+                .map(|(id, _)| id.clone());
+            if let Some(id) = oldest {
+                self.producers.remove(&id);
+            }
+        }
+        self.producers.insert(
+            stamp.id,
+            Producer {
+                epoch: stamp.epoch,
+                seq: stamp.seq,
+                at_offset: offset,
+            },
+        );
     }
 
     /// The state right after its `durable-stream-created` event.
@@ -755,6 +818,28 @@ mod tests {
             ProducerCheck::StaleEpoch { current: 2 }
         );
         assert_eq!(s.stream_seq.as_deref(), Some("b"));
+    }
+
+    #[test]
+    fn a_commit_holds_what_the_host_checked_before_it() {
+        let mut s = stream();
+        let p = |seq| Provenance {
+            producer: Some(stamp("p", 0, seq)),
+            stream_seq: Some(format!("{seq}")),
+        };
+        let first = json_message_event(json!(1), &p(0));
+        assert!(s.check_commit(0, &first, true).is_ok());
+        s.reduce(&message(3, first.clone()));
+        // The same request again (another writer committed it meanwhile).
+        let e = s.check_commit(0, &first, true).unwrap_err();
+        assert_eq!(e.code, "producer-state-moved", "{}", e.message);
+        // Only a request's first message is checked against the producer.
+        assert!(s.check_commit(1, &first, false).is_ok());
+        let next = json_message_event(json!(2), &p(1));
+        assert!(s.check_commit(0, &next, true).is_ok());
+        s.closed = true;
+        let e = s.check_commit(0, &next, false).unwrap_err();
+        assert_eq!(e.code, "stream-closed");
     }
 
     #[test]

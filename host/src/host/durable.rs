@@ -29,6 +29,9 @@ use super::request::{StreamAnswer, StreamRequest};
 const READ_EVENTS_MAX: usize = 2000;
 /// The most bytes a read answers, past its first event.
 const READ_BYTES_MAX: usize = 4 * 1024 * 1024;
+/// How often an append is looked at again when other writers keep
+/// getting in between its check and its commit.
+const APPEND_ATTEMPTS: u32 = 16;
 
 /// Per-stream serialization of protocol writes, and when each stream with
 /// a TTL was last read or written.
@@ -520,14 +523,37 @@ impl Host {
     }
 
     /// `POST`: appends (or closes), a producer's request checked against
-    /// the producer's state in the same step.
+    /// the producer's state. No lock: the append's planning checks again
+    /// what was checked here (open, the producer's next request, a rising
+    /// `Stream-Seq`) as it commits, so concurrent appends to one stream
+    /// share group commits; when another writer got in between, the
+    /// request is looked at again.
     pub async fn durable_append(
         &self,
         stream: &StreamAddress,
         append: DurableAppend,
     ) -> Result<Appended, Error> {
-        let lock = self.durable.lock_of(stream);
-        let _serial = lock.lock().await;
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            match self.durable_append_once(stream, &append).await {
+                Err(e)
+                    if attempts < APPEND_ATTEMPTS
+                        && e.kind == ErrorKind::Conflict
+                        && matches!(e.code, "stream-closed" | "producer-state-moved") =>
+                {
+                    continue;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    async fn durable_append_once(
+        &self,
+        stream: &StreamAddress,
+        append: &DurableAppend,
+    ) -> Result<Appended, Error> {
         let d = self.durable_head(stream).await?;
         self.touch(stream, &d);
         let close_only = append.body.is_empty() && append.close;
@@ -606,7 +632,8 @@ impl Host {
         };
         let mut events = Vec::new();
         if close_only {
-            // Only the close (it records the producer's request).
+            // Only the close (it records a producer's request: its retry
+            // is then a duplicate, and the producer's sequence moves).
         } else if d.json_mode() {
             let messages = durable::json_messages(&append.body, false)?;
             events.extend(durable::json_batch_events(messages, &provenance));
@@ -616,11 +643,24 @@ impl Host {
         if append.close {
             events.push(durable::closed_event(append.producer.as_ref()));
         }
-        self.durable_write(stream, events).await?;
-        let after = self.durable_head(stream).await?;
+        let out = self
+            .streams
+            .append_here(stream, AppendInput::new(events), Authority::Platform)
+            .await?;
+        let last = out
+            .events
+            .iter()
+            .rev()
+            .find(|e| durable::is_visible(e))
+            .map(|e| d.shown(e.offset));
+        let tail = match last {
+            Some(t) => t,
+            // Only a close: the tail is what it was when it closed.
+            None => self.durable_head(stream).await?.shown_tail(),
+        };
         Ok(Appended::Done {
-            tail: after.shown_tail(),
-            closed: after.closed,
+            tail,
+            closed: append.close,
         })
     }
 
