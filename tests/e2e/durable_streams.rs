@@ -60,14 +60,17 @@ const JSON: (&str, &str) = ("content-type", "application/json");
 #[tokio::test]
 async fn a_stream_written_through_the_protocol_is_folded_copied_and_read_natively_and_back() {
     let s = Server::start_with(Some(PROC), &[]);
-    let (status, out) = s.deploy("acme", "counter", guest("counter")).await;
-    assert_eq!(status, 200, "{out}");
+    for component in ["counter", "clocky"] {
+        let (status, out) = s.deploy("acme", component, guest(component)).await;
+        assert_eq!(status, 200, "{out}");
+    }
 
     let created = ds(&s, "PUT", DS, &[JSON], b"[]").await.expect(201);
     let start = created.header("stream-next-offset").unwrap().to_string();
     assert_eq!(start.len(), 19, "{start}");
 
-    // The stream is an ordinary stream: a processor and a copy subscribe.
+    // The stream is an ordinary stream: a processor, a copy and a reactor
+    // subscribe.
     let wake = json!({"type": "events.iterate.com/stream/subscription-configured",
         "payload": {"subscriptionKey": "counter",
             "receiver": {"action": "processor-wake", "expression": ["components", ["get", "counter"], "wake"]}}});
@@ -75,8 +78,14 @@ async fn a_stream_written_through_the_protocol_is_folded_copied_and_read_nativel
         "payload": {"subscriptionKey": "copy", "filter": {"eventTypes": ["durable-streams/message"]},
             "receiver": {"action": "copy-to-stream", "receivingStreamPath": "/orders/copy",
                 "delivery": {"start": "beginning", "onFailingEvent": "halt"}}}});
+    let react = json!({"type": "events.iterate.com/stream/subscription-configured",
+        "payload": {"subscriptionKey": "seen", "filter": {"eventTypes": ["durable-streams/message"]},
+            "receiver": {"action": "reactor", "expression": ["components", ["get", "clocky"], "react"]}}});
     let (status, out) = s
-        .post(&format!("{NATIVE}:append"), json!({"events": [wake, copy]}))
+        .post(
+            &format!("{NATIVE}:append"),
+            json!({"events": [wake, copy, react]}),
+        )
         .await;
     assert_eq!(status, 200, "{out}");
 
@@ -147,6 +156,18 @@ async fn a_stream_written_through_the_protocol_is_folded_copied_and_read_nativel
         events
             .iter()
             .filter(|e| e["type"] == "durable-streams/message")
+            .count()
+            == 3
+    })
+    .await;
+
+    // The reactor ran in each message's append: its effects appended one
+    // line per message elsewhere.
+    wait_for("three reactions", Duration::from_secs(20), async || {
+        let events = s.all_events("/v1/projects/acme/streams/clocky/seen").await;
+        events
+            .iter()
+            .filter(|e| e["type"] == "clocky.example/seen")
             .count()
             == 3
     })

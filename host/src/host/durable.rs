@@ -832,7 +832,8 @@ impl Host {
 
     /// Long-poll: a page of what comes after `after`, or `None` when
     /// nothing a reader sees arrived (and the stream was not closed)
-    /// within `timeout`.
+    /// within `timeout`. What arrives is taken from the live connection
+    /// itself: a thousand waiting readers read nothing again.
     pub async fn durable_wait(
         &self,
         stream: &StreamAddress,
@@ -842,15 +843,83 @@ impl Host {
     ) -> Result<Option<DurablePage>, Error> {
         let deadline = tokio::time::Instant::now() + timeout;
         let mut live = self.durable_watch(stream, d, after).await?;
+        let mut stream_state = d.clone();
         loop {
-            let page = self.durable_read(stream, ReadFrom::After(after)).await?;
-            if !page.events.is_empty() || page.stream.closed {
-                return Ok(Some(page));
-            }
-            if wait_for_news(&mut live, deadline).await != News::Committed {
-                return Ok(None);
+            match next_arrival(&mut live, deadline).await {
+                Ok(a) => {
+                    if a.deleted {
+                        return Err(not_found(stream));
+                    }
+                    stream_state.closed |= a.closed;
+                    if a.events.is_empty() && !a.closed {
+                        continue;
+                    }
+                    let next = a
+                        .events
+                        .last()
+                        .map_or(after.max(d.shown_tail()), |e| d.shown(e.offset));
+                    return Ok(Some(DurablePage {
+                        stream: stream_state,
+                        events: a.events,
+                        next,
+                        up_to_date: a.complete,
+                    }));
+                }
+                Err(_) => return Ok(None),
             }
         }
+    }
+}
+
+/// What one live batch brought a reader.
+#[derive(Debug, Clone, Default)]
+pub struct Arrival {
+    /// The events a reader sees.
+    pub events: Vec<Event>,
+    /// The stream was closed.
+    pub closed: bool,
+    /// The stream was deleted.
+    pub deleted: bool,
+    /// The batch reached the stream's head when it was sent.
+    pub complete: bool,
+}
+
+/// The next batch of committed events on a reader's live connection, or
+/// why there is none: the deadline passed, or the connection ended.
+pub(crate) async fn next_arrival(
+    live: &mut LiveConnection,
+    deadline: tokio::time::Instant,
+) -> Result<Arrival, News> {
+    loop {
+        let batch = match tokio::time::timeout_at(deadline, live.next()).await {
+            Err(_) => return Err(News::Timeout),
+            Ok(None) | Ok(Some(Live::Closed { .. })) => return Err(News::Ended),
+            Ok(Some(Live::Batch(batch))) => batch,
+        };
+        let Ok(events) = batch.parsed_events() else {
+            return Err(News::Ended);
+        };
+        let committed: Vec<Event> = events.into_iter().filter(|e| !e.ephemeral).collect();
+        let Some(last) = committed.last().map(|e| e.offset) else {
+            continue;
+        };
+        let mut arrival = Arrival {
+            complete: last >= batch.stream_max_offset,
+            ..Arrival::default()
+        };
+        for e in committed {
+            if !e.is_copy() {
+                match e.event_type.as_str() {
+                    crate::stream::types::DURABLE_STREAM_CLOSED => arrival.closed = true,
+                    crate::stream::types::DURABLE_STREAM_DELETED => arrival.deleted = true,
+                    _ => {}
+                }
+            }
+            if durable::is_visible(&e) && !arrival.closed && !arrival.deleted {
+                arrival.events.push(e);
+            }
+        }
+        return Ok(arrival);
     }
 }
 
@@ -880,36 +949,11 @@ fn same_configuration(create: &DurableCreate, existing: &DurableStream) -> bool 
         && create.closed == existing.closed
 }
 
-/// What a reader waiting on a live connection heard.
+/// Why a reader waiting on a live connection heard nothing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum News {
-    /// An event was committed: read again.
-    Committed,
     /// Nothing before the deadline.
     Timeout,
     /// The connection ended (the stream's actor let it go).
     Ended,
-}
-
-/// Waits until the live connection shows a committed event, ends, or
-/// `deadline` passes.
-pub(crate) async fn wait_for_news(
-    live: &mut LiveConnection,
-    deadline: tokio::time::Instant,
-) -> News {
-    loop {
-        match tokio::time::timeout_at(deadline, live.next()).await {
-            Err(_) => return News::Timeout,
-            Ok(None) | Ok(Some(Live::Closed { .. })) => return News::Ended,
-            Ok(Some(Live::Batch(batch))) => {
-                let committed = batch
-                    .parsed_events()
-                    .map(|events| events.iter().any(|e| !e.ephemeral))
-                    .unwrap_or(true);
-                if committed {
-                    return News::Committed;
-                }
-            }
-        }
-    }
 }

@@ -16,7 +16,7 @@ use serde_json::{json, Value};
 
 use super::error::ApiError;
 use crate::host::durable::{
-    wait_for_news, Appended, DurableAppend, DurableCreate, DurablePage, ForkRequest, News,
+    next_arrival, Appended, DurableAppend, DurableCreate, DurablePage, ForkRequest, News,
 };
 use crate::host::Host;
 use crate::stream::durable::{self, ProducerStamp, ReadFrom};
@@ -556,6 +556,45 @@ async fn long_poll(
     Ok(r)
 }
 
+/// A data event (when there are events) and its control event, as one
+/// write: `next` the offset after them, `end` the last of a closed stream.
+fn sse_frame(
+    events: &[crate::stream::Event],
+    json_mode: bool,
+    base64: bool,
+    next: u64,
+    end: bool,
+    up_to_date: bool,
+    cursor: &str,
+) -> Bytes {
+    let mut out = Vec::new();
+    if !events.is_empty() {
+        let data = if json_mode {
+            let messages: Vec<Value> = events.iter().map(durable::as_json_message).collect();
+            serde_json::to_string(&messages).unwrap_or_else(|_| "[]".into())
+        } else {
+            let bytes: Vec<u8> = events.iter().flat_map(durable::as_bytes).collect();
+            if base64 {
+                base64::engine::general_purpose::STANDARD.encode(bytes)
+            } else {
+                String::from_utf8_lossy(&bytes).into_owned()
+            }
+        };
+        out.extend_from_slice(&sse_event("data", &data));
+    }
+    let mut control = json!({"streamNextOffset": durable::format_offset(next)});
+    if end {
+        control["streamClosed"] = json!(true);
+    } else {
+        control["streamCursor"] = json!(cursor);
+        if up_to_date {
+            control["upToDate"] = json!(true);
+        }
+    }
+    out.extend_from_slice(&sse_event("control", &control.to_string()));
+    Bytes::from(out)
+}
+
 /// One SSE event: `event: {kind}` and each line of `data` as a `data:`
 /// line (any of CR, LF, CRLF ends a line, so no payload can forge an
 /// event).
@@ -578,73 +617,69 @@ async fn sse(
 ) -> Result<Response, ApiError> {
     let first = host.durable_read(stream, from).await?;
     let base64 = !durable::is_text(&first.stream.content_type);
-    let mut live = host.durable_watch(stream, &first.stream, first.next).await?;
     let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(16);
     let host = host.clone();
     let stream = stream.clone();
     tokio::spawn(async move {
         let deadline = tokio::time::Instant::now() + SSE_LIFETIME;
         let keep_alive_every = Duration::from_millis(host.config.http.long_poll_ms);
+        let frame = |events: &[crate::stream::Event], d: &durable::DurableStream, next: u64, end: bool, up_to_date: bool| {
+            sse_frame(events, d.json_mode(), base64, next, end, up_to_date, &cursor(&host, client_cursor.as_deref()))
+        };
+        // Catching up: pages read from the log, each sent as it is read.
         let mut page = first;
-        // Whether a control event goes out even with no data: the first,
-        // a keep-alive after a quiet wait, the last of a closed stream (a
-        // wake that brought nothing a reader sees sends nothing).
-        let mut announce = true;
         loop {
             let end = page.at_closed_end();
-            if !page.events.is_empty() || announce || end {
-                // A data event and its control event go out as one write.
-                let mut out = Vec::new();
-                if !page.events.is_empty() {
-                    let data = if page.stream.json_mode() {
-                        let messages: Vec<Value> =
-                            page.events.iter().map(durable::as_json_message).collect();
-                        serde_json::to_string(&messages).unwrap_or_else(|_| "[]".into())
-                    } else {
-                        let bytes: Vec<u8> =
-                            page.events.iter().flat_map(durable::as_bytes).collect();
-                        if base64 {
-                            base64::engine::general_purpose::STANDARD.encode(bytes)
-                        } else {
-                            String::from_utf8_lossy(&bytes).into_owned()
-                        }
-                    };
-                    out.extend_from_slice(&sse_event("data", &data));
-                }
-                let mut control = json!({"streamNextOffset": durable::format_offset(page.next)});
-                if end {
-                    control["streamClosed"] = json!(true);
-                } else {
-                    control["streamCursor"] = json!(cursor(&host, client_cursor.as_deref()));
-                    if page.up_to_date {
-                        control["upToDate"] = json!(true);
-                    }
-                }
-                out.extend_from_slice(&sse_event("control", &control.to_string()));
-                if tx.send(Bytes::from(out)).await.is_err() || end {
-                    return;
-                }
+            let out = frame(&page.events, &page.stream, page.next, end, page.up_to_date);
+            if tx.send(out).await.is_err() || end {
+                return;
             }
-            announce = false;
-            let next = page.next;
             if page.up_to_date {
-                let keep_alive = (tokio::time::Instant::now() + keep_alive_every).min(deadline);
-                let news = tokio::select! {
-                    news = wait_for_news(&mut live, keep_alive) => news,
-                    _ = tx.closed() => return,
-                };
-                match news {
-                    News::Committed => {}
-                    News::Ended => return,
-                    News::Timeout if tokio::time::Instant::now() >= deadline => return,
-                    News::Timeout => announce = true,
-                }
+                break;
             }
-            page = match host.durable_read(&stream, ReadFrom::After(next)).await {
+            page = match host.durable_read(&stream, ReadFrom::After(page.next)).await {
                 Ok(p) => p,
-                // Deleted or expired meanwhile: the response ends.
                 Err(_) => return,
             };
+        }
+        // Live: what the stream's live connection brings, sent as it is
+        // (nothing is read again), a control event alone after a quiet
+        // `[http] long-poll-ms`; the response ends after a minute.
+        let d = page.stream;
+        let mut next = page.next;
+        let Ok(mut live) = host.durable_watch(&stream, &d, next).await else {
+            return;
+        };
+        loop {
+            let keep_alive = (tokio::time::Instant::now() + keep_alive_every).min(deadline);
+            let arrival = tokio::select! {
+                a = next_arrival(&mut live, keep_alive) => a,
+                _ = tx.closed() => return,
+            };
+            let out = match arrival {
+                Ok(a) if a.deleted => return,
+                Ok(a) => {
+                    if a.events.is_empty() && !a.closed {
+                        continue;
+                    }
+                    if let Some(last) = a.events.last() {
+                        next = d.shown(last.offset);
+                    }
+                    let out = frame(&a.events, &d, next, a.closed, a.complete);
+                    if a.closed {
+                        let _ = tx.send(out).await;
+                        return;
+                    }
+                    out
+                }
+                Err(News::Timeout) if tokio::time::Instant::now() < deadline => {
+                    frame(&[], &d, next, false, true)
+                }
+                Err(_) => return,
+            };
+            if tx.send(out).await.is_err() {
+                return;
+            }
         }
     });
     let body = Body::from_stream(futures_util::stream::unfold(rx, |mut rx| async {
