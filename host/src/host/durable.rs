@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use axum::body::Bytes;
+use bytes::Bytes;
 
 use super::live::{Connect, Live, LiveConnection};
 use super::Host;
