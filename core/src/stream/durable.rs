@@ -537,7 +537,7 @@ pub fn parse_integer(what: &str, text: &str) -> Result<u64, Error> {
         && text.bytes().all(|b| b.is_ascii_digit())
         && (text == "0" || !text.starts_with('0'));
     match text.parse::<u64>() {
-        Ok(n) if plain && n <= (1u64 << 53) - 1 => Ok(n),
+        Ok(n) if plain && n < (1u64 << 53) => Ok(n),
         _ => Err(Error::invalid(format!(
             "{what} {text:?} is not a non-negative integer without sign or leading zeros, \
              at most 2^53-1"

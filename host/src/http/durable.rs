@@ -35,7 +35,8 @@ const PRODUCER_SEQ: &str = "producer-seq";
 
 const ALLOW_HEADERS: &str = "content-type, authorization, if-none-match, stream-seq, stream-ttl, \
      stream-expires-at, stream-closed, producer-id, producer-epoch, producer-seq, traceparent, tracestate";
-const EXPOSE_HEADERS: &str = "stream-next-offset, stream-cursor, stream-up-to-date, stream-closed, \
+const EXPOSE_HEADERS: &str =
+    "stream-next-offset, stream-cursor, stream-up-to-date, stream-closed, \
      stream-ttl, stream-expires-at, producer-epoch, producer-seq, producer-expected-seq, \
      producer-received-seq, stream-sse-data-encoding, etag, location, content-type, retry-after";
 
@@ -57,7 +58,10 @@ pub async fn route(
     };
     let h = response.headers_mut();
     let set = |h: &mut HeaderMap, name: &'static str, value: &'static str| {
-        h.insert(HeaderName::from_static(name), HeaderValue::from_static(value));
+        h.insert(
+            HeaderName::from_static(name),
+            HeaderValue::from_static(value),
+        );
     };
     set(h, "access-control-allow-origin", "*");
     set(
@@ -186,10 +190,18 @@ async fn create(
         StatusCode::OK.into_response()
     };
     content_type(&mut response, &d.content_type);
-    set(&mut response, NEXT_OFFSET, durable::format_offset(d.shown_tail()));
+    set(
+        &mut response,
+        NEXT_OFFSET,
+        durable::format_offset(d.shown_tail()),
+    );
     if new {
         let authority = text(headers, "host")?.unwrap_or("localhost");
-        set(&mut response, "location", format!("http://{authority}{}", uri.path()));
+        set(
+            &mut response,
+            "location",
+            format!("http://{authority}{}", uri.path()),
+        );
     }
     if d.closed {
         set(&mut response, CLOSED, "true");
@@ -212,11 +224,10 @@ fn fork(stream: &StreamAddress, headers: &HeaderMap) -> Result<Option<ForkReques
         }
         return Ok(None);
     };
-    let prefix = format!(
-        "/ds/{}/",
-        stream.namespace.project_id().unwrap_or_default()
-    );
-    let path = from.strip_prefix(prefix.as_str()).map_or(from.to_string(), |p| format!("/{p}"));
+    let prefix = format!("/ds/{}/", stream.namespace.project_id().unwrap_or_default());
+    let path = from
+        .strip_prefix(prefix.as_str())
+        .map_or(from.to_string(), |p| format!("/{p}"));
     let source = StreamAddress::new(stream.namespace.clone(), &path)?;
     if source == *stream {
         return Err(ApiError::invalid(format!(
@@ -348,7 +359,10 @@ async fn append(
             let mut r = refusal(
                 StatusCode::CONFLICT,
                 "stream-closed",
-                format!("stream {:?} is closed: it takes no more appends", stream.path),
+                format!(
+                    "stream {:?} is closed: it takes no more appends",
+                    stream.path
+                ),
             );
             set(&mut r, CLOSED, "true");
             set(&mut r, NEXT_OFFSET, durable::format_offset(tail));
@@ -422,7 +436,9 @@ fn read_query(uri: &Uri) -> Result<ReadQuery, ApiError> {
                     return Err(ApiError::invalid("offset is given more than once"));
                 }
                 if v.is_empty() {
-                    return Err(ApiError::invalid("offset is empty: send -1, now or an offset"));
+                    return Err(ApiError::invalid(
+                        "offset is empty: send -1, now or an offset",
+                    ));
                 }
                 q.offset = Some(v.into_owned());
             }
@@ -623,8 +639,20 @@ async fn sse(
     tokio::spawn(async move {
         let deadline = tokio::time::Instant::now() + SSE_LIFETIME;
         let keep_alive_every = Duration::from_millis(host.config.http.long_poll_ms);
-        let frame = |events: &[crate::stream::Event], d: &durable::DurableStream, next: u64, end: bool, up_to_date: bool| {
-            sse_frame(events, d.json_mode(), base64, next, end, up_to_date, &cursor(&host, client_cursor.as_deref()))
+        let frame = |events: &[crate::stream::Event],
+                     d: &durable::DurableStream,
+                     next: u64,
+                     end: bool,
+                     up_to_date: bool| {
+            sse_frame(
+                events,
+                d.json_mode(),
+                base64,
+                next,
+                end,
+                up_to_date,
+                &cursor(&host, client_cursor.as_deref()),
+            )
         };
         // Catching up: pages read from the log, each sent as it is read.
         let mut page = first;
