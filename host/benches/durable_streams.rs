@@ -26,7 +26,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use streamhost::{Config, Host};
 
 /// Which server and which API a scenario drives.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -284,18 +283,8 @@ async fn main() {
     let seconds = arg("--seconds", 3.0);
     let clients = arg("--clients", 1000.0) as usize;
     let rate = arg("--rate", 50.0);
-    let dir = tempfile::tempdir().unwrap();
-    let host = Host::open(Config {
-        data_dir: dir.path().to_path_buf(),
-        ..Config::default()
-    })
-    .unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(host.serve(listener, async {
-        let _ = stop_rx.await;
-    }));
+    let served = common::serve_fresh_host().await;
+    let base = served.base.clone();
     let mut reference = reference();
     let mut apis = vec![Api::Durable, Api::Native];
     if reference.is_some() {
@@ -373,6 +362,5 @@ async fn main() {
         let _ = child.kill();
         let _ = child.wait();
     }
-    let _ = stop_tx.send(());
-    let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
+    served.stop().await;
 }

@@ -21,7 +21,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use streamhost::{Config, Host};
 
 #[derive(serde::Serialize, serde::Deserialize)]
 struct Outcome {
@@ -78,18 +77,8 @@ async fn reader(
 /// One scenario: a fresh host served on loopback, driven by [`drive`] here
 /// or, with `--separate-clients`, in a client process.
 async fn run(clients: usize, stalled: bool, pad_bytes: usize, rate: f64, seconds: f64) -> Outcome {
-    let dir = tempfile::tempdir().unwrap();
-    let host = Host::open(Config {
-        data_dir: dir.path().to_path_buf(),
-        ..Config::default()
-    })
-    .unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(host.serve(listener, async {
-        let _ = stop_rx.await;
-    }));
+    let served = common::serve_fresh_host().await;
+    let base = served.base.clone();
     let outcome = if common::separate_clients() {
         let args: Vec<String> = [
             ("--url", base),
@@ -109,8 +98,7 @@ async fn run(clients: usize, stalled: bool, pad_bytes: usize, rate: f64, seconds
     } else {
         drive(&base, clients, stalled, pad_bytes, rate, seconds).await
     };
-    let _ = stop_tx.send(());
-    let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
+    served.stop().await;
     outcome
 }
 

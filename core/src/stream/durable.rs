@@ -136,6 +136,13 @@ pub enum ProducerCheck {
         /// `Producer-Seq` of the answer.
         last_seq: u64,
     },
+    /// Refused.
+    Refused(ProducerRefusal),
+}
+
+/// Why a producer's request is refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ProducerRefusal {
     /// An older epoch than the producer's (`403`, a zombie fenced).
     StaleEpoch {
         /// The producer's current epoch.
@@ -175,20 +182,20 @@ impl DurableStream {
             return if stamp.seq == 0 {
                 ProducerCheck::Accept
             } else {
-                ProducerCheck::Gap {
+                ProducerCheck::Refused(ProducerRefusal::Gap {
                     expected: 0,
                     received: stamp.seq,
-                }
+                })
             };
         };
         if stamp.epoch < p.epoch {
-            return ProducerCheck::StaleEpoch { current: p.epoch };
+            return ProducerCheck::Refused(ProducerRefusal::StaleEpoch { current: p.epoch });
         }
         if stamp.epoch > p.epoch {
             return if stamp.seq == 0 {
                 ProducerCheck::Accept
             } else {
-                ProducerCheck::NewEpochNotAtZero
+                ProducerCheck::Refused(ProducerRefusal::NewEpochNotAtZero)
             };
         }
         if stamp.seq <= p.seq {
@@ -197,10 +204,10 @@ impl DurableStream {
         if stamp.seq == p.seq + 1 {
             return ProducerCheck::Accept;
         }
-        ProducerCheck::Gap {
+        ProducerCheck::Refused(ProducerRefusal::Gap {
             expected: p.seq + 1,
             received: stamp.seq,
-        }
+        })
     }
 
     /// What appending message `e` (at `events[i]`) needs of the stream as
@@ -780,10 +787,10 @@ mod tests {
         assert_eq!(s.check_producer(&stamp("p", 0, 0)), ProducerCheck::Accept);
         assert_eq!(
             s.check_producer(&stamp("p", 0, 3)),
-            ProducerCheck::Gap {
+            ProducerCheck::Refused(ProducerRefusal::Gap {
                 expected: 0,
                 received: 3
-            }
+            })
         );
         let p = Provenance {
             producer: Some(stamp("p", 0, 0)),
@@ -798,15 +805,15 @@ mod tests {
         assert_eq!(s.check_producer(&stamp("p", 0, 1)), ProducerCheck::Accept);
         assert_eq!(
             s.check_producer(&stamp("p", 0, 5)),
-            ProducerCheck::Gap {
+            ProducerCheck::Refused(ProducerRefusal::Gap {
                 expected: 1,
                 received: 5
-            }
+            })
         );
         assert_eq!(s.check_producer(&stamp("p", 1, 0)), ProducerCheck::Accept);
         assert_eq!(
             s.check_producer(&stamp("p", 1, 1)),
-            ProducerCheck::NewEpochNotAtZero
+            ProducerCheck::Refused(ProducerRefusal::NewEpochNotAtZero)
         );
         let p = Provenance {
             producer: Some(stamp("p", 2, 0)),
@@ -815,7 +822,7 @@ mod tests {
         s.reduce(&message(4, bytes_message_event(b"x", &p)));
         assert_eq!(
             s.check_producer(&stamp("p", 1, 9)),
-            ProducerCheck::StaleEpoch { current: 2 }
+            ProducerCheck::Refused(ProducerRefusal::StaleEpoch { current: 2 })
         );
         assert_eq!(s.stream_seq.as_deref(), Some("b"));
     }

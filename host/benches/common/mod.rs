@@ -187,3 +187,48 @@ pub async fn next_wake(
         seen: Default::default(),
     }
 }
+
+/// A fresh host on a temporary data dir, served on a loopback port until
+/// [`Served::stop`].
+pub struct Served {
+    /// `http://127.0.0.1:PORT`.
+    pub base: String,
+    stop: tokio::sync::oneshot::Sender<()>,
+    server: tokio::task::JoinHandle<()>,
+    _dir: tempfile::TempDir,
+}
+
+/// Opens a host with the default configuration and serves it (inside a
+/// Tokio runtime).
+pub async fn serve_fresh_host() -> Served {
+    let dir = tempfile::tempdir().unwrap();
+    let host = streamhost::Host::open(streamhost::Config {
+        data_dir: dir.path().to_path_buf(),
+        ..streamhost::Config::default()
+    })
+    .unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(async move {
+        let _ = host
+            .serve(listener, async {
+                let _ = stopped.await;
+            })
+            .await;
+    });
+    Served {
+        base,
+        stop,
+        server,
+        _dir: dir,
+    }
+}
+
+impl Served {
+    /// Stops serving (waiting at most 5 s for the server to end).
+    pub async fn stop(self) {
+        let _ = self.stop.send(());
+        let _ = tokio::time::timeout(Duration::from_secs(5), self.server).await;
+    }
+}

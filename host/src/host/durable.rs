@@ -17,7 +17,8 @@ use super::live::{Connect, Live, LiveConnection};
 use super::Host;
 use crate::error::{Error, ErrorKind};
 use crate::stream::durable::{
-    self, Created, DurableStream, ProducerCheck, ProducerStamp, Provenance, ReadFrom,
+    self, Created, DurableStream, ProducerCheck, ProducerRefusal, ProducerStamp, Provenance,
+    ReadFrom,
 };
 use crate::stream::{AppendInput, Authority, Event, EventInput, ReadQuery, StreamAddress};
 use serde_json::Value;
@@ -121,20 +122,9 @@ pub enum Appended {
         /// The stream is closed.
         closed: bool,
     },
-    /// A zombie's epoch (`403`).
-    StaleEpoch {
-        /// The producer's current epoch.
-        current: u64,
-    },
-    /// A new epoch not at sequence 0 (`400`).
-    NewEpochNotAtZero,
-    /// A gap in the producer's sequence (`409`).
-    Gap {
-        /// The next sequence number.
-        expected: u64,
-        /// The one sent.
-        received: u64,
-    },
+    /// The producer's request is refused: a zombie's epoch (`403`), a new
+    /// epoch not at sequence 0 (`400`), a gap in its sequence (`409`).
+    Refused(ProducerRefusal),
     /// The stream is closed (`409`).
     Closed {
         /// Its final tail.
@@ -609,13 +599,7 @@ impl Host {
                         closed: d.closed,
                     });
                 }
-                ProducerCheck::StaleEpoch { current } => {
-                    return Ok(Appended::StaleEpoch { current });
-                }
-                ProducerCheck::NewEpochNotAtZero => return Ok(Appended::NewEpochNotAtZero),
-                ProducerCheck::Gap { expected, received } => {
-                    return Ok(Appended::Gap { expected, received });
-                }
+                ProducerCheck::Refused(why) => return Ok(Appended::Refused(why)),
             }
         }
         if let (Some(seq), Some(last)) = (&append.stream_seq, &d.stream_seq) {

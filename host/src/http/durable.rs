@@ -19,7 +19,7 @@ use crate::host::durable::{
     next_arrival, Appended, DurableAppend, DurableCreate, DurablePage, ForkRequest, News,
 };
 use crate::host::Host;
-use crate::stream::durable::{self, ProducerStamp, ReadFrom};
+use crate::stream::durable::{self, ProducerRefusal, ProducerStamp, ReadFrom};
 use crate::stream::{Namespace, StreamAddress};
 
 /// How long an SSE response lasts before the server ends it (the client
@@ -323,7 +323,7 @@ async fn append(
             set(&mut r, PRODUCER_SEQ, last_seq);
             r
         }
-        Appended::StaleEpoch { current } => {
+        Appended::Refused(ProducerRefusal::StaleEpoch { current }) => {
             let mut r = refusal(
                 StatusCode::FORBIDDEN,
                 "stale-producer-epoch",
@@ -336,7 +336,7 @@ async fn append(
             set(&mut r, PRODUCER_EPOCH, current);
             r
         }
-        Appended::NewEpochNotAtZero => refusal(
+        Appended::Refused(ProducerRefusal::NewEpochNotAtZero) => refusal(
             StatusCode::BAD_REQUEST,
             "invalid-request",
             format!(
@@ -345,7 +345,7 @@ async fn append(
                 stamp.map_or(0, |p| p.seq)
             ),
         ),
-        Appended::Gap { expected, received } => {
+        Appended::Refused(ProducerRefusal::Gap { expected, received }) => {
             let mut r = refusal(
                 StatusCode::CONFLICT,
                 "producer-sequence-gap",
