@@ -135,9 +135,51 @@ fn flag(headers: &HeaderMap, name: &str) -> Result<bool, ApiError> {
     Ok(text(headers, name)?.is_some_and(|v| v.eq_ignore_ascii_case("true")))
 }
 
+/// A body read whole, at most `max-body-bytes`. One over the limit is
+/// still read to its end (up to [`DRAIN_FACTOR`] times the limit) before
+/// the `413`, so that a client still sending it reads the answer instead
+/// of a reset connection; within `[http] body-timeout-ms` either way.
 async fn body_bytes(host: &Host, body: Body) -> Result<Bytes, ApiError> {
-    Ok(super::read_body(host, body, host.config.max_body_bytes, "request body").await?)
+    use futures_util::StreamExt as _;
+    let limit = host.config.max_body_bytes;
+    let timeout_ms = host.config.http.body_timeout_ms;
+    let read = async {
+        let mut frames = body.into_data_stream();
+        let mut kept = Vec::new();
+        let mut total = 0usize;
+        while let Some(frame) = frames.next().await {
+            let frame =
+                frame.map_err(|e| ApiError::invalid(format!("the request body broke off: {e}")))?;
+            total = total.saturating_add(frame.len());
+            if total <= limit {
+                kept.extend_from_slice(&frame);
+            } else if total > limit.saturating_mul(DRAIN_FACTOR) {
+                break;
+            }
+        }
+        Ok::<_, ApiError>((kept, total))
+    };
+    match tokio::time::timeout(Duration::from_millis(timeout_ms), read).await {
+        Ok(Ok((kept, total))) if total <= limit => Ok(Bytes::from(kept)),
+        Ok(Ok(_)) => Err(crate::error::Error::too_large(format!(
+            "the request body is over the limit of {limit} bytes"
+        ))
+        .into()),
+        Ok(Err(e)) => Err(e),
+        Err(_) => Err(crate::error::Error::new(
+            crate::error::ErrorKind::Timeout,
+            "timeout",
+            format!(
+                "the request body did not arrive within {timeout_ms} ms ([http] body-timeout-ms)"
+            ),
+        )
+        .into()),
+    }
 }
+
+/// How far past `max-body-bytes` a body is read (and dropped) before its
+/// `413`.
+const DRAIN_FACTOR: usize = 4;
 
 fn set(response: &mut Response, name: &'static str, value: impl ToString) {
     if let Ok(v) = HeaderValue::from_str(&value.to_string()) {
