@@ -120,6 +120,11 @@ impl Error {
         Self::new(ErrorKind::Conflict, code, message)
     }
 
+    /// Gone for good, with the given code (`offset-gone`, ...): `410`.
+    pub fn gone(code: &'static str, message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::Gone, code, message)
+    }
+
     /// `too-large`.
     pub fn too_large(message: impl Into<String>) -> Self {
         Self::new(ErrorKind::TooLarge, "too-large", message)

@@ -71,6 +71,13 @@ pub mod types {
     /// payload names the offset and the reason.
     pub const EVENT_REDACTED: &str = "events.iterate.com/stream/event-redacted";
 
+    /// The stream's retention bounds (`:configureRetention`): `maxAgeMs`
+    /// and `maxEvents`, either or both; neither removes retention.
+    pub const RETENTION_CONFIGURED: &str = "events.iterate.com/stream/retention-configured";
+    /// Retention removed the stored events through `throughOffset`
+    /// (`count` of them; `digest` chains over their bodies).
+    pub const EVENTS_REMOVED: &str = "events.iterate.com/stream/events-removed";
+
     /// A Durable Streams stream was created here (`PUT /ds/...`): its
     /// content type and lifetime.
     pub const DURABLE_STREAM_CREATED: &str = "events.iterate.com/stream/durable-stream-created";
@@ -92,6 +99,8 @@ pub mod types {
         CONNECTION_OPENED,
         CONNECTION_CLOSED,
         EVENT_REDACTED,
+        RETENTION_CONFIGURED,
+        EVENTS_REMOVED,
         DURABLE_STREAM_CREATED,
         DURABLE_STREAM_CLOSED,
         DURABLE_STREAM_DELETED,

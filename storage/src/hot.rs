@@ -260,7 +260,7 @@ impl Hot {
         for (op, row_id) in writes {
             match op {
                 WriteOp::Commit(c) if !c.events.is_empty() => {
-                    if !c.redactions.is_empty() {
+                    if !c.redactions.is_empty() || c.removed_through.is_some() {
                         // A body it holds changed: the tail goes, and is
                         // asked for again by the next read.
                         if let Some(t) = state.tails.remove(&row_id) {
@@ -450,6 +450,7 @@ mod tests {
             fence: None,
             effects: Vec::new(),
             redactions: Vec::new(),
+            removed_through: None,
         })
     }
 

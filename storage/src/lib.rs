@@ -133,6 +133,21 @@ pub struct CheckpointRow {
     pub bucket: i64,
 }
 
+/// A processor instance's base (retention): its state and keys at
+/// `offset`, kept before events it folded were removed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BaseRow {
+    pub stream_id: String,
+    pub offset: u64,
+    /// The version whose checkpoint it was.
+    pub digest: String,
+    pub state: String,
+    /// Its keyed state's bucket, its own.
+    pub bucket: i64,
+    /// The stream's removal digest it was kept for.
+    pub chain: String,
+}
+
 /// Which checkpoint a write replaces: the instance's source lifetime, its
 /// offset and the version that wrote it (a refold's switch keeps the
 /// offset and changes the version).
@@ -713,6 +728,51 @@ impl Storage {
                 ),
             }
             .context("listing streams with subscriptions")
+        })
+    }
+
+    /// The streams of this host (every stream with one host) whose state
+    /// sets retention bounds.
+    pub fn streams_with_retention(&self) -> Result<Vec<(String, String)>> {
+        let owner = self.cluster().map(|me| me.id.clone());
+        self.with_reader(|db| {
+            match &owner {
+                None => db.query_all(
+                    "SELECT project, path FROM streams WHERE state_json LIKE '%\"retention\":{%'",
+                    args![],
+                    |r| Ok((r.text(0)?, r.text(1)?)),
+                ),
+                Some(me) => db.query_all(
+                    "SELECT s.project, s.path FROM streams s
+                     WHERE s.state_json LIKE '%\"retention\":{%'
+                       AND COALESCE((SELECT l.owner FROM stream_leases l
+                                     WHERE l.project = s.project AND l.path = s.path), ?1) = ?1",
+                    args![me],
+                    |r| Ok((r.text(0)?, r.text(1)?)),
+                ),
+            }
+            .context("listing streams with retention")
+        })
+    }
+
+    /// A processor instance's base, if retention kept one.
+    pub fn processor_base(&self, row_id: i64, component: &str) -> Result<Option<BaseRow>> {
+        self.with_reader(|db| {
+            db.query_opt(
+                "SELECT stream_id, \"offset\", digest, state, bucket, chain FROM processor_bases
+                 WHERE stream = ?1 AND component = ?2",
+                args![row_id, component],
+                |r| {
+                    Ok(BaseRow {
+                        stream_id: r.text(0)?,
+                        offset: r.int(1)? as u64,
+                        digest: r.text(2)?,
+                        state: r.text(3)?,
+                        bucket: r.int(4)?,
+                        chain: r.text(5)?,
+                    })
+                },
+            )
         })
     }
 

@@ -90,7 +90,34 @@ const MIGRATIONS: &[Migration] = &[
         name: "effects.group_key and destination: ordered groups, and where a webhook effect goes",
         apply: effect_groups,
     },
+    Migration {
+        name: "processor_bases: a processor instance's state and keys kept before retention removes what it folded",
+        apply: processor_bases,
+    },
 ];
+
+/// A processor instance's **base**: its state and keyed state (a bucket of
+/// its own, copied from its checkpoint's) at `offset`, kept before
+/// retention removes events it folded; refolds and verification start
+/// from it. `chain` is the stream's removal digest it was kept for.
+const PROCESSOR_BASES: &str = "
+CREATE TABLE IF NOT EXISTS processor_bases (
+    stream    BIGINT NOT NULL,
+    component TEXT NOT NULL,
+    stream_id TEXT NOT NULL,
+    \"offset\"  BIGINT NOT NULL,
+    digest    TEXT NOT NULL,
+    state     TEXT NOT NULL,
+    bucket    BIGINT NOT NULL,
+    chain     TEXT NOT NULL,
+    PRIMARY KEY (stream, component)
+);
+";
+
+fn processor_bases(conn: &Connection) -> Result<()> {
+    conn.execute_batch(PROCESSOR_BASES)?;
+    Ok(())
+}
 
 /// `effects.group_key`: an effect's ordering group (also in its stored
 /// target, where effects stored before this column keep it: copied over),
@@ -766,6 +793,7 @@ pub fn migrate_postgres(db: Db<'_>) -> Result<()> {
                 db.batch(STREAM_BYTES_POSTGRES)?;
                 db.batch(WEBHOOK_SECRETS)?;
                 db.batch(EFFECT_GROUPS_POSTGRES)?;
+                db.batch(PROCESSOR_BASES)?;
                 db.execute(
                     "INSERT INTO streamhost_schema (version) VALUES (?1)",
                     crate::sql::args![i64::from(SCHEMA_VERSION)],
@@ -773,7 +801,7 @@ pub fn migrate_postgres(db: Db<'_>) -> Result<()> {
                 tracing::info!(version = SCHEMA_VERSION, "schema created on PostgreSQL");
             }
             Some(v) if v == i64::from(SCHEMA_VERSION) => {}
-            Some(v @ 5..=16) => {
+            Some(v @ 5..=17) => {
                 if v == 5 {
                     db.batch(EFFECT_LEASE_IDS)?;
                 }
@@ -807,7 +835,10 @@ pub fn migrate_postgres(db: Db<'_>) -> Result<()> {
                 if v <= 15 {
                     db.batch(WEBHOOK_SECRETS)?;
                 }
-                db.batch(EFFECT_GROUPS_POSTGRES)?;
+                if v <= 16 {
+                    db.batch(EFFECT_GROUPS_POSTGRES)?;
+                }
+                db.batch(PROCESSOR_BASES)?;
                 db.execute(
                     "UPDATE streamhost_schema SET version = ?1",
                     crate::sql::args![i64::from(SCHEMA_VERSION)],

@@ -111,6 +111,10 @@ pub struct StreamCommit {
     /// bodies replacing the stored ones in the same transaction as the
     /// round's audit line (the stream's bytes follow).
     pub redactions: Vec<StoredEvent>,
+    /// Retention's removal (`events-removed`): the stored events through
+    /// this offset are deleted in the same transaction as the round's
+    /// audit line (the stream's bytes follow).
+    pub removed_through: Option<u64>,
 }
 
 impl StreamCommit {
@@ -193,6 +197,17 @@ pub enum WriteOp {
     WebhookSecret {
         project: String,
         change: SecretChange,
+    },
+    /// Keeps a processor instance's base (retention): its checkpoint's
+    /// state and keys, copied in the transaction into a bucket of the
+    /// base's own, replacing an older base. Answers the base's offset, or
+    /// -1 when the instance has no checkpoint of `stream_id`.
+    KeepBase {
+        row_id: i64,
+        component: String,
+        stream_id: String,
+        /// The stream's removal digest the base is kept for.
+        chain: String,
     },
 }
 
@@ -1089,6 +1104,27 @@ const REDACT_POSTGRES: &str = "WITH old AS (
      UPDATE streams SET bytes = bytes - (SELECT n FROM old) + octet_length(?3::text)
      WHERE id = ?1 AND EXISTS (SELECT 1 FROM changed) RETURNING id";
 
+/// Retention's removal on SQLite: the stream's bytes lose what the events
+/// through the offset store (as [`StoredEvent::stored_bytes`] counts), then
+/// the events go.
+const REMOVE_SQLITE_BYTES: &str = "UPDATE streams SET bytes = bytes - (
+         SELECT COALESCE(SUM(length(CAST(type AS BLOB)) + COALESCE(length(CAST(idempotency_key AS BLOB)), 0)
+                + length(CAST(body AS BLOB))), 0)
+         FROM events WHERE stream = ?1 AND \"offset\" <= ?2)
+     WHERE id = ?1";
+const REMOVE_SQLITE: &str = "DELETE FROM events WHERE stream = ?1 AND \"offset\" <= ?2";
+
+/// Retention's removal in a PostgreSQL pipeline (after its round, in the
+/// same transaction): the events through the offset deleted and the
+/// stream's bytes adjusted in one statement.
+const REMOVE_POSTGRES: &str = "WITH gone AS (
+         DELETE FROM events WHERE stream = ?1 AND \"offset\" <= ?2
+         RETURNING octet_length(type) + COALESCE(octet_length(idempotency_key), 0)
+                   + octet_length(body) AS n
+     )
+     UPDATE streams SET bytes = bytes - COALESCE((SELECT SUM(n) FROM gone), 0)
+     WHERE id = ?1 RETURNING id";
+
 /// A stream round's columns, as the arrays `streamhost_append_v1` takes.
 struct RoundArrays<'a> {
     offsets: Vec<Option<i64>>,
@@ -1280,10 +1316,30 @@ fn commit_group_pipelined(
                 })
             })
             .collect();
+        // And each round's removal (retention): (round index, arguments).
+        let removal_args: Vec<(usize, Vec<super::sql::Arg<'_>>)> = rounds
+            .iter()
+            .enumerate()
+            .filter_map(|(r, (_, c))| {
+                let row_id = match &c.stream {
+                    StreamRef::Existing { row_id, .. } => *row_id,
+                    StreamRef::New(_) => return None,
+                };
+                let through = c.removed_through?;
+                Some((
+                    r,
+                    vec![
+                        super::sql::Arg::Int(row_id),
+                        super::sql::Arg::Int(through as i64),
+                    ],
+                ))
+            })
+            .collect();
         let mut statements: Vec<(&str, &[super::sql::Arg<'_>])> = vec![("BEGIN", &[])];
         let mut owners: Vec<usize> = Vec::new();
         let mut effects_of = effect_arrays.iter().zip(&effect_args).peekable();
         let mut redactions_of = redaction_args.iter().peekable();
+        let mut removals_of = removal_args.iter().peekable();
         for (r, a) in args.iter().enumerate() {
             statements.push((APPEND_ROUND, a.as_slice()));
             owners.push(r);
@@ -1298,6 +1354,10 @@ fn commit_group_pipelined(
             }
             while let Some((_, a)) = redactions_of.next_if(|(rr, _)| *rr == r) {
                 statements.push((REDACT_POSTGRES, a.as_slice()));
+                owners.push(r);
+            }
+            while let Some((_, a)) = removals_of.next_if(|(rr, _)| *rr == r) {
+                statements.push((REMOVE_POSTGRES, a.as_slice()));
                 owners.push(r);
             }
         }
@@ -1468,6 +1528,10 @@ fn apply(conn: Db<'_>, op: &WriteOp) -> Result<i64> {
             }
             for r in &c.redactions {
                 redact(conn, row_id, r)?;
+            }
+            if let Some(through) = c.removed_through {
+                conn.execute(REMOVE_SQLITE_BYTES, args![row_id, through as i64])?;
+                conn.execute(REMOVE_SQLITE, args![row_id, through as i64])?;
             }
             Ok(row_id)
         }
@@ -1672,11 +1736,20 @@ fn apply(conn: Db<'_>, op: &WriteOp) -> Result<i64> {
             notify_deployed(conn, project, name)?;
             Ok(done)
         }
+        WriteOp::KeepBase {
+            row_id,
+            component,
+            stream_id,
+            chain,
+        } => keep_base(conn, *row_id, component, stream_id, chain),
         WriteOp::Reset { row_id, fence } => {
             if let Some(fence) = fence {
                 super::lease::check(conn, fence)?;
             }
             for sql in [
+                "DELETE FROM processor_keys WHERE bucket IN
+                     (SELECT bucket FROM processor_bases WHERE stream = ?1)",
+                "DELETE FROM processor_bases WHERE stream = ?1",
                 "DELETE FROM events WHERE stream = ?1",
                 "DELETE FROM subscription_cursors WHERE stream = ?1",
                 "DELETE FROM processor_keys WHERE bucket IN
@@ -1690,6 +1763,49 @@ fn apply(conn: Db<'_>, op: &WriteOp) -> Result<i64> {
             Ok(*row_id)
         }
     }
+}
+
+/// [`WriteOp::KeepBase`]: the instance's checkpoint (of this lifetime)
+/// copied, keys and all, as its base.
+fn keep_base(
+    conn: Db<'_>,
+    row_id: i64,
+    component: &str,
+    stream_id: &str,
+    chain: &str,
+) -> Result<i64> {
+    let Some((offset, digest, state, bucket)) = conn.query_opt(
+        "SELECT checkpoint_offset, digest, state, bucket FROM processor_checkpoints
+         WHERE stream = ?1 AND component = ?2 AND stream_id = ?3",
+        args![row_id, component, stream_id],
+        |r| Ok((r.int(0)?, r.text(1)?, r.text(2)?, r.int(3)?)),
+    )?
+    else {
+        return Ok(-1);
+    };
+    let base_bucket = super::keys::new_bucket_id();
+    if bucket != 0 {
+        conn.execute(
+            "INSERT INTO processor_keys (bucket, key, value)
+             SELECT ?1, key, value FROM processor_keys WHERE bucket = ?2",
+            args![base_bucket, bucket],
+        )?;
+    }
+    conn.execute(
+        "DELETE FROM processor_keys WHERE bucket IN
+             (SELECT bucket FROM processor_bases WHERE stream = ?1 AND component = ?2)",
+        args![row_id, component],
+    )?;
+    conn.execute(
+        "DELETE FROM processor_bases WHERE stream = ?1 AND component = ?2",
+        args![row_id, component],
+    )?;
+    conn.execute(
+        "INSERT INTO processor_bases (stream, component, stream_id, \"offset\", digest, state, bucket, chain)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+        args![row_id, component, stream_id, offset, &digest, &state, base_bucket, chain],
+    )?;
+    Ok(offset)
 }
 
 /// Records the refold a deploy asked for (the newest wins), done when
@@ -1848,6 +1964,7 @@ mod tests {
             fence: None,
             effects: Vec::new(),
             redactions: Vec::new(),
+            removed_through: None,
         });
         assert_eq!(op_bytes(&commit), 1010);
         assert_eq!(

@@ -40,6 +40,7 @@ mod processors;
 mod reactors;
 mod readme;
 mod redaction;
+mod retention;
 mod scaffold;
 mod shadows;
 mod signatures;

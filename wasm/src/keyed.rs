@@ -87,6 +87,20 @@ impl Bucket {
         Bucket::new(Arc::new(Memory::default()))
     }
 
+    /// An empty bucket in memory with `writes` written already (a fold
+    /// that starts from a kept state and its keys).
+    pub fn with_writes(writes: Writes) -> Bucket {
+        let write_bytes = writes
+            .iter()
+            .map(|(k, v)| k.len() + v.as_ref().map_or(0, Vec::len))
+            .sum();
+        Bucket {
+            base: Arc::new(Memory::default()),
+            writes,
+            write_bytes,
+        }
+    }
+
     /// What the fold wrote, to commit.
     pub fn into_writes(self) -> Writes {
         self.writes

@@ -298,6 +298,7 @@ pub fn plan_copy(
                 events: Vec::new(),
                 new_events: Vec::new(),
                 redactions: Vec::new(),
+                removed_through: None,
             },
             outcome,
         ));

@@ -211,6 +211,9 @@ pub struct AppendPlan {
     /// Committed events this request redacts (`event-redacted`), as they
     /// are stored from its commit on: payload and metadata erased.
     pub redactions: Vec<Event>,
+    /// Retention's removal (`events-removed`): the stored events through
+    /// this offset are deleted in the same commit.
+    pub removed_through: Option<u64>,
 }
 
 /// Plans one request against `state` (`None`: the stream does not exist yet).
@@ -265,6 +268,7 @@ pub fn plan_append(
         events: Vec::with_capacity(input.events.len()),
         new_events: Vec::new(),
         redactions: Vec::new(),
+        removed_through: None,
     };
     let mut created = false;
     // Whether this request's first Durable Streams message was checked.
@@ -350,6 +354,15 @@ pub fn plan_append(
             }
             new_keys.push((redacting_key(redacted.offset), redacted.clone()));
             plan.redactions.push(redacted);
+        }
+        if !copied && e.event_type == types::EVENTS_REMOVED {
+            let through = e
+                .payload
+                .as_ref()
+                .and_then(|p| p.get("throughOffset"))
+                .and_then(serde_json::Value::as_u64)
+                .expect("validated above");
+            plan.removed_through = Some(plan.removed_through.unwrap_or(0).max(through));
         }
         if !copied && e.event_type == super::durable::MESSAGE {
             if let Some(d) = &current.durable_stream {

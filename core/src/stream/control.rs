@@ -88,6 +88,30 @@ pub fn validate_control(
                 .ok_or_else(|| missing_key(&p.subscription_key))?;
             Ok(())
         }
+        types::RETENTION_CONFIGURED => {
+            super::retention::Retention::from_payload(&at, payload)?;
+            Ok(())
+        }
+        types::EVENTS_REMOVED => {
+            let p = super::retention::EventsRemoved::from_payload(&at, payload)?;
+            if p.from_offset != state.first_offset
+                || p.through_offset < state.first_offset
+                || p.through_offset > state.max_offset
+            {
+                return Err(Error::conflict(
+                    "retention-moved",
+                    format!(
+                        "{at}: a removal of offsets {} to {} does not fit this stream's offsets \
+                         {} to {}: the log's front moved since it was planned",
+                        p.from_offset, p.through_offset, state.first_offset, state.max_offset
+                    ),
+                ));
+            }
+            if p.count == 0 {
+                return Err(invalid(format!("{at}.count is 0: a removal removes an event")));
+            }
+            Ok(())
+        }
         _ => Ok(()),
     }
 }

@@ -8,6 +8,7 @@ mod append;
 mod control;
 pub mod durable;
 mod read;
+pub mod retention;
 mod state;
 
 pub use crate::event::{

@@ -47,6 +47,28 @@ pub struct CoreState {
     /// the protocol (and until deleted through it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub durable_stream: Option<super::durable::DurableStream>,
+    /// Its retention bounds (`:configureRetention`), when set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retention: Option<super::retention::Retention>,
+    /// The lowest offset that may still hold a stored event: 1 until
+    /// retention removes events from the front of the log.
+    #[serde(default = "first_offset")]
+    pub first_offset: u64,
+    /// Stored events retention removed, and the digest chained over them
+    /// (the last `events-removed` event's).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub removed_events: u64,
+    /// The last `events-removed` event's digest.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub removed_digest: String,
+}
+
+fn first_offset() -> u64 {
+    1
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// Subscription state: inbound fence records and outbound subscriptions.
@@ -96,7 +118,16 @@ impl CoreState {
             pause_reason: None,
             subscriptions: Subscriptions::default(),
             durable_stream: None,
+            retention: None,
+            first_offset: 1,
+            removed_events: 0,
+            removed_digest: String::new(),
         }
+    }
+
+    /// Stored events still in the log (ephemeral ones are never stored).
+    pub fn stored_events(&self) -> u64 {
+        self.event_count.saturating_sub(self.removed_events)
     }
 
     /// Folds one event into the state. Ephemeral events only move the head;
@@ -222,6 +253,18 @@ impl CoreState {
             }
             types::DURABLE_STREAM_CREATED => {
                 self.durable_stream = super::durable::DurableStream::from_created(event);
+            }
+            types::RETENTION_CONFIGURED => {
+                if let Ok(r) = super::retention::Retention::from_payload("payload", p) {
+                    self.retention = r;
+                }
+            }
+            types::EVENTS_REMOVED => {
+                if let Ok(r) = super::retention::EventsRemoved::from_payload("payload", p) {
+                    self.first_offset = self.first_offset.max(r.through_offset + 1);
+                    self.removed_events += r.count;
+                    self.removed_digest = r.digest;
+                }
             }
             types::DURABLE_STREAM_DELETED => {
                 let soft = p.get("soft").and_then(Value::as_bool).unwrap_or(false);

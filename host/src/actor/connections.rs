@@ -62,6 +62,9 @@ impl ActorCore {
             return Err(self.not_found());
         };
         validate_coordinates(&params, &stream.state)?;
+        if let Some(after) = params.replay_after_offset {
+            crate::stream::retention::check_read(stream.state.first_offset, after)?;
+        }
         let key = match &params.connection_key {
             Some(k) => {
                 let k = k.trim().to_string();

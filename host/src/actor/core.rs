@@ -278,6 +278,8 @@ struct Round {
     durable: Vec<StoredEvent>,
     /// Committed events the round redacts, as stored from its commit on.
     redactions: Vec<StoredEvent>,
+    /// Retention's removal: the stored events through this offset go.
+    removed_through: Option<u64>,
     stream_ref: StreamRef,
 }
 
@@ -930,6 +932,12 @@ impl ActorCore {
             let _ = reply.send(Err(self.not_found()));
             return;
         };
+        if let Err(e) =
+            crate::stream::retention::check_read(stream.state.first_offset, query.after_offset)
+        {
+            let _ = reply.send(Err(e));
+            return;
+        }
         let ephemeral = if query.include_ephemeral {
             self.ephemeral.after(query.after_offset, query.limit)
         } else {
@@ -1207,6 +1215,11 @@ impl ActorCore {
             .flat_map(|p| p.redactions.iter())
             .map(stored)
             .collect();
+        let removed_through = outcomes
+            .iter()
+            .filter_map(|(_, o)| o.as_ref().ok())
+            .filter_map(|p| p.removed_through)
+            .max();
         let keyed_bytes = durable
             .iter()
             .filter(|e| e.idempotency_key.is_some())
@@ -1239,6 +1252,7 @@ impl ActorCore {
             state_offset,
             durable,
             redactions,
+            removed_through,
             stream_ref,
         };
         match self.reactor_work(&round) {
@@ -1379,6 +1393,7 @@ impl ActorCore {
             fence: self.tenure.fence(),
             effects,
             redactions: std::mem::take(&mut round.redactions),
+            removed_through: round.removed_through,
         };
         commit.assert_invariants();
         self.out

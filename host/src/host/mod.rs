@@ -56,6 +56,7 @@ pub mod processors;
 pub mod reactors;
 pub mod redact;
 pub mod request;
+pub mod retention;
 pub mod secrets;
 pub mod shadows;
 pub mod streams;
@@ -102,6 +103,8 @@ pub struct Host {
     forwarder: reqwest::Client,
     /// The Durable Streams protocol's per-stream write order and access times.
     pub(crate) durable: Arc<durable::DurableStreams>,
+    /// The streams this host applies retention to.
+    pub(crate) retained: Arc<retention::Retained>,
 }
 
 impl Host {
@@ -324,6 +327,8 @@ impl Host {
                 }
             });
         }
+        let retained = Arc::new(retention::Retained::default());
+        retention::start(streams.downgrade(), retained.clone());
         // Streams with subscriptions resume delivering without waiting for a touch.
         for (project, path) in waking {
             let namespace = Namespace::from_storage_key(&project);
@@ -343,6 +348,7 @@ impl Host {
                 .build()
                 .context("building the forwarding client")?,
             durable: Arc::default(),
+            retained,
         })
     }
 

@@ -799,6 +799,25 @@ fn fold_from_start(
         .runtime
         .initial_state(f.component, f.prepared, f.timeout_ms)
         .map_err(guest)?;
+    // Retention removed what the instance's base folded: from there.
+    let (initial, after, bucket) = crate::rollout::refold::fold_start(
+        f.storage,
+        f.row_id,
+        f.component,
+        &stream.stream_id,
+        initial,
+    )
+    .map_err(|e| Error::internal(format!("{e:#}")))?;
+    if through < after {
+        return Err(Error::gone(
+            "offset-gone",
+            format!(
+                "processor {:?}'s state at offset {through} is gone: retention removed events it \
+                 folded, and its state is kept from offset {after} on",
+                f.component
+            ),
+        ));
+    }
     let fold = crate::processor::backfill::RangeFold {
         guest: crate::processor::wake::Guest {
             runtime: f.runtime,
@@ -814,13 +833,7 @@ fn fold_from_start(
         narrow: None,
     };
     let (folded, _, scratch) = fold
-        .run(
-            initial,
-            0,
-            through,
-            crate::processor::keyed::Bucket::empty(),
-            |_, _| Ok(()),
-        )
+        .run(initial, after, through, bucket, |_, _| Ok(()))
         .map_err(|f| Error::unprocessable("processor-failed", f.message))?;
     Ok((folded, scratch))
 }

@@ -78,6 +78,13 @@ pub enum StreamRequest {
         /// Why (kept with it, and in the `event-redacted` line).
         reason: String,
     },
+    /// Set or remove the stream's retention bounds (`:configureRetention`).
+    ConfigureRetention {
+        /// Events older than this many milliseconds go.
+        max_age_ms: Option<u64>,
+        /// Beyond this many stored events, the oldest go.
+        max_events: Option<u64>,
+    },
     /// Both in one append (`:setSubscriptionCursorAndResume`).
     SetSubscriptionCursorAndResume {
         /// The subscription's key.
@@ -185,6 +192,7 @@ impl StreamRequest {
             }
             StreamRequest::ResumeSubscription { .. } => "resuming a subscription",
             StreamRequest::Redact { .. } => "redacting an event",
+            StreamRequest::ConfigureRetention { .. } => "configuring retention",
             StreamRequest::BackfillProcessor(_) | StreamRequest::BackfillReactor(_) => {
                 "backfilling effects"
             }
@@ -242,6 +250,8 @@ pub enum StreamAnswer {
     Resumed(Resumed),
     /// What redacting did.
     Redacted(Box<super::redact::Redacted>),
+    /// The `retention-configured` event.
+    RetentionConfigured(Box<Event>),
     /// The `cursor-set` and `delivery-resumed` events.
     CursorSetAndResumed(Box<CursorSetAndResumed>),
     /// A processor instance.
@@ -295,6 +305,9 @@ impl serde::Serialize for StreamAnswer {
             }
             A::Resumed(resumed) => resumed.serialize(s),
             A::Redacted(redacted) => redacted.serialize(s),
+            A::RetentionConfigured(event) => {
+                serde_json::json!({ "retentionConfiguredEvent": event }).serialize(s)
+            }
             A::CursorSetAndResumed(both) => both.serialize(s),
             A::Processor(instance) => instance.serialize(s),
             A::Keys(page) => page.serialize(s),
@@ -437,6 +450,13 @@ impl Host {
             R::Redact { offset, reason } => {
                 A::Redacted(Box::new(self.redact_here(stream, offset, &reason).await?))
             }
+            R::ConfigureRetention {
+                max_age_ms,
+                max_events,
+            } => A::RetentionConfigured(Box::new(
+                self.configure_retention_here(stream, max_age_ms, max_events)
+                    .await?,
+            )),
             R::SetSubscriptionCursorAndResume {
                 subscription_key,
                 after_offset,
@@ -576,6 +596,7 @@ impl StreamAnswer {
             A::CursorSet(_) => "cursor set",
             A::Resumed(_) => "resumed",
             A::Redacted(_) => "redacted",
+            A::RetentionConfigured(_) => "retention configured",
             A::CursorSetAndResumed(_) => "cursor set and resumed",
             A::Processor(_) => "processor",
             A::Keys(_) => "keys",
@@ -634,6 +655,9 @@ impl StreamAnswer {
             }
             R::ResumeSubscription { .. } => A::Resumed(from_value(json)?),
             R::Redact { .. } => A::Redacted(from_value(json)?),
+            R::ConfigureRetention { .. } => {
+                A::RetentionConfigured(from_value(field(json, "retentionConfiguredEvent"))?)
+            }
             R::SetSubscriptionCursorAndResume { .. } => A::CursorSetAndResumed(from_value(json)?),
             R::Processor { .. } => A::Processor(from_value(json)?),
             R::ProcessorKeys { .. } => A::Keys(from_value(json)?),
@@ -1081,6 +1105,10 @@ mod tests {
             R::Redact {
                 offset: 3,
                 reason: "erasure request".into(),
+            },
+            R::ConfigureRetention {
+                max_age_ms: Some(60_000),
+                max_events: None,
             },
             R::SetSubscriptionCursorAndResume {
                 subscription_key: "k".into(),

@@ -60,6 +60,15 @@ struct RedactInput {
     reason: String,
 }
 
+/// The body of `:configureRetention` (each bound checked by
+/// `Retention::from_payload`, which names a bad value).
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct RetentionInput {
+    max_age_ms: Option<u64>,
+    max_events: Option<u64>,
+}
+
 /// The body of `:resumeSubscription`.
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -160,6 +169,19 @@ pub fn parse(
             R::Redact {
                 offset: input.offset,
                 reason: input.reason,
+            }
+        }
+        ("configureRetention", &Method::POST) => {
+            let input: serde_json::Map<String, Value> = parse_json(body)?;
+            match crate::stream::retention::Retention::from_payload("body", &input)? {
+                Some(r) => R::ConfigureRetention {
+                    max_age_ms: r.max_age_ms,
+                    max_events: r.max_events,
+                },
+                None => R::ConfigureRetention {
+                    max_age_ms: None,
+                    max_events: None,
+                },
             }
         }
         ("setSubscriptionCursorAndResume", &Method::POST) => {
@@ -309,6 +331,18 @@ pub fn render(request: &StreamRequest) -> HttpCall {
             json(&RedactInput {
                 offset: *offset,
                 reason: reason.clone(),
+            }),
+        ),
+        R::ConfigureRetention {
+            max_age_ms,
+            max_events,
+        } => (
+            Method::POST,
+            "configureRetention".into(),
+            String::new(),
+            json(&RetentionInput {
+                max_age_ms: *max_age_ms,
+                max_events: *max_events,
             }),
         ),
         R::SetSubscriptionCursorAndResume {
@@ -793,6 +827,7 @@ pub const STREAM_METHODS: &[(&str, &str)] = &[
     ("POST", "resumeSubscription"),
     ("POST", "setSubscriptionCursorAndResume"),
     ("POST", "redact"),
+    ("POST", "configureRetention"),
     ("GET", "processors/{component}"),
     ("GET", "processors/{component}/keys"),
     ("GET", "processors/{component}/keys/{key}"),

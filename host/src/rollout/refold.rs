@@ -255,9 +255,12 @@ async fn refold_fenced(
         let announcement = runtime
             .describe(&component, &prepared, timeout_ms)
             .map_err(guest)?;
-        let mut shadow = runtime
+        let initial = runtime
             .initial_state(&component, &prepared, timeout_ms)
             .map_err(guest)?;
+        // Retention removed what the instance's base folded: start there.
+        let (mut shadow, mut shadow_through, mut bucket) =
+            fold_start(storage, row.row_id, &component, &state.stream_id, initial).map_err(io)?;
         let fold = RangeFold {
             guest: Guest {
                 runtime,
@@ -272,10 +275,8 @@ async fn refold_fenced(
             filter: consumed(filter, &announcement),
             narrow: None,
         };
-        let mut shadow_through = 0;
         // The new version's keyed state: a bucket of its own, which the
         // switch makes the instance's (the old one's rows go with it).
-        let mut bucket = Bucket::empty();
         let new_bucket = storage.new_bucket();
         // Each batch's effects with the range it folded, (after, through]:
         // at the switch those within the old version's checkpoint go.
@@ -362,4 +363,28 @@ async fn refold_fenced(
     .map_err(|e| Failure::new(format!("the refold panicked: {e}"), true))??;
     streams.executors().effects.ring();
     Ok(through)
+}
+
+/// Where a fold from the beginning starts: the instance's base when
+/// retention kept one (its state, offset and keys: the events before it
+/// may be gone), else `initial` at offset 0 with no keys.
+pub(crate) fn fold_start(
+    storage: &crate::storage::Storage,
+    row_id: i64,
+    component: &str,
+    stream_id: &str,
+    initial: String,
+) -> anyhow::Result<(String, u64, Bucket)> {
+    let Some(base) = storage
+        .processor_base(row_id, component)?
+        .filter(|b| b.stream_id == stream_id)
+    else {
+        return Ok((initial, 0, Bucket::empty()));
+    };
+    let mut keys = crate::storage::KeyWrites::new();
+    storage.each_key(base.bucket, |k, v| {
+        keys.insert(k, Some(v));
+        Ok(())
+    })?;
+    Ok((base.state, base.offset, Bucket::with_writes(keys)))
 }

@@ -1,0 +1,241 @@
+//! Retention (`:configureRetention`): events beyond a count or older than an
+//! age go from the front of the log (gone from the database, not only the
+//! API), never past a durable subscription's cursor; a processor whose
+//! folded events went keeps a base (state and keys) and still verifies,
+//! and a read before the first offset is `410 offset-gone`. And what it
+//! refuses.
+
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use crate::processors::{caught_up, PROC};
+use crate::support::{assert_error, guest, wait_for, Server};
+
+const LOG: &str = "/v1/projects/acme/streams/log";
+const HELD: &str = "/v1/projects/acme/streams/held";
+const BANK: &str = "/v1/projects/acme/streams/bank";
+
+async fn append(s: &Server, stream: &str, events: Value) -> Vec<Value> {
+    let (status, out) = s
+        .post(&format!("{stream}:append"), json!({ "events": events }))
+        .await;
+    assert_eq!(status, 200, "{out}");
+    out["events"].as_array().unwrap().clone()
+}
+
+async fn append_n(s: &Server, stream: &str, n: usize) {
+    let events: Vec<Value> = (0..n)
+        .map(|i| json!({"type": "events.example/noted", "payload": {"n": i}}))
+        .collect();
+    append(s, stream, json!(events)).await;
+}
+
+async fn configure(s: &Server, stream: &str, body: Value) -> (u16, Value) {
+    s.post(&format!("{stream}:configureRetention"), body).await
+}
+
+async fn state(s: &Server, stream: &str) -> Value {
+    let (status, state) = s.get(&format!("{stream}:state")).await;
+    assert_eq!(status, 200, "{state}");
+    state
+}
+
+/// Events stored for the stream's row, counted in the database.
+fn rows(s: &Server, path: &str) -> i64 {
+    s.db()
+        .query_i64(&format!(
+            "SELECT COUNT(*) FROM events e JOIN streams t ON t.id = e.stream
+             WHERE t.project = 'acme' AND t.path = '{path}'"
+        ))
+        .unwrap_or(0)
+}
+
+#[tokio::test]
+async fn events_beyond_the_count_leave_the_database_and_reads_before_the_first_offset_are_gone() {
+    let s = Server::start();
+    append_n(&s, LOG, 40).await;
+    assert_eq!(state(&s, LOG).await["firstOffset"], 1);
+    let (status, out) = configure(&s, LOG, json!({"maxEvents": 10})).await;
+    assert_eq!(status, 200, "{out}");
+    let configured = &out["retentionConfiguredEvent"];
+    assert_eq!(
+        configured["type"],
+        "events.iterate.com/stream/retention-configured"
+    );
+    assert_eq!(configured["payload"]["maxEvents"], 10);
+
+    wait_for("the log trimmed to its bound", Duration::from_secs(20), async || {
+        state(&s, LOG).await["firstOffset"].as_u64() > Some(20)
+    })
+    .await;
+    let st = state(&s, LOG).await;
+    let first = st["firstOffset"].as_u64().unwrap();
+    let head = st["maxOffset"].as_u64().unwrap();
+    assert_eq!(st["retention"], json!({"maxEvents": 10}), "{st}");
+    // Ten of the stream's events stay (the audit lines count too), and the
+    // database holds exactly the events from the first offset on.
+    let stored = rows(&s, "/log");
+    assert!((10..=11).contains(&stored), "{stored} rows: {st}");
+    assert_eq!(stored as u64, head - first + 1, "{st}");
+
+    // What the front holds now is the first offset's event.
+    let (status, page) = s.get(&format!("{LOG}:events?limit=5")).await;
+    assert_eq!(status, 200, "{page}");
+    assert_eq!(page["events"][0]["offset"].as_u64(), Some(first), "{page}");
+    // A read that starts inside the removed range is gone, naming the
+    // first offset; one from just before the first offset is not.
+    let gone = s.get(&format!("{LOG}:events?afterOffset=5")).await;
+    assert_error(&gone, 410, "offset-gone", &format!("before offset {first}"));
+    let (status, page) = s
+        .get(&format!("{LOG}:events?afterOffset={}&limit=1", first - 1))
+        .await;
+    assert_eq!(status, 200, "{page}");
+    assert_eq!(page["events"][0]["offset"].as_u64(), Some(first));
+
+    // Each removal is on the log: an events-removed line with its range,
+    // count and a digest chained over what it removed.
+    let (_, page) = s.get(&format!("{LOG}:events?limit=100")).await;
+    let removed: Vec<&Value> = page["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["type"] == "events.iterate.com/stream/events-removed")
+        .collect();
+    let last = removed.last().expect("an events-removed line is kept");
+    assert_eq!(last["payload"]["throughOffset"].as_u64(), Some(first - 1));
+    assert_eq!(last["payload"]["digest"].as_str().map(str::len), Some(64));
+
+    // The bound removed: what is stored stays.
+    let (status, out) = configure(&s, LOG, json!({"maxEvents": null})).await;
+    assert_eq!(status, 200, "{out}");
+    append_n(&s, LOG, 30).await;
+    let st = state(&s, LOG).await;
+    assert!(st.get("retention").is_none(), "{st}");
+    assert_eq!(st["firstOffset"].as_u64(), Some(first));
+}
+
+#[tokio::test]
+async fn events_older_than_the_age_go_and_a_subscriptions_cursor_holds_the_front() {
+    let s = Server::start();
+    append_n(&s, LOG, 5).await;
+    append_n(&s, HELD, 5).await;
+    // A webhook subscription to a port nobody listens on: it never
+    // delivers, so its cursor holds every event from the beginning.
+    let hook = json!({"type": "events.iterate.com/stream/subscription-configured",
+        "payload": {"subscriptionKey": "hook",
+            "receiver": {"action": "webhook", "url": "http://127.0.0.1:9/hook",
+                "delivery": {"start": "beginning"}}}});
+    append(&s, HELD, json!([hook])).await;
+    for stream in [LOG, HELD] {
+        let (status, out) = configure(&s, stream, json!({"maxAgeMs": 300})).await;
+        assert_eq!(status, 200, "{out}");
+    }
+    wait_for("old events removed", Duration::from_secs(20), async || {
+        state(&s, LOG).await["firstOffset"].as_u64() > Some(6)
+    })
+    .await;
+    // The same bound, the same age, the same sweeps: the held stream kept
+    // everything its subscription has not delivered.
+    let held = state(&s, HELD).await;
+    assert_eq!(held["firstOffset"], 1, "{held}");
+    assert_eq!(rows(&s, "/held") as u64, held["maxOffset"].as_u64().unwrap());
+    // Removing the subscription lets the front go.
+    let (status, out) = s
+        .post(
+            &format!("{HELD}:unsubscribeFromEvents"),
+            json!({"subscriptionKey": "hook"}),
+        )
+        .await;
+    assert!(status == 200 || status == 404, "{out}");
+    if status == 200 {
+        wait_for("the held events removed", Duration::from_secs(20), async || {
+            state(&s, HELD).await["firstOffset"].as_u64() > Some(6)
+        })
+        .await;
+    }
+}
+
+#[tokio::test]
+async fn a_processor_whose_folded_events_went_verifies_from_its_base_keys_and_all() {
+    let s = Server::start_with(Some(PROC), &[]);
+    let (status, out) = s.deploy("acme", "ledger", guest("ledger")).await;
+    assert_eq!(status, 200, "{out}");
+    let wake = json!({"type": "events.iterate.com/stream/subscription-configured",
+        "payload": {"subscriptionKey": "ledger",
+            "receiver": {"action": "processor-wake", "expression": ["components", ["get", "ledger"], "wake"]}}});
+    append(&s, BANK, json!([wake])).await;
+    let deposits = |from: usize, n: usize| -> Value {
+        json!((from..from + n)
+            .map(|i| json!({"type": "deposited",
+                "payload": {"account": format!("a{}", i % 7), "cents": i + 1}}))
+            .collect::<Vec<_>>())
+    };
+    append(&s, BANK, deposits(0, 30)).await;
+    let before = caught_up(&s, BANK, "ledger").await;
+    let (status, out) = configure(&s, BANK, json!({"maxEvents": 5})).await;
+    assert_eq!(status, 200, "{out}");
+    wait_for("the ledger's events removed", Duration::from_secs(20), async || {
+        state(&s, BANK).await["firstOffset"].as_u64() > Some(20)
+    })
+    .await;
+    // Verified from its base: the same state and every key.
+    let (status, verified) = s
+        .post(
+            &format!("{BANK}:verifyProcessor"),
+            json!({"component": "ledger"}),
+        )
+        .await;
+    assert_eq!(status, 200, "{verified}");
+    assert_eq!(verified["matches"], true, "{verified}");
+    assert_eq!(verified["storedState"], before["state"], "{verified}");
+    assert!(verified["keysCompared"].as_u64() >= Some(7), "{verified}");
+    // It folds on from there, and verifies again once more events went.
+    append(&s, BANK, deposits(30, 20)).await;
+    caught_up(&s, BANK, "ledger").await;
+    let first = state(&s, BANK).await["firstOffset"].as_u64().unwrap();
+    wait_for("more events removed", Duration::from_secs(20), async || {
+        state(&s, BANK).await["firstOffset"].as_u64() > Some(first)
+    })
+    .await;
+    let (status, verified) = s
+        .post(
+            &format!("{BANK}:verifyProcessor"),
+            json!({"component": "ledger"}),
+        )
+        .await;
+    assert_eq!(status, 200, "{verified}");
+    assert_eq!(verified["matches"], true, "{verified}");
+    // Its state before the base cannot be folded any more.
+    let gone = s.get(&format!("{BANK}:processors/ledger/at/3")).await;
+    assert_error(&gone, 410, "offset-gone", "ledger");
+}
+
+#[tokio::test]
+async fn retention_refuses_bounds_that_are_not_whole_numbers_of_at_least_one() {
+    let s = Server::start();
+    append_n(&s, LOG, 2).await;
+    for (body, named) in [
+        (json!({"maxEvents": 0}), "maxEvents is 0"),
+        (json!({"maxAgeMs": -5}), "maxAgeMs is -5"),
+        (json!({"maxEvents": 2.5}), "maxEvents is 2.5"),
+        (json!({"maxEvents": "10"}), "maxEvents is \"10\""),
+        (json!({"maxRows": 3}), "maxRows"),
+    ] {
+        let answer = configure(&s, LOG, body).await;
+        assert_error(&answer, 400, "invalid", named);
+    }
+    let missing = configure(&s, "/v1/projects/acme/streams/nope", json!({"maxEvents": 3})).await;
+    assert_eq!(missing.0, 404, "{}", missing.1);
+    // Nothing was configured by the refusals.
+    assert!(state(&s, LOG).await.get("retention").is_none());
+    // And no caller appends the platform's lines itself.
+    let (status, out) = s
+        .post(
+            &format!("{LOG}:append"),
+            json!({"events": [{"type": "events.iterate.com/stream/events-removed",
+                "payload": {"fromOffset": 1, "throughOffset": 2, "count": 2, "digest": ""}}]}),
+        )
+        .await;
+    assert_eq!(status, 403, "{out}");
+}
