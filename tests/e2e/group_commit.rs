@@ -29,6 +29,7 @@ fn commit(stream: StreamRef, events: Vec<StoredEvent>) -> WriteOp {
         fence: None,
         effects: Vec::new(),
         redactions: Vec::new(),
+        removed_through: None,
     })
 }
 
