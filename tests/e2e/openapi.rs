@@ -597,6 +597,13 @@ async fn every_operation_answers_a_real_request_as_the_openapi_document_says() {
             Some(json!({"offset": 2, "reason": "erasure request"})),
             200,
         ));
+        calls.push(call(
+            "POST",
+            template(":configureRetention"),
+            &format!("{notes}:configureRetention"),
+            Some(json!({"maxEvents": 1000, "maxAgeMs": null})),
+            200,
+        ));
     }
     let mut deploy = call(
         "PUT",

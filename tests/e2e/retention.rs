@@ -233,3 +233,63 @@ async fn retention_refuses_bounds_that_are_not_whole_numbers_of_at_least_one() {
         .await;
     assert_eq!(status, 403, "{out}");
 }
+
+#[tokio::test]
+async fn a_copy_and_a_processor_subscribed_after_a_removal_start_at_the_first_offset_kept() {
+    let s = Server::start_with(Some(PROC), &[]);
+    let (status, out) = s.deploy("acme", "counter", guest("counter")).await;
+    assert_eq!(status, 200, "{out}");
+    append_n(&s, LOG, 30).await;
+    let (status, out) = configure(&s, LOG, json!({"maxEvents": 10})).await;
+    assert_eq!(status, 200, "{out}");
+    wait_for("the log trimmed", Duration::from_secs(20), async || {
+        state(&s, LOG).await["firstOffset"].as_u64() > Some(20)
+    })
+    .await;
+    let copy = json!({"type": "events.iterate.com/stream/subscription-configured",
+        "payload": {"subscriptionKey": "copy", "filter": {"eventTypes": ["events.example/noted"]},
+            "receiver": {"action": "copy-to-stream", "receivingStreamPath": "/log-copy",
+                "delivery": {"start": "beginning", "onFailingEvent": "halt"}}}});
+    let wake = json!({"type": "events.iterate.com/stream/subscription-configured",
+        "payload": {"subscriptionKey": "counter",
+            "receiver": {"action": "processor-wake", "expression": ["components", ["get", "counter"], "wake"]}}});
+    append(&s, LOG, json!([copy, wake])).await;
+    // What is kept of the stream's own events: the copy and the count
+    // hold exactly those.
+    let (_, page) = s.get(&format!("{LOG}:events?limit=100")).await;
+    let kept: Vec<u64> = page["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["type"] == "events.example/noted")
+        .map(|e| e["payload"]["n"].as_u64().unwrap())
+        .collect();
+    assert!(!kept.is_empty() && kept.len() < 30, "{page}");
+    let counted = caught_up(&s, LOG, "counter").await;
+    // (The counter folds every event it is given, the platform's lines
+    // too: all that is kept up to its checkpoint.)
+    let through = counted["checkpointOffset"].as_u64().unwrap();
+    let (_, page) = s.get(&format!("{LOG}:events?limit=100")).await;
+    let folded = page["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["offset"].as_u64() <= Some(through))
+        .count();
+    assert_eq!(counted["state"]["events"], folded, "{counted} {page}");
+    assert_eq!(counted["state"]["sum"], kept.iter().sum::<u64>(), "{counted}");
+    wait_for("every kept event copied", Duration::from_secs(20), async || {
+        let (_, page) = s.get("/v1/projects/acme/streams/log-copy:events?limit=100").await;
+        let copied: Vec<u64> = page["events"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter(|e| e["type"] == "events.example/noted")
+                    .filter_map(|e| e["payload"]["n"].as_u64())
+                    .collect()
+            })
+            .unwrap_or_default();
+        copied == kept
+    })
+    .await;
+}

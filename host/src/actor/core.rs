@@ -1501,6 +1501,9 @@ impl ActorCore {
                                     self.recent_keys.replace(key, r);
                                 }
                             }
+                            if let Some(through) = plan.removed_through {
+                                self.recent_keys.forget_through(through);
+                            }
                         }
                     }
                     self.prune_recent_commits();

@@ -52,6 +52,22 @@ impl RecentKeys {
         }
     }
 
+    /// Forgets the events at or before `offset` (retention removed them: a
+    /// retry of their keys appends again, as after they left this map).
+    pub(super) fn forget_through(&mut self, offset: u64) {
+        let by_key = &mut self.by_key;
+        let mut freed = 0;
+        self.order.retain(|k| match by_key.get(k) {
+            Some((e, b)) if e.offset <= offset => {
+                freed += *b;
+                by_key.remove(k);
+                false
+            }
+            _ => true,
+        });
+        self.bytes -= freed;
+    }
+
     /// The committed event of `key`, if it is among the recent ones.
     pub(super) fn get(&self, key: &str) -> Option<&Event> {
         self.by_key.get(key).map(|(e, _)| e)
@@ -109,6 +125,18 @@ mod tests {
         assert!(keys.get("k0").is_none() && keys.get("k2").is_none());
         assert!(keys.get("k3").is_some());
         assert!(keys.get(&format!("k{}", fit + 2)).is_some());
+    }
+
+    #[test]
+    fn keys_of_removed_events_are_forgotten_and_their_bytes_given_back() {
+        let mut keys = RecentKeys::default();
+        for i in 1..=4u64 {
+            keys.insert(&format!("k{i}"), &event(i, "k"), 100);
+        }
+        keys.forget_through(2);
+        assert!(keys.get("k1").is_none() && keys.get("k2").is_none());
+        assert_eq!(keys.get("k3").map(|e| e.offset), Some(3));
+        assert_eq!((keys.len(), keys.bytes, keys.order.len()), (2, 200, 2));
     }
 
     #[test]

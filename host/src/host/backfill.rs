@@ -259,11 +259,25 @@ impl Host {
                     filter: consumed(subscription_filter, &announcement),
                     narrow,
                 };
+                // From the beginning: from the instance's base when
+                // retention removed what it folded.
+                let (initial, after, bucket) = if after == 0 {
+                    crate::rollout::refold::fold_start(
+                        &storage,
+                        row.row_id,
+                        &component,
+                        &source.stream_id,
+                        initial,
+                    )
+                    .map_err(internal)?
+                } else {
+                    (initial, after, Bucket::empty())
+                };
                 let mut counts = Backfilled::default();
                 // The first batch reports at once, later ones at most every PROGRESS_EVERY.
                 let mut last_report: Option<Instant> = None;
                 let (_, end, _) = fold
-                    .run(initial, after, through, Bucket::empty(), |effects, at| {
+                    .run(initial, after, through, bucket, |effects, at| {
                         if !effects.is_empty() {
                             let now = clock.now_ms();
                             let returned = effects.len() as u64;
