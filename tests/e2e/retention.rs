@@ -78,6 +78,17 @@ async fn events_beyond_the_count_leave_the_database_and_reads_before_the_first_o
     let stored = rows(&s, "/log");
     assert!((10..=11).contains(&stored), "{stored} rows: {st}");
     assert_eq!(stored as u64, head - first + 1, "{st}");
+    // The stream's stored bytes (the project's storage bound) gave back
+    // what went.
+    let counted = s.db().query_i64(
+        "SELECT bytes FROM streams WHERE project = 'acme' AND path = '/log'",
+    );
+    let left = s.db().query_i64(
+        "SELECT SUM(length(e.type) + COALESCE(length(e.idempotency_key), 0) + length(e.body))
+         FROM events e JOIN streams t ON t.id = e.stream
+         WHERE t.project = 'acme' AND t.path = '/log'",
+    );
+    assert_eq!(counted, left);
 
     // What the front holds now is the first offset's event.
     let (status, page) = s.get(&format!("{LOG}:events?limit=5")).await;
@@ -152,7 +163,7 @@ async fn events_older_than_the_age_go_and_a_subscriptions_cursor_holds_the_front
 
 #[tokio::test]
 async fn a_processor_whose_folded_events_went_verifies_from_its_base_keys_and_all() {
-    let s = Server::start_with(Some(PROC), &[]);
+    let mut s = Server::start_with(Some(PROC), &[]);
     let (status, out) = s.deploy("acme", "ledger", guest("ledger")).await;
     assert_eq!(status, 200, "{out}");
     let wake = json!({"type": "events.iterate.com/stream/subscription-configured",
@@ -184,9 +195,27 @@ async fn a_processor_whose_folded_events_went_verifies_from_its_base_keys_and_al
     assert_eq!(verified["matches"], true, "{verified}");
     assert_eq!(verified["storedState"], before["state"], "{verified}");
     assert!(verified["keysCompared"].as_u64() >= Some(7), "{verified}");
+    // After a kill, the base and the front are where they were.
+    s.kill();
+    s.restart();
+    let (status, verified) = s
+        .post(
+            &format!("{BANK}:verifyProcessor"),
+            json!({"component": "ledger"}),
+        )
+        .await;
+    assert_eq!(status, 200, "{verified}");
+    assert_eq!(verified["matches"], true, "{verified}");
     // It folds on from there, and verifies again once more events went.
     append(&s, BANK, deposits(30, 20)).await;
-    caught_up(&s, BANK, "ledger").await;
+    let now = caught_up(&s, BANK, "ledger").await;
+    // Its state at an offset after the base folds from the base.
+    let at = now["checkpointOffset"].as_u64().unwrap();
+    let (status, folded) = s
+        .get(&format!("{BANK}:processors/ledger/at/{at}"))
+        .await;
+    assert_eq!(status, 200, "{folded}");
+    assert_eq!(folded["state"], now["state"], "{folded}");
     let first = state(&s, BANK).await["firstOffset"].as_u64().unwrap();
     wait_for("more events removed", Duration::from_secs(20), async || {
         state(&s, BANK).await["firstOffset"].as_u64() > Some(first)
