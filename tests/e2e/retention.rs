@@ -322,3 +322,19 @@ async fn a_copy_and_a_processor_subscribed_after_a_removal_start_at_the_first_of
     })
     .await;
 }
+
+#[tokio::test]
+async fn the_cli_sets_and_removes_retention_and_refuses_a_zero_bound() {
+    let s = Server::start();
+    append_n(&s, LOG, 3).await;
+    let (ok, out, err) = crate::support::cli_with(&s, &["retention", "/log", "--max-events", "2"]);
+    assert!(ok, "{out}{err}");
+    assert!(out.contains("retention-configured"), "{out}");
+    assert_eq!(state(&s, LOG).await["retention"], json!({"maxEvents": 2}));
+    let (ok, out, err) = crate::support::cli_with(&s, &["retention", "/log", "--max-age-ms", "0"]);
+    assert!(!ok, "{out}");
+    assert!(err.contains("--max-age-ms") && err.contains('0'), "{err}");
+    let (ok, out, err) = crate::support::cli_with(&s, &["retention", "/log"]);
+    assert!(ok, "{out}{err}");
+    assert!(state(&s, LOG).await.get("retention").is_none());
+}

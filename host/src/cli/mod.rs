@@ -111,6 +111,10 @@ pub(crate) enum Command {
     /// secret): its offset, type and key stay, an event-redacted line
     /// records it.
     Redact(RedactArgs),
+    /// Set a stream's retention bounds (neither: remove them): older
+    /// events and the oldest beyond the count leave the front of its log,
+    /// never past a subscription's cursor or a processor's checkpoint.
+    Retention(RetentionArgs),
     /// Pause a stream: appends are refused until it is resumed.
     Pause(PauseArgs),
     /// Resume a paused stream.
@@ -350,6 +354,13 @@ pub async fn run(cli: Cli) -> Result<()> {
                 },
             };
             request(&a.target, resume).await
+        }
+        Command::Retention(a) => {
+            let retention = R::ConfigureRetention {
+                max_age_ms: a.max_age_ms,
+                max_events: a.max_events,
+            };
+            request(&a.target, retention).await
         }
         Command::Redact(a) => {
             let redact = R::Redact {

@@ -295,6 +295,18 @@ pub(super) async fn tail(a: TailArgs) -> Result<()> {
 }
 
 #[derive(Debug, Args)]
+pub(crate) struct RetentionArgs {
+    #[command(flatten)]
+    pub target: Target,
+    /// Events older than this many milliseconds go.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_age_ms: Option<u64>,
+    /// Beyond this many stored events, the oldest go.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_events: Option<u64>,
+}
+
+#[derive(Debug, Args)]
 pub(crate) struct RedactArgs {
     #[command(flatten)]
     pub target: Target,
