@@ -117,6 +117,25 @@ async fn events_beyond_the_count_leave_the_database_and_reads_before_the_first_o
     assert_eq!(last["payload"]["throughOffset"].as_u64(), Some(first - 1));
     assert_eq!(last["payload"]["digest"].as_str().map(str::len), Some(64));
 
+    // A log at its bound stays still: no removal a second to record the
+    // last one. (Two trims of another stream: a whole round of the
+    // background steps passed over this one in between.)
+    let other = "/v1/projects/acme/streams/other";
+    append_n(&s, other, 20).await;
+    let (status, out) = configure(&s, other, json!({"maxEvents": 10})).await;
+    assert_eq!(status, 200, "{out}");
+    for round in 0..2 {
+        let head = state(&s, other).await["maxOffset"].as_u64().unwrap();
+        wait_for("the other stream trimmed", Duration::from_secs(20), async || {
+            state(&s, other).await["firstOffset"].as_u64() > Some(head - 10)
+        })
+        .await;
+        if round == 0 {
+            append_n(&s, other, 20).await;
+        }
+    }
+    assert_eq!(state(&s, LOG).await["maxOffset"].as_u64(), Some(head), "the log churned");
+
     // The bound removed: what is stored stays.
     let (status, out) = configure(&s, LOG, json!({"maxEvents": null})).await;
     assert_eq!(status, 200, "{out}");
@@ -337,4 +356,52 @@ async fn the_cli_sets_and_removes_retention_and_refuses_a_zero_bound() {
     let (ok, out, err) = crate::support::cli_with(&s, &["retention", "/log"]);
     assert!(ok, "{out}{err}");
     assert!(state(&s, LOG).await.get("retention").is_none());
+}
+
+#[tokio::test]
+async fn a_refold_after_a_removal_starts_from_the_base_and_reaches_the_state_before_it() {
+    let s = Server::start_with(Some(PROC), &[]);
+    let (status, out) = s.deploy("acme", "proc", guest("counter")).await;
+    assert_eq!(status, 200, "{out}");
+    let wake = json!({"type": "events.iterate.com/stream/subscription-configured",
+        "payload": {"subscriptionKey": "proc",
+            "receiver": {"action": "processor-wake", "expression": ["components", ["get", "proc"], "wake"]}}});
+    append(&s, LOG, json!([wake])).await;
+    append_n(&s, LOG, 30).await;
+    caught_up(&s, LOG, "proc").await;
+    let (status, out) = configure(&s, LOG, json!({"maxEvents": 5})).await;
+    assert_eq!(status, 200, "{out}");
+    wait_for("the log trimmed", Duration::from_secs(20), async || {
+        state(&s, LOG).await["firstOffset"].as_u64() > Some(25)
+    })
+    .await;
+    // The counter has folded everything, the removal lines too: that state
+    // counts events the log no longer holds.
+    let before = caught_up(&s, LOG, "proc").await;
+    let kept = rows(&s, "/log") as u64;
+    assert!(before["state"]["events"].as_u64() > Some(kept + 20), "{before}");
+    // Version 2 (the effector counts events as the counter does), refolded:
+    // from the base it reaches the same count; from offset 0 over what is
+    // kept it would count a handful.
+    let (status, v2) = s
+        .deploy_with_query("acme", "proc", guest("effector"), "refold=true")
+        .await;
+    assert_eq!(status, 200, "{v2}");
+    wait_for("the refold to switch", Duration::from_secs(30), async || {
+        let (_, p) = s.get(&format!("{LOG}:processors/proc")).await;
+        p["digest"] == v2["digest"]
+    })
+    .await;
+    let after = caught_up(&s, LOG, "proc").await;
+    assert_eq!(after["checkpointOffset"], before["checkpointOffset"], "{after}");
+    // The payloads' sum is the same (the effector keeps the counter's
+    // fields it does not fold), and the count holds the removed events:
+    // only the platform's lines, which the effector does not fold, differ.
+    assert_eq!(after["state"]["sum"], before["state"]["sum"], "{after}");
+    assert!(after["state"]["events"].as_u64() > Some(kept + 20), "{after}");
+    let (status, verified) = s
+        .post(&format!("{LOG}:verifyProcessor"), json!({"component": "proc"}))
+        .await;
+    assert_eq!(status, 200, "{verified}");
+    assert_eq!(verified["matches"], true, "{verified}");
 }

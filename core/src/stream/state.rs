@@ -130,6 +130,15 @@ impl CoreState {
         self.event_count.saturating_sub(self.removed_events)
     }
 
+    /// The stored events retention's `maxEvents` counts: all but the
+    /// newest `events-removed` line (which a removal never removes, so a
+    /// log at its bound does not remove one event a second to record the
+    /// last removal).
+    pub fn retained_events(&self) -> u64 {
+        self.stored_events()
+            .saturating_sub(u64::from(self.removed_events > 0))
+    }
+
     /// Folds one event into the state. Ephemeral events only move the head;
     /// copied events are inert data (no control behaviour on this stream).
     pub fn reduce(&mut self, event: &Event) {

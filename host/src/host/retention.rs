@@ -210,7 +210,7 @@ pub(crate) async fn step(streams: &Streams, address: &StreamAddress) -> Result<S
         let want = match bounds.max_age_ms {
             Some(_) => retention::REMOVAL_EVENTS_MAX,
             None => (state
-                .stored_events()
+                .retained_events()
                 .saturating_sub(bounds.max_events.unwrap_or(u64::MAX)) as usize)
                 .min(retention::REMOVAL_EVENTS_MAX),
         };
@@ -233,7 +233,7 @@ pub(crate) async fn step(streams: &Streams, address: &StreamAddress) -> Result<S
                 created_at_ms: created_at_ms(body).unwrap_or(i64::MAX),
             })
             .collect();
-        let Some(cut) = retention::removal(&bounds, &front, state.stored_events(), now_ms, floor)
+        let Some(cut) = retention::removal(&bounds, &front, state.retained_events(), now_ms, floor)
         else {
             return Ok(None);
         };
