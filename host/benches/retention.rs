@@ -2,15 +2,16 @@
 //!
 //! Runs the host in-process on a temp SQLite database (`durability =
 //! full`) and reports, in one run:
+//! - storage: a stream of `--events N` (default 1,000,000) events, then
+//!   `maxEvents` 1,000 on it with nothing else running: how long the
+//!   removal took, and the stream's stored bytes, the bytes SQLite's used
+//!   pages hold (what a `VACUUM` would keep) and the database files'
+//!   bytes, before and after;
 //! - append throughput (`--clients C` tasks, default 16, each appending
-//!   batches of 100 events to a stream of its own) with no retention at
-//!   work, and while retention removes `--events N` (default 1,000,000)
-//!   events from the front of another stream (`maxEvents` 1,000), in
-//!   turns: quiet, removing, quiet; the ratio of the removing window to
-//!   the quiet ones' mean (aim: ≥ 0.9);
-//! - how fast the removal went (events/s), and the storage before and
-//!   after: the database files' bytes, the bytes SQLite's pages hold
-//!   (what a `VACUUM` would keep), and the stream's stored bytes.
+//!   batches of 100 events to a stream of its own) for `--seconds S`
+//!   (default 5) with no retention at work, while retention removes N
+//!   events from another stream, and quiet again; the ratio of the
+//!   removing window to the quiet ones' mean (aim: ≥ 0.9).
 
 mod common;
 use common::arg;
@@ -51,8 +52,8 @@ fn file_bytes(dir: &Path) -> u64 {
         .sum()
 }
 
-/// (bytes SQLite's used pages hold, the big stream's stored bytes).
-fn live_bytes(dir: &Path) -> (u64, u64) {
+/// (bytes SQLite's used pages hold, the stream's stored bytes).
+fn live_bytes(dir: &Path, path: &str) -> (u64, u64) {
     let db = rusqlite::Connection::open(dir.join("streamhost.db")).unwrap();
     let pages: u64 = db
         .query_row(
@@ -63,8 +64,8 @@ fn live_bytes(dir: &Path) -> (u64, u64) {
         .unwrap();
     let stream: u64 = db
         .query_row(
-            "SELECT bytes FROM streams WHERE path = '/bench/big'",
-            [],
+            "SELECT bytes FROM streams WHERE path = ?1",
+            [path],
             |r| r.get(0),
         )
         .unwrap_or(0);
@@ -108,77 +109,97 @@ async fn quiet(host: &Host, clients: usize, seconds: f64) -> f64 {
     n as f64 / started.elapsed().as_secs_f64()
 }
 
-#[tokio::main]
-async fn main() {
-    let events = arg("--events", 1_000_000.0) as u64;
-    let clients = arg("--clients", 16.0) as usize;
-    let dir = tempfile::tempdir().unwrap();
-    let host = Host::open(Config {
-        data_dir: dir.path().to_path_buf(),
-        ..Config::default()
-    })
-    .unwrap();
-    let big = address("/bench/big");
+/// Appends `events` events to `stream` in batches of 1,000.
+async fn fill(host: &Host, stream: &StreamAddress, events: u64) {
     let filled = Instant::now();
     let mut n = 0;
     while n < events {
         let k = 1000.min((events - n) as usize);
         host.streams()
-            .append(&big, batch(k), Authority::Public)
+            .append(stream, batch(k), Authority::Public)
             .await
             .unwrap();
         n += k as u64;
     }
     eprintln!(
-        "filled {events} events in {:.1} s",
+        "filled {} with {events} events in {:.1} s",
+        stream.path,
         filled.elapsed().as_secs_f64()
     );
-    let files_before = file_bytes(dir.path());
-    let (pages_before, stream_before) = live_bytes(dir.path());
-    quiet(&host, clients, 1.0).await; // warm-up
+}
 
-    let before = quiet(&host, clients, 5.0).await;
-    eprintln!("quiet: {before:.0} events/s");
-
-    // Retention at work: the window lasts until the removal is done.
-    let stop = Arc::new(AtomicBool::new(false));
-    let running = tokio::spawn({
-        let (host, stop) = (host.clone(), stop.clone());
-        async move { load(&host, clients, stop).await }
-    });
+/// Sets `maxEvents` 1,000 on `stream` (holding `events` events) and waits
+/// until retention removed the rest; seconds it took.
+async fn remove(host: &Host, stream: &StreamAddress, events: u64) -> f64 {
     let started = Instant::now();
-    host.configure_retention(&big, None, Some(1000))
+    host.configure_retention(stream, None, Some(1000))
         .await
         .unwrap();
     let mut last_report = Instant::now();
-    let first = loop {
-        let state = host.state(&big).await.unwrap();
+    loop {
+        let state = host.state(stream).await.unwrap();
         if state.first_offset > events - 1000 {
-            break state.first_offset;
+            return started.elapsed().as_secs_f64();
         }
-        if last_report.elapsed() >= Duration::from_secs(2) {
+        if last_report.elapsed() >= Duration::from_secs(5) {
             eprintln!(
-                "  removing: first offset {} after {:.1} s",
+                "  removing from {}: first offset {} after {:.1} s",
+                stream.path,
                 state.first_offset,
                 started.elapsed().as_secs_f64()
             );
             last_report = Instant::now();
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
-    };
-    let window = started.elapsed().as_secs_f64();
+    }
+}
+
+#[tokio::main]
+async fn main() {
+    let events = arg("--events", 1_000_000.0) as u64;
+    let clients = arg("--clients", 16.0) as usize;
+    let seconds = arg("--seconds", 5.0);
+    let dir = tempfile::tempdir().unwrap();
+    let host = Host::open(Config {
+        data_dir: dir.path().to_path_buf(),
+        ..Config::default()
+    })
+    .unwrap();
+
+    // Storage: a million events, then retention alone removing them.
+    let big = address("/bench/big");
+    fill(&host, &big, events).await;
+    let files_before = file_bytes(dir.path());
+    let (pages_before, stream_before) = live_bytes(dir.path(), "/bench/big");
+    let alone = remove(&host, &big, events).await;
+    let files_after = file_bytes(dir.path());
+    let (pages_after, stream_after) = live_bytes(dir.path(), "/bench/big");
+    eprintln!("removed alone in {alone:.1} s");
+
+    // Appends beside it: quiet, while removing another million, quiet.
+    let other = address("/bench/other");
+    fill(&host, &other, events).await;
+    quiet(&host, clients, 1.0).await; // warm-up
+    let before = quiet(&host, clients, seconds).await;
+    eprintln!("quiet: {before:.0} events/s");
+    let stop = Arc::new(AtomicBool::new(false));
+    let started = Instant::now();
+    let running = tokio::spawn({
+        let (host, stop) = (host.clone(), stop.clone());
+        async move { load(&host, clients, stop).await }
+    });
+    let window = remove(&host, &other, events).await;
     stop.store(true, Ordering::Relaxed);
     let during = running.await.unwrap() as f64 / started.elapsed().as_secs_f64();
-    let removed = first - 1;
-    eprintln!("removing: {during:.0} events/s");
-
-    let after = quiet(&host, clients, 5.0).await;
+    eprintln!("while removing: {during:.0} events/s");
+    let after = quiet(&host, clients, seconds).await;
     eprintln!("quiet again: {after:.0} events/s");
-    let files_after = file_bytes(dir.path());
-    let (pages_after, stream_after) = live_bytes(dir.path());
     let quiet_mean = (before + after) / 2.0;
+    let removed = events - 1000;
 
-    println!("retention: {removed} events removed from one stream while {clients} clients append batches of {BATCH} to their own\n");
+    println!(
+        "retention: {removed} events removed from a stream; {clients} clients append batches of {BATCH} to streams of their own\n"
+    );
     println!("| window | appends, events/s | ÷ quiet |");
     println!("|---|---|---|");
     println!("| quiet (before) | {before:.0} | |");
@@ -189,22 +210,26 @@ async fn main() {
     );
     println!("| quiet (after) | {after:.0} | |");
     println!();
+    println!(
+        "removing {removed} events with no appends beside it: {alone:.1} s ({:.0} removed/s)\n",
+        removed as f64 / alone
+    );
     let mb = |b: u64| b as f64 / 1e6;
     println!("| storage | before | after |");
     println!("|---|---|---|");
     println!(
-        "| database files (db + WAL) | {:.1} MB | {:.1} MB |",
-        mb(files_before),
-        mb(files_after)
+        "| the stream's stored bytes | {:.1} MB | {:.3} MB |",
+        mb(stream_before),
+        mb(stream_after)
     );
     println!(
-        "| SQLite's used pages (what VACUUM keeps) | {:.1} MB | {:.1} MB |",
+        "| SQLite's used pages (what a VACUUM keeps) | {:.1} MB | {:.1} MB |",
         mb(pages_before),
         mb(pages_after)
     );
     println!(
-        "| the stream's stored bytes | {:.1} MB | {:.3} MB |",
-        mb(stream_before),
-        mb(stream_after)
+        "| database files (db + WAL; SQLite reuses freed pages, a VACUUM returns them) | {:.1} MB | {:.1} MB |",
+        mb(files_before),
+        mb(files_after)
     );
 }

@@ -13,8 +13,9 @@ use sha2::{Digest, Sha256};
 use crate::error::Error;
 
 /// Most events one removal takes: the host removes a long backlog in
-/// commits of this many, each its own `events-removed` event.
-pub const REMOVAL_EVENTS_MAX: usize = 10_000;
+/// commits of this many, each its own `events-removed` event (a commit of
+/// 2,000 deletions holds the writer for milliseconds, not tens of them).
+pub const REMOVAL_EVENTS_MAX: usize = 2_000;
 
 /// A stream's retention bounds; at least one is set.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

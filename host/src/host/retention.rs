@@ -29,6 +29,9 @@ const STEP_EVERY: Duration = Duration::from_secs(1);
 /// How often the host lists again the streams that set retention (what
 /// other hosts configured, streams this host took over).
 const LIST_EVERY: Duration = Duration::from_secs(60);
+/// After a step that removed events, the sweep rests this many times as
+/// long as the step took (at most a tenth of the time removing).
+const REST_PER_STEP: u32 = 9;
 /// Most bytes of event bodies one step reads from the front of the log.
 const FRONT_BYTES_MAX: usize = 64 * 1024 * 1024;
 
@@ -120,17 +123,21 @@ impl Host {
 }
 
 /// Applies retention in the background until the registry is gone: every
-/// [`STEP_EVERY`] to each stream that sets it (a long backlog goes in
-/// steps of [`retention::REMOVAL_EVENTS_MAX`] events, one after another).
+/// [`STEP_EVERY`] to each stream that sets it. A long backlog goes in
+/// steps of [`retention::REMOVAL_EVENTS_MAX`] events, each followed by a
+/// rest [`REST_PER_STEP`] times as long as the step took: removing is
+/// background work, and takes a bounded share of the writer from the
+/// appends beside it.
 pub(crate) fn start(streams: StreamsRef, retained: Arc<Retained>) {
     tokio::spawn(async move {
         let mut listed: Option<std::time::Instant> = None;
         loop {
-            let Some(s) = streams.upgrade() else {
-                return;
-            };
             if listed.is_none_or(|t| t.elapsed() >= LIST_EVERY) {
+                let Some(s) = streams.upgrade() else {
+                    return;
+                };
                 let storage = s.storage().clone();
+                drop(s);
                 match tokio::task::spawn_blocking(move || storage.streams_with_retention()).await {
                     Ok(Ok(found)) => {
                         for (project, path) in found {
@@ -149,9 +156,20 @@ pub(crate) fn start(streams: StreamsRef, retained: Arc<Retained>) {
             }
             for address in retained.all() {
                 loop {
-                    match step(&s, &address).await {
-                        Ok(Step::Removed(n)) if n == retention::REMOVAL_EVENTS_MAX => continue,
-                        Ok(Step::Removed(_) | Step::Nothing) => {}
+                    let Some(s) = streams.upgrade() else {
+                        return;
+                    };
+                    let started = std::time::Instant::now();
+                    let result = step(&s, &address).await;
+                    drop(s);
+                    match result {
+                        Ok(Step::Removed(n)) => {
+                            tokio::time::sleep(started.elapsed() * REST_PER_STEP).await;
+                            if n == retention::REMOVAL_EVENTS_MAX {
+                                continue;
+                            }
+                        }
+                        Ok(Step::Nothing) => {}
                         Ok(Step::NotRetained) => retained.remove(&address),
                         Err(e) if e.code == "stream-not-found" => retained.remove(&address),
                         Err(e) => {
@@ -161,7 +179,6 @@ pub(crate) fn start(streams: StreamsRef, retained: Arc<Retained>) {
                     break;
                 }
             }
-            drop(s);
             tokio::time::sleep(STEP_EVERY).await;
         }
     });
@@ -200,21 +217,39 @@ pub(crate) async fn step(streams: &Streams, address: &StreamAddress) -> Result<S
     let from = state.first_offset;
     // The removal goes only to the lifetime it was planned on.
     let stream_id = state.stream_id.clone();
+    // Without an age bound, only the excess over the count is read; a
+    // stream within its count reads nothing.
+    let excess = state
+        .retained_events()
+        .saturating_sub(bounds.max_events.unwrap_or(u64::MAX)) as usize;
+    let want = match bounds.max_age_ms {
+        Some(_) => retention::REMOVAL_EVENTS_MAX,
+        None => excess.min(retention::REMOVAL_EVENTS_MAX),
+    };
+    if want == 0 || state.stored_events() == 0 {
+        return Ok(Step::Nothing);
+    }
     let planned = tokio::task::spawn_blocking(move || -> Result<Option<Planned>, Error> {
         let internal = |e: anyhow::Error| Error::internal(format!("{e:#}"));
         let Some(row) = storage.load_stream(&ns, &path).map_err(internal)? else {
             return Ok(None);
         };
+        if excess == 0 {
+            // Only the age can remove: is the oldest event old enough?
+            let age = bounds.max_age_ms.unwrap_or(u64::MAX).min(i64::MAX as u64) as i64;
+            let oldest = storage
+                .events_within(row.row_id, from - 1, 1, state.max_offset, FRONT_BYTES_MAX)
+                .map_err(internal)?;
+            let due = oldest
+                .first()
+                .and_then(|(_, body)| created_at_ms(body))
+                .is_some_and(|at| at < now_ms.saturating_sub(age));
+            if !due {
+                return Ok(None);
+            }
+        }
         let (floor, wakes) = floor(&storage, row.row_id, &state).map_err(internal)?;
-        // Without an age bound, only the excess over the count is read.
-        let want = match bounds.max_age_ms {
-            Some(_) => retention::REMOVAL_EVENTS_MAX,
-            None => (state
-                .retained_events()
-                .saturating_sub(bounds.max_events.unwrap_or(u64::MAX)) as usize)
-                .min(retention::REMOVAL_EVENTS_MAX),
-        };
-        if want == 0 || floor < from {
+        if floor < from {
             return Ok(None);
         }
         let bodies = storage
