@@ -358,28 +358,56 @@ async fn the_cli_sets_and_removes_retention_and_refuses_a_zero_bound() {
     assert!(state(&s, LOG).await.get("retention").is_none());
 }
 
-#[tokio::test]
-async fn a_refold_after_a_removal_starts_from_the_base_and_reaches_the_state_before_it() {
-    let s = Server::start_with(Some(PROC), &[]);
+/// The counter as `proc` on the log, 30 events folded, then `maxEvents` 5
+/// applied: the counter's state once caught up (it counts events the log
+/// no longer holds) and the events kept.
+async fn counter_after_a_removal(s: &Server) -> (Value, u64) {
     let (status, out) = s.deploy("acme", "proc", guest("counter")).await;
     assert_eq!(status, 200, "{out}");
     let wake = json!({"type": "events.iterate.com/stream/subscription-configured",
         "payload": {"subscriptionKey": "proc",
             "receiver": {"action": "processor-wake", "expression": ["components", ["get", "proc"], "wake"]}}});
-    append(&s, LOG, json!([wake])).await;
-    append_n(&s, LOG, 30).await;
-    caught_up(&s, LOG, "proc").await;
-    let (status, out) = configure(&s, LOG, json!({"maxEvents": 5})).await;
+    append(s, LOG, json!([wake])).await;
+    append_n(s, LOG, 30).await;
+    caught_up(s, LOG, "proc").await;
+    let (status, out) = configure(s, LOG, json!({"maxEvents": 5})).await;
     assert_eq!(status, 200, "{out}");
     wait_for("the log trimmed", Duration::from_secs(20), async || {
-        state(&s, LOG).await["firstOffset"].as_u64() > Some(25)
+        state(s, LOG).await["firstOffset"].as_u64() > Some(25)
     })
     .await;
-    // The counter has folded everything, the removal lines too: that state
-    // counts events the log no longer holds.
-    let before = caught_up(&s, LOG, "proc").await;
-    let kept = rows(&s, "/log") as u64;
+    let before = caught_up(s, LOG, "proc").await;
+    let kept = rows(s, "/log") as u64;
     assert!(before["state"]["events"].as_u64() > Some(kept + 20), "{before}");
+    (before, kept)
+}
+
+#[tokio::test]
+async fn a_shadow_after_a_removal_folds_from_the_base() {
+    let s = Server::start_with(Some(PROC), &[]);
+    let (before, kept) = counter_after_a_removal(&s).await;
+    let (status, v2) = s
+        .deploy_with_query("acme", "proc", guest("effector"), "refold=shadow")
+        .await;
+    assert_eq!(status, 200, "{v2}");
+    let shadow = crate::support::shadow_ready(&s, LOG, "proc").await;
+    // Its diff against the live state: the payloads' sum is the same, and
+    // its count holds the removed events (only the platform's lines, which
+    // the effector does not fold, differ); from offset 0 over what is kept
+    // it would count a handful.
+    let diff = shadow["stateDiff"].as_array().unwrap();
+    assert!(diff.iter().all(|d| d["path"] != "/sum"), "{shadow}");
+    let events = diff
+        .iter()
+        .find(|d| d["path"] == "/events")
+        .map_or(before["state"]["events"].as_u64(), |d| d["value"].as_u64());
+    assert!(events > Some(kept + 20), "{shadow}");
+}
+
+#[tokio::test]
+async fn a_refold_after_a_removal_starts_from_the_base_and_reaches_the_state_before_it() {
+    let s = Server::start_with(Some(PROC), &[]);
+    let (before, kept) = counter_after_a_removal(&s).await;
     // Version 2 (the effector counts events as the counter does), refolded:
     // from the base it reaches the same count; from offset 0 over what is
     // kept it would count a handful.

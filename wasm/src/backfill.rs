@@ -114,3 +114,27 @@ impl RangeFold<'_> {
         Ok((state, progress, bucket))
     }
 }
+
+/// Where a fold from the beginning starts: the instance's base when
+/// retention kept one (its state, offset and keys: the events before it
+/// may be gone), else `initial` at offset 0 with no keys.
+pub fn fold_start(
+    storage: &Storage,
+    row_id: i64,
+    component: &str,
+    stream_id: &str,
+    initial: String,
+) -> anyhow::Result<(String, u64, Bucket)> {
+    let Some(base) = storage
+        .processor_base(row_id, component)?
+        .filter(|b| b.stream_id == stream_id)
+    else {
+        return Ok((initial, 0, Bucket::empty()));
+    };
+    let mut keys = streamhost_storage::KeyWrites::new();
+    storage.each_key(base.bucket, |k, v| {
+        keys.insert(k, Some(v));
+        Ok(())
+    })?;
+    Ok((base.state, base.offset, Bucket::with_writes(keys)))
+}

@@ -316,6 +316,18 @@ impl Stepper<'_> {
                 .map_err(guest)?;
             f.gate = Some(gate);
             f.through = Some(0);
+            // Retention removed what the instance's base folded: from there.
+            let (state, after, bucket) = super::backfill::fold_start(
+                self.storage,
+                row_id,
+                self.component,
+                &self.state.stream_id,
+                std::mem::take(&mut f.state),
+            )
+            .map_err(|e| Failure::new(format!("reading the instance's base: {e:#}"), true))?;
+            f.state = state;
+            f.through = Some(after);
+            f.bucket = bucket;
         }
         let from = f.through.unwrap_or(0);
         let mut target = live.checkpoint_offset.min(from.saturating_add(offsets));

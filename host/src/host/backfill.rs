@@ -262,7 +262,7 @@ impl Host {
                 // From the beginning: from the instance's base when
                 // retention removed what it folded.
                 let (initial, after, bucket) = if after == 0 {
-                    crate::rollout::refold::fold_start(
+                    crate::processor::backfill::fold_start(
                         &storage,
                         row.row_id,
                         &component,

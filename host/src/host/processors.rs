@@ -800,7 +800,7 @@ fn fold_from_start(
         .initial_state(f.component, f.prepared, f.timeout_ms)
         .map_err(guest)?;
     // Retention removed what the instance's base folded: from there.
-    let (initial, after, bucket) = crate::rollout::refold::fold_start(
+    let (initial, after, bucket) = crate::processor::backfill::fold_start(
         f.storage,
         f.row_id,
         f.component,

@@ -22,7 +22,6 @@ use crate::clock::format_timestamp;
 use crate::delivery::Failure;
 use crate::filter::CompiledFilter;
 use crate::processor::backfill::RangeFold;
-use crate::processor::keyed::Bucket;
 use crate::processor::refold::switched;
 use crate::processor::wake::{consumed, Guest};
 use crate::storage::{Checkpoint, NewEffect, WriteOp};
@@ -260,7 +259,8 @@ async fn refold_fenced(
             .map_err(guest)?;
         // Retention removed what the instance's base folded: start there.
         let (mut shadow, mut shadow_through, mut bucket) =
-            fold_start(storage, row.row_id, &component, &state.stream_id, initial).map_err(io)?;
+            crate::processor::backfill::fold_start(storage, row.row_id, &component, &state.stream_id, initial)
+                .map_err(io)?;
         let fold = RangeFold {
             guest: Guest {
                 runtime,
@@ -365,26 +365,3 @@ async fn refold_fenced(
     Ok(through)
 }
 
-/// Where a fold from the beginning starts: the instance's base when
-/// retention kept one (its state, offset and keys: the events before it
-/// may be gone), else `initial` at offset 0 with no keys.
-pub(crate) fn fold_start(
-    storage: &crate::storage::Storage,
-    row_id: i64,
-    component: &str,
-    stream_id: &str,
-    initial: String,
-) -> anyhow::Result<(String, u64, Bucket)> {
-    let Some(base) = storage
-        .processor_base(row_id, component)?
-        .filter(|b| b.stream_id == stream_id)
-    else {
-        return Ok((initial, 0, Bucket::empty()));
-    };
-    let mut keys = crate::storage::KeyWrites::new();
-    storage.each_key(base.bucket, |k, v| {
-        keys.insert(k, Some(v));
-        Ok(())
-    })?;
-    Ok((base.state, base.offset, Bucket::with_writes(keys)))
-}
