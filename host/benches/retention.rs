@@ -63,11 +63,9 @@ fn live_bytes(dir: &Path, path: &str) -> (u64, u64) {
         )
         .unwrap();
     let stream: u64 = db
-        .query_row(
-            "SELECT bytes FROM streams WHERE path = ?1",
-            [path],
-            |r| r.get(0),
-        )
+        .query_row("SELECT bytes FROM streams WHERE path = ?1", [path], |r| {
+            r.get(0)
+        })
         .unwrap_or(0);
     (pages, stream)
 }

@@ -65,9 +65,11 @@ async fn events_beyond_the_count_leave_the_database_and_reads_before_the_first_o
     );
     assert_eq!(configured["payload"]["maxEvents"], 10);
 
-    wait_for("the log trimmed to its bound", Duration::from_secs(20), async || {
-        state(&s, LOG).await["firstOffset"].as_u64() > Some(20)
-    })
+    wait_for(
+        "the log trimmed to its bound",
+        Duration::from_secs(20),
+        async || state(&s, LOG).await["firstOffset"].as_u64() > Some(20),
+    )
     .await;
     let st = state(&s, LOG).await;
     let first = st["firstOffset"].as_u64().unwrap();
@@ -80,9 +82,9 @@ async fn events_beyond_the_count_leave_the_database_and_reads_before_the_first_o
     assert_eq!(stored as u64, head - first + 1, "{st}");
     // The stream's stored bytes (the project's storage bound) gave back
     // what went.
-    let counted = s.db().query_i64(
-        "SELECT bytes FROM streams WHERE project = 'acme' AND path = '/log'",
-    );
+    let counted = s
+        .db()
+        .query_i64("SELECT bytes FROM streams WHERE project = 'acme' AND path = '/log'");
     let left = s.db().query_i64(
         "SELECT SUM(length(e.type) + COALESCE(length(e.idempotency_key), 0) + length(e.body))
          FROM events e JOIN streams t ON t.id = e.stream
@@ -126,15 +128,21 @@ async fn events_beyond_the_count_leave_the_database_and_reads_before_the_first_o
     assert_eq!(status, 200, "{out}");
     for round in 0..2 {
         let head = state(&s, other).await["maxOffset"].as_u64().unwrap();
-        wait_for("the other stream trimmed", Duration::from_secs(20), async || {
-            state(&s, other).await["firstOffset"].as_u64() > Some(head - 10)
-        })
+        wait_for(
+            "the other stream trimmed",
+            Duration::from_secs(20),
+            async || state(&s, other).await["firstOffset"].as_u64() > Some(head - 10),
+        )
         .await;
         if round == 0 {
             append_n(&s, other, 20).await;
         }
     }
-    assert_eq!(state(&s, LOG).await["maxOffset"].as_u64(), Some(head), "the log churned");
+    assert_eq!(
+        state(&s, LOG).await["maxOffset"].as_u64(),
+        Some(head),
+        "the log churned"
+    );
 
     // The bound removed: what is stored stays.
     let (status, out) = configure(&s, LOG, json!({"maxEvents": null})).await;
@@ -169,14 +177,19 @@ async fn events_older_than_the_age_go_and_a_subscriptions_cursor_holds_the_front
     // everything its subscription has not delivered.
     let held = state(&s, HELD).await;
     assert_eq!(held["firstOffset"], 1, "{held}");
-    assert_eq!(rows(&s, "/held") as u64, held["maxOffset"].as_u64().unwrap());
+    assert_eq!(
+        rows(&s, "/held") as u64,
+        held["maxOffset"].as_u64().unwrap()
+    );
     // Removing the subscription lets the front go.
     let removed = json!({"type": "events.iterate.com/stream/subscription-removed",
         "payload": {"subscriptionKey": "hook", "reason": "requested"}});
     append(&s, HELD, json!([removed])).await;
-    wait_for("the held events removed", Duration::from_secs(20), async || {
-        state(&s, HELD).await["firstOffset"].as_u64() > Some(6)
-    })
+    wait_for(
+        "the held events removed",
+        Duration::from_secs(20),
+        async || state(&s, HELD).await["firstOffset"].as_u64() > Some(6),
+    )
     .await;
 }
 
@@ -199,9 +212,11 @@ async fn a_processor_whose_folded_events_went_verifies_from_its_base_keys_and_al
     let before = caught_up(&s, BANK, "ledger").await;
     let (status, out) = configure(&s, BANK, json!({"maxEvents": 5})).await;
     assert_eq!(status, 200, "{out}");
-    wait_for("the ledger's events removed", Duration::from_secs(20), async || {
-        state(&s, BANK).await["firstOffset"].as_u64() > Some(20)
-    })
+    wait_for(
+        "the ledger's events removed",
+        Duration::from_secs(20),
+        async || state(&s, BANK).await["firstOffset"].as_u64() > Some(20),
+    )
     .await;
     // Verified from its base: the same state and every key.
     let (status, verified) = s
@@ -230,9 +245,7 @@ async fn a_processor_whose_folded_events_went_verifies_from_its_base_keys_and_al
     let now = caught_up(&s, BANK, "ledger").await;
     // Its state at an offset after the base folds from the base.
     let at = now["checkpointOffset"].as_u64().unwrap();
-    let (status, folded) = s
-        .get(&format!("{BANK}:processors/ledger/at/{at}"))
-        .await;
+    let (status, folded) = s.get(&format!("{BANK}:processors/ledger/at/{at}")).await;
     assert_eq!(status, 200, "{folded}");
     assert_eq!(folded["state"], now["state"], "{folded}");
     let first = state(&s, BANK).await["firstOffset"].as_u64().unwrap();
@@ -267,7 +280,12 @@ async fn retention_refuses_bounds_that_are_not_whole_numbers_of_at_least_one() {
         let answer = configure(&s, LOG, body).await;
         assert_error(&answer, 400, "invalid-request", named);
     }
-    let missing = configure(&s, "/v1/projects/acme/streams/nope", json!({"maxEvents": 3})).await;
+    let missing = configure(
+        &s,
+        "/v1/projects/acme/streams/nope",
+        json!({"maxEvents": 3}),
+    )
+    .await;
     assert_eq!(missing.0, 404, "{}", missing.1);
     // Nothing was configured by the refusals.
     assert!(state(&s, LOG).await.get("retention").is_none());
@@ -325,20 +343,30 @@ async fn a_copy_and_a_processor_subscribed_after_a_removal_start_at_the_first_of
         .filter(|e| e["offset"].as_u64() <= Some(through))
         .count();
     assert_eq!(counted["state"]["events"], folded, "{counted} {page}");
-    assert_eq!(counted["state"]["sum"], kept.iter().sum::<u64>(), "{counted}");
-    wait_for("every kept event copied", Duration::from_secs(20), async || {
-        let (_, page) = s.get("/v1/projects/acme/streams/log-copy:events?limit=100").await;
-        let copied: Vec<u64> = page["events"]
-            .as_array()
-            .map(|a| {
-                a.iter()
-                    .filter(|e| e["type"] == "events.example/noted")
-                    .filter_map(|e| e["payload"]["n"].as_u64())
-                    .collect()
-            })
-            .unwrap_or_default();
-        copied == kept
-    })
+    assert_eq!(
+        counted["state"]["sum"],
+        kept.iter().sum::<u64>(),
+        "{counted}"
+    );
+    wait_for(
+        "every kept event copied",
+        Duration::from_secs(20),
+        async || {
+            let (_, page) = s
+                .get("/v1/projects/acme/streams/log-copy:events?limit=100")
+                .await;
+            let copied: Vec<u64> = page["events"]
+                .as_array()
+                .map(|a| {
+                    a.iter()
+                        .filter(|e| e["type"] == "events.example/noted")
+                        .filter_map(|e| e["payload"]["n"].as_u64())
+                        .collect()
+                })
+                .unwrap_or_default();
+            copied == kept
+        },
+    )
     .await;
 }
 
@@ -378,7 +406,10 @@ async fn counter_after_a_removal(s: &Server) -> (Value, u64) {
     .await;
     let before = caught_up(s, LOG, "proc").await;
     let kept = rows(s, "/log") as u64;
-    assert!(before["state"]["events"].as_u64() > Some(kept + 20), "{before}");
+    assert!(
+        before["state"]["events"].as_u64() > Some(kept + 20),
+        "{before}"
+    );
     (before, kept)
 }
 
@@ -415,20 +446,33 @@ async fn a_refold_after_a_removal_starts_from_the_base_and_reaches_the_state_bef
         .deploy_with_query("acme", "proc", guest("effector"), "refold=true")
         .await;
     assert_eq!(status, 200, "{v2}");
-    wait_for("the refold to switch", Duration::from_secs(30), async || {
-        let (_, p) = s.get(&format!("{LOG}:processors/proc")).await;
-        p["digest"] == v2["digest"]
-    })
+    wait_for(
+        "the refold to switch",
+        Duration::from_secs(30),
+        async || {
+            let (_, p) = s.get(&format!("{LOG}:processors/proc")).await;
+            p["digest"] == v2["digest"]
+        },
+    )
     .await;
     let after = caught_up(&s, LOG, "proc").await;
-    assert_eq!(after["checkpointOffset"], before["checkpointOffset"], "{after}");
+    assert_eq!(
+        after["checkpointOffset"], before["checkpointOffset"],
+        "{after}"
+    );
     // The payloads' sum is the same (the effector keeps the counter's
     // fields it does not fold), and the count holds the removed events:
     // only the platform's lines, which the effector does not fold, differ.
     assert_eq!(after["state"]["sum"], before["state"]["sum"], "{after}");
-    assert!(after["state"]["events"].as_u64() > Some(kept + 20), "{after}");
+    assert!(
+        after["state"]["events"].as_u64() > Some(kept + 20),
+        "{after}"
+    );
     let (status, verified) = s
-        .post(&format!("{LOG}:verifyProcessor"), json!({"component": "proc"}))
+        .post(
+            &format!("{LOG}:verifyProcessor"),
+            json!({"component": "proc"}),
+        )
         .await;
     assert_eq!(status, 200, "{verified}");
     assert_eq!(verified["matches"], true, "{verified}");

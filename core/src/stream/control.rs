@@ -108,7 +108,9 @@ pub fn validate_control(
                 ));
             }
             if p.count == 0 {
-                return Err(invalid(format!("{at}.count is 0: a removal removes an event")));
+                return Err(invalid(format!(
+                    "{at}.count is 0: a removal removes an event"
+                )));
             }
             Ok(())
         }

@@ -34,7 +34,10 @@ impl Retention {
     /// `:configureRetention` body) sets: `None` when both are absent or
     /// `null` (retention removed). Each must be a whole number of at least
     /// 1; the error names the field and the value.
-    pub fn from_payload(at: &str, payload: &Map<String, Value>) -> Result<Option<Retention>, Error> {
+    pub fn from_payload(
+        at: &str,
+        payload: &Map<String, Value>,
+    ) -> Result<Option<Retention>, Error> {
         for key in payload.keys() {
             if key != "maxAgeMs" && key != "maxEvents" {
                 return Err(Error::invalid(format!(
@@ -200,7 +203,10 @@ mod tests {
                 max_events: Some(5)
             })
         );
-        assert_eq!(bounds(json!({"maxEvents": null, "maxAgeMs": null})).unwrap(), None);
+        assert_eq!(
+            bounds(json!({"maxEvents": null, "maxAgeMs": null})).unwrap(),
+            None
+        );
         assert_eq!(bounds(json!({})).unwrap(), None);
         for (body, named) in [
             (json!({"maxEvents": 0}), "body.maxEvents is 0"),

@@ -108,7 +108,9 @@ impl Host {
             .append(
                 stream,
                 AppendInput {
-                    events: vec![EventInput::new(types::RETENTION_CONFIGURED).payload(payload.into())],
+                    events: vec![
+                        EventInput::new(types::RETENTION_CONFIGURED).payload(payload.into())
+                    ],
                     expected_stream_id: None,
                 },
                 Authority::Platform,

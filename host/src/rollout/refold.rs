@@ -258,9 +258,14 @@ async fn refold_fenced(
             .initial_state(&component, &prepared, timeout_ms)
             .map_err(guest)?;
         // Retention removed what the instance's base folded: start there.
-        let (mut shadow, mut shadow_through, mut bucket) =
-            crate::processor::backfill::fold_start(storage, row.row_id, &component, &state.stream_id, initial)
-                .map_err(io)?;
+        let (mut shadow, mut shadow_through, mut bucket) = crate::processor::backfill::fold_start(
+            storage,
+            row.row_id,
+            &component,
+            &state.stream_id,
+            initial,
+        )
+        .map_err(io)?;
         let fold = RangeFold {
             guest: Guest {
                 runtime,
@@ -364,4 +369,3 @@ async fn refold_fenced(
     streams.executors().effects.ring();
     Ok(through)
 }
-
