@@ -9,8 +9,23 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use crate::processors::{caught_up, PROC};
+use crate::processors::caught_up;
 use crate::support::{assert_error, guest, wait_for, Server};
+
+/// The processors' settings (`processors::PROC`) with a longer guest
+/// timeout: verification and a state at an offset fold on threads of the
+/// lowest CPU priority, which wait while the suite's other tests keep
+/// both cores busy.
+const RETAINED: &str = r#"
+[delivery]
+max-attempts = 3
+backoff-base-ms = 10
+backoff-max-ms = 40
+timeout-ms = 10000
+
+[processors]
+idle-teardown-ms = 300
+"#;
 
 const LOG: &str = "/v1/projects/acme/streams/log";
 const HELD: &str = "/v1/projects/acme/streams/held";
@@ -39,6 +54,20 @@ async fn state(s: &Server, stream: &str) -> Value {
     let (status, state) = s.get(&format!("{stream}:state")).await;
     assert_eq!(status, 200, "{state}");
     state
+}
+
+/// Verifies `component` on `stream`: it matches (its refold from its base
+/// or its start is the stored state, every key too); the answer.
+async fn verifies(s: &Server, stream: &str, component: &str) -> Value {
+    let (status, verified) = s
+        .post(
+            &format!("{stream}:verifyProcessor"),
+            json!({ "component": component }),
+        )
+        .await;
+    assert_eq!(status, 200, "{verified}");
+    assert_eq!(verified["matches"], true, "{verified}");
+    verified
 }
 
 /// Events stored for the stream's row, counted in the database.
@@ -195,7 +224,7 @@ async fn events_older_than_the_age_go_and_a_subscriptions_cursor_holds_the_front
 
 #[tokio::test]
 async fn a_processor_whose_folded_events_went_verifies_from_its_base_keys_and_all() {
-    let mut s = Server::start_with(Some(PROC), &[]);
+    let mut s = Server::start_with(Some(RETAINED), &[]);
     let (status, out) = s.deploy("acme", "ledger", guest("ledger")).await;
     assert_eq!(status, 200, "{out}");
     let wake = json!({"type": "events.iterate.com/stream/subscription-configured",
@@ -219,27 +248,13 @@ async fn a_processor_whose_folded_events_went_verifies_from_its_base_keys_and_al
     )
     .await;
     // Verified from its base: the same state and every key.
-    let (status, verified) = s
-        .post(
-            &format!("{BANK}:verifyProcessor"),
-            json!({"component": "ledger"}),
-        )
-        .await;
-    assert_eq!(status, 200, "{verified}");
-    assert_eq!(verified["matches"], true, "{verified}");
+    let verified = verifies(&s, BANK, "ledger").await;
     assert_eq!(verified["storedState"], before["state"], "{verified}");
     assert!(verified["keysCompared"].as_u64() >= Some(7), "{verified}");
     // After a kill, the base and the front are where they were.
     s.kill();
     s.restart();
-    let (status, verified) = s
-        .post(
-            &format!("{BANK}:verifyProcessor"),
-            json!({"component": "ledger"}),
-        )
-        .await;
-    assert_eq!(status, 200, "{verified}");
-    assert_eq!(verified["matches"], true, "{verified}");
+    verifies(&s, BANK, "ledger").await;
     // It folds on from there, and verifies again once more events went.
     append(&s, BANK, deposits(30, 20)).await;
     let now = caught_up(&s, BANK, "ledger").await;
@@ -253,14 +268,7 @@ async fn a_processor_whose_folded_events_went_verifies_from_its_base_keys_and_al
         state(&s, BANK).await["firstOffset"].as_u64() > Some(first)
     })
     .await;
-    let (status, verified) = s
-        .post(
-            &format!("{BANK}:verifyProcessor"),
-            json!({"component": "ledger"}),
-        )
-        .await;
-    assert_eq!(status, 200, "{verified}");
-    assert_eq!(verified["matches"], true, "{verified}");
+    verifies(&s, BANK, "ledger").await;
     // Its state before the base cannot be folded any more.
     let gone = s.get(&format!("{BANK}:processors/ledger/at/3")).await;
     assert_error(&gone, 410, "offset-gone", "ledger");
@@ -302,7 +310,7 @@ async fn retention_refuses_bounds_that_are_not_whole_numbers_of_at_least_one() {
 
 #[tokio::test]
 async fn a_copy_and_a_processor_subscribed_after_a_removal_start_at_the_first_offset_kept() {
-    let s = Server::start_with(Some(PROC), &[]);
+    let s = Server::start_with(Some(RETAINED), &[]);
     let (status, out) = s.deploy("acme", "counter", guest("counter")).await;
     assert_eq!(status, 200, "{out}");
     append_n(&s, LOG, 30).await;
@@ -415,7 +423,7 @@ async fn counter_after_a_removal(s: &Server) -> (Value, u64) {
 
 #[tokio::test]
 async fn a_shadow_after_a_removal_folds_from_the_base() {
-    let s = Server::start_with(Some(PROC), &[]);
+    let s = Server::start_with(Some(RETAINED), &[]);
     let (before, kept) = counter_after_a_removal(&s).await;
     let (status, v2) = s
         .deploy_with_query("acme", "proc", guest("effector"), "refold=shadow")
@@ -437,7 +445,7 @@ async fn a_shadow_after_a_removal_folds_from_the_base() {
 
 #[tokio::test]
 async fn a_refold_after_a_removal_starts_from_the_base_and_reaches_the_state_before_it() {
-    let s = Server::start_with(Some(PROC), &[]);
+    let s = Server::start_with(Some(RETAINED), &[]);
     let (before, kept) = counter_after_a_removal(&s).await;
     // Version 2 (the effector counts events as the counter does), refolded:
     // from the base it reaches the same count; from offset 0 over what is
