@@ -112,6 +112,43 @@ pub fn partial_path(to: &Path) -> Result<PathBuf> {
     Ok(to.with_file_name(format!(".{name}.partial-{}-{nanos}", std::process::id())))
 }
 
+/// Removes what killed writers of `to` left beside it: the partial files
+/// [`partial_path`] names for `to` whose process is gone (on Linux, no
+/// `/proc/PID`; elsewhere nothing is removed). A partial of a process
+/// still running (another backup to the same name) stays. Answers the
+/// files removed.
+pub fn remove_dead_partials(to: &Path) -> Vec<PathBuf> {
+    let (Some(name), true) = (to.file_name(), Path::new("/proc/self").exists()) else {
+        return Vec::new();
+    };
+    let prefix = format!(".{}.partial-", name.to_string_lossy());
+    let dir = match to.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut removed = Vec::new();
+    for entry in entries.flatten() {
+        let file = entry.file_name().to_string_lossy().into_owned();
+        let Some(pid) = file
+            .strip_prefix(&prefix)
+            .and_then(|rest| rest.split_once('-'))
+            .and_then(|(pid, nanos)| nanos.parse::<u32>().ok().and(pid.parse::<u32>().ok()))
+        else {
+            continue;
+        };
+        if pid == std::process::id() || Path::new(&format!("/proc/{pid}")).exists() {
+            continue;
+        }
+        if std::fs::remove_file(entry.path()).is_ok() {
+            removed.push(entry.path());
+        }
+    }
+    removed
+}
+
 /// Syncs the directory holding `path`, so that a rename into it survives a
 /// crash.
 pub fn sync_dir_of(path: &Path) -> Result<()> {

@@ -32,7 +32,8 @@ use serde::Deserialize;
 use sql::{args, Db, PgConn, Row};
 
 pub use backup::{
-    backup_failed_full, check_backup, partial_path, sync_dir_of, BackupSummary, BackupUnavailable,
+    backup_failed_full, check_backup, partial_path, remove_dead_partials, sync_dir_of,
+    BackupSummary, BackupUnavailable,
 };
 pub use effects::{
     DestinationRoom, EffectInsert, EffectOp, EffectQuery, EffectRow, EffectSource, NewEffect,

@@ -287,3 +287,37 @@ async fn a_backup_interrupted_by_a_kill_leaves_nothing_after_a_restart() {
     let (ok, _, err) = backup_to(&server, &dir.path().join("second.db"), "t-admin");
     assert!(ok, "{err}");
 }
+
+/// What `streamhost backup --to FILE` killed mid-download left beside FILE
+/// (its partial file, named after its process) is removed by the next
+/// backup to that name; a partial of a process still running stays.
+#[tokio::test]
+async fn a_backup_removes_the_partial_file_a_killed_backup_to_its_name_left() {
+    let mut server = Server::start_with(Some(TOKENS), &[]);
+    if postgres_base().is_some() {
+        return; // no backup files on PostgreSQL
+    }
+    let dir = tempfile::tempdir().unwrap();
+    // A process that has ended: its pid names no running process.
+    let mut ended = std::process::Command::new("true").spawn().unwrap();
+    let dead = ended.id();
+    ended.wait().unwrap();
+    let stale = dir.path().join(format!(".b.db.partial-{dead}-17"));
+    let running = dir
+        .path()
+        .join(format!(".b.db.partial-{}-18", std::process::id()));
+    let other = dir.path().join(format!(".c.db.partial-{dead}-19"));
+    for f in [&stale, &running, &other] {
+        std::fs::write(f, vec![0u8; 4096]).unwrap();
+    }
+    let (ok, _, err) = backup_to(&server, &dir.path().join("b.db"), "t-admin");
+    assert!(ok, "{err}");
+    assert!(!stale.exists(), "the dead backup's partial is still there");
+    assert!(
+        err.contains("removed") && err.contains(&format!("partial-{dead}-17")),
+        "{err}"
+    );
+    assert!(running.exists(), "a running process's partial was removed");
+    assert!(other.exists(), "another name's partial was removed");
+    server.stop();
+}

@@ -29,6 +29,13 @@ pub(crate) struct RestoreArgs {
 /// `streamhost backup`.
 pub(super) async fn backup(a: BackupArgs) -> Result<()> {
     let to = a.to;
+    // What an earlier backup to this name left when it was killed.
+    for gone in crate::storage::remove_dead_partials(&to) {
+        eprintln!(
+            "removed {}, left by a backup that was stopped",
+            gone.display()
+        );
+    }
     if to.exists() {
         bail!(
             "{} exists already: a backup never overwrites a file",
