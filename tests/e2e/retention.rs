@@ -56,6 +56,29 @@ async fn state(s: &Server, stream: &str) -> Value {
     state
 }
 
+/// Returns once the background steps made a whole round over every stream
+/// with retention: another stream is trimmed twice (the first trim's
+/// round may have stepped the others before it; the second's started
+/// after it ended).
+async fn a_whole_round_passes(s: &Server) {
+    let other = "/v1/projects/acme/streams/other";
+    append_n(s, other, 20).await;
+    let (status, out) = configure(s, other, json!({"maxEvents": 10})).await;
+    assert_eq!(status, 200, "{out}");
+    for round in 0..2 {
+        let head = state(s, other).await["maxOffset"].as_u64().unwrap();
+        wait_for(
+            "the other stream trimmed",
+            Duration::from_secs(20),
+            async || state(s, other).await["firstOffset"].as_u64() > Some(head - 10),
+        )
+        .await;
+        if round == 0 {
+            append_n(s, other, 20).await;
+        }
+    }
+}
+
 /// Verifies `component` on `stream`: it matches (its refold from its base
 /// or its start is the stored state, every key too); the answer.
 async fn verifies(s: &Server, stream: &str, component: &str) -> Value {
@@ -151,22 +174,7 @@ async fn events_beyond_the_count_leave_the_database_and_reads_before_the_first_o
     // A log at its bound stays still: no removal a second to record the
     // last one. (Two trims of another stream: a whole round of the
     // background steps passed over this one in between.)
-    let other = "/v1/projects/acme/streams/other";
-    append_n(&s, other, 20).await;
-    let (status, out) = configure(&s, other, json!({"maxEvents": 10})).await;
-    assert_eq!(status, 200, "{out}");
-    for round in 0..2 {
-        let head = state(&s, other).await["maxOffset"].as_u64().unwrap();
-        wait_for(
-            "the other stream trimmed",
-            Duration::from_secs(20),
-            async || state(&s, other).await["firstOffset"].as_u64() > Some(head - 10),
-        )
-        .await;
-        if round == 0 {
-            append_n(&s, other, 20).await;
-        }
-    }
+    a_whole_round_passes(&s).await;
     assert_eq!(
         state(&s, LOG).await["maxOffset"].as_u64(),
         Some(head),
@@ -484,4 +492,40 @@ async fn a_refold_after_a_removal_starts_from_the_base_and_reaches_the_state_bef
         .await;
     assert_eq!(status, 200, "{verified}");
     assert_eq!(verified["matches"], true, "{verified}");
+}
+
+#[tokio::test]
+async fn a_shadow_folding_from_the_start_holds_the_front_until_it_is_discarded() {
+    let s = Server::start_with(Some(RETAINED), &[]);
+    let (status, out) = s.deploy("acme", "proc", guest("counter")).await;
+    assert_eq!(status, 200, "{out}");
+    let wake = json!({"type": "events.iterate.com/stream/subscription-configured",
+        "payload": {"subscriptionKey": "proc",
+            "receiver": {"action": "processor-wake", "expression": ["components", ["get", "proc"], "wake"]}}});
+    append(&s, LOG, json!([wake])).await;
+    append_n(&s, LOG, 30).await;
+    caught_up(&s, LOG, "proc").await;
+    let (status, v2) = s
+        .deploy_with_query("acme", "proc", guest("effector"), "refold=shadow")
+        .await;
+    assert_eq!(status, 200, "{v2}");
+    crate::support::shadow_ready(&s, LOG, "proc").await;
+    let (status, out) = configure(&s, LOG, json!({"maxEvents": 5})).await;
+    assert_eq!(status, 200, "{out}");
+    // The shadow reads the log from its start (a restart folds it again):
+    // nothing goes while it exists.
+    a_whole_round_passes(&s).await;
+    assert_eq!(state(&s, LOG).await["firstOffset"], 1);
+    let (status, out) = s
+        .post(
+            &format!("{LOG}:discardShadow"),
+            json!({"component": "proc"}),
+        )
+        .await;
+    assert_eq!(status, 200, "{out}");
+    wait_for("the front to go", Duration::from_secs(20), async || {
+        state(&s, LOG).await["firstOffset"].as_u64() > Some(25)
+    })
+    .await;
+    verifies(&s, LOG, "proc").await;
 }

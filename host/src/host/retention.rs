@@ -250,7 +250,7 @@ pub(crate) async fn step(streams: &Streams, address: &StreamAddress) -> Result<S
                 return Ok(None);
             }
         }
-        let (floor, wakes) = floor(&storage, row.row_id, &state).map_err(internal)?;
+        let (floor, wakes) = floor(&storage, &ns, row.row_id, &state).map_err(internal)?;
         if floor < from {
             return Ok(None);
         }
@@ -333,9 +333,12 @@ pub(crate) async fn step(streams: &Streams, address: &StreamAddress) -> Result<S
 
 /// The lowest offset through which every durable subscription and
 /// processor of the stream is done (a push subscription's acknowledged
-/// cursor or its start, a processor's checkpoint), and the processors.
+/// cursor or its start, a processor's checkpoint; 0 while a refold or a
+/// shadow of the processor's component folds the log from its start), and
+/// the processors.
 fn floor(
     storage: &crate::storage::Storage,
+    ns: &str,
     row_id: i64,
     state: &CoreState,
 ) -> anyhow::Result<(u64, Vec<String>)> {
@@ -349,10 +352,14 @@ fn floor(
             let Ok(component) = crate::itx::wake_component(expression) else {
                 continue;
             };
-            let done = storage
-                .checkpoint(row_id, &component)?
-                .filter(|c| c.stream_id == state.stream_id)
-                .map_or(0, |c| c.checkpoint_offset);
+            let done = if storage.refold_pending(ns, &component)? {
+                0 // a refold or shadow reads the log from its start (or base)
+            } else {
+                storage
+                    .checkpoint(row_id, &component)?
+                    .filter(|c| c.stream_id == state.stream_id)
+                    .map_or(0, |c| c.checkpoint_offset)
+            };
             floor = floor.min(done);
             wakes.push(component);
             continue;
