@@ -174,6 +174,8 @@ pub(crate) fn start(streams: StreamsRef, retained: Arc<Retained>) {
                         Ok(Step::Nothing) => {}
                         Ok(Step::NotRetained) => retained.remove(&address),
                         Err(e) if e.code == "stream-not-found" => retained.remove(&address),
+                        // Another host owns it now: its sweep applies it.
+                        Err(e) if e.owner_url.is_some() => retained.remove(&address),
                         Err(e) => {
                             tracing::warn!(stream = %address, error = %e.message, "applying retention failed")
                         }
