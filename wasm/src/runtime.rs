@@ -2369,14 +2369,22 @@ mod tests {
         let (alone, took) = fold(&runtime, &p, &batch, 10_000);
         alone.unwrap();
         assert!(took < Duration::from_millis(900), "alone it took {took:?}");
-        // Every core busy at the normal priority from 30 ms into the call
-        // for 2.5 s: the lowest-priority thread waits most of that.
+        // Every core busy at the normal priority from the call's start for
+        // 2.5 s: the lowest-priority thread waits most of that.
         let busy = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let called = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
         let load = {
-            let busy = busy.clone();
+            let (busy, called) = (busy.clone(), called.clone());
             std::thread::spawn(move || {
-                std::thread::sleep(Duration::from_millis(30));
+                let deadline = std::time::Instant::now() + Duration::from_secs(10);
+                while !called.load(std::sync::atomic::Ordering::Acquire) {
+                    assert!(
+                        std::time::Instant::now() < deadline,
+                        "the call never started"
+                    );
+                    std::thread::yield_now();
+                }
                 let spinners: Vec<_> = (0..cores)
                     .map(|_| {
                         let busy = busy.clone();
@@ -2387,6 +2395,7 @@ mod tests {
                         })
                     })
                     .collect();
+                // (The load's length, not a wait for anything.)
                 std::thread::sleep(Duration::from_millis(2500));
                 busy.store(false, std::sync::atomic::Ordering::Relaxed);
                 for s in spinners {
@@ -2398,10 +2407,13 @@ mod tests {
             .build()
             .unwrap();
         let (answered, waited) = caller.block_on({
-            let (runtime, called) = (runtime.clone(), runtime.clone());
+            let (runtime, guest) = (runtime.clone(), runtime.clone());
             async move {
                 runtime
-                    .run_guest(move || fold(&called, &p, &batch, 1_000))
+                    .run_guest(move || {
+                        called.store(true, std::sync::atomic::Ordering::Release);
+                        fold(&guest, &p, &batch, 1_000)
+                    })
                     .await
                     .unwrap()
             }
