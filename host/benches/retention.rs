@@ -134,7 +134,12 @@ async fn remove(host: &Host, stream: &StreamAddress, events: u64) -> f64 {
         .await
         .unwrap();
     let mut last_report = Instant::now();
+    let deadline = Instant::now() + Duration::from_secs(1800);
     loop {
+        assert!(
+            Instant::now() < deadline,
+            "retention did not remove {events} events within 30 minutes"
+        );
         let state = host.state(stream).await.unwrap();
         if state.first_offset > events - 1000 {
             return started.elapsed().as_secs_f64();

@@ -9,23 +9,8 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use crate::processors::caught_up;
+use crate::processors::{caught_up, PROC};
 use crate::support::{assert_error, guest, wait_for, Server};
-
-/// The processors' settings (`processors::PROC`) with a longer guest
-/// timeout: verification and a state at an offset fold on threads of the
-/// lowest CPU priority, which wait while the suite's other tests keep
-/// both cores busy.
-const RETAINED: &str = r#"
-[delivery]
-max-attempts = 3
-backoff-base-ms = 10
-backoff-max-ms = 40
-timeout-ms = 10000
-
-[processors]
-idle-teardown-ms = 300
-"#;
 
 const LOG: &str = "/v1/projects/acme/streams/log";
 const HELD: &str = "/v1/projects/acme/streams/held";
@@ -232,7 +217,7 @@ async fn events_older_than_the_age_go_and_a_subscriptions_cursor_holds_the_front
 
 #[tokio::test]
 async fn a_processor_whose_folded_events_went_verifies_from_its_base_keys_and_all() {
-    let mut s = Server::start_with(Some(RETAINED), &[]);
+    let mut s = Server::start_with(Some(PROC), &[]);
     let (status, out) = s.deploy("acme", "ledger", guest("ledger")).await;
     assert_eq!(status, 200, "{out}");
     let wake = json!({"type": "events.iterate.com/stream/subscription-configured",
@@ -318,7 +303,7 @@ async fn retention_refuses_bounds_that_are_not_whole_numbers_of_at_least_one() {
 
 #[tokio::test]
 async fn a_copy_and_a_processor_subscribed_after_a_removal_start_at_the_first_offset_kept() {
-    let s = Server::start_with(Some(RETAINED), &[]);
+    let s = Server::start_with(Some(PROC), &[]);
     let (status, out) = s.deploy("acme", "counter", guest("counter")).await;
     assert_eq!(status, 200, "{out}");
     append_n(&s, LOG, 30).await;
@@ -431,7 +416,7 @@ async fn counter_after_a_removal(s: &Server) -> (Value, u64) {
 
 #[tokio::test]
 async fn a_shadow_after_a_removal_folds_from_the_base() {
-    let s = Server::start_with(Some(RETAINED), &[]);
+    let s = Server::start_with(Some(PROC), &[]);
     let (before, kept) = counter_after_a_removal(&s).await;
     let (status, v2) = s
         .deploy_with_query("acme", "proc", guest("effector"), "refold=shadow")
@@ -453,7 +438,7 @@ async fn a_shadow_after_a_removal_folds_from_the_base() {
 
 #[tokio::test]
 async fn a_refold_after_a_removal_starts_from_the_base_and_reaches_the_state_before_it() {
-    let s = Server::start_with(Some(RETAINED), &[]);
+    let s = Server::start_with(Some(PROC), &[]);
     let (before, kept) = counter_after_a_removal(&s).await;
     // Version 2 (the effector counts events as the counter does), refolded:
     // from the base it reaches the same count; from offset 0 over what is
@@ -496,7 +481,7 @@ async fn a_refold_after_a_removal_starts_from_the_base_and_reaches_the_state_bef
 
 #[tokio::test]
 async fn a_shadow_folding_from_the_start_holds_the_front_until_it_is_discarded() {
-    let s = Server::start_with(Some(RETAINED), &[]);
+    let s = Server::start_with(Some(PROC), &[]);
     let (status, out) = s.deploy("acme", "proc", guest("counter")).await;
     assert_eq!(status, 200, "{out}");
     let wake = json!({"type": "events.iterate.com/stream/subscription-configured",

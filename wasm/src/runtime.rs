@@ -2369,8 +2369,9 @@ mod tests {
         let (alone, took) = fold(&runtime, &p, &batch, 10_000);
         alone.unwrap();
         assert!(took < Duration::from_millis(900), "alone it took {took:?}");
-        // Every core busy at the normal priority from the call's start for
-        // 2.5 s: the lowest-priority thread waits most of that.
+        // Every core busy at the normal priority from the call's start
+        // until it has run 2.5 times its timeout: the lowest-priority thread
+        // waits most of that.
         let busy = Arc::new(std::sync::atomic::AtomicBool::new(true));
         let called = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
@@ -2395,8 +2396,14 @@ mod tests {
                         })
                     })
                     .collect();
-                // (The load's length, not a wait for anything.)
-                std::thread::sleep(Duration::from_millis(2500));
+                // The cores stay busy until the call has been running 2.5
+                // times its timeout.
+                let since = std::time::Instant::now();
+                // (Spinning, not yielding: a yield would hand the core to
+                // the lowest-priority thread.)
+                while since.elapsed() < Duration::from_millis(2500) {
+                    std::hint::spin_loop();
+                }
                 busy.store(false, std::sync::atomic::Ordering::Relaxed);
                 for s in spinners {
                     s.join().unwrap();
