@@ -264,6 +264,7 @@ async fn fold_throughput(postgres: Option<&str>, n: usize) -> (f64, f64, f64) {
             &runtime.describe("ledger", &prepared, 60_000).unwrap(),
         ),
         narrow: None,
+        spill: None,
     };
     let initial = runtime.initial_state("ledger", &prepared, 60_000).unwrap();
     let start = Instant::now();

@@ -596,6 +596,7 @@ mod tests {
             bucket: 0,
             keys: Default::default(),
             drop_bucket: None,
+            adopts_scratch: false,
             updated_at: "t".into(),
             now_ms: 0,
             project: "p".into(),

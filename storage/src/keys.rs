@@ -519,6 +519,158 @@ pub(super) fn apply(
     Ok(())
 }
 
+/// A scratch bucket's life (`scratch_buckets`): the keyed state a shadow
+/// or a refold folds, in storage while it folds.
+#[derive(Debug, Clone)]
+pub enum ScratchOp {
+    /// A fold of `instance` for `purpose` starts in `bucket`: any earlier
+    /// scratch bucket of the same instance and purpose goes (a fold
+    /// replaced, or one a restart left), and `copy_from` (the instance's
+    /// base, when retention kept one) is copied in.
+    Start {
+        bucket: i64,
+        instance: ScratchInstance,
+        copy_from: Option<i64>,
+    },
+    /// A fold's writes so far, into its bucket; refused when the bucket
+    /// was dropped (a newer fold of the instance replaced it).
+    Write { bucket: i64, keys: Writes },
+    /// The fold ended without being adopted: its bucket goes.
+    Drop { bucket: i64 },
+    /// At start: the scratch buckets whose component has no pending refold
+    /// or shadow of their version any more go (their folds cannot resume).
+    Sweep,
+}
+
+/// Whose scratch bucket: a processor instance, the version folding it, and
+/// why (`shadow`, `refold`).
+#[derive(Debug, Clone)]
+pub struct ScratchInstance {
+    pub project: String,
+    pub path: String,
+    pub component: String,
+    pub digest: String,
+    pub purpose: String,
+}
+
+/// Applies a [`ScratchOp`] in the writer's transaction; answers the rows
+/// of `scratch_buckets` it touched.
+pub(super) fn apply_scratch(conn: Db<'_>, op: &ScratchOp) -> Result<i64> {
+    match op {
+        ScratchOp::Start {
+            bucket,
+            instance: i,
+            copy_from,
+        } => {
+            let earlier = "SELECT bucket FROM scratch_buckets WHERE project = ?1 AND path = ?2
+                 AND component = ?3 AND purpose = ?4";
+            conn.execute(
+                &format!("DELETE FROM processor_keys WHERE bucket IN ({earlier})"),
+                args![&i.project, &i.path, &i.component, &i.purpose],
+            )?;
+            conn.execute(
+                "DELETE FROM scratch_buckets WHERE project = ?1 AND path = ?2
+                 AND component = ?3 AND purpose = ?4",
+                args![&i.project, &i.path, &i.component, &i.purpose],
+            )?;
+            conn.execute(
+                "INSERT INTO scratch_buckets (bucket, project, path, component, digest, purpose)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                args![
+                    *bucket,
+                    &i.project,
+                    &i.path,
+                    &i.component,
+                    &i.digest,
+                    &i.purpose
+                ],
+            )?;
+            if let Some(from) = copy_from {
+                // The base read before may have been replaced since (its
+                // rows gone): then the fold starts again.
+                let kept = conn.query_opt(
+                    "SELECT 1 FROM processor_bases WHERE bucket = ?1",
+                    args![*from],
+                    |r| r.int(0),
+                )?;
+                if kept.is_none() {
+                    anyhow::bail!(
+                        "the instance's base moved while the fold started: it starts again"
+                    );
+                }
+                conn.execute(
+                    "INSERT INTO processor_keys (bucket, key, value)
+                     SELECT ?1, key, value FROM processor_keys WHERE bucket = ?2",
+                    args![*bucket, *from],
+                )?;
+            }
+            Ok(1)
+        }
+        ScratchOp::Write { bucket, keys } => {
+            if !is_scratch(conn, *bucket)? {
+                anyhow::bail!(
+                    "the fold's keyed state (scratch bucket {bucket}) was dropped: a newer fold \
+                     of the instance replaced it"
+                );
+            }
+            apply(conn, *bucket, keys, None)?;
+            Ok(1)
+        }
+        ScratchOp::Drop { bucket } => {
+            conn.execute(
+                "DELETE FROM processor_keys WHERE bucket = ?1",
+                args![*bucket],
+            )?;
+            Ok(conn.execute(
+                "DELETE FROM scratch_buckets WHERE bucket = ?1",
+                args![*bucket],
+            )? as i64)
+        }
+        ScratchOp::Sweep => {
+            let orphans = "SELECT bucket FROM scratch_buckets s WHERE NOT EXISTS (
+                     SELECT 1 FROM pending_refolds p
+                     WHERE p.project = s.project AND p.name = s.component AND p.digest = s.digest)";
+            conn.execute(
+                &format!("DELETE FROM processor_keys WHERE bucket IN ({orphans})"),
+                args![],
+            )?;
+            Ok(conn.execute(
+                &format!("DELETE FROM scratch_buckets WHERE bucket IN ({orphans})"),
+                args![],
+            )? as i64)
+        }
+    }
+}
+
+/// Whether `bucket` is a fold's scratch bucket still.
+fn is_scratch(conn: Db<'_>, bucket: i64) -> Result<bool> {
+    Ok(conn
+        .query_opt(
+            "SELECT 1 FROM scratch_buckets WHERE bucket = ?1",
+            args![bucket],
+            |r| r.int(0),
+        )?
+        .is_some())
+}
+
+/// A checkpoint that adopts a fold's scratch bucket (a promotion, a
+/// refold's switch): its row goes, in the checkpoint's transaction; an
+/// error when it went already (a newer fold replaced it: its rows are
+/// gone).
+pub(super) fn adopt_scratch(conn: Db<'_>, bucket: i64) -> Result<()> {
+    let adopted = conn.execute(
+        "DELETE FROM scratch_buckets WHERE bucket = ?1",
+        args![bucket],
+    )?;
+    if adopted != 1 {
+        anyhow::bail!(
+            "the fold's keyed state (scratch bucket {bucket}) was dropped: a newer fold of the \
+             instance replaced it"
+        );
+    }
+    Ok(())
+}
+
 /// Rows written by one multi-row statement.
 const ROWS_PER_STATEMENT: usize = 64;
 

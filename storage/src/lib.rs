@@ -104,7 +104,9 @@ pub use ingest::{
     share_of, DroppedEvent, FenceIdentity, IngestOp, NewParked, NewPending, ParkedRow, PendingRow,
     SharedBound, DIAGNOSTICS_KEPT,
 };
-pub use keys::{read_offline, tag as key_tag, StoredBucket, Writes as KeyWrites};
+pub use keys::{
+    read_offline, tag as key_tag, ScratchInstance, ScratchOp, StoredBucket, Writes as KeyWrites,
+};
 pub use lease::{tenure_clock_ms, Fence, HostIdentity, LeaseLost, OwnedElsewhere};
 pub use writer::{
     Checkpoint, CommitError, CursorRow, Deployment, NewStream, ProcessorFailure, Refusal,

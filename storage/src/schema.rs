@@ -94,7 +94,34 @@ const MIGRATIONS: &[Migration] = &[
         name: "processor_bases: a processor instance's state and keys kept before retention removes what it folded",
         apply: processor_bases,
     },
+    Migration {
+        name: "scratch_buckets: the keyed state a shadow or a refold folds, kept in storage until it is promoted or dropped",
+        apply: scratch_buckets,
+    },
 ];
+
+/// The keyed state a shadow or a refold of a processor instance folds
+/// (`processor_keys` rows of `bucket`), kept in storage rather than memory
+/// while it folds: a promotion or a refold's switch makes the bucket the
+/// instance's (and its row goes); a discarded, replaced or failed fold
+/// drops both. One per (instance, purpose): a fold that starts drops any
+/// earlier one's. Rows whose component has no pending refold or shadow of
+/// `digest` any more are dropped at start.
+const SCRATCH_BUCKETS: &str = "
+CREATE TABLE IF NOT EXISTS scratch_buckets (
+    bucket    BIGINT PRIMARY KEY,
+    project   TEXT NOT NULL,
+    path      TEXT NOT NULL,
+    component TEXT NOT NULL,
+    digest    TEXT NOT NULL,
+    purpose   TEXT NOT NULL
+);
+";
+
+fn scratch_buckets(conn: &Connection) -> Result<()> {
+    conn.execute_batch(SCRATCH_BUCKETS)?;
+    Ok(())
+}
 
 /// A processor instance's **base**: its state and keyed state (a bucket of
 /// its own, copied from its checkpoint's) at `offset`, kept before
@@ -794,6 +821,7 @@ pub fn migrate_postgres(db: Db<'_>) -> Result<()> {
                 db.batch(WEBHOOK_SECRETS)?;
                 db.batch(EFFECT_GROUPS_POSTGRES)?;
                 db.batch(PROCESSOR_BASES)?;
+                db.batch(SCRATCH_BUCKETS)?;
                 db.execute(
                     "INSERT INTO streamhost_schema (version) VALUES (?1)",
                     crate::sql::args![i64::from(SCHEMA_VERSION)],
@@ -801,7 +829,7 @@ pub fn migrate_postgres(db: Db<'_>) -> Result<()> {
                 tracing::info!(version = SCHEMA_VERSION, "schema created on PostgreSQL");
             }
             Some(v) if v == i64::from(SCHEMA_VERSION) => {}
-            Some(v @ 5..=17) => {
+            Some(v @ 5..=18) => {
                 if v == 5 {
                     db.batch(EFFECT_LEASE_IDS)?;
                 }
@@ -838,7 +866,10 @@ pub fn migrate_postgres(db: Db<'_>) -> Result<()> {
                 if v <= 16 {
                     db.batch(EFFECT_GROUPS_POSTGRES)?;
                 }
-                db.batch(PROCESSOR_BASES)?;
+                if v <= 17 {
+                    db.batch(PROCESSOR_BASES)?;
+                }
+                db.batch(SCRATCH_BUCKETS)?;
                 db.execute(
                     "UPDATE streamhost_schema SET version = ?1",
                     crate::sql::args![i64::from(SCHEMA_VERSION)],

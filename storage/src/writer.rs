@@ -209,6 +209,9 @@ pub enum WriteOp {
         /// The stream's removal digest the base is kept for.
         chain: String,
     },
+    /// A shadow's or a refold's keyed state in storage (see
+    /// [`super::ScratchOp`]).
+    Scratch(super::ScratchOp),
 }
 
 /// A change of a project's webhook signing secrets.
@@ -290,6 +293,9 @@ pub struct Checkpoint {
     /// The bucket this checkpoint's replaces, whose rows go (a new source
     /// lifetime starts from an empty bucket; a refold switches to its own).
     pub drop_bucket: Option<i64>,
+    /// `bucket` is a fold's scratch bucket, adopted by this checkpoint (a
+    /// promotion, a refold's switch): refused if it was dropped.
+    pub adopts_scratch: bool,
     pub updated_at: String,
     pub now_ms: i64,
     /// The source's owner's lease (several hosts), checked in the
@@ -674,9 +680,17 @@ fn op_bytes(op: &WriteOp) -> usize {
             c.events.iter().map(|e| e.body.len()).sum::<usize>() + c.state_json.len()
         }
         WriteOp::Deploy(d) => d.bytes.len(),
-        WriteOp::Checkpoint(c) => c.state.len(),
+        WriteOp::Checkpoint(c) => c.state.len() + keys_bytes(&c.keys),
+        WriteOp::Scratch(super::ScratchOp::Write { keys, .. }) => keys_bytes(keys),
         _ => 0,
     }
+}
+
+/// The bytes of keyed writes: keys and values.
+fn keys_bytes(keys: &super::keys::Writes) -> usize {
+    keys.iter()
+        .map(|(k, v)| k.len() + v.as_ref().map_or(0, Vec::len))
+        .sum()
 }
 
 /// Which queued writes (their bytes, oldest first) commit next, in order:
@@ -1668,6 +1682,9 @@ fn apply(conn: Db<'_>, op: &WriteOp) -> Result<i64> {
                     ),
                 ));
             }
+            if c.adopts_scratch {
+                super::keys::adopt_scratch(conn, c.bucket)?;
+            }
             super::keys::apply(conn, c.bucket, &c.keys, c.drop_bucket)?;
             if !c.effects.is_empty() {
                 let source = EffectSource {
@@ -1732,6 +1749,17 @@ fn apply(conn: Db<'_>, op: &WriteOp) -> Result<i64> {
                 "DELETE FROM pending_refolds WHERE project = ?1 AND name = ?2 AND digest = ?3",
                 args![project, name, digest],
             )? as i64;
+            // What folds of the version left unadopted goes with it.
+            let left = "SELECT bucket FROM scratch_buckets
+                 WHERE project = ?1 AND component = ?2 AND digest = ?3";
+            conn.execute(
+                &format!("DELETE FROM processor_keys WHERE bucket IN ({left})"),
+                args![project, name, digest],
+            )?;
+            conn.execute(
+                "DELETE FROM scratch_buckets WHERE project = ?1 AND component = ?2 AND digest = ?3",
+                args![project, name, digest],
+            )?;
             // The other hosts' wakes stop pinning the old version.
             notify_deployed(conn, project, name)?;
             Ok(done)
@@ -1742,6 +1770,7 @@ fn apply(conn: Db<'_>, op: &WriteOp) -> Result<i64> {
             stream_id,
             chain,
         } => keep_base(conn, *row_id, component, stream_id, chain),
+        WriteOp::Scratch(op) => super::keys::apply_scratch(conn, op),
         WriteOp::Reset { row_id, fence } => {
             if let Some(fence) = fence {
                 super::lease::check(conn, fence)?;
@@ -1988,6 +2017,7 @@ mod tests {
             bucket: 0,
             keys: Default::default(),
             drop_bucket: None,
+            adopts_scratch: false,
             updated_at: "2026-12-01T00:00:00.000Z".into(),
             now_ms: 0,
             fence: None,

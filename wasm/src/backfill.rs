@@ -25,6 +25,9 @@ pub struct RangeFold<'a> {
     pub filter: CompiledFilter,
     /// A narrower selection (a backfill's `eventTypes` and condition).
     pub narrow: Option<CompiledFilter>,
+    /// Where the fold's writes spill once they are large (a shadow's or a
+    /// refold's scratch bucket); `None`: they stay in memory.
+    pub spill: Option<&'a super::scratch::Scratch>,
 }
 
 /// How far a range fold has come.
@@ -104,7 +107,12 @@ impl RangeFold<'_> {
                     bucket,
                 )?;
                 state = next;
-                bucket = next_bucket;
+                bucket = match self.spill {
+                    Some(scratch) => {
+                        scratch.spill_if_full(next_bucket, &state, selection.through)?
+                    }
+                    None => next_bucket,
+                };
                 effects = batch_effects;
                 progress.folded += selection.events.len() as u64;
             }
@@ -137,4 +145,26 @@ pub fn fold_start(
         Ok(())
     })?;
     Ok((base.state, base.offset, Bucket::with_writes(keys)))
+}
+
+/// [`fold_start`] for a fold whose keyed state lives in storage (a
+/// shadow's, a refold's): the base's keys are copied into a new scratch
+/// bucket of `instance` in one write, not read into memory.
+pub fn scratch_start(
+    storage: &Storage,
+    row_id: i64,
+    stream_id: &str,
+    initial: String,
+    instance: streamhost_storage::ScratchInstance,
+) -> Result<(String, u64, super::scratch::Scratch), Failure> {
+    let base = storage
+        .processor_base(row_id, &instance.component)
+        .map_err(|e| Failure::new(format!("reading the instance's base: {e:#}"), true))?
+        .filter(|b| b.stream_id == stream_id);
+    let scratch =
+        super::scratch::Scratch::start(storage, instance, base.as_ref().map(|b| b.bucket))?;
+    Ok(match base {
+        Some(b) => (b.state, b.offset, scratch),
+        None => (initial, 0, scratch),
+    })
 }

@@ -111,6 +111,11 @@ impl Bucket {
         &self.writes
     }
 
+    /// The bytes (keys and values) of what the fold wrote so far.
+    pub fn write_bytes(&self) -> usize {
+        self.write_bytes
+    }
+
     /// `key` as the fold sees it.
     pub fn get(&self, key: &str) -> anyhow::Result<Option<Vec<u8>>> {
         match self.writes.get(key) {

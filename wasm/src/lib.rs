@@ -21,6 +21,7 @@ pub mod keyed;
 pub mod output;
 pub mod refold;
 pub mod runtime;
+pub mod scratch;
 pub mod shadow;
 pub mod share;
 pub mod value;

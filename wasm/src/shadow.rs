@@ -1,8 +1,9 @@
 //! Shadow versions (`PUT .../components/{name}?refold=shadow`): the new
 //! version folds every instance beside the live one, from its initial
-//! state, while the live version keeps serving and waking. A shadow's state,
-//! keyed state and effects live in the memory of the host that folds it
-//! (its effects are held, never run); its record (`pending_refolds.shadow`)
+//! state, while the live version keeps serving and waking. A shadow's state
+//! and effects live in the memory of the host that folds it (its effects
+//! are held, never run), its keyed state in a scratch bucket in storage
+//! (`scratch.rs`: memory holds what a step wrote until it spills); its record (`pending_refolds.shadow`)
 //! pins every instance's wakes to the version of its checkpoint, so an
 //! instance's promotion (one checkpoint write guarded by the live checkpoint
 //! it replaces, as a refold's switch) moves that instance alone to the new
@@ -24,13 +25,13 @@ use std::sync::{Arc, Mutex};
 use serde_json::Value;
 
 use super::backfill::RangeFold;
-use super::keyed::Bucket;
+use super::scratch::Scratch;
 use super::wake::{consumed, Guest};
 use streamhost_core::clock::format_timestamp;
 use streamhost_core::delivery::Failure;
 use streamhost_core::filter::CompiledFilter;
 use streamhost_core::stream::CoreState;
-use streamhost_storage::{Checkpoint, CheckpointRow, NewEffect, Storage};
+use streamhost_storage::{Checkpoint, CheckpointRow, NewEffect, ScratchInstance, Storage};
 
 /// The most offsets one step folds (the instance is locked meanwhile: a
 /// view or promotion waits at most one step).
@@ -71,7 +72,8 @@ struct Folded {
     /// Folded through this offset (`None`: not started).
     through: Option<u64>,
     state: String,
-    bucket: Bucket,
+    /// Its keyed state, in storage (`None`: not started).
+    scratch: Option<Scratch>,
     /// The live checkpoint when the shadow started (for this source
     /// lifetime): effects of later events are held (history's ran under
     /// the live version).
@@ -86,7 +88,7 @@ impl Folded {
             stream_id: String::new(),
             through: None,
             state: String::new(),
-            bucket: Bucket::empty(),
+            scratch: None,
             gate: None,
             held: Vec::new(),
             failure: None,
@@ -309,25 +311,29 @@ impl Stepper<'_> {
             let reset = !f.stream_id.is_empty();
             let gate = f.gate.filter(|_| !reset).unwrap_or(live.checkpoint_offset);
             *f = Folded::new();
-            f.stream_id = self.state.stream_id.clone();
-            f.state = self
+            f.gate = Some(gate);
+            let initial = self
                 .runtime
                 .initial_state(self.component, &prepared, self.timeout_ms)
                 .map_err(guest)?;
-            f.gate = Some(gate);
-            f.through = Some(0);
             // Retention removed what the instance's base folded: from there.
-            let (state, after, bucket) = super::backfill::fold_start(
+            let (state, after, scratch) = super::backfill::scratch_start(
                 self.storage,
                 row_id,
-                self.component,
                 &self.state.stream_id,
-                std::mem::take(&mut f.state),
-            )
-            .map_err(|e| Failure::new(format!("reading the instance's base: {e:#}"), true))?;
+                initial,
+                ScratchInstance {
+                    project: self.project.to_string(),
+                    path: self.state.path.clone(),
+                    component: self.component.to_string(),
+                    digest: digest.to_string(),
+                    purpose: "shadow".to_string(),
+                },
+            )?;
+            f.stream_id = self.state.stream_id.clone();
             f.state = state;
+            f.scratch = Some(scratch);
             f.through = Some(after);
-            f.bucket = bucket;
         }
         let from = f.through.unwrap_or(0);
         let mut target = live.checkpoint_offset.min(from.saturating_add(offsets));
@@ -357,6 +363,9 @@ impl Stepper<'_> {
             .runtime
             .describe(self.component, &prepared, self.timeout_ms)
             .map_err(guest)?;
+        let Some(scratch) = f.scratch.as_ref() else {
+            return Err(Failure::new("the shadow's keyed state is gone", true));
+        };
         let fold = RangeFold {
             guest: Guest {
                 runtime: self.runtime,
@@ -370,20 +379,33 @@ impl Stepper<'_> {
             stream: super::stream_info(self.state, target),
             filter: consumed(filter, &announcement),
             narrow: None,
+            spill: Some(scratch),
         };
         let gate = f.gate.unwrap_or(0);
-        let bucket = std::mem::replace(&mut f.bucket, Bucket::empty());
         let held = &mut f.held;
-        let folded = fold.run(f.state.clone(), from, target, bucket, |batch, at| {
-            if at.through > gate {
-                held.extend(batch);
-            }
-            Ok(())
-        });
+        // Read from storage for this step only (the bucket holds a read
+        // transaction while it lives); what the step wrote spills at its end.
+        let folded = fold
+            .run(
+                f.state.clone(),
+                from,
+                target,
+                scratch.bucket(),
+                |batch, at| {
+                    if at.through > gate {
+                        held.extend(batch);
+                    }
+                    Ok(())
+                },
+            )
+            .and_then(|(state, progress, bucket)| {
+                scratch.spill(bucket)?;
+                Ok((state, progress))
+            });
+        let mark = scratch.take_mark();
         match folded {
-            Ok((state, progress, bucket)) => {
+            Ok((state, progress)) => {
                 f.state = state;
-                f.bucket = bucket;
                 // Events past the last the filter lets through are folded
                 // (by skipping them) all the same.
                 let through = progress.through.max(target);
@@ -391,6 +413,11 @@ impl Stepper<'_> {
                 Ok(through)
             }
             Err(e) => {
+                // What spilled before the failure is folded: on from there.
+                if let Some((state, through)) = mark {
+                    f.state = state;
+                    f.through = Some(through);
+                }
                 if !e.retryable {
                     f.failure = Some(e.message.clone());
                 }
@@ -422,7 +449,8 @@ pub fn view(stepper: &Stepper<'_>, instance: &Instance) -> Result<ShadowView, Fa
     let (state_diff, keys_diff) = if ready {
         let from: Value = serde_json::from_str(&live.state).unwrap_or(Value::Null);
         let to: Value = serde_json::from_str(&f.state).unwrap_or(Value::Null);
-        let keys = keys_diff(storage, live.bucket, f.bucket.writes())
+        let shadow = f.scratch.as_ref().map_or(0, Scratch::id);
+        let keys = keys_diff(storage, live.bucket, shadow)
             .map_err(|e| Failure::new(format!("reading the live keys failed: {e:#}"), true))?;
         (Some(patch_json(&json_patch::diff(&from, &to))), Some(keys))
     } else {
@@ -476,44 +504,85 @@ fn effect_json(e: &NewEffect) -> Value {
     held
 }
 
-/// Compares the live bucket (0: none) with the shadow's writes over an
-/// empty bucket, in key order.
-fn keys_diff(
-    storage: &Storage,
-    bucket: i64,
-    shadow: &super::keyed::Writes,
-) -> anyhow::Result<KeysDiff> {
-    let mut differ = KeysDiffer::new(shadow);
-    if bucket != 0 {
-        storage.each_key(bucket, |key, live| {
-            differ.live(key, live);
+/// Compares the live bucket with the shadow's (0: none), both stored, in
+/// key order, a page of each at a time.
+fn keys_diff(storage: &Storage, live: i64, shadow: i64) -> anyhow::Result<KeysDiff> {
+    let mut shadow_keys = StoredKeys {
+        storage,
+        bucket: shadow,
+        page: Vec::new().into_iter(),
+        after: None,
+        done: shadow == 0,
+        error: None,
+    };
+    let mut differ = KeysDiffer::new(&mut shadow_keys);
+    if live != 0 {
+        storage.each_key(live, |key, value| {
+            differ.live(key, value);
             Ok(())
         })?;
     }
-    Ok(differ.finish())
+    let diff = differ.finish();
+    match shadow_keys.error {
+        Some(e) => Err(e),
+        None => Ok(diff),
+    }
 }
 
-/// A shadow's keys that exist, in byte order.
-type ShadowKeys<'a> = Box<dyn Iterator<Item = (&'a String, &'a Vec<u8>)> + 'a>;
+/// A stored bucket's keys and values in byte order, read a page at a
+/// time; a read that fails ends it and is kept in `error`.
+struct StoredKeys<'a> {
+    storage: &'a Storage,
+    bucket: i64,
+    page: std::vec::IntoIter<(String, Vec<u8>)>,
+    after: Option<String>,
+    done: bool,
+    error: Option<anyhow::Error>,
+}
+
+impl Iterator for StoredKeys<'_> {
+    type Item = (String, Vec<u8>);
+
+    fn next(&mut self) -> Option<(String, Vec<u8>)> {
+        loop {
+            if let Some((k, v)) = self.page.next() {
+                self.after = Some(k.clone());
+                return Some((k, v));
+            }
+            if self.done {
+                return None;
+            }
+            let read = self.storage.keys_page(
+                self.bucket,
+                "",
+                self.after.as_deref(),
+                1000,
+                self.storage.bounds().read_bytes_max,
+            );
+            match read {
+                Ok(page) if page.is_empty() => self.done = true,
+                Ok(page) => self.page = page.into_iter(),
+                Err(e) => {
+                    self.error = Some(e);
+                    self.done = true;
+                }
+            }
+        }
+    }
+}
 
 /// Compares keys, streaming: the live ones are fed in byte order (they may
-/// be millions), the shadow's are its writes over an empty bucket (a
-/// delete is no key). Counts every difference, samples the first
-/// [`SAMPLE_MAX`].
-struct KeysDiffer<'a> {
-    shadow: std::iter::Peekable<ShadowKeys<'a>>,
+/// be millions), the shadow's arrive in byte order from `I` (its bucket).
+/// Counts every difference, samples the first [`SAMPLE_MAX`].
+struct KeysDiffer<I: Iterator<Item = (String, Vec<u8>)>> {
+    shadow: std::iter::Peekable<I>,
     diff: KeysDiff,
 }
 
-impl<'a> KeysDiffer<'a> {
-    fn new(shadow: &'a super::keyed::Writes) -> KeysDiffer<'a> {
-        let present: ShadowKeys<'a> = Box::new(
-            shadow
-                .iter()
-                .filter_map(|(k, v)| v.as_ref().map(|v| (k, v))),
-        );
+impl<I: Iterator<Item = (String, Vec<u8>)>> KeysDiffer<I> {
+    fn new(shadow: I) -> KeysDiffer<I> {
         KeysDiffer {
-            shadow: present.peekable(),
+            shadow: shadow.peekable(),
             diff: KeysDiff::default(),
         }
     }
@@ -546,11 +615,11 @@ impl<'a> KeysDiffer<'a> {
     /// The next live key (keys arrive in byte order).
     fn live(&mut self, key: String, value: Vec<u8>) {
         while let Some((k, v)) = self.shadow.next_if(|(k, _)| k.as_str() < key.as_str()) {
-            self.note(k.clone(), None, Some(v));
+            self.note(k, None, Some(&v));
         }
         match self.shadow.next_if(|(k, _)| k.as_str() == key.as_str()) {
-            Some((_, v)) if *v == value => {}
-            Some((_, v)) => self.note(key, Some(&value), Some(v)),
+            Some((_, v)) if v == value => {}
+            Some((_, v)) => self.note(key, Some(&value), Some(&v)),
             None => self.note(key, Some(&value), None),
         }
     }
@@ -558,7 +627,7 @@ impl<'a> KeysDiffer<'a> {
     /// The shadow's keys after the last live one are added.
     fn finish(mut self) -> KeysDiff {
         while let Some((k, v)) = self.shadow.next() {
-            self.note(k.clone(), None, Some(v));
+            self.note(k, None, Some(&v));
         }
         self.diff
     }
@@ -603,6 +672,9 @@ pub fn promote(
         if through < live.checkpoint_offset {
             continue;
         }
+        let Some(scratch) = f.scratch.as_ref().map(Scratch::id) else {
+            continue;
+        };
         let now = promotion.now_ms;
         let switch = Checkpoint {
             row_id,
@@ -619,14 +691,20 @@ pub fn promote(
             } else {
                 Vec::new()
             },
-            bucket: storage.new_bucket(),
-            keys: f.bucket.writes().clone(),
+            // The shadow's keyed state, stored as it folded, becomes the
+            // instance's (everything it wrote spilled at its step's end).
+            bucket: scratch,
+            keys: Default::default(),
             drop_bucket: Some(live.bucket).filter(|b| *b != 0),
+            adopts_scratch: true,
             updated_at: format_timestamp(now),
             now_ms: now,
             fence: promotion.fence.clone(),
         };
         if super::refold::switched(storage, switch)? {
+            if let Some(adopted) = f.scratch.take() {
+                adopted.adopted();
+            }
             return Ok(through);
         }
     }
@@ -709,11 +787,13 @@ pub struct HeldEffects {
 mod tests {
     use super::*;
 
-    fn writes(pairs: &[(&str, Option<&str>)]) -> super::super::keyed::Writes {
+    /// A shadow bucket's keys (a `None` value: no key).
+    fn writes(pairs: &[(&str, Option<&str>)]) -> std::vec::IntoIter<(String, Vec<u8>)> {
         pairs
             .iter()
-            .map(|(k, v)| (k.to_string(), v.map(|v| v.as_bytes().to_vec())))
-            .collect()
+            .filter_map(|(k, v)| Some((k.to_string(), (*v)?.as_bytes().to_vec())))
+            .collect::<Vec<_>>()
+            .into_iter()
     }
 
     #[test]
@@ -725,7 +805,7 @@ mod tests {
             ("d", None),
             ("f", Some("6")),
         ]);
-        let mut differ = KeysDiffer::new(&shadow);
+        let mut differ = KeysDiffer::new(shadow);
         for (k, v) in [("b", "2"), ("c", "3"), ("d", "4"), ("e", "5")] {
             differ.live(k.into(), v.as_bytes().to_vec());
         }
@@ -753,7 +833,7 @@ mod tests {
     #[test]
     fn the_keys_diff_samples_the_first_differences_and_counts_them_all() {
         let shadow = writes(&[]);
-        let mut differ = KeysDiffer::new(&shadow);
+        let mut differ = KeysDiffer::new(shadow);
         for i in 0..(SAMPLE_MAX + 5) {
             differ.live(format!("k{i:03}"), b"1".to_vec());
         }
@@ -766,7 +846,7 @@ mod tests {
     #[test]
     fn equal_keyed_states_have_no_diff() {
         let shadow = writes(&[("a", Some("1")), ("b", Some("x"))]);
-        let mut differ = KeysDiffer::new(&shadow);
+        let mut differ = KeysDiffer::new(shadow);
         differ.live("a".into(), b"1".to_vec());
         differ.live("b".into(), b"x".to_vec());
         assert_eq!(differ.finish(), KeysDiff::default());

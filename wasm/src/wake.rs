@@ -286,6 +286,7 @@ pub fn wake(job: WakeJob) -> Result<Woken, Failure> {
             bucket: bucket_id,
             keys: bucket.into_writes(),
             drop_bucket,
+            adopts_scratch: false,
             updated_at: format_timestamp(job.now_ms),
             now_ms: job.now_ms,
             project: job.project.clone(),

@@ -258,6 +258,7 @@ impl Host {
                     stream: info,
                     filter: consumed(subscription_filter, &announcement),
                     narrow,
+                    spill: None,
                 };
                 // From the beginning: from the instance's base when
                 // retention removed what it folded.

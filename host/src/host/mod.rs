@@ -269,6 +269,16 @@ impl Host {
             let streams = streams.clone();
             let timeout_ms = config.delivery.timeout_ms;
             tokio::spawn(async move {
+                // Folds' keyed state no pending refold or shadow can resume.
+                let swept = streams
+                    .storage()
+                    .submit(crate::storage::WriteOp::Scratch(
+                        crate::storage::ScratchOp::Sweep,
+                    ))
+                    .await;
+                if let Ok(Err(e)) = swept {
+                    tracing::warn!(error = %e, "dropping folds' keyed state left by a previous process");
+                }
                 crate::rollout::versions::resume_pending(&streams).await;
                 crate::rollout::refold::resume_pending(&streams, timeout_ms).await;
                 crate::rollout::shadow::resume_pending(&streams, timeout_ms).await

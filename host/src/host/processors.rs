@@ -831,6 +831,7 @@ fn fold_from_start(
         stream,
         filter: compiled,
         narrow: None,
+        spill: None,
     };
     let (folded, _, scratch) = fold
         .run(initial, after, through, bucket, |_, _| Ok(()))

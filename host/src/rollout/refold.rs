@@ -257,15 +257,23 @@ async fn refold_fenced(
         let initial = runtime
             .initial_state(&component, &prepared, timeout_ms)
             .map_err(guest)?;
-        // Retention removed what the instance's base folded: start there.
-        let (mut shadow, mut shadow_through, mut bucket) = crate::processor::backfill::fold_start(
+        // The new version's keyed state: a scratch bucket in storage,
+        // which the switch makes the instance's (the old one's rows go with
+        // it). Retention removed what the instance's base folded: start
+        // there.
+        let (mut shadow, mut shadow_through, scratch) = crate::processor::backfill::scratch_start(
             storage,
             row.row_id,
-            &component,
             &state.stream_id,
             initial,
-        )
-        .map_err(io)?;
+            crate::storage::ScratchInstance {
+                project: project.clone(),
+                path: path.clone(),
+                component: component.clone(),
+                digest: wanted.clone(),
+                purpose: "refold".to_string(),
+            },
+        )?;
         let fold = RangeFold {
             guest: Guest {
                 runtime,
@@ -279,10 +287,8 @@ async fn refold_fenced(
             stream: crate::processor::stream_info(&state, row.log_head),
             filter: consumed(filter, &announcement),
             narrow: None,
+            spill: Some(&scratch),
         };
-        // The new version's keyed state: a bucket of its own, which the
-        // switch makes the instance's (the old one's rows go with it).
-        let new_bucket = storage.new_bucket();
         // Each batch's effects with the range it folded, (after, through]:
         // at the switch those within the old version's checkpoint go.
         let mut effects: Vec<(u64, u64, Vec<NewEffect>)> = Vec::new();
@@ -294,29 +300,31 @@ async fn refold_fenced(
                 .filter(|c| c.stream_id == state.stream_id)
                 .ok_or_else(|| Failure::new("the instance's checkpoint is gone", false))?;
             target = target.max(live.checkpoint_offset);
+            // (A run that fails drops the scratch bucket with `scratch`:
+            // the refold starts again from its beginning.)
             if !replay && shadow_through < live.checkpoint_offset {
                 // History the old version folded: its effects ran then.
-                let (next, progress, next_bucket) = fold.run(
+                let (next, progress, bucket) = fold.run(
                     shadow,
                     shadow_through,
                     live.checkpoint_offset,
-                    bucket,
+                    scratch.bucket(),
                     |_, _| Ok(()),
                 )?;
+                scratch.spill(bucket)?;
                 shadow = next;
-                bucket = next_bucket;
                 shadow_through = progress.through.max(shadow_through);
             }
             if shadow_through < target {
                 let mut after = shadow_through;
-                let (next, progress, next_bucket) =
-                    fold.run(shadow, shadow_through, target, bucket, |batch, at| {
+                let (next, progress, bucket) =
+                    fold.run(shadow, shadow_through, target, scratch.bucket(), |batch, at| {
                         effects.push((after, at.through, batch));
                         after = at.through;
                         Ok(())
                     })?;
+                scratch.spill(bucket)?;
                 shadow = next;
-                bucket = next_bucket;
                 shadow_through = progress.through.max(shadow_through);
             }
             if shadow_through < live.checkpoint_offset {
@@ -344,9 +352,10 @@ async fn refold_fenced(
                 state: shadow.clone(),
                 digest: prepared.digest.clone(),
                 effects: kept,
-                bucket: new_bucket,
-                keys: bucket.writes().clone(),
+                bucket: scratch.id(),
+                keys: Default::default(),
                 drop_bucket: Some(live.bucket).filter(|b| *b != 0),
+                adopts_scratch: true,
                 updated_at: format_timestamp(now),
                 now_ms: now,
                 // Guarded by the live checkpoint it replaces (its version
@@ -356,6 +365,7 @@ async fn refold_fenced(
                 fence: fence.clone(),
             };
             if switched(storage, switch)? {
+                scratch.adopted();
                 return Ok(shadow_through);
             }
         }
