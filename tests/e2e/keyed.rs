@@ -825,3 +825,133 @@ async fn the_state_at_any_offset_is_folded_on_demand_keys_included_and_stored_no
         "nope",
     );
 }
+
+/// A shadow, a refold and a verification of a processor with 100 MiB of
+/// keyed state (3,200 memos of 32 KiB) keep what they fold in storage as
+/// they fold (a scratch bucket), not in the server's memory: each raises
+/// the server's peak memory by a bounded part of it (its spills of 8
+/// MiB), where a fold holding its writes in memory raised it by all of
+/// them and more. The
+/// shadow's keys diff streams both stored buckets; its promotion and the
+/// refold's switch adopt the bucket the fold wrote, the old one's rows go.
+#[tokio::test]
+async fn a_shadow_a_refold_and_verify_keep_a_large_keyed_state_in_storage_not_in_memory() {
+    let (memos, memo_bytes) = (3200usize, 32 * 1024);
+    let s = ledger().await;
+    let memo = "m".repeat(memo_bytes - 16);
+    for chunk in 0..memos / 10 {
+        let events: Vec<Value> = (0..10)
+            .map(|i| {
+                json!({"type": "noted",
+                       "payload": {"account": format!("a-{}", chunk * 10 + i), "memo": memo}})
+            })
+            .collect();
+        append(&s, Value::Array(events)).await;
+    }
+    caught_up(&s, S, "ledger").await;
+    let db = s.db();
+    let count = |sql: &str| db.query_i64(sql).unwrap();
+    let scratch_rows =
+        "SELECT count(*) FROM processor_keys WHERE bucket IN (SELECT bucket FROM scratch_buckets)";
+    assert_eq!(count("SELECT count(*) FROM processor_keys"), memos as i64);
+    let peak_before = s.peak_rss_bytes();
+
+    let (status, out) = s
+        .deploy_with_query(
+            "acme",
+            "ledger",
+            crate::support::component_version(guest("ledger"), 2),
+            "refold=shadow",
+        )
+        .await;
+    assert_eq!(status, 200, "{out}");
+    let view = crate::support::shadow_ready(&s, S, "ledger").await;
+    // The shadow's keys are rows in storage, and equal the live ones (the
+    // same code folded them): the diff read both buckets.
+    assert_eq!(count(scratch_rows), memos as i64);
+    assert_eq!(
+        view["keysDiff"],
+        json!({"added": 0, "removed": 0, "changed": 0, "sample": []}),
+        "{view}"
+    );
+    let peak_shadow = s.peak_rss_bytes();
+    let (status, out) = s
+        .post(
+            &format!("{S}:promoteShadow"),
+            json!({"component": "ledger"}),
+        )
+        .await;
+    assert_eq!(status, 200, "{out}");
+    // The instance's bucket is the one the shadow wrote; the old one's
+    // rows went in the same write.
+    assert_eq!(count("SELECT count(*) FROM scratch_buckets"), 0);
+    assert_eq!(count("SELECT count(*) FROM processor_keys"), memos as i64);
+    let (status, key) = s
+        .get(&format!("{S}:processors/ledger/keys/memo%2Fa-3199"))
+        .await;
+    assert_eq!(status, 200);
+    // (The memo as the guest stored it: JSON text.)
+    assert!(key["value"] == json!(format!("\"{memo}\"")), "memo/a-3199");
+
+    let (status, out) = s
+        .deploy_with_query(
+            "acme",
+            "ledger",
+            crate::support::component_version(guest("ledger"), 3),
+            "refold=true",
+        )
+        .await;
+    assert!(status == 200 || status == 201, "{out}");
+    let digest = out["digest"].as_str().unwrap().to_string();
+    wait_for("the refold's switch", Duration::from_secs(60), async || {
+        let (_, p) = s.get(&format!("{S}:processors/ledger")).await;
+        p["digest"] == digest.as_str()
+    })
+    .await;
+    assert_eq!(count("SELECT count(*) FROM scratch_buckets"), 0);
+    assert_eq!(count("SELECT count(*) FROM processor_keys"), memos as i64);
+    let peak_refold = s.peak_rss_bytes();
+    let (status, v) = s
+        .post(
+            &format!("{S}:verifyProcessor"),
+            json!({"component": "ledger"}),
+        )
+        .await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["matches"], true, "{v}");
+    let peak_verify = s.peak_rss_bytes();
+    // Verify folded into a scratch bucket of its own, dropped after it.
+    wait_for(
+        "verify's scratch bucket to go",
+        Duration::from_secs(10),
+        async || {
+            count("SELECT count(*) FROM scratch_buckets") == 0
+                && count("SELECT count(*) FROM processor_keys") == memos as i64
+        },
+    )
+    .await;
+    let mib = |b: u64| b / (1 << 20);
+    println!(
+        "peak RSS before {} MiB, after the shadow {} MiB, after the refold {} MiB, after verify {} MiB ({} MiB of keys)",
+        mib(peak_before),
+        mib(peak_shadow),
+        mib(peak_refold),
+        mib(peak_verify),
+        memos * memo_bytes / (1 << 20)
+    );
+    // Each fold raises the peak by a bounded part of the keys (its spills,
+    // a batch of events, the allocator's arenas), not by all of them.
+    let peaks = [
+        ("shadow", peak_before, peak_shadow),
+        ("refold", peak_shadow, peak_refold),
+        ("verify", peak_refold, peak_verify),
+    ];
+    for (fold, from, to) in peaks {
+        assert!(
+            to < from + 48 * (1 << 20),
+            "folding 100 MiB of keys ({fold}) raised the server's peak memory from {} to {} MiB",
+            mib(from),
+            mib(to)
+        );
+    }
+}

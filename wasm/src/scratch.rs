@@ -125,6 +125,71 @@ impl Scratch {
     }
 }
 
+/// A stored bucket's keys and values in byte order, read a page at a
+/// time; a read that fails ends it and is kept in `error`.
+pub struct StoredKeys<'a> {
+    storage: &'a Storage,
+    bucket: i64,
+    page: std::vec::IntoIter<(String, Vec<u8>)>,
+    after: Option<String>,
+    done: bool,
+    error: Option<anyhow::Error>,
+}
+
+impl<'a> StoredKeys<'a> {
+    /// The keys of `bucket` (0: none).
+    pub fn new(storage: &'a Storage, bucket: i64) -> StoredKeys<'a> {
+        StoredKeys {
+            storage,
+            bucket,
+            page: Vec::new().into_iter(),
+            after: None,
+            done: bucket == 0,
+            error: None,
+        }
+    }
+
+    /// Whether every read succeeded (an iteration that ended early on a
+    /// failed read is not the bucket's whole).
+    pub fn finish(self) -> anyhow::Result<()> {
+        match self.error {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Iterator for StoredKeys<'_> {
+    type Item = (String, Vec<u8>);
+
+    fn next(&mut self) -> Option<(String, Vec<u8>)> {
+        loop {
+            if let Some((k, v)) = self.page.next() {
+                self.after = Some(k.clone());
+                return Some((k, v));
+            }
+            if self.done {
+                return None;
+            }
+            let read = self.storage.keys_page(
+                self.bucket,
+                "",
+                self.after.as_deref(),
+                1000,
+                self.storage.bounds().read_bytes_max,
+            );
+            match read {
+                Ok(page) if page.is_empty() => self.done = true,
+                Ok(page) => self.page = page.into_iter(),
+                Err(e) => {
+                    self.error = Some(e);
+                    self.done = true;
+                }
+            }
+        }
+    }
+}
+
 impl Drop for Scratch {
     fn drop(&mut self) {
         if !self.adopted {

@@ -25,7 +25,7 @@ use std::sync::{Arc, Mutex};
 use serde_json::Value;
 
 use super::backfill::RangeFold;
-use super::scratch::Scratch;
+use super::scratch::{Scratch, StoredKeys};
 use super::wake::{consumed, Guest};
 use streamhost_core::clock::format_timestamp;
 use streamhost_core::delivery::Failure;
@@ -507,14 +507,7 @@ fn effect_json(e: &NewEffect) -> Value {
 /// Compares the live bucket with the shadow's (0: none), both stored, in
 /// key order, a page of each at a time.
 fn keys_diff(storage: &Storage, live: i64, shadow: i64) -> anyhow::Result<KeysDiff> {
-    let mut shadow_keys = StoredKeys {
-        storage,
-        bucket: shadow,
-        page: Vec::new().into_iter(),
-        after: None,
-        done: shadow == 0,
-        error: None,
-    };
+    let mut shadow_keys = StoredKeys::new(storage, shadow);
     let mut differ = KeysDiffer::new(&mut shadow_keys);
     if live != 0 {
         storage.each_key(live, |key, value| {
@@ -523,52 +516,8 @@ fn keys_diff(storage: &Storage, live: i64, shadow: i64) -> anyhow::Result<KeysDi
         })?;
     }
     let diff = differ.finish();
-    match shadow_keys.error {
-        Some(e) => Err(e),
-        None => Ok(diff),
-    }
-}
-
-/// A stored bucket's keys and values in byte order, read a page at a
-/// time; a read that fails ends it and is kept in `error`.
-struct StoredKeys<'a> {
-    storage: &'a Storage,
-    bucket: i64,
-    page: std::vec::IntoIter<(String, Vec<u8>)>,
-    after: Option<String>,
-    done: bool,
-    error: Option<anyhow::Error>,
-}
-
-impl Iterator for StoredKeys<'_> {
-    type Item = (String, Vec<u8>);
-
-    fn next(&mut self) -> Option<(String, Vec<u8>)> {
-        loop {
-            if let Some((k, v)) = self.page.next() {
-                self.after = Some(k.clone());
-                return Some((k, v));
-            }
-            if self.done {
-                return None;
-            }
-            let read = self.storage.keys_page(
-                self.bucket,
-                "",
-                self.after.as_deref(),
-                1000,
-                self.storage.bounds().read_bytes_max,
-            );
-            match read {
-                Ok(page) if page.is_empty() => self.done = true,
-                Ok(page) => self.page = page.into_iter(),
-                Err(e) => {
-                    self.error = Some(e);
-                    self.done = true;
-                }
-            }
-        }
-    }
+    shadow_keys.finish()?;
+    Ok(diff)
 }
 
 /// Compares keys, streaming: the live ones are fed in byte order (they may

@@ -723,6 +723,9 @@ impl Host {
                 let (folded, scratch) = fold_from_start(
                     &FromStart {
                         storage: &storage,
+                        project: &ns,
+                        path: &path,
+                        purpose: "verify",
                         runtime: &runtime,
                         prepared: &prepared,
                         component: &component,
@@ -736,8 +739,8 @@ impl Host {
                 )?;
                 let stored: Value = serde_json::from_str(&checkpoint.state).unwrap_or(Value::Null);
                 let refolded: Value = serde_json::from_str(&folded).unwrap_or(Value::Null);
-                let keys = compare_keys(&storage, checkpoint.bucket, scratch.writes())
-                    .map_err(internal)?;
+                let keys =
+                    compare_keys(&storage, checkpoint.bucket, scratch.id()).map_err(internal)?;
                 let redacted_offsets = storage
                     .redacted_offsets(row.row_id, checkpoint.checkpoint_offset)
                     .map_err(internal)?;
@@ -761,6 +764,11 @@ impl Host {
 /// What folding a processor from its initial state needs.
 struct FromStart<'a> {
     storage: &'a crate::storage::Storage,
+    /// The instance's project (storage key) and source path.
+    project: &'a str,
+    path: &'a str,
+    /// Why it folds (`verify`, `at`): names its scratch bucket.
+    purpose: &'a str,
     runtime: &'a crate::processor::runtime::Runtime,
     prepared: &'a crate::processor::runtime::Prepared,
     component: &'a str,
@@ -775,12 +783,13 @@ struct FromStart<'a> {
 /// Folds a processor from its initial state over the stream's committed
 /// events in `(0, through]`, as its wakes would (`wake::fold_events`: the
 /// environment is a function of the events, not of how the wakes cut the
-/// batches), into a scratch bucket; answers the state and the bucket.
+/// batches), into a scratch bucket in storage (one of its own, dropped
+/// with the answer); answers the state and the bucket.
 fn fold_from_start(
     f: &FromStart<'_>,
     stream: crate::processor::runtime::StreamInfo,
     through: u64,
-) -> Result<(String, crate::processor::keyed::Bucket), Error> {
+) -> Result<(String, crate::processor::scratch::Scratch), Error> {
     let guest = |e: crate::processor::runtime::GuestError| {
         Error::unprocessable(
             "processor-failed",
@@ -799,15 +808,25 @@ fn fold_from_start(
         .runtime
         .initial_state(f.component, f.prepared, f.timeout_ms)
         .map_err(guest)?;
-    // Retention removed what the instance's base folded: from there.
-    let (initial, after, bucket) = crate::processor::backfill::fold_start(
+    // Retention removed what the instance's base folded: from there. (A
+    // purpose of its own per call: folds of one instance at once do not
+    // replace each other's.)
+    let failed =
+        |f: crate::delivery::Failure| Error::unavailable("storage-unavailable", f.message, 1);
+    let (initial, after, scratch) = crate::processor::backfill::scratch_start(
         f.storage,
         f.row_id,
-        f.component,
         &stream.stream_id,
         initial,
+        crate::storage::ScratchInstance {
+            project: f.project.to_string(),
+            path: f.path.to_string(),
+            component: f.component.to_string(),
+            digest: f.prepared.digest.clone(),
+            purpose: format!("{}/{}", f.purpose, uuid::Uuid::new_v4()),
+        },
     )
-    .map_err(|e| Error::internal(format!("{e:#}")))?;
+    .map_err(failed)?;
     if through < after {
         return Err(Error::gone(
             "offset-gone",
@@ -831,11 +850,12 @@ fn fold_from_start(
         stream,
         filter: compiled,
         narrow: None,
-        spill: None,
+        spill: Some(&scratch),
     };
-    let (folded, _, scratch) = fold
-        .run(initial, after, through, bucket, |_, _| Ok(()))
+    let (folded, _, bucket) = fold
+        .run(initial, after, through, scratch.bucket(), |_, _| Ok(()))
         .map_err(|f| Error::unprocessable("processor-failed", f.message))?;
+    scratch.spill(bucket).map_err(failed)?;
     Ok((folded, scratch))
 }
 
@@ -948,6 +968,9 @@ impl Host {
                 let (folded, scratch) = fold_from_start(
                     &FromStart {
                         storage: &storage,
+                        project: &ns,
+                        path: &path,
+                        purpose: "at",
                         runtime: &runtime,
                         prepared: &prepared,
                         component: &component,
@@ -959,24 +982,31 @@ impl Host {
                     crate::processor::stream_info(&state, offset),
                     offset,
                 )?;
+                // The keys under the prefix: at most STATE_AT_KEYS_MAX, and
+                // no more bytes than a page of reads (at least one key).
                 let mut keys_truncated = false;
-                let keys = keys_prefix.map(|prefix| {
-                    let mut listed: Vec<KeyValue> = scratch
-                        .writes()
-                        .range(prefix.clone()..)
-                        .take_while(|(k, _)| k.starts_with(&prefix))
-                        .filter_map(|(k, v)| {
-                            Some(KeyValue {
-                                key: k.clone(),
-                                value: v.clone()?,
-                            })
-                        })
-                        .take(STATE_AT_KEYS_MAX + 1)
-                        .collect();
-                    keys_truncated = listed.len() > STATE_AT_KEYS_MAX;
-                    listed.truncate(STATE_AT_KEYS_MAX);
-                    listed
-                });
+                let keys = match keys_prefix {
+                    None => None,
+                    Some(prefix) => {
+                        let bound = storage.bounds().read_bytes_max;
+                        let mut page = storage
+                            .keys_page(scratch.id(), &prefix, None, STATE_AT_KEYS_MAX + 1, bound)
+                            .map_err(internal)?;
+                        keys_truncated = page.len() > STATE_AT_KEYS_MAX;
+                        page.truncate(STATE_AT_KEYS_MAX);
+                        if let (false, Some((last, _))) = (keys_truncated, page.last()) {
+                            keys_truncated = !storage
+                                .keys_page(scratch.id(), &prefix, Some(last), 1, 1)
+                                .map_err(internal)?
+                                .is_empty();
+                        }
+                        Some(
+                            page.into_iter()
+                                .map(|(key, value)| KeyValue { key, value })
+                                .collect::<Vec<_>>(),
+                        )
+                    }
+                };
                 Ok(StateAt {
                     component,
                     digest: prepared.digest.clone(),
@@ -1012,12 +1042,10 @@ struct Compared {
 fn compare_keys(
     storage: &crate::storage::Storage,
     bucket: i64,
-    refolded: &crate::storage::KeyWrites,
+    refolded: i64,
 ) -> anyhow::Result<Compared> {
-    let mut theirs = refolded
-        .iter()
-        .filter_map(|(k, v)| v.as_ref().map(|v| (k, v)))
-        .peekable();
+    let mut stored_keys = crate::processor::scratch::StoredKeys::new(storage, refolded);
+    let mut theirs = stored_keys.by_ref().peekable();
     let mut compared = 0u64;
     let mut differing: Option<DifferingKey> = None;
     let note = |d: DifferingKey, differing: &mut Option<DifferingKey>| {
@@ -1030,16 +1058,16 @@ fn compare_keys(
             // Refolded keys before this stored one are missing from storage.
             while let Some((k, v)) = theirs.next_if(|(k, _)| k.as_str() < key.as_str()) {
                 compared += 1;
-                note(refolded_only(k, v), &mut differing);
+                note(refolded_only(&k, &v), &mut differing);
             }
             compared += 1;
             match theirs.next_if(|(k, _)| k.as_str() == key.as_str()) {
-                Some((_, v)) if *v == value => {}
+                Some((_, v)) if v == value => {}
                 other => note(
                     DifferingKey {
                         key,
                         stored: Some(value),
-                        refolded: other.map(|(_, v)| v.clone()),
+                        refolded: other.map(|(_, v)| v),
                     },
                     &mut differing,
                 ),
@@ -1049,8 +1077,9 @@ fn compare_keys(
     }
     for (k, v) in theirs {
         compared += 1;
-        note(refolded_only(k, v), &mut differing);
+        note(refolded_only(&k, &v), &mut differing);
     }
+    stored_keys.finish()?;
     Ok(Compared {
         compared,
         differing,
