@@ -955,3 +955,91 @@ async fn a_shadow_a_refold_and_verify_keep_a_large_keyed_state_in_storage_not_in
         );
     }
 }
+
+/// A shadow's scratch bucket ends with it: a discard drops its rows; a
+/// restart (after a SIGKILL) folds the shadow again into a new bucket that
+/// replaces the one the killed process left; and at start a scratch
+/// bucket no pending shadow or refold can resume is dropped.
+#[tokio::test]
+async fn a_shadows_scratch_bucket_goes_when_it_is_discarded_replaced_or_left_behind() {
+    let mut s = ledger().await;
+    append(
+        &s,
+        json!([deposit("a", 1), deposit("b", 2), deposit("c", 3)]),
+    )
+    .await;
+    caught_up(&s, S, "ledger").await;
+    let db = s.db();
+    let count = |sql: &str| db.query_i64(sql).unwrap();
+    let scratch_rows =
+        "SELECT count(*) FROM processor_keys WHERE bucket IN (SELECT bucket FROM scratch_buckets)";
+    let shadow = async |s: &Server, version: u8| {
+        let (status, out) = s
+            .deploy_with_query(
+                "acme",
+                "ledger",
+                crate::support::component_version(guest("ledger"), version),
+                "refold=shadow",
+            )
+            .await;
+        assert_eq!(status, 200, "{out}");
+        crate::support::shadow_ready(s, S, "ledger").await
+    };
+
+    shadow(&s, 2).await;
+    assert_eq!(count(scratch_rows), 3);
+    let (status, out) = s
+        .post(
+            &format!("{S}:discardShadow"),
+            json!({"component": "ledger"}),
+        )
+        .await;
+    assert_eq!(status, 200, "{out}");
+    wait_for(
+        "the discarded shadow's keys to go",
+        Duration::from_secs(10),
+        async || count("SELECT count(*) FROM scratch_buckets") == 0,
+    )
+    .await;
+    assert_eq!(
+        count("SELECT count(*) FROM processor_keys"),
+        3,
+        "the live keys stay"
+    );
+
+    shadow(&s, 3).await;
+    let killed_bucket = count("SELECT bucket FROM scratch_buckets");
+    s.kill();
+    // And a scratch bucket of a fold no pending record names (a refold of
+    // a version since replaced).
+    db.execute(
+        "INSERT INTO scratch_buckets (bucket, project, path, component, digest, purpose)
+         VALUES (77, 'acme', '/bank', 'ledger', 'sha256:gone', 'refold');
+         INSERT INTO processor_keys (bucket, key, value) VALUES (77, 'balance/z', 'x')",
+    );
+    s.restart();
+    let view = crate::support::shadow_ready(&s, S, "ledger").await;
+    assert_eq!(view["keysDiff"]["changed"], 0, "{view}");
+    assert_eq!(view["keysDiff"]["added"], 0, "{view}");
+    wait_for(
+        "the left scratch buckets to go",
+        Duration::from_secs(10),
+        async || {
+            count("SELECT count(*) FROM scratch_buckets") == 1
+                && count("SELECT count(*) FROM processor_keys WHERE bucket = 77") == 0
+        },
+    )
+    .await;
+    let bucket = count("SELECT bucket FROM scratch_buckets");
+    assert_ne!(
+        bucket, killed_bucket,
+        "the shadow folded again into a new bucket"
+    );
+    assert_eq!(
+        count(&format!(
+            "SELECT count(*) FROM processor_keys WHERE bucket = {killed_bucket}"
+        )),
+        0
+    );
+    assert_eq!(count(scratch_rows), 3);
+}
