@@ -1043,6 +1043,20 @@ impl Storage {
                 args![],
                 row,
             )?);
+            // A shadow's, a refold's or a verification's keyed state while
+            // it folds.
+            all.extend(db.query_all(
+                db.pick(
+                    "SELECT s.project, CAST(SUM(length(CAST(k.key AS BLOB)) + length(k.value)) AS BIGINT)
+                     FROM scratch_buckets s JOIN processor_keys k ON k.bucket = s.bucket
+                     GROUP BY s.project",
+                    "SELECT s.project, CAST(SUM(octet_length(k.key) + octet_length(k.value)) AS BIGINT)
+                     FROM scratch_buckets s JOIN processor_keys k ON k.bucket = s.bucket
+                     GROUP BY s.project",
+                ),
+                args![],
+                row,
+            )?);
             all.extend(db.query_all(
                 db.pick(
                     "SELECT v.project, CAST(SUM(length(b.bytes)) AS BIGINT)

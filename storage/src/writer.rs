@@ -2089,6 +2089,106 @@ mod tests {
     }
 
     #[test]
+    fn a_scratch_bucket_is_replaced_adopted_once_dropped_or_swept_and_counts_for_its_project() {
+        use crate::{ScratchInstance, ScratchOp};
+        let (_dir, storage) = sqlite();
+        let scratch = |op: ScratchOp| storage.commit_blocking(WriteOp::Scratch(op));
+        let instance = |digest: &str| ScratchInstance {
+            project: "p".into(),
+            path: "/s".into(),
+            component: "c".into(),
+            digest: digest.into(),
+            purpose: "shadow".into(),
+        };
+        let keys = |k: &str, v: &str| {
+            std::iter::once((k.to_string(), Some(v.as_bytes().to_vec())))
+                .collect::<crate::KeyWrites>()
+        };
+        scratch(ScratchOp::Start {
+            bucket: 11,
+            instance: instance("d"),
+            copy_from: None,
+        })
+        .unwrap();
+        scratch(ScratchOp::Write {
+            bucket: 11,
+            keys: keys("a", "12345"),
+        })
+        .unwrap();
+        assert_eq!(storage.key_value(11, "a").unwrap(), Some(b"12345".to_vec()));
+        assert_eq!(storage.project_bytes().unwrap(), [("p".to_string(), 6)]);
+        // A new fold of the instance replaces it: its rows go, and the old
+        // fold's next spill is refused.
+        scratch(ScratchOp::Start {
+            bucket: 12,
+            instance: instance("d"),
+            copy_from: None,
+        })
+        .unwrap();
+        assert_eq!(storage.key_value(11, "a").unwrap(), None);
+        let refused = scratch(ScratchOp::Write {
+            bucket: 11,
+            keys: keys("b", "1"),
+        })
+        .unwrap_err();
+        assert!(refused.message().contains("was dropped"), "{refused}");
+        assert_eq!(storage.key_value(11, "b").unwrap(), None);
+        // A checkpoint adopts it once, with the keys it spilled.
+        scratch(ScratchOp::Write {
+            bucket: 12,
+            keys: keys("z", "9"),
+        })
+        .unwrap();
+        let adopt = |previous: Option<CheckpointId>, offset| {
+            let WriteOp::Checkpoint(mut c) = checkpoint(previous, offset, "d") else {
+                unreachable!()
+            };
+            c.bucket = 12;
+            c.adopts_scratch = true;
+            storage.commit_blocking(WriteOp::Checkpoint(c))
+        };
+        adopt(None, 1).unwrap();
+        assert_eq!(storage.checkpoint(1, "c").unwrap().unwrap().bucket, 12);
+        assert_eq!(storage.key_value(12, "z").unwrap(), Some(b"9".to_vec()));
+        let at_1 = Some(CheckpointId {
+            bucket: 12,
+            ..id(1, "d").unwrap()
+        });
+        let again = adopt(at_1, 2).unwrap_err();
+        assert!(again.message().contains("was dropped"), "{again}");
+        assert_eq!(
+            storage
+                .checkpoint(1, "c")
+                .unwrap()
+                .unwrap()
+                .checkpoint_offset,
+            1
+        );
+        // A dropped fold's rows go; so do those of a fold no pending
+        // refold or shadow names, at the sweep.
+        for (bucket, digest) in [(13, "d"), (14, "gone")] {
+            let mut i = instance(digest);
+            i.purpose = format!("verify/{bucket}");
+            scratch(ScratchOp::Start {
+                bucket,
+                instance: i,
+                copy_from: None,
+            })
+            .unwrap();
+            scratch(ScratchOp::Write {
+                bucket,
+                keys: keys("k", "v"),
+            })
+            .unwrap();
+        }
+        assert_eq!(scratch(ScratchOp::Drop { bucket: 13 }).unwrap(), 1);
+        assert_eq!(storage.key_value(13, "k").unwrap(), None);
+        assert_eq!(scratch(ScratchOp::Sweep).unwrap(), 1);
+        assert_eq!(storage.key_value(14, "k").unwrap(), None);
+        assert_eq!(storage.project_bytes().unwrap(), []);
+    }
+
+    #[test]
     fn a_stale_executor_never_settles_a_later_lease_even_after_a_retry() {
         use crate::{EffectOp, EffectSource, NewEffect};
         let (_dir, storage) = sqlite();
