@@ -152,6 +152,9 @@ pub struct StoredBucket {
     bucket: i64,
     generation: u64,
     reads: Mutex<Option<super::ReadTransaction>>,
+    /// Reads go through the key cache (a snapshot's do not: its values
+    /// may be older than the cache's generation of the bucket).
+    cached: bool,
 }
 
 impl StoredBucket {
@@ -165,6 +168,9 @@ impl StoredBucket {
 
     /// The committed value of `key`.
     pub fn value(&self, key: &str) -> Result<Option<Vec<u8>>> {
+        if !self.cached {
+            return self.read(|db| value_in(db, self.bucket, key));
+        }
         let cache = &self.storage.inner.hot.keys;
         if let Some(CachedValue(v)) = cache.get(self.bucket, self.generation, key) {
             return Ok(v.map(|v| v.to_vec()));
@@ -179,10 +185,23 @@ impl StoredBucket {
         self.read(|db| keys_after_in(db, self.bucket, after, limit))
     }
 
+    /// [`Storage::keys_page`] of this bucket, read as this bucket reads.
+    pub fn page(
+        &self,
+        prefix: &str,
+        limit: usize,
+        max_bytes: usize,
+    ) -> Result<Vec<(String, Vec<u8>)>> {
+        self.read(|db| page_in(db, self.bucket, prefix, None, limit, max_bytes))
+    }
+
     /// The committed values of `keys`, in order: the cache's, and the rest
     /// read in statements of `ROWS_PER_STATEMENT` keys (one round trip
     /// each on PostgreSQL).
     pub fn values(&self, keys: &[&str]) -> Result<Vec<Option<Vec<u8>>>> {
+        if !self.cached {
+            return keys.iter().map(|k| self.value(k)).collect();
+        }
         let cache = &self.storage.inner.hot.keys;
         let mut out: Vec<Option<Option<Vec<u8>>>> = keys
             .iter()
@@ -239,6 +258,72 @@ static SELECT_MANY: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
         .join(" UNION ALL ")
 });
 
+/// Up to `limit` keys and values of `bucket` that start with `prefix`,
+/// after `after`, in byte order, no more bytes than reach `max_bytes` (at
+/// least one key).
+fn page_in(
+    db: Db<'_>,
+    bucket: i64,
+    prefix: &str,
+    after: Option<&str>,
+    limit: usize,
+    max_bytes: usize,
+) -> Result<Vec<(String, Vec<u8>)>> {
+    // Keys at or after the prefix, in order: those that start with it
+    // come first, so the page ends at the first that does not.
+    let from = match after {
+        Some(a) if a >= prefix => a,
+        _ => prefix,
+    };
+    let op = if after.is_none_or(|a| a < prefix) {
+        ">="
+    } else {
+        ">"
+    };
+    let bound = max_bytes.min(i64::MAX as usize) as i64;
+    let rows = match db.dialect() {
+        // Rows are read one by one: stop at the bound.
+        sql::Dialect::Sqlite => {
+            let mut bytes = 0usize;
+            db.query_while(
+                &format!(
+                    "SELECT key, value FROM processor_keys WHERE bucket = ?1 AND key {op} ?2
+                     ORDER BY key LIMIT ?3"
+                ),
+                args![bucket, from, limit as i64],
+                |r| {
+                    if bytes >= max_bytes {
+                        return Ok(None);
+                    }
+                    let (key, value) = (r.text(0)?, r.bytes(1)?);
+                    bytes += key.len() + value.len();
+                    Ok(Some((key, value)))
+                },
+            )
+        }
+        // The client takes the whole answer: the database cuts it.
+        sql::Dialect::Postgres => db.query_all(
+            &format!(
+                "SELECT key, value FROM (
+                     SELECT key, value,
+                            SUM(octet_length(key) + octet_length(value)) OVER (ORDER BY key)
+                                - octet_length(key) - octet_length(value) AS before
+                     FROM processor_keys WHERE bucket = ?1 AND key {op} ?2
+                     ORDER BY key LIMIT ?3
+                 ) page
+                 WHERE before < ?4
+                 ORDER BY key"
+            ),
+            args![bucket, from, limit as i64, bound],
+            |r| Ok((r.text(0)?, r.bytes(1)?)),
+        ),
+    }?;
+    Ok(rows
+        .into_iter()
+        .take_while(|(k, _)| k.starts_with(prefix))
+        .collect())
+}
+
 fn value_in(db: Db<'_>, bucket: i64, key: &str) -> Result<Option<Vec<u8>>> {
     db.query_opt(
         "SELECT value FROM processor_keys WHERE bucket = ?1 AND key = ?2",
@@ -270,6 +355,22 @@ impl Storage {
             bucket,
             generation: self.inner.hot.keys.generation(bucket, tag),
             reads: Mutex::new(None),
+            cached: true,
+        }
+    }
+
+    /// `bucket` read in `reads` (a snapshot), not through the cache.
+    pub(super) fn snapshot_bucket(
+        &self,
+        bucket: i64,
+        reads: super::ReadTransaction,
+    ) -> StoredBucket {
+        StoredBucket {
+            storage: self.clone(),
+            bucket,
+            generation: 0,
+            reads: Mutex::new(Some(reads)),
+            cached: false,
         }
     }
 
@@ -320,59 +421,7 @@ impl Storage {
         limit: usize,
         max_bytes: usize,
     ) -> Result<Vec<(String, Vec<u8>)>> {
-        // Keys at or after the prefix, in order: those that start with it
-        // come first, so the page ends at the first that does not.
-        let from = match after {
-            Some(a) if a >= prefix => a,
-            _ => prefix,
-        };
-        let op = if after.is_none_or(|a| a < prefix) {
-            ">="
-        } else {
-            ">"
-        };
-        let bound = max_bytes.min(i64::MAX as usize) as i64;
-        let rows = self.with_reader(|db| match db.dialect() {
-            // Rows are read one by one: stop at the bound.
-            sql::Dialect::Sqlite => {
-                let mut bytes = 0usize;
-                db.query_while(
-                    &format!(
-                        "SELECT key, value FROM processor_keys WHERE bucket = ?1 AND key {op} ?2
-                         ORDER BY key LIMIT ?3"
-                    ),
-                    args![bucket, from, limit as i64],
-                    |r| {
-                        if bytes >= max_bytes {
-                            return Ok(None);
-                        }
-                        let (key, value) = (r.text(0)?, r.bytes(1)?);
-                        bytes += key.len() + value.len();
-                        Ok(Some((key, value)))
-                    },
-                )
-            }
-            // The client takes the whole answer: the database cuts it.
-            sql::Dialect::Postgres => db.query_all(
-                &format!(
-                    "SELECT key, value FROM (
-                         SELECT key, value,
-                                SUM(octet_length(key) + octet_length(value)) OVER (ORDER BY key)
-                                    - octet_length(key) - octet_length(value) AS before
-                         FROM processor_keys WHERE bucket = ?1 AND key {op} ?2
-                         ORDER BY key LIMIT ?3
-                     ) page
-                     WHERE before < ?4
-                     ORDER BY key"
-                ),
-                args![bucket, from, limit as i64, bound],
-                |r| Ok((r.text(0)?, r.bytes(1)?)),
-            ),
-        })?;
-        Ok(rows
-            .into_iter()
-            .take_while(|(k, _)| k.starts_with(prefix))
-            .collect())
+        self.with_reader(|db| page_in(db, bucket, prefix, after, limit, max_bytes))
     }
 
     /// Every committed key and value of `bucket`, in byte order, a page at

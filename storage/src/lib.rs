@@ -114,6 +114,24 @@ pub use writer::{
 };
 pub use {ingest::FenceRow, keys::OfflineInstance, lease::ClusterHost};
 
+fn checkpoint_in(db: Db<'_>, row_id: i64, component: &str) -> Result<Option<CheckpointRow>> {
+    db.query_opt(
+        "SELECT stream_id, checkpoint_offset, state, digest, updated_at, bucket
+         FROM processor_checkpoints WHERE stream = ?1 AND component = ?2",
+        args![row_id, component],
+        |r| {
+            Ok(CheckpointRow {
+                stream_id: r.text(0)?,
+                checkpoint_offset: r.int(1)? as u64,
+                state: r.text(2)?,
+                digest: r.text(3)?,
+                updated_at: r.text(4)?,
+                bucket: r.int(5)?,
+            })
+        },
+    )
+}
+
 /// A deployed component.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -827,27 +845,28 @@ impl Storage {
             Ok(row) => return Ok(Some(row)),
             Err(miss) => miss,
         };
-        let row = self.with_reader(|db| {
-            db.query_opt(
-                "SELECT stream_id, checkpoint_offset, state, digest, updated_at, bucket
-                 FROM processor_checkpoints WHERE stream = ?1 AND component = ?2",
-                args![row_id, component],
-                |r| {
-                    Ok(CheckpointRow {
-                        stream_id: r.text(0)?,
-                        checkpoint_offset: r.int(1)? as u64,
-                        state: r.text(2)?,
-                        digest: r.text(3)?,
-                        updated_at: r.text(4)?,
-                        bucket: r.int(5)?,
-                    })
-                },
-            )
-        })?;
+        let row = self.with_reader(|db| checkpoint_in(db, row_id, component))?;
         if let Some(row) = &row {
             self.inner.hot.fill_checkpoint(miss, row_id, component, row);
         }
         Ok(row)
+    }
+
+    /// A processor instance's checkpoint and its keyed state as they were
+    /// together, read in one read transaction (held by the bucket while it
+    /// lives; its reads bypass the key cache): a fold that starts from the
+    /// checkpoint (`/at/{offset}`) while wakes go on.
+    pub fn checkpoint_snapshot(
+        &self,
+        row_id: i64,
+        component: &str,
+    ) -> Result<Option<(CheckpointRow, StoredBucket)>> {
+        let reads = self.read_transaction()?;
+        let Some(row) = reads.with(|db| checkpoint_in(db, row_id, component))? else {
+            return Ok(None);
+        };
+        let bucket = self.snapshot_bucket(row.bucket, reads);
+        Ok(Some((row, bucket)))
     }
 
     /// A component's versions, newest first: (digest, deployed at).

@@ -836,6 +836,12 @@ async fn the_state_at_any_offset_is_folded_on_demand_keys_included_and_stored_no
 /// refold's switch adopt the bucket the fold wrote, the old one's rows go.
 #[tokio::test]
 async fn a_shadow_a_refold_and_verify_keep_a_large_keyed_state_in_storage_not_in_memory() {
+    if crate::support::skipped_on_postgres(
+        "the memory bounded is the server's; the scratch bucket's rows on PostgreSQL are the \
+         other shadow, refold and verify tests'",
+    ) {
+        return;
+    }
     let (memos, memo_bytes) = (3200usize, 32 * 1024);
     let s = ledger().await;
     let memo = "m".repeat(memo_bytes - 16);
@@ -1042,4 +1048,43 @@ async fn a_shadows_scratch_bucket_goes_when_it_is_discarded_replaced_or_left_beh
         0
     );
     assert_eq!(count(scratch_rows), 3);
+}
+
+/// The state at an offset at or after the instance's checkpoint goes on
+/// from the checkpoint (its state, and its keys as they were at it), not
+/// from the start: once an event the ledger folded is redacted, a fold from
+/// the start fails on it (the ledger reads every deposit's payload), while
+/// the state at the checkpoint is served; before the checkpoint the fold
+/// is from the start, as before.
+#[tokio::test]
+async fn the_state_at_the_checkpoint_goes_on_from_it_not_from_the_start() {
+    let s = ledger().await;
+    let (_, created) = s.get(&format!("{S}:state")).await;
+    let base = created["maxOffset"].as_u64().unwrap();
+    append(&s, json!([deposit("a", 100)])).await;
+    append(&s, json!([deposit("b", 7)])).await;
+    caught_up(&s, S, "ledger").await;
+    let (status, out) = s
+        .post(
+            &format!("{S}:redact"),
+            json!({"offset": base + 1, "reason": "test"}),
+        )
+        .await;
+    assert_eq!(status, 200, "{out}");
+    let live = caught_up(&s, S, "ledger").await;
+    let checkpoint = live["checkpointOffset"].as_u64().unwrap();
+    assert!(checkpoint > base + 2, "{live}");
+    let at = async |offset: u64| {
+        s.get(&format!("{S}:processors/ledger/at/{offset}?keys=balance/"))
+            .await
+    };
+    let (status, v) = at(checkpoint).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["state"], live["state"], "{v}");
+    assert_eq!(
+        v["keys"],
+        json!([{"key": "balance/a", "value": "100"}, {"key": "balance/b", "value": "7"}])
+    );
+    // Before the checkpoint: from the start, which meets the redaction.
+    assert_error(&at(base + 2).await, 422, "processor-failed", "redact");
 }

@@ -796,14 +796,6 @@ fn fold_from_start(
             format!("processor {:?}: {e}", f.component),
         )
     };
-    let announcement = f
-        .runtime
-        .describe(f.component, f.prepared, f.timeout_ms)
-        .map_err(guest)?;
-    let compiled = crate::processor::wake::consumed(
-        crate::filter::CompiledFilter::new(f.filter, false, f.limits).map_err(Error::invalid)?,
-        &announcement,
-    );
     let initial = f
         .runtime
         .initial_state(f.component, f.prepared, f.timeout_ms)
@@ -837,6 +829,41 @@ fn fold_from_start(
             ),
         ));
     }
+    let (folded, bucket) = fold_range(
+        f,
+        stream,
+        (initial, after, scratch.bucket()),
+        through,
+        Some(&scratch),
+    )?;
+    scratch.spill(bucket).map_err(failed)?;
+    Ok((folded, scratch))
+}
+
+/// Folds a processor from `start` (a state, the offset it was folded
+/// through, its keyed state) over the stream's committed events in
+/// `(after, through]`, as its wakes would; answers the state and the
+/// bucket with the fold's writes (those `spill` did not take).
+fn fold_range(
+    f: &FromStart<'_>,
+    stream: crate::processor::runtime::StreamInfo,
+    start: (String, u64, crate::processor::keyed::Bucket),
+    through: u64,
+    spill: Option<&crate::processor::scratch::Scratch>,
+) -> Result<(String, crate::processor::keyed::Bucket), Error> {
+    let announcement = f
+        .runtime
+        .describe(f.component, f.prepared, f.timeout_ms)
+        .map_err(|e| {
+            Error::unprocessable(
+                "processor-failed",
+                format!("processor {:?}: {e}", f.component),
+            )
+        })?;
+    let compiled = crate::processor::wake::consumed(
+        crate::filter::CompiledFilter::new(f.filter, false, f.limits).map_err(Error::invalid)?,
+        &announcement,
+    );
     let fold = crate::processor::backfill::RangeFold {
         guest: crate::processor::wake::Guest {
             runtime: f.runtime,
@@ -850,13 +877,56 @@ fn fold_from_start(
         stream,
         filter: compiled,
         narrow: None,
-        spill: Some(&scratch),
+        spill,
     };
+    let (state, after, bucket) = start;
     let (folded, _, bucket) = fold
-        .run(initial, after, through, scratch.bucket(), |_, _| Ok(()))
+        .run(state, after, through, bucket, |_, _| Ok(()))
         .map_err(|f| Error::unprocessable("processor-failed", f.message))?;
-    scratch.spill(bucket).map_err(failed)?;
-    Ok((folded, scratch))
+    Ok((folded, bucket))
+}
+
+/// The keys under `prefix` of a bucket stored as `base` with `writes` over
+/// it: at most [`STATE_AT_KEYS_MAX`] and about `max_bytes` of them, in key
+/// order; and whether more exist.
+fn keys_over(
+    base: &crate::storage::StoredBucket,
+    writes: &crate::storage::KeyWrites,
+    prefix: &str,
+    max_bytes: usize,
+) -> anyhow::Result<(Vec<KeyValue>, bool)> {
+    let under = || {
+        writes
+            .range(prefix.to_string()..)
+            .take_while(|(k, _)| k.starts_with(prefix))
+    };
+    // Enough stored keys that the writes' deletes leave a full listing.
+    let deletes = under().filter(|(_, v)| v.is_none()).count();
+    let limit = STATE_AT_KEYS_MAX + 1 + deletes;
+    let stored = base.page(prefix, limit, max_bytes)?;
+    let full = stored.len() == limit;
+    // A page the byte bound cut ends at its last key: what the writes put
+    // after it is not listed (stored keys before it may be missing).
+    let bytes: usize = stored.iter().map(|(k, v)| k.len() + v.len()).sum();
+    let cut = !full && bytes >= max_bytes;
+    let last = stored.last().map(|(k, _)| k.clone());
+    let mut merged: std::collections::BTreeMap<String, Vec<u8>> = stored.into_iter().collect();
+    for (k, v) in under() {
+        if cut && last.as_ref().is_some_and(|l| k > l) {
+            break;
+        }
+        match v {
+            Some(v) => merged.insert(k.clone(), v.clone()),
+            None => merged.remove(k),
+        };
+    }
+    let more = full || cut || merged.len() > STATE_AT_KEYS_MAX;
+    let listed = merged
+        .into_iter()
+        .take(STATE_AT_KEYS_MAX)
+        .map(|(key, value)| KeyValue { key, value })
+        .collect();
+    Ok((listed, more))
 }
 
 /// A processor's state at an offset, folded on demand
@@ -965,23 +1035,63 @@ impl Host {
                 let (prepared, _) = crate::processor::deployed(&storage, &runtime, &ns, &component)
                     .map_err(internal)?
                     .ok_or_else(|| super::components::component_not_found(&ns, &component))?;
-                let (folded, scratch) = fold_from_start(
-                    &FromStart {
-                        storage: &storage,
-                        project: &ns,
-                        path: &path,
-                        purpose: "at",
-                        runtime: &runtime,
-                        prepared: &prepared,
-                        component: &component,
-                        timeout_ms,
-                        row_id: row.row_id,
-                        filter: sub.configuration.filter.as_ref(),
-                        limits,
-                    },
-                    crate::processor::stream_info(&state, offset),
-                    offset,
-                )?;
+                let from = FromStart {
+                    storage: &storage,
+                    project: &ns,
+                    path: &path,
+                    purpose: "at",
+                    runtime: &runtime,
+                    prepared: &prepared,
+                    component: &component,
+                    timeout_ms,
+                    row_id: row.row_id,
+                    filter: sub.configuration.filter.as_ref(),
+                    limits,
+                };
+                // The instance's checkpoint, when the deployed version
+                // folded it at or before the offset: the fold goes on from
+                // it (its keys read as they were at it), not from the start.
+                let snapshot = storage
+                    .checkpoint_snapshot(row.row_id, &component)
+                    .map_err(internal)?
+                    .filter(|(c, _)| {
+                        c.digest == prepared.digest
+                            && c.stream_id == state.stream_id
+                            && c.checkpoint_offset <= offset
+                    });
+                if let Some((checkpoint, stored)) = snapshot {
+                    let stored = std::sync::Arc::new(stored);
+                    let (folded, bucket) = fold_range(
+                        &from,
+                        crate::processor::stream_info(&state, offset),
+                        (
+                            checkpoint.state,
+                            checkpoint.checkpoint_offset,
+                            crate::processor::keyed::Bucket::new(stored.clone()),
+                        ),
+                        offset,
+                        None,
+                    )?;
+                    let (keys, keys_truncated) = match keys_prefix {
+                        None => (None, false),
+                        Some(prefix) => {
+                            let bound = storage.bounds().read_bytes_max;
+                            let (keys, more) = keys_over(&stored, bucket.writes(), &prefix, bound)
+                                .map_err(internal)?;
+                            (Some(keys), more)
+                        }
+                    };
+                    return Ok(StateAt {
+                        component,
+                        digest: prepared.digest.clone(),
+                        offset,
+                        state: serde_json::from_str(&folded).unwrap_or(Value::Null),
+                        keys,
+                        keys_truncated,
+                    });
+                }
+                let (folded, scratch) =
+                    fold_from_start(&from, crate::processor::stream_info(&state, offset), offset)?;
                 // The keys under the prefix: at most STATE_AT_KEYS_MAX, and
                 // no more bytes than a page of reads (at least one key).
                 let mut keys_truncated = false;
@@ -1084,4 +1194,100 @@ fn compare_keys(
         compared,
         differing,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::storage::{Checkpoint, CheckpointId, KeyWrites, Storage, WriteOp};
+
+    fn writes(pairs: &[(&str, Option<&str>)]) -> KeyWrites {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.map(|v| v.as_bytes().to_vec())))
+            .collect()
+    }
+
+    /// Stream 1's processor `c` checkpointed at `offset` (after the one at
+    /// `offset - 1`, if any) with `keys` written to bucket 5.
+    fn checkpoint(offset: u64, keys: KeyWrites) -> WriteOp {
+        WriteOp::Checkpoint(Checkpoint {
+            row_id: 1,
+            project: "p".into(),
+            path: "/s".into(),
+            component: "c".into(),
+            stream_id: "s1".into(),
+            previous_offset: (offset > 1).then(|| CheckpointId {
+                stream_id: "s1".into(),
+                offset: offset - 1,
+                digest: "d".into(),
+                bucket: 5,
+            }),
+            offset,
+            state: "{}".into(),
+            digest: "d".into(),
+            effects: Vec::new(),
+            bucket: 5,
+            keys,
+            drop_bucket: None,
+            adopts_scratch: false,
+            updated_at: "t".into(),
+            now_ms: 0,
+            fence: None,
+        })
+    }
+
+    fn listed(keys: &[KeyValue]) -> Vec<(&str, &str)> {
+        keys.iter()
+            .map(|k| (k.key.as_str(), std::str::from_utf8(&k.value).unwrap()))
+            .collect()
+    }
+
+    #[test]
+    fn keys_at_an_offset_are_the_checkpoints_under_the_folds_writes() {
+        let dir = tempfile::tempdir().unwrap();
+        let storage = Storage::open(
+            dir.path(),
+            crate::storage::Durability::Full,
+            crate::storage::Bounds::default(),
+            std::sync::Arc::new(|_, _, _| {}),
+        )
+        .unwrap();
+        let stored = writes(&[
+            ("b/1", Some("1")),
+            ("b/2", Some("2")),
+            ("b/3", Some("3")),
+            ("x", Some("9")),
+        ]);
+        storage.commit_blocking(checkpoint(1, stored)).unwrap();
+        let (row, base) = storage.checkpoint_snapshot(1, "c").unwrap().unwrap();
+        assert_eq!(row.checkpoint_offset, 1);
+        // The fold after the checkpoint wrote b/2 again, deleted b/3 and
+        // added b/0 and b/4; x and y are not under the prefix.
+        let w = writes(&[
+            ("b/0", Some("0")),
+            ("b/2", Some("20")),
+            ("b/3", None),
+            ("b/4", Some("4")),
+            ("y", Some("8")),
+        ]);
+        let (keys, more) = keys_over(&base, &w, "b/", 1 << 20).unwrap();
+        assert_eq!(
+            listed(&keys),
+            [("b/0", "0"), ("b/1", "1"), ("b/2", "20"), ("b/4", "4")]
+        );
+        assert!(!more);
+        // A wake that commits meanwhile does not change what the snapshot
+        // reads.
+        storage
+            .commit_blocking(checkpoint(2, writes(&[("b/1", None)])))
+            .unwrap();
+        let (keys, _) = keys_over(&base, &writes(&[]), "b/", 1 << 20).unwrap();
+        assert_eq!(listed(&keys), [("b/1", "1"), ("b/2", "2"), ("b/3", "3")]);
+        // A page the byte bound cuts ends at its last stored key, and says
+        // more exist.
+        let (keys, more) = keys_over(&base, &w, "b/", 1).unwrap();
+        assert_eq!(listed(&keys), [("b/0", "0"), ("b/1", "1")]);
+        assert!(more);
+    }
 }
