@@ -98,7 +98,38 @@ const MIGRATIONS: &[Migration] = &[
         name: "scratch_buckets: the keyed state a shadow or a refold folds, kept in storage until it is promoted or dropped",
         apply: scratch_buckets,
     },
+    Migration {
+        name: "event_bodies and event_parts: a large event's body written in parts before the commit that appends it",
+        apply: event_parts,
+    },
 ];
+
+/// A large event's body, written in parts of its own, each in a
+/// transaction of its own, before the commit that appends the event
+/// (whose `body` is then `#parts:{id}:{bytes}`): the commit that holds it
+/// is small, so other projects' commits pass between the parts
+/// (`writer.rs`). `committed` is set by that commit; bodies never
+/// committed (the process stopped first) are dropped at open.
+const EVENT_PARTS: &str = "
+CREATE TABLE IF NOT EXISTS event_bodies (
+    id        BIGINT PRIMARY KEY,
+    stream    BIGINT,
+    \"offset\"  BIGINT,
+    committed INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX IF NOT EXISTS event_bodies_by_event ON event_bodies (stream, \"offset\");
+CREATE TABLE IF NOT EXISTS event_parts (
+    body BIGINT NOT NULL,
+    seq  INTEGER NOT NULL,
+    part TEXT NOT NULL,
+    PRIMARY KEY (body, seq)
+);
+";
+
+fn event_parts(conn: &Connection) -> Result<()> {
+    conn.execute_batch(EVENT_PARTS)?;
+    Ok(())
+}
 
 /// The keyed state a shadow or a refold of a processor instance folds
 /// (`processor_keys` rows of `bucket`), kept in storage rather than memory
@@ -822,6 +853,7 @@ pub fn migrate_postgres(db: Db<'_>) -> Result<()> {
                 db.batch(EFFECT_GROUPS_POSTGRES)?;
                 db.batch(PROCESSOR_BASES)?;
                 db.batch(SCRATCH_BUCKETS)?;
+                db.batch(EVENT_PARTS)?;
                 db.execute(
                     "INSERT INTO streamhost_schema (version) VALUES (?1)",
                     crate::sql::args![i64::from(SCHEMA_VERSION)],
@@ -829,7 +861,7 @@ pub fn migrate_postgres(db: Db<'_>) -> Result<()> {
                 tracing::info!(version = SCHEMA_VERSION, "schema created on PostgreSQL");
             }
             Some(v) if v == i64::from(SCHEMA_VERSION) => {}
-            Some(v @ 5..=18) => {
+            Some(v @ 5..=19) => {
                 if v == 5 {
                     db.batch(EFFECT_LEASE_IDS)?;
                 }
@@ -869,7 +901,10 @@ pub fn migrate_postgres(db: Db<'_>) -> Result<()> {
                 if v <= 17 {
                     db.batch(PROCESSOR_BASES)?;
                 }
-                db.batch(SCRATCH_BUCKETS)?;
+                if v <= 18 {
+                    db.batch(SCRATCH_BUCKETS)?;
+                }
+                db.batch(EVENT_PARTS)?;
                 db.execute(
                     "UPDATE streamhost_schema SET version = ?1",
                     crate::sql::args![i64::from(SCHEMA_VERSION)],

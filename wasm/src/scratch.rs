@@ -194,9 +194,9 @@ impl Drop for Scratch {
     fn drop(&mut self) {
         if !self.adopted {
             // Not waited for: the writer drops it in its next group.
-            let _ = self.storage.submit(WriteOp::Scratch(ScratchOp::Drop {
+            drop(self.storage.submit(WriteOp::Scratch(ScratchOp::Drop {
                 bucket: self.bucket,
-            }));
+            })));
         }
     }
 }
