@@ -317,12 +317,17 @@ async fn refold_fenced(
             }
             if shadow_through < target {
                 let mut after = shadow_through;
-                let (next, progress, bucket) =
-                    fold.run(shadow, shadow_through, target, scratch.bucket(), |batch, at| {
+                let (next, progress, bucket) = fold.run(
+                    shadow,
+                    shadow_through,
+                    target,
+                    scratch.bucket(),
+                    |batch, at| {
                         effects.push((after, at.through, batch));
                         after = at.through;
                         Ok(())
-                    })?;
+                    },
+                )?;
                 scratch.spill(bucket)?;
                 shadow = next;
                 shadow_through = progress.through.max(shadow_through);
