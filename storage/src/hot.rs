@@ -451,6 +451,7 @@ mod tests {
             effects: Vec::new(),
             redactions: Vec::new(),
             removed_through: None,
+            staged: Vec::new(),
         })
     }
 

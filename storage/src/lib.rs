@@ -16,6 +16,7 @@ mod keys;
 mod lease;
 #[cfg(test)]
 mod lease_sim;
+pub mod parts;
 mod schema;
 pub mod sql;
 mod tls;
@@ -335,6 +336,8 @@ impl Storage {
         conn.set_prepared_statement_cache_capacity(STATEMENTS_CACHED);
         schema::migrate(&conn)
             .with_context(|| format!("migrating the schema of {}", db_path.display()))?;
+        // (The data dir is locked: no other process writes parts.)
+        parts::drop_all_uncommitted(&conn)?;
         Self::start(
             writer::WriteConn::Sqlite(conn),
             Readers::Sqlite {
@@ -658,23 +661,38 @@ impl Storage {
         let bound = max_bytes.min(i64::MAX as usize) as i64;
         self.with_reader(|db| match db.dialect() {
             // Rows are read one by one: stop at the bound.
+            // (A body written in parts counts its parts' bytes, and is
+            // put together in the same read transaction.)
             sql::Dialect::Sqlite => {
                 let mut bytes = 0usize;
-                db.query_while(
-                    "SELECT \"offset\", body FROM events
-                     WHERE stream = ?1 AND \"offset\" > ?2 AND \"offset\" <= ?4
-                     ORDER BY \"offset\" LIMIT ?3",
-                    args![row_id, after, limit, up_to],
-                    |r| {
-                        if bytes >= max_bytes {
-                            return Ok(None);
+                let mut parted = false;
+                db.batch("BEGIN")?;
+                let read = db
+                    .query_while(
+                        "SELECT \"offset\", body FROM events
+                         WHERE stream = ?1 AND \"offset\" > ?2 AND \"offset\" <= ?4
+                         ORDER BY \"offset\" LIMIT ?3",
+                        args![row_id, after, limit, up_to],
+                        |r| {
+                            if bytes >= max_bytes {
+                                return Ok(None);
+                            }
+                            let body = r.text(1)?;
+                            bytes += parts::body_bytes(&body);
+                            parted |= body.starts_with('#');
+                            Ok(Some((r.int(0)? as u64, body)))
+                        },
+                    )
+                    .and_then(|rows| {
+                        if !parted {
+                            return Ok(rows);
                         }
-                        let body = r.text(1)?;
-                        bytes += body.len();
-                        Ok(Some((r.int(0)? as u64, body)))
-                    },
-                )
-                .context("reading events")
+                        rows.into_iter()
+                            .map(|(o, body)| Ok((o, parts::expand(db, body)?)))
+                            .collect()
+                    });
+                db.batch("COMMIT")?;
+                read.context("reading events")
             }
             // The client takes the whole answer: the database cuts it.
             sql::Dialect::Postgres => db
@@ -1186,7 +1204,7 @@ impl Storage {
                     args![row_id, key],
                     |r| r.text(0),
                 )? {
-                    found.insert(key.to_string(), body);
+                    found.insert(key.to_string(), parts::expand(db, body)?);
                 }
             }
             Ok(found)

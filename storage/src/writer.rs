@@ -115,6 +115,10 @@ pub struct StreamCommit {
     /// this offset are deleted in the same transaction as the round's
     /// audit line (the stream's bytes follow).
     pub removed_through: Option<u64>,
+    /// Events whose bodies the writer wrote in parts before this commit
+    /// (SQLite, bodies over `parts::LARGE_BODY_BYTES`): (index in
+    /// `events`, body id). Set by the writer; empty when submitted.
+    pub staged: Vec<(usize, i64)>,
 }
 
 impl StreamCommit {
@@ -461,6 +465,38 @@ impl std::error::Error for DuplicateKey {}
 struct Job {
     op: WriteOp,
     reply: oneshot::Sender<Result<i64, CommitError>>,
+    /// Its large bodies being written in parts (SQLite), until they all are.
+    staging: Option<Staging>,
+}
+
+/// A commit's large bodies, written a part at a time before it commits.
+struct Staging {
+    /// (index in the commit's events, body id, bytes written, parts written).
+    bodies: Vec<(usize, i64, usize, i64)>,
+}
+
+impl Staging {
+    /// The bodies of `op` to write in parts, if any (none were yet: a
+    /// write submitted again is staged again).
+    fn of(op: &mut WriteOp) -> Option<Staging> {
+        let WriteOp::Commit(c) = op else {
+            return None;
+        };
+        c.staged.clear();
+        let bodies: Vec<(usize, i64, usize, i64)> = c
+            .events
+            .iter()
+            .enumerate()
+            .filter(|(_, e)| e.body.len() > super::parts::LARGE_BODY_BYTES)
+            .map(|(i, _)| (i, super::keys::new_bucket_id(), 0, 0))
+            .collect();
+        (!bodies.is_empty()).then_some(Staging { bodies })
+    }
+
+    /// Whether every body is written.
+    fn done(&self) -> bool {
+        self.bodies.is_empty()
+    }
 }
 
 pub(super) struct WriterHandle {
@@ -594,7 +630,12 @@ impl WriterHandle {
 
     pub(super) fn submit(&self, op: WriteOp) -> oneshot::Receiver<Result<i64, CommitError>> {
         let (reply, rx) = oneshot::channel();
-        if let Err(mpsc::SendError(job)) = self.tx.send(Job { op, reply }) {
+        let job = Job {
+            op,
+            reply,
+            staging: None,
+        };
+        if let Err(mpsc::SendError(job)) = self.tx.send(job) {
             let _ = job
                 .reply
                 .send(Err(CommitError::new("the storage writer has stopped")));
@@ -607,7 +648,17 @@ impl WriterHandle {
     /// the commit. An idle writer would commit `op` alone anyway; doing it
     /// here saves waking the writer thread and being woken by it.
     pub(super) fn commit_blocking(&self, op: WriteOp) -> Result<i64, CommitError> {
-        match self.shared.conn.try_lock() {
+        // Large bodies are written in parts by the writer thread, between
+        // other groups.
+        let in_parts = self.shared.dir.is_some()
+            && matches!(&op, WriteOp::Commit(c)
+                if c.events.iter().any(|e| e.body.len() > super::parts::LARGE_BODY_BYTES));
+        let conn = if in_parts {
+            Err(std::sync::TryLockError::WouldBlock)
+        } else {
+            self.shared.conn.try_lock()
+        };
+        match conn {
             Ok(mut conn) => {
                 let mut ops = [op];
                 commit(&self.shared, conn.ready(), &mut ops)
@@ -626,6 +677,8 @@ fn run(shared: &Shared, rx: mpsc::Receiver<Job>) {
     // Writes queued and not yet committed, oldest first.
     let mut queued: std::collections::VecDeque<Job> = std::collections::VecDeque::new();
     let mut large_turn = false;
+    // SQLite: large bodies are written in parts before their commit.
+    let in_parts = shared.dir.is_some();
     loop {
         if queued.is_empty() {
             match rx.recv() {
@@ -639,29 +692,132 @@ fn run(shared: &Shared, rx: mpsc::Receiver<Job>) {
                 Err(_) => break,
             }
         }
-        let bytes: Vec<usize> = queued.iter().map(|j| op_bytes(&j.op)).collect();
-        let group = next_group(&bytes, large_turn);
-        large_turn = next_is_large_turn(&bytes, &group);
-        let mut jobs = Vec::with_capacity(group.len());
-        let mut rest = std::collections::VecDeque::with_capacity(queued.len() - group.len());
-        let mut taken = group.iter().peekable();
-        for (i, job) in queued.drain(..).enumerate() {
-            if taken.next_if_eq(&&i).is_some() {
-                jobs.push(job);
-            } else {
-                rest.push_back(job);
+        if in_parts {
+            for job in queued.iter_mut().filter(|j| j.staging.is_none()) {
+                job.staging = Staging::of(&mut job.op);
             }
         }
-        queued = rest;
-        let (mut ops, replies): (Vec<WriteOp>, Vec<_>) =
-            jobs.into_iter().map(|j| (j.op, j.reply)).unzip();
-        let results = {
-            let mut conn = shared.conn.lock().unwrap_or_else(|p| p.into_inner());
-            commit(shared, conn.ready(), &mut ops)
-        };
-        for (reply, result) in replies.into_iter().zip(results) {
-            let _ = reply.send(result);
+        // The writes ready to commit (their parts, if any, written).
+        let ready: Vec<usize> = (0..queued.len())
+            .filter(|&i| queued[i].staging.as_ref().is_none_or(Staging::done))
+            .collect();
+        if !ready.is_empty() {
+            let bytes: Vec<usize> = ready.iter().map(|&i| op_bytes(&queued[i].op)).collect();
+            let chosen = next_group(&bytes, large_turn);
+            large_turn = next_is_large_turn(&bytes, &chosen);
+            let group: Vec<usize> = chosen.into_iter().map(|g| ready[g]).collect();
+            let mut jobs = Vec::with_capacity(group.len());
+            let mut rest = std::collections::VecDeque::with_capacity(queued.len() - group.len());
+            let mut taken = group.iter().peekable();
+            for (i, job) in queued.drain(..).enumerate() {
+                if taken.next_if_eq(&&i).is_some() {
+                    jobs.push(job);
+                } else {
+                    rest.push_back(job);
+                }
+            }
+            queued = rest;
+            let (mut ops, replies): (Vec<WriteOp>, Vec<_>) =
+                jobs.into_iter().map(|j| (j.op, j.reply)).unzip();
+            let results = {
+                let mut conn = shared.conn.lock().unwrap_or_else(|p| p.into_inner());
+                let conn = conn.ready();
+                let results = commit(shared, conn, &mut ops);
+                drop_unadopted(conn, &ops, &results);
+                results
+            };
+            for (reply, result) in replies.into_iter().zip(results) {
+                let _ = reply.send(result);
+            }
         }
+        // Then one part of the oldest large body still being written.
+        if let Some(i) = queued
+            .iter()
+            .position(|j| j.staging.as_ref().is_some_and(|s| !s.done()))
+        {
+            let written = {
+                let mut conn = shared.conn.lock().unwrap_or_else(|p| p.into_inner());
+                write_next_part(shared, conn.ready(), &mut queued[i])
+            };
+            if let Err(e) = written {
+                let job = queued.remove(i).expect("the job just written");
+                let mut conn = shared.conn.lock().unwrap_or_else(|p| p.into_inner());
+                let ids: Vec<i64> = match &job.op {
+                    WriteOp::Commit(c) => c.staged.iter().map(|(_, id)| *id).collect(),
+                    _ => Vec::new(),
+                };
+                let ids: Vec<i64> = ids
+                    .into_iter()
+                    .chain(
+                        job.staging
+                            .iter()
+                            .flat_map(|s| s.bodies.iter().map(|b| b.1)),
+                    )
+                    .collect();
+                drop_bodies(conn.ready(), &ids);
+                let _ = job.reply.send(Err(e));
+            }
+        }
+    }
+}
+
+/// Writes the next part of `job`'s large bodies in a transaction of its
+/// own; a body whose last part is written is the commit's to take.
+fn write_next_part(shared: &Shared, conn: Db<'_>, job: &mut Job) -> Result<(), CommitError> {
+    let (WriteOp::Commit(c), Some(staging)) = (&mut job.op, job.staging.as_mut()) else {
+        return Ok(());
+    };
+    let Some(body) = staging.bodies.first_mut() else {
+        return Ok(());
+    };
+    let (index, id, from, seq) = *body;
+    let part = super::parts::next_part(&c.events[index].body, from);
+    let full = |e: CommitError| match shared.dir.as_deref().and_then(disk_full) {
+        Some(why) => e.of_full_disk(&why),
+        None => e,
+    };
+    control(conn, "BEGIN IMMEDIATE").map_err(|e| full(CommitError::of_write(&e)))?;
+    if let Err(e) = super::parts::write_part(conn, id, seq, part) {
+        let _ = control(conn, "ROLLBACK");
+        return Err(full(CommitError::of_write(&e)));
+    }
+    finish_group(conn, &shared.faults).map_err(|e| full(CommitError::new(e)))?;
+    body.2 += part.len();
+    body.3 += 1;
+    if body.2 == c.events[index].body.len() {
+        c.staged.push((index, id));
+        staging.bodies.remove(0);
+    }
+    Ok(())
+}
+
+/// The bodies written in parts for writes that did not commit go (their
+/// append failed; the actor plans it again).
+fn drop_unadopted(conn: Db<'_>, ops: &[WriteOp], results: &[Result<i64, CommitError>]) {
+    let ids: Vec<i64> = ops
+        .iter()
+        .zip(results)
+        .filter(|(_, r)| r.is_err())
+        .filter_map(|(op, _)| match op {
+            WriteOp::Commit(c) => Some(c.staged.iter().map(|(_, id)| *id)),
+            _ => None,
+        })
+        .flatten()
+        .collect();
+    drop_bodies(conn, &ids);
+}
+
+/// Drops bodies `ids` no commit took, in a transaction of its own.
+fn drop_bodies(conn: Db<'_>, ids: &[i64]) {
+    if ids.is_empty() {
+        return;
+    }
+    let dropped = control(conn, "BEGIN IMMEDIATE")
+        .and_then(|()| super::parts::drop_uncommitted(conn, ids))
+        .and_then(|()| control(conn, "COMMIT"));
+    if let Err(e) = dropped {
+        let _ = control(conn, "ROLLBACK");
+        tracing::warn!(error = %format!("{e:#}"), "dropping the parts of bodies no commit took (the next start drops them)");
     }
 }
 
@@ -677,7 +833,14 @@ const GROUP_BYTES_MAX: usize = 4 * 1024 * 1024;
 fn op_bytes(op: &WriteOp) -> usize {
     match op {
         WriteOp::Commit(c) => {
-            c.events.iter().map(|e| e.body.len()).sum::<usize>() + c.state_json.len()
+            let body = |(i, e): (usize, &StoredEvent)| {
+                if c.staged.iter().any(|(s, _)| *s == i) {
+                    32
+                } else {
+                    e.body.len()
+                }
+            };
+            c.events.iter().enumerate().map(body).sum::<usize>() + c.state_json.len()
         }
         WriteOp::Deploy(d) => d.bytes.len(),
         WriteOp::Checkpoint(c) => c.state.len() + keys_bytes(&c.keys),
@@ -1100,9 +1263,17 @@ fn redact(conn: Db<'_>, row_id: i64, r: &StoredEvent) -> Result<()> {
         "UPDATE events SET body = ?3 WHERE stream = ?1 AND \"offset\" = ?2",
         args![row_id, r.offset as i64, &r.body],
     )?;
+    if super::parts::parse_ref(&old).is_some() {
+        // Its parts go with what they held (zeroed, as the row's old text).
+        super::parts::remove_one(conn, row_id, r.offset)?;
+    }
     conn.execute(
         "UPDATE streams SET bytes = bytes - ?2 + ?3 WHERE id = ?1",
-        args![row_id, old.len() as i64, r.body.len() as i64],
+        args![
+            row_id,
+            super::parts::body_bytes(&old) as i64,
+            r.body.len() as i64
+        ],
     )?;
     Ok(())
 }
@@ -1123,8 +1294,11 @@ const REDACT_POSTGRES: &str = "WITH old AS (
 /// the events go.
 const REMOVE_SQLITE_BYTES: &str = "UPDATE streams SET bytes = bytes - (
          SELECT COALESCE(SUM(length(CAST(type AS BLOB)) + COALESCE(length(CAST(idempotency_key AS BLOB)), 0)
-                + length(CAST(body AS BLOB))), 0)
-         FROM events WHERE stream = ?1 AND \"offset\" <= ?2)
+                + CASE WHEN body LIKE '#parts:%' THEN 0 ELSE length(CAST(body AS BLOB)) END), 0)
+         FROM events WHERE stream = ?1 AND \"offset\" <= ?2) - (
+         SELECT COALESCE(SUM(length(CAST(p.part AS BLOB))), 0)
+         FROM event_bodies b JOIN event_parts p ON p.body = b.id
+         WHERE b.stream = ?1 AND b.\"offset\" <= ?2)
      WHERE id = ?1";
 const REMOVE_SQLITE: &str = "DELETE FROM events WHERE stream = ?1 AND \"offset\" <= ?2";
 
@@ -1498,7 +1672,10 @@ fn apply(conn: Db<'_>, op: &WriteOp) -> Result<i64> {
                     *row_id
                 }
             };
-            for e in &c.events {
+            for (i, e) in c.events.iter().enumerate() {
+                // A body written in parts: its row names them.
+                let staged = c.staged.iter().find(|(s, _)| *s == i).map(|(_, id)| *id);
+                let reference = staged.map(|id| super::parts::body_ref(id, e.body.len()));
                 conn.execute(
                     "INSERT INTO events (stream, \"offset\", type, idempotency_key, body) VALUES (?1, ?2, ?3, ?4, ?5)",
                     args![
@@ -1506,7 +1683,7 @@ fn apply(conn: Db<'_>, op: &WriteOp) -> Result<i64> {
                         e.offset as i64,
                         &e.event_type,
                         &e.idempotency_key,
-                        &e.body
+                        reference.as_deref().unwrap_or(&e.body)
                     ],
                 )
                 .map_err(|err| {
@@ -1518,6 +1695,9 @@ fn apply(conn: Db<'_>, op: &WriteOp) -> Result<i64> {
                         err.context(format!("inserting the event at offset {}", e.offset))
                     }
                 })?;
+                if let Some(id) = staged {
+                    super::parts::adopt(conn, id, row_id, e.offset)?;
+                }
             }
             conn.execute(
                 "UPDATE streams SET head_offset = ?2, state_json = ?3, state_offset = ?4,
@@ -1545,6 +1725,7 @@ fn apply(conn: Db<'_>, op: &WriteOp) -> Result<i64> {
             }
             if let Some(through) = c.removed_through {
                 conn.execute(REMOVE_SQLITE_BYTES, args![row_id, through as i64])?;
+                super::parts::remove(conn, row_id, Some(through))?;
                 conn.execute(REMOVE_SQLITE, args![row_id, through as i64])?;
             }
             Ok(row_id)
@@ -1775,6 +1956,7 @@ fn apply(conn: Db<'_>, op: &WriteOp) -> Result<i64> {
             if let Some(fence) = fence {
                 super::lease::check(conn, fence)?;
             }
+            super::parts::remove(conn, *row_id, None)?;
             for sql in [
                 "DELETE FROM processor_keys WHERE bucket IN
                      (SELECT bucket FROM processor_bases WHERE stream = ?1)",
@@ -1994,6 +2176,7 @@ mod tests {
             effects: Vec::new(),
             redactions: Vec::new(),
             removed_through: None,
+            staged: Vec::new(),
         });
         assert_eq!(op_bytes(&commit), 1010);
         assert_eq!(
@@ -2186,6 +2369,149 @@ mod tests {
         assert_eq!(scratch(ScratchOp::Sweep).unwrap(), 1);
         assert_eq!(storage.key_value(14, "k").unwrap(), None);
         assert_eq!(storage.project_bytes().unwrap(), []);
+    }
+
+    /// A round of stream `stream`: `events` (offset, body) after `head`.
+    fn round(stream: StreamRef, events: &[(u64, &str)], head: u64) -> StreamCommit {
+        StreamCommit {
+            stream,
+            events: events
+                .iter()
+                .map(|(offset, body)| StoredEvent {
+                    offset: *offset,
+                    event_type: "t".into(),
+                    idempotency_key: None,
+                    body: body.to_string(),
+                })
+                .collect(),
+            head_offset: head,
+            state_json: "{}".into(),
+            state_offset: head,
+            cursors: Vec::new(),
+            removed_cursors: Vec::new(),
+            fence: None,
+            effects: Vec::new(),
+            redactions: Vec::new(),
+            removed_through: None,
+            staged: Vec::new(),
+        }
+    }
+
+    fn new_stream(path: &str) -> StreamRef {
+        StreamRef::New(NewStream {
+            project: "p".into(),
+            path: path.into(),
+            stream_id: format!("{path}-1"),
+            created_at: "t".into(),
+        })
+    }
+
+    #[test]
+    fn a_large_body_is_written_in_parts_while_small_commits_pass_and_reads_back_whole() {
+        let (dir, storage) = sqlite();
+        let count = |storage: &Storage, sql: &str| {
+            storage
+                .with_reader(|db| db.query_one(sql, args![], |r| r.int(0)))
+                .unwrap()
+        };
+        // 8 MiB of two-byte characters: 33 parts.
+        let big = format!("{{\"payload\":\"{}\"}}", "é".repeat(4 << 20));
+        let (mut parts, mut from) = (0, 0);
+        while from < big.len() {
+            from += crate::parts::next_part(&big, from).len();
+            parts += 1;
+        }
+        assert_eq!(parts, 33);
+        let large = storage.submit(WriteOp::Commit(round(new_stream("/a"), &[(1, &big)], 1)));
+        let deadline = Instant::now() + std::time::Duration::from_secs(30);
+        while count(&storage, "SELECT count(*) FROM event_parts") == 0 {
+            assert!(
+                Instant::now() < deadline,
+                "no part of the large body was written"
+            );
+            std::thread::yield_now();
+        }
+        // A small commit submitted while the large body is written commits
+        // before it (it waits for one part at most): its stream's row is
+        // made first.
+        storage
+            .commit_blocking(WriteOp::Commit(round(new_stream("/b"), &[(1, "{}")], 1)))
+            .unwrap();
+        let a = large.blocking_recv().unwrap().unwrap();
+        let b = storage.load_stream("p", "/b").unwrap().unwrap().row_id;
+        assert!(
+            b < a,
+            "the small commit (row {b}) came after the large one (row {a})"
+        );
+        assert_eq!(count(&storage, "SELECT count(*) FROM event_parts"), parts);
+        assert_eq!(
+            count(
+                &storage,
+                "SELECT count(*) FROM events WHERE body LIKE '#parts:%'"
+            ),
+            1
+        );
+        // The stream counts the body's bytes, not its row's.
+        let stored = |storage: &Storage| storage.project_bytes().unwrap()[0].1;
+        assert_eq!(stored(&storage), (1 + big.len() + 1 + 2) as u64);
+        // Read back whole, from storage (a new process: nothing cached),
+        // and a body no commit took is gone at open.
+        drop(storage);
+        let storage = Storage::open(
+            dir.path(),
+            crate::Durability::Full,
+            crate::Bounds::default(),
+            std::sync::Arc::new(|_, _, _| {}),
+        )
+        .unwrap();
+        rusqlite::Connection::open(dir.path().join("streamhost.db"))
+            .unwrap()
+            .execute_batch(
+                "INSERT INTO event_bodies (id, committed) VALUES (5, 0);
+                 INSERT INTO event_parts (body, seq, part) VALUES (5, 0, 'left');",
+            )
+            .unwrap();
+        let read = storage.events_within(a, 0, 10, 10, usize::MAX).unwrap();
+        assert_eq!(read.len(), 1);
+        assert!(
+            read[0].1 == big,
+            "the body read back is not the one appended"
+        );
+        drop(storage);
+        let storage = Storage::open(
+            dir.path(),
+            crate::Durability::Full,
+            crate::Bounds::default(),
+            std::sync::Arc::new(|_, _, _| {}),
+        )
+        .unwrap();
+        assert_eq!(
+            count(&storage, "SELECT count(*) FROM event_parts WHERE body = 5"),
+            0
+        );
+        assert_eq!(count(&storage, "SELECT count(*) FROM event_parts"), parts);
+        // A redaction rewrites it: its parts go, the bytes follow.
+        let existing = |head| StreamRef::Existing {
+            row_id: a,
+            expected_head: head,
+        };
+        let mut redaction = round(existing(1), &[(2, "{}")], 2);
+        redaction.redactions = round(existing(1), &[(1, "{\"redacted\":true}")], 1).events;
+        storage.commit_blocking(WriteOp::Commit(redaction)).unwrap();
+        assert_eq!(count(&storage, "SELECT count(*) FROM event_parts"), 0);
+        assert_eq!(count(&storage, "SELECT count(*) FROM event_bodies"), 0);
+        assert_eq!(stored(&storage), (1 + 17 + 1 + 2 + 1 + 2) as u64);
+        // Retention removes a large event with its parts and its bytes.
+        storage
+            .commit_blocking(WriteOp::Commit(round(existing(2), &[(3, &big)], 3)))
+            .unwrap();
+        assert_eq!(count(&storage, "SELECT count(*) FROM event_parts"), parts);
+        let mut removal = round(existing(3), &[(4, "{}")], 4);
+        removal.removed_through = Some(3);
+        storage.commit_blocking(WriteOp::Commit(removal)).unwrap();
+        assert_eq!(count(&storage, "SELECT count(*) FROM event_parts"), 0);
+        assert_eq!(count(&storage, "SELECT count(*) FROM event_bodies"), 0);
+        assert_eq!(stored(&storage), (1 + 2 + 1 + 2) as u64);
     }
 
     #[test]

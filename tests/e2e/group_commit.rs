@@ -30,6 +30,7 @@ fn commit(stream: StreamRef, events: Vec<StoredEvent>) -> WriteOp {
         effects: Vec::new(),
         redactions: Vec::new(),
         removed_through: None,
+        staged: Vec::new(),
     })
 }
 

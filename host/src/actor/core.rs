@@ -1394,6 +1394,7 @@ impl ActorCore {
             effects,
             redactions: std::mem::take(&mut round.redactions),
             removed_through: round.removed_through,
+            staged: Vec::new(),
         };
         commit.assert_invariants();
         self.out
