@@ -2210,14 +2210,19 @@ mod tests {
     /// A real SQLite storage in a temp dir (kept alive with it).
     fn sqlite() -> (tempfile::TempDir, Storage) {
         let dir = tempfile::tempdir().unwrap();
-        let storage = Storage::open(
-            dir.path(),
+        let storage = open(dir.path());
+        (dir, storage)
+    }
+
+    /// The SQLite storage of data dir `dir`.
+    fn open(dir: &std::path::Path) -> Storage {
+        Storage::open(
+            dir,
             crate::Durability::Full,
             crate::Bounds::default(),
             std::sync::Arc::new(|_, _, _| {}),
         )
-        .unwrap();
-        (dir, storage)
+        .unwrap()
     }
 
     fn id(offset: u64, digest: &str) -> Option<CheckpointId> {
@@ -2457,13 +2462,7 @@ mod tests {
         // Read back whole, from storage (a new process: nothing cached),
         // and a body no commit took is gone at open.
         drop(storage);
-        let storage = Storage::open(
-            dir.path(),
-            crate::Durability::Full,
-            crate::Bounds::default(),
-            std::sync::Arc::new(|_, _, _| {}),
-        )
-        .unwrap();
+        let storage = open(dir.path());
         rusqlite::Connection::open(dir.path().join("streamhost.db"))
             .unwrap()
             .execute_batch(
@@ -2478,13 +2477,7 @@ mod tests {
             "the body read back is not the one appended"
         );
         drop(storage);
-        let storage = Storage::open(
-            dir.path(),
-            crate::Durability::Full,
-            crate::Bounds::default(),
-            std::sync::Arc::new(|_, _, _| {}),
-        )
-        .unwrap();
+        let storage = open(dir.path());
         assert_eq!(
             count(&storage, "SELECT count(*) FROM event_parts WHERE body = 5"),
             0

@@ -1059,62 +1059,37 @@ impl Host {
                             && c.stream_id == state.stream_id
                             && c.checkpoint_offset <= offset
                     });
-                if let Some((checkpoint, stored)) = snapshot {
-                    let stored = std::sync::Arc::new(stored);
-                    let (folded, bucket) = fold_range(
-                        &from,
-                        crate::processor::stream_info(&state, offset),
-                        (
+                // The keys under the prefix: at most STATE_AT_KEYS_MAX, and
+                // no more bytes than a page of reads (at least one key).
+                let bound = storage.bounds().read_bytes_max;
+                let listed = |base: &crate::storage::StoredBucket,
+                              writes: &crate::storage::KeyWrites|
+                 -> Result<(Option<Vec<KeyValue>>, bool), Error> {
+                    match &keys_prefix {
+                        None => Ok((None, false)),
+                        Some(prefix) => {
+                            let (keys, more) =
+                                keys_over(base, writes, prefix, bound).map_err(internal)?;
+                            Ok((Some(keys), more))
+                        }
+                    }
+                };
+                let stream = crate::processor::stream_info(&state, offset);
+                let (folded, (keys, keys_truncated)) = match snapshot {
+                    Some((checkpoint, stored)) => {
+                        let stored = std::sync::Arc::new(stored);
+                        let start = (
                             checkpoint.state,
                             checkpoint.checkpoint_offset,
                             crate::processor::keyed::Bucket::new(stored.clone()),
-                        ),
-                        offset,
-                        None,
-                    )?;
-                    let (keys, keys_truncated) = match keys_prefix {
-                        None => (None, false),
-                        Some(prefix) => {
-                            let bound = storage.bounds().read_bytes_max;
-                            let (keys, more) = keys_over(&stored, bucket.writes(), &prefix, bound)
-                                .map_err(internal)?;
-                            (Some(keys), more)
-                        }
-                    };
-                    return Ok(StateAt {
-                        component,
-                        digest: prepared.digest.clone(),
-                        offset,
-                        state: serde_json::from_str(&folded).unwrap_or(Value::Null),
-                        keys,
-                        keys_truncated,
-                    });
-                }
-                let (folded, scratch) =
-                    fold_from_start(&from, crate::processor::stream_info(&state, offset), offset)?;
-                // The keys under the prefix: at most STATE_AT_KEYS_MAX, and
-                // no more bytes than a page of reads (at least one key).
-                let mut keys_truncated = false;
-                let keys = match keys_prefix {
-                    None => None,
-                    Some(prefix) => {
-                        let bound = storage.bounds().read_bytes_max;
-                        let mut page = storage
-                            .keys_page(scratch.id(), &prefix, None, STATE_AT_KEYS_MAX + 1, bound)
-                            .map_err(internal)?;
-                        keys_truncated = page.len() > STATE_AT_KEYS_MAX;
-                        page.truncate(STATE_AT_KEYS_MAX);
-                        if let (false, Some((last, _))) = (keys_truncated, page.last()) {
-                            keys_truncated = !storage
-                                .keys_page(scratch.id(), &prefix, Some(last), 1, 1)
-                                .map_err(internal)?
-                                .is_empty();
-                        }
-                        Some(
-                            page.into_iter()
-                                .map(|(key, value)| KeyValue { key, value })
-                                .collect::<Vec<_>>(),
-                        )
+                        );
+                        let (folded, bucket) = fold_range(&from, stream, start, offset, None)?;
+                        (folded, listed(&stored, bucket.writes())?)
+                    }
+                    None => {
+                        let (folded, scratch) = fold_from_start(&from, stream, offset)?;
+                        let stored = storage.stored_bucket(scratch.id(), "");
+                        (folded, listed(&stored, &Default::default())?)
                     }
                 };
                 Ok(StateAt {
