@@ -17,6 +17,19 @@ use streamhost_storage::{ScratchInstance, ScratchOp, Storage, WriteOp};
 /// (and at the end of each step).
 pub const SPILL_BYTES: usize = 8 * 1024 * 1024;
 
+/// Commits `op` through the writer thread and waits for it. (Not
+/// `commit_blocking`, which commits on the calling thread when the writer
+/// is idle: verify and `/at/` fold on the runtime's lowest-priority
+/// threads, and one of those holding the write connection while it waits
+/// for a core would hold every other write.)
+fn write(storage: &Storage, op: WriteOp) -> Result<i64, streamhost_storage::CommitError> {
+    storage.submit(op).blocking_recv().unwrap_or_else(|_| {
+        Err(streamhost_storage::CommitError::new(
+            "the storage writer has stopped",
+        ))
+    })
+}
+
 /// A fold's scratch bucket.
 pub struct Scratch {
     storage: Storage,
@@ -41,18 +54,20 @@ impl Scratch {
         copy_from: Option<i64>,
     ) -> Result<Scratch, Failure> {
         let bucket = storage.new_bucket();
-        storage
-            .commit_blocking(WriteOp::Scratch(ScratchOp::Start {
+        write(
+            storage,
+            WriteOp::Scratch(ScratchOp::Start {
                 bucket,
                 instance,
                 copy_from,
-            }))
-            .map_err(|e| {
-                Failure::new(
-                    format!("starting the fold's keyed state failed: {}", e.message()),
-                    true,
-                )
-            })?;
+            }),
+        )
+        .map_err(|e| {
+            Failure::new(
+                format!("starting the fold's keyed state failed: {}", e.message()),
+                true,
+            )
+        })?;
         Ok(Scratch {
             storage: storage.clone(),
             bucket,
@@ -82,17 +97,19 @@ impl Scratch {
             return Ok(bucket);
         }
         let keys = bucket.into_writes();
-        self.storage
-            .commit_blocking(WriteOp::Scratch(ScratchOp::Write {
+        write(
+            &self.storage,
+            WriteOp::Scratch(ScratchOp::Write {
                 bucket: self.bucket,
                 keys,
-            }))
-            .map_err(|e| {
-                Failure::new(
-                    format!("keeping the fold's keyed state failed: {}", e.message()),
-                    true,
-                )
-            })?;
+            }),
+        )
+        .map_err(|e| {
+            Failure::new(
+                format!("keeping the fold's keyed state failed: {}", e.message()),
+                true,
+            )
+        })?;
         self.spills.fetch_add(1, Ordering::Relaxed);
         Ok(self.bucket())
     }
