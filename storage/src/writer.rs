@@ -680,21 +680,23 @@ fn run(shared: &Shared, rx: mpsc::Receiver<Job>) {
     // SQLite: large bodies are written in parts before their commit.
     let in_parts = shared.dir.is_some();
     loop {
+        // A job's large bodies are looked for once, as it arrives.
+        let arrived = |mut job: Job| {
+            if in_parts {
+                job.staging = Staging::of(&mut job.op);
+            }
+            job
+        };
         if queued.is_empty() {
             match rx.recv() {
-                Ok(job) => queued.push_back(job),
+                Ok(job) => queued.push_back(arrived(job)),
                 Err(_) => return,
             }
         }
         while queued.len() < GROUP_WRITES_MAX {
             match rx.try_recv() {
-                Ok(job) => queued.push_back(job),
+                Ok(job) => queued.push_back(arrived(job)),
                 Err(_) => break,
-            }
-        }
-        if in_parts {
-            for job in queued.iter_mut().filter(|j| j.staging.is_none()) {
-                job.staging = Staging::of(&mut job.op);
             }
         }
         // The writes ready to commit (their parts, if any, written).
@@ -833,12 +835,10 @@ const GROUP_BYTES_MAX: usize = 4 * 1024 * 1024;
 fn op_bytes(op: &WriteOp) -> usize {
     match op {
         WriteOp::Commit(c) => {
-            let body = |(i, e): (usize, &StoredEvent)| {
-                if c.staged.iter().any(|(s, _)| *s == i) {
-                    32
-                } else {
-                    e.body.len()
-                }
+            let body = |(i, e): (usize, &StoredEvent)| match c.staged.iter().find(|(s, _)| *s == i)
+            {
+                Some((_, id)) => super::parts::body_ref(*id, e.body.len()).len(),
+                None => e.body.len(),
             };
             c.events.iter().enumerate().map(body).sum::<usize>() + c.state_json.len()
         }
@@ -2156,29 +2156,20 @@ mod tests {
 
     #[test]
     fn a_write_counts_its_events_state_and_component_bytes() {
-        let commit = WriteOp::Commit(StreamCommit {
-            stream: StreamRef::Existing {
-                row_id: 1,
-                expected_head: 0,
-            },
-            events: vec![StoredEvent {
-                offset: 1,
-                event_type: "t".into(),
-                idempotency_key: None,
-                body: "x".repeat(1000),
-            }],
-            head_offset: 1,
-            state_json: "y".repeat(10),
-            state_offset: 1,
-            cursors: Vec::new(),
-            removed_cursors: Vec::new(),
-            fence: None,
-            effects: Vec::new(),
-            redactions: Vec::new(),
-            removed_through: None,
-            staged: Vec::new(),
-        });
+        let existing = StreamRef::Existing {
+            row_id: 1,
+            expected_head: 0,
+        };
+        let mut round = round(existing, &[(1, &"x".repeat(1000))], 1);
+        round.state_json = "y".repeat(10);
+        let commit = WriteOp::Commit(round.clone());
         assert_eq!(op_bytes(&commit), 1010);
+        // A body written in parts counts as the reference its row holds.
+        round.staged = vec![(0, 7)];
+        assert_eq!(
+            op_bytes(&WriteOp::Commit(round)),
+            "#parts:7:1000".len() + 10
+        );
         assert_eq!(
             op_bytes(&checkpoint(None, 1, "d")),
             r#"{"through":1,"by":"d"}"#.len()

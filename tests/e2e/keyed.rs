@@ -308,6 +308,21 @@ async fn a_reset_clears_the_bucket_and_the_new_lifetime_starts_empty() {
     );
 }
 
+/// Deploys `bytes` as the ledger with `?refold=true` and waits (up to a
+/// minute) until the instance switched to it.
+async fn refold(s: &Server, bytes: Vec<u8>) {
+    let (status, out) = s
+        .deploy_with_query("acme", "ledger", bytes, "refold=true")
+        .await;
+    assert!(status == 200 || status == 201, "{out}");
+    let digest = out["digest"].as_str().unwrap().to_string();
+    wait_for("the refold's switch", Duration::from_secs(60), async || {
+        let (_, p) = s.get(&format!("{S}:processors/ledger")).await;
+        p["digest"] == digest.as_str()
+    })
+    .await;
+}
+
 /// The same component with one more custom section: a new digest, the
 /// same code.
 fn another_version(bytes: Vec<u8>) -> Vec<u8> {
@@ -330,21 +345,7 @@ async fn a_refold_builds_a_new_bucket_and_switches_to_it_with_the_state() {
     };
     let old_bucket = bucket();
     let keys_before = all_keys(&s, "", 100).await;
-    let (status, out) = s
-        .deploy_with_query(
-            "acme",
-            "ledger",
-            another_version(guest("ledger")),
-            "refold=true",
-        )
-        .await;
-    assert!(status == 200 || status == 201, "{out}");
-    let new_digest = out["digest"].as_str().unwrap().to_string();
-    wait_for("the refold's switch", Duration::from_secs(30), async || {
-        let (_, p) = s.get(&format!("{S}:processors/ledger")).await;
-        p["digest"] == new_digest.as_str()
-    })
-    .await;
+    refold(&s, another_version(guest("ledger"))).await;
     assert_ne!(
         bucket(),
         old_bucket,
@@ -899,21 +900,7 @@ async fn a_shadow_a_refold_and_verify_keep_a_large_keyed_state_in_storage_not_in
     // (The memo as the guest stored it: JSON text.)
     assert!(key["value"] == json!(format!("\"{memo}\"")), "memo/a-3199");
 
-    let (status, out) = s
-        .deploy_with_query(
-            "acme",
-            "ledger",
-            crate::support::component_version(guest("ledger"), 3),
-            "refold=true",
-        )
-        .await;
-    assert!(status == 200 || status == 201, "{out}");
-    let digest = out["digest"].as_str().unwrap().to_string();
-    wait_for("the refold's switch", Duration::from_secs(60), async || {
-        let (_, p) = s.get(&format!("{S}:processors/ledger")).await;
-        p["digest"] == digest.as_str()
-    })
-    .await;
+    refold(&s, crate::support::component_version(guest("ledger"), 3)).await;
     assert_eq!(count("SELECT count(*) FROM scratch_buckets"), 0);
     assert_eq!(count("SELECT count(*) FROM processor_keys"), memos as i64);
     let peak_refold = s.peak_rss_bytes();
