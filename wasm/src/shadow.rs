@@ -136,10 +136,25 @@ impl Shadows {
         (project.to_string(), path.to_string(), component.to_string())
     }
 
-    /// Registers `instance` as the shadow folded for `key`, replacing any.
-    pub fn insert(&self, key: InstanceKey, instance: &Arc<Instance>) {
+    /// The shadow of `digest` folded for `key`: the one registered there
+    /// (a view through this host may have started it already), or a new
+    /// one gated at `gate` registered now, stopping one of another
+    /// version. The `bool` is whether the shadow is new.
+    pub fn register(
+        &self,
+        key: InstanceKey,
+        digest: &str,
+        gate: Option<u64>,
+    ) -> (Arc<Instance>, bool) {
         let mut registry = self.0.lock().expect("shadows");
-        registry.instances.insert(key, Arc::clone(instance));
+        match registry.instances.get(&key) {
+            Some(i) if i.digest == digest => return (Arc::clone(i), false),
+            Some(i) => i.stopped.store(true, Ordering::Relaxed),
+            None => {}
+        }
+        let instance = Instance::new(digest.to_string(), gate);
+        registry.instances.insert(key, Arc::clone(&instance));
+        (instance, true)
     }
 
     /// Records that an instance of the component was promoted already (on
@@ -743,6 +758,27 @@ mod tests {
             .filter_map(|(k, v)| Some((k.to_string(), (*v)?.as_bytes().to_vec())))
             .collect::<Vec<_>>()
             .into_iter()
+    }
+
+    /// A resume after a restart registers the shadow a view started
+    /// already, not a second fold of it (which would replace the first
+    /// fold's scratch bucket under it); another version replaces it.
+    #[test]
+    fn registering_a_shadow_keeps_the_one_of_its_version_and_stops_another() {
+        let shadows = Shadows::default();
+        let key = Shadows::key("acme", "/bank", "ledger");
+        let (viewed, new) = shadows
+            .adopt(key.clone(), "sha256:two", Some(("sha256:one", 3)))
+            .expect("a shadow of another version than the live one");
+        assert!(new);
+        let (resumed, new) = shadows.register(key.clone(), "sha256:two", Some(3));
+        assert!(!new);
+        assert!(Arc::ptr_eq(&viewed, &resumed));
+        assert!(!viewed.is_stopped());
+        let (replaced, new) = shadows.register(key, "sha256:three", Some(3));
+        assert!(new);
+        assert!(viewed.is_stopped());
+        assert!(!replaced.is_stopped());
     }
 
     #[test]

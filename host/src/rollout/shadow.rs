@@ -47,8 +47,11 @@ fn next_step_after(failures: u32) -> Duration {
 }
 
 /// Starts a shadow of `digest` for every instance of `component` in
-/// `project` (recorded by its deploy), replacing any this host folds;
-/// answers the source paths shadowed.
+/// `project` (recorded by its deploy); answers the source paths shadowed.
+/// A shadow of another version this host folds stops (a deploy stops the
+/// component's shadows first); one of `digest` goes on (after a restart, a
+/// view of the shadow may have started it before this resumes it: folding
+/// it twice would replace the first fold's keyed state under it).
 pub async fn start(
     streams: &Streams,
     project: &str,
@@ -57,7 +60,6 @@ pub async fn start(
     timeout_ms: u64,
 ) -> anyhow::Result<Vec<String>> {
     let shadows = streams.executors().shadows.clone();
-    shadows.stop_component(project, component);
     let storage = streams.storage().clone();
     let (p, c) = (project.to_string(), component.to_string());
     let paths = tokio::task::spawn_blocking(move || storage.processor_instances(&p, &c)).await??;
@@ -74,13 +76,15 @@ pub async fn start(
             promoted = true;
             continue;
         }
-        let instance = Instance::new(digest.to_string(), live.map(|l| l.checkpoint_offset));
-        shadows.insert(Shadows::key(project, &path, component), &instance);
-        let address = StreamAddress::new(Namespace::Project(project.to_string()), &path)?;
-        let (streams, component) = (streams.clone(), component.to_string());
-        tokio::spawn(
-            async move { follow(streams, address, component, instance, timeout_ms).await },
-        );
+        let key = Shadows::key(project, &path, component);
+        let (instance, new) = shadows.register(key, digest, live.map(|l| l.checkpoint_offset));
+        if new {
+            let address = StreamAddress::new(Namespace::Project(project.to_string()), &path)?;
+            let (streams, component) = (streams.clone(), component.to_string());
+            tokio::spawn(
+                async move { follow(streams, address, component, instance, timeout_ms).await },
+            );
+        }
         shadowing.push(path);
     }
     if shadowing.is_empty() {
