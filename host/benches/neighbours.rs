@@ -2,7 +2,9 @@
 //!
 //! How much one project's large appends slow another project's small ones.
 //! The host runs in-process on a temp SQLite database (`durability =
-//! full`) on a loopback port. A quiet project appends one small event every
+//! full`) on a loopback port; each project's clients run on a runtime of
+//! their own (as other processes would: a client's work never waits on
+//! the host's workers). A quiet project appends one small event every
 //! 10 ms and times each append, in three phases of `--seconds`: alone,
 //! beside a loud project whose `--writers` clients append `--events` events
 //! of `--event-bytes` each in a loop (one append after another, each to a
@@ -59,7 +61,46 @@ struct Run {
     loud_mb_s: f64,
 }
 
-async fn run_once(seconds: f64, writers: usize, events: usize, event_bytes: usize) -> Run {
+/// The clients' own runtimes (as other processes would be): a client's
+/// work never waits on the host's workers, nor the host's on a client's.
+struct Clients {
+    quiet: tokio::runtime::Runtime,
+    loud: tokio::runtime::Runtime,
+}
+
+impl Clients {
+    fn new() -> Clients {
+        let runtime = |name: &str, threads: usize| {
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(threads)
+                .thread_name(name)
+                .enable_all()
+                .build()
+                .unwrap()
+        };
+        Clients {
+            quiet: runtime("quiet-client", 1),
+            loud: runtime("loud-client", 2),
+        }
+    }
+
+    /// The quiet project's appends for `seconds`, on its client's runtime.
+    async fn quiet(&self, url: &str, seconds: f64) -> Vec<f64> {
+        let url = url.to_string();
+        self.quiet
+            .spawn(async move { quiet(&reqwest::Client::new(), &url, seconds).await })
+            .await
+            .unwrap()
+    }
+}
+
+async fn run_once(
+    clients: &Clients,
+    seconds: f64,
+    writers: usize,
+    events: usize,
+    event_bytes: usize,
+) -> Run {
     let dir = tempfile::tempdir().expect("temp dir");
     let config = Config {
         data_dir: dir.path().to_path_buf(),
@@ -72,23 +113,25 @@ async fn run_once(seconds: f64, writers: usize, events: usize, event_bytes: usiz
     let server = tokio::spawn(host.serve(listener, async {
         let _ = stop_rx.await;
     }));
-    let client = reqwest::Client::new();
     // Warm: the canary stream exists and its first appends are done.
-    quiet(&client, &url, 0.3).await;
+    clients.quiet(&url, 0.3).await;
 
     let figures = |l: Vec<f64>| (percentile(l.clone(), 0.5), percentile(l, 0.99));
-    let before = figures(quiet(&client, &url, seconds).await);
+    let before = figures(clients.quiet(&url, seconds).await);
 
     let stop = Arc::new(AtomicBool::new(false));
     let written = Arc::new(AtomicU64::new(0));
     let first_written = Arc::new(tokio::sync::Notify::new());
     let pad = "x".repeat(event_bytes.saturating_sub(64));
-    let body = serde_json::to_vec(&json!({
-        "events": (0..events)
-            .map(|i| json!({"type": "bench.example/large", "payload": {"i": i, "pad": pad}}))
-            .collect::<Vec<_>>()
-    }))
-    .unwrap();
+    let body = bytes::Bytes::from(
+        serde_json::to_vec(&json!({
+            "events": (0..events)
+                .map(|i| json!({"type": "bench.example/large", "payload": {"i": i, "pad": pad}}))
+                .collect::<Vec<_>>()
+        }))
+        .unwrap(),
+    );
+    let client = reqwest::Client::new();
     let mut loud = Vec::new();
     for w in 0..writers {
         let (client, url, stop, written, first_written, body) = (
@@ -99,7 +142,7 @@ async fn run_once(seconds: f64, writers: usize, events: usize, event_bytes: usiz
             first_written.clone(),
             body.clone(),
         );
-        loud.push(tokio::spawn(async move {
+        loud.push(clients.loud.spawn(async move {
             while !stop.load(Ordering::Relaxed) {
                 let r = client
                     .post(format!("{url}/v1/projects/loud/streams/l{w}:append"))
@@ -120,14 +163,14 @@ async fn run_once(seconds: f64, writers: usize, events: usize, event_bytes: usiz
         .await
         .expect("the loud project wrote nothing in a minute");
     let (start, at_start) = (Instant::now(), written.load(Ordering::Relaxed));
-    let during = figures(quiet(&client, &url, seconds).await);
+    let during = figures(clients.quiet(&url, seconds).await);
     let loud_mb_s =
         (written.load(Ordering::Relaxed) - at_start) as f64 / start.elapsed().as_secs_f64() / 1e6;
     stop.store(true, Ordering::Relaxed);
     for t in loud {
         t.await.unwrap();
     }
-    let after = figures(quiet(&client, &url, seconds).await);
+    let after = figures(clients.quiet(&url, seconds).await);
     let _ = stop_tx.send(());
     let _ = server.await;
     Run {
@@ -146,10 +189,11 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
+    let clients = Clients::new();
     let mut all = Vec::new();
     for run in 0..runs {
         eprintln!("run {} of {runs} ...", run + 1);
-        all.push(rt.block_on(run_once(seconds, writers, events, event_bytes)));
+        all.push(rt.block_on(run_once(&clients, seconds, writers, events, event_bytes)));
     }
     let at = |phase: usize, p99: bool| {
         median(

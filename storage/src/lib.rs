@@ -8,6 +8,7 @@
 //! that holds it has committed (and, with `durability = "full"`, been fsync'd).
 
 mod backup;
+mod checkpointer;
 mod effects;
 pub mod faults;
 mod hot;

@@ -550,9 +550,18 @@ struct Shared {
     unable_set: std::sync::atomic::AtomicBool,
     /// SQLite: the data dir, whose room is looked at when a commit fails.
     dir: Option<std::path::PathBuf>,
+    /// SQLite: copies the WAL into the database file beside the writer.
+    checkpointer: Option<super::checkpointer::Checkpointer>,
 }
 
 impl Shared {
+    /// A transaction committed (the checkpointer wakes).
+    fn wrote(&self) {
+        if let Some(c) = &self.checkpointer {
+            c.wrote();
+        }
+    }
+
     fn set_unable(&self, why: Option<String>) {
         use std::sync::atomic::Ordering;
         // A commit that succeeds while all is well (the usual case) takes
@@ -582,6 +591,27 @@ impl Drop for WriterExit {
     }
 }
 
+/// Starts the checkpointer of the writer's database (at `path`) and leaves
+/// the writer's own checkpoints as a backstop.
+fn checkpoint_beside(
+    conn: &rusqlite::Connection,
+    path: &std::path::Path,
+) -> Result<super::checkpointer::Checkpointer> {
+    let synchronous: i64 = conn.pragma_query_value(None, "synchronous", |r| r.get(0))?;
+    conn.pragma_update(
+        None,
+        "wal_autocheckpoint",
+        super::checkpointer::WRITER_CHECKPOINT_PAGES,
+    )?;
+    // A WAL a burst grew is cut back to this when it starts over.
+    conn.pragma_update(
+        None,
+        "journal_size_limit",
+        super::checkpointer::WAL_KEPT_BYTES,
+    )?;
+    super::checkpointer::Checkpointer::start(path, &synchronous.to_string())
+}
+
 impl WriterHandle {
     pub(super) fn start(
         conn: WriteConn,
@@ -593,14 +623,22 @@ impl WriterHandle {
         if faults.active() {
             tracing::warn!(faults = ?faults, "storage faults are injected on purpose ({})", super::faults::ENV);
         }
-        let dir = match &conn {
-            WriteConn::Sqlite(c) => c
-                .path()
-                .and_then(|p| std::path::Path::new(p).parent().map(|d| d.to_path_buf())),
-            WriteConn::Postgres(..) => None,
+        let (dir, checkpointer) = match &conn {
+            WriteConn::Sqlite(c) => match c.path().filter(|p| !p.is_empty()) {
+                Some(path) => {
+                    let path = std::path::Path::new(path);
+                    (
+                        path.parent().map(|d| d.to_path_buf()),
+                        Some(checkpoint_beside(c, path)?),
+                    )
+                }
+                None => (None, None),
+            },
+            WriteConn::Postgres(..) => (None, None),
         };
         let shared = Arc::new(Shared {
             dir,
+            checkpointer,
             conn: std::sync::Mutex::new(conn),
             observe,
             hot,
@@ -784,6 +822,7 @@ fn write_next_part(shared: &Shared, conn: Db<'_>, job: &mut Job) -> Result<(), C
         return Err(full(CommitError::of_write(&e)));
     }
     finish_group(conn, &shared.faults).map_err(|e| full(CommitError::new(e)))?;
+    shared.wrote();
     body.2 += part.len();
     body.3 += 1;
     if body.2 == c.events[index].body.len() {
@@ -931,6 +970,7 @@ fn commit(shared: &Shared, conn: Db<'_>, ops: &mut [WriteOp]) -> Vec<Result<i64,
         .sum();
     (shared.observe)(elapsed, ops.len(), committed);
     if results.iter().any(Result::is_ok) {
+        shared.wrote();
         shared.set_unable(None);
     } else if let Some(Err(e)) = results
         .iter()
@@ -1094,20 +1134,42 @@ fn commit_group(conn: Db<'_>, ops: &[WriteOp], faults: &Faults) -> Vec<Result<i6
     let results = commit_group_of(conn, ops, faults);
     set(false);
     if results.iter().any(Result::is_ok) {
-        // Waiting for readers at most 100 ms: the writer holds everyone's
-        // next commit meanwhile.
-        for sql in [
-            "PRAGMA busy_timeout = 100",
-            "PRAGMA wal_checkpoint(TRUNCATE)",
-            "PRAGMA busy_timeout = 10000",
-        ] {
-            if let Err(e) = conn.query_opt(sql, args![], |r| r.int(0)) {
-                tracing::warn!(error = %format!("{e:#}"), sql, "checkpointing after a redaction");
-            }
-        }
+        truncate_wal(conn);
     }
     results
 }
+
+/// Checkpoints the whole WAL and truncates it (after a redaction), waiting
+/// for readers at most 100 ms (the writer holds everyone's next commit
+/// meanwhile) and for the checkpointer's run, which SQLite does not wait
+/// for (it answers busy at once), up to [`TRUNCATE_WAITS_MAX`].
+fn truncate_wal(conn: Db<'_>) {
+    let run = |sql: &str| conn.query_opt(sql, args![], |r| r.int(0));
+    if let Err(e) = run("PRAGMA busy_timeout = 100") {
+        tracing::warn!(error = %format!("{e:#}"), "checkpointing after a redaction");
+    }
+    let started = Instant::now();
+    loop {
+        match run("PRAGMA wal_checkpoint(TRUNCATE)") {
+            // (busy, WAL pages, pages copied): busy while another
+            // checkpoint runs or a reader holds an older snapshot.
+            Ok(Some(1)) if started.elapsed() < TRUNCATE_WAITS_MAX => {
+                std::thread::sleep(std::time::Duration::from_millis(5))
+            }
+            Ok(_) => break,
+            Err(e) => {
+                tracing::warn!(error = %format!("{e:#}"), "checkpointing after a redaction");
+                break;
+            }
+        }
+    }
+    if let Err(e) = run("PRAGMA busy_timeout = 10000") {
+        tracing::warn!(error = %format!("{e:#}"), "checkpointing after a redaction");
+    }
+}
+
+/// The longest a redaction's checkpoint retries while busy.
+const TRUNCATE_WAITS_MAX: std::time::Duration = std::time::Duration::from_millis(200);
 
 fn commit_group_of(
     conn: Db<'_>,
@@ -2400,6 +2462,47 @@ mod tests {
             stream_id: format!("{path}-1"),
             created_at: "t".into(),
         })
+    }
+
+    /// The WAL reaches the database file through the checkpointer, not
+    /// through the writer's own checkpoint (which waits until the WAL
+    /// holds `WRITER_CHECKPOINT_PAGES`): after 8 MB of commits the
+    /// database file holds them soon, while the writer has not
+    /// checkpointed.
+    #[test]
+    fn the_checkpointer_copies_the_wal_into_the_database_beside_the_writer() {
+        let (dir, storage) = sqlite();
+        let file = dir.path().join("streamhost.db");
+        let size = || std::fs::metadata(&file).unwrap().len();
+        let before = size();
+        let body = format!("{{\"pad\":\"{}\"}}", "x".repeat(200_000));
+        let mut head = None;
+        for offset in 1..=40u64 {
+            let stream = match head {
+                None => new_stream("/a"),
+                Some(row_id) => StreamRef::Existing {
+                    row_id,
+                    expected_head: offset - 1,
+                },
+            };
+            let row = storage
+                .commit_blocking(WriteOp::Commit(round(stream, &[(offset, &body)], offset)))
+                .unwrap();
+            head.get_or_insert(row);
+        }
+        assert!(
+            (40 * 200_000 / 4096) < crate::checkpointer::WRITER_CHECKPOINT_PAGES as usize,
+            "the writer would checkpoint these commits itself"
+        );
+        let deadline = Instant::now() + std::time::Duration::from_secs(30);
+        while size() < before + 8_000_000 {
+            assert!(
+                Instant::now() < deadline,
+                "the database file stayed at {} bytes after 8 MB of commits",
+                size()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
     }
 
     #[test]
