@@ -745,6 +745,12 @@ impl ActorCore {
             self.refuse(cmd, err);
             return;
         }
+        // Read after the validity: a renewal that found the leases lapsed
+        // counts the lapse before it makes them valid again, so a renewal
+        // that landed since `accept` looked is seen here.
+        if self.tenure.lapsed(self.env.lease_lapses()) {
+            self.reload.request();
+        }
         if self.reload.needed() {
             self.begin_load(AfterLoad::Serve(cmd));
         } else {
@@ -1180,7 +1186,11 @@ impl ActorCore {
                 // events. No fenced commit proves the state current, so
                 // with several hosts they are answered only while the
                 // lease is surely this host's (as reads are).
-                let stale = self.tenure.fenced() && !self.env.lease_valid();
+                // (The lapse count read after the validity: see `serving`.
+                // A renewal that found the leases lapsed after this round
+                // was planned makes its refusals stale too.)
+                let stale = self.tenure.fenced()
+                    && (!self.env.lease_valid() || self.tenure.lapsed(self.env.lease_lapses()));
                 let failed: Vec<_> = outcomes
                     .into_iter()
                     .filter_map(|(reply, outcome)| {

@@ -80,6 +80,11 @@ struct SimEnv {
     now_ms: AtomicI64,
     ids: AtomicU64,
     jitter: Mutex<Rng>,
+    /// The host's lease lapse count.
+    lapses: AtomicU64,
+    /// A renewal that found the leases lapsed lands as the next validity
+    /// check reads them (it counts the lapse, then makes them valid).
+    renewal_lands: std::sync::atomic::AtomicBool,
 }
 
 impl Environment for SimEnv {
@@ -92,11 +97,14 @@ impl Environment for SimEnv {
     }
 
     fn lease_valid(&self) -> bool {
+        if self.renewal_lands.swap(false, Ordering::SeqCst) {
+            self.lapses.fetch_add(1, Ordering::SeqCst);
+        }
         true
     }
 
     fn lease_lapses(&self) -> u64 {
-        0
+        self.lapses.load(Ordering::SeqCst)
     }
 
     fn new_id(&self) -> String {
@@ -392,6 +400,8 @@ impl World {
             now_ms: AtomicI64::new(1_800_000_000_000),
             ids: AtomicU64::new(0),
             jitter: Mutex::new(Rng::new(seed ^ 0xA5A5)),
+            lapses: AtomicU64::new(0),
+            renewal_lands: std::sync::atomic::AtomicBool::new(false),
         });
         let config = CoreConfig {
             metrics: crate::metrics::Metrics::new(),
@@ -1255,4 +1265,96 @@ fn an_actor_started_only_by_questions_for_its_predecessor_leaves_once_idle() {
     w.advance(60_001);
     w.command(0, Command::IdleCheck);
     assert!(w.nodes[0].core.releasable(), "idle and holding nothing");
+}
+
+/// Node 0's load answered with a fence (several hosts), as its log holds
+/// /a now, at the host's lapse count.
+fn load_fenced(w: &mut World, epoch: i64) {
+    assert!(matches!(w.nodes[0].io, Some(Io::Load)), "a load asked for");
+    w.nodes[0].io = None;
+    w.nodes[0].loads += 1;
+    let fence = crate::storage::Fence {
+        project: "sim".into(),
+        path: "/a".into(),
+        owner: "this".into(),
+        epoch,
+    };
+    let lapses = w.env.lease_lapses();
+    let stream = w.log.load(w.seed, "/a");
+    w.step(
+        0,
+        Input::Loaded(Box::new(LoadResult {
+            lapses,
+            result: Ok((Some(fence), stream)),
+        })),
+    );
+}
+
+#[test]
+fn a_renewal_that_finds_the_leases_lapsed_between_two_looks_leaves_nothing_answered_from_stale_state(
+) {
+    // Several hosts. This host's leases lapsed (a pause) and another host
+    // appended to /a meanwhile; this host's renewal lands just as the core
+    // looks at its lease: after it looked at the lapse count, before it
+    // looked at the validity. Neither a read nor a compare-and-append may
+    // be answered from the state of before the lapse.
+    let mut w = World::new(13);
+    w.failing = false;
+    w.append_json(0, json!({"events": [{"type": MATCHED}]}));
+    load_fenced(&mut w, 1);
+    w.complete_commit(0);
+    assert_eq!(w.answered, 1);
+    let head = |w: &World| w.log.row("/a").map(|r| r.events.len()).unwrap_or(0) as u64;
+    let before = head(&w);
+    // The other host's append, straight into the log.
+    let mut other = World::new(13);
+    other.failing = false;
+    other.log = std::mem::take(&mut w.log);
+    other.append_json(0, json!({"events": [{"type": MATCHED}]}));
+    other.answer_io(0);
+    other.complete_commit(0);
+    w.log = std::mem::take(&mut other.log);
+    assert_eq!(head(&w), before + 1);
+
+    // A read: served from the stream loaded again, not the stale state.
+    w.env.renewal_lands.store(true, Ordering::SeqCst);
+    let (reply, mut rx) = oneshot::channel();
+    w.command(0, Command::State { reply });
+    load_fenced(&mut w, 2);
+    let state = rx.try_recv().expect("answered").expect("the state");
+    assert_eq!(state.max_offset, before + 1, "the state after the lapse");
+
+    // A compare-and-append planned on the state before a lapse, the
+    // renewal landing as its refusal is answered: not `offset-conflict`
+    // against a stale head.
+    other.log = std::mem::take(&mut w.log);
+    other.append_json(0, json!({"events": [{"type": MATCHED}]}));
+    other.answer_io(0);
+    other.complete_commit(0);
+    w.log = std::mem::take(&mut other.log);
+    let now = head(&w);
+    w.env.renewal_lands.store(true, Ordering::SeqCst);
+    let (reply, mut rx) = oneshot::channel();
+    let input = serde_json::from_value(json!({"events": [{"type": MATCHED, "offset": now + 1}]}))
+        .expect("a valid append");
+    w.command(
+        0,
+        Command::Append {
+            input,
+            authority: Authority::Public,
+            reply,
+        },
+    );
+    match rx.try_recv() {
+        Ok(Err(e)) => assert_ne!(
+            e.code, "offset-conflict",
+            "a compare-and-append refused against the stale head: {}",
+            e.message
+        ),
+        Ok(Ok(out)) => panic!("appended on a stale head: {out:?}"),
+        Err(_) => assert!(
+            matches!(w.nodes[0].io, Some(Io::Load)),
+            "not answered, so it must be loading again"
+        ),
+    }
 }
