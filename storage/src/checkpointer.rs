@@ -45,6 +45,8 @@ struct Wake {
 /// stops it when dropped.
 pub(crate) struct Checkpointer {
     wake: Arc<(Mutex<Wake>, Condvar)>,
+    /// Held while a checkpoint runs.
+    running: Arc<Mutex<()>>,
 }
 
 impl Checkpointer {
@@ -56,12 +58,19 @@ impl Checkpointer {
             .with_context(|| format!("opening {} to checkpoint it", db_path.display()))?;
         conn.pragma_update(None, "synchronous", synchronous)?;
         let wake = Arc::new((Mutex::new(Wake::default()), Condvar::new()));
-        let theirs = wake.clone();
+        let running = Arc::new(Mutex::new(()));
+        let (theirs, runs) = (wake.clone(), running.clone());
         std::thread::Builder::new()
             .name("streamhost-checkpoint".into())
-            .spawn(move || run(&conn, &theirs))
+            .spawn(move || run(&conn, &theirs, &runs))
             .context("starting the checkpoint thread")?;
-        Ok(Checkpointer { wake })
+        Ok(Checkpointer { wake, running })
+    }
+
+    /// Waits for a checkpoint under way to end, and holds the next one off
+    /// while the guard lives (a redaction's truncating checkpoint).
+    pub(crate) fn hold(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.running.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// A commit wrote to the WAL.
@@ -83,7 +92,7 @@ impl Drop for Checkpointer {
     }
 }
 
-fn run(conn: &rusqlite::Connection, wake: &(Mutex<Wake>, Condvar)) {
+fn run(conn: &rusqlite::Connection, wake: &(Mutex<Wake>, Condvar), running: &Mutex<()>) {
     let (lock, cv) = wake;
     loop {
         {
@@ -98,7 +107,11 @@ fn run(conn: &rusqlite::Connection, wake: &(Mutex<Wake>, Condvar)) {
         }
         // A passive checkpoint copies what no reader still needs from the
         // WAL and waits for nobody.
-        if let Err(e) = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())) {
+        let checkpointed = {
+            let _running = running.lock().unwrap_or_else(|p| p.into_inner());
+            conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()))
+        };
+        if let Err(e) = checkpointed {
             tracing::warn!(error = %e, "checkpointing the WAL (the writer's own checkpoint remains)");
         }
         // Paced; a stop ends the wait.

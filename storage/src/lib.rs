@@ -333,6 +333,17 @@ impl Storage {
         };
         conn.pragma_update(None, "synchronous", sync)
             .context("setting synchronous")?;
+        // The checkpointer copies the WAL beside the writer; the writer's
+        // own checkpoint is its backstop, and a WAL a burst grew is cut
+        // back when it starts over.
+        conn.pragma_update(
+            None,
+            "wal_autocheckpoint",
+            checkpointer::WRITER_CHECKPOINT_PAGES,
+        )
+        .context("setting wal_autocheckpoint")?;
+        conn.pragma_update(None, "journal_size_limit", checkpointer::WAL_KEPT_BYTES)
+            .context("setting journal_size_limit")?;
         conn.busy_timeout(std::time::Duration::from_secs(10))?;
         conn.set_prepared_statement_cache_capacity(STATEMENTS_CACHED);
         schema::migrate(&conn)

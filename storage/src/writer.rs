@@ -591,24 +591,13 @@ impl Drop for WriterExit {
     }
 }
 
-/// Starts the checkpointer of the writer's database (at `path`) and leaves
-/// the writer's own checkpoints as a backstop.
+/// Starts the checkpointer of the writer's database (at `path`), with the
+/// writer's `synchronous`.
 fn checkpoint_beside(
     conn: &rusqlite::Connection,
     path: &std::path::Path,
 ) -> Result<super::checkpointer::Checkpointer> {
     let synchronous: i64 = conn.pragma_query_value(None, "synchronous", |r| r.get(0))?;
-    conn.pragma_update(
-        None,
-        "wal_autocheckpoint",
-        super::checkpointer::WRITER_CHECKPOINT_PAGES,
-    )?;
-    // A WAL a burst grew is cut back to this when it starts over.
-    conn.pragma_update(
-        None,
-        "journal_size_limit",
-        super::checkpointer::WAL_KEPT_BYTES,
-    )?;
     super::checkpointer::Checkpointer::start(path, &synchronous.to_string())
 }
 
@@ -947,7 +936,7 @@ fn commit(shared: &Shared, conn: Db<'_>, ops: &mut [WriteOp]) -> Vec<Result<i64,
     )
     .entered();
     let started = Instant::now();
-    let mut results = commit_group(conn, ops, &shared.faults);
+    let mut results = commit_group(shared, conn, ops);
     if results
         .iter()
         .any(|r| r.as_ref().is_err_and(|e| !e.rolled_back))
@@ -1106,7 +1095,8 @@ fn fail_all(ops: &[WriteOp], e: &dyn fmt::Display) -> Vec<Result<i64, CommitErro
         .collect()
 }
 
-fn commit_group(conn: Db<'_>, ops: &[WriteOp], faults: &Faults) -> Vec<Result<i64, CommitError>> {
+fn commit_group(shared: &Shared, conn: Db<'_>, ops: &[WriteOp]) -> Vec<Result<i64, CommitError>> {
+    let faults = &shared.faults;
     let redacting = conn.dialect() == Dialect::Sqlite
         && ops
             .iter()
@@ -1134,42 +1124,28 @@ fn commit_group(conn: Db<'_>, ops: &[WriteOp], faults: &Faults) -> Vec<Result<i6
     let results = commit_group_of(conn, ops, faults);
     set(false);
     if results.iter().any(Result::is_ok) {
+        // The checkpointer's run (SQLite answers busy at once, without
+        // waiting, to a second checkpointer) ends first.
+        let _held = shared.checkpointer.as_ref().map(|c| c.hold());
         truncate_wal(conn);
     }
     results
 }
 
 /// Checkpoints the whole WAL and truncates it (after a redaction), waiting
-/// for readers at most 100 ms (the writer holds everyone's next commit
-/// meanwhile) and for the checkpointer's run, which SQLite does not wait
-/// for (it answers busy at once), up to [`TRUNCATE_WAITS_MAX`].
+/// for readers at most 100 ms: the writer holds everyone's next commit
+/// meanwhile.
 fn truncate_wal(conn: Db<'_>) {
-    let run = |sql: &str| conn.query_opt(sql, args![], |r| r.int(0));
-    if let Err(e) = run("PRAGMA busy_timeout = 100") {
-        tracing::warn!(error = %format!("{e:#}"), "checkpointing after a redaction");
-    }
-    let started = Instant::now();
-    loop {
-        match run("PRAGMA wal_checkpoint(TRUNCATE)") {
-            // (busy, WAL pages, pages copied): busy while another
-            // checkpoint runs or a reader holds an older snapshot.
-            Ok(Some(1)) if started.elapsed() < TRUNCATE_WAITS_MAX => {
-                std::thread::sleep(std::time::Duration::from_millis(5))
-            }
-            Ok(_) => break,
-            Err(e) => {
-                tracing::warn!(error = %format!("{e:#}"), "checkpointing after a redaction");
-                break;
-            }
+    for sql in [
+        "PRAGMA busy_timeout = 100",
+        "PRAGMA wal_checkpoint(TRUNCATE)",
+        "PRAGMA busy_timeout = 10000",
+    ] {
+        if let Err(e) = conn.query_opt(sql, args![], |r| r.int(0)) {
+            tracing::warn!(error = %format!("{e:#}"), sql, "checkpointing after a redaction");
         }
     }
-    if let Err(e) = run("PRAGMA busy_timeout = 10000") {
-        tracing::warn!(error = %format!("{e:#}"), "checkpointing after a redaction");
-    }
 }
-
-/// The longest a redaction's checkpoint retries while busy.
-const TRUNCATE_WAITS_MAX: std::time::Duration = std::time::Duration::from_millis(200);
 
 fn commit_group_of(
     conn: Db<'_>,
@@ -2501,7 +2477,7 @@ mod tests {
                 "the database file stayed at {} bytes after 8 MB of commits",
                 size()
             );
-            std::thread::sleep(std::time::Duration::from_millis(10));
+            std::thread::yield_now();
         }
     }
 

@@ -57,6 +57,28 @@ struct Registry {
     components: HashMap<(String, String), bool>,
 }
 
+impl Registry {
+    /// The shadow of `digest` registered for `key`; one of another version
+    /// registered there stops.
+    fn folding(&self, key: &InstanceKey, digest: &str) -> Option<Arc<Instance>> {
+        match self.instances.get(key) {
+            Some(i) if i.digest == digest => Some(Arc::clone(i)),
+            Some(i) => {
+                i.stopped.store(true, Ordering::Relaxed);
+                None
+            }
+            None => None,
+        }
+    }
+
+    /// Registers a new shadow of `digest` for `key`, gated at `gate`.
+    fn start(&mut self, key: InstanceKey, digest: &str, gate: Option<u64>) -> Arc<Instance> {
+        let instance = Instance::new(digest.to_string(), gate);
+        self.instances.insert(key, Arc::clone(&instance));
+        instance
+    }
+}
+
 /// One instance's shadow.
 pub struct Instance {
     /// The shadow's version.
@@ -147,14 +169,10 @@ impl Shadows {
         gate: Option<u64>,
     ) -> (Arc<Instance>, bool) {
         let mut registry = self.0.lock().expect("shadows");
-        match registry.instances.get(&key) {
-            Some(i) if i.digest == digest => return (Arc::clone(i), false),
-            Some(i) => i.stopped.store(true, Ordering::Relaxed),
-            None => {}
+        match registry.folding(&key, digest) {
+            Some(instance) => (instance, false),
+            None => (registry.start(key, digest, gate), true),
         }
-        let instance = Instance::new(digest.to_string(), gate);
-        registry.instances.insert(key, Arc::clone(&instance));
-        (instance, true)
     }
 
     /// Records that an instance of the component was promoted already (on
@@ -178,11 +196,9 @@ impl Shadows {
         live: Option<(&str, u64)>,
     ) -> Option<(Arc<Instance>, bool)> {
         let mut registry = self.0.lock().expect("shadows");
-        match registry.instances.get(&key) {
-            Some(i) if i.digest == digest => return Some((Arc::clone(i), false)),
-            // A shadow of a version since replaced (through another host).
-            Some(i) => i.stopped.store(true, Ordering::Relaxed),
-            None => {}
+        // (One of a version since replaced, through another host, stops.)
+        if let Some(instance) = registry.folding(&key, digest) {
+            return Some((instance, false));
         }
         let (_, gate) = live.filter(|(live, _)| *live != digest)?;
         if registry
@@ -191,9 +207,7 @@ impl Shadows {
         {
             return None;
         }
-        let instance = Instance::new(digest.to_string(), Some(gate));
-        registry.instances.insert(key, Arc::clone(&instance));
-        Some((instance, true))
+        Some((registry.start(key, digest, Some(gate)), true))
     }
 
     /// Stops and forgets every shadow of `component` (a deploy replaces

@@ -1306,14 +1306,17 @@ fn a_renewal_that_finds_the_leases_lapsed_between_two_looks_leaves_nothing_answe
     assert_eq!(w.answered, 1);
     let head = |w: &World| w.log.row("/a").map(|r| r.events.len()).unwrap_or(0) as u64;
     let before = head(&w);
-    // The other host's append, straight into the log.
     let mut other = World::new(13);
     other.failing = false;
-    other.log = std::mem::take(&mut w.log);
-    other.append_json(0, json!({"events": [{"type": MATCHED}]}));
-    other.answer_io(0);
-    other.complete_commit(0);
-    w.log = std::mem::take(&mut other.log);
+    // The other host's append, straight into the shared log.
+    let other_appends = |w: &mut World, other: &mut World| {
+        other.log = std::mem::take(&mut w.log);
+        other.append_json(0, json!({"events": [{"type": MATCHED}]}));
+        other.answer_io(0);
+        other.complete_commit(0);
+        w.log = std::mem::take(&mut other.log);
+    };
+    other_appends(&mut w, &mut other);
     assert_eq!(head(&w), before + 1);
 
     // A read: served from the stream loaded again, not the stale state.
@@ -1327,11 +1330,7 @@ fn a_renewal_that_finds_the_leases_lapsed_between_two_looks_leaves_nothing_answe
     // A compare-and-append planned on the state before a lapse, the
     // renewal landing as its refusal is answered: not `offset-conflict`
     // against a stale head.
-    other.log = std::mem::take(&mut w.log);
-    other.append_json(0, json!({"events": [{"type": MATCHED}]}));
-    other.answer_io(0);
-    other.complete_commit(0);
-    w.log = std::mem::take(&mut other.log);
+    other_appends(&mut w, &mut other);
     let now = head(&w);
     w.env.renewal_lands.store(true, Ordering::SeqCst);
     let (reply, mut rx) = oneshot::channel();
