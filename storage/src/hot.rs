@@ -334,7 +334,7 @@ impl State {
         }
     }
 
-    fn append(&mut self, row_id: i64, events: impl Iterator<Item = (u64, String)>) {
+    fn append(&mut self, row_id: i64, events: impl Iterator<Item = (u64, Arc<String>)>) {
         self.tick += 1;
         let tick = self.tick;
         let Some(tail) = self.tails.get_mut(&row_id) else {
@@ -355,7 +355,7 @@ impl State {
                 return;
             }
             added += body.len();
-            tail.events.push_back((offset, Arc::new(body)));
+            tail.events.push_back((offset, body));
         }
         tail.bytes += added;
         self.tail_bytes += added;
@@ -439,7 +439,7 @@ mod tests {
                     offset: o,
                     event_type: "t".into(),
                     idempotency_key: None,
-                    body: format!("{{\"offset\":{o}}}"),
+                    body: Arc::new(format!("{{\"offset\":{o}}}")),
                 })
                 .collect(),
             head_offset: *offsets.end(),

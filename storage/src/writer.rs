@@ -42,7 +42,9 @@ pub struct StoredEvent {
     pub offset: u64,
     pub event_type: String,
     pub idempotency_key: Option<String>,
-    pub body: String,
+    /// The event as the API serves it (JSON text), shared: the commit, the
+    /// hot tail and the append's answer hold the same text.
+    pub body: Arc<String>,
 }
 
 impl StoredEvent {
@@ -1299,7 +1301,7 @@ fn redact(conn: Db<'_>, row_id: i64, r: &StoredEvent) -> Result<()> {
         .with_context(|| format!("redacting offset {}: no stored event there", r.offset))?;
     conn.execute(
         "UPDATE events SET body = ?3 WHERE stream = ?1 AND \"offset\" = ?2",
-        args![row_id, r.offset as i64, &r.body],
+        args![row_id, r.offset as i64, &*r.body],
     )?;
     if super::parts::parse_ref(&old).is_some() {
         // Its parts go with what they held (zeroed, as the row's old text).
@@ -1379,7 +1381,7 @@ impl<'a> RoundArrays<'a> {
                 .iter()
                 .map(|e| e.idempotency_key.as_deref())
                 .collect(),
-            bodies: c.events.iter().map(|e| Some(&*e.body)).collect(),
+            bodies: c.events.iter().map(|e| Some(e.body.as_str())).collect(),
             cursor_keys: cursors.iter().map(|c| Some(&*c.subscription_key)).collect(),
             generations: cursors.iter().map(|c| Some(c.generation as i64)).collect(),
             acknowledged: cursors
@@ -2415,7 +2417,7 @@ mod tests {
                     offset: *offset,
                     event_type: "t".into(),
                     idempotency_key: None,
-                    body: body.to_string(),
+                    body: Arc::new(body.to_string()),
                 })
                 .collect(),
             head_offset: head,

@@ -12,7 +12,7 @@ fn event(offset: u64, key: &str) -> StoredEvent {
         offset,
         event_type: "x.y/e".into(),
         idempotency_key: Some(key.into()),
-        body: format!(r#"{{"offset":{offset},"type":"x.y/e","idempotencyKey":"{key}"}}"#),
+        body: format!(r#"{{"offset":{offset},"type":"x.y/e","idempotencyKey":"{key}"}}"#).into(),
     }
 }
 

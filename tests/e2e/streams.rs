@@ -323,6 +323,12 @@ async fn ephemeral_events_take_offsets_but_stay_out_of_reads_and_are_never_reuse
     let (_, page) = s.get(&format!("{S}:events?includeEphemeral=true")).await;
     assert_eq!(offsets(&page), vec![1, 2, 3, 4]);
     assert_eq!(page["events"][2]["type"], "x.y/typing");
+    // The append answered each event as reads serve it (the stored ones
+    // from the text it stored, the ephemeral one serialized).
+    assert_eq!(
+        body["events"].as_array().unwrap()[..],
+        page["events"].as_array().unwrap()[1..]
+    );
 
     // An ephemeral event at the head: its offset is not reused after a crash.
     let (_, body) = s

@@ -1199,7 +1199,7 @@ impl ActorCore {
                             false => outcome,
                         };
                         let state = self.stream.as_ref().map(|s| &s.state);
-                        self.answer(reply, outcome, state)
+                        self.answer(reply, outcome, state, &[])
                     })
                     .collect();
                 for run in &failed {
@@ -1212,7 +1212,7 @@ impl ActorCore {
             offset: e.offset,
             event_type: e.event_type.clone(),
             idempotency_key: e.idempotency_key.clone(),
-            body: serde_json::to_string(e).expect("events serialize"),
+            body: Arc::new(serde_json::to_string(e).expect("events serialize")),
         };
         let durable: Vec<StoredEvent> = new_events
             .iter()
@@ -1355,7 +1355,7 @@ impl ActorCore {
                     round.outcomes.into_iter().zip(round.requests).enumerate()
                 {
                     if i == refusal.request {
-                        failed.extend(self.answer(answer, Err(refusal.error.clone()), None));
+                        failed.extend(self.answer(answer, Err(refusal.error.clone()), None, &[]));
                     } else {
                         rest.push(request.into_pending(answer));
                     }
@@ -1394,7 +1394,8 @@ impl ActorCore {
         let (cursors, removed_cursors) = self.cursor_rows_for(&round.next_state);
         let commit = StreamCommit {
             stream: round.stream_ref.clone(),
-            events: std::mem::take(&mut round.durable),
+            // (The bodies are shared: the round keeps them for its answers.)
+            events: round.durable.clone(),
             head_offset: round.next_state.max_offset,
             state_json: round.next_state.serialized(),
             state_offset: round.state_offset,
@@ -1419,21 +1420,41 @@ impl ActorCore {
     /// Answers one planned request; returns the delivery run whose fact
     /// did not make it, if any.
     #[must_use]
+    /// `stored`: the round's events as it committed them (by offset), whose
+    /// text the answer copies rather than serializing each event again.
     fn answer(
         &self,
         answer: Answer,
         outcome: Result<AppendPlan, Error>,
         state: Option<&CoreState>,
+        stored: &[StoredEvent],
     ) -> Option<(String, u64)> {
         match answer {
             Answer::Append(reply, run) => {
                 let result = outcome.and_then(|plan| {
                     let state = state
                         .ok_or_else(|| Error::internal("a planned append without a stream"))?;
+                    let rendered = match stored.is_empty() {
+                        true => Vec::new(),
+                        false => plan
+                            .events
+                            .iter()
+                            .map(|e| {
+                                // (An ephemeral event shares the offset of
+                                // the stored one before it.)
+                                let at = stored.binary_search_by_key(&e.offset, |s| s.offset);
+                                at.ok()
+                                    .map(|i| &stored[i])
+                                    .filter(|s| !e.ephemeral && s.event_type == e.event_type)
+                                    .map(|s| Arc::clone(&s.body))
+                            })
+                            .collect(),
+                    };
                     Ok(AppendOutput {
                         stream_id: state.stream_id.clone(),
                         stream_created_at: state.created_at.clone(),
                         events: plan.events,
+                        rendered,
                     })
                 });
                 self.config.metrics.append_answered(match &result {
@@ -1527,15 +1548,19 @@ impl ActorCore {
                     if let Some(state) = &state {
                         self.repair_deliveries(state, &cursors, &HashMap::new());
                     }
-                    let committed: Vec<Event> = round
-                        .outcomes
-                        .iter()
-                        .filter_map(|(_, o)| o.as_ref().ok())
-                        .flat_map(|p| p.new_events.iter().cloned())
-                        .collect();
-                    self.fan_out(&committed);
+                    // (Copied only for live connections: a 7 MB event's
+                    // copy is not free.)
+                    if !self.connections.is_empty() {
+                        let committed: Vec<Event> = round
+                            .outcomes
+                            .iter()
+                            .filter_map(|(_, o)| o.as_ref().ok())
+                            .flat_map(|p| p.new_events.iter().cloned())
+                            .collect();
+                        self.fan_out(&committed);
+                    }
                     for (answer, outcome) in round.outcomes {
-                        failed.extend(self.answer(answer, outcome, state.as_ref()));
+                        failed.extend(self.answer(answer, outcome, state.as_ref(), &round.durable));
                     }
                 }
                 Err(e) if e.duplicate_key() && !round.keys_read => {
@@ -1566,7 +1591,7 @@ impl ActorCore {
                         Error::internal(format!("commit failed: {e}"))
                     };
                     for (answer, _) in round.outcomes {
-                        failed.extend(self.answer(answer, Err(err.clone()), None));
+                        failed.extend(self.answer(answer, Err(err.clone()), None, &[]));
                     }
                 }
             },

@@ -672,6 +672,13 @@ const PARSE_HERE_BYTES: usize = 256 * 1024;
 fn render(answer: StreamAnswer) -> Response {
     match answer {
         StreamAnswer::Live(live) => connections::sse(live),
+        // The events' text as stored, copied rather than serialized again.
+        StreamAnswer::Appended { output, warnings } => (
+            StatusCode::OK,
+            [(header::CONTENT_TYPE, "application/json")],
+            output.to_json(&warnings),
+        )
+            .into_response(),
         answer => ok_json(&answer),
     }
 }
