@@ -1212,7 +1212,7 @@ impl ActorCore {
             offset: e.offset,
             event_type: e.event_type.clone(),
             idempotency_key: e.idempotency_key.clone(),
-            body: Arc::new(serde_json::to_string(e).expect("events serialize")),
+            body: Arc::new(stored_text(e)),
         };
         let durable: Vec<StoredEvent> = new_events
             .iter()
@@ -1749,6 +1749,20 @@ fn durable_bytes(input: &AppendInput) -> u64 {
                 + 96) as u64
         })
         .sum()
+}
+
+/// An event as it is stored and served (JSON text), written into a buffer
+/// sized from an estimate of its length: a large event's text is not
+/// copied again and again as its buffer doubles.
+fn stored_text(e: &Event) -> String {
+    let estimate = 256
+        + e.event_type.len()
+        + e.idempotency_key.as_deref().map_or(0, str::len)
+        + object_bytes(Some(&e.payload))
+        + object_bytes(e.metadata.as_ref());
+    let mut text = Vec::with_capacity(estimate);
+    serde_json::to_writer(&mut text, e).expect("events serialize");
+    String::from_utf8(text).expect("JSON text is UTF-8")
 }
 
 /// About the bytes of an object's members as JSON text (see [`json_bytes`]).
