@@ -15,7 +15,9 @@
 //!
 //! Options (after `--`): `--seconds S` per phase (default 4), `--runs N`
 //! (3), `--writers N` (4), `--events N` per append (7), `--event-bytes N`
-//! (1000000).
+//! (1000000). `STREAMHOST_BENCH_POSTGRES=postgres://…` (a server's URL
+//! with a database to connect to) runs it on a fresh PostgreSQL database
+//! instead of SQLite.
 
 mod common;
 use common::{arg, percentile};
@@ -102,10 +104,20 @@ async fn run_once(
     event_bytes: usize,
 ) -> Run {
     let dir = tempfile::tempdir().expect("temp dir");
-    let config = Config {
+    let mut config = Config {
         data_dir: dir.path().to_path_buf(),
         ..Config::default()
     };
+    if let Ok(base) = std::env::var("STREAMHOST_BENCH_POSTGRES") {
+        // (The client blocks: off the runtime.)
+        config.storage = Some(
+            std::thread::spawn(move || {
+                common::fresh_postgres(&base, "streamhost_bench_neighbours")
+            })
+            .join()
+            .unwrap(),
+        );
+    }
     let host = Host::open(config).expect("open host");
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
@@ -221,7 +233,11 @@ fn main() {
     };
     println!(
         "A quiet project's appends (one every 10 ms) beside a loud project: {writers} clients \
-         appending {events} events of {event_bytes} bytes each (medians of {runs})"
+         appending {events} events of {event_bytes} bytes each (medians of {runs}; {})",
+        match std::env::var_os("STREAMHOST_BENCH_POSTGRES") {
+            Some(_) => "PostgreSQL",
+            None => "SQLite",
+        }
     );
     println!("{:<36} {:>10} {:>10}", "phase", "p50 ms", "p99 ms");
     for (i, name) in ["alone", "beside the loud project", "alone again"]
