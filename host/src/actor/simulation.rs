@@ -499,7 +499,9 @@ impl World {
                             .iter()
                             .filter(|e| e.offset > page.query.after_offset && e.offset <= page.head)
                             .take(page.query.limit)
-                            .map(|e| serde_json::value::RawValue::from_string(String::clone(&e.body)))
+                            .map(|e| {
+                                serde_json::value::RawValue::from_string(String::clone(&e.body))
+                            })
                             .collect::<Result<Vec<_>, _>>()
                             .expect("stored events are JSON")
                     })
