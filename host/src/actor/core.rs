@@ -1418,10 +1418,10 @@ impl ActorCore {
     }
 
     /// Answers one planned request; returns the delivery run whose fact
-    /// did not make it, if any.
+    /// did not make it, if any. `stored`: the round's events as it
+    /// committed them (by offset), whose text the answer copies rather than
+    /// serializing each event again.
     #[must_use]
-    /// `stored`: the round's events as it committed them (by offset), whose
-    /// text the answer copies rather than serializing each event again.
     fn answer(
         &self,
         answer: Answer,
@@ -1440,8 +1440,9 @@ impl ActorCore {
                             .events
                             .iter()
                             .map(|e| {
-                                // (An ephemeral event shares the offset of
-                                // the stored one before it.)
+                                // Only this round's stored events have a
+                                // text here: an ephemeral one, or the
+                                // original a key replays, is serialized.
                                 let at = stored.binary_search_by_key(&e.offset, |s| s.offset);
                                 at.ok()
                                     .map(|i| &stored[i])
