@@ -96,8 +96,11 @@ impl Clients {
     }
 }
 
+/// `postgres`: a PostgreSQL server's URL to run on (a fresh database of
+/// it), else SQLite.
 async fn run_once(
     clients: &Clients,
+    postgres: Option<&str>,
     seconds: f64,
     writers: usize,
     events: usize,
@@ -108,7 +111,7 @@ async fn run_once(
         data_dir: dir.path().to_path_buf(),
         ..Config::default()
     };
-    if let Ok(base) = std::env::var("STREAMHOST_BENCH_POSTGRES") {
+    if let Some(base) = postgres.map(str::to_string) {
         // (The client blocks: off the runtime.)
         config.storage = Some(
             std::thread::spawn(move || {
@@ -201,11 +204,19 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
+    let postgres = std::env::var("STREAMHOST_BENCH_POSTGRES").ok();
     let clients = Clients::new();
     let mut all = Vec::new();
     for run in 0..runs {
         eprintln!("run {} of {runs} ...", run + 1);
-        all.push(rt.block_on(run_once(&clients, seconds, writers, events, event_bytes)));
+        all.push(rt.block_on(run_once(
+            &clients,
+            postgres.as_deref(),
+            seconds,
+            writers,
+            events,
+            event_bytes,
+        )));
     }
     let at = |phase: usize, p99: bool| {
         median(
@@ -234,7 +245,7 @@ fn main() {
     println!(
         "A quiet project's appends (one every 10 ms) beside a loud project: {writers} clients \
          appending {events} events of {event_bytes} bytes each (medians of {runs}; {})",
-        match std::env::var_os("STREAMHOST_BENCH_POSTGRES") {
+        match postgres {
             Some(_) => "PostgreSQL",
             None => "SQLite",
         }
