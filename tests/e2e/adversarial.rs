@@ -57,6 +57,32 @@ fn ratio_bound() -> f64 {
     }
 }
 
+/// Slack the normal suite allows above a quiet p99 of a few milliseconds,
+/// whatever the ratio: on this kind of machine (a virtual machine of two
+/// cores, a 4 ms scheduler tick) one wakeup in a thousand waits about a
+/// tick while the cores are busy, even behind `SCHED_IDLE` threads (a 1 ms
+/// sleep's p99.9 overshoot: 0.8 ms quiet, 5.0 ms beside eight spinning
+/// `SCHED_IDLE` threads), and an append and its read take about five
+/// wakeups. So the 10th-slowest of 1,000 operations can hold one or two
+/// ticks under any load: a quiet p99 of 1.7 ms measured 9.7 ms beside
+/// the spinning calls in one CI run and 4.8 ms in the next, ratios of 5.6
+/// and 2.9. The regressions the suite guards cost tens to hundreds of
+/// milliseconds. A release build at full scale (`STREAMHOST_BIN`) allows no
+/// slack.
+const TICK_SLACK: Duration = Duration::from_millis(15);
+
+/// The p99 allowed beside the probes when the quiet one is `quiet`:
+/// [`ratio_bound`] times it, and in the normal suite at least
+/// [`TICK_SLACK`] above it.
+fn p99_bound(quiet: Duration) -> Duration {
+    let ratio = quiet.mul_f64(ratio_bound());
+    if std::env::var_os("STREAMHOST_BIN").is_some() {
+        ratio
+    } else {
+        ratio.max(quiet + TICK_SLACK)
+    }
+}
+
 /// Windows timed under the probes (and as many quiet ones after them, plus
 /// the first): the medians of their p99s are compared. Five against a
 /// release build (the figure RELIABILITY.md records); three in the normal
@@ -588,9 +614,10 @@ async fn hostile_project_run() {
         "{live} live connections held past the bound of 100"
     );
     assert!(
-        b99 <= q99.mul_f64(ratio_bound()),
+        b99 <= p99_bound(q99),
         "the second project's median p99 went from {q99:?} to {b99:?} under the probes \
-         (bound: {}x)",
+         (bound: {:?}, {}x or {TICK_SLACK:?} more)",
+        p99_bound(q99),
         ratio_bound()
     );
     assert!(
@@ -706,9 +733,10 @@ async fn spinning_calls_run() {
         "a spinning call answered 200: {statuses:?}"
     );
     assert!(
-        b99 <= q99.mul_f64(ratio_bound()),
+        b99 <= p99_bound(q99),
         "the second project's median p99 went from {q99:?} to {b99:?} beside the spinning \
-         calls (bound: {}x)",
+         calls (bound: {:?}, {}x or {TICK_SLACK:?} more)",
+        p99_bound(q99),
         ratio_bound()
     );
 }
@@ -868,10 +896,12 @@ async fn a_slow_and_a_throttling_destination_leave_a_third_destinations_effects_
     // were held all along).
     assert!(slow_seen <= 8, "{slow_seen} POSTs to the slow destination");
     assert!(
-        ratio <= ratio_bound(),
-        "p99 {} ms under the flood against {} ms quiet ({ratio:.2}x > {}x)",
+        p99_during <= p99_bound(p99_before),
+        "p99 {} ms under the flood against {} ms quiet ({ratio:.2}x; bound {} ms: {}x or \
+         {TICK_SLACK:?} more)",
         ms(p99_during),
         ms(p99_before),
+        ms(p99_bound(p99_before)),
         ratio_bound()
     );
 }
