@@ -7,6 +7,12 @@
 //! normal. Each figure is the median of several runs, shown beside its ratio
 //! to the fsync rate measured in the same run, since machines are noisy.
 //!
+//! Batches with idempotency keys are also set against the storage limit:
+//! the same rows (the stored bodies, the keys) inserted into the same table
+//! and indexes by bare rusqlite, one thread, in transactions of as many
+//! events as the server's group commits held, with the same `synchronous`
+//! setting, measured in the same run.
+//!
 //! Options (after `--`): `--seconds S` per run (default 2), `--runs N` (3),
 //! `--separate-clients`: the clients run in a separate process (this binary
 //! again), so the server's cost is measured alone.
@@ -43,6 +49,8 @@ struct Scenario {
     /// 0: `GET /healthz` instead of an append (the HTTP floor).
     events_per_call: usize,
     streams: usize,
+    /// Every event carries an idempotency key of its own.
+    keys: bool,
 }
 
 /// What one run measured.
@@ -53,6 +61,9 @@ struct Run {
     events_per_commit: f64,
     /// Mean time of one group-commit transaction, in microseconds.
     commit_us: f64,
+    /// For a scenario with keys: the same rows inserted by bare rusqlite
+    /// at the same commit cadence, in events per second.
+    bare: Option<f64>,
 }
 
 const FLOOR: &[Scenario] = &[
@@ -61,12 +72,14 @@ const FLOOR: &[Scenario] = &[
         clients: 1,
         events_per_call: 0,
         streams: 1,
+        keys: false,
     },
     Scenario {
         name: "GET /healthz, 64 clients",
         clients: 64,
         events_per_call: 0,
         streams: 1,
+        keys: false,
     },
 ];
 
@@ -76,30 +89,49 @@ const SCENARIOS: &[Scenario] = &[
         clients: 1,
         events_per_call: 1,
         streams: 1,
+        keys: false,
     },
     Scenario {
         name: "single event, 64 clients, 1 stream",
         clients: 64,
         events_per_call: 1,
         streams: 1,
+        keys: false,
     },
     Scenario {
         name: "single event, 64 clients, 64 streams",
         clients: 64,
         events_per_call: 1,
         streams: 64,
+        keys: false,
     },
     Scenario {
         name: "batch of 100, 16 clients, 1 stream",
         clients: 16,
         events_per_call: 100,
         streams: 1,
+        keys: false,
     },
     Scenario {
         name: "batch of 100, 16 clients, 100 streams",
         clients: 16,
         events_per_call: 100,
         streams: 100,
+        keys: false,
+    },
+    Scenario {
+        name: "batch of 100 with keys, 16 clients, 1 stream",
+        clients: 16,
+        events_per_call: 100,
+        streams: 1,
+        keys: true,
+    },
+    Scenario {
+        name: "batch of 100 with keys, 16 clients, 100 streams",
+        clients: 16,
+        events_per_call: 100,
+        streams: 100,
+        keys: true,
     },
 ];
 
@@ -133,7 +165,7 @@ async fn run_once(scenario: Scenario, durability: Durability, seconds: f64) -> R
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(host.serve(listener, async {
+    let server = tokio::spawn(host.clone().serve(listener, async {
         let _ = stop_rx.await;
     }));
 
@@ -158,13 +190,97 @@ async fn run_once(scenario: Scenario, durability: Durability, seconds: f64) -> R
     } else {
         drive(&url, scenario, seconds).await
     };
+    let events_per_commit = histogram_mean(&metrics.render(), "streamhost_commit_group_events");
+    let commit_us = histogram_mean(&metrics.render(), "streamhost_commit_duration_seconds") * 1e6;
+    let bare = if scenario.keys {
+        // The stored text of the last event appended, as the rows' body.
+        let stream = host.stream("bench", "/s0").unwrap();
+        let head = host.state(&stream).await.unwrap().max_offset;
+        let page = host
+            .apply(
+                &stream,
+                streamhost::StreamRequest::Events(streamhost::ReadQuery {
+                    after_offset: head - 1,
+                    limit: 1,
+                    include_ephemeral: false,
+                }),
+            )
+            .await
+            .unwrap();
+        let streamhost::StreamAnswer::Events(page) = page else {
+            panic!("a page of events")
+        };
+        let body = page.events[0].get().to_string();
+        let db = dir.path().join("streamhost.db");
+        let per_commit = events_per_commit.round().max(1.0) as usize;
+        Some(
+            tokio::task::spawn_blocking(move || {
+                bare_sqlite(&db, durability, per_commit, &body, seconds)
+            })
+            .await
+            .unwrap(),
+        )
+    } else {
+        None
+    };
     let _ = stop_tx.send(());
     let _ = server.await;
     Run {
         rate,
-        events_per_commit: histogram_mean(&metrics.render(), "streamhost_commit_group_events"),
-        commit_us: histogram_mean(&metrics.render(), "streamhost_commit_duration_seconds") * 1e6,
+        events_per_commit,
+        commit_us,
+        bare,
     }
+}
+
+/// The storage limit of the keyed batches: rows like theirs (`body`, keys
+/// of the clients' shape) inserted into the server's own `events` table and indexes
+/// in `db` (the server, idle, still has it open), by one thread with a
+/// prepared statement, `per_commit` to a transaction, under the same
+/// `synchronous` setting, for `seconds`; rows per second. The rows go to a
+/// stream id no stream has, so they meet the indexes the server's rows are
+/// in without colliding with them.
+fn bare_sqlite(
+    db: &std::path::Path,
+    durability: Durability,
+    per_commit: usize,
+    body: &str,
+    seconds: f64,
+) -> f64 {
+    let conn = rusqlite::Connection::open(db).unwrap();
+    conn.pragma_update(None, "journal_mode", "WAL").unwrap();
+    let sync = match durability {
+        Durability::Full => "FULL",
+        Durability::Normal => "NORMAL",
+    };
+    conn.pragma_update(None, "synchronous", sync).unwrap();
+    conn.busy_timeout(Duration::from_secs(10)).unwrap();
+    let mut insert = conn
+        .prepare(
+            "INSERT INTO events (stream, offset, type, idempotency_key, body) \
+             VALUES (-1, ?1, 'bench.example/appended', ?2, ?3)",
+        )
+        .unwrap();
+    // The keys the clients send (`c{client}-{request}-{index}`), requests
+    // taken from the clients in turn, as a group commit holds them.
+    let key = |row: u64| {
+        let (request, i) = (row / 100, row % 100);
+        let (c, n) = (request % 16, request / 16 + 1);
+        format!("c{c}-{n}-{i}")
+    };
+    let mut rows = 0u64;
+    let start = Instant::now();
+    while start.elapsed().as_secs_f64() < seconds {
+        conn.execute_batch("BEGIN IMMEDIATE").unwrap();
+        for _ in 0..per_commit {
+            insert
+                .execute(rusqlite::params![rows + 1, key(rows), body])
+                .unwrap();
+            rows += 1;
+        }
+        conn.execute_batch("COMMIT").unwrap();
+    }
+    rows as f64 / start.elapsed().as_secs_f64()
 }
 
 /// Runs `scenario`'s clients against the server at `url`: 300 ms of
@@ -188,14 +304,26 @@ async fn drive(url: &str, scenario: Scenario, seconds: f64) -> f64 {
         );
         tasks.push(tokio::spawn(async move {
             let floor = scenario.events_per_call == 0;
-            let batch: Vec<_> = (0..scenario.events_per_call)
-                .map(|i| json!({"type": "bench.example/appended", "payload": {"client": c, "i": i, "pad": "0123456789abcdef"}}))
-                .collect();
-            let body = serde_json::to_vec(&json!({ "events": batch })).unwrap();
+            let body_of = |n: usize| {
+                let batch: Vec<_> = (0..scenario.events_per_call)
+                    .map(|i| {
+                        let mut e = json!({"type": "bench.example/appended", "payload": {"client": c, "i": i, "pad": "0123456789abcdef"}});
+                        if scenario.keys {
+                            e["idempotencyKey"] = json!(format!("c{c}-{n}-{i}"));
+                        }
+                        e
+                    })
+                    .collect();
+                bytes::Bytes::from(serde_json::to_vec(&json!({ "events": batch })).unwrap())
+            };
+            let mut body = body_of(0);
             let mut n = 0usize;
             while !stop.load(Ordering::Relaxed) {
                 let stream = (c + n * scenario.clients) % scenario.streams;
                 n += 1;
+                if scenario.keys {
+                    body = body_of(n);
+                }
                 let request = if floor {
                     client.get(format!("{url}/healthz"))
                 } else {
@@ -299,6 +427,7 @@ fn main() {
         );
     }
     let mut full = vec![None; SCENARIOS.len()];
+    let mut storage_limits = Vec::new();
     for durability in [Durability::Full, Durability::Normal] {
         let label = if durability == Durability::Full {
             "full"
@@ -316,6 +445,18 @@ fn main() {
             let rate = median(runs.iter().map(|r| r.rate).collect());
             let per_commit = median(runs.iter().map(|r| r.events_per_commit).collect());
             let commit_us = median(runs.iter().map(|r| r.commit_us).collect());
+            if let Some(bare) = runs.iter().map(|r| r.bare).collect::<Option<Vec<f64>>>() {
+                // Each run's ratio to its own storage limit, then their median.
+                let ratio = median(runs.iter().filter_map(|r| Some(r.rate / r.bare?)).collect());
+                storage_limits.push(format!(
+                    "{:<40} {:>8} {:>12.0} {:>12.0} {:>8.2}   (aim ≥ 0.8)",
+                    s.name,
+                    label,
+                    rate,
+                    median(bare),
+                    ratio
+                ));
+            }
             let vs_full = match (durability, full[i]) {
                 (Durability::Normal, Some(f)) => format!("  (normal/full {:.2})", rate / f),
                 (Durability::Normal, None) => String::new(),
@@ -333,6 +474,19 @@ fn main() {
                 per_commit,
                 commit_us
             );
+        }
+    }
+    if !storage_limits.is_empty() {
+        println!();
+        println!(
+            "the storage limit: the same rows by bare rusqlite, same commit cadence, same run"
+        );
+        println!(
+            "{:<40} {:>8} {:>12} {:>12} {:>8}",
+            "scenario", "durab.", "events/s", "bare rows/s", "÷ bare"
+        );
+        for line in storage_limits {
+            println!("{line}");
         }
     }
 }

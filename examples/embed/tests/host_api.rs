@@ -873,8 +873,16 @@ async fn two_hosts_in_one_process_keep_their_own_limits() {
 
     // [limits] max-read-bytes: a page holds at least one event, and no more
     // once it reached the bound.
-    assert_eq!(tight.events(&orders, 0, 100).await.unwrap().len(), 1);
-    assert_eq!(loose.events(&orders, 0, 100).await.unwrap().len(), 4);
+    let types = |events: Vec<streamhost::Event>| -> Vec<String> {
+        events
+            .into_iter()
+            .map(|e| format!("{} {}", e.offset, e.event_type))
+            .collect()
+    };
+    let page = types(tight.events(&orders, 0, 100).await.unwrap());
+    assert_eq!(page.len(), 1, "the tight host's page: {page:?}");
+    let page = types(loose.events(&orders, 0, 100).await.unwrap());
+    assert_eq!(page.len(), 4, "the loose host's page: {page:?}");
 
     // [limits] jsonata-max-bytes: a condition building 200,000 bytes.
     let building = streamhost::WaitFor::new(5_000)
