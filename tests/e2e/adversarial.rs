@@ -64,10 +64,10 @@ fn ratio_bound() -> f64 {
 /// sleep's p99.9 overshoot: 0.8 ms quiet, 5.0 ms beside eight spinning
 /// `SCHED_IDLE` threads), and an append and its read take about five
 /// wakeups. So the 10th-slowest of 1,000 operations can hold one or two
-/// ticks under any load: a quiet p99 of 1.7 ms measured 9.7 ms beside
-/// the spinning calls in one CI run and 4.8 ms in the next, ratios of 5.6
-/// and 2.9. The regressions the suite guards cost tens to hundreds of
-/// milliseconds. A release build at full scale (`STREAMHOST_BIN`) allows no
+/// ticks under any load: beside the spinning calls, quiet p99s of 1.6 and
+/// 1.7 ms measured 8.2 and 9.7 ms in two CI runs (ratios 5.1 and 5.6), and
+/// 4.8 to 7.1 ms on a machine of the same kind (ratios 2.1 to 4.1). The
+/// regressions the suite guards cost tens to hundreds of milliseconds. A release build at full scale (`STREAMHOST_BIN`) allows no
 /// slack.
 const TICK_SLACK: Duration = Duration::from_millis(15);
 
