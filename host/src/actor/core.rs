@@ -1434,23 +1434,20 @@ impl ActorCore {
                 let result = outcome.and_then(|plan| {
                     let state = state
                         .ok_or_else(|| Error::internal("a planned append without a stream"))?;
-                    let rendered = match stored.is_empty() {
-                        true => Vec::new(),
-                        false => plan
-                            .events
-                            .iter()
-                            .map(|e| {
-                                // Only this round's stored events have a
-                                // text here: an ephemeral one, or the
-                                // original a key replays, is serialized.
-                                let at = stored.binary_search_by_key(&e.offset, |s| s.offset);
-                                at.ok()
-                                    .map(|i| &stored[i])
-                                    .filter(|s| !e.ephemeral && s.event_type == e.event_type)
-                                    .map(|s| Arc::clone(&s.body))
-                            })
-                            .collect(),
-                    };
+                    // Only this round's stored events have a text here:
+                    // an ephemeral one, or the original a key replays, is
+                    // serialized.
+                    let rendered = plan
+                        .events
+                        .iter()
+                        .map(|e| {
+                            let at = stored.binary_search_by_key(&e.offset, |s| s.offset);
+                            at.ok()
+                                .map(|i| &stored[i])
+                                .filter(|s| !e.ephemeral && s.event_type == e.event_type)
+                                .map(|s| Arc::clone(&s.body))
+                        })
+                        .collect();
                     Ok(AppendOutput {
                         stream_id: state.stream_id.clone(),
                         stream_created_at: state.created_at.clone(),
