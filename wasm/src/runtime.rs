@@ -822,15 +822,16 @@ fn new_store(
     (store, stdout, stderr)
 }
 
-/// The call's deadline: `timeout_ms` from now. On a thread of the lowest
-/// priority (`SCHED_IDLE`: [`GuestThreads`]), `timeout_ms` of the CPU
-/// time the call gets: such a call waits while every core is busy, and
-/// that wait is not the guest's (a verify on a busy server would otherwise
-/// answer "timed out" for a guest that never ran); it still ends after
+/// The call's deadline: `timeout_ms` from now. On a thread of lowered
+/// priority (`SCHED_IDLE`: [`GuestThreads`]; a nice value of 10: the
+/// background compiler's first calls), `timeout_ms` of the CPU time the
+/// call gets: such a call waits while the cores are busy, and that wait
+/// is not the guest's (a verify on a busy server would otherwise answer
+/// "timed out" for a guest that never ran); it still ends after
 /// [`IDLE_WAIT_FACTOR`] times `timeout_ms` in all.
 fn set_deadline(store: &mut Store<GuestData>, timeout_ms: u64) {
     store.set_epoch_deadline(timeout_ms.div_ceil(EPOCH_TICK_MS).max(1));
-    if !IDLE_THREAD.with(std::cell::Cell::get) {
+    if !LOWERED_THREAD.with(std::cell::Cell::get) {
         store.epoch_deadline_trap();
         return;
     }
@@ -847,13 +848,15 @@ fn set_deadline(store: &mut Store<GuestData>, timeout_ms: u64) {
     });
 }
 
-/// A call on a lowest-priority thread ends after this many times its
+/// A call on a thread of lowered priority ends after this many times its
 /// timeout, however little CPU it got.
 const IDLE_WAIT_FACTOR: u64 = 10;
 
 thread_local! {
-    /// Whether this thread runs under `SCHED_IDLE` ([`idle_this_thread`]).
-    static IDLE_THREAD: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// Whether this thread runs below the normal priority
+    /// ([`idle_this_thread`], [`lower_this_threads_priority`]): its guest
+    /// calls' deadlines count the CPU time they get.
+    static LOWERED_THREAD: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
 /// The CPU time the calling thread has used, in milliseconds.
@@ -960,7 +963,9 @@ fn lower_this_threads_priority() {
     // SAFETY: setpriority on the calling thread's id; no memory is passed.
     unsafe {
         let tid = libc::gettid();
-        libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, 10);
+        if libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, 10) == 0 {
+            LOWERED_THREAD.with(|lowered| lowered.set(true));
+        }
     }
 }
 
@@ -975,7 +980,7 @@ fn idle_this_thread() {
     unsafe {
         let param = libc::sched_param { sched_priority: 0 };
         if libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) == 0 {
-            IDLE_THREAD.with(|idle| idle.set(true));
+            LOWERED_THREAD.with(|lowered| lowered.set(true));
         }
     }
 }
@@ -1356,28 +1361,30 @@ impl Runtime {
     /// The background compiler's turn for `digest`.
     fn compile_queued(&self, digest: &str, bytes: BytesOf) {
         let started = std::time::Instant::now();
-        match self.prepare_once(digest, bytes) {
-            Ok(p) => {
-                tracing::info!(
-                    %digest,
-                    ms = started.elapsed().as_millis() as u64,
-                    "component compiled"
-                );
-                // What its first wake asks before folding (a processor's
-                // announcement and initial state, each the same every
-                // time), then an instance for that fold (a large one
-                // faults its memory image in): the first wake after the
-                // deploy costs what a steady one does. A guest that fails
-                // or takes too long here meets its first wake as it is.
-                if p.processor.is_some() {
-                    let _ = self.describe(digest, &p, FIRST_CALLS_TIMEOUT_MS);
-                    let _ = self.initial_state(digest, &p, FIRST_CALLS_TIMEOUT_MS);
-                }
-                self.make_ahead(&p, true);
+        // What its first wake asks before folding (a processor's
+        // announcement and initial state, each the same every time), then
+        // an instance for that fold (a large one faults its memory image
+        // in): the first wake after the deploy costs what a steady one
+        // does. The compile counts as ended only after these calls, so a
+        // wake waiting for it finds their answers instead of racing them
+        // with its own deadline (which would then count the first
+        // instantiation). On this thread of lowered priority their
+        // deadlines count the CPU time they get. A guest that fails or
+        // takes too long here meets its first wake as it is.
+        let first_calls = |p: &Arc<Prepared>| {
+            tracing::info!(
+                %digest,
+                ms = started.elapsed().as_millis() as u64,
+                "component compiled"
+            );
+            if p.processor.is_some() {
+                let _ = self.describe(digest, p, FIRST_CALLS_TIMEOUT_MS);
+                let _ = self.initial_state(digest, p, FIRST_CALLS_TIMEOUT_MS);
             }
-            Err(e) => {
-                tracing::warn!(%digest, error = %format!("{e:#}"), "compiling the component failed")
-            }
+            self.make_ahead(p, true);
+        };
+        if let Err(e) = self.prepare_once_then(digest, bytes, first_calls) {
+            tracing::warn!(%digest, error = %format!("{e:#}"), "compiling the component failed")
         }
     }
 
@@ -1545,6 +1552,17 @@ impl Runtime {
         digest: &str,
         bytes: impl FnOnce() -> Result<Vec<u8>>,
     ) -> Result<Arc<Prepared>> {
+        self.prepare_once_then(digest, bytes, |_| {})
+    }
+
+    /// [`Runtime::prepare_once`], running `then` on the prepared
+    /// component before its compile counts as ended.
+    fn prepare_once_then(
+        &self,
+        digest: &str,
+        bytes: impl FnOnce() -> Result<Vec<u8>>,
+        then: impl FnOnce(&Arc<Prepared>),
+    ) -> Result<Arc<Prepared>> {
         let lock = self.compile_lock(digest);
         let guard = lock.lock().unwrap_or_else(|p| p.into_inner());
         let prepared = match self.in_memory(digest) {
@@ -1552,6 +1570,9 @@ impl Runtime {
             None => self.prepare_locked(digest, bytes),
         };
         drop(guard);
+        if let Ok(p) = &prepared {
+            then(p);
+        }
         self.compile_done(digest, &lock);
         prepared
     }
@@ -2432,6 +2453,50 @@ mod tests {
             waited > Duration::from_millis(1000),
             "it was not starved: {waited:?}"
         );
+    }
+
+    /// A wake waiting for a background compile finds the processor's
+    /// announcement and initial state answered (a wake that raced them
+    /// would pay for the component's first instantiation inside its own
+    /// deadline), and the compile thread's calls count the CPU they get.
+    #[test]
+    fn a_background_compile_ends_once_the_first_calls_of_a_wake_are_answered() {
+        let guests = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../examples/processors/target/wasm32-wasip2/release");
+        let Ok(bytes) = std::fs::read(guests.join("counter.wasm")) else {
+            eprintln!("the guests are not built: nothing to compile");
+            return;
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let runtime = Arc::new(Runtime::new(dir.path().into()).unwrap());
+        let d = digest(&bytes);
+        runtime.compile_in_background(&d, move || Ok(bytes));
+        assert!(runtime.is_compiling(&d));
+        // (What `Runtime::compiled` waits for; looked at without a pause,
+        // so the first calls cannot end between the compile's end and the
+        // look below.)
+        let deadline = std::time::Instant::now() + Duration::from_secs(120);
+        while runtime.is_compiling(&d) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the compile ended within two minutes"
+            );
+            std::thread::yield_now();
+        }
+        let p = runtime
+            .prepare(&d, || panic!("compiled already: nothing to read"))
+            .unwrap();
+        let announced = p.announcement.get().expect("describe answered first");
+        assert_eq!(announced.slug, "counter");
+        assert!(p.initial.get().is_some(), "initial-state answered first");
+        // The compile thread's priority, lowered, makes its calls' deadlines
+        // count CPU time (as on the guest threads).
+        let lowered = std::thread::spawn(|| {
+            lower_this_threads_priority();
+            LOWERED_THREAD.with(std::cell::Cell::get)
+        });
+        assert!(lowered.join().unwrap(), "a lowered thread is marked");
+        assert!(!LOWERED_THREAD.with(std::cell::Cell::get));
     }
 
     /// Waits until `runtime` has `n` instances parked, at most ten seconds.
