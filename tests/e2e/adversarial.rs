@@ -655,7 +655,7 @@ async fn spinning_calls_run() {
     const SPINNERS: usize = 8;
     let config = format!(
         "[processors]\nmax-concurrent-calls-per-project = {SPINNERS}\n\
-         [delivery]\ntimeout-ms = 2000\n"
+         [delivery]\ntimeout-ms = 500\n"
     );
     let s = Server::start_with(Some(&config), &[]);
     let (status, out) = s
