@@ -1105,7 +1105,7 @@ impl ActorCore {
         let project_id = self.address.namespace.project_id().map(str::to_string);
         let path = self.address.path.clone();
         let env = Arc::clone(&self.env);
-        let (state, outcomes, requests, new_events) = {
+        let (state, outcomes, requests) = {
             let mut new_stream_id = || env.new_id();
             let connection_keys = self.connection_keys();
             let mut ctx = AppendContext {
@@ -1122,7 +1122,6 @@ impl ActorCore {
             let mut round_keys = HashMap::new();
             let mut outcomes = Vec::with_capacity(round.len());
             let mut requests = Vec::with_capacity(round.len());
-            let mut new_events: Vec<Event> = Vec::new();
             for p in round {
                 let (answer, outcome) = match p {
                     Pending::Append {
@@ -1155,12 +1154,17 @@ impl ActorCore {
                         unreachable!("a round holds appends and deliveries only")
                     }
                 };
-                if let Ok(plan) = &outcome {
-                    new_events.extend(plan.new_events.iter().cloned());
-                }
                 outcomes.push((answer, outcome));
             }
-            (state, outcomes, requests, new_events)
+            (state, outcomes, requests)
+        };
+        // The round's new events, in order (each plan's, request by
+        // request): borrowed, never copied.
+        let new_events = || {
+            outcomes
+                .iter()
+                .filter_map(|(_, o)| o.as_ref().ok())
+                .flat_map(|p| p.new_events.iter())
         };
         // A refusal in planning (an offset conflict, a paused stream, ...)
         // may be wrong for a request whose keys were taken as new: if a key
@@ -1180,7 +1184,7 @@ impl ActorCore {
             return;
         }
         let next_state = match state {
-            Some(s) if !new_events.is_empty() => s,
+            Some(s) if new_events().next().is_some() => s,
             _ => {
                 // Nothing to commit: rejections and replays of committed
                 // events. No fenced commit proves the state current, so
@@ -1214,8 +1218,7 @@ impl ActorCore {
             idempotency_key: e.idempotency_key.clone(),
             body: Arc::new(stored_text(e)),
         };
-        let durable: Vec<StoredEvent> = new_events
-            .iter()
+        let durable: Vec<StoredEvent> = new_events()
             .filter(|e| !e.ephemeral)
             .map(stored)
             .collect();
@@ -1510,6 +1513,7 @@ impl ActorCore {
                         self.out.push(Output::RingEffects);
                     }
                     let now = self.env.now_us();
+                    let mut keyed = Vec::new();
                     for (_, outcome) in &round.outcomes {
                         if let Ok(plan) = outcome {
                             for e in &plan.new_events {
@@ -1520,10 +1524,15 @@ impl ActorCore {
                                     if let (Some(key), Some(bytes)) =
                                         (&e.idempotency_key, round.keyed_bytes.get(&e.offset))
                                     {
-                                        self.recent_keys.insert(key, e, *bytes);
+                                        keyed.push((key.as_str(), e, *bytes));
                                     }
                                 }
                             }
+                        }
+                    }
+                    self.recent_keys.insert_newest(&keyed);
+                    for (_, outcome) in &round.outcomes {
+                        if let Ok(plan) = outcome {
                             // A retry of a redacted event's key answers it
                             // as stored now.
                             for r in &plan.redactions {

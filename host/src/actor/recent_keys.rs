@@ -45,6 +45,36 @@ impl RecentKeys {
         }
     }
 
+    /// Remembers a round's committed keyed events, in commit order, as
+    /// [`RecentKeys::insert`] of each would, without copying the older
+    /// ones that the newer would evict before the round ends (a round of
+    /// many batches holds more than the bound).
+    pub(super) fn insert_newest(&mut self, committed: &[(&str, &Event, usize)]) {
+        let kept = |(key, _, bytes): &&(&str, &Event, usize)| {
+            *bytes <= RECENT_KEY_EVENT_BYTES_MAX && !self.by_key.contains_key(*key)
+        };
+        // The newest that fit in the bound together: each older one
+        // would be evicted by them.
+        let mut bytes = 0;
+        let mut first = committed.len();
+        for (i, c) in committed.iter().enumerate().rev() {
+            if !kept(&c) {
+                continue;
+            }
+            if bytes + c.2 > RECENT_KEYS_BYTES_MAX {
+                // This one would be evicted, and every event kept before
+                // it.
+                self.clear();
+                break;
+            }
+            bytes += c.2;
+            first = i;
+        }
+        for (key, event, bytes) in &committed[first..] {
+            self.insert(key, event, *bytes);
+        }
+    }
+
     /// Replaces the event kept under `key`, if any (it was redacted).
     pub(super) fn replace(&mut self, key: &str, event: &Event) {
         if let Some((kept, _)) = self.by_key.get_mut(key) {
@@ -83,6 +113,12 @@ impl RecentKeys {
     #[cfg(test)]
     fn len(&self) -> usize {
         self.by_key.len()
+    }
+
+    /// The keys kept, oldest first, with the bytes counted.
+    #[cfg(test)]
+    fn kept(&self) -> (Vec<String>, usize) {
+        (self.order.iter().cloned().collect(), self.bytes)
     }
 }
 
@@ -137,6 +173,45 @@ mod tests {
         assert!(keys.get("k1").is_none() && keys.get("k2").is_none());
         assert_eq!(keys.get("k3").map(|e| e.offset), Some(3));
         assert_eq!((keys.len(), keys.bytes, keys.order.len()), (2, 200, 2));
+    }
+
+    /// A round's newest events inserted together keep exactly what
+    /// inserting each in turn keeps, over rounds of every size (some
+    /// larger than the bound, some events too large to keep).
+    #[test]
+    fn a_rounds_newest_keep_what_inserting_each_would() {
+        let (mut each, mut together) = (RecentKeys::default(), RecentKeys::default());
+        // A fixed linear congruential sequence: the same rounds every run.
+        let mut seed: u64 = 7;
+        let mut next = |n: u64| {
+            seed = seed
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            (seed >> 33) % n
+        };
+        let mut offset = 0;
+        for round in 0..300 {
+            let len = next(if round % 10 == 0 { 400 } else { 40 });
+            let events: Vec<(String, Event, usize)> = (0..len)
+                .map(|_| {
+                    offset += 1;
+                    let key = format!("k{offset}");
+                    let bytes = match next(20) {
+                        0 => RECENT_KEY_EVENT_BYTES_MAX + 1 + next(100) as usize,
+                        _ => 1 + next(RECENT_KEY_EVENT_BYTES_MAX as u64) as usize,
+                    };
+                    (key.clone(), event(offset, &key), bytes)
+                })
+                .collect();
+            for (key, e, bytes) in &events {
+                each.insert(key, e, *bytes);
+            }
+            let committed: Vec<(&str, &Event, usize)> =
+                events.iter().map(|(k, e, b)| (k.as_str(), e, *b)).collect();
+            together.insert_newest(&committed);
+            assert_eq!(together.kept(), each.kept(), "round {round} of {len}");
+        }
+        assert!(each.len() > 10, "the bound was reached and kept events");
     }
 
     #[test]
