@@ -1218,10 +1218,7 @@ impl ActorCore {
             idempotency_key: e.idempotency_key.clone(),
             body: Arc::new(stored_text(e)),
         };
-        let durable: Vec<StoredEvent> = new_events()
-            .filter(|e| !e.ephemeral)
-            .map(stored)
-            .collect();
+        let durable: Vec<StoredEvent> = new_events().filter(|e| !e.ephemeral).map(stored).collect();
         let redactions: Vec<StoredEvent> = outcomes
             .iter()
             .filter_map(|(_, o)| o.as_ref().ok())
