@@ -2254,22 +2254,26 @@ mod cache_file_tests {
 mod tests {
     use super::*;
 
-    /// The clocky guest of `examples/processors` (it reads the clock and
-    /// random bytes, and counts its calls per instance), when built.
-    fn clocky() -> Option<Vec<u8>> {
+    /// The guest `file` of `examples/processors`, when built (`scripts/test`
+    /// and CI build the guests before the tests).
+    fn built(file: &str) -> Option<Vec<u8>> {
         std::fs::read(
             std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("../examples/processors/target/wasm32-wasip2/release/clocky.wasm"),
+                .join("../examples/processors/target/wasm32-wasip2/release")
+                .join(file),
         )
         .ok()
     }
 
+    /// The clocky guest (it reads the clock and random bytes, and counts
+    /// its calls per instance), when built.
+    fn clocky() -> Option<Vec<u8>> {
+        built("clocky.wasm")
+    }
+
     #[test]
     fn an_instance_made_ahead_never_serves_the_same_bytes_loaded_again() {
-        let guests = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../examples/processors/target/wasm32-wasip2/release");
-        let (Some(bytes), Ok(other)) = (clocky(), std::fs::read(guests.join("counter.wasm")))
-        else {
+        let (Some(bytes), Some(other)) = (clocky(), built("counter.wasm")) else {
             eprintln!("the guests are not built: nothing to call");
             return;
         };
@@ -2338,9 +2342,7 @@ mod tests {
     #[cfg(target_os = "linux")]
     #[test]
     fn a_call_on_an_idle_thread_counts_the_cpu_it_got_not_its_wait_for_a_core() {
-        let guests = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../examples/processors/target/wasm32-wasip2/release");
-        let Ok(bytes) = std::fs::read(guests.join("counter.wasm")) else {
+        let Some(bytes) = built("counter.wasm") else {
             eprintln!("the guests are not built: nothing to call");
             return;
         };
@@ -2461,9 +2463,7 @@ mod tests {
     /// deadline), and the compile thread's calls count the CPU they get.
     #[test]
     fn a_background_compile_ends_once_the_first_calls_of_a_wake_are_answered() {
-        let guests = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../examples/processors/target/wasm32-wasip2/release");
-        let Ok(bytes) = std::fs::read(guests.join("counter.wasm")) else {
+        let Some(bytes) = built("counter.wasm") else {
             eprintln!("the guests are not built: nothing to compile");
             return;
         };
