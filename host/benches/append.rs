@@ -215,7 +215,7 @@ async fn run_once(scenario: Scenario, durability: Durability, seconds: f64) -> R
         let per_commit = events_per_commit.round().max(1.0) as usize;
         Some(
             tokio::task::spawn_blocking(move || {
-                bare_sqlite(&db, durability, per_commit, &body, seconds)
+                bare_sqlite(&db, scenario, durability, per_commit, &body, seconds)
             })
             .await
             .unwrap(),
@@ -233,6 +233,11 @@ async fn run_once(scenario: Scenario, durability: Durability, seconds: f64) -> R
     }
 }
 
+/// The idempotency key of event `i` of client `c`'s request `n`.
+fn client_key(c: u64, n: u64, i: u64) -> String {
+    format!("c{c}-{n}-{i}")
+}
+
 /// The storage limit of the keyed batches: rows like theirs (`body`, keys
 /// of the clients' shape) inserted into the server's own `events` table and indexes
 /// in `db` (the server, idle, still has it open), by one thread with a
@@ -242,6 +247,7 @@ async fn run_once(scenario: Scenario, durability: Durability, seconds: f64) -> R
 /// in without colliding with them.
 fn bare_sqlite(
     db: &std::path::Path,
+    scenario: Scenario,
     durability: Durability,
     per_commit: usize,
     body: &str,
@@ -261,12 +267,12 @@ fn bare_sqlite(
              VALUES (-1, ?1, 'bench.example/appended', ?2, ?3)",
         )
         .unwrap();
-    // The keys the clients send (`c{client}-{request}-{index}`), requests
-    // taken from the clients in turn, as a group commit holds them.
+    // The keys the clients send, requests taken from the clients in turn,
+    // as a group commit holds them.
+    let (per_call, clients) = (scenario.events_per_call as u64, scenario.clients as u64);
     let key = |row: u64| {
-        let (request, i) = (row / 100, row % 100);
-        let (c, n) = (request % 16, request / 16 + 1);
-        format!("c{c}-{n}-{i}")
+        let (request, i) = (row / per_call, row % per_call);
+        client_key(request % clients, request / clients + 1, i)
     };
     let mut rows = 0u64;
     let start = Instant::now();
@@ -309,7 +315,7 @@ async fn drive(url: &str, scenario: Scenario, seconds: f64) -> f64 {
                     .map(|i| {
                         let mut e = json!({"type": "bench.example/appended", "payload": {"client": c, "i": i, "pad": "0123456789abcdef"}});
                         if scenario.keys {
-                            e["idempotencyKey"] = json!(format!("c{c}-{n}-{i}"));
+                            e["idempotencyKey"] = json!(client_key(c as u64, n as u64, i as u64));
                         }
                         e
                     })
