@@ -1,7 +1,10 @@
 //! The group-commit writer: one thread owns the write connection, takes every
 //! queued write (from any stream), commits them in one transaction and only
 //! then answers each of them. Each write runs in its own savepoint, so one
-//! failing write does not take the others down.
+//! failing write does not take the others down. A large append never holds
+//! up the others' commits: on SQLite its bodies are written in parts
+//! between the groups (`parts.rs`), on PostgreSQL it commits on a lane of
+//! its own, a second thread and connection ([`run_large_lane`]).
 
 use std::fmt;
 use std::sync::{mpsc, Arc};
@@ -554,6 +557,9 @@ struct Shared {
     dir: Option<std::path::PathBuf>,
     /// SQLite: copies the WAL into the database file beside the writer.
     checkpointer: Option<super::checkpointer::Checkpointer>,
+    /// PostgreSQL: large appends commit on a lane of their own (see
+    /// [`run_large_lane`]).
+    large_lane: bool,
 }
 
 impl Shared {
@@ -627,9 +633,27 @@ impl WriterHandle {
             },
             WriteConn::Postgres(..) => (None, None),
         };
+        // PostgreSQL: large appends commit on a second connection, on a
+        // thread of their own, beside the writer's groups.
+        let large = match &conn {
+            WriteConn::Postgres(_, target) => {
+                let second = PgConn::connect(target)
+                    .context("connecting the writer's lane for large appends")?;
+                Some((
+                    WriteConn::Postgres(Box::new(second), target.clone()),
+                    mpsc::channel::<Job>(),
+                ))
+            }
+            WriteConn::Sqlite(_) => None,
+        };
+        let (large_conn, lane) = match large {
+            Some((c, (tx, rx))) => (Some((c, rx)), Some(tx)),
+            None => (None, None),
+        };
         let shared = Arc::new(Shared {
             dir,
             checkpointer,
+            large_lane: lane.is_some(),
             conn: std::sync::Mutex::new(conn),
             observe,
             hot,
@@ -642,9 +666,19 @@ impl WriterHandle {
             .name("streamhost-writer".into())
             .spawn(move || {
                 let exit = WriterExit(writer);
-                run(&exit.0, rx)
+                run(&exit.0, rx, lane)
             })
             .context("starting the writer thread")?;
+        if let Some((conn, rx)) = large_conn {
+            let lane = shared.clone();
+            std::thread::Builder::new()
+                .name("streamhost-writer-large".into())
+                .spawn(move || {
+                    let exit = WriterExit(lane);
+                    run_large_lane(&exit.0, conn, rx)
+                })
+                .context("starting the writer's lane for large appends")?;
+        }
         Ok(WriterHandle { tx, shared })
     }
 
@@ -679,10 +713,12 @@ impl WriterHandle {
     pub(super) fn commit_blocking(&self, op: WriteOp) -> Result<i64, CommitError> {
         // Large bodies are written in parts by the writer thread, between
         // other groups.
+        // So are they, on PostgreSQL, on the large appends' lane.
         let in_parts = self.shared.dir.is_some()
             && matches!(&op, WriteOp::Commit(c)
                 if c.events.iter().any(|e| e.body.len() > super::parts::LARGE_BODY_BYTES));
-        let conn = if in_parts {
+        let in_lane = self.shared.large_lane && is_large_append(&op);
+        let conn = if in_parts || in_lane {
             Err(std::sync::TryLockError::WouldBlock)
         } else {
             self.shared.conn.try_lock()
@@ -702,31 +738,46 @@ impl WriterHandle {
     }
 }
 
-fn run(shared: &Shared, rx: mpsc::Receiver<Job>) {
+/// The writer thread: commits the queued writes in groups. `lane`
+/// (PostgreSQL) takes the large appends; it ends when this does.
+fn run(shared: &Shared, rx: mpsc::Receiver<Job>, lane: Option<mpsc::Sender<Job>>) {
     // Writes queued and not yet committed, oldest first.
     let mut queued: std::collections::VecDeque<Job> = std::collections::VecDeque::new();
     let mut large_turn = false;
     // SQLite: large bodies are written in parts before their commit.
     let in_parts = shared.dir.is_some();
     loop {
-        // A job's large bodies are looked for once, as it arrives.
-        let arrived = |mut job: Job| {
-            if in_parts {
-                job.staging = Staging::of(&mut job.op);
+        // A job's large bodies are looked for once, as it arrives; on
+        // PostgreSQL a large append goes to its lane.
+        let arrived = |queued: &mut std::collections::VecDeque<Job>, mut job: Job| match &lane {
+            Some(lane) if is_large_append(&job.op) => {
+                if let Err(mpsc::SendError(job)) = lane.send(job) {
+                    let _ = job.reply.send(Err(CommitError::new(
+                        "the storage writer's lane for large appends has stopped",
+                    )));
+                }
             }
-            job
+            _ => {
+                if in_parts {
+                    job.staging = Staging::of(&mut job.op);
+                }
+                queued.push_back(job);
+            }
         };
         if queued.is_empty() {
             match rx.recv() {
-                Ok(job) => queued.push_back(arrived(job)),
+                Ok(job) => arrived(&mut queued, job),
                 Err(_) => return,
             }
         }
         while queued.len() < GROUP_WRITES_MAX {
             match rx.try_recv() {
-                Ok(job) => queued.push_back(arrived(job)),
+                Ok(job) => arrived(&mut queued, job),
                 Err(_) => break,
             }
+        }
+        if queued.is_empty() {
+            continue;
         }
         // The writes ready to commit (their parts, if any, written).
         let ready: Vec<usize> = (0..queued.len())
@@ -789,6 +840,29 @@ fn run(shared: &Shared, rx: mpsc::Receiver<Job>) {
                 let _ = job.reply.send(Err(e));
             }
         }
+    }
+}
+
+/// Whether `op` is an append large enough for PostgreSQL's lane of large
+/// appends: one whose events' bodies pass [`LARGE_WRITE_BYTES`]. (Only
+/// appends: each touches its own stream's rows, so it commits beside the
+/// writer's groups without waiting for them or holding them up.)
+fn is_large_append(op: &WriteOp) -> bool {
+    matches!(op, WriteOp::Commit(_)) && op_bytes(op) > LARGE_WRITE_BYTES
+}
+
+/// PostgreSQL's lane of large appends: commits each, oldest first, alone,
+/// on its own connection, while the writer thread commits the small ones.
+/// A quiet project's append then waits for no other project's large one
+/// (the database runs both transactions at once); one project's large
+/// appends wait for each other.
+fn run_large_lane(shared: &Shared, mut conn: WriteConn, rx: mpsc::Receiver<Job>) {
+    while let Ok(job) = rx.recv() {
+        let mut ops = [job.op];
+        let result = commit(shared, conn.ready(), &mut ops)
+            .pop()
+            .expect("one result per write");
+        let _ = job.reply.send(result);
     }
 }
 

@@ -18,23 +18,9 @@ use crate::support::{guest, wait_for, Server, SseClient};
 const CLUSTER: &str = "[cluster]\nlease-ms = 1500\n";
 
 /// Whether this run has no PostgreSQL for several hosts, so the test is
-/// skipped, with a line saying so. Only where that is asked for
-/// (`STREAMHOST_SKIP_CLUSTER=1`, as `scripts/test` does for its SQLite pass
-/// before the PostgreSQL pass) or outside CI; in CI a cluster test without
-/// PostgreSQL fails, so a CI that lost its database cannot pass silently.
+/// skipped, with a line saying so (`support::skipped_on_sqlite`).
 pub(crate) fn on_sqlite() -> bool {
-    if crate::support::postgres_base().is_some() {
-        return false;
-    }
-    let asked = std::env::var("STREAMHOST_SKIP_CLUSTER").is_ok_and(|v| v == "1");
-    let ci = std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "false");
-    assert!(
-        asked || !ci,
-        "several hosts need PostgreSQL: set STREAMHOST_TEST_POSTGRES (scripts/postgres starts one), \
-         or STREAMHOST_SKIP_CLUSTER=1 where another pass runs these tests on PostgreSQL"
-    );
-    println!("skipped on SQLite: several hosts need PostgreSQL storage");
-    true
+    crate::support::skipped_on_sqlite("several hosts need PostgreSQL storage")
 }
 
 /// `GET /v1/cluster` through `through`: the answer, and the rows of the

@@ -1251,3 +1251,103 @@ async fn a_slow_destination_holds_its_own_places_and_another_destination_is_serv
         "waiting is no failure: {held}"
     );
 }
+
+/// On PostgreSQL a large append commits on a connection of its own, beside
+/// the writer's groups: held up in the database (its stream's row locked
+/// by another session, as a slow commit of 7 MB would hold it), it holds
+/// up no other project's append, nor its own project's other streams.
+/// (Against one write connection the quiet appends wait for the lock,
+/// here up to the database's 30 s lock timeout.)
+/// SQLite writes large bodies in parts between the groups instead
+/// (`storage/src/writer.rs`'s tests).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_append_held_up_in_the_database_holds_up_no_other_append() {
+    if crate::support::skipped_on_sqlite(
+        "a large append's own PostgreSQL connection is PostgreSQL's",
+    ) {
+        return;
+    }
+    // A lock wait fails after 30 s (5 s by default), well past the quiet
+    // appends' bound below.
+    let s = Server::start_with(Some("[cluster]\ndb-timeout-ms = 30000\n"), &[]);
+    let big = "/v1/projects/loud/streams/big";
+    assert_eq!(
+        s.post(
+            &format!("{big}:append"),
+            json!({"events": [{"type": "x.y/a"}]})
+        )
+        .await
+        .0,
+        200
+    );
+    let url = s.postgres_url().expect("a PostgreSQL database").to_string();
+    let (locked_tx, locked_rx) = std::sync::mpsc::channel::<()>();
+    let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+    let holder = std::thread::spawn(move || {
+        let mut c = postgres::Client::connect(&url, postgres::NoTls).expect("connecting");
+        let mut tx = c.transaction().expect("BEGIN");
+        tx.query_one(
+            "SELECT id FROM streams WHERE project = 'loud' AND path = '/big' FOR UPDATE",
+            &[],
+        )
+        .expect("locking the stream's row");
+        locked_tx.send(()).unwrap();
+        release_rx.recv().unwrap();
+        tx.rollback().expect("ROLLBACK");
+    });
+    locked_rx.recv().unwrap();
+
+    // 600 KB: past the size that goes to the lane of large appends.
+    let pad = "x".repeat(600_000);
+    let large = {
+        let (client, url) = (reqwest::Client::new(), format!("{}{big}:append", s.url));
+        let body = json!({"events": [{"type": "x.y/big", "payload": {"pad": pad}}]});
+        tokio::spawn(async move {
+            let r = client.post(url).json(&body).send().await.unwrap();
+            (r.status().as_u16(), r.json::<Value>().await.unwrap())
+        })
+    };
+    // The large append's commit is in the database, waiting for the lock.
+    let db = s.db();
+    crate::support::wait_for(
+        "the large append to wait for the stream's row",
+        Duration::from_secs(20),
+        async || {
+            db.query_i64(
+                "SELECT count(*) FROM pg_stat_activity
+                 WHERE datname = current_database() AND wait_event_type = 'Lock'",
+            ) == Some(1)
+        },
+    )
+    .await;
+
+    for (project, stream) in [("quiet", "canary"), ("loud", "other")] {
+        let path = format!("/v1/projects/{project}/streams/{stream}:append");
+        let answer = tokio::time::timeout(
+            Duration::from_secs(10),
+            s.post(&path, json!({"events": [{"type": "x.y/tick"}]})),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("{path} waited 10 s for another stream's large append"));
+        assert_eq!(answer.0, 200, "{path}: {}", answer.1);
+    }
+    assert!(
+        !large.is_finished(),
+        "the large append did not wait for the lock"
+    );
+
+    release_tx.send(()).unwrap();
+    holder.join().unwrap();
+    let (status, answer) = tokio::time::timeout(Duration::from_secs(20), large)
+        .await
+        .expect("the large append answers once the lock is gone")
+        .unwrap();
+    assert_eq!(status, 200, "{answer}");
+    let events = s.all_events(big).await;
+    let bigs: Vec<&Value> = events.iter().filter(|e| e["type"] == "x.y/big").collect();
+    assert_eq!(bigs.len(), 1, "{} events", events.len());
+    assert_eq!(
+        bigs[0]["payload"]["pad"].as_str().map(str::len),
+        Some(600_000)
+    );
+}

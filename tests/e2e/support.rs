@@ -102,6 +102,27 @@ pub fn skipped_on_postgres(why: &str) -> bool {
     on
 }
 
+/// True, with a line saying so, when the suite runs on SQLite, for a test
+/// of what only PostgreSQL does (several hosts, its own connections and
+/// locks). Only where that is asked for (`STREAMHOST_SKIP_CLUSTER=1`, as
+/// `scripts/test` does for its SQLite pass before the PostgreSQL pass) or
+/// outside CI; in CI such a test without PostgreSQL fails, so a CI that
+/// lost its database cannot pass silently.
+pub fn skipped_on_sqlite(why: &str) -> bool {
+    if postgres_base().is_some() {
+        return false;
+    }
+    let asked = std::env::var("STREAMHOST_SKIP_CLUSTER").is_ok_and(|v| v == "1");
+    let ci = std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "false");
+    assert!(
+        asked || !ci,
+        "{why}: set STREAMHOST_TEST_POSTGRES (scripts/postgres starts one), \
+         or STREAMHOST_SKIP_CLUSTER=1 where another pass runs these tests on PostgreSQL"
+    );
+    println!("skipped on SQLite: {why}");
+    true
+}
+
 /// Runs SQL on the base database, from a thread of its own (the blocking
 /// client cannot run inside the test's runtime).
 fn postgres_admin(base: &str, statements: Vec<String>) {
