@@ -24,6 +24,7 @@ pub mod runtime;
 pub mod scratch;
 pub mod shadow;
 pub mod share;
+mod turns;
 pub mod value;
 pub mod wake;
 pub mod wave;

@@ -575,6 +575,9 @@ pub struct GuestData {
     limits: Limits,
     /// The processor's bucket during a fold (`None`: no keyed state).
     keyed: Option<Session>,
+    /// A long call's turn on the cores, on a lowered thread
+    /// ([`set_deadline`], `turns.rs`).
+    slices: super::turns::Slices,
 }
 
 /// A bucket operation's answer: refusals go to the guest as
@@ -814,6 +817,7 @@ fn new_store(
             table: ResourceTable::new(),
             limits,
             keyed,
+            slices: Default::default(),
         },
     );
     store.limiter(|g| &mut g.limits);
@@ -829,24 +833,35 @@ fn new_store(
 /// is not the guest's (a verify on a busy server would otherwise answer
 /// "timed out" for a guest that never ran); it still ends after
 /// [`IDLE_WAIT_FACTOR`] times `timeout_ms` in all.
+///
+/// Such a call also takes turns on the cores (`turns.rs`): past its first
+/// [`SLICE_TICKS`] it runs only while it holds a turn (one per core), and
+/// at each later slice hands it on if another call waits; the wait is not
+/// its CPU time.
 fn set_deadline(store: &mut Store<GuestData>, timeout_ms: u64) {
-    store.set_epoch_deadline(timeout_ms.div_ceil(EPOCH_TICK_MS).max(1));
+    let ticks = timeout_ms.div_ceil(EPOCH_TICK_MS).max(1);
     if !LOWERED_THREAD.with(std::cell::Cell::get) {
+        store.set_epoch_deadline(ticks);
         store.epoch_deadline_trap();
         return;
     }
+    store.set_epoch_deadline(ticks.min(SLICE_TICKS));
     let (cpu_start, started) = (thread_cpu_ms(), std::time::Instant::now());
     let wall_max = Duration::from_millis(timeout_ms.saturating_mul(IDLE_WAIT_FACTOR));
-    store.epoch_deadline_callback(move |_| {
+    store.epoch_deadline_callback(move |mut cx| {
         let used = thread_cpu_ms().saturating_sub(cpu_start);
         if used < timeout_ms && started.elapsed() < wall_max {
+            cx.data_mut().slices.sliced();
             let left = (timeout_ms - used).div_ceil(EPOCH_TICK_MS).max(1);
-            Ok(wasmtime::UpdateDeadline::Continue(left))
+            Ok(wasmtime::UpdateDeadline::Continue(left.min(SLICE_TICKS)))
         } else {
             Err(wasmtime::Trap::Interrupt.into())
         }
     });
 }
+
+/// A long call's time slice on a lowered thread, in epoch ticks (10 ms).
+const SLICE_TICKS: u64 = 2;
 
 /// A call on a thread of lowered priority ends after this many times its
 /// timeout, however little CPU it got.
@@ -1068,7 +1083,9 @@ pub struct Runtime {
 /// on two cores (at a nice value of 10 the woken requests still waited for
 /// busy guests' time slices: p99 4x). On a server whose other threads keep
 /// every core busy these calls wait; their timeout counts the CPU time
-/// they get (`set_deadline`), up to ten times the timeout in all. The
+/// they get (`set_deadline`), up to ten times the timeout in all, and past
+/// their first slice they take turns on the cores (`turns.rs`: no more of
+/// them runnable than there are cores). The
 /// pipeline's guest work stays on the common pool at the normal priority:
 /// a wake commits its checkpoint on its own thread (at a low priority it
 /// would hold the writer behind busy guests), and wakes, ITX deliveries,
@@ -2301,6 +2318,97 @@ mod tests {
             .react("clocky", &again, &event, Determinism::default(), 5_000)
             .unwrap();
         assert_eq!(effects.len(), 1);
+    }
+
+    /// The runtime's guest threads of this process in the run queue now
+    /// (state `R` in `/proc/self/task/*/stat`).
+    #[cfg(target_os = "linux")]
+    fn runnable_guest_threads() -> usize {
+        let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+            return 0;
+        };
+        tasks
+            .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("stat")).ok())
+            .filter(|stat| {
+                // `pid (comm) state ...`: the name may hold spaces.
+                let Some((head, rest)) = stat.rsplit_once(") ") else {
+                    return false;
+                };
+                head.contains("(streamhost-gues") && rest.starts_with('R')
+            })
+            .count()
+    }
+
+    /// Spinning calls on the guest threads, three per core, each until its
+    /// 300 ms of CPU time are spent: past their first slice they take turns
+    /// (`turns.rs`), so no more of them are runnable than there are cores
+    /// (each of them was, and a woken request then waited now and then for
+    /// the kernel to get to it), and each still ends on its own timeout.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn spinning_calls_on_the_guest_threads_take_turns_on_the_cores() {
+        let Some(bytes) = built("kinds.wasm") else {
+            eprintln!("the guests are not built: nothing to call");
+            return;
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let runtime = Arc::new(Runtime::new(dir.path().into()).unwrap());
+        let p = runtime.prepare(&digest(&bytes), || Ok(bytes)).unwrap();
+        let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+        let caller = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let calls: Vec<_> = (0..3 * cores)
+            .map(|_| {
+                let (guest, p) = (runtime.clone(), p.clone());
+                runtime.run_guest(move || {
+                    guest.call_function("kinds", &p, "spin", &[], 300, Default::default())
+                })
+            })
+            .collect();
+        // Sampled once they are all past their first slice (all but a
+        // turn's worth in line: a call gets in line at a slice's end),
+        // until the first ends.
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while crate::turns::TURNS.waiting() < 2 * cores {
+            assert!(
+                std::time::Instant::now() < deadline && calls.iter().all(|c| !c.is_finished()),
+                "{} calls in line of {}",
+                crate::turns::TURNS.waiting(),
+                3 * cores
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let mut samples = Vec::new();
+        while calls.iter().all(|c| !c.is_finished()) && samples.len() < 2_000 {
+            samples.push(runnable_guest_threads());
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let answers: Vec<_> = caller.block_on(async {
+            let mut answers = Vec::new();
+            for c in calls {
+                answers.push(c.await.unwrap());
+            }
+            answers
+        });
+        for a in &answers {
+            assert!(
+                matches!(
+                    a,
+                    Err(CallError::Guest(GuestError::Timeout { ms: 300, .. }))
+                ),
+                "{a:?}"
+            );
+        }
+        assert!(samples.len() >= 20, "only {} samples", samples.len());
+        samples.sort_unstable();
+        let median = samples[samples.len() / 2];
+        assert!(
+            median <= cores,
+            "{median} guest threads runnable at the median of {} samples on {cores} cores: {samples:?}",
+            samples.len()
+        );
     }
 
     #[cfg(target_os = "linux")]
