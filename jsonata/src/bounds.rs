@@ -337,6 +337,35 @@ impl CpuInstant {
     pub fn elapsed(&self) -> std::time::Duration {
         thread_cpu_time().saturating_sub(self.0)
     }
+
+    /// Patched: whether more than `ms` of the thread's CPU time have passed
+    /// since `self`, for the checks the evaluator makes at every node and
+    /// loop step. The clock is read at one check in
+    /// [`CHECKS_PER_CLOCK_READ`] on this thread: reading a thread's CPU
+    /// clock is a system call that locks its CPU's run queue (Linux), and
+    /// made at every node it cost more than most nodes do, while one
+    /// thread's busy evaluation held the queue of the core every other
+    /// thread wakes on. Between reads a thread evaluates a few tens of
+    /// microseconds of nodes, so the bound holds to well within a
+    /// millisecond.
+    #[inline]
+    pub fn exceeded(&self, ms: u64) -> bool {
+        let read = CLOCK_COUNTDOWN.with(|c| {
+            let left = c.get();
+            c.set(left.checked_sub(1).unwrap_or(CHECKS_PER_CLOCK_READ - 1));
+            left == 0
+        });
+        read && self.elapsed().as_millis() as u64 > ms
+    }
+}
+
+/// Node and loop checks between two reads of the thread's CPU clock in
+/// [`CpuInstant::exceeded`].
+const CHECKS_PER_CLOCK_READ: u32 = 64;
+
+thread_local! {
+    /// Checks left before [`CpuInstant::exceeded`] reads the clock again.
+    static CLOCK_COUNTDOWN: Cell<u32> = const { Cell::new(0) };
 }
 
 #[cfg(unix)]

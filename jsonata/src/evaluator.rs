@@ -4358,7 +4358,7 @@ pub(crate) fn check_loop_timeout(
     check_cancelled(options)?;
     if let Some(timeout_ms) = options.timeout_ms {
         if let Some(start) = start_time {
-            if start.elapsed().as_millis() as u64 > timeout_ms {
+            if start.exceeded(timeout_ms) {
                 return Err(EvaluatorError::EvaluationError(format!(
                     "D1012: Evaluation timeout after {} milliseconds. Check for infinite loop",
                     timeout_ms
@@ -5250,7 +5250,7 @@ impl Evaluator {
         // single `is_none()` branch of overhead when no timeout is set.
         if let Some(timeout_ms) = self.options.timeout_ms {
             if let Some(start) = self.start_time {
-                if start.elapsed().as_millis() as u64 > timeout_ms {
+                if start.exceeded(timeout_ms) {
                     self.recursion_depth -= 1;
                     return Err(EvaluatorError::EvaluationError(format!(
                         "D1012: Evaluation timeout after {} milliseconds. Check for infinite loop",
