@@ -68,7 +68,7 @@ fn main() {
             with.push(started.elapsed().as_secs_f64() * 1e9 / *n as f64);
             let started = Instant::now();
             for _ in 0..*n {
-                let evaluator =
+                let mut evaluator =
                     Evaluator::with_options(Context::new(), EvaluatorOptions::default());
                 black_box(evaluator.evaluate(&ast, &data).expect("evaluates"));
             }
