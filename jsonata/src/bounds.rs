@@ -328,9 +328,13 @@ pub(crate) fn check_deadline(work: usize) -> Result<(), String> {
 pub struct CpuInstant(std::time::Duration);
 
 impl CpuInstant {
-    /// The evaluating thread's CPU time now.
+    /// The evaluating thread's CPU time now; within a [`Deadline`] on this
+    /// thread, its start (read once for both: each read is a system call).
     pub fn now() -> CpuInstant {
-        CpuInstant(thread_cpu_time())
+        match DEADLINE.with(Cell::get) {
+            Some((start, _)) => CpuInstant(start),
+            None => CpuInstant(thread_cpu_time()),
+        }
     }
 
     /// CPU time the thread has spent since `self`.
