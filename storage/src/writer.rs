@@ -712,8 +712,8 @@ impl WriterHandle {
     /// here saves waking the writer thread and being woken by it.
     pub(super) fn commit_blocking(&self, op: WriteOp) -> Result<i64, CommitError> {
         // Large bodies are written in parts by the writer thread, between
-        // other groups.
-        // So are they, on PostgreSQL, on the large appends' lane.
+        // other groups (SQLite); a large append commits on its lane
+        // (PostgreSQL).
         let in_parts = self.shared.dir.is_some()
             && matches!(&op, WriteOp::Commit(c)
                 if c.events.iter().any(|e| e.body.len() > super::parts::LARGE_BODY_BYTES));
