@@ -609,6 +609,24 @@ fn checkpoint_beside(
     super::checkpointer::Checkpointer::start(path, &synchronous.to_string())
 }
 
+/// Starts a thread named `name` that commits through `shared` (the writer,
+/// or its lane of large appends); however it ends, the host is then marked
+/// unable to write ([`WriterExit`]).
+fn spawn_writing(
+    shared: &Arc<Shared>,
+    name: &str,
+    f: impl FnOnce(&Shared) + Send + 'static,
+) -> std::io::Result<()> {
+    let shared = shared.clone();
+    std::thread::Builder::new()
+        .name(name.into())
+        .spawn(move || {
+            let exit = WriterExit(shared);
+            f(&exit.0)
+        })
+        .map(drop)
+}
+
 impl WriterHandle {
     pub(super) fn start(
         conn: WriteConn,
@@ -661,23 +679,13 @@ impl WriterHandle {
             unable: std::sync::Mutex::new(None),
             unable_set: std::sync::atomic::AtomicBool::new(false),
         });
-        let writer = shared.clone();
-        std::thread::Builder::new()
-            .name("streamhost-writer".into())
-            .spawn(move || {
-                let exit = WriterExit(writer);
-                run(&exit.0, rx, lane)
-            })
+        spawn_writing(&shared, "streamhost-writer", move |s| run(s, rx, lane))
             .context("starting the writer thread")?;
         if let Some((conn, rx)) = large_conn {
-            let lane = shared.clone();
-            std::thread::Builder::new()
-                .name("streamhost-writer-large".into())
-                .spawn(move || {
-                    let exit = WriterExit(lane);
-                    run_large_lane(&exit.0, conn, rx)
-                })
-                .context("starting the writer's lane for large appends")?;
+            spawn_writing(&shared, "streamhost-writer-large", move |s| {
+                run_large_lane(s, conn, rx)
+            })
+            .context("starting the writer's lane for large appends")?;
         }
         Ok(WriterHandle { tx, shared })
     }

@@ -2378,12 +2378,12 @@ mod tests {
                 crate::turns::TURNS.waiting(),
                 3 * cores
             );
-            std::thread::sleep(Duration::from_millis(1));
+            std::thread::yield_now();
         }
         let mut samples = Vec::new();
         while calls.iter().all(|c| !c.is_finished()) && samples.len() < 2_000 {
             samples.push(runnable_guest_threads());
-            std::thread::sleep(Duration::from_millis(1));
+            std::thread::yield_now();
         }
         let answers: Vec<_> = caller.block_on(async {
             let mut answers = Vec::new();

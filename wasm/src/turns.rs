@@ -181,7 +181,10 @@ mod tests {
                     let turn = turns.take().expect("a turn");
                     most.fetch_max(turns.taken(), Ordering::AcqRel);
                     order.lock().unwrap().push(i);
-                    std::thread::sleep(Duration::from_millis(2));
+                    // Held a while (others come and wait meanwhile).
+                    for _ in 0..200 {
+                        std::thread::yield_now();
+                    }
                     drop(turn);
                 });
                 let deadline = Instant::now() + Duration::from_secs(10);
