@@ -260,8 +260,11 @@ pub(crate) fn check_concat(
 
 thread_local! {
     /// The deadline of the evaluation running on this thread: its CPU-time
-    /// start and its bound in ms (`None`: no deadline).
-    static DEADLINE: Cell<Option<(std::time::Duration, u64)>> = const { Cell::new(None) };
+    /// start and its bound in ms (`None`: no deadline). The start is read
+    /// at the first check that reads the clock ([`since_deadline_start`]),
+    /// not when the deadline starts: most evaluations (a filter, a
+    /// transform) end before that check and never read it.
+    static DEADLINE: Cell<Option<(Option<std::time::Duration>, u64)>> = const { Cell::new(None) };
     /// Work done since the clock was last read (see [`check_deadline`]).
     static WORK: Cell<usize> = const { Cell::new(0) };
 }
@@ -277,16 +280,34 @@ const WORK_PER_CLOCK_READ: usize = 4096;
 /// D1012 once `ms` of the thread's CPU time have passed since
 /// [`Deadline::start`].
 pub struct Deadline {
-    previous: Option<(std::time::Duration, u64)>,
+    previous: Option<(Option<std::time::Duration>, u64)>,
 }
 
 impl Deadline {
-    /// Starts a deadline of `ms` on this thread.
+    /// Starts a deadline of `ms` on this thread. Its clock starts at the
+    /// evaluation's first read of the thread's CPU clock: at its
+    /// [`CHECKS_PER_CLOCK_READ`]th check or after [`WORK_PER_CLOCK_READ`]
+    /// units of a built-in's work, a few microseconds in.
     pub fn start(ms: u64) -> Deadline {
-        let previous = DEADLINE.with(|d| d.replace(Some((thread_cpu_time(), ms))));
+        let previous = DEADLINE.with(|d| d.replace(Some((None, ms))));
         WORK.with(|w| w.set(0));
+        CLOCK_COUNTDOWN.with(|c| c.set(CHECKS_PER_CLOCK_READ - 1));
         Deadline { previous }
     }
+}
+
+/// The thread's CPU time since its deadline's start, starting it now if
+/// it has not started (then zero); `None` without a deadline.
+fn since_deadline_start() -> Option<(std::time::Duration, u64)> {
+    DEADLINE.with(|d| {
+        let (start, ms) = d.get()?;
+        let now = thread_cpu_time();
+        let start = start.unwrap_or_else(|| {
+            d.set(Some((Some(now), ms)));
+            now
+        });
+        Some((now.saturating_sub(start), ms))
+    })
 }
 
 impl Drop for Deadline {
@@ -300,9 +321,9 @@ impl Drop for Deadline {
 /// [`WORK_PER_CLOCK_READ`] units, so a call is cheap.
 #[inline]
 pub(crate) fn check_deadline(work: usize) -> Result<(), String> {
-    let Some((start, ms)) = DEADLINE.with(Cell::get) else {
+    if DEADLINE.with(Cell::get).is_none() {
         return Ok(());
-    };
+    }
     let done = WORK.with(|w| {
         let done = w.get().saturating_add(work);
         w.set(if done >= WORK_PER_CLOCK_READ { 0 } else { done });
@@ -311,7 +332,10 @@ pub(crate) fn check_deadline(work: usize) -> Result<(), String> {
     if done < WORK_PER_CLOCK_READ {
         return Ok(());
     }
-    if thread_cpu_time().saturating_sub(start).as_millis() as u64 > ms {
+    let Some((spent, ms)) = since_deadline_start() else {
+        return Ok(());
+    };
+    if spent.as_millis() as u64 > ms {
         return Err(format!(
             "D1012: Evaluation timeout after {ms} milliseconds. Check for infinite loop"
         ));
@@ -325,21 +349,26 @@ pub(crate) fn check_deadline(work: usize) -> Result<(), String> {
 /// wall clock would time out trivial expressions. A runaway expression
 /// spends CPU, so it still reaches the bound.
 #[derive(Clone, Copy, Debug)]
-pub struct CpuInstant(std::time::Duration);
+pub struct CpuInstant(Option<std::time::Duration>);
 
 impl CpuInstant {
     /// The evaluating thread's CPU time now; within a [`Deadline`] on this
-    /// thread, its start (read once for both: each read is a system call).
+    /// thread, its start (one clock for both, read when first needed: each
+    /// read is a system call).
     pub fn now() -> CpuInstant {
         match DEADLINE.with(Cell::get) {
-            Some((start, _)) => CpuInstant(start),
-            None => CpuInstant(thread_cpu_time()),
+            Some(_) => CpuInstant(None),
+            None => CpuInstant(Some(thread_cpu_time())),
         }
     }
 
-    /// CPU time the thread has spent since `self`.
+    /// CPU time the thread has spent since `self` (within a deadline:
+    /// since its clock started).
     pub fn elapsed(&self) -> std::time::Duration {
-        thread_cpu_time().saturating_sub(self.0)
+        match self.0 {
+            Some(start) => thread_cpu_time().saturating_sub(start),
+            None => since_deadline_start().map_or(std::time::Duration::ZERO, |(spent, _)| spent),
+        }
     }
 
     /// Patched: whether more than `ms` of the thread's CPU time have passed
@@ -372,8 +401,20 @@ thread_local! {
     static CLOCK_COUNTDOWN: Cell<u32> = const { Cell::new(0) };
 }
 
+thread_local! {
+    /// Reads of the thread's CPU clock by these bounds.
+    static CLOCK_READS: Cell<u64> = const { Cell::new(0) };
+}
+
+/// Patched: how many times these bounds have read the calling thread's CPU
+/// clock (a system call each), for tests and diagnostics.
+pub fn clock_reads() -> u64 {
+    CLOCK_READS.with(Cell::get)
+}
+
 #[cfg(unix)]
 fn thread_cpu_time() -> std::time::Duration {
+    CLOCK_READS.with(|r| r.set(r.get() + 1));
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,

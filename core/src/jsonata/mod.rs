@@ -545,6 +545,24 @@ mod tests {
     }
 
     #[test]
+    fn a_short_evaluation_does_not_read_the_cpu_clock() {
+        // Each read is a system call, once as costly as a filter's whole
+        // evaluation: the deadline's clock starts at its first check that
+        // reads it, which a filter or a transform never reaches.
+        let filter = compile("payload.region = 'eu' and payload.total > 100").unwrap();
+        let transform = compile("{'region': payload.region, 'total': payload.total * 2}").unwrap();
+        let before = jsonata_core::bounds::clock_reads();
+        for _ in 0..1000 {
+            assert!(filter.matches(&event()).unwrap());
+            transform.evaluate(&event()).unwrap();
+        }
+        assert_eq!(jsonata_core::bounds::clock_reads(), before);
+        // A longer one reads it, and ends at the bound (below).
+        limit_error("$count($distinct([1..30000])) = 0");
+        assert!(jsonata_core::bounds::clock_reads() > before);
+    }
+
+    #[test]
     fn a_quadratic_built_in_ends_at_the_time_bound() {
         // $distinct over 30,000 numbers is 450 million comparisons (seconds
         // of CPU); the deadline inside it ends the call at the bound.
