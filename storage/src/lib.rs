@@ -1210,19 +1210,29 @@ impl Storage {
         }
         self.with_reader(|db| {
             let mut found = HashMap::new();
-            for key in keys {
-                if let Some(body) = db.query_opt(
-                    "SELECT body FROM events WHERE stream = ?1 AND idempotency_key = ?2",
-                    args![row_id, key],
-                    |r| r.text(0),
-                )? {
-                    found.insert(key.to_string(), parts::expand(db, body)?);
+            // One statement for up to KEYS_LOOKED_UP_AT_ONCE keys (a batch of
+            // keyed events is looked up in one probe of the index per key,
+            // not a statement each: on PostgreSQL a round trip each), with
+            // as many placeholders as keys.
+            for chunk in keys.chunks(KEYS_LOOKED_UP_AT_ONCE) {
+                let list: Vec<String> = (2..chunk.len() + 2).map(|i| format!("?{i}")).collect();
+                let sql = format!(
+                    "SELECT idempotency_key, body FROM events WHERE stream = ?1 AND idempotency_key IN ({})",
+                    list.join(", ")
+                );
+                let mut params: Vec<sql::Arg<'_>> = vec![sql::Arg::from(row_id)];
+                params.extend(chunk.iter().map(|k| sql::Arg::from(*k)));
+                for (key, body) in db.query_all(&sql, &params, |r| Ok((r.text(0)?, r.text(1)?)))? {
+                    found.insert(key, parts::expand(db, body)?);
                 }
             }
             Ok(found)
         })
     }
 }
+
+/// Idempotency keys [`Storage::events_by_keys`] looks up in one statement.
+const KEYS_LOOKED_UP_AT_ONCE: usize = 100;
 
 /// This data dir's host id (`<data-dir>/host-id`, made on first use).
 fn host_id(data_dir: &Path) -> Result<String> {

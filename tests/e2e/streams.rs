@@ -145,6 +145,12 @@ async fn idempotency_keys_replay_the_original_or_conflict() {
             .contains("offset 2"));
     }
 
+    // A batch whose keys are looked up in more than one statement.
+    let batch = json!({"events": (0..250).map(|i| json!({"type": "x.y/b", "payload": {"i": i}, "idempotencyKey": format!("batch-{i}")})).collect::<Vec<_>>()});
+    let (status, batch_first) = s.post(&format!("{S}:append"), batch.clone()).await;
+    assert_eq!(status, 200, "{batch_first}");
+    let committed = s.all_events(S).await.len();
+
     // Keys survive a restart (they are looked up in the log).
     let mut s = s;
     s.restart();
@@ -152,6 +158,11 @@ async fn idempotency_keys_replay_the_original_or_conflict() {
         .post(&format!("{S}:append"), json!({"events": [{"type": "x.y/order", "payload": {"n": 1}, "metadata": {"c": "1"}, "idempotencyKey": "order-7"}]}))
         .await;
     assert_eq!(after_restart["events"][0], first["events"][0]);
+    // The whole batch retried: every event its original, nothing committed.
+    let (status, batch_again) = s.post(&format!("{S}:append"), batch).await;
+    assert_eq!(status, 200, "{batch_again}");
+    assert_eq!(batch_again["events"], batch_first["events"]);
+    assert_eq!(s.all_events(S).await.len(), committed);
 
     // A key repeated inside one batch returns the batch's own event.
     let (status, body) = s
