@@ -399,9 +399,6 @@ const CHECKS_PER_CLOCK_READ: u32 = 64;
 thread_local! {
     /// Checks left before [`CpuInstant::exceeded`] reads the clock again.
     static CLOCK_COUNTDOWN: Cell<u32> = const { Cell::new(0) };
-}
-
-thread_local! {
     /// Reads of the thread's CPU clock by these bounds.
     static CLOCK_READS: Cell<u64> = const { Cell::new(0) };
 }

@@ -283,10 +283,9 @@ fn key_in_stream(conn: Db<'_>, rows: &[NewPending]) -> Result<Option<String>> {
     // list padded to a hundred made SQLite build and probe a hundred-entry
     // list on the writer's thread for every acceptance.
     for chunk in rows.chunks(DELETE_CHUNK) {
-        let list: Vec<String> = (2..chunk.len() + 2).map(|i| format!("?{i}")).collect();
         let sql = format!(
             "SELECT idempotency_key FROM events WHERE stream = ?1 AND idempotency_key IN ({}) LIMIT 1",
-            list.join(", ")
+            super::sql::placeholders(2, chunk.len())
         );
         let mut params: Vec<super::sql::Arg<'_>> = vec![super::sql::Arg::from(stream)];
         params.extend(chunk.iter().map(|r| super::sql::Arg::from(r.key.as_str())));
@@ -301,10 +300,9 @@ fn key_in_stream(conn: Db<'_>, rows: &[NewPending]) -> Result<Option<String>> {
 const DELETE_CHUNK: usize = 100;
 
 fn delete_chunk_sql() -> String {
-    let list: Vec<String> = (1..=DELETE_CHUNK).map(|i| format!("?{i}")).collect();
     format!(
         "DELETE FROM ingest_pending WHERE id IN ({}) RETURNING bytes",
-        list.join(", ")
+        super::sql::placeholders(1, DELETE_CHUNK)
     )
 }
 

@@ -739,12 +739,9 @@ static UPSERT_MANY: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
 /// `DELETE ... WHERE bucket = ?1 AND key IN (?2, ...)` for
 /// [`ROWS_PER_STATEMENT`] keys.
 static DELETE_MANY: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
-    let keys: Vec<String> = (0..ROWS_PER_STATEMENT)
-        .map(|i| format!("?{}", 2 + i))
-        .collect();
     format!(
         "DELETE FROM processor_keys WHERE bucket = ?1 AND key IN ({})",
-        keys.join(", ")
+        sql::placeholders(2, ROWS_PER_STATEMENT)
     )
 });
 

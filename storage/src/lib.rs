@@ -1215,10 +1215,9 @@ impl Storage {
             // not a statement each: on PostgreSQL a round trip each), with
             // as many placeholders as keys.
             for chunk in keys.chunks(KEYS_LOOKED_UP_AT_ONCE) {
-                let list: Vec<String> = (2..chunk.len() + 2).map(|i| format!("?{i}")).collect();
                 let sql = format!(
                     "SELECT idempotency_key, body FROM events WHERE stream = ?1 AND idempotency_key IN ({})",
-                    list.join(", ")
+                    sql::placeholders(2, chunk.len())
                 );
                 let mut params: Vec<sql::Arg<'_>> = vec![sql::Arg::from(row_id)];
                 params.extend(chunk.iter().map(|k| sql::Arg::from(*k)));

@@ -595,6 +595,15 @@ impl Db<'_> {
     }
 }
 
+/// `count` numbered placeholders from `?first` on, comma-separated
+/// (`?2, ?3, ?4`), for an `IN (...)` list; both engines take them.
+pub fn placeholders(first: usize, count: usize) -> String {
+    (first..first + count)
+        .map(|i| format!("?{i}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// Whether `err` is the unique index `events_by_key` refusing an event
 /// whose idempotency key its stream already holds (either engine).
 pub fn is_duplicate_key(err: &anyhow::Error) -> bool {
@@ -619,6 +628,13 @@ pub fn is_duplicate_key(err: &anyhow::Error) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn placeholders_are_numbered_from_the_first_given() {
+        assert_eq!(placeholders(2, 3), "?2, ?3, ?4");
+        assert_eq!(placeholders(1, 1), "?1");
+        assert_eq!(numbered_to_dollar(&placeholders(2, 2)), "$2, $3");
+    }
 
     #[test]
     fn a_duplicate_idempotency_key_is_told_from_other_failures() {
