@@ -853,6 +853,18 @@ async fn an_event_refused_for_good_is_parked_across_a_restart_until_discarded() 
     set_paused(&server, STREAM, true).await;
     let events = json!({"events": [order("o-1", 1), order("o-2", 2)]});
     assert_eq!(server.post(INGEST, events).await.0, 202);
+    // The drain has read the rows and been refused: it reads them again
+    // (damaged) on its next try, not the bodies it read before.
+    wait_for(
+        "the stream's ingest to show as blocked",
+        Duration::from_secs(30),
+        async || {
+            ingest_status(&server).await["http"]["blocked"]
+                .as_array()
+                .is_some_and(|b| b.iter().any(|s| s["path"] == "/orders"))
+        },
+    )
+    .await;
     server.db().execute(
         "UPDATE ingest_pending SET body = '{\"type\":\"events.iterate.com/stream/subscription-delivery-halted\",\"idempotencyKey\":\"o-1\"}' WHERE idempotency_key = 'o-1'",
     );
