@@ -312,6 +312,22 @@ impl Drop for ReadTransaction {
 /// is parsed again (rusqlite keeps 16 by default; the writer alone uses ~50).
 const STATEMENTS_CACHED: usize = 128;
 
+/// Has `conn` keep its prepared statements ([`STATEMENTS_CACHED`]) and plan
+/// them without looking at their bound values (the query planner's
+/// stability guarantee): otherwise SQLite prepares a statement again
+/// whenever a parameter it planned with changes, which a `LIMIT ?` does on
+/// nearly every call (a page of events, the outbox's due effects). No
+/// plan here depends on a bound value (no `LIKE ?`).
+fn keep_statements(conn: &Connection) -> Result<()> {
+    conn.set_prepared_statement_cache_capacity(STATEMENTS_CACHED);
+    conn.set_db_config(
+        rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG,
+        true,
+    )
+    .context("enabling the query planner's stability guarantee")?;
+    Ok(())
+}
+
 impl Storage {
     /// Opens (creating if needed) `streamhost.db` in `data_dir` and starts the
     /// writer thread.
@@ -345,7 +361,7 @@ impl Storage {
         conn.pragma_update(None, "journal_size_limit", checkpointer::WAL_KEPT_BYTES)
             .context("setting journal_size_limit")?;
         conn.busy_timeout(std::time::Duration::from_secs(10))?;
-        conn.set_prepared_statement_cache_capacity(STATEMENTS_CACHED);
+        keep_statements(&conn)?;
         schema::migrate(&conn)
             .with_context(|| format!("migrating the schema of {}", db_path.display()))?;
         // (The data dir is locked: no other process writes parts.)
@@ -514,7 +530,7 @@ impl Storage {
                         )
                         .with_context(|| format!("opening reader on {}", db_path.display()))?;
                         c.busy_timeout(std::time::Duration::from_secs(10))?;
-                        c.set_prepared_statement_cache_capacity(STATEMENTS_CACHED);
+                        keep_statements(&c)?;
                         c
                     }
                 }))

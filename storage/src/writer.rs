@@ -2338,6 +2338,30 @@ mod tests {
         .unwrap()
     }
 
+    /// A statement whose `LIMIT ?` changes from call to call is not
+    /// prepared again (the query planner's stability guarantee): SQLite
+    /// otherwise plans it anew for each new limit.
+    #[test]
+    fn a_new_limit_does_not_prepare_a_statement_again() {
+        let (_dir, storage) = sqlite();
+        let sql = "SELECT id FROM effects WHERE status = 'pending' ORDER BY id LIMIT ?1";
+        let reprepared = storage
+            .with_reader(|db| {
+                let crate::sql::Db::Sqlite(c) = db else {
+                    unreachable!("a SQLite reader")
+                };
+                for limit in 1..=5 {
+                    let mut stmt = c.prepare_cached(sql)?;
+                    let mut rows = stmt.query([limit])?;
+                    while rows.next()?.is_some() {}
+                }
+                Ok(c.prepare_cached(sql)?
+                    .get_status(rusqlite::StatementStatus::RePrepare))
+            })
+            .unwrap();
+        assert_eq!(reprepared, 0);
+    }
+
     fn id(offset: u64, digest: &str) -> Option<CheckpointId> {
         Some(CheckpointId {
             stream_id: "s1".into(),
