@@ -987,6 +987,34 @@ async fn a_project_whose_webhooks_hang_takes_its_share_of_deliveries_and_another
 }
 
 #[tokio::test]
+async fn a_projects_itx_effects_take_places_of_its_call_share() {
+    let s = call_share_server().await;
+    // Evil's effector asks for four ITX effects that each spin until the
+    // execution's timeout, again and again: more calls at once than evil's
+    // two places (the effect worker has 64).
+    let (status, out) = s
+        .deploy("evil", "effector", crate::support::guest("effector"))
+        .await;
+    assert!(status == 200 || status == 201, "{out}");
+    let stream = "/v1/projects/evil/streams/fx";
+    let wake = json!({"events": [{"type": "events.iterate.com/stream/subscription-configured",
+        "payload": {"subscriptionKey": "fx",
+            "receiver": {"action": "processor-wake",
+                "expression": ["components", ["get", "effector"], "wake"]}}}]});
+    assert_eq!(s.post(&format!("{stream}:append"), wake).await.0, 200);
+    let spin = json!({"expression": ["components", ["get", "kinds"], "spin"], "args": []});
+    let effects: Vec<Value> = (0..4)
+        .map(|i| json!({"key": format!("spin-{i}"), "itx": spin}))
+        .collect();
+    let request = json!({"events": [{"type": "events.example/effects-requested",
+        "payload": {"effects": effects}}]});
+    assert_eq!(s.post(&format!("{stream}:append"), request).await.0, 200);
+    // Evil's own call waits behind its spinning effects, then is refused;
+    // good's calls run at once.
+    evils_call_is_refused_and_goods_run(&s).await;
+}
+
+#[tokio::test]
 async fn a_projects_wakes_take_places_of_its_call_share() {
     let s = call_share_server().await;
     // Four processors of evil's that spin on every wake until its timeout,

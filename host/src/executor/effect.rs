@@ -1,7 +1,9 @@
 //! Runs the processor outbox: one worker per host leases due effects (a
 //! `pending` one whose time has come, or a `running` one whose lease
 //! expired), executes each as a task (at most `[effects] concurrency` at
-//! once, each bounded by `[delivery] timeout-ms`; one project past its
+//! once, each bounded by `[delivery] timeout-ms`; a webhook holding a
+//! place at its destination, an ITX call one of its project's guest calls;
+//! one project past its
 //! share only while no other's effect is due, and never in the last
 //! share's worth of places), and settles it with the
 //! pure decision of `crate::effect::settle`. A terminal failure first
@@ -504,9 +506,10 @@ async fn lease(
     (leased, failed)
 }
 
-/// What an effect's lease keeps beyond its wait for a place at its
-/// destination and its POST's timeout.
-const DESTINATION_WAIT_MARGIN_MS: u64 = 1000;
+/// What an effect's lease keeps beyond its wait for a place (at its
+/// destination, or of its project's guest calls) and its execution's
+/// timeout.
+const PLACE_WAIT_MARGIN_MS: u64 = 1000;
 
 async fn execute_and_settle(exec: &Executors, settings: &Settings, row: EffectRow) {
     let timeout_ms = settings.delivery.timeout_ms;
@@ -523,34 +526,51 @@ async fn execute_and_settle(exec: &Executors, settings: &Settings, row: EffectRo
         .as_ref()
         .and_then(|t| exec.telemetry.begin(Some(t)));
     let carried = span.as_ref().map(|s| s.handed_on.clone()).or(stored_trace);
-    // A webhook first waits for a place at its destination, for as long
-    // as its lease outlasts the wait and the POST (then it is retried).
+    // A webhook first waits for a place at its destination, an ITX call
+    // for one of its project's guest calls (as a subscription's ITX
+    // receiver does, so one project's looping calls hold its own share of
+    // the threads, not the host's), each for as long as its lease outlasts
+    // the wait and the execution (then it is retried).
     let target = Target::from_json(&row.target);
-    let destination = match &target {
-        Ok(Target::Webhook { url, .. }) => super::destination(url),
-        _ => None,
-    };
     let waited_for = Duration::from_millis(
         settings
             .effects
             .lease_ms
             .saturating_sub(timeout_ms)
-            .saturating_sub(DESTINATION_WAIT_MARGIN_MS),
+            .saturating_sub(PLACE_WAIT_MARGIN_MS),
     );
-    let place = match &destination {
-        Some(d) => tokio::time::timeout(waited_for, exec.destinations.enter(d))
-            .await
-            .map(Some)
-            .map_err(|_| d.clone()),
+    let places = match &target {
+        Ok(Target::Webhook { url, .. }) => {
+            super::destination(url).map(|d| (&exec.destinations, d, true))
+        }
+        Ok(Target::Itx { .. }) => Some((&exec.calls, row.project.clone(), false)),
+        _ => None,
+    };
+    let place = match places {
+        Some((shares, key, to_destination)) => {
+            tokio::time::timeout(waited_for, shares.enter(&key))
+                .await
+                .map(Some)
+                .map_err(|_| {
+                    let ms = waited_for.as_millis();
+                    if to_destination {
+                        format!(
+                            "no place at destination {key} for {ms} ms ([effects] \
+                             per-destination-concurrency POSTs to it were running)"
+                        )
+                    } else {
+                        format!(
+                            "no place among project {key:?}'s guest calls for {ms} ms \
+                             ([processors] max-concurrent-calls-per-project calls were running)"
+                        )
+                    }
+                })
+        }
         None => Ok(None),
     };
     let outcome = match (place, target) {
-        (Err(d), _) => Outcome::Failed {
-            message: format!(
-                "no place at destination {d} for {} ms ([effects] per-destination-concurrency \
-                 POSTs to it were running)",
-                waited_for.as_millis()
-            ),
+        (Err(message), _) => Outcome::Failed {
+            message,
             retryable: true,
             retry_after_ms: None,
         },
