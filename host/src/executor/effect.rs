@@ -547,25 +547,23 @@ async fn execute_and_settle(exec: &Executors, settings: &Settings, row: EffectRo
         _ => None,
     };
     let place = match places {
-        Some((shares, key, to_destination)) => {
-            tokio::time::timeout(waited_for, shares.enter(&key))
-                .await
-                .map(Some)
-                .map_err(|_| {
-                    let ms = waited_for.as_millis();
-                    if to_destination {
-                        format!(
-                            "no place at destination {key} for {ms} ms ([effects] \
+        Some((shares, key, to_destination)) => tokio::time::timeout(waited_for, shares.enter(&key))
+            .await
+            .map(Some)
+            .map_err(|_| {
+                let ms = waited_for.as_millis();
+                if to_destination {
+                    format!(
+                        "no place at destination {key} for {ms} ms ([effects] \
                              per-destination-concurrency POSTs to it were running)"
-                        )
-                    } else {
-                        format!(
-                            "no place among project {key:?}'s guest calls for {ms} ms \
+                    )
+                } else {
+                    format!(
+                        "no place among project {key:?}'s guest calls for {ms} ms \
                              ([processors] max-concurrent-calls-per-project calls were running)"
-                        )
-                    }
-                })
-        }
+                    )
+                }
+            }),
         None => Ok(None),
     };
     let outcome = match (place, target) {
