@@ -14,14 +14,14 @@
 //! - the disk's raw fsync rate, measured in the same run;
 //! - a plain outbox relay on the same database (SQLite, and PostgreSQL
 //!   with `STREAMHOST_BENCH_POSTGRES`): the same append effects stored
-//!   pending, leased in batches of 64 (one commit), their events appended
+//!   pending, leased in batches of 256 (one commit), their events appended
 //!   and the effects settled (one commit) by a minimal loop on one
 //!   connection, the bound the executor is measured against.
 //!
 //! Options (after `--`): `--rate N` appends/s (default 200), `--seconds S`
 //! of steady appends (default 4), `--events N` per throughput run (5000),
 //! `--concurrency N` effects at once (`[effects] concurrency`; default: the
-//! configuration's, 64, of which one project takes all but a share's worth).
+//! configuration's, 256, of which one project takes all but a share's worth).
 //! `STREAMHOST_BENCH_POSTGRES=postgres://…` also runs the throughput rows
 //! and the plain relay on fresh PostgreSQL databases of that server.
 //! Needs the guests built: `cargo build --release --target wasm32-wasip2
@@ -244,7 +244,9 @@ async fn throughput(kind: Kind, events: usize, postgres: Option<&str>) -> f64 {
 
 /// Effects leased at once by the plain relay, as many as the host's
 /// default `[effects] concurrency`.
-const RELAY_BATCH: usize = 64;
+fn relay_batch() -> usize {
+    Config::default().effects.concurrency
+}
 
 /// Has a host make its storage (in `dir`, or the PostgreSQL database
 /// `storage`) with the relay's target stream, then closes it.
@@ -333,7 +335,7 @@ fn plain_relay(events: usize, rt: &tokio::runtime::Runtime) -> f64 {
                  RETURNING id, effect_key, target",
             )
             .unwrap()
-            .query_map([RELAY_BATCH as i64], |r| {
+            .query_map([relay_batch() as i64], |r| {
                 Ok((r.get(0)?, r.get(1)?, r.get(2)?))
             })
             .unwrap()
@@ -465,7 +467,7 @@ fn plain_relay_postgres(events: usize, rt: &tokio::runtime::Runtime, base: &str)
             // Lease the oldest due batch.
             let mut tx = db.transaction().unwrap();
             let batch: Vec<(i64, String, String)> = tx
-                .query(&lease, &[&(RELAY_BATCH as i64)])
+                .query(&lease, &[&(relay_batch() as i64)])
                 .unwrap()
                 .iter()
                 .map(|r| (r.get(0), r.get(1), r.get(2)))
@@ -586,8 +588,9 @@ fn main() {
             );
             println!(
                 "  append effects run at {:.2}× the plain relay's rate{engine} (batches of \
-                 {RELAY_BATCH}, two commits a batch)",
-                rates[0] / relay
+                 {}, two commits a batch)",
+                rates[0] / relay,
+                relay_batch()
             );
         }
     }

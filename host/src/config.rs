@@ -268,7 +268,8 @@ pub struct EffectsConfig {
     /// A `running` effect whose executor vanished is retried after this
     /// (30 s); longer than `delivery.timeout-ms`, which bounds one execution.
     pub lease_ms: u64,
-    /// Effects executing at once (64).
+    /// Effects executing at once (256): catching up is bound by how many
+    /// wait on their commits at once, not by the CPU.
     pub concurrency: usize,
     /// One project's share of them (a quarter of `concurrency`, at least
     /// 1; see [`EffectsConfig::project_concurrency`]): past it, a project's
@@ -298,7 +299,7 @@ impl Default for EffectsConfig {
         EffectsConfig {
             max_attempts: 15,
             lease_ms: 30_000,
-            concurrency: 64,
+            concurrency: 256,
             concurrency_per_project: None,
             per_destination_concurrency: 8,
             per_destination_rate: None,
