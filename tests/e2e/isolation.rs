@@ -988,7 +988,7 @@ async fn a_projects_itx_effects_take_places_of_its_call_share() {
     let s = call_share_server().await;
     // Evil's effector asks for four ITX effects that each spin until the
     // execution's timeout, again and again: more calls at once than evil's
-    // two places (the effect worker has 64).
+    // two places (the effect worker has many more).
     let (status, out) = s
         .deploy("evil", "effector", crate::support::guest("effector"))
         .await;
