@@ -814,22 +814,13 @@ async fn evils_call_is_refused_and_goods_run(s: &Server) {
     }
 }
 
-/// Subscribes `stream`'s processor `component` (a wake subscription `key`).
-async fn subscribe_wake(s: &Server, stream: &str, key: &str, component: &str) {
-    let wake = json!({"events": [{"type": "events.iterate.com/stream/subscription-configured",
-        "payload": {"subscriptionKey": key,
-            "receiver": {"action": "processor-wake",
-                "expression": ["components", ["get", component], "wake"]}}}]});
-    assert_eq!(s.post(&format!("{stream}:append"), wake).await.0, 200);
-}
-
 /// `n` streams of `project` woken into `component` (the hostile guest)
 /// with an event it spins on: each wake runs until its timeout, again and
 /// again.
 pub(crate) async fn spinning_wakes(s: &Server, project: &str, component: &str, n: usize) {
     for i in 0..n {
         let stream = format!("/v1/projects/{project}/streams/spin{i}");
-        subscribe_wake(s, &stream, "p", component).await;
+        crate::effects::wake(s, &stream, "p", component).await;
         let spin = ev("hostile/loop", json!({}));
         assert_eq!(s.post(&format!("{stream}:append"), spin).await.0, 200);
     }
@@ -847,7 +838,7 @@ async fn a_project_whose_calls_take_its_share_waits_and_another_projects_calls_d
     assert!(status == 200 || status == 201, "{out}");
     for i in 0..6 {
         let stream = format!("/v1/projects/evil/streams/spin{i}");
-        subscribe_wake(&s, &stream, "p", "proc").await;
+        crate::effects::wake(&s, &stream, "p", "proc").await;
         let spin = ev("hostile/loop", json!({}));
         assert_eq!(s.post(&format!("{stream}:append"), spin).await.0, 200);
         crate::processors::caught_up(&s, &stream, "proc").await;
@@ -881,7 +872,7 @@ async fn a_project_whose_effects_hang_takes_its_share_of_the_outbox_and_another_
             .await;
         assert_eq!(status, 200, "{out}");
         let stream = format!("/v1/projects/{project}/streams/orders");
-        subscribe_wake(&s, &stream, "fx", "effector").await;
+        crate::effects::wake(&s, &stream, "fx", "effector").await;
     }
     // Ten webhooks of evil's to a receiver that never answers.
     let hang: Vec<Value> = (0..10)
@@ -994,7 +985,7 @@ async fn a_projects_itx_effects_take_places_of_its_call_share() {
         .await;
     assert!(status == 200 || status == 201, "{out}");
     let stream = "/v1/projects/evil/streams/fx";
-    subscribe_wake(&s, stream, "fx", "effector").await;
+    crate::effects::wake(&s, stream, "fx", "effector").await;
     let spin = json!({"expression": ["components", ["get", "kinds"], "spin"], "args": []});
     let effects: Vec<Value> = (0..4)
         .map(|i| json!({"key": format!("spin-{i}"), "itx": spin}))

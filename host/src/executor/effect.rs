@@ -539,31 +539,34 @@ async fn execute_and_settle(exec: &Executors, settings: &Settings, row: EffectRo
             .saturating_sub(timeout_ms)
             .saturating_sub(PLACE_WAIT_MARGIN_MS),
     );
-    let places = match &target {
-        Ok(Target::Webhook { url, .. }) => {
-            super::destination(url).map(|d| (&exec.destinations, d, true))
+    // Each place with what its wait answers when it runs out.
+    type Refusal = fn(&str, u128) -> String;
+    let places: Option<(_, String, Refusal)> = match &target {
+        Ok(Target::Webhook { url, .. }) => super::destination(url).map(|d| {
+            let refusal: Refusal = |d, ms| {
+                format!(
+                    "no place at destination {d} for {ms} ms ([effects] \
+                     per-destination-concurrency POSTs to it were running)"
+                )
+            };
+            (&exec.destinations, d, refusal)
+        }),
+        Ok(Target::Itx { .. }) => {
+            let refusal: Refusal = |project, ms| {
+                format!(
+                    "no place among project {project:?}'s guest calls for {ms} ms \
+                     ([processors] max-concurrent-calls-per-project calls were running)"
+                )
+            };
+            Some((&exec.calls, row.project.clone(), refusal))
         }
-        Ok(Target::Itx { .. }) => Some((&exec.calls, row.project.clone(), false)),
         _ => None,
     };
     let place = match places {
-        Some((shares, key, to_destination)) => tokio::time::timeout(waited_for, shares.enter(&key))
+        Some((shares, key, refusal)) => tokio::time::timeout(waited_for, shares.enter(&key))
             .await
             .map(Some)
-            .map_err(|_| {
-                let ms = waited_for.as_millis();
-                if to_destination {
-                    format!(
-                        "no place at destination {key} for {ms} ms ([effects] \
-                             per-destination-concurrency POSTs to it were running)"
-                    )
-                } else {
-                    format!(
-                        "no place among project {key:?}'s guest calls for {ms} ms \
-                             ([processors] max-concurrent-calls-per-project calls were running)"
-                    )
-                }
-            }),
+            .map_err(|_| refusal(&key, waited_for.as_millis())),
         None => Ok(None),
     };
     let outcome = match (place, target) {
