@@ -348,6 +348,90 @@ whole stream again instead). `streamhost verify --project acme /payments
     ]
 }
 
+/// The `Cargo.lock` a new Rust project starts with when its SDK is a
+/// checkout's `guest-sdk/`: the versions that checkout's example guests
+/// are built and tested with (`examples/processors/Cargo.lock`), so its
+/// first build resolves nothing anew. None without that file.
+fn checkout_lock(sdk: &Sdk) -> Result<Option<String>> {
+    let Sdk::Path(path) = sdk else {
+        return Ok(None);
+    };
+    let lock = path.join("../examples/processors/Cargo.lock");
+    let Ok(text) = std::fs::read_to_string(&lock) else {
+        return Ok(None);
+    };
+    pinned_lock(&text, &["serde", "serde_json", "streamhost-guest"])
+        .with_context(|| format!("reading {}", lock.display()))
+        .map(Some)
+}
+
+/// One package of a `Cargo.lock`.
+#[derive(serde::Deserialize, serde::Serialize)]
+struct LockedPackage {
+    name: String,
+    version: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    source: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    checksum: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    dependencies: Vec<String>,
+}
+
+#[derive(serde::Deserialize, serde::Serialize)]
+struct LockFile {
+    version: u32,
+    package: Vec<LockedPackage>,
+}
+
+/// The packages of lock file `text` that `roots` (package names) depend
+/// on, directly or not, as a lock file of their own (cargo adds the
+/// project's own entry at its first build). A dependency is named in a
+/// lock as `name` when one version is locked, else as `name version`.
+fn pinned_lock(text: &str, roots: &[&str]) -> Result<String> {
+    let lock: LockFile = toml::from_str(text)?;
+    let find = |spec: &str| -> Result<usize> {
+        let mut parts = spec.split(' ');
+        let name = parts.next().unwrap_or_default();
+        let version = parts.next();
+        let found: Vec<usize> = lock
+            .package
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| p.name == name && version.is_none_or(|v| p.version == v))
+            .map(|(i, _)| i)
+            .collect();
+        match found[..] {
+            [i] => Ok(i),
+            [] => bail!("no package {spec:?} is locked"),
+            _ => bail!("{} versions of {name:?} are locked", found.len()),
+        }
+    };
+    let mut keep = vec![false; lock.package.len()];
+    let mut next: Vec<usize> = roots.iter().map(|r| find(r)).collect::<Result<_>>()?;
+    while let Some(i) = next.pop() {
+        if !std::mem::replace(&mut keep[i], true) {
+            for dep in &lock.package[i].dependencies {
+                next.push(find(dep)?);
+            }
+        }
+    }
+    let package = lock
+        .package
+        .into_iter()
+        .zip(keep)
+        .filter_map(|(p, k)| k.then_some(p))
+        .collect();
+    let pinned = toml::to_string(&LockFile {
+        version: lock.version,
+        package,
+    })?;
+    Ok(format!(
+        "# The versions the streamhost checkout's example guests are built with;\n\
+         # cargo adds this project and keeps this file up to date.\n{pinned}"
+    ))
+}
+
 /// Writes a new processor project into `dir` (which must not exist or be
 /// empty); answers what it wrote.
 pub fn write(dir: &Path, lang: Lang, name: &str, sdk: &Sdk) -> Result<Vec<PathBuf>> {
@@ -363,8 +447,14 @@ pub fn write(dir: &Path, lang: Lang, name: &str, sdk: &Sdk) -> Result<Vec<PathBu
             dir.display()
         );
     }
+    let mut files = files(lang, name, sdk);
+    if lang == Lang::Rust {
+        if let Some(lock) = checkout_lock(sdk)? {
+            files.push(("Cargo.lock", lock));
+        }
+    }
     let mut written = Vec::new();
-    for (rel, content) in files(lang, name, sdk) {
+    for (rel, content) in files {
         let path = dir.join(rel);
         if let Some(parent) = path.parent() {
             std::fs::create_dir_all(parent)
@@ -379,6 +469,69 @@ pub fn write(dir: &Path, lang: Lang, name: &str, sdk: &Sdk) -> Result<Vec<PathBu
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_pinned_lock_holds_what_the_roots_depend_on_and_nothing_else() {
+        let lock = r#"
+version = 4
+
+[[package]]
+name = "counter"
+version = "0.1.0"
+dependencies = ["serde", "streamhost-guest"]
+
+[[package]]
+name = "serde"
+version = "1.0.229"
+source = "registry+https://github.com/rust-lang/crates.io-index"
+checksum = "aa"
+dependencies = ["syn 2.0.119"]
+
+[[package]]
+name = "streamhost-guest"
+version = "0.1.0"
+dependencies = ["serde", "wit-bindgen"]
+
+[[package]]
+name = "syn"
+version = "1.0.109"
+source = "registry+https://github.com/rust-lang/crates.io-index"
+
+[[package]]
+name = "syn"
+version = "2.0.119"
+source = "registry+https://github.com/rust-lang/crates.io-index"
+
+[[package]]
+name = "wit-bindgen"
+version = "0.46.0"
+source = "registry+https://github.com/rust-lang/crates.io-index"
+"#;
+        let pinned = pinned_lock(lock, &["serde", "streamhost-guest"]).unwrap();
+        let parsed: LockFile = toml::from_str(&pinned).unwrap();
+        assert_eq!(parsed.version, 4);
+        let kept: Vec<String> = parsed
+            .package
+            .iter()
+            .map(|p| format!("{} {}", p.name, p.version))
+            .collect();
+        assert_eq!(
+            kept,
+            [
+                "serde 1.0.229",
+                "streamhost-guest 0.1.0",
+                "syn 2.0.119",
+                "wit-bindgen 0.46.0"
+            ],
+            "{pinned}"
+        );
+        assert_eq!(parsed.package[0].checksum.as_deref(), Some("aa"));
+        // A dependency the lock does not hold is an error naming it.
+        let e = pinned_lock(lock, &["tokio"]).unwrap_err().to_string();
+        assert!(e.contains("\"tokio\""), "{e}");
+        let e = pinned_lock(lock, &["syn"]).unwrap_err().to_string();
+        assert!(e.contains("2 versions of \"syn\""), "{e}");
+    }
 
     #[test]
     fn names_are_component_names() {

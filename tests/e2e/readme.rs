@@ -99,10 +99,11 @@ fn run_shell_blocks(
     );
     let home = tempfile::tempdir().unwrap();
     // A project the blocks build under $HOME (`streamhost new`, then
-    // `cargo build`) keeps its intermediate files where `scaffold.rs`
-    // builds the same project, so the two compile its dependencies once;
-    // its own `target/` still holds what it builds.
-    let shared = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/scaffold-test");
+    // `cargo build`) keeps its intermediate files where the example guests'
+    // build keeps theirs (as `scaffold.rs` does): it starts from their
+    // versions (its Cargo.lock), so their compiled dependencies serve it
+    // (the macros' above all); its own `target/` still holds what it builds.
+    let shared = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/processors/target");
     std::fs::create_dir_all(home.path().join(".cargo")).unwrap();
     std::fs::write(
         home.path().join(".cargo/config.toml"),

@@ -39,16 +39,36 @@ async fn a_scaffolded_processor_builds_alone_deploys_and_folds() {
     let (ok, _, err) = run_cli(&["new", "processor", "Payments", "--dir", "/tmp/x"]);
     assert!(!ok && err.contains("\"Payments\" is invalid"), "{err}");
 
-    // A plain `cargo build --release` in the project builds the component
-    // (its own workspace; the target dir is shared across runs only to
-    // save time).
+    // It starts from the versions the checkout's example guests are built
+    // with: its first build resolves nothing anew.
+    let lock = std::fs::read_to_string(dir.join("Cargo.lock")).expect("a Cargo.lock");
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let target = root.join("target/scaffold-test");
+    let examples = std::fs::read_to_string(root.join("examples/processors/Cargo.lock")).unwrap();
+    let serde_at = |lock: &str| {
+        let at = lock
+            .find("name = \"serde\"\nversion = ")
+            .expect("serde is locked");
+        lock[at..].lines().nth(1).unwrap().to_string()
+    };
+    assert_eq!(serde_at(&lock), serde_at(&examples), "{lock}");
+    assert!(
+        !lock.contains("name = \"counter\""),
+        "only what it depends on: {lock}"
+    );
+
+    // A plain `cargo build --release` in the project builds the component
+    // into its own target/ (its own workspace; its intermediate files where
+    // the example guests' build keeps theirs, to compile the dependencies
+    // they share once).
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let out = Command::new(cargo)
         .args(["build", "--release", "--quiet"])
         .current_dir(&dir)
-        .env("CARGO_TARGET_DIR", &target)
+        .env_remove("CARGO_TARGET_DIR")
+        .env(
+            "CARGO_BUILD_BUILD_DIR",
+            root.join("examples/processors/target"),
+        )
         .output()
         .unwrap();
     assert!(
@@ -56,7 +76,9 @@ async fn a_scaffolded_processor_builds_alone_deploys_and_folds() {
         "cargo build failed:\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let wasm = target.join("wasm32-wasip2/release/payments.wasm");
+    let after = std::fs::read_to_string(dir.join("Cargo.lock")).unwrap();
+    assert_eq!(serde_at(&after), serde_at(&examples), "kept: {after}");
+    let wasm = dir.join("target/wasm32-wasip2/release/payments.wasm");
     let wasm_s = wasm.to_str().unwrap();
 
     // The sample folds offline.
