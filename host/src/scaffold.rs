@@ -351,18 +351,26 @@ whole stream again instead). `streamhost verify --project acme /payments
 /// The `Cargo.lock` a new Rust project starts with when its SDK is a
 /// checkout's `guest-sdk/`: the versions that checkout's example guests
 /// are built and tested with (`examples/processors/Cargo.lock`), so its
-/// first build resolves nothing anew. None without that file.
-fn checkout_lock(sdk: &Sdk) -> Result<Option<String>> {
+/// first build resolves nothing anew. None without that file, or (with a
+/// warning) when it does not lock what the project uses: cargo then
+/// resolves the versions itself, as without a checkout.
+fn checkout_lock(sdk: &Sdk) -> Option<String> {
     let Sdk::Path(path) = sdk else {
-        return Ok(None);
+        return None;
     };
     let lock = path.join("../examples/processors/Cargo.lock");
-    let Ok(text) = std::fs::read_to_string(&lock) else {
-        return Ok(None);
-    };
-    pinned_lock(&text, &["serde", "serde_json", "streamhost-guest"])
-        .with_context(|| format!("reading {}", lock.display()))
-        .map(Some)
+    let text = std::fs::read_to_string(&lock).ok()?;
+    match pinned_lock(&text, &["serde", "serde_json", "streamhost-guest"]) {
+        Ok(pinned) => Some(pinned),
+        Err(e) => {
+            tracing::warn!(
+                lock = %lock.display(),
+                error = %format!("{e:#}"),
+                "the new project gets no Cargo.lock"
+            );
+            None
+        }
+    }
 }
 
 /// One package of a `Cargo.lock`.
@@ -449,7 +457,7 @@ pub fn write(dir: &Path, lang: Lang, name: &str, sdk: &Sdk) -> Result<Vec<PathBu
     }
     let mut files = files(lang, name, sdk);
     if lang == Lang::Rust {
-        if let Some(lock) = checkout_lock(sdk)? {
+        if let Some(lock) = checkout_lock(sdk) {
             files.push(("Cargo.lock", lock));
         }
     }

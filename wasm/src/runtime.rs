@@ -344,10 +344,49 @@ fn instantiation_failed(e: wasmtime::Error) -> wasmtime::Error {
     if e.downcast_ref::<wasmtime::Trap>().is_some() {
         e
     } else {
+        // Every cause (wasmtime's own text leaves an OS error out).
+        let causes: Vec<String> = e.chain().map(ToString::to_string).collect();
         wasmtime::Error::new(HostFault(format!(
-            "instantiating the component failed: {e:#}"
+            "instantiating the component failed: {}",
+            causes.join(": ")
         )))
     }
+}
+
+/// Instantiates `pre` in `store`, again (up to [`INSTANTIATE_TRIES`]
+/// times in all, a little later each time) while it fails with a
+/// transient refusal of the kernel ([`transient`]).
+fn instantiate(
+    pre: &wasmtime::component::InstancePre<GuestData>,
+    store: &mut Store<GuestData>,
+) -> wasmtime::Result<wasmtime::component::Instance> {
+    let mut tries = 1;
+    loop {
+        match pre.instantiate(&mut *store) {
+            Err(e) if tries < INSTANTIATE_TRIES && transient(&e) => {
+                tracing::info!(error = %format!("{e:#}"), tries, "instantiating again");
+                std::thread::sleep(std::time::Duration::from_millis(20 << tries));
+                tries += 1;
+            }
+            result => return result.map_err(instantiation_failed),
+        }
+    }
+}
+
+/// Tries of one instantiation refused for a transient reason.
+const INSTANTIATE_TRIES: u32 = 3;
+
+/// Whether an instantiation failed for a reason that passes: the kernel
+/// answered `EBUSY` (a component's first instance seals the memfd of its
+/// memory image, which Linux refuses while another holds a reference to
+/// one of its pages for a moment, as page migration and compaction do).
+fn transient(e: &wasmtime::Error) -> bool {
+    e.downcast_ref::<wasmtime::Trap>().is_none()
+        && e.chain().any(|cause| {
+            cause
+                .downcast_ref::<std::io::Error>()
+                .is_some_and(|io| io.kind() == std::io::ErrorKind::ResourceBusy)
+        })
 }
 
 /// The last [`GUEST_STDERR_IN_FAILURE_BYTES`] of `bytes`, as text, trimmed.
@@ -1685,10 +1724,7 @@ impl Runtime {
             None => {
                 let (mut store, stdout, stderr) = new_store(&self.engine, d, timeout_ms, keyed);
                 let started = std::time::Instant::now();
-                let instance = p
-                    .instance_pre
-                    .instantiate(&mut store)
-                    .map_err(instantiation_failed);
+                let instance = instantiate(&p.instance_pre, &mut store);
                 p.instantiation.took(started.elapsed());
                 (store, stdout, stderr, instance)
             }
@@ -2270,6 +2306,47 @@ mod cache_file_tests {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An error whose source is an OS error, as the memfd crate's
+    /// `AddSeals` is.
+    #[derive(Debug)]
+    struct Sealing(std::io::Error);
+
+    impl std::fmt::Display for Sealing {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("cannot add seals to the memfd")
+        }
+    }
+
+    impl std::error::Error for Sealing {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&self.0)
+        }
+    }
+
+    #[test]
+    fn only_a_kernel_busy_refusal_of_an_instantiation_is_tried_again() {
+        // As wasmtime's `?` makes it (its text shows no cause), and within
+        // a context.
+        let busy =
+            |errno| -> wasmtime::Error { Sealing(std::io::Error::from_raw_os_error(errno)).into() };
+        assert!(transient(&busy(libc::EBUSY)));
+        assert!(transient(&busy(libc::EBUSY).context("instantiating")));
+        assert!(!transient(&busy(libc::ENOMEM)));
+        assert!(!transient(&wasmtime::Error::msg(
+            "the instance pool is full"
+        )));
+        assert!(!transient(&wasmtime::Error::new(
+            wasmtime::Trap::UnreachableCodeReached
+        )));
+        // What a call answers names the cause.
+        let message = format!("{:#}", instantiation_failed(busy(libc::EBUSY)));
+        assert!(
+            message
+                .ends_with("cannot add seals to the memfd: Device or resource busy (os error 16)"),
+            "{message}"
+        );
+    }
 
     /// The guest `file` of `examples/processors`, when built (`scripts/test`
     /// and CI build the guests before the tests).
