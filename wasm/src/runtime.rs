@@ -354,8 +354,10 @@ fn instantiation_failed(e: wasmtime::Error) -> wasmtime::Error {
 }
 
 /// Instantiates `pre` in `store`, again (up to [`INSTANTIATE_TRIES`]
-/// times in all, a little later each time) while it fails with a
-/// transient refusal of the kernel ([`transient`]).
+/// times in all) while it fails with a transient refusal of the kernel
+/// ([`transient`]). No pause between tries: before it answers `EBUSY` the
+/// kernel has already waited (tens of milliseconds) for the references to
+/// go.
 fn instantiate(
     pre: &wasmtime::component::InstancePre<GuestData>,
     store: &mut Store<GuestData>,
@@ -365,7 +367,6 @@ fn instantiate(
         match pre.instantiate(&mut *store) {
             Err(e) if tries < INSTANTIATE_TRIES && transient(&e) => {
                 tracing::info!(error = %format!("{e:#}"), tries, "instantiating again");
-                std::thread::sleep(std::time::Duration::from_millis(20 << tries));
                 tries += 1;
             }
             result => return result.map_err(instantiation_failed),
@@ -381,12 +382,11 @@ const INSTANTIATE_TRIES: u32 = 3;
 /// memory image, which Linux refuses while another holds a reference to
 /// one of its pages for a moment, as page migration and compaction do).
 fn transient(e: &wasmtime::Error) -> bool {
-    e.downcast_ref::<wasmtime::Trap>().is_none()
-        && e.chain().any(|cause| {
-            cause
-                .downcast_ref::<std::io::Error>()
-                .is_some_and(|io| io.kind() == std::io::ErrorKind::ResourceBusy)
-        })
+    e.chain().any(|cause| {
+        cause
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::ResourceBusy)
+    })
 }
 
 /// The last [`GUEST_STDERR_IN_FAILURE_BYTES`] of `bytes`, as text, trimmed.
