@@ -157,6 +157,53 @@ pub struct EffectInsert {
     pub created_at: String,
 }
 
+/// An append effect whose event a stream's commit stores: settled
+/// `succeeded` in that commit's own transaction (the event and its
+/// effect's settlement commit together), if it is running. A row in any
+/// other state is left as it is: its executor settles it on its own.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AppendSettled {
+    /// The effect's identity: its project, source stream, consumer and key.
+    pub project: String,
+    pub path: String,
+    pub component: String,
+    pub key: String,
+    pub now_ms: i64,
+    pub settled_at: String,
+}
+
+/// [`AppendSettled`]'s statement in `dialect`, with its arguments (on
+/// PostgreSQL its time is the database's, as every settlement's).
+pub(super) fn append_settled_write(
+    dialect: super::sql::Dialect,
+    s: &AppendSettled,
+) -> (&'static str, Vec<Arg<'_>>) {
+    let mut args = vec![
+        Arg::Text(&s.project),
+        Arg::Text(&s.path),
+        Arg::Text(&s.component),
+        Arg::Text(&s.key),
+        Arg::Text(&s.settled_at),
+    ];
+    let sql = match dialect {
+        super::sql::Dialect::Sqlite => {
+            args.push(Arg::Int(s.now_ms));
+            "UPDATE effects SET status = 'succeeded', due_at_ms = ?6, last_error = NULL,
+                 result = NULL, settled_at = ?5
+             WHERE project = ?1 AND path = ?2 AND component = ?3 AND effect_key = ?4
+                 AND status = 'running'"
+        }
+        super::sql::Dialect::Postgres => {
+            "UPDATE effects SET status = 'succeeded',
+                 due_at_ms = CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT),
+                 last_error = NULL, result = NULL, settled_at = ?5
+             WHERE project = ?1 AND path = ?2 AND component = ?3 AND effect_key = ?4
+                 AND status = 'running'"
+        }
+    };
+    (sql, args)
+}
+
 /// PostgreSQL's one statement inserting many effects (on the database's
 /// clock), as the writer's pipeline and a lone insert both send it.
 pub(super) struct PgInsert<'a> {

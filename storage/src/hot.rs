@@ -449,6 +449,7 @@ mod tests {
             removed_cursors: Vec::new(),
             fence: None,
             effects: Vec::new(),
+            settled: Vec::new(),
             redactions: Vec::new(),
             removed_through: None,
             staged: Vec::new(),

@@ -38,7 +38,8 @@ pub use backup::{
     BackupSummary, BackupUnavailable,
 };
 pub use effects::{
-    DestinationRoom, EffectInsert, EffectOp, EffectQuery, EffectRow, EffectSource, NewEffect,
+    AppendSettled, DestinationRoom, EffectInsert, EffectOp, EffectQuery, EffectRow, EffectSource,
+    NewEffect,
 };
 
 /// How hard a commit is pushed to disk before it is acknowledged.

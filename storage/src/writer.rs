@@ -112,6 +112,9 @@ pub struct StreamCommit {
     /// The effects of the round's events (reactors'): inserted in the
     /// same transaction as the events, or not at all.
     pub effects: Vec<super::effects::EffectInsert>,
+    /// The append effects whose events the round stores: settled in the
+    /// same transaction as the events (one commit, not two after another).
+    pub settled: Vec<super::effects::AppendSettled>,
     /// Committed events the round redacts (`event-redacted`), their new
     /// bodies replacing the stored ones in the same transaction as the
     /// round's audit line (the stream's bytes follow).
@@ -1626,6 +1629,21 @@ fn commit_group_pipelined(
                 })
             })
             .collect();
+        // And each round's settlements of append effects: (round index,
+        // statement, arguments).
+        let settled_args: Vec<(usize, &str, Vec<super::sql::Arg<'_>>)> = rounds
+            .iter()
+            .enumerate()
+            .flat_map(|(r, (_, c))| {
+                c.settled.iter().map(move |settled| {
+                    let (sql, args) = super::effects::append_settled_write(
+                        super::sql::Dialect::Postgres,
+                        settled,
+                    );
+                    (r, sql, args)
+                })
+            })
+            .collect();
         // And each round's removal (retention): (round index, arguments).
         let removal_args: Vec<(usize, Vec<super::sql::Arg<'_>>)> = rounds
             .iter()
@@ -1650,6 +1668,7 @@ fn commit_group_pipelined(
         let mut effects_of = effect_arrays.iter().zip(&effect_args).peekable();
         let mut redactions_of = redaction_args.iter().peekable();
         let mut removals_of = removal_args.iter().peekable();
+        let mut settled_of = settled_args.iter().peekable();
         for (r, a) in args.iter().enumerate() {
             statements.push((APPEND_ROUND, a.as_slice()));
             owners.push(r);
@@ -1668,6 +1687,10 @@ fn commit_group_pipelined(
             }
             while let Some((_, a)) = removals_of.next_if(|(rr, _)| *rr == r) {
                 statements.push((REMOVE_POSTGRES, a.as_slice()));
+                owners.push(r);
+            }
+            while let Some((_, sql, a)) = settled_of.next_if(|(rr, _, _)| *rr == r) {
+                statements.push((sql, a.as_slice()));
                 owners.push(r);
             }
         }
@@ -1841,6 +1864,10 @@ fn apply(conn: Db<'_>, op: &WriteOp) -> Result<i64> {
             }
             for e in &c.effects {
                 super::effects::insert(conn, &e.source, &e.effects, e.now_ms, &e.created_at)?;
+            }
+            for settled in &c.settled {
+                let (sql, args) = super::effects::append_settled_write(conn.dialect(), settled);
+                conn.execute(sql, &args)?;
             }
             for r in &c.redactions {
                 redact(conn, row_id, r)?;
@@ -2533,6 +2560,7 @@ mod tests {
             removed_cursors: Vec::new(),
             fence: None,
             effects: Vec::new(),
+            settled: Vec::new(),
             redactions: Vec::new(),
             removed_through: None,
             staged: Vec::new(),
@@ -2744,6 +2772,76 @@ mod tests {
         let row = storage.effect("p", id).unwrap().unwrap();
         assert_eq!((row.status.as_str(), row.lease_id), ("running", third));
         assert_eq!(settle(third, "succeeded"), 1);
+    }
+
+    #[test]
+    fn an_append_effect_settles_in_the_round_that_stores_its_event_only_while_running() {
+        use crate::{AppendSettled, EffectOp, EffectSource, NewEffect};
+        let (_dir, storage) = sqlite();
+        let effect = |op: EffectOp| storage.commit_blocking(WriteOp::Effect(op)).unwrap();
+        let inserted = effect(EffectOp::Insert {
+            source: EffectSource {
+                project: "p".into(),
+                path: "/s".into(),
+                stream_id: "s1".into(),
+                component: "c".into(),
+            },
+            effects: ["running", "pending"]
+                .iter()
+                .map(|key| NewEffect {
+                    key: key.to_string(),
+                    target: "{\"append\": {}}".into(),
+                    checkpoint_offset: 3,
+                    ..NewEffect::default()
+                })
+                .collect(),
+            now_ms: 1_000,
+            created_at: "2026-12-01T00:00:00.000Z".into(),
+        });
+        assert_eq!(inserted, 2);
+        let due = storage.due_effects(1_000, 10, &[], &[]).unwrap();
+        let id = |key: &str| due.iter().find(|r| r.key == key).unwrap().id;
+        let (running, pending) = (id("running"), id("pending"));
+        let lease = effect(EffectOp::Lease {
+            id: running,
+            attempts: 0,
+            now_ms: 1_000,
+            lease_until_ms: 2_000,
+        });
+        assert!(lease > 0);
+        // A round storing both effects' events (the second is not running:
+        // not this round's to settle).
+        let mut commit = round(new_stream("/out"), &[(1, "{}"), (2, "{}")], 2);
+        commit.settled = ["running", "pending"]
+            .iter()
+            .map(|key| AppendSettled {
+                project: "p".into(),
+                path: "/s".into(),
+                component: "c".into(),
+                key: key.to_string(),
+                now_ms: 1_500,
+                settled_at: "2026-12-01T00:00:01.500Z".into(),
+            })
+            .collect();
+        storage.commit_blocking(WriteOp::Commit(commit)).unwrap();
+        let row = storage.effect("p", running).unwrap().unwrap();
+        assert_eq!(row.status, "succeeded");
+        assert_eq!(row.settled_at.as_deref(), Some("2026-12-01T00:00:01.500Z"));
+        assert_eq!((row.last_error, row.result), (None, None));
+        let row = storage.effect("p", pending).unwrap().unwrap();
+        assert_eq!((row.status.as_str(), row.settled_at), ("pending", None));
+        // Its executor's own settlement finds nothing left to settle.
+        let settle = effect(EffectOp::Settle {
+            id: running,
+            lease_id: lease,
+            now_ms: 1_600,
+            status: "succeeded",
+            due_at_ms: 1_600,
+            last_error: None,
+            result: None,
+            settled_at: Some("2026-12-01T00:00:01.600Z".into()),
+        });
+        assert_eq!(settle, 0);
     }
 
     #[test]

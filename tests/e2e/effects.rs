@@ -286,6 +286,59 @@ async fn append_effects_run_once_after_the_commit_and_repeated_identities_are_ig
     );
 }
 
+/// An append effect settles in the transaction that commits its event:
+/// no reader (here the database itself, one statement a snapshot) ever
+/// sees an effect's event stored while its effect is still running.
+#[tokio::test]
+async fn an_append_effects_event_and_its_settlement_commit_together() {
+    let s = Server::start_with(Some(EFFECTS), &[]);
+    effector_on(&s, SRC).await;
+    const N: i64 = 40;
+    let effects: Vec<Value> = (0..N)
+        .map(|i| json!({"key": format!("t{i}"), "append": {"streamPath": "/out", "type": "x.y/done", "payload": {"i": i}}}))
+        .collect();
+    // Two requests, so that some effects run while others are appended.
+    request(&s, SRC, Value::Array(effects[..N as usize / 2].to_vec())).await;
+    request(&s, SRC, Value::Array(effects[N as usize / 2..].to_vec())).await;
+    let db = s.db();
+    // The effect events in /out, and those of them whose effect is not
+    // settled, each counted in one snapshot of the database.
+    let from = "FROM events e JOIN streams st ON e.stream = st.id
+         JOIN effects f ON e.idempotency_key = 'effect:' || f.component || ':' || f.path || ':' || f.effect_key
+         WHERE st.path = '/out'";
+    let stored = format!("SELECT count(*) {from}");
+    let unsettled = format!("SELECT count(*) {from} AND f.status <> 'succeeded'");
+    let mut looks = 0;
+    wait_for(
+        "every effect's event stored",
+        Duration::from_secs(30),
+        async || {
+            looks += 1;
+            assert_eq!(
+                db.query_i64(&unsettled),
+                Some(0),
+                "an effect's event was stored before its effect settled"
+            );
+            db.query_i64(&stored) == Some(N)
+        },
+    )
+    .await;
+    assert!(
+        looks > 1,
+        "the effects ran before the first look: nothing was checked"
+    );
+    for i in 0..N {
+        let e = settled(&s, &format!("t{i}"), "succeeded").await;
+        assert_eq!(e["attempts"], 1, "{e}");
+        assert!(e["settledAt"].is_string(), "{e}");
+    }
+    assert_eq!(
+        s.metric("streamhost_effect_executions_total{outcome=\"succeeded\"}")
+            .await,
+        N as u64
+    );
+}
+
 #[tokio::test]
 async fn webhook_effects_carry_their_id_and_a_4xx_fails_at_once_with_one_error_line() {
     let r = Receiver::start().await;

@@ -31,6 +31,11 @@ pub struct AppendOutput {
     /// (equality and deserialization leave it out).
     #[serde(skip)]
     pub rendered: Vec<Option<Arc<String>>>,
+    /// For each of `events`, whether an earlier request committed it (its
+    /// idempotency key was replayed): empty when not known (an answer
+    /// that came from another host). Not part of the value either.
+    #[serde(skip)]
+    pub replayed: Vec<bool>,
 }
 
 impl PartialEq for AppendOutput {
@@ -132,6 +137,7 @@ mod tests {
             stream_created_at: "2026-12-06T07:00:00.000Z".into(),
             events: events.clone(),
             rendered: Vec::new(),
+            replayed: Vec::new(),
         };
         let serialized = serde_json::to_vec(&output).unwrap();
         // Nothing rendered, some, all: the same text as serializing it.

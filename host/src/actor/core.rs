@@ -1403,6 +1403,7 @@ impl ActorCore {
             removed_cursors,
             fence: self.tenure.fence(),
             effects,
+            settled: self.settled_effects(&round),
             redactions: std::mem::take(&mut round.redactions),
             removed_through: round.removed_through,
             staged: Vec::new(),
@@ -1415,6 +1416,41 @@ impl ActorCore {
             cursors,
             effects: has_effects,
         });
+    }
+
+    /// The append effects whose events `round` stores: their settlements
+    /// commit with the events (an effect's executor then has nothing left
+    /// to write). Only an effect's own append names one (the platform sets
+    /// `source.effect`, and only there).
+    fn settled_effects(&self, round: &Round) -> Vec<crate::storage::AppendSettled> {
+        let mut settled = Vec::new();
+        let now_ms = self.env.now_ms();
+        for ((_, outcome), request) in round.outcomes.iter().zip(&round.requests) {
+            let (
+                Ok(plan),
+                Request::Append {
+                    authority: Authority::Effect,
+                    ..
+                },
+            ) = (outcome, request)
+            else {
+                continue;
+            };
+            for e in plan.new_events.iter().filter(|e| !e.ephemeral) {
+                let Some(origin) = e.source.as_ref().and_then(|s| s.effect.as_ref()) else {
+                    continue;
+                };
+                settled.push(crate::storage::AppendSettled {
+                    project: self.address.namespace.storage_key().to_string(),
+                    path: origin.path.clone(),
+                    component: origin.component.clone(),
+                    key: origin.key.clone(),
+                    now_ms,
+                    settled_at: format_timestamp(now_ms),
+                });
+            }
+        }
+        settled
     }
 
     /// Answers one planned request; returns the delivery run whose fact
@@ -1448,11 +1484,22 @@ impl ActorCore {
                                 .map(|s| Arc::clone(&s.body))
                         })
                         .collect();
+                    // (The round's new events are in offset order.)
+                    let replayed = plan
+                        .events
+                        .iter()
+                        .map(|e| {
+                            plan.new_events
+                                .binary_search_by_key(&e.offset, |n| n.offset)
+                                .is_err()
+                        })
+                        .collect();
                     Ok(AppendOutput {
                         stream_id: state.stream_id.clone(),
                         stream_created_at: state.created_at.clone(),
                         events: plan.events,
                         rendered,
+                        replayed,
                     })
                 });
                 self.config.metrics.append_answered(match &result {

@@ -569,6 +569,9 @@ async fn execute_and_settle(exec: &Executors, settings: &Settings, row: EffectRo
             .map_err(|_| refusal(&key, waited_for.as_millis())),
         None => Ok(None),
     };
+    // An append effect's settlement commits with its event (the stream's
+    // round writes it); a replayed event's was not, and is written here.
+    let mut settled_with_target = false;
     let outcome = match (place, target) {
         (Err(message), _) => Outcome::Failed {
             message,
@@ -586,7 +589,12 @@ async fn execute_and_settle(exec: &Executors, settings: &Settings, row: EffectRo
             )
             .await
             {
-                Ok(result) => Outcome::Succeeded { result },
+                Ok(executed) => {
+                    settled_with_target = executed.settled;
+                    Outcome::Succeeded {
+                        result: executed.result,
+                    }
+                }
                 Err(f) => Outcome::Failed {
                     message: f.message,
                     retryable: f.retryable,
@@ -626,6 +634,7 @@ async fn execute_and_settle(exec: &Executors, settings: &Settings, row: EffectRo
     );
     exec.metrics.effect_executed(settlement.label());
     let op = match settlement {
+        Settlement::Succeeded { .. } if settled_with_target => return,
         Settlement::Succeeded { result } => EffectOp::Settle {
             id: row.id,
             lease_id: row.lease_id,
@@ -682,17 +691,36 @@ fn address_of(project: &str, path: &str) -> Result<StreamAddress, Failure> {
         .map_err(|e| Failure::new(e.message, false))
 }
 
-/// Runs one effect's target; an ITX call's result comes back.
+/// What one effect's execution answers.
+struct Executed {
+    /// An ITX call's result.
+    result: Option<Value>,
+    /// Whether its settlement committed already: an append effect's
+    /// commits with its event, unless the event was committed before (a
+    /// replay of its key).
+    settled: bool,
+}
+
+impl Executed {
+    fn unsettled(result: Option<Value>) -> Executed {
+        Executed {
+            result,
+            settled: false,
+        }
+    }
+}
+
+/// Runs one effect's target.
 async fn execute(
     exec: &Executors,
     row: &EffectRow,
     target: Target,
     timeout_ms: u64,
     trace: Option<crate::trace::Trace>,
-) -> Result<Option<Value>, Failure> {
+) -> Result<Executed, Failure> {
     match target {
         // Applied in the commit that stored it (and stored done).
-        Target::Cancel { .. } => Ok(None),
+        Target::Cancel { .. } => Ok(Executed::unsettled(None)),
         Target::Append {
             stream_path,
             event_type,
@@ -726,7 +754,10 @@ async fn execute(
             };
             append(exec, &address, event, Authority::Effect)
                 .await
-                .map(|_| None)
+                .map(|out| Executed {
+                    result: None,
+                    settled: out.replayed == [false],
+                })
         }
         Target::Webhook { url, body } => {
             // Signed with the project's secrets, if it has any; the
@@ -751,7 +782,7 @@ async fn execute(
                     signing,
                 )
                 .await
-                .map(|_| None)
+                .map(|_| Executed::unsettled(None))
                 .map_err(|(mut f, status)| {
                     // A refused address stays refused, whatever the status.
                     f.retryable = f.retryable && effect::webhook_retryable(status);
@@ -779,7 +810,7 @@ async fn execute(
                         timeout_ms,
                         Default::default(),
                     )
-                    .map(Some)
+                    .map(|result| Executed::unsettled(Some(result)))
                     .map_err(|e| match e {
                         CallError::Err(v) => {
                             Failure::new(format!("{component}.{function} returned err: {v}"), true)
@@ -809,7 +840,7 @@ async fn append(
     address: &StreamAddress,
     event: EventInput,
     authority: Authority,
-) -> Result<(), Failure> {
+) -> Result<crate::stream::AppendOutput, Failure> {
     let input = AppendInput {
         events: vec![event],
         expected_stream_id: None,
@@ -817,7 +848,6 @@ async fn append(
     exec.streams
         .append(address, input, authority)
         .await
-        .map(|_| ())
         .map_err(|e| {
             let retryable = matches!(
                 e.kind,
@@ -847,6 +877,7 @@ async fn append_error_line(exec: &Executors, row: &EffectRow, error: &str) -> Re
     };
     append(exec, &address, event, Authority::Platform)
         .await
+        .map(|_| ())
         .map_err(|f| f.message)
 }
 

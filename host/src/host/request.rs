@@ -1253,6 +1253,7 @@ mod tests {
             stream_created_at: "2026-12-04T08:00:00.000Z".into(),
             events: vec![event(2), event(3)],
             rendered: Vec::new(),
+            replayed: Vec::new(),
         };
         let component = || "counter".to_string();
         let binary = KeyValue {
