@@ -680,7 +680,12 @@ async fn execute_and_settle(exec: &Executors, settings: &Settings, row: EffectRo
     };
     match exec.storage.submit(WriteOp::Effect(op)).await {
         Ok(Ok(1)) => {}
-        Ok(Ok(_)) => tracing::info!(id = row.id, "an effect's lease was lost before it settled"),
+        // (Or, for an append effect another host's actor appended, its
+        // event's commit settled it there.)
+        Ok(Ok(_)) => tracing::info!(
+            id = row.id,
+            "an effect's lease was lost before it settled, or it was settled already"
+        ),
         Ok(Err(e)) => tracing::warn!(id = row.id, error = %e, "settling an effect failed"),
         Err(_) => {}
     }
