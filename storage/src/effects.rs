@@ -500,25 +500,38 @@ impl Storage {
             let now_ms = db_now(db, now_ms)?;
             let not_passed = not_in(db, "project", 3);
             let not_full = not_in(db, "destination", 4);
-            match &owner {
-                None => db.query_all(
-                    &format!(
-                        "SELECT {COLUMNS} FROM effects
-                     WHERE status IN ('pending', 'running') AND due_at_ms <= ?1 {not_passed}
+            let owned = if owner.is_some() {
+                owned_by(5)
+            } else {
+                String::new()
+            };
+            // The oldest of each status, each read in its index's order
+            // (`effects_due`: status, due time, id), then merged: one read
+            // of both statuses at once would sort every due row before its
+            // limit, a look costing as much as the whole backlog.
+            let oldest = |status: &str| {
+                format!(
+                    "SELECT {COLUMNS} FROM effects
+                     WHERE status = '{status}' AND due_at_ms <= ?1 {not_passed} {owned}
                        {not_full} {GROUP_HEAD}
                      ORDER BY due_at_ms, id LIMIT ?2"
-                    ),
+                )
+            };
+            let sql = format!(
+                "SELECT {COLUMNS} FROM ({}) AS pending_due
+                 UNION ALL SELECT {COLUMNS} FROM ({}) AS lapsed_due
+                 ORDER BY due_at_ms, id LIMIT ?2",
+                oldest("pending"),
+                oldest("running")
+            );
+            match &owner {
+                None => db.query_all(
+                    &sql,
                     args![now_ms, limit as i64, passed.as_str(), full.as_str()],
                     row,
                 ),
                 Some(owner) => db.query_all(
-                    &format!(
-                        "SELECT {COLUMNS} FROM effects
-                     WHERE status IN ('pending', 'running') AND due_at_ms <= ?1 {not_passed} {}
-                       {not_full} {GROUP_HEAD}
-                     ORDER BY due_at_ms, id LIMIT ?2",
-                        owned_by(5)
-                    ),
+                    &sql,
                     args![now_ms, limit as i64, passed.as_str(), full.as_str(), owner],
                     row,
                 ),
