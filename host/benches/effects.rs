@@ -7,10 +7,12 @@
 //! - latency (after one untimed warm-up event) from the source commit (the append's acknowledgement) to the
 //!   target event committed (its arrival on a live connection to the
 //!   receiving stream), p50 / p99 / max, at a steady append rate: for an
-//!   effect that is fold → commit with the checkpoint → lease → append →
-//!   settle, for a copy the delivery job;
+//!   effect that is fold → commit with the checkpoint → lease → append
+//!   (its settlement in the same commit), for a copy the delivery job;
 //! - throughput, targets committed per second, catching up on a pre-filled
-//!   log of events that each ask for one append effect;
+//!   log of events that each ask for one append effect, and beside it the
+//!   rate at which the effector stored those effects (its checkpoint
+//!   reaching the source's head);
 //! - the disk's raw fsync rate, measured in the same run;
 //! - a plain outbox relay on the same database (SQLite, and PostgreSQL
 //!   with `STREAMHOST_BENCH_POSTGRES`): the same append effects stored
@@ -92,7 +94,7 @@ async fn open(dir: &Path, postgres: Option<&str>) -> (Host, StreamAddress) {
     (host, src)
 }
 
-async fn subscribe(host: &Host, src: &StreamAddress, kind: Kind) {
+async fn subscribe(host: &Host, src: &StreamAddress, kind: Kind) -> u64 {
     let receiver = match kind {
         Kind::Effect => json!({"action": "processor-wake",
             "expression": ["components", ["get", "effector"], "wake"]}),
@@ -111,7 +113,9 @@ async fn subscribe(host: &Host, src: &StreamAddress, kind: Kind) {
             Authority::Public,
         )
         .await
-        .unwrap();
+        .unwrap()
+        .events[0]
+        .offset
 }
 
 /// Arrivals on the receiving stream: (n, when its event reached a live
@@ -210,7 +214,10 @@ async fn latency(kind: Kind, rate: f64, seconds: f64) -> (usize, [f64; 3]) {
     )
 }
 
-async fn throughput(kind: Kind, events: usize, postgres: Option<&str>) -> f64 {
+/// A catch-up's targets/s and, for append effects, the effector's own
+/// rate: its source events folded (and their effects stored) a second,
+/// from the subscription to its checkpoint reaching the source's head.
+async fn throughput(kind: Kind, events: usize, postgres: Option<&str>) -> (f64, Option<f64>) {
     let dir = tempfile::tempdir().unwrap();
     let (host, src) = open(dir.path(), postgres).await;
     for chunk in 0..events.div_ceil(500) {
@@ -224,7 +231,22 @@ async fn throughput(kind: Kind, events: usize, postgres: Option<&str>) -> f64 {
     }
     let mut arrivals = watch(&host).await;
     let start = Instant::now();
-    subscribe(&host, &src, kind).await;
+    let head = subscribe(&host, &src, kind).await;
+    // The effector's checkpoint, looked at every 5 ms: when it covers the
+    // source's head, every effect is stored.
+    let folded = (kind == Kind::Effect).then(|| {
+        let (host, src) = (host.clone(), src.clone());
+        tokio::spawn(async move {
+            loop {
+                if let Ok(p) = host.processor(&src, "effector").await {
+                    if p.checkpoint_offset >= head {
+                        return start.elapsed();
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+    });
     let mut seen = std::collections::HashSet::new();
     while seen.len() < events {
         let (i, _) = tokio::time::timeout(Duration::from_secs(120), arrivals.recv())
@@ -234,12 +256,16 @@ async fn throughput(kind: Kind, events: usize, postgres: Option<&str>) -> f64 {
         seen.insert(i);
     }
     let rate = events as f64 / start.elapsed().as_secs_f64();
+    let fold_rate = match folded {
+        Some(f) => Some(events as f64 / f.await.unwrap().as_secs_f64()),
+        None => None,
+    };
     // Off the runtime's threads: a PostgreSQL host's blocking clients end
     // with runtimes of their own.
     std::thread::spawn(move || drop((host, dir)))
         .join()
         .unwrap();
-    rate
+    (rate, fold_rate)
 }
 
 /// Effects leased at once by the plain relay, as many as the host's
@@ -561,7 +587,7 @@ fn main() {
                 "{}{engine}: catching up on {events} events ...",
                 kind.name()
             );
-            let r = rt.block_on(throughput(kind, events, url));
+            let (r, folded) = rt.block_on(throughput(kind, events, url));
             rates.push(r);
             println!(
                 "{:<28} {:>16} {r:>10.0} {:>9.1}×",
@@ -569,6 +595,9 @@ fn main() {
                 format!("{events} events"),
                 r / fsyncs
             );
+            if let Some(folded) = folded {
+                println!("  the effector stored their effects at {folded:.0}/s (its checkpoint at the head)");
+            }
         }
         println!(
             "  append effects run at {:.2}× the copy rate{engine}",
