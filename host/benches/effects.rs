@@ -232,34 +232,31 @@ async fn throughput(kind: Kind, events: usize, postgres: Option<&str>) -> (f64, 
     let mut arrivals = watch(&host).await;
     let start = Instant::now();
     let head = subscribe(&host, &src, kind).await;
-    // The effector's checkpoint, looked at every 5 ms: when it covers the
-    // source's head, every effect is stored.
-    let folded = (kind == Kind::Effect).then(|| {
-        let (host, src) = (host.clone(), src.clone());
-        tokio::spawn(async move {
-            loop {
-                if let Ok(p) = host.processor(&src, "effector").await {
-                    if p.checkpoint_offset >= head {
-                        return start.elapsed();
-                    }
-                }
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-        })
-    });
-    let mut seen = std::collections::HashSet::new();
-    while seen.len() < events {
-        let (i, _) = tokio::time::timeout(Duration::from_secs(120), arrivals.recv())
+    // When the effector's checkpoint covers the source's head, every
+    // effect is stored.
+    let folded = async {
+        if kind != Kind::Effect {
+            return None;
+        }
+        host.wait_for_processor(&src, "effector", head, Duration::from_secs(120))
             .await
-            .expect("targets stopped arriving")
-            .expect("the connection closed");
-        seen.insert(i);
-    }
-    let rate = events as f64 / start.elapsed().as_secs_f64();
-    let fold_rate = match folded {
-        Some(f) => Some(events as f64 / f.await.unwrap().as_secs_f64()),
-        None => None,
+            .expect("the effector reaches the source's head");
+        Some(start.elapsed())
     };
+    let arrived = async {
+        let mut seen = std::collections::HashSet::new();
+        while seen.len() < events {
+            let (i, _) = tokio::time::timeout(Duration::from_secs(120), arrivals.recv())
+                .await
+                .expect("targets stopped arriving")
+                .expect("the connection closed");
+            seen.insert(i);
+        }
+        start.elapsed()
+    };
+    let (folded, arrived) = tokio::join!(folded, arrived);
+    let rate = events as f64 / arrived.as_secs_f64();
+    let fold_rate = folded.map(|f| events as f64 / f.as_secs_f64());
     // Off the runtime's threads: a PostgreSQL host's blocking clients end
     // with runtimes of their own.
     std::thread::spawn(move || drop((host, dir)))

@@ -2713,27 +2713,36 @@ mod tests {
         assert_eq!(stored(&storage), (1 + 2 + 1 + 2) as u64);
     }
 
-    #[test]
-    fn a_stale_executor_never_settles_a_later_lease_even_after_a_retry() {
-        use crate::{EffectOp, EffectSource, NewEffect};
-        let (_dir, storage) = sqlite();
-        let effect = |op: EffectOp| storage.commit_blocking(WriteOp::Effect(op)).unwrap();
-        let inserted = effect(EffectOp::Insert {
-            source: EffectSource {
+    /// Effects `keys` of consumer `c` on `/s` in project `p`, each with
+    /// `target`, stored at 1,000 ms.
+    fn insert_effects(keys: &[&str], target: &str) -> crate::EffectOp {
+        crate::EffectOp::Insert {
+            source: crate::EffectSource {
                 project: "p".into(),
                 path: "/s".into(),
                 stream_id: "s1".into(),
                 component: "c".into(),
             },
-            effects: vec![NewEffect {
-                key: "k".into(),
-                target: "{\"webhook\": {}}".into(),
-                checkpoint_offset: 3,
-                ..NewEffect::default()
-            }],
+            effects: keys
+                .iter()
+                .map(|key| crate::NewEffect {
+                    key: key.to_string(),
+                    target: target.into(),
+                    checkpoint_offset: 3,
+                    ..crate::NewEffect::default()
+                })
+                .collect(),
             now_ms: 1_000,
             created_at: "2026-12-01T00:00:00.000Z".into(),
-        });
+        }
+    }
+
+    #[test]
+    fn a_stale_executor_never_settles_a_later_lease_even_after_a_retry() {
+        use crate::EffectOp;
+        let (_dir, storage) = sqlite();
+        let effect = |op: EffectOp| storage.commit_blocking(WriteOp::Effect(op)).unwrap();
+        let inserted = effect(insert_effects(&["k"], "{\"webhook\": {}}"));
         assert_eq!(inserted, 1);
         let id = storage.due_effects(1_000, 10, &[], &[]).unwrap()[0].id;
         let lease = |attempts: u32, now_ms: i64| {
@@ -2776,28 +2785,10 @@ mod tests {
 
     #[test]
     fn an_append_effect_settles_in_the_round_that_stores_its_event_only_while_running() {
-        use crate::{AppendSettled, EffectOp, EffectSource, NewEffect};
+        use crate::{AppendSettled, EffectOp};
         let (_dir, storage) = sqlite();
         let effect = |op: EffectOp| storage.commit_blocking(WriteOp::Effect(op)).unwrap();
-        let inserted = effect(EffectOp::Insert {
-            source: EffectSource {
-                project: "p".into(),
-                path: "/s".into(),
-                stream_id: "s1".into(),
-                component: "c".into(),
-            },
-            effects: ["running", "pending"]
-                .iter()
-                .map(|key| NewEffect {
-                    key: key.to_string(),
-                    target: "{\"append\": {}}".into(),
-                    checkpoint_offset: 3,
-                    ..NewEffect::default()
-                })
-                .collect(),
-            now_ms: 1_000,
-            created_at: "2026-12-01T00:00:00.000Z".into(),
-        });
+        let inserted = effect(insert_effects(&["running", "pending"], "{\"append\": {}}"));
         assert_eq!(inserted, 2);
         let due = storage.due_effects(1_000, 10, &[], &[]).unwrap();
         let id = |key: &str| due.iter().find(|r| r.key == key).unwrap().id;
