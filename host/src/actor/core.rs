@@ -290,6 +290,9 @@ enum InFlight {
         cursors: Vec<CursorRow>,
         /// Whether reactors' effects commit with it.
         effects: bool,
+        /// Whether it settles append effects (their new status is visible
+        /// in the outbox once it commits, before this core has its result).
+        settles: bool,
     },
     Reset {
         reply: Reply<()>,
@@ -382,6 +385,11 @@ pub struct ActorCore {
     waiting: Option<Waiting>,
     /// Inputs that arrived while the core waited.
     held: VecDeque<Input>,
+    /// Reads that arrived while a round whose commit shows outside the
+    /// stream (effects it inserts or settles) was in flight: answered once
+    /// its result is in, so that a caller who saw an effect of the round in
+    /// the outbox reads the round's events too.
+    after_commit: Vec<Command>,
     out: Vec<Output>,
     /// Whether and when the stream is loaded again.
     pub(super) reload: Reload,
@@ -443,6 +451,7 @@ impl ActorCore {
             in_flight: None,
             waiting: None,
             held: VecDeque::new(),
+            after_commit: Vec::new(),
             out: Vec::new(),
             reload: Reload::new(),
             last_request_ms: now,
@@ -550,6 +559,14 @@ impl ActorCore {
             Input::Committed(result) => {
                 let in_flight = self.in_flight.take().expect("a commit was in flight");
                 self.finish(in_flight, result);
+                let mut reads = std::mem::take(&mut self.after_commit).into_iter();
+                while self.waiting.is_none() {
+                    let Some(cmd) = reads.next() else { break };
+                    self.serving(cmd);
+                }
+                for cmd in reads.rev() {
+                    self.held.push_front(Input::Command(cmd));
+                }
             }
             Input::Tick => {}
         }
@@ -725,6 +742,11 @@ impl ActorCore {
                 reason,
                 error,
             } => self.connection_ended(&key, id, reason, error),
+            cmd @ (Command::State { .. } | Command::Read { .. })
+                if self.commit_shows_elsewhere() =>
+            {
+                self.after_commit.push(cmd)
+            }
             cmd @ (Command::Retry { .. }
             | Command::Runtime { .. }
             | Command::Wake
@@ -733,6 +755,16 @@ impl ActorCore {
             | Command::State { .. }
             | Command::Read { .. }) => self.serving(cmd),
         }
+    }
+
+    /// Whether the write in flight is a round whose commit others can see
+    /// before this core has its result: the outbox shows the effects it
+    /// inserts or settles.
+    fn commit_shows_elsewhere(&self) -> bool {
+        matches!(
+            self.in_flight,
+            Some(InFlight::Round { effects, settles, .. }) if effects || settles
+        )
     }
 
     /// Serves `cmd` once the stream is loaded: with several hosts, only
@@ -1391,6 +1423,8 @@ impl ActorCore {
     /// Submits a planned round's commit.
     fn submit(&mut self, mut round: Round, effects: Vec<crate::storage::EffectInsert>) {
         let has_effects = !effects.is_empty();
+        let settled = self.settled_effects(&round);
+        let settles = !settled.is_empty();
         let (cursors, removed_cursors) = self.cursor_rows_for(&round.next_state);
         let commit = StreamCommit {
             stream: round.stream_ref.clone(),
@@ -1403,7 +1437,7 @@ impl ActorCore {
             removed_cursors,
             fence: self.tenure.fence(),
             effects,
-            settled: self.settled_effects(&round),
+            settled,
             redactions: std::mem::take(&mut round.redactions),
             removed_through: round.removed_through,
             staged: Vec::new(),
@@ -1415,6 +1449,7 @@ impl ActorCore {
             round: Box::new(round),
             cursors,
             effects: has_effects,
+            settles,
         });
     }
 
@@ -1551,6 +1586,7 @@ impl ActorCore {
                 round,
                 cursors,
                 effects,
+                settles: _,
             } => match result {
                 Ok(row_id) => {
                     if effects {

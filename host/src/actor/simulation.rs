@@ -1359,3 +1359,90 @@ fn a_renewal_that_finds_the_leases_lapsed_between_two_looks_leaves_nothing_answe
         ),
     }
 }
+
+/// A read of `/a` from node 0; its answer, if it came at once.
+fn read_now(w: &mut World) -> oneshot::Receiver<Result<ReadOutput, Error>> {
+    let (reply, rx) = oneshot::channel();
+    w.command(
+        0,
+        Command::Read {
+            query: ReadQuery {
+                after_offset: 0,
+                limit: 10,
+                include_ephemeral: false,
+            },
+            reply,
+        },
+    );
+    rx
+}
+
+#[test]
+fn a_read_beside_a_round_that_settles_an_effect_waits_for_it_and_reads_its_event() {
+    // An append effect's settlement commits with its event, and the outbox
+    // shows it as soon as the commit lands, before the core has the
+    // result: a read that arrives while such a round is in flight is
+    // answered once its result is in, with the event. A read beside any
+    // other round is answered at once, from what has committed.
+    let mut w = World::new(11);
+    w.failing = false;
+    w.append_json(
+        0,
+        json!({"events": [{"type": MATCHED, "payload": {"n": 1}}]}),
+    );
+    w.answer_io(0); // the first load finds no stream
+    assert!(w.nodes[0].commit.is_some(), "the plain round is in flight");
+    let mut plain = read_now(&mut w);
+    let refused = plain
+        .try_recv()
+        .expect("answered at once beside a plain round");
+    assert_eq!(
+        refused.unwrap_err().code,
+        "stream-not-found",
+        "from what has committed: nothing yet"
+    );
+    w.complete_commit(0);
+
+    let input = serde_json::from_value(json!({"events": [{
+        "type": MATCHED,
+        "payload": {"n": 2},
+        "idempotencyKey": "effect:effector:/jobs:note",
+        "source": {"effect": {"path": "/jobs", "streamId": "s-1", "component": "effector",
+                              "key": "note", "checkpointOffset": 1}}
+    }]}))
+    .expect("a valid append");
+    let (reply, _answer) = oneshot::channel();
+    w.command(
+        0,
+        Command::Append {
+            input,
+            authority: Authority::Effect,
+            reply,
+        },
+    );
+    for _ in 0..3 {
+        if w.nodes[0].commit.is_some() {
+            break;
+        }
+        w.answer_io(0); // the key's lookup, if the round reads it
+    }
+    let Some(WriteOp::Commit(commit)) = &w.nodes[0].commit else {
+        panic!("the effect's round is in flight");
+    };
+    assert_eq!(commit.settled.len(), 1, "the round settles the effect");
+    let mut beside = read_now(&mut w);
+    assert!(
+        beside.try_recv().is_err(),
+        "a read beside the settling round waits for its result"
+    );
+    w.complete_commit(0);
+    let page = beside
+        .try_recv()
+        .expect("answered once the round's result is in")
+        .expect("the stream exists");
+    assert_eq!(
+        page.max_offset, 3,
+        "creation, the plain event, the effect's"
+    );
+    assert_eq!(page.events.len(), 3);
+}
