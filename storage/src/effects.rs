@@ -483,8 +483,7 @@ impl Storage {
 
     /// Effects that may run now: `pending` ones that are due and `running`
     /// ones whose lease expired, soonest first, none of the projects
-    /// `passed_projects`, to the destinations `full`, or `skipped` (those
-    /// the caller executes or is leasing). With several hosts,
+    /// `passed_projects` or to the destinations `full`. With several hosts,
     /// only those of streams this host owns (effects run on the owner; a
     /// dead owner's run where its streams are taken over).
     pub fn due_effects(
@@ -493,19 +492,16 @@ impl Storage {
         limit: usize,
         passed_projects: &[String],
         full: &[&str],
-        skipped: &[i64],
     ) -> Result<Vec<EffectRow>> {
         let owner = self.cluster().map(|me| me.id.clone());
         let passed = serde_json::to_string(passed_projects)?;
         let full = serde_json::to_string(full)?;
-        let skipped = serde_json::to_string(skipped)?;
         self.with_reader(|db| {
             let now_ms = db_now(db, now_ms)?;
             let not_passed = not_in(db, "project", 3);
             let not_full = not_in(db, "destination", 4);
-            let not_skipped = not_in(db, "id", 5);
             let owned = if owner.is_some() {
-                owned_by(6)
+                owned_by(5)
             } else {
                 String::new()
             };
@@ -517,7 +513,7 @@ impl Storage {
                 format!(
                     "SELECT {COLUMNS} FROM effects
                      WHERE status = '{status}' AND due_at_ms <= ?1 {not_passed} {owned}
-                       {not_full} {not_skipped} {GROUP_HEAD}
+                       {not_full} {GROUP_HEAD}
                      ORDER BY due_at_ms, id LIMIT ?2"
                 )
             };
@@ -528,16 +524,15 @@ impl Storage {
                 oldest("pending"),
                 oldest("running")
             );
-            let (passed, full, skipped) = (passed.as_str(), full.as_str(), skipped.as_str());
             match &owner {
                 None => db.query_all(
                     &sql,
-                    args![now_ms, limit as i64, passed, full, skipped],
+                    args![now_ms, limit as i64, passed.as_str(), full.as_str()],
                     row,
                 ),
                 Some(owner) => db.query_all(
                     &sql,
-                    args![now_ms, limit as i64, passed, full, skipped, owner],
+                    args![now_ms, limit as i64, passed.as_str(), full.as_str(), owner],
                     row,
                 ),
             }

@@ -2738,37 +2738,13 @@ mod tests {
     }
 
     #[test]
-    fn a_look_for_due_effects_passes_over_those_its_caller_is_leasing() {
-        // The executor leases one look's effects while it looks for the
-        // next: that look skips the rows still pending in its lease, and
-        // its limit counts the others only.
-        let (_dir, storage) = sqlite();
-        let inserted = storage
-            .commit_blocking(WriteOp::Effect(insert_effects(
-                &["a", "b", "c", "d"],
-                "{\"append\": {}}",
-            )))
-            .unwrap();
-        assert_eq!(inserted, 4);
-        let keys =
-            |rows: Vec<crate::EffectRow>| rows.into_iter().map(|r| r.key).collect::<Vec<_>>();
-        let all = storage.due_effects(1_000, 10, &[], &[], &[]).unwrap();
-        assert_eq!(keys(all.clone()), ["a", "b", "c", "d"]);
-        let leasing = [all[0].id, all[2].id];
-        let next = storage.due_effects(1_000, 1, &[], &[], &leasing).unwrap();
-        assert_eq!(keys(next), ["b"], "the oldest not being leased");
-        let rest = storage.due_effects(1_000, 10, &[], &[], &leasing).unwrap();
-        assert_eq!(keys(rest), ["b", "d"]);
-    }
-
-    #[test]
     fn a_stale_executor_never_settles_a_later_lease_even_after_a_retry() {
         use crate::EffectOp;
         let (_dir, storage) = sqlite();
         let effect = |op: EffectOp| storage.commit_blocking(WriteOp::Effect(op)).unwrap();
         let inserted = effect(insert_effects(&["k"], "{\"webhook\": {}}"));
         assert_eq!(inserted, 1);
-        let id = storage.due_effects(1_000, 10, &[], &[], &[]).unwrap()[0].id;
+        let id = storage.due_effects(1_000, 10, &[], &[]).unwrap()[0].id;
         let lease = |attempts: u32, now_ms: i64| {
             effect(EffectOp::Lease {
                 id,
@@ -2814,7 +2790,7 @@ mod tests {
         let effect = |op: EffectOp| storage.commit_blocking(WriteOp::Effect(op)).unwrap();
         let inserted = effect(insert_effects(&["running", "pending"], "{\"append\": {}}"));
         assert_eq!(inserted, 2);
-        let due = storage.due_effects(1_000, 10, &[], &[], &[]).unwrap();
+        let due = storage.due_effects(1_000, 10, &[], &[]).unwrap();
         let id = |key: &str| due.iter().find(|r| r.key == key).unwrap().id;
         let (running, pending) = (id("running"), id("pending"));
         let lease = effect(EffectOp::Lease {
@@ -2891,7 +2867,7 @@ mod tests {
             created_at: "2026-12-01T00:00:00.000Z".into(),
         });
         let due = |now_ms: i64| -> Vec<String> {
-            let rows = storage.due_effects(now_ms, 10, &[], &[], &[]).unwrap();
+            let rows = storage.due_effects(now_ms, 10, &[], &[]).unwrap();
             rows.into_iter().map(|r| r.key).collect()
         };
         assert_eq!(due(1_000), ["h1", "free"]);

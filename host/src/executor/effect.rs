@@ -96,29 +96,22 @@ async fn run(streams: Arc<dyn super::Streams>, bell: EffectsBell, settings: Sett
             _ => {}
         }
     }
-    // What ends a place: an effect's execution, or a lease that did not
-    // take (`true` when storage refused it).
-    let (done_tx, mut done_rx) = mpsc::unbounded_channel::<(i64, bool)>();
-    // The effects executing here or being leased, and their projects; the
-    // destinations of those that are webhooks.
+    let (done_tx, mut done_rx) = mpsc::unbounded_channel::<i64>();
+    // The effects executing here, and their projects; the destinations of
+    // those that are webhooks.
     let mut running: HashMap<i64, String> = HashMap::new();
     let mut to: HashMap<i64, String> = HashMap::new();
     let per_destination = settings.effects.per_destination_concurrency;
     let concurrency = settings.effects.concurrency;
     let share = settings.effects.project_concurrency();
     let mut share_look_at = i64::MIN;
-    let mut storage_failed = false;
     loop {
         let Some(exec) = streams.executors() else {
             return;
         };
         let now = settings.clock.now_ms();
         let mut wait_ms = IDLE_LOOK_MS;
-        if storage_failed {
-            // Storage refuses writes: do not spin on it.
-            storage_failed = false;
-            wait_ms = 1_000;
-        } else if running.len() < concurrency {
+        if running.len() < concurrency {
             let storage = exec.storage.clone();
             // The effects running here hold leases that expire in the future,
             // so the due ones are others: ask for just the free slots.
@@ -153,16 +146,8 @@ async fn run(streams: Arc<dyn super::Streams>, bell: EffectsBell, settings: Sett
             .await;
             match due {
                 Ok(due) => {
-                    let placed = match due {
-                        Due::Leased(leased) => {
-                            for row in &leased {
-                                place(&mut running, &mut to, row);
-                            }
-                            for row in leased {
-                                spawn_execution(&exec, &settings, &done_tx, row);
-                            }
-                            running.len()
-                        }
+                    let (leased, storage_failed) = match due {
+                        Due::Leased(leased) => (leased, false),
                         Due::Read(any, under, room) => {
                             let places = Places {
                                 concurrency,
@@ -170,28 +155,32 @@ async fn run(streams: Arc<dyn super::Streams>, bell: EffectsBell, settings: Sett
                                 room,
                             };
                             let fresh = choose(any, under, &running, places);
-                            for row in &fresh {
-                                place(&mut running, &mut to, row);
-                            }
-                            let chosen = fresh.len();
-                            // Leased while the next look reads (it skips
-                            // them): the writer's commit of one batch and
-                            // the look for the next overlap.
-                            if !fresh.is_empty() {
-                                let (exec, settings, done) =
-                                    (exec.clone(), settings.clone(), done_tx.clone());
-                                tokio::spawn(async move {
-                                    lease_and_execute(&exec, &settings, &done, fresh, now).await
-                                });
-                            }
-                            chosen
+                            lease(&exec, &settings, fresh, now).await
                         }
                     };
-                    if placed == 0 {
+                    if leased.is_empty() {
                         wait_ms = next_wait(&exec, now).await;
                     } else {
                         // More may be due than this round took: look again soon.
                         wait_ms = BUSY_LOOK_MS;
+                    }
+                    if storage_failed {
+                        // Storage refuses writes: do not spin on it.
+                        wait_ms = 1_000;
+                    }
+                    for row in leased {
+                        running.insert(row.id, row.project.clone());
+                        if let Some(d) = &row.destination {
+                            to.insert(row.id, d.clone());
+                        }
+                        let (exec, settings, done) =
+                            (exec.clone(), settings.clone(), done_tx.clone());
+                        tokio::spawn(async move {
+                            let id = row.id;
+                            execute_and_settle(&exec, &settings, row).await;
+                            exec.effects_ended.send_modify(|n| *n = n.wrapping_add(1));
+                            let _ = done.send(id);
+                        });
                     }
                     if running.len() >= concurrency {
                         wait_ms = IDLE_LOOK_MS;
@@ -206,62 +195,16 @@ async fn run(streams: Arc<dyn super::Streams>, bell: EffectsBell, settings: Sett
         drop(exec);
         tokio::select! {
             _ = bell.0.notified() => {}
-            Some((id, refused)) = done_rx.recv() => {
+            Some(id) = done_rx.recv() => {
                 running.remove(&id);
                 to.remove(&id);
-                storage_failed |= refused;
-                while let Ok((id, refused)) = done_rx.try_recv() {
+                while let Ok(id) = done_rx.try_recv() {
                     running.remove(&id);
                     to.remove(&id);
-                    storage_failed |= refused;
                 }
             }
             _ = tokio::time::sleep(Duration::from_millis(wait_ms.max(1) as u64)) => {}
         }
-    }
-}
-
-/// Takes a place for `row` (its project's, and its destination's).
-fn place(running: &mut HashMap<i64, String>, to: &mut HashMap<i64, String>, row: &EffectRow) {
-    running.insert(row.id, row.project.clone());
-    if let Some(d) = &row.destination {
-        to.insert(row.id, d.clone());
-    }
-}
-
-/// Executes a leased effect and settles it; its place ends with it.
-fn spawn_execution(
-    exec: &Executors,
-    settings: &Settings,
-    done: &mpsc::UnboundedSender<(i64, bool)>,
-    row: EffectRow,
-) {
-    let (exec, settings, done) = (exec.clone(), settings.clone(), done.clone());
-    tokio::spawn(async move {
-        let id = row.id;
-        execute_and_settle(&exec, &settings, row).await;
-        exec.effects_ended.send_modify(|n| *n = n.wrapping_add(1));
-        let _ = done.send((id, false));
-    });
-}
-
-/// SQLite: leases `fresh` (one commit), then executes what it leased; the
-/// places of the others end at once.
-async fn lease_and_execute(
-    exec: &Executors,
-    settings: &Settings,
-    done: &mpsc::UnboundedSender<(i64, bool)>,
-    fresh: Vec<EffectRow>,
-    now: i64,
-) {
-    let ids: Vec<i64> = fresh.iter().map(|r| r.id).collect();
-    let (leased, storage_failed) = lease(exec, settings, fresh, now).await;
-    let taken: HashSet<i64> = leased.iter().map(|r| r.id).collect();
-    for id in ids.into_iter().filter(|id| !taken.contains(id)) {
-        let _ = done.send((id, storage_failed));
-    }
-    for row in leased {
-        spawn_execution(exec, settings, done, row);
     }
 }
 
@@ -346,9 +289,9 @@ impl Look {
         let oldest = self.open.saturating_sub(self.taken).min(self.want);
         let mut room = self.room.clone();
         if storage.cluster().is_none() {
-            let any = self.read_past_full(storage, &[], &room, &here)?;
+            let any = self.read_past_full(storage, &[], &room)?;
             let under = if share_look {
-                self.read_past_full(storage, at_share, &room, &here)?
+                self.read_past_full(storage, at_share, &room)?
             } else {
                 Vec::new()
             };
@@ -366,8 +309,7 @@ impl Look {
         Ok(Due::Leased(leased))
     }
 
-    /// The oldest due effects (`want`) of the projects not `passed` and not
-    /// `here` (executing, or being leased), none
+    /// The oldest due effects (`want`) of the projects not `passed`, none
     /// to a destination without room, read again past each destination
     /// whose rows fill the room it has (at most [`ROOM_READS`] reads): one
     /// destination's backlog does not hide the others' effects behind it.
@@ -376,13 +318,12 @@ impl Look {
         storage: &crate::storage::Storage,
         passed: &[String],
         room: &DestinationRoom,
-        here: &[i64],
     ) -> anyhow::Result<Vec<EffectRow>> {
         let mut past: Vec<String> = room.full().into_iter().map(str::to_string).collect();
         let mut rows: Vec<EffectRow> = Vec::new();
         for _ in 0..ROOM_READS {
             let names: Vec<&str> = past.iter().map(String::as_str).collect();
-            let read = storage.due_effects(self.now, self.want, passed, &names, here)?;
+            let read = storage.due_effects(self.now, self.want, passed, &names)?;
             let window_full = read.len() == self.want;
             let seen: HashSet<i64> = rows.iter().map(|r| r.id).collect();
             rows.extend(read.into_iter().filter(|r| !seen.contains(&r.id)));
