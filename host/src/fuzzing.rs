@@ -98,7 +98,7 @@ pub fn event_input(data: &[u8]) {
     let Some(event) = json(data).and_then(|v| serde_json::from_value::<EventInput>(v).ok()) else {
         return;
     };
-    for authority in [Authority::Public, Authority::Platform, Authority::Effect] {
+    for authority in [Authority::Public, Authority::Platform, Authority::Effect(1)] {
         let _ = validate_input(0, &event, authority);
     }
     if crate::ingest::validate_event(0, &event, 1024 * 1024).is_ok() {

@@ -65,7 +65,7 @@ proptest! {
     #[test]
     fn event_input_validation_never_panics(v in json()) {
         if let Ok(event) = serde_json::from_value::<EventInput>(v) {
-            for authority in [Authority::Public, Authority::Platform, Authority::Effect] {
+            for authority in [Authority::Public, Authority::Platform, Authority::Effect(1)] {
                 let _ = validate_input(0, &event, authority);
             }
             if crate::ingest::validate_event(0, &event, 1024).is_ok() {

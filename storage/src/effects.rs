@@ -163,11 +163,10 @@ pub struct EffectInsert {
 /// other state is left as it is: its executor settles it on its own.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AppendSettled {
-    /// The effect's identity: its project, source stream, consumer and key.
-    pub project: String,
-    pub path: String,
-    pub component: String,
-    pub key: String,
+    /// The effect's id in the outbox (found by its primary key: a lookup
+    /// by its identity could take a stream's other effects' index on
+    /// PostgreSQL, scanning them all).
+    pub id: i64,
     pub now_ms: i64,
     pub settled_at: String,
 }
@@ -178,27 +177,19 @@ pub(super) fn append_settled_write(
     dialect: super::sql::Dialect,
     s: &AppendSettled,
 ) -> (&'static str, Vec<Arg<'_>>) {
-    let mut args = vec![
-        Arg::Text(&s.project),
-        Arg::Text(&s.path),
-        Arg::Text(&s.component),
-        Arg::Text(&s.key),
-        Arg::Text(&s.settled_at),
-    ];
+    let mut args = vec![Arg::Int(s.id), Arg::Text(&s.settled_at)];
     let sql = match dialect {
         super::sql::Dialect::Sqlite => {
             args.push(Arg::Int(s.now_ms));
-            "UPDATE effects SET status = 'succeeded', due_at_ms = ?6, last_error = NULL,
-                 result = NULL, settled_at = ?5
-             WHERE project = ?1 AND path = ?2 AND component = ?3 AND effect_key = ?4
-                 AND status = 'running'"
+            "UPDATE effects SET status = 'succeeded', due_at_ms = ?3, last_error = NULL,
+                 result = NULL, settled_at = ?2
+             WHERE id = ?1 AND status = 'running'"
         }
         super::sql::Dialect::Postgres => {
             "UPDATE effects SET status = 'succeeded',
                  due_at_ms = CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT),
-                 last_error = NULL, result = NULL, settled_at = ?5
-             WHERE project = ?1 AND path = ?2 AND component = ?3 AND effect_key = ?4
-                 AND status = 'running'"
+                 last_error = NULL, result = NULL, settled_at = ?2
+             WHERE id = ?1 AND status = 'running'"
         }
     };
     (sql, args)

@@ -2803,13 +2803,10 @@ mod tests {
         // A round storing both effects' events (the second is not running:
         // not this round's to settle).
         let mut commit = round(new_stream("/out"), &[(1, "{}"), (2, "{}")], 2);
-        commit.settled = ["running", "pending"]
-            .iter()
-            .map(|key| AppendSettled {
-                project: "p".into(),
-                path: "/s".into(),
-                component: "c".into(),
-                key: key.to_string(),
+        commit.settled = [running, pending]
+            .into_iter()
+            .map(|id| AppendSettled {
+                id,
                 now_ms: 1_500,
                 settled_at: "2026-12-01T00:00:01.500Z".into(),
             })

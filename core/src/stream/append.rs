@@ -67,9 +67,10 @@ pub enum Authority {
     Public,
     /// The host itself (copy delivery, halts, audits).
     Platform,
-    /// A processor effect: the public rules on types, plus `source.effect`
-    /// and the platform's long idempotency keys.
-    Effect,
+    /// A processor effect, by its id in the outbox: the public rules on
+    /// types, plus `source.effect` and the platform's long idempotency
+    /// keys. The round that stores its event settles it (by that id).
+    Effect(i64),
 }
 
 /// What a request needs from its surroundings.

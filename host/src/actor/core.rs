@@ -1455,37 +1455,32 @@ impl ActorCore {
 
     /// The append effects whose events `round` stores: their settlements
     /// commit with the events (an effect's executor then has nothing left
-    /// to write). Only an effect's own append names one (the platform sets
-    /// `source.effect`, and only there).
+    /// to write). Only an effect's own append names one (the executor
+    /// appends with `Authority::Effect` and its id; a replayed event
+    /// stores nothing, and settles nothing).
     fn settled_effects(&self, round: &Round) -> Vec<crate::storage::AppendSettled> {
-        let mut settled = Vec::new();
         let now_ms = self.env.now_ms();
-        for ((_, outcome), request) in round.outcomes.iter().zip(&round.requests) {
-            let (
-                Ok(plan),
-                Request::Append {
-                    authority: Authority::Effect,
-                    ..
-                },
-            ) = (outcome, request)
-            else {
-                continue;
-            };
-            for e in plan.new_events.iter().filter(|e| !e.ephemeral) {
-                let Some(origin) = e.source.as_ref().and_then(|s| s.effect.as_ref()) else {
-                    continue;
-                };
-                settled.push(crate::storage::AppendSettled {
-                    project: self.address.namespace.storage_key().to_string(),
-                    path: origin.path.clone(),
-                    component: origin.component.clone(),
-                    key: origin.key.clone(),
-                    now_ms,
-                    settled_at: format_timestamp(now_ms),
-                });
-            }
-        }
-        settled
+        round
+            .outcomes
+            .iter()
+            .zip(&round.requests)
+            .filter_map(|((_, outcome), request)| match (outcome, request) {
+                (
+                    Ok(plan),
+                    Request::Append {
+                        authority: Authority::Effect(id),
+                        ..
+                    },
+                ) if plan.new_events.iter().any(|e| !e.ephemeral) => {
+                    Some(crate::storage::AppendSettled {
+                        id: *id,
+                        now_ms,
+                        settled_at: format_timestamp(now_ms),
+                    })
+                }
+                _ => None,
+            })
+            .collect()
     }
 
     /// Answers one planned request; returns the delivery run whose fact
@@ -1801,7 +1796,7 @@ impl ActorCore {
 /// not the platform's own facts (halts, resumes, audit lines), which
 /// always land.
 fn counts_against_storage(authority: Authority) -> bool {
-    matches!(authority, Authority::Public | Authority::Effect)
+    matches!(authority, Authority::Public | Authority::Effect(_))
 }
 
 /// About the bytes a copy batch's events take as stored (the source's

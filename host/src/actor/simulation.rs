@@ -1416,7 +1416,7 @@ fn a_read_beside_a_round_that_settles_an_effect_waits_for_it_and_reads_its_event
         0,
         Command::Append {
             input,
-            authority: Authority::Effect,
+            authority: Authority::Effect(7),
             reply,
         },
     );
@@ -1429,7 +1429,11 @@ fn a_read_beside_a_round_that_settles_an_effect_waits_for_it_and_reads_its_event
     let Some(WriteOp::Commit(commit)) = &w.nodes[0].commit else {
         panic!("the effect's round is in flight");
     };
-    assert_eq!(commit.settled.len(), 1, "the round settles the effect");
+    assert_eq!(
+        commit.settled.iter().map(|s| s.id).collect::<Vec<_>>(),
+        [7],
+        "the round settles the effect, by its id"
+    );
     let mut beside = read_now(&mut w);
     assert!(
         beside.try_recv().is_err(),

@@ -757,7 +757,7 @@ async fn execute(
                 trace,
                 redacted: None,
             };
-            append(exec, &address, event, Authority::Effect)
+            append(exec, &address, event, Authority::Effect(row.id))
                 .await
                 .map(|out| Executed {
                     result: None,
