@@ -39,7 +39,7 @@ pub use backup::{
 };
 pub use effects::{
     AppendSettled, DestinationRoom, EffectInsert, EffectOp, EffectQuery, EffectRow, EffectSource,
-    NewEffect,
+    Leasing, NewEffect,
 };
 
 /// How hard a commit is pushed to disk before it is acknowledged.

@@ -2737,6 +2737,74 @@ mod tests {
         }
     }
 
+    /// Leases effect `id` (of project "p") as an executor that read it
+    /// with `attempts` would (its lease id as stored now): answers the new
+    /// lease id, or 0 when it was not leased.
+    fn lease_one(storage: &Storage, id: i64, attempts: u32, now_ms: i64, until_ms: i64) -> i64 {
+        let row = storage.effect("p", id).unwrap().unwrap();
+        let leased = storage
+            .commit_blocking(WriteOp::Effect(crate::EffectOp::Lease {
+                effects: vec![crate::Leasing {
+                    id,
+                    attempts,
+                    lease_id: row.lease_id,
+                }],
+                now_ms,
+                lease_until_ms: until_ms,
+            }))
+            .unwrap();
+        if leased == 1 {
+            row.lease_id + 1
+        } else {
+            0
+        }
+    }
+
+    #[test]
+    fn effects_read_together_are_leased_in_one_write_each_only_as_it_was_read() {
+        use crate::{EffectOp, Leasing};
+        let (_dir, storage) = sqlite();
+        let effect = |op: EffectOp| storage.commit_blocking(WriteOp::Effect(op)).unwrap();
+        effect(insert_effects(&["a", "b", "c", "d"], "{\"webhook\": {}}"));
+        let due = storage.due_effects(1_000, 10, &[], &[]).unwrap();
+        let id = |key: &str| due.iter().find(|r| r.key == key).unwrap().id;
+        // Since the read: c was cancelled, d leased by someone else.
+        effect(EffectOp::Cancel {
+            id: id("c"),
+            settled_at: "2026-12-01T00:00:00.500Z".into(),
+        });
+        assert!(lease_one(&storage, id("d"), 0, 1_000, 5_000) > 0);
+        let lease = |now_ms: i64| {
+            effect(EffectOp::Lease {
+                effects: due.iter().map(Leasing::of).collect(),
+                now_ms,
+                lease_until_ms: now_ms + 1_000,
+            })
+        };
+        assert_eq!(lease(1_000), 2, "a and b leased, c and d moved since");
+        for key in ["a", "b"] {
+            let row = storage.effect("p", id(key)).unwrap().unwrap();
+            let read = due.iter().find(|r| r.key == key).unwrap();
+            assert_eq!(
+                (
+                    row.status.as_str(),
+                    row.attempts,
+                    row.lease_id,
+                    row.due_at_ms
+                ),
+                ("running", 1, read.lease_id + 1, 2_000)
+            );
+        }
+        let d = storage.effect("p", id("d")).unwrap().unwrap();
+        assert_eq!(
+            (d.attempts, d.due_at_ms),
+            (1, 5_000),
+            "d keeps its own lease"
+        );
+        // The same read again, after its leases ran out: nothing is as read.
+        assert_eq!(lease(9_000), 0);
+    }
+
     #[test]
     fn a_stale_executor_never_settles_a_later_lease_even_after_a_retry() {
         use crate::EffectOp;
@@ -2745,14 +2813,8 @@ mod tests {
         let inserted = effect(insert_effects(&["k"], "{\"webhook\": {}}"));
         assert_eq!(inserted, 1);
         let id = storage.due_effects(1_000, 10, &[], &[]).unwrap()[0].id;
-        let lease = |attempts: u32, now_ms: i64| {
-            effect(EffectOp::Lease {
-                id,
-                attempts,
-                now_ms,
-                lease_until_ms: now_ms + 100,
-            })
-        };
+        let lease =
+            |attempts: u32, now_ms: i64| lease_one(&storage, id, attempts, now_ms, now_ms + 100);
         let settle = |lease_id: i64, status: &'static str| {
             effect(EffectOp::Settle {
                 id,
@@ -2793,12 +2855,7 @@ mod tests {
         let due = storage.due_effects(1_000, 10, &[], &[]).unwrap();
         let id = |key: &str| due.iter().find(|r| r.key == key).unwrap().id;
         let (running, pending) = (id("running"), id("pending"));
-        let lease = effect(EffectOp::Lease {
-            id: running,
-            attempts: 0,
-            now_ms: 1_000,
-            lease_until_ms: 2_000,
-        });
+        let lease = lease_one(&storage, running, 0, 1_000, 2_000);
         assert!(lease > 0);
         // A round storing both effects' events (the second is not running:
         // not this round's to settle).
@@ -2882,12 +2939,7 @@ mod tests {
         assert_eq!(due(9_000), ["g1"]);
         // A failed head holds its group; a retry runs it first again.
         let g1 = row("g1").id;
-        let lease = effect(EffectOp::Lease {
-            id: g1,
-            attempts: 0,
-            now_ms: 9_000,
-            lease_until_ms: 9_100,
-        });
+        let lease = lease_one(&storage, g1, 0, 9_000, 9_100);
         effect(EffectOp::Settle {
             id: g1,
             lease_id: lease,

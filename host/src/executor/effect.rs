@@ -29,7 +29,7 @@ use crate::delivery::Failure;
 use crate::effect::{self, Outcome, Settlement, Target};
 use crate::error::ErrorKind;
 use crate::processor::runtime::CallError;
-use crate::storage::{DestinationRoom, EffectOp, EffectRow, WriteOp};
+use crate::storage::{DestinationRoom, EffectOp, EffectRow, Leasing, WriteOp};
 use crate::stream::{
     AppendInput, Authority, EffectOrigin, EventInput, EventSource, Namespace, StreamAddress,
 };
@@ -463,47 +463,66 @@ async fn next_wait(exec: &Executors, now: i64) -> i64 {
     }
 }
 
-/// Leases `due` (one write each, committed together); answers the rows
-/// leased, with `attempts` counting this execution, and whether a write
-/// failed.
+/// Leases `due` (one statement); answers the rows leased, with
+/// `attempts` counting this execution, and whether the write failed. An
+/// effect another write moved since it was read (cancelled, settled) is
+/// not leased: when fewer than all were, the rows are read again to
+/// learn which.
 async fn lease(
     exec: &Executors,
     settings: &Settings,
-    due: Vec<EffectRow>,
+    mut due: Vec<EffectRow>,
     now: i64,
 ) -> (Vec<EffectRow>, bool) {
-    let lease_until_ms = now + settings.effects.lease_ms as i64;
-    let pending: Vec<_> = due
-        .into_iter()
-        .map(|row| {
-            let reply = exec.storage.submit(WriteOp::Effect(EffectOp::Lease {
-                id: row.id,
-                attempts: row.attempts,
-                now_ms: now,
-                lease_until_ms,
-            }));
-            (row, reply)
-        })
-        .collect();
-    let mut leased = Vec::with_capacity(pending.len());
-    let mut failed = false;
-    for (mut row, reply) in pending {
-        match reply.await {
-            Ok(Ok(lease_id)) if lease_id > 0 => {
-                row.attempts += 1;
-                row.lease_id = lease_id;
-                row.status = "running".into();
-                leased.push(row);
+    if due.is_empty() {
+        return (due, false);
+    }
+    let reply = exec.storage.submit(WriteOp::Effect(EffectOp::Lease {
+        effects: due.iter().map(Leasing::of).collect(),
+        now_ms: now,
+        lease_until_ms: now + settings.effects.lease_ms as i64,
+    }));
+    let leased = match reply.await {
+        Ok(Ok(n)) => n as usize,
+        Ok(Err(e)) => {
+            tracing::warn!(effects = due.len(), error = %e, "leasing effects failed");
+            return (Vec::new(), true);
+        }
+        Err(_) => return (Vec::new(), true),
+    };
+    for row in &mut due {
+        row.attempts += 1;
+        row.lease_id += 1;
+        row.status = "running".into();
+    }
+    if leased == due.len() {
+        return (due, false);
+    }
+    // Which were leased: those now running under the lease that follows
+    // the one they were read with.
+    let storage = exec.storage.clone();
+    let read = blocking(move || {
+        let mut kept = Vec::with_capacity(due.len());
+        for row in due {
+            let now = storage
+                .effect(&row.project, row.id)
+                .map_err(|e| Failure::new(format!("{e:#}"), true))?;
+            if now.is_some_and(|n| {
+                n.status == "running" && n.lease_id == row.lease_id && n.attempts == row.attempts
+            }) {
+                kept.push(row);
             }
-            Ok(Ok(_)) => {} // moved by someone else (cancelled, settled)
-            Ok(Err(e)) => {
-                failed = true;
-                tracing::warn!(id = row.id, error = %e, "leasing an effect failed");
-            }
-            Err(_) => return (leased, true),
+        }
+        Ok(kept)
+    })
+    .await;
+    match read {
+        Ok(kept) => (kept, false),
+        Err(e) => {
+            tracing::warn!(error = %e.message, "reading leased effects failed");
+            (Vec::new(), true)
         }
     }
-    (leased, failed)
 }
 
 /// What an effect's lease keeps beyond its wait for a place (at its
