@@ -744,7 +744,8 @@ fn not_in(db: Db<'_>, column: &str, n: usize) -> String {
 /// earlier effect of its group is unsettled (`pending`, `running`, or
 /// `failed` until `:retry` or `:cancel` settles it). Effects without a
 /// group run independently. A condition on a row of `effects` (the index
-/// `effects_by_group` finds the earlier ones).
+/// `effects_group_open`, of the groups' effects not done, finds the
+/// earlier ones).
 pub const GROUP_HEAD: &str = "AND (effects.group_key IS NULL OR NOT EXISTS (
          SELECT 1 FROM effects earlier
          WHERE earlier.project = effects.project AND earlier.path = effects.path

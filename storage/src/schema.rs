@@ -102,7 +102,27 @@ const MIGRATIONS: &[Migration] = &[
         name: "event_bodies and event_parts: a large event's body written in parts before the commit that appends it",
         apply: event_parts,
     },
+    Migration {
+        name: "effects_group_open: the effects of a group not done yet, not its history",
+        apply: effect_group_open,
+    },
 ];
+
+/// `effects_group_open` replaces `effects_by_group`: whether an effect
+/// heads its group ([`crate::effects::GROUP_HEAD`]) asks for an earlier
+/// effect of the group not done yet, and an index of those alone answers
+/// with its first entry, where an index of the whole group read past
+/// every settled effect of its history (each look, for each candidate).
+const EFFECT_GROUP_OPEN: &str = "
+CREATE INDEX IF NOT EXISTS effects_group_open ON effects (project, path, component, group_key, id)
+    WHERE group_key IS NOT NULL AND status IN ('pending', 'running', 'failed');
+DROP INDEX IF EXISTS effects_by_group;
+";
+
+fn effect_group_open(conn: &Connection) -> Result<()> {
+    conn.execute_batch(EFFECT_GROUP_OPEN)?;
+    Ok(())
+}
 
 /// A large event's body, written in parts of its own, each in a
 /// transaction of its own, before the commit that appends the event
@@ -854,6 +874,7 @@ pub fn migrate_postgres(db: Db<'_>) -> Result<()> {
                 db.batch(PROCESSOR_BASES)?;
                 db.batch(SCRATCH_BUCKETS)?;
                 db.batch(EVENT_PARTS)?;
+                db.batch(EFFECT_GROUP_OPEN)?;
                 db.execute(
                     "INSERT INTO streamhost_schema (version) VALUES (?1)",
                     crate::sql::args![i64::from(SCHEMA_VERSION)],
@@ -861,7 +882,7 @@ pub fn migrate_postgres(db: Db<'_>) -> Result<()> {
                 tracing::info!(version = SCHEMA_VERSION, "schema created on PostgreSQL");
             }
             Some(v) if v == i64::from(SCHEMA_VERSION) => {}
-            Some(v @ 5..=19) => {
+            Some(v @ 5..=20) => {
                 if v == 5 {
                     db.batch(EFFECT_LEASE_IDS)?;
                 }
@@ -904,7 +925,10 @@ pub fn migrate_postgres(db: Db<'_>) -> Result<()> {
                 if v <= 18 {
                     db.batch(SCRATCH_BUCKETS)?;
                 }
-                db.batch(EVENT_PARTS)?;
+                if v <= 19 {
+                    db.batch(EVENT_PARTS)?;
+                }
+                db.batch(EFFECT_GROUP_OPEN)?;
                 db.execute(
                     "UPDATE streamhost_schema SET version = ?1",
                     crate::sql::args![i64::from(SCHEMA_VERSION)],
