@@ -175,42 +175,71 @@ pub struct EffectInsert {
     pub created_at: String,
 }
 
-/// An append effect whose event a stream's commit stores: settled
-/// `succeeded` in that commit's own transaction (the event and its
-/// effect's settlement commit together), if it is running. A row in any
-/// other state is left as it is: its executor settles it on its own.
+/// The append effects whose events a stream's commit stores: settled
+/// `succeeded` in that commit's own transaction (the events and their
+/// effects' settlements commit together), those running, in one
+/// statement. A row in any other state is left as it is: its executor
+/// settles it on its own.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AppendSettled {
-    /// The effect's id in the outbox (found by its primary key: a lookup
-    /// by its identity could take a stream's other effects' index on
-    /// PostgreSQL, scanning them all).
-    pub id: i64,
+    /// The effects' ids in the outbox (each found by its primary key: a
+    /// lookup by its identity could take a stream's other effects' index
+    /// on PostgreSQL, scanning them all).
+    pub ids: Vec<i64>,
     pub now_ms: i64,
     pub settled_at: String,
 }
 
-/// [`AppendSettled`]'s statement in `dialect`, with its arguments (on
-/// PostgreSQL its time is the database's, as every settlement's).
-pub(super) fn append_settled_write(
-    dialect: super::sql::Dialect,
-    s: &AppendSettled,
-) -> (&'static str, Vec<Arg<'_>>) {
-    let mut args = vec![Arg::Int(s.id), Arg::Text(&s.settled_at)];
-    let sql = match dialect {
-        super::sql::Dialect::Sqlite => {
-            args.push(Arg::Int(s.now_ms));
-            "UPDATE effects SET status = 'succeeded', due_at_ms = ?3, last_error = NULL,
-                 result = NULL, settled_at = ?2
-             WHERE id = ?1 AND status = 'running'"
+impl AppendSettled {
+    /// The statement in `dialect`; its arguments are the ids (SQLite: a
+    /// JSON array; PostgreSQL: `BIGINT[]`), `settled_at` and (SQLite)
+    /// `now_ms` (on PostgreSQL the time is the database's, as every
+    /// settlement's).
+    pub(super) fn sql(dialect: super::sql::Dialect) -> &'static str {
+        match dialect {
+            super::sql::Dialect::Sqlite => {
+                "UPDATE effects SET status = 'succeeded', due_at_ms = ?3, last_error = NULL,
+                     result = NULL, settled_at = ?2
+                 WHERE id IN (SELECT value FROM json_each(?1)) AND status = 'running'"
+            }
+            super::sql::Dialect::Postgres => {
+                "UPDATE effects SET status = 'succeeded',
+                     due_at_ms = CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT),
+                     last_error = NULL, result = NULL, settled_at = ?2
+                 WHERE id = ANY(CAST(?1 AS BIGINT[])) AND status = 'running'"
+            }
         }
-        super::sql::Dialect::Postgres => {
-            "UPDATE effects SET status = 'succeeded',
-                 due_at_ms = CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT),
-                 last_error = NULL, result = NULL, settled_at = ?2
-             WHERE id = ?1 AND status = 'running'"
+    }
+
+    /// Writes it on `conn` (SQLite, or PostgreSQL outside a pipeline).
+    pub(super) fn write(&self, conn: Db<'_>) -> Result<u64> {
+        let dialect = conn.dialect();
+        match dialect {
+            super::sql::Dialect::Sqlite => {
+                let ids = serde_json::to_string(&self.ids)?;
+                conn.execute(
+                    Self::sql(dialect),
+                    &[
+                        Arg::Text(&ids),
+                        Arg::Text(&self.settled_at),
+                        Arg::Int(self.now_ms),
+                    ],
+                )
+            }
+            super::sql::Dialect::Postgres => {
+                let ids = self.pg_ids();
+                conn.execute(
+                    Self::sql(dialect),
+                    &[Arg::Ints(&ids), Arg::Text(&self.settled_at)],
+                )
+            }
         }
-    };
-    (sql, args)
+    }
+
+    /// The ids as PostgreSQL's array argument takes them.
+    pub(super) fn pg_ids(&self) -> Vec<Option<i64>> {
+        self.ids.iter().copied().map(Some).collect()
+    }
 }
 
 /// PostgreSQL's one statement inserting many effects (on the database's

@@ -449,7 +449,7 @@ mod tests {
             removed_cursors: Vec::new(),
             fence: None,
             effects: Vec::new(),
-            settled: Vec::new(),
+            settled: None,
             redactions: Vec::new(),
             removed_through: None,
             staged: Vec::new(),

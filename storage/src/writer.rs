@@ -114,7 +114,7 @@ pub struct StreamCommit {
     pub effects: Vec<super::effects::EffectInsert>,
     /// The append effects whose events the round stores: settled in the
     /// same transaction as the events (one commit, not two after another).
-    pub settled: Vec<super::effects::AppendSettled>,
+    pub settled: Option<super::effects::AppendSettled>,
     /// Committed events the round redacts (`event-redacted`), their new
     /// bodies replacing the stored ones in the same transaction as the
     /// round's audit line (the stream's bytes follow).
@@ -1629,21 +1629,26 @@ fn commit_group_pipelined(
                 })
             })
             .collect();
-        // And each round's settlements of append effects: (round index,
-        // statement, arguments).
-        let settled_args: Vec<(usize, &str, Vec<super::sql::Arg<'_>>)> = rounds
+        // And each round's settlement of its append effects, one
+        // statement: (round index, ids, then its arguments).
+        let settled_ids: Vec<(usize, Vec<Option<i64>>, &str)> = rounds
             .iter()
             .enumerate()
-            .flat_map(|(r, (_, c))| {
-                c.settled.iter().map(move |settled| {
-                    let (sql, args) = super::effects::append_settled_write(
-                        super::sql::Dialect::Postgres,
-                        settled,
-                    );
-                    (r, sql, args)
-                })
+            .filter_map(|(r, (_, c))| {
+                let s = c.settled.as_ref()?;
+                Some((r, s.pg_ids(), s.settled_at.as_str()))
             })
             .collect();
+        let settled_args: Vec<(usize, Vec<super::sql::Arg<'_>>)> = settled_ids
+            .iter()
+            .map(|(r, ids, at)| {
+                (
+                    *r,
+                    vec![super::sql::Arg::Ints(ids), super::sql::Arg::Text(at)],
+                )
+            })
+            .collect();
+        let settled_sql = super::effects::AppendSettled::sql(super::sql::Dialect::Postgres);
         // And each round's removal (retention): (round index, arguments).
         let removal_args: Vec<(usize, Vec<super::sql::Arg<'_>>)> = rounds
             .iter()
@@ -1689,8 +1694,8 @@ fn commit_group_pipelined(
                 statements.push((REMOVE_POSTGRES, a.as_slice()));
                 owners.push(r);
             }
-            while let Some((_, sql, a)) = settled_of.next_if(|(rr, _, _)| *rr == r) {
-                statements.push((sql, a.as_slice()));
+            while let Some((_, a)) = settled_of.next_if(|(rr, _)| *rr == r) {
+                statements.push((settled_sql, a.as_slice()));
                 owners.push(r);
             }
         }
@@ -1865,9 +1870,8 @@ fn apply(conn: Db<'_>, op: &WriteOp) -> Result<i64> {
             for e in &c.effects {
                 super::effects::insert(conn, &e.source, &e.effects, e.now_ms, &e.created_at)?;
             }
-            for settled in &c.settled {
-                let (sql, args) = super::effects::append_settled_write(conn.dialect(), settled);
-                conn.execute(sql, &args)?;
+            if let Some(settled) = &c.settled {
+                settled.write(conn)?;
             }
             for r in &c.redactions {
                 redact(conn, row_id, r)?;
@@ -2560,7 +2564,7 @@ mod tests {
             removed_cursors: Vec::new(),
             fence: None,
             effects: Vec::new(),
-            settled: Vec::new(),
+            settled: None,
             redactions: Vec::new(),
             removed_through: None,
             staged: Vec::new(),
@@ -2860,14 +2864,11 @@ mod tests {
         // A round storing both effects' events (the second is not running:
         // not this round's to settle).
         let mut commit = round(new_stream("/out"), &[(1, "{}"), (2, "{}")], 2);
-        commit.settled = [running, pending]
-            .into_iter()
-            .map(|id| AppendSettled {
-                id,
-                now_ms: 1_500,
-                settled_at: "2026-12-01T00:00:01.500Z".into(),
-            })
-            .collect();
+        commit.settled = Some(AppendSettled {
+            ids: vec![running, pending],
+            now_ms: 1_500,
+            settled_at: "2026-12-01T00:00:01.500Z".into(),
+        });
         storage.commit_blocking(WriteOp::Commit(commit)).unwrap();
         let row = storage.effect("p", running).unwrap().unwrap();
         assert_eq!(row.status, "succeeded");

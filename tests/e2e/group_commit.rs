@@ -28,7 +28,7 @@ fn commit(stream: StreamRef, events: Vec<StoredEvent>) -> WriteOp {
         removed_cursors: Vec::new(),
         fence: None,
         effects: Vec::new(),
-        settled: Vec::new(),
+        settled: None,
         redactions: Vec::new(),
         removed_through: None,
         staged: Vec::new(),

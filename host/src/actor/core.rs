@@ -1424,7 +1424,7 @@ impl ActorCore {
     fn submit(&mut self, mut round: Round, effects: Vec<crate::storage::EffectInsert>) {
         let has_effects = !effects.is_empty();
         let settled = self.settled_effects(&round);
-        let settles = !settled.is_empty();
+        let settles = settled.is_some();
         let (cursors, removed_cursors) = self.cursor_rows_for(&round.next_state);
         let commit = StreamCommit {
             stream: round.stream_ref.clone(),
@@ -1453,14 +1453,13 @@ impl ActorCore {
         });
     }
 
-    /// The append effects whose events `round` stores: their settlements
-    /// commit with the events (an effect's executor then has nothing left
+    /// The append effects whose events `round` stores: their settlement
+    /// commits with the events (an effect's executor then has nothing left
     /// to write). Only an effect's own append names one (the executor
     /// appends with `Authority::Effect` and its id; a replayed event
     /// stores nothing, and settles nothing).
-    fn settled_effects(&self, round: &Round) -> Vec<crate::storage::AppendSettled> {
-        let now_ms = self.env.now_ms();
-        round
+    fn settled_effects(&self, round: &Round) -> Option<crate::storage::AppendSettled> {
+        let ids: Vec<i64> = round
             .outcomes
             .iter()
             .zip(&round.requests)
@@ -1471,16 +1470,16 @@ impl ActorCore {
                         authority: Authority::Effect(id),
                         ..
                     },
-                ) if plan.new_events.iter().any(|e| !e.ephemeral) => {
-                    Some(crate::storage::AppendSettled {
-                        id: *id,
-                        now_ms,
-                        settled_at: format_timestamp(now_ms),
-                    })
-                }
+                ) if plan.new_events.iter().any(|e| !e.ephemeral) => Some(*id),
                 _ => None,
             })
-            .collect()
+            .collect();
+        let now_ms = self.env.now_ms();
+        (!ids.is_empty()).then(|| crate::storage::AppendSettled {
+            ids,
+            now_ms,
+            settled_at: format_timestamp(now_ms),
+        })
     }
 
     /// Answers one planned request; returns the delivery run whose fact

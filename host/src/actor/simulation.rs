@@ -1430,8 +1430,8 @@ fn a_read_beside_a_round_that_settles_an_effect_waits_for_it_and_reads_its_event
         panic!("the effect's round is in flight");
     };
     assert_eq!(
-        commit.settled.iter().map(|s| s.id).collect::<Vec<_>>(),
-        [7],
+        commit.settled.as_ref().map(|s| s.ids.clone()),
+        Some(vec![7]),
         "the round settles the effect, by its id"
     );
     let mut beside = read_now(&mut w);
