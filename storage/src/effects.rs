@@ -539,11 +539,7 @@ impl Storage {
             let now_ms = db_now(db, now_ms)?;
             let not_passed = not_in(db, "project", 3);
             let not_full = not_in(db, "destination", 4);
-            let owned = if owner.is_some() {
-                owned_by(5)
-            } else {
-                String::new()
-            };
+            let owned = owned_if(owner.is_some(), 5);
             // The oldest of each status, each read in its index's order
             // (`effects_due`: status, due time, id), then merged: one read
             // of both statuses at once would sort every due row before its
@@ -731,11 +727,7 @@ impl Storage {
     /// with several hosts, of the streams this host owns.
     pub fn next_effect_due(&self) -> Result<Option<i64>> {
         let owner = self.cluster().map(|me| me.id.clone());
-        let owned = if owner.is_some() {
-            owned_by(1)
-        } else {
-            String::new()
-        };
+        let owned = owned_if(owner.is_some(), 1);
         // The first of each status in its index's order (a `MIN` over
         // both statuses at once reads every row not done).
         let first = |status: &str| {
@@ -791,6 +783,15 @@ fn owned_by(n: usize) -> String {
         "AND NOT EXISTS (SELECT 1 FROM stream_leases l
              WHERE l.project = effects.project AND l.path = effects.path AND l.owner <> ?{n})"
     )
+}
+
+/// [`owned_by`] with several hosts, nothing on one.
+fn owned_if(several_hosts: bool, n: usize) -> String {
+    if several_hosts {
+        owned_by(n)
+    } else {
+        String::new()
+    }
 }
 
 /// PostgreSQL's clock in milliseconds since the epoch, as SQL.
