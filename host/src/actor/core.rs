@@ -271,8 +271,6 @@ struct Round {
     /// Whether the round's keys were read from the log before planning
     /// (after the index refused it once).
     keys_read: bool,
-    /// The stored size of each durable event with a key, by offset.
-    keyed_bytes: HashMap<u64, usize>,
     next_state: Box<CoreState>,
     state_offset: u64,
     durable: Vec<StoredEvent>,
@@ -310,7 +308,6 @@ enum Waiting {
     Lookup {
         round: Vec<Pending>,
         keys_read: bool,
-        recent: HashMap<String, Event>,
     },
     /// The reactors' effects for a planned round.
     React(Round),
@@ -529,19 +526,11 @@ impl ActorCore {
                 }
             }
             Input::LookedUp(found) => {
-                let Some(Waiting::Lookup {
-                    round,
-                    keys_read,
-                    recent,
-                }) = self.waiting.take()
-                else {
+                let Some(Waiting::Lookup { round, keys_read }) = self.waiting.take() else {
                     unreachable!("checked by answers_wait")
                 };
                 match found {
-                    Ok((mut by_key, by_offset)) => {
-                        by_key.extend(recent);
-                        self.plan(round, keys_read, (by_key, by_offset));
-                    }
+                    Ok(found) => self.plan(round, keys_read, found),
                     Err(e) => {
                         let err = Error::internal(format!("reading the stream failed: {e}"));
                         for p in round {
@@ -1068,14 +1057,19 @@ impl ActorCore {
     /// storage only when the round names any.
     ///
     /// Keys are read from the log only when `read_keys` (the log's index
-    /// refused the round planned without): otherwise a key is taken as new
-    /// unless it is among the recent ones, and the commit's insert checks it
-    /// against the whole log.
+    /// refused the round planned without) or when the stream's recent keys
+    /// may hold them (a retry): otherwise a key is taken as new, and the
+    /// commit's insert checks it against the whole log.
     fn start_round(&mut self, round: Vec<Pending>) {
         let keys_read = std::mem::take(&mut self.read_keys);
         let Some(stream) = &self.stream else {
             return self.plan(round, keys_read, Default::default());
         };
+        // A key with a NUL byte is refused by planning; storage (PostgreSQL)
+        // cannot even look it up. (A key not read, or a displaced platform
+        // key, is taken as new; the commit's insert tells otherwise.)
+        let recent = &self.recent_keys;
+        let read = |k: &str| !k.contains('\0') && (keys_read || recent.may_hold(k));
         let mut keys: Vec<String> = Vec::new();
         let mut offsets: Vec<u64> = Vec::new();
         for p in &round {
@@ -1085,33 +1079,22 @@ impl ActorCore {
                         input
                             .events
                             .iter()
-                            .filter_map(|e| e.idempotency_key.clone()),
+                            .filter_map(|e| e.idempotency_key.as_deref())
+                            .filter(|k| read(k))
+                            .map(str::to_string),
                     );
                     offsets.extend(lookup_offsets(Some(&stream.state), input));
                 }
-                Pending::Deliver { batch, .. } => {
-                    keys.extend(crate::delivery::copy::batch_keys(batch, &self.address))
-                }
+                Pending::Deliver { batch, .. } => keys.extend(
+                    crate::delivery::copy::batch_keys(batch, &self.address)
+                        .into_iter()
+                        .filter(|k| read(k)),
+                ),
                 Pending::Reset { .. } => {}
             }
         }
-        // A key with a NUL byte is refused by planning; storage (PostgreSQL)
-        // cannot even look it up.
-        keys.retain(|k| !k.contains('\0'));
-        let mut recent = HashMap::new();
-        if !keys_read {
-            // (A key missing here, or a displaced platform key, is taken as
-            // new; the commit's insert tells otherwise.)
-            recent = keys
-                .drain(..)
-                .filter_map(|k| {
-                    let event = self.recent_keys.get(&k)?.clone();
-                    Some((k, event))
-                })
-                .collect();
-        }
         if keys.is_empty() && offsets.is_empty() {
-            return self.plan(round, keys_read, (recent, HashMap::new()));
+            return self.plan(round, keys_read, Default::default());
         }
         offsets.sort_unstable();
         offsets.dedup();
@@ -1120,11 +1103,7 @@ impl ActorCore {
             keys,
             offsets,
         });
-        self.waiting = Some(Waiting::Lookup {
-            round,
-            keys_read,
-            recent,
-        });
+        self.waiting = Some(Waiting::Lookup { round, keys_read });
     }
 
     /// Plans a round of appends with what it names of the log, and submits
@@ -1262,11 +1241,6 @@ impl ActorCore {
             .filter_map(|(_, o)| o.as_ref().ok())
             .filter_map(|p| p.removed_through)
             .max();
-        let keyed_bytes = durable
-            .iter()
-            .filter(|e| e.idempotency_key.is_some())
-            .map(|e| (e.offset, e.body.len()))
-            .collect();
         let state_offset = durable
             .last()
             .map(|e| e.offset)
@@ -1289,7 +1263,6 @@ impl ActorCore {
             outcomes,
             requests,
             keys_read,
-            keyed_bytes,
             next_state: Box::new(next_state),
             state_offset,
             durable,
@@ -1587,7 +1560,6 @@ impl ActorCore {
                         self.out.push(Output::RingEffects);
                     }
                     let now = self.env.now_us();
-                    let mut keyed = Vec::new();
                     for (_, outcome) in &round.outcomes {
                         if let Ok(plan) = outcome {
                             for e in &plan.new_events {
@@ -1595,27 +1567,10 @@ impl ActorCore {
                                     self.ephemeral.push(e.clone());
                                 } else {
                                     self.recent_commits.push_back((e.offset, now));
-                                    if let (Some(key), Some(bytes)) =
-                                        (&e.idempotency_key, round.keyed_bytes.get(&e.offset))
-                                    {
-                                        keyed.push((key.as_str(), e, *bytes));
+                                    if let Some(key) = &e.idempotency_key {
+                                        self.recent_keys.insert(key);
                                     }
                                 }
-                            }
-                        }
-                    }
-                    self.recent_keys.insert_newest(&keyed);
-                    for (_, outcome) in &round.outcomes {
-                        if let Ok(plan) = outcome {
-                            // A retry of a redacted event's key answers it
-                            // as stored now.
-                            for r in &plan.redactions {
-                                if let Some(key) = &r.idempotency_key {
-                                    self.recent_keys.replace(key, r);
-                                }
-                            }
-                            if let Some(through) = plan.removed_through {
-                                self.recent_keys.forget_through(through);
                             }
                         }
                     }

@@ -1178,6 +1178,46 @@ fn a_commit_that_fails_after_reaching_the_log_is_answered_as_failed_and_its_retr
     );
 }
 
+#[test]
+fn a_retry_of_a_recent_key_is_read_from_the_log_and_a_new_key_is_not() {
+    // A keyed append commits; its retry (the stream still loaded) is read
+    // from the log before planning and answered with the committed offset,
+    // with no second write; a new key goes to its commit unread.
+    let mut w = World::new(11);
+    w.failing = false;
+    let keyed = |key: &str| json!({"events": [{"type": MATCHED, "payload": {"key": key}, "idempotencyKey": key}]});
+    w.append_json(0, keyed("x"));
+    w.answer_io(0); // the first load finds no stream
+    w.complete_commit(0);
+    assert_eq!(w.acknowledged.len(), 1);
+
+    w.append_json(0, keyed("x"));
+    match &w.nodes[0].io {
+        Some(Io::Lookup { keys, .. }) => assert_eq!(keys, &vec!["x".to_string()]),
+        _ => panic!("the retry's key is read first"),
+    }
+    assert!(
+        w.nodes[0].commit.is_none(),
+        "nothing written before the read"
+    );
+    w.answer_io(0);
+    assert!(w.nodes[0].commit.is_none(), "a replay writes nothing");
+    assert_eq!(w.answered, 2);
+    assert_eq!(w.log.row("/a").map(|r| r.events.len()), Some(2));
+    let offsets: Vec<u64> = w.acknowledged.iter().map(|(_, o, _)| *o).collect();
+    assert_eq!(
+        offsets,
+        vec![2, 2],
+        "the retry answers the committed offset"
+    );
+
+    w.append_json(0, keyed("y"));
+    assert!(w.nodes[0].io.is_none(), "a new key is not read");
+    assert!(w.nodes[0].commit.is_some(), "it goes to its commit");
+    w.complete_commit(0);
+    assert_eq!(w.log.row("/a").map(|r| r.events.len()), Some(3));
+}
+
 /// The report of `job`'s attempt.
 fn done(job: Job, result: Result<Delivered, Failure>) -> DeliveryDone {
     DeliveryDone {
