@@ -2,8 +2,6 @@
 //! hop bound and cycle drop with its audit line, the JSONata transform, and
 //! the provenance hop, turned into one all-or-nothing platform append.
 
-use std::collections::HashMap;
-
 use serde::Serialize;
 use serde_json::{json, Map, Value};
 
@@ -11,7 +9,7 @@ use crate::error::Error;
 use crate::filter::DROP_AUDIT_REASON;
 use crate::stream::{
     plan_append, types, AppendContext, AppendInput, AppendPlan, Authority, CopiedFrom, CoreState,
-    Event, EventInput, EventSource, StreamAddress,
+    Event, EventInput, EventSource, RoundKeys, StreamAddress,
 };
 use crate::subscription::{Stamp, COPY_HOPS_MAX};
 
@@ -168,9 +166,10 @@ pub fn batch_keys(batch: &CopyBatch, receiver: &StreamAddress) -> Vec<String> {
 
 /// Plans the receiving side of a copy batch against the receiver's tentative
 /// state; on success returns the append plan and what was appended or dropped.
-pub fn plan_copy(
+pub fn plan_copy<'a>(
     state: &mut Option<CoreState>,
-    round_keys: &mut HashMap<String, Event>,
+    round_keys: &mut RoundKeys,
+    earlier: &dyn Fn(u64) -> Option<&'a Event>,
     receiver: &StreamAddress,
     batch: &CopyBatch,
     ctx: &mut AppendContext<'_>,
@@ -307,7 +306,7 @@ pub fn plan_copy(
         events: inputs,
         expected_stream_id: None,
     };
-    let plan = plan_append(state, round_keys, &input, Authority::Platform, ctx)?;
+    let plan = plan_append(state, round_keys, earlier, &input, Authority::Platform, ctx)?;
     Ok((plan, outcome))
 }
 

@@ -5,7 +5,7 @@
 //! either rejects the request (nothing changes) or returns the events to
 //! commit and the answer for each input event. No IO happens here.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use serde_json::{json, Map, Value};
 
@@ -127,10 +127,28 @@ struct RedactedPayload {
     reason: String,
 }
 
-/// A key no caller can use (NUL is refused in keys): marks an offset as
-/// redacted by an earlier request of the same round.
-fn redacting_key(offset: u64) -> String {
-    format!("\0redacting:{offset}")
+/// What a round's earlier requests committed that a later request of the
+/// same round must see: the idempotency keys they hold (each by the offset
+/// of its event, which stays in its request's plan: see `earlier` of
+/// [`plan_append`]) and the offsets they redact.
+#[derive(Debug, Default)]
+pub struct RoundKeys {
+    by_key: HashMap<String, u64>,
+    redacting: HashSet<u64>,
+}
+
+impl RoundKeys {
+    /// Forgets everything (a new round).
+    pub fn clear(&mut self) {
+        self.by_key.clear();
+        self.redacting.clear();
+    }
+}
+
+/// The event at `offset` among `events` (in offset order), if any.
+pub fn event_at(events: &[Event], offset: u64) -> Option<&Event> {
+    let i = events.binary_search_by_key(&offset, |e| e.offset).ok()?;
+    Some(&events[i])
 }
 
 /// The committed event at the offset `e` (an `event-redacted` event)
@@ -139,7 +157,7 @@ fn plan_redaction(
     i: usize,
     e: &EventInput,
     current: &CoreState,
-    round_keys: &HashMap<String, Event>,
+    round: &RoundKeys,
     ctx: &AppendContext<'_>,
 ) -> Result<Event, Error> {
     let payload = e.payload.clone().unwrap_or_default();
@@ -164,7 +182,7 @@ fn plan_redaction(
             ),
         ));
     };
-    if target.redacted.is_some() || round_keys.contains_key(&redacting_key(offset)) {
+    if target.redacted.is_some() || round.redacting.contains(&offset) {
         return Err(Error::conflict(
             "already-redacted",
             format!("the event at offset {offset} is redacted already"),
@@ -219,11 +237,13 @@ pub struct AppendPlan {
 
 /// Plans one request against `state` (`None`: the stream does not exist yet).
 ///
-/// On success `state` holds the state after the request and `round_keys` the
-/// keys it used; on error neither changed.
-pub fn plan_append(
+/// On success `state` holds the state after the request and `round` the
+/// keys it used; on error neither changed. `earlier` finds an event the
+/// round's earlier requests planned, by its offset (one that `round` names).
+pub fn plan_append<'a>(
     state: &mut Option<CoreState>,
-    round_keys: &mut HashMap<String, Event>,
+    round: &mut RoundKeys,
+    earlier: &dyn Fn(u64) -> Option<&'a Event>,
     input: &AppendInput,
     authority: Authority,
     ctx: &mut AppendContext<'_>,
@@ -264,7 +284,10 @@ pub fn plan_append(
     }
 
     let mut next = state.clone();
-    let mut new_keys: Vec<(String, Event)> = Vec::new();
+    // This request's keys, by the offset of the event holding each, and
+    // the offsets it redacts.
+    let mut new_keys: HashMap<String, u64> = HashMap::new();
+    let mut redacting: Vec<u64> = Vec::new();
     let mut plan = AppendPlan {
         events: Vec::with_capacity(input.events.len()),
         new_events: Vec::new(),
@@ -278,17 +301,19 @@ pub fn plan_append(
     for (i, e) in input.events.iter().enumerate() {
         let mut key = e.idempotency_key.clone();
         if let Some(k) = &mut key {
-            let find = |k: &String| {
-                new_keys
-                    .iter()
-                    .rev()
-                    .find(|(n, _)| n == k)
-                    .map(|(_, ev)| ev)
-                    .or_else(|| round_keys.get(k))
-                    .or_else(|| ctx.committed_by_key.get(k))
+            // (Copied when found: a replay is rare.)
+            let find = |k: &str| {
+                match (new_keys.get(k), round.by_key.get(k)) {
+                    (Some(&o), _) => event_at(&plan.new_events, o),
+                    (None, Some(&o)) => earlier(o),
+                    (None, None) => ctx.committed_by_key.get(k),
+                }
+                .cloned()
             };
             let mut original = find(k);
-            if authority != Authority::Public && original.is_some_and(|o| held_by_a_caller(k, o)) {
+            if authority != Authority::Public
+                && original.as_ref().is_some_and(|o| held_by_a_caller(k, o))
+            {
                 // A caller's event holds the platform's key: the platform
                 // appends under its displaced key, never taking the caller's.
                 *k = displaced_key(k);
@@ -296,8 +321,8 @@ pub fn plan_append(
             }
             let key = &*k;
             if let Some(original) = original {
-                if is_same_event(original, e) {
-                    plan.events.push(original.clone());
+                if is_same_event(&original, e) {
+                    plan.events.push(original);
                     continue;
                 }
                 return Err(Error::conflict(
@@ -343,7 +368,7 @@ pub fn plan_append(
             )?;
         }
         if !copied && e.event_type == types::EVENT_REDACTED {
-            let redacted = plan_redaction(i, e, current, round_keys, ctx)?;
+            let redacted = plan_redaction(i, e, current, round, ctx)?;
             if plan.redactions.iter().any(|r| r.offset == redacted.offset) {
                 return Err(Error::conflict(
                     "already-redacted",
@@ -353,7 +378,7 @@ pub fn plan_append(
                     ),
                 ));
             }
-            new_keys.push((redacting_key(redacted.offset), redacted.clone()));
+            redacting.push(redacted.offset);
             plan.redactions.push(redacted);
         }
         if !copied && e.event_type == types::EVENTS_REMOVED {
@@ -411,7 +436,7 @@ pub fn plan_append(
             current.max_offset
         );
         if let Some(key) = &event.idempotency_key {
-            new_keys.push((key.clone(), event.clone()));
+            new_keys.insert(key.clone(), offset);
         }
         plan.events.push(event.clone());
         plan.new_events.push(event);
@@ -432,7 +457,8 @@ pub fn plan_append(
         "invariant dense-offsets: a new stream's first event is offset 1"
     );
     *state = next;
-    round_keys.extend(new_keys);
+    round.by_key.extend(new_keys);
+    round.redacting.extend(redacting);
     Ok(plan)
 }
 
@@ -615,7 +641,9 @@ mod tests {
 
     struct Fixture {
         state: Option<CoreState>,
-        round_keys: HashMap<String, Event>,
+        round_keys: RoundKeys,
+        /// The round's earlier plans.
+        round_plans: Vec<AppendPlan>,
         committed: HashMap<String, Event>,
         by_offset: HashMap<u64, Event>,
         ids: u32,
@@ -625,7 +653,8 @@ mod tests {
         fn new() -> Self {
             Fixture {
                 state: None,
-                round_keys: HashMap::new(),
+                round_keys: RoundKeys::default(),
+                round_plans: Vec::new(),
                 committed: HashMap::new(),
                 by_offset: HashMap::new(),
                 ids: 0,
@@ -651,15 +680,27 @@ mod tests {
                 new_stream_id: &mut new_id,
                 committed_by_key: &committed,
             };
+            let plans = &self.round_plans;
+            let earlier = |o: u64| plans.iter().find_map(|p| event_at(&p.new_events, o));
             let r = plan_append(
                 &mut self.state,
                 &mut self.round_keys,
+                &earlier,
                 &input(v),
                 authority,
                 &mut ctx,
             );
             self.ids = ids;
+            if let Ok(plan) = &r {
+                self.round_plans.push(plan.clone());
+            }
             r
+        }
+
+        /// A new round.
+        fn next_round(&mut self) {
+            self.round_keys.clear();
+            self.round_plans.clear();
         }
     }
 
@@ -676,7 +717,7 @@ mod tests {
             f.by_offset.insert(e.offset, e.clone());
         }
         f.committed.insert("k".into(), plan.events[0].clone());
-        f.round_keys.clear();
+        f.next_round();
         let redact = |offset: u64| {
             json!({"events": [{"type": types::EVENT_REDACTED,
                 "payload": {"offset": offset, "reason": "erasure request"}}]})
@@ -708,7 +749,7 @@ mod tests {
         // Twice in one round, or once it is stored redacted: refused.
         let again = f.append(redact(2), Authority::Platform).unwrap_err();
         assert_eq!(again.code, "already-redacted", "{again:?}");
-        f.round_keys.clear();
+        f.next_round();
         f.by_offset.insert(2, r.clone());
         let again = f.append(redact(2), Authority::Platform).unwrap_err();
         assert_eq!(again.code, "already-redacted", "{again:?}");
@@ -783,6 +824,55 @@ mod tests {
             .unwrap_err();
         assert_eq!(err.code, "idempotency-conflict");
         assert!(err.message.contains("\"k\"") && err.message.contains("offset 2"));
+    }
+
+    #[test]
+    fn a_key_repeated_within_a_request_or_a_round_answers_its_first_event() {
+        let mut f = Fixture::new();
+        let keyed = |key: &str, n: u64| json!({"type": "x.y/a", "idempotencyKey": key, "payload": {"n": n}});
+        // Within one request: the second use of "a" is the first's event.
+        let plan = f
+            .append(
+                json!({"events": [keyed("a", 1), keyed("b", 1), keyed("a", 1)]}),
+                Authority::Public,
+            )
+            .unwrap();
+        let offsets: Vec<u64> = plan.events.iter().map(|e| e.offset).collect();
+        assert_eq!(offsets, vec![2, 3, 2]);
+        assert_eq!(plan.new_events.len(), 3, "created, a, b");
+        let err = f
+            .append(
+                json!({"events": [keyed("c", 1), keyed("c", 2)]}),
+                Authority::Public,
+            )
+            .unwrap_err();
+        assert_eq!(err.code, "idempotency-conflict", "{err:?}");
+        // A later request of the same round: found among the earlier
+        // request's events, by the offset the round remembers.
+        let again = f
+            .append(
+                json!({"events": [keyed("b", 1), keyed("d", 1)]}),
+                Authority::Public,
+            )
+            .unwrap();
+        assert_eq!(again.events[0], plan.events[1]);
+        assert_eq!(again.new_events.len(), 1);
+        assert_eq!(again.events[1].offset, 4);
+        // The refused request left no key behind.
+        let c = f
+            .append(json!({"events": [keyed("c", 2)]}), Authority::Public)
+            .unwrap();
+        assert_eq!(c.new_events.len(), 1, "{c:?}");
+        // A new round knows only what the log holds.
+        f.next_round();
+        let fresh = f
+            .append(json!({"events": [keyed("b", 1)]}), Authority::Public)
+            .unwrap();
+        assert_eq!(
+            fresh.new_events.len(),
+            1,
+            "taken as new: the commit checks it"
+        );
     }
 
     #[test]

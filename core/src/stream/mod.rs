@@ -16,11 +16,12 @@ pub use crate::event::{
     EventInput, EventSource, OFFSET_MAX, STREAM_TYPE_PREFIX,
 };
 pub use address::{canonicalize_path, validate_project, Namespace, StreamAddress, PATH_BYTES_MAX};
+pub use append::APPEND_EVENTS_MAX;
 #[doc(hidden)]
 pub use append::{displaced_key, held_by_a_caller, PLATFORM_KEY_PREFIXES};
+pub use append::{event_at, plan_append, AppendContext, AppendPlan, Authority, RoundKeys};
 #[doc(hidden)]
 pub use append::{is_same_event, lookup_offsets, validate_input};
-pub use append::{plan_append, AppendContext, AppendPlan, Authority, APPEND_EVENTS_MAX};
 pub use control::{validate_control, ControlContext};
 pub use read::{
     AppendOutput, ReadOutput, ReadQuery, EPHEMERAL_BYTES_MAX, MAX_BODY_BYTES_DEFAULT,

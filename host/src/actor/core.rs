@@ -39,8 +39,9 @@ use crate::storage::{
     CommitError, CursorRow, NewStream, StoredEvent, StreamCommit, StreamRef, WriteOp,
 };
 use crate::stream::{
-    lookup_offsets, plan_append, AppendContext, AppendInput, AppendOutput, AppendPlan, Authority,
-    CoreState, Event, ReadOutput, ReadQuery, StreamAddress, EPHEMERAL_BYTES_MAX,
+    event_at, lookup_offsets, plan_append, AppendContext, AppendInput, AppendOutput, AppendPlan,
+    Authority, CoreState, Event, ReadOutput, ReadQuery, RoundKeys, StreamAddress,
+    EPHEMERAL_BYTES_MAX,
 };
 
 /// Seconds a caller waits after `503 storage-full` before retrying.
@@ -1130,10 +1131,19 @@ impl ActorCore {
                 committed_by_key: &committed_by_key,
             };
             let mut state = self.stream.as_ref().map(|s| s.state.clone());
-            let mut round_keys = HashMap::new();
-            let mut outcomes = Vec::with_capacity(round.len());
+            let mut round_keys = RoundKeys::default();
+            let mut outcomes: Vec<(Answer, Result<AppendPlan, Error>)> =
+                Vec::with_capacity(round.len());
             let mut requests = Vec::with_capacity(round.len());
             for p in round {
+                // An event an earlier request of the round planned (a key
+                // repeated within the round).
+                let earlier = |offset| {
+                    outcomes
+                        .iter()
+                        .filter_map(|(_, o)| o.as_ref().ok())
+                        .find_map(|p| event_at(&p.new_events, offset))
+                };
                 let (answer, outcome) = match p {
                     Pending::Append {
                         input,
@@ -1141,8 +1151,14 @@ impl ActorCore {
                         reply,
                         run,
                     } => {
-                        let outcome =
-                            plan_append(&mut state, &mut round_keys, &input, authority, &mut ctx);
+                        let outcome = plan_append(
+                            &mut state,
+                            &mut round_keys,
+                            &earlier,
+                            &input,
+                            authority,
+                            &mut ctx,
+                        );
                         requests.push(Request::Append { input, authority });
                         (Answer::Append(reply, run), outcome)
                     }
@@ -1150,6 +1166,7 @@ impl ActorCore {
                         let planned = plan_copy(
                             &mut state,
                             &mut round_keys,
+                            &earlier,
                             &self.address,
                             &batch,
                             &mut ctx,
