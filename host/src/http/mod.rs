@@ -708,9 +708,16 @@ pub(crate) async fn read_body(
 }
 
 /// Parses a JSON body into `T`; errors name the offending field's path.
+///
+/// A body that parses is parsed once, untracked; only a body that fails is
+/// parsed again with its path tracked (which costs an allocation per field
+/// name), to name where it failed.
 pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, Error> {
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return Err(Error::invalid("request body is empty: send a JSON object"));
+    }
+    if let Ok(value) = serde_json::from_slice(bytes) {
+        return Ok(value);
     }
     let mut de = serde_json::Deserializer::from_slice(bytes);
     let value = serde_path_to_error::deserialize(&mut de).map_err(|e| {
