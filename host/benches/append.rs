@@ -99,6 +99,13 @@ const SCENARIOS: &[Scenario] = &[
         keys: false,
     },
     Scenario {
+        name: "single event with keys, 64 clients, 1 stream",
+        clients: 64,
+        events_per_call: 1,
+        streams: 1,
+        keys: true,
+    },
+    Scenario {
         name: "single event, 64 clients, 64 streams",
         clients: 64,
         events_per_call: 1,
@@ -434,6 +441,9 @@ fn main() {
     }
     let mut full = vec![None; SCENARIOS.len()];
     let mut storage_limits = Vec::new();
+    // Each scenario's rate, by its name and durability: a scenario with
+    // keys is set against the same scenario without.
+    let mut rates = std::collections::HashMap::new();
     for durability in [Durability::Full, Durability::Normal] {
         let label = if durability == Durability::Full {
             "full"
@@ -463,6 +473,7 @@ fn main() {
                     ratio
                 ));
             }
+            rates.insert(format!("{} {label}", s.name), rate);
             let vs_full = match (durability, full[i]) {
                 (Durability::Normal, Some(f)) => format!("  (normal/full {:.2})", rate / f),
                 (Durability::Normal, None) => String::new(),
@@ -492,6 +503,35 @@ fn main() {
             "scenario", "durab.", "events/s", "bare rows/s", "÷ bare"
         );
         for line in storage_limits {
+            println!("{line}");
+        }
+    }
+    let keyed: Vec<String> = ["full", "normal"]
+        .iter()
+        .flat_map(|label| SCENARIOS.iter().map(move |s| (s, label)))
+        .filter(|(s, _)| s.keys)
+        .filter_map(|(s, label)| {
+            let with = rates.get(&format!("{} {label}", s.name))?;
+            let plain = s.name.replace(" with keys", "");
+            let without = rates.get(&format!("{plain} {label}"))?;
+            Some(format!(
+                "{:<40} {:>8} {:>12.0} {:>12.0} {:>8.2}   (aim ≥ 0.9)",
+                s.name,
+                label,
+                with,
+                without,
+                with / without
+            ))
+        })
+        .collect();
+    if !keyed.is_empty() {
+        println!();
+        println!("idempotency keys: each event with a key of its own against the same scenario without, same run");
+        println!(
+            "{:<40} {:>8} {:>12} {:>12} {:>8}",
+            "scenario", "durab.", "events/s", "no keys", "÷"
+        );
+        for line in keyed {
             println!("{line}");
         }
     }
