@@ -22,7 +22,8 @@
 use std::collections::{HashSet, VecDeque};
 use std::hash::{BuildHasher, BuildHasherDefault, Hasher, RandomState};
 
-/// Keys remembered per stream (about 40 KiB at most).
+/// Keys remembered per stream (about 52 KiB at most: 36 KiB of hash
+/// table, 16 KiB of order).
 pub const RECENT_KEYS_MAX: usize = 2048;
 
 /// Hashes a `u64` that is a hash already: itself.
@@ -62,15 +63,17 @@ impl RecentKeys {
     /// Remembers a committed key.
     pub(super) fn insert(&mut self, key: &str) {
         let h = self.hash(key);
-        if !self.hashes.insert(h) {
+        if self.hashes.contains(&h) {
             return;
         }
-        self.order.push_back(h);
-        if self.order.len() > RECENT_KEYS_MAX {
+        // The oldest goes first, so neither grows past the bound.
+        if self.order.len() >= RECENT_KEYS_MAX {
             if let Some(oldest) = self.order.pop_front() {
                 self.hashes.remove(&oldest);
             }
         }
+        self.hashes.insert(h);
+        self.order.push_back(h);
     }
 
     /// Whether `key` may be among the recent ones (`false`: it surely is
