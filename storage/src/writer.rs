@@ -1694,7 +1694,7 @@ fn commit_group_pipelined(
                 statements.push((REMOVE_POSTGRES, a.as_slice()));
                 owners.push(r);
             }
-            while let Some((_, a)) = settled_of.next_if(|(rr, _)| *rr == r) {
+            if let Some((_, a)) = settled_of.next_if(|(rr, _)| *rr == r) {
                 statements.push((settled_sql, a.as_slice()));
                 owners.push(r);
             }

@@ -137,14 +137,6 @@ pub struct RoundKeys {
     redacting: HashSet<u64>,
 }
 
-impl RoundKeys {
-    /// Forgets everything (a new round).
-    pub fn clear(&mut self) {
-        self.by_key.clear();
-        self.redacting.clear();
-    }
-}
-
 /// The event at `offset` among `events` (in offset order), if any.
 pub fn event_at(events: &[Event], offset: u64) -> Option<&Event> {
     let i = events.binary_search_by_key(&offset, |e| e.offset).ok()?;
@@ -480,7 +472,7 @@ fn identical_configure(
     let offset = existing.configured_at_offset;
     committed_by_offset
         .get(&offset)
-        .or_else(|| plan.new_events.iter().find(|n| n.offset == offset))
+        .or_else(|| event_at(&plan.new_events, offset))
         .cloned()
 }
 
@@ -699,7 +691,7 @@ mod tests {
 
         /// A new round.
         fn next_round(&mut self) {
-            self.round_keys.clear();
+            self.round_keys = RoundKeys::default();
             self.round_plans.clear();
         }
     }

@@ -20,36 +20,15 @@
 //! first.
 
 use std::collections::{HashSet, VecDeque};
-use std::hash::{BuildHasher, BuildHasherDefault, Hasher, RandomState};
+use std::hash::{BuildHasher, RandomState};
 
 /// Keys remembered per stream (about 52 KiB at most: 36 KiB of hash
 /// table, 16 KiB of order).
 pub const RECENT_KEYS_MAX: usize = 2048;
 
-/// Hashes a `u64` that is a hash already: itself.
-#[derive(Default)]
-struct Unhashed(u64);
-
-impl Hasher for Unhashed {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        // Only `write_u64` is used; any other input still hashes.
-        for b in bytes {
-            self.0 = self.0.rotate_left(8) ^ u64::from(*b);
-        }
-    }
-
-    fn write_u64(&mut self, n: u64) {
-        self.0 = n;
-    }
-}
-
 #[derive(Default)]
 pub(super) struct RecentKeys {
-    hashes: HashSet<u64, BuildHasherDefault<Unhashed>>,
+    hashes: HashSet<u64>,
     order: VecDeque<u64>,
     /// Seeded per stream: which keys share a hash cannot be chosen.
     state: RandomState,
