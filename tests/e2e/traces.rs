@@ -277,11 +277,18 @@ async fn one_event_is_followed_through_a_copy_a_wake_an_effect_and_a_webhook_in_
         Some(format!("StringValue({url:?})").as_str()),
         "{post:?}"
     );
-    assert!(
-        s.metric("streamhost_trace_spans_total{outcome=\"exported\"}")
-            .await
-            >= 4
-    );
+    // The collector has the spans before the exporter hears its answer and
+    // counts them.
+    wait_for(
+        "the exported spans to be counted",
+        Duration::from_secs(10),
+        async || {
+            s.metric("streamhost_trace_spans_total{outcome=\"exported\"}")
+                .await
+                >= 4
+        },
+    )
+    .await;
 
     // After the fact: the story of the order, told from storage.
     settled(&s, "record", "succeeded").await;
