@@ -113,7 +113,7 @@ impl Host {
     /// #     streamhost::EventInput::new("withdrawn").payload(json!({"account": "alice", "cents": 120})),
     /// # ]).await?;
     /// # let head = host.state(&bank).await?.max_offset;
-    /// # host.wait_for_processor(&bank, "ledger", head, std::time::Duration::from_secs(10)).await?;
+    /// # host.wait_for_processor(&bank, "ledger", head, std::time::Duration::from_secs(60)).await?;
     /// use streamhost::Backfill;
     ///
     /// let done = host.backfill(&bank, Backfill::new("ledger").event_types(["deposited"])).await?;
@@ -161,7 +161,7 @@ impl Host {
     /// #     streamhost::EventInput::new("withdrawn").payload(json!({"account": "alice", "cents": 120})),
     /// # ]).await?;
     /// # let head = host.state(&bank).await?.max_offset;
-    /// # host.wait_for_processor(&bank, "ledger", head, std::time::Duration::from_secs(10)).await?;
+    /// # host.wait_for_processor(&bank, "ledger", head, std::time::Duration::from_secs(60)).await?;
     /// use streamhost::Backfill;
     ///
     /// let done = host

@@ -245,7 +245,7 @@ impl Host {
     /// #     {"key": "hook", "webhook": {"url": format!("http://{closed}/"), "body": {}}},
     /// # ]}))]).await?;
     /// # let head = host.state(&jobs).await?.max_offset;
-    /// # host.wait_for_processor(&jobs, "effector", head, std::time::Duration::from_secs(10)).await?; // its effects commit with its checkpoint
+    /// # host.wait_for_processor(&jobs, "effector", head, std::time::Duration::from_secs(60)).await?; // its effects commit with its checkpoint
     /// use std::time::Duration;
     /// use streamhost::{EffectFilter, EffectStatus};
     ///
@@ -253,7 +253,7 @@ impl Host {
     /// let note = page.effects.iter().find(|e| e.key == "note").expect("the append effect");
     /// assert_eq!(note.component, "effector");
     /// let done = |e: &streamhost::Effect| e.status == EffectStatus::Succeeded;
-    /// host.wait_for_effect("acme", note.id, done, Duration::from_secs(10)).await?;
+    /// host.wait_for_effect("acme", note.id, done, Duration::from_secs(60)).await?;
     /// let succeeded = host.effects("acme", EffectFilter::new().status(EffectStatus::Succeeded)).await?;
     /// assert_eq!(succeeded.effects[0].key, "note");
     /// # Ok(()) }
@@ -307,7 +307,7 @@ impl Host {
     /// #     {"key": "hook", "webhook": {"url": format!("http://{closed}/"), "body": {}}},
     /// # ]}))]).await?;
     /// # let head = host.state(&jobs).await?.max_offset;
-    /// # host.wait_for_processor(&jobs, "effector", head, std::time::Duration::from_secs(10)).await?; // its effects commit with its checkpoint
+    /// # host.wait_for_processor(&jobs, "effector", head, std::time::Duration::from_secs(60)).await?; // its effects commit with its checkpoint
     /// use streamhost::EffectFilter;
     ///
     /// let page = host.effects("acme", EffectFilter::new().stream("/jobs")).await?;
@@ -347,14 +347,14 @@ impl Host {
     /// #     {"key": "note", "append": {"streamPath": "/notes", "type": "noted", "payload": {}}},
     /// # ]}))]).await?;
     /// # let head = host.state(&jobs).await?.max_offset;
-    /// # host.wait_for_processor(&jobs, "effector", head, std::time::Duration::from_secs(10)).await?;
+    /// # host.wait_for_processor(&jobs, "effector", head, std::time::Duration::from_secs(60)).await?;
     /// use std::time::Duration;
     /// use streamhost::{EffectFilter, EffectStatus};
     ///
     /// let page = host.effects("acme", EffectFilter::new()).await?;
     /// let note = &page.effects[0];
     /// let settled = |e: &streamhost::Effect| e.settled_at.is_some();
-    /// let done = host.wait_for_effect("acme", note.id, settled, Duration::from_secs(10)).await?;
+    /// let done = host.wait_for_effect("acme", note.id, settled, Duration::from_secs(60)).await?;
     /// assert_eq!(done.status, EffectStatus::Succeeded);
     /// let never = host.wait_for_effect("acme", note.id, |e| e.attempts > 5, Duration::from_millis(50)).await;
     /// assert_eq!(never.unwrap_err().code, "timeout");
@@ -406,7 +406,7 @@ impl Host {
     /// #     {"key": "hook", "webhook": {"url": format!("http://{closed}/"), "body": {}}},
     /// # ]}))]).await?;
     /// # let head = host.state(&jobs).await?.max_offset;
-    /// # host.wait_for_processor(&jobs, "effector", head, std::time::Duration::from_secs(10)).await?; // its effects commit with its checkpoint
+    /// # host.wait_for_processor(&jobs, "effector", head, std::time::Duration::from_secs(60)).await?; // its effects commit with its checkpoint
     /// use streamhost::{EffectFilter, EffectStatus};
     ///
     /// let page = host.effects("acme", EffectFilter::new()).await?;
@@ -414,7 +414,7 @@ impl Host {
     /// // The webhook's receiver is down: its first attempt fails, and it
     /// // waits for its next.
     /// let attempted = |e: &streamhost::Effect| e.attempts >= 1 && e.status != EffectStatus::Running;
-    /// host.wait_for_effect("acme", hook.id, attempted, std::time::Duration::from_secs(10)).await?;
+    /// host.wait_for_effect("acme", hook.id, attempted, std::time::Duration::from_secs(60)).await?;
     /// host.cancel_effect("acme", hook.id).await?;
     /// // A cancelled (or dead) effect runs again, from a first attempt.
     /// let retried = host.retry_effect("acme", hook.id).await?;
@@ -454,14 +454,14 @@ impl Host {
     /// #     {"key": "hook", "webhook": {"url": format!("http://{closed}/"), "body": {}}},
     /// # ]}))]).await?;
     /// # let head = host.state(&jobs).await?.max_offset;
-    /// # host.wait_for_processor(&jobs, "effector", head, std::time::Duration::from_secs(10)).await?; // its effects commit with its checkpoint
+    /// # host.wait_for_processor(&jobs, "effector", head, std::time::Duration::from_secs(60)).await?; // its effects commit with its checkpoint
     /// use streamhost::{EffectFilter, EffectStatus};
     ///
     /// let page = host.effects("acme", EffectFilter::new()).await?;
     /// let hook = page.effects.iter().find(|e| e.key == "hook").expect("the webhook effect");
     /// // The webhook's receiver is down: cancel it once its first attempt is over.
     /// let attempted = |e: &streamhost::Effect| e.attempts >= 1 && e.status != EffectStatus::Running;
-    /// host.wait_for_effect("acme", hook.id, attempted, std::time::Duration::from_secs(10)).await?;
+    /// host.wait_for_effect("acme", hook.id, attempted, std::time::Duration::from_secs(60)).await?;
     /// let cancelled = host.cancel_effect("acme", hook.id).await?;
     /// assert_eq!(cancelled.status, EffectStatus::Cancelled);
     /// # Ok(()) }

@@ -260,7 +260,7 @@ impl Host {
     /// #     streamhost::EventInput::new("withdrawn").payload(json!({"account": "alice", "cents": 120})),
     /// # ]).await?;
     /// # let head = host.state(&bank).await?.max_offset;
-    /// # host.wait_for_processor(&bank, "ledger", head, std::time::Duration::from_secs(10)).await?;
+    /// # host.wait_for_processor(&bank, "ledger", head, std::time::Duration::from_secs(60)).await?;
     /// let ledger = host.processor(&bank, "ledger").await?;
     /// assert_eq!(ledger.state.expect("folded")["events"], 3);
     /// assert_eq!(ledger.last_failure, None);
@@ -377,7 +377,7 @@ impl Host {
     /// host.subscribe(&clicks, &Subscription::wake("counter", "counter").from_beginning()).await?;
     /// let appended = host.append(&clicks, [EventInput::new("events.example/clicked")]).await?;
     /// let head = appended.events[0].offset;
-    /// let counter = host.wait_for_processor(&clicks, "counter", head, Duration::from_secs(10)).await?;
+    /// let counter = host.wait_for_processor(&clicks, "counter", head, Duration::from_secs(60)).await?;
     /// assert_eq!(counter.checkpoint_offset, head);
     /// let later = host.wait_for_processor(&clicks, "counter", head + 5, Duration::from_millis(50)).await;
     /// assert_eq!(later.unwrap_err().code, "timeout");
@@ -465,7 +465,7 @@ impl Host {
     /// #     streamhost::EventInput::new("withdrawn").payload(json!({"account": "alice", "cents": 120})),
     /// # ]).await?;
     /// # let head = host.state(&bank).await?.max_offset;
-    /// # host.wait_for_processor(&bank, "ledger", head, std::time::Duration::from_secs(10)).await?;
+    /// # host.wait_for_processor(&bank, "ledger", head, std::time::Duration::from_secs(60)).await?;
     /// use streamhost::KeysQuery;
     ///
     /// let page = host.processor_keys(&bank, "ledger", KeysQuery::new().prefix("balance/")).await?;
@@ -574,7 +574,7 @@ impl Host {
     /// #     streamhost::EventInput::new("withdrawn").payload(json!({"account": "alice", "cents": 120})),
     /// # ]).await?;
     /// # let head = host.state(&bank).await?.max_offset;
-    /// # host.wait_for_processor(&bank, "ledger", head, std::time::Duration::from_secs(10)).await?;
+    /// # host.wait_for_processor(&bank, "ledger", head, std::time::Duration::from_secs(60)).await?;
     /// let bob = host.processor_key(&bank, "ledger", "balance/bob").await?;
     /// assert_eq!(bob.value, b"70");
     /// let carol = host.processor_key(&bank, "ledger", "balance/carol").await.unwrap_err();
@@ -655,7 +655,7 @@ impl Host {
     /// #     streamhost::EventInput::new("withdrawn").payload(json!({"account": "alice", "cents": 120})),
     /// # ]).await?;
     /// # let head = host.state(&bank).await?.max_offset;
-    /// # host.wait_for_processor(&bank, "ledger", head, std::time::Duration::from_secs(10)).await?;
+    /// # host.wait_for_processor(&bank, "ledger", head, std::time::Duration::from_secs(60)).await?;
     /// let verified = host.verify_processor(&bank, "ledger").await?;
     /// assert!(verified.matches);
     /// assert_eq!(verified.first_differing_key, None);

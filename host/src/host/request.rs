@@ -908,7 +908,7 @@ impl Host {
     /// #     {"key": "hook", "webhook": {"url": format!("http://{closed}/"), "body": {}}},
     /// # ]}))]).await?;
     /// # let head = host.state(&jobs).await?.max_offset;
-    /// # host.wait_for_processor(&jobs, "effector", head, std::time::Duration::from_secs(10)).await?; // its effects commit with its checkpoint
+    /// # host.wait_for_processor(&jobs, "effector", head, std::time::Duration::from_secs(60)).await?; // its effects commit with its checkpoint
     /// use streamhost::{EffectAnswer, EffectFilter, EffectRequest};
     ///
     /// let list = EffectRequest::List(EffectFilter::new().stream("/jobs"));
