@@ -436,7 +436,7 @@ pub fn plan_append<'a>(
 
     if let Some(s) = &next {
         if !plan.new_events.is_empty() {
-            let bytes = s.serialized().len();
+            let bytes = s.serialized_len();
             if bytes > STATE_BYTES_MAX {
                 return Err(Error::too_large(format!(
                     "this append would grow the stream's core state to {bytes} bytes, over the {STATE_BYTES_MAX}-byte limit"

@@ -326,9 +326,28 @@ impl CoreState {
         record.last_event_received_at = Some(event.created_at.clone());
     }
 
-    /// The serialized size in bytes.
+    /// The state as JSON, as it is stored.
     pub fn serialized(&self) -> String {
         serde_json::to_string(self).expect("core state serializes")
+    }
+
+    /// The length in bytes of [`CoreState::serialized`], counted as it is
+    /// written (no string is built: every append request checks it).
+    pub fn serialized_len(&self) -> usize {
+        /// Counts the bytes written to it and keeps none.
+        struct Counter(usize);
+        impl std::io::Write for Counter {
+            fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+                self.0 += buf.len();
+                Ok(buf.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let mut counter = Counter(0);
+        serde_json::to_writer(&mut counter, self).expect("core state serializes");
+        counter.0
     }
 }
 
@@ -446,6 +465,24 @@ mod tests {
         s.reduce(&e);
         assert!(!s.paused);
         assert_eq!(s.event_count, 2);
+    }
+
+    #[test]
+    fn serialized_len_counts_the_bytes_serialized_writes() {
+        let mut s = created();
+        assert_eq!(s.serialized_len(), s.serialized().len());
+        s.reduce(&event(
+            2,
+            types::PAUSED,
+            json!({"reason": "naïve \"quoted\" ünïcödé"}),
+        ));
+        s.reduce(&configure(
+            3,
+            json!({"subscriptionKey": "k", "receiver": copy_receiver()}),
+        ));
+        let text = s.serialized();
+        assert!(text.contains("ünïcödé") && text.contains("\"k\""), "{text}");
+        assert_eq!(s.serialized_len(), text.len());
     }
 
     fn configure(offset: u64, payload: Value) -> Event {
