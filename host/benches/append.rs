@@ -13,6 +13,13 @@
 //! events as the server's group commits held, with the same `synchronous`
 //! setting, measured in the same run.
 //!
+//! Single events are also set against two floors measured in the same run:
+//! `GET /healthz` through the host's own HTTP stack (its connection loop,
+//! router and middleware, no storage), and the same append request sent to
+//! hyper alone (the HTTP framework the host serves with: one connection
+//! loop per client, the body read, a fixed answer of an append's size), so
+//! what the host adds over the framework is measured, not assumed.
+//!
 //! Options (after `--`): `--seconds S` per run (default 2), `--runs N` (3),
 //! `--separate-clients`: the clients run in a separate process (this binary
 //! again), so the server's cost is measured alone.
@@ -42,11 +49,24 @@ fn options() -> Options {
     }
 }
 
+/// What a scenario's clients call.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+enum Call {
+    /// `POST {stream}:append` on the host.
+    Append,
+    /// `GET /healthz` on the host: its HTTP stack's floor.
+    Healthz,
+    /// The single-event append request, sent to hyper alone (reads the
+    /// body, answers a fixed one): the framework's floor.
+    HyperAlone,
+}
+
 #[derive(Clone, Copy)]
 struct Scenario {
     name: &'static str,
+    call: Call,
     clients: usize,
-    /// 0: `GET /healthz` instead of an append (the HTTP floor).
+    /// Events in each request's body (the floors count requests).
     events_per_call: usize,
     streams: usize,
     /// Every event carries an idempotency key of its own.
@@ -68,7 +88,24 @@ struct Run {
 
 const FLOOR: &[Scenario] = &[
     Scenario {
+        name: "hyper alone, 1 client",
+        call: Call::HyperAlone,
+        clients: 1,
+        events_per_call: 1,
+        streams: 1,
+        keys: false,
+    },
+    Scenario {
+        name: "hyper alone, 64 clients",
+        call: Call::HyperAlone,
+        clients: 64,
+        events_per_call: 1,
+        streams: 1,
+        keys: false,
+    },
+    Scenario {
         name: "GET /healthz, 1 client",
+        call: Call::Healthz,
         clients: 1,
         events_per_call: 0,
         streams: 1,
@@ -76,6 +113,7 @@ const FLOOR: &[Scenario] = &[
     },
     Scenario {
         name: "GET /healthz, 64 clients",
+        call: Call::Healthz,
         clients: 64,
         events_per_call: 0,
         streams: 1,
@@ -86,6 +124,7 @@ const FLOOR: &[Scenario] = &[
 const SCENARIOS: &[Scenario] = &[
     Scenario {
         name: "single event, 1 client",
+        call: Call::Append,
         clients: 1,
         events_per_call: 1,
         streams: 1,
@@ -93,6 +132,7 @@ const SCENARIOS: &[Scenario] = &[
     },
     Scenario {
         name: "single event, 64 clients, 1 stream",
+        call: Call::Append,
         clients: 64,
         events_per_call: 1,
         streams: 1,
@@ -100,6 +140,7 @@ const SCENARIOS: &[Scenario] = &[
     },
     Scenario {
         name: "single event with keys, 64 clients, 1 stream",
+        call: Call::Append,
         clients: 64,
         events_per_call: 1,
         streams: 1,
@@ -107,6 +148,7 @@ const SCENARIOS: &[Scenario] = &[
     },
     Scenario {
         name: "single event, 64 clients, 64 streams",
+        call: Call::Append,
         clients: 64,
         events_per_call: 1,
         streams: 64,
@@ -114,6 +156,7 @@ const SCENARIOS: &[Scenario] = &[
     },
     Scenario {
         name: "batch of 100, 16 clients, 1 stream",
+        call: Call::Append,
         clients: 16,
         events_per_call: 100,
         streams: 1,
@@ -121,6 +164,7 @@ const SCENARIOS: &[Scenario] = &[
     },
     Scenario {
         name: "batch of 100, 16 clients, 100 streams",
+        call: Call::Append,
         clients: 16,
         events_per_call: 100,
         streams: 100,
@@ -128,6 +172,7 @@ const SCENARIOS: &[Scenario] = &[
     },
     Scenario {
         name: "batch of 100 with keys, 16 clients, 1 stream",
+        call: Call::Append,
         clients: 16,
         events_per_call: 100,
         streams: 1,
@@ -135,6 +180,7 @@ const SCENARIOS: &[Scenario] = &[
     },
     Scenario {
         name: "batch of 100 with keys, 16 clients, 100 streams",
+        call: Call::Append,
         clients: 16,
         events_per_call: 100,
         streams: 100,
@@ -161,6 +207,14 @@ fn histogram_mean(metrics: &str, name: &str) -> f64 {
 
 /// One run of `scenario`.
 async fn run_once(scenario: Scenario, durability: Durability, seconds: f64) -> Run {
+    if scenario.call == Call::HyperAlone {
+        return Run {
+            rate: hyper_alone(scenario, seconds).await,
+            events_per_commit: 0.0,
+            commit_us: 0.0,
+            bare: None,
+        };
+    }
     let dir = tempfile::tempdir().expect("temp dir");
     let config = Config {
         data_dir: dir.path().to_path_buf(),
@@ -176,27 +230,7 @@ async fn run_once(scenario: Scenario, durability: Durability, seconds: f64) -> R
         let _ = stop_rx.await;
     }));
 
-    let rate = if common::separate_clients() {
-        let index = FLOOR
-            .iter()
-            .chain(SCENARIOS)
-            .position(|s| s.name == scenario.name)
-            .expect("a listed scenario");
-        let args = vec![
-            "--url".to_string(),
-            url,
-            "--scenario".into(),
-            index.to_string(),
-            "--seconds".into(),
-            seconds.to_string(),
-        ];
-        let line = tokio::task::spawn_blocking(move || common::run_child("append", &args))
-            .await
-            .unwrap();
-        line.trim().parse().expect("the client's events/s")
-    } else {
-        drive(&url, scenario, seconds).await
-    };
+    let rate = clients_against(url, scenario, seconds).await;
     let events_per_commit = histogram_mean(&metrics.render(), "streamhost_commit_group_events");
     let commit_us = histogram_mean(&metrics.render(), "streamhost_commit_duration_seconds") * 1e6;
     let bare = if scenario.keys {
@@ -238,6 +272,75 @@ async fn run_once(scenario: Scenario, durability: Durability, seconds: f64) -> R
         commit_us,
         bare,
     }
+}
+
+/// `scenario`'s clients against the server at `url`, in this process or
+/// (`--separate-clients`) in another: events (or requests) per second.
+async fn clients_against(url: String, scenario: Scenario, seconds: f64) -> f64 {
+    if common::separate_clients() {
+        let index = FLOOR
+            .iter()
+            .chain(SCENARIOS)
+            .position(|s| s.name == scenario.name)
+            .expect("a listed scenario");
+        let args = vec![
+            "--url".to_string(),
+            url,
+            "--scenario".into(),
+            index.to_string(),
+            "--seconds".into(),
+            seconds.to_string(),
+        ];
+        let line = tokio::task::spawn_blocking(move || common::run_child("append", &args))
+            .await
+            .unwrap();
+        line.trim().parse().expect("the client's events/s")
+    } else {
+        drive(&url, scenario, seconds).await
+    }
+}
+
+/// What hyper alone answers: the size and type of a single-event append's
+/// answer.
+const FIXED_ANSWER: &[u8] = br#"{"events":[{"offset":1,"type":"bench.example/appended","idempotencyKey":null}],"maxOffset":1,"warnings":[]}"#;
+
+/// The framework's floor: a hyper HTTP/1.1 server on this runtime (as the
+/// host's connection loop builds it: keep-alive, no delay), each request's
+/// body read whole and a fixed answer sent; `scenario`'s clients against
+/// it, requests per second.
+async fn hyper_alone(scenario: Scenario, seconds: f64) -> f64 {
+    use http_body_util::{BodyExt, Full};
+    use hyper_util::rt::TokioIo;
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let server = tokio::spawn(async move {
+        loop {
+            let (tcp, _) = listener.accept().await.expect("accept");
+            tcp.set_nodelay(true).expect("no delay");
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(
+                    |request: hyper::Request<hyper::body::Incoming>| async move {
+                        let body = request.into_body().collect().await?.to_bytes();
+                        assert!(!body.is_empty(), "the append's body");
+                        Ok::<_, hyper::Error>(
+                            hyper::Response::builder()
+                                .header("content-type", "application/json")
+                                .body(Full::new(bytes::Bytes::from_static(FIXED_ANSWER)))
+                                .unwrap(),
+                        )
+                    },
+                );
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .keep_alive(true)
+                    .serve_connection(TokioIo::new(tcp), service)
+                    .await;
+            });
+        }
+    });
+    let rate = clients_against(url, scenario, seconds).await;
+    server.abort();
+    rate
 }
 
 /// The idempotency key of event `i` of client `c`'s request `n`.
@@ -316,7 +419,6 @@ async fn drive(url: &str, scenario: Scenario, seconds: f64) -> f64 {
             stop.clone(),
         );
         tasks.push(tokio::spawn(async move {
-            let floor = scenario.events_per_call == 0;
             let body_of = |n: usize| {
                 let batch: Vec<_> = (0..scenario.events_per_call)
                     .map(|i| {
@@ -337,13 +439,12 @@ async fn drive(url: &str, scenario: Scenario, seconds: f64) -> f64 {
                 if scenario.keys {
                     body = body_of(n);
                 }
-                let request = if floor {
-                    client.get(format!("{url}/healthz"))
-                } else {
-                    client
+                let request = match scenario.call {
+                    Call::Healthz => client.get(format!("{url}/healthz")),
+                    Call::Append | Call::HyperAlone => client
                         .post(format!("{url}/v1/projects/bench/streams/s{stream}:append"))
                         .header("content-type", "application/json")
-                        .body(body.clone())
+                        .body(body.clone()),
                 };
                 let r = request.send().await.expect("request");
                 assert_eq!(r.status(), 200, "request failed");
@@ -428,6 +529,8 @@ fn main() {
             .as_deref()
             .is_none_or(|only| format!("{name} {durability}").contains(only))
     };
+    // The floors' requests/s, by what they call and their clients.
+    let mut floors = std::collections::HashMap::new();
     for s in FLOOR.iter().filter(|s| chosen(s.name, "-")) {
         eprintln!("running {} ...", s.name);
         let runs: Vec<Run> = (0..opts.runs)
@@ -438,6 +541,7 @@ fn main() {
             "{:<40} {:>8} {:>12.0} {:>10} {:>14}",
             s.name, "-", rate, "(req/s)", "-"
         );
+        floors.insert((s.call, s.clients), rate);
     }
     let mut full = vec![None; SCENARIOS.len()];
     let mut storage_limits = Vec::new();
@@ -491,6 +595,38 @@ fn main() {
                 per_commit,
                 commit_us
             );
+        }
+    }
+    let against_floors: Vec<String> = ["full", "normal"]
+        .iter()
+        .flat_map(|label| SCENARIOS.iter().map(move |s| (s, label)))
+        .filter(|(s, _)| s.events_per_call == 1 && !s.keys && s.streams == 1)
+        .filter_map(|(s, label)| {
+            let rate = rates.get(&format!("{} {label}", s.name))?;
+            let floor = |call| {
+                floors
+                    .get(&(call, s.clients))
+                    .map_or("-".to_string(), |f: &f64| format!("{f:.0} {:.2}", rate / f))
+            };
+            Some(format!(
+                "{:<40} {:>8} {:>12.0} {:>16} {:>16}",
+                s.name,
+                label,
+                rate,
+                floor(Call::HyperAlone),
+                floor(Call::Healthz)
+            ))
+        })
+        .collect();
+    if !against_floors.is_empty() && !floors.is_empty() {
+        println!();
+        println!("single events against the floors, same run (the floor's requests/s, then events/s ÷ it; aim ≥ 0.85 of hyper alone)");
+        println!(
+            "{:<40} {:>8} {:>12} {:>16} {:>16}",
+            "scenario", "durab.", "events/s", "hyper alone", "GET /healthz"
+        );
+        for line in against_floors {
+            println!("{line}");
         }
     }
     if !storage_limits.is_empty() {
