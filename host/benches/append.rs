@@ -18,7 +18,11 @@
 //! router and middleware, no storage), and the same append request sent to
 //! hyper alone (the HTTP framework the host serves with: one connection
 //! loop per client, the body read, a fixed answer of an append's size), so
-//! what the host adds over the framework is measured, not assumed.
+//! what the host adds over the framework is measured, not assumed. The
+//! floors and single events are measured again with HTTP/1.1 pipelining:
+//! each client writes 16 requests at once on its connection, then reads
+//! their answers (what the server does without waiting on its clients'
+//! round trips).
 //!
 //! Options (after `--`): `--seconds S` per run (default 2), `--runs N` (3),
 //! `--separate-clients`: the clients run in a separate process (this binary
@@ -71,6 +75,10 @@ struct Scenario {
     streams: usize,
     /// Every event carries an idempotency key of its own.
     keys: bool,
+    /// Requests each client pipelines on its one connection (HTTP/1.1:
+    /// this many written at once, then their answers read); 0: one at a
+    /// time.
+    pipeline: usize,
 }
 
 /// What one run measured.
@@ -94,6 +102,7 @@ const FLOOR: &[Scenario] = &[
         events_per_call: 1,
         streams: 1,
         keys: false,
+        pipeline: 0,
     },
     Scenario {
         name: "hyper alone, 64 clients",
@@ -102,6 +111,16 @@ const FLOOR: &[Scenario] = &[
         events_per_call: 1,
         streams: 1,
         keys: false,
+        pipeline: 0,
+    },
+    Scenario {
+        name: "hyper alone, 64 clients pipelining 16",
+        call: Call::HyperAlone,
+        clients: 64,
+        events_per_call: 1,
+        streams: 1,
+        keys: false,
+        pipeline: 16,
     },
     Scenario {
         name: "GET /healthz, 1 client",
@@ -110,6 +129,7 @@ const FLOOR: &[Scenario] = &[
         events_per_call: 0,
         streams: 1,
         keys: false,
+        pipeline: 0,
     },
     Scenario {
         name: "GET /healthz, 64 clients",
@@ -118,6 +138,16 @@ const FLOOR: &[Scenario] = &[
         events_per_call: 0,
         streams: 1,
         keys: false,
+        pipeline: 0,
+    },
+    Scenario {
+        name: "GET /healthz, 64 clients pipelining 16",
+        call: Call::Healthz,
+        clients: 64,
+        events_per_call: 0,
+        streams: 1,
+        keys: false,
+        pipeline: 16,
     },
 ];
 
@@ -129,6 +159,7 @@ const SCENARIOS: &[Scenario] = &[
         events_per_call: 1,
         streams: 1,
         keys: false,
+        pipeline: 0,
     },
     Scenario {
         name: "single event, 64 clients, 1 stream",
@@ -137,6 +168,16 @@ const SCENARIOS: &[Scenario] = &[
         events_per_call: 1,
         streams: 1,
         keys: false,
+        pipeline: 0,
+    },
+    Scenario {
+        name: "single event, 64 clients pipelining 16, 1 stream",
+        call: Call::Append,
+        clients: 64,
+        events_per_call: 1,
+        streams: 1,
+        keys: false,
+        pipeline: 16,
     },
     Scenario {
         name: "single event with keys, 64 clients, 1 stream",
@@ -145,6 +186,7 @@ const SCENARIOS: &[Scenario] = &[
         events_per_call: 1,
         streams: 1,
         keys: true,
+        pipeline: 0,
     },
     Scenario {
         name: "single event, 64 clients, 64 streams",
@@ -153,6 +195,7 @@ const SCENARIOS: &[Scenario] = &[
         events_per_call: 1,
         streams: 64,
         keys: false,
+        pipeline: 0,
     },
     Scenario {
         name: "batch of 100, 16 clients, 1 stream",
@@ -161,6 +204,7 @@ const SCENARIOS: &[Scenario] = &[
         events_per_call: 100,
         streams: 1,
         keys: false,
+        pipeline: 0,
     },
     Scenario {
         name: "batch of 100, 16 clients, 100 streams",
@@ -169,6 +213,7 @@ const SCENARIOS: &[Scenario] = &[
         events_per_call: 100,
         streams: 100,
         keys: false,
+        pipeline: 0,
     },
     Scenario {
         name: "batch of 100 with keys, 16 clients, 1 stream",
@@ -177,6 +222,7 @@ const SCENARIOS: &[Scenario] = &[
         events_per_call: 100,
         streams: 1,
         keys: true,
+        pipeline: 0,
     },
     Scenario {
         name: "batch of 100 with keys, 16 clients, 100 streams",
@@ -185,6 +231,7 @@ const SCENARIOS: &[Scenario] = &[
         events_per_call: 100,
         streams: 100,
         keys: true,
+        pipeline: 0,
     },
 ];
 
@@ -419,6 +466,9 @@ async fn drive(url: &str, scenario: Scenario, seconds: f64) -> f64 {
             stop.clone(),
         );
         tasks.push(tokio::spawn(async move {
+            if scenario.pipeline > 0 {
+                return pipelined(&url, scenario, c, &events, &measuring, &stop).await;
+            }
             let body_of = |n: usize| {
                 let batch: Vec<_> = (0..scenario.events_per_call)
                     .map(|i| {
@@ -467,6 +517,93 @@ async fn drive(url: &str, scenario: Scenario, seconds: f64) -> f64 {
         t.await.unwrap();
     }
     events.load(Ordering::Relaxed) as f64 / elapsed
+}
+
+/// One client of a pipelining scenario, until `stop`: on a connection of
+/// its own, `scenario.pipeline` requests written at once (each a single
+/// event, or a `GET /healthz`), then their answers read, and again.
+async fn pipelined(
+    url: &str,
+    scenario: Scenario,
+    c: usize,
+    events: &AtomicU64,
+    measuring: &AtomicBool,
+    stop: &AtomicBool,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let addr = url.strip_prefix("http://").expect("an http:// URL");
+    let mut tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    tcp.set_nodelay(true).expect("no delay");
+    let body = serde_json::to_vec(&json!({"events": [{"type": "bench.example/appended",
+        "payload": {"client": c, "i": 0, "pad": "0123456789abcdef"}}]}))
+    .unwrap();
+    let mut answers = Vec::with_capacity(64 * 1024);
+    let mut requests = Vec::new();
+    let mut n = 0usize;
+    while !stop.load(Ordering::Relaxed) {
+        requests.clear();
+        for _ in 0..scenario.pipeline {
+            let stream = (c + n * scenario.clients) % scenario.streams;
+            n += 1;
+            match scenario.call {
+                Call::Healthz => requests.extend_from_slice(
+                    format!("GET /healthz HTTP/1.1\r\nhost: {addr}\r\n\r\n").as_bytes(),
+                ),
+                Call::Append | Call::HyperAlone => {
+                    requests.extend_from_slice(
+                        format!(
+                            "POST /v1/projects/bench/streams/s{stream}:append HTTP/1.1\r\n\
+                             host: {addr}\r\ncontent-type: application/json\r\n\
+                             content-length: {}\r\n\r\n",
+                            body.len()
+                        )
+                        .as_bytes(),
+                    );
+                    requests.extend_from_slice(&body);
+                }
+            }
+        }
+        tcp.write_all(&requests).await.expect("write the requests");
+        let mut answered = 0;
+        while answered < scenario.pipeline {
+            match complete_answer(&answers) {
+                Some(length) => {
+                    answers.drain(..length);
+                    answered += 1;
+                }
+                None => {
+                    let read = tcp.read_buf(&mut answers).await.expect("read the answers");
+                    assert!(read > 0, "the server closed the connection");
+                }
+            }
+        }
+        if measuring.load(Ordering::Relaxed) {
+            events.fetch_add(scenario.pipeline as u64, Ordering::Relaxed);
+        }
+    }
+}
+
+/// The length of the whole answer at the start of `buf`, once it is all
+/// there; an answer other than a `200` with a length fails the run.
+fn complete_answer(buf: &[u8]) -> Option<usize> {
+    let mut headers = [httparse::EMPTY_HEADER; 32];
+    let mut answer = httparse::Response::new(&mut headers);
+    let httparse::Status::Complete(head) = answer.parse(buf).expect("an HTTP answer") else {
+        return None;
+    };
+    assert_eq!(
+        answer.code,
+        Some(200),
+        "request failed: {}",
+        String::from_utf8_lossy(buf)
+    );
+    let length: usize = answer
+        .headers
+        .iter()
+        .find(|h| h.name.eq_ignore_ascii_case("content-length"))
+        .and_then(|h| std::str::from_utf8(h.value).ok()?.parse().ok())
+        .expect("an answer with a content-length");
+    (buf.len() >= head + length).then_some(head + length)
 }
 
 /// The client process of `--separate-clients`: prints the events/s.
@@ -541,7 +678,7 @@ fn main() {
             "{:<40} {:>8} {:>12.0} {:>10} {:>14}",
             s.name, "-", rate, "(req/s)", "-"
         );
-        floors.insert((s.call, s.clients), rate);
+        floors.insert((s.call, s.clients, s.pipeline), rate);
     }
     let mut full = vec![None; SCENARIOS.len()];
     let mut storage_limits = Vec::new();
@@ -605,7 +742,7 @@ fn main() {
             let rate = rates.get(&format!("{} {label}", s.name))?;
             let floor = |call| {
                 floors
-                    .get(&(call, s.clients))
+                    .get(&(call, s.clients, s.pipeline))
                     .map_or("-".to_string(), |f: &f64| format!("{f:.0} {:.2}", rate / f))
             };
             Some(format!(
