@@ -20,7 +20,7 @@ pub const SQLITE: &str = "application/vnd.sqlite3";
 const CHUNK: usize = 256 * 1024;
 
 /// `GET /v1/backup`.
-pub async fn backup(State(host): State<Host>, headers: HeaderMap) -> Response {
+pub async fn backup(State(host): State<std::sync::Arc<Host>>, headers: HeaderMap) -> Response {
     match take(&host, &headers).await {
         Ok(r) => r,
         Err(e) => e.into_response(),

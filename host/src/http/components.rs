@@ -67,7 +67,7 @@ fn respond(result: Result<Response, ApiError>) -> Response {
 
 /// `GET /v1/projects/{project}/components`.
 pub(super) async fn list(
-    State(host): State<Host>,
+    State(host): State<std::sync::Arc<Host>>,
     Path(project): Path<String>,
     method: Method,
     uri: Uri,
@@ -85,7 +85,7 @@ pub(super) async fn list(
 /// `PUT`/`GET .../components/{name}` (its bytes with `accept:
 /// application/wasm`).
 pub(super) async fn one(
-    State(host): State<Host>,
+    State(host): State<std::sync::Arc<Host>>,
     Path((project, name)): Path<(String, String)>,
     method: Method,
     uri: Uri,
@@ -102,7 +102,7 @@ pub(super) async fn one(
 
 /// `GET .../components/{name}/versions`.
 pub(super) async fn versions(
-    State(host): State<Host>,
+    State(host): State<std::sync::Arc<Host>>,
     Path((project, name)): Path<(String, String)>,
     method: Method,
     uri: Uri,

@@ -42,7 +42,7 @@ const EXPOSE_HEADERS: &str =
 
 /// Serves every method of `/ds/{project}{path}`.
 pub async fn route(
-    State(host): State<Host>,
+    State(host): State<std::sync::Arc<Host>>,
     method: Method,
     uri: Uri,
     headers: HeaderMap,

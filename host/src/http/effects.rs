@@ -46,7 +46,7 @@ async fn serve(
 
 /// `GET /v1/projects/{p}/effects`.
 pub(super) async fn list(
-    State(host): State<Host>,
+    State(host): State<std::sync::Arc<Host>>,
     Path(project): Path<String>,
     method: Method,
     uri: Uri,
@@ -57,7 +57,7 @@ pub(super) async fn list(
 
 /// `GET .../effects/{id}`, `POST .../effects/{id}:retry|cancel`.
 pub(super) async fn route(
-    State(host): State<Host>,
+    State(host): State<std::sync::Arc<Host>>,
     Path((project, id)): Path<(String, String)>,
     method: Method,
     uri: Uri,

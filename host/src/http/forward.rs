@@ -39,7 +39,11 @@ const HOP_BY_HOP: [&str; 8] = [
 
 /// The middleware (see the module). Open mode's checks (`guard.rs`) run
 /// first, for every request: one layer, not two, on every request's path.
-pub async fn layer(State(host): State<Host>, request: Request, next: Next) -> Response {
+pub async fn layer(
+    State(host): State<std::sync::Arc<Host>>,
+    request: Request,
+    next: Next,
+) -> Response {
     if request
         .extensions()
         .get::<super::listener::Reserved>()

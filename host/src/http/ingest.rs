@@ -15,7 +15,7 @@ use axum::response::{IntoResponse, Response};
 
 /// `POST /v1/projects/{project}/ingest` (the root stream).
 pub async fn accept_root(
-    State(host): State<Host>,
+    State(host): State<std::sync::Arc<Host>>,
     axum::extract::Path(project): axum::extract::Path<String>,
     headers: HeaderMap,
     body: Body,
@@ -27,7 +27,7 @@ pub async fn accept_root(
 /// `GET .../ingest/parked`, `POST .../ingest/parked/{id}:redrive|discard`
 /// (a stream path has no `:`, and `GET` accepts nothing).
 pub async fn path_route(
-    State(host): State<Host>,
+    State(host): State<std::sync::Arc<Host>>,
     axum::extract::Path((project, rest)): axum::extract::Path<(String, String)>,
     method: Method,
     uri: Uri,
@@ -96,14 +96,14 @@ async fn admin(host: &Host, headers: &HeaderMap, request: IngestRequest, what: &
 }
 
 /// `GET /v1/ingest`.
-pub async fn status(State(host): State<Host>, headers: HeaderMap) -> Response {
+pub async fn status(State(host): State<std::sync::Arc<Host>>, headers: HeaderMap) -> Response {
     admin(&host, &headers, IngestRequest::Status, "GET /v1/ingest").await
 }
 
 /// `POST /v1/ingest:register`: the bridge registers the JetStream stream
 /// it sees now (it must be empty) and consumes it; answers its status, or
 /// `409 registration-refused` with the reason.
-pub async fn register(State(host): State<Host>, headers: HeaderMap) -> Response {
+pub async fn register(State(host): State<std::sync::Arc<Host>>, headers: HeaderMap) -> Response {
     admin(
         &host,
         &headers,

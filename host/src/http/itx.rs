@@ -13,7 +13,7 @@ use crate::host::Host;
 
 /// `POST /v1/projects/{project}/itx`.
 pub(super) async fn call(
-    State(host): State<Host>,
+    State(host): State<std::sync::Arc<Host>>,
     Path(project): Path<String>,
     headers: HeaderMap,
     body: Body,

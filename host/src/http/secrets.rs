@@ -15,7 +15,7 @@ use crate::host::Host;
 
 /// `PUT .../secrets/webhooks`, `POST .../secrets/webhooks:retirePrevious`.
 pub(super) async fn route(
-    State(host): State<Host>,
+    State(host): State<std::sync::Arc<Host>>,
     Path((project, name)): Path<(String, String)>,
     method: Method,
     headers: HeaderMap,
