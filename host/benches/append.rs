@@ -755,30 +755,24 @@ fn main() {
             ))
         })
         .collect();
-    if !against_floors.is_empty() && !floors.is_empty() {
-        println!();
-        println!("single events against the floors, same run (the floor's requests/s, then events/s ÷ it; aim ≥ 0.85 of hyper alone)");
-        println!(
-            "{:<40} {:>8} {:>12} {:>16} {:>16}",
-            "scenario", "durab.", "events/s", "hyper alone", "GET /healthz"
+    if !floors.is_empty() {
+        print_table(
+            "single events against the floors, same run (the floor's requests/s, then events/s ÷ it; aim ≥ 0.85 of hyper alone)",
+            &format!(
+                "{:<40} {:>8} {:>12} {:>16} {:>16}",
+                "scenario", "durab.", "events/s", "hyper alone", "GET /healthz"
+            ),
+            &against_floors,
         );
-        for line in against_floors {
-            println!("{line}");
-        }
     }
-    if !storage_limits.is_empty() {
-        println!();
-        println!(
-            "the storage limit: the same rows by bare rusqlite, same commit cadence, same run"
-        );
-        println!(
+    print_table(
+        "the storage limit: the same rows by bare rusqlite, same commit cadence, same run",
+        &format!(
             "{:<40} {:>8} {:>12} {:>12} {:>8}",
             "scenario", "durab.", "events/s", "bare rows/s", "÷ bare"
-        );
-        for line in storage_limits {
-            println!("{line}");
-        }
-    }
+        ),
+        &storage_limits,
+    );
     let keyed: Vec<String> = ["full", "normal"]
         .iter()
         .flat_map(|label| SCENARIOS.iter().map(move |s| (s, label)))
@@ -797,15 +791,26 @@ fn main() {
             ))
         })
         .collect();
-    if !keyed.is_empty() {
-        println!();
-        println!("idempotency keys: each event with a key of its own against the same scenario without, same run");
-        println!(
+    print_table(
+        "idempotency keys: each event with a key of its own against the same scenario without, same run",
+        &format!(
             "{:<40} {:>8} {:>12} {:>12} {:>8}",
             "scenario", "durab.", "events/s", "no keys", "÷"
-        );
-        for line in keyed {
-            println!("{line}");
-        }
+        ),
+        &keyed,
+    );
+}
+
+/// A table after a blank line: its title, its header and its lines;
+/// nothing when it has no lines.
+fn print_table(title: &str, header: &str, lines: &[String]) {
+    if lines.is_empty() {
+        return;
+    }
+    println!();
+    println!("{title}");
+    println!("{header}");
+    for line in lines {
+        println!("{line}");
     }
 }
