@@ -7,6 +7,7 @@ use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
+use std::sync::Arc;
 use tokio::io::AsyncReadExt;
 
 use super::authenticate;
@@ -20,7 +21,7 @@ pub const SQLITE: &str = "application/vnd.sqlite3";
 const CHUNK: usize = 256 * 1024;
 
 /// `GET /v1/backup`.
-pub async fn backup(State(host): State<std::sync::Arc<Host>>, headers: HeaderMap) -> Response {
+pub async fn backup(State(host): State<Arc<Host>>, headers: HeaderMap) -> Response {
     match take(&host, &headers).await {
         Ok(r) => r,
         Err(e) => e.into_response(),

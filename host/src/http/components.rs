@@ -6,6 +6,7 @@ use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::{header, HeaderMap, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
+use std::sync::Arc;
 
 use super::error::ApiError;
 use super::{authorize_project, mapping, ok_json, read_body};
@@ -67,7 +68,7 @@ fn respond(result: Result<Response, ApiError>) -> Response {
 
 /// `GET /v1/projects/{project}/components`.
 pub(super) async fn list(
-    State(host): State<std::sync::Arc<Host>>,
+    State(host): State<Arc<Host>>,
     Path(project): Path<String>,
     method: Method,
     uri: Uri,
@@ -85,7 +86,7 @@ pub(super) async fn list(
 /// `PUT`/`GET .../components/{name}` (its bytes with `accept:
 /// application/wasm`).
 pub(super) async fn one(
-    State(host): State<std::sync::Arc<Host>>,
+    State(host): State<Arc<Host>>,
     Path((project, name)): Path<(String, String)>,
     method: Method,
     uri: Uri,
@@ -102,7 +103,7 @@ pub(super) async fn one(
 
 /// `GET .../components/{name}/versions`.
 pub(super) async fn versions(
-    State(host): State<std::sync::Arc<Host>>,
+    State(host): State<Arc<Host>>,
     Path((project, name)): Path<(String, String)>,
     method: Method,
     uri: Uri,

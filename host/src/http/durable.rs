@@ -5,6 +5,7 @@
 //! core's (`stream::durable`).
 
 use std::convert::Infallible;
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
@@ -42,7 +43,7 @@ const EXPOSE_HEADERS: &str =
 
 /// Serves every method of `/ds/{project}{path}`.
 pub async fn route(
-    State(host): State<std::sync::Arc<Host>>,
+    State(host): State<Arc<Host>>,
     method: Method,
     uri: Uri,
     headers: HeaderMap,

@@ -6,6 +6,7 @@
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, Method, Uri};
 use axum::response::Response;
+use std::sync::Arc;
 
 use super::error::ApiError;
 use super::{answer, authorize_project, mapping};
@@ -46,7 +47,7 @@ async fn serve(
 
 /// `GET /v1/projects/{p}/effects`.
 pub(super) async fn list(
-    State(host): State<std::sync::Arc<Host>>,
+    State(host): State<Arc<Host>>,
     Path(project): Path<String>,
     method: Method,
     uri: Uri,
@@ -57,7 +58,7 @@ pub(super) async fn list(
 
 /// `GET .../effects/{id}`, `POST .../effects/{id}:retry|cancel`.
 pub(super) async fn route(
-    State(host): State<std::sync::Arc<Host>>,
+    State(host): State<Arc<Host>>,
     Path((project, id)): Path<(String, String)>,
     method: Method,
     uri: Uri,

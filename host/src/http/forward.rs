@@ -16,6 +16,7 @@ use axum::extract::{Request, State};
 use axum::http::{HeaderName, HeaderValue};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use std::sync::Arc;
 
 use super::error::ApiError;
 use crate::host::Host;
@@ -39,11 +40,7 @@ const HOP_BY_HOP: [&str; 8] = [
 
 /// The middleware (see the module). Open mode's checks (`guard.rs`) run
 /// first, for every request: one layer, not two, on every request's path.
-pub async fn layer(
-    State(host): State<std::sync::Arc<Host>>,
-    request: Request,
-    next: Next,
-) -> Response {
+pub async fn layer(State(host): State<Arc<Host>>, request: Request, next: Next) -> Response {
     if request
         .extensions()
         .get::<super::listener::Reserved>()

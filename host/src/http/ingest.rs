@@ -12,10 +12,11 @@ use axum::body::Body;
 use axum::extract::State;
 use axum::http::{header, HeaderMap, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
+use std::sync::Arc;
 
 /// `POST /v1/projects/{project}/ingest` (the root stream).
 pub async fn accept_root(
-    State(host): State<std::sync::Arc<Host>>,
+    State(host): State<Arc<Host>>,
     axum::extract::Path(project): axum::extract::Path<String>,
     headers: HeaderMap,
     body: Body,
@@ -27,7 +28,7 @@ pub async fn accept_root(
 /// `GET .../ingest/parked`, `POST .../ingest/parked/{id}:redrive|discard`
 /// (a stream path has no `:`, and `GET` accepts nothing).
 pub async fn path_route(
-    State(host): State<std::sync::Arc<Host>>,
+    State(host): State<Arc<Host>>,
     axum::extract::Path((project, rest)): axum::extract::Path<(String, String)>,
     method: Method,
     uri: Uri,
@@ -96,14 +97,14 @@ async fn admin(host: &Host, headers: &HeaderMap, request: IngestRequest, what: &
 }
 
 /// `GET /v1/ingest`.
-pub async fn status(State(host): State<std::sync::Arc<Host>>, headers: HeaderMap) -> Response {
+pub async fn status(State(host): State<Arc<Host>>, headers: HeaderMap) -> Response {
     admin(&host, &headers, IngestRequest::Status, "GET /v1/ingest").await
 }
 
 /// `POST /v1/ingest:register`: the bridge registers the JetStream stream
 /// it sees now (it must be empty) and consumes it; answers its status, or
 /// `409 registration-refused` with the reason.
-pub async fn register(State(host): State<std::sync::Arc<Host>>, headers: HeaderMap) -> Response {
+pub async fn register(State(host): State<Arc<Host>>, headers: HeaderMap) -> Response {
     admin(
         &host,
         &headers,

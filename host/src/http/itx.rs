@@ -7,13 +7,14 @@ use axum::extract::{Path, State};
 use axum::http::HeaderMap;
 use axum::response::Response;
 use serde_json::json;
+use std::sync::Arc;
 
 use super::{answer, authorize_project, mapping, read_body};
 use crate::host::Host;
 
 /// `POST /v1/projects/{project}/itx`.
 pub(super) async fn call(
-    State(host): State<std::sync::Arc<Host>>,
+    State(host): State<Arc<Host>>,
     Path(project): Path<String>,
     headers: HeaderMap,
     body: Body,

@@ -28,6 +28,7 @@ use axum::Router;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::json;
+use std::sync::Arc;
 
 use crate::auth::Caller;
 use crate::error::{Error, ErrorKind};
@@ -40,7 +41,7 @@ use error::ApiError;
 /// (method, documented path) it serves, which `/openapi.json` must describe.
 struct Route {
     path: &'static str,
-    handler: MethodRouter<std::sync::Arc<Host>>,
+    handler: MethodRouter<Arc<Host>>,
     // Read by `operations`, which only the end-to-end tests call.
     #[cfg_attr(not(feature = "internals"), allow(dead_code))]
     operations: Vec<(&'static str, String)>,
@@ -48,7 +49,7 @@ struct Route {
 
 fn route(
     path: &'static str,
-    handler: MethodRouter<std::sync::Arc<Host>>,
+    handler: MethodRouter<Arc<Host>>,
     ops: &[(&'static str, &str)],
 ) -> Route {
     Route {
@@ -190,7 +191,7 @@ pub fn operations() -> Vec<(&'static str, String)> {
 pub fn router(host: Host) -> Router {
     // One reference count per request for the middleware and one for the
     // handler, not a clone of every part of the host.
-    let host = std::sync::Arc::new(host);
+    let host = Arc::new(host);
     routes()
         .into_iter()
         .fold(Router::new(), |router, r| router.route(r.path, r.handler))
@@ -292,7 +293,7 @@ fn ok_json<T: Serialize>(value: &T) -> Response {
 /// projects the caller may use, first: `{"attention": "N halted, M failing", "halted": [...],
 /// "failing": [...], "truncated", "status": "ok"}`.
 async fn healthz(
-    State(host): State<std::sync::Arc<Host>>,
+    State(host): State<Arc<Host>>,
     headers: HeaderMap,
     axum::extract::RawQuery(query): axum::extract::RawQuery,
 ) -> Response {
@@ -338,7 +339,7 @@ async fn healthz(
     }
 }
 
-async fn metrics(State(host): State<std::sync::Arc<Host>>, headers: HeaderMap) -> Response {
+async fn metrics(State(host): State<Arc<Host>>, headers: HeaderMap) -> Response {
     let caller = match authenticate(&host, &headers) {
         Ok(c) => c,
         Err(e) => return e.into_response(),
@@ -415,7 +416,7 @@ fn answer<T: Serialize>(result: Result<T, ApiError>) -> Response {
 }
 
 async fn list_project_streams(
-    State(host): State<std::sync::Arc<Host>>,
+    State(host): State<Arc<Host>>,
     axum::extract::Path(project): axum::extract::Path<String>,
     uri: Uri,
     headers: HeaderMap,
@@ -434,11 +435,7 @@ const INTERNAL_BODY_BYTES_MAX: usize = 256 * 1024 * 1024;
 /// `POST /internal/v1/call`: a call on a stream this host owns, sent by
 /// another host of the cluster (`actor/remote.rs`); served here, never
 /// forwarded again.
-async fn internal_call(
-    State(host): State<std::sync::Arc<Host>>,
-    headers: HeaderMap,
-    body: Body,
-) -> Response {
+async fn internal_call(State(host): State<Arc<Host>>, headers: HeaderMap, body: Body) -> Response {
     use crate::actor::remote::{self, Call, RemoteCall};
     let result = async {
         let storage = host.streams.storage().clone();
@@ -509,7 +506,7 @@ async fn internal_call(
 }
 
 /// `GET /v1/cluster`: this host and every host sharing its database.
-async fn cluster(State(host): State<std::sync::Arc<Host>>, headers: HeaderMap) -> Response {
+async fn cluster(State(host): State<Arc<Host>>, headers: HeaderMap) -> Response {
     let result = async {
         authenticate(&host, &headers)?.require_admin("GET /v1/cluster")?;
         Ok(host
@@ -521,7 +518,7 @@ async fn cluster(State(host): State<std::sync::Arc<Host>>, headers: HeaderMap) -
 }
 
 async fn list_global_streams(
-    State(host): State<std::sync::Arc<Host>>,
+    State(host): State<Arc<Host>>,
     uri: Uri,
     headers: HeaderMap,
 ) -> Response {
@@ -591,7 +588,7 @@ fn parse_stream_url(raw: &str) -> Result<StreamTarget, ApiError> {
 }
 
 async fn stream_route(
-    State(host): State<std::sync::Arc<Host>>,
+    State(host): State<Arc<Host>>,
     method: Method,
     uri: Uri,
     headers: HeaderMap,

@@ -8,6 +8,7 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, Method};
 use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
+use std::sync::Arc;
 
 use super::error::ApiError;
 use super::{answer, authenticate};
@@ -15,7 +16,7 @@ use crate::host::Host;
 
 /// `PUT .../secrets/webhooks`, `POST .../secrets/webhooks:retirePrevious`.
 pub(super) async fn route(
-    State(host): State<std::sync::Arc<Host>>,
+    State(host): State<Arc<Host>>,
     Path((project, name)): Path<(String, String)>,
     method: Method,
     headers: HeaderMap,
