@@ -68,8 +68,6 @@ pub struct Server {
     owns_database: bool,
 }
 
-/// The PostgreSQL server the suite runs against
-/// (`STREAMHOST_TEST_POSTGRES=postgres://user@host:port/db`), or `None`
 /// The compiled-component cache the suite's servers share: beside the
 /// test binary (so `cargo clean` clears it), one per build of the server.
 pub fn shared_compile_cache() -> PathBuf {
@@ -82,6 +80,8 @@ pub fn shared_compile_cache() -> PathBuf {
     dir
 }
 
+/// The PostgreSQL server the suite runs against
+/// (`STREAMHOST_TEST_POSTGRES=postgres://user@host:port/db`), or `None`
 /// for SQLite. Each test server gets a database of its own on it.
 pub fn postgres_base() -> Option<String> {
     std::env::var("STREAMHOST_TEST_POSTGRES")
